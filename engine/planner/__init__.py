@@ -1,0 +1,41 @@
+"""The prefill planner: pure values, stdlib only.
+
+It decides how a prompt appended to a session is cut into forwards (chunks),
+at which query width each forward runs (the ladder), and whether padding may
+be used at all. It imports neither onnxruntime nor numpy nor cupy; every
+decision is a frozen value that the executor carries out and a test asserts.
+"""
+
+from engine.planner.ladder import ladder_widths, prefill_query_width, step_for
+from engine.planner.plan import (
+    CapacityExceeded,
+    Forward,
+    Limits,
+    PrefillPlan,
+    chunk_spans,
+    plan_prefill,
+)
+from engine.planner.padding import (
+    PaddingDecision,
+    PaddingPolicy,
+    PortShape,
+    decide_padding,
+    is_per_token,
+)
+
+__all__ = [
+    "CapacityExceeded",
+    "Forward",
+    "Limits",
+    "PaddingDecision",
+    "PaddingPolicy",
+    "PortShape",
+    "PrefillPlan",
+    "chunk_spans",
+    "decide_padding",
+    "is_per_token",
+    "ladder_widths",
+    "plan_prefill",
+    "prefill_query_width",
+    "step_for",
+]

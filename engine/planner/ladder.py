@@ -1,0 +1,36 @@
+"""The query-width ladder: every prefill forward runs at one of three widths.
+
+For a chunk width (cap) of 512 the ladder is {171, 342, 512}. Three steps plus
+the single-row decode shape fill a variant cache of four exactly.
+"""
+
+MIN_STEP = 16
+STEPS = 3
+
+
+def step_for(cap: int) -> int:
+    """The ladder step for a chunk width: ceil(cap / 3), never below 16."""
+    # Round the step up so the top rung lands exactly on the chunk width.
+    return max(-(-cap // STEPS), MIN_STEP)
+
+
+def prefill_query_width(rows: int, cap: int) -> int:
+    """The padded query width for a forward of `rows` real rows under chunk width `cap`.
+
+    Single rows, a zero cap and rows beyond the cap run exact; anything else
+    rounds up to the next multiple of the step, clamped to the cap.
+    """
+    if rows <= 1 or cap <= 0 or rows > cap:
+        return rows
+    step = step_for(cap)
+    width = min(-(-rows // step) * step, cap)
+    return max(width, rows)
+
+
+def ladder_widths(cap: int) -> tuple[int, ...]:
+    """Every width `prefill_query_width` can return for rows in 2..cap, ascending."""
+    if cap <= 1:
+        return ()
+    step = step_for(cap)
+    rungs = {min(k * step, cap) for k in range(1, -(-cap // step) + 1)}
+    return tuple(sorted(w for w in rungs if w >= 2))

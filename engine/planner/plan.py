@@ -1,0 +1,103 @@
+"""The prefill plan: chunks of a prompt appended at any past length, and their widths.
+
+A plan never runs past the KV capacity or the rotary cache: a forward whose
+padded width would overrun either runs exact instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.planner.ladder import prefill_query_width
+from engine.planner.padding import PaddingDecision, PaddingPolicy, PortShape, decide_padding
+
+
+class CapacityExceeded(ValueError):
+    """The prompt does not fit in the session's KV capacity."""
+
+    def __init__(self, past: int, rows: int, capacity: int) -> None:
+        super().__init__(
+            f"{past} tokens in the session + {rows} new exceed the capacity of {capacity}"
+        )
+        self.past, self.rows, self.capacity = past, rows, capacity
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How far a forward may reach: KV capacity and rotary cache rows (0 = no rotary limit)."""
+
+    capacity: int
+    rotary_rows: int = 0
+
+    @property
+    def reach(self) -> int:
+        if self.rotary_rows <= 0:
+            return self.capacity
+        return min(self.capacity, self.rotary_rows)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One forward: `rows` real rows taken from offset `start` of the appended tokens,
+    run at query width `width` on top of `past` tokens already in the KV cache."""
+
+    start: int
+    rows: int
+    width: int
+    past: int
+
+    @property
+    def padded_rows(self) -> int:
+        return self.width - self.rows
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    forwards: tuple[Forward, ...]
+    padding: PaddingDecision
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return tuple(f.width for f in self.forwards)
+
+    @property
+    def real_rows(self) -> int:
+        return sum(f.rows for f in self.forwards)
+
+    @property
+    def padded_rows(self) -> int:
+        return sum(f.padded_rows for f in self.forwards)
+
+
+def chunk_spans(rows: int, chunk: int) -> tuple[tuple[int, int], ...]:
+    """(start, rows) of each chunk; chunk <= 0 means one whole-prompt forward."""
+    if rows <= 0:
+        return ()
+    if chunk <= 0:
+        return ((0, rows),)
+    return tuple((s, min(chunk, rows - s)) for s in range(0, rows, chunk))
+
+
+def plan_prefill(
+    past: int,
+    rows: int,
+    chunk: int,
+    limits: Limits,
+    policy: PaddingPolicy = PaddingPolicy(),
+    ports: tuple[PortShape, ...] = (),
+) -> PrefillPlan:
+    """Plan `rows` new tokens appended after `past` tokens."""
+    if rows <= 0:
+        raise ValueError("a prefill needs at least one token")
+    if past < 0 or past + rows > limits.reach:
+        raise CapacityExceeded(past, rows, limits.reach)
+    padding = decide_padding(policy, rows, ports)
+    forwards = []
+    for start, n in chunk_spans(rows, chunk):
+        at = past + start
+        width = prefill_query_width(n, chunk) if padding.allowed else n
+        if at + width > limits.reach:
+            # Padding must never write past the cache or the rotary table: run exact.
+            width = n
+        forwards.append(Forward(start=start, rows=n, width=width, past=at))
+    return PrefillPlan(tuple(forwards), padding)
