@@ -1,0 +1,125 @@
+"""Reading a llama-architecture GGUF into `DecoderSpec` + `DecoderWeights` and its tokenizer.
+
+Guarantees: weights are the GGUF's own values dequantized to float32 (no
+re-quantization); Q and K are un-permuted from llama.cpp's rotary layout back
+to the Hugging Face layout, so the graph uses half-split rotary
+(`rotary_interleaved=False`); tied embeddings stay tied (`lm_head=None`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from engine.convert.tokenizer_json import BpeVocabulary
+from engine.modelgen.builder import DecoderSpec, DecoderWeights, LayerWeights
+
+_TOKEN_TYPE_CONTROL = 3
+
+
+class GgufModel:
+    """An open GGUF file: metadata fields by key and tensors by name."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.reader = GGUFReader(str(path))
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def field(self, key: str) -> Any:
+        return self.reader.fields[key].contents()
+
+    def has_field(self, key: str) -> bool:
+        return key in self.reader.fields
+
+    def dequantized(self, name: str) -> np.ndarray:
+        """The tensor as float32, numpy shape [rows, cols] = GGUF ne reversed ([out, in])."""
+        t = self.tensors[name]
+        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+
+
+def llama_spec(model: GgufModel, *, context_length: int) -> DecoderSpec:
+    """The decoder shape the GGUF declares, with rotary caches for `context_length` rows."""
+    arch = model.field("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"expected a llama-architecture GGUF, got {arch!r}")
+    hidden = int(model.field("llama.embedding_length"))
+    heads = int(model.field("llama.attention.head_count"))
+    return DecoderSpec(
+        vocab_size=len(model.field("tokenizer.ggml.tokens")),
+        hidden_size=hidden,
+        intermediate_size=int(model.field("llama.feed_forward_length")),
+        num_layers=int(model.field("llama.block_count")),
+        num_heads=heads,
+        num_kv_heads=int(model.field("llama.attention.head_count_kv")),
+        head_size=hidden // heads,
+        rope_theta=float(model.field("llama.rope.freq_base")),
+        rms_eps=float(model.field("llama.attention.layer_norm_rms_epsilon")),
+        rotary_rows=context_length,
+        rotary_interleaved=False,
+    )
+
+
+def unpermute_rotary_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation ([out, in]): pairs (2i, 2i+1) -> halves (i, i + d/2).
+
+    llama.cpp's converter reorders each head's rows so adjacent-pair rotary
+    equals Hugging Face's half-split rotary; this is its inverse.
+    """
+    out, cols = w.shape
+    half = out // heads // 2
+    return w.reshape(heads, half, 2, cols).swapaxes(1, 2).reshape(out, cols)
+
+
+def _layer(model: GgufModel, spec: DecoderSpec, i: int) -> LayerWeights:
+    def mat(name: str) -> np.ndarray:
+        return np.ascontiguousarray(model.dequantized(f"blk.{i}.{name}.weight").T)
+
+    def rotary(name: str, heads: int) -> np.ndarray:
+        w = unpermute_rotary_rows(model.dequantized(f"blk.{i}.{name}.weight"), heads)
+        return np.ascontiguousarray(w.T)
+
+    return LayerWeights(
+        attn_norm=model.dequantized(f"blk.{i}.attn_norm.weight"),
+        q=rotary("attn_q", spec.num_heads),
+        k=rotary("attn_k", spec.num_kv_heads),
+        v=mat("attn_v"), o=mat("attn_output"),
+        mlp_norm=model.dequantized(f"blk.{i}.ffn_norm.weight"),
+        gate=mat("ffn_gate"), up=mat("ffn_up"), down=mat("ffn_down"),
+    )
+
+
+def llama_weights(model: GgufModel, spec: DecoderSpec) -> DecoderWeights:
+    """All weights as float32, stored [in, out]; `lm_head` only if the GGUF has `output.weight`."""
+    head = None
+    if "output.weight" in model.tensors:
+        head = np.ascontiguousarray(model.dequantized("output.weight").T)
+    return DecoderWeights(
+        embed=model.dequantized("token_embd.weight"),
+        layers=[_layer(model, spec, i) for i in range(spec.num_layers)],
+        final_norm=model.dequantized("output_norm.weight"),
+        lm_head=head,
+    )
+
+
+def gguf_vocabulary(model: GgufModel) -> BpeVocabulary:
+    """The GGUF's GPT-2 style byte-level BPE tokenizer, specials and chat template."""
+    if model.field("tokenizer.ggml.model") != "gpt2":
+        raise ValueError("only byte-level BPE ('gpt2') GGUF tokenizers are supported")
+    types = list(model.field("tokenizer.ggml.token_type"))
+    pre = model.field("tokenizer.ggml.pre") if model.has_field("tokenizer.ggml.pre") else ""
+    eos = int(model.field("tokenizer.ggml.eos_token_id"))
+    return BpeVocabulary(
+        tokens=list(model.field("tokenizer.ggml.tokens")),
+        merges=list(model.field("tokenizer.ggml.merges")),
+        special_ids=[i for i, t in enumerate(types) if t == _TOKEN_TYPE_CONTROL],
+        bos_token_id=int(model.field("tokenizer.ggml.bos_token_id")),
+        eos_token_id=eos,
+        unk_token_id=int(model.field("tokenizer.ggml.unknown_token_id")),
+        pad_token_id=int(model.field("tokenizer.ggml.padding_token_id")),
+        chat_template=str(model.field("tokenizer.chat_template")),
+        split_digits=pre == "smollm",
+    )
