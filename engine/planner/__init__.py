@@ -7,6 +7,13 @@ decision is a frozen value that the executor carries out and a test asserts.
 """
 
 from engine.planner.ladder import ladder_widths, prefill_query_width, step_for
+from engine.planner.padding import (
+    PaddingDecision,
+    PaddingPolicy,
+    PortShape,
+    decide_padding,
+    is_per_token,
+)
 from engine.planner.plan import (
     CapacityExceeded,
     Forward,
@@ -14,13 +21,6 @@ from engine.planner.plan import (
     PrefillPlan,
     chunk_spans,
     plan_prefill,
-)
-from engine.planner.padding import (
-    PaddingDecision,
-    PaddingPolicy,
-    PortShape,
-    decide_padding,
-    is_per_token,
 )
 
 __all__ = [

@@ -9,10 +9,10 @@ supplied port is not shaped [1, rows, ...] (it cannot be shown per-token).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class PaddingRefusal(str, Enum):
+class PaddingRefusal(StrEnum):
     DISABLED = "disabled by configuration"
     RECURRENT_STATE = "decoder carries recurrent state"
     SELF_CHECK = "self-check found the decoder contracts the query axis"

@@ -83,7 +83,7 @@ def plan_prefill(
     rows: int,
     chunk: int,
     limits: Limits,
-    policy: PaddingPolicy = PaddingPolicy(),
+    policy: PaddingPolicy | None = None,
     ports: tuple[PortShape, ...] = (),
 ) -> PrefillPlan:
     """Plan `rows` new tokens appended after `past` tokens."""
@@ -91,7 +91,7 @@ def plan_prefill(
         raise ValueError("a prefill needs at least one token")
     if past < 0 or past + rows > limits.reach:
         raise CapacityExceeded(past, rows, limits.reach)
-    padding = decide_padding(policy, rows, ports)
+    padding = decide_padding(policy or PaddingPolicy(), rows, ports)
     forwards = []
     for start, n in chunk_spans(rows, chunk):
         at = past + start

