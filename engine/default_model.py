@@ -144,6 +144,7 @@ def prepare(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH) -> P
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
     try:
+        staging.chmod(0o755)  # mkdtemp makes it owner-only; the served directory is not secret
         _convert(gguf_path, staging, context_length)
         write_manifest(staging, context_length)
         if model_dir.exists():
