@@ -1,0 +1,119 @@
+"""The images install and start Ladder exactly as the README and the manifests say.
+
+No docker engine runs in CI, so the Dockerfiles are read, not built: the install
+step must be the README's own pip command, the entrypoint `ladder serve`, the user
+non-root and the exposed ports the server's defaults.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+import pytest
+from deploy_support import (
+    REPO,
+    dockerfile,
+    main_container,
+    one,
+    overlay,
+    pip_installs,
+    readme_pip_installs,
+)
+
+FLAVOURS = {"cpu": "cpu", "cuda": "gpu"}  # Dockerfile flavour -> k8s overlay
+DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 50051, 9090
+
+
+def readme_installs() -> list[tuple[str, ...]]:
+    readme = REPO / "README.md"
+    assert readme.is_file(), "README.md is missing: the images must install as it says"
+    installs = readme_pip_installs(readme)
+    assert installs, "README.md has no `pip install` in its fenced shell blocks (or scripts)"
+    return installs
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_each_image_installs_ladder_exactly_as_the_readme_does(flavour):
+    image_installs = dockerfile(flavour).pip_installs()
+    assert len(image_installs) == 1, f"Dockerfile.{flavour} should pip install once"
+    assert image_installs[0] in readme_installs(), (
+        f"Dockerfile.{flavour} runs `pip install {' '.join(image_installs[0])}`, "
+        f"the README only shows {readme_installs()}")
+
+
+def test_the_readme_is_read_from_its_fenced_shell_blocks_only(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "Install with `pip install nothing-inline`.\n\n"
+        "```bash\npython -m venv .venv && . .venv/bin/activate\npip install .\n```\n\n"
+        "```python\n# pip install not-shell\n```\n\n"
+        "```sh\n$ pip install '.[cuda]'   # GPU\n```\n")
+    assert readme_pip_installs(readme) == [(".",), (".[cuda]",)]
+
+
+def test_the_two_images_differ_only_by_the_cuda_extra():
+    (cpu,), (cuda,) = dockerfile("cpu").pip_installs(), dockerfile("cuda").pip_installs()
+    assert cpu == (".",)
+    assert cuda == (".[cuda]",)
+
+
+def test_pip_commands_compare_by_what_they_install_not_how_they_are_spelled():
+    quiet = "python -m pip install --no-cache-dir -q --progress-bar off '.[cuda]'"
+    assert pip_installs(quiet) == [(".[cuda]",)]
+    assert pip_installs("$ .venv/bin/pip install \\\n  -e '.[dev]'") == [("-e", ".[dev]")]
+    assert pip_installs("cd x && pip3 install . # CPU") == [(".",)]
+    assert pip_installs("pip install '.[cuda]'") != pip_installs("pip install .")
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_each_image_runs_ladder_serve_as_its_entrypoint(flavour):
+    assert dockerfile(flavour).entrypoint_command() == ["ladder", "serve"]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_each_image_runs_as_the_non_root_uid_the_pod_requires(flavour):
+    users = dockerfile(flavour).final.all("USER")
+    assert users, f"Dockerfile.{flavour} final stage has no USER"
+    uid = users[-1].split(":")[0]
+    assert uid not in {"root", "0"}
+    pod = one(overlay(FLAVOURS[flavour]), "Deployment")["spec"]["template"]["spec"]
+    assert int(uid) == pod["securityContext"]["runAsUser"]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_each_image_exposes_the_default_ports_the_pod_declares(flavour):
+    assert dockerfile(flavour).exposed_ports() == {DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT}
+    container = main_container(one(overlay(FLAVOURS[flavour]), "Deployment"))
+    assert {p["containerPort"] for p in container["ports"]} == {
+        DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT}
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_the_default_model_is_prepared_at_build_time_into_the_cache_the_image_uses(flavour):
+    image = dockerfile(flavour)
+    builds = [s for s in image.stages if any("ladder model prepare" in r for r in s.all("RUN"))]
+    assert builds, f"Dockerfile.{flavour} never runs `ladder model prepare`"
+    cache = builds[0].env()["LADDER_MODEL_CACHE"]
+    assert image.final.env()["LADDER_MODEL_CACHE"] == cache
+    assert any(cache.startswith(c.split()[-1]) for c in image.final.all("COPY"))
+
+
+def test_the_cpu_image_is_slim_python_and_the_cuda_image_is_a_cuda_13_runtime():
+    assert {s.base for s in dockerfile("cpu").stages} <= {"python:3.11-slim", "python:3.12-slim"}
+    for stage in dockerfile("cuda").stages:
+        assert stage.base.startswith("nvidia/cuda:13."), stage.base
+        assert "runtime" in stage.base, stage.base
+    assert dockerfile("cuda").final.env()["LADDER_PROVIDER"] == "cuda"
+
+
+def test_the_build_context_keeps_what_pip_needs_and_drops_local_state():
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+
+    def ignored(path: str) -> bool:
+        return any(fnmatch.fnmatch(path, p) or path.startswith(p + "/") for p in patterns)
+
+    for needed in ("pyproject.toml", "README.md", "engine", "service", "clients", "proto"):
+        assert not ignored(needed), f".dockerignore drops {needed}, which `pip install .` needs"
+    for local in (".git", ".venv", ".venv/bin/python", ".pytest_cache"):
+        assert ignored(local), f".dockerignore should drop {local}"
