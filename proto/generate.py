@@ -1,0 +1,41 @@
+"""Generate the Python stubs of proto/ladder/v1 with grpcio-tools.
+
+Run `python -m proto.generate` after editing a .proto. The stubs are committed;
+tests/service/test_proto_stubs.py regenerates them into a temporary directory
+and checks they are identical. The package is importable as `proto.ladder.v1`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parent
+PROTOS = ("ladder/v1/ladder.proto",)
+# protoc writes absolute imports ("from ladder.v1 import ladder_pb2"); the package lives under proto/.
+_ABSOLUTE_IMPORT = re.compile(r"^from ladder\.v1 import (\w+_pb2)", re.MULTILINE)
+
+
+def generate(out_dir: Path = ROOT) -> list[Path]:
+    """Write *_pb2.py, *_pb2.pyi and *_pb2_grpc.py under out_dir; return the files written."""
+    include = protoc._get_resource_file_name("grpc_tools", "_proto")
+    args = ["grpc_tools.protoc", f"-I{ROOT}", f"-I{include}", f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}", *PROTOS]
+    if protoc.main(args) != 0:
+        raise RuntimeError(f"protoc failed: {' '.join(args)}")
+    written = []
+    for proto in PROTOS:
+        stem = out_dir / proto.removesuffix(".proto")
+        for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"):
+            path = stem.with_name(stem.name + suffix)
+            path.write_text(_ABSOLUTE_IMPORT.sub(r"from proto.ladder.v1 import \1", path.read_text()))
+            written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for path in generate(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT):
+        print(path)
