@@ -121,9 +121,10 @@ def test_the_deployment_runs_the_image_entrypoint_unchanged(name):
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
-def test_the_pod_name_reaches_the_server_through_the_downward_api(name):
+def test_the_pod_name_and_ip_reach_the_server_through_the_downward_api(name):
     env = env_of(main_container(one(overlay(name), "Deployment")))
     assert env["LADDER_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["LADDER_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
 
 
 def test_the_gpu_overlay_asks_for_one_gpu_and_tolerates_gpu_nodes():
