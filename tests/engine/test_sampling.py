@@ -1,0 +1,73 @@
+"""Sampling is judged on distributions, not single draws."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.executor.sampling import (
+    Sampler,
+    SamplingParams,
+    apply_repetition_penalty,
+    filtered_probabilities,
+)
+
+LOGITS = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05], np.float32))
+
+
+def _histogram(params: SamplingParams, draws: int = 20000) -> np.ndarray:
+    sampler = Sampler(params)
+    counts = np.bincount([sampler(LOGITS) for _ in range(draws)], minlength=LOGITS.size)
+    return counts / draws
+
+
+def test_greedy_always_picks_the_argmax() -> None:
+    sampler = Sampler(SamplingParams(temperature=0.0, seed=1))
+    assert {sampler(LOGITS) for _ in range(100)} == {0}
+
+
+def test_temperature_one_reproduces_the_softmax_distribution() -> None:
+    hist = _histogram(SamplingParams(temperature=1.0, seed=2))
+    np.testing.assert_allclose(hist, [0.5, 0.2, 0.15, 0.1, 0.05], atol=0.015)
+
+
+def test_low_temperature_sharpens_and_high_temperature_flattens() -> None:
+    cold = _histogram(SamplingParams(temperature=0.5, seed=3))
+    hot = _histogram(SamplingParams(temperature=2.0, seed=3))
+    assert cold[0] > 0.6 > 0.5 > hot[0]
+    assert hot[4] > 0.05 > cold[4]
+
+
+def test_top_k_draws_only_from_the_k_most_likely() -> None:
+    hist = _histogram(SamplingParams(temperature=1.0, top_k=2, seed=4))
+    assert hist[2:].sum() == 0
+    np.testing.assert_allclose(hist[:2], [0.5 / 0.7, 0.2 / 0.7], atol=0.015)
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_the_mass() -> None:
+    probs = filtered_probabilities(LOGITS, SamplingParams(temperature=1.0, top_p=0.8))
+    assert (probs[3:] == 0).all()
+    np.testing.assert_allclose(probs[:3], np.array([0.5, 0.2, 0.15]) / 0.85, rtol=1e-5)
+
+
+def test_the_same_seed_gives_the_same_draws() -> None:
+    a = Sampler(SamplingParams(temperature=1.0, seed=7))
+    b = Sampler(SamplingParams(temperature=1.0, seed=7))
+    assert [a(LOGITS) for _ in range(50)] == [b(LOGITS) for _ in range(50)]
+
+
+def test_repetition_penalty_lowers_seen_tokens_either_sign() -> None:
+    logits = np.array([2.0, -2.0, 1.0], np.float32)
+    out = apply_repetition_penalty(logits, [0, 1], 2.0)
+    np.testing.assert_allclose(out, [1.0, -4.0, 1.0])
+    assert Sampler(SamplingParams(repetition_penalty=10.0))(np.array([3.0, 1.0]), [0]) == 1
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=-1.0), SamplingParams(top_k=-1), SamplingParams(top_p=0.0),
+    SamplingParams(top_p=1.5), SamplingParams(repetition_penalty=0.0),
+    SamplingParams(temperature=float("nan")),
+])
+def test_bad_sampling_values_are_refused(params: SamplingParams) -> None:
+    with pytest.raises(ValueError):
+        Sampler(params)

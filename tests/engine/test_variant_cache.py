@@ -1,0 +1,87 @@
+"""The seed's cache experiment, and the cache's own bookkeeping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.executor.variants import VariantCache, VariantKey
+from tests.engine.helpers import greedy, load, prompt
+
+# Remainders at chunk 64: 37, 26, 12, 8, 59 -> five distinct unpadded widths.
+SEED_LENGTHS = (37, 90, 140, 200, 251)
+
+
+def _two_passes(engine) -> list[tuple[int, int, int]]:
+    """Run each length twice; after each request record (prepared, evictions, entries)."""
+    trace = []
+    for _ in range(2):
+        for length in SEED_LENGTHS:
+            session = engine.open_session()
+            greedy(session, session.append(prompt(length, seed=length)), 4)
+            session.close()
+            stats = engine.stats().variants
+            trace.append((stats.prepared, stats.evictions, len(stats.entries)))
+    return trace
+
+
+def test_with_padding_the_second_pass_prepares_no_new_variant(model_dir) -> None:
+    engine = load(model_dir(), padding=True)
+    trace = _two_passes(engine)
+    first_pass_prepared = trace[len(SEED_LENGTHS) - 1][0]
+    assert trace[-1][0] == first_pass_prepared
+    assert all(entries <= 4 for _, _, entries in trace)
+    assert trace[-1][1] == 0
+    widths = {e.key.width for e in engine.stats().variants.entries}
+    assert widths <= {1, 22, 44, 64}
+
+
+def test_without_padding_distinct_widths_grow_and_the_cache_thrashes(model_dir) -> None:
+    engine = load(model_dir(), padding=False)
+    trace = _two_passes(engine)
+    first_pass = trace[len(SEED_LENGTHS) - 1]
+    assert trace[-1][0] > first_pass[0], "the second pass prepares variants again"
+    assert trace[-1][1] > first_pass[1] > 0, "evictions keep climbing"
+    assert all(entries <= 4 for _, _, entries in trace)
+
+
+@dataclass
+class _Fake:
+    nbytes: int
+    released: bool = False
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_the_cache_evicts_the_least_recently_used_variant_and_counts_it() -> None:
+    cache: VariantCache[_Fake] = VariantCache(2)
+    made: dict[int, _Fake] = {}
+
+    def prepare(key: VariantKey) -> _Fake:
+        made[key.width] = _Fake(key.width * 10)
+        return made[key.width]
+
+    cache.get(VariantKey(1), prepare)
+    cache.get(VariantKey(2), prepare)
+    cache.get(VariantKey(1), prepare)
+    cache.get(VariantKey(3), prepare)
+    stats = cache.stats()
+    assert [e.key.width for e in stats.entries] == [1, 3]
+    assert made[2].released
+    assert (stats.hits, stats.misses, stats.evictions, stats.prepared) == (1, 3, 1, 3)
+    assert stats.nbytes == 40
+
+
+def test_an_unevictable_cache_refuses_instead_of_evicting() -> None:
+    cache: VariantCache[_Fake] = VariantCache(1, evictable=False)
+    assert cache.get(VariantKey(1), lambda k: _Fake(1)) is not None
+    assert cache.get(VariantKey(2), lambda k: _Fake(2)) is None
+    assert cache.stats().refusals == 1 and len(cache.stats().entries) == 1
+
+
+def test_each_variant_reports_the_bytes_of_its_buffers(model_dir) -> None:
+    engine = load(model_dir())
+    engine.open_session().append(prompt(30))
+    (entry,) = engine.stats().variants.entries
+    # input ids [1, 44] int64 + logits [1, 44, 512] float32
+    assert entry.nbytes == 44 * 8 + 44 * 512 * 4
