@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import copy
 import shutil
+import subprocess
+import sys
 
 import pytest
 from deploy_support import (
     K8S,
     K8S_VERSION,
     OVERLAYS,
+    dockerfile,
     env_of,
     main_container,
     one,
@@ -207,3 +210,31 @@ def test_the_servicemonitor_component_scrapes_the_metrics_port_of_the_service(tm
     assert metrics["port"] == METRICS_PORT
     # Everything but the CRD-defined ServiceMonitor still validates.
     assert [e for o in objects if o["kind"] != "ServiceMonitor" for e in schema_errors(o)] == []
+
+
+@pytest.mark.parametrize(("name", "flavour"), [("cpu", "cpu"), ("gpu", "cuda")])
+def test_the_init_container_seeds_the_cache_volume_from_the_image_build(name, flavour):
+    spec = pod_spec(name)
+    (seed,) = spec["initContainers"]
+    server = main_container(one(overlay(name), "Deployment"))
+    assert seed["image"] == server["image"]
+    assert seed["securityContext"]["readOnlyRootFilesystem"] is True
+    *_, source, target = seed["command"]
+    assert source == dockerfile(flavour).final.env()["LADDER_MODEL_CACHE"]
+    assert target == env_of(server)["LADDER_MODEL_CACHE"]
+    assert {m["mountPath"]: m["name"] for m in seed["volumeMounts"]}[target] == "model-cache"
+
+
+def test_the_seed_command_copies_a_prepared_cache_and_can_run_again(tmp_path):
+    (seed,) = pod_spec("cpu")["initContainers"]
+    interpreter, *program, _, _ = seed["command"]
+    assert interpreter == "python"
+    built = tmp_path / "image-cache" / "models" / "m"
+    built.mkdir(parents=True)
+    (built / "model.onnx").write_bytes(b"weights")
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    for _ in range(2):  # a PersistentVolumeClaim is seeded again on every start
+        subprocess.run([sys.executable, *program, str(tmp_path / "image-cache"), str(volume)],
+                       check=True, timeout=30)
+    assert (volume / "models" / "m" / "model.onnx").read_bytes() == b"weights"
