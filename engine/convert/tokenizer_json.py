@@ -138,15 +138,21 @@ def _synthetic_merges(byte_chars: list[str], budget: int) -> tuple[list[str], li
 
 
 def synthetic_vocabulary(vocab_size: int) -> BpeVocabulary:
-    """Specials at ids 0-2, the 256 byte tokens after them, then merges up to `vocab_size`."""
+    """Specials at ids 0-2, the 256 byte tokens after them, then merges up to `vocab_size`.
+
+    Past the 702 ASCII pair merges the remaining ids are reserved special
+    tokens (`<|reserved_N|>`), so every id below `vocab_size` decodes.
+    """
     if vocab_size < len(SYNTHETIC_SPECIALS) + 256:
         raise ValueError(f"a byte-level vocabulary needs at least 259 ids, got {vocab_size}")
     enc = bytes_to_unicode()
     byte_chars = [enc[b] for b in range(256)]
     merged, merges = _synthetic_merges(byte_chars, vocab_size - len(SYNTHETIC_SPECIALS) - 256)
     tokens = SYNTHETIC_SPECIALS + byte_chars + merged
-    return BpeVocabulary(tokens=tokens, merges=merges, special_ids=[0, 1, 2], bos_token_id=1,
-                         eos_token_id=2, unk_token_id=0, pad_token_id=0,
+    reserved = [f"<|reserved_{i}|>" for i in range(vocab_size - len(tokens))]
+    specials = [0, 1, 2, *range(len(tokens), vocab_size)]
+    return BpeVocabulary(tokens=tokens + reserved, merges=merges, special_ids=specials,
+                         bos_token_id=1, eos_token_id=2, unk_token_id=0, pad_token_id=0,
                          chat_template=CHATML_TEMPLATE)
 
 
@@ -154,7 +160,8 @@ def write_byte_level_tokenizer(model_dir: Path, vocab_size: int) -> list[Path]:
     """A tiny byte-level BPE tokenizer for a generated model of `vocab_size` ids.
 
     Ids: 0 <|endoftext|>, 1 <|im_start|> (bos), 2 <|im_end|> (eos), 3..258 the
-    bytes 0..255, then merges of common ASCII pairs until the vocabulary is full.
+    bytes 0..255, then merges of common ASCII pairs (and reserved specials past
+    those) until the vocabulary is full.
     Any text encodes (every byte has a token) and every id below `vocab_size` decodes.
     """
     return write_tokenizer_files(model_dir, synthetic_vocabulary(vocab_size))

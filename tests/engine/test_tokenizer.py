@@ -1,0 +1,115 @@
+"""The runtime tokenizer: token-exact with llama.cpp on the SmolLM2 GGUF, lossless on any text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from onnxruntime_extensions import pp_api
+
+from engine.convert.tokenizer_json import write_byte_level_tokenizer
+from engine.default_model import prepare_default_model
+from engine.tokenizer import ChatMessage, Tokenizer
+
+# llama.cpp (llama-cpp-python 0.3.36) on the same GGUF, special tokens parsed, no BOS:
+# copied from ../shared/data/smollm2-reference.json so CI needs no shared directory.
+LLAMA_CPP_IDS: dict[str, list[int]] = {
+    "Hello world": [19556, 905],
+    "12345 apples": [33, 34, 35, 36, 37, 13855],
+    "Ünïcödé ✓ naïve café": [142, 246, 94, 25972, 83, 7466, 84, 2756, 4636, 246, 237, 15486,
+                             46494, 37366],
+    " leading space": [2899, 1898],
+    "def f(x):\n    return x*2": [1604, 275, 24, 104, 727, 472, 1003, 1792, 26, 34],
+    "<|im_start|>user\nHi<|im_end|>\n": [1, 4093, 198, 26843, 2, 198],
+    "The quick brown fox jumps over the lazy dog.": [504, 2365, 6354, 16438, 27003, 690, 260,
+                                                     23790, 2767, 30],
+    "日本語のテキスト": [23274, 115, 40993, 179, 120, 248, 26453, 11100, 224, 10391, 251, 10391,
+                         134, 11100, 226],
+    "2026-11-29: 3.14159 × 2 = 6.28318": [34, 32, 34, 38, 29, 33, 33, 29, 34, 41, 42, 216, 35,
+                                          30, 33, 36, 33, 37, 41, 15493, 216, 34, 446, 216, 38,
+                                          30, 34, 40, 35, 33, 40],
+}
+ROUND_TRIP = ["Grüße aus Köln — naïve façade", "emoji 🎉🚀 and ZWJ 👩‍💻", "Ελληνικά, русский, العربية",
+              "tabs\tand\nnewlines\r\n  spaces   ", "数字 123 and 4.5e-6", ""]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(request: pytest.FixtureRequest) -> Tokenizer:
+    return Tokenizer(prepare_default_model(Path(request.config.cache.mkdir("ladder-default-model"))))
+
+
+@pytest.mark.parametrize("text", list(LLAMA_CPP_IDS))
+def test_the_tokenizer_reproduces_llama_cpp_ids_token_for_token(tokenizer: Tokenizer,
+                                                               text: str) -> None:
+    assert tokenizer.encode(text) == LLAMA_CPP_IDS[text]
+
+
+@pytest.mark.parametrize("text", ROUND_TRIP + list(LLAMA_CPP_IDS))
+def test_decoding_an_encoding_gives_back_the_text(tokenizer: Tokenizer, text: str) -> None:
+    assert tokenizer.decode(tokenizer.encode(text), skip_special=False) == text
+
+
+@pytest.mark.parametrize("text", ROUND_TRIP + list(LLAMA_CPP_IDS))
+def test_streamed_pieces_concatenate_to_the_full_decode_and_never_split_a_character(
+        tokenizer: Tokenizer, text: str) -> None:
+    pieces = list(tokenizer.stream().pieces(tokenizer.encode(text)))
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in piece for piece in pieces)
+
+
+def test_skipping_special_tokens_drops_only_them(tokenizer: Tokenizer) -> None:
+    ids = tokenizer.encode("<|im_start|>user\nHi<|im_end|>\n")
+    assert tokenizer.decode(ids) == "user\nHi\n"
+    assert "".join(tokenizer.stream(skip_special=True).pieces(ids)) == "user\nHi\n"
+
+
+def test_special_ids_and_vocabulary_size_are_the_gguf_ones(tokenizer: Tokenizer) -> None:
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (1, 2)
+    assert tokenizer.vocab_size == 49152
+    assert tokenizer.encode("Hi", add_bos=True)[0] == 1
+
+
+@pytest.mark.parametrize("system", [None, "Be brief."])
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_the_python_chat_rendering_equals_the_gguf_jinja_template(
+        tokenizer: Tokenizer, system: str | None, add_generation_prompt: bool) -> None:
+    turns = [ChatMessage("user", "What is the capital of France?"),
+             ChatMessage("assistant", "Paris."), ChatMessage("user", "And of Italy?")]
+    if system is not None:
+        turns.insert(0, ChatMessage("system", system))
+    ours = tokenizer.render_chat(turns, add_generation_prompt=add_generation_prompt)
+    # onnxruntime-extensions renders the template's Jinja in C++: an independent oracle.
+    oracle = pp_api.Tokenizer(str(tokenizer.model_dir)).apply_chat_template(
+        json.dumps([vars(m) for m in turns]), add_generation_prompt=add_generation_prompt)
+    assert ours == str(oracle)
+    assert ours.startswith("<|im_start|>system\n" + (system or "You are a helpful AI"))
+
+
+def test_a_lone_user_turn_without_the_default_system_prompt_is_plain_chatml(
+        tokenizer: Tokenizer) -> None:
+    text = tokenizer.render_chat([ChatMessage("user", "Hi")], use_default_system=False)
+    assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("vocab_size", [259, 512, 1000])
+def test_the_byte_level_tokenizer_encodes_any_text_within_its_vocabulary(
+        tmp_path: Path, vocab_size: int) -> None:
+    write_byte_level_tokenizer(tmp_path, vocab_size)
+    tok = Tokenizer(tmp_path)
+    assert tok.vocab_size == vocab_size
+    assert (tok.bos_token_id, tok.eos_token_id) == (1, 2)
+    for text in ROUND_TRIP + ["the theory of the thing", "<|im_start|>user\nhi<|im_end|>\n"]:
+        ids = tok.encode(text)
+        assert all(0 <= i < vocab_size for i in ids)
+        assert tok.decode(ids, skip_special=False) == text
+        assert "".join(tok.stream().pieces(ids)) == text
+    assert tok.decode(list(range(vocab_size)), skip_special=False).startswith("<|endoftext|>")
+
+
+def test_the_byte_level_tokenizer_uses_its_merges_and_specials(tmp_path: Path) -> None:
+    write_byte_level_tokenizer(tmp_path, 512)
+    tok = Tokenizer(tmp_path)
+    assert tok.encode("<|im_start|>") == [1]
+    assert len(tok.encode(" the theory")) < len(b" the theory")
+    assert tok.encode("A") == [3 + ord("A")]
