@@ -142,6 +142,12 @@ class Dockerfile:
         cmd = self.final.all("CMD")
         return (json.loads(entry[-1]) if entry else []) + (json.loads(cmd[-1]) if cmd else [])
 
+    def healthcheck_command(self) -> list[str]:
+        """The final stage's HEALTHCHECK command (exec form), its --options dropped."""
+        (check,) = self.final.all("HEALTHCHECK")
+        command = re.sub(r"^(--\S+\s+)*CMD\s+", "", check)
+        return json.loads(command)
+
     def pip_installs(self) -> list[tuple[str, ...]]:
         return [args for stage in self.stages for run in stage.all("RUN")
                 for args in pip_installs(run)]

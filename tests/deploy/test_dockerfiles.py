@@ -8,9 +8,15 @@ non-root and the exposed ports the server's defaults.
 from __future__ import annotations
 
 import fnmatch
+import os
+import subprocess
+import sys
+from concurrent import futures
 
+import grpc
 import pytest
 from deploy_support import (
+    K8S,
     REPO,
     dockerfile,
     main_container,
@@ -117,3 +123,38 @@ def test_the_build_context_keeps_what_pip_needs_and_drops_local_state():
         assert not ignored(needed), f".dockerignore drops {needed}, which `pip install .` needs"
     for local in (".git", ".venv", ".venv/bin/python", ".pytest_cache"):
         assert ignored(local), f".dockerignore should drop {local}"
+
+
+@pytest.fixture
+def health_server():
+    """A bare grpc.health.v1 server on a free port, its statuses set by the test."""
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, port
+    server.stop(None)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_the_docker_healthcheck_passes_only_while_the_server_says_serving(flavour, health_server):
+    from grpc_health.v1 import health_pb2
+
+    servicer, port = health_server
+    interpreter, *args = dockerfile(flavour).healthcheck_command()
+    assert interpreter == "python"
+    env = {**os.environ, "LADDER_PORT": str(port)}
+
+    def healthcheck() -> int:
+        return subprocess.run([sys.executable, *args], env=env, capture_output=True,
+                              timeout=30).returncode
+
+    servicer.set("ladder.v1.Ladder", health_pb2.HealthCheckResponse.SERVING)
+    assert healthcheck() == 0
+    servicer.set("ladder.v1.Ladder", health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert healthcheck() != 0
+    readiness = main_container(one(overlay(FLAVOURS[flavour]), "Deployment"))["readinessProbe"]
+    assert f"service='{readiness['grpc']['service']}'" in args[-1], "same service as the kubelet"
