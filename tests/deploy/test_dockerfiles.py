@@ -16,7 +16,6 @@ from concurrent import futures
 import grpc
 import pytest
 from deploy_support import (
-    K8S,
     REPO,
     dockerfile,
     main_container,
