@@ -1,0 +1,119 @@
+"""Typed options and prompt inputs, and the protobuf requests built from them.
+
+Owns the one translation from Python values to `ladder.v1` request messages, shared
+by the sync and async clients so both send exactly the same requests.
+A prompt is text (`str`), token ids (`list[int]`) or a conversation (`list[Turn]`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from proto.ladder.v1 import ladder_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One chat message: role is "system", "user" or "assistant"."""
+
+    role: str
+    content: str
+
+
+PromptInput = str | Sequence[int] | Sequence[Turn]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy by default; the server validates the values (INVALID_ARGUMENT when out of range)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+
+    def to_proto(self) -> pb.SamplingOptions:
+        msg = pb.SamplingOptions(temperature=self.temperature, top_k=self.top_k)
+        if self.top_p is not None:
+            msg.top_p = self.top_p
+        if self.repetition_penalty is not None:
+            msg.repetition_penalty = self.repetition_penalty
+        if self.seed is not None:
+            msg.seed = self.seed
+        return msg
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """max_new_tokens 0 lets the server fill the KV capacity up to its own limit."""
+
+    max_new_tokens: int = 0
+    stop: Sequence[str] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    stop_token_ids: Sequence[int] = field(default_factory=tuple)
+
+    def to_proto(self) -> pb.StoppingOptions:
+        return pb.StoppingOptions(max_new_tokens=self.max_new_tokens, stop=list(self.stop),
+                                  ignore_eos=self.ignore_eos, stop_token_ids=list(self.stop_token_ids))
+
+
+def chat_proto(turns: Iterable[Turn]) -> pb.Chat:
+    return pb.Chat(messages=[pb.ChatMessage(role=t.role, content=t.content) for t in turns])
+
+
+def prompt_proto(prompt: PromptInput) -> pb.Prompt:
+    """Text, token ids or a conversation as a `Prompt`; an empty list is an empty token prompt."""
+    if isinstance(prompt, str):
+        return pb.Prompt(text=prompt)
+    items = list(prompt)
+    if items and all(isinstance(item, Turn) for item in items):
+        return pb.Prompt(chat=chat_proto(items))  # type: ignore[arg-type]
+    if all(isinstance(item, int) and not isinstance(item, bool) for item in items):
+        return pb.Prompt(tokens=pb.TokenIds(ids=items))  # type: ignore[arg-type]
+    raise TypeError("a prompt is a str, a list of token ids or a list of Turn")
+
+
+def generate_request(prompt: PromptInput, sampling: Sampling | None,
+                     stopping: Stopping | None) -> pb.GenerateRequest:
+    return pb.GenerateRequest(prompt=prompt_proto(prompt), sampling=(sampling or Sampling()).to_proto(),
+                              stopping=(stopping or Stopping()).to_proto())
+
+
+def prefill_request(part: PromptInput, *, first: bool, session_id: str,
+                    sampling: Sampling | None) -> pb.PrefillRequest:
+    """One message of a Prefill stream: only the first names the session and the sampling."""
+    if not first:
+        return pb.PrefillRequest(prompt=prompt_proto(part))
+    return pb.PrefillRequest(session_id=session_id, prompt=prompt_proto(part),
+                             sampling=(sampling or Sampling()).to_proto())
+
+
+def prefill_requests(parts: Iterable[PromptInput], session_id: str,
+                     sampling: Sampling | None) -> Iterator[pb.PrefillRequest]:
+    for index, part in enumerate(parts):
+        yield prefill_request(part, first=index == 0, session_id=session_id, sampling=sampling)
+
+
+def decode_request(session_id: str, max_new_tokens: int, sampling: Sampling | None,
+                   stopping: Stopping | None) -> pb.DecodeRequest:
+    stop = stopping or Stopping()
+    options = stop.to_proto()
+    options.max_new_tokens = max_new_tokens
+    return pb.DecodeRequest(session_id=session_id, sampling=(sampling or Sampling()).to_proto(),
+                            stopping=options)
+
+
+def tokenize_request(source: str | Sequence[Turn]) -> pb.TokenizeRequest:
+    if isinstance(source, str):
+        return pb.TokenizeRequest(text=source)
+    return pb.TokenizeRequest(chat=chat_proto(source))
+
+
+def completion_of(events: Iterable[pb.TokenEvent]) -> pb.Completion:
+    """The final Completion of a token stream (RuntimeError if the stream ended without one)."""
+    for event in events:
+        if event.WhichOneof("event") == "done":
+            return event.done
+    raise RuntimeError("the token stream ended without a Completion")
