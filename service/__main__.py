@@ -1,0 +1,7 @@
+"""`python -m service [flags]`: the same as `ladder serve`."""
+
+import sys
+
+from service.server import main
+
+raise SystemExit(main(sys.argv[1:]))

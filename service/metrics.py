@@ -1,0 +1,63 @@
+"""Prometheus metrics of one server, in a registry of its own (tests run several servers).
+
+TTFT and inter-token latency, queue depth, prompt and generated tokens, prefill
+forwards with real and padded rows, the variant cache and sessions, and calls
+by method and status. Served on config.metrics_port by prometheus-client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("ladder_time_to_first_token_seconds", "Request arrival to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.inter_token = Histogram("ladder_inter_token_seconds", "Gap between consecutive tokens",
+                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("ladder_queue_depth", "Requests the engine worker holds", registry=r)
+        self.prompt_tokens = Counter("ladder_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generated_tokens = Counter("ladder_generated_tokens", "Tokens generated", registry=r)
+        self.forwards = Counter("ladder_prefill_forwards", "Prefill forwards", registry=r)
+        self.real_rows = Counter("ladder_prefill_real_rows", "Prompt rows run by prefill", registry=r)
+        self.padded_rows = Counter("ladder_prefill_padded_rows", "Padding rows the ladder added", registry=r)
+        self.calls = Counter("ladder_calls", "Finished calls", ["method", "code"], registry=r)
+        self.call_seconds = Histogram("ladder_call_seconds", "Call duration", ["method"],
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.sessions = Gauge("ladder_sessions_open", "Server-side sessions open", registry=r)
+        self.variants = Gauge("ladder_variants", "Variant cache counters", ["counter"], registry=r)
+
+    def watch(self, queue_depth: Callable[[], int], sessions: Callable[[], int]) -> None:
+        self.queue_depth.set_function(queue_depth)
+        self.sessions.set_function(sessions)
+
+    def call_done(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        self.calls.labels(method, code.name).inc()
+        self.call_seconds.labels(method).observe(seconds)
+
+    def prefill(self, forwards: int, real_rows: int, padded_rows: int) -> None:
+        self.forwards.inc(forwards)
+        self.real_rows.inc(real_rows)
+        self.padded_rows.inc(padded_rows)
+        self.prompt_tokens.inc(real_rows)
+
+    def variant_stats(self, variants: Any) -> None:
+        self.variants.labels("entries").set(len(variants.entries))
+        for name in ("capacity", "hits", "misses", "prepared", "evictions", "refusals", "nbytes"):
+            self.variants.labels(name).set(getattr(variants, name))
+
+    def serve_http(self, port: int) -> Any:
+        """Start the /metrics endpoint; returns the HTTP server (None when port is 0)."""
+        if not port:
+            return None
+        server, _thread = start_http_server(port, registry=self.registry)
+        return server

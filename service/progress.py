@@ -1,0 +1,95 @@
+"""One generation's running record: tokens, text, finish, timing; it feeds the metrics as it goes.
+
+The servicer folds every worker event into a Progress and builds its protobuf
+Completion from it at the end; nothing here knows about protobuf.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.generation import Finish, Finished, PrefillTally, Started, TokenOut
+from service.metrics import Metrics
+
+
+@dataclass
+class Totals:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    padded_rows: int = 0
+
+
+@dataclass
+class Progress:
+    arrived: float
+    prompt_tokens: int
+    tally: PrefillTally
+    metrics: Metrics
+    totals: Totals
+    started: float | None = None
+    token_ids: list[int] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    finished: Finished | None = None
+    ended: float | None = None
+
+    def see(self, event: Any) -> None:
+        if isinstance(event, Started):
+            self.started = event.at
+        elif isinstance(event, TokenOut):
+            self._token(event)
+        elif isinstance(event, Finished):
+            self.finished = event
+            self.close()
+
+    def _token(self, event: TokenOut) -> None:
+        if self.token_times:
+            self.metrics.inter_token.observe(event.at - self.token_times[-1])
+        else:
+            self.metrics.ttft.observe(event.at - self.arrived)
+        self.token_ids.append(event.id)
+        self.pieces.append(event.text)
+        self.token_times.append(event.at)
+
+    def close(self) -> None:
+        """The call is over: stop the clock and count its rows and tokens."""
+        self.ended = time.perf_counter()
+        tally = self.tally
+        if tally.forwards:
+            self.metrics.prefill(tally.forwards, tally.real_rows, tally.padded_rows)
+        self.metrics.generated_tokens.inc(len(self.token_ids))
+        self.totals.prompt_tokens += tally.real_rows
+        self.totals.padded_rows += tally.padded_rows
+        self.totals.generated_tokens += len(self.token_ids)
+
+    def latency_ms(self, event: TokenOut) -> float:
+        """Arrival to the first token, then the gap since the previous token."""
+        previous = self.token_times[-2] if len(self.token_times) > 1 else self.arrived
+        return (event.at - previous) * 1000.0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces) + (self.finished.tail if self.finished else "")
+
+    @property
+    def reason(self) -> Finish | None:
+        return self.finished.reason if self.finished else None
+
+    @property
+    def queue_ms(self) -> float:
+        return ((self.started or self.arrived) - self.arrived) * 1000.0
+
+    @property
+    def ttft_ms(self) -> float:
+        return (self.token_times[0] - self.arrived) * 1000.0 if self.token_times else 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return ((self.ended or time.perf_counter()) - self.arrived) * 1000.0
+
+    @property
+    def inter_token_ms(self) -> list[float]:
+        times = self.token_times
+        return [(b - a) * 1000.0 for a, b in zip(times, times[1:], strict=False)]

@@ -1,0 +1,200 @@
+"""The gRPC server: Ladder, grpc.health.v1 and reflection on one grpc.aio server.
+
+Entry points (the `ladder serve` CLI calls `main(argv)`; tests call `create_server`):
+- `await create_server(config) -> (LadderServer, port)`: starts listening (health
+  NOT_SERVING), loads the model, then flips health to SERVING. Port 0 picks a free port.
+- `await serve(config)`: create_server, the Prometheus endpoint, JSON logs, and a
+  graceful drain on SIGTERM/SIGINT.
+- `main(argv) -> int`: flags and LADDER_* environment into a Config, then serve.
+Drain: health flips to NOT_SERVING at once and new calls get UNAVAILABLE; calls
+in flight get `drain_seconds` to finish, then end with UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from engine.executor import Engine
+from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
+from service.config import Config, load_config
+from service.errors import Draining
+from service.generation import Model
+from service.metrics import Metrics
+from service.scheduler import Scheduler
+from service.security import CallInterceptor, server_credentials
+from service.servicer import LadderServicer, Runtime
+from service.sessions import SessionRegistry
+
+log = structlog.get_logger("ladder.server")
+SERVICE_NAME = ladder_pb2.DESCRIPTOR.services_by_name["Ladder"].full_name
+HEALTH_NAMES = ("", SERVICE_NAME)
+
+
+def load_model(config: Config) -> Model:
+    """The engine and tokenizer of config.model ("default": prepared under config.model_cache)."""
+    if config.model == "default":
+        from engine.default_model import prepare_default_model
+
+        path = prepare_default_model(Path(config.model_cache))
+    else:
+        path = Path(config.model)
+    engine = Engine.load(path, config.engine_options())
+    tokenizer = None
+    if (path / "tokenizer.json").exists():
+        from engine.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer(path)
+    return Model(engine, tokenizer, str(path), config.max_prompt_tokens, config.max_new_tokens)
+
+
+class LadderServer:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.health = health.aio.HealthServicer()
+        self.servicer = LadderServicer(None)  # type: ignore[arg-type]  # the runtime arrives with the model
+        self.runtime: Runtime | None = None
+        self.draining = False
+        self.interceptor = CallInterceptor(config.auth_tokens, self._gate, self.metrics.call_done)
+        limits = [("grpc.max_receive_message_length", config.max_message_bytes),
+                  ("grpc.max_send_message_length", config.max_message_bytes)]
+        self.grpc = grpc.aio.server(interceptors=[self.interceptor], options=limits)
+        self.port = 0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._http: Any = None
+
+    def _gate(self) -> None:
+        if self.draining:
+            raise Draining("the server is draining; retry on another replica")
+        if self.runtime is None:
+            raise Draining("the server is loading its model; retry shortly")
+
+    async def start(self) -> int:
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        ladder_pb2_grpc.add_LadderServicer_to_server(self.servicer, self.grpc)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
+                                            self.grpc)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{self.config.host}:{self.config.port}"
+        credentials = server_credentials(self.config)
+        self.port = (self.grpc.add_secure_port(address, credentials) if credentials
+                     else self.grpc.add_insecure_port(address))
+        await self.grpc.start()
+        log.info("listening", port=self.port, tls=self.config.tls, auth=self.config.auth)
+        return self.port
+
+    async def load(self) -> None:
+        model = await asyncio.to_thread(load_model, self.config)
+        loop = asyncio.get_running_loop()
+        scheduler = Scheduler(self.config.max_queue, on_fault=lambda exc: loop.call_soon_threadsafe(
+            self._fault, exc))
+        sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller)
+        self.runtime = Runtime(self.config, model, scheduler, sessions, self.metrics)
+        self.servicer.rt = self.runtime
+        self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions))
+        self._tasks.append(asyncio.create_task(self._housekeeping()))
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving", model=model.name, capacity=model.capacity, ladder=model.engine.ladder)
+
+    async def _set_health(self, status: Any) -> None:
+        for name in HEALTH_NAMES:
+            await self.health.set(name, status)
+
+    def _fault(self, exc: BaseException) -> None:
+        log.error("engine_fault", error=str(exc))
+        self._tasks.append(asyncio.create_task(self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)))
+
+    async def _housekeeping(self) -> None:
+        """Expire idle sessions and refresh the variant gauges, a few times per idle period."""
+        rt = self.runtime
+        assert rt is not None
+        period = max(0.05, min(5.0, self.config.session_idle_seconds / 4))
+        while True:
+            await asyncio.sleep(period)
+            for state in rt.sessions.idle(self.config.session_idle_seconds):
+                log.info("session_expired", session=state.id, length=state.session.length)
+                rt.close_soon(state)
+            stats = await rt.scheduler.call(rt.model.engine.stats)
+            self.metrics.variant_stats(stats.variants)
+
+    async def drain(self, grace: float | None = None) -> None:
+        """Refuse new work now; give calls in flight `grace` seconds, then end them with UNAVAILABLE."""
+        grace = self.config.drain_seconds if grace is None else grace
+        self.draining = True
+        await self.health.enter_graceful_shutdown()
+        log.info("draining", in_flight=self.interceptor.in_flight, grace=grace)
+        deadline = time.monotonic() + grace
+        while self.interceptor.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.runtime is not None and self.interceptor.in_flight:
+            self.runtime.scheduler.abort_all(Draining("the server shut down before the call finished"))
+            await asyncio.sleep(0.2)
+        await self.stop()
+
+    async def stop(self, grace: float = 0.5) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.grpc.stop(grace)
+        if self.runtime is not None:
+            self.runtime.scheduler.stop()
+        if self._http is not None:
+            self._http.shutdown()
+        log.info("stopped")
+
+    async def wait_for_termination(self) -> None:
+        await self.grpc.wait_for_termination()
+
+
+async def create_server(config: Config) -> tuple[LadderServer, int]:
+    """Start listening, load the model, turn health SERVING; returns the server and its bound port."""
+    server = LadderServer(config)
+    port = await server.start()
+    try:
+        await server.load()
+    except BaseException:
+        await server.stop()
+        raise
+    return server, port
+
+
+def configure_logging(level: str) -> None:
+    """JSON lines on stderr, with the request id of the call that logs them."""
+    structlog.configure(
+        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=True)
+
+
+async def serve(config: Config) -> None:
+    """Serve until SIGTERM or SIGINT, then drain gracefully."""
+    configure_logging(config.log_level)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server, port = await create_server(config)
+    server._http = server.metrics.serve_http(config.metrics_port)
+    await stop.wait()
+    log.info("signal_received", port=port)
+    await server.drain()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`ladder serve [flags]`: flags over LADDER_* environment over defaults."""
+    config = load_config(argv=argv)
+    asyncio.run(serve(config))
+    return 0

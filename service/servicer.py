@@ -1,0 +1,208 @@
+"""The typed servicer: protobuf in, plain requests to the engine worker, protobuf out.
+
+Thin by design: prompts and limits are checked in service/generation.py, the
+worker runs the job bodies there, failures become statuses in the interceptor.
+Sessions a call opens are returned to the pool whenever the call fails,
+including cancellation, deadline and disconnect.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from engine.errors import OutOfRange
+from engine.executor.sampling import Sampler
+from proto.ladder.v1 import ladder_pb2 as pb
+from proto.ladder.v1 import ladder_pb2_grpc
+from service import convert
+from service.config import Config
+from service.errors import InvalidRequest
+from service.generation import (
+    Finished,
+    ForwardDone,
+    Model,
+    PrefillTally,
+    Started,
+    TokenOut,
+    check_sampling,
+    decode_steps,
+    generate_body,
+    next_token,
+    prefill_body,
+    rewind,
+)
+from service.metrics import Metrics
+from service.progress import Progress, Totals
+from service.scheduler import Scheduler
+from service.security import CALLER, REQUEST_ID
+from service.sessions import SessionRegistry, SessionState
+
+Context = grpc.aio.ServicerContext
+
+
+@dataclass
+class Runtime:
+    config: Config
+    model: Model
+    scheduler: Scheduler
+    sessions: SessionRegistry
+    metrics: Metrics
+    totals: Totals = field(default_factory=Totals)
+
+    def progress(self, prompt_tokens: int = 0) -> Progress:
+        return Progress(time.perf_counter(), prompt_tokens, PrefillTally(), self.metrics, self.totals)
+
+    async def open_session(self) -> SessionState:
+        caller = CALLER.get()
+        self.sessions.check_quota(caller)
+        session = await self.scheduler.call(self.model.engine.open_session)
+        state = SessionState(self.sessions.new_id(), caller, session)
+        self.sessions.add(state)
+        self.metrics.sessions.set(len(self.sessions))
+        return state
+
+    def close_soon(self, state: SessionState) -> None:
+        """Forget the session and return its KV slot on the worker (safe inside a cancelled call)."""
+        self.sessions.remove(state)
+
+        def body() -> Any:
+            state.session.close()
+            yield None
+
+        self.scheduler.submit(body(), bounded=False)
+
+
+class LadderServicer(ladder_pb2_grpc.LadderServicer):
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    # -- generation ---------------------------------------------------------------
+    async def _generate(self, request: pb.GenerateRequest) -> AsyncIterator[tuple[Any, Progress]]:
+        model = self.rt.model
+        tokens = model.prompt_ids(*convert.prompt(request.prompt))
+        stopping = model.budget(convert.stopping(request.stopping), len(tokens))
+        sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
+        progress = self.rt.progress(len(tokens))
+        async for event in self.rt.scheduler.stream(generate_body(model, tokens, sampler, stopping,
+                                                                  progress.tally)):
+            progress.see(event)
+            yield event, progress
+
+    async def Generate(self, request: pb.GenerateRequest, context: Context) -> pb.Completion:
+        progress = None
+        async for step in self._generate(request):
+            progress = step[1]
+        assert progress is not None
+        return convert.completion(progress, REQUEST_ID.get())
+
+    async def GenerateStream(self, request: pb.GenerateRequest,
+                             context: Context) -> AsyncIterator[pb.TokenEvent]:
+        async for event, progress in self._generate(request):
+            if isinstance(event, TokenOut):
+                yield _token_event(event, progress)
+            elif isinstance(event, Finished):
+                yield pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get()))
+
+    # -- sessions -----------------------------------------------------------------------
+    async def Prefill(self, request_iterator: AsyncIterator[pb.PrefillRequest],
+                      context: Context) -> AsyncIterator[pb.PrefillEvent]:
+        parts = aiter(request_iterator)
+        first = await anext(parts, None)
+        if first is None or not first.HasField("prompt"):
+            raise InvalidRequest("Prefill needs at least one message with a prompt")
+        sampler = Sampler(check_sampling(convert.sampling(first.sampling)))
+        opened = not first.session_id
+        sessions = self.rt.sessions
+        state = await self.rt.open_session() if opened else sessions.get(first.session_id, CALLER.get())
+        progress = self.rt.progress()
+        try:
+            with self.rt.sessions.using(state):
+                part: pb.PrefillRequest | None = first
+                while part is not None:
+                    async for event in self._prefill_part(state, part, progress):
+                        yield event
+                    part = await anext(parts, None)
+                result = await self.rt.scheduler.call(lambda: next_token(self.rt.model, state, sampler))
+            progress.close()
+            yield convert.prefill_done(state.id, result, progress)
+        except BaseException:
+            if opened:
+                self.rt.close_soon(state)
+            raise
+
+    async def _prefill_part(self, state: SessionState, part: pb.PrefillRequest,
+                            progress: Progress) -> AsyncIterator[pb.PrefillEvent]:
+        model = self.rt.model
+        tokens = model.prompt_ids(*convert.prompt(part.prompt))
+        progress.prompt_tokens += len(tokens)
+        async for event in self.rt.scheduler.stream(prefill_body(model, state, tokens, progress.tally)):
+            if isinstance(event, ForwardDone):
+                yield convert.forward(state.id, event)
+
+    async def Decode(self, request: pb.DecodeRequest, context: Context) -> AsyncIterator[pb.TokenEvent]:
+        model = self.rt.model
+        state = self.rt.sessions.get(request.session_id, CALLER.get())
+        with self.rt.sessions.using(state):
+            if state.logits is None:
+                raise OutOfRange(f"session {state.id} has nothing to continue from (empty or full)")
+            stopping = model.budget(convert.stopping(request.stopping), state.session.length)
+            sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
+            progress = self.rt.progress()
+
+            def body() -> Any:
+                yield Started(time.perf_counter())
+                yield from decode_steps(model, state, sampler, stopping, feed_last=True)
+
+            async for event in self.rt.scheduler.stream(body()):
+                progress.see(event)
+                if isinstance(event, TokenOut):
+                    yield _token_event(event, progress)
+                elif isinstance(event, Finished):
+                    yield pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get(), state))
+
+    async def Rewind(self, request: pb.RewindRequest, context: Context) -> pb.RewindResponse:
+        state = self.rt.sessions.get(request.session_id, CALLER.get())
+        with self.rt.sessions.using(state):
+            length = await self.rt.scheduler.call(lambda: rewind(state, request.length))
+        return pb.RewindResponse(session_id=state.id, length=length)
+
+    async def CloseSession(self, request: pb.CloseSessionRequest,
+                           context: Context) -> pb.CloseSessionResponse:
+        state = self.rt.sessions.get(request.session_id, CALLER.get())
+        with self.rt.sessions.using(state):
+            length = state.session.length
+            self.rt.close_soon(state)
+        self.rt.metrics.sessions.set(len(self.rt.sessions))
+        return pb.CloseSessionResponse(session_id=state.id, length=length)
+
+    # -- tokenizer and introspection ------------------------------------------------------
+    async def Tokenize(self, request: pb.TokenizeRequest, context: Context) -> pb.TokenizeResponse:
+        kind = request.WhichOneof("input")
+        if kind is None:
+            raise InvalidRequest("Tokenize needs text or chat messages")
+        prompt = pb.Prompt(text=request.text) if kind == "text" else pb.Prompt(chat=request.chat)
+        return pb.TokenizeResponse(ids=self.rt.model.prompt_ids(*convert.prompt(prompt)))
+
+    async def Detokenize(self, request: pb.DetokenizeRequest, context: Context) -> pb.DetokenizeResponse:
+        model = self.rt.model
+        tokenizer = model.need_tokenizer("Detokenize")
+        ids = model.check_ids(list(request.ids)) if request.ids else []
+        return pb.DetokenizeResponse(text=tokenizer.decode(ids))
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.ModelInfo:
+        return convert.model_info(self.rt.model, self.rt.config)
+
+    async def GetEngineStats(self, request: pb.GetEngineStatsRequest, context: Context) -> pb.EngineStats:
+        stats = await self.rt.scheduler.call(self.rt.model.engine.stats)
+        self.rt.metrics.variant_stats(stats.variants)
+        return convert.engine_stats(stats, self.rt.scheduler.depth, self.rt.totals)
+
+
+def _token_event(event: TokenOut, progress: Progress) -> pb.TokenEvent:
+    return pb.TokenEvent(token=pb.Token(id=event.id, text=event.text, index=event.index,
+                                        latency_ms=progress.latency_ms(event)))
