@@ -33,64 +33,136 @@ K8S_VERSION = latest_version()
 COSMETIC_PIP_FLAGS = {"-q", "-qq", "--quiet", "-v", "--verbose", "--no-cache-dir",
                       "--disable-pip-version-check", "--no-input"}
 COSMETIC_PIP_OPTIONS = {"--progress-bar", "--root-user-action"}
+# Editable or not, the same distribution with the same dependencies is installed;
+# an image installs it non-editable so its venv does not depend on a source tree.
+EDITABLE = {"-e", "--editable"}
+OPERATORS = {"&&", "||", ";", "|", "&"}
 
 SHELL_FENCES = {"", "sh", "bash", "shell", "console", "zsh"}
+
+
+@dataclass(frozen=True)
+class PipInstall:
+    """What a `pip install` installs: its requirements (extras sorted) and meaningful options."""
+
+    requirements: tuple[str, ...]
+    options: tuple[str, ...] = ()
+
+    def project_extras(self) -> frozenset[str] | None:
+        """The extras of the local project (`.`) if this installs it, else None."""
+        found = [e for req in self.requirements if (e := _extras_of(req)) is not None]
+        return found[0] if found else None
+
+    def with_extra(self, extra: str) -> PipInstall:
+        """The same install with `extra` added to the project's extras."""
+        extras = self.project_extras()
+        assert extras is not None, f"{self} does not install the project"
+        return PipInstall(tuple(r if _extras_of(r) is None else _project(extras | {extra})
+                                for r in self.requirements), self.options)
+
+
+PROJECT = re.compile(r"\.(?:\[([\w,-]*)\])?")
+
+
+def _extras_of(requirement: str) -> frozenset[str] | None:
+    """The extras of a requirement naming the local project (`.`, `.[a,b]`), else None."""
+    m = PROJECT.fullmatch(requirement)
+    return frozenset(filter(None, (m[1] or "").split(","))) if m else None
+
+
+def _project(extras: frozenset[str]) -> str:
+    """The canonical spelling of the project with `extras`, sorted."""
+    return f".[{','.join(sorted(extras))}]" if extras else "."
 
 
 # --- shell and pip -------------------------------------------------------------------
 
 def shell_commands(text: str) -> list[list[str]]:
-    """Simple commands in a shell snippet: continuations joined, comments and prompts dropped."""
-    joined = re.sub(r"\\\n", " ", text)
+    """Simple commands in a shell snippet: continuations joined, comments and prompts dropped.
+
+    Lines the tokenizer cannot read (bash syntax beyond simple commands) are
+    skipped unless they mention pip, which must parse.
+    """
     commands: list[list[str]] = []
-    for line in joined.splitlines():
+    for line in re.sub(r"\\\n", " ", text).splitlines():
         line = re.sub(r"^\s*\$\s+", "", line)
-        if not line.strip() or line.lstrip().startswith("#"):
+        try:
+            tokens = _tokens(line)
+        except ValueError:
+            if "pip" in line:
+                raise
             continue
-        for part in re.split(r"&&|\|\||;|\|", line):
-            tokens = shlex.split(part, comments=True)
-            if tokens:
-                commands.append(tokens)
+        command: list[str] = []
+        for token in [*tokens, ";"]:
+            if token in OPERATORS:
+                commands += [command] if command else []
+                command = []
+            else:
+                command.append(token)
     return commands
 
 
-def pip_install_args(tokens: list[str]) -> tuple[str, ...] | None:
-    """The arguments of a `pip install` command (any spelling of pip), cosmetic flags dropped."""
+def _tokens(line: str) -> list[str]:
+    lexer = shlex.shlex(line, posix=True, punctuation_chars="&|;")
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    return list(lexer)
+
+
+def pip_install(tokens: list[str]) -> PipInstall | None:
+    """The `pip install` in a command (any spelling of pip), or None."""
     for i, token in enumerate(tokens[:-1]):
         if Path(token).name in {"pip", "pip3"} and tokens[i + 1] == "install":
-            return _meaningful(tokens[i + 2:])
+            return _classify(tokens[i + 2:])
     return None
 
 
-def _meaningful(args: list[str]) -> tuple[str, ...]:
-    kept: list[str] = []
+def _classify(args: list[str]) -> PipInstall:
+    requirements: list[str] = []
+    options: list[str] = []
     skip_next = False
     for arg in args:
         if skip_next:
             skip_next = False
         elif arg in COSMETIC_PIP_FLAGS or arg.split("=")[0] in COSMETIC_PIP_OPTIONS:
             skip_next = arg in COSMETIC_PIP_OPTIONS
+        elif arg in EDITABLE:
+            continue
+        elif arg.startswith("-"):
+            options.append(arg)
         else:
-            kept.append(arg)
-    return tuple(kept)
+            extras = _extras_of(arg)
+            requirements.append(arg if extras is None else _project(extras))
+    return PipInstall(tuple(requirements), tuple(options))
 
 
-def pip_installs(text: str) -> list[tuple[str, ...]]:
-    return [args for cmd in shell_commands(text) if (args := pip_install_args(cmd)) is not None]
+def pip_installs(text: str) -> list[PipInstall]:
+    return [spec for cmd in shell_commands(text) if (spec := pip_install(cmd)) is not None]
 
 
-def readme_pip_installs(readme: Path) -> list[tuple[str, ...]]:
-    """pip installs in the README's fenced shell blocks, and in repo scripts those blocks run.
+def readme_pip_installs(readme: Path) -> list[PipInstall]:
+    """pip installs in the README's fenced shell blocks, in order, and in repo scripts they run.
 
-    A README that says `./scripts/serve` instead of spelling out pip is followed
+    A README that says `./scripts/demo` instead of spelling out pip is followed
     into that script, so the image stays in step with whatever the README runs.
     """
-    installs: list[tuple[str, ...]] = []
+    installs: list[PipInstall] = []
     for block in fenced_shell_blocks(readme.read_text()):
-        installs += pip_installs(block)
-        for script in _repo_scripts_run_by(block):
-            installs += pip_installs(script.read_text())
+        for command in shell_commands(block):
+            spec = pip_install(command)
+            installs += [spec] if spec else []
+            for script in _repo_scripts_run_by(command):
+                installs += pip_installs(script.read_text())
     return installs
+
+
+def readme_serving_install(readme: Path) -> PipInstall:
+    """The README's install of the project itself: the first one that is not a dev setup."""
+    for spec in readme_pip_installs(readme):
+        extras = spec.project_extras()
+        if extras is not None and "dev" not in extras:
+            return spec
+    raise AssertionError(f"{readme} installs the project nowhere in its shell blocks or scripts")
 
 
 def fenced_shell_blocks(markdown: str) -> list[str]:
@@ -98,13 +170,12 @@ def fenced_shell_blocks(markdown: str) -> list[str]:
     return [m.group(2) for m in fences if m.group(1).lower() in SHELL_FENCES]
 
 
-def _repo_scripts_run_by(block: str) -> list[Path]:
+def _repo_scripts_run_by(command: list[str]) -> list[Path]:
     scripts = []
-    for cmd in shell_commands(block):
-        for token in cmd[:2]:
-            path = (REPO / token).resolve()
-            if token.startswith(("./scripts/", "scripts/")) and path.is_file():
-                scripts.append(path)
+    for token in command[:2]:
+        path = (REPO / token).resolve()
+        if token.startswith(("./scripts/", "scripts/")) and path.is_file():
+            scripts.append(path)
     return scripts
 
 
@@ -148,9 +219,9 @@ class Dockerfile:
         command = re.sub(r"^(--\S+\s+)*CMD\s+", "", check)
         return json.loads(command)
 
-    def pip_installs(self) -> list[tuple[str, ...]]:
-        return [args for stage in self.stages for run in stage.all("RUN")
-                for args in pip_installs(run)]
+    def pip_installs(self) -> list[PipInstall]:
+        return [spec for stage in self.stages for run in stage.all("RUN")
+                for spec in pip_installs(run)]
 
     def exposed_ports(self) -> set[int]:
         return {int(p.split("/")[0]) for e in self.final.all("EXPOSE") for p in e.split()}

@@ -1,8 +1,9 @@
 """The images install and start Ladder exactly as the README and the manifests say.
 
 No docker engine runs in CI, so the Dockerfiles are read, not built: the install
-step must be the README's own pip command, the entrypoint `ladder serve`, the user
-non-root and the exposed ports the server's defaults.
+step must be the README's own pip command (followed into the scripts its shell
+blocks run; editable or not and pip's verbosity aside), the entrypoint
+`ladder serve`, the user non-root and the exposed ports the server's defaults.
 """
 
 from __future__ import annotations
@@ -17,57 +18,66 @@ import grpc
 import pytest
 from deploy_support import (
     REPO,
+    PipInstall,
     dockerfile,
     main_container,
     one,
     overlay,
     pip_installs,
     readme_pip_installs,
+    readme_serving_install,
 )
 
 FLAVOURS = {"cpu": "cpu", "cuda": "gpu"}  # Dockerfile flavour -> k8s overlay
 DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 50051, 9090
 
 
-def readme_installs() -> list[tuple[str, ...]]:
+def image_install(flavour: str) -> PipInstall:
+    installs = dockerfile(flavour).pip_installs()
+    assert len(installs) == 1, f"Dockerfile.{flavour} should pip install once, not {installs}"
+    return installs[0]
+
+
+def test_the_cpu_image_installs_ladder_exactly_as_the_readme_does():
     readme = REPO / "README.md"
     assert readme.is_file(), "README.md is missing: the images must install as it says"
-    installs = readme_pip_installs(readme)
-    assert installs, "README.md has no `pip install` in its fenced shell blocks (or scripts)"
-    return installs
+    assert image_install("cpu") == readme_serving_install(readme)
 
 
-@pytest.mark.parametrize("flavour", FLAVOURS)
-def test_each_image_installs_ladder_exactly_as_the_readme_does(flavour):
-    image_installs = dockerfile(flavour).pip_installs()
-    assert len(image_installs) == 1, f"Dockerfile.{flavour} should pip install once"
-    assert image_installs[0] in readme_installs(), (
-        f"Dockerfile.{flavour} runs `pip install {' '.join(image_installs[0])}`, "
-        f"the README only shows {readme_installs()}")
+def test_the_cuda_image_installs_what_the_readme_does_plus_the_cuda_extra():
+    readme = REPO / "README.md"
+    assert readme.is_file(), "README.md is missing: the images must install as it says"
+    serving = readme_serving_install(readme)
+    assert image_install("cuda") == serving.with_extra("cuda")
+    # Where the README spells the GPU install out, it is that one exactly.
+    shown = [s for s in readme_pip_installs(readme) if "cuda" in (s.project_extras() or ())]
+    assert all(image_install("cuda") == s for s in shown), shown
 
 
-def test_the_readme_is_read_from_its_fenced_shell_blocks_only(tmp_path):
+def test_the_readme_is_read_in_order_from_its_shell_blocks_and_the_scripts_they_run(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(
         "Install with `pip install nothing-inline`.\n\n"
-        "```bash\npython -m venv .venv && . .venv/bin/activate\npip install .\n```\n\n"
+        "```bash\npython -m venv .venv && . .venv/bin/activate\n"
+        "pip install -e '.[dev]'\npip install --no-cache-dir .  # serve\n```\n\n"
         "```python\n# pip install not-shell\n```\n\n"
-        "```sh\n$ pip install '.[cuda]'   # GPU\n```\n")
-    assert readme_pip_installs(readme) == [(".",), (".[cuda]",)]
-
-
-def test_the_two_images_differ_only_by_the_cuda_extra():
-    (cpu,), (cuda,) = dockerfile("cpu").pip_installs(), dockerfile("cuda").pip_installs()
-    assert cpu == (".",)
-    assert cuda == (".[cuda]",)
+        "```console\n$ pip install '.[cuda]'\n$ ./scripts/test\n```\n")
+    assert readme_pip_installs(readme)[:3] == [
+        PipInstall((".[dev]",)), PipInstall((".",)), PipInstall((".[cuda]",))]
+    # scripts/test installs the dev extra: followed into, but never the serving install.
+    assert PipInstall((".[dev]",)) in readme_pip_installs(readme)[3:]
+    assert readme_serving_install(readme) == PipInstall((".",))
 
 
 def test_pip_commands_compare_by_what_they_install_not_how_they_are_spelled():
     quiet = "python -m pip install --no-cache-dir -q --progress-bar off '.[cuda]'"
-    assert pip_installs(quiet) == [(".[cuda]",)]
-    assert pip_installs("$ .venv/bin/pip install \\\n  -e '.[dev]'") == [("-e", ".[dev]")]
-    assert pip_installs("cd x && pip3 install . # CPU") == [(".",)]
+    assert pip_installs(quiet) == [PipInstall((".[cuda]",))]
+    assert pip_installs("$ .venv/bin/pip install \\\n  -e '.[dev,cuda]'") == [
+        PipInstall((".[cuda,dev]",))]
+    assert pip_installs("cd x && pip3 install . # CPU") == [PipInstall((".",))]
+    assert pip_installs("uv pip install --pre .") == [PipInstall((".",), ("--pre",))]
     assert pip_installs("pip install '.[cuda]'") != pip_installs("pip install .")
+    assert PipInstall((".",)).with_extra("cuda") == PipInstall((".[cuda]",))
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
