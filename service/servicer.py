@@ -192,7 +192,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         model = self.rt.model
         tokenizer = model.need_tokenizer("Detokenize")
         ids = model.check_ids(list(request.ids)) if request.ids else []
-        return pb.DetokenizeResponse(text=tokenizer.decode(ids))
+        # The streaming decoder, so Detokenize(ids) is exactly the text Generate streamed for them.
+        return pb.DetokenizeResponse(text="".join(tokenizer.stream(skip_special=True).pieces(ids)))
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.ModelInfo:
         return convert.model_info(self.rt.model, self.rt.config)

@@ -34,7 +34,7 @@ def model_with_tokenizer(root: Path, **spec_changes: Any) -> Path:
     return path
 
 
-def test_config(model_dir: Path, **changes: Any) -> Config:
+def server_config(model_dir: Path, **changes: Any) -> Config:
     base = Config(host="127.0.0.1", port=0, metrics_port=0, model=str(model_dir), pod_name="pod-a",
                   max_sessions=12, max_new_tokens=256, drain_seconds=5.0)
     return dataclasses.replace(base, **changes)
@@ -75,7 +75,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_dir: Path) -> Iterator[RunningServer]:
-    running = RunningServer(test_config(model_dir))
+    running = RunningServer(server_config(model_dir))
     yield running
     running.close()
 

@@ -1,0 +1,127 @@
+"""Server-side sessions: Prefill and Decode over separate calls, Rewind, Close, cancel and expiry."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto.ladder.v1 import ladder_pb2 as pb
+from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
+
+
+def part(tokens: list[int], session_id: str = "") -> pb.PrefillRequest:
+    return pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
+
+
+def prefill(server: RunningServer, *parts: pb.PrefillRequest) -> list[pb.PrefillEvent]:
+    return list(server.stub.Prefill(iter(parts)))
+
+
+def decode(server: RunningServer, session_id: str, n: int) -> tuple[list[int], pb.Completion]:
+    events = list(server.stub.Decode(pb.DecodeRequest(
+        session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True))))
+    return [e.token.id for e in events if e.HasField("token")], events[-1].done
+
+
+def test_prefill_streams_one_event_per_forward_and_ends_with_the_session(server: RunningServer) -> None:
+    tokens = prompt_ids(150, seed=20)
+    events = prefill(server, part(tokens))
+    forwards = [e.forward for e in events if e.HasField("forward")]
+    done = events[-1].done
+    assert [(f.past, f.real_rows) for f in forwards] == [(0, 64), (64, 64), (128, 22)]
+    assert all(f.width >= f.real_rows for f in forwards)
+    assert done.length == 150 and done.session_id.startswith("pod-a.")
+    assert done.summary.forwards == 3 and done.summary.real_rows == 150
+    assert done.next_token == server.stub.Generate(greedy_request(tokens, 1)).token_ids[0]
+    server.stub.CloseSession(pb.CloseSessionRequest(session_id=done.session_id))
+
+
+def test_prefill_then_decode_over_two_calls_equals_one_generate(server: RunningServer) -> None:
+    tokens = prompt_ids(130, seed=21)
+    done = prefill(server, part(tokens[:70]), part(tokens[70:]))[-1].done
+    assert done.length == 130
+    ids, completion = decode(server, done.session_id, 12)
+    assert ids == list(server.stub.Generate(greedy_request(tokens, 12)).token_ids)
+    assert completion.session_length == 142
+    more, _ = decode(server, done.session_id, 4)
+    assert ids + more == list(server.stub.Generate(greedy_request(tokens, 16)).token_ids)
+    server.stub.CloseSession(pb.CloseSessionRequest(session_id=done.session_id))
+
+
+def test_rewind_then_decode_reproduces_the_earlier_continuation(server: RunningServer) -> None:
+    tokens = prompt_ids(90, seed=22)
+    session_id = prefill(server, part(tokens))[-1].done.session_id
+    first, _ = decode(server, session_id, 10)
+    assert server.stub.Rewind(pb.RewindRequest(session_id=session_id, length=90)).length == 90
+    again, _ = decode(server, session_id, 10)
+    assert again == first
+    server.stub.Rewind(pb.RewindRequest(session_id=session_id, length=60))
+    extended = prefill(server, part(tokens[60:], session_id))[-1].done
+    assert extended.session_id == session_id and extended.length == 90
+    assert decode(server, session_id, 10)[0] == first
+    server.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
+
+
+def test_a_closed_session_returns_its_kv_slot_and_is_gone(server: RunningServer) -> None:
+    before = server.stats().sessions_open
+    session_id = prefill(server, part([5, 6, 7]))[-1].done.session_id
+    assert server.stats().sessions_open == before + 1
+    assert server.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id)).length == 3
+    assert server.stats().sessions_open == before
+    with pytest.raises(grpc.RpcError) as caught:
+        decode(server, session_id, 1)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def wait_for(predicate: object, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_cancelling_a_stream_mid_decode_frees_its_session(server: RunningServer) -> None:
+    stream = server.stub.GenerateStream(greedy_request(prompt_ids(50, seed=23), 250))
+    next(stream)
+    next(stream)
+    assert server.stats().sessions_open == 1
+    stream.cancel()
+    assert wait_for(lambda: server.stats().sessions_open == 0)
+
+
+def test_a_deadline_passing_mid_decode_frees_its_session(server: RunningServer) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        for _ in server.stub.GenerateStream(greedy_request(prompt_ids(50, seed=24), 250), timeout=0.05):
+            time.sleep(0.01)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert wait_for(lambda: server.stats().sessions_open == 0)
+
+
+def test_cancelling_a_prefill_that_opened_a_session_closes_it(server: RunningServer) -> None:
+    def parts() -> object:
+        yield part(prompt_ids(100, seed=25))
+        time.sleep(30)  # the client never finishes its prompt
+
+    stream = server.stub.Prefill(parts())
+    first = next(stream)
+    assert first.forward.session_id
+    stream.cancel()
+    assert wait_for(lambda: server.stats().sessions_open == 0)
+
+
+def test_an_idle_session_expires_and_returns_its_slot(model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, session_idle_seconds=0.2))
+    try:
+        session_id = prefill(running, part([5, 6, 7]))[-1].done.session_id
+        assert running.stats().sessions_open == 1
+        assert wait_for(lambda: running.stats().sessions_open == 0)
+        with pytest.raises(grpc.RpcError) as caught:
+            decode(running, session_id, 1)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        running.close()
