@@ -2,7 +2,8 @@
 // Calls Ladder's Generate RPC with @grpc/grpc-js, loading proto/ladder/v1/ladder.proto at run time
 // (no generated code). Prints the completion's text on stdout and a JSON summary on stderr.
 //
-//   node generate.js [--address host:port] [--max-new-tokens N] [--tokens] [--token BEARER] PROMPT
+//   node generate.js [--address host:port] [--max-new-tokens N] [--ignore-eos] [--tokens] [--token BEARER]
+//                    [--timeout SECONDS] PROMPT
 //
 // --tokens sends PROMPT as space-separated token ids (for models without a tokenizer).
 'use strict';
@@ -15,11 +16,14 @@ const PROTO_ROOT = path.resolve(__dirname, '..', '..', 'proto');
 const PROTO_FILE = 'ladder/v1/ladder.proto';
 
 function parseArgs(argv) {
-  const args = { address: '127.0.0.1:50051', maxNewTokens: 32, tokens: false, token: '', timeoutS: 60, prompt: [] };
+  const args = {
+    address: '127.0.0.1:50051', maxNewTokens: 32, ignoreEos: false, tokens: false, token: '', timeoutS: 60, prompt: [],
+  };
   for (let i = 0; i < argv.length; i += 1) {
     const flag = argv[i];
     if (flag === '--address') args.address = argv[++i];
     else if (flag === '--max-new-tokens') args.maxNewTokens = Number(argv[++i]);
+    else if (flag === '--ignore-eos') args.ignoreEos = true;
     else if (flag === '--tokens') args.tokens = true;
     else if (flag === '--token') args.token = argv[++i];
     else if (flag === '--timeout') args.timeoutS = Number(argv[++i]);
@@ -52,7 +56,7 @@ function main() {
   const request = {
     prompt: promptOf(args),
     sampling: { temperature: 0 },
-    stopping: { max_new_tokens: args.maxNewTokens },
+    stopping: { max_new_tokens: args.maxNewTokens, ignore_eos: args.ignoreEos },
   };
   const deadline = new Date(Date.now() + args.timeoutS * 1000);
   client.Generate(request, metadata, { deadline }, (error, completion) => {

@@ -1,0 +1,47 @@
+"""The Node example (@grpc/grpc-js, proto loaded at run time) gets text back from a real server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from clients.python import LadderClient, Stopping
+from tests.clients.live_server import LiveServer
+
+NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
+
+
+@pytest.fixture(scope="module")
+def node_example() -> Path:
+    """clients/node with its packages installed from the lock file (a fresh clone has no node_modules)."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are not installed")
+    if not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_DIR,
+                       check=True, timeout=300)
+    return NODE_DIR / "generate.js"
+
+
+def test_the_node_client_gets_the_same_text_as_the_python_client(node_example: Path, server: LiveServer,
+                                                                 client: LadderClient) -> None:
+    cmd = ["node", str(node_example), "--address", server.address, "--max-new-tokens", "7", "--ignore-eos",
+           "Hello from Node"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    expected = client.generate("Hello from Node", stopping=Stopping(max_new_tokens=7, ignore_eos=True))
+    assert expected.text and done.stdout == expected.text + "\n"
+    summary = json.loads(done.stderr.strip().splitlines()[-1])
+    assert summary["token_ids"] == list(expected.token_ids)
+    assert summary["finish_reason"] == "FINISH_REASON_LENGTH"
+
+
+def test_the_node_client_reports_a_bad_request_with_its_status(node_example: Path,
+                                                               server: LiveServer) -> None:
+    cmd = ["node", str(node_example), "--address", server.address, "--tokens", "1 2 70000"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "INVALID_ARGUMENT" in done.stderr
