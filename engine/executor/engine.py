@@ -6,7 +6,7 @@ which is what lets it interleave one request's prefill with others' decode.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import structlog
 from engine.errors import Exhausted
 from engine.executor.cpu import CpuBackend, _dtype
 from engine.executor.options import EngineOptions
+from engine.executor.sampling import Sampler
 from engine.executor.session import Session
 from engine.executor.variants import VariantCache, VariantKey, VariantStats
 from engine.model import ModelInfo, load_model_info
@@ -36,10 +37,14 @@ class EngineStats:
 
 
 def make_backend(info: ModelInfo, options: EngineOptions) -> Any:
+    """The backend for `options.provider`; "cuda" falls back to CPU, with a log line, when unusable."""
     if options.provider == "cuda":
-        from engine.executor.cuda import CudaBackend  # imported lazily: needs onnxruntime-gpu
+        from engine.executor.cuda import CudaBackend, CudaUnavailable  # imports cupy only when built
 
-        return CudaBackend(info, options)
+        try:
+            return CudaBackend(info, options)
+        except CudaUnavailable as exc:
+            log.warning("cuda_unavailable_falling_back_to_cpu", reason=str(exc))
     return CpuBackend(info, options)
 
 
@@ -114,6 +119,16 @@ class Engine:
             self.eager_forwards += 1
             return self.backend.run_eager(slot, past, feed, ports, constants)  # type: ignore[no-any-return]
         return self.backend.run(variant, slot, past, feed, ports, constants)  # type: ignore[no-any-return]
+
+    def to_host(self, logits: Any) -> np.ndarray:
+        """A host copy of logits the backend returned (device arrays on CUDA)."""
+        to_host = getattr(self.backend, "to_host", None)
+        return np.array(logits, copy=True) if to_host is None else to_host(logits)  # type: ignore[no-any-return]
+
+    def choose(self, row: Any, sampler: Sampler, history: Sequence[int]) -> int:
+        """The next token from one logits row, chosen where the row lives."""
+        choose = getattr(self.backend, "choose", None)
+        return sampler(row, history) if choose is None else int(choose(row, sampler, history))
 
     def stats(self) -> EngineStats:
         return EngineStats(

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import structlog
 
 from engine.errors import InvalidInput, OutOfRange
+from engine.executor.sampling import Sampler
 from engine.planner import (
     CapacityExceeded,
     Forward,
@@ -84,6 +85,29 @@ class Session:
     def prefill(self, tokens: Sequence[int] | None = None, *, embeds: np.ndarray | None = None,
                 ports: Mapping[str, np.ndarray] | None = None) -> Iterator[ForwardReport]:
         """Append a prompt, one forward per step; the last report carries the logits."""
+        for forward, width, logits in self._steps(tokens, embeds, ports):
+            last = logits is not None
+            yield ForwardReport(forward, width, self.length,
+                                self.engine.to_host(logits) if last else None)
+
+    def next_token(self, sampler: Sampler, tokens: Sequence[int] | None = None, *,
+                   embeds: np.ndarray | None = None, ports: Mapping[str, np.ndarray] | None = None,
+                   history: Sequence[int] | None = None) -> int:
+        """Append a prompt (or one decoded token) and choose the next token with `sampler`.
+
+        Same token as `sampler(append(...), history)`, but the logits never leave the
+        backend: on CUDA only the chosen token id crosses to the host.
+        `history` (for the repetition penalty) defaults to the session's tokens.
+        """
+        row = None
+        for _, _, logits in self._steps(tokens, embeds, ports):
+            row = logits
+        assert row is not None
+        return self.engine.choose(row, sampler, self.tokens if history is None else history)
+
+    def _steps(self, tokens: Sequence[int] | None, embeds: np.ndarray | None,
+               ports: Mapping[str, np.ndarray] | None) -> Iterator[tuple[Forward, int, Any]]:
+        """Run the plan; yields (forward, width, backend logits row of the last forward or None)."""
         feed, ids = self._feed(tokens, embeds)
         supplied = self._ports(ports or {})
         plan = self.plan(feed.shape[1], tuple(PortShape(n, a.shape) for n, a in supplied.items()))
@@ -97,7 +121,7 @@ class Session:
             if ids is not None:
                 self.tokens.extend(ids[forward.start:stop])
             last = i == len(plan.forwards) - 1
-            yield ForwardReport(forward, width, self.length, logits.copy() if last else None)
+            yield forward, width, logits if last else None
 
     def append(self, tokens: Sequence[int] | None = None, *, embeds: np.ndarray | None = None,
                ports: Mapping[str, np.ndarray] | None = None) -> np.ndarray:

@@ -1,0 +1,311 @@
+"""The CUDA backend: device-resident KV, per-width I/O buffers and CUDA-graph variants.
+
+Every buffer a forward touches lives on the device at a fixed address: the
+home KV block (bound as past and present), the attention mask frozen at
+[1, capacity] (so `total_sequence_length` never changes and `seqlens_k` comes
+from the mask), and each variant's input and logits buffers. A variant is a
+captured graph (CUDA EP `enable_cuda_graph`, run option `gpu_graph_id`): the
+first forward at its width captures it, later ones replay it. onnxruntime
+cannot release a single graph, so variants are not evictable: the cache
+refuses a width it cannot keep, and the engine runs it eagerly here.
+The bytes each capture holds are the device's free memory before minus after.
+Logits stay on the device: rows are cut and greedy tokens chosen there, so a
+decode step moves one token id to the host.
+
+The same code runs on the CPU provider with numpy buffers (`host_runtime`),
+which is how the CPU tests cover swaps, rewinds and eager fallbacks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import structlog
+
+from engine.executor.cpu import _dtype, resolve_dims
+from engine.executor.options import EngineOptions
+from engine.executor.resident import Home, ResidentSlot
+from engine.executor.sampling import Sampler
+from engine.executor.variants import VariantKey
+from engine.model import ModelInfo
+
+log = structlog.get_logger("ladder.engine")
+
+EAGER = -1  # onnxruntime's gpu_graph_id for "run without capture or replay"
+
+
+class CudaUnavailable(RuntimeError):
+    """No usable CUDA device, cupy or onnxruntime CUDA provider: the engine falls back to CPU."""
+
+
+@dataclass
+class Runtime:
+    """Where buffers live and how onnxruntime sees them: cupy on a CUDA stream, or numpy on the host."""
+
+    xp: Any
+    device: str  # onnxruntime's name for the memory: "cuda" or "cpu"
+    device_id: int
+    providers: list[Any]
+    graphs: bool
+    stream: Any = None
+
+    def ptr(self, array: Any) -> int:
+        return int(array.data.ptr) if self.device == "cuda" else int(array.ctypes.data)
+
+    def upload(self, buffer: Any, host: np.ndarray) -> None:
+        host = np.ascontiguousarray(host, dtype=buffer.dtype).reshape(buffer.shape)
+        if self.device == "cuda":
+            buffer.set(host, stream=self.stream)
+        else:
+            np.copyto(buffer, host)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        if self.device == "cuda":
+            return self.xp.asnumpy(array, stream=self.stream)  # type: ignore[no-any-return]
+        return np.array(array, copy=True)
+
+    def free_bytes(self) -> int:
+        return int(self.xp.cuda.runtime.memGetInfo()[0]) if self.device == "cuda" else 0
+
+    def enter(self) -> Any:
+        """Context that makes the backend's stream current for cupy (a no-op on the host)."""
+        return self.stream if self.stream is not None else _NullContext()
+
+
+class _NullContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def cuda_runtime(options: EngineOptions, *, graphs: bool = True) -> Runtime:
+    """cupy on a stream of its own that onnxruntime's CUDA provider also runs on; raises CudaUnavailable."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise CudaUnavailable("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
+    try:
+        import cupy as cp
+
+        cp.cuda.Device(options.device_id).use()
+        stream = cp.cuda.Stream(non_blocking=True)
+    except Exception as exc:  # ImportError, or a CUDA runtime error when there is no device
+        raise CudaUnavailable(f"cupy cannot use CUDA device {options.device_id}: {exc}") from exc
+    cuda = {"device_id": str(options.device_id), "enable_cuda_graph": "1" if graphs else "0",
+            # One stream for cupy and onnxruntime: mask updates and argmax are ordered with the forward.
+            "user_compute_stream": str(stream.ptr), "arena_extend_strategy": "kSameAsRequested"}
+    return Runtime(cp, "cuda", options.device_id,
+                   [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"], graphs, stream)
+
+
+def host_runtime() -> Runtime:
+    """numpy buffers on the CPU provider: the same bookkeeping, no graphs (for tests)."""
+    return Runtime(np, "cpu", 0, ["CPUExecutionProvider"], graphs=False)
+
+
+@dataclass
+class DeviceVariant:
+    key: VariantKey
+    graph_id: int
+    inputs: dict[str, Any]
+    logits: Any
+    binding: Any
+    held_bytes: int = 0  # device memory the capture took and keeps
+    capture_ms: float = 0.0
+    captured: bool = False
+    buffers: list[Any] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        own = sum(int(a.nbytes) for a in self.inputs.values()) + int(self.logits.nbytes)
+        return own + self.held_bytes
+
+    def release(self) -> None:
+        # The buffers go; a captured graph stays with the onnxruntime session until it closes.
+        self.binding = None
+
+
+class CudaBackend:
+    name = "cuda"
+    evictable = False  # onnxruntime cannot release one captured graph
+
+    def __init__(self, info: ModelInfo, options: EngineOptions, runtime: Runtime | None = None) -> None:
+        if info.recurrent_state:
+            raise CudaUnavailable("decoders with recurrent state are not supported on the CUDA backend")
+        self.info = info
+        self.rt = runtime or cuda_runtime(options)
+        self.xp = self.rt.xp
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        model = info.path / info.config["model"]["decoder"].get("filename", "model.onnx")
+        before = self.rt.free_bytes()
+        self.session = ort.InferenceSession(str(model), so, providers=self.rt.providers)
+        self.weights_bytes = max(0, before - self.rt.free_bytes())
+        self.home: Home | None = None
+        self.slots: list[ResidentSlot] = []
+        self._graph_ids = itertools.count(1)
+        self._run_options: dict[int, Any] = {}
+        self.captures = 0
+        self.profile = False  # when set, device time of each forward is summed (CUDA events)
+        self.device_ms = 0.0
+        self.profiled_forwards = 0
+        if self.rt.device == "cuda":
+            name = self.xp.cuda.runtime.getDeviceProperties(self.rt.device_id)["name"]
+            log.info("cuda_backend", device=name.decode() if isinstance(name, bytes) else name,
+                     graphs=self.rt.graphs, weights_bytes=self.weights_bytes)
+
+    # -- slots ----------------------------------------------------------------------
+    def new_slot(self, capacity: int) -> ResidentSlot:
+        info = self.info
+        if self.home is None:
+            with self.rt.enter():
+                self.home = Home(self.xp, info.num_layers, info.num_kv_heads, capacity,
+                                 info.head_size, _dtype(info.kv_dtype))
+        if capacity != self.home.capacity:
+            raise ValueError(f"every slot shares the home's capacity {self.home.capacity}")
+        slot = ResidentSlot(self.home)
+        self.slots.append(slot)
+        return slot
+
+    # -- variants -------------------------------------------------------------------
+    def prepare(self, key: VariantKey) -> DeviceVariant:
+        graph_id = next(self._graph_ids) if self.rt.graphs else EAGER
+        return self._variant(key, graph_id)
+
+    def _variant(self, key: VariantKey, graph_id: int) -> DeviceVariant:
+        info, w, xp = self.info, key.width, self.xp
+        assert self.home is not None, "open a session before running a forward"
+        with self.rt.enter():
+            inputs = {info.feed.name: xp.zeros(resolve_dims(info.feed, w) or (1, w),
+                                               _dtype(info.feed.dtype))}
+            for port in info.supplied_ports:
+                if port.name in key.ports:
+                    inputs[port.name] = xp.zeros(resolve_dims(port, w) or (), _dtype(port.dtype))
+            if info.position_ids:
+                inputs[info.position_ids] = xp.zeros((1, w), xp.int64)
+            logits_shape = resolve_dims(info.logits, w)
+            if logits_shape is None:
+                raise CudaUnavailable(f"logits shape {info.logits.dims} is not fixed by the query width")
+            logits = xp.zeros(logits_shape, _dtype(info.logits.dtype))
+        binding = self.session.io_binding()
+        variant = DeviceVariant(key, graph_id, inputs, logits, binding)
+        for name, array in inputs.items():
+            self._bind(binding.bind_input, name, array)
+        self._bind(binding.bind_output, "logits", logits)
+        self._bind(binding.bind_input, info.mask, self.home.mask)
+        for i, (names_in, names_out) in enumerate(zip(info.kv_inputs, info.kv_outputs, strict=True)):
+            for which, (name_in, name_out) in enumerate(zip(names_in, names_out, strict=True)):
+                # Past and present share one buffer at capacity: no copy per step.
+                self._bind(binding.bind_input, name_in, self.home.layer(i, which))
+                self._bind(binding.bind_output, name_out, self.home.layer(i, which))
+        return variant
+
+    def _bind(self, bind: Any, name: str, array: Any) -> None:
+        bind(name, self.rt.device, self.rt.device_id, array.dtype, list(array.shape), self.rt.ptr(array))
+
+    # -- forwards -------------------------------------------------------------------
+    def run(self, variant: DeviceVariant, slot: ResidentSlot, past: int, feed: np.ndarray,
+            ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray]) -> Any:
+        """One forward at the variant's width; returns device logits [1, rows_returned, vocab]."""
+        assert self.home is not None and variant.binding is not None
+        width = variant.key.width
+        with self.rt.enter():
+            self.home.make_resident(slot)
+            self.rt.upload(variant.inputs[self.info.feed.name], feed)
+            for name, array in ports.items():
+                self.rt.upload(variant.inputs[name], array)
+            for name, array in constants.items():
+                self._constant(variant, name, array)
+            if self.info.position_ids:
+                variant.inputs[self.info.position_ids][0] = self.xp.arange(past, past + width)
+            self.home.set_mask(past)
+            self.home.set_mask(past + width)
+            self._execute(variant)
+        return variant.logits
+
+    def run_eager(self, slot: ResidentSlot, past: int, feed: np.ndarray,
+                  ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray]) -> Any:
+        """A width the variant cache would not keep: fresh buffers, no capture."""
+        variant = self._variant(VariantKey(feed.shape[1], tuple(sorted(ports))), EAGER)
+        return self.run(variant, slot, past, feed, ports, constants)
+
+    def _constant(self, variant: DeviceVariant, name: str, array: np.ndarray) -> None:
+        buffer = variant.inputs.get(name)
+        if buffer is None:
+            # First use: give the constant a fixed address before the graph is captured.
+            buffer = variant.inputs[name] = self.xp.zeros(array.shape, array.dtype)
+            self._bind(variant.binding.bind_input, name, buffer)
+        self.rt.upload(buffer, array)
+
+    def _options(self, graph_id: int) -> Any:
+        options = self._run_options.get(graph_id)
+        if options is None:
+            options = self._run_options[graph_id] = ort.RunOptions()
+            if self.rt.graphs:
+                options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        return options
+
+    def _execute(self, variant: DeviceVariant) -> None:
+        capturing = variant.graph_id != EAGER and not variant.captured
+        before = self.rt.free_bytes() if capturing else 0
+        timer = self._timer() if self.profile else None
+        self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id))
+        if timer is not None:
+            self._stop(timer)
+        if capturing:
+            variant.held_bytes = max(0, before - self.rt.free_bytes())
+            variant.captured = True
+            self.captures += 1
+            log.info("graph_captured", width=variant.key.width, graph_id=variant.graph_id,
+                     held_bytes=variant.held_bytes)
+
+    def _timer(self) -> tuple[Any, Any]:
+        start, stop = self.xp.cuda.Event(), self.xp.cuda.Event()
+        start.record(self.rt.stream)
+        return start, stop
+
+    def _stop(self, timer: tuple[Any, Any]) -> None:
+        start, stop = timer
+        stop.record(self.rt.stream)
+        stop.synchronize()
+        self.device_ms += float(self.xp.cuda.get_elapsed_time(start, stop))
+        self.profiled_forwards += 1
+
+    # -- logits -----------------------------------------------------------------------
+    def to_host(self, logits: Any) -> np.ndarray:
+        with self.rt.enter():
+            return self.rt.to_host(logits)
+
+    def choose(self, row: Any, sampler: Sampler, history: Sequence[int]) -> int:
+        """The next token from one device logits row; greedy (and its penalty) never leaves the device."""
+        params = sampler.params
+        if not params.greedy:
+            # Seeded sampling draws on the host from this one row, exactly as on CPU.
+            return sampler(self.to_host(row), history)
+        with self.rt.enter():
+            if params.repetition_penalty != 1.0 and history:
+                row = self._penalize(row, history, params.repetition_penalty)
+            return int(self.xp.argmax(row))
+
+    def _penalize(self, row: Any, history: Sequence[int], penalty: float) -> Any:
+        xp = self.xp
+        out = row.astype(xp.float32)
+        seen = xp.asarray(np.unique(np.asarray(history, dtype=np.int64)))
+        values = out[seen]
+        out[seen] = xp.where(values > 0, values / penalty, values * penalty)
+        return out
+
+    # -- accounting -------------------------------------------------------------------
+    def memory(self) -> dict[str, int]:
+        """Device bytes by owner: what the memory budget adds up (weights + KV + variants)."""
+        home = 0 if self.home is None else int(self.home.block.nbytes + self.home.mask.nbytes)
+        parked = 0 if self.home is None else self.home.parked_bytes(self.slots)
+        return {"weights": self.weights_bytes, "kv_home": home, "kv_parked": parked,
+                "captures": self.captures,
+                "swaps": 0 if self.home is None else self.home.swaps,
+                "swapped_positions": 0 if self.home is None else self.home.swapped_positions}
