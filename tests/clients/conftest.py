@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clients.python import LadderClient
-from tests.clients.live_server import LiveServer, generated_model_with_tokenizer, test_config
+from tests.clients.live_server import LiveServer, generated_model_with_tokenizer, server_config
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +18,7 @@ def client_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(client_model: Path) -> Iterator[LiveServer]:
-    with LiveServer(test_config(client_model)) as live:
+    with LiveServer(server_config(client_model)) as live:
         with LadderClient(live.address) as client:
             assert client.wait_until_serving(60) == "SERVING"
         yield live

@@ -26,7 +26,7 @@ def generated_model_with_tokenizer(root: Path) -> Path:
     return path
 
 
-def test_config(model: Path, **overrides: Any) -> Config:
+def server_config(model: Path, **overrides: Any) -> Config:
     """Flags as `ladder serve` would get them: loopback, any free port, no metrics endpoint."""
     base = config_from({"model": str(model), "host": "127.0.0.1", "port": "0", "metrics_port": "0"}, {})
     return dataclasses.replace(base, **overrides)
