@@ -114,8 +114,11 @@ def test_the_entrypoint_passes_startup_readiness_and_liveness_probes_then_drains
         check = probes[name]
         assert probe(port, check["grpc"]["service"], check["timeoutSeconds"]) == SERVING, name
 
+    # The gpu autoscaler's custom metric must be among what the pod exports.
+    (hpa_metric,) = one(overlay("gpu"), "HorizontalPodAutoscaler")["spec"]["metrics"]
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
         assert reply.status == 200
+        assert f"\n{hpa_metric['pods']['metric']['name']} " in reply.read().decode()
 
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)

@@ -176,10 +176,10 @@ def test_the_disruption_budget_and_autoscaler_govern_the_deployment(name):
     assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
 
 
-def test_the_gpu_autoscaler_scales_on_streams_in_flight_not_cpu():
+def test_the_gpu_autoscaler_scales_on_the_engine_queue_not_cpu():
     (metric,) = one(overlay("gpu"), "HorizontalPodAutoscaler")["spec"]["metrics"]
     assert metric["type"] == "Pods"
-    assert metric["pods"]["metric"]["name"] == "ladder_requests_in_flight"
+    assert metric["pods"]["metric"]["name"] == "ladder_queue_depth"
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
