@@ -1,0 +1,99 @@
+"""Graceful drain: health flips at once, new calls are refused, calls in flight finish or end UNAVAILABLE."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from proto.ladder.v1 import ladder_pb2 as pb
+from tests.service.conftest import RunningServer, greedy_request, server_config
+
+REPO = Path(__file__).resolve().parents[2]
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def health_of(channel: grpc.Channel) -> int:
+    return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2).status
+
+
+def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir))
+    parts: queue.Queue[pb.PrefillRequest | None] = queue.Queue()
+    parts.put(pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7]))))
+    stream = running.stub.Prefill(iter(parts.get, None))
+    assert next(stream).HasField("forward")  # the Prefill call is in flight, its prompt unfinished
+    drained = threading.Thread(target=lambda: running.run(running.server.drain(grace=10.0)))
+    drained.start()
+    deadline = time.monotonic() + 5
+    while not running.server.draining and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert health_of(running.channel) == NOT_SERVING
+    with pytest.raises(grpc.RpcError) as caught:
+        running.stub.Generate(greedy_request([5, 6], 2))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    parts.put(pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[8, 9]))))
+    parts.put(None)
+    events = list(stream)
+    assert events[-1].done.length == 5
+    drained.join(timeout=15)
+    assert not drained.is_alive()
+    running.close()
+
+
+def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(tmp_path: Path,
+                                                                                model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, max_new_tokens=1000))
+    stream = running.stub.GenerateStream(greedy_request([5, 6, 7], 1000))
+    next(stream)
+    drained = threading.Thread(target=lambda: running.run(running.server.drain(grace=0.1)))
+    drained.start()
+    with pytest.raises(grpc.RpcError) as caught:
+        for _ in stream:
+            time.sleep(0.002)  # a slow reader: the stream outlives the grace period
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    drained.join(timeout=15)
+    running.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_sigterm_drains_the_server_process_and_it_exits_cleanly(model_dir: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
+    env.update(LADDER_HOST="127.0.0.1", LADDER_PORT=str(port), LADDER_METRICS_PORT="0",
+               LADDER_MODEL=str(model_dir), LADDER_POD_NAME="pod-s", LADDER_DRAIN_SECONDS="2")
+    process = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if health_of(channel) == SERVING:
+                        break
+                except grpc.RpcError:
+                    time.sleep(0.05)
+            assert health_of(channel) == SERVING
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    logs = process.stderr.read().decode() if process.stderr else ""
+    assert '"event": "draining"' in logs and '"event": "stopped"' in logs
