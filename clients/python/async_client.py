@@ -178,9 +178,15 @@ async def _each(parts: Iterable[PromptInput] | AsyncIterable[PromptInput]) -> As
 
 
 async def _cancel_when_dropped(call: Any) -> AsyncIterator[Any]:
-    """Yield a response stream's messages; cancel the RPC if the consumer stops early."""
+    """Yield a response stream's messages, the final `done` event only once the call has ended OK.
+
+    Waiting for the status before handing over `done` means the server has released the
+    session when the caller sees it; a consumer that stops early cancels the call instead.
+    """
     try:
         async for message in call:
+            if message.WhichOneof("event") == "done":
+                await call.code()  # the server ends the stream right after `done`: wait for its status
             yield message
     finally:
         call.cancel()

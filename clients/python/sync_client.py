@@ -152,8 +152,16 @@ def _health_or_unreachable(client: LadderClient, service: str, timeout_s: float)
 
 
 def _cancel_when_dropped(call: Any) -> Iterator[Any]:
-    """Yield a response stream's messages; cancel the RPC if the consumer stops early."""
+    """Yield a response stream's messages, the final `done` event only once the call has ended OK.
+
+    Waiting for the status before handing over `done` means the server has released the
+    session when the caller sees it; a consumer that stops early cancels the call instead.
+    """
     try:
-        yield from call
+        for message in call:
+            if message.WhichOneof("event") == "done":
+                for _ in call:
+                    pass  # the server ends the stream right after `done`: read up to its status
+            yield message
     finally:
         call.cancel()
