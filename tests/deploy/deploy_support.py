@@ -7,10 +7,12 @@ both installed by the project's dev extra.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -177,6 +179,56 @@ def _repo_scripts_run_by(command: list[str]) -> list[Path]:
         if token.startswith(("./scripts/", "scripts/")) and path.is_file():
             scripts.append(path)
     return scripts
+
+
+# --- what an install must provide ----------------------------------------------------
+
+FIRST_PARTY = {"engine", "service", "clients", "proto"}
+
+
+def third_party_imports(*entry_modules: str) -> dict[str, set[str]]:
+    """Top-level third-party modules imported anywhere (functions included) in the
+    first-party import closure of `entry_modules`, each with the modules importing it."""
+    found: dict[str, set[str]] = {}
+    seen: set[str] = set()
+    todo = list(entry_modules)
+    while todo:
+        module = todo.pop()
+        path = _source_of(module)
+        if module in seen or path is None:
+            continue
+        seen.add(module)
+        for name in _imported_names(ast.parse(path.read_text())):
+            top = name.split(".")[0]
+            if top in FIRST_PARTY:
+                todo.append(name)
+            elif top not in sys.stdlib_module_names and top != "__future__":
+                found.setdefault(top, set()).add(module)
+    return found
+
+
+def _source_of(module: str) -> Path | None:
+    base = REPO.joinpath(*module.split("."))
+    for path in (base / "__init__.py", base.with_suffix(".py")):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imported_names(tree: ast.AST) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return names
+
+
+def requirement_name(requirement: str) -> str:
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    assert match, requirement
+    return re.sub(r"[-_.]+", "-", match[0]).lower()
 
 
 # --- Dockerfiles ---------------------------------------------------------------------

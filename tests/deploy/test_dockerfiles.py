@@ -9,9 +9,11 @@ blocks run; editable or not and pip's verbosity aside), the entrypoint
 from __future__ import annotations
 
 import fnmatch
+import importlib.metadata
 import os
 import subprocess
 import sys
+import tomllib
 from concurrent import futures
 
 import grpc
@@ -26,6 +28,8 @@ from deploy_support import (
     pip_installs,
     readme_pip_installs,
     readme_serving_install,
+    requirement_name,
+    third_party_imports,
 )
 
 FLAVOURS = {"cpu": "cpu", "cuda": "gpu"}  # Dockerfile flavour -> k8s overlay
@@ -52,6 +56,28 @@ def test_the_cuda_image_installs_what_the_readme_does_plus_the_cuda_extra():
     # Where the README spells the GPU install out, it is that one exactly.
     shown = [s for s in readme_pip_installs(readme) if "cuda" in (s.project_extras() or ())]
     assert all(image_install("cuda") == s for s in shown), shown
+
+
+def test_the_image_install_provides_every_module_serving_and_model_preparation_import():
+    # The images only `pip install .` (+ cuda): whatever `ladder serve` and
+    # `ladder model prepare` (run at build time) import must come with it.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = {requirement_name(r) for r in project["dependencies"]}
+    cuda = {requirement_name(r) for r in project["optional-dependencies"]["cuda"]}
+    providers = importlib.metadata.packages_distributions()
+    missing = []
+    for module, importers in sorted(third_party_imports(
+            "clients.python.cli", "service.server", "engine.default_model").items()):
+        allowed = base | cuda if all(".cuda" in m for m in importers) else base
+        if module in providers:
+            provided = {requirement_name(d) for d in providers[module]} & allowed
+        else:  # not installed here (cupy without a GPU): match names like cupy-cuda13x
+            provided = {d for d in allowed if d == module or d.startswith(module + "-")}
+        if not provided:
+            missing.append(f"{module} (imported by {', '.join(sorted(importers))})")
+    assert missing == [], (
+        "pyproject [project].dependencies lacks what these imports need, so the images' "
+        f"`pip install .` cannot run `ladder model prepare`/`ladder serve`: {missing}")
 
 
 def test_the_readme_is_read_in_order_from_its_shell_blocks_and_the_scripts_they_run(tmp_path):
