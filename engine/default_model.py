@@ -34,6 +34,9 @@ MANIFEST = "ladder_manifest.json"
 CONVERTER_VERSION = 1
 DEFAULT_CONTEXT_LENGTH = 4096
 CHUNK_SIZE = 512
+# fp32: dequantized weights (the default). int4: the GGUF's Q4_1 blocks as MatMulNBits,
+# weight-exact but measured slower on this 2-core CPU (bench/results), so opt-in only.
+PRECISIONS = ("fp32", "int4")
 
 
 @dataclass(frozen=True)
@@ -89,13 +92,15 @@ def _manifest_entries(model_dir: Path) -> dict[str, dict[str, int | str]]:
             for p in sorted(model_dir.iterdir()) if p.is_file() and p.name != MANIFEST}
 
 
-def write_manifest(model_dir: Path, context_length: int) -> None:
+def write_manifest(model_dir: Path, context_length: int, precision: str = "fp32") -> None:
     doc = {"converter_version": CONVERTER_VERSION, "gguf_sha256": GGUF_SHA256,
-           "context_length": context_length, "files": _manifest_entries(model_dir)}
+           "context_length": context_length, "precision": precision,
+           "files": _manifest_entries(model_dir)}
     (model_dir / MANIFEST).write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def manifest_problem(model_dir: Path, context_length: int) -> str | None:
+def manifest_problem(model_dir: Path, context_length: int,
+                     precision: str = "fp32") -> str | None:
     """Why `model_dir` cannot be reused (None if every file matches its manifest)."""
     try:
         doc = json.loads((model_dir / MANIFEST).read_text())
@@ -105,6 +110,8 @@ def manifest_problem(model_dir: Path, context_length: int) -> str | None:
         return "manifest from another converter or GGUF"
     if doc.get("context_length") != context_length:
         return f"built for context {doc.get('context_length')}, want {context_length}"
+    if doc.get("precision", "fp32") != precision:
+        return f"built as {doc.get('precision')}, want {precision}"
     for name, want in doc.get("files", {}).items():
         path = model_dir / name
         if not path.is_file() or path.stat().st_size != want["size"]:
@@ -114,13 +121,21 @@ def manifest_problem(model_dir: Path, context_length: int) -> str | None:
     return None if doc.get("files") else "manifest lists no files"
 
 
-def model_dir_for(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH) -> Path:
-    return cache_root / "models" / f"{MODEL_NAME}-fp32-ctx{context_length}"
+def model_dir_for(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH,
+                  precision: str = "fp32") -> Path:
+    return cache_root / "models" / f"{MODEL_NAME}-{precision}-ctx{context_length}"
 
 
-def _convert(gguf_path: Path, out_dir: Path, context_length: int) -> None:
+def _convert(gguf_path: Path, out_dir: Path, context_length: int, precision: str) -> None:
     # Imported here: the converter needs `gguf` and `onnx`, a served cache needs neither.
-    from engine.convert.gguf_llama import GgufModel, gguf_vocabulary, llama_spec, llama_weights
+    from engine.convert.gguf_llama import (
+        GgufModel,
+        gguf_vocabulary,
+        llama_nbits,
+        llama_spec,
+        llama_weights,
+    )
+    from engine.convert.int4 import quantize_matmuls
     from engine.convert.tokenizer_json import write_tokenizer_files
     from engine.modelgen.builder import build_decoder, genai_config, write_model_dir
 
@@ -130,23 +145,30 @@ def _convert(gguf_path: Path, out_dir: Path, context_length: int) -> None:
     config = genai_config(spec, context_length=context_length, chunk_size=CHUNK_SIZE,
                           bos_token_id=vocab.bos_token_id, eos_token_id=vocab.eos_token_id,
                           pad_token_id=vocab.pad_token_id)
-    write_model_dir(out_dir, build_decoder(spec, llama_weights(model, spec)), config)
+    graph = build_decoder(spec, llama_weights(model, spec))
+    if precision == "int4":
+        # accuracy_level 4 (int8 activations) is the only fast MatMulNBits path on CPU.
+        graph = quantize_matmuls(graph, llama_nbits(model, spec), accuracy_level=4)
+    write_model_dir(out_dir, graph, config)
     write_tokenizer_files(out_dir, vocab)
 
 
-def prepare(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH) -> PreparedModel:
+def prepare(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH,
+            precision: str = "fp32") -> PreparedModel:
     """Fetch, convert and verify as needed; report whether anything was rebuilt."""
-    model_dir = model_dir_for(cache_root, context_length)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    model_dir = model_dir_for(cache_root, context_length, precision)
     gguf_path = cache_root / "downloads" / GGUF_NAME
-    if model_dir.is_dir() and manifest_problem(model_dir, context_length) is None:
+    if model_dir.is_dir() and manifest_problem(model_dir, context_length, precision) is None:
         return PreparedModel(model_dir, gguf_path, rebuilt=False)
     gguf_path = fetch_gguf(cache_root)
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
     try:
         staging.chmod(0o755)  # mkdtemp makes it owner-only; the served directory is not secret
-        _convert(gguf_path, staging, context_length)
-        write_manifest(staging, context_length)
+        _convert(gguf_path, staging, context_length, precision)
+        write_manifest(staging, context_length, precision)
         if model_dir.exists():
             shutil.rmtree(model_dir)
         staging.replace(model_dir)
@@ -162,14 +184,18 @@ def prepare_default_model(cache_root: Path,
 
 
 def main_prepare(argv: list[str] | None = None) -> int:
-    """`ladder model prepare [--cache-root DIR] [--context-length N]`: print the model dir."""
+    """`ladder model prepare [--cache-root DIR] [--context-length N] [--precision P]`.
+
+    Prints the ready model directory on stdout (progress on stderr); exit 0.
+    """
     parser = argparse.ArgumentParser(prog="ladder model prepare",
                                      description="Fetch and convert the default model.")
     parser.add_argument("--cache-root", type=Path, default=default_cache_root())
     parser.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    result = prepare(args.cache_root, args.context_length)
+    result = prepare(args.cache_root, args.context_length, args.precision)
     verb = "built" if result.rebuilt else "reused"
     print(f"{verb} {result.model_dir} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print(result.model_dir)

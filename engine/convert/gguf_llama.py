@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
+from engine.convert.int4 import NBitsMatrix, from_q4_1
 from engine.convert.tokenizer_json import BpeVocabulary
 from engine.modelgen.builder import DecoderSpec, DecoderWeights, LayerWeights
 
@@ -123,3 +124,30 @@ def gguf_vocabulary(model: GgufModel) -> BpeVocabulary:
         chat_template=str(model.field("tokenizer.chat_template")),
         split_digits=pre == "smollm",
     )
+
+
+# GGUF tensor name -> the builder's initializer name for the same matrix.
+BUILDER_NAMES = {"attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj",
+                 "attn_output": "attn.o_proj", "ffn_gate": "mlp.gate_proj",
+                 "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def llama_nbits(model: GgufModel, spec: DecoderSpec) -> dict[str, NBitsMatrix]:
+    """Every Q4_1 layer matrix as MatMulNBits blocks, keyed by the builder's weight name.
+
+    Q and K rows get the same un-permutation as the float path.
+    """
+    heads = {"attn_q": spec.num_heads, "attn_k": spec.num_kv_heads}
+    out: dict[str, NBitsMatrix] = {}
+    for i in range(spec.num_layers):
+        for gguf_name, builder_name in BUILDER_NAMES.items():
+            t = model.tensors[f"blk.{i}.{gguf_name}.weight"]
+            if t.tensor_type != GGMLQuantizationType.Q4_1:
+                continue
+            k, n = (int(x) for x in t.shape)  # GGUF ne order: [in, out]
+            matrix = from_q4_1(t.data, n, k)
+            if gguf_name in heads:
+                order = unpermute_rotary_rows(np.arange(n)[:, None], heads[gguf_name])[:, 0]
+                matrix = matrix.rows(order)
+            out[f"model.layers.{i}.{builder_name}.weight"] = matrix
+    return out
