@@ -13,6 +13,8 @@ the conventional place.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import shutil
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,6 +156,20 @@ def _convert(gguf_path: Path, out_dir: Path, context_length: int, precision: str
     write_tokenizer_files(out_dir, vocab)
 
 
+@contextlib.contextmanager
+def _exclusive(cache_root: Path) -> Iterator[None]:
+    """One preparer per cache at a time (a server start and `ladder model prepare` may race)."""
+    try:
+        cache_root.mkdir(parents=True, exist_ok=True)
+        lock = (cache_root / ".prepare.lock").open("a")
+    except OSError:
+        yield  # a read-only cache (a seeded image) can be verified, never written: no lock needed
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def prepare(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH,
             precision: str = "fp32") -> PreparedModel:
     """Fetch, convert and verify as needed; report whether anything was rebuilt."""
@@ -160,9 +177,15 @@ def prepare(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH,
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     model_dir = model_dir_for(cache_root, context_length, precision)
     gguf_path = cache_root / "downloads" / GGUF_NAME
-    if model_dir.is_dir() and manifest_problem(model_dir, context_length, precision) is None:
-        return PreparedModel(model_dir, gguf_path, rebuilt=False)
-    gguf_path = fetch_gguf(cache_root)
+    with _exclusive(cache_root):
+        if model_dir.is_dir() and manifest_problem(model_dir, context_length, precision) is None:
+            return PreparedModel(model_dir, gguf_path, rebuilt=False)
+        _rebuild(fetch_gguf(cache_root), model_dir, context_length, precision)
+    return PreparedModel(model_dir, gguf_path, rebuilt=True)
+
+
+def _rebuild(gguf_path: Path, model_dir: Path, context_length: int, precision: str) -> None:
+    """Convert into a staging directory next to `model_dir`, then swap it in whole."""
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
     try:
@@ -174,7 +197,6 @@ def prepare(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH,
         staging.replace(model_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return PreparedModel(model_dir, gguf_path, rebuilt=True)
 
 
 def prepare_default_model(cache_root: Path,

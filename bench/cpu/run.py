@@ -3,9 +3,10 @@
 Usage (from the repo root):
     .venv/bin/python -m bench.cpu.run [--cache-root DIR] [--llama-python /tmp/llamavenv/bin/python]
 
-Each runtime runs in its own process on the same token ids (Ladder and
-onnxruntime-genai on the same converted directory, llama.cpp on the GGUF
-itself); results go to bench/results/cpu-<date>.md and .json.
+Each runtime runs in its own process on the same token ids: Ladder and
+onnxruntime-genai on the same converted directory (fp32, and the opt-in int4
+one), llama.cpp on the GGUF itself. Results go to bench/results/cpu-<date>.md
+and .json.
 """
 
 from __future__ import annotations
@@ -71,18 +72,21 @@ def git_commit() -> str:
     return out.stdout.strip()
 
 
-def run_all(model_dir: Path, gguf: Path, ids_file: Path,
+def run_all(model_dir: Path, int4_dir: Path, gguf: Path, ids_file: Path,
             llama_python: str | None) -> dict[str, dict[str, Any]]:
     common = [str(model_dir), str(gguf), str(ids_file), "--lengths", *map(str, LENGTHS)]
-    results = {"ladder": worker(sys.executable, ["ladder", *common]),
-               "onnxruntime-genai": worker(sys.executable, ["genai", *common])}
+    int4 = [str(int4_dir), *common[1:]]
+    results = {"ladder fp32": worker(sys.executable, ["ladder", *common]),
+               "onnxruntime-genai fp32": worker(sys.executable, ["genai", *common]),
+               "ladder int4": worker(sys.executable, ["ladder", *int4]),
+               "onnxruntime-genai int4": worker(sys.executable, ["genai", *int4])}
     if llama_python:
         results["llama.cpp"] = worker(llama_python, ["llamacpp", *common])
     rss_only = [str(model_dir), str(gguf), str(ids_file), "--lengths", "4000",
                 "--new-tokens", "0"]
-    results["ladder 4000 chunked@512"] = worker(
+    results["ladder fp32 4000 chunked@512"] = worker(
         sys.executable, ["ladder", *rss_only, "--chunk-size", "512"])
-    results["ladder 4000 unchunked"] = worker(
+    results["ladder fp32 4000 unchunked"] = worker(
         sys.executable, ["ladder", *rss_only, "--chunk-size", "0", "--no-padding"])
     return results
 
@@ -123,12 +127,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
     prepared = prepare(args.cache_root)
+    int4_dir = prepare(args.cache_root, precision="int4").model_dir
     ids = prompt_ids(Tokenizer(prepared.model_dir), max(LENGTHS))
     ids_file = args.out / "prompt-ids.tmp.json"
     args.out.mkdir(parents=True, exist_ok=True)
     ids_file.write_text(json.dumps(ids))
     before = os.getloadavg()
-    results = run_all(prepared.model_dir, prepared.gguf_path, ids_file, args.llama_python)
+    results = run_all(prepared.model_dir, int4_dir, prepared.gguf_path, ids_file,
+                      args.llama_python)
     ids_file.unlink()
     today = dt.date.today().isoformat()
     doc = {"date": today, "machine": machine(), "versions": versions(args.llama_python),
