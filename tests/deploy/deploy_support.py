@@ -104,8 +104,12 @@ def shell_commands(text: str) -> list[list[str]]:
     return commands
 
 
+# A redirection and its target (`>"$LOG"`, `2>&1`, `< in`): not arguments of the command.
+REDIRECTION = re.compile(r"(?<!\S)\d*(?:>>|>|<)&?\s*(?:\"[^\"]*\"|'[^']*'|[^\s;&|]+)")
+
+
 def _tokens(line: str) -> list[str]:
-    lexer = shlex.shlex(line, posix=True, punctuation_chars="&|;")
+    lexer = shlex.shlex(REDIRECTION.sub(" ", line), posix=True, punctuation_chars="&|;")
     lexer.whitespace_split = True
     lexer.commenters = "#"
     return list(lexer)

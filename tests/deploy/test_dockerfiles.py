@@ -37,8 +37,9 @@ DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 50051, 9090
 
 
 def image_install(flavour: str) -> PipInstall:
-    installs = dockerfile(flavour).pip_installs()
-    assert len(installs) == 1, f"Dockerfile.{flavour} should pip install once, not {installs}"
+    """The image's install of the project itself (there must be exactly one)."""
+    installs = [s for s in dockerfile(flavour).pip_installs() if s.project_extras() is not None]
+    assert len(installs) == 1, f"Dockerfile.{flavour} should install the project once: {installs}"
     return installs[0]
 
 
@@ -80,6 +81,18 @@ def test_the_image_install_provides_every_module_serving_and_model_preparation_i
         f"`pip install .` cannot run `ladder model prepare`/`ladder serve`: {missing}")
 
 
+def test_the_cuda_image_keeps_only_the_gpu_build_of_onnxruntime():
+    # `pip install '.[cuda]'` installs onnxruntime and onnxruntime-gpu into one
+    # package directory; the CPU build wins and the CUDA provider disappears.
+    runs = [r for s in dockerfile("cuda").stages for r in s.all("RUN")]
+    project = next(i for i, r in enumerate(runs) if "pip install '.[cuda]'" in r)
+    fixup = next(r for r in runs[project + 1:] if "pip uninstall -y onnxruntime" in r)
+    assert "--force-reinstall --no-deps" in fixup and "onnxruntime-gpu" in fixup
+    assert "CUDAExecutionProvider" in fixup, "the build must fail without the CUDA provider"
+    assert all("uninstall" not in r for r in
+               [r for s in dockerfile("cpu").stages for r in s.all("RUN")])
+
+
 def test_the_readme_is_read_in_order_from_its_shell_blocks_and_the_scripts_they_run(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(
@@ -102,6 +115,7 @@ def test_pip_commands_compare_by_what_they_install_not_how_they_are_spelled():
         PipInstall((".[cuda,dev]",))]
     assert pip_installs("cd x && pip3 install . # CPU") == [PipInstall((".",))]
     assert pip_installs("uv pip install --pre .") == [PipInstall((".",), ("--pre",))]
+    assert pip_installs('if ! run pip install -e . >"$LOG" 2>&1; then') == [PipInstall((".",))]
     assert pip_installs("pip install '.[cuda]'") != pip_installs("pip install .")
     assert PipInstall((".",)).with_extra("cuda") == PipInstall((".[cuda]",))
 
