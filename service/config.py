@@ -87,8 +87,10 @@ _HELP = {
 }
 
 
-def _parse(name: str, text: str) -> object:
-    """One setting's value from its flag or environment text."""
+def _parse(name: str, text: object) -> object:
+    """One setting's value from its flag or environment text (typed values pass as they are)."""
+    if not isinstance(text, str):
+        return tuple(text) if isinstance(text, list) else text
     kind = {f.name: str(f.type) for f in fields(Config)}[name]
     if name == "auth_tokens":
         return tuple(t.strip() for t in text.split(",") if t.strip())
@@ -114,8 +116,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
-def config_from(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Config:
-    """Flags (unset = None) over LADDER_* environment over defaults."""
+def config_from(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> Config:
+    """Flags (None = unset; other keys ignored) over LADDER_* env (default os.environ) over defaults."""
+    env = os.environ if env is None else env
     values: dict[str, object] = {}
     for field in fields(Config):
         text = flags.get(field.name)
@@ -149,6 +152,5 @@ def validate(config: Config) -> None:
 
 def load_config(env: Mapping[str, str] | None = None, argv: Sequence[str] | None = None) -> Config:
     """Build the Config from flags (none unless argv is given) and the environment (os.environ by default)."""
-    source = os.environ if env is None else env
     flags = vars(build_parser().parse_args(list(argv or [])))
-    return config_from(flags, source)
+    return config_from(flags, env)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.config import PADDING_SWITCH, Config, load_config, padding_enabled
+from service.config import PADDING_SWITCH, Config, config_from, load_config, padding_enabled
 
 
 def test_defaults_are_the_documented_ports_and_limits() -> None:
@@ -45,3 +45,8 @@ def test_settings_that_cannot_work_are_refused_at_start(env: dict[str, str]) -> 
 def test_the_config_is_frozen() -> None:
     with pytest.raises(AttributeError):
         Config().port = 1  # type: ignore[misc]
+
+
+def test_typed_flag_values_from_another_parser_pass_through() -> None:
+    config = config_from({"port": 0, "padding": False, "auth_tokens": ["t"], "command": "serve"}, {})
+    assert (config.port, config.padding, config.auth_tokens) == (0, False, ("t",))
