@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import os
 import sys
 import time
@@ -101,14 +100,10 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from service.config import config_from
     from service.server import serve
 
-    from service.config import config_from
-
-    config = config_from(vars(args), os.environ)
-    result = serve(config)
-    if inspect.isawaitable(result):
-        asyncio.run(result)  # type: ignore[arg-type]
+    asyncio.run(serve(config_from(vars(args), os.environ)))
     return 0
 
 
@@ -130,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except grpc.RpcError as error:
-        print(f"ladder: {error.code().name}: {error.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        print(f"ladder: {error.code().name}: {error.details()}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
