@@ -100,6 +100,11 @@ def summarize(name: str, runs: dict[str, Any], bandwidth: float) -> dict[str, An
     out: dict[str, Any] = {"weight_bytes_per_token": weight_bytes_per_token(SPECS[name])}
     out["floor_tok_s"] = bandwidth / out["weight_bytes_per_token"]
     if "first" in ladder and "first" in genai:
+        out["steady_stepwise_decode_ratio"] = (ladder["steady_stepwise"]["decode_tok_s"]
+                                               / genai["steady"]["decode_tok_s"])
+        for name in ("ttft_pass2", "ttft_fresh"):
+            out[f"{name}_median_ms"] = {"ladder": ladder[name]["median_ms"],
+                                        "genai": genai[name]["median_ms"]}
         for phase in ("first", "steady"):
             ours, theirs = ladder[phase]["decode_tok_s"], genai[phase]["decode_tok_s"]
             out[f"{phase}_decode_ratio"] = ours / theirs if theirs else None
@@ -127,7 +132,7 @@ def main() -> None:
         path = build(name, args.root)
         entry: dict[str, Any] = {"spec": asdict(SPECS[name]), "build_s": time.perf_counter() - t0}
         results["models"][name] = entry
-        for key, worker_args in (("ladder", ["ladder"]), ("genai", ["genai"]),
+        for key, worker_args in (("warm", ["warm"]), ("ladder", ["ladder"]), ("genai", ["genai"]),
                                  ("seed_padding_on", ["seed", "x", "on"]),
                                  ("seed_padding_off", ["seed", "x", "off"])):
             worker_args = [worker_args[0], str(path), *worker_args[2:]]

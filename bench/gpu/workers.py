@@ -20,6 +20,7 @@ import numpy as np
 PROMPT = 1137
 NEW = 128
 LENGTHS = [int(n) for n in np.linspace(40, 1500, 12)]
+FRESH = [n + 17 for n in LENGTHS]  # lengths neither runtime has seen: what a new request meets
 SEED_LENGTHS = [1137, 1200, 1333, 900, 1450]
 VOCAB_FLOOR = 3  # keep ids clear of bos/eos/pad
 
@@ -58,9 +59,9 @@ def ladder_generate(engine: Any, tokens: list[int], new: int) -> dict[str, Any]:
             "tokens": out}
 
 
-def ladder_ttft_pass(engine: Any, vocab: int) -> dict[str, Any]:
+def ladder_ttft_pass(engine: Any, vocab: int, lengths: list[int] = LENGTHS) -> dict[str, Any]:
     before = engine.backend.captures
-    times = {n: ladder_generate(engine, prompt(n, vocab), 1)["ttft_ms"] for n in LENGTHS}
+    times = {n: ladder_generate(engine, prompt(n, vocab), 1)["ttft_ms"] for n in lengths}
     return {"ttft_ms": times, "median_ms": float(np.median(list(times.values()))),
             "captures": engine.backend.captures - before}
 
@@ -88,6 +89,7 @@ def ladder_profile(engine: Any, vocab: int) -> dict[str, Any]:
     from engine.executor.sampling import Sampler, SamplingParams
 
     greedy, backend = Sampler(SamplingParams()), engine.backend
+    backend.lookahead = False  # time each step on its own: host work and device work in series
     session = engine.open_session()
     token = session.next_token(greedy, prompt(PROMPT, vocab))
     backend.profile, backend.device_ms, backend.profiled_forwards = True, 0.0, 0
@@ -95,7 +97,7 @@ def ladder_profile(engine: Any, vocab: int) -> dict[str, Any]:
     for _ in range(NEW - 1):
         token = session.next_token(greedy, [token])
     wall_ms = (time.perf_counter() - t0) * 1e3 / (NEW - 1)
-    backend.profile = False
+    backend.profile, backend.lookahead = False, True
     session.close()
     device_ms = backend.device_ms / backend.profiled_forwards
     return {"wall_ms_per_step": wall_ms, "device_ms_per_step": device_ms,
@@ -125,7 +127,11 @@ def run_ladder(path: str) -> dict[str, Any]:
     result["first"] = ladder_generate(engine, prompt(PROMPT, vocab), NEW)
     result["ttft_pass1"] = ladder_ttft_pass(engine, vocab)
     result["ttft_pass2"] = ladder_ttft_pass(engine, vocab)
+    result["ttft_fresh"] = ladder_ttft_pass(engine, vocab, FRESH)
     result["steady"] = ladder_generate(engine, prompt(PROMPT, vocab), NEW)
+    engine.backend.lookahead = False
+    result["steady_stepwise"] = ladder_generate(engine, prompt(PROMPT, vocab), NEW)
+    engine.backend.lookahead = True
     result["first_tokens_12"] = {n: ladder_generate(engine, prompt(n, vocab), 4)["tokens"]
                                  for n in LENGTHS}
     result["profile"] = ladder_profile(engine, vocab)
@@ -189,8 +195,8 @@ def run_genai(path: str) -> dict[str, Any]:
     model = og.Model(path)
     result: dict[str, Any] = {"load_s": time.perf_counter() - t0, "version": og.__version__}
     result["first"] = genai_generate(model, prompt(PROMPT, vocab), NEW)
-    for name in ("ttft_pass1", "ttft_pass2"):
-        times = {n: genai_generate(model, prompt(n, vocab), 1)["ttft_ms"] for n in LENGTHS}
+    for name, lengths in (("ttft_pass1", LENGTHS), ("ttft_pass2", LENGTHS), ("ttft_fresh", FRESH)):
+        times = {n: genai_generate(model, prompt(n, vocab), 1)["ttft_ms"] for n in lengths}
         result[name] = {"ttft_ms": times, "median_ms": float(np.median(list(times.values())))}
     result["steady"] = genai_generate(model, prompt(PROMPT, vocab), NEW)
     result["first_tokens_12"] = {n: genai_generate(model, prompt(n, vocab), 4)["tokens"] for n in LENGTHS}
@@ -198,9 +204,28 @@ def run_genai(path: str) -> dict[str, Any]:
     return result
 
 
+def warm_caches(path: str) -> dict[str, Any]:
+    """One request through each runtime, unmeasured: fills the driver's and cupy's kernel caches.
+
+    In the first run the first process to touch a model paid ~0.2-1.2 s more on its first
+    request than later processes (one-off kernel compiles and loads, we believe), which made
+    first-request TTFT depend on the order of the workers; this measures that cold cost apart.
+    """
+    engine = ladder_engine(path)
+    vocab = engine.info.vocab_size
+    ours = ladder_generate(engine, prompt(PROMPT, vocab), 4)["ttft_ms"]
+    del engine
+    import onnxruntime_genai as og
+
+    theirs = genai_generate(og.Model(path), prompt(PROMPT, vocab), 4)["ttft_ms"]
+    return {"cold_process_ttft_ms": {"ladder": ours, "genai": theirs}}
+
+
 def main(argv: list[str]) -> None:
     kind, path = argv[0], argv[1]
-    if kind == "ladder":
+    if kind == "warm":
+        result = warm_caches(path)
+    elif kind == "ladder":
         result = run_ladder(path)
     elif kind == "seed":
         result = run_seed(path, argv[2] == "on")

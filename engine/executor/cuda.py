@@ -28,6 +28,7 @@ import onnxruntime as ort
 import structlog
 
 from engine.executor.cpu import _dtype, resolve_dims
+from engine.executor.device_runtime import CudaUnavailable, Runtime, cuda_runtime, host_runtime
 from engine.executor.options import EngineOptions
 from engine.executor.resident import Home, ResidentSlot
 from engine.executor.sampling import Sampler
@@ -37,75 +38,7 @@ from engine.model import ModelInfo
 log = structlog.get_logger("ladder.engine")
 
 EAGER = -1  # onnxruntime's gpu_graph_id for "run without capture or replay"
-
-
-class CudaUnavailable(RuntimeError):
-    """No usable CUDA device, cupy or onnxruntime CUDA provider: the engine falls back to CPU."""
-
-
-@dataclass
-class Runtime:
-    """Where buffers live and how onnxruntime sees them: cupy on a CUDA stream, or numpy on the host."""
-
-    xp: Any
-    device: str  # onnxruntime's name for the memory: "cuda" or "cpu"
-    device_id: int
-    providers: list[Any]
-    graphs: bool
-    stream: Any = None
-
-    def ptr(self, array: Any) -> int:
-        return int(array.data.ptr) if self.device == "cuda" else int(array.ctypes.data)
-
-    def upload(self, buffer: Any, host: np.ndarray) -> None:
-        host = np.ascontiguousarray(host, dtype=buffer.dtype).reshape(buffer.shape)
-        if self.device == "cuda":
-            buffer.set(host, stream=self.stream)
-        else:
-            np.copyto(buffer, host)
-
-    def to_host(self, array: Any) -> np.ndarray:
-        if self.device == "cuda":
-            return self.xp.asnumpy(array, stream=self.stream)  # type: ignore[no-any-return]
-        return np.array(array, copy=True)
-
-    def free_bytes(self) -> int:
-        return int(self.xp.cuda.runtime.memGetInfo()[0]) if self.device == "cuda" else 0
-
-    def enter(self) -> Any:
-        """Context that makes the backend's stream current for cupy (a no-op on the host)."""
-        return self.stream if self.stream is not None else _NullContext()
-
-
-class _NullContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def cuda_runtime(options: EngineOptions, *, graphs: bool = True) -> Runtime:
-    """cupy on a stream of its own that onnxruntime's CUDA provider also runs on; raises CudaUnavailable."""
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise CudaUnavailable("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
-    try:
-        import cupy as cp
-
-        cp.cuda.Device(options.device_id).use()
-        stream = cp.cuda.Stream(non_blocking=True)
-    except Exception as exc:  # ImportError, or a CUDA runtime error when there is no device
-        raise CudaUnavailable(f"cupy cannot use CUDA device {options.device_id}: {exc}") from exc
-    cuda = {"device_id": str(options.device_id), "enable_cuda_graph": "1" if graphs else "0",
-            # One stream for cupy and onnxruntime: mask updates and argmax are ordered with the forward.
-            "user_compute_stream": str(stream.ptr), "arena_extend_strategy": "kSameAsRequested"}
-    return Runtime(cp, "cuda", options.device_id,
-                   [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"], graphs, stream)
-
-
-def host_runtime() -> Runtime:
-    """numpy buffers on the CPU provider: the same bookkeeping, no graphs (for tests)."""
-    return Runtime(np, "cpu", 0, ["CPUExecutionProvider"], graphs=False)
+__all__ = ["CudaBackend", "CudaUnavailable", "Runtime", "cuda_runtime", "host_runtime"]
 
 
 @dataclass
@@ -128,6 +61,21 @@ class DeviceVariant:
     def release(self) -> None:
         # The buffers go; a captured graph stays with the onnxruntime session until it closes.
         self.binding = None
+
+
+@dataclass
+class Lookahead:
+    """A decode step launched before the host read its input token: the one `choose` just picked."""
+
+    slot: ResidentSlot
+    variant: DeviceVariant
+    past: int
+    token: int = -1
+
+    def matches(self, variant: DeviceVariant, slot: ResidentSlot, past: int, feed: np.ndarray,
+                extra: bool) -> bool:
+        return (variant is self.variant and slot is self.slot and past == self.past and not extra
+                and feed.size == 1 and int(feed.reshape(-1)[0]) == self.token)
 
 
 class CudaBackend:
@@ -154,6 +102,12 @@ class CudaBackend:
         self.profile = False  # when set, device time of each forward is summed (CUDA events)
         self.device_ms = 0.0
         self.profiled_forwards = 0
+        # Greedy decode loops launch the next step before reading the token (CUDA only by default).
+        self.lookahead = self.rt.device == "cuda"
+        self._ahead: Lookahead | None = None
+        self._decode: DeviceVariant | None = None
+        self._recent: tuple[tuple[int, int], ...] = ()  # (slot serial, width) of the last two forwards
+        self.lookahead_hits = self.lookahead_misses = 0
         if self.rt.device == "cuda":
             name = self.xp.cuda.runtime.getDeviceProperties(self.rt.device_id)["name"]
             log.info("cuda_backend", device=name.decode() if isinstance(name, bytes) else name,
@@ -175,7 +129,10 @@ class CudaBackend:
     # -- variants -------------------------------------------------------------------
     def prepare(self, key: VariantKey) -> DeviceVariant:
         graph_id = next(self._graph_ids) if self.rt.graphs else EAGER
-        return self._variant(key, graph_id)
+        variant = self._variant(key, graph_id)
+        if key.width == 1 and not key.ports:
+            self._decode = variant
+        return variant
 
     def _variant(self, key: VariantKey, graph_id: int) -> DeviceVariant:
         info, w, xp = self.info, key.width, self.xp
@@ -214,6 +171,13 @@ class CudaBackend:
         """One forward at the variant's width; returns device logits [1, rows_returned, vocab]."""
         assert self.home is not None and variant.binding is not None
         width = variant.key.width
+        ahead, self._ahead = self._ahead, None
+        self._recent = (*self._recent[-1:], (slot.serial, width))
+        if ahead is not None:
+            if ahead.matches(variant, slot, past, feed, bool(ports or constants)):
+                self.lookahead_hits += 1
+                return variant.logits  # already queued on the stream by `choose`
+            self.lookahead_misses += 1
         with self.rt.enter():
             self.home.make_resident(slot)
             self.rt.upload(variant.inputs[self.info.feed.name], feed)
@@ -248,6 +212,9 @@ class CudaBackend:
             options = self._run_options[graph_id] = ort.RunOptions()
             if self.rt.graphs:
                 options.add_run_config_entry("gpu_graph_id", str(graph_id))
+            if self.rt.device == "cuda":
+                # cupy and onnxruntime share one stream: whoever reads a result waits for it, no one else.
+                options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         return options
 
     def _execute(self, variant: DeviceVariant) -> None:
@@ -290,7 +257,40 @@ class CudaBackend:
         with self.rt.enter():
             if params.repetition_penalty != 1.0 and history:
                 row = self._penalize(row, history, params.repetition_penalty)
-            return int(self.xp.argmax(row))
+            choice = self.xp.argmax(row)
+            if not self._may_look_ahead(params.repetition_penalty):
+                return int(choice)
+            handle = self.rt.token_copy(choice)
+            ahead = self._launch_ahead(choice)
+            ahead.token = self.rt.token_wait(handle)  # waits for the argmax, not the step behind it
+            return ahead.token
+
+    def _may_look_ahead(self, penalty: float) -> bool:
+        """Only inside a greedy decode loop: the last two forwards were single rows of the resident slot."""
+        home, decode = self.home, self._decode
+        if not self.lookahead or penalty != 1.0 or home is None or home.resident is None:
+            return False
+        if decode is None or decode.binding is None or self.info.supplied_ports or self.info.position_ids:
+            return False
+        slot = home.resident
+        reach = min(home.capacity, self.info.rotary_rows or home.capacity)
+        return (self._recent == ((slot.serial, 1), (slot.serial, 1)) and home.mask_len == slot.length
+                and slot.length + 1 <= reach)
+
+    def _launch_ahead(self, choice: Any) -> Lookahead:
+        """Queue the next decode step behind the argmax: its input id is copied on the device.
+
+        If the caller feeds another token, session or length instead, the step is simply
+        dropped: it wrote KV past the logical length, which the mask hides and the next
+        forward overwrites, exactly like a padded row.
+        """
+        assert self.home is not None and self._decode is not None and self.home.resident is not None
+        slot, decode = self.home.resident, self._decode
+        decode.inputs[self.info.feed.name][...] = choice
+        self.home.set_mask(slot.length + 1)
+        self._execute(decode)
+        self._ahead = Lookahead(slot, decode, slot.length)
+        return self._ahead
 
     def _penalize(self, row: Any, history: Sequence[int], penalty: float) -> Any:
         xp = self.xp
@@ -306,6 +306,7 @@ class CudaBackend:
         home = 0 if self.home is None else int(self.home.block.nbytes + self.home.mask.nbytes)
         parked = 0 if self.home is None else self.home.parked_bytes(self.slots)
         return {"weights": self.weights_bytes, "kv_home": home, "kv_parked": parked,
-                "captures": self.captures,
+                "captures": self.captures, "lookahead_hits": self.lookahead_hits,
+                "lookahead_misses": self.lookahead_misses,
                 "swaps": 0 if self.home is None else self.home.swaps,
                 "swapped_positions": 0 if self.home is None else self.home.swapped_positions}

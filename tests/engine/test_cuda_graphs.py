@@ -89,3 +89,11 @@ def test_padding_off_runs_uncached_widths_eagerly_without_new_captures(model_dir
     for n in (300, 310, 320, 330, 340, 350):
         generate(engine, n, 2)
     assert engine.backend.captures <= 4 and engine.eager_forwards > 0
+
+
+def test_lookahead_decode_gives_the_tokens_of_step_by_step_decode(model_dir: Path) -> None:
+    ahead, stepwise = engine_on(model_dir, "cuda"), engine_on(model_dir, "cuda")
+    stepwise.backend.lookahead = False
+    for n in LENGTHS:
+        assert generate(ahead, n, 40) == generate(stepwise, n, 40)
+    assert ahead.backend.lookahead_hits > 0 and stepwise.backend.lookahead_hits == 0

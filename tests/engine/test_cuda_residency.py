@@ -112,3 +112,42 @@ def test_cuda_falls_back_to_cpu_when_the_provider_is_missing(model_dir: Path) ->
         pytest.skip("a CUDA provider is installed here")
     backend = make_backend(load_model_info(model_dir), EngineOptions(provider="cuda"))
     assert backend.name == "cpu"
+
+
+def lookahead_engine(path: Path, **overrides: object) -> Engine:
+    engine = resident_engine(path, **overrides)
+    engine.backend.lookahead = True
+    return engine
+
+
+def test_lookahead_decode_gives_the_same_tokens_and_hits_every_loop_step(model_dir: Path) -> None:
+    engine = lookahead_engine(model_dir)
+    assert generate(engine, prompt(70, 70), 20) == generate(cpu_engine(model_dir), prompt(70, 70), 20)
+    assert engine.backend.lookahead_hits >= 17 and engine.backend.lookahead_misses == 0
+
+
+def test_a_dropped_lookahead_leaves_no_trace(model_dir: Path) -> None:
+    engine, cpu = lookahead_engine(model_dir), cpu_engine(model_dir)
+    a, b = engine.open_session(), cpu.open_session()
+    tokens = [a.next_token(GREEDY, prompt(50))]
+    assert tokens == [b.next_token(GREEDY, prompt(50))]
+    for _ in range(4):
+        tokens.append(a.next_token(GREEDY, [tokens[-1]]))
+        b.next_token(GREEDY, [tokens[-2]])
+    # Feed a different token than the one looked ahead, then rewind over it and resume.
+    assert a.next_token(GREEDY, [11]) == b.next_token(GREEDY, [11])
+    a.rewind_to(52)
+    b.rewind_to(52)
+    assert a.next_token(GREEDY, [5, 6, 7]) == b.next_token(GREEDY, [5, 6, 7])
+    assert engine.backend.lookahead_misses >= 1
+
+
+def test_interleaved_sessions_never_look_ahead(model_dir: Path) -> None:
+    engine = lookahead_engine(model_dir)
+    sessions = [engine.open_session(), engine.open_session()]
+    outs = [[s.next_token(GREEDY, prompt(n, n))] for s, n in zip(sessions, (90, 33), strict=True)]
+    for _ in range(6):
+        for s, out in zip(sessions, outs, strict=True):
+            out.append(s.next_token(GREEDY, [out[-1]]))
+    assert outs == [generate(cpu_engine(model_dir), prompt(n, n), 7) for n in (90, 33)]
+    assert engine.backend.lookahead_hits == engine.backend.lookahead_misses == 0
