@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import subprocess
 import sys
 import time
@@ -71,13 +70,13 @@ def build(name: str, root: Path) -> Path:
 
 def worker(args: list[str], log: Path, timeout: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "bench.gpu.workers", *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     t0 = time.perf_counter()
     with log.open("a") as err:
         err.write(f"\n== {' '.join(cmd)}\n")
         err.flush()
         try:
-            done = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err,
+            # Workers inherit PYTHONPATH (device.sh puts the repo on it).
+            done = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err,
                                   text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout} s"}
