@@ -49,6 +49,12 @@ def server_credentials(config: Config) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
 
 
+def _certificate_name(context: grpc.aio.ServicerContext) -> str:
+    """Under mutual TLS without tokens, the client certificate's common name is the caller."""
+    names = (context.auth_context() or {}).get("x509_common_name") or []
+    return "cn:" + names[0].decode() if names else ""
+
+
 class CallInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, tokens: tuple[str, ...], gate: Callable[[], None],
                  on_done: Callable[[str, grpc.StatusCode, float], None]) -> None:
@@ -77,7 +83,7 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         structlog.contextvars.bind_contextvars(request_id=request_id, method=name)
         context.set_trailing_metadata((("x-request-id", request_id),))
         self.gate()
-        CALLER.set(self._caller(metadata))
+        CALLER.set(self._caller(metadata) or _certificate_name(context))
         return time.perf_counter()
 
     def _caller(self, metadata: Mapping[str, str | bytes]) -> str:

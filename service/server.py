@@ -143,6 +143,10 @@ class LadderServer:
             await asyncio.sleep(0.2)
         await self.stop()
 
+    def start_metrics(self, port: int) -> None:
+        """Serve /metrics over HTTP on `port` (0: not at all) until the server stops."""
+        self._http = self.metrics.serve_http(port)
+
     async def stop(self, grace: float = 0.5) -> None:
         for task in self._tasks:
             task.cancel()
@@ -187,7 +191,7 @@ async def serve(config: Config) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server, port = await create_server(config)
-    server._http = server.metrics.serve_http(config.metrics_port)
+    server.start_metrics(config.metrics_port)
     await stop.wait()
     log.info("signal_received", port=port)
     await server.drain()

@@ -26,7 +26,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=ladder-test-ca",
             "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
+    for name in ("server", "client", "other"):
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
                 "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))
         openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"), "-CAkey",
@@ -35,11 +35,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def tls_channel(server: RunningServer, pki: Path, client_cert: bool = False) -> grpc.Channel:
+def tls_channel(server: RunningServer, pki: Path, client_cert: str = "") -> grpc.Channel:
     pair = {}
     if client_cert:
-        pair = {"private_key": (pki / "client.key").read_bytes(),
-                "certificate_chain": (pki / "client.pem").read_bytes()}
+        pair = {"private_key": (pki / f"{client_cert}.key").read_bytes(),
+                "certificate_chain": (pki / f"{client_cert}.pem").read_bytes()}
     credentials = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes(), **pair)
     return grpc.secure_channel(server.address, credentials)
 
@@ -62,7 +62,8 @@ def test_a_tls_server_refuses_plaintext_and_serves_tls(model_dir: Path, pki: Pat
         running.close()
 
 
-def test_mutual_tls_refuses_a_client_without_a_certificate(model_dir: Path, pki: Path) -> None:
+def test_mutual_tls_refuses_a_client_without_a_certificate_and_binds_sessions_to_it(
+        model_dir: Path, pki: Path) -> None:
     config = server_config(model_dir, tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
                            tls_client_ca=str(pki / "ca.pem"))
     running = RunningServer(config)
@@ -70,8 +71,14 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(model_dir: Path, pki:
         with tls_channel(running, pki) as channel, pytest.raises(grpc.RpcError) as caught:
             generate_over(channel)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-        with tls_channel(running, pki, client_cert=True) as channel:
+        with tls_channel(running, pki, client_cert="client") as channel:
             assert generate_over(channel) == 2
+            part = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5])))
+            session_id = list(ladder_pb2_grpc.LadderStub(channel).Prefill(iter([part])))[-1].done.session_id
+        # Under mTLS the certificate names the caller: another certificate cannot see the session.
+        with tls_channel(running, pki, client_cert="other") as other, pytest.raises(grpc.RpcError) as caught:
+            ladder_pb2_grpc.LadderStub(other).Rewind(pb.RewindRequest(session_id=session_id))
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         running.close()
 
