@@ -202,6 +202,7 @@ def decode_steps(model: Model, state: SessionState, sampler: Sampler, stopping: 
     for index in range(stopping.max_new_tokens):
         if index:
             state.logits = session.append([token])
+        assert state.logits is not None, "decode starts from a session's next-token logits"
         token = sampler(state.logits, session.tokens)
         piece = stop_text.push(stream.push(token)) if stream is not None else ""
         yield TokenOut(token, piece, index, time.perf_counter())

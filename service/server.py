@@ -98,8 +98,11 @@ class LadderServer:
     async def load(self) -> None:
         model = await asyncio.to_thread(load_model, self.config)
         loop = asyncio.get_running_loop()
-        scheduler = Scheduler(self.config.max_queue, on_fault=lambda exc: loop.call_soon_threadsafe(
-            self._fault, exc))
+
+        def on_fault(exc: BaseException) -> None:  # called on the worker thread
+            loop.call_soon_threadsafe(self._fault, exc)
+
+        scheduler = Scheduler(self.config.max_queue, on_fault=on_fault)
         sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller)
         self.runtime = Runtime(self.config, model, scheduler, sessions, self.metrics)
         self.servicer.rt = self.runtime

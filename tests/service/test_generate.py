@@ -9,8 +9,9 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.executor import Engine, EngineOptions
+from engine.modelgen.synthetic import VARIANTS, build_synthetic
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids
+from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
 
 
 def engine_greedy(model_dir: Path, tokens: list[int], n: int) -> list[int]:
@@ -103,3 +104,15 @@ def test_eight_concurrent_greedy_streams_match_the_same_requests_run_one_by_one(
         together = list(pool.map(stream, requests))
     assert together == alone
     assert server.stats().sessions_open == 0
+
+
+def test_engine_stats_count_sessions_whose_padding_the_self_check_turned_off(tmp_path: Path) -> None:
+    path = build_synthetic(VARIANTS["last_row"], tmp_path)  # a decoder that emits only its last row
+    running = RunningServer(server_config(path))
+    try:
+        reply = running.stub.Generate(greedy_request(prompt_ids(30, seed=50), 4))
+        stats = running.stats()
+    finally:
+        running.close()
+    assert stats.sessions_padding_off == 1
+    assert reply.prefill.padded_rows == 0 and list(reply.prefill.widths) == [30]
