@@ -9,6 +9,7 @@ handing logits from the engine to the sampler.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import OutOfRange
+from engine.errors import EngineError, OutOfRange
 from engine.executor.sampling import Sampler, SamplingParams
 from service.errors import InvalidRequest, LimitExceeded, NoTokenizer
 from service.sessions import SessionState
@@ -193,33 +194,43 @@ def prefill_steps(session: Any, tokens: list[int], tally: PrefillTally) -> Gener
 
 def decode_steps(model: Model, state: SessionState, sampler: Sampler, stopping: Stopping,
                  feed_last: bool) -> Generator[Any, None, None]:
-    """Sample, emit and feed tokens from state.logits; every emitted token is fed when feed_last."""
+    """Sample, emit and feed tokens from state.logits; every emitted token is fed when feed_last.
+
+    After the first token the engine chooses where the logits live (session.next_token):
+    on CUDA only token ids cross to the host. A persistent session cancelled mid-way
+    gets its logits back for the tokens it holds, so it stays usable.
+    """
     session = state.session
+    first, state.logits = state.logits, None  # stale as soon as a token is fed
+    assert first is not None, "decode starts from a session's next-token logits"
     stream = model.tokenizer.stream(skip_special=True) if model.tokenizer is not None else None
     stop_text = StopText(stopping.stop)
-    reason: Finish | None = Finish.LENGTH
-    token = -1
-    for index in range(stopping.max_new_tokens):
-        if index:
+    reason, token, settled = Finish.LENGTH, -1, False
+    try:
+        for index in range(stopping.max_new_tokens):
+            token = sampler(first, session.tokens) if index == 0 else session.next_token(sampler, [token])
+            piece = stop_text.push(stream.push(token)) if stream is not None else ""
+            yield TokenOut(token, piece, index, time.perf_counter())
+            stopped = _stop_reason(model, stopping, token, stop_text)
+            if stopped is not None or session.length + 1 > model.capacity:
+                reason = stopped or Finish.CAPACITY
+                break
+        tail = "" if stop_text.stopped or stream is None else stop_text.push(stream.flush()) + stop_text.held
+        if feed_last and session.length + 1 <= model.capacity:
             state.logits = session.append([token])
-        assert state.logits is not None, "decode starts from a session's next-token logits"
-        token = sampler(state.logits, session.tokens)
-        piece = stop_text.push(stream.push(token)) if stream is not None else ""
-        yield TokenOut(token, piece, index, time.perf_counter())
-        reason = _stop_reason(model, stopping, token, stop_text)
-        if reason is not None:
-            break
-        if session.length + 1 > model.capacity:
-            reason = Finish.CAPACITY
-            break
-    else:
-        reason = Finish.LENGTH
-    tail = "" if stop_text.stopped or stream is None else stop_text.push(stream.flush()) + stop_text.held
-    if feed_last and session.length + 1 <= model.capacity:
-        state.logits = session.append([token])
-    elif feed_last:
-        state.logits = None
-    yield Finished(reason or Finish.LENGTH, tail, session.length)
+        settled = True
+        yield Finished(reason, tail, session.length)
+    finally:
+        if feed_last and not settled and session.length and not session.closed:
+            with contextlib.suppress(EngineError):
+                state.logits = logits_after(session)
+
+
+def logits_after(session: Any) -> np.ndarray:
+    """The next-token logits of the tokens the session holds: its last token run again."""
+    last = session.tokens[-1]
+    session.rewind_to(session.length - 1)
+    return np.asarray(session.append([last]))
 
 
 def _stop_reason(model: Model, stopping: Stopping, token: int, stop_text: StopText) -> Finish | None:
@@ -249,6 +260,23 @@ def prefill_body(model: Model, state: SessionState, tokens: list[int],
     state.logits = yield from prefill_steps(state.session, tokens, tally)
 
 
+def decode_body(model: Model, state: SessionState, sampler: Sampler,
+                stopping: Stopping) -> Generator[Any, None, None]:
+    """Continue a session; checked on the worker, after any earlier job on it has ended."""
+    yield Started(time.perf_counter())
+    if state.logits is None:
+        raise OutOfRange(f"session {state.id} has nothing to continue from (empty or full)")
+    budget = model.budget(stopping, state.session.length)
+    yield from decode_steps(model, state, sampler, budget, feed_last=True)
+
+
+def close(state: SessionState) -> int:
+    """Return the session's KV slot; the tokens it held."""
+    length: int = state.session.length
+    state.session.close()
+    return length
+
+
 def next_token(model: Model, state: SessionState, sampler: Sampler) -> PrefillFinished:
     """The token the sampler picks from the session's logits (not fed)."""
     if state.logits is None:
@@ -269,7 +297,6 @@ def rewind(state: SessionState, length: int) -> int:
         session.rewind_to(0)
         state.logits = None
         return 0
-    last = session.tokens[length - 1]
-    session.rewind_to(length - 1)
-    state.logits = np.asarray(session.append([last]))
+    session.rewind_to(length)
+    state.logits = logits_after(session)
     return session.length

@@ -135,8 +135,7 @@ class Scheduler:
             while True:
                 if item is None:
                     for job in list(self._active):
-                        job.body.close()
-                        self._finish(job, Cancelled("the server stopped"))
+                        self._close(job, Cancelled("the server stopped"))
                     return False
                 self._active.append(item)
                 item = self._inbox.get_nowait()
@@ -145,8 +144,7 @@ class Scheduler:
 
     def _step(self, job: Job) -> None:
         if job.abort_error is not None:
-            job.body.close()  # runs the job's finally blocks: sessions it opened are closed
-            self._finish(job, job.abort_error)
+            self._close(job, job.abort_error)
             return
         try:
             event = next(job.body)
@@ -159,6 +157,14 @@ class Scheduler:
         else:
             if event is not None:
                 job.deliver(event)
+
+    def _close(self, job: Job, error: BaseException) -> None:
+        """End a job early: its finally blocks run here (sessions it opened are closed)."""
+        try:
+            job.body.close()
+        except Exception as exc:  # noqa: BLE001 — a failing clean-up must never stop the worker
+            log.error("job_cleanup_failed", error=repr(exc))
+        self._finish(job, error)
 
     def _finish(self, job: Job, error: BaseException | None) -> None:
         job.done = True

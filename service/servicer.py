@@ -15,7 +15,6 @@ from typing import Any
 
 import grpc
 
-from engine.errors import OutOfRange
 from engine.executor.sampling import Sampler
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
@@ -27,10 +26,10 @@ from service.generation import (
     ForwardDone,
     Model,
     PrefillTally,
-    Started,
     TokenOut,
     check_sampling,
-    decode_steps,
+    close,
+    decode_body,
     generate_body,
     next_token,
     prefill_body,
@@ -71,8 +70,7 @@ class Runtime:
         self.sessions.remove(state)
 
         def body() -> Any:
-            state.session.close()
-            yield None
+            yield close(state)
 
         self.scheduler.submit(body(), bounded=False)
 
@@ -145,20 +143,12 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                 yield convert.forward(state.id, event)
 
     async def Decode(self, request: pb.DecodeRequest, context: Context) -> AsyncIterator[pb.TokenEvent]:
-        model = self.rt.model
         state = self.rt.sessions.get(request.session_id, CALLER.get())
         with self.rt.sessions.using(state):
-            if state.logits is None:
-                raise OutOfRange(f"session {state.id} has nothing to continue from (empty or full)")
-            stopping = model.budget(convert.stopping(request.stopping), state.session.length)
             sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
+            body = decode_body(self.rt.model, state, sampler, convert.stopping(request.stopping))
             progress = self.rt.progress()
-
-            def body() -> Any:
-                yield Started(time.perf_counter())
-                yield from decode_steps(model, state, sampler, stopping, feed_last=True)
-
-            async for event in self.rt.scheduler.stream(body()):
+            async for event in self.rt.scheduler.stream(body):
                 progress.see(event)
                 if isinstance(event, TokenOut):
                     yield _token_event(event, progress)
@@ -175,8 +165,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                            context: Context) -> pb.CloseSessionResponse:
         state = self.rt.sessions.get(request.session_id, CALLER.get())
         with self.rt.sessions.using(state):
-            length = state.session.length
-            self.rt.close_soon(state)
+            self.rt.sessions.remove(state)
+            length = await self.rt.scheduler.call(lambda: close(state))
         self.rt.metrics.sessions.set(len(self.rt.sessions))
         return pb.CloseSessionResponse(session_id=state.id, length=length)
 

@@ -125,3 +125,24 @@ def test_an_idle_session_expires_and_returns_its_slot(model_dir: Path) -> None:
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         running.close()
+
+
+def test_a_decode_cancelled_mid_stream_leaves_its_session_consistent(server: RunningServer) -> None:
+    tokens = prompt_ids(40, seed=26)
+    full = list(server.stub.Generate(greedy_request(tokens, 200)).token_ids)
+    session_id = prefill(server, part(tokens))[-1].done.session_id
+    stream = server.stub.Decode(pb.DecodeRequest(
+        session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=180, ignore_eos=True)))
+    for _ in range(5):
+        next(stream)
+    stream.cancel()
+    for _ in range(200):  # the session is busy until the worker has ended the cancelled job
+        try:
+            more, done = decode(server, session_id, 3)
+            break
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.ABORTED
+            time.sleep(0.01)
+    held = done.session_length - 3 - len(tokens)
+    assert 5 <= held <= 180 and more == full[held:held + 3]
+    server.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
