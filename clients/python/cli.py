@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -83,12 +82,9 @@ def _client_command(sub: argparse._SubParsersAction[argparse.ArgumentParser], na
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from service.config import build_parser as build_serve_parser
-
-    serve = sub.add_parser("serve", help="serve a model over gRPC (flags and LADDER_* env)",
-                           description="Serve a model over gRPC. Every flag also reads LADDER_<NAME>.")
-    build_serve_parser(serve)
-    serve.set_defaults(handler=run_serve)
+    # Listed for `ladder --help` only: main() hands `serve` and its flags to service.config whole.
+    sub.add_parser("serve", help="serve a model over gRPC (`ladder serve --help` lists the flags)",
+                   add_help=False)
 
 
 def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -99,19 +95,21 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     prepare.set_defaults(handler=run_prepare)
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    from service.config import config_from
+def run_serve(argv: Sequence[str]) -> int:
+    """Flags and LADDER_* environment into the one Config (service.config), then serve until SIGTERM."""
+    from service.config import load_config
     from service.server import serve
 
-    asyncio.run(serve(config_from(vars(args), os.environ)))
+    asyncio.run(serve(load_config(argv=argv)))
     return 0
 
 
 def run_prepare(args: argparse.Namespace) -> int:
     from engine.default_model import prepare
-    from service.config import config_from
+    from service.config import load_config
 
-    cache = Path(config_from({"model_cache": args.model_cache}, os.environ).model_cache)
+    flags = ["--model-cache", args.model_cache] if args.model_cache else []
+    cache = Path(load_config(argv=flags).model_cache)
     start = time.perf_counter()
     result = prepare(cache)
     verb = "built" if result.rebuilt else "reused"
@@ -121,6 +119,9 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        return run_serve(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))
