@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from engine.executor import Engine
+from engine.tokenizer import Tokenizer  # at import, on the main thread: see load_model
 from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
 from service.config import Config, load_config
 from service.errors import Draining
@@ -51,11 +52,9 @@ def load_model(config: Config) -> Model:
     else:
         path = Path(config.model)
     engine = Engine.load(path, config.engine_options())
-    tokenizer = None
-    if (path / "tokenizer.json").exists():
-        from engine.tokenizer import Tokenizer
-
-        tokenizer = Tokenizer(path)
+    # onnxruntime-extensions' native module has aborted the process when first imported
+    # from this (model-loading) thread, so engine.tokenizer is imported with this module.
+    tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
     return Model(engine, tokenizer, str(path), config.max_prompt_tokens, config.max_new_tokens)
 
 
