@@ -126,12 +126,14 @@ def main() -> None:
     results: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                                "command": " ".join(sys.argv), "models": {}}
     results["copy_bandwidth_bytes_s"] = bandwidth = copy_bandwidth()
-    for name in args.models.split(","):
+    for index, name in enumerate(args.models.split(",")):
         t0 = time.perf_counter()
         path = build(name, args.root)
         entry: dict[str, Any] = {"spec": asdict(SPECS[name]), "build_s": time.perf_counter() - t0}
         results["models"][name] = entry
-        for key, worker_args in (("warm", ["warm"]), ("ladder", ["ladder"]), ("genai", ["genai"]),
+        cold = [("cold_ladder", ["cold", "x", "ladder"]), ("cold_genai", ["cold", "x", "genai"])]
+        order = cold if index % 2 == 0 else cold[::-1]
+        for key, worker_args in (*order, ("ladder", ["ladder"]), ("genai", ["genai"]),
                                  ("seed_padding_on", ["seed", "x", "on"]),
                                  ("seed_padding_off", ["seed", "x", "off"])):
             worker_args = [worker_args[0], str(path), *worker_args[2:]]

@@ -92,16 +92,17 @@ def ladder_profile(engine: Any, vocab: int) -> dict[str, Any]:
     backend.lookahead = False  # time each step on its own: host work and device work in series
     session = engine.open_session()
     token = session.next_token(greedy, prompt(PROMPT, vocab))
-    backend.profile, backend.device_ms, backend.profiled_forwards = True, 0.0, 0
+    backend.profile, backend.run_ms, backend.profiled_forwards = True, 0.0, 0
     t0 = time.perf_counter()
     for _ in range(NEW - 1):
         token = session.next_token(greedy, [token])
     wall_ms = (time.perf_counter() - t0) * 1e3 / (NEW - 1)
     backend.profile, backend.lookahead = False, True
     session.close()
-    device_ms = backend.device_ms / backend.profiled_forwards
-    return {"wall_ms_per_step": wall_ms, "device_ms_per_step": device_ms,
-            "host_ms_per_step": wall_ms - device_ms}
+    run_ms = backend.run_ms / backend.profiled_forwards
+    # Inside onnxruntime's run: graph launch, the device's work and the end-of-run sync.
+    return {"wall_ms_per_step": wall_ms, "ort_run_ms_per_step": run_ms,
+            "ladder_host_ms_per_step": wall_ms - run_ms}
 
 
 def ladder_soak(engine: Any, vocab: int, requests: int = 200) -> dict[str, Any]:
@@ -204,27 +205,26 @@ def run_genai(path: str) -> dict[str, Any]:
     return result
 
 
-def warm_caches(path: str) -> dict[str, Any]:
-    """One request through each runtime, unmeasured: fills the driver's and cupy's kernel caches.
+def cold_request(path: str, runtime: str) -> dict[str, Any]:
+    """One unmeasured-before request in a fresh process: load plus first TTFT, caches as they are.
 
-    In the first run the first process to touch a model paid ~0.2-1.2 s more on its first
-    request than later processes (one-off kernel compiles and loads, we believe), which made
-    first-request TTFT depend on the order of the workers; this measures that cold cost apart.
+    In the first GPU run the first process to touch a model paid up to ~1 s more on its
+    first request than later ones (one-off kernel compiles and module loads, we believe);
+    run.py runs one cold process per runtime, alternating which goes first per model.
     """
-    engine = ladder_engine(path)
-    vocab = engine.info.vocab_size
-    ours = ladder_generate(engine, prompt(PROMPT, vocab), 4)["ttft_ms"]
-    del engine
+    if runtime == "ladder":
+        engine = ladder_engine(path)
+        return {"ttft_ms": ladder_generate(engine, prompt(PROMPT, engine.info.vocab_size), 4)["ttft_ms"]}
     import onnxruntime_genai as og
 
-    theirs = genai_generate(og.Model(path), prompt(PROMPT, vocab), 4)["ttft_ms"]
-    return {"cold_process_ttft_ms": {"ladder": ours, "genai": theirs}}
+    vocab = json.loads((Path(path) / "genai_config.json").read_text())["model"]["vocab_size"]
+    return {"ttft_ms": genai_generate(og.Model(path), prompt(PROMPT, vocab), 4)["ttft_ms"]}
 
 
 def main(argv: list[str]) -> None:
     kind, path = argv[0], argv[1]
-    if kind == "warm":
-        result = warm_caches(path)
+    if kind == "cold":
+        result = cold_request(path, argv[2])
     elif kind == "ladder":
         result = run_ladder(path)
     elif kind == "seed":

@@ -19,6 +19,7 @@ which is how the CPU tests cover swaps, rewinds and eager fallbacks.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,8 +100,8 @@ class CudaBackend:
         self._graph_ids = itertools.count(1)
         self._run_options: dict[int, Any] = {}
         self.captures = 0
-        self.profile = False  # when set, device time of each forward is summed (CUDA events)
-        self.device_ms = 0.0
+        self.profile = False  # when set, the wall time spent inside onnxruntime's run is summed
+        self.run_ms = 0.0
         self.profiled_forwards = 0
         # Greedy decode loops launch the next step before reading the token (CUDA only by default).
         self.lookahead = self.rt.device == "cuda"
@@ -174,6 +175,7 @@ class CudaBackend:
         ahead, self._ahead = self._ahead, None
         self._recent = (*self._recent[-1:], (slot.serial, width))
         if ahead is not None:
+            self.rt.wait_device()  # the looked-ahead step may still run on onnxruntime's stream
             if ahead.matches(variant, slot, past, feed, bool(ports or constants)):
                 self.lookahead_hits += 1
                 return variant.logits  # already queued on the stream by `choose`
@@ -206,42 +208,32 @@ class CudaBackend:
             self._bind(variant.binding.bind_input, name, buffer)
         self.rt.upload(buffer, array)
 
-    def _options(self, graph_id: int) -> Any:
-        options = self._run_options.get(graph_id)
+    def _options(self, graph_id: int, wait: bool) -> Any:
+        options = self._run_options.get((graph_id, wait))
         if options is None:
-            options = self._run_options[graph_id] = ort.RunOptions()
+            options = self._run_options[(graph_id, wait)] = ort.RunOptions()
             if self.rt.graphs:
                 options.add_run_config_entry("gpu_graph_id", str(graph_id))
-            if self.rt.device == "cuda":
-                # cupy and onnxruntime share one stream: whoever reads a result waits for it, no one else.
+            if not wait:
                 options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         return options
 
-    def _execute(self, variant: DeviceVariant) -> None:
+    def _execute(self, variant: DeviceVariant, wait: bool = True) -> None:
+        """Run the forward once cupy's queue is done; `wait` returns only when it has finished."""
         capturing = variant.graph_id != EAGER and not variant.captured
         before = self.rt.free_bytes() if capturing else 0
-        timer = self._timer() if self.profile else None
-        self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id))
-        if timer is not None:
-            self._stop(timer)
+        self.rt.wait_queue()
+        start = time.perf_counter()
+        self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id, wait))
+        if self.profile and wait:
+            self.run_ms += (time.perf_counter() - start) * 1e3
+            self.profiled_forwards += 1
         if capturing:
             variant.held_bytes = max(0, before - self.rt.free_bytes())
             variant.captured = True
             self.captures += 1
             log.info("graph_captured", width=variant.key.width, graph_id=variant.graph_id,
                      held_bytes=variant.held_bytes)
-
-    def _timer(self) -> tuple[Any, Any]:
-        start, stop = self.xp.cuda.Event(), self.xp.cuda.Event()
-        start.record(self.rt.stream)
-        return start, stop
-
-    def _stop(self, timer: tuple[Any, Any]) -> None:
-        start, stop = timer
-        stop.record(self.rt.stream)
-        stop.synchronize()
-        self.device_ms += float(self.xp.cuda.get_elapsed_time(start, stop))
-        self.profiled_forwards += 1
 
     # -- logits -----------------------------------------------------------------------
     def to_host(self, logits: Any) -> np.ndarray:
@@ -257,13 +249,10 @@ class CudaBackend:
         with self.rt.enter():
             if params.repetition_penalty != 1.0 and history:
                 row = self._penalize(row, history, params.repetition_penalty)
-            choice = self.xp.argmax(row)
-            if not self._may_look_ahead(params.repetition_penalty):
-                return int(choice)
-            handle = self.rt.token_copy(choice)
-            ahead = self._launch_ahead(choice)
-            ahead.token = self.rt.token_wait(handle)  # waits for the argmax, not the step behind it
-            return ahead.token
+            token = int(self.xp.argmax(row))
+            if self._may_look_ahead(params.repetition_penalty):
+                self._launch_ahead(token)
+            return token
 
     def _may_look_ahead(self, penalty: float) -> bool:
         """Only inside a greedy decode loop: the last two forwards were single rows of the resident slot."""
@@ -277,8 +266,11 @@ class CudaBackend:
         return (self._recent == ((slot.serial, 1), (slot.serial, 1)) and home.mask_len == slot.length
                 and slot.length + 1 <= reach)
 
-    def _launch_ahead(self, choice: Any) -> Lookahead:
-        """Queue the next decode step behind the argmax: its input id is copied on the device.
+    def _launch_ahead(self, token: int) -> None:
+        """Launch the next decode step on `token` and return without waiting for it.
+
+        The host goes on with the caller's work while the device runs the step; the
+        next `run` finds it done (a hit) when the caller feeds exactly this token.
 
         If the caller feeds another token, session or length instead, the step is simply
         dropped: it wrote KV past the logical length, which the mask hides and the next
@@ -286,11 +278,10 @@ class CudaBackend:
         """
         assert self.home is not None and self._decode is not None and self.home.resident is not None
         slot, decode = self.home.resident, self._decode
-        decode.inputs[self.info.feed.name][...] = choice
+        self.rt.upload(decode.inputs[self.info.feed.name], np.array([[token]]))
         self.home.set_mask(slot.length + 1)
-        self._execute(decode)
-        self._ahead = Lookahead(slot, decode, slot.length)
-        return self._ahead
+        self._execute(decode, wait=False)
+        self._ahead = Lookahead(slot, decode, slot.length, token)
 
     def _penalize(self, row: Any, history: Sequence[int], penalty: float) -> Any:
         xp = self.xp

@@ -1,14 +1,17 @@
 """Where the CUDA backend's buffers live: cupy on one CUDA stream shared with onnxruntime, or numpy.
 
-`cuda_runtime` puts cupy and onnxruntime's CUDA provider on one stream, so
-mask updates, the forward, argmax and copies are ordered without host syncs;
+`cuda_runtime` gives cupy a stream of its own and offers it to onnxruntime's CUDA
+provider (`user_compute_stream`). On the H200 (onnxruntime-gpu 1.31.1) forwards
+were not ordered with that stream, so the backend never relies on it: cupy's
+queue is finished before each forward, and a forward is finished before cupy
+reads what it wrote;
 `host_runtime` runs the same backend code on numpy and the CPU provider, which
 is how CI tests it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +34,6 @@ class Runtime:
     providers: list[Any]
     graphs: bool
     stream: Any = None
-    _pinned: Any = field(default=None, repr=False)
 
     def ptr(self, array: Any) -> int:
         return int(array.data.ptr) if self.device == "cuda" else int(array.ctypes.data)
@@ -51,23 +53,15 @@ class Runtime:
     def free_bytes(self) -> int:
         return int(self.xp.cuda.runtime.memGetInfo()[0]) if self.device == "cuda" else 0
 
-    def token_copy(self, choice: Any) -> Any:
-        """Start moving one device scalar to the host; returns a handle for `token_wait`."""
-        if self.device != "cuda":
-            return int(choice)
-        if self._pinned is None:
-            self._pinned = self.xp.cuda.alloc_pinned_memory(8)
-        host = np.frombuffer(self._pinned, np.int64, 1)
-        choice.get(stream=self.stream, out=host.reshape(()), blocking=False)
-        return host, self.stream.record()
+    def wait_queue(self) -> None:
+        """Finish what cupy queued on the backend's stream (before onnxruntime reads it)."""
+        if self.stream is not None:
+            self.stream.synchronize()
 
-    def token_wait(self, handle: Any) -> int:
-        """The token of `token_copy`, waiting only for the work queued before it."""
-        if isinstance(handle, int):
-            return handle
-        host, event = handle
-        event.synchronize()
-        return int(host[0])
+    def wait_device(self) -> None:
+        """Finish everything on the device, onnxruntime's own stream included."""
+        if self.device == "cuda":
+            self.xp.cuda.Device(self.device_id).synchronize()
 
     def enter(self) -> Any:
         """Context that makes the backend's stream current for cupy (a no-op on the host)."""
@@ -94,7 +88,6 @@ def cuda_runtime(options: EngineOptions, *, graphs: bool = True) -> Runtime:
     except Exception as exc:  # ImportError, or a CUDA runtime error when there is no device
         raise CudaUnavailable(f"cupy cannot use CUDA device {options.device_id}: {exc}") from exc
     cuda = {"device_id": str(options.device_id), "enable_cuda_graph": "1" if graphs else "0",
-            # One stream for cupy and onnxruntime: mask updates and argmax are ordered with the forward.
             "user_compute_stream": str(stream.ptr), "arena_extend_strategy": "kSameAsRequested"}
     return Runtime(cp, "cuda", options.device_id,
                    [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"], graphs, stream)
