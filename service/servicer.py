@@ -8,6 +8,7 @@ including cancellation, deadline and disconnect.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -59,11 +60,20 @@ class Runtime:
     async def open_session(self) -> SessionState:
         caller = CALLER.get()
         self.sessions.check_quota(caller)
-        session = await self.scheduler.call(self.model.engine.open_session)
+        opening = asyncio.ensure_future(self.scheduler.call(self.model.engine.open_session))
+        try:
+            session = await asyncio.shield(opening)
+        except asyncio.CancelledError:  # the caller left while the slot was being taken: give it back
+            opening.add_done_callback(self._close_orphan)
+            raise
         state = SessionState(self.sessions.new_id(), caller, session)
         self.sessions.add(state)
         self.metrics.sessions.set(len(self.sessions))
         return state
+
+    def _close_orphan(self, opening: asyncio.Future[Any]) -> None:
+        if not opening.cancelled() and opening.exception() is None:
+            self.close_soon(SessionState("", "", opening.result()))
 
     def close_soon(self, state: SessionState) -> None:
         """Forget the session and return its KV slot on the worker (safe inside a cancelled call)."""
