@@ -73,6 +73,8 @@ class LadderServer:
         self.port = 0
         self._tasks: list[asyncio.Task[Any]] = []
         self._http: Any = None
+        self.fault: BaseException | None = None
+        self.stopped = asyncio.Event()
 
     def _gate(self) -> None:
         if self.draining:
@@ -115,8 +117,11 @@ class LadderServer:
             await self.health.set(name, status)
 
     def _fault(self, exc: BaseException) -> None:
+        """The executor can no longer be trusted: flip health and drain (the pod is then replaced)."""
         log.error("engine_fault", error=str(exc))
-        self._tasks.append(asyncio.create_task(self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)))
+        if self.fault is None and not self.draining:
+            self.fault = exc
+            self._tasks.append(asyncio.create_task(self.drain()))
 
     async def _housekeeping(self) -> None:
         """Expire idle sessions and refresh the variant gauges, a few times per idle period."""
@@ -134,6 +139,9 @@ class LadderServer:
     async def drain(self, grace: float | None = None) -> None:
         """Refuse new work now; give calls in flight `grace` seconds, then end them with UNAVAILABLE."""
         grace = self.config.drain_seconds if grace is None else grace
+        if self.draining:  # a second drain (a signal during a fault's drain) waits for the first
+            await self.stopped.wait()
+            return
         self.draining = True
         await self.health.enter_graceful_shutdown()
         log.info("draining", in_flight=self.interceptor.in_flight, grace=grace)
@@ -150,13 +158,18 @@ class LadderServer:
         self._http = self.metrics.serve_http(port)
 
     async def stop(self, grace: float = 0.5) -> None:
+        if self.stopped.is_set():
+            return
+        current = asyncio.current_task()
         for task in self._tasks:
-            task.cancel()
+            if task is not current:
+                task.cancel()
         await self.grpc.stop(grace)
         if self.runtime is not None:
             self.runtime.scheduler.stop()
         if self._http is not None:
             self._http.shutdown()
+        self.stopped.set()
         log.info("stopped")
 
     async def wait_for_termination(self) -> None:
@@ -185,22 +198,24 @@ def configure_logging(level: str) -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=True)
 
 
-async def serve(config: Config) -> None:
-    """Serve until SIGTERM or SIGINT, then drain gracefully."""
+async def serve(config: Config) -> int:
+    """Serve until SIGTERM or SIGINT (then drain gracefully) or an engine fault; the exit code."""
     configure_logging(config.log_level)
-    stop = asyncio.Event()
+    signalled = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled.set)
     server, port = await create_server(config)
     server.start_metrics(config.metrics_port)
-    await stop.wait()
-    log.info("signal_received", port=port)
+    waits = [asyncio.create_task(signalled.wait()), asyncio.create_task(server.stopped.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in waits:
+        task.cancel()
+    log.info("shutting_down", port=port, signal=signalled.is_set(), fault=repr(server.fault))
     await server.drain()
+    return 1 if server.fault is not None else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`ladder serve [flags]`: flags over LADDER_* environment over defaults."""
-    config = load_config(argv=argv)
-    asyncio.run(serve(config))
-    return 0
+    """`ladder serve [flags]`: flags over LADDER_* environment over defaults; the exit code."""
+    return asyncio.run(serve(load_config(argv=argv)))

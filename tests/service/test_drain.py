@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import signal
@@ -97,3 +98,16 @@ def test_sigterm_drains_the_server_process_and_it_exits_cleanly(model_dir: Path)
             process.kill()
     logs = process.stderr.read().decode() if process.stderr else ""
     assert '"event": "draining"' in logs and '"event": "stopped"' in logs
+
+
+def test_an_engine_fault_flips_health_and_drains_the_server(model_dir: Path) -> None:
+    from engine.errors import EngineFault
+
+    running = RunningServer(server_config(model_dir))
+    running.loop.call_soon_threadsafe(running.server._fault, EngineFault("a forward failed on the device"))
+    running.run(asyncio.wait_for(running.server.stopped.wait(), 10))
+    assert running.server.draining and running.server.fault is not None
+    with pytest.raises(grpc.RpcError) as caught:
+        health_of(running.channel)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # not serving, then gone
+    running.close()
