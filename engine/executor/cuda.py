@@ -120,7 +120,8 @@ class CudaBackend:
         if self.home is None:
             with self.rt.enter():
                 self.home = Home(self.xp, info.num_layers, info.num_kv_heads, capacity,
-                                 info.head_size, _dtype(info.kv_dtype))
+                                 info.head_size, _dtype(info.kv_dtype), self.rt.host_zeros)
+                self.home.settle = self._settle
         if capacity != self.home.capacity:
             raise ValueError(f"every slot shares the home's capacity {self.home.capacity}")
         slot = ResidentSlot(self.home)
@@ -139,13 +140,14 @@ class CudaBackend:
         info, w, xp = self.info, key.width, self.xp
         assert self.home is not None, "open a session before running a forward"
         with self.rt.enter():
-            inputs = {info.feed.name: xp.zeros(resolve_dims(info.feed, w) or (1, w),
-                                               _dtype(info.feed.dtype))}
+            # Inputs live in host memory the device reads in place: writing one is a host store.
+            zeros = self.rt.host_zeros
+            inputs = {info.feed.name: zeros(resolve_dims(info.feed, w) or (1, w), _dtype(info.feed.dtype))}
             for port in info.supplied_ports:
                 if port.name in key.ports:
-                    inputs[port.name] = xp.zeros(resolve_dims(port, w) or (), _dtype(port.dtype))
+                    inputs[port.name] = zeros(resolve_dims(port, w) or (), _dtype(port.dtype))
             if info.position_ids:
-                inputs[info.position_ids] = xp.zeros((1, w), xp.int64)
+                inputs[info.position_ids] = zeros((1, w), np.int64)
             logits_shape = resolve_dims(info.logits, w)
             if logits_shape is None:
                 raise CudaUnavailable(f"logits shape {info.logits.dims} is not fixed by the query width")
@@ -175,7 +177,7 @@ class CudaBackend:
         ahead, self._ahead = self._ahead, None
         self._recent = (*self._recent[-1:], (slot.serial, width))
         if ahead is not None:
-            self.rt.wait_device()  # the looked-ahead step may still run on onnxruntime's stream
+            self._settle()  # the looked-ahead step may still run on onnxruntime's stream
             if ahead.matches(variant, slot, past, feed, bool(ports or constants)):
                 self.lookahead_hits += 1
                 return variant.logits  # already queued on the stream by `choose`
@@ -188,7 +190,7 @@ class CudaBackend:
             for name, array in constants.items():
                 self._constant(variant, name, array)
             if self.info.position_ids:
-                variant.inputs[self.info.position_ids][0] = self.xp.arange(past, past + width)
+                variant.inputs[self.info.position_ids][0] = np.arange(past, past + width)
             self.home.set_mask(past)
             self.home.set_mask(past + width)
             self._execute(variant)
@@ -204,7 +206,7 @@ class CudaBackend:
         buffer = variant.inputs.get(name)
         if buffer is None:
             # First use: give the constant a fixed address before the graph is captured.
-            buffer = variant.inputs[name] = self.xp.zeros(array.shape, array.dtype)
+            buffer = variant.inputs[name] = self.rt.host_zeros(array.shape, array.dtype)
             self._bind(variant.binding.bind_input, name, buffer)
         self.rt.upload(buffer, array)
 
@@ -222,7 +224,10 @@ class CudaBackend:
         """Run the forward once cupy's queue is done; `wait` returns only when it has finished."""
         capturing = variant.graph_id != EAGER and not variant.captured
         before = self.rt.free_bytes() if capturing else 0
-        self.rt.wait_queue()
+        assert self.home is not None
+        if self.home.queued:
+            self.rt.wait_queue()  # KV swap copies go first
+            self.home.queued = False
         start = time.perf_counter()
         self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id, wait))
         if self.profile and wait:
@@ -254,6 +259,12 @@ class CudaBackend:
                 self._launch_ahead(token)
             return token
 
+    def _settle(self) -> None:
+        """Wait for a forward launched without waiting (a lookahead) before touching what it reads."""
+        if self.home is not None and self.home.in_flight:
+            self.home.in_flight = False
+            self.rt.wait_device()
+
     def _may_look_ahead(self, penalty: float) -> bool:
         """Only inside a greedy decode loop: the last two forwards were single rows of the resident slot."""
         home, decode = self.home, self._decode
@@ -281,6 +292,7 @@ class CudaBackend:
         self.rt.upload(decode.inputs[self.info.feed.name], np.array([[token]]))
         self.home.set_mask(slot.length + 1)
         self._execute(decode, wait=False)
+        self.home.in_flight = True
         self._ahead = Lookahead(slot, decode, slot.length, token)
 
     def _penalize(self, row: Any, history: Sequence[int], penalty: float) -> Any:

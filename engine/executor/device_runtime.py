@@ -4,7 +4,8 @@
 provider (`user_compute_stream`). On the H200 (onnxruntime-gpu 1.31.1) forwards
 were not ordered with that stream, so the backend never relies on it: cupy's
 queue is finished before each forward, and a forward is finished before cupy
-reads what it wrote;
+reads what it wrote. Small inputs live in pinned host memory the device reads
+in place (`host_zeros`), so the hot path writes them with plain host stores;
 `host_runtime` runs the same backend code on numpy and the CPU provider, which
 is how CI tests it.
 """
@@ -36,14 +37,29 @@ class Runtime:
     stream: Any = None
 
     def ptr(self, array: Any) -> int:
-        return int(array.data.ptr) if self.device == "cuda" else int(array.ctypes.data)
+        return int(array.ctypes.data) if isinstance(array, np.ndarray) else int(array.data.ptr)
+
+    def host_zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A host array the device reads in place: pinned memory, same address on both (UVA).
+
+        Small per-forward inputs (token ids, the attention mask) live here, so writing
+        them is a plain store on the host: no copy, no kernel, no stream to wait for.
+        """
+        dtype = np.dtype(dtype)
+        if self.device != "cuda":
+            return np.zeros(shape, dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        memory = self.xp.cuda.alloc_pinned_memory(max(count, 1) * dtype.itemsize)
+        array = np.frombuffer(memory, dtype, count).reshape(shape)
+        array.fill(0)
+        return array
 
     def upload(self, buffer: Any, host: np.ndarray) -> None:
         host = np.ascontiguousarray(host, dtype=buffer.dtype).reshape(buffer.shape)
-        if self.device == "cuda":
-            buffer.set(host, stream=self.stream)
-        else:
+        if isinstance(buffer, np.ndarray):
             np.copyto(buffer, host)
+        else:
+            buffer.set(host, stream=self.stream)
 
     def to_host(self, array: Any) -> np.ndarray:
         if self.device == "cuda":

@@ -14,7 +14,10 @@ bookkeeping is tested without a GPU.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 _serials = itertools.count(1)
 
@@ -51,12 +54,16 @@ class Home:
     """The KV block [layers, 2, 1, kv_heads, capacity, head_size] and mask [1, capacity] variants bind."""
 
     def __init__(self, xp: Any, layers: int, kv_heads: int, capacity: int, head_size: int,
-                 dtype: Any) -> None:
+                 dtype: Any, host_zeros: Callable[[tuple[int, ...], Any], Any] | None = None) -> None:
         self.xp = xp
         self.capacity = capacity
         self.block = xp.zeros((layers, 2, 1, kv_heads, capacity, head_size), dtype)
-        self.mask = xp.zeros((1, capacity), xp.int64)
+        # The mask may live in host memory the device reads in place (see Runtime.host_zeros).
+        self.mask = (host_zeros or xp.zeros)((1, capacity), np.int64)
         self.mask_len = 0  # the mask is ones on [0, mask_len) and zeros after
+        self.in_flight = False  # a forward launched without waiting may still read the mask
+        self.settle: Callable[[], None] = lambda: None  # waits for it; set by the backend
+        self.queued = False  # cupy copies are queued that a forward must wait for
         self.resident: ResidentSlot | None = None
         self.swaps = 0
         self.swapped_positions = 0
@@ -67,6 +74,8 @@ class Home:
 
     def set_mask(self, length: int) -> None:
         """Move the mask's boundary to `length`, touching only the positions that change."""
+        if self.in_flight:
+            self.settle()
         if length > self.mask_len:
             self.mask[0, self.mask_len:length] = 1
         elif length < self.mask_len:
@@ -86,6 +95,8 @@ class Home:
         if slot.parked is not None and slot.length:
             self.block[..., :slot.length, :] = slot.parked[..., :slot.length, :]
             self.swapped_positions += slot.length
+        self.queued = bool(leaving is not None and leaving.length) or bool(slot.parked is not None
+                                                                          and slot.length)
         self.resident = slot
         self.swaps += 1
         self.set_mask(slot.length)
