@@ -137,11 +137,13 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                     part = await anext(parts, None)
                 result = await self.rt.scheduler.call(lambda: next_token(self.rt.model, state, sampler))
             progress.close()
-            yield convert.prefill_done(state.id, result, progress)
         except BaseException:
             if opened:
                 self.rt.close_soon(state)
             raise
+        # The session is released and kept before the client hears it is done: a client that
+        # acts on PrefillDone at once (or cancels right after it) finds a usable session.
+        yield convert.prefill_done(state.id, result, progress)
 
     async def _prefill_part(self, state: SessionState, part: pb.PrefillRequest,
                             progress: Progress) -> AsyncIterator[pb.PrefillEvent]:
@@ -154,6 +156,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
     async def Decode(self, request: pb.DecodeRequest, context: Context) -> AsyncIterator[pb.TokenEvent]:
         state = self.rt.sessions.get(request.session_id, CALLER.get())
+        done = None
         with self.rt.sessions.using(state):
             sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
             body = decode_body(self.rt.model, state, sampler, convert.stopping(request.stopping))
@@ -163,7 +166,10 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                 if isinstance(event, TokenOut):
                     yield _token_event(event, progress)
                 elif isinstance(event, Finished):
-                    yield pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get(), state))
+                    done = pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get(), state))
+        # Released before the client hears "done", so its next call on the session is never ABORTED.
+        if done is not None:
+            yield done
 
     async def Rewind(self, request: pb.RewindRequest, context: Context) -> pb.RewindResponse:
         state = self.rt.sessions.get(request.session_id, CALLER.get())

@@ -146,3 +146,19 @@ def test_a_decode_cancelled_mid_stream_leaves_its_session_consistent(server: Run
     held = done.session_length - 3 - len(tokens)
     assert 5 <= held <= 180 and more == full[held:held + 3]
     server.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
+
+
+def test_a_client_acting_on_done_before_the_status_finds_its_session_free(server: RunningServer) -> None:
+    # A client may act on the final event at once, without reading the call's status first
+    # (grpc-js and grpcurl users do); the session must already be released and kept by then.
+    for round_ in range(15):
+        stream = server.stub.Prefill(iter([part(prompt_ids(30, seed=round_))]))
+        done = next(e for e in stream if e.HasField("done")).done
+        stream.cancel()
+        decoding = server.stub.Decode(pb.DecodeRequest(
+            session_id=done.session_id, stopping=pb.StoppingOptions(max_new_tokens=3, ignore_eos=True)))
+        next(e for e in decoding if e.HasField("done"))
+        response = server.stub.Rewind(pb.RewindRequest(session_id=done.session_id, length=30))
+        decoding.cancel()
+        assert response.length == 30
+        server.stub.CloseSession(pb.CloseSessionRequest(session_id=done.session_id))
