@@ -100,8 +100,8 @@ def run_serve(argv: Sequence[str]) -> int:
     from service.config import load_config
     from service.server import serve
 
-    asyncio.run(serve(load_config(argv=argv)))
-    return 0
+    # serve() returns 1 after an engine fault: Kubernetes must see the pod fail, not exit cleanly.
+    return asyncio.run(serve(load_config(argv=argv)))
 
 
 def run_prepare(args: argparse.Namespace) -> int:
