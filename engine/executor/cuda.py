@@ -29,7 +29,7 @@ import onnxruntime as ort
 import structlog
 
 from engine.executor.cpu import _dtype, resolve_dims
-from engine.executor.device_runtime import CudaUnavailable, Runtime, cuda_runtime, host_runtime
+from engine.executor.cuda_runtime import CudaUnavailable, Runtime, cuda_runtime, host_runtime
 from engine.executor.options import EngineOptions
 from engine.executor.resident import Home, ResidentSlot
 from engine.executor.sampling import Sampler
