@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from engine.convert.int4 import NBitsMatrix, from_q4_1
+from engine.convert.int4 import Int8Matrix, NBitsMatrix, from_q4_1, from_q8_0
 from engine.convert.tokenizer_json import BpeVocabulary
 from engine.modelgen.builder import DecoderSpec, DecoderWeights, LayerWeights
 
@@ -151,3 +151,12 @@ def llama_nbits(model: GgufModel, spec: DecoderSpec) -> dict[str, NBitsMatrix]:
                 matrix = matrix.rows(order)
             out[f"model.layers.{i}.{builder_name}.weight"] = matrix
     return out
+
+
+def llama_int8_head(model: GgufModel) -> Int8Matrix | None:
+    """The tied head as Q8_0 blocks (exact), when the GGUF ties it and stores it as Q8_0."""
+    t = model.tensors["token_embd.weight"]
+    if "output.weight" in model.tensors or t.tensor_type != GGMLQuantizationType.Q8_0:
+        return None
+    k, n = (int(x) for x in t.shape)
+    return from_q8_0(t.data, n, k)

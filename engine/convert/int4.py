@@ -1,4 +1,4 @@
-"""Q4_1 GGUF matrices as onnxruntime MatMulNBits (4 bits, block 32), weight-exact.
+"""Q4_1 GGUF matrices as onnxruntime MatMulNBits (4 bits, block 32), weight-exact; Q8_0 as 8 bits.
 
 Q4_1 stores each block of 32 weights as w = d·q + m (q in 0..15, d and m
 float16). A float zero point zp = −m/d would map it onto MatMulNBits exactly,
@@ -9,6 +9,8 @@ x @ W_m = blocksum(x) @ M, where blocksum sums each block of 32 inputs and
 M [K / 32, N] holds the m's: a matmul 1/32 the size. The weights stay the
 GGUF's own values; `quantize_matmuls` swaps the named fp32 MatMul weights of
 a built graph for these nodes and leaves everything else untouched.
+A Q8_0 tied head (w = d·q, q int8) maps exactly onto bits=8 with zero point
+128; `quantize_tied_head` swaps the head's Gemm for it.
 """
 
 from __future__ import annotations
@@ -113,4 +115,63 @@ def quantize_matmuls(model: onnx.ModelProto, weights: dict[str, NBitsMatrix],
     graph.node.extend(nodes)
     del graph.initializer[:]
     graph.initializer.extend(kept + added)
+    return model
+
+
+Q8_0_BYTES = 34  # d (f16), 32 int8
+
+
+@dataclass(frozen=True)
+class Int8Matrix:
+    """A Q8_0 matrix [N out, K in] (w = d·q, q int8) as MatMulNBits bits=8, exactly.
+
+    q is stored as q + 128 with an integer zero point of 128: no block-sum term needed.
+    """
+
+    packed: np.ndarray  # uint8 [N, K / 32, 32]
+    scales: np.ndarray  # float32 [N * K / 32]
+
+    @property
+    def n(self) -> int:
+        return int(self.packed.shape[0])
+
+    @property
+    def k(self) -> int:
+        return int(self.packed.shape[1] * BLOCK)
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 matrix [N, K] (row per output, as the GGUF stores it)."""
+        q = self.packed.astype(np.float32) - 128
+        return (q * self.scales.reshape(self.n, -1, 1)).reshape(self.n, self.k)
+
+
+def from_q8_0(raw: np.ndarray, n: int, k: int) -> Int8Matrix:
+    blocks = np.ascontiguousarray(raw).reshape(n, k // BLOCK, Q8_0_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    q = blocks[..., 2:].view(np.int8).astype(np.int16) + 128
+    return Int8Matrix(q.astype(np.uint8), d.ravel())
+
+
+def quantize_tied_head(model: onnx.ModelProto, embed_name: str, head: Int8Matrix,
+                       accuracy_level: int = 0) -> onnx.ModelProto:
+    """Replace the tied head (Gemm x · embedᵀ) by MatMulNBits bits=8 over the Q8_0 table.
+
+    The float table stays for the embedding Gather; only the head reads the int8 copy,
+    which is a quarter of the bytes every decode step streams through it.
+    """
+    graph = model.graph
+    gemm = next(n for n in graph.node if n.op_type == "Gemm" and n.input[1] == embed_name)
+    name = f"{embed_name}.head"
+    graph.initializer.extend([
+        numpy_helper.from_array(head.packed, f"{name}.q8"),
+        numpy_helper.from_array(head.scales, f"{name}.scales"),
+        numpy_helper.from_array(np.full((head.n, head.k // BLOCK), 128, np.uint8),
+                                f"{name}.zero_points")])
+    new = helper.make_node("MatMulNBits", [gemm.input[0], f"{name}.q8", f"{name}.scales",
+                                           f"{name}.zero_points"], list(gemm.output),
+                           name=f"{gemm.name}_nbits", domain="com.microsoft", K=head.k,
+                           N=head.n, bits=8, block_size=BLOCK, accuracy_level=accuracy_level)
+    index = list(graph.node).index(gemm)
+    graph.node.remove(gemm)
+    graph.node.insert(index, new)
     return model

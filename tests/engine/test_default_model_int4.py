@@ -7,7 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.convert.gguf_llama import GgufModel, llama_nbits, llama_spec, llama_weights
+from engine.convert.gguf_llama import (
+    GgufModel,
+    llama_int8_head,
+    llama_nbits,
+    llama_spec,
+    llama_weights,
+)
 from engine.default_model import GGUF_NAME, prepare
 from engine.executor import Engine, EngineOptions
 from engine.modelgen.reference import reference_logits
@@ -25,7 +31,7 @@ def gguf(cache_root: Path) -> GgufModel:
     return GgufModel(cache_root / "downloads" / GGUF_NAME)
 
 
-def test_int4_blocks_dequantize_to_exactly_the_gguf_weights(gguf: GgufModel) -> None:
+def test_int4_and_int8_head_blocks_dequantize_to_exactly_the_gguf_weights(gguf: GgufModel) -> None:
     spec = llama_spec(gguf, context_length=4096)
     nbits = llama_nbits(gguf, spec)
     weights = llama_weights(gguf, spec)
@@ -35,6 +41,9 @@ def test_int4_blocks_dequantize_to_exactly_the_gguf_weights(gguf: GgufModel) -> 
         for attr, name in (("q", "attn.q_proj"), ("k", "attn.k_proj"), ("down", "mlp.down_proj")):
             got = nbits[f"model.layers.{i}.{name}.weight"].dequantize()
             np.testing.assert_array_equal(got, getattr(layer, attr))
+    head = llama_int8_head(gguf)
+    assert head is not None
+    np.testing.assert_array_equal(head.dequantize(), weights.embed)
 
 
 def test_the_int4_model_tracks_the_fp32_reference_and_says_paris(
