@@ -17,7 +17,7 @@ from engine.convert.gguf_llama import (
 from engine.default_model import GGUF_NAME, prepare
 from engine.executor import Engine, EngineOptions
 from engine.modelgen.reference import reference_logits
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import ChatMessage, Tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +62,17 @@ def test_the_int4_model_tracks_the_fp32_reference_and_says_paris(
     top = np.argsort(got)[::-1]
     assert tokenizer.decode([int(top[0])]) == " Paris"
     assert got[top[0]] - got[top[1]] > 1.5
+
+
+def test_the_int4_model_answers_the_lone_user_turn_with_paris(cache_root: Path) -> None:
+    model_dir = prepare(cache_root, precision="int4").model_dir
+    tokenizer = Tokenizer(model_dir)
+    prompt = tokenizer.encode_chat([ChatMessage("user", "What is the capital of France?")],
+                                   use_default_system=False)
+    session = Engine.load(model_dir, EngineOptions()).open_session()
+    logits, answer = session.append(prompt), []
+    for _ in range(7):
+        answer.append(int(np.argmax(logits)))
+        logits = session.append([answer[-1]])
+    session.close()
+    assert tokenizer.decode(answer) == "The capital of France is Paris."
