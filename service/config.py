@@ -42,6 +42,7 @@ class Config:
     metrics_port: int = 9090  # 0 = no metrics endpoint
     model: str = "default"  # a model directory, or "default" (prepared under model_cache)
     model_cache: str = ""
+    model_precision: str = "fp32"  # weights of the default model: fp32 | int4 (MatMulNBits)
     provider: str = "cpu"  # cpu | cuda
     padding: bool = True
     chunk_size: int | None = None  # override the model's chunk width; 0 = no chunking
@@ -80,7 +81,9 @@ class Config:
 _HELP = {
     "host": "address to listen on", "port": "gRPC port (0 = any free port)",
     "metrics_port": "Prometheus /metrics port (0 = off)", "model": 'model directory or "default"',
-    "model_cache": "cache directory of the default model", "provider": "execution provider: cpu | cuda",
+    "model_cache": "cache directory of the default model",
+    "model_precision": "weights of the default model: fp32 or int4 (faster decode, less memory)",
+    "provider": "execution provider: cpu | cuda",
     "padding": "query-axis padding of prefill forwards (also ONNX_GENAI_PREFILL_QUERY_PADDING)",
     "auth_tokens": "comma-separated bearer tokens (name=token names the caller)",
     "pod_name": "prefix of session ids (defaults to the host name)",
@@ -139,6 +142,8 @@ def validate(config: Config) -> None:
     """Raise ValueError for settings that cannot work together."""
     if config.provider not in {"cpu", "cuda"}:
         raise ValueError(f"provider must be cpu or cuda, got {config.provider!r}")
+    if config.model_precision not in {"fp32", "int4"}:
+        raise ValueError(f"model_precision must be fp32 or int4, got {config.model_precision!r}")
     if bool(config.tls_cert) != bool(config.tls_key):
         raise ValueError("TLS needs both tls_cert and tls_key")
     if config.tls_client_ca and not config.tls:

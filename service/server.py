@@ -46,9 +46,9 @@ HEALTH_NAMES = ("", SERVICE_NAME)
 def load_model(config: Config) -> Model:
     """The engine and tokenizer of config.model ("default": prepared under config.model_cache)."""
     if config.model == "default":
-        from engine.default_model import prepare_default_model
+        from engine.default_model import prepare
 
-        path = prepare_default_model(Path(config.model_cache))
+        path = prepare(Path(config.model_cache), precision=config.model_precision).model_dir
     else:
         path = Path(config.model)
     engine = Engine.load(path, config.engine_options())

@@ -92,6 +92,7 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     prepare = model_sub.add_parser("prepare", help="fetch and convert the default model; print its directory")
     prepare.add_argument("--model-cache", help="cache root (default: where `ladder serve` looks)")
+    prepare.add_argument("--model-precision", help="fp32 (default) or int4, as `ladder serve` takes it")
     prepare.set_defaults(handler=run_prepare)
 
 
@@ -109,9 +110,10 @@ def run_prepare(args: argparse.Namespace) -> int:
     from service.config import load_config
 
     flags = ["--model-cache", args.model_cache] if args.model_cache else []
-    cache = Path(load_config(argv=flags).model_cache)
+    flags += ["--model-precision", args.model_precision] if args.model_precision else []
+    config = load_config(argv=flags)
     start = time.perf_counter()
-    result = prepare(cache)
+    result = prepare(Path(config.model_cache), precision=config.model_precision)
     verb = "built" if result.rebuilt else "reused"
     print(f"{verb} {result.model_dir} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print(result.model_dir)

@@ -35,7 +35,7 @@ def test_auth_tokens_and_tls_files_come_from_the_environment() -> None:
 
 @pytest.mark.parametrize("env", [
     {"LADDER_PROVIDER": "tpu"}, {"LADDER_TLS_CERT": "c.pem"}, {"LADDER_TLS_CLIENT_CA": "ca.pem"},
-    {"LADDER_POD_NAME": "a.b"}, {"LADDER_MAX_SESSIONS": "0"},
+    {"LADDER_POD_NAME": "a.b"}, {"LADDER_MAX_SESSIONS": "0"}, {"LADDER_MODEL_PRECISION": "int3"},
 ])
 def test_settings_that_cannot_work_are_refused_at_start(env: dict[str, str]) -> None:
     with pytest.raises(ValueError):
@@ -50,3 +50,9 @@ def test_the_config_is_frozen() -> None:
 def test_typed_flag_values_from_another_parser_pass_through() -> None:
     config = config_from({"port": 0, "padding": False, "auth_tokens": ["t"], "command": "serve"}, {})
     assert (config.port, config.padding, config.auth_tokens) == (0, False, ("t",))
+
+
+def test_the_default_model_precision_is_fp32_and_int4_can_be_chosen() -> None:
+    assert load_config({}).model_precision == "fp32"
+    assert load_config({"LADDER_MODEL_PRECISION": "int4"}).model_precision == "int4"
+    assert load_config({}, argv=["--model-precision", "int4"]).model_precision == "int4"
