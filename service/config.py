@@ -49,6 +49,7 @@ class Config:
     capacity: int | None = None  # KV capacity per session; None = the model's max length
     variant_capacity: int = 4
     max_sessions: int = 8
+    memory_budget_mb: int = 0  # weights + KV + variants; a session that would exceed it is refused
     max_queue: int = 64  # requests the engine worker holds at once
     session_idle_seconds: float = 300.0
     drain_seconds: float = 20.0
@@ -67,7 +68,8 @@ class Config:
     def engine_options(self) -> EngineOptions:
         return EngineOptions(provider=self.provider, padding=self.padding, chunk_size=self.chunk_size,
                              capacity=self.capacity, variant_capacity=self.variant_capacity,
-                             max_sessions=self.max_sessions, intra_op_threads=self.intra_op_threads)
+                             max_sessions=self.max_sessions, intra_op_threads=self.intra_op_threads,
+                             memory_budget_bytes=self.memory_budget_mb << 20)
 
     @property
     def tls(self) -> bool:
@@ -86,6 +88,7 @@ _HELP = {
     "provider": "execution provider: cpu | cuda",
     "padding": "query-axis padding of prefill forwards (also ONNX_GENAI_PREFILL_QUERY_PADDING)",
     "auth_tokens": "comma-separated bearer tokens (name=token names the caller)",
+    "memory_budget_mb": "weights + KV + variants limit; sessions beyond it get RESOURCE_EXHAUSTED (0 = off)",
     "pod_name": "prefix of session ids (defaults to the host name)",
 }
 

@@ -87,11 +87,15 @@ def model_info(model: Any, config: Any) -> pb.ModelInfo:
 
 
 def engine_stats(stats: Any, queue_depth: int, totals: Any) -> pb.EngineStats:
-    v = stats.variants
+    v, m = stats.variants, stats.memory
+    held = [pb.VariantEntry(width=e.key.width, ports=e.key.ports, bytes=e.nbytes, hits=e.hits)
+            for e in v.entries]
     return pb.EngineStats(
         variants=pb.VariantStats(entries=len(v.entries), capacity=v.capacity, hits=v.hits, misses=v.misses,
                                  prepared=v.prepared, evictions=v.evictions, refusals=v.refusals,
-                                 bytes=v.nbytes),
+                                 bytes=v.nbytes, held=held),
+        memory=pb.MemoryUse(weights_bytes=m.weights, kv_bytes=m.kv, variant_bytes=m.variants,
+                            total_bytes=m.total, budget_bytes=m.budget),
         eager_forwards=stats.eager_forwards, sessions_open=stats.sessions_open,
         sessions_padding_off=stats.sessions_padding_off, slots_allocated=stats.slots_allocated,
         slot_bytes=stats.slot_bytes, queue_depth=queue_depth, prompt_tokens=totals.prompt_tokens,

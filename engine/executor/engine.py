@@ -27,6 +27,20 @@ log = structlog.get_logger("ladder.engine")
 
 
 @dataclass(frozen=True)
+class MemoryUse:
+    """What the memory budget adds up: weights, KV slots allocated, variants held."""
+
+    weights: int
+    kv: int
+    variants: int
+    budget: int  # 0 = no budget
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.variants
+
+
+@dataclass(frozen=True)
 class EngineStats:
     variants: VariantStats
     eager_forwards: int
@@ -34,6 +48,24 @@ class EngineStats:
     sessions_padding_off: int
     slots_allocated: int
     slot_bytes: int
+    memory: MemoryUse
+
+
+def kv_slot_bytes(info: ModelInfo, capacity: int) -> int:
+    """One session's KV (every layer's key and value at capacity) and its mask."""
+    itemsize = _dtype(info.kv_dtype).itemsize
+    return 2 * info.num_layers * info.num_kv_heads * capacity * info.head_size * itemsize + capacity * 8
+
+
+def variant_bytes_estimate(info: ModelInfo, width: int) -> int:
+    """The input and logits buffers of one variant (a capture's workspace comes on top on CUDA)."""
+    return width * (8 + info.vocab_size * _dtype(info.logits.dtype).itemsize)
+
+
+def model_file_bytes(info: ModelInfo) -> int:
+    """Weights on disk: the graph file and its external data."""
+    name = info.config["model"]["decoder"].get("filename", "model.onnx")
+    return sum(p.stat().st_size for p in info.path.glob(name + "*") if p.is_file())
 
 
 def make_backend(info: ModelInfo, options: EngineOptions) -> Any:
@@ -67,6 +99,8 @@ class Engine:
         self._in_use: set[int] = set()
         self.eager_forwards = 0
         self.sessions_padding_off = 0
+        self.slot_bytes = kv_slot_bytes(info, self.capacity)
+        self.weights_bytes = getattr(backend, "weights_bytes", 0) or model_file_bytes(info)
 
     @classmethod
     def load(cls, path: Path | str, options: EngineOptions | None = None) -> Engine:
@@ -83,6 +117,7 @@ class Engine:
         if self._free:
             index = self._free.pop()
         elif len(self._slots) < self.options.max_sessions:
+            self._admit_slot()
             self._slots.append(self.backend.new_slot(self.capacity))
             index = len(self._slots) - 1
         else:
@@ -92,6 +127,24 @@ class Engine:
         slot.set_length(0)
         slot.clear_state()
         return Session(self, index)
+
+    def _admit_slot(self) -> None:
+        """Refuse a new KV slot the memory budget cannot hold next to a full variant cache."""
+        budget = self.options.memory_budget_bytes
+        if not budget:
+            return
+        use = self.memory()
+        # Variants still to come are bounded: reserve what the rest of the ladder would take.
+        full_cache = sum(variant_bytes_estimate(self.info, w) for w in (*self.ladder, 1))
+        needed = use.total + self.slot_bytes + max(0, full_cache - use.variants)
+        if needed > budget:
+            raise Exhausted(
+                f"memory budget: a new session needs {needed >> 20} MiB of {budget >> 20} MiB "
+                f"(weights {use.weights >> 20}, KV {use.kv >> 20}, variants {use.variants >> 20})")
+
+    def memory(self) -> MemoryUse:
+        return MemoryUse(weights=self.weights_bytes, kv=len(self._slots) * self.slot_bytes,
+                         variants=self.variants.stats().nbytes, budget=self.options.memory_budget_bytes)
 
     def slot(self, index: int) -> Any:
         return self._slots[index]
@@ -134,8 +187,7 @@ class Engine:
         return EngineStats(
             variants=self.variants.stats(), eager_forwards=self.eager_forwards,
             sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,
-            slots_allocated=len(self._slots),
-            slot_bytes=self._slots[0].nbytes if self._slots else 0,
+            slots_allocated=len(self._slots), slot_bytes=self.slot_bytes, memory=self.memory(),
         )
 
     def close(self) -> None:

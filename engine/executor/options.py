@@ -13,5 +13,6 @@ class EngineOptions:
     capacity: int | None = None  # KV capacity per session; None = the model's max length
     variant_capacity: int = 4  # three ladder widths + decode
     max_sessions: int = 8  # KV slots
+    memory_budget_bytes: int = 0  # weights + KV + variants may not exceed it; 0 = no budget
     intra_op_threads: int = 0  # 0 = onnxruntime's default
     device_id: int = 0

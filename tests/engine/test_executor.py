@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from engine.errors import Exhausted, InvalidInput, OutOfRange
+from engine.executor.engine import variant_bytes_estimate
 from engine.modelgen.reference import reference_logits
 from engine.modelgen.synthetic import VARIANTS, random_weights
 from tests.engine.helpers import greedy, load, prompt
@@ -116,3 +117,21 @@ def test_sessions_beyond_the_slot_pool_are_refused_and_closed_slots_are_reused(m
     assert third.slot_index == first.slot_index
     assert third.length == 0 and engine.stats().slots_allocated == 2
     np.testing.assert_allclose(third.append(prompt(10)), second.append(prompt(10)), atol=1e-6)
+
+
+def test_the_memory_budget_admits_sessions_by_weights_kv_and_variants(model_dir) -> None:
+    probe = load(model_dir())
+    use = probe.memory()
+    assert use.weights > 0 and use.kv == 0 and use.variants == 0
+    # Room for the weights, a full variant cache and exactly two sessions' KV.
+    full_cache = sum(variant_bytes_estimate(probe.info, w) for w in (*probe.ladder, 1))
+    budget = use.weights + full_cache + 2 * probe.slot_bytes + 1000
+    engine = load(model_dir(), memory_budget_bytes=budget, max_sessions=8)
+    first, second = engine.open_session(), engine.open_session()
+    first.append(prompt(100))
+    with pytest.raises(Exhausted, match="memory budget"):
+        engine.open_session()
+    assert engine.memory().kv == 2 * engine.slot_bytes
+    assert engine.memory().total <= budget
+    second.close()
+    assert engine.open_session().slot_index == second.slot_index  # a freed slot needs no new memory

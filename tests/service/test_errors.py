@@ -115,3 +115,34 @@ def queue_full_while_a_stream_runs(running: RunningServer, attempts: int = 5) ->
             return error.code() == Code.RESOURCE_EXHAUSTED
         list(stream)  # the stream finished before the second request arrived: try again
     return False
+
+
+def test_a_session_beyond_the_memory_budget_is_resource_exhausted_and_stats_show_the_budget(
+        tmp_path: Path) -> None:
+    # KV large enough (8 layers x 4 KV heads x 32 x 1024 positions: 8 MiB a session) to budget in MiB.
+    model_dir = model_with_tokenizer(tmp_path, num_layers=8, num_heads=4, num_kv_heads=4, head_size=32)
+    probe = RunningServer(server_config(model_dir))
+    try:
+        memory = probe.stats().memory
+        prefill = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7])))
+        probe.stub.CloseSession(pb.CloseSessionRequest(
+            session_id=list(probe.stub.Prefill(iter([prefill])))[-1].done.session_id))
+        used = probe.stats().memory
+        slot = probe.stats().slot_bytes
+    finally:
+        probe.close()
+    assert memory.kv_bytes == 0 and used.kv_bytes == slot and used.weights_bytes > 0
+    # Budget: the weights, the variant reserve and one and a half sessions' KV: one session fits.
+    budget_mb = (used.weights_bytes + (3 * slot) // 2 + (1 << 20)) >> 20
+    running = RunningServer(server_config(model_dir, memory_budget_mb=budget_mb))
+    try:
+        opened = list(running.stub.Prefill(iter([prefill])))[-1].done
+        assert generate_status(running, greedy_request([5, 6], 2)) == Code.RESOURCE_EXHAUSTED
+        stats = running.stats()
+        assert stats.memory.budget_bytes == budget_mb << 20
+        assert stats.memory.total_bytes <= stats.memory.budget_bytes
+        assert [e.width for e in stats.variants.held] and all(e.bytes > 0 for e in stats.variants.held)
+        running.stub.CloseSession(pb.CloseSessionRequest(session_id=opened.session_id))
+        assert len(running.stub.Generate(greedy_request([5, 6], 2)).token_ids) == 2
+    finally:
+        running.close()

@@ -321,7 +321,7 @@ class GetEngineStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class VariantStats(_message.Message):
-    __slots__ = ("entries", "capacity", "hits", "misses", "prepared", "evictions", "refusals", "bytes")
+    __slots__ = ("entries", "capacity", "hits", "misses", "prepared", "evictions", "refusals", "bytes", "held")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +330,7 @@ class VariantStats(_message.Message):
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     REFUSALS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     entries: int
     capacity: int
     hits: int
@@ -338,10 +339,37 @@ class VariantStats(_message.Message):
     evictions: int
     refusals: int
     bytes: int
-    def __init__(self, entries: _Optional[int] = ..., capacity: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., prepared: _Optional[int] = ..., evictions: _Optional[int] = ..., refusals: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    held: _containers.RepeatedCompositeFieldContainer[VariantEntry]
+    def __init__(self, entries: _Optional[int] = ..., capacity: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., prepared: _Optional[int] = ..., evictions: _Optional[int] = ..., refusals: _Optional[int] = ..., bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[VariantEntry, _Mapping]]] = ...) -> None: ...
+
+class VariantEntry(_message.Message):
+    __slots__ = ("width", "ports", "bytes", "hits")
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    width: int
+    ports: _containers.RepeatedScalarFieldContainer[str]
+    bytes: int
+    hits: int
+    def __init__(self, width: _Optional[int] = ..., ports: _Optional[_Iterable[str]] = ..., bytes: _Optional[int] = ..., hits: _Optional[int] = ...) -> None: ...
+
+class MemoryUse(_message.Message):
+    __slots__ = ("weights_bytes", "kv_bytes", "variant_bytes", "total_bytes", "budget_bytes")
+    WEIGHTS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    weights_bytes: int
+    kv_bytes: int
+    variant_bytes: int
+    total_bytes: int
+    budget_bytes: int
+    def __init__(self, weights_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., variant_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows")
+    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows", "memory")
     VARIANTS_FIELD_NUMBER: _ClassVar[int]
     EAGER_FORWARDS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +380,7 @@ class EngineStats(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PADDED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     variants: VariantStats
     eager_forwards: int
     sessions_open: int
@@ -362,4 +391,5 @@ class EngineStats(_message.Message):
     prompt_tokens: int
     generated_tokens: int
     padded_rows: int
-    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ...) -> None: ...
+    memory: MemoryUse
+    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ...) -> None: ...
