@@ -35,6 +35,7 @@ class Metrics:
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.sessions = Gauge("ladder_sessions_open", "Server-side sessions open", registry=r)
         self.variants = Gauge("ladder_variants", "Variant cache counters", ["counter"], registry=r)
+        self.memory = Gauge("ladder_memory_bytes", "What the memory budget adds up", ["part"], registry=r)
 
     def watch(self, queue_depth: Callable[[], int], sessions: Callable[[], int]) -> None:
         self.queue_depth.set_function(queue_depth)
@@ -50,10 +51,13 @@ class Metrics:
         self.padded_rows.inc(padded_rows)
         self.prompt_tokens.inc(real_rows)
 
-    def variant_stats(self, variants: Any) -> None:
+    def engine_stats(self, stats: Any) -> None:
+        variants, memory = stats.variants, stats.memory
         self.variants.labels("entries").set(len(variants.entries))
         for name in ("capacity", "hits", "misses", "prepared", "evictions", "refusals", "nbytes"):
             self.variants.labels(name).set(getattr(variants, name))
+        for part in ("weights", "kv", "variants", "total", "budget"):
+            self.memory.labels(part).set(getattr(memory, part))
 
     def serve_http(self, port: int) -> Any:
         """Start the /metrics endpoint; returns the HTTP server (None when port is 0)."""

@@ -134,7 +134,7 @@ class LadderServer:
                 log.info("session_expired", session=state.id, length=state.session.length)
                 rt.close_soon(state)
             stats = await rt.scheduler.call(rt.model.engine.stats)
-            self.metrics.variant_stats(stats.variants)
+            self.metrics.engine_stats(stats)
 
     async def drain(self, grace: float | None = None) -> None:
         """Refuse new work now; give calls in flight `grace` seconds, then end them with UNAVAILABLE."""

@@ -206,7 +206,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
     async def GetEngineStats(self, request: pb.GetEngineStatsRequest, context: Context) -> pb.EngineStats:
         stats = await self.rt.scheduler.call(self.rt.model.engine.stats)
-        self.rt.metrics.variant_stats(stats.variants)
+        self.rt.metrics.engine_stats(stats)
         return convert.engine_stats(stats, self.rt.scheduler.depth, self.rt.totals)
 
 

@@ -30,6 +30,8 @@ def test_a_generate_call_shows_up_in_every_metric(model_dir: Path) -> None:
     assert sample(text, "ladder_prompt_tokens_total") == 100
     assert sample(text, "ladder_prefill_padded_rows_total") == reply.prefill.padded_rows
     assert sample(text, 'ladder_variants{counter="entries"}') >= 1
+    assert sample(text, 'ladder_memory_bytes{part="weights"}') > 0
+    assert sample(text, 'ladder_memory_bytes{part="kv"}') > 0
     assert sample(text, "ladder_queue_depth") == 0
     assert 'ladder_calls_total{code="OK",method="Generate"} 1.0' in text
 
