@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from engine.convert.int4 import Int8Matrix, NBitsMatrix, from_q4_1, from_q8_0
+from engine.convert.int4 import Int8Matrix, NBitsMatrix, concat_outputs, from_q4_1, from_q8_0
 from engine.convert.tokenizer_json import BpeVocabulary
 from engine.modelgen.builder import DecoderSpec, DecoderWeights, LayerWeights
 
@@ -61,6 +61,7 @@ def llama_spec(model: GgufModel, *, context_length: int) -> DecoderSpec:
         rms_eps=float(model.field("llama.attention.layer_norm_rms_epsilon")),
         rotary_rows=context_length,
         rotary_interleaved=False,
+        packed_projections=True,
     )
 
 
@@ -150,6 +151,22 @@ def llama_nbits(model: GgufModel, spec: DecoderSpec) -> dict[str, NBitsMatrix]:
                 order = unpermute_rotary_rows(np.arange(n)[:, None], heads[gguf_name])[:, 0]
                 matrix = matrix.rows(order)
             out[f"model.layers.{i}.{builder_name}.weight"] = matrix
+    return _packed(out, spec) if spec.packed_projections else out
+
+
+PACKS = {"attn.qkv_proj": ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def _packed(matrices: dict[str, NBitsMatrix], spec: DecoderSpec) -> dict[str, NBitsMatrix]:
+    """Merge the parts of each packed projection; a pack with a part not in Q4_1 stays float."""
+    out = dict(matrices)
+    for i in range(spec.num_layers):
+        for pack, parts in PACKS.items():
+            names = [f"model.layers.{i}.{part}.weight" for part in parts]
+            found = [out.pop(name) for name in names if name in out]
+            if len(found) == len(names):
+                out[f"model.layers.{i}.{pack}.weight"] = concat_outputs(found)
     return out
 
 

@@ -54,6 +54,16 @@ class NBitsMatrix:
                            np.ascontiguousarray(self.offsets[:, order]))
 
 
+def concat_outputs(parts: list[NBitsMatrix]) -> NBitsMatrix:
+    """One matrix whose outputs are the parts' outputs in order: x @ [A | B] = [x @ A | x @ B].
+
+    Blocks run along K within each output row, so stacking rows keeps every block intact.
+    """
+    return NBitsMatrix(np.concatenate([m.packed for m in parts]),
+                       np.concatenate([m.scales for m in parts]),
+                       np.concatenate([m.offsets for m in parts], axis=1))
+
+
 def from_q4_1(raw: np.ndarray, n: int, k: int) -> NBitsMatrix:
     """Repack GGUF Q4_1 bytes of an [N out, K in] tensor; weights stay bit-for-bit the same."""
     blocks = np.ascontiguousarray(raw).reshape(n, k // BLOCK, Q4_1_BYTES)

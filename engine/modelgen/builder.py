@@ -42,6 +42,8 @@ class DecoderSpec:
     recurrent_state: int = 0  # rows of a fixed-size convolution state, 0 = none
     last_row_logits: bool = False
     bias_port: bool = False  # an extra [hidden] input: not per-token
+    # One MatMul for q|k|v (fed to GQA packed) and one for gate|up: fewer, larger kernels.
+    packed_projections: bool = False
 
     @property
     def np_dtype(self) -> type[np.floating[Any]]:
@@ -169,6 +171,27 @@ def _recurrent_mix(g: _Graph, x: str, w: DecoderWeights, inputs: list, outputs: 
     return g.op1("Add", [x, g.op1("Transpose", [conv], perm=[0, 2, 1])])
 
 
+def _qkv(g: _Graph, p: str, h: str, lw: LayerWeights) -> tuple[str, str, str]:
+    """GQA's query, key and value inputs; packed: one q|k|v matrix and empty key and value."""
+    if g.spec.packed_projections:
+        qkv = np.concatenate([lw.q, lw.k, lw.v], axis=1)
+        return g.op1("MatMul", [h, g.weight(f"{p}.attn.qkv_proj.weight", qkv)]), "", ""
+    return (g.op1("MatMul", [h, g.weight(f"{p}.attn.q_proj.weight", lw.q)]),
+            g.op1("MatMul", [h, g.weight(f"{p}.attn.k_proj.weight", lw.k)]),
+            g.op1("MatMul", [h, g.weight(f"{p}.attn.v_proj.weight", lw.v)]))
+
+
+def _gate_up(g: _Graph, p: str, h: str, lw: LayerWeights) -> tuple[str, str]:
+    if g.spec.packed_projections:
+        both = g.op1("MatMul", [h, g.weight(f"{p}.mlp.gate_up_proj.weight",
+                                            np.concatenate([lw.gate, lw.up], axis=1))])
+        sizes = g.init(f"{p}.mlp.split", np.array([lw.gate.shape[1], lw.up.shape[1]], np.int64))
+        gate, up = g.op("Split", [both, sizes], 2, axis=-1)
+        return gate, up
+    return (g.op1("MatMul", [h, g.weight(f"{p}.mlp.gate_proj.weight", lw.gate)]),
+            g.op1("MatMul", [h, g.weight(f"{p}.mlp.up_proj.weight", lw.up)]))
+
+
 def _layer(g: _Graph, i: int, x: str, lw: LayerWeights, seqlens: str, total: str,
            inputs: list, outputs: list) -> str:
     spec, dt = g.spec, g.spec.onnx_dtype
@@ -179,9 +202,7 @@ def _layer(g: _Graph, i: int, x: str, lw: LayerWeights, seqlens: str, total: str
         inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", dt, kv_shape))
         outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", dt, present_shape))
     h = g.rms_norm(x, g.weight(f"{p}.input_layernorm.weight", lw.attn_norm))
-    q = g.op1("MatMul", [h, g.weight(f"{p}.attn.q_proj.weight", lw.q)])
-    k = g.op1("MatMul", [h, g.weight(f"{p}.attn.k_proj.weight", lw.k)])
-    v = g.op1("MatMul", [h, g.weight(f"{p}.attn.v_proj.weight", lw.v)])
+    q, k, v = _qkv(g, p, h, lw)
     attn = f"{p}.attn.output"
     g.nodes.append(helper.make_node(
         "GroupQueryAttention",
@@ -193,8 +214,7 @@ def _layer(g: _Graph, i: int, x: str, lw: LayerWeights, seqlens: str, total: str
         rotary_interleaved=int(spec.rotary_interleaved), scale=float(spec.head_size ** -0.5)))
     x = g.op1("Add", [x, g.op1("MatMul", [attn, g.weight(f"{p}.attn.o_proj.weight", lw.o)])])
     h = g.rms_norm(x, g.weight(f"{p}.post_attention_layernorm.weight", lw.mlp_norm))
-    gate = g.op1("MatMul", [h, g.weight(f"{p}.mlp.gate_proj.weight", lw.gate)])
-    up = g.op1("MatMul", [h, g.weight(f"{p}.mlp.up_proj.weight", lw.up)])
+    gate, up = _gate_up(g, p, h, lw)
     act = g.op1("Mul", [g.op1("Mul", [gate, g.op1("Sigmoid", [gate])]), up])
     return g.op1("Add", [x, g.op1("MatMul", [act, g.weight(f"{p}.mlp.down_proj.weight", lw.down)])])
 

@@ -35,12 +35,16 @@ def test_int4_and_int8_head_blocks_dequantize_to_exactly_the_gguf_weights(gguf: 
     spec = llama_spec(gguf, context_length=4096)
     nbits = llama_nbits(gguf, spec)
     weights = llama_weights(gguf, spec)
-    assert len(nbits) == 7 * spec.num_layers
+    assert spec.packed_projections
+    assert len(nbits) == 4 * spec.num_layers  # q|k|v, o, gate|up, down
     for i in (0, spec.num_layers - 1):
         layer = weights.layers[i]
-        for attr, name in (("q", "attn.q_proj"), ("k", "attn.k_proj"), ("down", "mlp.down_proj")):
+        expected = {"attn.qkv_proj": np.concatenate([layer.q, layer.k, layer.v], axis=1),
+                    "attn.o_proj": layer.o, "mlp.down_proj": layer.down,
+                    "mlp.gate_up_proj": np.concatenate([layer.gate, layer.up], axis=1)}
+        for name, matrix in expected.items():
             got = nbits[f"model.layers.{i}.{name}.weight"].dequantize()
-            np.testing.assert_array_equal(got, getattr(layer, attr))
+            np.testing.assert_array_equal(got, matrix)
     head = llama_int8_head(gguf)
     assert head is not None
     np.testing.assert_array_equal(head.dequantize(), weights.embed)

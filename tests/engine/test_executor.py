@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,9 +17,10 @@ from tests.engine.helpers import greedy, load, prompt
 LENGTHS = (2, 23, 64, 100, 150, 301)
 
 
-def test_the_generated_decoder_matches_its_numpy_reference(model_dir) -> None:
-    spec = VARIANTS["plain"]
-    engine = load(model_dir(), chunk_size=0, padding=False)
+@pytest.mark.parametrize("packed", [False, True], ids=["separate", "packed-qkv-gate-up"])
+def test_the_generated_decoder_matches_its_numpy_reference(model_dir, packed) -> None:
+    spec = replace(VARIANTS["plain"], packed_projections=packed)
+    engine = load(model_dir(spec=spec), chunk_size=0, padding=False)
     tokens = prompt(40, seed=3)
     session = engine.open_session()
     logits = session.append(tokens)
