@@ -1,0 +1,48 @@
+"""The seed's claims through the whole service: two real servers, padding on and off
+(the ONNX_GENAI_PREFILL_QUERY_PADDING=0 switch), real channels, real engines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service.config import PADDING_SWITCH, load_config
+from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
+
+# Remainders at chunk 64: 37, 26, 12, 8, 59 -> five different unpadded widths.
+LENGTHS = (37, 90, 140, 200, 251)
+
+
+@pytest.fixture(scope="module")
+def servers(model_dir: Path) -> Iterator[dict[str, RunningServer]]:
+    padding_off = load_config({PADDING_SWITCH: "0"}).padding
+    running = {"on": RunningServer(server_config(model_dir)),
+               "off": RunningServer(server_config(model_dir, padding=padding_off))}
+    yield running
+    for server in running.values():
+        server.close()
+
+
+def _generate_all(server: RunningServer) -> list[list[int]]:
+    return [list(server.stub.Generate(greedy_request(prompt_ids(n, seed=n), 32)).token_ids)
+            for n in LENGTHS]
+
+
+def test_greedy_output_through_the_service_is_identical_with_padding_on_and_off(servers) -> None:
+    assert _generate_all(servers["on"]) == _generate_all(servers["off"])
+    on, off = servers["on"].stats(), servers["off"].stats()
+    assert on.padded_rows > 0 and off.padded_rows == 0
+
+
+def test_a_second_pass_over_the_same_lengths_prepares_no_new_variant_only_with_padding(servers) -> None:
+    for server in servers.values():
+        _generate_all(server)  # the first pass (again, if another test ran it already)
+    before = {name: server.stats().variants.prepared for name, server in servers.items()}
+    for server in servers.values():
+        _generate_all(server)
+    after = {name: server.stats().variants for name, server in servers.items()}
+    assert after["on"].prepared == before["on"]
+    assert sorted(e.width for e in after["on"].held) == [1, 22, 44, 64]
+    assert after["off"].prepared > before["off"] and after["off"].evictions > 0
