@@ -25,13 +25,10 @@ BLOCK = 32
 Q4_1_BYTES = 20  # d (f16), m (f16), 16 bytes of nibbles
 
 
-@dataclass(frozen=True)
-class NBitsMatrix:
-    """One weight matrix [K in, N out] in MatMulNBits layout."""
+class _Blocks:
+    """Rows of blocks of 32 along K: `packed` is [N, K / 32, bytes per block]."""
 
-    packed: np.ndarray  # uint8 [N, K / 32, 16]: element 2i low nibble, 2i + 1 high
-    scales: np.ndarray  # float32 [N * K / 32]: d per block
-    offsets: np.ndarray  # float32 [K / 32, N]: m per block, added as blocksum(x) @ offsets
+    packed: np.ndarray
 
     @property
     def n(self) -> int:
@@ -40,6 +37,15 @@ class NBitsMatrix:
     @property
     def k(self) -> int:
         return int(self.packed.shape[1] * BLOCK)
+
+
+@dataclass(frozen=True)
+class NBitsMatrix(_Blocks):
+    """One weight matrix [K in, N out] in MatMulNBits layout."""
+
+    packed: np.ndarray  # uint8 [N, K / 32, 16]: element 2i low nibble, 2i + 1 high
+    scales: np.ndarray  # float32 [N * K / 32]: d per block
+    offsets: np.ndarray  # float32 [K / 32, N]: m per block, added as blocksum(x) @ offsets
 
     def dequantize(self) -> np.ndarray:
         """The float32 matrix [K, N] (x @ W layout) these blocks stand for."""
@@ -132,7 +138,7 @@ Q8_0_BYTES = 34  # d (f16), 32 int8
 
 
 @dataclass(frozen=True)
-class Int8Matrix:
+class Int8Matrix(_Blocks):
     """A Q8_0 matrix [N out, K in] (w = d·q, q int8) as MatMulNBits bits=8, exactly.
 
     q is stored as q + 128 with an integer zero point of 128: no block-sum term needed.
@@ -140,14 +146,6 @@ class Int8Matrix:
 
     packed: np.ndarray  # uint8 [N, K / 32, 32]
     scales: np.ndarray  # float32 [N * K / 32]
-
-    @property
-    def n(self) -> int:
-        return int(self.packed.shape[0])
-
-    @property
-    def k(self) -> int:
-        return int(self.packed.shape[1] * BLOCK)
 
     def dequantize(self) -> np.ndarray:
         """The float32 matrix [N, K] (row per output, as the GGUF stores it)."""

@@ -90,8 +90,8 @@ class Engine:
         self.limits = Limits(capacity=wanted, rotary_rows=info.rotary_rows)
         self.capacity = self.limits.reach
         self.ladder = ladder_widths(self.chunk_size)
-        self.feed_dtype = _dtype(info.feed.dtype) if info.feed.name == "inputs_embeds" else (
-            np.dtype(np.float32) if not info.supplied_ports else _dtype(info.supplied_ports[0].dtype))
+        self.feed_dtype = _dtype(info.feed.dtype)
+        self.port_dtypes = {p.name: _dtype(p.dtype) for p in info.supplied_ports}
         self.variants: VariantCache[Any] = VariantCache(
             options.variant_capacity, evictable=getattr(backend, "evictable", True))
         self._slots: list[Any] = []

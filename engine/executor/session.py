@@ -187,12 +187,13 @@ class Session:
         return np.asarray([ids], np.int64), ids
 
     def _ports(self, ports: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        expected = {p.name: p for p in self.engine.info.supplied_ports}
-        unknown = sorted(set(ports) - set(expected))
-        missing = sorted(set(expected) - set(ports))
+        dtypes = self.engine.port_dtypes
+        unknown = sorted(set(ports) - set(dtypes))
+        missing = sorted(set(dtypes) - set(ports))
         if unknown or missing:
             raise InvalidInput(f"ports: unknown {unknown}, missing {missing}")
-        return {n: np.asarray(a, dtype=self.engine.feed_dtype) for n, a in ports.items()}
+        # Each port in the dtype the graph declares for it.
+        return {n: np.asarray(a, dtype=dtypes[n]) for n, a in ports.items()}
 
     # -- rewind, reset, close ---------------------------------------------------
     def rewind_to(self, length: int) -> None:

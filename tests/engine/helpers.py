@@ -25,3 +25,12 @@ def greedy(session: Session, logits: np.ndarray, steps: int) -> list[int]:
         out.append(token)
         logits = session.append([token])
     return out
+
+
+def greedy_from_prompt(engine: Engine, tokens: list[int], steps: int) -> list[int]:
+    """Greedy continuation of `tokens` on a session of its own, returned to the pool after."""
+    session = engine.open_session()
+    try:
+        return greedy(session, session.append(tokens), steps)
+    finally:
+        session.close()

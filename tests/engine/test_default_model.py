@@ -26,6 +26,7 @@ from engine.executor import Engine, EngineOptions
 from engine.modelgen.builder import DecoderSpec, DecoderWeights
 from engine.modelgen.reference import reference_logits
 from engine.tokenizer import ChatMessage, Tokenizer
+from tests.engine.helpers import greedy_from_prompt
 
 # llama.cpp's ids for the chat question (from smollm2-reference.json; CI has no shared dir).
 CHAT_PROMPT_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
@@ -70,19 +71,6 @@ def onnx_logits(model_dir: Path, tokens: list[int]) -> np.ndarray:
         if port.name.startswith("past_key_values."):
             feeds[port.name] = np.zeros((1, port.shape[1], 0, port.shape[3]), np.float32)
     return np.asarray(session.run(["logits"], feeds)[0][0])
-
-
-def greedy(engine: Engine, prompt: list[int], new_tokens: int) -> list[int]:
-    session = engine.open_session()
-    try:
-        logits = session.append(prompt)
-        out: list[int] = []
-        for _ in range(new_tokens):
-            out.append(int(np.argmax(logits)))
-            logits = session.append([out[-1]])
-        return out
-    finally:
-        session.close()
 
 
 def test_onnx_logits_match_the_numpy_reference_of_the_dequantized_weights(
@@ -136,7 +124,7 @@ def test_a_lone_user_turn_asking_the_capital_of_france_is_answered_paris(
     prompt = tokenizer.encode_chat([ChatMessage("user", "What is the capital of France?")],
                                    use_default_system=False)
     assert prompt == CHAT_PROMPT_IDS
-    answer = greedy(engine, prompt, 8)
+    answer = greedy_from_prompt(engine, prompt, 8)
     text = tokenizer.decode(answer[:answer.index(tokenizer.eos_token_id)]
                             if tokenizer.eos_token_id in answer else answer)
     assert text == "The capital of France is Paris."
@@ -149,7 +137,7 @@ def test_a_long_prompt_chunked_and_padded_continues_as_the_whole_unpadded_prompt
     assert len(prompt) == 1500
     chunked = Engine.load(model_dir, EngineOptions(padding=True, chunk_size=512))
     whole = Engine.load(model_dir, EngineOptions(padding=False, chunk_size=0))
-    assert greedy(chunked, prompt, 12) == greedy(whole, prompt, 12)
+    assert greedy_from_prompt(chunked, prompt, 12) == greedy_from_prompt(whole, prompt, 12)
 
 
 def test_a_second_prepare_reuses_the_cache(cache_root: Path, model_dir: Path) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from engine.default_model import prepare_default_model
 from engine.executor import Engine, EngineOptions
 from engine.tokenizer import Tokenizer
+from tests.engine.helpers import greedy_from_prompt
 
 og = pytest.importorskip("onnxruntime_genai")
 
@@ -22,19 +22,6 @@ NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def model_dir(request: pytest.FixtureRequest) -> Path:
     return prepare_default_model(Path(request.config.cache.mkdir("ladder-default-model")))
-
-
-def ladder_greedy(engine: Engine, prompt: list[int]) -> list[int]:
-    session = engine.open_session()
-    try:
-        logits = session.append(prompt)
-        out: list[int] = []
-        for _ in range(NEW_TOKENS):
-            out.append(int(np.argmax(logits)))
-            logits = session.append([out[-1]])
-        return out
-    finally:
-        session.close()
 
 
 def genai_greedy(model: og.Model, prompt: list[int]) -> list[int]:
@@ -63,4 +50,4 @@ def test_onnxruntime_genai_and_ladder_give_the_same_greedy_tokens(model_dir: Pat
     model = og.Model(str(model_dir))
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
-        assert genai_greedy(model, ids) == ladder_greedy(engine, ids), prompt
+        assert genai_greedy(model, ids) == greedy_from_prompt(engine, ids, NEW_TOKENS), prompt
