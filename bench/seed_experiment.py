@@ -34,10 +34,10 @@ def run_pass(engine: Engine, lengths: tuple[int, ...]) -> dict[str, float]:
     start = time.perf_counter()
     for length in lengths:
         session = engine.open_session()
-        logits = session.append([int(t) for t in rng.integers(0, SPEC.vocab_size, length)])
+        logits = engine.append(session, [int(t) for t in rng.integers(0, SPEC.vocab_size, length)])
         for _ in range(4):
-            logits = session.append([int(np.argmax(logits))])
-        session.close()
+            logits = engine.append(session, [int(np.argmax(logits))])
+        engine.close_session(session)
     after = engine.stats().variants
     return {"seconds": time.perf_counter() - start,
             "prepared": after.prepared - before.prepared,
@@ -57,8 +57,8 @@ def main() -> None:
         engines[name] = Engine.load(model, EngineOptions(padding=padding, capacity=4096,
                                                          max_sessions=1))
         warm = engines[name].open_session()
-        warm.append([1, 2, 3])  # touch the weights before timing
-        warm.close()
+        engines[name].append(warm, [1, 2, 3])  # touch the weights before timing
+        engines[name].close_session(warm)
     results: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
     for _ in range(2):  # passes alternate between the settings so noise hits both alike
         for name, engine in engines.items():

@@ -81,15 +81,20 @@ def model_info(model: Any, config: Any) -> pb.ModelInfo:
         padding_enabled=bool(engine.options.padding and not info.recurrent_state),
         recurrent_state=info.recurrent_state, eos_token_ids=list(info.eos_token_ids),
         bos_token_id=-1 if info.bos_token_id is None else info.bos_token_id, num_layers=info.num_layers,
-        has_tokenizer=model.tokenizer is not None, max_sessions=engine.options.max_sessions,
-        variant_capacity=engine.options.variant_capacity, max_new_tokens_limit=model.max_new_tokens,
-        max_prompt_tokens=model.max_prompt_tokens, pod_name=config.pod_name)
+        has_tokenizer=model.tokenizer is not None, max_sessions=engine.pool.rows,
+        variant_capacity=engine.variants.capacity, max_new_tokens_limit=model.max_new_tokens,
+        max_prompt_tokens=model.max_prompt_tokens, pod_name=config.pod_name,
+        batch_widths=list(engine.batch_widths))
 
 
-def engine_stats(stats: Any, queue_depth: int, totals: Any) -> pb.EngineStats:
+def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any) -> pb.EngineStats:
     v, m = stats.variants, stats.memory
-    held = [pb.VariantEntry(width=e.key.width, ports=e.key.ports, bytes=e.nbytes, hits=e.hits)
-            for e in v.entries]
+    held = [pb.VariantEntry(width=e.key.width, ports=e.key.ports, bytes=e.nbytes, hits=e.hits,
+                            batch=e.key.batch) for e in v.entries]
+    d = stats.decode
+    decode = pb.DecodeStats(steps=d.steps, rows=d.rows, ride_along_rows=d.ride_along_rows,
+                            widths=[pb.BatchWidthUse(batch=b, forwards=n) for b, n in d.widths],
+                            batch_widths=list(stats.batch_widths), unbatched_reason=stats.unbatched_reason)
     return pb.EngineStats(
         variants=pb.VariantStats(entries=len(v.entries), capacity=v.capacity, hits=v.hits, misses=v.misses,
                                  prepared=v.prepared, evictions=v.evictions, refusals=v.refusals,
@@ -99,4 +104,5 @@ def engine_stats(stats: Any, queue_depth: int, totals: Any) -> pb.EngineStats:
         eager_forwards=stats.eager_forwards, sessions_open=stats.sessions_open,
         sessions_padding_off=stats.sessions_padding_off, slots_allocated=stats.slots_allocated,
         slot_bytes=stats.slot_bytes, queue_depth=queue_depth, prompt_tokens=totals.prompt_tokens,
-        generated_tokens=totals.generated_tokens, padded_rows=totals.padded_rows)
+        generated_tokens=totals.generated_tokens, padded_rows=totals.padded_rows, decode=decode,
+        waiting_for_slot=waiting)

@@ -2,25 +2,24 @@
 
 The servicer turns protobuf into the plain values here (Prompt input, Stopping,
 SamplingParams); this module resolves prompts to token ids, enforces the
-server's limits, and writes the worker-side generators: one forward per step,
-one event per yield. It never sees protobuf and never touches tensors beyond
-handing logits from the engine to the sampler.
+server's limits, and writes the worker-side generators, which yield events for
+the caller and requests for the scheduler (a slot, a prefill chunk, a decode
+row). It never sees protobuf and never touches tensors.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import numpy as np
-
-from engine.errors import EngineError, OutOfRange
+from engine.errors import OutOfRange
+from engine.executor import DecodeRow
 from engine.executor.sampling import Sampler, SamplingParams
 from service.errors import InvalidRequest, LimitExceeded, NoTokenizer
+from service.scheduler import Call, Chunk, OpenSlot, Token
 from service.sessions import SessionState
 
 
@@ -176,61 +175,49 @@ class StopText:
         return text[:len(text) - keep]
 
 
-# -- worker-side bodies: every next() runs at most one forward -------------------------------------
+# -- worker-side bodies: they ask the scheduler for engine work and never call the engine themselves --
 
-def prefill_steps(session: Any, tokens: list[int], tally: PrefillTally) -> Generator[Any, None, Any]:
-    """Run the prompt one forward per step; return the next-token logits."""
-    logits = None
-    for report in session.prefill(tokens):
+def prefill_steps(engine: Any, session: Any, tokens: list[int],
+                  tally: PrefillTally) -> Generator[Any, Any, None]:
+    """Append the prompt, one forward per round; the session's next-token logits follow it."""
+    task = yield Call(lambda: engine.start_prefill(session, tokens))
+    while not task.done:
+        report = yield Chunk(task)
         forward = report.forward
         tally.forwards += 1
         tally.real_rows += forward.rows
         tally.padded_rows += report.width - forward.rows
         tally.widths.append(report.width)
-        logits = report.logits
         yield ForwardDone(forward.rows, report.width, forward.past, report.length)
-    return logits
 
 
-def decode_steps(model: Model, state: SessionState, sampler: Sampler, stopping: Stopping,
-                 feed_last: bool) -> Generator[Any, None, None]:
-    """Sample, emit and feed tokens from state.logits; every emitted token is fed when feed_last.
+def decode_steps(model: Model, session: Any, sampler: Sampler, stopping: Stopping,
+                 feed_last: bool) -> Generator[Any, Any, None]:
+    """Choose, emit and feed tokens from the session's next-token logits.
 
-    After the first token the engine chooses where the logits live (session.next_token):
-    on CUDA only token ids cross to the host. A persistent session cancelled mid-way
-    gets its logits back for the tokens it holds, so it stays usable.
+    The first token is chosen from the logits the session holds, every later one
+    by the round's decode forward, all by the engine. With `feed_last` the session
+    keeps every emitted token (so the next Decode continues after it); a session
+    left mid-way holds the tokens fed so far and their logits, so it stays usable.
     """
-    session = state.session
-    first, state.logits = state.logits, None  # stale as soon as a token is fed
-    assert first is not None, "decode starts from a session's next-token logits"
+    engine = model.engine
     stream = model.tokenizer.stream(skip_special=True) if model.tokenizer is not None else None
     stop_text = StopText(stopping.stop)
-    reason, token, settled = Finish.LENGTH, -1, False
-    try:
-        for index in range(stopping.max_new_tokens):
-            token = sampler(first, session.tokens) if index == 0 else session.next_token(sampler, [token])
-            piece = stop_text.push(stream.push(token)) if stream is not None else ""
-            yield TokenOut(token, piece, index, time.perf_counter())
-            stopped = _stop_reason(model, stopping, token, stop_text)
-            if stopped is not None or session.length + 1 > model.capacity:
-                reason = stopped or Finish.CAPACITY
-                break
-        tail = "" if stop_text.stopped or stream is None else stop_text.push(stream.flush()) + stop_text.held
-        if feed_last and session.length + 1 <= model.capacity:
-            state.logits = session.append([token])
-        settled = True
-        yield Finished(reason, tail, session.length)
-    finally:
-        if feed_last and not settled and session.length and not session.closed:
-            with contextlib.suppress(EngineError):
-                state.logits = logits_after(session)
-
-
-def logits_after(session: Any) -> np.ndarray:
-    """The next-token logits of the tokens the session holds: its last token run again."""
-    last = session.tokens[-1]
-    session.rewind_to(session.length - 1)
-    return np.asarray(session.append([last]))
+    reason = Finish.LENGTH
+    token = yield Call(lambda: engine.choose(session, sampler))
+    for index in range(stopping.max_new_tokens):
+        piece = stop_text.push(stream.push(token)) if stream is not None else ""
+        yield TokenOut(token, piece, index, time.perf_counter())
+        stopped = _stop_reason(model, stopping, token, stop_text)
+        if stopped is not None or session.length + 1 > model.capacity:
+            reason = stopped or Finish.CAPACITY
+            break
+        if index + 1 < stopping.max_new_tokens:
+            token = yield Token(DecodeRow(session, token, sampler))
+    tail = "" if stop_text.stopped or stream is None else stop_text.push(stream.flush()) + stop_text.held
+    if feed_last and session.length + 1 <= model.capacity:
+        yield Token(DecodeRow(session, token))  # fed, not chosen from: the next Decode chooses
+    yield Finished(reason, tail, session.length)
 
 
 def _stop_reason(model: Model, stopping: Stopping, token: int, stop_text: StopText) -> Finish | None:
@@ -242,61 +229,55 @@ def _stop_reason(model: Model, stopping: Stopping, token: int, stop_text: StopTe
 
 
 def generate_body(model: Model, tokens: list[int], sampler: Sampler, stopping: Stopping,
-                  tally: PrefillTally) -> Generator[Any, None, None]:
-    """Generate on a session of its own, returned to the pool however the job ends."""
-    yield Started(time.perf_counter())
-    session = model.engine.open_session()
+                  tally: PrefillTally) -> Generator[Any, Any, None]:
+    """Generate on a session of its own (waiting for a free slot), returned to the pool however it ends."""
+    session = yield OpenSlot()
     try:
-        state = SessionState(id="", owner="", session=session)
-        state.logits = yield from prefill_steps(session, tokens, tally)
-        yield from decode_steps(model, state, sampler, stopping, feed_last=False)
+        yield Started(time.perf_counter())
+        yield from prefill_steps(model.engine, session, tokens, tally)
+        yield from decode_steps(model, session, sampler, stopping, feed_last=False)
     finally:
-        session.close()
+        model.engine.close_session(session)
 
 
 def prefill_body(model: Model, state: SessionState, tokens: list[int],
-                 tally: PrefillTally) -> Generator[Any, None, None]:
-    """Extend a session by one prompt part; its logits become the session's next-token logits."""
-    state.logits = yield from prefill_steps(state.session, tokens, tally)
+                 tally: PrefillTally) -> Generator[Any, Any, None]:
+    """Extend a session by one prompt part."""
+    yield from prefill_steps(model.engine, state.session, tokens, tally)
 
 
 def decode_body(model: Model, state: SessionState, sampler: Sampler,
-                stopping: Stopping) -> Generator[Any, None, None]:
+                stopping: Stopping) -> Generator[Any, Any, None]:
     """Continue a session; checked on the worker, after any earlier job on it has ended."""
     yield Started(time.perf_counter())
-    if state.logits is None:
-        raise OutOfRange(f"session {state.id} has nothing to continue from (empty or full)")
-    budget = model.budget(stopping, state.session.length)
-    yield from decode_steps(model, state, sampler, budget, feed_last=True)
+    session = state.session
+    if not session.has_logits:
+        raise OutOfRange(f"session {state.id} has nothing to continue from (it is empty)")
+    budget = model.budget(stopping, session.length)
+    yield from decode_steps(model, session, sampler, budget, feed_last=True)
 
 
-def close(state: SessionState) -> int:
+def close(model: Model, state: SessionState) -> int:
     """Return the session's KV slot; the tokens it held."""
     length: int = state.session.length
-    state.session.close()
+    model.engine.close_session(state.session)
     return length
 
 
 def next_token(model: Model, state: SessionState, sampler: Sampler) -> PrefillFinished:
     """The token the sampler picks from the session's logits (not fed)."""
-    if state.logits is None:
-        raise OutOfRange("the session has no next-token logits (empty or full)")
-    token = sampler(state.logits, state.session.tokens)
-    text = model.tokenizer.decode([token]) if model.tokenizer is not None else ""
-    return PrefillFinished(state.session.length, token, text)
-
-
-def rewind(state: SessionState, length: int) -> int:
-    """Keep the first `length` tokens; re-run the last kept one to recover its logits."""
     session = state.session
-    if length > session.length:
+    if not session.has_logits:
+        raise OutOfRange("the session has no next-token logits (it is empty)")
+    token = model.engine.choose(session, sampler)
+    text = model.tokenizer.decode([token]) if model.tokenizer is not None else ""
+    return PrefillFinished(session.length, token, text)
+
+
+def rewind(model: Model, state: SessionState, length: int) -> int:
+    """Keep the first `length` tokens; the engine restores the logits of the tokens kept."""
+    session = state.session
+    if not 0 <= length <= session.length:
         raise InvalidRequest(f"cannot rewind to {length}: the session holds {session.length}")
-    if length == session.length:
-        return length
-    if length == 0:
-        session.rewind_to(0)
-        state.logits = None
-        return 0
-    session.rewind_to(length)
-    state.logits = logits_after(session)
-    return session.length
+    model.engine.rewind(session, length)
+    return int(session.length)

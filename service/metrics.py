@@ -1,7 +1,8 @@
 """Prometheus metrics of one server, in a registry of its own (tests run several servers).
 
 TTFT and inter-token latency, queue depth, prompt and generated tokens, prefill
-forwards with real and padded rows, the variant cache and sessions, and calls
+forwards with real and padded rows, decode forwards and the rows they
+batched, requests waiting for a slot, the variant cache and sessions, and calls
 by method and status. Served on config.metrics_port by prometheus-client.
 """
 
@@ -36,9 +37,14 @@ class Metrics:
         self.sessions = Gauge("ladder_sessions_open", "Server-side sessions open", registry=r)
         self.variants = Gauge("ladder_variants", "Variant cache counters", ["counter"], registry=r)
         self.memory = Gauge("ladder_memory_bytes", "What the memory budget adds up", ["part"], registry=r)
+        self.waiting = Gauge("ladder_waiting_for_slot", "Requests waiting for a free KV slot", registry=r)
+        self.decode_forwards = Gauge("ladder_decode_forwards", "Decode forwards run since start", registry=r)
+        self.decode_rows = Gauge("ladder_decode_rows", "Session rows those forwards advanced", registry=r)
 
-    def watch(self, queue_depth: Callable[[], int], sessions: Callable[[], int]) -> None:
+    def watch(self, queue_depth: Callable[[], int], sessions: Callable[[], int],
+              waiting: Callable[[], int]) -> None:
         self.queue_depth.set_function(queue_depth)
+        self.waiting.set_function(waiting)
         self.sessions.set_function(sessions)
 
     def call_done(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
@@ -58,6 +64,8 @@ class Metrics:
             self.variants.labels(name).set(getattr(variants, name))
         for part in ("weights", "kv", "variants", "total", "budget"):
             self.memory.labels(part).set(getattr(memory, part))
+        self.decode_forwards.set(stats.decode.steps)
+        self.decode_rows.set(stats.decode.rows)
 
     def serve_http(self, port: int) -> Any:
         """Start the /metrics endpoint; returns the HTTP server (None when port is 0)."""

@@ -1,17 +1,27 @@
-"""The engine worker: one thread owns the engine and runs every forward, one step at a time.
+"""The engine worker: one thread owns the engine and runs it in rounds.
 
-Contract: a job is a generator run on the worker thread; each `next()` runs at
-most one forward (one prefill chunk or one decode token) and may yield one
-event for its caller. The worker steps every live job once per round, so a long
-prompt's prefill interleaves with the running streams: a stream waits at most
-one forward of each other job between its tokens. Nothing else touches the engine.
+Contract: a job is a generator run on the worker thread. It yields events for
+its caller, and requests for the engine: `Call` (run now, on the worker),
+`OpenSlot` (wait for a free KV slot), `Chunk` (one prefill forward) and
+`Token` (one row of a decode step); what a request returns is sent back into
+the generator. Jobs never touch the engine between requests.
+
+Each round: every job that is not waiting runs up to its next request; free
+slots go to the jobs waiting for one, in arrival order; the oldest job waiting
+on a prefill runs one chunk forward; then one decode forward advances every job
+waiting on a token, whatever its session's length. So a long prompt delays
+running streams by at most one chunk per token, and sixteen streams cost one
+forward per token, not sixteen. `steps` keeps a log of what each round ran.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import queue
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,11 +29,50 @@ from typing import Any, TypeVar
 import structlog
 
 from engine.errors import EngineFault
+from engine.executor import DecodeRow, Engine, PrefillTask, Session
 from service.errors import Cancelled, QueueFull
 
 log = structlog.get_logger("ladder.scheduler")
 T = TypeVar("T")
-Body = Generator[Any, None, None]
+Body = Generator[Any, Any, None]
+
+
+@dataclass(frozen=True)
+class Call:
+    """Run `fn` on the worker now; its result (or error) goes back to the job."""
+
+    fn: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class OpenSlot:
+    """Wait, in arrival order, for a free KV slot; a new engine Session comes back."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Run the task's next prefill forward in a round; its ForwardReport comes back."""
+
+    task: PrefillTask
+
+
+@dataclass(frozen=True)
+class Token:
+    """Be one row of the round's decode forward; the chosen token (or None) comes back."""
+
+    row: DecodeRow
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one round ran: jobs closed before it, its prefill forward (job, width), its decode
+    rows (job, pool row) and the decode forward's batch width."""
+
+    round: int
+    closed: tuple[int, ...]
+    prefill: tuple[int, int] | None
+    decode: tuple[tuple[int, int], ...]
+    batch: int
 
 
 @dataclass(frozen=True)
@@ -31,45 +80,78 @@ class _End:
     error: BaseException | None = None
 
 
+@dataclass(frozen=True)
+class _Result:
+    value: Any
+
+
+def _put_all(items: list[tuple[Job, Any]]) -> None:
+    for job, item in items:
+        job.events.put_nowait(item)
+
+
+_WAKE = object()
+_STOP = object()
+
+
 class Job:
     """One request on the worker: its generator and the asyncio queue its events go to."""
 
-    def __init__(self, body: Body, loop: asyncio.AbstractEventLoop, bounded: bool) -> None:
+    def __init__(self, body: Body, loop: asyncio.AbstractEventLoop, bounded: bool, serial: int,
+                 wake: Callable[[], None], outbox: Callable[[Job, Any], None]) -> None:
         self.body = body
         self.bounded = bounded  # counts toward the queue bound (requests, not internal calls)
         self.loop = loop
+        self.serial = serial  # arrival order
         self.events: asyncio.Queue[Any] = asyncio.Queue()
         self.abort_error: BaseException | None = None
+        self.want: OpenSlot | Chunk | Token | None = None  # the request it waits on
+        self.reply: Any = None
+        self.error: BaseException | None = None  # thrown into the body at its next step
         self.done = False
+        self._wake = wake
+        self._outbox = outbox
 
     def cancel(self, error: BaseException) -> None:
         """Stop the job before its next step (thread-safe; a finished job ignores it)."""
-        if self.abort_error is None:
+        if self.abort_error is None and not self.done:
             self.abort_error = error
+            self._wake()
 
     def deliver(self, item: Any) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
-        except RuntimeError:  # the event loop is gone: nobody is listening any more
-            pass
+        self._outbox(self, item)
+
+    def answer(self, reply: Any = None, error: BaseException | None = None) -> None:
+        self.want, self.reply, self.error = None, reply, error
 
 
 class Scheduler:
-    def __init__(self, max_queue: int, on_fault: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(self, engine: Engine, max_queue: int,
+                 on_fault: Callable[[BaseException], None] | None = None, log_steps: int = 4096) -> None:
+        self.engine = engine
         self.max_queue = max_queue
         self.on_fault = on_fault
-        self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.steps: deque[StepRecord] = deque(maxlen=log_steps)
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._active: list[Job] = []
         self._lock = threading.Lock()
         self._depth = 0
+        self._serials = itertools.count(1)
+        self._rounds = 0
         self._refusal: BaseException | None = None
+        self._posted: dict[asyncio.AbstractEventLoop, list[tuple[Job, Any]]] = {}
         self._thread = threading.Thread(target=self._run, name="ladder-engine", daemon=True)
         self._thread.start()
 
     @property
     def depth(self) -> int:
-        """Requests the worker holds (running or about to start)."""
+        """Requests the worker holds (running, or waiting for a slot)."""
         return self._depth
+
+    @property
+    def waiting(self) -> int:
+        """Jobs waiting for a free KV slot."""
+        return sum(1 for job in list(self._active) if isinstance(job.want, OpenSlot))
 
     # -- the event-loop side ------------------------------------------------------
     def submit(self, body: Body, *, bounded: bool = True) -> Job:
@@ -81,7 +163,7 @@ class Scheduler:
                 body.close()
                 raise QueueFull(f"the engine worker already holds {self._depth} requests")
             self._depth += bounded
-        job = Job(body, asyncio.get_running_loop(), bounded)
+        job = Job(body, asyncio.get_running_loop(), bounded, next(self._serials), self._wake, self._post)
         self._inbox.put(job)
         return job
 
@@ -100,15 +182,23 @@ class Scheduler:
             job.cancel(Cancelled("the call ended before its job"))
 
     async def call(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on the worker (one step) and return its result."""
+        """Run `fn` on the worker (between two forwards) and return its result."""
         def body() -> Body:
-            yield fn()
+            yield _Result((yield Call(fn)))
 
-        job = self.submit(body(), bounded=False)
-        item = await job.events.get()
-        if isinstance(item, _End):
-            raise item.error or AssertionError("a call job always yields its result")
-        return item  # type: ignore[no-any-return]
+        return await self._result(body(), bounded=False)  # type: ignore[no-any-return]
+
+    async def open_session(self) -> Any:
+        """A new engine session, once a KV slot is free (waiting in the bounded queue meanwhile)."""
+        def body() -> Body:
+            yield _Result((yield OpenSlot()))
+
+        return await self._result(body(), bounded=True)
+
+    async def _result(self, body: Body, *, bounded: bool) -> Any:
+        async for item in self.stream(body, bounded=bounded):
+            return item.value
+        raise AssertionError("a call job always yields its result")
 
     def abort_all(self, error: BaseException) -> None:
         """End every job before its next step with `error`, and refuse new ones (drain deadline)."""
@@ -117,46 +207,148 @@ class Scheduler:
             job.cancel(error)
 
     def stop(self) -> None:
-        self._inbox.put(None)
+        self._inbox.put(_STOP)
         self._thread.join(timeout=10)
+
+    def _wake(self) -> None:
+        self._inbox.put(_WAKE)
 
     # -- the worker thread ---------------------------------------------------------
     def _run(self) -> None:
         while True:
-            if not self._admit(block=not self._active):
+            if not self._admit(block=not self._busy()):
+                self._flush()
                 return
-            for job in list(self._active):
-                self._step(job)
+            self._round()
+            self._flush()
+
+    def _post(self, job: Job, item: Any) -> None:
+        self._posted.setdefault(job.loop, []).append((job, item))
+
+    def _flush(self) -> None:
+        """Hand the round's events to their event loops: one wake-up per loop, not one per token."""
+        posted, self._posted = self._posted, {}
+        for loop, items in posted.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the event loop is gone: nobody is listening any more
+                pass
+
+    def _busy(self) -> bool:
+        """Whether a round has anything to do without new input."""
+        for job in self._active:
+            if job.abort_error is not None or job.want is None or isinstance(job.want, Chunk | Token):
+                return True
+            if isinstance(job.want, OpenSlot) and self.engine.free_slots:
+                return True
+        return False
 
     def _admit(self, block: bool) -> bool:
         """Move new jobs into the round; False when told to stop."""
         try:
             item = self._inbox.get(block=block)
             while True:
-                if item is None:
+                if item is _STOP:
                     for job in list(self._active):
                         self._close(job, Cancelled("the server stopped"))
                     return False
-                self._active.append(item)
+                if isinstance(item, Job):
+                    self._active.append(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             return True
 
-    def _step(self, job: Job) -> None:
-        if job.abort_error is not None:
-            self._close(job, job.abort_error)
-            return
+    def _round(self) -> None:
+        closed = []
+        for job in list(self._active):
+            if job.abort_error is not None:
+                self._close(job, job.abort_error)
+                closed.append(job.serial)
+            elif job.want is None:
+                self._advance(job)
+        self._grant_slots()
+        prefill = self._prefill()
+        decode, batch = self._decode()
+        if prefill is not None or decode or closed:
+            self._rounds += 1
+            self.steps.append(StepRecord(self._rounds, tuple(closed), prefill, decode, batch))
+
+    def _advance(self, job: Job) -> None:
+        """Run the job up to the request it must wait for (events delivered, calls answered)."""
+        while True:
+            try:
+                error, job.error = job.error, None
+                reply, job.reply = job.reply, None
+                item = job.body.send(reply) if error is None else job.body.throw(error)
+            except StopIteration:
+                self._finish(job, None)
+                return
+            except Exception as exc:  # noqa: BLE001 — a failing job must never stop the worker
+                self._fault(exc)
+                self._finish(job, exc)
+                return
+            if isinstance(item, Call):
+                self._answer(job, item.fn)
+            elif isinstance(item, Token):
+                self._answer(job, functools.partial(self.engine.check_decode, item.row))
+                if job.error is None:
+                    job.want = item
+                    return
+            elif isinstance(item, OpenSlot | Chunk):
+                job.want = item
+                return
+            elif item is not None:
+                job.deliver(item)
+
+    def _answer(self, job: Job, fn: Callable[[], Any]) -> None:
         try:
-            event = next(job.body)
-        except StopIteration:
-            self._finish(job, None)
-        except Exception as exc:  # noqa: BLE001 — a failing job must never stop the worker
-            if isinstance(exc, EngineFault) and self.on_fault is not None:
-                self.on_fault(exc)
-            self._finish(job, exc)
-        else:
-            if event is not None:
-                job.deliver(event)
+            job.answer(fn())
+        except Exception as exc:  # noqa: BLE001 — the job decides what a failure means
+            self._fault(exc)
+            job.answer(error=exc)
+
+    def _waiting(self, kind: type) -> list[Job]:
+        return sorted((j for j in self._active if isinstance(j.want, kind)), key=lambda j: j.serial)
+
+    def _grant_slots(self) -> None:
+        for job in self._waiting(OpenSlot):
+            if not self.engine.free_slots:
+                return
+            self._answer(job, self.engine.open_session)
+
+    def _prefill(self) -> tuple[int, int] | None:
+        """The oldest waiting prefill runs one forward."""
+        jobs = self._waiting(Chunk)
+        if not jobs:
+            return None
+        job = jobs[0]
+        assert isinstance(job.want, Chunk)
+        task = job.want.task
+        self._answer(job, lambda: self.engine.prefill_step(task))
+        width = job.reply.width if job.error is None else 0
+        return job.serial, width
+
+    def _decode(self) -> tuple[tuple[tuple[int, int], ...], int]:
+        """One decode forward for every job waiting on a token."""
+        jobs = self._waiting(Token)
+        if not jobs:
+            return (), 0
+        rows = [j.want.row for j in jobs if isinstance(j.want, Token)]
+        try:
+            tokens = self.engine.decode(rows)
+        except Exception as exc:  # noqa: BLE001 — every row of a failed forward fails
+            self._fault(exc)
+            for job in jobs:
+                job.answer(error=exc)
+            return (), 0
+        for job, token in zip(jobs, tokens, strict=True):
+            job.answer(token)
+        decoded = tuple((j.serial, r.session.row) for j, r in zip(jobs, rows, strict=True))
+        return decoded, self.engine.last_batch
+
+    def _fault(self, exc: BaseException) -> None:
+        if isinstance(exc, EngineFault) and self.on_fault is not None:
+            self.on_fault(exc)
 
     def _close(self, job: Job, error: BaseException) -> None:
         """End a job early: its finally blocks run here (sessions it opened are closed)."""
@@ -164,6 +356,8 @@ class Scheduler:
             job.body.close()
         except Exception as exc:  # noqa: BLE001 — a failing clean-up must never stop the worker
             log.error("job_cleanup_failed", error=repr(exc))
+        if isinstance(job.reply, Session):  # a slot granted to a job that never saw it
+            self.engine.close_session(job.reply)
         self._finish(job, error)
 
     def _finish(self, job: Job, error: BaseException | None) -> None:

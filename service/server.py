@@ -103,11 +103,11 @@ class LadderServer:
         def on_fault(exc: BaseException) -> None:  # called on the worker thread
             loop.call_soon_threadsafe(self._fault, exc)
 
-        scheduler = Scheduler(self.config.max_queue, on_fault=on_fault)
+        scheduler = Scheduler(model.engine, self.config.max_queue, on_fault=on_fault)
         sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller)
         self.runtime = Runtime(self.config, model, scheduler, sessions, self.metrics)
         self.servicer.rt = self.runtime
-        self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions))
+        self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting)
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", model=model.name, capacity=model.capacity, ladder=model.engine.ladder)

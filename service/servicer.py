@@ -38,7 +38,7 @@ from service.generation import (
 )
 from service.metrics import Metrics
 from service.progress import Progress, Totals
-from service.scheduler import Scheduler
+from service.scheduler import Call, Scheduler
 from service.security import CALLER, REQUEST_ID
 from service.sessions import SessionRegistry, SessionState
 
@@ -60,7 +60,8 @@ class Runtime:
     async def open_session(self) -> SessionState:
         caller = CALLER.get()
         self.sessions.check_quota(caller)
-        opening = asyncio.ensure_future(self.scheduler.call(self.model.engine.open_session))
+        # Waits in the bounded queue while every KV slot is taken.
+        opening = asyncio.ensure_future(self.scheduler.open_session())
         try:
             session = await asyncio.shield(opening)
         except asyncio.CancelledError:  # the caller left while the slot was being taken: give it back
@@ -80,7 +81,7 @@ class Runtime:
         self.sessions.remove(state)
 
         def body() -> Any:
-            yield close(state)
+            yield Call(lambda: close(self.model, state))
 
         self.scheduler.submit(body(), bounded=False)
 
@@ -174,7 +175,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     async def Rewind(self, request: pb.RewindRequest, context: Context) -> pb.RewindResponse:
         state = self.rt.sessions.get(request.session_id, CALLER.get())
         with self.rt.sessions.using(state):
-            length = await self.rt.scheduler.call(lambda: rewind(state, request.length))
+            length = await self.rt.scheduler.call(lambda: rewind(self.rt.model, state, request.length))
         return pb.RewindResponse(session_id=state.id, length=length)
 
     async def CloseSession(self, request: pb.CloseSessionRequest,
@@ -182,7 +183,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         state = self.rt.sessions.get(request.session_id, CALLER.get())
         with self.rt.sessions.using(state):
             self.rt.sessions.remove(state)
-            length = await self.rt.scheduler.call(lambda: close(state))
+            length = await self.rt.scheduler.call(lambda: close(self.rt.model, state))
         self.rt.metrics.sessions.set(len(self.rt.sessions))
         return pb.CloseSessionResponse(session_id=state.id, length=length)
 
@@ -207,7 +208,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     async def GetEngineStats(self, request: pb.GetEngineStatsRequest, context: Context) -> pb.EngineStats:
         stats = await self.rt.scheduler.call(self.rt.model.engine.stats)
         self.rt.metrics.engine_stats(stats)
-        return convert.engine_stats(stats, self.rt.scheduler.depth, self.rt.totals)
+        scheduler = self.rt.scheduler
+        return convert.engine_stats(stats, scheduler.depth, scheduler.waiting, self.rt.totals)
 
 
 def _token_event(event: TokenOut, progress: Progress) -> pb.TokenEvent:

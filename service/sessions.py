@@ -15,8 +15,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from service.errors import QueueFull, SessionBusy, SessionNotFound, WrongPod
 
 
@@ -25,7 +23,6 @@ class SessionState:
     id: str
     owner: str
     session: Any  # engine.executor.Session, touched only on the worker
-    logits: np.ndarray | None = None  # next-token logits; None when the session is empty or full
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False
 

@@ -27,20 +27,26 @@ class Runtime(Protocol):
 
 class LadderRuntime:
     def __init__(self, model_dir: Path, chunk_size: int | None, padding: bool) -> None:
-        from engine.executor import Engine, EngineOptions
+        from engine.executor import DecodeRow, Engine, EngineOptions
+        from engine.executor.sampling import Sampler, SamplingParams
 
         self.engine = Engine.load(model_dir, EngineOptions(chunk_size=chunk_size,
                                                            padding=padding, max_sessions=1))
+        self.decode_row = DecodeRow
+        self.sampler = Sampler(SamplingParams())  # greedy
         self.session: Any = None
 
     def prefill(self, ids: list[int]) -> int:
         if self.session is not None:
-            self.session.close()
+            self.engine.close_session(self.session)
         self.session = self.engine.open_session()
-        return int(np.argmax(self.session.append(ids)))
+        return int(np.argmax(self.engine.append(self.session, ids)))
 
     def decode(self, token: int) -> int:
-        return int(np.argmax(self.session.append([token])))
+        # One decode step, the token chosen where the logits are (as the service decodes).
+        chosen = self.engine.decode([self.decode_row(self.session, token, self.sampler)])[0]
+        assert chosen is not None
+        return chosen
 
 
 class GenaiRuntime:

@@ -99,8 +99,6 @@ def summarize(name: str, runs: dict[str, Any], bandwidth: float) -> dict[str, An
     out: dict[str, Any] = {"weight_bytes_per_token": weight_bytes_per_token(SPECS[name])}
     out["floor_tok_s"] = bandwidth / out["weight_bytes_per_token"]
     if "first" in ladder and "first" in genai:
-        out["steady_stepwise_decode_ratio"] = (ladder["steady_stepwise"]["decode_tok_s"]
-                                               / genai["steady"]["decode_tok_s"])
         for name in ("ttft_pass2", "ttft_fresh"):
             out[f"{name}_median_ms"] = {"ladder": ladder[name]["median_ms"],
                                         "genai": genai[name]["median_ms"]}

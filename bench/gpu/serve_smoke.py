@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.gpu.run import SPECS
 from clients.python import LadderClient, Stopping
-from engine.executor import Engine, EngineOptions
+from engine.executor import DecodeRow, Engine, EngineOptions
 from engine.executor.sampling import Sampler, SamplingParams
 from engine.modelgen.synthetic import build_synthetic
 
@@ -40,11 +40,13 @@ def free_port() -> int:
 
 
 def engine_greedy(path: Path, prompt: list[int], provider: str) -> list[int]:
-    session = Engine.load(path, EngineOptions(provider=provider, max_sessions=1)).open_session()
+    engine = Engine.load(path, EngineOptions(provider=provider, max_sessions=1))
+    session = engine.open_session()
     sampler = Sampler(SamplingParams())
-    tokens = [session.next_token(sampler, prompt)]
+    engine.append(session, prompt)
+    tokens = [engine.choose(session, sampler)]
     while len(tokens) < NEW:
-        tokens.append(session.next_token(sampler, tokens[-1:]))
+        tokens.append(engine.decode([DecodeRow(session, tokens[-1], sampler)])[0])
     return tokens
 
 

@@ -1,6 +1,6 @@
 """One benchmark worker per process, so each one's device memory is its own.
 
-    python -m bench.gpu.workers ladder MODEL_DIR      first request, steady TTFT, decode, swaps, soak
+    python -m bench.gpu.workers ladder MODEL_DIR      first request, steady TTFT, decode, two together, soak
     python -m bench.gpu.workers seed MODEL_DIR on|off the seed's experiment: five lengths, two passes
     python -m bench.gpu.workers genai MODEL_DIR       onnxruntime-genai-cuda with CUDA graphs
 
@@ -44,17 +44,20 @@ def ladder_engine(path: str, padding: bool = True) -> Any:
 
 
 def ladder_generate(engine: Any, tokens: list[int], new: int) -> dict[str, Any]:
+    from engine.executor import DecodeRow
     from engine.executor.sampling import Sampler, SamplingParams
 
     greedy = Sampler(SamplingParams())
     session = engine.open_session()
     t0 = time.perf_counter()
-    out = [session.next_token(greedy, tokens)]
+    for _ in engine.prefill(session, tokens):
+        pass
+    out = [engine.choose(session, greedy)]
     t1 = time.perf_counter()
     for _ in range(new - 1):
-        out.append(session.next_token(greedy, [out[-1]]))
+        out.append(engine.decode([DecodeRow(session, out[-1], greedy)])[0])
     t2 = time.perf_counter()
-    session.close()
+    engine.close_session(session)
     return {"ttft_ms": (t1 - t0) * 1e3, "decode_tok_s": (new - 1) / (t2 - t1) if new > 1 else None,
             "tokens": out}
 
@@ -67,38 +70,42 @@ def ladder_ttft_pass(engine: Any, vocab: int, lengths: list[int] = LENGTHS) -> d
 
 
 def ladder_interleaved(engine: Any, vocab: int, steps: int = 64) -> dict[str, Any]:
+    """Two sessions decoded together: one forward per step for both."""
+    from engine.executor import DecodeRow
     from engine.executor.sampling import Sampler, SamplingParams
 
     greedy = Sampler(SamplingParams())
     sessions = [engine.open_session() for _ in range(2)]
-    outs = [[s.next_token(greedy, prompt(PROMPT, vocab, seed))] for seed, s in enumerate(sessions)]
-    swaps = engine.backend.home.swaps
+    for seed, s in enumerate(sessions):
+        engine.append(s, prompt(PROMPT, vocab, seed))
+    outs = [[engine.choose(s, greedy)] for s in sessions]
     t0 = time.perf_counter()
     for _ in range(steps):
-        for s, out in zip(sessions, outs, strict=True):
-            out.append(s.next_token(greedy, [out[-1]]))
+        chosen = engine.decode([DecodeRow(s, o[-1], greedy) for s, o in zip(sessions, outs, strict=True)])
+        for out, token in zip(outs, chosen, strict=True):
+            out.append(token)
     elapsed = time.perf_counter() - t0
     for s in sessions:
-        s.close()
-    return {"sessions": 2, "tok_s_total": 2 * steps / elapsed,
-            "swaps": engine.backend.home.swaps - swaps}
+        engine.close_session(s)
+    return {"sessions": 2, "tok_s_total": 2 * steps / elapsed}
 
 
 def ladder_profile(engine: Any, vocab: int) -> dict[str, Any]:
-    """Decode steps with CUDA events around each forward: device time vs wall time per step."""
+    """Decode steps with the time inside onnxruntime's run summed: device time vs wall time per step."""
+    from engine.executor import DecodeRow
     from engine.executor.sampling import Sampler, SamplingParams
 
     greedy, backend = Sampler(SamplingParams()), engine.backend
-    backend.lookahead = False  # time each step on its own: host work and device work in series
     session = engine.open_session()
-    token = session.next_token(greedy, prompt(PROMPT, vocab))
+    engine.append(session, prompt(PROMPT, vocab))
+    token = engine.choose(session, greedy)
     backend.profile, backend.run_ms, backend.profiled_forwards = True, 0.0, 0
     t0 = time.perf_counter()
     for _ in range(NEW - 1):
-        token = session.next_token(greedy, [token])
+        token = engine.decode([DecodeRow(session, token, greedy)])[0]
     wall_ms = (time.perf_counter() - t0) * 1e3 / (NEW - 1)
-    backend.profile, backend.lookahead = False, True
-    session.close()
+    backend.profile = False
+    engine.close_session(session)
     run_ms = backend.run_ms / backend.profiled_forwards
     # Inside onnxruntime's run: graph launch, the device's work and the end-of-run sync.
     return {"wall_ms_per_step": wall_ms, "ort_run_ms_per_step": run_ms,
@@ -130,15 +137,12 @@ def run_ladder(path: str) -> dict[str, Any]:
     result["ttft_pass2"] = ladder_ttft_pass(engine, vocab)
     result["ttft_fresh"] = ladder_ttft_pass(engine, vocab, FRESH)
     result["steady"] = ladder_generate(engine, prompt(PROMPT, vocab), NEW)
-    engine.backend.lookahead = False
-    result["steady_stepwise"] = ladder_generate(engine, prompt(PROMPT, vocab), NEW)
-    engine.backend.lookahead = True
     result["first_tokens_12"] = {n: ladder_generate(engine, prompt(n, vocab), 4)["tokens"]
                                  for n in LENGTHS}
     result["profile"] = ladder_profile(engine, vocab)
     result["interleaved"] = ladder_interleaved(engine, vocab)
     result["soak"] = ladder_soak(engine, vocab)
-    result["variants"] = [{"width": e.key.width, "nbytes": e.nbytes, "hits": e.hits}
+    result["variants"] = [{"width": e.key.width, "batch": e.key.batch, "nbytes": e.nbytes, "hits": e.hits}
                           for e in engine.stats().variants.entries]
     result["backend_memory"] = engine.backend.memory()
     result["eager_forwards"] = engine.eager_forwards

@@ -1,68 +1,35 @@
-"""The CPU backend: one onnxruntime session, KV slots at capacity, variants as reusable bindings.
+"""The CPU backend: one onnxruntime session over a KV pool, variants as reusable bindings.
 
-A KV slot holds every layer's key and value at physical capacity, bound as
-both past and present (one shared buffer, so nothing is copied per step),
-and an attention mask frozen at [1, capacity]: `total_sequence_length` never
-changes and `seqlens_k` (sum of the mask - 1) carries the true length.
-A variant holds the input and logits buffers of one query width and an
-IOBinding over them; switching sessions only rebinds the slot's buffers.
+The pool's blocks are bound as both past and present (one shared buffer, so
+nothing is copied per step). A prefill variant holds the input and logits
+buffers of one query width and rebinds the KV only when the row changes; a
+decode variant binds the first B rows of the pool once, for good.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
 
 from engine.executor.options import EngineOptions
+from engine.executor.pool import KvPool
+from engine.executor.sampling import Sampler
 from engine.executor.variants import VariantKey
 from engine.model import ModelInfo, Port
-
-_serials = itertools.count(1)
 
 
 def _dtype(name: str) -> np.dtype:
     return np.dtype(np.float16 if name == "float16" else name)
 
 
-def resolve_dims(port: Port, width: int) -> tuple[int, ...] | None:
-    """A port's concrete shape at query width `width`; None if a dimension stays unknown."""
-    named = {"batch_size": 1, "batch": 1, "sequence_length": width}
+def resolve_dims(port: Port, width: int, batch: int = 1) -> tuple[int, ...] | None:
+    """A port's concrete shape at query width `width` and batch `batch`; None if a dimension stays unknown."""
+    named = {"batch_size": batch, "batch": batch, "sequence_length": width}
     dims = [d if isinstance(d, int) else named.get(d) for d in port.dims]
     return None if any(d is None for d in dims) else tuple(int(d) for d in dims if d is not None)
-
-
-@dataclass
-class CpuSlot:
-    """One session's KV cache, mask and recurrent state, allocated at capacity."""
-
-    capacity: int
-    kv: list[tuple[np.ndarray, np.ndarray]]
-    mask: np.ndarray
-    states: dict[str, np.ndarray]
-    serial: int = field(default_factory=lambda: next(_serials))
-
-    def __post_init__(self) -> None:
-        self.kv_values = [tuple(ort.OrtValue.ortvalue_from_numpy(a) for a in pair)
-                          for pair in self.kv]
-        self.mask_value = ort.OrtValue.ortvalue_from_numpy(self.mask)
-        self.state_out = {name: np.zeros_like(a) for name, a in self.states.items()}
-
-    @property
-    def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.kv) + self.mask.nbytes
-
-    def set_length(self, length: int) -> None:
-        """Make the mask say `length` valid tokens: ones before, zeros after."""
-        self.mask[0, :length] = 1
-        self.mask[0, length:] = 0
-
-    def clear_state(self) -> None:
-        for array in self.states.values():
-            array.fill(0)
 
 
 @dataclass
@@ -74,7 +41,7 @@ class CpuVariant:
     positions: np.ndarray | None
     binding: ort.IOBinding | None
     held: list[ort.OrtValue]
-    bound_slot: int = 0
+    bound_row: int = -1  # the pool row whose KV the binding holds (prefill variants)
 
     @property
     def nbytes(self) -> int:
@@ -86,8 +53,18 @@ class CpuVariant:
         self.held.clear()
 
 
+@dataclass
+class RowState:
+    """A row's recurrent state: read and rewritten by one forward, so in and out are two buffers."""
+
+    current: dict[str, np.ndarray]
+    spare: dict[str, np.ndarray] = field(default_factory=dict)
+
+
 class CpuBackend:
     name = "cpu"
+    evictable = True
+    weights_bytes = 0
 
     def __init__(self, info: ModelInfo, options: EngineOptions) -> None:
         self.info = info
@@ -97,31 +74,62 @@ class CpuBackend:
         so.log_severity_level = 3
         model = info.path / info.config["model"]["decoder"].get("filename", "model.onnx")
         self.session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+        self.pool: KvPool | None = None
+        self.store = np.zeros((0, info.vocab_size), np.float32)
+        self.states: list[RowState] = []
+        self._row_values: dict[tuple[int, int], list[ort.OrtValue]] = {}  # (first row, rows) -> KV + mask
 
-    def new_slot(self, capacity: int) -> CpuSlot:
+    # -- pool -------------------------------------------------------------------------
+    def allocate(self, rows: int, capacity: int) -> KvPool:
         info = self.info
-        shape = (1, info.num_kv_heads, capacity, info.head_size)
-        dtype = _dtype(info.kv_dtype)
-        kv = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in info.kv_inputs]
-        states = {p.name: np.zeros(resolve_dims(p, 1) or (), _dtype(p.dtype))
-                  for p, _ in info.state_ports}
-        return CpuSlot(capacity, kv, np.zeros((1, capacity), np.int64), states)
+        self.pool = KvPool(np, layers=info.num_layers, rows=rows, kv_heads=info.num_kv_heads,
+                           capacity=capacity, head_size=info.head_size, dtype=_dtype(info.kv_dtype))
+        self.store = np.zeros((rows, info.vocab_size), _dtype(info.logits.dtype))
+        for _ in range(rows):
+            zeros = {p.name: np.zeros(resolve_dims(p, 1) or (), _dtype(p.dtype)) for p, _ in info.state_ports}
+            self.states.append(RowState(zeros, {n: np.zeros_like(a) for n, a in zeros.items()}))
+        return self.pool
 
+    def _values(self, first: int, count: int) -> list[ort.OrtValue]:
+        """OrtValues over rows [first, first + count) of every KV block, then of the mask (kept)."""
+        values = self._row_values.get((first, count))
+        if values is None:
+            assert self.pool is not None
+            pool, span = self.pool, slice(first, first + count)
+            arrays = [pool.layer(i, w)[span] for i in range(self.info.num_layers) for w in (0, 1)]
+            values = [ort.OrtValue.ortvalue_from_numpy(a) for a in [*arrays, pool.mask[span]]]
+            self._row_values[(first, count)] = values
+        return values
+
+    def _bind_rows(self, variant: CpuVariant, first: int, count: int) -> None:
+        assert variant.binding is not None
+        *kv, mask = self._values(first, count)
+        variant.binding.bind_ortvalue_input(self.info.mask, mask)
+        names = [pair for layer in zip(self.info.kv_inputs, self.info.kv_outputs, strict=True)
+                 for pair in zip(*layer, strict=True)]
+        for (name_in, name_out), value in zip(names, kv, strict=True):
+            # Past and present share one buffer at capacity: no copy per step.
+            variant.binding.bind_ortvalue_input(name_in, value)
+            variant.binding.bind_ortvalue_output(name_out, value)
+
+    def clear_state(self, row: int) -> None:
+        for array in self.states[row].current.values():
+            array.fill(0)
+
+    # -- variants -----------------------------------------------------------------------
     def prepare(self, key: VariantKey) -> CpuVariant:
-        info, w = self.info, key.width
-        feed_shape = resolve_dims(info.feed, w) or (1, w)
-        feed = np.zeros(feed_shape, _dtype(info.feed.dtype))
+        info, w, b = self.info, key.width, max(key.batch, 1)
+        feed = np.zeros(resolve_dims(info.feed, w, b) or (b, w), _dtype(info.feed.dtype))
         ports = {p.name: np.zeros(resolve_dims(p, w) or (), _dtype(p.dtype))
                  for p in info.supplied_ports if p.name in key.ports}
-        logits_shape = resolve_dims(info.logits, w)
-        logits = None if logits_shape is None else np.zeros(logits_shape,
-                                                            _dtype(info.logits.dtype))
-        positions = np.zeros((1, w), np.int64) if info.position_ids else None
+        logits_shape = resolve_dims(info.logits, w, b)
+        logits = None if logits_shape is None else np.zeros(logits_shape, _dtype(info.logits.dtype))
+        positions = np.zeros((b, w), np.int64) if info.position_ids else None
         binding = self.session.io_binding()
         # OrtValues over numpy buffers share their memory: a copy into the buffer is the bind.
         held = []
-        for name, array in [(info.feed.name, feed), *ports.items(), ("position_ids", positions)]:
-            if array is not None:
+        for name, array in [(info.feed.name, feed), *ports.items(), (info.position_ids, positions)]:
+            if array is not None and name is not None:
                 held.append(ort.OrtValue.ortvalue_from_numpy(array))
                 binding.bind_ortvalue_input(name, held[-1])
         if logits is None:
@@ -129,44 +137,65 @@ class CpuBackend:
         else:
             held.append(ort.OrtValue.ortvalue_from_numpy(logits))
             binding.bind_ortvalue_output("logits", held[-1])
-        return CpuVariant(key, feed, ports, logits, positions, binding, held)
+        variant = CpuVariant(key, feed, ports, logits, positions, binding, held)
+        if key.batch:
+            self._bind_rows(variant, 0, key.batch)  # a decode variant binds rows [0, B) for good
+        return variant
 
-    def _bind_slot(self, variant: CpuVariant, slot: CpuSlot) -> None:
+    # -- forwards -----------------------------------------------------------------------
+    def run_rows(self, variant: CpuVariant | None, key: VariantKey, row: int, past: int, feed: np.ndarray,
+                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray]) -> np.ndarray:
+        variant = variant or self.prepare(key)
         assert variant.binding is not None
-        if variant.bound_slot != slot.serial:
-            variant.binding.bind_ortvalue_input(self.info.mask, slot.mask_value)
-            for names_in, names_out, values in zip(self.info.kv_inputs, self.info.kv_outputs,
-                                                   slot.kv_values, strict=True):
-                for name_in, name_out, value in zip(names_in, names_out, values, strict=True):
-                    # Past and present share one buffer at capacity: no copy per step.
-                    variant.binding.bind_ortvalue_input(name_in, value)
-                    variant.binding.bind_ortvalue_output(name_out, value)
-            variant.bound_slot = slot.serial
-        for port, out_name in self.info.state_ports:
-            # State is read and rewritten by one forward: in and out are two buffers.
-            variant.binding.bind_cpu_input(port.name, slot.states[port.name])
-            variant.binding.bind_ortvalue_output(
-                out_name, ort.OrtValue.ortvalue_from_numpy(slot.state_out[port.name]))
-
-    def run(self, variant: CpuVariant, slot: CpuSlot, past: int, feed: np.ndarray,
-            ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray]) -> np.ndarray:
-        """One forward at the variant's width; returns logits [1, rows_returned, vocab]."""
-        assert variant.binding is not None
-        width = variant.key.width
         np.copyto(variant.feed, feed.reshape(variant.feed.shape))
         for name, array in ports.items():
             np.copyto(variant.ports[name], array)
         if variant.positions is not None:
-            variant.positions[0] = np.arange(past, past + width)
-        slot.mask[0, past:past + width] = 1
-        self._bind_slot(variant, slot)
+            variant.positions[0] = np.arange(past, past + key.width)
+        if variant.bound_row != row:
+            self._bind_rows(variant, row, 1)
+            variant.bound_row = row
         for name, array in constants.items():
             variant.binding.bind_cpu_input(name, array)
+        state = self.states[row] if self.states else None
+        for port, out_name in self.info.state_ports:
+            assert state is not None
+            variant.binding.bind_cpu_input(port.name, state.current[port.name])
+            spare = ort.OrtValue.ortvalue_from_numpy(state.spare[port.name])
+            variant.binding.bind_ortvalue_output(out_name, spare)
+        return self._run(variant, state)
+
+    def run_batch(self, variant: CpuVariant | None, key: VariantKey, ids: np.ndarray,
+                  positions: np.ndarray) -> np.ndarray:
+        variant = variant or self.prepare(key)
+        np.copyto(variant.feed, ids.reshape(variant.feed.shape))
+        if variant.positions is not None:
+            np.copyto(variant.positions, positions)
+        return self._run(variant, None)
+
+    def _run(self, variant: CpuVariant, state: RowState | None) -> np.ndarray:
+        assert variant.binding is not None
         self.session.run_with_iobinding(variant.binding)
-        for port, _ in self.info.state_ports:
-            name = port.name
-            slot.states[name], slot.state_out[name] = slot.state_out[name], slot.states[name]
+        if state is not None:
+            state.current, state.spare = state.spare, state.current
         if variant.logits is not None:
             return variant.logits
-        # Logits were bound first, so they are the first output of the binding.
+        # Logits were bound first among the outputs, so they are the binding's first output.
         return np.asarray(variant.binding.get_outputs()[0].numpy())
+
+    # -- logits -----------------------------------------------------------------------
+    def keep_row(self, row: int, logits: np.ndarray, index: int) -> None:
+        self.store[row] = logits[0, index]
+
+    def keep_batch(self, rows: Sequence[int], logits: np.ndarray) -> None:
+        self.store[list(rows)] = logits[list(rows), 0]
+
+    def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
+               histories: Sequence[Sequence[int]]) -> list[int]:
+        return [s(self.store[r], h) for r, s, h in zip(rows, samplers, histories, strict=True)]
+
+    def row_logits(self, row: int) -> np.ndarray:
+        return np.array(self.store[row], copy=True)
+
+    def memory(self) -> dict[str, int]:
+        return {"logits_store": int(self.store.nbytes)}

@@ -1,19 +1,21 @@
-"""The CUDA backend: device-resident KV, per-width I/O buffers and CUDA-graph variants.
+"""The CUDA backend: the KV pool on the device, CUDA-graph variants at fixed addresses.
 
-Every buffer a forward touches lives on the device at a fixed address: the
-home KV block (bound as past and present), the attention mask frozen at
-[1, capacity] (so `total_sequence_length` never changes and `seqlens_k` comes
-from the mask), and each variant's input and logits buffers. A variant is a
-captured graph (CUDA EP `enable_cuda_graph`, run option `gpu_graph_id`): the
-first forward at its width captures it, later ones replay it. onnxruntime
-cannot release a single graph, so variants are not evictable: the cache
-refuses a width it cannot keep, and the engine runs it eagerly here.
-The bytes each capture holds are the device's free memory before minus after.
-Logits stay on the device: rows are cut and greedy tokens chosen there, so a
-decode step moves one token id to the host.
+A captured graph replays against the addresses it was captured with. A decode
+variant binds the first B rows of the pool, which never move, so one graph per
+batch width serves every set of sessions. A prefill variant binds the staging
+row (one batch-1 KV block and mask of its own): a session's prefix is copied in
+before its forward when the staging row does not hold it yet, and the rows the
+forward wrote are copied back to its pool row after, so a prompt's chunks run
+as graph replays whatever row the session has.
+
+The attention masks and the small inputs live in pinned host memory the device
+reads in place (`Runtime.host_zeros`): writing them is a host store. Logits stay
+on the device: each row's next-token logits are kept in a device store, greedy
+tokens (and the repetition penalty) are chosen there, so a decode step moves
+B token ids to the host.
 
 The same code runs on the CPU provider with numpy buffers (`host_runtime`),
-which is how the CPU tests cover swaps, rewinds and eager fallbacks.
+which is how the CPU tests cover staging, batching and eager fallbacks.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,7 @@ import structlog
 from engine.executor.cpu import _dtype, resolve_dims
 from engine.executor.cuda_runtime import CudaUnavailable, Runtime, cuda_runtime, host_runtime
 from engine.executor.options import EngineOptions
-from engine.executor.resident import Home, ResidentSlot
+from engine.executor.pool import KvPool
 from engine.executor.sampling import Sampler
 from engine.executor.variants import VariantKey
 from engine.model import ModelInfo
@@ -50,9 +52,7 @@ class DeviceVariant:
     logits: Any
     binding: Any
     held_bytes: int = 0  # device memory the capture took and keeps
-    capture_ms: float = 0.0
     captured: bool = False
-    buffers: list[Any] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -64,19 +64,45 @@ class DeviceVariant:
         self.binding = None
 
 
-@dataclass
-class Lookahead:
-    """A decode step launched before the host read its input token: the one `choose` just picked."""
+class Staging:
+    """The batch-1 KV block and mask prefill variants bind, and which pool row's prefix it holds."""
 
-    slot: ResidentSlot
-    variant: DeviceVariant
-    past: int
-    token: int = -1
+    def __init__(self, pool: KvPool, host_zeros: Any) -> None:
+        xp = pool.xp
+        self.block = xp.zeros((*pool.block.shape[:2], 1, *pool.block.shape[3:]), pool.block.dtype)
+        self.mask = host_zeros((1, pool.capacity), np.int64)
+        self.mask_len = 0
+        self.row = -1
+        self.valid = 0  # positions [0, valid) equal the pool row's
+        self.copied_positions = 0
 
-    def matches(self, variant: DeviceVariant, slot: ResidentSlot, past: int, feed: np.ndarray,
-                extra: bool) -> bool:
-        return (variant is self.variant and slot is self.slot and past == self.past and not extra
-                and feed.size == 1 and int(feed.reshape(-1)[0]) == self.token)
+    def set_mask(self, length: int) -> None:
+        if length > self.mask_len:
+            self.mask[0, self.mask_len:length] = 1
+        elif length < self.mask_len:
+            self.mask[0, length:self.mask_len] = 0
+        self.mask_len = length
+
+    def load(self, pool: KvPool, row: int, past: int) -> bool:
+        """Bring pool row `row`'s first `past` positions in; True when a copy was queued."""
+        start = min(self.valid, past) if self.row == row else 0
+        self.row, self.valid = row, past
+        if start >= past:
+            return False
+        self.block[:, :, 0, :, start:past] = pool.block[:, :, row, :, start:past]
+        self.copied_positions += past - start
+        return True
+
+    def store(self, pool: KvPool, start: int, stop: int) -> None:
+        """Copy positions [start, stop) the forward wrote back to the pool row."""
+        pool.block[:, :, self.row, :, start:stop] = self.block[:, :, 0, :, start:stop]
+        self.valid = stop
+        self.copied_positions += stop - start
+
+    def written(self, row: int, position: int) -> None:
+        """The pool row changed at `position` (a decode step): the staging copy is good up to it."""
+        if row == self.row:
+            self.valid = min(self.valid, position)
 
 
 class CudaBackend:
@@ -95,95 +121,83 @@ class CudaBackend:
         before = self.rt.free_bytes()
         self.session = ort.InferenceSession(str(model), so, providers=self.rt.providers)
         self.weights_bytes = max(0, before - self.rt.free_bytes())
-        self.home: Home | None = None
-        self.slots: list[ResidentSlot] = []
+        self.pool: KvPool | None = None
+        self.staging: Staging | None = None
+        self.store: Any = None
         self._graph_ids = itertools.count(1)
         self._run_options: dict[int, Any] = {}
+        self.queued = False  # cupy work is queued that the next forward must wait for
         self.captures = 0
         self.profile = False  # when set, the wall time spent inside onnxruntime's run is summed
         self.run_ms = 0.0
         self.profiled_forwards = 0
-        # Greedy decode loops launch the next step before reading the token (CUDA only by default).
-        self.lookahead = self.rt.device == "cuda"
-        self._ahead: Lookahead | None = None
-        self._decode: DeviceVariant | None = None
-        self._recent: tuple[tuple[int, int], ...] = ()  # (slot serial, width) of the last two forwards
-        self.lookahead_hits = self.lookahead_misses = 0
         if self.rt.device == "cuda":
             name = self.xp.cuda.runtime.getDeviceProperties(self.rt.device_id)["name"]
             log.info("cuda_backend", device=name.decode() if isinstance(name, bytes) else name,
                      graphs=self.rt.graphs, weights_bytes=self.weights_bytes)
 
-    # -- slots ----------------------------------------------------------------------
-    def new_slot(self, capacity: int) -> ResidentSlot:
+    # -- pool -------------------------------------------------------------------------
+    def allocate(self, rows: int, capacity: int) -> KvPool:
         info = self.info
-        if self.home is None:
-            with self.rt.enter():
-                self.home = Home(self.xp, info.num_layers, info.num_kv_heads, capacity,
-                                 info.head_size, _dtype(info.kv_dtype), self.rt.host_zeros)
-                self.home.settle = self._settle
-        if capacity != self.home.capacity:
-            raise ValueError(f"every slot shares the home's capacity {self.home.capacity}")
-        slot = ResidentSlot(self.home)
-        self.slots.append(slot)
-        return slot
+        with self.rt.enter():
+            self.pool = KvPool(self.xp, layers=info.num_layers, rows=rows, kv_heads=info.num_kv_heads,
+                               capacity=capacity, head_size=info.head_size, dtype=_dtype(info.kv_dtype),
+                               host_zeros=self.rt.host_zeros)
+            self.staging = Staging(self.pool, self.rt.host_zeros)
+            self.store = self.xp.zeros((rows, info.vocab_size), _dtype(info.logits.dtype))
+        return self.pool
 
-    # -- variants -------------------------------------------------------------------
+    def clear_state(self, row: int) -> None:
+        """No recurrent state on this backend: nothing to clear."""
+
+    # -- variants -------------------------------------------------------------------------
     def prepare(self, key: VariantKey) -> DeviceVariant:
-        graph_id = next(self._graph_ids) if self.rt.graphs else EAGER
-        variant = self._variant(key, graph_id)
-        if key.width == 1 and not key.ports:
-            self._decode = variant
-        return variant
+        return self._variant(key, next(self._graph_ids) if self.rt.graphs else EAGER)
 
     def _variant(self, key: VariantKey, graph_id: int) -> DeviceVariant:
-        info, w, xp = self.info, key.width, self.xp
-        assert self.home is not None, "open a session before running a forward"
+        info, w, b = self.info, key.width, max(key.batch, 1)
+        assert self.pool is not None and self.staging is not None
         with self.rt.enter():
             # Inputs live in host memory the device reads in place: writing one is a host store.
             zeros = self.rt.host_zeros
-            inputs = {info.feed.name: zeros(resolve_dims(info.feed, w) or (1, w), _dtype(info.feed.dtype))}
+            inputs = {info.feed.name: zeros(resolve_dims(info.feed, w, b) or (b, w), _dtype(info.feed.dtype))}
             for port in info.supplied_ports:
                 if port.name in key.ports:
                     inputs[port.name] = zeros(resolve_dims(port, w) or (), _dtype(port.dtype))
             if info.position_ids:
-                inputs[info.position_ids] = zeros((1, w), np.int64)
-            logits_shape = resolve_dims(info.logits, w)
+                inputs[info.position_ids] = zeros((b, w), np.int64)
+            logits_shape = resolve_dims(info.logits, w, b)
             if logits_shape is None:
                 raise CudaUnavailable(f"logits shape {info.logits.dims} is not fixed by the query width")
-            logits = xp.zeros(logits_shape, _dtype(info.logits.dtype))
+            logits = self.xp.zeros(logits_shape, _dtype(info.logits.dtype))
         binding = self.session.io_binding()
-        variant = DeviceVariant(key, graph_id, inputs, logits, binding)
         for name, array in inputs.items():
             self._bind(binding.bind_input, name, array)
         self._bind(binding.bind_output, "logits", logits)
-        self._bind(binding.bind_input, info.mask, self.home.mask)
+        rows = slice(0, key.batch)
+        if key.batch:  # a decode variant: the pool's first B rows
+            self._bind(binding.bind_input, info.mask, self.pool.mask[rows])
+        else:  # a prefill variant: the staging row
+            self._bind(binding.bind_input, info.mask, self.staging.mask)
         for i, (names_in, names_out) in enumerate(zip(info.kv_inputs, info.kv_outputs, strict=True)):
             for which, (name_in, name_out) in enumerate(zip(names_in, names_out, strict=True)):
+                block = self.pool.layer(i, which)[rows] if key.batch else self.staging.block[i, which]
                 # Past and present share one buffer at capacity: no copy per step.
-                self._bind(binding.bind_input, name_in, self.home.layer(i, which))
-                self._bind(binding.bind_output, name_out, self.home.layer(i, which))
-        return variant
+                self._bind(binding.bind_input, name_in, block)
+                self._bind(binding.bind_output, name_out, block)
+        return DeviceVariant(key, graph_id, inputs, logits, binding)
 
     def _bind(self, bind: Any, name: str, array: Any) -> None:
         bind(name, self.rt.device, self.rt.device_id, array.dtype, list(array.shape), self.rt.ptr(array))
 
-    # -- forwards -------------------------------------------------------------------
-    def run(self, variant: DeviceVariant, slot: ResidentSlot, past: int, feed: np.ndarray,
-            ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray]) -> Any:
-        """One forward at the variant's width; returns device logits [1, rows_returned, vocab]."""
-        assert self.home is not None and variant.binding is not None
-        width = variant.key.width
-        ahead, self._ahead = self._ahead, None
-        self._recent = (*self._recent[-1:], (slot.serial, width))
-        if ahead is not None:
-            self._settle()  # the looked-ahead step may still run on onnxruntime's stream
-            if ahead.matches(variant, slot, past, feed, bool(ports or constants)):
-                self.lookahead_hits += 1
-                return variant.logits  # already queued on the stream by `choose`
-            self.lookahead_misses += 1
+    # -- forwards ---------------------------------------------------------------------------
+    def run_rows(self, variant: DeviceVariant | None, key: VariantKey, row: int, past: int, feed: np.ndarray,
+                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray]) -> Any:
+        variant = variant or self._variant(key, EAGER)
+        assert self.pool is not None and self.staging is not None and variant.binding is not None
+        staging, width = self.staging, key.width
         with self.rt.enter():
-            self.home.make_resident(slot)
+            self.queued |= staging.load(self.pool, row, past)
             self.rt.upload(variant.inputs[self.info.feed.name], feed)
             for name, array in ports.items():
                 self.rt.upload(variant.inputs[name], array)
@@ -191,16 +205,24 @@ class CudaBackend:
                 self._constant(variant, name, array)
             if self.info.position_ids:
                 variant.inputs[self.info.position_ids][0] = np.arange(past, past + width)
-            self.home.set_mask(past)
-            self.home.set_mask(past + width)
+            staging.set_mask(past + width)
             self._execute(variant)
+            staging.store(self.pool, past, past + width)
+            self.queued = True
         return variant.logits
 
-    def run_eager(self, slot: ResidentSlot, past: int, feed: np.ndarray,
-                  ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray]) -> Any:
-        """A width the variant cache would not keep: fresh buffers, no capture."""
-        variant = self._variant(VariantKey(feed.shape[1], tuple(sorted(ports))), EAGER)
-        return self.run(variant, slot, past, feed, ports, constants)
+    def run_batch(self, variant: DeviceVariant | None, key: VariantKey, ids: np.ndarray,
+                  positions: np.ndarray) -> Any:
+        variant = variant or self._variant(key, EAGER)
+        assert self.staging is not None
+        with self.rt.enter():
+            self.rt.upload(variant.inputs[self.info.feed.name], ids)
+            if self.info.position_ids:
+                self.rt.upload(variant.inputs[self.info.position_ids], positions)
+            if 0 <= self.staging.row < key.batch:
+                self.staging.written(self.staging.row, int(positions[self.staging.row, 0]))
+            self._execute(variant)
+        return variant.logits
 
     def _constant(self, variant: DeviceVariant, name: str, array: np.ndarray) -> None:
         buffer = variant.inputs.get(name)
@@ -210,90 +232,72 @@ class CudaBackend:
             self._bind(variant.binding.bind_input, name, buffer)
         self.rt.upload(buffer, array)
 
-    def _options(self, graph_id: int, wait: bool) -> Any:
-        options = self._run_options.get((graph_id, wait))
+    def _options(self, graph_id: int) -> Any:
+        options = self._run_options.get(graph_id)
         if options is None:
-            options = self._run_options[(graph_id, wait)] = ort.RunOptions()
+            options = self._run_options[graph_id] = ort.RunOptions()
             if self.rt.graphs:
                 options.add_run_config_entry("gpu_graph_id", str(graph_id))
-            if not wait:
-                options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         return options
 
-    def _execute(self, variant: DeviceVariant, wait: bool = True) -> None:
-        """Run the forward once cupy's queue is done; `wait` returns only when it has finished."""
+    def _execute(self, variant: DeviceVariant) -> None:
+        """Run the forward once cupy's queue is done; returns when it has finished."""
         capturing = variant.graph_id != EAGER and not variant.captured
         before = self.rt.free_bytes() if capturing else 0
-        assert self.home is not None
-        if self.home.queued:
-            self.rt.wait_queue()  # KV swap copies go first
-            self.home.queued = False
+        if self.queued:
+            self.rt.wait_queue()  # staging copies and logits stores go first
+            self.queued = False
         start = time.perf_counter()
-        self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id, wait))
-        if self.profile and wait:
+        self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id))
+        if self.profile:
             self.run_ms += (time.perf_counter() - start) * 1e3
             self.profiled_forwards += 1
         if capturing:
             variant.held_bytes = max(0, before - self.rt.free_bytes())
             variant.captured = True
             self.captures += 1
-            log.info("graph_captured", width=variant.key.width, graph_id=variant.graph_id,
-                     held_bytes=variant.held_bytes)
+            log.info("graph_captured", width=variant.key.width, batch=variant.key.batch,
+                     graph_id=variant.graph_id, held_bytes=variant.held_bytes)
 
-    # -- logits -----------------------------------------------------------------------
-    def to_host(self, logits: Any) -> np.ndarray:
+    # -- logits -----------------------------------------------------------------------------
+    def keep_row(self, row: int, logits: Any, index: int) -> None:
         with self.rt.enter():
-            return self.rt.to_host(logits)
+            self.store[row] = logits[0, index]
+        self.queued = True
 
-    def choose(self, row: Any, sampler: Sampler, history: Sequence[int]) -> int:
-        """The next token from one device logits row; greedy (and its penalty) never leaves the device."""
+    def keep_batch(self, rows: Sequence[int], logits: Any) -> None:
+        with self.rt.enter():
+            if len(rows) == logits.shape[0]:
+                self.store[:len(rows)] = logits[:, 0]
+            else:
+                index = self.xp.asarray(np.asarray(rows, np.int64))
+                self.store[index] = logits[index, 0]
+        self.queued = True
+
+    def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
+               histories: Sequence[Sequence[int]]) -> list[int]:
+        """Greedy rows in one argmax on the device; a penalty is applied there; sampling on the host."""
+        out: dict[int, int] = {}
+        plain = [i for i, s in enumerate(samplers) if s.params.greedy and s.params.repetition_penalty == 1.0]
+        with self.rt.enter():
+            if plain:
+                index = self.xp.asarray(np.asarray([rows[i] for i in plain], np.int64))
+                picked = self.rt.to_host(self.xp.argmax(self.store[index], axis=-1))
+                out.update(zip(plain, (int(t) for t in picked), strict=True))
+            for i, sampler in enumerate(samplers):
+                if i not in out:
+                    out[i] = self._choose_one(rows[i], sampler, histories[i])
+        return [out[i] for i in range(len(rows))]
+
+    def _choose_one(self, row: int, sampler: Sampler, history: Sequence[int]) -> int:
         params = sampler.params
         if not params.greedy:
             # Seeded sampling draws on the host from this one row, exactly as on CPU.
-            return sampler(self.to_host(row), history)
-        with self.rt.enter():
-            if params.repetition_penalty != 1.0 and history:
-                row = self._penalize(row, history, params.repetition_penalty)
-            token = int(self.xp.argmax(row))
-            if self._may_look_ahead(params.repetition_penalty):
-                self._launch_ahead(token)
-            return token
-
-    def _settle(self) -> None:
-        """Wait for a forward launched without waiting (a lookahead) before touching what it reads."""
-        if self.home is not None and self.home.in_flight:
-            self.home.in_flight = False
-            self.rt.wait_device()
-
-    def _may_look_ahead(self, penalty: float) -> bool:
-        """Only inside a greedy decode loop: the last two forwards were single rows of the resident slot."""
-        home, decode = self.home, self._decode
-        if not self.lookahead or penalty != 1.0 or home is None or home.resident is None:
-            return False
-        if decode is None or decode.binding is None or self.info.supplied_ports or self.info.position_ids:
-            return False
-        slot = home.resident
-        reach = min(home.capacity, self.info.rotary_rows or home.capacity)
-        return (self._recent == ((slot.serial, 1), (slot.serial, 1)) and home.mask_len == slot.length
-                and slot.length + 1 <= reach)
-
-    def _launch_ahead(self, token: int) -> None:
-        """Launch the next decode step on `token` and return without waiting for it.
-
-        The host goes on with the caller's work while the device runs the step; the
-        next `run` finds it done (a hit) when the caller feeds exactly this token.
-
-        If the caller feeds another token, session or length instead, the step is simply
-        dropped: it wrote KV past the logical length, which the mask hides and the next
-        forward overwrites, exactly like a padded row.
-        """
-        assert self.home is not None and self._decode is not None and self.home.resident is not None
-        slot, decode = self.home.resident, self._decode
-        self.rt.upload(decode.inputs[self.info.feed.name], np.array([[token]]))
-        self.home.set_mask(slot.length + 1)
-        self._execute(decode, wait=False)
-        self.home.in_flight = True
-        self._ahead = Lookahead(slot, decode, slot.length, token)
+            return sampler(self.row_logits(row), history)
+        logits = self.store[row]
+        if params.repetition_penalty != 1.0 and history:
+            logits = self._penalize(logits, history, params.repetition_penalty)
+        return int(self.xp.argmax(logits))
 
     def _penalize(self, row: Any, history: Sequence[int], penalty: float) -> Any:
         xp = self.xp
@@ -303,13 +307,15 @@ class CudaBackend:
         out[seen] = xp.where(values > 0, values / penalty, values * penalty)
         return out
 
-    # -- accounting -------------------------------------------------------------------
+    def row_logits(self, row: int) -> np.ndarray:
+        with self.rt.enter():
+            return self.rt.to_host(self.store[row])
+
+    # -- accounting -------------------------------------------------------------------------
     def memory(self) -> dict[str, int]:
-        """Device bytes by owner: what the memory budget adds up (weights + KV + variants)."""
-        home = 0 if self.home is None else int(self.home.block.nbytes + self.home.mask.nbytes)
-        parked = 0 if self.home is None else self.home.parked_bytes(self.slots)
-        return {"weights": self.weights_bytes, "kv_home": home, "kv_parked": parked,
-                "captures": self.captures, "lookahead_hits": self.lookahead_hits,
-                "lookahead_misses": self.lookahead_misses,
-                "swaps": 0 if self.home is None else self.home.swaps,
-                "swapped_positions": 0 if self.home is None else self.home.swapped_positions}
+        """Device bytes by owner and the staging copies: what stats report beside the budget."""
+        staging = self.staging
+        return {"weights": self.weights_bytes, "captures": self.captures,
+                "staging_bytes": 0 if staging is None else int(staging.block.nbytes),
+                "staging_copied_positions": 0 if staging is None else staging.copied_positions,
+                "logits_store": 0 if self.store is None else int(self.store.nbytes)}

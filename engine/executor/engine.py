@@ -1,74 +1,72 @@
-"""The engine: one model, one backend, a pool of KV slots and the variant cache.
+"""The engine: one model, one backend, the KV slot pool, the variant cache, every forward.
 
-Not thread-safe by design: the service runs every forward on one worker,
-which is what lets it interleave one request's prefill with others' decode.
+It carries out the planner's decisions: a prefill runs one forward at a time
+(plan -> widen -> run -> self-check -> rewind), and a decode step runs one
+forward for every session in it, whatever their lengths, over the first B rows
+of the pool (B on the batch ladder). Every token, the first included, is
+chosen here, from the logits the backend keeps where it computed them.
+
+Not thread-safe by design: the service runs it on one worker thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import heapq
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import structlog
 
-from engine.errors import Exhausted
+from engine.errors import Exhausted, InvalidInput, OutOfRange
+from engine.executor.backend import Backend
 from engine.executor.cpu import CpuBackend, _dtype
 from engine.executor.options import EngineOptions
+from engine.executor.prefill import ForwardReport, PrefillTask, check_ids, checked_feed, checked_ports
 from engine.executor.sampling import Sampler
 from engine.executor.session import Session
-from engine.executor.variants import VariantCache, VariantKey, VariantStats
+from engine.executor.stats import (
+    DecodeStats,
+    EngineStats,
+    MemoryUse,
+    kv_slot_bytes,
+    model_file_bytes,
+    variant_bytes_estimate,
+)
+from engine.executor.variants import Variant, VariantCache, VariantKey
 from engine.model import ModelInfo, load_model_info
-from engine.planner import Limits, ladder_widths
+
+__all__ = ["DecodeRow", "Engine", "EngineStats", "MemoryUse", "kv_slot_bytes", "variant_bytes_estimate"]
+from engine.planner import (
+    CapacityExceeded,
+    Forward,
+    Limits,
+    PaddingPolicy,
+    PortShape,
+    PrefillPlan,
+    batch_widths,
+    decode_batch_width,
+    ladder_widths,
+    plan_prefill,
+    ride_along_length,
+)
 
 log = structlog.get_logger("ladder.engine")
 
 
 @dataclass(frozen=True)
-class MemoryUse:
-    """What the memory budget adds up: weights, KV slots allocated, variants held."""
+class DecodeRow:
+    """One session's part of a decode step: feed `token`, then choose the next with `sampler`."""
 
-    weights: int
-    kv: int
-    variants: int
-    budget: int  # 0 = no budget
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.kv + self.variants
+    session: Session
+    token: int
+    sampler: Sampler | None = None  # None: feed only (the next token is chosen later, or never)
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    variants: VariantStats
-    eager_forwards: int
-    sessions_open: int
-    sessions_padding_off: int
-    slots_allocated: int
-    slot_bytes: int
-    memory: MemoryUse
-
-
-def kv_slot_bytes(info: ModelInfo, capacity: int) -> int:
-    """One session's KV (every layer's key and value at capacity) and its mask."""
-    itemsize = _dtype(info.kv_dtype).itemsize
-    return 2 * info.num_layers * info.num_kv_heads * capacity * info.head_size * itemsize + capacity * 8
-
-
-def variant_bytes_estimate(info: ModelInfo, width: int) -> int:
-    """The input and logits buffers of one variant (a capture's workspace comes on top on CUDA)."""
-    return width * (8 + info.vocab_size * _dtype(info.logits.dtype).itemsize)
-
-
-def model_file_bytes(info: ModelInfo) -> int:
-    """Weights on disk: the graph file and its external data."""
-    name = info.config["model"]["decoder"].get("filename", "model.onnx")
-    return sum(p.stat().st_size for p in info.path.glob(name + "*") if p.is_file())
-
-
-def make_backend(info: ModelInfo, options: EngineOptions) -> Any:
+def make_backend(info: ModelInfo, options: EngineOptions) -> Backend[Any]:
     """The backend for `options.provider`; "cuda" falls back to CPU, with a log line, when unusable."""
     if options.provider == "cuda":
         from engine.executor.cuda import CudaBackend, CudaUnavailable  # imports cupy only when built
@@ -80,27 +78,41 @@ def make_backend(info: ModelInfo, options: EngineOptions) -> Any:
     return CpuBackend(info, options)
 
 
+def unbatched_reason(info: ModelInfo) -> str:
+    """Why this model's decode cannot batch sessions ("" when it can)."""
+    if info.recurrent_state:
+        return "the decoder carries recurrent state: each session decodes alone, exact"
+    if info.supplied_ports or info.feed.name != "input_ids":
+        return "the model takes inputs besides token ids: each session decodes alone"
+    return ""
+
+
 class Engine:
-    def __init__(self, info: ModelInfo, options: EngineOptions, backend: Any) -> None:
+    def __init__(self, info: ModelInfo, options: EngineOptions, backend: Backend[Any]) -> None:
         self.info = info
         self.options = options
         self.backend = backend
         self.chunk_size = info.chunk_size if options.chunk_size is None else options.chunk_size
-        wanted = options.capacity or info.max_length
-        self.limits = Limits(capacity=wanted, rotary_rows=info.rotary_rows)
+        self.limits = Limits(capacity=options.capacity or info.max_length, rotary_rows=info.rotary_rows)
         self.capacity = self.limits.reach
         self.ladder = ladder_widths(self.chunk_size)
         self.feed_dtype = _dtype(info.feed.dtype)
         self.port_dtypes = {p.name: _dtype(p.dtype) for p in info.supplied_ports}
-        self.variants: VariantCache[Any] = VariantCache(
-            options.variant_capacity, evictable=getattr(backend, "evictable", True))
-        self._slots: list[Any] = []
-        self._free: list[int] = []
-        self._in_use: set[int] = set()
+        self.unbatched_reason = unbatched_reason(info)
+        self.slot_bytes = kv_slot_bytes(info, self.capacity)
+        self.weights_bytes = backend.weights_bytes or model_file_bytes(info)
+        rows = self._pool_rows()
+        self.batch_widths = () if self.unbatched_reason else batch_widths(rows)
+        wanted = options.variant_capacity or len(self.ladder) + max(len(self.batch_widths), 1)
+        self.variants: VariantCache[Any] = VariantCache(wanted, evictable=backend.evictable)
+        self.pool = backend.allocate(rows, self.capacity)
+        self._free = list(range(rows))
+        self._open: dict[int, Session] = {}
         self.eager_forwards = 0
         self.sessions_padding_off = 0
-        self.slot_bytes = kv_slot_bytes(info, self.capacity)
-        self.weights_bytes = getattr(backend, "weights_bytes", 0) or model_file_bytes(info)
+        self._decode_steps = self._decoded_rows = self._ride_along_rows = 0
+        self._batch_use: Counter[int] = Counter()
+        self.last_batch = 0  # batch width of the last decode forward
 
     @classmethod
     def load(cls, path: Path | str, options: EngineOptions | None = None) -> Engine:
@@ -109,87 +121,278 @@ class Engine:
         engine = cls(info, options, make_backend(info, options))
         log.info("engine_loaded", model=str(path), provider=engine.backend.name,
                  capacity=engine.capacity, chunk=engine.chunk_size, ladder=engine.ladder,
-                 padding=options.padding, recurrent=info.recurrent_state)
+                 slots=engine.pool.rows, batch_widths=engine.batch_widths, padding=options.padding,
+                 recurrent=info.recurrent_state)
         return engine
 
-    # -- sessions and slots -----------------------------------------------------
-    def open_session(self) -> Session:
-        if self._free:
-            index = self._free.pop()
-        elif len(self._slots) < self.options.max_sessions:
-            self._admit_slot()
-            self._slots.append(self.backend.new_slot(self.capacity))
-            index = len(self._slots) - 1
-        else:
-            raise Exhausted(f"all {self.options.max_sessions} sessions are in use")
-        self._in_use.add(index)
-        slot = self._slots[index]
-        slot.set_length(0)
-        slot.clear_state()
-        return Session(self, index)
+    # -- the pool -----------------------------------------------------------------------
+    def _variant_reserve(self, rows: int) -> int:
+        widths = (*self.ladder, *(() if self.unbatched_reason else batch_widths(rows)))
+        return sum(variant_bytes_estimate(self.info, w) for w in widths or (1,))
 
-    def _admit_slot(self) -> None:
-        """Refuse a new KV slot the memory budget cannot hold next to a full variant cache."""
-        budget = self.options.memory_budget_bytes
-        if not budget:
-            return
-        use = self.memory()
-        # Variants still to come are bounded: reserve what the rest of the ladder would take.
-        full_cache = sum(variant_bytes_estimate(self.info, w) for w in (*self.ladder, 1))
-        needed = use.total + self.slot_bytes + max(0, full_cache - use.variants)
-        if needed > budget:
-            raise Exhausted(
-                f"memory budget: a new session needs {needed >> 20} MiB of {budget >> 20} MiB "
-                f"(weights {use.weights >> 20}, KV {use.kv >> 20}, variants {use.variants >> 20})")
+    def _pool_rows(self) -> int:
+        """max_sessions rows, or as many as the memory budget holds beside weights and variants."""
+        budget, rows = self.options.memory_budget_bytes, self.options.max_sessions
+        def need(n: int) -> int:
+            return self.weights_bytes + n * self.slot_bytes + self._variant_reserve(n)
 
-    def memory(self) -> MemoryUse:
-        return MemoryUse(weights=self.weights_bytes, kv=len(self._slots) * self.slot_bytes,
-                         variants=self.variants.stats().nbytes, budget=self.options.memory_budget_bytes)
+        while budget and rows and need(rows) > budget:
+            rows -= 1
+        if rows < 1:
+            raise Exhausted(f"memory budget: {budget >> 20} MiB holds the weights "
+                            f"({self.weights_bytes >> 20} MiB) but not one session's KV "
+                            f"({self.slot_bytes >> 20} MiB) and the variants")
+        if rows < self.options.max_sessions:
+            log.warning("memory_budget_limits_sessions", slots=rows, max_sessions=self.options.max_sessions)
+        return rows
 
-    def slot(self, index: int) -> Any:
-        return self._slots[index]
-
-    def release_slot(self, index: int) -> None:
-        if index in self._in_use:
-            self._in_use.remove(index)
-            self._free.append(index)
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
 
     @property
     def sessions_open(self) -> int:
-        return len(self._in_use)
+        return len(self._open)
 
-    def note_padding_off(self) -> None:
-        self.sessions_padding_off += 1
+    def open_session(self) -> Session:
+        """A session on the lowest free pool row (so decode batches stay narrow)."""
+        if not self._free:
+            raise Exhausted(f"all {self.pool.rows} sessions are in use")
+        row = heapq.heappop(self._free)
+        self.pool.set_mask(row, 0)
+        self.backend.clear_state(row)
+        session = self._open[row] = Session(row)
+        return session
 
-    # -- forwards -----------------------------------------------------------------
-    def run_forward(self, slot: Any, past: int, feed: np.ndarray,
-                    ports: Mapping[str, np.ndarray],
-                    constants: Mapping[str, np.ndarray]) -> np.ndarray:
-        key = VariantKey(feed.shape[1], tuple(sorted(ports)))
+    def close_session(self, session: Session) -> None:
+        if session.closed:
+            return
+        session.closed = True
+        self.pool.set_mask(session.row, 0)
+        del self._open[session.row]
+        heapq.heappush(self._free, session.row)
+
+    def memory(self) -> MemoryUse:
+        return MemoryUse(weights=self.weights_bytes, kv=self.pool.rows * self.slot_bytes,
+                         variants=self.variants.stats().nbytes, budget=self.options.memory_budget_bytes)
+
+    def _variant(self, key: VariantKey) -> Variant | None:
         variant = self.variants.get(key, self.backend.prepare)
-        if variant is None:
-            # A backend that cannot release variants runs uncached shapes eagerly.
+        if variant is None:  # a backend that cannot release variants runs uncached shapes eagerly
             self.eager_forwards += 1
-            return self.backend.run_eager(slot, past, feed, ports, constants)  # type: ignore[no-any-return]
-        return self.backend.run(variant, slot, past, feed, ports, constants)  # type: ignore[no-any-return]
+        return variant
 
-    def to_host(self, logits: Any) -> np.ndarray:
-        """A host copy of logits the backend returned (device arrays on CUDA)."""
-        to_host = getattr(self.backend, "to_host", None)
-        return np.array(logits, copy=True) if to_host is None else to_host(logits)  # type: ignore[no-any-return]
+    def _check_open(self, session: Session) -> None:
+        if session.closed:
+            raise InvalidInput("session is closed")
 
-    def choose(self, row: Any, sampler: Sampler, history: Sequence[int]) -> int:
-        """The next token from one logits row, chosen where the row lives."""
-        choose = getattr(self.backend, "choose", None)
-        return sampler(row, history) if choose is None else int(choose(row, sampler, history))
+    # -- prefill ------------------------------------------------------------------------
+    def plan(self, session: Session, rows: int, ports: tuple[PortShape, ...] = ()) -> PrefillPlan:
+        policy = PaddingPolicy(enabled=self.options.padding, recurrent_state=self.info.recurrent_state,
+                               session_padding_on=session.padding_on)
+        try:
+            return plan_prefill(session.length, rows, self.chunk_size, self.limits, policy, ports)
+        except CapacityExceeded as exc:
+            raise OutOfRange(str(exc)) from exc
 
+    def start_prefill(self, session: Session, tokens: Sequence[int] | None = None, *,
+                      embeds: np.ndarray | None = None,
+                      ports: Mapping[str, np.ndarray] | None = None) -> PrefillTask:
+        """Check and plan a prompt appended to `session`; nothing runs yet."""
+        self._check_open(session)
+        feed, ids = checked_feed(self.info, self.feed_dtype, tokens, embeds)
+        supplied = checked_ports(self.port_dtypes, ports or {})
+        plan = self.plan(session, feed.shape[1], tuple(PortShape(n, a.shape) for n, a in supplied.items()))
+        per_token = set(plan.padding.per_token_ports)
+        streamed = {n: a for n, a in supplied.items() if n in per_token}
+        constants = {n: a for n, a in supplied.items() if n not in per_token}
+        return PrefillTask(session, feed, ids, streamed, constants, list(plan.forwards))
+
+    def prefill_step(self, task: PrefillTask) -> ForwardReport:
+        """Run the task's next forward; the session's next-token logits follow it."""
+        forward = task.forwards.pop(0)
+        session = task.session
+        self._check_open(session)
+        width, logits = forward.width, self._prefill_forward(task, forward, forward.width)
+        if width > forward.rows and logits.shape[1] < width:
+            self._trip_self_check(session, forward, width, logits.shape[1])
+            width, logits = forward.rows, self._prefill_forward(task, forward, forward.rows)
+            task.forwards = self._replan(task)
+        if logits is not None:
+            # Cut to the real rows; a decoder that emits fewer rows gives its last one.
+            self.backend.keep_row(session.row, logits, min(forward.rows, logits.shape[1]) - 1)
+        session.has_logits = True
+        if task.ids is not None and logits is not None:  # a decode step has appended its token itself
+            session.tokens.extend(task.ids[forward.start:forward.start + forward.rows])
+        stats = session.stats
+        stats.forwards += 1
+        stats.real_rows += forward.rows
+        stats.padded_rows += width - forward.rows
+        return ForwardReport(forward, width, session.length)
+
+    def _prefill_forward(self, task: PrefillTask, forward: Forward, width: int) -> Any:
+        session, rows = task.session, forward.rows
+        if width == 1 and not task.streamed and not task.constants and not self.unbatched_reason:
+            # A single row is a decode step of this session alone: no shape of its own.
+            assert task.ids is not None
+            self._decode_forward({session.row: task.ids[forward.start]})
+            return None
+        feed, ports = task.chunk(forward, width)
+        key = VariantKey(width, tuple(sorted(ports)))
+        self.pool.set_mask(session.row, forward.past + width)
+        try:
+            logits = self.backend.run_rows(self._variant(key), key, session.row, forward.past, feed,
+                                           ports, task.constants)
+        finally:
+            # Rewind: the padded rows' KV is erased from the logical length.
+            self.pool.set_mask(session.row, forward.past + rows)
+        session.length = forward.past + rows
+        return logits
+
+    def _trip_self_check(self, session: Session, forward: Forward, width: int, returned: int) -> None:
+        session.padding_on = False
+        session.stats.self_check_reruns += 1
+        self.sessions_padding_off += 1
+        log.warning("padding_off_for_session", row=session.row, width=width, logits_rows=returned,
+                    past=forward.past, reason="decoder returned fewer logits rows than query rows")
+        session.length = forward.past
+        self.pool.set_mask(session.row, forward.past)
+
+    def _replan(self, task: PrefillTask) -> list[Forward]:
+        """The forwards still to run, planned again now that padding is off for the session."""
+        if not task.forwards:
+            return []
+        start = task.forwards[0].start
+        plan = self.plan(task.session, task.rows - start)
+        return [replace(f, start=f.start + start) for f in plan.forwards]
+
+    # -- decode -------------------------------------------------------------------------
+    def check_decode(self, row: DecodeRow) -> None:
+        """Raise the request error a decode row would fail with, before it joins a step."""
+        session = row.session
+        self._check_open(session)
+        if self.info.feed.name != "input_ids" or self.info.supplied_ports:
+            raise InvalidInput("this model takes inputs besides token ids: decode by appending them")
+        check_ids([row.token], self.info.vocab_size)
+        if session.length + 1 > self.capacity:
+            raise OutOfRange(f"the session holds {session.length} tokens: its KV capacity is full")
+
+    def decode(self, rows: Sequence[DecodeRow]) -> list[int | None]:
+        """Feed one token to each session in one forward (one per session when unbatched); choose the next."""
+        for row in rows:
+            self.check_decode(row)
+        if len({r.session.row for r in rows}) != len(rows):
+            raise InvalidInput("a session appears twice in one decode step")
+        if self.unbatched_reason:
+            for row in rows:
+                self._decode_alone(row)
+            self.last_batch = 1
+        elif rows:
+            self._decode_forward({r.session.row: r.token for r in rows})
+        for row in rows:
+            row.session.stats.decode_steps += 1
+        chosen = [r for r in rows if r.sampler is not None]
+        tokens = iter(self.backend.choose([r.session.row for r in chosen], [r.sampler for r in chosen],  # type: ignore[misc]
+                                          [r.session.tokens for r in chosen]))
+        return [next(tokens) if r.sampler is not None else None for r in rows]
+
+    def _decode_forward(self, feeds: dict[int, int]) -> None:
+        """One forward over pool rows [0, B): rows in `feeds` advance by their token, the rest ride along."""
+        batch = decode_batch_width(max(feeds), self.pool.rows)
+        lengths = self.pool.mask_lengths[:batch]
+        ids = np.zeros((batch, 1), np.int64)
+        for row in range(batch):
+            ids[row, 0] = feeds.get(row, 0)
+            self.pool.set_mask(row, lengths[row] + 1 if row in feeds else ride_along_length(lengths[row],
+                                                                                            self.capacity))
+        positions = np.asarray(self.pool.mask_lengths[:batch], np.int64).reshape(batch, 1) - 1
+        key = VariantKey(1, (), batch)
+        try:
+            logits = self.backend.run_batch(self._variant(key), key, ids, positions)
+        finally:
+            for row in range(batch):
+                self.pool.set_mask(row, lengths[row] + (row in feeds))
+        self.backend.keep_batch(sorted(feeds), logits)
+        for row, token in feeds.items():
+            session = self._open[row]
+            session.length += 1
+            session.tokens.append(token)
+            session.has_logits = True
+        self._decode_steps += 1
+        self._decoded_rows += len(feeds)
+        self._ride_along_rows += batch - len(feeds)
+        self._batch_use[batch] += 1
+        self.last_batch = batch
+
+    def _decode_alone(self, row: DecodeRow) -> None:
+        task = self.start_prefill(row.session, [row.token])
+        self.prefill_step(task)
+
+    def choose(self, session: Session, sampler: Sampler) -> int:
+        """The next token from the session's held logits (no forward)."""
+        self._check_open(session)
+        if not session.has_logits:
+            raise OutOfRange("the session has no next-token logits (it is empty)")
+        return self.backend.choose([session.row], [sampler], [session.tokens])[0]
+
+    def logits(self, session: Session) -> np.ndarray:
+        """A host copy of the session's next-token logits [vocab]."""
+        self._check_open(session)
+        if not session.has_logits:
+            raise OutOfRange("the session has no next-token logits (it is empty)")
+        return self.backend.row_logits(session.row)
+
+    # -- rewind ---------------------------------------------------------------------------
+    def rewind(self, session: Session, length: int) -> None:
+        """Keep the first `length` tokens; the next-token logits are those of the tokens kept."""
+        self._check_open(session)
+        if not 0 <= length <= session.length:
+            raise InvalidInput(f"cannot rewind to {length}: the session holds {session.length}")
+        if length == session.length:
+            return
+        if self.info.recurrent_state and length != 0:
+            raise InvalidInput("a decoder with recurrent state can only rewind to 0")
+        if length == 0 or not session.tokens or self.info.supplied_ports:
+            # Without the token ids and ports of the last kept row nothing can be run again: no logits.
+            self._truncate(session, length)
+            session.has_logits = False
+            if length == 0:
+                self.backend.clear_state(session.row)
+            return
+        last = session.tokens[length - 1]
+        self._truncate(session, length - 1)
+        # Run the last kept token again: its logits are the next-token logits.
+        self.prefill_step(self.start_prefill(session, [last]))
+
+    def _truncate(self, session: Session, length: int) -> None:
+        session.length = length
+        del session.tokens[length:]
+        self.pool.set_mask(session.row, length)
+
+    # -- conveniences (tests, benchmarks) ---------------------------------------------------
+    def prefill(self, session: Session, tokens: Sequence[int] | None = None, *,
+                embeds: np.ndarray | None = None,
+                ports: Mapping[str, np.ndarray] | None = None) -> Iterator[ForwardReport]:
+        task = self.start_prefill(session, tokens, embeds=embeds, ports=ports)
+        while not task.done:
+            yield self.prefill_step(task)
+
+    def append(self, session: Session, tokens: Sequence[int] | None = None, *,
+               embeds: np.ndarray | None = None, ports: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        """Append a prompt (or one token) and return a host copy of the next-token logits [vocab]."""
+        for _ in self.prefill(session, tokens, embeds=embeds, ports=ports):
+            pass
+        return self.logits(session)
+
+    # -- stats ------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
+        decode = DecodeStats(self._decode_steps, self._decoded_rows, self._ride_along_rows,
+                             tuple(sorted(self._batch_use.items())))
         return EngineStats(
             variants=self.variants.stats(), eager_forwards=self.eager_forwards,
             sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,
-            slots_allocated=len(self._slots), slot_bytes=self.slot_bytes, memory=self.memory(),
-        )
+            slots_allocated=self.pool.rows, slot_bytes=self.slot_bytes, memory=self.memory(),
+            decode=decode, batch_widths=self.batch_widths, unbatched_reason=self.unbatched_reason)
 
     def close(self) -> None:
         self.variants.clear()
-        self._slots.clear()

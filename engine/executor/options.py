@@ -11,7 +11,7 @@ class EngineOptions:
     padding: bool = True  # the seed's ONNX_GENAI_PREFILL_QUERY_PADDING switch
     chunk_size: int | None = None  # override the model's declared chunk width; 0 = no chunking
     capacity: int | None = None  # KV capacity per session; None = the model's max length
-    variant_capacity: int = 4  # three ladder widths + decode
+    variant_capacity: int = 0  # 0 = every shape the engine plans: the ladder widths + the decode batch widths
     max_sessions: int = 8  # KV slots
     memory_budget_bytes: int = 0  # weights + KV + variants may not exceed it; 0 = no budget
     intra_op_threads: int = 0  # 0 = onnxruntime's default

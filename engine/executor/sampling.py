@@ -64,7 +64,7 @@ def filtered_probabilities(logits: np.ndarray, params: SamplingParams) -> np.nda
         mask = np.zeros_like(probs)
         mask[keep] = probs[keep]
         probs = mask / mask.sum()
-    return probs
+    return np.asarray(probs, np.float64)
 
 
 class Sampler:

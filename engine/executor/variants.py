@@ -1,7 +1,8 @@
 """The bounded cache of shape variants: everything prepared for one forward shape.
 
-Keyed by the forward's shape, least-recently-used first out, capacity 4 by
-default (three ladder widths + decode). It counts hits, misses, evictions and
+Keyed by the forward's shape, least-recently-used first out, sized by the
+engine to hold every shape it plans (three ladder widths + the decode batch
+widths). It counts hits, misses, evictions and
 refusals and reports the bytes each variant holds, so the memory budget sees it.
 A backend that cannot release a variant (CUDA graphs) admits only what it will
 keep: a full cache then refuses, and the caller runs that shape eagerly.
@@ -17,8 +18,12 @@ from typing import Generic, Protocol, TypeVar
 
 @dataclass(frozen=True, order=True)
 class VariantKey:
+    """A forward shape: a prefill of `width` rows on one session's row (batch 0),
+    or a decode forward of one row each over pool rows [0, batch)."""
+
     width: int
     ports: tuple[str, ...] = ()
+    batch: int = 0
 
 
 class Variant(Protocol):

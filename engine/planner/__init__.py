@@ -2,10 +2,12 @@
 
 It decides how a prompt appended to a session is cut into forwards (chunks),
 at which query width each forward runs (the ladder), and whether padding may
-be used at all. It imports neither onnxruntime nor numpy nor cupy; every
+be used at all, and onto which batch width a decode forward over several
+sessions rounds. It imports neither onnxruntime nor numpy nor cupy; every
 decision is a frozen value that the executor carries out and a test asserts.
 """
 
+from engine.planner.batch import batch_widths, decode_batch_width, ride_along_length
 from engine.planner.ladder import ladder_widths, prefill_query_width, step_for
 from engine.planner.padding import (
     PaddingDecision,
@@ -34,8 +36,11 @@ __all__ = [
     "chunk_spans",
     "decide_padding",
     "is_per_token",
+    "batch_widths",
+    "decode_batch_width",
     "ladder_widths",
     "plan_prefill",
     "prefill_query_width",
+    "ride_along_length",
     "step_for",
 ]

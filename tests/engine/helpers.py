@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from engine.executor import Engine, EngineOptions, Session
+from engine.executor import DecodeRow, Engine, EngineOptions, Session
+from engine.executor.sampling import Sampler, SamplingParams
 
 
 def load(path: Path, **options: object) -> Engine:
@@ -17,13 +19,21 @@ def prompt(length: int, seed: int = 0, vocab: int = 512) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, length)]
 
 
-def greedy(session: Session, logits: np.ndarray, steps: int) -> list[int]:
-    """Continue greedily for `steps` tokens from `logits`."""
-    out = []
-    for _ in range(steps):
-        token = int(np.argmax(logits))
-        out.append(token)
-        logits = session.append([token])
+def greedy(engine: Engine, session: Session, steps: int, tokens: Sequence[int] | None = None) -> list[int]:
+    """Append `tokens` (if given), then continue greedily for `steps` tokens, one decode step each.
+
+    Every chosen token is fed back, the last one included, so the session ends
+    holding all of them (a next turn appends after the whole continuation).
+    """
+    if tokens is not None:
+        engine.append(session, tokens)
+    sampler = Sampler(SamplingParams())
+    out = [engine.choose(session, sampler)]
+    while len(out) < steps:
+        chosen = engine.decode([DecodeRow(session, out[-1], sampler)])[0]
+        assert chosen is not None
+        out.append(chosen)
+    engine.decode([DecodeRow(session, out[-1])])
     return out
 
 
@@ -31,6 +41,6 @@ def greedy_from_prompt(engine: Engine, tokens: list[int], steps: int) -> list[in
     """Greedy continuation of `tokens` on a session of its own, returned to the pool after."""
     session = engine.open_session()
     try:
-        return greedy(session, session.append(tokens), steps)
+        return greedy(engine, session, steps, tokens)
     finally:
-        session.close()
+        engine.close_session(session)

@@ -111,8 +111,8 @@ def test_the_gguf_pair_rotary_layout_and_the_unpermuted_half_split_layout_agree(
 def test_the_plain_completion_of_the_capital_of_france_is_paris(
         engine: Engine, tokenizer: Tokenizer) -> None:
     session = engine.open_session()
-    logits = session.append(tokenizer.encode("The capital of France is"))
-    session.close()
+    logits = engine.append(session, tokenizer.encode("The capital of France is"))
+    engine.close_session(session)
     top = np.argsort(logits)[::-1]
     assert tokenizer.decode([int(top[0])]) == " Paris"
     assert logits[top[0]] - logits[top[1]] > 1.5  # llama.cpp: 2.5 logits ahead of " the"

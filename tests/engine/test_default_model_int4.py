@@ -57,9 +57,10 @@ def test_the_int4_model_tracks_the_fp32_reference_and_says_paris(
     tokens = tokenizer.encode("The capital of France is")
     spec = llama_spec(gguf, context_length=4096)
     ref = reference_logits(spec, llama_weights(gguf, spec), tokens)[-1]
-    session = Engine.load(model_dir, EngineOptions()).open_session()
-    got = session.append(tokens)
-    session.close()
+    engine = Engine.load(model_dir, EngineOptions())
+    session = engine.open_session()
+    got = engine.append(session, tokens)
+    engine.close_session(session)
     # The weights are exact, but accuracy_level 4 quantizes activations to int8 per block:
     # measured here, logits move by up to ~2.3 (of ~20) while their shape is kept.
     assert np.corrcoef(got, ref)[0, 1] > 0.99
@@ -73,10 +74,11 @@ def test_the_int4_model_answers_the_lone_user_turn_with_paris(cache_root: Path) 
     tokenizer = Tokenizer(model_dir)
     prompt = tokenizer.encode_chat([ChatMessage("user", "What is the capital of France?")],
                                    use_default_system=False)
-    session = Engine.load(model_dir, EngineOptions()).open_session()
-    logits, answer = session.append(prompt), []
+    engine = Engine.load(model_dir, EngineOptions())
+    session = engine.open_session()
+    logits, answer = engine.append(session, prompt), []
     for _ in range(7):
         answer.append(int(np.argmax(logits)))
-        logits = session.append([answer[-1]])
-    session.close()
+        logits = engine.append(session, [answer[-1]])
+    engine.close_session(session)
     assert tokenizer.decode(answer) == "The capital of France is Paris."

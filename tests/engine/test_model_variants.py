@@ -8,7 +8,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from engine.errors import InvalidInput
-from engine.executor.session import widen
+from engine.executor.cpu import CpuVariant
+from engine.executor.prefill import widen
 from engine.planner.padding import PaddingRefusal
 from tests.engine.helpers import greedy, load, prompt
 
@@ -30,55 +31,60 @@ def test_an_embeddings_fed_decoder_pads_embeddings_and_ports_by_repeating_the_la
     engine = load(model_dir("embeddings"), padding=True)
     session = engine.open_session()
     embeds, ports = _embeds(30)
-    plan = session.plan(30, ())
-    logits = session.append(embeds=embeds, ports=ports)
+    plan = engine.plan(session, 30, ())
+    logits = engine.append(session, embeds=embeds, ports=ports)
     assert plan.widths == (44,)
     (entry,) = engine.stats().variants.entries
-    assert entry.key.width == 44 and entry.key.ports == ("per_token_features",)
+    assert entry.key.width == 44 and entry.key.ports == ("per_token_features",) and entry.key.batch == 0
     variant = engine.variants._items[entry.key]
+    assert isinstance(variant, CpuVariant)
     assert (variant.feed[0, 30:] == embeds[0, 29]).all()
     assert (variant.ports["per_token_features"][0, 30:] == ports["per_token_features"][0, 29]).all()
-    exact = load(model_dir("embeddings"), padding=False).open_session()
-    assert np.abs(exact.append(embeds=embeds, ports=ports) - logits).max() <= 1e-5
+    exact = load(model_dir("embeddings"), padding=False)
+    assert np.abs(exact.append(exact.open_session(), embeds=embeds, ports=ports) - logits).max() <= 1e-5
 
 
 def test_a_recurrent_state_decoder_is_never_padded_and_chunks_exactly(model_dir) -> None:
-    chunked = load(model_dir("recurrent"), padding=True).open_session()
+    engine = load(model_dir("recurrent"), padding=True)
+    chunked = engine.open_session()
     tokens = prompt(150, seed=5)
-    plan = chunked.plan(150)
+    plan = engine.plan(chunked, 150)
     assert plan.padding.refusal is PaddingRefusal.RECURRENT_STATE
     assert plan.widths == (64, 64, 22) and plan.padded_rows == 0
-    whole = load(model_dir("recurrent"), chunk_size=0).open_session()
-    a, b = chunked.append(tokens), whole.append(tokens)
+    whole_engine = load(model_dir("recurrent"), chunk_size=0)
+    whole = whole_engine.open_session()
+    a, b = engine.append(chunked, tokens), whole_engine.append(whole, tokens)
     assert np.abs(a - b).max() <= 1e-5
-    assert greedy(chunked, a, 16) == greedy(whole, b, 16)
+    assert greedy(engine, chunked, 16) == greedy(whole_engine, whole, 16)
     assert chunked.stats.padded_rows == 0
 
 
 def test_a_recurrent_state_decoder_cannot_rewind_into_its_past(model_dir) -> None:
-    session = load(model_dir("recurrent")).open_session()
-    first = session.append(prompt(20, seed=2))
+    engine = load(model_dir("recurrent"))
+    session = engine.open_session()
+    first = engine.append(session, prompt(20, seed=2))
     with pytest.raises(InvalidInput, match="recurrent state"):
-        session.rewind_to(10)
-    session.rewind_to(0)
-    np.testing.assert_array_equal(session.append(prompt(20, seed=2)), first)
+        engine.rewind(session, 10)
+    engine.rewind(session, 0)
+    assert session.length == 0 and not session.has_logits
+    np.testing.assert_array_equal(engine.append(session, prompt(20, seed=2)), first)
 
 
 def test_a_decoder_that_drops_logits_rows_turns_padding_off_for_good(model_dir) -> None:
     engine = load(model_dir("last_row"), padding=True)
     session = engine.open_session()
     with capture_logs() as logs:
-        logits = session.append(prompt(30, seed=9))
-        tokens = greedy(session, logits, 32)
-        tokens += greedy(session, session.append(prompt(37, seed=10)), 8)
+        tokens = greedy(engine, session, 32, prompt(30, seed=9))
+        tokens += greedy(engine, session, 8, prompt(37, seed=10))
     assert not session.padding_on
     assert session.stats.self_check_reruns == 1
     assert session.stats.padded_rows == 0
     assert [e["event"] for e in logs].count("padding_off_for_session") == 1
     assert engine.stats().sessions_padding_off == 1
-    exact = load(model_dir("last_row"), padding=False).open_session()
-    expected = greedy(exact, exact.append(prompt(30, seed=9)), 32)
-    expected += greedy(exact, exact.append(prompt(37, seed=10)), 8)
+    exact_engine = load(model_dir("last_row"), padding=False)
+    exact = exact_engine.open_session()
+    expected = greedy(exact_engine, exact, 32, prompt(30, seed=9))
+    expected += greedy(exact_engine, exact, 8, prompt(37, seed=10))
     assert tokens == expected
 
 
@@ -86,17 +92,40 @@ def test_a_port_not_shaped_1_rows_refuses_the_whole_padding_plan(model_dir) -> N
     engine = load(model_dir("bias_port"), padding=True)
     session = engine.open_session()
     bias = {"embedding_bias": np.full(64, 0.1, np.float32)}
-    reports = list(session.prefill(prompt(30, seed=4), ports=bias))
+    reports = list(engine.prefill(session, prompt(30, seed=4), ports=bias))
     assert [r.width for r in reports] == [30]
-    assert session.plan(30, ()).padding.allowed  # without the port the same prompt would pad
-    exact = load(model_dir("bias_port"), padding=False).open_session()
-    np.testing.assert_allclose(exact.append(prompt(30, seed=4), ports=bias), reports[-1].logits,
-                               atol=1e-6)
+    assert engine.plan(session, 30, ()).padding.allowed  # without the port the same prompt would pad
+    exact = load(model_dir("bias_port"), padding=False)
+    np.testing.assert_allclose(exact.append(exact.open_session(), prompt(30, seed=4), ports=bias),
+                               engine.logits(session), atol=1e-6)
 
 
 def test_a_missing_or_unknown_port_is_invalid_input(model_dir) -> None:
-    session = load(model_dir("bias_port")).open_session()
+    engine = load(model_dir("bias_port"))
+    session = engine.open_session()
     with pytest.raises(InvalidInput, match="missing"):
-        session.append(prompt(5))
+        engine.append(session, prompt(5))
     with pytest.raises(InvalidInput, match="unknown"):
-        session.append(prompt(5), ports={"embedding_bias": np.zeros(64), "x": np.zeros(1)})
+        engine.append(session, prompt(5), ports={"embedding_bias": np.zeros(64), "x": np.zeros(1)})
+
+
+def test_a_rewind_on_a_decoder_with_supplied_ports_leaves_the_session_consistent(model_dir) -> None:
+    engine = load(model_dir("bias_port"))
+    session = engine.open_session()
+    bias = {"embedding_bias": np.full(64, 0.1, np.float32)}
+    tokens = prompt(20, seed=4)
+    held = engine.append(session, tokens, ports=bias)
+    try:
+        engine.rewind(session, 10)
+    except InvalidInput:  # refused: nothing moved
+        assert session.length == len(session.tokens) == 20
+        np.testing.assert_array_equal(engine.logits(session), held)
+    else:  # done: ten tokens kept, and next-token logits only if they are those of the ten
+        assert session.length == 10 and session.tokens == tokens[:10]
+        if session.has_logits:
+            exact = load(model_dir("bias_port"))
+            np.testing.assert_allclose(engine.logits(session),
+                                       exact.append(exact.open_session(), tokens[:10], ports=bias), atol=1e-5)
+    # Either way the session takes the rest of its prompt again.
+    again = engine.append(session, tokens[session.length:], ports=bias)
+    np.testing.assert_allclose(again, held, atol=1e-5)

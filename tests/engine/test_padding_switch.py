@@ -20,8 +20,8 @@ def test_onnx_genai_prefill_query_padding_0_turns_padding_off() -> None:
 
 def test_the_switch_reaches_the_engine_through_the_config(model_dir) -> None:
     options = load_config({PADDING_SWITCH: "0"}).engine_options()
-    session = load(model_dir(), padding=options.padding).open_session()
-    assert [r.width for r in session.prefill(prompt(30))] == [30]
+    engine = load(model_dir(), padding=options.padding)
+    assert [r.width for r in engine.prefill(engine.open_session(), prompt(30))] == [30]
 
 
 def test_no_module_but_the_config_reads_the_environment() -> None:

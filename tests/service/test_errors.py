@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -91,54 +93,59 @@ def test_text_needs_a_tokenizer_and_says_so(tmp_path: Path) -> None:
         running.close()
 
 
-def test_full_sessions_and_a_full_queue_are_resource_exhausted(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_sessions=1, max_queue=1, max_new_tokens=1000))
+def test_a_request_waits_for_a_free_slot_and_only_a_full_queue_is_resource_exhausted(
+        model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, max_sessions=1, max_queue=1))
     try:
         first = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5])))
-        opened = list(running.stub.Prefill(iter([first])))
+        opened = list(running.stub.Prefill(iter([first])))[-1].done.session_id
+        # Every slot is taken: the request waits in the queue until its deadline.
+        with pytest.raises(grpc.RpcError) as waited:
+            running.stub.Generate(greedy_request([5, 6], 2), timeout=0.3)
+        assert waited.value.code() == Code.DEADLINE_EXCEEDED
+        assert wait_for(lambda: running.stats().queue_depth == 0)  # the expired request left the queue
+        # A waiting request holds the only queue place: the next one is refused at once.
+        waiting = running.stub.Generate.future(greedy_request([5, 6], 2))
+        assert wait_for(lambda: running.stats().waiting_for_slot == 1)
         assert generate_status(running, greedy_request([5, 6], 2)) == Code.RESOURCE_EXHAUSTED
-        running.stub.CloseSession(pb.CloseSessionRequest(session_id=opened[-1].done.session_id))
-        assert queue_full_while_a_stream_runs(running)
+        # The slot frees: the waiting request runs to the end.
+        running.stub.CloseSession(pb.CloseSessionRequest(session_id=opened))
+        assert len(waiting.result(timeout=30).token_ids) == 2
+        assert running.stats().sessions_open == 0
     finally:
         running.close()
 
 
-def queue_full_while_a_stream_runs(running: RunningServer, attempts: int = 5) -> bool:
-    """While one long stream holds the worker's only queue place, another request is refused."""
-    for _ in range(attempts):
-        stream = running.stub.GenerateStream(greedy_request([5, 6], 1000))
-        next(stream)
-        try:
-            running.stub.Generate(greedy_request([5, 6], 2))
-        except grpc.RpcError as error:
-            stream.cancel()
-            return error.code() == Code.RESOURCE_EXHAUSTED
-        list(stream)  # the stream finished before the second request arrived: try again
-    return False
+def wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
-def test_a_session_beyond_the_memory_budget_is_resource_exhausted_and_stats_show_the_budget(
-        tmp_path: Path) -> None:
+def test_the_memory_budget_sizes_the_slot_pool_and_stats_show_the_budget(tmp_path: Path) -> None:
     # KV large enough (8 layers x 4 KV heads x 32 x 1024 positions: 8 MiB a session) to budget in MiB.
     model_dir = model_with_tokenizer(tmp_path, num_layers=8, num_heads=4, num_kv_heads=4, head_size=32)
-    probe = RunningServer(server_config(model_dir))
+    probe = RunningServer(server_config(model_dir, max_sessions=4))
     try:
-        memory = probe.stats().memory
-        prefill = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7])))
-        probe.stub.CloseSession(pb.CloseSessionRequest(
-            session_id=list(probe.stub.Prefill(iter([prefill])))[-1].done.session_id))
-        used = probe.stats().memory
-        slot = probe.stats().slot_bytes
+        unbudgeted = probe.stats()
     finally:
         probe.close()
-    assert memory.kv_bytes == 0 and used.kv_bytes == slot and used.weights_bytes > 0
-    # Budget: the weights, the variant reserve and one and a half sessions' KV: one session fits.
-    budget_mb = (used.weights_bytes + (3 * slot) // 2 + (1 << 20)) >> 20
-    running = RunningServer(server_config(model_dir, memory_budget_mb=budget_mb))
+    slot = unbudgeted.slot_bytes
+    assert unbudgeted.slots_allocated == 4 and unbudgeted.memory.kv_bytes == 4 * slot
+    # Budget: the weights, the variant reserve and one and a half sessions' KV: one slot fits.
+    budget_mb = (unbudgeted.memory.weights_bytes + (3 * slot) // 2 + (1 << 20)) >> 20
+    running = RunningServer(server_config(model_dir, max_sessions=4, memory_budget_mb=budget_mb))
     try:
+        prefill = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7])))
         opened = list(running.stub.Prefill(iter([prefill])))[-1].done
-        assert generate_status(running, greedy_request([5, 6], 2)) == Code.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as waited:  # the one slot is taken: a request waits
+            running.stub.Generate(greedy_request([5, 6], 2), timeout=0.3)
+        assert waited.value.code() == Code.DEADLINE_EXCEEDED
         stats = running.stats()
+        assert stats.slots_allocated == 1 and stats.memory.kv_bytes == slot
         assert stats.memory.budget_bytes == budget_mb << 20
         assert stats.memory.total_bytes <= stats.memory.budget_bytes
         assert [e.width for e in stats.variants.held] and all(e.bytes > 0 for e in stats.variants.held)

@@ -15,13 +15,14 @@ from tests.service.conftest import RunningServer, greedy_request, prompt_ids, se
 
 
 def engine_greedy(model_dir: Path, tokens: list[int], n: int) -> list[int]:
+    """The engine's greedy tokens, one session alone, appending each token as a whole forward."""
     engine = Engine.load(model_dir, EngineOptions())
     session = engine.open_session()
-    logits = session.append(tokens)
+    logits = engine.append(session, tokens)
     out = []
     for _ in range(n):
         out.append(int(np.argmax(logits)))
-        logits = session.append([out[-1]])
+        logits = engine.append(session, [out[-1]])
     return out
 
 

@@ -1,82 +1,95 @@
-"""A long prefill interleaves with a running decode: the stream never waits more than ~one chunk forward."""
+"""Rounds, proved by the scheduler's step log: streams decode together, a long prompt's chunks fit between."""
 
 from __future__ import annotations
 
-import statistics
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from engine.executor import Engine, EngineOptions
-from tests.service.conftest import (
-    RunningServer,
-    greedy_request,
-    model_with_tokenizer,
-    prompt_ids,
-    server_config,
-)
+from service.scheduler import StepRecord
+from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
 
 LONG_PROMPT = 960  # fifteen chunk forwards at chunk 64
+STREAMS = 3
 
 
-@pytest.fixture(scope="module")
-def big_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Big enough that a chunk forward costs clearly more than a decode step.
-    return model_with_tokenizer(tmp_path_factory.mktemp("big"), hidden_size=512, intermediate_size=2048,
-                                num_layers=6, num_heads=16, num_kv_heads=4, head_size=32)
+def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
-def chunk_forward_seconds(model_dir: Path, tokens: list[int]) -> float:
-    """A chunk forward at the longest pasts of this prompt, measured on the engine itself (warm)."""
-    engine = Engine.load(model_dir, EngineOptions())
-    session = engine.open_session()
-    times = []
-    for _ in range(2):
-        session.rewind_to(0)
-        times.clear()
-        start = time.perf_counter()
-        for _report in session.prefill(tokens):
-            times.append(time.perf_counter() - start)
-            start = time.perf_counter()
-    return statistics.median(times[-5:])  # the later chunks attend over more past: the dearest
+def steps_of(running: RunningServer) -> list[StepRecord]:
+    return list(running.server.runtime.scheduler.steps)  # type: ignore[union-attr]
 
 
-def test_a_long_prefill_never_stalls_a_running_stream_for_two_chunk_forwards(big_model: Path) -> None:
-    long_prompt = prompt_ids(LONG_PROMPT, seed=30)
-    chunk = chunk_forward_seconds(big_model, long_prompt)
-    running = RunningServer(server_config(big_model, max_new_tokens=1000))
+def test_a_long_prompt_runs_one_chunk_per_round_and_every_round_advances_every_stream(
+        model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, max_new_tokens=1000))
     try:
-        arrivals: list[float] = []
-        stream = running.stub.GenerateStream(greedy_request(prompt_ids(8, seed=31), 400))
-        for _event in stream:
-            arrivals.append(time.perf_counter())
-            if len(arrivals) == 20:
-                break
-        window: list[float] = []
-
-        def long_request() -> None:
-            window.append(time.perf_counter())
-            running.stub.Generate(greedy_request(long_prompt, 1))
-            window.append(time.perf_counter())
-
-        worker = threading.Thread(target=long_request)
-        worker.start()
-        for event in stream:
-            arrivals.append(time.perf_counter())
-            if event.HasField("done") or (len(window) == 2 and arrivals[-1] > window[1] + 0.05):
-                break
-        worker.join()
-        stream.cancel()
+        streams = [running.stub.GenerateStream(greedy_request(prompt_ids(8 + 40 * i, seed=i), 900))
+                   for i in range(STREAMS)]
+        for stream in streams:
+            next(stream)  # each is decoding now
+        wait_for(lambda: any(len(r.decode) == STREAMS for r in steps_of(running)))
+        reply = running.stub.Generate(greedy_request(prompt_ids(LONG_PROMPT, seed=30), 1))
+        for stream in streams:
+            stream.cancel()
     finally:
         running.close()
-    pairs = zip(arrivals, arrivals[1:], strict=False)
-    during = [b - a for a, b in pairs if window[0] <= a and b <= window[1]]
-    prefill_seconds = window[1] - window[0]
-    assert prefill_seconds > 5 * chunk, "the long prefill took several chunk forwards"
-    assert len(during) >= 5, "the stream kept producing tokens while the long prompt was prefilled"
-    # One scheduling hiccup of the machine is forgiven; a stall for the whole prefill is not.
-    largest, second = sorted(during)[-1], sorted(during)[-2]
-    assert second < 2 * chunk, (second, chunk, statistics.median(during))
-    assert largest < 4 * chunk < prefill_seconds / 2, (largest, chunk, prefill_seconds)
+    assert reply.prefill.forwards == 15
+    steps = steps_of(running)
+    chunk_rounds = [r for r in steps if r.prefill is not None]
+    long_job = chunk_rounds[-1].prefill[0]
+    long_rounds = [r for r in chunk_rounds if r.prefill[0] == long_job]
+    assert len(long_rounds) == 15, "one prefill forward of the long prompt per round"
+    streaming = {job for r in long_rounds for job, _row in r.decode}
+    assert len(streaming) == STREAMS
+    for record in long_rounds:
+        # Every chunk of the long prompt shares its round with one decode forward of all the streams.
+        assert {job for job, _row in record.decode} == streaming, record
+        assert record.batch == 4  # three rows on the batch ladder (1, 2, 4, 8, ...)
+
+
+def test_concurrent_streams_share_one_decode_forward_per_token(model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, max_sessions=8, max_new_tokens=1000))
+    try:
+        streams = [running.stub.GenerateStream(greedy_request(prompt_ids(5 + 17 * i, seed=i), 600))
+                   for i in range(6)]
+        wait_for(lambda: any(len(r.decode) == 6 for r in steps_of(running)))
+        for stream in streams:
+            stream.cancel()
+        stats = running.stats()
+        steps = steps_of(running)
+    finally:
+        running.close()
+    together = [r for r in steps if len(r.decode) == 6]
+    # Six sessions of different lengths advance in one forward, bound at the batch width 8.
+    assert {r.batch for r in together} == {8}
+    assert len({row for r in together for _job, row in r.decode}) == 6
+    assert {w.batch for w in stats.decode.widths} <= set(stats.decode.batch_widths)
+    assert stats.decode.steps < stats.decode.rows
+
+
+def test_a_cancelled_stream_leaves_the_next_round_and_frees_its_slot(model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, max_new_tokens=1000))
+    try:
+        kept = running.stub.GenerateStream(greedy_request(prompt_ids(9, seed=1), 900))
+        dropped = running.stub.GenerateStream(greedy_request(prompt_ids(12, seed=2), 900))
+        next(kept), next(dropped)
+        wait_for(lambda: running.stats().sessions_open == 2)
+        dropped.cancel()
+        wait_for(lambda: running.stats().sessions_open == 1)
+        wait_for(lambda: any(r.closed for r in steps_of(running)))  # the round is logged as it ends
+        wait_for(lambda: len(steps_of(running)[-1].decode) == 1)
+        steps = steps_of(running)
+        kept.cancel()
+    finally:
+        running.close()
+    closing = [r for r in steps if r.closed]
+    assert len(closing) == 1
+    gone = closing[0].closed[0]
+    # From the round that closed it on, the cancelled stream is in no decode forward.
+    assert all(gone not in {job for job, _row in r.decode} for r in steps if r.round >= closing[0].round)
+    assert any(len(r.decode) == 1 for r in steps if r.round >= closing[0].round)

@@ -279,7 +279,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "capacity", "chunk_size", "ladder", "execution_provider", "padding_enabled", "recurrent_state", "eos_token_ids", "bos_token_id", "num_layers", "has_tokenizer", "max_sessions", "variant_capacity", "max_new_tokens_limit", "max_prompt_tokens", "pod_name")
+    __slots__ = ("model", "vocab_size", "capacity", "chunk_size", "ladder", "execution_provider", "padding_enabled", "recurrent_state", "eos_token_ids", "bos_token_id", "num_layers", "has_tokenizer", "max_sessions", "variant_capacity", "max_new_tokens_limit", "max_prompt_tokens", "pod_name", "batch_widths")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -297,6 +297,7 @@ class ModelInfo(_message.Message):
     MAX_NEW_TOKENS_LIMIT_FIELD_NUMBER: _ClassVar[int]
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    BATCH_WIDTHS_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     capacity: int
@@ -314,7 +315,8 @@ class ModelInfo(_message.Message):
     max_new_tokens_limit: int
     max_prompt_tokens: int
     pod_name: str
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., capacity: _Optional[int] = ..., chunk_size: _Optional[int] = ..., ladder: _Optional[_Iterable[int]] = ..., execution_provider: _Optional[str] = ..., padding_enabled: _Optional[bool] = ..., recurrent_state: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., num_layers: _Optional[int] = ..., has_tokenizer: _Optional[bool] = ..., max_sessions: _Optional[int] = ..., variant_capacity: _Optional[int] = ..., max_new_tokens_limit: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., pod_name: _Optional[str] = ...) -> None: ...
+    batch_widths: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., capacity: _Optional[int] = ..., chunk_size: _Optional[int] = ..., ladder: _Optional[_Iterable[int]] = ..., execution_provider: _Optional[str] = ..., padding_enabled: _Optional[bool] = ..., recurrent_state: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., num_layers: _Optional[int] = ..., has_tokenizer: _Optional[bool] = ..., max_sessions: _Optional[int] = ..., variant_capacity: _Optional[int] = ..., max_new_tokens_limit: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., pod_name: _Optional[str] = ..., batch_widths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetEngineStatsRequest(_message.Message):
     __slots__ = ()
@@ -343,16 +345,18 @@ class VariantStats(_message.Message):
     def __init__(self, entries: _Optional[int] = ..., capacity: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., prepared: _Optional[int] = ..., evictions: _Optional[int] = ..., refusals: _Optional[int] = ..., bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[VariantEntry, _Mapping]]] = ...) -> None: ...
 
 class VariantEntry(_message.Message):
-    __slots__ = ("width", "ports", "bytes", "hits")
+    __slots__ = ("width", "ports", "bytes", "hits", "batch")
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     width: int
     ports: _containers.RepeatedScalarFieldContainer[str]
     bytes: int
     hits: int
-    def __init__(self, width: _Optional[int] = ..., ports: _Optional[_Iterable[str]] = ..., bytes: _Optional[int] = ..., hits: _Optional[int] = ...) -> None: ...
+    batch: int
+    def __init__(self, width: _Optional[int] = ..., ports: _Optional[_Iterable[str]] = ..., bytes: _Optional[int] = ..., hits: _Optional[int] = ..., batch: _Optional[int] = ...) -> None: ...
 
 class MemoryUse(_message.Message):
     __slots__ = ("weights_bytes", "kv_bytes", "variant_bytes", "total_bytes", "budget_bytes")
@@ -369,7 +373,7 @@ class MemoryUse(_message.Message):
     def __init__(self, weights_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., variant_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows", "memory")
+    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows", "memory", "decode", "waiting_for_slot")
     VARIANTS_FIELD_NUMBER: _ClassVar[int]
     EAGER_FORWARDS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -381,6 +385,8 @@ class EngineStats(_message.Message):
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PADDED_ROWS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_SLOT_FIELD_NUMBER: _ClassVar[int]
     variants: VariantStats
     eager_forwards: int
     sessions_open: int
@@ -392,4 +398,30 @@ class EngineStats(_message.Message):
     generated_tokens: int
     padded_rows: int
     memory: MemoryUse
-    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ...) -> None: ...
+    decode: DecodeStats
+    waiting_for_slot: int
+    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ...) -> None: ...
+
+class DecodeStats(_message.Message):
+    __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    RIDE_ALONG_ROWS_FIELD_NUMBER: _ClassVar[int]
+    WIDTHS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_WIDTHS_FIELD_NUMBER: _ClassVar[int]
+    UNBATCHED_REASON_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    rows: int
+    ride_along_rows: int
+    widths: _containers.RepeatedCompositeFieldContainer[BatchWidthUse]
+    batch_widths: _containers.RepeatedScalarFieldContainer[int]
+    unbatched_reason: str
+    def __init__(self, steps: _Optional[int] = ..., rows: _Optional[int] = ..., ride_along_rows: _Optional[int] = ..., widths: _Optional[_Iterable[_Union[BatchWidthUse, _Mapping]]] = ..., batch_widths: _Optional[_Iterable[int]] = ..., unbatched_reason: _Optional[str] = ...) -> None: ...
+
+class BatchWidthUse(_message.Message):
+    __slots__ = ("batch", "forwards")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    batch: int
+    forwards: int
+    def __init__(self, batch: _Optional[int] = ..., forwards: _Optional[int] = ...) -> None: ...

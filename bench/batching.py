@@ -1,0 +1,402 @@
+"""Continuous batching through the real service: N concurrent streams, one process per client group.
+
+Starts `python -m service` on a free port and drives it over gRPC as users do:
+- aggregate generated tok/s for N concurrent GenerateStream calls (each its own
+  prompt, greedy, ignore_eos), end to end and in the steady window where every
+  stream decodes; the ratio to one stream;
+- every stream's tokens against the same request run alone;
+- TTFT of a long prompt arriving while 16 streams decode, against an idle server;
+- the running streams' inter-token p99 while a very long prompt prefills, against idle;
+- a soak of random prompt lengths and arrival times: new variants after warm-up,
+  device memory (CUDA) or server RSS (CPU) sampled as it runs;
+- on CUDA, onnxruntime's raw batched graph replay of the same graph (the ceiling).
+
+    python -m bench.batching --provider cuda --model gpu:16x2048 --out $OUT
+    python -m bench.batching --provider cpu --model default --precision int4 --streams 1,2,4 \
+        --prompt 128 --new 64 --out bench/results/...
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import multiprocessing as mp
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from proto.ladder.v1 import ladder_pb2 as pb
+from proto.ladder.v1 import ladder_pb2_grpc
+
+VOCAB_FLOOR = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prompt(n: int, seed: int, vocab: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(VOCAB_FLOOR, min(vocab, 32000), n)]
+
+
+def request(tokens: list[int], new: int) -> pb.GenerateRequest:
+    return pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
+                              stopping=pb.StoppingOptions(max_new_tokens=new, ignore_eos=True))
+
+
+def stub(address: str) -> Any:
+    return ladder_pb2_grpc.LadderStub(grpc.insecure_channel(address))
+
+
+# -- clients: each stream records wall-clock times of its tokens (time.time: shared across processes) --
+def run_stream(address: str, tokens: list[int], new: int) -> dict[str, Any]:
+    start = time.time()
+    ids, times = [], []
+    for event in stub(address).GenerateStream(request(tokens, new)):
+        if event.HasField("token"):
+            ids.append(event.token.id)
+            times.append(time.time())
+    return {"start": start, "ids": ids, "times": times}
+
+
+def _group(args: tuple[str, list[list[int]], int]) -> list[dict[str, Any]]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    address, prompts, new = args
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda p: run_stream(address, p, new), prompts))
+
+
+def concurrent(address: str, prompts: list[list[int]], new: int, processes: int) -> list[dict[str, Any]]:
+    """All prompts at once, spread over client processes so the client's GIL is not the bottleneck."""
+    groups = [prompts[i::processes] for i in range(min(processes, len(prompts)))]
+    with mp.get_context("spawn").Pool(len(groups)) as pool:
+        parts = pool.map(_group, [(address, g, new) for g in groups])
+    out: list[dict[str, Any]] = [{}] * len(prompts)
+    for i, part in enumerate(parts):
+        for j, stream in enumerate(part):
+            out[i + j * len(groups)] = stream
+    return out
+
+
+def throughput(streams: list[dict[str, Any]]) -> dict[str, Any]:
+    starts = [s["start"] for s in streams]
+    firsts = [s["times"][0] for s in streams]
+    lasts = [s["times"][-1] for s in streams]
+    total = sum(len(s["ids"]) for s in streams)
+    # Steady window: every stream has its first token and none has finished.
+    lo, hi = max(firsts), min(lasts)
+    inside = sum(1 for s in streams for t in s["times"] if lo <= t <= hi)
+    gaps = [b - a for s in streams for a, b in zip(s["times"], s["times"][1:], strict=False)]
+    return {"streams": len(streams), "tokens": total,
+            "end_to_end_tok_s": total / (max(lasts) - min(starts)),
+            "steady_tok_s": inside / (hi - lo) if hi - lo > 0.05 else None,
+            "steady_window_s": hi - lo,
+            "ttft_ms_median": 1e3 * float(np.median([f - s for f, s in zip(firsts, starts, strict=True)])),
+            "inter_token_ms_p50": 1e3 * float(np.percentile(gaps, 50)) if gaps else None,
+            "inter_token_ms_p99": 1e3 * float(np.percentile(gaps, 99)) if gaps else None}
+
+
+# -- the service ----------------------------------------------------------------------------
+def start_server(args: argparse.Namespace, model: str, port: int,
+                 root: Path | None = None) -> subprocess.Popen[bytes]:
+    """`python -m service` from this checkout, or from `root` (another version of Ladder, side by side)."""
+    env = dict(os.environ)
+    if root is not None:
+        env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    cmd = [sys.executable, "-m", "service", "--model", model, "--provider", args.provider,
+           "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
+           "--max-sessions", str(max(args.streams)), "--max-queue", "1024",
+           "--capacity", str(args.capacity), "--max-new-tokens", str(args.capacity),
+           "--log-level", "warning", "--model-precision", args.precision]
+    log = open(args.out / "server.log", "ab")  # noqa: SIM115 — the server process owns it
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, env=env)
+
+
+def wait_serving(address: str, seconds: float = 600) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING:
+                return
+        except grpc.RpcError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("the server never became SERVING")
+
+
+def engine_stats(address: str) -> dict[str, Any]:
+    s = stub(address).GetEngineStats(pb.GetEngineStatsRequest())
+    return {"prepared": s.variants.prepared, "entries": [(e.width, e.batch) for e in s.variants.held],
+            "evictions": s.variants.evictions, "refusals": s.variants.refusals,
+            "eager_forwards": s.eager_forwards, "decode_steps": s.decode.steps, "decode_rows": s.decode.rows,
+            "batch_use": {str(w.batch): w.forwards for w in s.decode.widths},
+            "memory": {"weights": s.memory.weights_bytes, "kv": s.memory.kv_bytes,
+                       "variants": s.memory.variant_bytes}}
+
+
+def device_used() -> int | None:
+    try:
+        import cupy as cp
+
+        free, total = cp.cuda.runtime.memGetInfo()
+        return int(total - free)
+    except Exception:  # noqa: BLE001 — no device here: the CPU run reports RSS instead
+        return None
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+# -- measurements ---------------------------------------------------------------------------
+def scaling(address: str, args: argparse.Namespace, vocab: int,
+            counts: list[int] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    prompts = [prompt(args.prompt, seed, vocab) for seed in range(max(args.streams))]
+    concurrent(address, prompts[:2], 4, 2)  # warm-up: variants for the prompt's widths
+    for n in sorted(set([1, *(counts or args.streams)])):
+        concurrent(address, prompts[:n], 8, min(n, args.client_processes))  # this batch width's variant
+        streams = concurrent(address, prompts[:n], args.new, min(n, args.client_processes))
+        out[str(n)] = {**throughput(streams), "tokens_by_stream": [s["ids"] for s in streams]}
+    one = out["1"]
+    for row in out.values():
+        for key in ("end_to_end_tok_s", "steady_tok_s"):
+            if row[key] and one[key]:
+                row[key.replace("tok_s", "x_one_stream")] = row[key] / one[key]
+    return out
+
+
+def alone(address: str, prompts: list[list[int]], new: int) -> list[list[int]]:
+    return [run_stream(address, p, new)["ids"] for p in prompts]
+
+
+def long_prompt_under_load(address: str, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    """TTFT of a long prompt idle vs while 16 streams decode; the streams' gaps while it prefills."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    streams_n = min(16, max(args.streams))
+    long = prompt(args.long_prompt, 999, vocab)
+    idle = [run_stream(address, long, 1) for _ in range(3)]
+    idle_ttft = float(np.median([s["times"][0] - s["start"] for s in idle]))
+    very_long = prompt(args.very_long_prompt, 998, vocab)
+    run_stream(address, very_long, 1)  # its widths are warm
+    background = [prompt(args.prompt, 500 + i, vocab) for i in range(streams_n)]
+    new = min(args.capacity - args.prompt - 1, 100000)
+    with ThreadPoolExecutor(streams_n + 2) as pool:
+        running = [pool.submit(run_stream, address, p, new) for p in background]
+        time.sleep(args.settle_s)
+        loaded = pool.submit(run_stream, address, long, 1).result()
+        time.sleep(args.settle_s / 2)
+        marker = time.time()
+        prefilled = pool.submit(run_stream, address, very_long, 1).result()
+        results = [f.result() for f in running]
+    window = (prefilled["start"], prefilled["times"][0])
+    during, before = [], []
+    for s in results:
+        for a, b in zip(s["times"], s["times"][1:], strict=False):
+            if window[0] <= b and a <= window[1]:
+                during.append(b - a)
+            elif marker - 2 * args.settle_s / 4 <= a and b < window[0]:
+                before.append(b - a)
+    loaded_ttft = loaded["times"][0] - loaded["start"]
+    def p99(gaps: list[float]) -> float:
+        return float(np.percentile(gaps, 99))
+
+    return {"long_prompt": args.long_prompt, "ttft_idle_ms": 1e3 * idle_ttft,
+            "ttft_under_16_streams_ms": 1e3 * loaded_ttft, "ttft_ratio": loaded_ttft / idle_ttft,
+            "very_long_prompt": args.very_long_prompt,
+            "very_long_prefill_ms": 1e3 * (window[1] - window[0]),
+            "inter_token_p99_idle_ms": 1e3 * p99(before) if before else None,
+            "inter_token_p99_during_prefill_ms": 1e3 * p99(during) if during else None,
+            "inter_token_p99_ratio": p99(during) / p99(before) if before and during else None,
+            "gaps_idle": len(before), "gaps_during": len(during)}
+
+
+def soak(address: str, args: argparse.Namespace, vocab: int, pid: int) -> dict[str, Any]:
+    """Random prompt lengths, output lengths and arrival times; variants and memory as it runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(11)
+    before = engine_stats(address)
+    memory: list[int] = []
+    with ThreadPoolExecutor(64) as pool:
+        futures = []
+        for i in range(args.soak):
+            n = int(rng.integers(2, args.capacity // 2))
+            new = int(rng.integers(1, 48))
+            futures.append(pool.submit(run_stream, address, prompt(n, 10_000 + i, vocab), new))
+            time.sleep(float(rng.exponential(args.soak_gap_s)))
+            if i % 50 == 49:
+                memory.append(device_used() if args.provider == "cuda" else rss(pid))
+        done = [f.result() for f in futures]
+    after = engine_stats(address)
+    return {"requests": len(done), "new_variants": after["prepared"] - before["prepared"],
+            "new_evictions": after["evictions"] - before["evictions"],
+            "new_eager_forwards": after["eager_forwards"] - before["eager_forwards"],
+            "memory_every_50": memory, "memory_spread": max(memory) - min(memory) if memory else None,
+            "memory_kind": "device bytes used" if args.provider == "cuda" else "server RSS bytes",
+            "stats_after": after}
+
+
+def raw_replay(model_dir: Path, batches: list[int], capacity: int, past: int) -> dict[str, Any]:
+    """onnxruntime alone: one decode step of B rows as a captured CUDA graph, KV shared past/present."""
+    import cupy as cp
+    import onnxruntime as ort
+
+    from engine.model import load_model_info
+
+    info = load_model_info(model_dir)
+    session = ort.InferenceSession(str(model_dir / "model.onnx"),
+                                   providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+    out = {}
+    for graph_id, b in enumerate(batches, start=1):
+        kv = [cp.zeros((b, info.num_kv_heads, capacity, info.head_size), cp.float16)
+              for _ in range(2 * info.num_layers)]
+        mask = cp.zeros((b, capacity), cp.int64)
+        for row in range(b):
+            mask[row, :past + row % 7 + 1] = 1  # a different length in every row
+        ids = cp.full((b, 1), 5, cp.int64)
+        logits = cp.zeros((b, 1, info.vocab_size), cp.float16)
+        binding = session.io_binding()
+
+        def bind(fn: Any, name: str, array: Any) -> None:
+            fn(name, "cuda", 0, array.dtype, list(array.shape), array.data.ptr)
+
+        bind(binding.bind_input, info.feed.name, ids)
+        bind(binding.bind_input, info.mask, mask)
+        bind(binding.bind_output, "logits", logits)
+        layers = zip(info.kv_inputs, info.kv_outputs, strict=True)
+        names = [n for pair in layers for n in zip(*pair, strict=True)]
+        for (name_in, name_out), array in zip(names, kv, strict=True):
+            bind(binding.bind_input, name_in, array)
+            bind(binding.bind_output, name_out, array)
+        options = ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        for _ in range(5):
+            session.run_with_iobinding(binding, options)
+        steps = 200
+        start = time.perf_counter()
+        for _ in range(steps):
+            session.run_with_iobinding(binding, options)
+        cp.cuda.Device().synchronize()
+        ms = (time.perf_counter() - start) * 1e3 / steps
+        out[str(b)] = {"step_ms": ms, "tok_s": b * 1e3 / ms}
+    return out
+
+
+def baseline(args: argparse.Namespace, model: str, vocab: int) -> dict[str, Any]:
+    """The same scaling run against another version of the service (e.g. the last release)."""
+    port = free_port()
+    server = start_server(args, model, port, args.baseline_root)
+    try:
+        wait_serving(f"127.0.0.1:{port}")
+        rows = scaling(f"127.0.0.1:{port}", args, vocab, [n for n in (1, 16) if n <= max(args.streams)])
+    finally:
+        server.terminate()
+        server.wait(120)
+    for row in rows.values():
+        row.pop("tokens_by_stream", None)
+    return {"root": str(args.baseline_root), "scaling": rows}
+
+
+def machine() -> dict[str, Any]:
+    info = {"date": dt.date.today().isoformat(), "host": platform.node(), "cpus": os.cpu_count(),
+            "python": platform.python_version()}
+    try:
+        info["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                                     capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        info["gpu"] = None
+    return info
+
+
+def resolve_model(args: argparse.Namespace) -> str:
+    if args.model.startswith("gpu:"):
+        from bench.gpu.run import build
+
+        return str(build(args.model[4:], Path("/tmp/ladder-gpu-models")))
+    if args.model == "default":
+        from engine.default_model import prepare
+
+        return str(prepare(Path(args.cache), precision=args.precision).model_dir)
+    return args.model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--provider", default="cuda")
+    parser.add_argument("--model", default="gpu:16x2048")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "ladder"))
+    parser.add_argument("--streams", default="1,2,4,8,16,32,64")
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--capacity", type=int, default=4608)
+    parser.add_argument("--long-prompt", type=int, default=1000)
+    parser.add_argument("--very-long-prompt", type=int, default=4000)
+    parser.add_argument("--settle-s", type=float, default=1.0)
+    parser.add_argument("--soak", type=int, default=500)
+    parser.add_argument("--soak-gap-s", type=float, default=0.01)
+    parser.add_argument("--client-processes", type=int, default=8)
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: scaling,load,soak,raw")
+    parser.add_argument("--baseline-root", type=Path, default=None,
+                        help="another checkout of Ladder: its service is measured at 1 and 16 streams first")
+    args = parser.parse_args()
+    args.streams = [int(n) for n in args.streams.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    skip = set(args.skip.split(","))
+    model = resolve_model(args)
+    vocab = json.loads((Path(model) / "genai_config.json").read_text())["model"]["vocab_size"]
+    result: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "model": model,
+                              "settings": {k: str(v) for k, v in vars(args).items()}}
+    if args.baseline_root is not None:
+        result["baseline"] = baseline(args, model, vocab)
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    server = start_server(args, model, port)
+    try:
+        wait_serving(address)
+        if "scaling" not in skip:
+            result["scaling"] = scaling(address, args, vocab)
+            firsts = [prompt(args.prompt, seed, vocab) for seed in range(min(16, max(args.streams)))]
+            by_alone = alone(address, firsts, args.new)
+            biggest = result["scaling"][str(max(args.streams))]["tokens_by_stream"]
+            result["batched_equals_alone"] = [a == b for a, b in zip(by_alone, biggest, strict=False)]
+        if "load" not in skip:
+            result["under_load"] = long_prompt_under_load(address, args, vocab)
+        if "soak" not in skip:
+            result["soak"] = soak(address, args, vocab, server.pid)
+        result["engine_stats"] = engine_stats(address)
+    finally:
+        server.terminate()
+        result["server_exit_code"] = server.wait(120)
+    if args.provider == "cuda" and "raw" not in skip:
+        result["raw_replay"] = raw_replay(Path(model), sorted(set([1, *args.streams])), args.capacity,
+                                          args.prompt)
+    for row in result.get("scaling", {}).values():
+        row.pop("tokens_by_stream", None)
+    (args.out / "batching.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""What the engine asks of a backend (CPU, CUDA): one typed Protocol, no probing.
+
+A backend owns the KV pool's buffers, the variants (everything prepared for
+one forward shape), the logits store (each pool row's next-token logits,
+kept where they were computed) and choosing tokens from it on its device.
+The engine owns every decision: which rows, which widths, lengths and masks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from engine.executor.pool import KvPool
+from engine.executor.sampling import Sampler
+from engine.executor.variants import Variant, VariantKey
+
+VariantT = TypeVar("VariantT", bound=Variant)
+
+
+class Backend(Protocol[VariantT]):
+    name: str
+    evictable: bool  # False: a prepared variant cannot be released (CUDA graphs)
+    weights_bytes: int  # 0: unknown, the engine counts the model's files
+
+    def allocate(self, rows: int, capacity: int) -> KvPool:
+        """The KV pool and the logits store, once, before any forward."""
+        ...
+
+    def prepare(self, key: VariantKey) -> VariantT:
+        """Buffers (and on CUDA a graph to capture) for one forward shape."""
+        ...
+
+    def run_rows(self, variant: VariantT | None, key: VariantKey, row: int, past: int, feed: np.ndarray,
+                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray]) -> Any:
+        """One forward of `key.width` rows on top of `past` tokens of pool row `row` (its mask says
+        past + width); None runs eagerly. Returns logits [1, rows returned, vocab]."""
+        ...
+
+    def run_batch(self, variant: VariantT | None, key: VariantKey, ids: np.ndarray,
+                  positions: np.ndarray) -> Any:
+        """One decode forward over pool rows [0, key.batch) feeding `ids` [B, 1] at `positions`
+        [B, 1] (each row's mask says position + 1). Returns logits [B, 1, vocab]."""
+        ...
+
+    def keep_row(self, row: int, logits: Any, index: int) -> None:
+        """Store logits[0, index] as pool row `row`'s next-token logits."""
+        ...
+
+    def keep_batch(self, rows: Sequence[int], logits: Any) -> None:
+        """Store logits[r, 0] as row r's next-token logits, for each r in `rows`."""
+        ...
+
+    def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
+               histories: Sequence[Sequence[int]]) -> list[int]:
+        """One token per row from its stored logits, chosen where the logits live."""
+        ...
+
+    def row_logits(self, row: int) -> np.ndarray:
+        """A host copy of one row's stored logits [vocab]."""
+        ...
+
+    def clear_state(self, row: int) -> None:
+        """Zero a row's recurrent state (no-op without one)."""
+        ...
+
+    def memory(self) -> dict[str, int]:
+        """Backend-specific counters for stats (bytes by owner, captures, copies)."""
+        ...

@@ -1,0 +1,63 @@
+"""What the engine reports and the memory budget adds up: plain values and the byte estimates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.executor.cpu import _dtype
+from engine.executor.variants import VariantStats
+from engine.model import ModelInfo
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """What the memory budget adds up: weights, the KV pool, variants held."""
+
+    weights: int
+    kv: int
+    variants: int
+    budget: int  # 0 = no budget
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.variants
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    steps: int  # decode forwards run
+    rows: int  # session rows they advanced
+    ride_along_rows: int  # rows bound without being part of the step
+    widths: tuple[tuple[int, int], ...]  # (batch width, forwards run at it)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    variants: VariantStats
+    eager_forwards: int
+    sessions_open: int
+    sessions_padding_off: int
+    slots_allocated: int
+    slot_bytes: int
+    memory: MemoryUse
+    decode: DecodeStats
+    batch_widths: tuple[int, ...]
+    unbatched_reason: str  # why decode runs one session per forward ("" when it batches)
+
+
+def kv_slot_bytes(info: ModelInfo, capacity: int) -> int:
+    """One pool row: every layer's key and value at capacity, its mask and its next-token logits."""
+    itemsize = _dtype(info.kv_dtype).itemsize
+    kv = 2 * info.num_layers * info.num_kv_heads * capacity * info.head_size * itemsize
+    return kv + capacity * 8 + info.vocab_size * _dtype(info.logits.dtype).itemsize
+
+
+def variant_bytes_estimate(info: ModelInfo, width: int) -> int:
+    """The input and logits buffers of one variant of `width` rows (a capture's workspace comes on top)."""
+    return width * (8 + info.vocab_size * _dtype(info.logits.dtype).itemsize)
+
+
+def model_file_bytes(info: ModelInfo) -> int:
+    """Weights on disk: the graph file and its external data."""
+    name = info.config["model"]["decoder"].get("filename", "model.onnx")
+    return sum(p.stat().st_size for p in info.path.glob(name + "*") if p.is_file())

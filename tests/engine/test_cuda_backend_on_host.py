@@ -1,0 +1,115 @@
+"""The CUDA backend's bookkeeping, run on the host: numpy buffers, CPU provider, no graphs.
+
+The staging row prefill variants bind, the pool rows decode variants bind,
+eager fallbacks and choosing on the backend are the same code on both; only
+the array module and the provider differ.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.executor import DecodeRow, Engine, EngineOptions
+from engine.executor.cpu import CpuBackend
+from engine.executor.cuda import CudaBackend, host_runtime
+from engine.executor.engine import make_backend
+from engine.executor.sampling import Sampler, SamplingParams
+from engine.model import load_model_info
+from engine.modelgen.synthetic import TINY, build_synthetic
+
+GREEDY = Sampler(SamplingParams())
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_synthetic(TINY, tmp_path_factory.mktemp("models"))
+
+
+def device_engine(path: Path, **overrides: object) -> Engine:
+    options = EngineOptions(capacity=512, **overrides)  # type: ignore[arg-type]
+    info = load_model_info(path)
+    return Engine(info, options, CudaBackend(info, options, host_runtime()))
+
+
+def cpu_engine(path: Path, **overrides: object) -> Engine:
+    options = EngineOptions(capacity=512, **overrides)  # type: ignore[arg-type]
+    info = load_model_info(path)
+    return Engine(info, options, CpuBackend(info, options))
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(3, TINY.vocab_size, n).tolist()
+
+
+def generate(engine: Engine, tokens: list[int], new: int, sampler: Sampler = GREEDY) -> list[int]:
+    session = engine.open_session()
+    engine.append(session, tokens)
+    out = [engine.choose(session, sampler)]
+    while len(out) < new:
+        out.append(engine.decode([DecodeRow(session, out[-1], sampler)])[0])  # type: ignore[arg-type]
+    engine.close_session(session)
+    return out
+
+
+def test_the_device_backend_matches_the_cpu_backend_token_for_token(model_dir: Path) -> None:
+    for n in (1, 5, 70, 150):
+        assert generate(device_engine(model_dir), prompt(n, n), 12) == \
+            generate(cpu_engine(model_dir), prompt(n, n), 12)
+
+
+def test_sessions_prefilled_in_turns_through_the_staging_row_decode_together_exactly(model_dir: Path) -> None:
+    lengths = (90, 33, 140)
+    alone = [generate(cpu_engine(model_dir), prompt(n, n), 10) for n in lengths]
+    engine = device_engine(model_dir)
+    sessions = [engine.open_session() for _ in lengths]
+    for half in (0, 1):  # every session's prompt in two parts, the parts interleaved
+        for s, n in zip(sessions, lengths, strict=True):
+            part = prompt(n, n)[: n // 2] if half == 0 else prompt(n, n)[n // 2:]
+            engine.append(s, part)
+    outs = [[engine.choose(s, GREEDY)] for s in sessions]
+    for _ in range(9):
+        chosen = engine.decode([DecodeRow(s, o[-1], GREEDY) for s, o in zip(sessions, outs, strict=True)])
+        for out, token in zip(outs, chosen, strict=True):
+            out.append(token)  # type: ignore[arg-type]
+    assert outs == alone
+    assert engine.backend.memory()["staging_copied_positions"] > 0
+
+
+def test_a_session_rewound_after_others_used_the_staging_row_resumes_exactly(model_dir: Path) -> None:
+    engine = device_engine(model_dir)
+    a, b = engine.open_session(), engine.open_session()
+    engine.append(a, prompt(80))
+    first = engine.choose(a, GREEDY)
+    engine.append(b, prompt(40, 1))  # b holds the staging row now
+    engine.decode([DecodeRow(a, first, GREEDY), DecodeRow(b, 7, GREEDY)])
+    engine.rewind(a, 80)
+    engine.append(b, prompt(30, 2))
+    engine.append(a, [first])
+    assert engine.choose(a, GREEDY) == generate(cpu_engine(model_dir), prompt(80), 2)[1]
+
+
+def test_widths_the_cache_will_not_keep_run_eagerly_with_the_same_tokens(model_dir: Path) -> None:
+    engine = device_engine(model_dir, padding=False)
+    outs = [generate(engine, prompt(n, n), 3) for n in (20, 30, 45, 50, 55, 60, 61, 62)]
+    stats = engine.stats()
+    assert stats.variants.refusals > 0 and stats.eager_forwards == stats.variants.refusals
+    assert outs == [generate(cpu_engine(model_dir, padding=False), prompt(n, n), 3)
+                    for n in (20, 30, 45, 50, 55, 60, 61, 62)]
+
+
+def test_repetition_penalty_and_seeded_sampling_on_the_backend_match_the_host(model_dir: Path) -> None:
+    for params in (SamplingParams(repetition_penalty=1.8), SamplingParams(temperature=0.9, seed=3)):
+        device = generate(device_engine(model_dir), prompt(60), 8, Sampler(params))
+        assert device == generate(cpu_engine(model_dir), prompt(60), 8, Sampler(params))
+
+
+def test_cuda_falls_back_to_cpu_when_the_provider_is_missing(model_dir: Path) -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("a CUDA provider is installed here")
+    backend = make_backend(load_model_info(model_dir), EngineOptions(provider="cuda"))
+    assert backend.name == "cpu"
