@@ -117,7 +117,7 @@ def start_server(args: argparse.Namespace, model: str, port: int,
         env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
     cmd = [sys.executable, "-m", "service", "--model", model, "--provider", args.provider,
            "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
-           "--max-sessions", str(max(args.streams)), "--max-queue", "1024",
+           "--max-sessions", str(max(args.streams) + 2), "--max-queue", "1024",
            "--capacity", str(args.capacity), "--max-new-tokens", str(args.capacity),
            "--log-level", "warning", "--model-precision", args.precision]
     log = open(args.out / "server.log", "ab")  # noqa: SIM115 — the server process owns it

@@ -47,8 +47,9 @@ class Config:
     padding: bool = True
     chunk_size: int | None = None  # override the model's chunk width; 0 = no chunking
     capacity: int | None = None  # KV capacity per session; None = the model's max length
-    variant_capacity: int = 4
+    variant_capacity: int = 0  # 0 = every planned shape: the prefill ladder + the decode batch widths
     max_sessions: int = 8
+    warm_up: bool = True  # prepare every planned shape (graph captures on CUDA) before serving
     memory_budget_mb: int = 0  # weights + KV + variants; a session that would exceed it is refused
     max_queue: int = 64  # requests the engine worker holds at once
     session_idle_seconds: float = 300.0
@@ -90,6 +91,7 @@ _HELP = {
     "auth_tokens": "comma-separated bearer tokens (name=token names the caller)",
     "memory_budget_mb": "weights + KV + variants limit; sessions beyond it get RESOURCE_EXHAUSTED (0 = off)",
     "pod_name": "prefix of session ids (defaults to the host name)",
+    "warm_up": "prepare every ladder and batch width (CUDA graphs) before health turns SERVING",
 }
 
 

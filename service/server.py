@@ -52,6 +52,10 @@ def load_model(config: Config) -> Model:
     else:
         path = Path(config.model)
     engine = Engine.load(path, config.engine_options())
+    if config.warm_up:
+        started = time.perf_counter()
+        prepared = engine.warm_up()
+        log.info("warmed_up", variants=prepared, seconds=round(time.perf_counter() - started, 3))
     # onnxruntime-extensions' native module has aborted the process when first imported
     # from this (model-loading) thread, so engine.tokenizer is imported with this module.
     tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None

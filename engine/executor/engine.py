@@ -296,9 +296,9 @@ class Engine:
                                           [r.session.tokens for r in chosen]))
         return [next(tokens) if r.sampler is not None else None for r in rows]
 
-    def _decode_forward(self, feeds: dict[int, int]) -> None:
+    def _decode_forward(self, feeds: dict[int, int], least: int = 1) -> None:
         """One forward over pool rows [0, B): rows in `feeds` advance by their token, the rest ride along."""
-        batch = decode_batch_width(max(feeds), self.pool.rows)
+        batch = decode_batch_width(max(max(feeds), least - 1), self.pool.rows)
         lengths = self.pool.mask_lengths[:batch]
         ids = np.zeros((batch, 1), np.int64)
         for row in range(batch):
@@ -341,6 +341,26 @@ class Engine:
         if not session.has_logits:
             raise OutOfRange("the session has no next-token logits (it is empty)")
         return self.backend.row_logits(session.row)
+
+    # -- warm-up --------------------------------------------------------------------------
+    def warm_up(self) -> int:
+        """Prepare every shape the engine plans (each ladder width, each batch width) before any request,
+        so no request pays for a preparation (a graph capture on CUDA). Returns the variants prepared."""
+        if self.info.supplied_ports or self.info.feed.name != "input_ids" or not self._free:
+            return 0  # shapes depend on what callers supply: prepared as they come
+        before = self.variants.prepared
+        session = self.open_session()
+        try:
+            widths = [w for w in self.ladder if w <= self.capacity] if self.options.padding else []
+            for width in () if self.info.recurrent_state else widths:
+                self.append(session, [0] * width)
+                self.rewind(session, 0)
+            self.append(session, [0])
+            for batch in self.batch_widths:
+                self._decode_forward({session.row: 0}, least=batch)
+        finally:
+            self.close_session(session)
+        return self.variants.prepared - before
 
     # -- rewind ---------------------------------------------------------------------------
     def rewind(self, session: Session, length: int) -> None:

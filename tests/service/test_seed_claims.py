@@ -11,8 +11,9 @@ import pytest
 from service.config import PADDING_SWITCH, load_config
 from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
 
-# Remainders at chunk 64: 37, 26, 12, 8, 59 -> five different unpadded widths.
-LENGTHS = (37, 90, 140, 200, 251)
+# Remainders at chunk 64: 37, 26, 12, 8, 59, 44, 13, 30, 6, 31 -> ten different unpadded widths,
+# more than the variant cache holds beside the batch widths (3 + 5).
+LENGTHS = (37, 90, 140, 200, 251, 300, 333, 350, 390, 415)
 
 
 @pytest.fixture(scope="module")
@@ -44,5 +45,6 @@ def test_a_second_pass_over_the_same_lengths_prepares_no_new_variant_only_with_p
         _generate_all(server)
     after = {name: server.stats().variants for name, server in servers.items()}
     assert after["on"].prepared == before["on"]
-    assert sorted(e.width for e in after["on"].held) == [1, 22, 44, 64]
+    assert sorted(e.width for e in after["on"].held if not e.batch) == [22, 44, 64]
+    assert sorted(e.batch for e in after["on"].held if e.batch) == [1, 2, 4, 8, 12]  # the batch ladder
     assert after["off"].prepared > before["off"] and after["off"].evictions > 0

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The batching device command: on the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts,
+#   bash bench/gpu/batching.sh     (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+#                                   .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small, .bench-baseline)
+# installs onnxruntime-gpu, runs the GPU tests, then bench/batching.py on the 16x2048 fp16 decoder
+# (the previous release's service side by side when .bench-baseline holds its engine/ service/ proto/).
+set -o pipefail
+cp .whl/ortgpu.part.04 /tmp/ortparts/
+. .whl/gpu-env.sh || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/small/*.whl || exit 1
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/gpu-info.txt"
+timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_cuda_graphs.py \
+  2>&1 | tee "$OUT/gpu-tests.log" | tail -5
+baseline=(); [ -d .bench-baseline/engine ] && baseline=(--baseline-root "$PWD/.bench-baseline")
+timeout "${BENCH_TIMEOUT:-400}" python3 -m bench.batching --provider cuda --model "gpu:${MODEL:-16x2048}" \
+  "${baseline[@]}" --out "$OUT" ${BENCH_ARGS:-} > "$OUT/batching.log" 2>&1
+echo "bench exit $?"
+tail -c 6000 "$OUT/batching.log"
