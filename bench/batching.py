@@ -111,17 +111,15 @@ def throughput(streams: list[dict[str, Any]]) -> dict[str, Any]:
 # -- the service ----------------------------------------------------------------------------
 def start_server(args: argparse.Namespace, model: str, port: int,
                  root: Path | None = None) -> subprocess.Popen[bytes]:
-    """`python -m service` from this checkout, or from `root` (another version of Ladder, side by side)."""
-    env = dict(os.environ)
-    if root is not None:
-        env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    """`python -m service` from this checkout, or from `root` (another version of Ladder, side by side:
+    run from there, its own packages come first on the path)."""
     cmd = [sys.executable, "-m", "service", "--model", model, "--provider", args.provider,
            "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
            "--max-sessions", str(max(args.streams) + 2), "--max-queue", "1024",
            "--capacity", str(args.capacity), "--max-new-tokens", str(args.capacity),
            "--log-level", "warning", "--model-precision", args.precision]
     log = open(args.out / "server.log", "ab")  # noqa: SIM115 — the server process owns it
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, env=env)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root)
 
 
 def wait_serving(address: str, seconds: float = 600) -> None:
@@ -182,6 +180,14 @@ def scaling(address: str, args: argparse.Namespace, vocab: int,
             if row[key] and one[key]:
                 row[key.replace("tok_s", "x_one_stream")] = row[key] / one[key]
     return out
+
+
+def agreement(alone: list[list[int]], batched: list[list[int]]) -> dict[str, Any]:
+    """Per stream (of those run both ways): equal or not, and how many leading tokens agree."""
+    pairs = list(zip(alone, batched, strict=False))
+    prefix = [next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
+              for a, b in pairs]
+    return {"compared": len(pairs), "equal": sum(a == b for a, b in pairs), "common_prefix": prefix}
 
 
 def alone(address: str, prompts: list[list[int]], new: int) -> list[list[int]]:
@@ -317,6 +323,27 @@ def baseline(args: argparse.Namespace, model: str, vocab: int) -> dict[str, Any]
     return {"root": str(args.baseline_root), "scaling": rows}
 
 
+def engine_single_stream(model_dir: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    """The engine alone (no gRPC, no scheduler): one session's greedy decode rate, lookahead on and off."""
+    from engine.executor import DecodeRow, Engine, EngineOptions
+    from engine.executor.sampling import Sampler, SamplingParams
+
+    out = {}
+    for lookahead in (True, False):
+        engine = Engine.load(model_dir, EngineOptions(provider=args.provider, capacity=args.capacity,
+                                                      max_sessions=1, lookahead=lookahead))
+        engine.warm_up()
+        greedy, session = Sampler(SamplingParams()), engine.open_session()
+        engine.append(session, prompt(args.prompt, 0, vocab))
+        token = engine.choose(session, greedy)
+        start = time.perf_counter()
+        for _ in range(args.new - 1):
+            token = engine.decode([DecodeRow(session, token, greedy)])[0]  # type: ignore[assignment]
+        out["lookahead" if lookahead else "stepwise"] = (args.new - 1) / (time.perf_counter() - start)
+        engine.close()
+    return {"decode_tok_s": out}
+
+
 def machine() -> dict[str, Any]:
     info = {"date": dt.date.today().isoformat(), "host": platform.node(), "cpus": os.cpu_count(),
             "python": platform.python_version()}
@@ -357,7 +384,8 @@ def main() -> None:
     parser.add_argument("--soak", type=int, default=500)
     parser.add_argument("--soak-gap-s", type=float, default=0.01)
     parser.add_argument("--client-processes", type=int, default=8)
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: scaling,load,soak,raw")
+    parser.add_argument("--skip", default="",
+                        help="comma-separated parts to skip: scaling,load,soak,engine,raw")
     parser.add_argument("--baseline-root", type=Path, default=None,
                         help="another checkout of Ladder: its service is measured at 1 and 16 streams first")
     args = parser.parse_args()
@@ -379,8 +407,9 @@ def main() -> None:
             result["scaling"] = scaling(address, args, vocab)
             firsts = [prompt(args.prompt, seed, vocab) for seed in range(min(16, max(args.streams)))]
             by_alone = alone(address, firsts, args.new)
-            biggest = result["scaling"][str(max(args.streams))]["tokens_by_stream"]
-            result["batched_equals_alone"] = [a == b for a, b in zip(by_alone, biggest, strict=False)]
+            result["batched_vs_alone"] = {
+                n: agreement(by_alone, result["scaling"][n]["tokens_by_stream"])
+                for n in result["scaling"] if int(n) > 1}
         if "load" not in skip:
             result["under_load"] = long_prompt_under_load(address, args, vocab)
         if "soak" not in skip:
@@ -389,6 +418,8 @@ def main() -> None:
     finally:
         server.terminate()
         result["server_exit_code"] = server.wait(120)
+    if "engine" not in skip:
+        result["engine_single_stream"] = engine_single_stream(Path(model), args, vocab)
     if args.provider == "cuda" and "raw" not in skip:
         result["raw_replay"] = raw_replay(Path(model), sorted(set([1, *args.streams])), args.capacity,
                                           args.prompt)

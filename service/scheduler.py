@@ -8,9 +8,10 @@ the generator. Jobs never touch the engine between requests.
 
 Each round: every job that is not waiting runs up to its next request; free
 slots go to the jobs waiting for one, in arrival order; the oldest job waiting
-on a prefill runs one chunk forward; then one decode forward advances every job
-waiting on a token, whatever its session's length. So a long prompt delays
-running streams by at most one chunk per token, and sixteen streams cost one
+on a prefill runs one forward (a chunk; while others decode, the smallest
+ladder rung of it); then one decode forward advances every job waiting on a
+token, whatever its session's length. So a long prompt delays running streams
+by at most one small prefill forward per token, and sixteen streams cost one
 forward per token, not sixteen. `steps` keeps a log of what each round ran.
 """
 
@@ -317,14 +318,16 @@ class Scheduler:
             self._answer(job, self.engine.open_session)
 
     def _prefill(self) -> tuple[int, int] | None:
-        """The oldest waiting prefill runs one forward."""
+        """The oldest waiting prefill runs one forward: a whole chunk when nothing decodes, else the
+        smallest ladder rung, so decoding streams wait no longer than that between their tokens."""
         jobs = self._waiting(Chunk)
         if not jobs:
             return None
         job = jobs[0]
         assert isinstance(job.want, Chunk)
         task = job.want.task
-        self._answer(job, lambda: self.engine.prefill_step(task))
+        span = self.engine.shared_span if any(isinstance(j.want, Token) for j in self._active) else 0
+        self._answer(job, lambda: self.engine.prefill_step(task, span))
         width = job.reply.width if job.error is None else 0
         return job.serial, width
 

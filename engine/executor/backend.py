@@ -24,6 +24,7 @@ class Backend(Protocol[VariantT]):
     name: str
     evictable: bool  # False: a prepared variant cannot be released (CUDA graphs)
     weights_bytes: int  # 0: unknown, the engine counts the model's files
+    async_capable: bool  # run_batch(wait=False) returns before the forward has finished
 
     def allocate(self, rows: int, capacity: int) -> KvPool:
         """The KV pool and the logits store, once, before any forward."""
@@ -40,9 +41,14 @@ class Backend(Protocol[VariantT]):
         ...
 
     def run_batch(self, variant: VariantT | None, key: VariantKey, ids: np.ndarray,
-                  positions: np.ndarray) -> Any:
+                  positions: np.ndarray, wait: bool = True) -> Any:
         """One decode forward over pool rows [0, key.batch) feeding `ids` [B, 1] at `positions`
-        [B, 1] (each row's mask says position + 1). Returns logits [B, 1, vocab]."""
+        [B, 1] (each row's mask says position + 1). Returns logits [B, 1, vocab]; with `wait`
+        False they are ready only after `settle`."""
+        ...
+
+    def settle(self) -> None:
+        """Wait for a forward launched without waiting (no-op when none is in flight)."""
         ...
 
     def keep_row(self, row: int, logits: Any, index: int) -> None:

@@ -65,6 +65,7 @@ class CpuBackend:
     name = "cpu"
     evictable = True
     weights_bytes = 0
+    async_capable = False
 
     def __init__(self, info: ModelInfo, options: EngineOptions) -> None:
         self.info = info
@@ -166,12 +167,15 @@ class CpuBackend:
         return self._run(variant, state)
 
     def run_batch(self, variant: CpuVariant | None, key: VariantKey, ids: np.ndarray,
-                  positions: np.ndarray) -> np.ndarray:
+                  positions: np.ndarray, wait: bool = True) -> np.ndarray:
         variant = variant or self.prepare(key)
         np.copyto(variant.feed, ids.reshape(variant.feed.shape))
         if variant.positions is not None:
             np.copyto(variant.positions, positions)
         return self._run(variant, None)
+
+    def settle(self) -> None:
+        """Forwards on the CPU always finish before they return: nothing to wait for."""
 
     def _run(self, variant: CpuVariant, state: RowState | None) -> np.ndarray:
         assert variant.binding is not None

@@ -108,6 +108,7 @@ class Staging:
 class CudaBackend:
     name = "cuda"
     evictable = False  # onnxruntime cannot release one captured graph
+    async_capable = True  # a decode forward can be launched without waiting (see decode.py's lookahead)
 
     def __init__(self, info: ModelInfo, options: EngineOptions, runtime: Runtime | None = None) -> None:
         if info.recurrent_state:
@@ -125,8 +126,9 @@ class CudaBackend:
         self.staging: Staging | None = None
         self.store: Any = None
         self._graph_ids = itertools.count(1)
-        self._run_options: dict[int, Any] = {}
+        self._run_options: dict[tuple[int, bool], Any] = {}
         self.queued = False  # cupy work is queued that the next forward must wait for
+        self.in_flight = False  # a forward was launched without waiting
         self.captures = 0
         self.profile = False  # when set, the wall time spent inside onnxruntime's run is summed
         self.run_ms = 0.0
@@ -212,7 +214,7 @@ class CudaBackend:
         return variant.logits
 
     def run_batch(self, variant: DeviceVariant | None, key: VariantKey, ids: np.ndarray,
-                  positions: np.ndarray) -> Any:
+                  positions: np.ndarray, wait: bool = True) -> Any:
         variant = variant or self._variant(key, EAGER)
         assert self.staging is not None
         with self.rt.enter():
@@ -221,8 +223,13 @@ class CudaBackend:
                 self.rt.upload(variant.inputs[self.info.position_ids], positions)
             if 0 <= self.staging.row < key.batch:
                 self.staging.written(self.staging.row, int(positions[self.staging.row, 0]))
-            self._execute(variant)
+            self._execute(variant, wait)
         return variant.logits
+
+    def settle(self) -> None:
+        if self.in_flight:
+            self.in_flight = False
+            self.rt.wait_device()  # onnxruntime's own stream included
 
     def _constant(self, variant: DeviceVariant, name: str, array: np.ndarray) -> None:
         buffer = variant.inputs.get(name)
@@ -232,24 +239,29 @@ class CudaBackend:
             self._bind(variant.binding.bind_input, name, buffer)
         self.rt.upload(buffer, array)
 
-    def _options(self, graph_id: int) -> Any:
-        options = self._run_options.get(graph_id)
+    def _options(self, graph_id: int, wait: bool) -> Any:
+        options = self._run_options.get((graph_id, wait))
         if options is None:
-            options = self._run_options[graph_id] = ort.RunOptions()
+            options = self._run_options[(graph_id, wait)] = ort.RunOptions()
             if self.rt.graphs:
                 options.add_run_config_entry("gpu_graph_id", str(graph_id))
+            if not wait:
+                options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         return options
 
-    def _execute(self, variant: DeviceVariant) -> None:
-        """Run the forward once cupy's queue is done; returns when it has finished."""
+    def _execute(self, variant: DeviceVariant, wait: bool = True) -> None:
+        """Run the forward once cupy's queue is done; with `wait`, return when it has finished."""
         capturing = variant.graph_id != EAGER and not variant.captured
+        wait = wait or capturing  # a capture runs to its end before anything else
+        self.settle()
         before = self.rt.free_bytes() if capturing else 0
         if self.queued:
             self.rt.wait_queue()  # staging copies and logits stores go first
             self.queued = False
         start = time.perf_counter()
-        self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id))
-        if self.profile:
+        self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id, wait))
+        self.in_flight = not wait
+        if self.profile and wait:
             self.run_ms += (time.perf_counter() - start) * 1e3
             self.profiled_forwards += 1
         if capturing:

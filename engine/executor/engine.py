@@ -12,7 +12,6 @@ Not thread-safe by design: the service runs it on one worker thread.
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +23,7 @@ import structlog
 from engine.errors import Exhausted, InvalidInput, OutOfRange
 from engine.executor.backend import Backend
 from engine.executor.cpu import CpuBackend, _dtype
+from engine.executor.decode import BatchDecoder
 from engine.executor.options import EngineOptions
 from engine.executor.prefill import ForwardReport, PrefillTask, check_ids, checked_feed, checked_ports
 from engine.executor.sampling import Sampler
@@ -48,10 +48,8 @@ from engine.planner import (
     PortShape,
     PrefillPlan,
     batch_widths,
-    decode_batch_width,
     ladder_widths,
     plan_prefill,
-    ride_along_length,
 )
 
 log = structlog.get_logger("ladder.engine")
@@ -110,9 +108,7 @@ class Engine:
         self._open: dict[int, Session] = {}
         self.eager_forwards = 0
         self.sessions_padding_off = 0
-        self._decode_steps = self._decoded_rows = self._ride_along_rows = 0
-        self._batch_use: Counter[int] = Counter()
-        self.last_batch = 0  # batch width of the last decode forward
+        self.decoder = BatchDecoder(self.pool, backend, self._variant, self._open, self.capacity)
 
     @classmethod
     def load(cls, path: Path | str, options: EngineOptions | None = None) -> Engine:
@@ -158,6 +154,7 @@ class Engine:
         """A session on the lowest free pool row (so decode batches stay narrow)."""
         if not self._free:
             raise Exhausted(f"all {self.pool.rows} sessions are in use")
+        self.decoder.settle()
         row = heapq.heappop(self._free)
         self.pool.set_mask(row, 0)
         self.backend.clear_state(row)
@@ -167,6 +164,7 @@ class Engine:
     def close_session(self, session: Session) -> None:
         if session.closed:
             return
+        self.decoder.settle()
         session.closed = True
         self.pool.set_mask(session.row, 0)
         del self._open[session.row]
@@ -187,11 +185,12 @@ class Engine:
             raise InvalidInput("session is closed")
 
     # -- prefill ------------------------------------------------------------------------
-    def plan(self, session: Session, rows: int, ports: tuple[PortShape, ...] = ()) -> PrefillPlan:
+    def plan(self, session: Session, rows: int, ports: tuple[PortShape, ...] = (),
+             span: int = 0) -> PrefillPlan:
         policy = PaddingPolicy(enabled=self.options.padding, recurrent_state=self.info.recurrent_state,
                                session_padding_on=session.padding_on)
         try:
-            return plan_prefill(session.length, rows, self.chunk_size, self.limits, policy, ports)
+            return plan_prefill(session.length, rows, self.chunk_size, self.limits, policy, ports, span)
         except CapacityExceeded as exc:
             raise OutOfRange(str(exc)) from exc
 
@@ -208,8 +207,17 @@ class Engine:
         constants = {n: a for n, a in supplied.items() if n not in per_token}
         return PrefillTask(session, feed, ids, streamed, constants, list(plan.forwards))
 
-    def prefill_step(self, task: PrefillTask) -> ForwardReport:
-        """Run the task's next forward; the session's next-token logits follow it."""
+    @property
+    def shared_span(self) -> int:
+        """Rows a prefill forward takes while sessions decode: the smallest ladder width (0 = a chunk)."""
+        return self.ladder[0] if self.ladder else 0
+
+    def prefill_step(self, task: PrefillTask, span: int = 0) -> ForwardReport:
+        """Run the task's next forward, of at most `span` real rows when given; the session's
+        next-token logits follow it."""
+        self.decoder.settle()
+        if span and task.forwards[0].rows > span:
+            task.forwards = self._replan(task, span)
         forward = task.forwards.pop(0)
         session = task.session
         self._check_open(session)
@@ -235,7 +243,7 @@ class Engine:
         if width == 1 and not task.streamed and not task.constants and not self.unbatched_reason:
             # A single row is a decode step of this session alone: no shape of its own.
             assert task.ids is not None
-            self._decode_forward({session.row: task.ids[forward.start]})
+            self.decoder.forward({session.row: task.ids[forward.start]})
             return None
         feed, ports = task.chunk(forward, width)
         key = VariantKey(width, tuple(sorted(ports)))
@@ -258,12 +266,15 @@ class Engine:
         session.length = forward.past
         self.pool.set_mask(session.row, forward.past)
 
-    def _replan(self, task: PrefillTask) -> list[Forward]:
-        """The forwards still to run, planned again now that padding is off for the session."""
+    def _replan(self, task: PrefillTask, span: int = 0) -> list[Forward]:
+        """The forwards still to run, planned again (padding now off, or smaller steps)."""
         if not task.forwards:
             return []
         start = task.forwards[0].start
-        plan = self.plan(task.session, task.rows - start)
+        rows = task.rows - start
+        ports = (*(PortShape(n, (1, rows, *a.shape[2:])) for n, a in task.streamed.items()),
+                 *(PortShape(n, a.shape) for n, a in task.constants.items()))
+        plan = self.plan(task.session, rows, ports, span)
         return [replace(f, start=f.start + start) for f in plan.forwards]
 
     # -- decode -------------------------------------------------------------------------
@@ -286,43 +297,23 @@ class Engine:
         if self.unbatched_reason:
             for row in rows:
                 self._decode_alone(row)
-            self.last_batch = 1
+            self.decoder.counters.last_batch = 1
         elif rows:
-            self._decode_forward({r.session.row: r.token for r in rows})
+            self.decoder.forward({r.session.row: r.token for r in rows})
         for row in rows:
             row.session.stats.decode_steps += 1
         chosen = [r for r in rows if r.sampler is not None]
-        tokens = iter(self.backend.choose([r.session.row for r in chosen], [r.sampler for r in chosen],  # type: ignore[misc]
-                                          [r.session.tokens for r in chosen]))
-        return [next(tokens) if r.sampler is not None else None for r in rows]
+        tokens = self.backend.choose([r.session.row for r in chosen], [r.sampler for r in chosen],  # type: ignore[misc]
+                                     [r.session.tokens for r in chosen])
+        if self.options.lookahead and len(chosen) == len(rows) and not self.unbatched_reason:
+            self.decoder.look_ahead({r.session.row: t for r, t in zip(chosen, tokens, strict=True)})
+        picked = iter(tokens)
+        return [next(picked) if r.sampler is not None else None for r in rows]
 
-    def _decode_forward(self, feeds: dict[int, int], least: int = 1) -> None:
-        """One forward over pool rows [0, B): rows in `feeds` advance by their token, the rest ride along."""
-        batch = decode_batch_width(max(max(feeds), least - 1), self.pool.rows)
-        lengths = self.pool.mask_lengths[:batch]
-        ids = np.zeros((batch, 1), np.int64)
-        for row in range(batch):
-            ids[row, 0] = feeds.get(row, 0)
-            self.pool.set_mask(row, lengths[row] + 1 if row in feeds else ride_along_length(lengths[row],
-                                                                                            self.capacity))
-        positions = np.asarray(self.pool.mask_lengths[:batch], np.int64).reshape(batch, 1) - 1
-        key = VariantKey(1, (), batch)
-        try:
-            logits = self.backend.run_batch(self._variant(key), key, ids, positions)
-        finally:
-            for row in range(batch):
-                self.pool.set_mask(row, lengths[row] + (row in feeds))
-        self.backend.keep_batch(sorted(feeds), logits)
-        for row, token in feeds.items():
-            session = self._open[row]
-            session.length += 1
-            session.tokens.append(token)
-            session.has_logits = True
-        self._decode_steps += 1
-        self._decoded_rows += len(feeds)
-        self._ride_along_rows += batch - len(feeds)
-        self._batch_use[batch] += 1
-        self.last_batch = batch
+    @property
+    def last_batch(self) -> int:
+        """The batch width of the last decode forward."""
+        return self.decoder.counters.last_batch
 
     def _decode_alone(self, row: DecodeRow) -> None:
         task = self.start_prefill(row.session, [row.token])
@@ -357,7 +348,7 @@ class Engine:
                 self.rewind(session, 0)
             self.append(session, [0])
             for batch in self.batch_widths:
-                self._decode_forward({session.row: 0}, least=batch)
+                self.decoder.forward({session.row: 0}, least=batch)
         finally:
             self.close_session(session)
         return self.variants.prepared - before
@@ -370,6 +361,7 @@ class Engine:
             raise InvalidInput(f"cannot rewind to {length}: the session holds {session.length}")
         if length == session.length:
             return
+        self.decoder.settle()
         if self.info.recurrent_state and length != 0:
             raise InvalidInput("a decoder with recurrent state can only rewind to 0")
         if length == 0 or not session.tokens or self.info.supplied_ports:
@@ -406,8 +398,9 @@ class Engine:
 
     # -- stats ------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
-        decode = DecodeStats(self._decode_steps, self._decoded_rows, self._ride_along_rows,
-                             tuple(sorted(self._batch_use.items())))
+        c = self.decoder.counters
+        decode = DecodeStats(c.steps, c.rows, c.ride_along_rows, tuple(sorted(c.batch_use.items())),
+                             c.lookahead_hits, c.lookahead_misses)
         return EngineStats(
             variants=self.variants.stats(), eager_forwards=self.eager_forwards,
             sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,
@@ -415,4 +408,5 @@ class Engine:
             decode=decode, batch_widths=self.batch_widths, unbatched_reason=self.unbatched_reason)
 
     def close(self) -> None:
+        self.decoder.settle()
         self.variants.clear()

@@ -16,3 +16,4 @@ class EngineOptions:
     memory_budget_bytes: int = 0  # weights + KV + variants may not exceed it; 0 = no budget
     intra_op_threads: int = 0  # 0 = onnxruntime's default
     device_id: int = 0
+    lookahead: bool = True  # launch the next decode forward before its tokens are read (CUDA)

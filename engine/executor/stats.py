@@ -29,6 +29,8 @@ class DecodeStats:
     rows: int  # session rows they advanced
     ride_along_rows: int  # rows bound without being part of the step
     widths: tuple[tuple[int, int], ...]  # (batch width, forwards run at it)
+    lookahead_hits: int = 0  # forwards launched ahead that the next step took
+    lookahead_misses: int = 0  # ... and dropped (rows left, joined, or fed other tokens)
 
 
 @dataclass(frozen=True)

@@ -85,15 +85,22 @@ def plan_prefill(
     limits: Limits,
     policy: PaddingPolicy | None = None,
     ports: tuple[PortShape, ...] = (),
+    span: int = 0,
 ) -> PrefillPlan:
-    """Plan `rows` new tokens appended after `past` tokens."""
+    """Plan `rows` new tokens appended after `past` tokens.
+
+    `span` (0 = the chunk) caps the real rows of each forward below the chunk width, so a
+    prompt can advance in smaller steps between other sessions' decode forwards; widths
+    still come from the chunk's ladder, so no new shape appears.
+    """
     if rows <= 0:
         raise ValueError("a prefill needs at least one token")
     if past < 0 or past + rows > limits.reach:
         raise CapacityExceeded(past, rows, limits.reach)
     padding = decide_padding(policy or PaddingPolicy(), rows, ports)
     forwards = []
-    for start, n in chunk_spans(rows, chunk):
+    step = min(span, chunk) if span > 0 and chunk > 0 else chunk
+    for start, n in chunk_spans(rows, step):
         at = past + start
         width = prefill_query_width(n, chunk) if padding.allowed else n
         if at + width > limits.reach:

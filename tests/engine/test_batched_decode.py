@@ -273,3 +273,19 @@ def test_rewinding_restores_the_next_token_logits_of_the_tokens_kept(model_dir, 
     assert session.length == 0 and not session.has_logits
     with pytest.raises(OutOfRange):
         engine.logits(session)
+
+
+@pytest.mark.parametrize("span", [22, 44])
+def test_a_prompt_prefilled_in_smaller_spans_gives_the_logits_of_whole_chunks(
+        model_dir: Path, span: int) -> None:
+    engine = load(model_dir(), capacity=512)
+    whole, spanned = engine.open_session(), engine.open_session()
+    tokens = prompt(300, seed=12)
+    reference = engine.append(whole, tokens)
+    task = engine.start_prefill(spanned, tokens)
+    widths = []
+    while not task.done:
+        widths.append(engine.prefill_step(task, span).width)
+    assert set(widths) <= set(engine.ladder) and len(widths) == -(-300 // span)
+    assert np.abs(engine.logits(spanned) - reference).max() <= 1e-5
+    assert spanned.tokens == whole.tokens == tokens

@@ -113,3 +113,46 @@ def test_cuda_falls_back_to_cpu_when_the_provider_is_missing(model_dir: Path) ->
         pytest.skip("a CUDA provider is installed here")
     backend = make_backend(load_model_info(model_dir), EngineOptions(provider="cuda"))
     assert backend.name == "cpu"
+
+
+def scenario(engine: Engine) -> list[list[int]]:
+    """Three sessions decode together; one leaves, one joins, one is rewound and extended between steps."""
+    sessions = [engine.open_session() for _ in range(3)]
+    for s, n in zip(sessions, (40, 90, 17), strict=True):
+        engine.append(s, prompt(n, n))
+    outs = [[engine.choose(s, GREEDY)] for s in sessions]
+
+    def step(active: list[int]) -> None:
+        chosen = engine.decode([DecodeRow(sessions[i], outs[i][-1], GREEDY) for i in active])
+        for i, token in zip(active, chosen, strict=True):
+            outs[i].append(token)  # type: ignore[arg-type]
+
+    for _ in range(6):
+        step([0, 1, 2])
+    engine.close_session(sessions[2])  # leaves: the launched step is dropped
+    for _ in range(4):
+        step([0, 1])
+    sessions.append(engine.open_session())  # joins, in the freed row
+    engine.append(sessions[3], prompt(25, 3))
+    outs.append([engine.choose(sessions[3], GREEDY)])
+    for _ in range(4):
+        step([0, 1, 3])
+    engine.rewind(sessions[1], 95)  # between steps: a rewind and a prefill on a row in the batch
+    engine.append(sessions[1], prompt(5, 9))
+    outs[1].append(engine.choose(sessions[1], GREEDY))
+    for _ in range(5):
+        step([0, 1, 3])
+    return outs
+
+
+def test_lookahead_gives_the_tokens_of_step_by_step_decode_and_hits_a_stable_batch(model_dir: Path) -> None:
+    device = device_engine(model_dir)
+    assert scenario(device) == scenario(cpu_engine(model_dir))
+    decode = device.stats().decode
+    assert decode.lookahead_hits >= 12 and decode.lookahead_misses >= 3
+
+
+def test_with_lookahead_off_nothing_is_launched_ahead(model_dir: Path) -> None:
+    device = device_engine(model_dir, lookahead=False)
+    assert scenario(device) == scenario(cpu_engine(model_dir))
+    assert device.stats().decode.lookahead_hits == device.stats().decode.lookahead_misses == 0

@@ -77,6 +77,14 @@ def test_chunks_start_at_the_past_length_and_cover_the_prompt_once() -> None:
     assert plan.padded_rows == 171 - 113
 
 
+def test_a_span_below_the_chunk_cuts_smaller_forwards_whose_widths_stay_on_the_chunks_ladder() -> None:
+    plan = plan_prefill(100, 1137, 512, ROOMY, span=171)
+    assert [f.rows for f in plan.forwards] == [171] * 6 + [111]
+    assert set(plan.widths) <= set(ladder_widths(512)) and plan.widths[-1] == 171
+    assert [f.past for f in plan.forwards] == [100 + 171 * i for i in range(7)]
+    assert plan_prefill(0, 1137, 512, ROOMY, span=4096).widths == (512, 512, 171)
+
+
 def test_a_zero_chunk_width_runs_the_whole_prompt_in_one_exact_forward() -> None:
     assert chunk_spans(1000, 0) == ((0, 1000),)
     assert plan_prefill(0, 1000, 0, ROOMY).widths == (1000,)

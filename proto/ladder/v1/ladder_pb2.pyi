@@ -403,20 +403,24 @@ class EngineStats(_message.Message):
     def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ...) -> None: ...
 
 class DecodeStats(_message.Message):
-    __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason")
+    __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason", "lookahead_hits", "lookahead_misses")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     RIDE_ALONG_ROWS_FIELD_NUMBER: _ClassVar[int]
     WIDTHS_FIELD_NUMBER: _ClassVar[int]
     BATCH_WIDTHS_FIELD_NUMBER: _ClassVar[int]
     UNBATCHED_REASON_FIELD_NUMBER: _ClassVar[int]
+    LOOKAHEAD_HITS_FIELD_NUMBER: _ClassVar[int]
+    LOOKAHEAD_MISSES_FIELD_NUMBER: _ClassVar[int]
     steps: int
     rows: int
     ride_along_rows: int
     widths: _containers.RepeatedCompositeFieldContainer[BatchWidthUse]
     batch_widths: _containers.RepeatedScalarFieldContainer[int]
     unbatched_reason: str
-    def __init__(self, steps: _Optional[int] = ..., rows: _Optional[int] = ..., ride_along_rows: _Optional[int] = ..., widths: _Optional[_Iterable[_Union[BatchWidthUse, _Mapping]]] = ..., batch_widths: _Optional[_Iterable[int]] = ..., unbatched_reason: _Optional[str] = ...) -> None: ...
+    lookahead_hits: int
+    lookahead_misses: int
+    def __init__(self, steps: _Optional[int] = ..., rows: _Optional[int] = ..., ride_along_rows: _Optional[int] = ..., widths: _Optional[_Iterable[_Union[BatchWidthUse, _Mapping]]] = ..., batch_widths: _Optional[_Iterable[int]] = ..., unbatched_reason: _Optional[str] = ..., lookahead_hits: _Optional[int] = ..., lookahead_misses: _Optional[int] = ...) -> None: ...
 
 class BatchWidthUse(_message.Message):
     __slots__ = ("batch", "forwards")

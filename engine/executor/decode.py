@@ -1,0 +1,143 @@
+"""Decode forwards over the KV pool: one forward advances every session in the step.
+
+A forward binds pool rows [0, B), B on the batch ladder. Rows in the step get
+their token and advance by one; the other rows ride along: their mask is set
+to `ride_along_length` for the forward (so GQA writes where nothing is read)
+and put back after, their outputs are never kept.
+
+Lookahead (backends that can launch a forward without waiting): once a step's
+tokens are chosen, the next forward of the same rows is launched on those
+tokens before the caller has even seen them, so the host's work between two
+steps overlaps the device's. The next step takes it when it feeds exactly
+those tokens to exactly those rows (a hit); otherwise it is dropped: it wrote
+only one position past each row's length, which nothing reads.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.executor.backend import Backend
+from engine.executor.pool import KvPool
+from engine.executor.session import Session
+from engine.executor.variants import Variant, VariantKey
+from engine.planner import decode_batch_width, ride_along_length
+
+
+@dataclass
+class Ahead:
+    """A decode forward launched before it was asked for."""
+
+    batch: int
+    feeds: dict[int, int]
+    lengths: list[int]  # the rows' committed lengths when it was launched
+    logits: Any
+    settled: bool = False
+
+
+@dataclass
+class DecodeCounters:
+    steps: int = 0
+    rows: int = 0
+    ride_along_rows: int = 0
+    batch_use: Counter[int] = field(default_factory=Counter)
+    last_batch: int = 0
+    lookahead_hits: int = 0
+    lookahead_misses: int = 0
+
+
+class BatchDecoder:
+    def __init__(self, pool: KvPool, backend: Backend[Any], variant: Callable[[VariantKey], Variant | None],
+                 sessions: Mapping[int, Session], capacity: int) -> None:
+        self.pool = pool
+        self.backend = backend
+        self.variant = variant
+        self.sessions = sessions
+        self.capacity = capacity
+        self.counters = DecodeCounters()
+        self._ahead: Ahead | None = None
+        self._last_rows: frozenset[int] = frozenset()
+
+    def forward(self, feeds: dict[int, int], least: int = 1) -> None:
+        """Advance the rows in `feeds` by their token in one forward of at least `least` rows."""
+        batch = decode_batch_width(max(max(feeds), least - 1), self.pool.rows)
+        logits = self._take_ahead(batch, feeds)
+        if logits is None:
+            lengths = self.pool.mask_lengths[:batch]
+            ids, positions = self._masks(batch, feeds, lengths)
+            key = VariantKey(1, (), batch)
+            try:
+                logits = self.backend.run_batch(self.variant(key), key, ids, positions)
+            finally:
+                self._restore(batch, lengths)
+        self._commit(batch, feeds, logits)
+
+    def look_ahead(self, feeds: dict[int, int]) -> None:
+        """Launch the next forward of these rows on these tokens, without waiting for it."""
+        stable = frozenset(feeds) == self._last_rows
+        roomy = all(self.sessions[row].length + 1 <= self.capacity for row in feeds)
+        if not (feeds and stable and roomy and self.backend.async_capable):
+            return
+        batch = decode_batch_width(max(feeds), self.pool.rows)
+        lengths = self.pool.mask_lengths[:batch]
+        ids, positions = self._masks(batch, feeds, lengths)
+        key = VariantKey(1, (), batch)
+        logits = self.backend.run_batch(self.variant(key), key, ids, positions, wait=False)
+        self._ahead = Ahead(batch, dict(feeds), lengths, logits)
+
+    def settle(self) -> None:
+        """Wait for a launched lookahead and put the masks back (before anything touches the pool)."""
+        if self._ahead is not None:
+            self._settle(self._ahead)
+
+    def _settle(self, ahead: Ahead) -> None:
+        if not ahead.settled:
+            self.backend.settle()
+            self._restore(ahead.batch, ahead.lengths)  # nothing touched these rows since: committed lengths
+            ahead.settled = True
+
+    def _take_ahead(self, batch: int, feeds: dict[int, int]) -> Any:
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        self._settle(ahead)
+        if ahead.batch == batch and ahead.feeds == feeds:
+            self.counters.lookahead_hits += 1
+            return ahead.logits
+        self.counters.lookahead_misses += 1
+        return None
+
+    def _masks(self, batch: int, feeds: dict[int, int], lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and positions of one forward; each row's mask set for it."""
+        ids = np.zeros((batch, 1), np.int64)
+        for row in range(batch):
+            ids[row, 0] = feeds.get(row, 0)
+            length = lengths[row]
+            self.pool.set_mask(row, length + 1 if row in feeds else ride_along_length(length, self.capacity))
+        positions = np.asarray(self.pool.mask_lengths[:batch], np.int64).reshape(batch, 1) - 1
+        return ids, positions
+
+    def _restore(self, batch: int, lengths: list[int]) -> None:
+        for row in range(batch):
+            self.pool.set_mask(row, lengths[row])
+
+    def _commit(self, batch: int, feeds: dict[int, int], logits: Any) -> None:
+        self.backend.keep_batch(sorted(feeds), logits)
+        for row, token in feeds.items():
+            session = self.sessions[row]
+            session.length += 1
+            session.tokens.append(token)
+            session.has_logits = True
+            self.pool.set_mask(row, session.length)
+        c = self.counters
+        c.steps += 1
+        c.rows += len(feeds)
+        c.ride_along_rows += batch - len(feeds)
+        c.batch_use[batch] += 1
+        c.last_batch = batch
+        self._last_rows = frozenset(feeds)
