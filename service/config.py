@@ -50,7 +50,8 @@ class Config:
     variant_capacity: int = 0  # 0 = every planned shape: the prefill ladder + the decode batch widths
     max_sessions: int = 8
     warm_up: bool = True  # prepare every planned shape (graph captures on CUDA) before serving
-    memory_budget_mb: int = 0  # weights + KV + variants; a session that would exceed it is refused
+    lookahead: bool = True  # CUDA: launch the next decode forward before its tokens are read
+    memory_budget_mb: int = 0  # weights + KV + variants; the pool holds as many KV slots as fit
     max_queue: int = 64  # requests the engine worker holds at once
     session_idle_seconds: float = 300.0
     drain_seconds: float = 20.0
@@ -70,7 +71,7 @@ class Config:
         return EngineOptions(provider=self.provider, padding=self.padding, chunk_size=self.chunk_size,
                              capacity=self.capacity, variant_capacity=self.variant_capacity,
                              max_sessions=self.max_sessions, intra_op_threads=self.intra_op_threads,
-                             memory_budget_bytes=self.memory_budget_mb << 20)
+                             memory_budget_bytes=self.memory_budget_mb << 20, lookahead=self.lookahead)
 
     @property
     def tls(self) -> bool:
@@ -89,9 +90,13 @@ _HELP = {
     "provider": "execution provider: cpu | cuda",
     "padding": "query-axis padding of prefill forwards (also ONNX_GENAI_PREFILL_QUERY_PADDING)",
     "auth_tokens": "comma-separated bearer tokens (name=token names the caller)",
-    "memory_budget_mb": "weights + KV + variants limit; sessions beyond it get RESOURCE_EXHAUSTED (0 = off)",
+    "memory_budget_mb": "weights + KV + variants limit: the KV slots are as many as it holds (0 = off)",
     "pod_name": "prefix of session ids (defaults to the host name)",
     "warm_up": "prepare every ladder and batch width (CUDA graphs) before health turns SERVING",
+    "lookahead": "CUDA: launch the next decode forward on the chosen tokens before the host reads them",
+    "variant_capacity": "shapes the variant cache holds (0 = the ladder widths + the decode batch widths)",
+    "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
+    "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",
 }
 
 

@@ -99,9 +99,11 @@ class Job:
     """One request on the worker: its generator and the asyncio queue its events go to."""
 
     def __init__(self, body: Body, loop: asyncio.AbstractEventLoop, bounded: bool, serial: int,
-                 wake: Callable[[], None], outbox: Callable[[Job, Any], None]) -> None:
+                 wake: Callable[[], None], outbox: Callable[[Job, Any], None], hold: bool = False) -> None:
         self.body = body
         self.bounded = bounded  # counts toward the queue bound (requests, not internal calls)
+        self.hold = hold  # events wait for the end of the job (a unary call needs them only then)
+        self.held: list[Any] = []
         self.loop = loop
         self.serial = serial  # arrival order
         self.events: asyncio.Queue[Any] = asyncio.Queue()
@@ -120,6 +122,12 @@ class Job:
             self._wake()
 
     def deliver(self, item: Any) -> None:
+        if self.hold and not isinstance(item, _End):
+            self.held.append(item)
+            return
+        for held in self.held:
+            self._outbox(self, held)
+        self.held.clear()
         self._outbox(self, item)
 
     def answer(self, reply: Any = None, error: BaseException | None = None) -> None:
@@ -155,7 +163,7 @@ class Scheduler:
         return sum(1 for job in list(self._active) if isinstance(job.want, OpenSlot))
 
     # -- the event-loop side ------------------------------------------------------
-    def submit(self, body: Body, *, bounded: bool = True) -> Job:
+    def submit(self, body: Body, *, bounded: bool = True, hold: bool = False) -> Job:
         with self._lock:
             if self._refusal is not None:
                 body.close()
@@ -164,13 +172,17 @@ class Scheduler:
                 body.close()
                 raise QueueFull(f"the engine worker already holds {self._depth} requests")
             self._depth += bounded
-        job = Job(body, asyncio.get_running_loop(), bounded, next(self._serials), self._wake, self._post)
+        job = Job(body, asyncio.get_running_loop(), bounded, next(self._serials), self._wake, self._post,
+                  hold)
         self._inbox.put(job)
         return job
 
-    async def stream(self, body: Body, *, bounded: bool = True) -> AsyncIterator[Any]:
-        """Run `body` on the worker and yield its events; leaving early cancels the job."""
-        job = self.submit(body, bounded=bounded)
+    async def stream(self, body: Body, *, bounded: bool = True, hold: bool = False) -> AsyncIterator[Any]:
+        """Run `body` on the worker and yield its events; leaving early cancels the job.
+
+        With `hold` the events arrive together when the job ends: a unary call then costs the
+        event loop nothing per token, which is what lets many of them share one decode forward."""
+        job = self.submit(body, bounded=bounded, hold=hold)
         try:
             while True:
                 item = await job.events.get()
@@ -309,7 +321,8 @@ class Scheduler:
             job.answer(error=exc)
 
     def _waiting(self, kind: type) -> list[Job]:
-        return sorted((j for j in self._active if isinstance(j.want, kind)), key=lambda j: j.serial)
+        # _active is in arrival order: jobs are appended as they are admitted.
+        return [j for j in self._active if isinstance(j.want, kind)]
 
     def _grant_slots(self) -> None:
         for job in self._waiting(OpenSlot):

@@ -91,20 +91,21 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         self.rt = runtime
 
     # -- generation ---------------------------------------------------------------
-    async def _generate(self, request: pb.GenerateRequest) -> AsyncIterator[tuple[Any, Progress]]:
+    async def _generate(self, request: pb.GenerateRequest,
+                        unary: bool = False) -> AsyncIterator[tuple[Any, Progress]]:
         model = self.rt.model
         tokens = model.prompt_ids(*convert.prompt(request.prompt))
         stopping = model.budget(convert.stopping(request.stopping), len(tokens))
         sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
         progress = self.rt.progress(len(tokens))
-        async for event in self.rt.scheduler.stream(generate_body(model, tokens, sampler, stopping,
-                                                                  progress.tally)):
+        body = generate_body(model, tokens, sampler, stopping, progress.tally)
+        async for event in self.rt.scheduler.stream(body, hold=unary):
             progress.see(event)
             yield event, progress
 
     async def Generate(self, request: pb.GenerateRequest, context: Context) -> pb.Completion:
         progress = None
-        async for step in self._generate(request):
+        async for step in self._generate(request, unary=True):
             progress = step[1]
         assert progress is not None
         return convert.completion(progress, REQUEST_ID.get())

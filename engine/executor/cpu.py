@@ -192,7 +192,10 @@ class CpuBackend:
         self.store[row] = logits[0, index]
 
     def keep_batch(self, rows: Sequence[int], logits: np.ndarray) -> None:
-        self.store[list(rows)] = logits[list(rows), 0]
+        if rows and list(rows) == list(range(rows[0], rows[0] + len(rows))):
+            self.store[rows[0]:rows[0] + len(rows)] = logits[rows[0]:rows[0] + len(rows), 0]
+        else:
+            self.store[list(rows)] = logits[list(rows), 0]
 
     def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
                histories: Sequence[Sequence[int]]) -> list[int]:

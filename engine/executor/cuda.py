@@ -279,12 +279,15 @@ class CudaBackend:
 
     def keep_batch(self, rows: Sequence[int], logits: Any) -> None:
         with self.rt.enter():
-            if len(rows) == logits.shape[0]:
-                self.store[:len(rows)] = logits[:, 0]
-            else:
-                index = self.xp.asarray(np.asarray(rows, np.int64))
-                self.store[index] = logits[index, 0]
+            index = self._index(rows)
+            self.store[index] = logits[index, 0]
         self.queued = True
+
+    def _index(self, rows: Sequence[int]) -> Any:
+        """Rows as a slice when they run in order without gaps (no index upload, no gather)."""
+        if rows and list(rows) == list(range(rows[0], rows[0] + len(rows))):
+            return slice(rows[0], rows[0] + len(rows))
+        return self.xp.asarray(np.asarray(rows, np.int64))
 
     def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
                histories: Sequence[Sequence[int]]) -> list[int]:
@@ -293,7 +296,7 @@ class CudaBackend:
         plain = [i for i, s in enumerate(samplers) if s.params.greedy and s.params.repetition_penalty == 1.0]
         with self.rt.enter():
             if plain:
-                index = self.xp.asarray(np.asarray([rows[i] for i in plain], np.int64))
+                index = self._index([rows[i] for i in plain])
                 picked = self.rt.to_host(self.xp.argmax(self.store[index], axis=-1))
                 out.update(zip(plain, (int(t) for t in picked), strict=True))
             for i, sampler in enumerate(samplers):

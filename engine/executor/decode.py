@@ -62,10 +62,12 @@ class BatchDecoder:
         self.counters = DecodeCounters()
         self._ahead: Ahead | None = None
         self._last_rows: frozenset[int] = frozenset()
+        # The batch width that binds each row, looked up rather than planned every step.
+        self._width = [decode_batch_width(row, pool.rows) for row in range(pool.rows)]
 
     def forward(self, feeds: dict[int, int], least: int = 1) -> None:
         """Advance the rows in `feeds` by their token in one forward of at least `least` rows."""
-        batch = decode_batch_width(max(max(feeds), least - 1), self.pool.rows)
+        batch = self._width[max(max(feeds), least - 1)]
         logits = self._take_ahead(batch, feeds)
         if logits is None:
             lengths = self.pool.mask_lengths[:batch]
@@ -83,7 +85,7 @@ class BatchDecoder:
         roomy = all(self.sessions[row].length + 1 <= self.capacity for row in feeds)
         if not (feeds and stable and roomy and self.backend.async_capable):
             return
-        batch = decode_batch_width(max(feeds), self.pool.rows)
+        batch = self._width[max(feeds)]
         lengths = self.pool.mask_lengths[:batch]
         ids, positions = self._masks(batch, feeds, lengths)
         key = VariantKey(1, (), batch)
