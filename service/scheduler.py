@@ -7,11 +7,10 @@ its caller, and requests for the engine: `Call` (run now, on the worker),
 the generator. Jobs never touch the engine between requests.
 
 Each round: every job that is not waiting runs up to its next request; free
-slots go to the jobs waiting for one, in arrival order; the oldest job waiting
-on a prefill runs one forward (a chunk; while others decode, the smallest
-ladder rung of it); then one decode forward advances every job waiting on a
+slots go to the jobs waiting for one, in arrival order; prefill forwards run
+(`prefill_plan`); then one decode forward advances every job waiting on a
 token, whatever its session's length. So a long prompt delays running streams
-by at most one small prefill forward per token, and sixteen streams cost one
+by at most one prefill forward per token, and sixteen streams cost one
 forward per token, not sixteen. `steps` keeps a log of what each round ran.
 """
 
@@ -66,12 +65,12 @@ class Token:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """What one round ran: jobs closed before it, its prefill forward (job, width), its decode
+    """What one round ran: jobs closed before it, its prefill forwards (job, width), its decode
     rows (job, pool row) and the decode forward's batch width."""
 
     round: int
     closed: tuple[int, ...]
-    prefill: tuple[int, int] | None
+    prefill: tuple[tuple[int, int], ...]
     decode: tuple[tuple[int, int], ...]
     batch: int
 
@@ -84,6 +83,26 @@ class _End:
 @dataclass(frozen=True)
 class _Result:
     value: Any
+
+
+MAX_PREFILLS_PER_ROUND = 4
+
+
+def prefill_plan(waiting: int, decoding: bool, shared_span: int) -> tuple[int, ...]:
+    """The span of each prefill forward a round runs (0 = a whole chunk), for the oldest jobs first.
+
+    Nothing decoding: one whole chunk. Streams decoding and one prompt waiting: one forward
+    of `shared_span` rows (a ladder rung below the chunk), so those streams wait little
+    between tokens. Several prompts waiting (a burst): a whole chunk for each of up to
+    MAX_PREFILLS_PER_ROUND of them, so their first tokens do not queue behind each other.
+    """
+    if waiting == 0:
+        return ()
+    if not decoding:
+        return (0,)
+    if waiting == 1:
+        return (shared_span,)
+    return (0,) * min(waiting, MAX_PREFILLS_PER_ROUND)
 
 
 def _put_all(items: list[tuple[Job, Any]]) -> None:
@@ -282,7 +301,7 @@ class Scheduler:
         self._grant_slots()
         prefill = self._prefill()
         decode, batch = self._decode()
-        if prefill is not None or decode or closed:
+        if prefill or decode or closed:
             self._rounds += 1
             self.steps.append(StepRecord(self._rounds, tuple(closed), prefill, decode, batch))
 
@@ -330,19 +349,17 @@ class Scheduler:
                 return
             self._answer(job, self.engine.open_session)
 
-    def _prefill(self) -> tuple[int, int] | None:
-        """The oldest waiting prefill runs one forward: a whole chunk when nothing decodes, else the
-        smallest ladder rung, so decoding streams wait no longer than that between their tokens."""
+    def _prefill(self) -> tuple[tuple[int, int], ...]:
+        """Run this round's prefill forwards, oldest job first (see `prefill_plan`)."""
         jobs = self._waiting(Chunk)
-        if not jobs:
-            return None
-        job = jobs[0]
-        assert isinstance(job.want, Chunk)
-        task = job.want.task
-        span = self.engine.shared_span if any(isinstance(j.want, Token) for j in self._active) else 0
-        self._answer(job, lambda: self.engine.prefill_step(task, span))
-        width = job.reply.width if job.error is None else 0
-        return job.serial, width
+        decoding = any(isinstance(j.want, Token) for j in self._active)
+        ran = []
+        for job, span in zip(jobs, prefill_plan(len(jobs), decoding, self.engine.shared_span), strict=False):
+            assert isinstance(job.want, Chunk)
+            task = job.want.task
+            self._answer(job, functools.partial(self.engine.prefill_step, task, span))
+            ran.append((job.serial, job.reply.width if job.error is None else 0))
+        return tuple(ran)
 
     def _decode(self) -> tuple[tuple[tuple[int, int], ...], int]:
         """One decode forward for every job waiting on a token."""

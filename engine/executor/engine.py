@@ -26,7 +26,7 @@ from engine.executor.cpu import CpuBackend, _dtype
 from engine.executor.decode import BatchDecoder
 from engine.executor.options import EngineOptions
 from engine.executor.prefill import ForwardReport, PrefillTask, check_ids, checked_feed, checked_ports
-from engine.executor.sampling import Sampler
+from engine.executor.sampling import Sampler, SamplingParams
 from engine.executor.session import Session
 from engine.executor.stats import (
     DecodeStats,
@@ -209,8 +209,8 @@ class Engine:
 
     @property
     def shared_span(self) -> int:
-        """Rows a prefill forward takes while sessions decode: the smallest ladder width (0 = a chunk)."""
-        return self.ladder[0] if self.ladder else 0
+        """Rows a prefill forward takes while sessions decode: the middle ladder rung (0 = a chunk)."""
+        return self.ladder[len(self.ladder) // 2] if self.ladder else 0
 
     def prefill_step(self, task: PrefillTask, span: int = 0) -> ForwardReport:
         """Run the task's next forward, of at most `span` real rows when given; the session's
@@ -349,6 +349,9 @@ class Engine:
             self.append(session, [0])
             for batch in self.batch_widths:
                 self.decoder.forward({session.row: 0}, least=batch)
+            # Choosing compiles its device kernels on first use (cupy): do it now, not in a request.
+            self.backend.choose([session.row], [Sampler(SamplingParams())], [[]])
+            self.backend.choose([session.row], [Sampler(SamplingParams(repetition_penalty=1.1))], [[0]])
         finally:
             self.close_session(session)
         return self.variants.prepared - before
