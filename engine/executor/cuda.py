@@ -125,6 +125,7 @@ class CudaBackend:
         self.pool: KvPool | None = None
         self.staging: Staging | None = None
         self.store: Any = None
+        self.gathered: Any = None
         self._graph_ids = itertools.count(1)
         self._run_options: dict[tuple[int, bool], Any] = {}
         self.queued = False  # cupy work is queued that the next forward must wait for
@@ -147,6 +148,8 @@ class CudaBackend:
                                host_zeros=self.rt.host_zeros)
             self.staging = Staging(self.pool, self.rt.host_zeros)
             self.store = self.xp.zeros((rows, info.vocab_size), _dtype(info.logits.dtype))
+            # Scratch for gathering rows that are not contiguous: no allocation per step, memory flat.
+            self.gathered = self.xp.zeros_like(self.store)
         return self.pool
 
     def clear_state(self, row: int) -> None:
@@ -280,8 +283,14 @@ class CudaBackend:
     def keep_batch(self, rows: Sequence[int], logits: Any) -> None:
         with self.rt.enter():
             index = self._index(rows)
-            self.store[index] = logits[index, 0]
+            source = logits[index, 0] if isinstance(index, slice) else self._gather(logits[:, 0], index)
+            self.store[index] = source
         self.queued = True
+
+    def _gather(self, source: Any, index: Any) -> Any:
+        out = self.gathered[:len(index)]
+        self.xp.take(source, index, axis=0, out=out)
+        return out
 
     def _index(self, rows: Sequence[int]) -> Any:
         """Rows as a slice when they run in order without gaps (no index upload, no gather)."""
@@ -296,8 +305,10 @@ class CudaBackend:
         plain = [i for i, s in enumerate(samplers) if s.params.greedy and s.params.repetition_penalty == 1.0]
         with self.rt.enter():
             if plain:
+                plain.sort(key=lambda i: rows[i])  # in row order, so neighbours are one slice
                 index = self._index([rows[i] for i in plain])
-                picked = self.rt.to_host(self.xp.argmax(self.store[index], axis=-1))
+                logits = self.store[index] if isinstance(index, slice) else self._gather(self.store, index)
+                picked = self.rt.to_host(self.xp.argmax(logits, axis=-1))
                 out.update(zip(plain, (int(t) for t in picked), strict=True))
             for i, sampler in enumerate(samplers):
                 if i not in out:

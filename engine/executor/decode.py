@@ -67,52 +67,80 @@ class BatchDecoder:
 
     def forward(self, feeds: dict[int, int], least: int = 1) -> None:
         """Advance the rows in `feeds` by their token in one forward of at least `least` rows."""
+        self.step(feeds, lambda: [], ahead=False, least=least)
+
+    def step(self, feeds: dict[int, int], choose: Callable[[], list[int]], ahead: bool,
+             least: int = 1) -> list[int]:
+        """Advance the rows in `feeds` by their token, `choose` the next tokens and, with `ahead`,
+        launch the forward that feeds them before returning.
+
+        The order keeps the device busy: once a forward is done, its logits are kept and the
+        next tokens chosen on the device, the next forward is launched, and only then does
+        the host do its bookkeeping."""
         batch = self._width[max(max(feeds), least - 1)]
-        logits = self._take_ahead(batch, feeds)
+        logits, lengths = self._take_ahead(batch, feeds)
         if logits is None:
-            lengths = self.pool.mask_lengths[:batch]
             ids, positions = self._masks(batch, feeds, lengths)
             key = VariantKey(1, (), batch)
             try:
                 logits = self.backend.run_batch(self.variant(key), key, ids, positions)
-            finally:
+            except BaseException:
                 self._restore(batch, lengths)
-        self._commit(batch, feeds, logits)
+                raise
+        self.backend.keep_batch(sorted(feeds), logits)
+        for row, token in feeds.items():
+            session = self.sessions[row]
+            session.length += 1
+            session.tokens.append(token)
+            session.has_logits = True
+        committed = [n + (row in feeds) for row, n in enumerate(lengths)]
+        tokens = choose()
+        if not (ahead and self._look_ahead(batch, dict(zip(sorted(feeds), self._in_row_order(feeds, tokens),
+                                                              strict=True)), committed)):
+            self._restore(batch, committed)
+        self._count(batch, feeds)
+        return tokens
 
-    def look_ahead(self, feeds: dict[int, int]) -> None:
-        """Launch the next forward of these rows on these tokens, without waiting for it."""
+    def _in_row_order(self, feeds: dict[int, int], tokens: list[int]) -> list[int]:
+        by_row = dict(zip(feeds, tokens, strict=True))
+        return [by_row[row] for row in sorted(feeds)]
+
+    def _look_ahead(self, batch: int, feeds: dict[int, int], committed: list[int]) -> bool:
+        """Launch the next forward of these rows on these tokens, without waiting; False if not launched."""
         stable = frozenset(feeds) == self._last_rows
-        roomy = all(self.sessions[row].length + 1 <= self.capacity for row in feeds)
-        if not (feeds and stable and roomy and self.backend.async_capable):
-            return
-        batch = self._width[max(feeds)]
-        lengths = self.pool.mask_lengths[:batch]
-        ids, positions = self._masks(batch, feeds, lengths)
+        roomy = all(committed[row] + 1 <= self.capacity for row in feeds)
+        if not (stable and roomy and self.backend.async_capable):
+            return False
+        ids, positions = self._masks(batch, feeds, committed)
         key = VariantKey(1, (), batch)
         logits = self.backend.run_batch(self.variant(key), key, ids, positions, wait=False)
-        self._ahead = Ahead(batch, dict(feeds), lengths, logits)
+        self._ahead = Ahead(batch, feeds, committed, logits)
+        return True
 
     def settle(self) -> None:
         """Wait for a launched lookahead and put the masks back (before anything touches the pool)."""
         if self._ahead is not None:
             self._settle(self._ahead)
 
-    def _settle(self, ahead: Ahead) -> None:
+    def _settle(self, ahead: Ahead, restore: bool = True) -> None:
         if not ahead.settled:
             self.backend.settle()
-            self._restore(ahead.batch, ahead.lengths)  # nothing touched these rows since: committed lengths
+            if restore:
+                self._restore(ahead.batch, ahead.lengths)  # nothing touched these rows since: committed
             ahead.settled = True
 
-    def _take_ahead(self, batch: int, feeds: dict[int, int]) -> Any:
+    def _take_ahead(self, batch: int, feeds: dict[int, int]) -> tuple[Any, list[int]]:
+        """The launched forward's logits if it is this one (its masks left as it ran), else None;
+        and the rows' committed lengths."""
         ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return None
-        self._settle(ahead)
-        if ahead.batch == batch and ahead.feeds == feeds:
-            self.counters.lookahead_hits += 1
-            return ahead.logits
-        self.counters.lookahead_misses += 1
-        return None
+        if ahead is not None:
+            hit = ahead.batch == batch and ahead.feeds == feeds
+            self._settle(ahead, restore=not hit)
+            if hit:
+                self.counters.lookahead_hits += 1
+                return ahead.logits, ahead.lengths
+            self.counters.lookahead_misses += 1
+        return None, self.pool.mask_lengths[:batch]
 
     def _masks(self, batch: int, feeds: dict[int, int], lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and positions of one forward; each row's mask set for it."""
@@ -128,14 +156,7 @@ class BatchDecoder:
         for row in range(batch):
             self.pool.set_mask(row, lengths[row])
 
-    def _commit(self, batch: int, feeds: dict[int, int], logits: Any) -> None:
-        self.backend.keep_batch(sorted(feeds), logits)
-        for row, token in feeds.items():
-            session = self.sessions[row]
-            session.length += 1
-            session.tokens.append(token)
-            session.has_logits = True
-            self.pool.set_mask(row, session.length)
+    def _count(self, batch: int, feeds: dict[int, int]) -> None:
         c = self.counters
         c.steps += 1
         c.rows += len(feeds)

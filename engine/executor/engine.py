@@ -294,19 +294,24 @@ class Engine:
             self.check_decode(row)
         if len({r.session.row for r in rows}) != len(rows):
             raise InvalidInput("a session appears twice in one decode step")
+        chosen = [r for r in rows if r.sampler is not None]
+
+        def choose() -> list[int]:
+            return self.backend.choose([r.session.row for r in chosen], [r.sampler for r in chosen],  # type: ignore[misc]
+                                       [r.session.tokens for r in chosen])
+
         if self.unbatched_reason:
             for row in rows:
                 self._decode_alone(row)
             self.decoder.counters.last_batch = 1
+            tokens = choose()
         elif rows:
-            self.decoder.forward({r.session.row: r.token for r in rows})
+            ahead = self.options.lookahead and len(chosen) == len(rows)
+            tokens = self.decoder.step({r.session.row: r.token for r in rows}, choose, ahead)
+        else:
+            tokens = []
         for row in rows:
             row.session.stats.decode_steps += 1
-        chosen = [r for r in rows if r.sampler is not None]
-        tokens = self.backend.choose([r.session.row for r in chosen], [r.sampler for r in chosen],  # type: ignore[misc]
-                                     [r.session.tokens for r in chosen])
-        if self.options.lookahead and len(chosen) == len(rows) and not self.unbatched_reason:
-            self.decoder.look_ahead({r.session.row: t for r, t in zip(chosen, tokens, strict=True)})
         picked = iter(tokens)
         return [next(picked) if r.sampler is not None else None for r in rows]
 
