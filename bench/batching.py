@@ -132,7 +132,8 @@ def start_server(args: argparse.Namespace, model: str, port: int,
            "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
            "--max-sessions", str(max(args.streams) + 2), "--max-queue", "1024",
            "--capacity", str(args.capacity), "--max-new-tokens", str(args.capacity),
-           "--log-level", "warning", "--model-precision", args.precision]
+           "--log-level", "warning", "--model-precision", args.precision,
+           *(args.server_args.split() if root is None else [])]
     log = open(args.out / "server.log", "ab")  # noqa: SIM115 — the server process owns it
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root)
 
@@ -366,6 +367,54 @@ def engine_single_stream(model_dir: Path, args: argparse.Namespace, vocab: int) 
     return {"decode_tok_s": out}
 
 
+def numerics(model_dir: Path, args: argparse.Namespace, vocab: int, streams: int = 16) -> dict[str, Any]:
+    """Where a batched stream's greedy tokens leave its tokens alone, how close the race was there.
+
+    The engine alone: each prompt on a one-slot engine (batch 1), then all of them decoding
+    together on a `streams`-slot engine (lookahead as configured). At each stream's first
+    differing token: the gap between the two best logits of the run alone (a near tie flips
+    under a different kernel's rounding), and the largest logits difference at the first decode.
+    """
+    from engine.executor import DecodeRow, Engine, EngineOptions
+    from engine.executor.sampling import Sampler, SamplingParams
+
+    greedy = Sampler(SamplingParams())
+    prompts = [prompt(args.prompt, seed, vocab) for seed in range(streams)]
+
+    def run(engine: Any, group: list[list[int]]) -> tuple[list[list[int]], list[list[Any]]]:
+        sessions = [engine.open_session() for _ in group]
+        for session, tokens in zip(sessions, group, strict=True):
+            engine.append(session, tokens)
+        outs = [[engine.choose(s, greedy)] for s in sessions]
+        logits: list[list[Any]] = [[] for _ in group]
+        for _ in range(args.new - 1):
+            chosen = engine.decode([DecodeRow(s, o[-1], greedy) for s, o in zip(sessions, outs, strict=True)])
+            for i, (s, token) in enumerate(zip(sessions, chosen, strict=True)):
+                outs[i].append(token)
+                logits[i].append(engine.logits(s).astype(np.float32))
+        for s in sessions:
+            engine.close_session(s)
+        return outs, logits
+
+    options = EngineOptions(provider=args.provider, capacity=args.capacity, max_sessions=1)
+    single = Engine.load(model_dir, options)
+    alone = [run(single, [p]) for p in prompts]
+    single.close()
+    batched_engine = Engine.load(model_dir, EngineOptions(provider=args.provider, capacity=args.capacity,
+                                                          max_sessions=streams))
+    together, together_logits = run(batched_engine, prompts)
+    rows = []
+    for (tokens, logits), mine, mine_logits in zip(alone, together, together_logits, strict=True):
+        first = next((i for i, (a, b) in enumerate(zip(tokens[0], mine, strict=True)) if a != b), None)
+        top2 = None
+        if first is not None and first > 0:
+            row = np.sort(logits[0][first - 1])
+            top2 = float(row[-1] - row[-2])
+        rows.append({"first_difference": first, "alone_top2_gap_there": top2,
+                     "first_decode_max_logit_diff": float(np.abs(logits[0][0] - mine_logits[0]).max())})
+    return {"streams": streams, "equal": sum(r["first_difference"] is None for r in rows), "rows": rows}
+
+
 def machine() -> dict[str, Any]:
     info = {"date": dt.date.today().isoformat(), "host": platform.node(), "cpus": os.cpu_count(),
             "python": platform.python_version()}
@@ -407,7 +456,8 @@ def main() -> None:
     parser.add_argument("--soak-gap-s", type=float, default=0.01)
     parser.add_argument("--client-processes", type=int, default=8)
     parser.add_argument("--skip", default="",
-                        help="comma-separated parts to skip: scaling,load,soak,engine,raw")
+                        help="comma-separated parts to skip: scaling,load,soak,engine,numerics,raw")
+    parser.add_argument("--server-args", default="", help="more flags for this checkout's server")
     parser.add_argument("--baseline-root", type=Path, default=None,
                         help="another checkout of Ladder: its service is measured at 1 and 16 streams first")
     args = parser.parse_args()
@@ -444,6 +494,8 @@ def main() -> None:
         result["server_exit_code"] = server.wait(120)
     if "engine" not in skip:
         result["engine_single_stream"] = engine_single_stream(Path(model), args, vocab)
+    if "numerics" not in skip:
+        result["numerics"] = numerics(Path(model), args, vocab, min(16, max(args.streams)))
     if args.provider == "cuda" and "raw" not in skip:
         result["raw_replay"] = raw_replay(Path(model), sorted(set([1, *args.streams])), args.capacity,
                                           args.prompt)

@@ -17,3 +17,11 @@ timeout "${BENCH_TIMEOUT:-400}" python3 -m bench.batching --provider cuda --mode
   "${baseline[@]}" --out "$OUT" ${BENCH_ARGS:-} > "$OUT/batching.log" 2>&1
 echo "bench exit $?"
 tail -c 6000 "$OUT/batching.log"
+# The same service with lookahead off: does the batch's agreement with runs alone depend on it?
+if [ -n "${NOLOOKAHEAD:-}" ]; then
+  mkdir -p "$OUT/nolookahead"
+  timeout 200 python3 -m bench.batching --provider cuda --model "gpu:${MODEL:-16x2048}" --streams 1,4,16 \
+    --server-args "--lookahead false" --skip load,soak,engine,numerics,raw --out "$OUT/nolookahead" \
+    > "$OUT/nolookahead/batching.log" 2>&1
+  echo "no-lookahead bench exit $?"
+fi
