@@ -122,25 +122,27 @@ class BatchDecoder:
         if self._ahead is not None:
             self._settle(self._ahead)
 
-    def _settle(self, ahead: Ahead, restore: bool = True) -> None:
+    def _settle(self, ahead: Ahead) -> None:
         if not ahead.settled:
             self.backend.settle()
-            if restore:
-                self._restore(ahead.batch, ahead.lengths)  # nothing touched these rows since: committed
+            self._restore(ahead.batch, ahead.lengths)  # nothing touched these rows since: committed
             ahead.settled = True
 
     def _take_ahead(self, batch: int, feeds: dict[int, int]) -> tuple[Any, list[int]]:
-        """The launched forward's logits if it is this one (its masks left as it ran), else None;
-        and the rows' committed lengths."""
+        """The launched forward's logits if it is this one, else None; and the rows' committed lengths.
+
+        The lengths are read after settling, never taken from the launch: a row outside the
+        step may have been opened, prefilled or rewound since (each settles first)."""
         ahead, self._ahead = self._ahead, None
+        logits = None
         if ahead is not None:
-            hit = ahead.batch == batch and ahead.feeds == feeds
-            self._settle(ahead, restore=not hit)
-            if hit:
+            self._settle(ahead)
+            if ahead.batch == batch and ahead.feeds == feeds:
                 self.counters.lookahead_hits += 1
-                return ahead.logits, ahead.lengths
-            self.counters.lookahead_misses += 1
-        return None, self.pool.mask_lengths[:batch]
+                logits = ahead.logits
+            else:
+                self.counters.lookahead_misses += 1
+        return logits, self.pool.mask_lengths[:batch]
 
     def _masks(self, batch: int, feeds: dict[int, int], lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and positions of one forward; each row's mask set for it."""

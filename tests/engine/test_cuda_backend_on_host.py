@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.executor import DecodeRow, Engine, EngineOptions
+from engine.executor import DecodeRow, Engine, EngineOptions, Session
 from engine.executor.cpu import CpuBackend
 from engine.executor.cuda import CudaBackend, host_runtime
 from engine.executor.engine import make_backend
@@ -170,6 +170,35 @@ def test_rows_with_a_hole_decoded_in_any_order_match_the_cpu_backend(model_dir: 
             chosen = engine.decode([DecodeRow(s, o[-1], GREEDY) for s, o in zip(kept, outs, strict=True)])
             for out, token in zip(outs, chosen, strict=True):
                 out.append(token)  # type: ignore[arg-type]
+        return outs
+
+    assert run(device_engine(model_dir)) == run(cpu_engine(model_dir))
+
+
+def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_dir: Path) -> None:
+    """A launched step holds the other rows' lengths from before: a prefill between steps must not be undone."""
+    def run(engine: Engine) -> list[list[int]]:
+        first, gap, last = (engine.open_session() for _ in range(3))
+        engine.close_session(gap)  # rows 0 and 2 decode in a batch of 4: rows 1 and 3 ride along
+        running = [first, last]
+        for s, n in zip(running, (20, 33), strict=True):
+            engine.append(s, prompt(n, n))
+        outs = [[engine.choose(s, GREEDY)] for s in running]
+
+        def step(sessions: list[Session], tokens: list[list[int]]) -> None:
+            chosen = engine.decode([DecodeRow(s, o[-1], GREEDY) for s, o in zip(sessions, tokens, strict=True)])
+            for out, token in zip(tokens, chosen, strict=True):
+                out.append(token)  # type: ignore[arg-type]
+
+        for _ in range(3):
+            step(running, outs)  # the row set is stable: a step is launched ahead
+        joining = engine.open_session()  # row 1: rode along in that launched step
+        assert joining.row == 1
+        engine.append(joining, prompt(40, 40))
+        outs.append([engine.choose(joining, GREEDY)])
+        step(running, outs[:2])  # the launched step is taken, and the next one launched
+        for _ in range(6):
+            step([*running, joining], outs)
         return outs
 
     assert run(device_engine(model_dir)) == run(cpu_engine(model_dir))
