@@ -176,7 +176,7 @@ def test_rows_with_a_hole_decoded_in_any_order_match_the_cpu_backend(model_dir: 
 
 
 def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_dir: Path) -> None:
-    """A launched step holds the other rows' lengths from before: a prefill between steps must not be undone."""
+    """A launched step holds the other rows' lengths from before: a prefill in between is not undone."""
     def run(engine: Engine) -> list[list[int]]:
         first, gap, last = (engine.open_session() for _ in range(3))
         engine.close_session(gap)  # rows 0 and 2 decode in a batch of 4: rows 1 and 3 ride along
@@ -186,7 +186,8 @@ def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_d
         outs = [[engine.choose(s, GREEDY)] for s in running]
 
         def step(sessions: list[Session], tokens: list[list[int]]) -> None:
-            chosen = engine.decode([DecodeRow(s, o[-1], GREEDY) for s, o in zip(sessions, tokens, strict=True)])
+            rows = [DecodeRow(s, o[-1], GREEDY) for s, o in zip(sessions, tokens, strict=True)]
+            chosen = engine.decode(rows)
             for out, token in zip(tokens, chosen, strict=True):
                 out.append(token)  # type: ignore[arg-type]
 
