@@ -58,7 +58,7 @@ class Config:
     max_prompt_tokens: int = 0  # 0 = the KV capacity
     max_new_tokens: int = 1024  # the most one request may ask for
     max_message_bytes: int = 4 * 1024 * 1024
-    sessions_per_caller: int = 0  # 0 = no per-caller limit
+    sessions_per_caller: int = 0  # 0 = every KV slot but one (at least one): a fair share
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""  # set: clients must present a certificate it signed (mTLS)
@@ -97,6 +97,7 @@ _HELP = {
     "variant_capacity": "shapes the variant cache holds (0 = the ladder widths + the decode batch widths)",
     "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
     "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",
+    "sessions_per_caller": "sessions one caller may hold, those it waits for too (0 = every KV slot but one)",
 }
 
 

@@ -36,12 +36,26 @@ class ChatTurn:
     content: str
 
 
+MAX_STOPS = 16  # stop strings per request
+MAX_STOP_CHARS = 512  # characters per stop string
+PROMPT_BYTES_PER_TOKEN = 32  # text and chat prompts: UTF-8 bytes allowed per allowed prompt token
+CHAT_TURN_BYTES = 32  # what each chat message counts beyond its role and content (the template's markup)
+
+
 @dataclass(frozen=True)
 class Stopping:
     max_new_tokens: int = 0  # 0 = as many as fit, up to the server's limit
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        """Bounded work per token: a few stop strings of bounded length."""
+        if len(self.stop) > MAX_STOPS:
+            raise InvalidRequest(f"{len(self.stop)} stop strings; at most {MAX_STOPS} are allowed")
+        longest = max((len(s) for s in self.stop), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise InvalidRequest(f"a stop string of {longest} characters; the most is {MAX_STOP_CHARS}")
 
 
 @dataclass
@@ -108,19 +122,33 @@ class Model:
 
     def prompt_ids(self, text: str | None, chat: Sequence[ChatTurn] | None,
                    ids: Sequence[int] | None) -> list[int]:
-        """Token ids of a prompt given as text, chat turns or ids; checked against the limits."""
+        """Token ids of a prompt given as text, chat turns or ids; checked against the limits.
+
+        Text is measured before it is tokenized: more UTF-8 bytes than PROMPT_BYTES_PER_TOKEN
+        per allowed prompt token is over the limit whatever it would tokenize to.
+        """
         if text is not None:
-            tokens = [int(t) for t in self.need_tokenizer("a text prompt").encode(text)]
+            tokenizer = self.need_tokenizer("a text prompt")
+            self._check_text_size(len(text.encode()))
+            tokens = [int(t) for t in tokenizer.encode(text)]
         elif chat is not None:
             tokenizer = self.need_tokenizer("a chat prompt")
             if not chat:
                 raise InvalidRequest("a chat prompt needs at least one message")
+            self._check_text_size(sum(len(m.role.encode()) + len(m.content.encode()) + CHAT_TURN_BYTES
+                                      for m in chat))
             from engine.tokenizer import ChatMessage
 
             tokens = [int(t) for t in tokenizer.encode_chat([ChatMessage(m.role, m.content) for m in chat])]
         else:
             tokens = [int(t) for t in ids or ()]
         return self.check_ids(tokens)
+
+    def _check_text_size(self, size: int) -> None:
+        limit = self.max_prompt_tokens * PROMPT_BYTES_PER_TOKEN
+        if size > limit:
+            raise LimitExceeded(f"the prompt text is {size} bytes; the limit is {limit} "
+                                f"({PROMPT_BYTES_PER_TOKEN} for each of {self.max_prompt_tokens} tokens)")
 
     def check_ids(self, tokens: list[int]) -> list[int]:
         if not tokens:
@@ -157,10 +185,16 @@ def check_sampling(params: SamplingParams) -> SamplingParams:
 
 
 class StopText:
-    """Streams text while holding back any tail that could still begin a stop sequence."""
+    """Streams text while holding back any tail that could still begin a stop sequence.
+
+    Linear in the stop strings: per stop, a KMP matcher carries the longest tail of
+    the text so far that is a proper prefix of it, advanced by each new piece only.
+    """
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
+        self._failure = [_failure(s) for s in self.stops]
+        self._matched = [0] * len(self.stops)
         self.held = ""
         self.stopped = False
 
@@ -169,10 +203,41 @@ class StopText:
         for stop in self.stops:
             if (cut := text.find(stop)) >= 0:
                 self.held, self.stopped = "", True
+                self._matched = [0] * len(self.stops)
                 return text[:cut]
-        keep = max((n for s in self.stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+        matchers = zip(self.stops, self._failure, self._matched, strict=True)
+        self._matched = [_advance(stop, failure, matched, piece) for stop, failure, matched in matchers]
+        keep = max(self._matched, default=0)  # never more than `text` holds: see _advance
         self.held = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep]
+
+
+def _failure(stop: str) -> list[int]:
+    """KMP: for each prefix of `stop`, the length of its longest proper border."""
+    failure = [0] * len(stop)
+    k = 0
+    for i in range(1, len(stop)):
+        while k and stop[i] != stop[k]:
+            k = failure[k - 1]
+        if stop[i] == stop[k]:
+            k += 1
+        failure[i] = k
+    return failure
+
+
+def _advance(stop: str, failure: list[int], matched: int, piece: str) -> int:
+    """The longest proper prefix of `stop` the text ends with, after `piece` is appended.
+
+    It grows by at most len(piece), so it always lies within the held tail plus the piece.
+    """
+    for char in piece:
+        while matched and stop[matched] != char:
+            matched = failure[matched - 1]
+        if stop[matched] == char:
+            matched += 1
+        if matched == len(stop):  # a whole match: StopText.push finds it first; stay proper
+            matched = failure[matched - 1]
+    return matched
 
 
 # -- worker-side bodies: they ask the scheduler for engine work and never call the engine themselves --

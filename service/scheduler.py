@@ -164,6 +164,7 @@ class Scheduler:
         self._active: list[Job] = []
         self._lock = threading.Lock()
         self._depth = 0
+        self.submitted = 0  # jobs submitted since start (tests wait on it)
         self._serials = itertools.count(1)
         self._rounds = 0
         self._refusal: BaseException | None = None
@@ -191,6 +192,7 @@ class Scheduler:
                 body.close()
                 raise QueueFull(f"the engine worker already holds {self._depth} requests")
             self._depth += bounded
+            self.submitted += 1
         job = Job(body, asyncio.get_running_loop(), bounded, next(self._serials), self._wake, self._post,
                   hold)
         self._inbox.put(job)

@@ -3,17 +3,22 @@
 It checks the bearer token (when tokens are configured), names the caller and
 the request (x-request-id) for the handler and the logs, refuses new work while
 draining, and turns whatever a handler raises into its status through the table
-in service/errors.py. Health and reflection pass untouched: probes carry no token.
+in service/errors.py. A call the client cancelled, or whose deadline passed,
+or whose client went away, is counted and logged as CANCELLED or
+DEADLINE_EXCEEDED; failure lines are rate-limited per method and code. Health
+and reflection pass untouched: probes carry no token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hashlib
 import hmac
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,10 @@ log = structlog.get_logger("ladder.rpc")
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("ladder_caller", default="")
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("ladder_request_id", default="")
 LADDER_PREFIX = "/ladder.v1.Ladder/"
+FAILURE_LINES_PER_SECOND = 5
+# A call cancelled this close to its deadline was ended by it (gRPC's deadline timer and the
+# wall clock time_remaining() reads may disagree by a little).
+DEADLINE_SLACK_S = 0.05
 
 
 def caller_tokens(tokens: tuple[str, ...]) -> dict[str, str]:
@@ -55,6 +64,54 @@ def _certificate_name(context: grpc.aio.ServicerContext) -> str:
     return "cn:" + names[0].decode() if names else ""
 
 
+@dataclass
+class _Window:
+    start: float
+    lines: int = 0
+    left_out: int = 0
+
+
+class FailureLog:
+    """At most `per_second` log lines a second for each (method, code); the next line that is
+    written says how many were left out before it (`suppressed`)."""
+
+    def __init__(self, per_second: int = FAILURE_LINES_PER_SECOND,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_second = per_second
+        self.clock = clock
+        self._windows: dict[tuple[str, str], _Window] = {}
+
+    def admit(self, method: str, code: str) -> int | None:
+        """None: leave this line out; else how many lines of this kind were left out before it."""
+        now = self.clock()
+        window = self._windows.setdefault((method, code), _Window(now))
+        if now - window.start >= 1.0:
+            window.start, window.lines = now, 0
+        if window.lines >= self.per_second:
+            window.left_out += 1
+            return None
+        window.lines += 1
+        left_out, window.left_out = window.left_out, 0
+        return left_out
+
+    def write(self, event: str, method: str, code: grpc.StatusCode, **fields: Any) -> None:
+        left_out = self.admit(method, code.name)
+        if left_out is None:
+            return
+        if left_out:
+            fields["suppressed"] = left_out
+        write = log.error if code == grpc.StatusCode.INTERNAL else log.info
+        write(event, method=method, code=code.name, **fields)
+
+
+def ending_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    """How a call that stopped under its handler ended: its deadline passed, or the client left."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= DEADLINE_SLACK_S:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.CANCELLED
+
+
 class CallInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, tokens: tuple[str, ...], gate: Callable[[], None],
                  on_done: Callable[[str, grpc.StatusCode, float], None]) -> None:
@@ -62,6 +119,7 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         self.gate = gate  # raises (Draining) while the server takes no new work
         self.on_done = on_done
         self.in_flight = 0
+        self.failures = FailureLog()
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
@@ -102,10 +160,16 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
                     started: float) -> None:
         status = status_for(error)
         self._done(name, status.code, started)
-        log_call = log.error if status.code == grpc.StatusCode.INTERNAL else log.info
-        log_call("rpc_failed", code=status.code.name, details=status.details)
+        self.failures.write("rpc_failed", name, status.code, request_id=REQUEST_ID.get(),
+                            details=status.details)
         metadata = (("x-request-id", REQUEST_ID.get()), *status.trailing_metadata)
         await context.abort(status.code, status.details, metadata)
+
+    def _left(self, name: str, context: grpc.aio.ServicerContext, request_id: str, started: float) -> None:
+        """The call stopped under its handler: the client cancelled or went away, or its deadline passed."""
+        code = ending_code(context)
+        self._done(name, code, started)
+        self.failures.write("rpc_cancelled", name, code, request_id=request_id)
 
     def _done(self, name: str, code: grpc.StatusCode, started: float) -> None:
         self.on_done(name, code, time.perf_counter() - started)
@@ -119,6 +183,9 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
                 response = await behavior(request, context)
             except grpc.aio.AbortError:
                 raise
+            except asyncio.CancelledError:
+                self._left(name, context, REQUEST_ID.get(), started)
+                raise
             except Exception as exc:  # noqa: BLE001 — every failure goes through the table
                 await self._fail(name, context, exc, started)
             finally:
@@ -129,15 +196,21 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         return unary
 
     def _stream(self, name: str,
-                behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+                behavior: Callable[..., AsyncGenerator[Any, None]]) -> Callable[..., AsyncIterator[Any]]:
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            started = time.perf_counter()
+            started, request_id = time.perf_counter(), ""
             self.in_flight += 1
+            responses = behavior(request, context)
             try:
                 started = self._enter(name, context)
-                async for response in behavior(request, context):
+                request_id = REQUEST_ID.get()
+                async for response in responses:
                     yield response
             except grpc.aio.AbortError:
+                raise
+            except (asyncio.CancelledError, GeneratorExit):
+                # GeneratorExit: gRPC could not write a response (the call has ended) and closed us.
+                self._left(name, context, request_id, started)
                 raise
             except Exception as exc:  # noqa: BLE001 — every failure goes through the table
                 await self._fail(name, context, exc, started)
@@ -145,5 +218,6 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
                 self._done(name, grpc.StatusCode.OK, started)
             finally:
                 self.in_flight -= 1
+                await responses.aclose()  # the handler's clean-up runs now, not when it is collected
 
         return stream

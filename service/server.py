@@ -8,6 +8,7 @@ Entry points (the `ladder serve` CLI calls `main(argv)`; tests call `create_serv
 - `main(argv) -> int`: flags and LADDER_* environment into a Config, then serve.
 Drain: health flips to NOT_SERVING at once and new calls get UNAVAILABLE; calls
 in flight get `drain_seconds` to finish, then end with UNAVAILABLE.
+Request bytes that are not the RPC's message are INVALID_ARGUMENT (`add_ladder_service`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -30,7 +34,7 @@ from engine.executor import Engine
 from engine.tokenizer import Tokenizer  # at import, on the main thread: see load_model
 from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
 from service.config import Config, load_config
-from service.errors import Draining
+from service.errors import Draining, InvalidRequest
 from service.generation import Model
 from service.metrics import Metrics
 from service.scheduler import Scheduler
@@ -41,6 +45,104 @@ from service.sessions import SessionRegistry
 log = structlog.get_logger("ladder.server")
 SERVICE_NAME = ladder_pb2.DESCRIPTOR.services_by_name["Ladder"].full_name
 HEALTH_NAMES = ("", SERVICE_NAME)
+
+
+@dataclass(frozen=True)
+class Unparsed:
+    """The request bytes of one message that did not parse (corrupt wire format, bad UTF-8)."""
+
+    message: str
+    size: int
+    reason: str
+
+
+def _tolerant(parse: Callable[[bytes], Any], message: str) -> Callable[[bytes], Any]:
+    """A request deserializer that never raises: what does not parse becomes an Unparsed."""
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except (DecodeError, UnicodeDecodeError) as exc:
+            return Unparsed(message, len(data), str(exc).rpartition(": ")[2] or type(exc).__name__)
+
+    return deserialize
+
+
+def _parsed(request: Any) -> Any:
+    """The request itself, or InvalidRequest (through the error table: INVALID_ARGUMENT) for an Unparsed."""
+    if isinstance(request, Unparsed):
+        log.info("malformed_request", message=request.message, bytes=request.size, reason=request.reason)
+        raise InvalidRequest(f"the request is not a valid {request.message}: {request.reason}")
+    return request
+
+
+async def _each_parsed(requests: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
+    async for request in requests:
+        yield _parsed(request)
+
+
+def _strict(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """`handler` with a tolerant deserializer and a behavior that refuses what did not parse.
+
+    The refusal is raised inside the behavior, so the interceptor (auth, the drain gate,
+    request ids, metrics) sees it like any handler's error. A streaming behavior stays a
+    transparent async generator: what it yields, and closing it, reach the handler as they are.
+    """
+    if handler.unary_unary is not None:
+        unary = handler.unary_unary
+
+        async def unary_unary(request: Any, context: Any) -> Any:
+            return await unary(_parsed(request), context)
+
+        changes: dict[str, Any] = {"unary_unary": unary_unary}
+    elif handler.unary_stream is not None:
+        streamed = handler.unary_stream
+
+        async def unary_stream(request: Any, context: Any) -> AsyncGenerator[Any, None]:
+            async with aclosing(streamed(_parsed(request), context)) as responses:
+                async for response in responses:
+                    yield response
+
+        changes = {"unary_stream": unary_stream}
+    else:
+        both = handler.stream_stream
+
+        async def stream_stream(requests: AsyncIterator[Any], context: Any) -> AsyncGenerator[Any, None]:
+            parsed = _each_parsed(requests)
+            async with aclosing(parsed), aclosing(both(parsed, context)) as responses:
+                async for response in responses:
+                    yield response
+
+        changes = {"stream_stream": stream_stream}
+    deserializer = _tolerant(handler.request_deserializer, message)
+    return handler._replace(request_deserializer=deserializer, **changes)  # type: ignore[attr-defined, no-any-return]
+
+
+class _Handlers:
+    """Stands in for a server to collect the method handlers the generated code registers."""
+
+    def __init__(self) -> None:
+        self.methods: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, methods: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.methods = methods
+
+
+def add_ladder_service(servicer: LadderServicer, server: grpc.aio.Server) -> None:
+    """Register the Ladder service as the generated code does, but tolerant of bytes that do not parse.
+
+    gRPC itself ends such a call with UNKNOWN (INTERNAL for Prefill) and no log line;
+    here it is InvalidRequest, INVALID_ARGUMENT through the error table, logged.
+    """
+    collected = _Handlers()
+    ladder_pb2_grpc.add_LadderServicer_to_server(servicer, collected)
+    service = ladder_pb2.DESCRIPTOR.services_by_name["Ladder"]
+    methods = {name: _strict(handler, service.methods_by_name[name].input_type.name)
+               for name, handler in collected.methods.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, methods),))
+    server.add_registered_method_handlers(SERVICE_NAME, methods)
 
 
 def load_model(config: Config) -> Model:
@@ -88,7 +190,7 @@ class LadderServer:
 
     async def start(self) -> int:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        ladder_pb2_grpc.add_LadderServicer_to_server(self.servicer, self.grpc)
+        add_ladder_service(self.servicer, self.grpc)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
                                             self.grpc)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -2,15 +2,21 @@
 
 Thin by design: prompts and limits are checked in service/generation.py, the
 worker runs the job bodies there, failures become statuses in the interceptor.
-Sessions a call opens are returned to the pool whenever the call fails,
-including cancellation, deadline and disconnect.
+A Prefill is all or nothing: one that does not finish (an error, cancellation,
+deadline or disconnect) closes the session it opened, or rewinds the session
+it extended to the length it found. gRPC ends a Prefill's request stream alike
+when the client half-closes, cancels or goes away, so a Prefill has finished
+only once gRPC has taken its `done` event: a write to an ended call fails, and
+the handler is then closed at that yield instead of resuming.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Generator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +27,7 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import convert
 from service.config import Config
-from service.errors import InvalidRequest
+from service.errors import Cancelled, Draining, InvalidRequest, QueueFull
 from service.generation import (
     Finished,
     ForwardDone,
@@ -38,11 +44,40 @@ from service.generation import (
 )
 from service.metrics import Metrics
 from service.progress import Progress, Totals
-from service.scheduler import Call, Scheduler
+from service.scheduler import Body, Call, Scheduler
 from service.security import CALLER, REQUEST_ID
 from service.sessions import SessionRegistry, SessionState
 
 Context = grpc.aio.ServicerContext
+
+
+def caller_share(configured: int, slots: int) -> int:
+    """Sessions one caller may hold: `sessions_per_caller` when set, else every KV slot but one."""
+    return configured or max(1, slots - 1)
+
+
+@dataclass(eq=False)
+class Extension:
+    """What one Prefill does to its session: opens it, or extends it from `length` tokens.
+
+    `length` is read on the worker when the Prefill's first part starts there (None until then:
+    nothing has run), and the restore reads it on the worker after the Prefill's last job."""
+
+    state: SessionState
+    opened: bool
+    length: int | None = None
+
+    def marked(self, body: Body) -> Body:
+        """`body`, noting first the length it finds the session at (on the worker)."""
+        if self.length is None:
+            self.length = self.state.session.length
+        yield from body
+
+    def restore(self, model: Model) -> None:
+        """Rewind the session to the length the Prefill found it at (the logits follow)."""
+        session = self.state.session
+        if self.length is not None and not session.closed and session.length > self.length:
+            model.engine.rewind(session, self.length)
 
 
 @dataclass
@@ -53,24 +88,43 @@ class Runtime:
     sessions: SessionRegistry
     metrics: Metrics
     totals: Totals = field(default_factory=Totals)
+    opening: Counter[str] = field(default_factory=Counter)  # sessions each caller waits for
 
     def progress(self, prompt_tokens: int = 0) -> Progress:
         return Progress(time.perf_counter(), prompt_tokens, PrefillTally(), self.metrics, self.totals)
 
+    def check_share(self, caller: str) -> None:
+        """Refuse a caller who holds (or waits for) its share of the KV slots."""
+        share = caller_share(self.config.sessions_per_caller, self.model.engine.pool.rows)
+        held = sum(1 for s in self.sessions.all() if s.owner == caller) + self.opening[caller]
+        if held >= share:
+            raise QueueFull(f"this caller already holds {held} sessions (the limit is {share}; "
+                            "see --sessions-per-caller)")
+
     async def open_session(self) -> SessionState:
         caller = CALLER.get()
-        self.sessions.check_quota(caller)
-        # Waits in the bounded queue while every KV slot is taken.
-        opening = asyncio.ensure_future(self.scheduler.open_session())
+        self.check_share(caller)
+        self.opening[caller] += 1
         try:
-            session = await asyncio.shield(opening)
-        except asyncio.CancelledError:  # the caller left while the slot was being taken: give it back
-            opening.add_done_callback(self._close_orphan)
-            raise
+            # Waits in the bounded queue while every KV slot is taken.
+            opening = asyncio.ensure_future(self.scheduler.open_session())
+            try:
+                session = await asyncio.shield(opening)
+            except asyncio.CancelledError:  # the caller left while the slot was being taken: give it back
+                opening.add_done_callback(self._close_orphan)
+                raise
+        finally:
+            self.opening[caller] -= 1
         state = SessionState(self.sessions.new_id(), caller, session)
         self.sessions.add(state)
         self.metrics.sessions.set(len(self.sessions))
         return state
+
+    async def extension(self, session_id: str) -> Extension:
+        """What a Prefill works on: a new session (no id) or the caller's own."""
+        if not session_id:
+            return Extension(await self.open_session(), opened=True)
+        return Extension(self.sessions.get(session_id, CALLER.get()), opened=False)
 
     def _close_orphan(self, opening: asyncio.Future[Any]) -> None:
         if not opening.cancelled() and opening.exception() is None:
@@ -79,11 +133,27 @@ class Runtime:
     def close_soon(self, state: SessionState) -> None:
         """Forget the session and return its KV slot on the worker (safe inside a cancelled call)."""
         self.sessions.remove(state)
+        self.metrics.sessions.set(len(self.sessions))
+        self._soon(lambda: close(self.model, state))
 
-        def body() -> Any:
-            yield Call(lambda: close(self.model, state))
+    def undo(self, extension: Extension) -> None:
+        """Put the session back as an unfinished Prefill found it: closed if it opened it, else
+        rewound on the worker, after the Prefill's own jobs have ended. A decoder with recurrent
+        state rewinds only to 0: its session is closed instead."""
+        if extension.opened or self.model.engine.info.recurrent_state:
+            self.close_soon(extension.state)
+        else:
+            self._soon(lambda: extension.restore(self.model))
 
-        self.scheduler.submit(body(), bounded=False)
+    def _soon(self, fn: Any) -> None:
+        """Run `fn` on the worker after every job submitted before it, without waiting for it."""
+        def body() -> Generator[Any, Any, None]:
+            yield Call(fn)
+
+        try:
+            self.scheduler.submit(body(), bounded=False)
+        except Draining:  # the server is stopping: its sessions go with it
+            pass
 
 
 class LadderServicer(ladder_pb2_grpc.LadderServicer):
@@ -99,24 +169,27 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
         progress = self.rt.progress(len(tokens))
         body = generate_body(model, tokens, sampler, stopping, progress.tally)
-        async for event in self.rt.scheduler.stream(body, hold=unary):
-            progress.see(event)
-            yield event, progress
+        async with aclosing(self.rt.scheduler.stream(body, hold=unary)) as events:
+            async for event in events:
+                progress.see(event)
+                yield event, progress
 
     async def Generate(self, request: pb.GenerateRequest, context: Context) -> pb.Completion:
         progress = None
-        async for step in self._generate(request, unary=True):
-            progress = step[1]
+        async with aclosing(self._generate(request, unary=True)) as steps:
+            async for step in steps:
+                progress = step[1]
         assert progress is not None
         return convert.completion(progress, REQUEST_ID.get())
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: Context) -> AsyncIterator[pb.TokenEvent]:
-        async for event, progress in self._generate(request):
-            if isinstance(event, TokenOut):
-                yield _token_event(event, progress)
-            elif isinstance(event, Finished):
-                yield pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get()))
+        async with aclosing(self._generate(request)) as steps:
+            async for event, progress in steps:
+                if isinstance(event, TokenOut):
+                    yield _token_event(event, progress)
+                elif isinstance(event, Finished):
+                    yield pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get()))
 
     # -- sessions -----------------------------------------------------------------------
     async def Prefill(self, request_iterator: AsyncIterator[pb.PrefillRequest],
@@ -124,37 +197,39 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         parts = aiter(request_iterator)
         first = await anext(parts, None)
         if first is None or not first.HasField("prompt"):
+            await _check_client_stayed(context)
             raise InvalidRequest("Prefill needs at least one message with a prompt")
         sampler = Sampler(check_sampling(convert.sampling(first.sampling)))
-        opened = not first.session_id
-        sessions = self.rt.sessions
-        state = await self.rt.open_session() if opened else sessions.get(first.session_id, CALLER.get())
-        progress = self.rt.progress()
-        try:
-            with self.rt.sessions.using(state):
+        extension = await self.rt.extension(first.session_id)
+        state, progress, finished = extension.state, self.rt.progress(), False
+        with self.rt.sessions.using(state):
+            try:
                 part: pb.PrefillRequest | None = first
                 while part is not None:
-                    async for event in self._prefill_part(state, part, progress):
-                        yield event
-                    part = await anext(parts, None)
+                    async with aclosing(self._prefill_part(extension, part, progress)) as events:
+                        async for event in events:
+                            yield event
+                    part = await anext(parts, None)  # None also when the client cancelled or left
                 result = await self.rt.scheduler.call(lambda: next_token(self.rt.model, state, sampler))
-            progress.close()
-        except BaseException:
-            if opened:
-                self.rt.close_soon(state)
-            raise
-        # The session is released and kept before the client hears it is done: a client that
-        # acts on PrefillDone at once (or cancels right after it) finds a usable session.
-        yield convert.prefill_done(state.id, result, progress)
+                progress.close()
+                # Resumes only once gRPC has taken the event: the Prefill has finished. The session
+                # is released before the client can act on it (or cancel right after it).
+                yield convert.prefill_done(state.id, result, progress)
+                finished = True
+            finally:
+                if not finished:
+                    self.rt.undo(extension)
 
-    async def _prefill_part(self, state: SessionState, part: pb.PrefillRequest,
+    async def _prefill_part(self, extension: Extension, part: pb.PrefillRequest,
                             progress: Progress) -> AsyncIterator[pb.PrefillEvent]:
-        model = self.rt.model
+        model, state = self.rt.model, extension.state
         tokens = model.prompt_ids(*convert.prompt(part.prompt))
         progress.prompt_tokens += len(tokens)
-        async for event in self.rt.scheduler.stream(prefill_body(model, state, tokens, progress.tally)):
-            if isinstance(event, ForwardDone):
-                yield convert.forward(state.id, event)
+        body = extension.marked(prefill_body(model, state, tokens, progress.tally))
+        async with aclosing(self.rt.scheduler.stream(body)) as events:
+            async for event in events:
+                if isinstance(event, ForwardDone):
+                    yield convert.forward(state.id, event)
 
     async def Decode(self, request: pb.DecodeRequest, context: Context) -> AsyncIterator[pb.TokenEvent]:
         state = self.rt.sessions.get(request.session_id, CALLER.get())
@@ -163,12 +238,13 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
             body = decode_body(self.rt.model, state, sampler, convert.stopping(request.stopping))
             progress = self.rt.progress()
-            async for event in self.rt.scheduler.stream(body):
-                progress.see(event)
-                if isinstance(event, TokenOut):
-                    yield _token_event(event, progress)
-                elif isinstance(event, Finished):
-                    done = pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get(), state))
+            async with aclosing(self.rt.scheduler.stream(body)) as events:
+                async for event in events:
+                    progress.see(event)
+                    if isinstance(event, TokenOut):
+                        yield _token_event(event, progress)
+                    elif isinstance(event, Finished):
+                        done = pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get(), state))
         # Released before the client hears "done", so its next call on the session is never ABORTED.
         if done is not None:
             yield done
@@ -184,8 +260,10 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         state = self.rt.sessions.get(request.session_id, CALLER.get())
         with self.rt.sessions.using(state):
             self.rt.sessions.remove(state)
-            length = await self.rt.scheduler.call(lambda: close(self.rt.model, state))
-        self.rt.metrics.sessions.set(len(self.rt.sessions))
+            self.rt.metrics.sessions.set(len(self.rt.sessions))
+            # Shielded: the slot returns even when the caller leaves before the worker has closed it.
+            closing = asyncio.ensure_future(self.rt.scheduler.call(lambda: close(self.rt.model, state)))
+            length = await asyncio.shield(closing)
         return pb.CloseSessionResponse(session_id=state.id, length=length)
 
     # -- tokenizer and introspection ------------------------------------------------------
@@ -211,6 +289,15 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         self.rt.metrics.engine_stats(stats)
         scheduler = self.rt.scheduler
         return convert.engine_stats(stats, scheduler.depth, scheduler.waiting, self.rt.totals)
+
+
+async def _check_client_stayed(context: Context) -> None:
+    """Raise Cancelled when the request stream ended because the call did (gRPC ends it alike on
+    half-close, cancel and disconnect): sending the response headers fails on an ended call."""
+    try:
+        await context.send_initial_metadata(())
+    except Exception as exc:  # noqa: BLE001 — any failure to write means the call has ended
+        raise Cancelled("the client left before sending a prompt") from exc
 
 
 def _token_event(event: TokenOut, progress: Progress) -> pb.TokenEvent:

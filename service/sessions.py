@@ -1,13 +1,18 @@
 """Server-side sessions: ids, owners, the logits they continue from, and idle expiry.
 
 A session id is `<pod>.<token_urlsafe(16)>`: the pod that holds the KV, then
-128 random bits, so ids route and cannot be guessed. When auth is on a session
-belongs to its opener; to anyone else it does not exist. The registry lives on
-the event loop; the engine session inside is only touched on the worker.
+128 random bits, so ids route and cannot be guessed. An id a client sends is
+checked before anything reads or echoes it: at most 128 characters of
+[A-Za-z0-9._-], else NOT_FOUND with a message that does not repeat it (so the
+owner trailer of WrongPod only ever carries a well-formed pod name). When auth
+is on a session belongs to its opener; to anyone else it does not exist. The
+registry lives on the event loop; the engine session inside is only touched on
+the worker.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -15,7 +20,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.errors import QueueFull, SessionBusy, SessionNotFound, WrongPod
+from service.errors import SessionBusy, SessionNotFound, WrongPod
+
+MAX_SESSION_ID = 128
+_SESSION_ID = re.compile(r"[A-Za-z0-9._-]+")
+_TOKEN_BYTES = 16  # 128 random bits, as token_urlsafe characters of A-Z a-z 0-9 _ -
+MAX_POD_NAME = MAX_SESSION_ID - 1 - len(secrets.token_urlsafe(_TOKEN_BYTES))
 
 
 @dataclass(eq=False)
@@ -29,6 +39,9 @@ class SessionState:
 
 class SessionRegistry:
     def __init__(self, pod: str, per_caller: int) -> None:
+        if not _SESSION_ID.fullmatch(pod) or "." in pod or len(pod) > MAX_POD_NAME:
+            raise ValueError(f"pod name {pod!r} cannot prefix session ids: use 1 to {MAX_POD_NAME} "
+                             "characters of A-Z a-z 0-9 _ -")
         self.pod = pod
         self.per_caller = per_caller
         self._sessions: dict[str, SessionState] = {}
@@ -37,26 +50,25 @@ class SessionRegistry:
         return len(self._sessions)
 
     def new_id(self) -> str:
-        return f"{self.pod}.{secrets.token_urlsafe(16)}"
-
-    def check_quota(self, caller: str) -> None:
-        """Refuse a caller who already holds sessions_per_caller sessions."""
-        held = sum(1 for s in self._sessions.values() if s.owner == caller)
-        if self.per_caller and held >= self.per_caller:
-            raise QueueFull(f"this caller already holds {held} sessions (the limit is {self.per_caller})")
+        return f"{self.pod}.{secrets.token_urlsafe(_TOKEN_BYTES)}"
 
     def add(self, state: SessionState) -> None:
         self._sessions[state.id] = state
 
     def get(self, session_id: str, caller: str) -> SessionState:
+        if not session_id:
+            raise SessionNotFound("no session id given")
+        if len(session_id) > MAX_SESSION_ID or not _SESSION_ID.fullmatch(session_id):
+            raise SessionNotFound(f"malformed session id ({len(session_id)} characters): ids are "
+                                  f"<pod>.<token>, at most {MAX_SESSION_ID} characters of A-Z a-z 0-9 . _ -")
         pod, dot, _ = session_id.partition(".")
         if not dot or not pod:
-            raise SessionNotFound(f"malformed session id {session_id!r}")
+            raise SessionNotFound("malformed session id: ids are <pod>.<token>")
         if pod != self.pod:
             raise WrongPod(session_id, pod)
         state = self._sessions.get(session_id)
         if state is None or state.owner != caller:
-            raise SessionNotFound(f"no session {session_id}")
+            raise SessionNotFound(f"no session {session_id}")  # well-formed: safe to repeat
         return state
 
     def remove(self, state: SessionState) -> None:

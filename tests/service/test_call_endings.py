@@ -1,0 +1,105 @@
+"""Calls that end early are counted and logged with their code; repeated failures are rate-limited."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from structlog.testing import capture_logs
+
+from proto.ladder.v1 import ladder_pb2 as pb
+from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
+
+
+def counted(running: RunningServer, method: str, code: str) -> float:
+    value = running.server.metrics.registry.get_sample_value("ladder_calls_total",
+                                                             {"method": method, "code": code})
+    return value or 0.0
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def lines(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [entry for entry in logs if entry["event"] == event]
+
+
+def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_once_each(
+        model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, max_sessions=1, max_new_tokens=1000))
+    try:
+        with capture_logs() as logs:
+            stream = running.stub.GenerateStream(greedy_request(prompt_ids(20), 900),
+                                                 metadata=(("x-request-id", "stream-1"),))
+            next(stream)  # it holds the only slot: the next call waits for it until its deadline
+            with pytest.raises(grpc.RpcError) as caught:
+                running.stub.Generate(greedy_request([5, 6], 2), timeout=0.3,
+                                      metadata=(("x-request-id", "unary-1"),))
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            stream.cancel()
+            wait_for(lambda: counted(running, "GenerateStream", "CANCELLED") == 1)
+            wait_for(lambda: counted(running, "Generate", "DEADLINE_EXCEEDED") == 1)
+        ended = sorted((e["method"], e["request_id"], e["code"], e["log_level"])
+                       for e in lines(logs, "rpc_cancelled"))
+        assert ended == [("Generate", "unary-1", "DEADLINE_EXCEEDED", "info"),
+                         ("GenerateStream", "stream-1", "CANCELLED", "info")]
+        wait_for(lambda: running.stats().sessions_open == 0)
+    finally:
+        running.close()
+
+
+def test_a_prefill_whose_client_leaves_before_its_first_message_is_cancelled_not_invalid(
+        model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir))
+    try:
+        release = threading.Event()
+
+        def parts() -> Any:
+            release.wait(10)
+            yield from ()
+
+        stream = running.stub.Prefill(parts())
+        wait_for(lambda: running.server.interceptor.in_flight == 1)
+        stream.cancel()
+        release.set()
+        wait_for(lambda: counted(running, "Prefill", "CANCELLED") == 1)
+        assert counted(running, "Prefill", "INVALID_ARGUMENT") == 0
+    finally:
+        running.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_identical_failures_are_logged_at_most_five_a_second_and_the_next_line_counts_the_rest(
+        server: RunningServer) -> None:
+    clock = Clock()
+    server.server.interceptor.failures.clock = clock
+    bad = greedy_request([], 2)  # an empty prompt: INVALID_ARGUMENT
+    with capture_logs() as logs:
+        for _ in range(12):
+            with pytest.raises(grpc.RpcError):
+                server.stub.Generate(bad)
+        with pytest.raises(grpc.RpcError):
+            server.stub.Rewind(pb.RewindRequest(session_id="pod-a.nope"))  # another kind: its own budget
+        clock.now += 1.0
+        with pytest.raises(grpc.RpcError):
+            server.stub.Generate(bad)
+    failed = [(e["method"], e["code"], e.get("suppressed", 0)) for e in lines(logs, "rpc_failed")]
+    assert failed == [("Generate", "INVALID_ARGUMENT", 0)] * 5 + [("Rewind", "NOT_FOUND", 0),
+                                                                   ("Generate", "INVALID_ARGUMENT", 7)]
+    assert counted(server, "Generate", "INVALID_ARGUMENT") == 13  # the metric counts every one

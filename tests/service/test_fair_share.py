@@ -1,0 +1,108 @@
+"""Fair share of the KV slots: by default no caller can hold them all, and waiting counts as holding."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto.ladder.v1 import ladder_pb2 as pb
+from tests.service.conftest import RunningServer, greedy_request, server_config
+
+TOKENS = ("alice=token-a", "bob=token-b", "carol=token-c")
+
+
+def bearer(name: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer token-{name[0]}"),)
+
+
+def prefill(running: RunningServer, caller: str) -> Iterator[pb.PrefillEvent]:
+    part = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7])))
+    return running.stub.Prefill(iter([part]), metadata=bearer(caller), timeout=30)  # type: ignore[no-any-return]
+
+
+def open_session(running: RunningServer, caller: str) -> str:
+    return list(prefill(running, caller))[-1].done.session_id  # type: ignore[no-any-return]
+
+
+def close(running: RunningServer, caller: str, session_id: str) -> None:
+    running.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), metadata=bearer(caller))
+
+
+def stats(running: RunningServer) -> pb.EngineStats:
+    return running.stub.GetEngineStats(pb.GetEngineStatsRequest(), metadata=bearer("alice"))
+
+
+def refused(call: Callable[[], object]) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value.code()  # type: ignore[no-any-return]
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_by_default_a_caller_holds_every_slot_but_one_and_another_caller_still_gets_one(
+        model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, max_sessions=3, auth_tokens=TOKENS))
+    try:
+        held = [open_session(running, "alice") for _ in range(2)]
+        assert refused(lambda: open_session(running, "alice")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        other = open_session(running, "bob")  # the slot the share kept free
+        assert stats(running).sessions_open == 3
+        for session_id in held:
+            close(running, "alice", session_id)
+        close(running, "bob", other)
+        assert open_session(running, "alice")  # a closed session gives its share back
+    finally:
+        running.close()
+
+
+def test_sessions_a_caller_waits_for_count_toward_its_share(model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, max_sessions=3, auth_tokens=TOKENS))
+    try:
+        bobs = [open_session(running, "bob") for _ in range(2)]
+        carols = open_session(running, "carol")  # every slot is taken
+        waiting = [prefill(running, "alice") for _ in range(2)]
+        wait_for(lambda: stats(running).waiting_for_slot == 2)
+        # Alice holds nothing yet, but waits for her whole share: a third Prefill is refused at once.
+        assert refused(lambda: open_session(running, "alice")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        close(running, "bob", bobs[0])
+        close(running, "carol", carols)
+        alices = [list(stream)[-1].done.session_id for stream in waiting]
+        assert stats(running).sessions_open == 3
+        for session_id in alices:
+            close(running, "alice", session_id)
+        close(running, "bob", bobs[1])
+    finally:
+        running.close()
+
+
+def test_a_caller_without_a_token_is_one_caller_and_generate_still_runs_beside_its_share(
+        model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, max_sessions=2))
+    try:
+        session_id = open_session(running, "anyone")
+        assert refused(lambda: open_session(running, "anyone")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert len(running.stub.Generate(greedy_request([5, 6], 2), timeout=30).token_ids) == 2
+        close(running, "anyone", session_id)
+    finally:
+        running.close()
+
+
+def test_a_configured_share_lets_one_caller_take_every_slot(model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, max_sessions=3, sessions_per_caller=3))
+    try:
+        held = [open_session(running, "anyone") for _ in range(3)]
+        assert stats(running).sessions_open == 3
+        for session_id in held:
+            close(running, "anyone", session_id)
+    finally:
+        running.close()
