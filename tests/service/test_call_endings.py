@@ -38,13 +38,17 @@ def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_
     running = RunningServer(server_config(model_dir, max_sessions=1, max_new_tokens=1000))
     try:
         with capture_logs() as logs:
-            stream = running.stub.GenerateStream(greedy_request(prompt_ids(20), 900),
-                                                 metadata=(("x-request-id", "stream-1"),))
-            next(stream)  # it holds the only slot: the next call waits for it until its deadline
+            first = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6])))
+            held = list(running.stub.Prefill(iter([first])))[-1].done.session_id
+            # A session holds the only slot: the next call waits for it until its deadline.
             with pytest.raises(grpc.RpcError) as caught:
                 running.stub.Generate(greedy_request([5, 6], 2), timeout=0.3,
                                       metadata=(("x-request-id", "unary-1"),))
             assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            running.stub.CloseSession(pb.CloseSessionRequest(session_id=held))
+            stream = running.stub.GenerateStream(greedy_request(prompt_ids(20), 900),
+                                                 metadata=(("x-request-id", "stream-1"),))
+            next(stream)
             stream.cancel()
             wait_for(lambda: counted(running, "GenerateStream", "CANCELLED") == 1)
             wait_for(lambda: counted(running, "Generate", "DEADLINE_EXCEEDED") == 1)
