@@ -90,6 +90,13 @@ class Runtime:
     totals: Totals = field(default_factory=Totals)
     opening: Counter[str] = field(default_factory=Counter)  # sessions each caller waits for
 
+    async def prompt_ids(self, prompt: pb.Prompt) -> list[int]:
+        """The prompt's token ids, tokenized off the event loop (its size was bounded first)."""
+        text, chat, ids = convert.prompt(prompt)
+        if text is None and chat is None:
+            return self.model.prompt_ids(text, chat, ids)
+        return await asyncio.to_thread(self.model.prompt_ids, text, chat, ids)
+
     def progress(self, prompt_tokens: int = 0) -> Progress:
         return Progress(time.perf_counter(), prompt_tokens, PrefillTally(), self.metrics, self.totals)
 
@@ -164,7 +171,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     async def _generate(self, request: pb.GenerateRequest,
                         unary: bool = False) -> AsyncIterator[tuple[Any, Progress]]:
         model = self.rt.model
-        tokens = model.prompt_ids(*convert.prompt(request.prompt))
+        tokens = await self.rt.prompt_ids(request.prompt)
         stopping = model.budget(convert.stopping(request.stopping), len(tokens))
         sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
         progress = self.rt.progress(len(tokens))
@@ -223,7 +230,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     async def _prefill_part(self, extension: Extension, part: pb.PrefillRequest,
                             progress: Progress) -> AsyncIterator[pb.PrefillEvent]:
         model, state = self.rt.model, extension.state
-        tokens = model.prompt_ids(*convert.prompt(part.prompt))
+        tokens = await self.rt.prompt_ids(part.prompt)
         progress.prompt_tokens += len(tokens)
         body = extension.marked(prefill_body(model, state, tokens, progress.tally))
         async with aclosing(self.rt.scheduler.stream(body)) as events:
@@ -272,7 +279,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         if kind is None:
             raise InvalidRequest("Tokenize needs text or chat messages")
         prompt = pb.Prompt(text=request.text) if kind == "text" else pb.Prompt(chat=request.chat)
-        return pb.TokenizeResponse(ids=self.rt.model.prompt_ids(*convert.prompt(prompt)))
+        return pb.TokenizeResponse(ids=await self.rt.prompt_ids(prompt))
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context: Context) -> pb.DetokenizeResponse:
         model = self.rt.model
