@@ -16,6 +16,7 @@ import contextvars
 import hashlib
 import hmac
 import time
+import traceback
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -114,10 +115,12 @@ def ending_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
 
 class CallInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, tokens: tuple[str, ...], gate: Callable[[], None],
-                 on_done: Callable[[str, grpc.StatusCode, float], None]) -> None:
+                 on_done: Callable[[str, grpc.StatusCode, float], None],
+                 on_internal: Callable[[BaseException], None] | None = None) -> None:
         self.tokens = caller_tokens(tokens)
         self.gate = gate  # raises (Draining) while the server takes no new work
         self.on_done = on_done
+        self.on_internal = on_internal  # an error no table entry explains: the server can't be trusted
         self.in_flight = 0
         self.failures = FailureLog()
 
@@ -159,6 +162,11 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
     async def _fail(self, name: str, context: grpc.aio.ServicerContext, error: BaseException,
                     started: float) -> None:
         status = status_for(error)
+        if status.code == grpc.StatusCode.INTERNAL:
+            log.error("internal_error", method=name, request_id=REQUEST_ID.get(), error=repr(error),
+                      traceback="".join(traceback.format_exception(error)))
+            if self.on_internal is not None:
+                self.on_internal(error)
         self._done(name, status.code, started)
         self.failures.write("rpc_failed", name, status.code, request_id=REQUEST_ID.get(),
                             details=status.details)

@@ -172,7 +172,8 @@ class LadderServer:
         self.servicer = LadderServicer(None)  # type: ignore[arg-type]  # the runtime arrives with the model
         self.runtime: Runtime | None = None
         self.draining = False
-        self.interceptor = CallInterceptor(config.auth_tokens, self._gate, self.metrics.call_done)
+        self.interceptor = CallInterceptor(config.auth_tokens, self._gate, self.metrics.call_done,
+                                           on_internal=self._fault)
         limits = [("grpc.max_receive_message_length", config.max_message_bytes),
                   ("grpc.max_send_message_length", config.max_message_bytes)]
         self.grpc = grpc.aio.server(interceptors=[self.interceptor], options=limits)
