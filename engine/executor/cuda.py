@@ -99,10 +99,9 @@ class Staging:
         self.valid = stop
         self.copied_positions += stop - start
 
-    def written(self, row: int, position: int) -> None:
-        """The pool row changed at `position` (a decode step): the staging copy is good up to it."""
-        if row == self.row:
-            self.valid = min(self.valid, position)
+    def written(self, position: int) -> None:
+        """The staged pool row changed at `position` (a decode step): the staging copy is good up to it."""
+        self.valid = min(self.valid, position)
 
 
 class CudaBackend:
@@ -225,7 +224,7 @@ class CudaBackend:
             if self.info.position_ids:
                 self.rt.upload(variant.inputs[self.info.position_ids], positions)
             if 0 <= self.staging.row < key.batch:
-                self.staging.written(self.staging.row, int(positions[self.staging.row, 0]))
+                self.staging.written(int(positions[self.staging.row, 0]))
             self._execute(variant, wait)
         return variant.logits
 

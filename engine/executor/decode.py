@@ -95,15 +95,10 @@ class BatchDecoder:
             session.has_logits = True
         committed = [n + (row in feeds) for row, n in enumerate(lengths)]
         tokens = choose()
-        if not (ahead and self._look_ahead(batch, dict(zip(sorted(feeds), self._in_row_order(feeds, tokens),
-                                                              strict=True)), committed)):
+        if not (ahead and self._look_ahead(batch, dict(zip(feeds, tokens, strict=True)), committed)):
             self._restore(batch, committed)
         self._count(batch, feeds)
         return tokens
-
-    def _in_row_order(self, feeds: dict[int, int], tokens: list[int]) -> list[int]:
-        by_row = dict(zip(feeds, tokens, strict=True))
-        return [by_row[row] for row in sorted(feeds)]
 
     def _look_ahead(self, batch: int, feeds: dict[int, int], committed: list[int]) -> bool:
         """Launch the next forward of these rows on these tokens, without waiting; False if not launched."""

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from tests.service.conftest import (
     model_with_tokenizer,
     prompt_ids,
     server_config,
+    wait_for,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,12 +65,6 @@ for event in (call(parts()) if spec["rpc"] == "Prefill" else call(requests[0])):
     print(event.WhichOneof("event"), flush=True)
 """
 
-
-def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 class InProcessClient:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from tests.service.conftest import (
@@ -13,13 +11,6 @@ from tests.service.conftest import (
     prompt_ids,
     server_config,
 )
-
-
-def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_a_slow_reader_keeps_decoding_in_step_with_others_and_gets_every_token_in_order(

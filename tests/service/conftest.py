@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Coroutine, Iterator
+import time
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -89,3 +90,11 @@ def prompt_ids(length: int, seed: int = 0) -> list[int]:
     import numpy as np
 
     return [int(t) for t in np.random.default_rng(seed).integers(3, 512, length)]
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    """Poll `condition` until it holds; fail the test if it does not within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
+from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config, wait_for
 
 
 def counted(running: RunningServer, method: str, code: str) -> float:
@@ -21,12 +19,6 @@ def counted(running: RunningServer, method: str, code: str) -> float:
                                                              {"method": method, "code": code})
     return value or 0.0
 
-
-def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def lines(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, model_with_tokenizer, server_config
+from tests.service.conftest import (
+    RunningServer,
+    greedy_request,
+    model_with_tokenizer,
+    server_config,
+    wait_for,
+)
 
 Code = grpc.StatusCode
 
@@ -103,10 +107,10 @@ def test_a_request_waits_for_a_free_slot_and_only_a_full_queue_is_resource_exhau
         with pytest.raises(grpc.RpcError) as waited:
             running.stub.Generate(greedy_request([5, 6], 2), timeout=0.3)
         assert waited.value.code() == Code.DEADLINE_EXCEEDED
-        assert wait_for(lambda: running.stats().queue_depth == 0)  # the expired request left the queue
+        wait_for(lambda: running.stats().queue_depth == 0)  # the expired request left the queue
         # A waiting request holds the only queue place: the next one is refused at once.
         waiting = running.stub.Generate.future(greedy_request([5, 6], 2))
-        assert wait_for(lambda: running.stats().waiting_for_slot == 1)
+        wait_for(lambda: running.stats().waiting_for_slot == 1)
         assert generate_status(running, greedy_request([5, 6], 2)) == Code.RESOURCE_EXHAUSTED
         # The slot frees: the waiting request runs to the end.
         running.stub.CloseSession(pb.CloseSessionRequest(session_id=opened))
@@ -115,14 +119,6 @@ def test_a_request_waits_for_a_free_slot_and_only_a_full_queue_is_resource_exhau
     finally:
         running.close()
 
-
-def wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_the_memory_budget_sizes_the_slot_pool_and_stats_show_the_budget(tmp_path: Path) -> None:

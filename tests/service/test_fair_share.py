@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import grpc
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, server_config
+from tests.service.conftest import RunningServer, greedy_request, server_config, wait_for
 
 TOKENS = ("alice=token-a", "bob=token-b", "carol=token-c")
 
@@ -41,12 +40,6 @@ def refused(call: Callable[[], object]) -> grpc.StatusCode:
         call()
     return caught.value.code()  # type: ignore[no-any-return]
 
-
-def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_by_default_a_caller_holds_every_slot_but_one_and_another_caller_still_gets_one(

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from service.scheduler import StepRecord
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
+from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config, wait_for
 
 LONG_PROMPT = 960  # fifteen chunk forwards at chunk 64; 22 forwards of the middle rung (44) under load
 STREAMS = 3
 
-
-def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def steps_of(running: RunningServer) -> list[StepRecord]:
