@@ -44,7 +44,7 @@ CHAT_TURN_BYTES = 32  # what each chat message counts beyond its role and conten
 
 @dataclass(frozen=True)
 class Stopping:
-    max_new_tokens: int = 0  # 0 = as many as fit, up to the server's limit
+    max_new_tokens: int = 0  # 0 = the server's default (Model.default_new_tokens), as many as fit
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] = frozenset()
@@ -105,7 +105,7 @@ class Model:
     """The loaded engine, its tokenizer (or None) and the server's limits."""
 
     def __init__(self, engine: Any, tokenizer: Any | None, name: str, max_prompt_tokens: int,
-                 max_new_tokens: int) -> None:
+                 max_new_tokens: int, default_new_tokens: int = 0) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.name = name
@@ -114,6 +114,8 @@ class Model:
         self.eos_ids = frozenset(engine.info.eos_token_ids)
         self.max_prompt_tokens = max_prompt_tokens or self.capacity
         self.max_new_tokens = max_new_tokens
+        # What a request that names no max_new_tokens gets (0 configured: the limit), never over the limit.
+        self.default_new_tokens = min(default_new_tokens or max_new_tokens, max_new_tokens)
 
     def need_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:
@@ -167,7 +169,7 @@ class Model:
         if wanted > self.max_new_tokens:
             raise LimitExceeded(f"max_new_tokens {wanted} is over the limit of {self.max_new_tokens}")
         if wanted == 0:
-            wanted = min(self.max_new_tokens, room)
+            wanted = min(self.default_new_tokens, room)
         if wanted < 1 or wanted > room:
             raise OutOfRange(f"{past} prompt tokens + {wanted} new tokens exceed the KV capacity "
                              f"of {self.capacity}")

@@ -3,8 +3,9 @@
 Entry points (the `ladder serve` CLI calls `main(argv)`; tests call `create_server`):
 - `await create_server(config) -> (LadderServer, port)`: starts listening (health
   NOT_SERVING), loads the model, then flips health to SERVING. Port 0 picks a free port.
-- `await serve(config)`: create_server, the Prometheus endpoint, JSON logs, and a
-  graceful drain on SIGTERM/SIGINT.
+- `await serve(config)`: listen, the Prometheus endpoint, load the model, JSON logs,
+  and a graceful drain on SIGTERM/SIGINT. A gRPC or metrics port another process
+  holds is one line on stderr naming it, and exit code 1 (before the model loads).
 - `main(argv) -> int`: flags and LADDER_* environment into a Config, then serve.
 Drain: health flips to NOT_SERVING at once and new calls get UNAVAILABLE; calls
 in flight get `drain_seconds` to finish, then end with UNAVAILABLE.
@@ -14,8 +15,10 @@ Request bytes that are not the RPC's message are INVALID_ARGUMENT (`add_ladder_s
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
@@ -43,6 +46,33 @@ from service.servicer import LadderServicer, Runtime
 from service.sessions import SessionRegistry
 
 log = structlog.get_logger("ladder.server")
+
+
+class PortInUse(Exception):
+    """A port the server must listen on is held by another process."""
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Raise PortInUse when something already listens on host:port (port 0 is always free).
+
+    gRPC's own bind failure says neither which port nor why, and with SO_REUSEPORT (gRPC's
+    default, turned off here) a second server would share a port instead of failing."""
+    if not port:
+        return
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return  # gRPC reports an address it cannot resolve itself
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(f"{what} {port} on {host} is in use by another process") from None
+            raise
 SERVICE_NAME = ladder_pb2.DESCRIPTOR.services_by_name["Ladder"].full_name
 HEALTH_NAMES = ("", SERVICE_NAME)
 
@@ -161,7 +191,8 @@ def load_model(config: Config) -> Model:
     # onnxruntime-extensions' native module has aborted the process when first imported
     # from this (model-loading) thread, so engine.tokenizer is imported with this module.
     tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
-    return Model(engine, tokenizer, str(path), config.max_prompt_tokens, config.max_new_tokens)
+    return Model(engine, tokenizer, str(path), config.max_prompt_tokens, config.max_new_tokens,
+                 config.default_max_new_tokens)
 
 
 class LadderServer:
@@ -175,7 +206,8 @@ class LadderServer:
         self.interceptor = CallInterceptor(config.auth_tokens, self._gate, self.metrics.call_done,
                                            on_internal=self._fault)
         limits = [("grpc.max_receive_message_length", config.max_message_bytes),
-                  ("grpc.max_send_message_length", config.max_message_bytes)]
+                  ("grpc.max_send_message_length", config.max_message_bytes),
+                  ("grpc.so_reuseport", 0)]  # a port another server holds fails here, not shared
         self.grpc = grpc.aio.server(interceptors=[self.interceptor], options=limits)
         self.port = 0
         self._tasks: list[asyncio.Task[Any]] = []
@@ -197,8 +229,14 @@ class LadderServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.config.host}:{self.config.port}"
         credentials = server_credentials(self.config)
-        self.port = (self.grpc.add_secure_port(address, credentials) if credentials
-                     else self.grpc.add_insecure_port(address))
+        what = "gRPC port (--port/LADDER_PORT)"
+        check_port_free(self.config.host, self.config.port, what)
+        try:
+            self.port = (self.grpc.add_secure_port(address, credentials) if credentials
+                         else self.grpc.add_insecure_port(address))
+        except RuntimeError as exc:  # taken between the check and the bind
+            raise PortInUse(f"{what} {self.config.port} on {self.config.host} could not be bound: "
+                            f"{exc}") from None
         await self.grpc.start()
         log.info("listening", port=self.port, tls=self.config.tls, auth=self.config.auth)
         return self.port
@@ -262,7 +300,13 @@ class LadderServer:
 
     def start_metrics(self, port: int) -> None:
         """Serve /metrics over HTTP on `port` (0: not at all) until the server stops."""
-        self._http = self.metrics.serve_http(port)
+        what = "metrics port (--metrics-port/LADDER_METRICS_PORT; 0 turns it off)"
+        try:
+            self._http = self.metrics.serve_http(port)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(f"{what} {port} is in use by another process") from None
+            raise
 
     async def stop(self, grace: float = 0.5) -> None:
         if self.stopped.is_set():
@@ -312,8 +356,20 @@ async def serve(config: Config) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled.set)
-    server, port = await create_server(config)
-    server.start_metrics(config.metrics_port)
+    server = LadderServer(config)
+    try:
+        server.start_metrics(config.metrics_port)
+        port = await server.start()
+    except PortInUse as exc:
+        print(f"ladder serve: {exc}", file=sys.stderr)
+        if server._http is not None:
+            server._http.shutdown()
+        return 1
+    try:
+        await server.load()
+    except BaseException:
+        await server.stop()
+        raise
     waits = [asyncio.create_task(signalled.wait()), asyncio.create_task(server.stopped.wait())]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     for task in waits:
