@@ -12,6 +12,8 @@ slots go to the jobs waiting for one, in arrival order; prefill forwards run
 token, whatever its session's length. So a long prompt delays running streams
 by at most one prefill forward per token, and sixteen streams cost one
 forward per token, not sixteen. `steps` keeps a log of what each round ran.
+Every forward's duration goes to `on_forward` ("prefill" or "decode", seconds:
+the metrics) and, at debug level, to one log line naming its requests.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import functools
 import itertools
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
@@ -133,6 +136,7 @@ class Job:
         self.done = False
         self._wake = wake
         self._outbox = outbox
+        self.request_id = str(structlog.contextvars.get_contextvars().get("request_id", ""))  # debug lines
 
     def cancel(self, error: BaseException) -> None:
         """Stop the job before its next step (thread-safe; a finished job ignores it)."""
@@ -155,10 +159,12 @@ class Job:
 
 class Scheduler:
     def __init__(self, engine: Engine, max_queue: int,
-                 on_fault: Callable[[BaseException], None] | None = None, log_steps: int = 4096) -> None:
+                 on_fault: Callable[[BaseException], None] | None = None, log_steps: int = 4096,
+                 on_forward: Callable[[str, float], None] | None = None) -> None:
         self.engine = engine
         self.max_queue = max_queue
         self.on_fault = on_fault
+        self.on_forward = on_forward  # (kind, seconds) of every forward, called on the worker
         self.steps: deque[StepRecord] = deque(maxlen=log_steps)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._active: list[Job] = []
@@ -359,9 +365,20 @@ class Scheduler:
         for job, span in zip(jobs, prefill_plan(len(jobs), decoding, self.engine.shared_span), strict=False):
             assert isinstance(job.want, Chunk)
             task = job.want.task
+            started = time.perf_counter()
             self._answer(job, functools.partial(self.engine.prefill_step, task, span))
+            if job.error is None:
+                report = job.reply
+                self._forward_done("prefill", started, request_id=job.request_id, width=report.width,
+                                   rows=report.forward.rows, past=report.forward.past)
             ran.append((job.serial, job.reply.width if job.error is None else 0))
         return tuple(ran)
+
+    def _forward_done(self, kind: str, started: float, **detail: Any) -> None:
+        seconds = time.perf_counter() - started
+        if self.on_forward is not None:
+            self.on_forward(kind, seconds)
+        log.debug(f"{kind}_forward", ms=round(seconds * 1000.0, 3), **detail)
 
     def _decode(self) -> tuple[tuple[tuple[int, int], ...], int]:
         """One decode forward for every job waiting on a token."""
@@ -369,6 +386,7 @@ class Scheduler:
         if not jobs:
             return (), 0
         rows = [j.want.row for j in jobs if isinstance(j.want, Token)]
+        started = time.perf_counter()
         try:
             tokens = self.engine.decode(rows)
         except Exception as exc:  # noqa: BLE001 — every row of a failed forward fails
@@ -378,6 +396,8 @@ class Scheduler:
             return (), 0
         for job, token in zip(jobs, tokens, strict=True):
             job.answer(token)
+        self._forward_done("decode", started, rows=len(rows), batch=self.engine.last_batch,
+                           request_ids=[j.request_id for j in jobs])
         decoded = tuple((j.serial, r.session.row) for j, r in zip(jobs, rows, strict=True))
         return decoded, self.engine.last_batch
 

@@ -248,11 +248,17 @@ class LadderServer:
         def on_fault(exc: BaseException) -> None:  # called on the worker thread
             loop.call_soon_threadsafe(self._fault, exc)
 
-        scheduler = Scheduler(model.engine, self.config.max_queue, on_fault=on_fault)
+        scheduler = Scheduler(model.engine, self.config.max_queue, on_fault=on_fault,
+                              on_forward=self.metrics.forward_done)
         sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller)
         self.runtime = Runtime(self.config, model, scheduler, sessions, self.metrics)
         self.servicer.rt = self.runtime
-        self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting)
+        engine = model.engine
+        self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting,
+                           lambda: 1.0 - engine.free_slots / max(1, engine.pool.rows))
+        self.metrics.describe_model({"model": model.name, "provider": engine.backend.name,
+                                     "pod": self.config.pod_name})
+        self.metrics.engine_stats(await scheduler.call(engine.stats))
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", model=model.name, capacity=model.capacity, ladder=model.engine.ladder)
@@ -277,7 +283,7 @@ class LadderServer:
             await asyncio.sleep(period)
             for state in rt.sessions.idle(self.config.session_idle_seconds):
                 log.info("session_expired", session=state.id, length=state.session.length)
-                rt.close_soon(state)
+                rt.close_soon(state, "expired")
             stats = await rt.scheduler.call(rt.model.engine.stats)
             self.metrics.engine_stats(stats)
 
