@@ -196,13 +196,24 @@ class Scheduler:
                 raise self._refusal
             if bounded and self._depth >= self.max_queue:
                 body.close()
-                raise QueueFull(f"the engine worker already holds {self._depth} requests")
+                raise self._full()
             self._depth += bounded
             self.submitted += 1
         job = Job(body, asyncio.get_running_loop(), bounded, next(self._serials), self._wake, self._post,
                   hold)
         self._inbox.put(job)
         return job
+
+    def _full(self) -> QueueFull:
+        """The refusal of a request over the queue bound: SESSIONS_FULL when requests in it wait for
+        a KV slot (every slot is held: sessions are the bottleneck), else QUEUE_FULL."""
+        waiting = self.waiting
+        metadata = {"max_queue": str(self.max_queue), "waiting_for_slot": str(waiting)}
+        if waiting:
+            return QueueFull(f"every KV slot is in use and {waiting} of the {self._depth} requests the "
+                             "engine worker holds wait for one", reason="SESSIONS_FULL", metadata=metadata)
+        return QueueFull(f"the engine worker already holds {self._depth} requests", reason="QUEUE_FULL",
+                         metadata=metadata)
 
     async def stream(self, body: Body, *, bounded: bool = True, hold: bool = False) -> AsyncIterator[Any]:
         """Run `body` on the worker and yield its events; leaving early cancels the job.

@@ -195,11 +195,12 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         header = str(metadata.get("authorization", ""))
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise Unauthenticated("missing bearer token (metadata authorization: Bearer <token>)")
+            raise Unauthenticated("missing bearer token (metadata authorization: Bearer <token>)",
+                                  reason="TOKEN_MISSING")
         for known, name in self.tokens.items():
             if hmac.compare_digest(known.encode(), token.strip().encode()):
                 return name
-        raise Unauthenticated("unknown bearer token")
+        raise Unauthenticated("unknown bearer token", reason="TOKEN_UNKNOWN")
 
     async def _fail(self, name: str, context: grpc.aio.ServicerContext, error: BaseException,
                     started: float) -> None:

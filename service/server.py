@@ -101,7 +101,8 @@ def _parsed(request: Any) -> Any:
     """The request itself, or InvalidRequest (through the error table: INVALID_ARGUMENT) for an Unparsed."""
     if isinstance(request, Unparsed):
         log.info("malformed_request", message=request.message, bytes=request.size, reason=request.reason)
-        raise InvalidRequest(f"the request is not a valid {request.message}: {request.reason}")
+        raise InvalidRequest(f"the request is not a valid {request.message}: {request.reason}",
+                             reason="MALFORMED_REQUEST")
     return request
 
 
@@ -219,7 +220,7 @@ class LadderServer:
         if self.draining:
             raise Draining("the server is draining; retry on another replica")
         if self.runtime is None:
-            raise Draining("the server is loading its model; retry shortly")
+            raise Draining("the server is loading its model; retry shortly", reason="MODEL_LOADING")
 
     async def start(self) -> int:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)

@@ -123,7 +123,7 @@ class Runtime:
         held = sum(1 for s in self.sessions.all() if s.owner == caller) + self.opening[caller]
         if held >= share:
             raise QueueFull(f"this caller already holds {held} sessions (the limit is {share}; "
-                            "see --sessions-per-caller)")
+                            "see --sessions-per-caller)", reason="CALLER_QUOTA")
 
     async def open_session(self) -> SessionState:
         caller = CALLER.get()
@@ -224,7 +224,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         first = await anext(parts, None)
         if first is None or not first.HasField("prompt"):
             await _check_client_stayed(context)
-            raise InvalidRequest("Prefill needs at least one message with a prompt")
+            raise InvalidRequest("Prefill needs at least one message with a prompt", reason="PROMPT_REQUIRED",
+                                 field="prompt")
         sampler = Sampler(check_sampling(convert.sampling(first.sampling)))
         extension = await self.rt.extension(first.session_id)
         state, progress, finished = extension.state, self.rt.progress(), False
@@ -236,6 +237,10 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                         async for event in events:
                             yield event
                     part = await anext(parts, None)  # None also when the client cancelled or left
+                    if part is not None and part.session_id:
+                        raise InvalidRequest("session_id belongs in the first Prefill message only; a later "
+                                             "message names one", reason="SESSION_ID_NOT_FIRST",
+                                             field="session_id")
                 result = await self.rt.scheduler.call(lambda: next_token(self.rt.model, state, sampler))
                 progress.close()
                 # Resumes only once gRPC has taken the event: the Prefill has finished. The session
@@ -296,14 +301,15 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     async def Tokenize(self, request: pb.TokenizeRequest, context: Context) -> pb.TokenizeResponse:
         kind = request.WhichOneof("input")
         if kind is None:
-            raise InvalidRequest("Tokenize needs text or chat messages")
+            raise InvalidRequest("Tokenize needs text or chat messages", reason="PROMPT_REQUIRED",
+                                 field="text")
         prompt = pb.Prompt(text=request.text) if kind == "text" else pb.Prompt(chat=request.chat)
         return pb.TokenizeResponse(ids=await self.rt.prompt_ids(prompt))
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context: Context) -> pb.DetokenizeResponse:
         model = self.rt.model
         tokenizer = model.need_tokenizer("Detokenize")
-        ids = model.check_ids(list(request.ids)) if request.ids else []
+        ids = model.check_ids(list(request.ids), field="ids") if request.ids else []
         # The streaming decoder, so Detokenize(ids) is exactly the text Generate streamed for them.
         return pb.DetokenizeResponse(text="".join(tokenizer.stream(skip_special=True).pieces(ids)))
 
