@@ -40,6 +40,7 @@ from service.config import Config, load_config
 from service.errors import Draining, InvalidRequest
 from service.generation import Model
 from service.metrics import Metrics
+from service.reflection import enable as documented_reflection
 from service.scheduler import Scheduler
 from service.security import CallInterceptor, server_credentials
 from service.servicer import LadderServicer, Runtime
@@ -225,8 +226,7 @@ class LadderServer:
     async def start(self) -> int:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         add_ladder_service(self.servicer, self.grpc)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
-                                            self.grpc)
+        documented_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.config.host}:{self.config.port}"
         credentials = server_credentials(self.config)
