@@ -47,8 +47,9 @@ def parse_bool(text: str, source: str) -> bool:
 
 
 def padding_enabled(env: Mapping[str, str]) -> bool:
-    """Padding is on unless the seed's switch says 0 (or false/off/no); other values are refused."""
-    return parse_bool(env.get(PADDING_SWITCH, "1"), PADDING_SWITCH)
+    """Padding is on unless the seed's switch says 0 (or false/off/no); other values are refused
+    (set but empty: as if unset)."""
+    return parse_bool(env.get(PADDING_SWITCH) or "1", PADDING_SWITCH)
 
 
 def default_model_cache(env: Mapping[str, str]) -> str:
@@ -239,7 +240,7 @@ def config_from(flags: Mapping[str, object], env: Mapping[str, str] | None = Non
     for field in fields(Config):
         name, kind = field.name, kinds[field.name]
         text, source = flags.get(name), flag_name(name)
-        if text is None and (found := env.get(env_name(name))) is not None:
+        if text is None and (found := env.get(env_name(name))):  # set but empty: as if unset
             text, source = found, env_name(name)
         if text is None:
             continue

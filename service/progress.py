@@ -42,6 +42,7 @@ class Progress:
     finished: Finished | None = None
     ended: float | None = None
     method: str = ""  # the RPC, the metrics' label
+    _inter_token: Any = None
 
     def see(self, event: Any) -> None:
         if isinstance(event, Started):
@@ -54,7 +55,9 @@ class Progress:
 
     def _token(self, event: TokenOut) -> None:
         if self.token_times:
-            self.metrics.inter_token.labels(self.method).observe(event.at - self.token_times[-1])
+            if self._inter_token is None:  # the labelled child, looked up once per call
+                self._inter_token = self.metrics.inter_token.labels(self.method)
+            self._inter_token.observe(event.at - self.token_times[-1])
         elif self.method in TTFT_METHODS:
             self.metrics.ttft.labels(self.method).observe(event.at - self.arrived)
         self.token_ids.append(event.id)

@@ -101,6 +101,13 @@ def test_booleans_take_exactly_the_documented_words_in_any_case(value: str) -> N
     assert load_config({}, ["--lookahead", value]).lookahead is expected
 
 
+def test_an_empty_environment_variable_counts_as_unset() -> None:
+    config = load_config({"LADDER_MAX_SESSIONS": "", "LADDER_WARM_UP": "", PADDING_SWITCH: ""})
+    assert (config.max_sessions, config.warm_up, config.padding) == (8, True, True)
+    with pytest.raises(ConfigError, match="--max-sessions=''"):
+        load_config({}, ["--max-sessions", ""], exit_on_error=False)
+
+
 def test_choices_are_read_in_any_case_and_kept_in_lower_case() -> None:
     config = load_config({"LADDER_LOG_LEVEL": "DEBUG"}, ["--provider", "CPU"])
     assert (config.log_level, config.provider) == ("debug", "cpu")
