@@ -275,6 +275,13 @@ def validate(config: Config, sources: Mapping[str, str] | None = None) -> None:
     if config.tls_client_ca and not config.tls:
         raise ConfigError(f"{named('tls_client_ca')} (mutual TLS) needs {named('tls_cert')} and "
                           f"{named('tls_key')}")
+    if config.model != "default" and not (Path(config.model) / "genai_config.json").is_file():
+        raise ConfigError(f"{named('model')}={config.model!r} is not allowed: model takes \"default\" or a "
+                          "model directory (one with genai_config.json)")
+    for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        path = getattr(config, name)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{named(name)}={path!r} is not allowed: {name} takes a readable file")
     if "." in config.pod_name:
         raise ConfigError(f"{named('pod_name')}={config.pod_name!r} is not allowed: it may not contain '.' "
                           "(it separates the pod from the session token)")

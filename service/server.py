@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from engine.errors import InvalidInput
 from engine.executor import Engine
 from engine.tokenizer import Tokenizer  # at import, on the main thread: see load_model
 from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
@@ -374,6 +376,14 @@ async def serve(config: Config) -> int:
         return 1
     try:
         await server.load()
+    except Exception as exc:  # noqa: BLE001 — the model directory is not one Ladder can serve
+        if not isinstance(exc, InvalidInput):  # unexpected: its traceback goes to the log
+            log.error("model_load_failed", error=repr(exc),
+                      traceback="".join(traceback.format_exception(exc)))
+        await server.stop()
+        reason = str(exc) if isinstance(exc, InvalidInput) else f"{type(exc).__name__}: {exc}"
+        print(f"ladder serve: cannot serve model {config.model!r}: {reason}", file=sys.stderr)
+        return 1
     except BaseException:
         await server.stop()
         raise

@@ -43,9 +43,11 @@ def test_the_seeds_switch_turns_padding_off_unless_a_flag_says_otherwise() -> No
     assert not load_config({}, ["--padding", "off"]).engine_options().padding
 
 
-def test_auth_tokens_and_tls_files_come_from_the_environment() -> None:
-    config = load_config({"LADDER_AUTH_TOKENS": "alice=a, b", "LADDER_TLS_CERT": "c.pem",
-                          "LADDER_TLS_KEY": "k.pem"})
+def test_auth_tokens_and_tls_files_come_from_the_environment(tmp_path: Path) -> None:
+    for name in ("c.pem", "k.pem"):
+        (tmp_path / name).write_text("-----")
+    config = load_config({"LADDER_AUTH_TOKENS": "alice=a, b", "LADDER_TLS_CERT": str(tmp_path / "c.pem"),
+                          "LADDER_TLS_KEY": str(tmp_path / "k.pem")})
     assert config.auth_tokens == ("alice=a", "b") and config.tls
 
 
@@ -141,6 +143,8 @@ def serve(args: list[str], env: dict[str, str] | None = None,
     (["--padding", "maybe"], {}, "--padding='maybe'"),
     ([], {"LADDER_MAX_SESSIONS": "abc"}, "LADDER_MAX_SESSIONS='abc'"),
     (["--no-such-flag"], {}, "--no-such-flag"),
+    (["--model", "/no/such/model"], {}, "--model='/no/such/model'"),
+    ([], {"LADDER_TLS_CERT": "/no/c.pem", "LADDER_TLS_KEY": "/no/k.pem"}, "LADDER_TLS_CERT='/no/c.pem'"),
 ])
 def test_serve_refuses_a_bad_setting_with_one_line_and_exit_code_2(
         module: tuple[str, ...], args: list[str], env: dict[str, str], named: str) -> None:
@@ -150,15 +154,25 @@ def test_serve_refuses_a_bad_setting_with_one_line_and_exit_code_2(
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
+def test_serve_says_in_one_line_why_a_model_directory_cannot_be_served(tmp_path: Path) -> None:
+    (tmp_path / "genai_config.json").write_text("{}")
+    done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0"])
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and not any(line.startswith("Traceback") for line in lines)
+    assert lines[-1].startswith(f"ladder serve: cannot serve model '{tmp_path}': KeyError")
+    assert any(line.startswith('{"error": "KeyError') for line in lines), "the traceback is in the JSON log"
+
+
 @pytest.mark.parametrize(("flag", "named"), [("--port", "gRPC port (--port/LADDER_PORT)"),
                                              ("--metrics-port", "metrics port (--metrics-port")])
-def test_serve_names_a_port_another_process_holds_in_one_line(flag: str, named: str) -> None:
+def test_serve_names_a_port_another_process_holds_in_one_line(flag: str, named: str, tmp_path: Path) -> None:
+    (tmp_path / "genai_config.json").write_text("{}")  # a model directory; ports are bound before it loads
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))
         holder.listen()
         port = holder.getsockname()[1]
         other = "--metrics-port" if flag == "--port" else "--port"
-        done = serve(["--model", "/no/such/model", flag, str(port), other, "0"])
+        done = serve(["--model", str(tmp_path), flag, str(port), other, "0"])
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and f"{named}" in done.stderr and str(port) in done.stderr
     assert "in use" in done.stderr and "Traceback" not in done.stderr
