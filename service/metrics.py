@@ -84,6 +84,20 @@ class _EngineCollector(Collector):
                                 value=stats.slots_allocated)
 
 
+class MethodMetrics:
+    """The per-request series of one method: `series.ttft` is `metrics.ttft.labels(method)`, looked up
+    on first use and kept (a labels() lookup costs a lock and a dict; only series used are exported)."""
+
+    def __init__(self, metrics: Metrics, method: str) -> None:
+        self._metrics = metrics
+        self._method = method
+
+    def __getattr__(self, name: str) -> Any:
+        child = getattr(self._metrics, name).labels(self._method)
+        setattr(self, name, child)
+        return child
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -139,6 +153,14 @@ class Metrics:
                               registry=r)
         self.engine = _EngineCollector()
         r.register(self.engine)
+        self._methods: dict[str, MethodMetrics] = {}
+
+    def for_method(self, method: str) -> MethodMetrics:
+        """The per-request series labelled with `method` (cached)."""
+        found = self._methods.get(method)
+        if found is None:
+            found = self._methods[method] = MethodMetrics(self, method)
+        return found
 
     def describe_model(self, labels: dict[str, str]) -> None:
         self.model.info(labels)

@@ -42,7 +42,13 @@ class Progress:
     finished: Finished | None = None
     ended: float | None = None
     method: str = ""  # the RPC, the metrics' label
-    _inter_token: Any = None
+    _series: Any = None  # service.metrics.MethodMetrics of `method`
+
+    @property
+    def series(self) -> Any:
+        if self._series is None:
+            self._series = self.metrics.for_method(self.method)
+        return self._series
 
     def see(self, event: Any) -> None:
         if isinstance(event, Started):
@@ -55,11 +61,9 @@ class Progress:
 
     def _token(self, event: TokenOut) -> None:
         if self.token_times:
-            if self._inter_token is None:  # the labelled child, looked up once per call
-                self._inter_token = self.metrics.inter_token.labels(self.method)
-            self._inter_token.observe(event.at - self.token_times[-1])
+            self.series.inter_token.observe(event.at - self.token_times[-1])
         elif self.method in TTFT_METHODS:
-            self.metrics.ttft.labels(self.method).observe(event.at - self.arrived)
+            self.series.ttft.observe(event.at - self.arrived)
         self.token_ids.append(event.id)
         self.pieces.append(event.text)
         self.token_times.append(event.at)
@@ -67,22 +71,22 @@ class Progress:
     def close(self) -> None:
         """The call is over: stop the clock and count its rows and tokens."""
         self.ended = time.perf_counter()
-        tally, m, method = self.tally, self.metrics, self.method
+        tally, m, method, series = self.tally, self.metrics, self.method, self.series
         if tally.forwards:
             m.prefill(tally.forwards, tally.real_rows, tally.padded_rows)
         m.generated_tokens.inc(len(self.token_ids))
         if method == "Prefill":  # PrefillDone carries the prompt's first token
-            m.ttft.labels(method).observe(self.ended - self.arrived)
+            series.ttft.observe(self.ended - self.arrived)
         if self.started is not None:
-            m.queue_time.labels(method).observe(self.started - self.arrived)
+            series.queue_time.observe(self.started - self.arrived)
             if self.token_times and method != "Decode":
-                m.prefill_time.labels(method).observe(self.token_times[0] - self.started)
+                series.prefill_time.observe(self.token_times[0] - self.started)
         if self.token_times:
-            m.decode_time.labels(method).observe(self.token_times[-1] - self.token_times[0])
+            series.decode_time.observe(self.token_times[-1] - self.token_times[0])
         if method != "Decode":
-            m.prompt_length.labels(method).observe(self.prompt_tokens)
+            series.prompt_length.observe(self.prompt_tokens)
         if self.finished is not None:
-            m.output_length.labels(method).observe(len(self.token_ids))
+            series.output_length.observe(len(self.token_ids))
             m.finished.labels(method, self.finished.reason.name.lower()).inc()
         self.totals.prompt_tokens += tally.real_rows
         self.totals.padded_rows += tally.padded_rows

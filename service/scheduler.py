@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -106,6 +107,13 @@ def prefill_plan(waiting: int, decoding: bool, shared_span: int) -> tuple[int, .
     if waiting == 1:
         return (shared_span,)
     return (0,) * min(waiting, MAX_PREFILLS_PER_ROUND)
+
+
+def _prefill_detail(job: Job) -> dict[str, Any]:
+    """The debug line's detail of the prefill forward `job` just ran."""
+    report = job.reply
+    return {"request_id": job.request_id, "width": report.width, "rows": report.forward.rows,
+            "past": report.forward.past}
 
 
 def _put_all(items: list[tuple[Job, Any]]) -> None:
@@ -379,17 +387,16 @@ class Scheduler:
             started = time.perf_counter()
             self._answer(job, functools.partial(self.engine.prefill_step, task, span))
             if job.error is None:
-                report = job.reply
-                self._forward_done("prefill", started, request_id=job.request_id, width=report.width,
-                                   rows=report.forward.rows, past=report.forward.past)
+                self._forward_done("prefill", started, functools.partial(_prefill_detail, job))
             ran.append((job.serial, job.reply.width if job.error is None else 0))
         return tuple(ran)
 
-    def _forward_done(self, kind: str, started: float, **detail: Any) -> None:
+    def _forward_done(self, kind: str, started: float, detail: Callable[[], dict[str, Any]]) -> None:
         seconds = time.perf_counter() - started
         if self.on_forward is not None:
             self.on_forward(kind, seconds)
-        log.debug(f"{kind}_forward", ms=round(seconds * 1000.0, 3), **detail)
+        if log.is_enabled_for(logging.DEBUG):  # the detail is built only for a debug line
+            log.debug(f"{kind}_forward", ms=round(seconds * 1000.0, 3), **detail())
 
     def _decode(self) -> tuple[tuple[tuple[int, int], ...], int]:
         """One decode forward for every job waiting on a token."""
@@ -407,8 +414,8 @@ class Scheduler:
             return (), 0
         for job, token in zip(jobs, tokens, strict=True):
             job.answer(token)
-        self._forward_done("decode", started, rows=len(rows), batch=self.engine.last_batch,
-                           request_ids=[j.request_id for j in jobs])
+        self._forward_done("decode", started, lambda: {
+            "rows": len(rows), "batch": self.engine.last_batch, "request_ids": [j.request_id for j in jobs]})
         decoded = tuple((j.serial, r.session.row) for j, r in zip(jobs, rows, strict=True))
         return decoded, self.engine.last_batch
 
