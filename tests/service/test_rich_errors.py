@@ -185,3 +185,10 @@ def test_a_missing_or_unknown_token_is_told_apart(model_dir: Path) -> None:
         running.close()
     assert (missing.code, missing.reason) == (Code.UNAUTHENTICATED, "TOKEN_MISSING")
     assert (unknown.code, unknown.reason) == (Code.UNAUTHENTICATED, "TOKEN_UNKNOWN")
+
+
+def test_bytes_that_are_not_the_message_are_malformed_request_of_the_request_as_a_whole(
+        plain: RunningServer) -> None:
+    call = plain.channel.unary_unary("/ladder.v1.Ladder/Generate")
+    got = details_of(lambda: call(b"\xff\xff\xff\xff", timeout=10))
+    assert (got.code, got.reason, got.fields) == (Code.INVALID_ARGUMENT, "MALFORMED_REQUEST", [""])
