@@ -206,7 +206,7 @@ def _check(name: str, value: object, kind: object, source: str) -> None:
 def _help(name: str, default: object) -> str:
     text = _HELP.get(name, name.replace("_", " "))
     allowed = f"; {_allowed(name, _kinds()[name])}" if name in CHOICES else ""
-    shown = "on" if default is True else "off" if default is False else default
+    shown = "on" if default is True else "off" if default is False else "auto" if default is None else default
     shown = "" if shown in ("", ()) else f" (default: {shown})"
     return f"{text}{allowed}{shown} [env {env_name(name)}]".replace("%", "%%")
 
