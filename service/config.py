@@ -88,6 +88,7 @@ _HELP = {
     "model_cache": "cache directory of the default model",
     "model_precision": "weights of the default model: fp32 or int4 (faster decode, less memory)",
     "provider": "execution provider: cpu | cuda",
+    "chunk_size": "prefill chunk width (0 = whole prompts; unset: the model's, else 512 up to the capacity)",
     "padding": "query-axis padding of prefill forwards (also ONNX_GENAI_PREFILL_QUERY_PADDING)",
     "auth_tokens": "comma-separated bearer tokens (name=token names the caller)",
     "memory_budget_mb": "weights + KV + variants limit: the KV slots are as many as it holds (0 = off)",

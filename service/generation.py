@@ -117,7 +117,8 @@ class Model:
 
     def need_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:
-            raise NoTokenizer(f"{what} needs a tokenizer and the model directory has none; send token ids")
+            raise NoTokenizer(f"{what} needs a tokenizer and this model has none Ladder can read "
+                              "(see the server's start-up log); send token ids")
         return self.tokenizer
 
     def prompt_ids(self, text: str | None, chat: Sequence[ChatTurn] | None,
@@ -137,7 +138,7 @@ class Model:
                 raise InvalidRequest("a chat prompt needs at least one message")
             self._check_text_size(sum(len(m.role.encode()) + len(m.content.encode()) + CHAT_TURN_BYTES
                                       for m in chat))
-            from engine.tokenizer import ChatMessage
+            from engine.chat_template import ChatMessage
 
             tokens = [int(t) for t in tokenizer.encode_chat([ChatMessage(m.role, m.content) for m in chat])]
         else:

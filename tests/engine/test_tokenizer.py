@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from onnxruntime_extensions import pp_api
 
+from engine.chat_template import ChatMessage
 from engine.convert.tokenizer_json import write_byte_level_tokenizer
 from engine.default_model import prepare_default_model
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.tokenizer import Tokenizer
 
 # llama.cpp (llama-cpp-python 0.3.36) on the same GGUF, special tokens parsed, no BOS:
 # copied from ../shared/data/smollm2-reference.json so CI needs no shared directory.
@@ -86,9 +87,12 @@ def test_the_python_chat_rendering_equals_the_gguf_jinja_template(
     assert ours.startswith("<|im_start|>system\n" + (system or "You are a helpful AI"))
 
 
-def test_a_lone_user_turn_without_the_default_system_prompt_is_plain_chatml(
-        tokenizer: Tokenizer) -> None:
-    text = tokenizer.render_chat([ChatMessage("user", "Hi")], use_default_system=False)
+def test_a_model_without_a_chat_template_gets_plain_chatml(tmp_path: Path) -> None:
+    write_byte_level_tokenizer(tmp_path, 512)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    text = Tokenizer(tmp_path).render_chat([ChatMessage("user", "Hi")])
     assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 
 
