@@ -75,4 +75,5 @@ def test_the_template_comes_from_the_jinja_file_then_the_named_default_then_none
 def test_a_model_without_a_template_is_rendered_as_chatml() -> None:
     template = ChatTemplate(None, {})
     assert (template.own, template.source) == (False, CHATML)
-    assert template.render([ChatMessage("user", "Hi")]) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    rendered = template.render([ChatMessage("user", "Hi")])
+    assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
