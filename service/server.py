@@ -150,7 +150,7 @@ def load_model(config: Config) -> Model:
     if config.model == "default":
         from engine.default_model import prepare
 
-        path = prepare(Path(config.model_cache), precision=config.model_precision).model_dir
+        path = prepare(Path(config.model_cache), precision=config.default_model_precision).model_dir
     else:
         path = Path(config.model)
     engine = Engine.load(path, config.engine_options())

@@ -1,4 +1,4 @@
-"""The opt-in int4 variant: the GGUF's own Q4_1 weights as MatMulNBits, bit-exact, still right."""
+"""The int4 variant (the CPU default): the GGUF's own Q4_1 weights as MatMulNBits, bit-exact, still right."""
 
 from __future__ import annotations
 
