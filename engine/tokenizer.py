@@ -31,7 +31,7 @@ log = structlog.get_logger("ladder.tokenizer")
 
 # A class the C++ tokenizer does not know (transformers' "TokenizersBackend", a missing
 # class) is read under the generic class of its tokenizer.json model type.
-GENERIC_CLASS = {"BPE": "PreTrainedTokenizerFast"}
+GENERIC_CLASS = {"BPE": "PreTrainedTokenizerFast", "Unigram": "XLMRobertaTokenizer"}
 
 
 class TokenizerUnreadable(Exception):
@@ -55,6 +55,7 @@ class Tokenizer:
         self.bos_token_id = vocab.get(token_text(config.get("bos_token")) or "")
         self.eos_token_id = vocab.get(token_text(config.get("eos_token")) or "")
         self.vocab_size = len(self._token_bytes)
+        self.drops_leading_space = _drops_leading_space(doc)
         self.chat_template, self.chat_problem = _chat_template(self.model_dir, config)
         self._keep_special, self._skip_special = _open_native(self.model_dir, config, doc)
 
@@ -155,6 +156,7 @@ class StreamDecoder:
         self._tokenizer = tokenizer
         self._skip_special = skip_special
         self._pending = b""
+        self._started = False
 
     def push(self, token_id: int) -> str:
         """The text that `token_id` completes ("" while a character is still partial)."""
@@ -163,12 +165,20 @@ class StreamDecoder:
         self._pending += self._tokenizer.token_bytes(token_id)
         cut = _complete_prefix_length(self._pending)
         text, self._pending = self._pending[:cut].decode("utf-8", "replace"), self._pending[cut:]
+        return self._first(text)
+
+    def _first(self, text: str) -> str:
+        """A SentencePiece-style decoder drops the space its first word carries ("▁Paris")."""
+        if not self._started and text:
+            self._started = True
+            if self._tokenizer.drops_leading_space and text.startswith(" "):
+                return text[1:]
         return text
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character decodes as U+FFFD)."""
         text, self._pending = self._pending.decode("utf-8", "replace"), b""
-        return text
+        return self._first(text)
 
     def pieces(self, ids: Iterable[int]) -> Iterator[str]:
         for token_id in ids:
@@ -200,6 +210,19 @@ def _is_byte_level(doc: Mapping[str, Any]) -> bool:
     decoder = doc.get("decoder") or {}
     parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
     return not decoder or any(part.get("type") == "ByteLevel" for part in parts)
+
+
+def _drops_leading_space(doc: Mapping[str, Any]) -> bool:
+    """Whether decoding drops the space the first token's U+2581 stands for (Metaspace with a
+    prepended space, or a Strip of one leading space)."""
+    decoder = doc.get("decoder") or {}
+    parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    for part in parts:
+        if part.get("type") == "Metaspace":
+            return bool(part.get("add_prefix_space", part.get("prepend_scheme", "always") != "never"))
+        if part.get("type") == "Strip" and part.get("start", 0) >= 1:
+            return True
+    return False
 
 
 def _piece_bytes(token: str) -> bytes:
