@@ -7,8 +7,8 @@ transformers provides (`messages`, `add_generation_prompt`, `bos_token`,
 `eos_token`, `raise_exception`, `strftime_now`, `tools`, a `tojson` that keeps
 non-ASCII), and ChatML when the model has no template at all.
 Guarantees: a template that raises (`raise_exception`, an undefined name, a
-sandbox refusal) or that leaves a message's content out of the prompt (a role
-it has no place for) is the request's fault: InvalidInput, never a wrong
+sandbox refusal) or that leaves a message out of the prompt (a role it has no
+place for) is the request's fault: InvalidInput, never a wrong
 prompt sent on silently. A template that does not compile fails at load.
 """
 
@@ -83,23 +83,33 @@ class ChatTemplate:
     def render(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True) -> str:
         """The prompt text; InvalidInput when the template refuses the conversation."""
         turns = [{"role": m.role, "content": m.content} for m in messages]
+        text = self._render(turns, add_generation_prompt)
+        for index, turn in enumerate(turns):
+            if self._dropped(text, turns, index, add_generation_prompt):
+                raise InvalidInput(f"the model's chat template has no place for a message of role "
+                                   f"{turn['role']!r}")
+        return text
+
+    def _render(self, turns: list[dict[str, str]], add_generation_prompt: bool) -> str:
         try:
-            text = self._template.render(messages=turns, add_generation_prompt=add_generation_prompt,
+            return self._template.render(messages=turns, add_generation_prompt=add_generation_prompt,
                                          tools=None, documents=None, **self.specials)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
             raise InvalidInput(f"the model's chat template refused the conversation: {exc}") from exc
-        _check_every_turn_is_in(text, turns)
-        return text
 
-
-def _check_every_turn_is_in(text: str, turns: list[dict[str, str]]) -> None:
-    """A template that drops a message (it has no branch for its role) would change the
-    conversation silently: refuse it instead."""
-    for turn in turns:
-        content = turn["content"].strip()
-        if content and content not in text:
-            raise InvalidInput(f"the model's chat template has no place for a message of role "
-                               f"{turn['role']!r}")
+    def _dropped(self, text: str, turns: list[dict[str, str]], index: int,
+                 add_generation_prompt: bool) -> bool:
+        """Whether the template left turn `index` out (it has no branch for its role): dropping a
+        message silently would change the conversation. A content found in the prompt is kept;
+        one that is not (a template may trim or rewrite it) is dropped only if the prompt
+        renders the same without it."""
+        content = turns[index]["content"].strip()
+        if not content or content in text:
+            return False
+        try:
+            return self._render(turns[:index] + turns[index + 1:], add_generation_prompt) == text
+        except InvalidInput:  # without it the template refuses: it mattered
+            return False
 
 
 def _raise_exception(message: str) -> None:

@@ -77,3 +77,11 @@ def test_a_model_without_a_template_is_rendered_as_chatml() -> None:
     assert (template.own, template.source) == (False, CHATML)
     rendered = template.render([ChatMessage("user", "Hi")])
     assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_turn_the_template_rewrites_is_kept_not_taken_for_a_dropped_one() -> None:
+    # As Qwen3's template does: an assistant turn's reasoning is cut from the history.
+    template = ChatTemplate("{% for m in messages %}{{ m['role'] }}: "
+                            "{{ m['content'].split('</think>')[-1] }}\n{% endfor %}", {})
+    turns = [ChatMessage("user", "Hi"), ChatMessage("assistant", "<think>hmm</think>Hello")]
+    assert template.render(turns) == "user: Hi\nassistant: Hello\n"

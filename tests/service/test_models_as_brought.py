@@ -43,6 +43,15 @@ def builder_server(builder_dir: Path) -> Iterator[RunningServer]:
     running.close()
 
 
+def with_template(model_dir: Path, path: Path, template: str) -> Path:
+    """`model_dir`'s files (linked) with `template` as its chat_template.jinja."""
+    path.mkdir()
+    for entry in model_dir.iterdir():
+        (path / entry.name).symlink_to(entry)
+    (path / "chat_template.jinja").write_text(template)
+    return path
+
+
 def model_info(server: RunningServer) -> pb.ModelInfo:
     return server.stub.GetModelInfo(pb.GetModelInfoRequest())
 
@@ -95,11 +104,7 @@ def test_a_chat_prompt_is_rendered_with_the_models_own_template(builder_server: 
 
 def test_a_role_the_template_drops_or_refuses_is_invalid_argument(builder_dir: Path,
                                                                   tmp_path: Path) -> None:
-    phi3_dir = tmp_path / "phi3"
-    phi3_dir.mkdir()
-    for entry in builder_dir.iterdir():
-        (phi3_dir / entry.name).symlink_to(entry)
-    (phi3_dir / "chat_template.jinja").write_text(
+    phi3_dir = with_template(builder_dir, tmp_path / "phi3",
         "{% for m in messages %}{% if m['role'] == 'user' %}{{ '<|user|>\n' + m['content'] + '<|end|>\n' }}"
         "{% elif m['role'] == 'system' %}{{ raise_exception('no system turns here') }}{% endif %}"
         "{% endfor %}")
@@ -112,6 +117,20 @@ def test_a_role_the_template_drops_or_refuses_is_invalid_argument(builder_dir: P
                 running.stub.Generate(pb.GenerateRequest(prompt=pb.Prompt(chat=chat)))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert says in err.value.details()
+    finally:
+        running.close()
+
+
+def test_a_template_that_does_not_compile_fails_chat_only(builder_dir: Path, tmp_path: Path) -> None:
+    broken = with_template(builder_dir, tmp_path / "broken", "{% for m in messages %}{{ m['content'] }}")
+    running = RunningServer(server_config(broken, warm_up=False))
+    try:
+        assert model_info(running).has_tokenizer
+        assert running.stub.Tokenize(pb.TokenizeRequest(text="hello")).ids
+        with pytest.raises(grpc.RpcError) as err:
+            running.stub.Tokenize(pb.TokenizeRequest(chat=CHAT))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "does not compile" in err.value.details()
     finally:
         running.close()
 
