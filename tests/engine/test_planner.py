@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
@@ -52,8 +53,13 @@ def test_small_caps_keep_the_minimum_step_of_16() -> None:
     assert ladder_widths(30) == (16, 30)
 
 
+# Every cap up to 600, then a seeded sample of larger ones: the exhaustive sweep to 4096
+# made 8.4 M calls (7 s) to check the same arithmetic.
+CAPS = [*range(32, 601), *random.Random(13).sample(range(601, 4097), 150), 1024, 2048, 4096]
+
+
 def test_every_cap_has_at_most_three_widths_and_the_cap_is_one_of_them() -> None:
-    for cap in range(32, 4097):
+    for cap in CAPS:
         widths = {prefill_query_width(rows, cap) for rows in range(2, cap + 1)}
         assert len(widths) <= 3
         assert cap in widths
