@@ -65,7 +65,7 @@ class Config:
     metrics_port: int = DEFAULT_METRICS_PORT  # 0 = no metrics endpoint
     model: str = "default"  # a model directory, or "default" (prepared under model_cache)
     model_cache: str = ""
-    model_precision: str = "fp32"  # weights of the default model: fp32 | int4 (MatMulNBits)
+    model_precision: str = "auto"  # weights of the default model: auto (int4 on CPU, fp16 on CUDA) | fp32
     provider: str = "cpu"  # cpu | cuda
     padding: bool = True
     chunk_size: int | None = None  # override the model's chunk width; 0 = no chunking
@@ -98,6 +98,13 @@ class Config:
                              memory_budget_bytes=self.memory_budget_mb << 20, lookahead=self.lookahead)
 
     @property
+    def default_model_precision(self) -> str:
+        """The default model's weights: as configured, else int4 (MatMulNBits) on CPU, fp16 on CUDA."""
+        if self.model_precision != "auto":
+            return self.model_precision
+        return "fp16" if self.provider == "cuda" else "int4"
+
+    @property
     def tls(self) -> bool:
         return bool(self.tls_cert and self.tls_key)
 
@@ -110,8 +117,9 @@ _HELP = {
     "host": "address to listen on", "port": "gRPC port (0 = any free port)",
     "metrics_port": "Prometheus /metrics port (0 = off)", "model": 'model directory or "default"',
     "model_cache": "cache directory of the default model",
-    "model_precision": "weights of the default model: fp32 or int4 (faster decode, less memory)",
+    "model_precision": "weights of the default model: auto (int4 on CPU, fp16 on CUDA), int4, fp16 or fp32",
     "provider": "execution provider: cpu | cuda",
+    "chunk_size": "prefill chunk width (0 = whole prompts; unset: the model's, else 512 up to the capacity)",
     "padding": "query-axis padding of prefill forwards (also ONNX_GENAI_PREFILL_QUERY_PADDING)",
     "auth_tokens": "comma-separated bearer tokens (name=token names the caller)",
     "memory_budget_mb": "weights + KV + variants limit: the KV slots are as many as it holds (0 = off)",
@@ -125,7 +133,6 @@ _HELP = {
     "max_new_tokens": "the most new tokens one request may ask for (more: OUT_OF_RANGE)",
     "default_max_new_tokens": "new tokens for a request that names none (0 = as many as fit, up to "
                               "--max-new-tokens; above it: --max-new-tokens)",
-    "chunk_size": "prefill chunk width, overriding the model's (0 = whole prompts; auto = the model's)",
     "capacity": "KV capacity per session in tokens (auto = the model's max length)",
     "max_prompt_tokens": "the longest prompt in tokens (0 = the KV capacity)",
     "log_level": "log level",
@@ -134,7 +141,7 @@ _HELP = {
 
 # What a field allows beyond its type: a set of choices, or a lowest (and highest) value.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "provider": ("cpu", "cuda"), "model_precision": ("fp32", "int4"),
+    "provider": ("cpu", "cuda"), "model_precision": ("auto", "int4", "fp16", "fp32"),
     "log_level": ("debug", "info", "warning", "error"),
 }
 BOUNDS: dict[str, tuple[float, float | None]] = {

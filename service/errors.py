@@ -20,7 +20,7 @@ import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
-from engine.errors import EngineFault, Exhausted, InvalidInput, OutOfRange
+from engine.errors import EngineFault, Exhausted, InvalidInput, OutOfRange, Unsupported
 
 OWNER_METADATA = "ladder-session-owner"
 DETAILS_METADATA = "grpc-status-details-bin"
@@ -95,6 +95,7 @@ STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (SessionNotFound, grpc.StatusCode.NOT_FOUND),
     (WrongPod, grpc.StatusCode.FAILED_PRECONDITION),
     (NoTokenizer, grpc.StatusCode.FAILED_PRECONDITION),
+    (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
     (SessionBusy, grpc.StatusCode.ABORTED),
     (Exhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -114,6 +115,7 @@ REASONS: tuple[tuple[type[BaseException], str], ...] = (
     (SessionNotFound, "SESSION_NOT_FOUND"),
     (WrongPod, "WRONG_POD"),
     (NoTokenizer, "NO_TOKENIZER"),
+    (Unsupported, "CHAT_TEMPLATE_UNSUPPORTED"),
     (SessionBusy, "SESSION_BUSY"),
     (Exhausted, "SESSIONS_FULL"),
     (QueueFull, "QUEUE_FULL"),

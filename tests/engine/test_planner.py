@@ -14,6 +14,7 @@ from engine.planner import (
     PaddingPolicy,
     PortShape,
     chunk_spans,
+    chunk_width,
     ladder_widths,
     plan_prefill,
     prefill_query_width,
@@ -155,3 +156,19 @@ def test_the_planner_imports_without_onnxruntime_numpy_or_cupy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "171"
+
+
+def test_a_model_declaring_no_chunk_gets_512_clamped_to_the_capacity() -> None:
+    assert chunk_width(None, None, 4096) == 512
+    assert chunk_width(None, None, 300) == 300
+
+
+def test_the_servers_chunk_size_wins_and_zero_turns_chunking_off() -> None:
+    assert chunk_width(64, 128, 4096) == 128
+    assert chunk_width(None, 0, 4096) == 0
+    assert ladder_widths(chunk_width(None, 0, 4096)) == ()
+
+
+def test_a_models_own_chunk_declaration_wins_over_the_default() -> None:
+    assert chunk_width(32, None, 4096) == 32
+    assert chunk_width(0, None, 4096) == 0
