@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -72,9 +71,8 @@ def one_round(tree: Path, model: Path, args: argparse.Namespace, log: Path) -> d
     cmd = [sys.executable, "-m", "service", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
            "--metrics-port", str(metrics), "--max-sessions", str(args.threads), "--log-level", args.log_level,
            "--max-new-tokens", str(max(args.new, args.stream_tokens))]
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    with open(log, "ab") as out:
-        server = subprocess.Popen(cmd, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
+    with open(log, "ab") as out:  # `python -m` in the tree's root imports that tree's packages
+        server = subprocess.Popen(cmd, cwd=tree, stdout=out, stderr=subprocess.STDOUT)
     try:
         address = f"127.0.0.1:{port}"
         wait_serving(address)
