@@ -30,7 +30,8 @@ def sampling(message: pb.SamplingOptions) -> SamplingParams:
         temperature=message.temperature, top_k=message.top_k,
         top_p=message.top_p if message.HasField("top_p") else 1.0,
         repetition_penalty=message.repetition_penalty if message.HasField("repetition_penalty") else 1.0,
-        seed=message.seed if message.HasField("seed") else None)
+        seed=message.seed if message.HasField("seed") else None, min_p=message.min_p,
+        presence_penalty=message.presence_penalty, frequency_penalty=message.frequency_penalty)
 
 
 def stopping(message: pb.StoppingOptions) -> Stopping:

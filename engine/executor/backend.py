@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from engine.executor.pool import KvPool
-from engine.executor.sampling import Sampler
+from engine.executor.sampling import Sampler, TokenLogprobs
 from engine.executor.variants import Variant, VariantKey
 
 VariantT = TypeVar("VariantT", bound=Variant)
@@ -62,6 +62,11 @@ class Backend(Protocol[VariantT]):
     def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
                histories: Sequence[Sequence[int]]) -> list[int]:
         """One token per row from its stored logits, chosen where the logits live."""
+        ...
+
+    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
+        """Log-softmax of each row's stored (raw) logits, computed where they live: each row's token's
+        log-probability and its `top` most likely alternatives; only those values reach the host."""
         ...
 
     def row_logits(self, row: int) -> np.ndarray:

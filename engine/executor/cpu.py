@@ -16,7 +16,7 @@ import onnxruntime as ort
 
 from engine.executor.options import EngineOptions
 from engine.executor.pool import KvPool
-from engine.executor.sampling import Sampler
+from engine.executor.sampling import Sampler, TokenLogprobs, log_probs, token_logprobs
 from engine.executor.variants import VariantKey
 from engine.model import ModelInfo, Port
 
@@ -200,6 +200,10 @@ class CpuBackend:
     def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
                histories: Sequence[Sequence[int]]) -> list[int]:
         return [s(self.store[r], h) for r, s, h in zip(rows, samplers, histories, strict=True)]
+
+    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
+        chosen, ids, values = log_probs(np, self.store[list(rows)], np.asarray(tokens, np.int64), top)
+        return token_logprobs(tokens, chosen, ids, values)
 
     def row_logits(self, row: int) -> np.ndarray:
         return np.array(self.store[row], copy=True)

@@ -34,7 +34,7 @@ from engine.executor.cpu import _dtype, resolve_dims
 from engine.executor.cuda_runtime import CudaUnavailable, Runtime, cuda_runtime, host_runtime
 from engine.executor.options import EngineOptions
 from engine.executor.pool import KvPool
-from engine.executor.sampling import Sampler
+from engine.executor.sampling import Sampler, TokenLogprobs, counted, log_probs, token_logprobs
 from engine.executor.variants import VariantKey
 from engine.model import ModelInfo
 
@@ -301,7 +301,7 @@ class CudaBackend:
                histories: Sequence[Sequence[int]]) -> list[int]:
         """Greedy rows in one argmax on the device; a penalty is applied there; sampling on the host."""
         out: dict[int, int] = {}
-        plain = [i for i, s in enumerate(samplers) if s.params.greedy and s.params.repetition_penalty == 1.0]
+        plain = [i for i, s in enumerate(samplers) if s.params.greedy and not s.params.penalized]
         with self.rt.enter():
             if plain:
                 plain.sort(key=lambda i: rows[i])  # in row order, so neighbours are one slice
@@ -322,7 +322,26 @@ class CudaBackend:
         logits = self.store[row]
         if params.repetition_penalty != 1.0 and history:
             logits = self._penalize(logits, history, params.repetition_penalty)
+        if sampler.counts and (params.presence_penalty or params.frequency_penalty):
+            logits = self._presence_frequency(logits, sampler)
         return int(self.xp.argmax(logits))
+
+    def _presence_frequency(self, row: Any, sampler: Sampler) -> Any:
+        """OpenAI's penalties on the device: only the chosen tokens' ids and counts are uploaded."""
+        xp, p = self.xp, sampler.params
+        ids, times = counted(sampler.counts)
+        out = row.astype(xp.float32)
+        out[xp.asarray(ids)] -= xp.asarray(times) * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
+        return out
+
+    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
+        """Log-softmax on the device; only each row's chosen value and `top` alternatives reach the host."""
+        with self.rt.enter():
+            index = self._index(rows)
+            logits = self.store[index] if isinstance(index, slice) else self._gather(self.store, index)
+            chosen, ids, values = log_probs(self.xp, logits, self.xp.asarray(np.asarray(tokens, np.int64)), top)
+            host = [None if a is None else self.rt.to_host(a) for a in (chosen, ids, values)]
+        return token_logprobs(tokens, host[0], host[1], host[2])
 
     def _penalize(self, row: Any, history: Sequence[int], penalty: float) -> Any:
         xp = self.xp

@@ -303,8 +303,8 @@ class Engine:
         chosen = [r for r in rows if r.sampler is not None]
 
         def choose() -> list[int]:
-            return self.backend.choose([r.session.row for r in chosen], [r.sampler for r in chosen],  # type: ignore[misc]
-                                       [r.session.tokens for r in chosen])
+            samplers: list[Sampler] = [r.sampler for r in chosen]  # type: ignore[misc]
+            return self._choose([r.session for r in chosen], samplers)
 
         if self.unbatched_reason:
             for row in rows:
@@ -335,7 +335,22 @@ class Engine:
         self._check_open(session)
         if not session.has_logits:
             raise OutOfRange("the session has no next-token logits (it is empty)")
-        return self.backend.choose([session.row], [sampler], [session.tokens])[0]
+        return self._choose([session], [sampler])[0]
+
+    def _choose(self, sessions: Sequence[Session], samplers: Sequence[Sampler]) -> list[int]:
+        """Choose each session's next token; tell each sampler its choice and, when it asks, the
+        log-probabilities of it (one batched computation on the backend for all that ask)."""
+        rows = [s.row for s in sessions]
+        tokens = self.backend.choose(rows, samplers, [s.tokens for s in sessions])
+        asking = [i for i, s in enumerate(samplers) if s.top_logprobs is not None]
+        if asking:
+            top = max(samplers[i].top_logprobs or 0 for i in asking)
+            found = self.backend.logprobs([rows[i] for i in asking], [tokens[i] for i in asking], top)
+            for i, logprobs in zip(asking, found, strict=True):
+                samplers[i].last = replace(logprobs, top=logprobs.top[:samplers[i].top_logprobs])
+        for sampler, token in zip(samplers, tokens, strict=True):
+            sampler.chose(token)
+        return tokens
 
     def logits(self, session: Session) -> np.ndarray:
         """A host copy of the session's next-token logits [vocab]."""

@@ -1,13 +1,20 @@
-"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty.
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, min-p and penalties.
 
 Pure numpy and seeded: the same logits, history and seed always give the same
 token. Greedy is temperature 0 (or top_k 1) and never touches the generator.
+
+Order, as in vLLM: penalties (repetition over the whole sequence, presence and
+frequency over the tokens this sampler chose), then temperature, then top-k,
+min-p and top-p. Log-probabilities (`log_probs`) are of the raw logits, before
+any of these: the distribution the model gave.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +23,8 @@ import numpy as np
 MAX_TEMPERATURE = 100.0
 MAX_TOP_K = 1 << 20  # at or above the vocabulary, top-k keeps every token
 REPETITION_PENALTY_RANGE = (1e-3, 1e3)
+PRESENCE_FREQUENCY_RANGE = (-2.0, 2.0)  # the OpenAI API's range
+MAX_TOP_LOGPROBS = 20  # alternatives per token: each crosses to the host and into every response
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,9 @@ class SamplingParams:
     top_p: float = 1.0
     repetition_penalty: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0  # keep tokens at least min_p times as likely as the most likely; 0 = off
+    presence_penalty: float = 0.0  # subtracted once from each token this sampler has chosen
+    frequency_penalty: float = 0.0  # subtracted per time this sampler has chosen the token
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad value (NaN and infinities included)."""
@@ -40,6 +52,22 @@ class SamplingParams:
                              f"got {self.repetition_penalty}")
         if self.seed is not None and not 0 <= self.seed < 2**64:
             raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        low, high = PRESENCE_FREQUENCY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ValueError(f"{name} must be in [{low:g}, {high:g}], got {value}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty changes the logits before choosing."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def for_sample(self, index: int) -> SamplingParams:
+        """The parameters of sample `index` of a request: seed, seed + 1, ... (mod 2^64)."""
+        return self if self.seed is None or index == 0 else replace(self, seed=(self.seed + index) % 2**64)
 
     @property
     def greedy(self) -> bool:
@@ -57,6 +85,23 @@ def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int],
     with np.errstate(over="ignore"):  # |logit| near float32's limit: infinity, which sampling handles
         out[seen] = np.where(values > 0, values / penalty, values * penalty)
     return out
+
+
+def apply_presence_frequency(logits: np.ndarray, counts: Counter[int], presence: float,
+                             frequency: float) -> np.ndarray:
+    """OpenAI's penalties: logit[j] -= count[j] * frequency + (count[j] > 0) * presence."""
+    if not counts or (presence == 0.0 and frequency == 0.0):
+        return logits
+    out = logits.astype(np.float32, copy=True)
+    ids, times = counted(counts)
+    out[ids] -= times * np.float32(frequency) + np.float32(presence)
+    return out
+
+
+def counted(counts: Counter[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The chosen tokens and how often each was chosen, as arrays (ids int64, times float32)."""
+    ids = np.fromiter(counts.keys(), np.int64, len(counts))
+    return ids, np.fromiter(counts.values(), np.float32, len(counts))
 
 
 def filtered_probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -77,6 +122,10 @@ def filtered_probabilities(logits: np.ndarray, params: SamplingParams) -> np.nda
     with np.errstate(over="ignore"):
         probs = np.exp(scaled - top)
     probs /= probs.sum()
+    if params.min_p > 0.0:
+        # Relative to the most likely token, after temperature (vLLM's and llama.cpp's order).
+        probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
+        probs /= probs.sum()
     if params.top_p < 1.0:
         order = np.argsort(-probs, kind="stable")
         cumulative = np.cumsum(probs[order])
@@ -94,14 +143,69 @@ def _one_hot(size: int, index: int) -> np.ndarray:
     return probs
 
 
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One position's log-probabilities: the chosen token's, and the `top` most likely (id, logprob),
+    most likely first (ties: the lower id first)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def log_probs(xp: Any, logits: Any, tokens: Any, top: int) -> tuple[Any, Any, Any]:
+    """Log-softmax of raw logits [R, vocab] (numpy or cupy, computed where they live): the log-probability
+    of each row's token [R], and of `top` most likely ids per row, unordered ([R, top] ids, values).
+    Only these small arrays need to leave the device."""
+    x = logits.astype(xp.float32)
+    peak = x.max(axis=-1, keepdims=True)
+    lse = peak + xp.log(xp.exp(x - peak).sum(axis=-1, keepdims=True))
+    chosen = xp.take_along_axis(x, tokens.reshape(-1, 1), axis=-1)[:, 0] - lse[:, 0]
+    if top <= 0:
+        return chosen, None, None
+    ids = xp.argpartition(-x, top - 1, axis=-1)[:, :top]
+    return chosen, ids, xp.take_along_axis(x, ids, axis=-1) - lse
+
+
+def token_logprobs(tokens: Sequence[int], chosen: np.ndarray, ids: np.ndarray | None,
+                   values: np.ndarray | None) -> list[TokenLogprobs]:
+    """Host arrays from `log_probs` as one TokenLogprobs per row, alternatives most likely first."""
+    out = []
+    for r, token in enumerate(tokens):
+        top: tuple[tuple[int, float], ...] = ()
+        if ids is not None and values is not None:
+            pairs = sorted(zip(ids[r].tolist(), values[r].tolist(), strict=True), key=lambda p: (-p[1], p[0]))
+            top = tuple((int(i), float(v)) for i, v in pairs)
+        out.append(TokenLogprobs(int(token), float(chosen[r]), top))
+    return out
+
+
 class Sampler:
-    def __init__(self, params: SamplingParams) -> None:
+    """One request's (or one sample's) chooser: its parameters, its seeded generator, the tokens it
+    chose (presence and frequency penalties count them) and, when asked, the log-probabilities of
+    its last choice (`top_logprobs`: None = none, 0 = the chosen token's only, N = N alternatives)."""
+
+    def __init__(self, params: SamplingParams, top_logprobs: int | None = None) -> None:
         params.validate()
+        if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}")
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.counts: Counter[int] = Counter()
+        self.top_logprobs = top_logprobs
+        self.last: TokenLogprobs | None = None  # set by the engine after each choice when asked
+
+    def penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        p = self.params
+        logits = apply_repetition_penalty(logits, history, p.repetition_penalty)
+        return apply_presence_frequency(logits, self.counts, p.presence_penalty, p.frequency_penalty)
+
+    def chose(self, token: int) -> None:
+        """Count a token this sampler chose (the engine calls it once per choice)."""
+        self.counts[token] += 1
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        logits = apply_repetition_penalty(logits, history, self.params.repetition_penalty)
+        logits = self.penalize(logits, history)
         if self.params.greedy:
             return int(np.argmax(logits))
         probs = filtered_probabilities(logits, self.params)

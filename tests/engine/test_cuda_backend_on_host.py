@@ -106,6 +106,28 @@ def test_repetition_penalty_and_seeded_sampling_on_the_backend_match_the_host(mo
         assert device == generate(cpu_engine(model_dir), prompt(60), 8, Sampler(params))
 
 
+def test_presence_and_frequency_penalties_and_min_p_on_the_backend_match_the_host(model_dir: Path) -> None:
+    for params in (SamplingParams(presence_penalty=2.0), SamplingParams(frequency_penalty=1.5),
+                   SamplingParams(temperature=1.2, min_p=0.2, presence_penalty=-1.0, seed=5)):
+        device = generate(device_engine(model_dir), prompt(40), 10, Sampler(params))
+        assert device == generate(cpu_engine(model_dir), prompt(40), 10, Sampler(params))
+
+
+def test_log_probabilities_on_the_backend_match_the_host(model_dir: Path) -> None:
+    found = []
+    for engine in (device_engine(model_dir), cpu_engine(model_dir)):
+        sampler = Sampler(SamplingParams(), top_logprobs=5)
+        session = engine.open_session()
+        engine.append(session, prompt(30))
+        engine.choose(session, sampler)
+        assert sampler.last is not None
+        found.append(sampler.last)
+    device, host = found
+    assert device.token == host.token and [i for i, _ in device.top] == [i for i, _ in host.top]
+    np.testing.assert_allclose([device.logprob, *(v for _, v in device.top)],
+                               [host.logprob, *(v for _, v in host.top)], rtol=1e-6)
+
+
 def test_cuda_falls_back_to_cpu_when_the_provider_is_missing(model_dir: Path) -> None:
     import onnxruntime as ort
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
 from engine.executor.sampling import (
     Sampler,
     SamplingParams,
+    apply_presence_frequency,
     apply_repetition_penalty,
     filtered_probabilities,
+    log_probs,
+    token_logprobs,
 )
 
 LOGITS = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05], np.float32))
@@ -71,3 +76,49 @@ def test_repetition_penalty_lowers_seen_tokens_either_sign() -> None:
 def test_bad_sampling_values_are_refused(params: SamplingParams) -> None:
     with pytest.raises(ValueError):
         Sampler(params)
+
+
+def test_min_p_keeps_only_tokens_at_least_that_fraction_of_the_most_likely() -> None:
+    probs = filtered_probabilities(LOGITS, SamplingParams(temperature=1.0, min_p=0.3))
+    assert (probs[2:] == 0).all()  # 0.15 < 0.3 * 0.5
+    np.testing.assert_allclose(probs[:2], [0.5 / 0.7, 0.2 / 0.7], rtol=1e-6)
+
+
+def test_presence_and_frequency_penalties_subtract_as_the_openai_api_says() -> None:
+    counts = Counter({0: 3, 2: 1})
+    out = apply_presence_frequency(np.zeros(4, np.float32), counts, presence=0.5, frequency=0.25)
+    np.testing.assert_allclose(out, [-(0.5 + 3 * 0.25), 0.0, -(0.5 + 0.25), 0.0])
+
+
+def test_presence_penalty_counts_only_the_tokens_the_sampler_chose() -> None:
+    sampler = Sampler(SamplingParams(presence_penalty=2.0))
+    logits = np.array([1.0, 0.0], np.float32)
+    assert sampler(logits, history=[0, 0]) == 0  # the prompt's tokens are not penalized
+    sampler.chose(0)
+    assert sampler(logits, history=[0, 0]) == 1
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(min_p=-0.1), SamplingParams(min_p=1.5), SamplingParams(presence_penalty=2.5),
+    SamplingParams(frequency_penalty=-2.01), SamplingParams(frequency_penalty=float("nan"))])
+def test_values_outside_the_new_ranges_are_refused_naming_the_field(params: SamplingParams) -> None:
+    with pytest.raises(ValueError, match=r"^(min_p|presence_penalty|frequency_penalty) must be"):
+        params.validate()
+
+
+def test_log_probs_are_a_log_softmax_of_the_raw_logits_and_top_n_are_the_largest() -> None:
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 50)).astype(np.float32)
+    tokens = np.array([4, 9, 49])
+    chosen, ids, values = log_probs(np, logits, tokens, 5)
+    reference = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+    np.testing.assert_allclose(chosen, reference[np.arange(3), tokens], rtol=1e-5)
+    for r, found in enumerate(token_logprobs(tokens.tolist(), chosen, ids, values)):
+        assert [i for i, _ in found.top] == np.argsort(-reference[r])[:5].tolist()
+        np.testing.assert_allclose([v for _, v in found.top], np.sort(reference[r])[::-1][:5], rtol=1e-5)
+
+
+def test_each_sample_of_a_seeded_request_gets_the_next_seed() -> None:
+    params = SamplingParams(temperature=1.0, seed=2**64 - 1)
+    assert [params.for_sample(i).seed for i in range(3)] == [2**64 - 1, 0, 1]
+    assert SamplingParams(temperature=1.0).for_sample(3).seed is None

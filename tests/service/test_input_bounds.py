@@ -56,6 +56,12 @@ OUT_OF_RANGE_SAMPLING = {
     "a repetition penalty of 1e4": {"temperature": 0.7, "repetition_penalty": 1e4},
     "an infinite repetition penalty": {"repetition_penalty": INF},
     "a NaN repetition penalty": {"temperature": 1.0, "repetition_penalty": NAN},
+    "min_p over 1": {"temperature": 1.0, "min_p": 1.5},
+    "a negative min_p": {"min_p": -0.1},
+    "a NaN min_p": {"temperature": 1.0, "min_p": NAN},
+    "a presence penalty over 2": {"presence_penalty": 2.5},
+    "a frequency penalty under -2": {"temperature": 1.0, "frequency_penalty": -3.0},
+    "an infinite frequency penalty": {"frequency_penalty": INF},
 }
 
 
@@ -80,6 +86,9 @@ def test_sampling_values_out_of_range_are_invalid_argument_on_every_rpc_that_sam
     {"temperature": 100.0, "seed": 1}, {"temperature": 1.0, "repetition_penalty": 1e-3, "seed": 2},
     {"temperature": 1.0, "repetition_penalty": 1e3, "seed": 3}, {"temperature": 1.0, "top_k": 2**20},
     {"temperature": 1.0, "top_p": 1e-45, "seed": 2**64 - 1}, {"temperature": 1e-45, "seed": 0},
+    {"temperature": 1.0, "min_p": 1.0, "seed": 4}, {"temperature": 1.0, "min_p": 1e-45, "seed": 5},
+    {"presence_penalty": 2.0, "frequency_penalty": -2.0}, {"temperature": 1.0, "frequency_penalty": 2.0,
+                                                          "presence_penalty": -2.0, "seed": 6},
 ], ids=str)
 def test_sampling_values_at_the_edges_of_their_ranges_generate(
         server: RunningServer, values: dict[str, float]) -> None:

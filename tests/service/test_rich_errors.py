@@ -84,6 +84,12 @@ def plain(model_dir: Path) -> Iterator[RunningServer]:
      "sampling.temperature"),
     (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(top_p=2)), "INVALID_SAMPLING",
      "sampling.top_p"),
+    (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(min_p=2)), "INVALID_SAMPLING",
+     "sampling.min_p"),
+    (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(presence_penalty=3)),
+     "INVALID_SAMPLING", "sampling.presence_penalty"),
+    (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(frequency_penalty=-3)),
+     "INVALID_SAMPLING", "sampling.frequency_penalty"),
     (greedy_request([5], 2, stop=["x"] * 17), "TOO_MANY_STOPS", "stopping.stop"),
 ])
 def test_invalid_argument_names_its_reason_and_the_field_at_fault(

@@ -51,18 +51,32 @@ class Prompt(_message.Message):
     def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
 
 class SamplingOptions(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "repetition_penalty", "seed")
+    __slots__ = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "min_p", "presence_penalty", "frequency_penalty")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
     repetition_penalty: float
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    min_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ...) -> None: ...
+
+class LogprobOptions(_message.Message):
+    __slots__ = ("top", "prompt")
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    top: int
+    prompt: bool
+    def __init__(self, top: _Optional[int] = ..., prompt: _Optional[bool] = ...) -> None: ...
 
 class StoppingOptions(_message.Message):
     __slots__ = ("max_new_tokens", "stop", "ignore_eos", "stop_token_ids")
@@ -77,14 +91,18 @@ class StoppingOptions(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "sampling", "stopping")
+    __slots__ = ("prompt", "sampling", "stopping", "n", "logprobs")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     prompt: Prompt
     sampling: SamplingOptions
     stopping: StoppingOptions
-    def __init__(self, prompt: _Optional[_Union[Prompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[StoppingOptions, _Mapping]] = ...) -> None: ...
+    n: int
+    logprobs: LogprobOptions
+    def __init__(self, prompt: _Optional[_Union[Prompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[StoppingOptions, _Mapping]] = ..., n: _Optional[int] = ..., logprobs: _Optional[_Union[LogprobOptions, _Mapping]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")
@@ -119,19 +137,59 @@ class PrefillSummary(_message.Message):
     def __init__(self, forwards: _Optional[int] = ..., real_rows: _Optional[int] = ..., padded_rows: _Optional[int] = ..., widths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Token(_message.Message):
-    __slots__ = ("id", "text", "index", "latency_ms")
+    __slots__ = ("id", "text", "index", "latency_ms", "logprob", "top_logprobs", "sample")
     ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
     id: int
     text: str
     index: int
     latency_ms: float
-    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., latency_ms: _Optional[float] = ...) -> None: ...
+    logprob: float
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[Alternative]
+    sample: int
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., latency_ms: _Optional[float] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ..., sample: _Optional[int] = ...) -> None: ...
+
+class Alternative(_message.Message):
+    __slots__ = ("id", "text", "logprob")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    text: str
+    logprob: float
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ...) -> None: ...
+
+class TokenLogprobs(_message.Message):
+    __slots__ = ("id", "logprob", "top")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    logprob: float
+    top: _containers.RepeatedCompositeFieldContainer[Alternative]
+    def __init__(self, id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("index", "text", "token_ids", "finish_reason", "logprobs")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: FinishReason
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
+    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "usage", "timing", "prefill", "request_id", "session_id", "session_length")
+    __slots__ = ("text", "token_ids", "finish_reason", "usage", "timing", "prefill", "request_id", "session_id", "session_length", "logprobs", "prompt_logprobs", "samples")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +199,9 @@ class Completion(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: FinishReason
@@ -150,7 +211,10 @@ class Completion(_message.Message):
     request_id: str
     session_id: str
     session_length: int
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., prefill: _Optional[_Union[PrefillSummary, _Mapping]] = ..., request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., session_length: _Optional[int] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., prefill: _Optional[_Union[PrefillSummary, _Mapping]] = ..., request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., session_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("token", "done")
@@ -209,14 +273,16 @@ class PrefillEvent(_message.Message):
     def __init__(self, forward: _Optional[_Union[ForwardEvent, _Mapping]] = ..., done: _Optional[_Union[PrefillDone, _Mapping]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("session_id", "sampling", "stopping")
+    __slots__ = ("session_id", "sampling", "stopping", "logprobs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     sampling: SamplingOptions
     stopping: StoppingOptions
-    def __init__(self, session_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[StoppingOptions, _Mapping]] = ...) -> None: ...
+    logprobs: LogprobOptions
+    def __init__(self, session_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[StoppingOptions, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobOptions, _Mapping]] = ...) -> None: ...
 
 class RewindRequest(_message.Message):
     __slots__ = ("session_id", "length")
