@@ -331,7 +331,8 @@ class CudaBackend:
         xp, p = self.xp, sampler.params
         ids, times = counted(sampler.counts)
         out = row.astype(xp.float32)
-        out[xp.asarray(ids)] -= xp.asarray(times) * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
+        penalty = xp.asarray(times) * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
+        out[xp.asarray(ids)] -= penalty
         return out
 
     def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
@@ -339,9 +340,10 @@ class CudaBackend:
         with self.rt.enter():
             index = self._index(rows)
             logits = self.store[index] if isinstance(index, slice) else self._gather(self.store, index)
-            chosen, ids, values = log_probs(self.xp, logits, self.xp.asarray(np.asarray(tokens, np.int64)), top)
-            host = [None if a is None else self.rt.to_host(a) for a in (chosen, ids, values)]
-        return token_logprobs(tokens, host[0], host[1], host[2])
+            picked = self.xp.asarray(np.asarray(tokens, np.int64))
+            chosen, ids, values = log_probs(self.xp, logits, picked, top)
+            host = [None if a is None else self.rt.to_host(a) for a in (ids, values)]
+            return token_logprobs(tokens, self.rt.to_host(chosen), host[0], host[1])
 
     def _penalize(self, row: Any, history: Sequence[int], penalty: float) -> Any:
         xp = self.xp

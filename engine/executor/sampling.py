@@ -11,8 +11,8 @@ any of these: the distribution the model gave.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
