@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from engine.executor.sampling import SamplingParams
+from engine.executor.sampling import SamplingParams, TokenLogprobs
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.generation import ChatTurn, Finish, ForwardDone, PrefillFinished, PrefillTally, Stopping
+from service.generation import (
+    ChatTurn,
+    Finish,
+    ForwardDone,
+    LogprobRequest,
+    PrefillFinished,
+    PrefillTally,
+    Stopping,
+    TokenOut,
+)
 from service.progress import Progress
 
 _FINISH = {
@@ -44,14 +54,49 @@ def summary(tally: PrefillTally) -> pb.PrefillSummary:
                              padded_rows=tally.padded_rows, widths=tally.widths)
 
 
-def completion(progress: Progress, request_id: str, session: Any | None = None) -> pb.Completion:
+def logprob_request(request: pb.GenerateRequest | pb.DecodeRequest) -> LogprobRequest | None:
+    if not request.HasField("logprobs"):
+        return None
+    return LogprobRequest(request.logprobs.top, request.logprobs.prompt)
+
+
+def token_logprobs(found: TokenLogprobs, text_of: Callable[[int], str]) -> pb.TokenLogprobs:
+    return pb.TokenLogprobs(id=found.token, logprob=found.logprob, top=alternatives(found, text_of))
+
+
+def alternatives(found: TokenLogprobs, text_of: Callable[[int], str]) -> list[pb.Alternative]:
+    return [pb.Alternative(id=i, text=text_of(i), logprob=v) for i, v in found.top]
+
+
+def token_event(event: TokenOut, latency_ms: float, text_of: Callable[[int], str]) -> pb.TokenEvent:
+    token = pb.Token(id=event.id, text=event.text, index=event.index, latency_ms=latency_ms,
+                     sample=event.sample)
+    if event.logprobs is not None:
+        token.logprob = event.logprobs.logprob
+        token.top_logprobs.extend(alternatives(event.logprobs, text_of))
+    return pb.TokenEvent(token=token)
+
+
+def samples(progress: Progress, text_of: Callable[[int], str]) -> list[pb.Sample]:
+    unfinished = pb.FINISH_REASON_UNSPECIFIED
+    return [pb.Sample(index=i, text=r.text, token_ids=r.token_ids,
+                      finish_reason=_FINISH[r.finished.reason] if r.finished else unfinished,
+                      logprobs=[token_logprobs(t, text_of) for t in r.logprobs])
+            for i, r in enumerate(progress.sample_records())]
+
+
+def completion(progress: Progress, request_id: str, session: Any | None = None,
+               text_of: Callable[[int], str] = lambda _: "") -> pb.Completion:
     timing = pb.Timing(queue_ms=progress.queue_ms, ttft_ms=progress.ttft_ms, total_ms=progress.total_ms,
                        inter_token_ms=progress.inter_token_ms)
     reason = _FINISH[progress.reason] if progress.reason else pb.FINISH_REASON_UNSPECIFIED
     done = pb.Completion(
         text=progress.text, token_ids=progress.token_ids, finish_reason=reason, timing=timing,
-        usage=pb.Usage(prompt_tokens=progress.prompt_tokens, completion_tokens=len(progress.token_ids)),
-        request_id=request_id)
+        usage=pb.Usage(prompt_tokens=progress.prompt_tokens, completion_tokens=progress.generated),
+        request_id=request_id, logprobs=[token_logprobs(t, text_of) for t in progress.logprobs],
+        prompt_logprobs=[token_logprobs(t, text_of) for t in progress.prompt_logprobs])
+    if progress.samples > 1:
+        done.samples.extend(samples(progress, text_of))
     if session is not None:
         done.session_id = session.id
         done.session_length = progress.finished.session_length if progress.finished else 0

@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.errors import OutOfRange
 from engine.executor import DecodeRow
-from engine.executor.sampling import Sampler, SamplingParams
+from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, TokenLogprobs
 from service.errors import InvalidRequest, LimitExceeded, NoTokenizer
 from service.scheduler import Call, Chunk, OpenSlot, Token
 from service.sessions import SessionState
@@ -87,6 +87,8 @@ class TokenOut:
     text: str
     index: int
     at: float
+    logprobs: TokenLogprobs | None = None  # when the request asked for them
+    sample: int = 0  # which of the request's n samples
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,14 @@ class Finished:
     reason: Finish
     tail: str  # text held back until the end (a partial character, a possible stop prefix)
     session_length: int
+    sample: int = 0
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """The log-probabilities of the prompt's tokens after the first, from the prefill's logits."""
+
+    logprobs: tuple[TokenLogprobs, ...]
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,10 @@ class Model:
         self.max_new_tokens = max_new_tokens
         # What a request that names no max_new_tokens gets (0 configured: the limit), never over the limit.
         self.default_new_tokens = min(default_new_tokens or max_new_tokens, max_new_tokens)
+
+    def token_text(self, token: int) -> str:
+        """One token's own text, special tokens written out ("" without a tokenizer)."""
+        return "" if self.tokenizer is None else str(self.tokenizer.decode([token], skip_special=False))
 
     def need_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:
@@ -190,6 +204,24 @@ class Model:
         if stopping.stop:
             self.need_tokenizer("stop sequences")
         return Stopping(wanted, stopping.stop, stopping.ignore_eos, stopping.stop_token_ids)
+
+
+@dataclass(frozen=True)
+class LogprobRequest:
+    """What a request asks for besides tokens: `top` alternatives per token, prompt tokens' too."""
+
+    top: int = 0
+    prompt: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.top <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"logprobs.top is {self.top}; at most {MAX_TOP_LOGPROBS} alternatives are "
+                                 "returned", reason="INVALID_LOGPROBS", field="logprobs.top")
+
+
+def make_sampler(params: SamplingParams, logprobs: LogprobRequest | None) -> Sampler:
+    """A checked sampler that also reports the log-probabilities of its choices when asked."""
+    return Sampler(check_sampling(params), None if logprobs is None else logprobs.top)
 
 
 def check_sampling(params: SamplingParams) -> SamplingParams:
@@ -274,7 +306,7 @@ def prefill_steps(engine: Any, session: Any, tokens: list[int],
 
 
 def decode_steps(model: Model, session: Any, sampler: Sampler, stopping: Stopping,
-                 feed_last: bool) -> Generator[Any, Any, None]:
+                 feed_last: bool, sample: int = 0) -> Generator[Any, Any, None]:
     """Choose, emit and feed tokens from the session's next-token logits.
 
     The first token is chosen from the logits the session holds, every later one
@@ -289,7 +321,7 @@ def decode_steps(model: Model, session: Any, sampler: Sampler, stopping: Stoppin
     token = yield Call(lambda: engine.choose(session, sampler))
     for index in range(stopping.max_new_tokens):
         piece = stop_text.push(stream.push(token)) if stream is not None else ""
-        yield TokenOut(token, piece, index, time.perf_counter())
+        yield TokenOut(token, piece, index, time.perf_counter(), sampler.last, sample)
         stopped = _stop_reason(model, stopping, token, stop_text)
         if stopped is not None or session.length + 1 > model.capacity:
             reason = stopped or Finish.CAPACITY
@@ -299,7 +331,7 @@ def decode_steps(model: Model, session: Any, sampler: Sampler, stopping: Stoppin
     tail = "" if stop_text.stopped or stream is None else stop_text.push(stream.flush()) + stop_text.held
     if feed_last and session.length + 1 <= model.capacity:
         yield Token(DecodeRow(session, token))  # fed, not chosen from: the next Decode chooses
-    yield Finished(reason, tail, session.length)
+    yield Finished(reason, tail, session.length, sample)
 
 
 def _stop_reason(model: Model, stopping: Stopping, token: int, stop_text: StopText) -> Finish | None:

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.generation import Finish, Finished, PrefillTally, Started, TokenOut
+from engine.executor.sampling import TokenLogprobs
+from service.generation import Finish, Finished, PrefillTally, PromptLogprobs, Started, TokenOut
 from service.metrics import TTFT_METHODS, Metrics
 
 
@@ -26,6 +27,20 @@ class Totals:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     padded_rows: int = 0
+
+
+@dataclass
+class SampleRecord:
+    """What one sample of a request produced (sample 0's lives in Progress itself)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finished: Finished | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces) + (self.finished.tail if self.finished else "")
 
 
 @dataclass
@@ -42,6 +57,11 @@ class Progress:
     finished: Finished | None = None
     ended: float | None = None
     method: str = ""  # the RPC, the metrics' label
+    samples: int = 1  # the request's n: the call is over when each has finished
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # sample 0's, when asked
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    others: dict[int, SampleRecord] = field(default_factory=dict)  # samples 1..n-1
+    _finished_samples: int = 0
     _series: Any = None  # service.metrics.MethodMetrics of `method`
 
     @property
@@ -53,11 +73,40 @@ class Progress:
     def see(self, event: Any) -> None:
         if isinstance(event, Started):
             self.started = event.at
+        elif isinstance(event, TokenOut) and event.sample:
+            self._other_token(event)
         elif isinstance(event, TokenOut):
             self._token(event)
+        elif isinstance(event, PromptLogprobs):
+            self.prompt_logprobs = list(event.logprobs)
         elif isinstance(event, Finished):
+            self._finished(event)
+
+    def _finished(self, event: Finished) -> None:
+        if event.sample:
+            self.others.setdefault(event.sample, SampleRecord()).finished = event
+        else:
             self.finished = event
+        self._finished_samples += 1
+        if self._finished_samples == self.samples:
             self.close()
+
+    def _other_token(self, event: TokenOut) -> None:
+        record = self.others.setdefault(event.sample, SampleRecord())
+        record.token_ids.append(event.id)
+        record.pieces.append(event.text)
+        if event.logprobs is not None:
+            record.logprobs.append(event.logprobs)
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated over every sample."""
+        return len(self.token_ids) + sum(len(r.token_ids) for r in self.others.values())
+
+    def sample_records(self) -> list[SampleRecord]:
+        """Every sample's record, sample 0 first."""
+        first = SampleRecord(self.token_ids, self.pieces, self.logprobs, self.finished)
+        return [first, *(self.others.get(i, SampleRecord()) for i in range(1, self.samples))]
 
     def _token(self, event: TokenOut) -> None:
         if self.token_times:
@@ -67,6 +116,8 @@ class Progress:
         self.token_ids.append(event.id)
         self.pieces.append(event.text)
         self.token_times.append(event.at)
+        if event.logprobs is not None:
+            self.logprobs.append(event.logprobs)
 
     def close(self) -> None:
         """The call is over: stop the clock and count its rows and tokens."""
@@ -74,7 +125,7 @@ class Progress:
         tally, m, method, series = self.tally, self.metrics, self.method, self.series
         if tally.forwards:
             m.prefill(tally.forwards, tally.real_rows, tally.padded_rows)
-        m.generated_tokens.inc(len(self.token_ids))
+        m.generated_tokens.inc(self.generated)
         if method == "Prefill":  # PrefillDone carries the prompt's first token
             series.ttft.observe(self.ended - self.arrived)
         if self.started is not None:
@@ -90,7 +141,7 @@ class Progress:
             m.finished.labels(method, self.finished.reason.name.lower()).inc()
         self.totals.prompt_tokens += tally.real_rows
         self.totals.padded_rows += tally.padded_rows
-        self.totals.generated_tokens += len(self.token_ids)
+        self.totals.generated_tokens += self.generated
 
     def latency_ms(self, event: TokenOut) -> float:
         """Arrival to the first token, then the gap since the previous token."""

@@ -56,7 +56,7 @@ class CallRecord:
             done["session"] = self.session
         progress = self.progress
         if progress is not None:
-            done.update(prompt_tokens=progress.prompt_tokens, completion_tokens=len(progress.token_ids))
+            done.update(prompt_tokens=progress.prompt_tokens, completion_tokens=progress.generated)
             if progress.started is not None:
                 done["queue_ms"] = round(progress.queue_ms, 3)
             if progress.token_times:

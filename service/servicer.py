@@ -39,6 +39,7 @@ from service.generation import (
     close,
     decode_body,
     generate_body,
+    make_sampler,
     next_token,
     prefill_body,
     rewind,
@@ -192,7 +193,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         model = self.rt.model
         tokens = await self.rt.prompt_ids(request.prompt)
         stopping = model.budget(convert.stopping(request.stopping), len(tokens))
-        sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
+        sampler = make_sampler(convert.sampling(request.sampling), convert.logprob_request(request))
         progress = self.rt.progress(len(tokens))
         body = generate_body(model, tokens, sampler, stopping, progress.tally)
         async with aclosing(self.rt.scheduler.stream(body, hold=unary)) as events:
@@ -206,16 +207,21 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             async for step in steps:
                 progress = step[1]
         assert progress is not None
-        return convert.completion(progress, REQUEST_ID.get())
+        return convert.completion(progress, REQUEST_ID.get(), text_of=self.rt.model.token_text)
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: Context) -> AsyncIterator[pb.TokenEvent]:
         async with aclosing(self._generate(request)) as steps:
             async for event, progress in steps:
                 if isinstance(event, TokenOut):
-                    yield _token_event(event, progress)
-                elif isinstance(event, Finished):
-                    yield pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get()))
+                    yield self._token_event(event, progress)
+                elif isinstance(event, Finished) and progress.ended is not None:  # every sample has
+                    yield pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get(),
+                                                                text_of=self.rt.model.token_text))
+
+    def _token_event(self, event: TokenOut, progress: Progress) -> pb.TokenEvent:
+        latency = progress.latency_ms(event) if event.sample == 0 else 0.0
+        return convert.token_event(event, latency, self.rt.model.token_text)
 
     # -- sessions -----------------------------------------------------------------------
     async def Prefill(self, request_iterator: AsyncIterator[pb.PrefillRequest],
@@ -266,16 +272,21 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         state = note_session(self.rt.sessions.get(request.session_id, CALLER.get()))
         done = None
         with self.rt.sessions.using(state):
-            sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
+            logprobs = convert.logprob_request(request)
+            if logprobs is not None and logprobs.prompt:
+                raise InvalidRequest("Decode has no prompt: logprobs.prompt is for Generate and "
+                                     "GenerateStream", reason="INVALID_LOGPROBS", field="logprobs.prompt")
+            sampler = make_sampler(convert.sampling(request.sampling), logprobs)
             body = decode_body(self.rt.model, state, sampler, convert.stopping(request.stopping))
             progress = self.rt.progress()
             async with aclosing(self.rt.scheduler.stream(body)) as events:
                 async for event in events:
                     progress.see(event)
                     if isinstance(event, TokenOut):
-                        yield _token_event(event, progress)
+                        yield self._token_event(event, progress)
                     elif isinstance(event, Finished):
-                        done = pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get(), state))
+                        done = pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get(), state,
+                                                                     self.rt.model.token_text))
         # Released before the client hears "done", so its next call on the session is never ABORTED.
         if done is not None:
             yield done
@@ -338,6 +349,3 @@ async def _check_client_stayed(context: Context) -> None:
         raise Cancelled("the client left before sending a prompt") from exc
 
 
-def _token_event(event: TokenOut, progress: Progress) -> pb.TokenEvent:
-    return pb.TokenEvent(token=pb.Token(id=event.id, text=event.text, index=event.index,
-                                        latency_ms=progress.latency_ms(event)))

@@ -91,6 +91,8 @@ def plain(model_dir: Path) -> Iterator[RunningServer]:
     (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(frequency_penalty=-3)),
      "INVALID_SAMPLING", "sampling.frequency_penalty"),
     (greedy_request([5], 2, stop=["x"] * 17), "TOO_MANY_STOPS", "stopping.stop"),
+    (pb.GenerateRequest(prompt=tokens([5]), logprobs=pb.LogprobOptions(top=21)), "INVALID_LOGPROBS",
+     "logprobs.top"),
 ])
 def test_invalid_argument_names_its_reason_and_the_field_at_fault(
         plain: RunningServer, request_: pb.GenerateRequest, reason: str, field: str) -> None:
