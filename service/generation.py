@@ -9,6 +9,7 @@ row). It never sees protobuf and never touches tensors.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from engine.errors import OutOfRange
 from engine.executor import DecodeRow
 from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, TokenLogprobs
 from service.errors import InvalidRequest, LimitExceeded, NoTokenizer
-from service.scheduler import Call, Chunk, OpenSlot, Token
+from service.scheduler import Call, Chunk, OpenSlot, Token, Tokens
 from service.sessions import SessionState
 
 
@@ -342,16 +343,59 @@ def _stop_reason(model: Model, stopping: Stopping, token: int, stop_text: StopTe
     return None
 
 
-def generate_body(model: Model, tokens: list[int], sampler: Sampler, stopping: Stopping,
+def generate_body(model: Model, tokens: list[int], samplers: Sequence[Sampler], stopping: Stopping,
                   tally: PrefillTally) -> Generator[Any, Any, None]:
-    """Generate on a session of its own (waiting for a free slot), returned to the pool however it ends."""
-    session = yield OpenSlot()
+    """Generate len(samplers) samples on sessions of their own (waiting for as many free slots), returned
+    to the pool however it ends. The prompt is prefilled once; the other samples start from a copy of
+    its KV rows and logits, and every sample decodes in the same forwards."""
+    granted = yield OpenSlot(len(samplers))
+    sessions: list[Any] = granted if isinstance(granted, list) else [granted]
     try:
         yield Started(time.perf_counter())
-        yield from prefill_steps(model.engine, session, tokens, tally)
-        yield from decode_steps(model, session, sampler, stopping, feed_last=False)
+        first = sessions[0]
+        yield from prefill_steps(model.engine, first, tokens, tally)
+        for other in sessions[1:]:
+            yield Call(functools.partial(model.engine.copy_session, first, other))
+        bodies = [decode_steps(model, session, sampler, stopping, feed_last=False, sample=i)
+                  for i, (session, sampler) in enumerate(zip(sessions, samplers, strict=True))]
+        yield from bodies[0] if len(bodies) == 1 else side_by_side(bodies)
     finally:
-        model.engine.close_session(session)
+        for session in sessions:
+            model.engine.close_session(session)
+
+
+def side_by_side(bodies: list[Generator[Any, Any, None]]) -> Generator[Any, Any, None]:
+    """Run several job bodies as one: each round, every body that wants a decode row gets it in one
+    Tokens request (so all of them ride one forward); calls and events pass through as they come."""
+    replies: dict[int, Any] = dict.fromkeys(range(len(bodies)))
+    live = dict(enumerate(bodies))
+    try:
+        while live:
+            wants: dict[int, DecodeRow] = {}
+            for i in list(live):
+                row = yield from _until_token(live[i], replies.pop(i, None))
+                if row is None:
+                    del live[i]
+                else:
+                    wants[i] = row
+            if wants:
+                tokens = yield Tokens(tuple(wants.values()))
+                replies.update(zip(wants, tokens, strict=True))
+    finally:
+        for body in live.values():
+            body.close()
+
+
+def _until_token(body: Generator[Any, Any, None], reply: Any) -> Generator[Any, Any, DecodeRow | None]:
+    """Advance `body` up to its next decode row (None once it has ended), passing the rest through."""
+    while True:
+        try:
+            item = body.send(reply)
+        except StopIteration:
+            return None
+        if isinstance(item, Token):
+            return item.row
+        reply = yield item
 
 
 def prefill_body(model: Model, state: SessionState, tokens: list[int],

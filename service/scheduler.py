@@ -50,7 +50,11 @@ class Call:
 
 @dataclass(frozen=True)
 class OpenSlot:
-    """Wait, in arrival order, for a free KV slot; a new engine Session comes back."""
+    """Wait, in arrival order, for `count` free KV slots; a new engine Session comes back (a list of
+    `count` sessions when more than one: they are granted together, so two jobs that each need
+    several can never hold part of what the other waits for)."""
+
+    count: int = 1
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,20 @@ class Token:
     """Be one row of the round's decode forward; the chosen token (or None) comes back."""
 
     row: DecodeRow
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Be several rows of the round's decode forward (a request's n samples); their tokens come back."""
+
+    rows: tuple[DecodeRow, ...]
+
+
+def decode_rows(want: Any) -> tuple[DecodeRow, ...]:
+    """The decode rows a job waits on (none unless it waits on Token or Tokens)."""
+    if isinstance(want, Token):
+        return (want.row,)
+    return want.rows if isinstance(want, Tokens) else ()
 
 
 @dataclass(frozen=True)
@@ -295,10 +313,11 @@ class Scheduler:
 
     def _busy(self) -> bool:
         """Whether a round has anything to do without new input."""
+        running = Chunk | Token | Tokens
         for job in self._active:
-            if job.abort_error is not None or job.want is None or isinstance(job.want, Chunk | Token):
+            if job.abort_error is not None or job.want is None or isinstance(job.want, running):
                 return True
-            if isinstance(job.want, OpenSlot) and self.engine.free_slots:
+            if isinstance(job.want, OpenSlot) and self.engine.free_slots >= job.want.count:
                 return True
         return False
 
@@ -348,9 +367,12 @@ class Scheduler:
                 return
             if isinstance(item, Call):
                 self._answer(job, item.fn)
-            elif isinstance(item, Token):
-                self._answer(job, functools.partial(self.engine.check_decode, item.row))
-                if job.error is None:
+            elif isinstance(item, Token | Tokens):
+                for row in decode_rows(item):
+                    self._answer(job, functools.partial(self.engine.check_decode, row))
+                    if job.error is not None:
+                        break
+                else:
                     job.want = item
                     return
             elif isinstance(item, OpenSlot | Chunk):
@@ -371,15 +393,22 @@ class Scheduler:
         return [j for j in self._active if isinstance(j.want, kind)]
 
     def _grant_slots(self) -> None:
+        # Strictly in arrival order: a job needing several slots is not starved by later ones.
         for job in self._waiting(OpenSlot):
-            if not self.engine.free_slots:
+            assert isinstance(job.want, OpenSlot)
+            count = job.want.count
+            if self.engine.free_slots < count:
                 return
-            self._answer(job, self.engine.open_session)
+            opening = self.engine.open_session if count == 1 else functools.partial(self._open, count)
+            self._answer(job, opening)
+
+    def _open(self, count: int) -> list[Session]:
+        return [self.engine.open_session() for _ in range(count)]
 
     def _prefill(self) -> tuple[tuple[int, int], ...]:
         """Run this round's prefill forwards, oldest job first (see `prefill_plan`)."""
         jobs = self._waiting(Chunk)
-        decoding = any(isinstance(j.want, Token) for j in self._active)
+        decoding = any(isinstance(j.want, Token | Tokens) for j in self._active)
         ran = []
         for job, span in zip(jobs, prefill_plan(len(jobs), decoding, self.engine.shared_span), strict=False):
             assert isinstance(job.want, Chunk)
@@ -400,10 +429,11 @@ class Scheduler:
 
     def _decode(self) -> tuple[tuple[tuple[int, int], ...], int]:
         """One decode forward for every job waiting on a token."""
-        jobs = self._waiting(Token)
+        jobs = self._waiting(Token | Tokens)
         if not jobs:
             return (), 0
-        rows = [j.want.row for j in jobs if isinstance(j.want, Token)]
+        wanted = [decode_rows(j.want) for j in jobs]
+        rows = [row for job_rows in wanted for row in job_rows]
         started = time.perf_counter()
         try:
             tokens = self.engine.decode(rows)
@@ -412,11 +442,14 @@ class Scheduler:
             for job in jobs:
                 job.answer(error=exc)
             return (), 0
-        for job, token in zip(jobs, tokens, strict=True):
-            job.answer(token)
+        picked = iter(tokens)
+        for job, job_rows in zip(jobs, wanted, strict=True):
+            mine = [next(picked) for _ in job_rows]
+            job.answer(mine if isinstance(job.want, Tokens) else mine[0])
         self._forward_done("decode", started, lambda: {
             "rows": len(rows), "batch": self.engine.last_batch, "request_ids": [j.request_id for j in jobs]})
-        decoded = tuple((j.serial, r.session.row) for j, r in zip(jobs, rows, strict=True))
+        decoded = tuple((j.serial, r.session.row)
+                        for j, job_rows in zip(jobs, wanted, strict=True) for r in job_rows)
         return decoded, self.engine.last_batch
 
     def _fault(self, exc: BaseException) -> None:
@@ -429,8 +462,10 @@ class Scheduler:
             job.body.close()
         except Exception as exc:  # noqa: BLE001 — a failing clean-up must never stop the worker
             log.error("job_cleanup_failed", error=repr(exc))
-        if isinstance(job.reply, Session):  # a slot granted to a job that never saw it
-            self.engine.close_session(job.reply)
+        granted = job.reply if isinstance(job.reply, list) else [job.reply]
+        for session in granted:  # slots granted to a job that never saw them
+            if isinstance(session, Session):
+                self.engine.close_session(session)
         self._finish(job, error)
 
     def _finish(self, job: Job, error: BaseException | None) -> None:

@@ -28,7 +28,7 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import convert
 from service.config import Config
-from service.errors import Cancelled, Draining, InvalidRequest, QueueFull
+from service.errors import Cancelled, Draining, InvalidRequest, LimitExceeded, QueueFull
 from service.generation import (
     Finished,
     ForwardDone,
@@ -126,6 +126,25 @@ class Runtime:
             raise QueueFull(f"this caller already holds {held} sessions (the limit is {share}; "
                             "see --sessions-per-caller)", reason="CALLER_QUOTA")
 
+    def check_samples(self, n: int) -> None:
+        """n samples hold n KV slots at once: no more than the server has, nor than the caller's share
+        beside the sessions it holds."""
+        engine = self.model.engine
+        if n > engine.pool.rows:
+            raise LimitExceeded(f"n = {n} samples need {n} KV slots at once; the server has "
+                                f"{engine.pool.rows}", reason="TOO_MANY_SAMPLES", field="n")
+        if n > 1 and engine.info.recurrent_state:
+            raise InvalidRequest("n > 1 copies the prompt's KV rows, and this decoder carries "
+                                 "recurrent state that has none", reason="SAMPLES_UNSUPPORTED", field="n")
+        if n > 1:
+            caller = CALLER.get()
+            share = caller_share(self.config.sessions_per_caller, engine.pool.rows)
+            held = sum(1 for s in self.sessions.all() if s.owner == caller) + self.opening[caller]
+            if held + n > share:
+                raise QueueFull(f"n = {n} samples beside the {held} sessions this caller holds are over its "
+                                f"share of {share} KV slots (see --sessions-per-caller)",
+                                reason="CALLER_QUOTA")
+
     async def open_session(self) -> SessionState:
         caller = CALLER.get()
         self.check_share(caller)
@@ -193,9 +212,13 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         model = self.rt.model
         tokens = await self.rt.prompt_ids(request.prompt)
         stopping = model.budget(convert.stopping(request.stopping), len(tokens))
-        sampler = make_sampler(convert.sampling(request.sampling), convert.logprob_request(request))
+        n = max(request.n, 1)
+        params, logprobs = convert.sampling(request.sampling), convert.logprob_request(request)
+        samplers = [make_sampler(params.for_sample(i), logprobs) for i in range(n)]
+        self.rt.check_samples(n)
         progress = self.rt.progress(len(tokens))
-        body = generate_body(model, tokens, sampler, stopping, progress.tally)
+        progress.samples = n
+        body = generate_body(model, tokens, samplers, stopping, progress.tally)
         async with aclosing(self.rt.scheduler.stream(body, hold=unary)) as events:
             async for event in events:
                 progress.see(event)

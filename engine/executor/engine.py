@@ -171,6 +171,19 @@ class Engine:
         del self._open[session.row]
         heapq.heappush(self._free, session.row)
 
+    def copy_session(self, source: Session, target: Session) -> None:
+        """Make the open, empty `target` a copy of `source`: its tokens, KV rows and next-token
+        logits, copied on the backend's device; no forward runs (n samples of one prefill)."""
+        self._check_open(source)
+        self._check_open(target)
+        if self.info.recurrent_state:
+            raise InvalidInput("a decoder with recurrent state cannot copy a session: its state has no rows")
+        self.decoder.settle()
+        self.backend.copy_rows(source.row, target.row, source.length)
+        target.length, target.tokens = source.length, list(source.tokens)
+        target.has_logits, target.padding_on = source.has_logits, source.padding_on
+        self.pool.set_mask(target.row, source.length)
+
     def memory(self) -> MemoryUse:
         return MemoryUse(weights=self.weights_bytes, kv=self.pool.rows * self.slot_bytes,
                          variants=self.variants.stats().nbytes, budget=self.options.memory_budget_bytes)

@@ -1,0 +1,99 @@
+"""n samples per request through a real server: one prefill, n rows decoded side by side.
+
+Sample i draws from seed + i, so each sample is exactly the single-sample request
+with that seed, alone or beside other requests in the same decode forwards.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from proto.ladder.v1 import ladder_pb2 as pb
+from tests.service.conftest import RunningServer, greedy_request, prompt_ids
+
+NEW = 6
+
+
+def sampled(tokens: list[int], n: int = 1, seed: int = 7, new: int = NEW) -> pb.GenerateRequest:
+    request = greedy_request(tokens, new)
+    request.sampling.CopyFrom(pb.SamplingOptions(temperature=1.5, seed=seed))
+    request.n = n
+    return request
+
+
+def test_each_sample_is_the_single_request_with_the_next_seed(server: RunningServer) -> None:
+    tokens = prompt_ids(60, seed=11)
+    reply = server.stub.Generate(sampled(tokens, n=3))
+    assert [s.index for s in reply.samples] == [0, 1, 2]
+    alone = [list(server.stub.Generate(sampled(tokens, seed=7 + i)).token_ids) for i in range(3)]
+    assert [list(s.token_ids) for s in reply.samples] == alone
+    assert list(reply.token_ids) == alone[0] and reply.text == reply.samples[0].text
+    assert len({tuple(a) for a in alone}) > 1, "three seeds at temperature 1.5 should not all agree"
+    assert reply.usage.completion_tokens == 3 * NEW
+
+
+def test_n_samples_share_one_prefill_and_decode_in_the_same_forwards(server: RunningServer) -> None:
+    tokens = prompt_ids(150, seed=12)
+    single = server.stub.Generate(sampled(tokens, n=1))
+    before = server.stats()
+    reply = server.stub.Generate(sampled(tokens, n=4))
+    after = server.stats()
+    assert reply.prefill == single.prefill  # the same forwards at the same widths: one prefill
+    assert after.prompt_tokens - before.prompt_tokens == len(tokens)
+    # The first token comes from the prefill's logits; each later one is one forward for all four rows.
+    assert after.decode.steps - before.decode.steps == NEW - 1
+    assert after.decode.rows - before.decode.rows == 4 * (NEW - 1)
+    assert after.sessions_open == 0
+
+
+def test_the_stream_tags_each_token_with_its_sample(server: RunningServer) -> None:
+    tokens = prompt_ids(30, seed=13)
+    events = list(server.stub.GenerateStream(sampled(tokens, n=3)))
+    done = events[-1].done
+    for sample in range(3):
+        mine = [e.token for e in events if e.HasField("token") and e.token.sample == sample]
+        assert [t.index for t in mine] == list(range(NEW))
+        assert [t.id for t in mine] == list(done.samples[sample].token_ids)
+    assert sum(1 for e in events if e.HasField("done")) == 1
+
+
+def test_greedy_samples_are_all_the_greedy_completion(server: RunningServer) -> None:
+    tokens = prompt_ids(40, seed=14)
+    request = greedy_request(tokens, NEW)
+    request.n = 3
+    request.logprobs.CopyFrom(pb.LogprobOptions(top=2))
+    reply = server.stub.Generate(request)
+    greedy = server.stub.Generate(greedy_request(tokens, NEW))
+    assert all(list(s.token_ids) == list(greedy.token_ids) for s in reply.samples)
+    assert all(s.finish_reason == pb.FINISH_REASON_LENGTH for s in reply.samples)
+    assert [list(s.logprobs) for s in reply.samples[1:]] == [list(reply.samples[0].logprobs)] * 2
+
+
+def test_seeded_sampling_gives_the_same_tokens_alone_and_batched(server: RunningServer) -> None:
+    tokens = prompt_ids(50, seed=15)
+    request = sampled(tokens, seed=21, new=24)
+    alone = list(server.stub.Generate(request).token_ids)
+    before = server.stats().decode
+    # Five long streams are decoding (each has sent its first token) while the request runs.
+    crowd = [server.stub.GenerateStream(sampled(prompt_ids(20 + 10 * i, seed=i), seed=i, new=250))
+             for i in range(5)]
+    for stream in crowd:
+        assert next(stream).HasField("token")
+    batched = list(server.stub.Generate(request).token_ids)
+    for stream in crowd:
+        list(stream)
+    assert batched == alone
+    after = server.stats().decode
+    assert after.steps - before.steps < after.rows - before.rows, "the requests never shared a forward"
+
+
+@pytest.mark.parametrize(("n", "code"), [(13, grpc.StatusCode.OUT_OF_RANGE),
+                                          (12, grpc.StatusCode.RESOURCE_EXHAUSTED)])
+def test_more_samples_than_slots_or_than_the_callers_share_are_refused(
+        server: RunningServer, n: int, code: grpc.StatusCode) -> None:
+    # The server has 12 slots; a caller may hold 11 of them.
+    with pytest.raises(grpc.RpcError) as caught:
+        server.stub.Generate(sampled([5, 6, 7], n=n))
+    assert caught.value.code() == code
+    assert server.stub.Generate(sampled([5, 6, 7], n=11)).usage.completion_tokens == 11 * NEW
