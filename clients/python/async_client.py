@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.python.channel import Connection, aio_channel
 from clients.python.messages import (
+    Logprobs,
     PromptInput,
     Sampling,
     Stopping,
@@ -59,16 +60,19 @@ class AsyncLadderClient:
 
     async def generate(self, prompt: PromptInput, *, sampling: Sampling | None = None,
                        stopping: Stopping | None = None, timeout_s: float | None = None,
-                       request_id: str | None = None) -> pb.Completion:
-        request = generate_request(prompt, sampling, stopping)
+                       request_id: str | None = None, n: int = 1,
+                       logprobs: Logprobs | None = None) -> pb.Completion:
+        """The whole completion; with n > 1 every sample is in `.samples`."""
+        request = generate_request(prompt, sampling, stopping, n, logprobs)
         result: pb.Completion = await self._stub.Generate(request, **self._call(timeout_s, request_id))
         return result
 
     async def generate_stream(self, prompt: PromptInput, *, sampling: Sampling | None = None,
                               stopping: Stopping | None = None, timeout_s: float | None = None,
-                              request_id: str | None = None) -> AsyncIterator[pb.TokenEvent]:
-        """One TokenEvent per token, then the final Completion (`event.done`)."""
-        request = generate_request(prompt, sampling, stopping)
+                              request_id: str | None = None, n: int = 1,
+                              logprobs: Logprobs | None = None) -> AsyncIterator[pb.TokenEvent]:
+        """One TokenEvent per token (`event.token.sample`: of which sample), then the final Completion."""
+        request = generate_request(prompt, sampling, stopping, n, logprobs)
         call = self._stub.GenerateStream(request, **self._call(timeout_s, request_id))
         async for event in _cancel_when_dropped(call):
             yield event
@@ -94,10 +98,10 @@ class AsyncLadderClient:
         raise RuntimeError("Prefill ended without PrefillDone")
 
     async def decode(self, session_id: str, max_new_tokens: int, *, sampling: Sampling | None = None,
-                     stopping: Stopping | None = None,
-                     timeout_s: float | None = None) -> AsyncIterator[pb.TokenEvent]:
+                     stopping: Stopping | None = None, timeout_s: float | None = None,
+                     logprobs: Logprobs | None = None) -> AsyncIterator[pb.TokenEvent]:
         """Continue the session by up to `max_new_tokens` tokens, streamed; ends with a Completion."""
-        request = decode_request(session_id, max_new_tokens, sampling, stopping)
+        request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs)
         async for event in _cancel_when_dropped(self._stub.Decode(request, **self._call(timeout_s))):
             yield event
 

@@ -33,9 +33,14 @@ class Sampling:
     top_p: float | None = None
     repetition_penalty: float | None = None
     seed: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def to_proto(self) -> pb.SamplingOptions:
-        msg = pb.SamplingOptions(temperature=self.temperature, top_k=self.top_k)
+        msg = pb.SamplingOptions(temperature=self.temperature, top_k=self.top_k, min_p=self.min_p,
+                                 presence_penalty=self.presence_penalty,
+                                 frequency_penalty=self.frequency_penalty)
         if self.top_p is not None:
             msg.top_p = self.top_p
         if self.repetition_penalty is not None:
@@ -59,6 +64,17 @@ class Stopping:
                                   ignore_eos=self.ignore_eos, stop_token_ids=list(self.stop_token_ids))
 
 
+@dataclass(frozen=True)
+class Logprobs:
+    """Ask for log-probabilities: each token's, `top` alternatives (at most 20), the prompt's too."""
+
+    top: int = 0
+    prompt: bool = False
+
+    def to_proto(self) -> pb.LogprobOptions:
+        return pb.LogprobOptions(top=self.top, prompt=self.prompt)
+
+
 def chat_proto(turns: Iterable[Turn]) -> pb.Chat:
     return pb.Chat(messages=[pb.ChatMessage(role=t.role, content=t.content) for t in turns])
 
@@ -75,10 +91,13 @@ def prompt_proto(prompt: PromptInput) -> pb.Prompt:
     raise TypeError("a prompt is a str, a list of token ids or a list of Turn")
 
 
-def generate_request(prompt: PromptInput, sampling: Sampling | None,
-                     stopping: Stopping | None) -> pb.GenerateRequest:
-    return pb.GenerateRequest(prompt=prompt_proto(prompt), sampling=(sampling or Sampling()).to_proto(),
-                              stopping=(stopping or Stopping()).to_proto())
+def generate_request(prompt: PromptInput, sampling: Sampling | None, stopping: Stopping | None,
+                     n: int = 1, logprobs: Logprobs | None = None) -> pb.GenerateRequest:
+    request = pb.GenerateRequest(prompt=prompt_proto(prompt), sampling=(sampling or Sampling()).to_proto(),
+                                 stopping=(stopping or Stopping()).to_proto(), n=n)
+    if logprobs is not None:
+        request.logprobs.CopyFrom(logprobs.to_proto())
+    return request
 
 
 def prefill_request(part: PromptInput, *, first: bool, session_id: str,
@@ -97,12 +116,15 @@ def prefill_requests(parts: Iterable[PromptInput], session_id: str,
 
 
 def decode_request(session_id: str, max_new_tokens: int, sampling: Sampling | None,
-                   stopping: Stopping | None) -> pb.DecodeRequest:
+                   stopping: Stopping | None, logprobs: Logprobs | None = None) -> pb.DecodeRequest:
     stop = stopping or Stopping()
     options = stop.to_proto()
     options.max_new_tokens = max_new_tokens
-    return pb.DecodeRequest(session_id=session_id, sampling=(sampling or Sampling()).to_proto(),
-                            stopping=options)
+    request = pb.DecodeRequest(session_id=session_id, sampling=(sampling or Sampling()).to_proto(),
+                               stopping=options)
+    if logprobs is not None:
+        request.logprobs.CopyFrom(logprobs.to_proto())
+    return request
 
 
 def tokenize_request(source: str | Sequence[Turn]) -> pb.TokenizeRequest:

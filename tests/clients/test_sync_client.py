@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from clients.python import LadderClient, Stopping, completion_of
+from clients.python import LadderClient, Logprobs, Sampling, Stopping, completion_of
 from proto.ladder.v1 import ladder_pb2 as pb
 
 PROMPT_IDS = [(7 * i + 3) % 500 + 3 for i in range(100)]  # 100 ids: two chunk forwards at chunk width 64
@@ -111,3 +111,19 @@ def test_a_call_past_its_deadline_ends_with_deadline_exceeded(client: LadderClie
     with pytest.raises(grpc.RpcError) as failure:
         client.generate(PROMPT_IDS, stopping=greedy(200), timeout_s=0.001)
     assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_samples_logprobs_and_the_new_sampling_options_reach_the_server(client: LadderClient) -> None:
+    sampling = Sampling(temperature=0.8, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.5, seed=3)
+    completion = client.generate(PROMPT_IDS, sampling=sampling, stopping=greedy(5), n=2,
+                                 logprobs=Logprobs(top=3))
+    assert [len(s.token_ids) for s in completion.samples] == [5, 5]
+    assert all(len(p.top) == 3 and p.logprob <= 0 for s in completion.samples for p in s.logprobs)
+    alone = client.generate(PROMPT_IDS, sampling=sampling, stopping=greedy(5))
+    assert list(completion.samples[0].token_ids) == list(alone.token_ids)
+    forwards, done = client.prefill([PROMPT_IDS])
+    try:
+        events = list(client.decode(done.session_id, 3, stopping=greedy(3), logprobs=Logprobs(top=1)))
+        assert [len(e.token.top_logprobs) for e in events if e.WhichOneof("event") == "token"] == [1, 1, 1]
+    finally:
+        client.close_session(done.session_id)
