@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.python import LadderClient, Stopping
+from clients.python import LadderClient, Logprobs, Sampling, Stopping
 from tests.clients.live_server import LiveServer
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
@@ -45,3 +45,21 @@ def test_the_node_client_reports_a_bad_request_with_its_status(node_example: Pat
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
     assert "INVALID_ARGUMENT" in done.stderr
+
+
+def test_the_node_samples_example_streams_each_samples_tokens_with_logprobs(
+        node_example: Path, server: LiveServer, client: LadderClient) -> None:
+    cmd = ["node", str(node_example.parent / "samples.js"), "--address", server.address, "--n", "2",
+           "--top", "3", "--max-new-tokens", "4", "Hello from Node"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    sampling = Sampling(temperature=0.8, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.3, seed=42)
+    expected = client.generate("Hello from Node", sampling=sampling, n=2, logprobs=Logprobs(top=3),
+                               stopping=Stopping(max_new_tokens=4, ignore_eos=True))
+    for sample in (0, 1):
+        mine = [line for line in lines if line["sample"] == sample]
+        assert [line["id"] for line in mine] == list(expected.samples[sample].token_ids)
+        assert [len(line["top"]) for line in mine] == [3] * 4
+        assert [line["logprob"] for line in mine] == \
+            pytest.approx([p.logprob for p in expected.samples[sample].logprobs])
