@@ -292,10 +292,11 @@ def _advance(stop: str, failure: list[int], matched: int, piece: str) -> int:
 
 # -- worker-side bodies: they ask the scheduler for engine work and never call the engine themselves --
 
-def prefill_steps(engine: Any, session: Any, tokens: list[int],
-                  tally: PrefillTally) -> Generator[Any, Any, None]:
-    """Append the prompt, one forward per round; the session's next-token logits follow it."""
-    task = yield Call(lambda: engine.start_prefill(session, tokens))
+def prefill_steps(engine: Any, session: Any, tokens: list[int], tally: PrefillTally,
+                  logprob_top: int | None = None) -> Generator[Any, Any, None]:
+    """Append the prompt, one forward per round; the session's next-token logits follow it. With
+    `logprob_top`, the prompt's log-probabilities follow the last forward (PromptLogprobs)."""
+    task = yield Call(lambda: engine.start_prefill(session, tokens, logprob_top=logprob_top))
     while not task.done:
         report = yield Chunk(task)
         forward = report.forward
@@ -304,6 +305,8 @@ def prefill_steps(engine: Any, session: Any, tokens: list[int],
         tally.padded_rows += report.width - forward.rows
         tally.widths.append(report.width)
         yield ForwardDone(forward.rows, report.width, forward.past, report.length)
+    if logprob_top is not None:
+        yield PromptLogprobs(tuple(task.logprobs))
 
 
 def decode_steps(model: Model, session: Any, sampler: Sampler, stopping: Stopping,
@@ -344,7 +347,7 @@ def _stop_reason(model: Model, stopping: Stopping, token: int, stop_text: StopTe
 
 
 def generate_body(model: Model, tokens: list[int], samplers: Sequence[Sampler], stopping: Stopping,
-                  tally: PrefillTally) -> Generator[Any, Any, None]:
+                  tally: PrefillTally, prompt_logprobs: int | None = None) -> Generator[Any, Any, None]:
     """Generate len(samplers) samples on sessions of their own (waiting for as many free slots), returned
     to the pool however it ends. The prompt is prefilled once; the other samples start from a copy of
     its KV rows and logits, and every sample decodes in the same forwards."""
@@ -353,7 +356,7 @@ def generate_body(model: Model, tokens: list[int], samplers: Sequence[Sampler], 
     try:
         yield Started(time.perf_counter())
         first = sessions[0]
-        yield from prefill_steps(model.engine, first, tokens, tally)
+        yield from prefill_steps(model.engine, first, tokens, tally, prompt_logprobs)
         for other in sessions[1:]:
             yield Call(functools.partial(model.engine.copy_session, first, other))
         bodies = [decode_steps(model, session, sampler, stopping, feed_last=False, sample=i)

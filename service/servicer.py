@@ -218,7 +218,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         self.rt.check_samples(n)
         progress = self.rt.progress(len(tokens))
         progress.samples = n
-        body = generate_body(model, tokens, samplers, stopping, progress.tally)
+        prompt_top = logprobs.top if logprobs is not None and logprobs.prompt else None
+        body = generate_body(model, tokens, samplers, stopping, progress.tally, prompt_top)
         async with aclosing(self.rt.scheduler.stream(body, hold=unary)) as events:
             async for event in events:
                 progress.see(event)

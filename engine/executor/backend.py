@@ -69,6 +69,11 @@ class Backend(Protocol[VariantT]):
         log-probability and its `top` most likely alternatives; only those values reach the host."""
         ...
 
+    def prompt_logprobs(self, logits: Any, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
+        """The same of a prefill forward's logits [1, rows, vocab]: row i against tokens[i], for the
+        first len(tokens) rows (real rows: padded ones come after them)."""
+        ...
+
     def row_logits(self, row: int) -> np.ndarray:
         """A host copy of one row's stored logits [vocab]."""
         ...

@@ -212,6 +212,10 @@ class CpuBackend:
         chosen, ids, values = log_probs(np, self.store[list(rows)], np.asarray(tokens, np.int64), top)
         return token_logprobs(tokens, chosen, ids, values)
 
+    def prompt_logprobs(self, logits: np.ndarray, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
+        chosen, ids, values = log_probs(np, logits[0, :len(tokens)], np.asarray(tokens, np.int64), top)
+        return token_logprobs(tokens, chosen, ids, values)
+
     def row_logits(self, row: int) -> np.ndarray:
         return np.array(self.store[row], copy=True)
 

@@ -352,10 +352,18 @@ class CudaBackend:
         with self.rt.enter():
             index = self._index(rows)
             logits = self.store[index] if isinstance(index, slice) else self._gather(self.store, index)
-            picked = self.xp.asarray(np.asarray(tokens, np.int64))
-            chosen, ids, values = log_probs(self.xp, logits, picked, top)
-            host = [None if a is None else self.rt.to_host(a) for a in (ids, values)]
-            return token_logprobs(tokens, self.rt.to_host(chosen), host[0], host[1])
+            return self._logprobs_on_device(logits, tokens, top)
+
+    def prompt_logprobs(self, logits: Any, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
+        with self.rt.enter():
+            return self._logprobs_on_device(logits[0, :len(tokens)], tokens, top)
+
+    def _logprobs_on_device(self, logits: Any, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
+        """Inside the runtime's context: log_probs where `logits` live, then only the small arrays move."""
+        picked = self.xp.asarray(np.asarray(tokens, np.int64))
+        chosen, ids, values = log_probs(self.xp, logits, picked, top)
+        host = [None if a is None else self.rt.to_host(a) for a in (ids, values)]
+        return token_logprobs(tokens, self.rt.to_host(chosen), host[0], host[1])
 
     def _penalize(self, row: Any, history: Sequence[int], penalty: float) -> Any:
         xp = self.xp

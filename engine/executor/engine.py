@@ -210,8 +210,11 @@ class Engine:
 
     def start_prefill(self, session: Session, tokens: Sequence[int] | None = None, *,
                       embeds: np.ndarray | None = None,
-                      ports: Mapping[str, np.ndarray] | None = None) -> PrefillTask:
-        """Check and plan a prompt appended to `session`; nothing runs yet."""
+                      ports: Mapping[str, np.ndarray] | None = None,
+                      logprob_top: int | None = None) -> PrefillTask:
+        """Check and plan a prompt appended to `session`; nothing runs yet. With `logprob_top` each
+        forward also computes the log-probabilities of the prompt's tokens after the first (and
+        that many alternatives) from its real logits rows: `task.logprobs`."""
         self._check_open(session)
         feed, ids = checked_feed(self.info, self.feed_dtype, tokens, embeds)
         supplied = checked_ports(self.port_dtypes, ports or {})
@@ -219,7 +222,9 @@ class Engine:
         per_token = set(plan.padding.per_token_ports)
         streamed = {n: a for n, a in supplied.items() if n in per_token}
         constants = {n: a for n, a in supplied.items() if n not in per_token}
-        return PrefillTask(session, feed, ids, streamed, constants, list(plan.forwards))
+        if logprob_top is not None and ids is None:
+            raise InvalidInput("prompt log-probabilities need token ids, not embeddings")
+        return PrefillTask(session, feed, ids, streamed, constants, list(plan.forwards), logprob_top)
 
     @property
     def padded_ladder(self) -> tuple[int, ...]:
@@ -245,6 +250,8 @@ class Engine:
             self._trip_self_check(session, forward, width, logits.shape[1])
             width, logits = forward.rows, self._prefill_forward(task, forward, forward.rows)
             task.forwards = self._replan(task)
+        if task.logprob_top is not None:
+            self._prompt_logprobs(task, forward, logits)
         if logits is not None:
             # Cut to the real rows; a decoder that emits fewer rows gives its last one.
             self.backend.keep_row(session.row, logits, min(forward.rows, logits.shape[1]) - 1)
@@ -256,6 +263,22 @@ class Engine:
         stats.real_rows += forward.rows
         stats.padded_rows += width - forward.rows
         return ForwardReport(forward, width, session.length)
+
+    def _prompt_logprobs(self, task: PrefillTask, forward: Forward, logits: Any) -> None:
+        """Row i of the forward predicts prompt token start + i + 1: score the real rows whose next token
+        is in the prompt (never a padded row: they all come after the real ones)."""
+        assert task.ids is not None and task.logprob_top is not None
+        targets = task.ids[forward.start + 1:forward.start + forward.rows + 1]
+        if not targets:
+            return
+        if logits is None:  # a single row ran as a decode step: its logits are in the store
+            found = self.backend.logprobs([task.session.row], targets, task.logprob_top)
+        elif logits.shape[1] < len(targets):
+            raise InvalidInput("this decoder returns fewer logits rows than it is fed: "
+                               "it has no prompt log-probabilities")
+        else:
+            found = self.backend.prompt_logprobs(logits, targets, task.logprob_top)
+        task.logprobs.extend(found)
 
     def _prefill_forward(self, task: PrefillTask, forward: Forward, width: int) -> Any:
         session, rows = task.session, forward.rows

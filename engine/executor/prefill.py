@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import InvalidInput
+from engine.executor.sampling import TokenLogprobs
 from engine.executor.session import Session
 from engine.model import ModelInfo
 from engine.planner import Forward
@@ -35,6 +36,8 @@ class PrefillTask:
     streamed: dict[str, np.ndarray]  # per-token ports, widened with the feed
     constants: dict[str, np.ndarray]  # other supplied ports, bound as they are
     forwards: list[Forward] = field(default_factory=list)  # still to run, in order
+    logprob_top: int | None = None  # prompt log-probabilities wanted, with this many alternatives
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # of ids[1:], filled forward by forward
 
     @property
     def done(self) -> bool:

@@ -16,7 +16,7 @@ from engine.executor import DecodeRow, Engine, EngineOptions, Session
 from engine.executor.cpu import CpuBackend
 from engine.executor.cuda import CudaBackend, host_runtime
 from engine.executor.engine import make_backend
-from engine.executor.sampling import Sampler, SamplingParams
+from engine.executor.sampling import Sampler, SamplingParams, TokenLogprobs
 from engine.model import load_model_info
 from engine.modelgen.synthetic import TINY, build_synthetic
 
@@ -126,6 +126,23 @@ def test_log_probabilities_on_the_backend_match_the_host(model_dir: Path) -> Non
     assert device.token == host.token and [i for i, _ in device.top] == [i for i, _ in host.top]
     np.testing.assert_allclose([device.logprob, *(v for _, v in device.top)],
                                [host.logprob, *(v for _, v in host.top)], rtol=1e-6)
+
+
+def test_prompt_log_probabilities_on_the_backend_match_the_host(model_dir: Path) -> None:
+    found = []
+    for engine in (device_engine(model_dir), cpu_engine(model_dir)):
+        session = engine.open_session()
+        task = engine.start_prefill(session, prompt(150), logprob_top=4)
+        while not task.done:
+            engine.prefill_step(task)
+        found.append(task.logprobs)
+    device, host = found
+    assert len(device) == len(host) == 149
+    def ranked(found: list[TokenLogprobs]) -> list[tuple[int, list[int]]]:
+        return [(p.token, [i for i, _ in p.top]) for p in found]
+
+    assert ranked(device) == ranked(host)
+    np.testing.assert_allclose([p.logprob for p in device], [p.logprob for p in host], rtol=1e-6)
 
 
 def test_cuda_falls_back_to_cpu_when_the_provider_is_missing(model_dir: Path) -> None:

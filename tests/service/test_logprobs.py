@@ -145,3 +145,33 @@ def test_more_than_twenty_alternatives_are_invalid_argument(server: RunningServe
 
 def test_decode_refuses_prompt_logprobs(server: RunningServer) -> None:
     assert decode_refusal(server, pb.LogprobOptions(prompt=True)).code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def prompt_reference(model_dir: Path, prompt: list[int]) -> list[np.ndarray]:
+    """Row i: the log-softmax of the engine's logits after prompt[:i + 1], one token per forward."""
+    engine = Engine.load(model_dir, EngineOptions())
+    session = engine.open_session()
+    return [log_softmax(engine.append(session, [token])) for token in prompt[:-1]]
+
+
+@pytest.mark.parametrize("length", [1, 2, 70, 151])
+def test_prompt_logprobs_come_from_the_real_rows_of_the_prefill_never_a_padded_one(
+        server: RunningServer, model_dir: Path, length: int) -> None:
+    tokens = prompt_ids(length, seed=length)
+    request = asking(tokens, 1, top=3)
+    request.logprobs.prompt = True
+    reply = server.stub.Generate(request)
+    if length > 2:
+        assert reply.prefill.padded_rows > 0, "the prompt should end in a padded forward"
+    assert [p.id for p in reply.prompt_logprobs] == tokens[1:]
+    for found, token, row in zip(reply.prompt_logprobs, tokens[1:], prompt_reference(model_dir, tokens),
+                                 strict=True):
+        assert_matches(found, token, row)
+
+
+def test_the_stream_and_the_unary_call_return_the_same_prompt_logprobs(server: RunningServer) -> None:
+    request = asking(prompt_ids(45, seed=8), 2, top=1)
+    request.logprobs.prompt = True
+    unary = server.stub.Generate(request)
+    done = list(server.stub.GenerateStream(request))[-1].done
+    assert len(unary.prompt_logprobs) == 44 and list(done.prompt_logprobs) == list(unary.prompt_logprobs)
