@@ -26,7 +26,7 @@ from engine.executor.cpu import CpuBackend, _dtype
 from engine.executor.decode import BatchDecoder
 from engine.executor.options import EngineOptions
 from engine.executor.prefill import ForwardReport, PrefillTask, check_ids, checked_feed, checked_ports
-from engine.executor.sampling import Sampler, SamplingParams
+from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from engine.executor.session import Session
 from engine.executor.stats import (
     DecodeStats,
@@ -414,6 +414,10 @@ class Engine:
             # Choosing compiles its device kernels on first use (cupy): do it now, not in a request.
             self.backend.choose([session.row], [Sampler(SamplingParams())], [[]])
             self.backend.choose([session.row], [Sampler(SamplingParams(repetition_penalty=1.1))], [[0]])
+            penalized = Sampler(SamplingParams(presence_penalty=0.1, frequency_penalty=0.1))
+            penalized.chose(0)
+            self.backend.choose([session.row], [penalized], [[0]])
+            self.backend.logprobs([session.row], [0], MAX_TOP_LOGPROBS)
         finally:
             self.close_session(session)
         return self.variants.prepared - before
