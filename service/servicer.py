@@ -213,9 +213,9 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         tokens = await self.rt.prompt_ids(request.prompt)
         stopping = model.budget(convert.stopping(request.stopping), len(tokens))
         n = max(request.n, 1)
+        self.rt.check_samples(n)  # before anything is built per sample
         params, logprobs = convert.sampling(request.sampling), convert.logprob_request(request)
         samplers = [make_sampler(params.for_sample(i), logprobs) for i in range(n)]
-        self.rt.check_samples(n)
         progress = self.rt.progress(len(tokens))
         progress.samples = n
         prompt_top = logprobs.top if logprobs is not None and logprobs.prompt else None

@@ -88,7 +88,8 @@ def test_seeded_sampling_gives_the_same_tokens_alone_and_batched(server: Running
     assert after.steps - before.steps < after.rows - before.rows, "the requests never shared a forward"
 
 
-@pytest.mark.parametrize(("n", "code"), [(13, grpc.StatusCode.OUT_OF_RANGE),
+@pytest.mark.parametrize(("n", "code"), [(2**32 - 1, grpc.StatusCode.OUT_OF_RANGE),
+                                          (13, grpc.StatusCode.OUT_OF_RANGE),
                                           (12, grpc.StatusCode.RESOURCE_EXHAUSTED)])
 def test_more_samples_than_slots_or_than_the_callers_share_are_refused(
         server: RunningServer, n: int, code: grpc.StatusCode) -> None:
