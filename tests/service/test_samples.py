@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids
+from tests.service.conftest import RunningServer, greedy_request, prompt_ids, wait_for
 
 NEW = 6
 
@@ -98,3 +98,11 @@ def test_more_samples_than_slots_or_than_the_callers_share_are_refused(
         server.stub.Generate(sampled([5, 6, 7], n=n))
     assert caught.value.code() == code
     assert server.stub.Generate(sampled([5, 6, 7], n=11)).usage.completion_tokens == 11 * NEW
+
+
+def test_a_cancelled_stream_of_n_samples_returns_every_slot(server: RunningServer) -> None:
+    stream = server.stub.GenerateStream(sampled(prompt_ids(30, seed=16), n=4, new=200))
+    assert next(stream).HasField("token")
+    stream.cancel()
+    wait_for(lambda: server.stats().sessions_open == 0)
+    assert len(server.stub.Generate(sampled([5, 6, 7], n=11)).samples) == 11
