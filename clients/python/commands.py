@@ -26,7 +26,8 @@ def connection_of(args: argparse.Namespace) -> Connection:
 
 def sampling_of(args: argparse.Namespace) -> Sampling:
     return Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    repetition_penalty=args.repetition_penalty, seed=args.seed)
+                    repetition_penalty=args.repetition_penalty, seed=args.seed, min_p=args.min_p,
+                    presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
 
 
 def stopping_of(args: argparse.Namespace) -> Stopping:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.python import ChatSession, LadderClient, Stopping, Turn
+from clients.python import ChatSession, LadderClient, Sampling, Stopping, Turn
 from clients.python.chat import common_prefix_length
 from clients.python.cli import main
 from tests.clients.live_server import LiveServer
@@ -53,6 +53,19 @@ def test_ladder_generate_prints_the_greedy_completion(server: LiveServer, client
     expected = client.generate("The capital of France is", stopping=stopping)
     assert out == expected.text + "\n"
     assert "completion_tokens=9" in err and "finish=length" in err
+
+
+def test_ladder_generate_passes_min_p_and_the_penalties(server: LiveServer, client: LadderClient,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--temperature", "0.9", "--seed", "5", "--min-p", "0.1", "--presence-penalty", "1.5",
+             "--frequency-penalty", "-0.5"]
+    assert main(["generate", "--address", server.address, "--tokens", "--ids", "--max-new-tokens", "6",
+                 "--ignore-eos", *flags, "5 6 7 8 9"]) == 0
+    sampling = Sampling(temperature=0.9, seed=5, min_p=0.1, presence_penalty=1.5, frequency_penalty=-0.5)
+    expected = client.generate([5, 6, 7, 8, 9], sampling=sampling, stopping=Stopping(max_new_tokens=6,
+                                                                                     ignore_eos=True))
+    assert capsys.readouterr().out.split() == [str(t) for t in expected.token_ids]
+    assert main(["generate", "--address", server.address, "--tokens", "--min-p", "2", "5 6"]) == 1
 
 
 def test_ladder_generate_takes_token_ids_and_prints_ids(server: LiveServer,
