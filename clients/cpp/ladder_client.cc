@@ -48,7 +48,19 @@ const char* CodeName(grpc::StatusCode code) {
   return index >= 0 && index <= 16 ? kNames[index] : "UNKNOWN";
 }
 
-// Throws std::invalid_argument (or std::out_of_range) on a value that is not a number.
+// The whole of `text` as a number at least `least`; std::invalid_argument naming the flag otherwise.
+double NumberOf(const std::string& flag, const std::string& text, double least) {
+  try {
+    size_t used = 0;
+    const double number = std::stod(text, &used);
+    if (used == text.size() && number >= least) return number;
+  } catch (const std::logic_error&) {
+  }
+  throw std::invalid_argument(flag + " wants a number >= " + std::to_string(static_cast<int>(least)) +
+                              ", got '" + text + "'");
+}
+
+// Throws std::invalid_argument on a flag without its value or a value that is not a number.
 Args ParseArgs(int argc, char** argv) {
   Args args;
   std::vector<std::string> words;
@@ -59,12 +71,12 @@ Args ParseArgs(int argc, char** argv) {
       return argv[++i];
     };
     if (flag == "--address") args.address = value();
-    else if (flag == "--max-new-tokens") args.max_new_tokens = static_cast<uint32_t>(std::stoul(value()));
+    else if (flag == "--max-new-tokens") args.max_new_tokens = static_cast<uint32_t>(NumberOf(flag, value(), 0));
     else if (flag == "--ignore-eos") args.ignore_eos = true;
     else if (flag == "--tokens") args.tokens = true;
     else if (flag == "--stream") args.stream = true;
     else if (flag == "--token") args.bearer = value();
-    else if (flag == "--timeout") args.timeout_s = std::stod(value());
+    else if (flag == "--timeout") args.timeout_s = NumberOf(flag, value(), 0);
     else if (flag == "--help" || flag == "-h") throw std::invalid_argument("help");
     else words.push_back(flag);
   }

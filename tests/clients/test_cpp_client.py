@@ -77,4 +77,5 @@ def test_the_cpp_client_reports_a_bad_request_with_its_status_name(cpp_client: P
 def test_the_cpp_client_rejects_bad_arguments_before_calling(cpp_client: Path) -> None:
     done = run_cpp(cpp_client, "--max-new-tokens", "many", "hello")
     assert done.returncode == 2
+    assert "--max-new-tokens wants a number >= 0, got 'many'" in done.stderr
     assert "usage: ladder-cpp" in done.stderr
