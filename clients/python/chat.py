@@ -48,7 +48,8 @@ class ChatSession:
     """A conversation whose KV lives on the server between turns; `close()` returns it."""
 
     def __init__(self, client: LadderClient, *, system: str | None = None, max_new_tokens: int = 256,
-                 sampling: Sampling | None = None, stop: tuple[str, ...] = (), ignore_eos: bool = False) -> None:
+                 sampling: Sampling | None = None, stop: tuple[str, ...] = (),
+                 ignore_eos: bool = False) -> None:
         self.client = client
         self.turns: list[Turn] = [Turn("system", system)] if system else []
         self.max_new_tokens = max_new_tokens
