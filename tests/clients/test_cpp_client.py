@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -38,6 +39,9 @@ def sources_key() -> str:
 @pytest.fixture(scope="module")
 def cpp_client() -> Path:
     build_dir = CACHE / "ladder-cpp-client" / sources_key()
+    for stale in build_dir.parent.glob("*"):  # builds of earlier sources
+        if stale != build_dir:
+            shutil.rmtree(stale, ignore_errors=True)
     env = {**os.environ, "LADDER_CPP_DEPS": str(CACHE / "ladder-cpp-deps")}
     done = subprocess.run([str(CPP_DIR / "build.sh"), str(build_dir)], capture_output=True, text=True,
                           env=env, timeout=1200, check=False)
