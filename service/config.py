@@ -42,7 +42,7 @@ class Config:
     metrics_port: int = 9090  # 0 = no metrics endpoint
     model: str = "default"  # a model directory, or "default" (prepared under model_cache)
     model_cache: str = ""
-    model_precision: str = "fp32"  # weights of the default model: fp32 | int4 (MatMulNBits)
+    model_precision: str = "auto"  # weights of the default model: auto (int4 on CPU, fp16 on CUDA) | fp32
     provider: str = "cpu"  # cpu | cuda
     padding: bool = True
     chunk_size: int | None = None  # override the model's chunk width; 0 = no chunking
@@ -74,6 +74,13 @@ class Config:
                              memory_budget_bytes=self.memory_budget_mb << 20, lookahead=self.lookahead)
 
     @property
+    def default_model_precision(self) -> str:
+        """The default model's weights: as configured, else int4 (MatMulNBits) on CPU, fp16 on CUDA."""
+        if self.model_precision != "auto":
+            return self.model_precision
+        return "fp16" if self.provider == "cuda" else "int4"
+
+    @property
     def tls(self) -> bool:
         return bool(self.tls_cert and self.tls_key)
 
@@ -86,8 +93,9 @@ _HELP = {
     "host": "address to listen on", "port": "gRPC port (0 = any free port)",
     "metrics_port": "Prometheus /metrics port (0 = off)", "model": 'model directory or "default"',
     "model_cache": "cache directory of the default model",
-    "model_precision": "weights of the default model: fp32 or int4 (faster decode, less memory)",
+    "model_precision": "weights of the default model: auto (int4 on CPU, fp16 on CUDA), int4, fp16 or fp32",
     "provider": "execution provider: cpu | cuda",
+    "chunk_size": "prefill chunk width (0 = whole prompts; unset: the model's, else 512 up to the capacity)",
     "padding": "query-axis padding of prefill forwards (also ONNX_GENAI_PREFILL_QUERY_PADDING)",
     "auth_tokens": "comma-separated bearer tokens (name=token names the caller)",
     "memory_budget_mb": "weights + KV + variants limit: the KV slots are as many as it holds (0 = off)",
@@ -153,8 +161,8 @@ def validate(config: Config) -> None:
     """Raise ValueError for settings that cannot work together."""
     if config.provider not in {"cpu", "cuda"}:
         raise ValueError(f"provider must be cpu or cuda, got {config.provider!r}")
-    if config.model_precision not in {"fp32", "int4"}:
-        raise ValueError(f"model_precision must be fp32 or int4, got {config.model_precision!r}")
+    if config.model_precision not in {"auto", "fp32", "int4", "fp16"}:
+        raise ValueError(f"model_precision must be auto, fp32, int4 or fp16, got {config.model_precision!r}")
     if bool(config.tls_cert) != bool(config.tls_key):
         raise ValueError("TLS needs both tls_cert and tls_key")
     if config.tls_client_ca and not config.tls:

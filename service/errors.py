@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from engine.errors import EngineFault, Exhausted, InvalidInput, OutOfRange
+from engine.errors import EngineFault, Exhausted, InvalidInput, OutOfRange, Unsupported
 
 OWNER_METADATA = "ladder-session-owner"
 
@@ -73,6 +73,7 @@ STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (SessionNotFound, grpc.StatusCode.NOT_FOUND),
     (WrongPod, grpc.StatusCode.FAILED_PRECONDITION),
     (NoTokenizer, grpc.StatusCode.FAILED_PRECONDITION),
+    (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
     (SessionBusy, grpc.StatusCode.ABORTED),
     (Exhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),

@@ -117,7 +117,8 @@ class Model:
 
     def need_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:
-            raise NoTokenizer(f"{what} needs a tokenizer and the model directory has none; send token ids")
+            raise NoTokenizer(f"{what} needs a tokenizer and this model has none Ladder can read "
+                              "(see the server's start-up log); send token ids")
         return self.tokenizer
 
     def prompt_ids(self, text: str | None, chat: Sequence[ChatTurn] | None,
@@ -137,7 +138,7 @@ class Model:
                 raise InvalidRequest("a chat prompt needs at least one message")
             self._check_text_size(sum(len(m.role.encode()) + len(m.content.encode()) + CHAT_TURN_BYTES
                                       for m in chat))
-            from engine.tokenizer import ChatMessage
+            from engine.chat_template import ChatMessage
 
             tokens = [int(t) for t in tokenizer.encode_chat([ChatMessage(m.role, m.content) for m in chat])]
         else:
@@ -160,17 +161,23 @@ class Model:
             raise LimitExceeded(f"the prompt has {len(tokens)} tokens; the limit is {self.max_prompt_tokens}")
         return tokens
 
-    def budget(self, stopping: Stopping, past: int) -> Stopping:
-        """Resolve max_new_tokens against the limit and the room left after `past` tokens."""
-        room = self.capacity - past
+    def budget(self, stopping: Stopping, past: int, held: str = "the prompt's") -> Stopping:
+        """Resolve max_new_tokens against the limit and the room left after `past` tokens.
+
+        The last new token is chosen from the logits of the one before it and needs no KV
+        slot: a prompt of exactly the capacity still gets one token (finish reason CAPACITY).
+        """
+        room = self.capacity - past + 1
+        if room < 1:
+            raise OutOfRange(f"{held} {past} tokens exceed the KV capacity of {self.capacity}")
         wanted = stopping.max_new_tokens
         if wanted > self.max_new_tokens:
             raise LimitExceeded(f"max_new_tokens {wanted} is over the limit of {self.max_new_tokens}")
         if wanted == 0:
             wanted = min(self.max_new_tokens, room)
-        if wanted < 1 or wanted > room:
-            raise OutOfRange(f"{past} prompt tokens + {wanted} new tokens exceed the KV capacity "
-                             f"of {self.capacity}")
+        if wanted > room:
+            raise OutOfRange(f"{held} {past} tokens + {wanted} new tokens do not fit in the KV capacity "
+                             f"of {self.capacity}: at most {room} new tokens do")
         if stopping.stop:
             self.need_tokenizer("stop sequences")
         return Stopping(wanted, stopping.stop, stopping.ignore_eos, stopping.stop_token_ids)
@@ -318,7 +325,10 @@ def decode_body(model: Model, state: SessionState, sampler: Sampler,
     session = state.session
     if not session.has_logits:
         raise OutOfRange(f"session {state.id} has nothing to continue from (it is empty)")
-    budget = model.budget(stopping, session.length)
+    if session.length >= model.capacity:  # its last token may not be in it: nothing can follow
+        raise OutOfRange(f"session {state.id} holds {session.length} tokens, its full KV capacity: "
+                         "rewind it to continue")
+    budget = model.budget(stopping, session.length, f"session {state.id}'s")
     yield from decode_steps(model, session, sampler, budget, feed_last=True)
 
 

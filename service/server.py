@@ -31,7 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from engine.executor import Engine
-from engine.tokenizer import Tokenizer  # at import, on the main thread: see load_model
+from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see load_model
 from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
 from service.config import Config, load_config
 from service.errors import Draining, InvalidRequest
@@ -150,7 +150,7 @@ def load_model(config: Config) -> Model:
     if config.model == "default":
         from engine.default_model import prepare
 
-        path = prepare(Path(config.model_cache), precision=config.model_precision).model_dir
+        path = prepare(Path(config.model_cache), precision=config.default_model_precision).model_dir
     else:
         path = Path(config.model)
     engine = Engine.load(path, config.engine_options())
@@ -160,8 +160,22 @@ def load_model(config: Config) -> Model:
         log.info("warmed_up", variants=prepared, seconds=round(time.perf_counter() - started, 3))
     # onnxruntime-extensions' native module has aborted the process when first imported
     # from this (model-loading) thread, so engine.tokenizer is imported with this module.
-    tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
-    return Model(engine, tokenizer, str(path), config.max_prompt_tokens, config.max_new_tokens)
+    return Model(engine, read_tokenizer(path), str(path), config.max_prompt_tokens, config.max_new_tokens)
+
+
+def read_tokenizer(path: Path) -> Tokenizer | None:
+    """The model's tokenizer; None (token-id prompts only, said once in the log) when it has
+    none Ladder can read."""
+    if not (path / "tokenizer.json").exists():
+        log.warning("no_tokenizer", model=str(path), serving="token-id prompts only")
+        return None
+    try:
+        return Tokenizer(path)
+    except Exception as exc:  # noqa: BLE001 — whatever its files hold, the model still serves token ids
+        reason = str(exc) if isinstance(exc, TokenizerUnreadable) else f"{type(exc).__name__}: {exc}"
+        log.warning("tokenizer_unreadable", model=str(path), reason=reason,
+                    serving="token-id prompts only: text, chat, Tokenize and Detokenize fail")
+        return None
 
 
 class LadderServer:
@@ -217,7 +231,7 @@ class LadderServer:
         self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting)
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving", model=model.name, capacity=model.capacity, ladder=model.engine.ladder)
+        log.info("serving", model=model.name, capacity=model.capacity, ladder=model.engine.padded_ladder)
 
     async def _set_health(self, status: Any) -> None:
         for name in HEALTH_NAMES:

@@ -10,7 +10,6 @@ the source: a source edit reinstalls nothing and downloads nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import pytest
 from deploy_support import DOCKER, REPO, Stage, dockerfile, requirement_name
 from packaging.requirements import Requirement
 
-from service.config import Config
+from service.config import config_from
 
 EXTRAS = {"cpu": (), "cuda": ("cuda",)}  # Dockerfile flavour -> the extras its lock adds
 PROJECT = "ladder-serve (pyproject.toml)"
@@ -134,11 +133,12 @@ def test_each_image_prepares_the_model_in_layers_of_its_own_before_the_source(fl
 
 
 @pytest.mark.parametrize("flavour", EXTRAS)
-def test_each_image_prepares_and_serves_the_precision_the_server_defaults_to(flavour: str) -> None:
-    image = dockerfile(flavour)
-    default = {f.name: f.default for f in dataclasses.fields(Config)}["model_precision"]
-    assert build_stage(flavour).env()["LADDER_MODEL_PRECISION"] == default
-    assert image.final.env()["LADDER_MODEL_PRECISION"] == default
+def test_each_image_prepares_the_precision_its_server_picks(flavour: str) -> None:
+    # The final stage leaves model_precision at `auto`, which its provider resolves.
+    final = dockerfile(flavour).final.env()
+    assert "LADDER_MODEL_PRECISION" not in final
+    served = config_from({}, {"LADDER_PROVIDER": final["LADDER_PROVIDER"]}).default_model_precision
+    assert build_stage(flavour).env()["LADDER_MODEL_PRECISION"] == served
 
 
 def test_the_build_context_carries_the_locks_and_nothing_else_of_deploy() -> None:

@@ -52,7 +52,10 @@ def test_typed_flag_values_from_another_parser_pass_through() -> None:
     assert (config.port, config.padding, config.auth_tokens) == (0, False, ("t",))
 
 
-def test_the_default_model_precision_is_fp32_and_int4_can_be_chosen() -> None:
-    assert load_config({}).model_precision == "fp32"
-    assert load_config({"LADDER_MODEL_PRECISION": "int4"}).model_precision == "int4"
-    assert load_config({}, argv=["--model-precision", "int4"]).model_precision == "int4"
+def test_the_default_model_is_int4_on_cpu_fp16_on_cuda_and_fp32_can_be_chosen() -> None:
+    assert load_config({}).default_model_precision == "int4"
+    assert load_config({"LADDER_PROVIDER": "cuda"}).default_model_precision == "fp16"
+    assert load_config({"LADDER_MODEL_PRECISION": "fp32"}).default_model_precision == "fp32"
+    assert load_config({}, argv=["--model-precision", "fp32"]).default_model_precision == "fp32"
+    with pytest.raises(ValueError):
+        load_config({"LADDER_MODEL_PRECISION": "int8"})
