@@ -62,17 +62,22 @@ unpack_packages() {
   touch "$DEPS/root/.complete"
 }
 
+# A tool from the prefix, or the system's when dpkg had it installed already (so it was not fetched).
+tool() {
+  if [ -x "$DEPS/root/usr/bin/$1" ]; then echo "$DEPS/root/usr/bin/$1"; else command -v "$1"; fi
+}
+
 make_against_prefix() {
   local root="$DEPS/root" triplet
   triplet="$(gcc -dumpmachine)"
   local lib="$root/usr/lib/$triplet"
-  local pkg_config=pkg-config
-  command -v pkg-config >/dev/null || pkg_config="$root/usr/bin/pkgconf"
+  local pkg_config
+  pkg_config="$(command -v pkg-config || tool pkgconf)"
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export PKG_CONFIG_PATH="$lib/pkgconfig:$root/usr/share/pkgconfig"
   export PKG_CONFIG_SYSROOT_DIR="$root"
   # DT_RPATH, not RUNPATH: libgrpc must find its own dependencies (libupb, libre2, ...) in the prefix too.
-  make -s -C "$HERE" BUILD="$BUILD" PROTOC="$root/usr/bin/protoc" GRPC_CPP_PLUGIN="$root/usr/bin/grpc_cpp_plugin" \
+  make -s -C "$HERE" BUILD="$BUILD" PROTOC="$(tool protoc)" GRPC_CPP_PLUGIN="$(tool grpc_cpp_plugin)" \
     PKG_CONFIG="$pkg_config" EXTRA_LDFLAGS="-Wl,--disable-new-dtags,-rpath,$lib" >&2
 }
 
