@@ -59,6 +59,14 @@ class ChatSession:
         # A prefix of the token ids the server-side session holds; `exact` while it is all of them.
         self.held: list[int] = []
         self.exact = True
+        self._capacity: int | None = None  # the server's KV capacity per session, asked once
+
+    def _reply_budget(self) -> int:
+        """max_new_tokens, cut to what the session's KV still has room for (a long chat gets shorter
+        replies instead of OUT_OF_RANGE); at least 1, so a full session is the server's to refuse."""
+        if self._capacity is None:
+            self._capacity = self.client.model_info().capacity
+        return max(1, min(self.max_new_tokens, self._capacity - len(self.held)))
 
     def ask(self, question: str, on_text: Callable[[str], None] | None = None) -> pb.Completion:
         """Add a user turn, stream the reply through `on_text`, and return its Completion."""
@@ -73,7 +81,7 @@ class ChatSession:
 
         try:
             self._sync_session(self.client.tokenize(self.turns))
-            events = self.client.decode(self.session_id, self.max_new_tokens, sampling=self.sampling,
+            events = self.client.decode(self.session_id, self._reply_budget(), sampling=self.sampling,
                                         stopping=self.stopping)
             completion = completion_of(echo_text(_token_ids_into(token_ids, events), show))
         except KeyboardInterrupt:

@@ -7,6 +7,7 @@ streams wait for the next prompt instead of landing inside the reply.
 from __future__ import annotations
 
 import os
+import platform
 import select
 import signal
 import subprocess
@@ -22,6 +23,8 @@ from clients.python.terminal import typed_text
 from tests.clients.live_server import LiveServer
 
 REPO = Path(__file__).resolve().parents[2]
+# Linux x86_64 syscalls a program waiting for a key sits in: read, poll, select, pselect6, ppoll.
+WAITING_FOR_KEYS = {"0", "7", "23", "270", "271"}
 
 
 class Terminal:
@@ -51,6 +54,18 @@ class Terminal:
         """What Ctrl-C does: SIGINT to the program."""
         self.process.send_signal(signal.SIGINT)
 
+    def wait_until_reading_keys(self, timeout_s: float = 60.0) -> None:
+        """Until the program blocks for a key. readline notices a signal only when it interrupts its
+        select(): one sent the instant the prompt appears, before select() starts, waits for the next
+        key. A person is never that fast; a test is, so it waits for the program to sit in select()."""
+        syscall = Path(f"/proc/{self.process.pid}/syscall")
+        if platform.machine() != "x86_64" or not syscall.exists():
+            return  # the numbers above are Linux x86_64's: elsewhere, nothing to watch
+        deadline = time.monotonic() + timeout_s  # a guard against a hang, not a speed check
+        while syscall.read_text().split()[0] not in WAITING_FOR_KEYS:
+            assert time.monotonic() < deadline, f"never blocked for a key: {syscall.read_text()!r}"
+            time.sleep(0.01)
+
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -61,7 +76,7 @@ class Terminal:
 def test_ctrl_c_stops_the_reply_keeps_the_chat_and_keys_typed_meanwhile_wait_for_the_prompt(
         server: LiveServer, client: LadderClient) -> None:
     chat = Terminal([sys.executable, "-m", "clients.python.cli", "chat", "--address", server.address,
-                     "--max-new-tokens", "400", "--ignore-eos"])  # both replies fit in 1024
+                     "--max-new-tokens", "300", "--ignore-eos"])
     try:
         chat.type("hello\r")
         reply_starts = chat.expect("assistant> ", chat.expect("you> hello"))
@@ -77,6 +92,7 @@ def test_ctrl_c_stops_the_reply_keeps_the_chat_and_keys_typed_meanwhile_wait_for
         second_ends = chat.expect("you> ", second_reply)
         assert "[stopped]" not in chat.transcript[second_reply:second_ends]
         assert chat.transcript[second_reply:second_ends].strip()
+        chat.wait_until_reading_keys()
         chat.interrupt()  # Ctrl-C at the prompt ends the chat
         assert chat.process.wait(30) == 0
     finally:
@@ -115,3 +131,15 @@ def test_keys_typed_during_a_reply_keep_their_text_and_edits_and_drop_the_rest()
     assert typed_text("", "one\rtwo") == "one\ntwo"
     assert typed_text("done\n", "\x7f") == "done\n"  # a line already asked is not edited
     assert typed_text("", "left\x1b[Dgone\x15kept\x04") == "kept"
+
+
+def test_a_chat_reply_longer_than_the_kv_has_room_for_is_cut_to_fit_not_refused(client: LadderClient) -> None:
+    capacity = client.model_info().capacity
+    prompt = client.tokenize([Turn("user", "Talk for as long as you can.")])
+    chat = ChatSession(client, max_new_tokens=4 * capacity, ignore_eos=True)
+    try:
+        reply = chat.ask("Talk for as long as you can.")
+        assert len(reply.token_ids) == capacity - len(prompt)
+        assert reply.session_length <= capacity
+    finally:
+        chat.close()
