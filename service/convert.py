@@ -85,7 +85,7 @@ def model_info(model: Any, config: Any) -> pb.ModelInfo:
         has_tokenizer=model.tokenizer is not None, max_sessions=engine.pool.rows,
         variant_capacity=engine.variants.capacity, max_new_tokens_limit=model.max_new_tokens,
         max_prompt_tokens=model.max_prompt_tokens, pod_name=config.pod_name,
-        batch_widths=list(engine.batch_widths))
+        batch_widths=list(engine.batch_widths), default_max_new_tokens=model.default_new_tokens)
 
 
 def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any) -> pb.EngineStats:
