@@ -68,6 +68,11 @@ class Backend(Protocol[VariantT]):
         """A host copy of one row's stored logits [vocab]."""
         ...
 
+    def copy_rows(self, src: int, dst: int, length: int) -> None:
+        """Copy positions [0, length) of pool row `src`'s KV (and its stored logits) to row `dst`,
+        on the device that holds them: no forward is run."""
+        ...
+
     def clear_state(self, row: int) -> None:
         """Zero a row's recurrent state (no-op without one)."""
         ...

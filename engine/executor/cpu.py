@@ -113,6 +113,13 @@ class CpuBackend:
             variant.binding.bind_ortvalue_input(name_in, value)
             variant.binding.bind_ortvalue_output(name_out, value)
 
+    def copy_rows(self, src: int, dst: int, length: int) -> None:
+        """A slice copy inside the pool: the first `length` positions of every layer, the logits row."""
+        assert self.pool is not None
+        block = self.pool.block
+        block[:, :, dst, :, :length] = block[:, :, src, :, :length]
+        self.store[dst] = self.store[src]
+
     def clear_state(self, row: int) -> None:
         for array in self.states[row].current.values():
             array.fill(0)

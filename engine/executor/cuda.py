@@ -151,6 +151,18 @@ class CudaBackend:
             self.gathered = self.xp.zeros_like(self.store)
         return self.pool
 
+    def copy_rows(self, src: int, dst: int, length: int) -> None:
+        """A device-to-device copy of the first `length` positions of every layer and of the logits
+        row, queued on the backend's stream (the next forward waits for it)."""
+        assert self.pool is not None and self.staging is not None
+        with self.rt.enter():
+            block = self.pool.block
+            block[:, :, dst, :, :length] = block[:, :, src, :, :length]
+            self.store[dst] = self.store[src]
+        if self.staging.row == dst:
+            self.staging.written(0)  # the staging row's copy of `dst` is stale from position 0
+        self.queued = True
+
     def clear_state(self, row: int) -> None:
         """No recurrent state on this backend: nothing to clear."""
 
