@@ -64,6 +64,7 @@ class PrefillTally:
     real_rows: int = 0
     padded_rows: int = 0
     widths: list[int] = field(default_factory=list)
+    shared_rows: int = 0  # prompt tokens copied from a held prefix instead of prefilled
 
 
 @dataclass(frozen=True)
@@ -242,9 +243,14 @@ def _advance(stop: str, failure: list[int], matched: int, piece: str) -> int:
 
 # -- worker-side bodies: they ask the scheduler for engine work and never call the engine themselves --
 
-def prefill_steps(engine: Any, session: Any, tokens: list[int],
-                  tally: PrefillTally) -> Generator[Any, Any, None]:
-    """Append the prompt, one forward per round; the session's next-token logits follow it."""
+def prefill_steps(engine: Any, session: Any, tokens: list[int], tally: PrefillTally,
+                  share: bool = True) -> Generator[Any, Any, None]:
+    """Append the prompt, one forward per round; the session's next-token logits follow it. An empty
+    session first takes the longest prefix of the prompt held for its caller (`share`)."""
+    if share:
+        shared = yield Call(lambda: engine.share_prefix(session, tokens))
+        tally.shared_rows += shared
+        tokens = tokens[shared:]
     task = yield Call(lambda: engine.start_prefill(session, tokens))
     while not task.done:
         report = yield Chunk(task)
@@ -294,12 +300,14 @@ def _stop_reason(model: Model, stopping: Stopping, token: int, stop_text: StopTe
 
 
 def generate_body(model: Model, tokens: list[int], sampler: Sampler, stopping: Stopping,
-                  tally: PrefillTally) -> Generator[Any, Any, None]:
-    """Generate on a session of its own (waiting for a free slot), returned to the pool however it ends."""
-    session = yield OpenSlot()
+                  tally: PrefillTally, scope: str = "") -> Generator[Any, Any, None]:
+    """Generate on a session of its own (waiting for a free slot), returned to the pool however it ends;
+    the session starts from the longest prefix of the prompt held for `scope`."""
+    session = yield OpenSlot(tuple(tokens), scope)
     try:
         yield Started(time.perf_counter())
-        yield from prefill_steps(model.engine, session, tokens, tally)
+        tally.shared_rows += session.length
+        yield from prefill_steps(model.engine, session, tokens[session.length:], tally, share=False)
         yield from decode_steps(model, session, sampler, stopping, feed_last=False)
     finally:
         model.engine.close_session(session)
@@ -337,6 +345,19 @@ def next_token(model: Model, state: SessionState, sampler: Sampler) -> PrefillFi
     token = model.engine.choose(session, sampler)
     text = model.tokenizer.decode([token]) if model.tokenizer is not None else ""
     return PrefillFinished(session.length, token, text)
+
+
+@dataclass(frozen=True)
+class Forked:
+    session: Any  # engine.executor.Session
+    ms: float  # time the worker spent
+
+
+def fork(model: Model, state: SessionState, length: int | None) -> Forked:
+    """A new engine session holding a copy of the session's first `length` tokens (None: all)."""
+    started = time.perf_counter()
+    session = model.engine.fork(state.session, length)
+    return Forked(session, (time.perf_counter() - started) * 1e3)
 
 
 def rewind(model: Model, state: SessionState, length: int) -> int:

@@ -40,6 +40,7 @@ class Metrics:
         self.waiting = Gauge("ladder_waiting_for_slot", "Requests waiting for a free KV slot", registry=r)
         self.decode_forwards = Gauge("ladder_decode_forwards", "Decode forwards run since start", registry=r)
         self.decode_rows = Gauge("ladder_decode_rows", "Session rows those forwards advanced", registry=r)
+        self.prefix = PrefixMetrics(r)
 
     def watch(self, queue_depth: Callable[[], int], sessions: Callable[[], int],
               waiting: Callable[[], int]) -> None:
@@ -66,6 +67,7 @@ class Metrics:
             self.memory.labels(part).set(getattr(memory, part))
         self.decode_forwards.set(stats.decode.steps)
         self.decode_rows.set(stats.decode.rows)
+        self.prefix.update(stats.prefix)
 
     def serve_http(self, port: int) -> Any:
         """Start the /metrics endpoint; returns the HTTP server (None when port is 0)."""
@@ -73,3 +75,22 @@ class Metrics:
             return None
         server, _thread = start_http_server(port, registry=self.registry)
         return server
+
+
+# -- prefix reuse -------------------------------------------------------------------------------
+class PrefixMetrics:
+    """Prefix reuse (EngineStats.prefix): hits, tokens saved, forks, and the held prefixes' bytes."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.counters = Gauge("ladder_prefix", "Prefix reuse counters since start (lookups, hits, "
+                              "tokens_saved, forks, evictions)", ["counter"], registry=registry)
+        self.slots_held = Gauge("ladder_prefix_slots_held", "Free KV slots keeping a prefix",
+                                registry=registry)
+        self.bytes_held = Gauge("ladder_prefix_bytes_held", "KV bytes of the prefixes held in free slots",
+                                registry=registry)
+
+    def update(self, prefix: Any) -> None:
+        for name in ("lookups", "hits", "tokens_saved", "forks", "evictions"):
+            self.counters.labels(name).set(getattr(prefix, name))
+        self.slots_held.set(prefix.rows_held)
+        self.bytes_held.set(prefix.bytes_held)

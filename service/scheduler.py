@@ -46,7 +46,11 @@ class Call:
 
 @dataclass(frozen=True)
 class OpenSlot:
-    """Wait, in arrival order, for a free KV slot; a new engine Session comes back."""
+    """Wait, in arrival order, for a free KV slot; a new engine Session comes back, holding the longest
+    prefix of `prompt` held for `scope` (session.length says how many tokens)."""
+
+    prompt: tuple[int, ...] = ()
+    scope: str = ""
 
 
 @dataclass(frozen=True)
@@ -222,10 +226,10 @@ class Scheduler:
 
         return await self._result(body(), bounded=False)  # type: ignore[no-any-return]
 
-    async def open_session(self) -> Any:
+    async def open_session(self, scope: str = "") -> Any:
         """A new engine session, once a KV slot is free (waiting in the bounded queue meanwhile)."""
         def body() -> Body:
-            yield _Result((yield OpenSlot()))
+            yield _Result((yield OpenSlot(scope=scope)))
 
         return await self._result(body(), bounded=True)
 
@@ -349,7 +353,9 @@ class Scheduler:
         for job in self._waiting(OpenSlot):
             if not self.engine.free_slots:
                 return
-            self._answer(job, self.engine.open_session)
+            want = job.want
+            assert isinstance(want, OpenSlot)
+            self._answer(job, functools.partial(self.engine.open_session, want.scope, want.prompt))
 
     def _prefill(self) -> tuple[tuple[int, int], ...]:
         """Run this round's prefill forwards, oldest job first (see `prefill_plan`)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +37,7 @@ from service.generation import (
     check_sampling,
     close,
     decode_body,
+    fork,
     generate_body,
     next_token,
     prefill_body,
@@ -108,17 +109,26 @@ class Runtime:
             raise QueueFull(f"this caller already holds {held} sessions (the limit is {share}; "
                             "see --sessions-per-caller)")
 
+    def scope(self, caller: str) -> str:
+        """Whose held prefixes a caller's prompts may start from: its own, unless the operator
+        lets callers that auth tells apart share them (a shared prefix's speed is visible to others)."""
+        return "" if self.config.prefix_across_callers else caller
+
     async def open_session(self) -> SessionState:
+        return await self.claim(lambda caller: self.scheduler.open_session(self.scope(caller)))
+
+    async def claim(self, opening: Callable[[str], Awaitable[Any]]) -> SessionState:
+        """A new session for the caller, within its share, from `opening(caller)` (an engine Session)."""
         caller = CALLER.get()
         self.check_share(caller)
         self.opening[caller] += 1
         try:
             # Waits in the bounded queue while every KV slot is taken.
-            opening = asyncio.ensure_future(self.scheduler.open_session())
+            task = asyncio.ensure_future(opening(caller))
             try:
-                session = await asyncio.shield(opening)
+                session = await asyncio.shield(task)
             except asyncio.CancelledError:  # the caller left while the slot was being taken: give it back
-                opening.add_done_callback(self._close_orphan)
+                task.add_done_callback(self._close_orphan)
                 raise
         finally:
             self.opening[caller] -= 1
@@ -175,7 +185,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         stopping = model.budget(convert.stopping(request.stopping), len(tokens))
         sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
         progress = self.rt.progress(len(tokens))
-        body = generate_body(model, tokens, sampler, stopping, progress.tally)
+        body = generate_body(model, tokens, sampler, stopping, progress.tally, self.rt.scope(CALLER.get()))
         async with aclosing(self.rt.scheduler.stream(body, hold=unary)) as events:
             async for event in events:
                 progress.see(event)
@@ -272,6 +282,21 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             closing = asyncio.ensure_future(self.rt.scheduler.call(lambda: close(self.rt.model, state)))
             length = await asyncio.shield(closing)
         return pb.CloseSessionResponse(session_id=state.id, length=length)
+
+    async def ForkSession(self, request: pb.ForkSessionRequest, context: Context) -> pb.ForkSessionResponse:
+        source = self.rt.sessions.get(request.session_id, CALLER.get())
+        length = request.length if request.HasField("length") else None
+        spent: list[float] = []
+
+        async def forking(caller: str) -> Any:
+            forked = await self.rt.scheduler.call(lambda: fork(self.rt.model, source, length))
+            spent.append(forked.ms)
+            return forked.session
+
+        with self.rt.sessions.using(source):
+            state = await self.rt.claim(forking)
+        return pb.ForkSessionResponse(session_id=state.id, length=state.session.length,
+                                      source_session_id=source.id, server_ms=spent[0])
 
     # -- tokenizer and introspection ------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: Context) -> pb.TokenizeResponse:

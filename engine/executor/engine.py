@@ -25,14 +25,13 @@ from engine.executor.cpu import CpuBackend, _dtype
 from engine.executor.decode import BatchDecoder
 from engine.executor.options import EngineOptions
 from engine.executor.prefill import ForwardReport, PrefillTask, check_ids, checked_feed, checked_ports
-from engine.executor.prefix import Held, Hit, PrefixIndex
+from engine.executor.prefix import HeldPrefixes
 from engine.executor.sampling import Sampler, SamplingParams
 from engine.executor.session import Session
 from engine.executor.stats import (
     DecodeStats,
     EngineStats,
     MemoryUse,
-    PrefixStats,
     kv_position_bytes,
     kv_slot_bytes,
     model_file_bytes,
@@ -109,11 +108,8 @@ class Engine:
         self._free = set(range(rows))
         self._open: dict[int, Session] = {}
         # Prefix reuse needs token ids, chunk boundaries and KV a rewind can cut: no ports, no state.
-        self.sharing = bool(options.prefix_sharing and self.chunk_size > 0 and not self.unbatched_reason)
-        self.prefixes = PrefixIndex(max(self.chunk_size, 1))
-        self._held: dict[int, Held] = {}  # free rows keeping a closed session's KV, by row
-        self._ticks = 0
-        self.prefix_counts = {"lookups": 0, "hits": 0, "tokens_saved": 0, "forks": 0, "evictions": 0}
+        sharing = bool(options.prefix_sharing and self.chunk_size > 0 and not self.unbatched_reason)
+        self.prefixes = HeldPrefixes(self.pool, backend, self.chunk_size, sharing, kv_position_bytes(info))
         self.eager_forwards = 0
         self.sessions_padding_off = 0
         self.decoder = BatchDecoder(self.pool, backend, self._variant, self._open, self.capacity)
@@ -165,41 +161,22 @@ class Engine:
         if not self._free:
             raise Exhausted(f"all {self.pool.rows} sessions are in use")
         self.decoder.settle()
-        hit = self._lookup(scope, prompt, -1)
+        hit = self.prefixes.lookup(scope, prompt, self._open, -1)
         row = min(self._free)
         if hit and row in hit.rows:
-            return self._start(row, scope, self._held[row].tokens, hit.length)
-        self._vacate(row, hit.rows if hit else ())
+            return self._start(row, scope, self.prefixes.held[row].tokens, hit.length)
+        self.prefixes.vacate(row, self._free, hit.rows if hit else ())
         session = self._start(row, scope)
         if hit:
-            self._copy_prefix(hit.rows[0], session, hit.length)
+            source = hit.rows[0]
+            self.prefixes.copy(source, session, hit.length, self.prefixes.tokens(source, self._open))
         return session
-
-    def _vacate(self, row: int, keep: Sequence[int] = ()) -> None:
-        """Free `row` of the prefix it keeps: moved to the highest free row that keeps none, or over the
-        least recently used prefix another free row keeps (not one of `keep`), or dropped if it is the
-        least recently used itself."""
-        held = self._held.pop(row, None)
-        if held is None:
-            return
-        plain = self._free - self._held.keys() - {row}
-        others = [r for r in self._held if r not in keep]
-        target = max(plain) if plain else min(others, key=lambda r: self._held[r].used, default=None)
-        if target is None or (not plain and self._held[target].used > held.used):
-            self.prefix_counts["evictions"] += 1
-            return
-        if not plain:
-            self.prefix_counts["evictions"] += 1
-        self.backend.copy_rows(row, target, len(held.tokens))
-        self.pool.set_mask(target, len(held.tokens))
-        self.prefixes.drop(target)
-        self._held[target] = held
 
     def _start(self, row: int, scope: str, tokens: Sequence[int] = (), length: int = 0) -> Session:
         """Session bookkeeping for a free row that holds `tokens[:length]` (0: nothing)."""
         self._free.discard(row)
-        self._held.pop(row, None)
-        self.prefixes.truncate(row, length)
+        self.prefixes.held.pop(row, None)
+        self.prefixes.index.truncate(row, length)
         self.pool.set_mask(row, length)
         if not length:
             self.backend.clear_state(row)
@@ -207,39 +184,16 @@ class Engine:
         return session
 
     def close_session(self, session: Session, keep: bool = True) -> None:
-        """Return the session's row. With prefix sharing on, a row holding at least one whole chunk
-        keeps its KV (its mask stays at its length, so rows riding along write past it) until a
-        session needs the row: the next prompt starting with it copies it instead of prefilling."""
+        """Return the session's row; with prefix sharing on it keeps the session's KV (prefix.py)."""
         if session.closed:
             return
         self.decoder.settle()
         session.closed = True
         del self._open[session.row]
         self._free.add(session.row)
-        if keep and self.sharing and len(session.tokens) == session.length >= self.chunk_size:
-            self._ticks += 1
-            self._held[session.row] = Held(session.tokens, session.scope, self._ticks)
-        else:
-            self.prefixes.drop(session.row)
+        if not (keep and self.prefixes.keep(session)):
+            self.prefixes.index.drop(session.row)
             self.pool.set_mask(session.row, 0)
-
-    # -- prefix reuse ---------------------------------------------------------------------
-    def _lookup(self, scope: str, prompt: Sequence[int], exclude: int) -> Hit | None:
-        """The longest prefix of `prompt` held for `scope` by any row but `exclude`."""
-        if not (self.sharing and prompt):
-            return None
-        candidates = {r: s.tokens for r, s in self._open.items() if s.scope == scope and r != exclude}
-        candidates.update({r: h.tokens for r, h in self._held.items() if h.scope == scope})
-        self.prefix_counts["lookups"] += 1
-        hit = self.prefixes.find(prompt, candidates)
-        if hit is not None:
-            self.prefix_counts["hits"] += 1
-            self.prefix_counts["tokens_saved"] += hit.length
-            self._ticks += 1
-            for row in hit.rows:
-                if row in self._held:
-                    self._held[row].used = self._ticks
-        return hit
 
     def share_prefix(self, session: Session, prompt: Sequence[int]) -> int:
         """Start an empty session from the longest prefix of `prompt` another row holds for its scope
@@ -247,26 +201,20 @@ class Engine:
         self._check_open(session)
         if session.length:
             return 0
-        hit = self._lookup(session.scope, prompt, session.row)
+        hit = self.prefixes.lookup(session.scope, prompt, self._open, session.row)
         if hit is None:
             return 0
         self.decoder.settle()
-        self._copy_prefix(hit.rows[0], session, hit.length)
+        source = hit.rows[0]
+        self.prefixes.copy(source, session, hit.length, self.prefixes.tokens(source, self._open))
         return hit.length
 
-    def _copy_prefix(self, src: int, session: Session, length: int, tokens: Sequence[int] | None = None) -> None:
-        held = self._open[src].tokens if src in self._open else self._held[src].tokens
-        self.backend.copy_rows(src, session.row, length)
-        session.length = length
-        session.tokens = list((held if tokens is None else tokens)[:length])
-        self.pool.set_mask(session.row, length)
-
     def fork(self, source: Session, length: int | None = None) -> Session:
-        """A new session holding a copy of `source`'s first `length` tokens (default all), owned by the
-        same scope; the next-token logits are those of the tokens it holds, as after a rewind."""
+        """A new session holding a copy of `source`'s first `length` tokens (default all), in the same
+        scope; its next-token logits are those of the tokens it holds, as after a rewind."""
         self._check_open(source)
         if self.info.recurrent_state:
-            raise InvalidInput("a decoder with recurrent state cannot fork: its state is not addressed by length")
+            raise InvalidInput("a decoder with recurrent state cannot fork: its state has no length to cut")
         length = source.length if length is None else length
         if not 0 <= length <= source.length:
             raise OutOfRange(f"cannot fork at {length}: the session holds {source.length} tokens")
@@ -274,21 +222,16 @@ class Engine:
             raise Exhausted(f"all {self.pool.rows} sessions are in use")
         self.decoder.settle()
         row = min(self._free)
-        self._vacate(row)
+        self.prefixes.vacate(row, self._free)
         session = self._start(row, source.scope)
         session.padding_on = source.padding_on
-        self._copy_prefix(source.row, session, length, source.tokens)
-        self.prefix_counts["forks"] += 1
+        self.prefixes.copy(source.row, session, length, source.tokens)
+        self.prefixes.counts["forks"] += 1
         if length == source.length:
             session.has_logits = source.has_logits
         elif length and len(session.tokens) == length and not self.info.supplied_ports:
             self._rerun_last(session)
         return session
-
-    def prefix_stats(self) -> PrefixStats:
-        held = sum(len(h.tokens) for h in self._held.values())
-        return PrefixStats(self.sharing, rows_held=len(self._held), bytes_held=held * kv_position_bytes(self.info),
-                           **self.prefix_counts)
 
     def memory(self) -> MemoryUse:
         return MemoryUse(weights=self.weights_bytes, kv=self.pool.rows * self.slot_bytes,
@@ -511,7 +454,7 @@ class Engine:
     def _truncate(self, session: Session, length: int) -> None:
         session.length = length
         del session.tokens[length:]
-        self.prefixes.truncate(session.row, length)
+        self.prefixes.index.truncate(session.row, length)
         self.pool.set_mask(session.row, length)
 
     # -- conveniences (tests, benchmarks) ---------------------------------------------------
@@ -539,7 +482,7 @@ class Engine:
             sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,
             slots_allocated=self.pool.rows, slot_bytes=self.slot_bytes, memory=self.memory(),
             decode=decode, batch_widths=self.batch_widths, unbatched_reason=self.unbatched_reason,
-            prefix=self.prefix_stats())
+            prefix=self.prefixes.stats())
 
     def close(self) -> None:
         self.decoder.settle()

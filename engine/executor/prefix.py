@@ -1,4 +1,5 @@
-"""Token prefixes the KV pool holds, found by the chained hashes of their whole chunks.
+"""Token prefixes the KV pool holds (found by the chained hashes of their whole chunks), and the free
+rows that keep a closed session's KV until a session needs the row.
 
 A prefix is shared in whole chunks of the model's chunk width W only, and at
 least one token short of the prompt (its last token must run to give logits).
@@ -8,13 +9,24 @@ boundaries, the same ladder widths. Hash k chains hash k-1 with chunk k's tokens
 so one hash names a whole prefix; a hit is confirmed by comparing the tokens
 themselves, so neither a collision nor a stale entry can ever share wrong KV.
 
-Pure Python (no onnxruntime): the engine says which rows hold which tokens.
+A held row's mask stays at its length, so rows riding along in a decode forward
+write past it, where nothing is read. New sessions still take the lowest free row
+(decode batches stay narrow): a prefix held there moves to the highest free row
+holding none, or over the least recently used one, or is dropped when it is the
+least recently used itself. The KV is copied by the backend (`copy_rows`), on the
+device that holds it; nothing here touches onnxruntime.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from engine.executor.backend import Backend
+from engine.executor.pool import KvPool
+from engine.executor.session import Session
+from engine.executor.stats import PrefixStats
 
 
 @dataclass(frozen=True)
@@ -99,3 +111,84 @@ class PrefixIndex:
 
     def indexed_rows(self) -> int:
         return sum(1 for hashes in self._hashes.values() if hashes)
+
+
+class HeldPrefixes:
+    """Which rows hold which prefixes (live sessions' and held free rows'), and the held rows themselves."""
+
+    def __init__(self, pool: KvPool, backend: Backend[Any], chunk: int, enabled: bool,
+                 position_bytes: int) -> None:
+        self.pool = pool
+        self.backend = backend
+        self.chunk = chunk
+        self.enabled = enabled
+        self.position_bytes = position_bytes
+        self.index = PrefixIndex(max(chunk, 1))
+        self.held: dict[int, Held] = {}
+        self.counts = {"lookups": 0, "hits": 0, "tokens_saved": 0, "forks": 0, "evictions": 0}
+        self._ticks = 0
+
+    def _tick(self) -> int:
+        self._ticks += 1
+        return self._ticks
+
+    def keep(self, session: Session) -> bool:
+        """Keep a closing session's row (at least one whole chunk of known tokens); False: not kept."""
+        if not (self.enabled and len(session.tokens) == session.length >= self.chunk):
+            self.index.drop(session.row)
+            return False
+        self.held[session.row] = Held(session.tokens, session.scope, self._tick())
+        return True
+
+    def lookup(self, scope: str, prompt: Sequence[int], live: Mapping[int, Session],
+               exclude: int) -> Hit | None:
+        """The longest prefix of `prompt` held for `scope` by any row but `exclude`."""
+        if not (self.enabled and prompt):
+            return None
+        candidates = {r: s.tokens for r, s in live.items() if s.scope == scope and r != exclude}
+        candidates.update({r: h.tokens for r, h in self.held.items() if h.scope == scope})
+        self.counts["lookups"] += 1
+        hit = self.index.find(prompt, candidates)
+        if hit is not None:
+            self.counts["hits"] += 1
+            self.counts["tokens_saved"] += hit.length
+            used = self._tick()
+            for row in hit.rows:
+                if row in self.held:
+                    self.held[row].used = used
+        return hit
+
+    def vacate(self, row: int, free: set[int], keep: Sequence[int] = ()) -> None:
+        """Free `row` of the prefix it holds: moved to the highest free row holding none, or over the
+        least recently used one another free row holds (not one of `keep`), or dropped if it is the
+        least recently used itself."""
+        held = self.held.pop(row, None)
+        if held is None:
+            return
+        plain = free - self.held.keys() - {row}
+        others = [r for r in self.held if r not in keep]
+        target = max(plain) if plain else min(others, key=lambda r: self.held[r].used, default=None)
+        if not plain:
+            self.counts["evictions"] += 1
+            if target is None or self.held[target].used > held.used:
+                return
+        assert target is not None
+        self.backend.copy_rows(row, target, len(held.tokens))
+        self.pool.set_mask(target, len(held.tokens))
+        self.index.drop(target)
+        self.held[target] = held
+
+    def copy(self, src: int, session: Session, length: int, tokens: Sequence[int]) -> None:
+        """`session` (on its own row) holds a copy of row `src`'s first `length` tokens."""
+        self.backend.copy_rows(src, session.row, length)
+        session.length = length
+        session.tokens = list(tokens[:length])
+        self.pool.set_mask(session.row, length)
+
+    def tokens(self, row: int, live: Mapping[int, Session]) -> list[int]:
+        return live[row].tokens if row in live else self.held[row].tokens
+
+    def stats(self) -> PrefixStats:
+        held = sum(len(h.tokens) for h in self.held.values())
+        return PrefixStats(self.enabled, rows_held=len(self.held), bytes_held=held * self.position_bytes,
+                           **self.counts)
