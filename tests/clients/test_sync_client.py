@@ -67,6 +67,20 @@ def test_rewind_then_decode_reproduces_the_earlier_continuation(client: LadderCl
         client.close_session(done.session_id)
 
 
+def test_a_forked_session_continues_like_its_source(client: LadderClient) -> None:
+    _, done = client.prefill([PROMPT_IDS])
+    fork = client.fork_session(done.session_id)
+    shorter = client.fork_session(done.session_id, 40)
+    try:
+        assert (fork.length, shorter.length) == (len(PROMPT_IDS), 40)
+        source = completion_of(client.decode(done.session_id, 6, stopping=greedy(6)))
+        forked = completion_of(client.decode(fork.session_id, 6, stopping=greedy(6)))
+        assert list(forked.token_ids) == list(source.token_ids)
+    finally:
+        for session_id in (done.session_id, fork.session_id, shorter.session_id):
+            client.close_session(session_id)
+
+
 def test_stats_count_a_session_while_it_is_open_and_not_after_close(client: LadderClient) -> None:
     before = client.engine_stats()
     _, done = client.prefill([PROMPT_IDS[:10]])
