@@ -141,6 +141,23 @@ def test_held_prefixes_never_keep_a_slot_from_a_session_that_needs_one(model: Pa
     assert engine.free_slots == 0
 
 
+def test_held_prefixes_stay_inside_the_pool_the_memory_budget_sized(model: Path) -> None:
+    roomy = load(model, max_sessions=8)
+    three_rows = roomy.weights_bytes + 3 * roomy.slot_bytes + roomy._variant_reserve(3)
+    engine = load(model, max_sessions=8, memory_budget_bytes=three_rows + roomy.slot_bytes // 2)
+    assert engine.pool.rows == 3
+    for seed in range(6):  # more prefixes than rows: the oldest go
+        session = engine.open_session(prompt=prompt(130, seed=70 + seed))
+        engine.append(session, prompt(130, seed=70 + seed)[session.length:])
+        engine.close_session(session)
+    stats = engine.stats()
+    assert stats.prefix.rows_held == 3 and stats.prefix.evictions == 3
+    assert stats.prefix.bytes_held <= stats.memory.kv
+    assert stats.memory.total <= engine.options.memory_budget_bytes
+    sessions = [engine.open_session() for _ in range(3)]  # every row is still there for sessions
+    assert len({s.row for s in sessions}) == 3 and engine.stats().prefix.rows_held == 0
+
+
 def test_the_least_recently_used_prefix_is_evicted_first_and_the_others_stay_exact(model: Path) -> None:
     engine = load(model, max_sessions=3)
     old, recent = prompt(100, seed=30), prompt(100, seed=31)
