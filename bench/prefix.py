@@ -7,7 +7,8 @@ For each chunk width asked for, one server with prefix sharing on and one with i
   tokens of both servers compared;
 - multi-turn: a chat kept in a live session (Prefill a user turn, Decode a reply, ten
   times); the 10th turn's TTFT (Prefill to PrefillDone, whose next_token is the first
-  token) against the whole conversation resent as a fresh GenerateStream;
+  token) against the whole conversation resent as a fresh GenerateStream (sent just
+  before the 10th turn is appended: with sharing on it can share turns 1-9);
 - fork of a 4,000-token session: ForkSession's `server_ms` (worker time) and round trip;
   and, with the engine alone after the servers, the fork with the device copy waited for.
 
@@ -92,17 +93,21 @@ def decode(client: Any, session_id: str, n: int) -> list[int]:
 
 
 def multi_turn(client: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
-    """Ten turns in a live session; the 10th turn's TTFT against the conversation resent whole."""
+    """Ten turns in a live session; the 10th turn's TTFT against the conversation resent whole.
+
+    The resends run before the 10th turn is appended, so with sharing on what they can share
+    is what the live session holds then (turns 1-9), as for a client that resends instead."""
     conversation: list[int] = []
     session_id, turn_ms = "", []
     for turn in range(args.chat_turns):
         user = prompt(args.user, 500 + turn, vocab)
+        if turn + 1 == args.chat_turns:
+            resent = [stream(client, conversation + user, 1) for _ in range(3)]
         done, ms = prefill(client, user, session_id)
         session_id, conversation = done.session_id, conversation + user
         turn_ms.append(ms)
         if turn + 1 < args.chat_turns:
             conversation += decode(client, session_id, args.reply)
-    resent = [stream(client, conversation, 1) for _ in range(3)]
     client.CloseSession(pb.CloseSessionRequest(session_id=session_id))
     return {"conversation_tokens": len(conversation), "turn_ttft_ms": [round(m, 1) for m in turn_ms],
             "append_ttft_ms": turn_ms[-1], "resend": summary(resent),
