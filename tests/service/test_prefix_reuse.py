@@ -159,4 +159,4 @@ def test_sharing_off_shares_nothing_and_prefix_metrics_are_exported(
     assert (stats.enabled, stats.hits, stats.slots_held) == (False, 0, 0)
     server.stats()  # refreshes the gauges
     text = generate_latest(server.server.metrics.registry).decode()
-    assert 'ladder_prefix{counter="hits"}' in text and "ladder_prefix_bytes_held" in text
+    assert "ladder_prefix_hits_total" in text and "ladder_prefix_bytes_held" in text
