@@ -51,7 +51,8 @@ def stopping(message: pb.StoppingOptions) -> Stopping:
 
 def summary(tally: PrefillTally) -> pb.PrefillSummary:
     return pb.PrefillSummary(forwards=tally.forwards, real_rows=tally.real_rows,
-                             padded_rows=tally.padded_rows, widths=tally.widths)
+                             padded_rows=tally.padded_rows, widths=tally.widths,
+                             shared_rows=tally.shared_rows)
 
 
 def logprob_request(request: pb.GenerateRequest | pb.DecodeRequest) -> LogprobRequest | None:
@@ -153,4 +154,10 @@ def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any) -> pb.
         sessions_padding_off=stats.sessions_padding_off, slots_allocated=stats.slots_allocated,
         slot_bytes=stats.slot_bytes, queue_depth=queue_depth, prompt_tokens=totals.prompt_tokens,
         generated_tokens=totals.generated_tokens, padded_rows=totals.padded_rows, decode=decode,
-        waiting_for_slot=waiting)
+        waiting_for_slot=waiting, prefix=prefix_stats(stats.prefix))
+
+
+def prefix_stats(p: Any) -> pb.PrefixStats:
+    return pb.PrefixStats(enabled=p.enabled, lookups=p.lookups, hits=p.hits, tokens_saved=p.tokens_saved,
+                          forks=p.forks, slots_held=p.rows_held, bytes_held=p.bytes_held,
+                          evictions=p.evictions)

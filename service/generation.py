@@ -67,6 +67,7 @@ class PrefillTally:
     real_rows: int = 0
     padded_rows: int = 0
     widths: list[int] = field(default_factory=list)
+    shared_rows: int = 0  # prompt tokens copied from a held prefix instead of prefilled
 
 
 @dataclass(frozen=True)
@@ -293,9 +294,15 @@ def _advance(stop: str, failure: list[int], matched: int, piece: str) -> int:
 # -- worker-side bodies: they ask the scheduler for engine work and never call the engine themselves --
 
 def prefill_steps(engine: Any, session: Any, tokens: list[int], tally: PrefillTally,
-                  logprob_top: int | None = None) -> Generator[Any, Any, None]:
-    """Append the prompt, one forward per round; the session's next-token logits follow it. With
-    `logprob_top`, the prompt's log-probabilities follow the last forward (PromptLogprobs)."""
+                  share: bool = True, logprob_top: int | None = None) -> Generator[Any, Any, None]:
+    """Append the prompt, one forward per round; the session's next-token logits follow it. An empty
+    session first takes the longest prefix of the prompt held for its caller (`share`). With
+    `logprob_top`, the prompt's log-probabilities follow the last forward (PromptLogprobs): the
+    caller then shares nothing, as a shared prefix has no logits rows to score."""
+    if share:
+        shared = yield Call(lambda: engine.share_prefix(session, tokens))
+        tally.shared_rows += shared
+        tokens = tokens[shared:]
     task = yield Call(lambda: engine.start_prefill(session, tokens, logprob_top=logprob_top))
     while not task.done:
         report = yield Chunk(task)
@@ -347,16 +354,22 @@ def _stop_reason(model: Model, stopping: Stopping, token: int, stop_text: StopTe
 
 
 def generate_body(model: Model, tokens: list[int], samplers: Sequence[Sampler], stopping: Stopping,
-                  tally: PrefillTally, prompt_logprobs: int | None = None) -> Generator[Any, Any, None]:
+                  tally: PrefillTally, scope: str = "",
+                  prompt_logprobs: int | None = None) -> Generator[Any, Any, None]:
     """Generate len(samplers) samples on sessions of their own (waiting for as many free slots), returned
-    to the pool however it ends. The prompt is prefilled once; the other samples start from a copy of
-    its KV rows and logits, and every sample decodes in the same forwards."""
-    granted = yield OpenSlot(len(samplers))
+    to the pool however it ends. The first session starts from the longest prefix of the prompt held
+    for `scope` (none when the prompt's log-probabilities are asked for) and prefills the rest; the
+    other samples start from a copy of its KV rows and logits, and every sample decodes in the same
+    forwards."""
+    shared = () if prompt_logprobs is not None else tuple(tokens)
+    granted = yield OpenSlot(shared, scope, len(samplers))
     sessions: list[Any] = granted if isinstance(granted, list) else [granted]
     try:
         yield Started(time.perf_counter())
         first = sessions[0]
-        yield from prefill_steps(model.engine, first, tokens, tally, prompt_logprobs)
+        tally.shared_rows += first.length
+        yield from prefill_steps(model.engine, first, tokens[first.length:], tally, share=False,
+                                 logprob_top=prompt_logprobs)
         for other in sessions[1:]:
             yield Call(functools.partial(model.engine.copy_session, first, other))
         bodies = [decode_steps(model, session, sampler, stopping, feed_last=False, sample=i)
@@ -436,6 +449,19 @@ def next_token(model: Model, state: SessionState, sampler: Sampler) -> PrefillFi
     token = model.engine.choose(session, sampler)
     text = model.tokenizer.decode([token]) if model.tokenizer is not None else ""
     return PrefillFinished(session.length, token, text)
+
+
+@dataclass(frozen=True)
+class Forked:
+    session: Any  # engine.executor.Session
+    ms: float  # time the worker spent
+
+
+def fork(model: Model, state: SessionState, length: int | None) -> Forked:
+    """A new engine session holding a copy of the session's first `length` tokens (None: all)."""
+    started = time.perf_counter()
+    session = model.engine.fork(state.session, length)
+    return Forked(session, (time.perf_counter() - started) * 1e3)
 
 
 def rewind(model: Model, state: SessionState, length: int) -> int:

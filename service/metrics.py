@@ -153,6 +153,7 @@ class Metrics:
                               registry=r)
         self.engine = _EngineCollector()
         r.register(self.engine)
+        r.register(PrefixCollector(self.engine))
         self._methods: dict[str, MethodMetrics] = {}
 
     def for_method(self, method: str) -> MethodMetrics:
@@ -196,3 +197,28 @@ class Metrics:
             return None
         server, _thread = start_http_server(port, registry=self.registry)
         return server
+
+
+# -- prefix reuse -------------------------------------------------------------------------------
+class PrefixCollector(Collector):
+    """Prefix reuse (EngineStats.prefix) from the engine collector's latest snapshot: hits, tokens saved,
+    forks, evictions, and the prefixes free KV slots hold."""
+
+    def __init__(self, engine: _EngineCollector) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        if self.engine.stats is None:
+            return
+        p = self.engine.stats.prefix
+        for name, value, text in (
+                ("lookups", p.lookups, "Prompts appended to an empty session, looked up among held prefixes"),
+                ("hits", p.hits, "Prompts that started from a held prefix"),
+                ("tokens_saved", p.tokens_saved, "Prompt tokens copied from a held prefix, not prefilled"),
+                ("forks", p.forks, "Sessions forked (ForkSession)"),
+                ("evictions", p.evictions, "Held prefixes dropped because a session needed their KV slot")):
+            yield CounterMetricFamily(f"ladder_prefix_{name}", text, value=value)
+        yield GaugeMetricFamily("ladder_prefix_slots_held", "Free KV slots keeping a prefix",
+                                value=p.rows_held)
+        yield GaugeMetricFamily("ladder_prefix_bytes_held", "KV bytes of the prefixes free slots hold",
+                                value=p.bytes_held)

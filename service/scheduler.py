@@ -50,10 +50,13 @@ class Call:
 
 @dataclass(frozen=True)
 class OpenSlot:
-    """Wait, in arrival order, for `count` free KV slots; a new engine Session comes back (a list of
-    `count` sessions when more than one: they are granted together, so two jobs that each need
-    several can never hold part of what the other waits for)."""
+    """Wait, in arrival order, for `count` free KV slots; a new engine Session comes back, holding the
+    longest prefix of `prompt` held for `scope` (session.length says how many tokens). With `count`
+    above one a list of sessions comes back, the first as above, the rest empty: they are granted
+    together, so two jobs that each need several never hold part of what the other waits for."""
 
+    prompt: tuple[int, ...] = ()
+    scope: str = ""
     count: int = 1
 
 
@@ -265,10 +268,10 @@ class Scheduler:
 
         return await self._result(body(), bounded=False)  # type: ignore[no-any-return]
 
-    async def open_session(self) -> Any:
+    async def open_session(self, scope: str = "") -> Any:
         """A new engine session, once a KV slot is free (waiting in the bounded queue meanwhile)."""
         def body() -> Body:
-            yield _Result((yield OpenSlot()))
+            yield _Result((yield OpenSlot(scope=scope)))
 
         return await self._result(body(), bounded=True)
 
@@ -399,11 +402,12 @@ class Scheduler:
             count = job.want.count
             if self.engine.free_slots < count:
                 return
-            opening = self.engine.open_session if count == 1 else functools.partial(self._open, count)
-            self._answer(job, opening)
+            first = functools.partial(self.engine.open_session, job.want.scope, job.want.prompt)
+            self._answer(job, first if count == 1 else functools.partial(self._open, job.want))
 
-    def _open(self, count: int) -> list[Session]:
-        return [self.engine.open_session() for _ in range(count)]
+    def _open(self, want: OpenSlot) -> list[Session]:
+        first = self.engine.open_session(want.scope, want.prompt)
+        return [first, *(self.engine.open_session(want.scope) for _ in range(want.count - 1))]
 
     def _prefill(self) -> tuple[tuple[int, int], ...]:
         """Run this round's prefill forwards, oldest job first (see `prefill_plan`)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +38,7 @@ from service.generation import (
     check_sampling,
     close,
     decode_body,
+    fork,
     generate_body,
     make_sampler,
     next_token,
@@ -126,6 +127,11 @@ class Runtime:
             raise QueueFull(f"this caller already holds {held} sessions (the limit is {share}; "
                             "see --sessions-per-caller)", reason="CALLER_QUOTA")
 
+    def scope(self, caller: str) -> str:
+        """Whose held prefixes a caller's prompts may start from: its own, unless the operator
+        lets callers that auth tells apart share them (a shared prefix's speed is visible to others)."""
+        return "" if self.config.prefix_across_callers else caller
+
     def check_samples(self, n: int) -> None:
         """n samples hold n KV slots at once: no more than the server has, nor than the caller's share
         beside the sessions it holds."""
@@ -146,16 +152,20 @@ class Runtime:
                                 reason="CALLER_QUOTA")
 
     async def open_session(self) -> SessionState:
+        return await self.claim(lambda caller: self.scheduler.open_session(self.scope(caller)))
+
+    async def claim(self, opening: Callable[[str], Awaitable[Any]]) -> SessionState:
+        """A new session for the caller, within its share, from `opening(caller)` (an engine Session)."""
         caller = CALLER.get()
         self.check_share(caller)
         self.opening[caller] += 1
         try:
             # Waits in the bounded queue while every KV slot is taken.
-            opening = asyncio.ensure_future(self.scheduler.open_session())
+            task = asyncio.ensure_future(opening(caller))
             try:
-                session = await asyncio.shield(opening)
+                session = await asyncio.shield(task)
             except asyncio.CancelledError:  # the caller left while the slot was being taken: give it back
-                opening.add_done_callback(self._close_orphan)
+                task.add_done_callback(self._close_orphan)
                 raise
         finally:
             self.opening[caller] -= 1
@@ -219,7 +229,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         progress = self.rt.progress(len(tokens))
         progress.samples = n
         prompt_top = logprobs.top if logprobs is not None and logprobs.prompt else None
-        body = generate_body(model, tokens, samplers, stopping, progress.tally, prompt_top)
+        body = generate_body(model, tokens, samplers, stopping, progress.tally, self.rt.scope(CALLER.get()),
+                             prompt_top)
         async with aclosing(self.rt.scheduler.stream(body, hold=unary)) as events:
             async for event in events:
                 progress.see(event)
@@ -258,7 +269,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                                  field="prompt")
         sampler = Sampler(check_sampling(convert.sampling(first.sampling)))
         extension = await self.rt.extension(first.session_id)
-        state, progress, finished = extension.state, self.rt.progress(), False
+        state, progress, done = extension.state, self.rt.progress(), None
         with self.rt.sessions.using(state):
             try:
                 part: pb.PrefillRequest | None = first
@@ -273,13 +284,13 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                                              field="session_id")
                 result = await self.rt.scheduler.call(lambda: next_token(self.rt.model, state, sampler))
                 progress.close()
-                # Resumes only once gRPC has taken the event: the Prefill has finished. The session
-                # is released before the client can act on it (or cancel right after it).
-                yield convert.prefill_done(state.id, result, progress)
-                finished = True
+                done = convert.prefill_done(state.id, result, progress)
             finally:
-                if not finished:
+                if done is None:
                     self.rt.undo(extension)
+        # Kept and released before the client hears "done": a client acting on it at once, or
+        # cancelling the call right after it, finds the session free and whole.
+        yield done
 
     async def _prefill_part(self, extension: Extension, part: pb.PrefillRequest,
                             progress: Progress) -> AsyncIterator[pb.PrefillEvent]:
@@ -331,6 +342,21 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                 lambda: session_closed(state, "closed", close(self.rt.model, state))))
             length = await asyncio.shield(closing)
         return pb.CloseSessionResponse(session_id=state.id, length=length)
+
+    async def ForkSession(self, request: pb.ForkSessionRequest, context: Context) -> pb.ForkSessionResponse:
+        source = self.rt.sessions.get(request.session_id, CALLER.get())
+        length = request.length if request.HasField("length") else None
+        spent: list[float] = []
+
+        async def forking(caller: str) -> Any:
+            forked = await self.rt.scheduler.call(lambda: fork(self.rt.model, source, length))
+            spent.append(forked.ms)
+            return forked.session
+
+        with self.rt.sessions.using(source):
+            state = await self.rt.claim(forking)
+        return pb.ForkSessionResponse(session_id=state.id, length=state.session.length,
+                                      source_session_id=source.id, server_ms=spent[0])
 
     # -- tokenizer and introspection ------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: Context) -> pb.TokenizeResponse:

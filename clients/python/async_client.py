@@ -117,6 +117,13 @@ class AsyncLadderClient:
         result: pb.CloseSessionResponse = await self._stub.CloseSession(request, **self._call(timeout_s))
         return result
 
+    async def fork_session(self, session_id: str, length: int | None = None, *,
+                           timeout_s: float | None = None) -> pb.ForkSessionResponse:
+        """A new session holding a copy of the first `length` tokens (None: all) of `session_id`."""
+        request = pb.ForkSessionRequest(session_id=session_id, length=length)
+        result: pb.ForkSessionResponse = await self._stub.ForkSession(request, **self._call(timeout_s))
+        return result
+
     async def tokenize(self, source: str | Sequence[Turn], *, timeout_s: float | None = None) -> list[int]:
         response = await self._stub.Tokenize(tokenize_request(source), **self._call(timeout_s))
         return list(response.ids)

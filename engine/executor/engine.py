@@ -11,7 +11,6 @@ Not thread-safe by design: the service runs it on one worker thread.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,12 +25,14 @@ from engine.executor.cpu import CpuBackend, _dtype
 from engine.executor.decode import BatchDecoder
 from engine.executor.options import EngineOptions
 from engine.executor.prefill import ForwardReport, PrefillTask, check_ids, checked_feed, checked_ports
+from engine.executor.prefix import HeldPrefixes
 from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from engine.executor.session import Session
 from engine.executor.stats import (
     DecodeStats,
     EngineStats,
     MemoryUse,
+    kv_position_bytes,
     kv_slot_bytes,
     model_file_bytes,
     variant_bytes_estimate,
@@ -105,8 +106,11 @@ class Engine:
         wanted = options.variant_capacity or len(self.ladder) + max(len(self.batch_widths), 1)
         self.variants: VariantCache[Any] = VariantCache(wanted, evictable=backend.evictable)
         self.pool = backend.allocate(rows, self.capacity)
-        self._free = list(range(rows))
+        self._free = set(range(rows))
         self._open: dict[int, Session] = {}
+        # Prefix reuse needs token ids, chunk boundaries and KV a rewind can cut: no ports, no state.
+        sharing = bool(options.prefix_sharing and self.chunk_size > 0 and not self.unbatched_reason)
+        self.prefixes = HeldPrefixes(self.pool, backend, self.chunk_size, sharing, kv_position_bytes(info))
         self.eager_forwards = 0
         self.sessions_padding_off = 0
         self.decoder = BatchDecoder(self.pool, backend, self._variant, self._open, self.capacity)
@@ -151,25 +155,84 @@ class Engine:
     def sessions_open(self) -> int:
         return len(self._open)
 
-    def open_session(self) -> Session:
-        """A session on the lowest free pool row (so decode batches stay narrow)."""
+    def open_session(self, scope: str = "", prompt: Sequence[int] = ()) -> Session:
+        """A session on the lowest free pool row (so decode batches stay narrow). When `prompt` starts
+        with a prefix held for `scope` (whole chunks), the session starts holding it: taken as it is
+        when that row keeps it, else copied; `session.length` says how much of the prompt it holds."""
         if not self._free:
             raise Exhausted(f"all {self.pool.rows} sessions are in use")
         self.decoder.settle()
-        row = heapq.heappop(self._free)
-        self.pool.set_mask(row, 0)
-        self.backend.clear_state(row)
-        session = self._open[row] = Session(row)
+        hit = self.prefixes.lookup(scope, prompt, self._open, -1)
+        row = min(self._free)
+        if hit and row in hit.rows:
+            return self._start(row, scope, self.prefixes.held[row].tokens, hit.length)
+        self.prefixes.vacate(row, self._free, hit.rows if hit else ())
+        session = self._start(row, scope)
+        if hit:
+            source = hit.rows[0]
+            self.prefixes.copy(source, session, hit.length, self.prefixes.tokens(source, self._open))
         return session
 
-    def close_session(self, session: Session) -> None:
+    def _start(self, row: int, scope: str, tokens: Sequence[int] = (), length: int = 0) -> Session:
+        """Session bookkeeping for a free row that holds `tokens[:length]` (0: nothing)."""
+        self._free.discard(row)
+        self.prefixes.held.pop(row, None)
+        self.prefixes.index.truncate(row, length)
+        self.pool.set_mask(row, length)
+        if not length:
+            self.backend.clear_state(row)
+        session = self._open[row] = Session(row, length, list(tokens[:length]), scope=scope)
+        return session
+
+    def close_session(self, session: Session, keep: bool = True) -> None:
+        """Return the session's row; with prefix sharing on it keeps the session's KV (prefix.py)."""
         if session.closed:
             return
         self.decoder.settle()
         session.closed = True
-        self.pool.set_mask(session.row, 0)
         del self._open[session.row]
-        heapq.heappush(self._free, session.row)
+        self._free.add(session.row)
+        if not (keep and self.prefixes.keep(session)):
+            self.prefixes.index.drop(session.row)
+            self.pool.set_mask(session.row, 0)
+
+    def share_prefix(self, session: Session, prompt: Sequence[int]) -> int:
+        """Start an empty session from the longest prefix of `prompt` another row holds for its scope
+        (copied, whole chunks); the number of leading prompt tokens it now holds."""
+        self._check_open(session)
+        if session.length:
+            return 0
+        hit = self.prefixes.lookup(session.scope, prompt, self._open, session.row)
+        if hit is None:
+            return 0
+        self.decoder.settle()
+        source = hit.rows[0]
+        self.prefixes.copy(source, session, hit.length, self.prefixes.tokens(source, self._open))
+        return hit.length
+
+    def fork(self, source: Session, length: int | None = None) -> Session:
+        """A new session holding a copy of `source`'s first `length` tokens (default all), in the same
+        scope; its next-token logits are those of the tokens it holds, as after a rewind."""
+        self._check_open(source)
+        if self.info.recurrent_state:
+            raise InvalidInput("a decoder with recurrent state cannot fork: its state has no length to cut")
+        length = source.length if length is None else length
+        if not 0 <= length <= source.length:
+            raise OutOfRange(f"cannot fork at {length}: the session holds {source.length} tokens")
+        if not self._free:
+            raise Exhausted(f"all {self.pool.rows} sessions are in use")
+        self.decoder.settle()
+        row = min(self._free)
+        self.prefixes.vacate(row, self._free)
+        session = self._start(row, source.scope)
+        session.padding_on = source.padding_on
+        self.prefixes.copy(source.row, session, length, source.tokens)
+        self.prefixes.counts["forks"] += 1
+        if length == source.length:
+            session.has_logits = source.has_logits
+        elif length and len(session.tokens) == length and not self.info.supplied_ports:
+            self._rerun_last(session)
+        return session
 
     def copy_session(self, source: Session, target: Session) -> None:
         """Make the open, empty `target` a copy of `source`: its tokens, KV rows and next-token
@@ -179,10 +242,8 @@ class Engine:
         if self.info.recurrent_state:
             raise InvalidInput("a decoder with recurrent state cannot copy a session: its state has no rows")
         self.decoder.settle()
-        self.backend.copy_rows(source.row, target.row, source.length)
-        target.length, target.tokens = source.length, list(source.tokens)
+        self.prefixes.copy(source.row, target, source.length, source.tokens)
         target.has_logits, target.padding_on = source.has_logits, source.padding_on
-        self.pool.set_mask(target.row, source.length)
 
     def memory(self) -> MemoryUse:
         return MemoryUse(weights=self.weights_bytes, kv=self.pool.rows * self.slot_bytes,
@@ -419,7 +480,7 @@ class Engine:
             self.backend.choose([session.row], [penalized], [[0]])
             self.backend.logprobs([session.row], [0], MAX_TOP_LOGPROBS)
         finally:
-            self.close_session(session)
+            self.close_session(session, keep=False)
         return self.variants.prepared - before
 
     # -- rewind ---------------------------------------------------------------------------
@@ -440,14 +501,19 @@ class Engine:
             if length == 0:
                 self.backend.clear_state(session.row)
             return
-        last = session.tokens[length - 1]
-        self._truncate(session, length - 1)
-        # Run the last kept token again: its logits are the next-token logits.
+        self._truncate(session, length)
+        self._rerun_last(session)
+
+    def _rerun_last(self, session: Session) -> None:
+        """Run the last held token again: its logits are the next-token logits."""
+        last = session.tokens[-1]
+        self._truncate(session, session.length - 1)
         self.prefill_step(self.start_prefill(session, [last]))
 
     def _truncate(self, session: Session, length: int) -> None:
         session.length = length
         del session.tokens[length:]
+        self.prefixes.index.truncate(session.row, length)
         self.pool.set_mask(session.row, length)
 
     # -- conveniences (tests, benchmarks) ---------------------------------------------------
@@ -474,7 +540,8 @@ class Engine:
             variants=self.variants.stats(), eager_forwards=self.eager_forwards,
             sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,
             slots_allocated=self.pool.rows, slot_bytes=self.slot_bytes, memory=self.memory(),
-            decode=decode, batch_widths=self.batch_widths, unbatched_reason=self.unbatched_reason)
+            decode=decode, batch_widths=self.batch_widths, unbatched_reason=self.unbatched_reason,
+            prefix=self.prefixes.stats())
 
     def close(self) -> None:
         self.decoder.settle()

@@ -27,4 +27,5 @@ class Session:
     padding_on: bool = True  # turned off for good by a self-check trip
     has_logits: bool = False  # next-token logits of the tokens held are in the logits store
     closed: bool = False
+    scope: str = ""  # who may share its prefixes ("" = anyone): the caller when auth keeps them apart
     stats: SessionStats = field(default_factory=SessionStats)

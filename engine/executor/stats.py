@@ -34,6 +34,21 @@ class DecodeStats:
 
 
 @dataclass(frozen=True)
+class PrefixStats:
+    """Prefix reuse since start: prompts that started from a held prefix, forks, and the free rows
+    that keep a finished session's KV for the next prompt that starts with it."""
+
+    enabled: bool = False
+    lookups: int = 0  # prompts looked up (prompts appended to an empty session)
+    hits: int = 0  # ... that started from a held prefix
+    tokens_saved: int = 0  # prompt tokens copied instead of prefilled
+    forks: int = 0
+    rows_held: int = 0  # free pool rows keeping a prefix now
+    bytes_held: int = 0  # the KV of those prefixes (inside the pool: no memory beyond the budget)
+    evictions: int = 0  # held prefixes dropped because a session needed their row
+
+
+@dataclass(frozen=True)
 class EngineStats:
     variants: VariantStats
     eager_forwards: int
@@ -45,6 +60,7 @@ class EngineStats:
     decode: DecodeStats
     batch_widths: tuple[int, ...]
     unbatched_reason: str  # why decode runs one session per forward ("" when it batches)
+    prefix: PrefixStats = PrefixStats()
 
 
 def kv_slot_bytes(info: ModelInfo, capacity: int) -> int:
@@ -52,6 +68,11 @@ def kv_slot_bytes(info: ModelInfo, capacity: int) -> int:
     itemsize = _dtype(info.kv_dtype).itemsize
     kv = 2 * info.num_layers * info.num_kv_heads * capacity * info.head_size * itemsize
     return kv + capacity * 8 + info.vocab_size * _dtype(info.logits.dtype).itemsize
+
+
+def kv_position_bytes(info: ModelInfo) -> int:
+    """The KV of one token position in one pool row: every layer's key and value."""
+    return 2 * info.num_layers * info.num_kv_heads * info.head_size * _dtype(info.kv_dtype).itemsize
 
 
 def variant_bytes_estimate(info: ModelInfo, width: int) -> int:

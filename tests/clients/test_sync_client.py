@@ -21,8 +21,10 @@ def test_generate_returns_the_requested_number_of_tokens_with_usage_and_plan(cli
     assert completion.usage.prompt_tokens == len(PROMPT_IDS)
     assert completion.usage.completion_tokens == 8
     assert completion.finish_reason == pb.FINISH_REASON_LENGTH
-    assert completion.prefill.real_rows == len(PROMPT_IDS)
-    assert completion.prefill.forwards == len(completion.prefill.widths) >= 2
+    # Prefilled, or copied from the prefix an earlier call with this prompt left (whole chunks of 64).
+    prefill = completion.prefill
+    assert prefill.real_rows + prefill.shared_rows == len(PROMPT_IDS) and prefill.shared_rows % 64 == 0
+    assert prefill.forwards == len(prefill.widths) == -(-prefill.real_rows // 64)
     assert completion.timing.ttft_ms > 0
 
 
@@ -65,6 +67,20 @@ def test_rewind_then_decode_reproduces_the_earlier_continuation(client: LadderCl
         assert list(again.token_ids) == list(first.token_ids)
     finally:
         client.close_session(done.session_id)
+
+
+def test_a_forked_session_continues_like_its_source(client: LadderClient) -> None:
+    _, done = client.prefill([PROMPT_IDS])
+    fork = client.fork_session(done.session_id)
+    shorter = client.fork_session(done.session_id, 40)
+    try:
+        assert (fork.length, shorter.length) == (len(PROMPT_IDS), 40)
+        source = completion_of(client.decode(done.session_id, 6, stopping=greedy(6)))
+        forked = completion_of(client.decode(fork.session_id, 6, stopping=greedy(6)))
+        assert list(forked.token_ids) == list(source.token_ids)
+    finally:
+        for session_id in (done.session_id, fork.session_id, shorter.session_id):
+            client.close_session(session_id)
 
 
 def test_stats_count_a_session_while_it_is_open_and_not_after_close(client: LadderClient) -> None:

@@ -235,7 +235,9 @@ def decode_when_free(running: RunningServer, session_id: str, n: int) -> tuple[l
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     model_dir = model_with_tokenizer(tmp_path_factory.mktemp("models"))
-    server = RunningServer(server_config(model_dir, max_sessions=4, max_new_tokens=1000))
+    # Prefix sharing off: these tests count a prompt's forwards, which a held prefix would shorten.
+    server = RunningServer(server_config(model_dir, max_sessions=4, max_new_tokens=1000,
+                                         prefix_sharing=False))
     yield server
     server.close()
 

@@ -175,3 +175,15 @@ def test_the_stream_and_the_unary_call_return_the_same_prompt_logprobs(server: R
     unary = server.stub.Generate(request)
     done = list(server.stub.GenerateStream(request))[-1].done
     assert len(unary.prompt_logprobs) == 44 and list(done.prompt_logprobs) == list(unary.prompt_logprobs)
+
+
+def test_prompt_logprobs_prefill_the_whole_prompt_even_when_a_prefix_is_held(server: RunningServer) -> None:
+    tokens = prompt_ids(200, seed=9)
+    held = server.stub.Generate(greedy_request(tokens, 1))  # leaves the prompt's KV held for sharing
+    again = server.stub.Generate(greedy_request(tokens, 1))
+    request = asking(tokens, 1, top=0)
+    request.logprobs.prompt = True
+    scored = server.stub.Generate(request)
+    assert held.prefill.shared_rows == 0 < again.prefill.shared_rows
+    assert scored.prefill.shared_rows == 0 and scored.prefill.real_rows == len(tokens)
+    assert len(scored.prompt_logprobs) == len(tokens) - 1

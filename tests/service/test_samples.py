@@ -35,11 +35,12 @@ def test_each_sample_is_the_single_request_with_the_next_seed(server: RunningSer
 
 def test_n_samples_share_one_prefill_and_decode_in_the_same_forwards(server: RunningServer) -> None:
     tokens = prompt_ids(150, seed=12)
-    single = server.stub.Generate(sampled(tokens, n=1))
+    single = server.stub.Generate(sampled(prompt_ids(150, seed=112), n=1))  # a prompt nothing shares with
     before = server.stats()
     reply = server.stub.Generate(sampled(tokens, n=4))
     after = server.stats()
     assert reply.prefill == single.prefill  # the same forwards at the same widths: one prefill
+    assert reply.prefill.real_rows == len(tokens) and reply.prefill.shared_rows == 0
     assert after.prompt_tokens - before.prompt_tokens == len(tokens)
     # The first token comes from the prefill's logits; each later one is one forward for all four rows.
     assert after.decode.steps - before.decode.steps == NEW - 1
@@ -106,3 +107,12 @@ def test_a_cancelled_stream_of_n_samples_returns_every_slot(server: RunningServe
     stream.cancel()
     wait_for(lambda: server.stats().sessions_open == 0)
     assert len(server.stub.Generate(sampled([5, 6, 7], n=11)).samples) == 11
+
+
+def test_samples_of_a_prompt_whose_prefix_is_held_are_the_samples_of_a_full_prefill(
+        server: RunningServer) -> None:
+    tokens = prompt_ids(200, seed=17)
+    first = server.stub.Generate(sampled(tokens, n=3))
+    second = server.stub.Generate(sampled(tokens, n=3))
+    assert first.prefill.shared_rows == 0 < second.prefill.shared_rows
+    assert [list(s.token_ids) for s in second.samples] == [list(s.token_ids) for s in first.samples]

@@ -125,16 +125,18 @@ class Timing(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., inter_token_ms: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class PrefillSummary(_message.Message):
-    __slots__ = ("forwards", "real_rows", "padded_rows", "widths")
+    __slots__ = ("forwards", "real_rows", "padded_rows", "widths", "shared_rows")
     FORWARDS_FIELD_NUMBER: _ClassVar[int]
     REAL_ROWS_FIELD_NUMBER: _ClassVar[int]
     PADDED_ROWS_FIELD_NUMBER: _ClassVar[int]
     WIDTHS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_ROWS_FIELD_NUMBER: _ClassVar[int]
     forwards: int
     real_rows: int
     padded_rows: int
     widths: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, forwards: _Optional[int] = ..., real_rows: _Optional[int] = ..., padded_rows: _Optional[int] = ..., widths: _Optional[_Iterable[int]] = ...) -> None: ...
+    shared_rows: int
+    def __init__(self, forwards: _Optional[int] = ..., real_rows: _Optional[int] = ..., padded_rows: _Optional[int] = ..., widths: _Optional[_Iterable[int]] = ..., shared_rows: _Optional[int] = ...) -> None: ...
 
 class Token(_message.Message):
     __slots__ = ("id", "text", "index", "latency_ms", "logprob", "top_logprobs", "sample")
@@ -441,7 +443,7 @@ class MemoryUse(_message.Message):
     def __init__(self, weights_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., variant_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows", "memory", "decode", "waiting_for_slot")
+    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows", "memory", "decode", "waiting_for_slot", "prefix")
     VARIANTS_FIELD_NUMBER: _ClassVar[int]
     EAGER_FORWARDS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -455,6 +457,7 @@ class EngineStats(_message.Message):
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_SLOT_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
     variants: VariantStats
     eager_forwards: int
     sessions_open: int
@@ -468,7 +471,8 @@ class EngineStats(_message.Message):
     memory: MemoryUse
     decode: DecodeStats
     waiting_for_slot: int
-    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ...) -> None: ...
+    prefix: PrefixStats
+    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ..., prefix: _Optional[_Union[PrefixStats, _Mapping]] = ...) -> None: ...
 
 class DecodeStats(_message.Message):
     __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason", "lookahead_hits", "lookahead_misses")
@@ -497,3 +501,43 @@ class BatchWidthUse(_message.Message):
     batch: int
     forwards: int
     def __init__(self, batch: _Optional[int] = ..., forwards: _Optional[int] = ...) -> None: ...
+
+class ForkSessionRequest(_message.Message):
+    __slots__ = ("session_id", "length")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    length: int
+    def __init__(self, session_id: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
+
+class ForkSessionResponse(_message.Message):
+    __slots__ = ("session_id", "length", "source_session_id", "server_ms")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVER_MS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    length: int
+    source_session_id: str
+    server_ms: float
+    def __init__(self, session_id: _Optional[str] = ..., length: _Optional[int] = ..., source_session_id: _Optional[str] = ..., server_ms: _Optional[float] = ...) -> None: ...
+
+class PrefixStats(_message.Message):
+    __slots__ = ("enabled", "lookups", "hits", "tokens_saved", "forks", "slots_held", "bytes_held", "evictions")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    FORKS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_HELD_FIELD_NUMBER: _ClassVar[int]
+    BYTES_HELD_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    lookups: int
+    hits: int
+    tokens_saved: int
+    forks: int
+    slots_held: int
+    bytes_held: int
+    evictions: int
+    def __init__(self, enabled: _Optional[bool] = ..., lookups: _Optional[int] = ..., hits: _Optional[int] = ..., tokens_saved: _Optional[int] = ..., forks: _Optional[int] = ..., slots_held: _Optional[int] = ..., bytes_held: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...

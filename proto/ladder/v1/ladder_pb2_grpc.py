@@ -64,6 +64,11 @@ class LadderStub:
                 request_serializer=ladder_dot_v1_dot_ladder__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=ladder_dot_v1_dot_ladder__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/ladder.v1.Ladder/ForkSession',
+                request_serializer=ladder_dot_v1_dot_ladder__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=ladder_dot_v1_dot_ladder__pb2.ForkSessionResponse.FromString,
+                _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/ladder.v1.Ladder/Tokenize',
                 request_serializer=ladder_dot_v1_dot_ladder__pb2.TokenizeRequest.SerializeToString,
@@ -135,6 +140,16 @@ class LadderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkSession(self, request, context):
+        """Open a new session holding a copy of one of the caller's sessions up to a length (default all
+        of it): its KV is copied on the device, nothing is recomputed; both continue independently.
+        Counts toward the caller's sessions. NOT_FOUND: no such session; OUT_OF_RANGE: length beyond
+        the session; RESOURCE_EXHAUSTED: no free KV slot, or the caller holds its share.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Tokenize(self, request, context):
         """Text (or chat messages rendered with the model's chat template) to token
         ids with the model's tokenizer: exactly the ids a Prompt with the same
@@ -199,6 +214,11 @@ def add_LadderServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=ladder_dot_v1_dot_ladder__pb2.CloseSessionRequest.FromString,
                     response_serializer=ladder_dot_v1_dot_ladder__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=ladder_dot_v1_dot_ladder__pb2.ForkSessionRequest.FromString,
+                    response_serializer=ladder_dot_v1_dot_ladder__pb2.ForkSessionResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
@@ -383,6 +403,33 @@ class Ladder:
             '/ladder.v1.Ladder/CloseSession',
             ladder_dot_v1_dot_ladder__pb2.CloseSessionRequest.SerializeToString,
             ladder_dot_v1_dot_ladder__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ladder.v1.Ladder/ForkSession',
+            ladder_dot_v1_dot_ladder__pb2.ForkSessionRequest.SerializeToString,
+            ladder_dot_v1_dot_ladder__pb2.ForkSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

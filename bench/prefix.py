@@ -1,0 +1,223 @@
+"""Prefix reuse through the real service: `python -m service` on a free port, driven over gRPC.
+
+For each chunk width asked for, one server with prefix sharing on and one with it off
+(`--prefix-sharing false`), one after the other in the same run:
+- a shared system prompt (2,000 tokens) + distinct user turns (100 tokens): TTFT of
+  GenerateStream, client side and the server's own `timing.ttft_ms`; the greedy
+  tokens of both servers compared;
+- multi-turn: a chat kept in a live session (Prefill a user turn, Decode a reply, ten
+  times); the 10th turn's TTFT (Prefill to PrefillDone, whose next_token is the first
+  token) against the whole conversation resent as a fresh GenerateStream (sent just
+  before the 10th turn is appended: with sharing on it can share turns 1-9);
+- fork of a 4,000-token session: ForkSession's `server_ms` (worker time) and round trip;
+  and, with the engine alone after the servers, the fork with the device copy waited for.
+
+    python -m bench.prefix --provider cpu --model default --chunk-sizes 512,128 \
+        --cache .pytest_cache/d/ladder-default-model --out bench/results/prefix-2026-11-30
+    python -m bench.prefix --provider cuda --model gpu:16x2048 --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.batching import free_port, machine, prompt, resolve_model, stub, wait_serving
+from proto.ladder.v1 import ladder_pb2 as pb
+
+
+def start_server(args: argparse.Namespace, model: str, port: int, chunk: int, sharing: bool) -> Any:
+    cmd = [sys.executable, "-m", "service", "--model", model, "--provider", args.provider,
+           "--model-precision", args.precision, "--host", "127.0.0.1", "--port", str(port),
+           "--metrics-port", "0", "--max-sessions", str(args.slots), "--capacity", str(args.capacity),
+           "--max-new-tokens", str(args.capacity), "--chunk-size", str(chunk), "--log-level", "warning",
+           "--prefix-sharing", "true" if sharing else "false", *args.server_args.split()]
+    log = open(args.out / "server.log", "ab")  # noqa: SIM115 — the server process owns it
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def request(tokens: list[int], new: int) -> pb.GenerateRequest:
+    return pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
+                              stopping=pb.StoppingOptions(max_new_tokens=new, ignore_eos=True))
+
+
+def stream(client: Any, tokens: list[int], new: int) -> dict[str, Any]:
+    """One GenerateStream: client TTFT, the server's TTFT, tokens, rows shared and prefilled."""
+    start = time.perf_counter()
+    ids, first, done = [], None, None
+    for event in client.GenerateStream(request(tokens, new)):
+        if event.HasField("token"):
+            first = first or time.perf_counter()
+            ids.append(event.token.id)
+        else:
+            done = event.done
+    assert first is not None and done is not None
+    return {"ttft_ms": (first - start) * 1e3, "server_ttft_ms": done.timing.ttft_ms, "ids": ids,
+            "shared_rows": done.prefill.shared_rows, "prefilled_rows": done.prefill.real_rows}
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"ttft_ms_median": statistics.median(r["ttft_ms"] for r in rows),
+            "server_ttft_ms_median": statistics.median(r["server_ttft_ms"] for r in rows),
+            "ttft_ms": [round(r["ttft_ms"], 1) for r in rows],
+            "shared_rows": [r["shared_rows"] for r in rows],
+            "prefilled_rows": [r["prefilled_rows"] for r in rows]}
+
+
+def system_prompt(client: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    """A shared system prompt + distinct user turns, one request after another (the first warms)."""
+    system = prompt(args.system, 1, vocab)
+    stream(client, system + prompt(args.user, 99, vocab), 2)
+    users = [prompt(args.user, 100 + i, vocab) for i in range(args.requests)]
+    rows = [stream(client, system + user, args.new) for user in users]
+    return {**summary(rows), "tokens": [r["ids"] for r in rows]}
+
+
+def prefill(client: Any, tokens: list[int], session_id: str = "") -> tuple[pb.PrefillDone, float]:
+    part = pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
+    start = time.perf_counter()
+    events = list(client.Prefill(iter([part])))
+    return events[-1].done, (time.perf_counter() - start) * 1e3
+
+
+def decode(client: Any, session_id: str, n: int) -> list[int]:
+    stopping = pb.StoppingOptions(max_new_tokens=n, ignore_eos=True)
+    call = pb.DecodeRequest(session_id=session_id, stopping=stopping)
+    return [e.token.id for e in client.Decode(call) if e.HasField("token")]
+
+
+def multi_turn(client: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    """Ten turns in a live session; the 10th turn's TTFT against the conversation resent whole.
+
+    The resends run before the 10th turn is appended, so with sharing on what they can share
+    is what the live session holds then (turns 1-9), as for a client that resends instead."""
+    conversation: list[int] = []
+    session_id, turn_ms = "", []
+    for turn in range(args.chat_turns):
+        user = prompt(args.user, 500 + turn, vocab)
+        if turn + 1 == args.chat_turns:
+            resent = [stream(client, conversation + user, 1) for _ in range(3)]
+        done, ms = prefill(client, user, session_id)
+        session_id, conversation = done.session_id, conversation + user
+        turn_ms.append(ms)
+        if turn + 1 < args.chat_turns:
+            conversation += decode(client, session_id, args.reply)
+    client.CloseSession(pb.CloseSessionRequest(session_id=session_id))
+    return {"conversation_tokens": len(conversation), "turn_ttft_ms": [round(m, 1) for m in turn_ms],
+            "append_ttft_ms": turn_ms[-1], "resend": summary(resent),
+            "append_next_token": done.next_token, "resend_first_tokens": [r["ids"][0] for r in resent],
+            "append_over_resend": turn_ms[-1] / statistics.median(r["ttft_ms"] for r in resent)}
+
+
+def fork_timing(client: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    done, prefill_ms = prefill(client, prompt(args.fork_length, 7, vocab))
+    server, trip = [], []
+    for _ in range(args.forks):
+        start = time.perf_counter()
+        forked = client.ForkSession(pb.ForkSessionRequest(session_id=done.session_id))
+        trip.append((time.perf_counter() - start) * 1e3)
+        server.append(forked.server_ms)
+        client.CloseSession(pb.CloseSessionRequest(session_id=forked.session_id))
+    client.CloseSession(pb.CloseSessionRequest(session_id=done.session_id))
+    return {"length": done.length, "prefill_ms": prefill_ms, "server_ms": server,
+            "server_ms_median": statistics.median(server), "round_trip_ms_median": statistics.median(trip)}
+
+
+def engine_fork(model: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    """The engine alone: fork a long session, the device copy waited for (CUDA: the stream synchronized)."""
+    from engine.executor import Engine, EngineOptions
+
+    engine = Engine.load(model, EngineOptions(provider=args.provider, capacity=args.capacity, max_sessions=2))
+    source = engine.open_session()
+    engine.append(source, prompt(args.fork_length, 7, vocab))
+    runtime = getattr(engine.backend, "rt", None)
+    times = []
+    for _ in range(args.forks):
+        start = time.perf_counter()
+        forked = engine.fork(source)
+        if runtime is not None:
+            runtime.wait_queue()
+        times.append((time.perf_counter() - start) * 1e3)
+        engine.close_session(forked, keep=False)
+    engine.close()
+    return {"length": args.fork_length, "fork_ms": times, "fork_ms_median": statistics.median(times),
+            "provider": engine.backend.name}
+
+
+def one_server(args: argparse.Namespace, model: str, vocab: int, chunk: int, sharing: bool) -> dict[str, Any]:
+    port = free_port()
+    server = start_server(args, model, port, chunk, sharing)
+    address = f"127.0.0.1:{port}"
+    try:
+        wait_serving(address)
+        client = stub(address)
+        out = {"system_prompt": system_prompt(client, args, vocab),
+               "multi_turn": multi_turn(client, args, vocab)}
+        if sharing:
+            out["fork"] = fork_timing(client, args, vocab)
+        stats = client.GetEngineStats(pb.GetEngineStatsRequest()).prefix
+        out["prefix_stats"] = {"hits": stats.hits, "tokens_saved": stats.tokens_saved, "forks": stats.forks,
+                               "slots_held": stats.slots_held, "bytes_held": stats.bytes_held,
+                               "evictions": stats.evictions}
+    finally:
+        server.terminate()
+        out["server_exit_code"] = server.wait(120)
+    return out
+
+
+def compare(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
+    system_on, system_off = on["system_prompt"], off["system_prompt"]
+    return {"system_prompt_ttft_ratio": system_on["ttft_ms_median"] / system_off["ttft_ms_median"],
+            "system_prompt_server_ttft_ratio":
+                system_on["server_ttft_ms_median"] / system_off["server_ttft_ms_median"],
+            "greedy_tokens_equal": system_on.pop("tokens") == system_off.pop("tokens"),
+            "tenth_turn_append_over_resend_without_sharing":
+                on["multi_turn"]["append_ttft_ms"] / off["multi_turn"]["resend"]["ttft_ms_median"],
+            "tenth_turn_append_over_resend_with_sharing": on["multi_turn"]["append_over_resend"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--provider", default="cuda")
+    parser.add_argument("--model", default="gpu:16x2048")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "ladder"))
+    parser.add_argument("--chunk-sizes", default="512", help="comma-separated chunk widths to serve with")
+    parser.add_argument("--capacity", type=int, default=4096)
+    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--system", type=int, default=2000)
+    parser.add_argument("--user", type=int, default=100)
+    parser.add_argument("--new", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument("--chat-turns", type=int, default=10)
+    parser.add_argument("--reply", type=int, default=32)
+    parser.add_argument("--fork-length", type=int, default=4000)
+    parser.add_argument("--forks", type=int, default=5)
+    parser.add_argument("--skip", default="", help="comma-separated: engine")
+    parser.add_argument("--server-args", default="", help="more flags for the servers")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = resolve_model(args)
+    vocab = json.loads((Path(model) / "genai_config.json").read_text())["model"]["vocab_size"]
+    result: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "model": model,
+                              "settings": {k: str(v) for k, v in vars(args).items()}, "chunks": {}}
+    for chunk in (int(c) for c in args.chunk_sizes.split(",")):
+        on = one_server(args, model, vocab, chunk, sharing=True)
+        off = one_server(args, model, vocab, chunk, sharing=False)
+        result["chunks"][str(chunk)] = {"compare": compare(on, off), "sharing_on": on, "sharing_off": off}
+        print(json.dumps(result["chunks"][str(chunk)]["compare"]), flush=True)
+    if "engine" not in args.skip.split(","):
+        result["engine_fork"] = engine_fork(Path(model), args, vocab)
+    (args.out / "prefix.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

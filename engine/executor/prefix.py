@@ -1,0 +1,194 @@
+"""Token prefixes the KV pool holds (found by the chained hashes of their whole chunks), and the free
+rows that keep a closed session's KV until a session needs the row.
+
+A prefix is shared in whole chunks of the model's chunk width W only, and at
+least one token short of the prompt (its last token must run to give logits).
+The request then prefills the rest from past = k·W, so its forwards are exactly
+those a request prefilling everything would run from there on: the same chunk
+boundaries, the same ladder widths. Hash k chains hash k-1 with chunk k's tokens,
+so one hash names a whole prefix; a hit is confirmed by comparing the tokens
+themselves, so neither a collision nor a stale entry can ever share wrong KV.
+
+A held row's mask stays at its length, so rows riding along in a decode forward
+write past it, where nothing is read. New sessions still take the lowest free row
+(decode batches stay narrow): a prefix held there moves to the highest free row
+holding none, or over the least recently used one, or is dropped when it is the
+least recently used itself. The KV is copied by the backend (`copy_rows`), on the
+device that holds it; nothing here touches onnxruntime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.executor.backend import Backend
+from engine.executor.pool import KvPool
+from engine.executor.session import Session
+from engine.executor.stats import PrefixStats
+
+
+@dataclass(frozen=True)
+class Hit:
+    """The longest held prefix of a prompt: `length` tokens (whole chunks), held by each of `rows`."""
+
+    length: int
+    rows: tuple[int, ...]
+
+
+@dataclass
+class Held:
+    """A free pool row that keeps the KV of the session that last had it, until a session needs the row."""
+
+    tokens: list[int]
+    scope: str  # who may share it ("" = anyone)
+    used: int  # LRU tick: the least recently used held row is evicted first
+
+
+def chain(tokens: Sequence[int], chunk: int, count: int) -> list[int]:
+    """The chained hashes of the first `count` whole chunks of `tokens`."""
+    hashes: list[int] = []
+    previous = 0
+    for k in range(count):
+        previous = hash((previous, tuple(tokens[k * chunk:(k + 1) * chunk])))
+        hashes.append(previous)
+    return hashes
+
+
+class PrefixIndex:
+    """Which pool rows hold which prefixes, in whole chunks; kept in step lazily with the rows' tokens."""
+
+    def __init__(self, chunk: int) -> None:
+        self.chunk = chunk
+        self._hashes: dict[int, list[int]] = {}  # row -> chained hashes of the whole chunks it holds
+        self._rows: dict[int, set[int]] = {}  # hash -> rows holding that prefix
+
+    def sync(self, row: int, tokens: Sequence[int]) -> None:
+        """Index the whole chunks `tokens` holds beyond those already indexed for `row` (they only grow
+        between truncations, which the engine reports)."""
+        hashes = self._hashes.setdefault(row, [])
+        whole = len(tokens) // self.chunk
+        if whole <= len(hashes):
+            return
+        previous = hashes[-1] if hashes else 0
+        for k in range(len(hashes), whole):
+            previous = hash((previous, tuple(tokens[k * self.chunk:(k + 1) * self.chunk])))
+            hashes.append(previous)
+            self._rows.setdefault(previous, set()).add(row)
+
+    def truncate(self, row: int, length: int) -> None:
+        """`row` keeps only its first `length` tokens."""
+        hashes = self._hashes.get(row)
+        if not hashes:
+            return
+        keep = length // self.chunk
+        for h in hashes[keep:]:
+            rows = self._rows.get(h)
+            if rows is not None:
+                rows.discard(row)
+                if not rows:
+                    del self._rows[h]
+        del hashes[keep:]
+
+    def drop(self, row: int) -> None:
+        self.truncate(row, 0)
+        self._hashes.pop(row, None)
+
+    def find(self, prompt: Sequence[int], candidates: Mapping[int, Sequence[int]]) -> Hit | None:
+        """The longest prefix of `prompt`, in whole chunks and at least one token short of it, that rows
+        in `candidates` (row -> the tokens it holds) hold; None when not even one chunk is held."""
+        for row, tokens in candidates.items():
+            self.sync(row, tokens)
+        wanted = chain(prompt, self.chunk, (len(prompt) - 1) // self.chunk)
+        for k in range(len(wanted), 0, -1):
+            length = k * self.chunk
+            rows = tuple(sorted(r for r in self._rows.get(wanted[k - 1], ())
+                                if r in candidates and list(candidates[r][:length]) == list(prompt[:length])))
+            if rows:
+                return Hit(length, rows)
+        return None
+
+    def indexed_rows(self) -> int:
+        return sum(1 for hashes in self._hashes.values() if hashes)
+
+
+class HeldPrefixes:
+    """Which rows hold which prefixes (live sessions' and held free rows'), and the held rows themselves."""
+
+    def __init__(self, pool: KvPool, backend: Backend[Any], chunk: int, enabled: bool,
+                 position_bytes: int) -> None:
+        self.pool = pool
+        self.backend = backend
+        self.chunk = chunk
+        self.enabled = enabled
+        self.position_bytes = position_bytes
+        self.index = PrefixIndex(max(chunk, 1))
+        self.held: dict[int, Held] = {}
+        self.counts = {"lookups": 0, "hits": 0, "tokens_saved": 0, "forks": 0, "evictions": 0}
+        self._ticks = 0
+
+    def _tick(self) -> int:
+        self._ticks += 1
+        return self._ticks
+
+    def keep(self, session: Session) -> bool:
+        """Keep a closing session's row (at least one whole chunk of known tokens); False: not kept."""
+        if not (self.enabled and len(session.tokens) == session.length >= self.chunk):
+            self.index.drop(session.row)
+            return False
+        self.held[session.row] = Held(session.tokens, session.scope, self._tick())
+        return True
+
+    def lookup(self, scope: str, prompt: Sequence[int], live: Mapping[int, Session],
+               exclude: int) -> Hit | None:
+        """The longest prefix of `prompt` held for `scope` by any row but `exclude`."""
+        if not (self.enabled and prompt):
+            return None
+        candidates = {r: s.tokens for r, s in live.items() if s.scope == scope and r != exclude}
+        candidates.update({r: h.tokens for r, h in self.held.items() if h.scope == scope})
+        self.counts["lookups"] += 1
+        hit = self.index.find(prompt, candidates)
+        if hit is not None:
+            self.counts["hits"] += 1
+            self.counts["tokens_saved"] += hit.length
+            used = self._tick()
+            for row in hit.rows:
+                if row in self.held:
+                    self.held[row].used = used
+        return hit
+
+    def vacate(self, row: int, free: set[int], keep: Sequence[int] = ()) -> None:
+        """Free `row` of the prefix it holds: moved to the highest free row holding none, or over the
+        least recently used one another free row holds (not one of `keep`), or dropped if it is the
+        least recently used itself."""
+        held = self.held.pop(row, None)
+        if held is None:
+            return
+        plain = free - self.held.keys() - {row}
+        others = [r for r in self.held if r not in keep]
+        target = max(plain) if plain else min(others, key=lambda r: self.held[r].used, default=None)
+        if not plain:
+            self.counts["evictions"] += 1
+            if target is None or self.held[target].used > held.used:
+                return
+        assert target is not None
+        self.backend.copy_rows(row, target, len(held.tokens))
+        self.pool.set_mask(target, len(held.tokens))
+        self.index.drop(target)
+        self.held[target] = held
+
+    def copy(self, src: int, session: Session, length: int, tokens: Sequence[int]) -> None:
+        """`session` (on its own row) holds a copy of row `src`'s first `length` tokens."""
+        self.backend.copy_rows(src, session.row, length)
+        session.length = length
+        session.tokens = list(tokens[:length])
+        self.pool.set_mask(session.row, length)
+
+    def tokens(self, row: int, live: Mapping[int, Session]) -> list[int]:
+        return live[row].tokens if row in live else self.held[row].tokens
+
+    def stats(self) -> PrefixStats:
+        held = sum(len(h.tokens) for h in self.held.values())
+        return PrefixStats(self.enabled, rows_held=len(self.held), bytes_held=held * self.position_bytes,
+                           **self.counts)

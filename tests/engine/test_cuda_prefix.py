@@ -1,0 +1,62 @@
+"""Prefix reuse on a real device (run on the H200; CI deselects `gpu`): a fork's KV is a device copy,
+and forked or prefix-sharing sessions give the greedy tokens of a session that prefilled everything."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.executor import Engine, EngineOptions
+from engine.modelgen.synthetic import TINY, build_synthetic
+from tests.engine.helpers import greedy
+
+pytestmark = pytest.mark.gpu
+SPEC = replace(TINY, dtype="float16", vocab_size=4096, hidden_size=512, intermediate_size=1408,
+               num_layers=4, num_heads=8, num_kv_heads=2, head_size=64, rotary_rows=2048)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_synthetic(SPEC, tmp_path_factory.mktemp("models"), chunk_size=256, context_length=2048)
+
+
+def cuda(path: Path, **overrides: object) -> Engine:
+    return Engine.load(path, EngineOptions(provider="cuda", capacity=2048, max_sessions=4,
+                                           **overrides))  # type: ignore[arg-type]
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, SPEC.vocab_size, n).tolist()  # type: ignore[no-any-return]
+
+
+def recompute(path: Path, prompt: list[int], steps: int) -> list[int]:
+    engine = cuda(path, prefix_sharing=False)
+    return greedy(engine, engine.open_session(), steps, prompt)
+
+
+def test_a_fork_on_the_device_decodes_as_a_session_that_prefilled_everything(model_dir: Path) -> None:
+    engine = cuda(model_dir)
+    assert engine.backend.name == "cuda"
+    prompt = tokens(700, 1)
+    source = engine.open_session()
+    engine.append(source, prompt)
+    full, short = engine.fork(source), engine.fork(source, 300)
+    assert greedy(engine, full, 16) == recompute(model_dir, prompt, 16)
+    assert greedy(engine, short, 16) == recompute(model_dir, prompt[:300], 16)
+    assert greedy(engine, source, 16) == recompute(model_dir, prompt, 16)
+
+
+def test_a_prompt_sharing_a_held_prefix_on_the_device_gives_the_tokens_of_a_full_prefill(
+        model_dir: Path) -> None:
+    engine = cuda(model_dir)
+    system = tokens(600, 2)
+    first = engine.open_session(prompt=system + tokens(50, 3))
+    engine.append(first, system + tokens(50, 3))
+    engine.close_session(first)
+    prompt = system + tokens(80, 4)
+    second = engine.open_session(prompt=prompt)
+    assert second.length == 512
+    assert greedy(engine, second, 16, prompt[512:]) == recompute(model_dir, prompt, 16)
