@@ -90,7 +90,7 @@ class Config:
     pod_name: str = ""
     intra_op_threads: int = 0
     log_level: str = "info"
-    prefix_sharing: bool = True  # prompts starting with a held prefix (whole chunks) copy it, not prefill
+    prefix_sharing: bool = True  # prompts starting with a held prefix (ladder steps) copy it
     prefix_across_callers: bool = False  # share prefixes between callers authenticated apart (leaks timing)
 
     def engine_options(self) -> EngineOptions:
@@ -133,7 +133,7 @@ _HELP = {
     "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
     "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",
     "sessions_per_caller": "sessions one caller may hold, those it waits for too (0 = every KV slot but one)",
-    "prefix_sharing": "a prompt that starts with a prefix the server holds (whole chunks) copies its KV",
+    "prefix_sharing": "a prompt starting with a prefix the server holds (in ladder steps) copies its KV",
     "prefix_across_callers": "share held prefixes between callers told apart by auth (their timing leaks)",
     "max_new_tokens": "the most new tokens one request may ask for (more: OUT_OF_RANGE)",
     "default_max_new_tokens": "new tokens for a request that names none (0 = as many as fit, up to "

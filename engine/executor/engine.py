@@ -52,6 +52,7 @@ from engine.planner import (
     chunk_width,
     ladder_widths,
     plan_prefill,
+    prefix_unit,
 )
 
 log = structlog.get_logger("ladder.engine")
@@ -108,9 +109,10 @@ class Engine:
         self.pool = backend.allocate(rows, self.capacity)
         self._free = set(range(rows))
         self._open: dict[int, Session] = {}
-        # Prefix reuse needs token ids, chunk boundaries and KV a rewind can cut: no ports, no state.
+        # Prefix reuse needs token ids, a ladder and KV a rewind can cut: no ports, no state.
         sharing = bool(options.prefix_sharing and self.chunk_size > 0 and not self.unbatched_reason)
-        self.prefixes = HeldPrefixes(self.pool, backend, self.chunk_size, sharing, kv_position_bytes(info))
+        self.prefixes = HeldPrefixes(self.pool, backend, prefix_unit(self.chunk_size), sharing,
+                                     kv_position_bytes(info))
         self.eager_forwards = 0
         self.sessions_padding_off = 0
         self.decoder = BatchDecoder(self.pool, backend, self._variant, self._open, self.capacity)
@@ -157,7 +159,7 @@ class Engine:
 
     def open_session(self, scope: str = "", prompt: Sequence[int] = ()) -> Session:
         """A session on the lowest free pool row (so decode batches stay narrow). When `prompt` starts
-        with a prefix held for `scope` (whole chunks), the session starts holding it: taken as it is
+        with a prefix held for `scope` (whole units), the session starts holding it: taken as it is
         when that row keeps it, else copied; `session.length` says how much of the prompt it holds."""
         if not self._free:
             raise Exhausted(f"all {self.pool.rows} sessions are in use")
@@ -198,7 +200,7 @@ class Engine:
 
     def share_prefix(self, session: Session, prompt: Sequence[int]) -> int:
         """Start an empty session from the longest prefix of `prompt` another row holds for its scope
-        (copied, whole chunks); the number of leading prompt tokens it now holds."""
+        (copied, whole units); the number of leading prompt tokens it now holds."""
         self._check_open(session)
         if session.length:
             return 0

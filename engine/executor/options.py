@@ -17,4 +17,4 @@ class EngineOptions:
     intra_op_threads: int = 0  # 0 = onnxruntime's default
     device_id: int = 0
     lookahead: bool = True  # launch the next decode forward before its tokens are read (CUDA)
-    prefix_sharing: bool = True  # a prompt starting with a held prefix (whole chunks) copies it, not prefills
+    prefix_sharing: bool = True  # a prompt starting with a held prefix (ladder steps) copies it
