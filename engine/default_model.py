@@ -34,7 +34,7 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_NAME = "smollm2-135m-instruct"
 MANIFEST = "ladder_manifest.json"
 # Bump when the converter's output changes, so caches from older code are rebuilt.
-CONVERTER_VERSION = 3  # 3: packed q|k|v and gate|up projections
+CONVERTER_VERSION = 4  # 3: packed q|k|v and gate|up projections; 4: the head on read rows only
 DEFAULT_CONTEXT_LENGTH = 4096
 CHUNK_SIZE = 512
 # fp32: dequantized weights (the default). int4: the GGUF's Q4_1 layer blocks (and its Q8_0

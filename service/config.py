@@ -43,6 +43,7 @@ class Config:
     model: str = "default"  # a model directory, or "default" (prepared under model_cache)
     model_cache: str = ""
     model_precision: str = "fp32"  # weights of the default model: fp32 | int4 (MatMulNBits)
+    model_read_only: bool = False  # never rewrite the model's graph (its head then runs on every row)
     provider: str = "cpu"  # cpu | cuda
     padding: bool = True
     chunk_size: int | None = None  # override the model's chunk width; 0 = no chunking
@@ -71,7 +72,9 @@ class Config:
         return EngineOptions(provider=self.provider, padding=self.padding, chunk_size=self.chunk_size,
                              capacity=self.capacity, variant_capacity=self.variant_capacity,
                              max_sessions=self.max_sessions, intra_op_threads=self.intra_op_threads,
-                             memory_budget_bytes=self.memory_budget_mb << 20, lookahead=self.lookahead)
+                             memory_budget_bytes=self.memory_budget_mb << 20, lookahead=self.lookahead,
+                             graph_read_only=self.model_read_only,
+                             graph_cache=Path(self.model_cache) / "graphs" if self.model_cache else None)
 
     @property
     def tls(self) -> bool:
@@ -85,7 +88,8 @@ class Config:
 _HELP = {
     "host": "address to listen on", "port": "gRPC port (0 = any free port)",
     "metrics_port": "Prometheus /metrics port (0 = off)", "model": 'model directory or "default"',
-    "model_cache": "cache directory of the default model",
+    "model_cache": "cache directory of the default model (and of rewritten copies of model graphs)",
+    "model_read_only": "never rewrite the model's graph: its lm-head then runs on every prefill row",
     "model_precision": "weights of the default model: fp32 or int4 (faster decode, less memory)",
     "provider": "execution provider: cpu | cuda",
     "padding": "query-axis padding of prefill forwards (also ONNX_GENAI_PREFILL_QUERY_PADDING)",
