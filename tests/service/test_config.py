@@ -56,3 +56,9 @@ def test_the_default_model_precision_is_fp32_and_int4_can_be_chosen() -> None:
     assert load_config({}).model_precision == "fp32"
     assert load_config({"LADDER_MODEL_PRECISION": "int4"}).model_precision == "int4"
     assert load_config({}, argv=["--model-precision", "int4"]).model_precision == "int4"
+
+
+def test_rewritten_graphs_live_under_the_model_cache_and_a_read_only_model_is_never_rewritten() -> None:
+    options = load_config({"LADDER_MODEL_CACHE": "/srv/ladder"}, []).engine_options()
+    assert str(options.graph_cache_dir) == "/srv/ladder/graphs" and not options.graph_read_only
+    assert load_config({}, ["--model-read-only", "true"]).engine_options().graph_read_only
