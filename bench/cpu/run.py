@@ -179,6 +179,7 @@ def main() -> None:
     parser.add_argument("--baseline-cache-root", type=Path, default=Path("/tmp/ladder-baseline-cache"))
     parser.add_argument("--skip", default="", help="comma-separated: genai, llamacpp, unchunked")
     args = parser.parse_args()
+    args.out = args.out.resolve()  # a baseline's workers run from another directory
     prepared = prepare(args.cache_root)
     int4_dir = prepare(args.cache_root, precision="int4").model_dir
     baseline = None
