@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -39,10 +40,10 @@ MANIFEST = "ladder_manifest.json"
 CONVERTER_VERSION = 4
 DEFAULT_CONTEXT_LENGTH = 4096
 CHUNK_SIZE = 512
-# fp32: dequantized weights (the default). int4: the GGUF's Q4_1 layer blocks (and its Q8_0
-# tied head) as MatMulNBits, weight-exact, int8 activations: faster decode, slower prefill
-# on this 2-core CPU (bench/results), so opt-in only.
-PRECISIONS = ("fp32", "int4")
+# int4 (the CPU default): the GGUF's Q4_1 layer blocks (and its Q8_0 tied head) as MatMulNBits,
+# weight-exact, int8 activations: twice fp32's decode rate and less memory (bench/results).
+# fp16 (the CUDA default): dequantized weights in half precision. fp32: dequantized, opt-in.
+PRECISIONS = ("fp32", "int4", "fp16")
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,8 @@ def _convert(gguf_path: Path, out_dir: Path, context_length: int, precision: str
 
     model = GgufModel(gguf_path)
     spec = llama_spec(model, context_length=context_length)
+    if precision == "fp16":
+        spec = dataclasses.replace(spec, dtype="float16")
     vocab = gguf_vocabulary(model)
     config = genai_config(spec, context_length=context_length, chunk_size=CHUNK_SIZE,
                           bos_token_id=vocab.bos_token_id, eos_token_id=vocab.eos_token_id,

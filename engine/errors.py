@@ -22,6 +22,10 @@ class OutOfRange(RequestError):
     """The prompt (plus what it asks to generate) does not fit in the KV capacity."""
 
 
+class Unsupported(RequestError):
+    """The model cannot do what the request asks (its chat template does not compile)."""
+
+
 class Exhausted(RequestError):
     """No KV slot (session) is free."""
 

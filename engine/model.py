@@ -51,7 +51,7 @@ class ModelInfo:
     supplied_ports: tuple[Port, ...]  # inputs the caller supplies besides the feed
     state_ports: tuple[tuple[Port, str], ...]  # recurrent state input and its output name
     position_ids: str | None
-    chunk_size: int
+    chunk_size: int | None  # declared by the model; None: it declares none
     max_length: int
     rotary_rows: int
     eos_token_ids: tuple[int, ...]
@@ -76,14 +76,16 @@ def _port(value: onnx.ValueInfoProto) -> Port:
     return Port(value.name, dims, _ONNX_TO_NUMPY.get(t.elem_type, str(t.elem_type)))
 
 
-def _chunk_size(path: Path, config: dict[str, Any]) -> int:
+def _chunk_size(path: Path, config: dict[str, Any]) -> int | None:
+    """The chunk width the model declares (None: it declares none)."""
     meta = path / "inference_metadata.yaml"
     if meta.exists():
         data = yaml.safe_load(meta.read_text()) or {}
         size = (data.get("runtime_configurable", {}) or {}).get("chunked_prefill", {}) or {}
         if "chunk_size" in size:
             return int(size["chunk_size"])
-    return int(config.get("search", {}).get("chunk_size", 0))
+    size = config.get("search", {}).get("chunk_size")
+    return None if size is None else int(size)
 
 
 def _rotary_rows(graph: onnx.GraphProto) -> int:

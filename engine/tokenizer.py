@@ -2,31 +2,40 @@
 
 Owns: encoding and decoding (`pp_api.Tokenizer`, the tokenizer onnxruntime-genai
 itself uses, so ids match the peer token for token), streaming decoding that
-never splits a multi-byte UTF-8 character, and ChatML prompts rendered in
-Python. Guarantees: the pieces a `StreamDecoder` yields concatenate to
-`decode(ids, skip_special=False)`; no Rust-built dependency is involved.
+never splits a multi-byte UTF-8 character, and chat prompts from the model's own
+template (engine/chat_template.py). A tokenizer class the C++ tokenizer does not
+know is read under the generic class of its model type from a patched copy of
+tokenizer_config.json; one it cannot read at all raises TokenizerUnreadable (the
+server then serves token ids). Guarantees: the pieces a `StreamDecoder` yields
+concatenate to `decode(ids, skip_special=False)`; no Rust-built dependency is involved.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
 from onnxruntime_extensions import pp_api
 
+from engine.chat_template import ChatMessage, ChatTemplate, TemplateUnusable, token_text
 from engine.convert.tokenizer_json import bytes_to_unicode
+from engine.errors import Unsupported
 
-_DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.DOTALL)
+__all__ = ["ChatMessage", "StreamDecoder", "Tokenizer", "TokenizerUnreadable"]
+
+log = structlog.get_logger("ladder.tokenizer")
+
+# A class the C++ tokenizer does not know (transformers' "TokenizersBackend", a missing
+# class) is read under the generic class of its tokenizer.json model type.
+GENERIC_CLASS = {"BPE": "PreTrainedTokenizerFast", "Unigram": "XLMRobertaTokenizer"}
 
 
-@dataclass(frozen=True)
-class ChatMessage:
-    role: str
-    content: str
+class TokenizerUnreadable(Exception):
+    """The directory's tokenizer cannot be read: the server serves token ids only."""
 
 
 class Tokenizer:
@@ -34,25 +43,26 @@ class Tokenizer:
 
     def __init__(self, model_dir: Path) -> None:
         self.model_dir = Path(model_dir)
-        doc = json.loads((self.model_dir / "tokenizer.json").read_text(encoding="utf-8"))
-        config = json.loads((self.model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-        self._token_bytes = _token_bytes(doc)
+        doc = _read_json(self.model_dir / "tokenizer.json")
+        config_path = self.model_dir / "tokenizer_config.json"
+        config = _read_json(config_path) if config_path.exists() else {}
+        try:
+            self._token_bytes = _token_bytes(doc)
+            vocab = _vocab(doc) | {t["content"]: t["id"] for t in doc.get("added_tokens", [])}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise TokenizerUnreadable(f"tokenizer.json has no vocabulary Ladder can read ({exc!r})") from exc
         self.special_ids = frozenset(t["id"] for t in doc.get("added_tokens", []))
-        vocab: dict[str, int] = doc["model"]["vocab"]
-        self.bos_token_id = vocab[config["bos_token"]]
-        self.eos_token_id = vocab[config["eos_token"]]
+        self.bos_token_id = vocab.get(token_text(config.get("bos_token")) or "")
+        self.eos_token_id = vocab.get(token_text(config.get("eos_token")) or "")
         self.vocab_size = len(self._token_bytes)
-        self.chat_template: str = config.get("chat_template") or ""
-        match = _DEFAULT_SYSTEM.search(self.chat_template.replace("\\n", "\n"))
-        self.default_system_prompt: str | None = match.group(1) if match else None
-        options = {"skip_special_tokens": "false"}
-        self._keep_special = pp_api.Tokenizer(str(self.model_dir), options)
-        self._skip_special = pp_api.Tokenizer(str(self.model_dir))
+        self.drops_leading_space = _drops_leading_space(doc)
+        self.chat_template, self.chat_problem = _chat_template(self.model_dir, config)
+        self._keep_special, self._skip_special = _open_native(self.model_dir, config, doc)
 
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
         """Token ids of `text`; special tokens written out in it (`<|im_start|>`) become their id."""
         ids = [int(i) for i in self._skip_special.tokenize(text)]
-        return [self.bos_token_id, *ids] if add_bos else ids
+        return [self.bos_token_id, *ids] if add_bos and self.bos_token_id is not None else ids
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         """The text of `ids` (special tokens dropped unless `skip_special` is False)."""
@@ -69,25 +79,69 @@ class Tokenizer:
         """A fresh incremental decoder for one generation."""
         return StreamDecoder(self, skip_special=skip_special)
 
-    def render_chat(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True,
-                    use_default_system: bool = True) -> str:
-        """The ChatML prompt the model's template makes of `messages`.
+    def render_chat(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True) -> str:
+        """The prompt the model's own chat template makes of `messages` (ChatML when it has none)."""
+        if self.chat_template is None:
+            raise Unsupported(f"the model's chat template cannot be used ({self.chat_problem}); "
+                              "send a text prompt with the turns written out")
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
 
-        As the SmolLM2 template does, a conversation that does not open with a
-        system turn gets the template's default system prompt, unless
-        `use_default_system` is False.
-        """
-        turns = list(messages)
-        opens_with_system = bool(turns) and turns[0].role == "system"
-        if use_default_system and not opens_with_system and self.default_system_prompt:
-            turns.insert(0, ChatMessage("system", self.default_system_prompt))
-        text = "".join(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in turns)
-        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+    def encode_chat(self, messages: Iterable[ChatMessage], *,
+                    add_generation_prompt: bool = True) -> list[int]:
+        ids = self.encode(self.render_chat(messages, add_generation_prompt=add_generation_prompt))
+        # A tokenizer that adds BOS itself, under a template that writes it too: keep one.
+        bos = self.bos_token_id
+        return ids[1:] if bos is not None and ids[:2] == [bos, bos] else ids
 
-    def encode_chat(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True,
-                    use_default_system: bool = True) -> list[int]:
-        return self.encode(self.render_chat(messages, add_generation_prompt=add_generation_prompt,
-                                            use_default_system=use_default_system))
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerUnreadable(f"{path.name} cannot be read: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise TokenizerUnreadable(f"{path.name} is not a JSON object")
+    return doc
+
+
+def _chat_template(model_dir: Path, config: Mapping[str, Any]) -> tuple[ChatTemplate | None, str]:
+    """The compiled template, or None and why (the tokenizer still serves text prompts)."""
+    try:
+        return ChatTemplate.of(model_dir, config), ""
+    except TemplateUnusable as exc:
+        log.warning("chat_template_unusable", model=str(model_dir), reason=str(exc))
+        return None, str(exc)
+
+
+def _native_pair(path: Path) -> tuple[Any, Any]:
+    """The C++ tokenizer twice: keeping special tokens when decoding, and skipping them."""
+    return pp_api.Tokenizer(str(path), {"skip_special_tokens": "false"}), pp_api.Tokenizer(str(path))
+
+
+def _open_native(model_dir: Path, config: Mapping[str, Any], doc: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The C++ tokenizer of `model_dir`; a class it does not know is read under the generic class
+    of the same model type, from a patched copy of tokenizer_config.json (the user's stays as it is)."""
+    try:
+        return _native_pair(model_dir)
+    except RuntimeError as exc:
+        first = " ".join(str(exc).split())
+    generic = GENERIC_CLASS.get(str(doc.get("model", {}).get("type")))
+    declared = config.get("tokenizer_class")
+    if generic is None or declared == generic:
+        raise TokenizerUnreadable(f"onnxruntime-extensions cannot read it: {first}")
+    with tempfile.TemporaryDirectory(prefix="ladder-tokenizer-") as copy:
+        for entry in model_dir.iterdir():
+            if entry.name != "tokenizer_config.json" and entry.is_file():
+                (Path(copy) / entry.name).symlink_to(entry.resolve())
+        patched = {**config, "tokenizer_class": generic}
+        (Path(copy) / "tokenizer_config.json").write_text(json.dumps(patched), encoding="utf-8")
+        try:
+            pair = _native_pair(Path(copy))
+        except RuntimeError as exc:
+            raise TokenizerUnreadable(f"onnxruntime-extensions cannot read it ({first}), nor as "
+                                      f"{generic}: {' '.join(str(exc).split())}") from exc
+    log.info("tokenizer_class_read_as", model=str(model_dir), declared=declared, read_as=generic)
+    return pair
 
 
 class StreamDecoder:
@@ -102,6 +156,7 @@ class StreamDecoder:
         self._tokenizer = tokenizer
         self._skip_special = skip_special
         self._pending = b""
+        self._started = False
 
     def push(self, token_id: int) -> str:
         """The text that `token_id` completes ("" while a character is still partial)."""
@@ -110,12 +165,20 @@ class StreamDecoder:
         self._pending += self._tokenizer.token_bytes(token_id)
         cut = _complete_prefix_length(self._pending)
         text, self._pending = self._pending[:cut].decode("utf-8", "replace"), self._pending[cut:]
+        return self._first(text)
+
+    def _first(self, text: str) -> str:
+        """A SentencePiece-style decoder drops the space its first word carries ("▁Paris")."""
+        if not self._started and text:
+            self._started = True
+            if self._tokenizer.drops_leading_space and text.startswith(" "):
+                return text[1:]
         return text
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character decodes as U+FFFD)."""
         text, self._pending = self._pending.decode("utf-8", "replace"), b""
-        return text
+        return self._first(text)
 
     def pieces(self, ids: Iterable[int]) -> Iterator[str]:
         for token_id in ids:
@@ -135,13 +198,53 @@ def _complete_prefix_length(data: bytes) -> int:
     return len(data)
 
 
-def _token_bytes(doc: dict[str, Any]) -> list[bytes]:
-    """Bytes for every id: byte-level tokens through GPT-2's map, added tokens as UTF-8."""
-    decode = {c: b for b, c in bytes_to_unicode().items()}
-    vocab: dict[str, int] = doc["model"]["vocab"]
-    table = [b""] * (max(vocab.values()) + 1)
-    for token, token_id in vocab.items():
-        table[token_id] = bytes(decode.get(c, 0x3F) for c in token)
-    for added in doc.get("added_tokens", []):
-        table[added["id"]] = added["content"].encode("utf-8")
+def _vocab(doc: Mapping[str, Any]) -> dict[str, int]:
+    """The model's own vocabulary: BPE and WordPiece write a map, Unigram a list of [piece, score]."""
+    vocab = doc["model"]["vocab"]
+    if isinstance(vocab, list):
+        return {str(entry[0]): i for i, entry in enumerate(vocab)}
+    return {str(token): int(i) for token, i in vocab.items()}
+
+
+def _is_byte_level(doc: Mapping[str, Any]) -> bool:
+    decoder = doc.get("decoder") or {}
+    parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    return not decoder or any(part.get("type") == "ByteLevel" for part in parts)
+
+
+def _drops_leading_space(doc: Mapping[str, Any]) -> bool:
+    """Whether decoding drops the space the first token's U+2581 stands for (Metaspace with a
+    prepended space, or a Strip of one leading space)."""
+    decoder = doc.get("decoder") or {}
+    parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    for part in parts:
+        if part.get("type") == "Metaspace":
+            return bool(part.get("add_prefix_space", part.get("prepend_scheme", "always") != "never"))
+        if part.get("type") == "Strip" and part.get("start", 0) >= 1:
+            return True
+    return False
+
+
+def _piece_bytes(token: str) -> bytes:
+    """A SentencePiece-style token's bytes: <0xNN> byte fallback, U+2581 for a space."""
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        return bytes([int(token[3:5], 16)])
+    return token.replace("\u2581", " ").encode("utf-8")
+
+
+def _token_bytes(doc: Mapping[str, Any]) -> list[bytes]:
+    """Bytes for every id: byte-level tokens through GPT-2's map (SentencePiece-style ones
+    through their byte fallback), added tokens as UTF-8."""
+    vocab = _vocab(doc)
+    added = doc.get("added_tokens", [])
+    table = [b""] * (max([*vocab.values(), *(t["id"] for t in added)]) + 1)
+    if _is_byte_level(doc):
+        decode = {c: b for b, c in bytes_to_unicode().items()}
+        for token, token_id in vocab.items():
+            table[token_id] = bytes(decode.get(c, 0x3F) for c in token)
+    else:
+        for token, token_id in vocab.items():
+            table[token_id] = _piece_bytes(token)
+    for entry in added:
+        table[entry["id"]] = entry["content"].encode("utf-8")
     return table

@@ -3,6 +3,11 @@
 Run `python -m proto.generate` after editing a .proto. The stubs are committed;
 tests/service/test_proto_stubs.py regenerates them into a temporary directory
 and checks they are identical. The package is importable as `proto.ladder.v1`.
+
+Beside the stubs, `<name>_descriptor_set.binpb`: the FileDescriptorSet of each
+.proto with its source info (comments and locations), which the compiled-in
+descriptors lack; server reflection serves it, so `grpcurl describe` shows the
+.proto's documentation (service/reflection.py).
 """
 
 from __future__ import annotations
@@ -28,12 +33,24 @@ def generate(out_dir: Path = ROOT) -> list[Path]:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
     written = []
     for proto in PROTOS:
+        descriptors = descriptor_set_path(proto, out_dir)
+        args = ["grpc_tools.protoc", f"-I{ROOT}", f"-I{include}", "--include_source_info",
+                f"--descriptor_set_out={descriptors}", proto]
+        if protoc.main(args) != 0:
+            raise RuntimeError(f"protoc failed: {' '.join(args)}")
+        written.append(descriptors)
+    for proto in PROTOS:
         stem = out_dir / proto.removesuffix(".proto")
         for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"):
             path = stem.with_name(stem.name + suffix)
             path.write_text(_ABSOLUTE_IMPORT.sub(r"from proto.ladder.v1 import \1", path.read_text()))
             written.append(path)
     return written
+
+
+def descriptor_set_path(proto: str, root: Path = ROOT) -> Path:
+    """Where the FileDescriptorSet (with source info) of `proto` is written."""
+    return root / (proto.removesuffix(".proto") + "_descriptor_set.binpb")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,12 @@ ONNX_GENAI_PREFILL_QUERY_PADDING=0 switch included. Every setting has a flag
 (`--max-sessions`) and an environment variable (`LADDER_MAX_SESSIONS`); a flag
 wins over the environment, the environment over the default. Everything else
 receives a frozen Config (or the EngineOptions derived from it) explicitly.
+
+Each field is parsed by its type (read with typing.get_type_hints, not from the
+annotation's text) and checked against what it allows; a bad value is a
+ConfigError whose one-line message names the flag or variable it came from,
+the value, and what is allowed. `load_config` is the process's entry: by
+default it prints that line and exits 2, as argparse does for a bad flag.
 """
 
 from __future__ import annotations
@@ -12,21 +18,38 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import NoReturn
 
 from engine.executor.options import EngineOptions
 
 PADDING_SWITCH = "ONNX_GENAI_PREFILL_QUERY_PADDING"
 ENV_PREFIX = "LADDER_"
-_FALSE = {"0", "false", "off", "no"}
+_TRUE = ("1", "true", "on", "yes")
+_FALSE = ("0", "false", "off", "no")
+DEFAULT_METRICS_PORT = 9464  # not Prometheus's own 9090
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message is one line naming it, its value and what is allowed."""
+
+
+def parse_bool(text: str, source: str) -> bool:
+    """Strictly one of 1/true/on/yes or 0/false/off/no (any case); anything else is a ConfigError."""
+    value = text.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise ConfigError(f"{source}={text!r} is not a boolean: use one of {', '.join(_TRUE + _FALSE)}")
 
 
 def padding_enabled(env: Mapping[str, str]) -> bool:
-    """Padding is on unless the seed's switch says 0 (or false/off/no)."""
-    value = env.get(PADDING_SWITCH, "1").strip().lower()
-    return value not in _FALSE
+    """Padding is on unless the seed's switch says 0 (or false/off/no); other values are refused
+    (set but empty: as if unset)."""
+    return parse_bool(env.get(PADDING_SWITCH) or "1", PADDING_SWITCH)
 
 
 def default_model_cache(env: Mapping[str, str]) -> str:
@@ -39,10 +62,10 @@ def default_model_cache(env: Mapping[str, str]) -> str:
 class Config:
     host: str = "[::]"
     port: int = 50051
-    metrics_port: int = 9090  # 0 = no metrics endpoint
+    metrics_port: int = DEFAULT_METRICS_PORT  # 0 = no metrics endpoint
     model: str = "default"  # a model directory, or "default" (prepared under model_cache)
     model_cache: str = ""
-    model_precision: str = "fp32"  # weights of the default model: fp32 | int4 (MatMulNBits)
+    model_precision: str = "auto"  # weights of the default model: auto (int4 on CPU, fp16 on CUDA) | fp32
     model_read_only: bool = False  # never rewrite the model's graph (its head then runs on every row)
     provider: str = "cpu"  # cpu | cuda
     padding: bool = True
@@ -58,6 +81,7 @@ class Config:
     drain_seconds: float = 20.0
     max_prompt_tokens: int = 0  # 0 = the KV capacity
     max_new_tokens: int = 1024  # the most one request may ask for
+    default_max_new_tokens: int = 256  # what a request that names none gets (0 = as many as fit)
     max_message_bytes: int = 4 * 1024 * 1024
     sessions_per_caller: int = 0  # 0 = every KV slot but one (at least one): a fair share
     tls_cert: str = ""
@@ -77,6 +101,13 @@ class Config:
                              graph_cache=Path(self.model_cache) / "graphs" if self.model_cache else None)
 
     @property
+    def default_model_precision(self) -> str:
+        """The default model's weights: as configured, else int4 (MatMulNBits) on CPU, fp16 on CUDA."""
+        if self.model_precision != "auto":
+            return self.model_precision
+        return "fp16" if self.provider == "cuda" else "int4"
+
+    @property
     def tls(self) -> bool:
         return bool(self.tls_cert and self.tls_key)
 
@@ -89,9 +120,10 @@ _HELP = {
     "host": "address to listen on", "port": "gRPC port (0 = any free port)",
     "metrics_port": "Prometheus /metrics port (0 = off)", "model": 'model directory or "default"',
     "model_cache": "cache directory of the default model (and of rewritten copies of model graphs)",
+    "model_precision": "weights of the default model: auto (int4 on CPU, fp16 on CUDA), int4, fp16 or fp32",
     "model_read_only": "never rewrite the model's graph: its lm-head then runs on every prefill row",
-    "model_precision": "weights of the default model: fp32 or int4 (faster decode, less memory)",
     "provider": "execution provider: cpu | cuda",
+    "chunk_size": "prefill chunk width (0 = whole prompts; unset: the model's, else 512 up to the capacity)",
     "padding": "query-axis padding of prefill forwards (also ONNX_GENAI_PREFILL_QUERY_PADDING)",
     "auth_tokens": "comma-separated bearer tokens (name=token names the caller)",
     "memory_budget_mb": "weights + KV + variants limit: the KV slots are as many as it holds (0 = off)",
@@ -102,75 +134,185 @@ _HELP = {
     "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
     "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",
     "sessions_per_caller": "sessions one caller may hold, those it waits for too (0 = every KV slot but one)",
+    "max_new_tokens": "the most new tokens one request may ask for (more: OUT_OF_RANGE)",
+    "default_max_new_tokens": "new tokens for a request that names none (0 = as many as fit, up to "
+                              "--max-new-tokens; above it: --max-new-tokens)",
+    "capacity": "KV capacity per session in tokens (auto = the model's max length)",
+    "max_prompt_tokens": "the longest prompt in tokens (0 = the KV capacity)",
+    "log_level": "log level",
 }
 
 
-def _parse(name: str, text: object) -> object:
-    """One setting's value from its flag or environment text (typed values pass as they are)."""
-    if not isinstance(text, str):
-        return tuple(text) if isinstance(text, list) else text
-    kind = {f.name: str(f.type) for f in fields(Config)}[name]
-    if name == "auth_tokens":
-        return tuple(t.strip() for t in text.split(",") if t.strip())
-    if kind == "bool":
-        return text.strip().lower() not in _FALSE
-    if kind == "int | None":
-        return None if text.strip().lower() in {"", "none", "auto"} else int(text)
-    if kind == "int":
-        return int(text)
-    if kind == "float":
-        return float(text)
-    return text
+# What a field allows beyond its type: a set of choices, or a lowest (and highest) value.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "provider": ("cpu", "cuda"), "model_precision": ("auto", "int4", "fp16", "fp32"),
+    "log_level": ("debug", "info", "warning", "error"),
+}
+BOUNDS: dict[str, tuple[float, float | None]] = {
+    "port": (0, 65535), "metrics_port": (0, 65535), "chunk_size": (0, None), "capacity": (1, None),
+    "variant_capacity": (0, None), "max_sessions": (1, None), "memory_budget_mb": (0, None),
+    "max_queue": (1, None), "session_idle_seconds": (0.001, None), "drain_seconds": (0, None),
+    "max_prompt_tokens": (0, None), "max_new_tokens": (1, None), "default_max_new_tokens": (0, None),
+    "max_message_bytes": (1, None), "sessions_per_caller": (0, None), "intra_op_threads": (0, None),
+}
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _kinds() -> dict[str, object]:
+    """Each field's type, resolved (not its annotation's text)."""
+    return dict(typing.get_type_hints(Config))
+
+
+def _allowed(name: str, kind: object) -> str:
+    if name in CHOICES:
+        return "one of " + ", ".join(CHOICES[name])
+    low, high = BOUNDS.get(name, (None, None))
+    nouns: dict[object, str] = {int: "a whole number", float: "a number", bool: "a boolean",
+                                int | None: "a whole number or auto"}
+    noun = nouns.get(kind, "a value")
+    if low is not None and high is not None:
+        return f"{noun} from {low:g} to {high:g}"
+    return f"{noun} >= {low:g}" if low is not None else noun
+
+
+def _parse(name: str, text: str, kind: object, source: str) -> object:
+    """One setting's value from its flag or environment text, by the field's type."""
+    value = text.strip()
+    if kind is bool:
+        return parse_bool(text, source)
+    try:
+        if kind == tuple[str, ...]:
+            return tuple(t.strip() for t in text.split(",") if t.strip())
+        if kind == int | None:
+            return None if value.lower() in {"", "none", "auto"} else int(value)
+        if kind is int:
+            return int(value)
+        if kind is float:
+            return float(value)
+    except ValueError:
+        raise ConfigError(f"{source}={text!r} is not allowed: {name} takes {_allowed(name, kind)}") from None
+    return value.lower() if name in CHOICES else text
+
+
+def _check(name: str, value: object, kind: object, source: str) -> None:
+    """Raise ConfigError when `value` is outside what field `name` allows."""
+    bad = False
+    if name in CHOICES:
+        bad = value not in CHOICES[name]
+    elif name in BOUNDS and value is not None:
+        low, high = BOUNDS[name]
+        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        bad = number is None or number != number or number < low or (high is not None and number > high)
+    if bad:
+        raise ConfigError(f"{source}={value!r} is not allowed: {name} takes {_allowed(name, kind)}")
+
+
+def _help(name: str, default: object) -> str:
+    text = _HELP.get(name, name.replace("_", " "))
+    allowed = f"; {_allowed(name, _kinds()[name])}" if name in CHOICES else ""
+    shown = "on" if default is True else "off" if default is False else "auto" if default is None else default
+    shown = "" if shown in ("", ()) else f" (default: {shown})"
+    return f"{text}{allowed}{shown} [env {env_name(name)}]".replace("%", "%%")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """Add one --flag per Config field (defaults None: unset flags fall through to the environment)."""
-    parser = parser or argparse.ArgumentParser(prog="ladder serve", description="Serve a model over gRPC.")
+    parser = parser or _Parser(prog="ladder serve", description="Serve a model over gRPC.")
+    defaults = Config()
     for field in fields(Config):
-        flag = "--" + field.name.replace("_", "-")
-        env = ENV_PREFIX + field.name.upper()
-        parser.add_argument(flag, dest=field.name, default=None, metavar=field.name.upper(),
-                            help=f"{_HELP.get(field.name, field.name.replace('_', ' '))} [env {env}]")
+        default = getattr(defaults, field.name)
+        parser.add_argument(flag_name(field.name), dest=field.name, default=None, metavar=field.name.upper(),
+                            help=_help(field.name, default))
     return parser
 
 
 def config_from(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> Config:
-    """Flags (None = unset; other keys ignored) over LADDER_* env (default os.environ) over defaults."""
+    """Flags (None = unset; other keys ignored) over LADDER_* env (default os.environ) over defaults.
+
+    Raises ConfigError naming the flag or variable of the first bad value."""
     env = os.environ if env is None else env
+    kinds = _kinds()
     values: dict[str, object] = {}
+    sources: dict[str, str] = {}
     for field in fields(Config):
-        text = flags.get(field.name)
+        name, kind = field.name, kinds[field.name]
+        text, source = flags.get(name), flag_name(name)
+        if text is None and (found := env.get(env_name(name))):  # set but empty: as if unset
+            text, source = found, env_name(name)
         if text is None:
-            text = env.get(ENV_PREFIX + field.name.upper())
-        if text is not None:
-            values[field.name] = _parse(field.name, text)
+            continue
+        if isinstance(text, str):
+            value = _parse(name, text, kind, source)
+        else:  # typed already (another parser's flags)
+            value = tuple(text) if isinstance(text, list) else text
+        _check(name, value, kind, source)
+        values[name], sources[name] = value, source
     if "padding" not in values:
         values["padding"] = padding_enabled(env)
     values.setdefault("model_cache", default_model_cache(env))
     values.setdefault("pod_name", socket.gethostname().split(".")[0])
     config = Config(**values)  # type: ignore[arg-type]
-    validate(config)
+    validate(config, sources)
     return config
 
 
-def validate(config: Config) -> None:
-    """Raise ValueError for settings that cannot work together."""
-    if config.provider not in {"cpu", "cuda"}:
-        raise ValueError(f"provider must be cpu or cuda, got {config.provider!r}")
-    if config.model_precision not in {"fp32", "int4"}:
-        raise ValueError(f"model_precision must be fp32 or int4, got {config.model_precision!r}")
+def validate(config: Config, sources: Mapping[str, str] | None = None) -> None:
+    """Raise ConfigError for a value out of range, or settings that cannot work together."""
+    sources = sources or {}
+
+    def named(name: str) -> str:
+        return sources.get(name) or f"{flag_name(name)}/{env_name(name)}"
+
+    kinds = _kinds()
+    for field in fields(Config):
+        _check(field.name, getattr(config, field.name), kinds[field.name], named(field.name))
     if bool(config.tls_cert) != bool(config.tls_key):
-        raise ValueError("TLS needs both tls_cert and tls_key")
+        missing = "tls_key" if config.tls_cert else "tls_cert"
+        raise ConfigError(f"TLS needs both a certificate and a key: {named(missing)} is not set")
     if config.tls_client_ca and not config.tls:
-        raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        raise ConfigError(f"{named('tls_client_ca')} (mutual TLS) needs {named('tls_cert')} and "
+                          f"{named('tls_key')}")
+    if config.model != "default" and not (Path(config.model) / "genai_config.json").is_file():
+        raise ConfigError(f"{named('model')}={config.model!r} is not allowed: model takes \"default\" or a "
+                          "model directory (one with genai_config.json)")
+    for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        path = getattr(config, name)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{named(name)}={path!r} is not allowed: {name} takes a readable file")
     if "." in config.pod_name:
-        raise ValueError("pod_name may not contain '.': it separates the pod from the session token")
-    for name in ("max_sessions", "max_queue", "max_new_tokens", "max_message_bytes"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"{name} must be >= 1")
+        raise ConfigError(f"{named('pod_name')}={config.pod_name!r} is not allowed: it may not contain '.' "
+                          "(it separates the pod from the session token)")
 
 
-def load_config(env: Mapping[str, str] | None = None, argv: Sequence[str] | None = None) -> Config:
-    """Build the Config from flags (none unless argv is given) and the environment (os.environ by default)."""
+def _fail(message: str) -> NoReturn:
+    print(f"ladder serve: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def load_config(env: Mapping[str, str] | None = None, argv: Sequence[str] | None = None, *,
+                exit_on_error: bool = True) -> Config:
+    """Build the Config from flags (none unless argv is given) and the environment (os.environ by default).
+
+    A bad flag or variable: one line on stderr naming it, its value and what is allowed, then
+    exit 2 (as argparse does); with exit_on_error=False a ConfigError instead."""
     flags = vars(build_parser().parse_args(list(argv or [])))
-    return config_from(flags, env)
+    try:
+        return config_from(flags, env)
+    except ConfigError as exc:
+        if not exit_on_error:
+            raise
+        _fail(str(exc))

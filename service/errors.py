@@ -3,6 +3,13 @@
 Handlers raise; the interceptor (service/security.py) looks the exception up
 here and aborts the call. Nothing else builds a status. Request errors fail
 one call and leave every other session untouched; an EngineFault flips health.
+
+Every status also carries a `google.rpc.Status` in the `grpc-status-details-bin`
+trailer (read it with grpc_status.rpc_status.from_call): an ErrorInfo whose
+`reason` is stable per case (REASONS, or the one an error names when it is
+raised; docs/api.md lists them) in domain "ladder.v1", a RetryInfo on
+RESOURCE_EXHAUSTED and UNAVAILABLE, and a BadRequest field violation on
+INVALID_ARGUMENT and OUT_OF_RANGE naming the request field at fault.
 """
 
 from __future__ import annotations
@@ -10,14 +17,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
 
-from engine.errors import EngineFault, Exhausted, InvalidInput, OutOfRange
+from engine.errors import EngineFault, Exhausted, InvalidInput, OutOfRange, Unsupported
 
 OWNER_METADATA = "ladder-session-owner"
+DETAILS_METADATA = "grpc-status-details-bin"
+DOMAIN = "ladder.v1"
 
 
 class ServiceError(Exception):
-    """Base of the service's own request errors."""
+    """Base of the service's own request errors.
+
+    `reason` names the case in the status details (default: the class's entry in REASONS);
+    `field` is the request field at fault (a BadRequest field violation), "" when none is;
+    `metadata` goes into the ErrorInfo."""
+
+    def __init__(self, *args: object, reason: str = "", field: str = "",
+                 metadata: dict[str, str] | None = None) -> None:
+        super().__init__(*args)
+        self.reason = reason
+        self.field = field
+        self.metadata = metadata or {}
 
 
 class SessionNotFound(ServiceError):
@@ -73,6 +95,7 @@ STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (SessionNotFound, grpc.StatusCode.NOT_FOUND),
     (WrongPod, grpc.StatusCode.FAILED_PRECONDITION),
     (NoTokenizer, grpc.StatusCode.FAILED_PRECONDITION),
+    (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
     (SessionBusy, grpc.StatusCode.ABORTED),
     (Exhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -83,17 +106,76 @@ STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 )
 
 
+# The ErrorInfo reason of each class (an error may name a more specific one when raised).
+REASONS: tuple[tuple[type[BaseException], str], ...] = (
+    (InvalidInput, "INVALID_INPUT"),
+    (InvalidRequest, "INVALID_REQUEST"),
+    (OutOfRange, "CAPACITY_EXCEEDED"),
+    (LimitExceeded, "LIMIT_EXCEEDED"),
+    (SessionNotFound, "SESSION_NOT_FOUND"),
+    (WrongPod, "WRONG_POD"),
+    (NoTokenizer, "NO_TOKENIZER"),
+    (Unsupported, "CHAT_TEMPLATE_UNSUPPORTED"),
+    (SessionBusy, "SESSION_BUSY"),
+    (Exhausted, "SESSIONS_FULL"),
+    (QueueFull, "QUEUE_FULL"),
+    (Draining, "DRAINING"),
+    (Unauthenticated, "UNAUTHENTICATED"),
+    (Cancelled, "CANCELLED"),
+    (EngineFault, "ENGINE_FAULT"),
+)
+# RetryInfo: how long a client should wait before it tries again, by reason, else by code.
+RETRY_SECONDS: dict[str, float] = {"CALLER_QUOTA": 5.0, "DRAINING": 0.1, "MODEL_LOADING": 2.0}
+RETRY_CODES: dict[grpc.StatusCode, float] = {grpc.StatusCode.RESOURCE_EXHAUSTED: 1.0,
+                                             grpc.StatusCode.UNAVAILABLE: 1.0}
+FIELD_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
+
+
 @dataclass(frozen=True)
 class Status:
     code: grpc.StatusCode
     details: str
-    trailing_metadata: tuple[tuple[str, str], ...] = ()
+    trailing_metadata: tuple[tuple[str, str | bytes], ...] = ()
+    reason: str = ""
 
 
 def status_for(error: BaseException) -> Status:
-    """The status a call ends with when `error` escapes its handler."""
+    """The status a call ends with when `error` escapes its handler, its google.rpc details included."""
     for kind, code in STATUS_TABLE:
         if isinstance(error, kind):
-            metadata = ((OWNER_METADATA, error.owner),) if isinstance(error, WrongPod) else ()
-            return Status(code, str(error) or kind.__name__, metadata)
-    return Status(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}")
+            details = str(error) or kind.__name__
+            reason = getattr(error, "reason", "") or _reason(error)
+            extra: dict[str, str] = dict(getattr(error, "metadata", {}))
+            metadata: tuple[tuple[str, str | bytes], ...] = ()
+            if isinstance(error, WrongPod):
+                metadata, extra = ((OWNER_METADATA, error.owner),), {**extra, "owner_pod": error.owner}
+            rich = _details(code, details, reason, getattr(error, "field", ""), extra)
+            return Status(code, details, (*metadata, (DETAILS_METADATA, rich)), reason)
+    details = f"internal error: {type(error).__name__}"
+    code = grpc.StatusCode.INTERNAL
+    rich = _details(code, details, "INTERNAL", "", {})
+    return Status(code, details, ((DETAILS_METADATA, rich),), "INTERNAL")
+
+
+def _reason(error: BaseException) -> str:
+    return next((reason for kind, reason in REASONS if isinstance(error, kind)), "INTERNAL")
+
+
+def _details(code: grpc.StatusCode, message: str, reason: str, field: str, metadata: dict[str, str]) -> bytes:
+    """The serialized google.rpc.Status of a failure: ErrorInfo, then RetryInfo or BadRequest."""
+    details = [error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata)]
+    retry = RETRY_SECONDS.get(reason, RETRY_CODES.get(code))
+    if retry is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(retry * 1e9))
+        details.append(error_details_pb2.RetryInfo(retry_delay=delay))
+    if code in FIELD_CODES:
+        violation = error_details_pb2.BadRequest.FieldViolation(field=field, description=message,
+                                                                reason=reason)
+        details.append(error_details_pb2.BadRequest(field_violations=[violation]))
+    packed = []
+    for detail in details:
+        wrapped = any_pb2.Any()
+        wrapped.Pack(detail)
+        packed.append(wrapped)
+    return status_pb2.Status(code=code.value[0], message=message, details=packed).SerializeToString()

@@ -44,7 +44,7 @@ CHAT_TURN_BYTES = 32  # what each chat message counts beyond its role and conten
 
 @dataclass(frozen=True)
 class Stopping:
-    max_new_tokens: int = 0  # 0 = as many as fit, up to the server's limit
+    max_new_tokens: int = 0  # 0 = the server's default (Model.default_new_tokens), as many as fit
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] = frozenset()
@@ -52,10 +52,12 @@ class Stopping:
     def __post_init__(self) -> None:
         """Bounded work per token: a few stop strings of bounded length."""
         if len(self.stop) > MAX_STOPS:
-            raise InvalidRequest(f"{len(self.stop)} stop strings; at most {MAX_STOPS} are allowed")
+            raise InvalidRequest(f"{len(self.stop)} stop strings; at most {MAX_STOPS} are allowed",
+                                 reason="TOO_MANY_STOPS", field="stopping.stop")
         longest = max((len(s) for s in self.stop), default=0)
         if longest > MAX_STOP_CHARS:
-            raise InvalidRequest(f"a stop string of {longest} characters; the most is {MAX_STOP_CHARS}")
+            raise InvalidRequest(f"a stop string of {longest} characters; the most is {MAX_STOP_CHARS}",
+                                 reason="STOP_TOO_LONG", field="stopping.stop")
 
 
 @dataclass
@@ -105,7 +107,7 @@ class Model:
     """The loaded engine, its tokenizer (or None) and the server's limits."""
 
     def __init__(self, engine: Any, tokenizer: Any | None, name: str, max_prompt_tokens: int,
-                 max_new_tokens: int) -> None:
+                 max_new_tokens: int, default_new_tokens: int = 0) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.name = name
@@ -114,10 +116,13 @@ class Model:
         self.eos_ids = frozenset(engine.info.eos_token_ids)
         self.max_prompt_tokens = max_prompt_tokens or self.capacity
         self.max_new_tokens = max_new_tokens
+        # What a request that names no max_new_tokens gets (0 configured: the limit), never over the limit.
+        self.default_new_tokens = min(default_new_tokens or max_new_tokens, max_new_tokens)
 
     def need_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:
-            raise NoTokenizer(f"{what} needs a tokenizer and the model directory has none; send token ids")
+            raise NoTokenizer(f"{what} needs a tokenizer and this model has none Ladder can read "
+                              "(see the server's start-up log); send token ids")
         return self.tokenizer
 
     def prompt_ids(self, text: str | None, chat: Sequence[ChatTurn] | None,
@@ -129,48 +134,59 @@ class Model:
         """
         if text is not None:
             tokenizer = self.need_tokenizer("a text prompt")
-            self._check_text_size(len(text.encode()))
+            self._check_text_size(len(text.encode()), "prompt.text")
             tokens = [int(t) for t in tokenizer.encode(text)]
         elif chat is not None:
             tokenizer = self.need_tokenizer("a chat prompt")
             if not chat:
-                raise InvalidRequest("a chat prompt needs at least one message")
+                raise InvalidRequest("a chat prompt needs at least one message", reason="EMPTY_PROMPT",
+                                     field="prompt.chat.messages")
             self._check_text_size(sum(len(m.role.encode()) + len(m.content.encode()) + CHAT_TURN_BYTES
-                                      for m in chat))
-            from engine.tokenizer import ChatMessage
+                                      for m in chat), "prompt.chat.messages")
+            from engine.chat_template import ChatMessage
 
             tokens = [int(t) for t in tokenizer.encode_chat([ChatMessage(m.role, m.content) for m in chat])]
         else:
             tokens = [int(t) for t in ids or ()]
         return self.check_ids(tokens)
 
-    def _check_text_size(self, size: int) -> None:
+    def _check_text_size(self, size: int, field: str) -> None:
         limit = self.max_prompt_tokens * PROMPT_BYTES_PER_TOKEN
         if size > limit:
             raise LimitExceeded(f"the prompt text is {size} bytes; the limit is {limit} "
-                                f"({PROMPT_BYTES_PER_TOKEN} for each of {self.max_prompt_tokens} tokens)")
+                                f"({PROMPT_BYTES_PER_TOKEN} for each of {self.max_prompt_tokens} tokens)",
+                                reason="PROMPT_TOO_LONG", field=field)
 
-    def check_ids(self, tokens: list[int]) -> list[int]:
+    def check_ids(self, tokens: list[int], field: str = "prompt.tokens.ids") -> list[int]:
         if not tokens:
-            raise InvalidRequest("the prompt is empty")
+            raise InvalidRequest("the prompt is empty", reason="EMPTY_PROMPT", field="prompt")
         bad = next((t for t in tokens if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise InvalidRequest(f"token id {bad} is outside the vocabulary of {self.vocab_size}")
+            raise InvalidRequest(f"token id {bad} is outside the vocabulary of {self.vocab_size}",
+                                 reason="TOKEN_OUT_OF_VOCABULARY", field=field)
         if len(tokens) > self.max_prompt_tokens:
-            raise LimitExceeded(f"the prompt has {len(tokens)} tokens; the limit is {self.max_prompt_tokens}")
+            raise LimitExceeded(f"the prompt has {len(tokens)} tokens; the limit is {self.max_prompt_tokens}",
+                                reason="PROMPT_TOO_LONG", field="prompt")
         return tokens
 
-    def budget(self, stopping: Stopping, past: int) -> Stopping:
-        """Resolve max_new_tokens against the limit and the room left after `past` tokens."""
-        room = self.capacity - past
+    def budget(self, stopping: Stopping, past: int, held: str = "the prompt's") -> Stopping:
+        """Resolve max_new_tokens against the limit and the room left after `past` tokens.
+
+        The last new token is chosen from the logits of the one before it and needs no KV
+        slot: a prompt of exactly the capacity still gets one token (finish reason CAPACITY).
+        """
+        room = self.capacity - past + 1
+        if room < 1:
+            raise OutOfRange(f"{held} {past} tokens exceed the KV capacity of {self.capacity}")
         wanted = stopping.max_new_tokens
         if wanted > self.max_new_tokens:
-            raise LimitExceeded(f"max_new_tokens {wanted} is over the limit of {self.max_new_tokens}")
+            raise LimitExceeded(f"max_new_tokens {wanted} is over the limit of {self.max_new_tokens}",
+                                reason="MAX_NEW_TOKENS_OVER_LIMIT", field="stopping.max_new_tokens")
         if wanted == 0:
-            wanted = min(self.max_new_tokens, room)
-        if wanted < 1 or wanted > room:
-            raise OutOfRange(f"{past} prompt tokens + {wanted} new tokens exceed the KV capacity "
-                             f"of {self.capacity}")
+            wanted = min(self.default_new_tokens, room)
+        if wanted > room:
+            raise OutOfRange(f"{held} {past} tokens + {wanted} new tokens do not fit in the KV capacity "
+                             f"of {self.capacity}: at most {room} new tokens do")
         if stopping.stop:
             self.need_tokenizer("stop sequences")
         return Stopping(wanted, stopping.stop, stopping.ignore_eos, stopping.stop_token_ids)
@@ -180,7 +196,8 @@ def check_sampling(params: SamplingParams) -> SamplingParams:
     try:
         params.validate()
     except ValueError as exc:
-        raise InvalidRequest(str(exc)) from exc
+        name = str(exc).split(" ", 1)[0]  # SamplingParams.validate names the value first
+        raise InvalidRequest(str(exc), reason="INVALID_SAMPLING", field=f"sampling.{name}") from exc
     return params
 
 
@@ -318,7 +335,10 @@ def decode_body(model: Model, state: SessionState, sampler: Sampler,
     session = state.session
     if not session.has_logits:
         raise OutOfRange(f"session {state.id} has nothing to continue from (it is empty)")
-    budget = model.budget(stopping, session.length)
+    if session.length >= model.capacity:  # its last token may not be in it: nothing can follow
+        raise OutOfRange(f"session {state.id} holds {session.length} tokens, its full KV capacity: "
+                         "rewind it to continue")
+    budget = model.budget(stopping, session.length, f"session {state.id}'s")
     yield from decode_steps(model, session, sampler, budget, feed_last=True)
 
 
@@ -343,6 +363,7 @@ def rewind(model: Model, state: SessionState, length: int) -> int:
     """Keep the first `length` tokens; the engine restores the logits of the tokens kept."""
     session = state.session
     if not 0 <= length <= session.length:
-        raise InvalidRequest(f"cannot rewind to {length}: the session holds {session.length}")
+        raise InvalidRequest(f"cannot rewind to {length}: the session holds {session.length}",
+                             reason="REWIND_PAST_END", field="length")
     model.engine.rewind(session, length)
     return int(session.length)

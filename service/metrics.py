@@ -1,71 +1,194 @@
 """Prometheus metrics of one server, in a registry of its own (tests run several servers).
 
-TTFT and inter-token latency, queue depth, prompt and generated tokens, prefill
-forwards with real and padded rows, decode forwards and the rows they
-batched, requests waiting for a slot, the variant cache and sessions, and calls
-by method and status. Served on config.metrics_port by prometheus-client.
+Named and typed by Prometheus conventions (base units, `_total` counters,
+`_seconds` histograms) and covering what TGI and vLLM export: calls by method
+and status code (cancelled and deadline-exceeded included), time to first
+token by method, inter-token latency, queue, prefill and decode time per
+request, prefill forward and decode step time, prompt and generated length
+histograms, finish reasons, running and waiting requests, KV slot usage, the
+variant cache, memory, a model info metric, and the process's own metrics.
+docs/observability.md lists them all. Served on config.metrics_port by
+prometheus-client.
+
+What is observed where:
+- per request (service/progress.py, on the event loop): TTFT, inter-token,
+  queue/prefill/decode time, lengths, finish reasons, token counters;
+- per forward (the scheduler, on the worker thread): prefill forward and decode
+  step time;
+- gauges read when scraped (set_function): queue, running, waiting, sessions,
+  KV usage;
+- engine counters (variant cache, decode forwards, memory) mirrored from the
+  latest engine stats, which the server refreshes every few seconds and on
+  every GetEngineStats; they are exported as the counters they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+TTFT_METHODS = ("Generate", "GenerateStream", "Prefill")  # Decode continues a prompt: no first token
+
+
+class _EngineCollector(Collector):
+    """The engine's own counters and gauges, from the latest stats snapshot (none before the first)."""
+
+    def __init__(self) -> None:
+        self.stats: Any = None
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats
+        if stats is None:
+            return
+        v, d = stats.variants, stats.decode
+        for name, value, text in (
+                ("hits", v.hits, "Forwards that found their shape prepared in the variant cache"),
+                ("misses", v.misses, "Forwards whose shape the variant cache did not hold"),
+                ("prepared", v.prepared, "Variants prepared (CUDA: graphs captured)"),
+                ("evictions", v.evictions, "Variants evicted to make room"),
+                ("refusals", v.refusals, "Shapes the variant cache refused to hold")):
+            yield CounterMetricFamily(f"ladder_variant_cache_{name}", text, value=value)
+        yield GaugeMetricFamily("ladder_variant_cache_entries", "Variants held", value=len(v.entries))
+        yield GaugeMetricFamily("ladder_variant_cache_capacity", "Variants the cache may hold",
+                                value=v.capacity)
+        yield GaugeMetricFamily("ladder_variant_cache_bytes", "Bytes the held variants own", value=v.nbytes)
+        yield CounterMetricFamily("ladder_eager_forwards", "Forwards run without a cached variant",
+                                  value=stats.eager_forwards)
+        yield CounterMetricFamily("ladder_decode_forwards", "Decode forwards run", value=d.steps)
+        yield CounterMetricFamily("ladder_decode_rows", "Session rows the decode forwards advanced",
+                                  value=d.rows)
+        memory = GaugeMetricFamily("ladder_memory_bytes", "What the memory budget adds up (budget 0 = none)",
+                                   labels=["part"])
+        for part in ("weights", "kv", "variants", "total", "budget"):
+            memory.add_metric([part], getattr(stats.memory, part))
+        yield memory
+        yield GaugeMetricFamily("ladder_kv_slots", "KV slots (sessions the pool holds at once)",
+                                value=stats.slots_allocated)
+
+
+class MethodMetrics:
+    """The per-request series of one method: `series.ttft` is `metrics.ttft.labels(method)`, looked up
+    on first use and kept (a labels() lookup costs a lock and a dict; only series used are exported)."""
+
+    def __init__(self, metrics: Metrics, method: str) -> None:
+        self._metrics = metrics
+        self._method = method
+
+    def __getattr__(self, name: str) -> Any:
+        child = getattr(self._metrics, name).labels(self._method)
+        setattr(self, name, child)
+        return child
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.ttft = Histogram("ladder_time_to_first_token_seconds", "Request arrival to first token",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.inter_token = Histogram("ladder_inter_token_seconds", "Gap between consecutive tokens",
-                                     buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_depth = Gauge("ladder_queue_depth", "Requests the engine worker holds", registry=r)
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)  # process_* (CPU, RSS, open fds), python_info, python_gc_*
+        self.model = Info("ladder_model", "The model served and how", registry=r)
+        # Calls: every Ladder call ends in exactly one of these, whatever its code.
+        self.calls = Counter("ladder_calls", "Finished calls by method and status code", ["method", "code"],
+                             registry=r)
+        self.call_seconds = Histogram("ladder_call_seconds", "Call duration, arrival to its status",
+                                      ["method"], buckets=_LATENCY_BUCKETS, registry=r)
+        # Per request.
+        self.ttft = Histogram("ladder_time_to_first_token_seconds",
+                              "Arrival to the prompt's first token (Prefill: to PrefillDone.next_token)",
+                              ["method"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.inter_token = Histogram("ladder_inter_token_latency_seconds", "Gap between consecutive tokens",
+                                     ["method"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("ladder_request_queue_seconds",
+                                    "Arrival to the start of the request's work on the engine worker "
+                                    "(waiting for a KV slot included)", ["method"], buckets=_LATENCY_BUCKETS,
+                                    registry=r)
+        self.prefill_time = Histogram("ladder_request_prefill_seconds",
+                                      "Start of work to the first token: the prompt's prefill",
+                                      ["method"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.decode_time = Histogram("ladder_request_decode_seconds", "First token to the last token",
+                                     ["method"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_length = Histogram("ladder_request_prompt_tokens", "Prompt tokens per request",
+                                       ["method"], buckets=_TOKEN_BUCKETS, registry=r)
+        self.output_length = Histogram("ladder_request_generated_tokens", "Tokens generated per request",
+                                       ["method"], buckets=_TOKEN_BUCKETS, registry=r)
+        self.finished = Counter("ladder_finished", "Generations by how they finished",
+                                ["method", "reason"], registry=r)
         self.prompt_tokens = Counter("ladder_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generated_tokens = Counter("ladder_generated_tokens", "Tokens generated", registry=r)
         self.forwards = Counter("ladder_prefill_forwards", "Prefill forwards", registry=r)
-        self.real_rows = Counter("ladder_prefill_real_rows", "Prompt rows run by prefill", registry=r)
         self.padded_rows = Counter("ladder_prefill_padded_rows", "Padding rows the ladder added", registry=r)
-        self.calls = Counter("ladder_calls", "Finished calls", ["method", "code"], registry=r)
-        self.call_seconds = Histogram("ladder_call_seconds", "Call duration", ["method"],
-                                      buckets=_LATENCY_BUCKETS, registry=r)
-        self.sessions = Gauge("ladder_sessions_open", "Server-side sessions open", registry=r)
-        self.variants = Gauge("ladder_variants", "Variant cache counters", ["counter"], registry=r)
-        self.memory = Gauge("ladder_memory_bytes", "What the memory budget adds up", ["part"], registry=r)
-        self.waiting = Gauge("ladder_waiting_for_slot", "Requests waiting for a free KV slot", registry=r)
-        self.decode_forwards = Gauge("ladder_decode_forwards", "Decode forwards run since start", registry=r)
-        self.decode_rows = Gauge("ladder_decode_rows", "Session rows those forwards advanced", registry=r)
+        # Per forward (observed on the worker thread).
+        self.prefill_forward = Histogram("ladder_prefill_forward_seconds", "One prefill forward",
+                                         buckets=_STEP_BUCKETS, registry=r)
+        self.decode_step = Histogram("ladder_decode_step_seconds",
+                                     "One decode forward (every session decoding at that moment)",
+                                     buckets=_STEP_BUCKETS, registry=r)
+        # Read when scraped.
+        self.queue_depth = Gauge("ladder_queue_depth", "Requests the engine worker holds: running + waiting",
+                                 registry=r)
+        self.running = Gauge("ladder_requests_running", "Requests the engine worker is running", registry=r)
+        self.waiting = Gauge("ladder_requests_waiting", "Requests waiting for a free KV slot", registry=r)
+        self.sessions = Gauge("ladder_sessions_open", "Server-side sessions open (Prefill/Decode)",
+                              registry=r)
+        self.kv_usage = Gauge("ladder_kv_cache_usage_ratio",
+                              "Fraction of the KV slots in use (sessions and running generations)",
+                              registry=r)
+        self.engine = _EngineCollector()
+        r.register(self.engine)
+        self._methods: dict[str, MethodMetrics] = {}
+
+    def for_method(self, method: str) -> MethodMetrics:
+        """The per-request series labelled with `method` (cached)."""
+        found = self._methods.get(method)
+        if found is None:
+            found = self._methods[method] = MethodMetrics(self, method)
+        return found
+
+    def describe_model(self, labels: dict[str, str]) -> None:
+        self.model.info(labels)
 
     def watch(self, queue_depth: Callable[[], int], sessions: Callable[[], int],
-              waiting: Callable[[], int]) -> None:
+              waiting: Callable[[], int], kv_usage: Callable[[], float]) -> None:
         self.queue_depth.set_function(queue_depth)
         self.waiting.set_function(waiting)
+        self.running.set_function(lambda: max(0, queue_depth() - waiting()))
         self.sessions.set_function(sessions)
+        self.kv_usage.set_function(kv_usage)
 
     def call_done(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         self.calls.labels(method, code.name).inc()
         self.call_seconds.labels(method).observe(seconds)
 
+    def forward_done(self, kind: str, seconds: float) -> None:
+        """One engine forward ("prefill" or "decode") took `seconds` (called on the worker thread)."""
+        (self.prefill_forward if kind == "prefill" else self.decode_step).observe(seconds)
+
     def prefill(self, forwards: int, real_rows: int, padded_rows: int) -> None:
         self.forwards.inc(forwards)
-        self.real_rows.inc(real_rows)
         self.padded_rows.inc(padded_rows)
         self.prompt_tokens.inc(real_rows)
 
     def engine_stats(self, stats: Any) -> None:
-        variants, memory = stats.variants, stats.memory
-        self.variants.labels("entries").set(len(variants.entries))
-        for name in ("capacity", "hits", "misses", "prepared", "evictions", "refusals", "nbytes"):
-            self.variants.labels(name).set(getattr(variants, name))
-        for part in ("weights", "kv", "variants", "total", "budget"):
-            self.memory.labels(part).set(getattr(memory, part))
-        self.decode_forwards.set(stats.decode.steps)
-        self.decode_rows.set(stats.decode.rows)
+        """Mirror the engine's counters from this snapshot."""
+        self.engine.stats = stats
 
     def serve_http(self, port: int) -> Any:
         """Start the /metrics endpoint; returns the HTTP server (None when port is 0)."""

@@ -1,7 +1,14 @@
 """One generation's running record: tokens, text, finish, timing; it feeds the metrics as it goes.
 
 The servicer folds every worker event into a Progress and builds its protobuf
-Completion from it at the end; nothing here knows about protobuf.
+Completion from it at the end; nothing here knows about protobuf. The access
+log line of the call reads it too (service/security.py).
+
+Time to first token is the time to the first token *of a prompt*: Generate and
+GenerateStream observe it at their first token, Prefill when PrefillDone (which
+carries the prompt's next token) is ready. Decode continues a session whose
+prompt was prefilled already; its first token is no first token of a prompt,
+so Decode observes no TTFT, only inter-token latency between its tokens.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.generation import Finish, Finished, PrefillTally, Started, TokenOut
-from service.metrics import Metrics
+from service.metrics import TTFT_METHODS, Metrics
 
 
 @dataclass
@@ -34,6 +41,14 @@ class Progress:
     token_times: list[float] = field(default_factory=list)
     finished: Finished | None = None
     ended: float | None = None
+    method: str = ""  # the RPC, the metrics' label
+    _series: Any = None  # service.metrics.MethodMetrics of `method`
+
+    @property
+    def series(self) -> Any:
+        if self._series is None:
+            self._series = self.metrics.for_method(self.method)
+        return self._series
 
     def see(self, event: Any) -> None:
         if isinstance(event, Started):
@@ -46,9 +61,9 @@ class Progress:
 
     def _token(self, event: TokenOut) -> None:
         if self.token_times:
-            self.metrics.inter_token.observe(event.at - self.token_times[-1])
-        else:
-            self.metrics.ttft.observe(event.at - self.arrived)
+            self.series.inter_token.observe(event.at - self.token_times[-1])
+        elif self.method in TTFT_METHODS:
+            self.series.ttft.observe(event.at - self.arrived)
         self.token_ids.append(event.id)
         self.pieces.append(event.text)
         self.token_times.append(event.at)
@@ -56,10 +71,23 @@ class Progress:
     def close(self) -> None:
         """The call is over: stop the clock and count its rows and tokens."""
         self.ended = time.perf_counter()
-        tally = self.tally
+        tally, m, method, series = self.tally, self.metrics, self.method, self.series
         if tally.forwards:
-            self.metrics.prefill(tally.forwards, tally.real_rows, tally.padded_rows)
-        self.metrics.generated_tokens.inc(len(self.token_ids))
+            m.prefill(tally.forwards, tally.real_rows, tally.padded_rows)
+        m.generated_tokens.inc(len(self.token_ids))
+        if method == "Prefill":  # PrefillDone carries the prompt's first token
+            series.ttft.observe(self.ended - self.arrived)
+        if self.started is not None:
+            series.queue_time.observe(self.started - self.arrived)
+            if self.token_times and method != "Decode":
+                series.prefill_time.observe(self.token_times[0] - self.started)
+        if self.token_times:
+            series.decode_time.observe(self.token_times[-1] - self.token_times[0])
+        if method != "Decode":
+            series.prompt_length.observe(self.prompt_tokens)
+        if self.finished is not None:
+            series.output_length.observe(len(self.token_ids))
+            m.finished.labels(method, self.finished.reason.name.lower()).inc()
         self.totals.prompt_tokens += tally.real_rows
         self.totals.padded_rows += tally.padded_rows
         self.totals.generated_tokens += len(self.token_ids)

@@ -12,6 +12,8 @@ slots go to the jobs waiting for one, in arrival order; prefill forwards run
 token, whatever its session's length. So a long prompt delays running streams
 by at most one prefill forward per token, and sixteen streams cost one
 forward per token, not sixteen. `steps` keeps a log of what each round ran.
+Every forward's duration goes to `on_forward` ("prefill" or "decode", seconds:
+the metrics) and, at debug level, to one log line naming its requests.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
@@ -105,6 +109,13 @@ def prefill_plan(waiting: int, decoding: bool, shared_span: int) -> tuple[int, .
     return (0,) * min(waiting, MAX_PREFILLS_PER_ROUND)
 
 
+def _prefill_detail(job: Job) -> dict[str, Any]:
+    """The debug line's detail of the prefill forward `job` just ran."""
+    report = job.reply
+    return {"request_id": job.request_id, "width": report.width, "rows": report.forward.rows,
+            "past": report.forward.past}
+
+
 def _put_all(items: list[tuple[Job, Any]]) -> None:
     for job, item in items:
         job.events.put_nowait(item)
@@ -133,6 +144,7 @@ class Job:
         self.done = False
         self._wake = wake
         self._outbox = outbox
+        self.request_id = str(structlog.contextvars.get_contextvars().get("request_id", ""))  # debug lines
 
     def cancel(self, error: BaseException) -> None:
         """Stop the job before its next step (thread-safe; a finished job ignores it)."""
@@ -155,10 +167,12 @@ class Job:
 
 class Scheduler:
     def __init__(self, engine: Engine, max_queue: int,
-                 on_fault: Callable[[BaseException], None] | None = None, log_steps: int = 4096) -> None:
+                 on_fault: Callable[[BaseException], None] | None = None, log_steps: int = 4096,
+                 on_forward: Callable[[str, float], None] | None = None) -> None:
         self.engine = engine
         self.max_queue = max_queue
         self.on_fault = on_fault
+        self.on_forward = on_forward  # (kind, seconds) of every forward, called on the worker
         self.steps: deque[StepRecord] = deque(maxlen=log_steps)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._active: list[Job] = []
@@ -190,13 +204,24 @@ class Scheduler:
                 raise self._refusal
             if bounded and self._depth >= self.max_queue:
                 body.close()
-                raise QueueFull(f"the engine worker already holds {self._depth} requests")
+                raise self._full()
             self._depth += bounded
             self.submitted += 1
         job = Job(body, asyncio.get_running_loop(), bounded, next(self._serials), self._wake, self._post,
                   hold)
         self._inbox.put(job)
         return job
+
+    def _full(self) -> QueueFull:
+        """The refusal of a request over the queue bound: SESSIONS_FULL when requests in it wait for
+        a KV slot (every slot is held: sessions are the bottleneck), else QUEUE_FULL."""
+        waiting = self.waiting
+        metadata = {"max_queue": str(self.max_queue), "waiting_for_slot": str(waiting)}
+        if waiting:
+            return QueueFull(f"every KV slot is in use and {waiting} of the {self._depth} requests the "
+                             "engine worker holds wait for one", reason="SESSIONS_FULL", metadata=metadata)
+        return QueueFull(f"the engine worker already holds {self._depth} requests", reason="QUEUE_FULL",
+                         metadata=metadata)
 
     async def stream(self, body: Body, *, bounded: bool = True, hold: bool = False) -> AsyncIterator[Any]:
         """Run `body` on the worker and yield its events; leaving early cancels the job.
@@ -359,9 +384,19 @@ class Scheduler:
         for job, span in zip(jobs, prefill_plan(len(jobs), decoding, self.engine.shared_span), strict=False):
             assert isinstance(job.want, Chunk)
             task = job.want.task
+            started = time.perf_counter()
             self._answer(job, functools.partial(self.engine.prefill_step, task, span))
+            if job.error is None:
+                self._forward_done("prefill", started, functools.partial(_prefill_detail, job))
             ran.append((job.serial, job.reply.width if job.error is None else 0))
         return tuple(ran)
+
+    def _forward_done(self, kind: str, started: float, detail: Callable[[], dict[str, Any]]) -> None:
+        seconds = time.perf_counter() - started
+        if self.on_forward is not None:
+            self.on_forward(kind, seconds)
+        if log.is_enabled_for(logging.DEBUG):  # the detail is built only for a debug line
+            log.debug(f"{kind}_forward", ms=round(seconds * 1000.0, 3), **detail())
 
     def _decode(self) -> tuple[tuple[tuple[int, int], ...], int]:
         """One decode forward for every job waiting on a token."""
@@ -369,6 +404,7 @@ class Scheduler:
         if not jobs:
             return (), 0
         rows = [j.want.row for j in jobs if isinstance(j.want, Token)]
+        started = time.perf_counter()
         try:
             tokens = self.engine.decode(rows)
         except Exception as exc:  # noqa: BLE001 — every row of a failed forward fails
@@ -378,6 +414,8 @@ class Scheduler:
             return (), 0
         for job, token in zip(jobs, tokens, strict=True):
             job.answer(token)
+        self._forward_done("decode", started, lambda: {
+            "rows": len(rows), "batch": self.engine.last_batch, "request_ids": [j.request_id for j in jobs]})
         decoded = tuple((j.serial, r.session.row) for j, r in zip(jobs, rows, strict=True))
         return decoded, self.engine.last_batch
 

@@ -5,8 +5,12 @@ the request (x-request-id) for the handler and the logs, refuses new work while
 draining, and turns whatever a handler raises into its status through the table
 in service/errors.py. A call the client cancelled, or whose deadline passed,
 or whose client went away, is counted and logged as CANCELLED or
-DEADLINE_EXCEEDED; failure lines are rate-limited per method and code. Health
-and reflection pass untouched: probes carry no token.
+DEADLINE_EXCEEDED. Every call ends in one access-log line: `rpc` when it
+succeeded, `rpc_failed` or `rpc_cancelled` (rate-limited per method and code)
+when not, each with the request id, method, caller, peer, session, prompt and
+completion tokens, queue time, TTFT, duration, status code and finish reason
+(the handler fills in a CallRecord as it goes). Health and reflection pass
+untouched: probes carry no token.
 """
 
 from __future__ import annotations
@@ -32,6 +36,37 @@ from service.errors import Unauthenticated, status_for
 log = structlog.get_logger("ladder.rpc")
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("ladder_caller", default="")
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("ladder_request_id", default="")
+
+
+@dataclass
+class CallRecord:
+    """What one call's access-log line reports; its handler fills in the session and progress."""
+
+    method: str
+    arrived: float
+    peer: str = ""
+    session: str = ""
+    progress: Any = None  # service.progress.Progress of a generation or prefill
+
+    def fields(self) -> dict[str, Any]:
+        """The access-log fields beyond method, code and request id."""
+        done: dict[str, Any] = {"caller": CALLER.get(), "peer": self.peer,
+                                "duration_ms": round((time.perf_counter() - self.arrived) * 1000.0, 3)}
+        if self.session:
+            done["session"] = self.session
+        progress = self.progress
+        if progress is not None:
+            done.update(prompt_tokens=progress.prompt_tokens, completion_tokens=len(progress.token_ids))
+            if progress.started is not None:
+                done["queue_ms"] = round(progress.queue_ms, 3)
+            if progress.token_times:
+                done["ttft_ms"] = round(progress.ttft_ms, 3)
+            if progress.finished is not None:
+                done["finish_reason"] = progress.finished.reason.name.lower()
+        return done
+
+
+CALL: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("ladder_call", default=None)
 LADDER_PREFIX = "/ladder.v1.Ladder/"
 FAILURE_LINES_PER_SECOND = 5
 # A call cancelled this close to its deadline was ended by it (gRPC's deadline timer and the
@@ -105,6 +140,11 @@ class FailureLog:
         write(event, method=method, code=code.name, **fields)
 
 
+def _access_fields() -> dict[str, Any]:
+    record = CALL.get()
+    return record.fields() if record is not None else {}
+
+
 def ending_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     """How a call that stopped under its handler ended: its deadline passed, or the client left."""
     remaining = context.time_remaining()
@@ -138,6 +178,8 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         return handler._replace(stream_stream=self._stream(name, handler.stream_stream))
 
     def _enter(self, name: str, context: grpc.aio.ServicerContext) -> float:
+        arrived = time.perf_counter()
+        CALL.set(CallRecord(name, arrived, peer=context.peer() or ""))
         metadata: Mapping[str, str | bytes] = dict(context.invocation_metadata() or ())
         request_id = str(metadata.get("x-request-id") or uuid.uuid4().hex[:16])
         REQUEST_ID.set(request_id)
@@ -145,7 +187,7 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         context.set_trailing_metadata((("x-request-id", request_id),))
         self.gate()
         CALLER.set(self._caller(metadata) or _certificate_name(context))
-        return time.perf_counter()
+        return arrived
 
     def _caller(self, metadata: Mapping[str, str | bytes]) -> str:
         if not self.tokens:
@@ -153,11 +195,12 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         header = str(metadata.get("authorization", ""))
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise Unauthenticated("missing bearer token (metadata authorization: Bearer <token>)")
+            raise Unauthenticated("missing bearer token (metadata authorization: Bearer <token>)",
+                                  reason="TOKEN_MISSING")
         for known, name in self.tokens.items():
             if hmac.compare_digest(known.encode(), token.strip().encode()):
                 return name
-        raise Unauthenticated("unknown bearer token")
+        raise Unauthenticated("unknown bearer token", reason="TOKEN_UNKNOWN")
 
     async def _fail(self, name: str, context: grpc.aio.ServicerContext, error: BaseException,
                     started: float) -> None:
@@ -169,7 +212,7 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
                 self.on_internal(error)
         self._done(name, status.code, started)
         self.failures.write("rpc_failed", name, status.code, request_id=REQUEST_ID.get(),
-                            details=status.details)
+                            details=status.details, **_access_fields())
         metadata = (("x-request-id", REQUEST_ID.get()), *status.trailing_metadata)
         await context.abort(status.code, status.details, metadata)
 
@@ -177,7 +220,7 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         """The call stopped under its handler: the client cancelled or went away, or its deadline passed."""
         code = ending_code(context)
         self._done(name, code, started)
-        self.failures.write("rpc_cancelled", name, code, request_id=request_id)
+        self.failures.write("rpc_cancelled", name, code, request_id=request_id, **_access_fields())
 
     def _done(self, name: str, code: grpc.StatusCode, started: float) -> None:
         self.on_done(name, code, time.perf_counter() - started)
@@ -199,6 +242,7 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
             finally:
                 self.in_flight -= 1
             self._done(name, grpc.StatusCode.OK, started)
+            log.info("rpc", method=name, code="OK", request_id=REQUEST_ID.get(), **_access_fields())
             return response
 
         return unary
@@ -224,6 +268,7 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
                 await self._fail(name, context, exc, started)
             else:
                 self._done(name, grpc.StatusCode.OK, started)
+                log.info("rpc", method=name, code="OK", request_id=request_id, **_access_fields())
             finally:
                 self.in_flight -= 1
                 await responses.aclose()  # the handler's clean-up runs now, not when it is collected

@@ -3,8 +3,9 @@
 Entry points (the `ladder serve` CLI calls `main(argv)`; tests call `create_server`):
 - `await create_server(config) -> (LadderServer, port)`: starts listening (health
   NOT_SERVING), loads the model, then flips health to SERVING. Port 0 picks a free port.
-- `await serve(config)`: create_server, the Prometheus endpoint, JSON logs, and a
-  graceful drain on SIGTERM/SIGINT.
+- `await serve(config)`: listen, the Prometheus endpoint, load the model, JSON logs,
+  and a graceful drain on SIGTERM/SIGINT. A gRPC or metrics port another process
+  holds is one line on stderr naming it, and exit code 1 (before the model loads).
 - `main(argv) -> int`: flags and LADDER_* environment into a Config, then serve.
 Drain: health flips to NOT_SERVING at once and new calls get UNAVAILABLE; calls
 in flight get `drain_seconds` to finish, then end with UNAVAILABLE.
@@ -14,10 +15,13 @@ Request bytes that are not the RPC's message are INVALID_ARGUMENT (`add_ladder_s
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import sys
 import time
+import traceback
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -30,19 +34,48 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from engine.errors import InvalidInput
 from engine.executor import Engine
-from engine.tokenizer import Tokenizer  # at import, on the main thread: see load_model
+from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see load_model
 from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
 from service.config import Config, load_config
 from service.errors import Draining, InvalidRequest
 from service.generation import Model
 from service.metrics import Metrics
+from service.reflection import enable as documented_reflection
 from service.scheduler import Scheduler
 from service.security import CallInterceptor, server_credentials
 from service.servicer import LadderServicer, Runtime
 from service.sessions import SessionRegistry
 
 log = structlog.get_logger("ladder.server")
+
+
+class PortInUse(Exception):
+    """A port the server must listen on is held by another process."""
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Raise PortInUse when something already listens on host:port (port 0 is always free).
+
+    gRPC's own bind failure says neither which port nor why, and with SO_REUSEPORT (gRPC's
+    default, turned off here) a second server would share a port instead of failing."""
+    if not port:
+        return
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return  # gRPC reports an address it cannot resolve itself
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(f"{what} {port} on {host} is in use by another process") from None
+            raise
 SERVICE_NAME = ladder_pb2.DESCRIPTOR.services_by_name["Ladder"].full_name
 HEALTH_NAMES = ("", SERVICE_NAME)
 
@@ -71,7 +104,8 @@ def _parsed(request: Any) -> Any:
     """The request itself, or InvalidRequest (through the error table: INVALID_ARGUMENT) for an Unparsed."""
     if isinstance(request, Unparsed):
         log.info("malformed_request", message=request.message, bytes=request.size, reason=request.reason)
-        raise InvalidRequest(f"the request is not a valid {request.message}: {request.reason}")
+        raise InvalidRequest(f"the request is not a valid {request.message}: {request.reason}",
+                             reason="MALFORMED_REQUEST")
     return request
 
 
@@ -150,7 +184,7 @@ def load_model(config: Config) -> Model:
     if config.model == "default":
         from engine.default_model import prepare
 
-        path = prepare(Path(config.model_cache), precision=config.model_precision).model_dir
+        path = prepare(Path(config.model_cache), precision=config.default_model_precision).model_dir
     else:
         path = Path(config.model)
     engine = Engine.load(path, config.engine_options())
@@ -160,8 +194,23 @@ def load_model(config: Config) -> Model:
         log.info("warmed_up", variants=prepared, seconds=round(time.perf_counter() - started, 3))
     # onnxruntime-extensions' native module has aborted the process when first imported
     # from this (model-loading) thread, so engine.tokenizer is imported with this module.
-    tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
-    return Model(engine, tokenizer, str(path), config.max_prompt_tokens, config.max_new_tokens)
+    return Model(engine, read_tokenizer(path), str(path), config.max_prompt_tokens, config.max_new_tokens,
+                 config.default_max_new_tokens)
+
+
+def read_tokenizer(path: Path) -> Tokenizer | None:
+    """The model's tokenizer; None (token-id prompts only, said once in the log) when it has
+    none Ladder can read."""
+    if not (path / "tokenizer.json").exists():
+        log.warning("no_tokenizer", model=str(path), serving="token-id prompts only")
+        return None
+    try:
+        return Tokenizer(path)
+    except Exception as exc:  # noqa: BLE001 — whatever its files hold, the model still serves token ids
+        reason = str(exc) if isinstance(exc, TokenizerUnreadable) else f"{type(exc).__name__}: {exc}"
+        log.warning("tokenizer_unreadable", model=str(path), reason=reason,
+                    serving="token-id prompts only: text, chat, Tokenize and Detokenize fail")
+        return None
 
 
 class LadderServer:
@@ -175,7 +224,8 @@ class LadderServer:
         self.interceptor = CallInterceptor(config.auth_tokens, self._gate, self.metrics.call_done,
                                            on_internal=self._fault)
         limits = [("grpc.max_receive_message_length", config.max_message_bytes),
-                  ("grpc.max_send_message_length", config.max_message_bytes)]
+                  ("grpc.max_send_message_length", config.max_message_bytes),
+                  ("grpc.so_reuseport", 0)]  # a port another server holds fails here, not shared
         self.grpc = grpc.aio.server(interceptors=[self.interceptor], options=limits)
         self.port = 0
         self._tasks: list[asyncio.Task[Any]] = []
@@ -187,18 +237,23 @@ class LadderServer:
         if self.draining:
             raise Draining("the server is draining; retry on another replica")
         if self.runtime is None:
-            raise Draining("the server is loading its model; retry shortly")
+            raise Draining("the server is loading its model; retry shortly", reason="MODEL_LOADING")
 
     async def start(self) -> int:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         add_ladder_service(self.servicer, self.grpc)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
-                                            self.grpc)
+        documented_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.config.host}:{self.config.port}"
         credentials = server_credentials(self.config)
-        self.port = (self.grpc.add_secure_port(address, credentials) if credentials
-                     else self.grpc.add_insecure_port(address))
+        what = "gRPC port (--port/LADDER_PORT)"
+        check_port_free(self.config.host, self.config.port, what)
+        try:
+            self.port = (self.grpc.add_secure_port(address, credentials) if credentials
+                         else self.grpc.add_insecure_port(address))
+        except RuntimeError as exc:  # taken between the check and the bind
+            raise PortInUse(f"{what} {self.config.port} on {self.config.host} could not be bound: "
+                            f"{exc}") from None
         await self.grpc.start()
         log.info("listening", port=self.port, tls=self.config.tls, auth=self.config.auth)
         return self.port
@@ -210,14 +265,20 @@ class LadderServer:
         def on_fault(exc: BaseException) -> None:  # called on the worker thread
             loop.call_soon_threadsafe(self._fault, exc)
 
-        scheduler = Scheduler(model.engine, self.config.max_queue, on_fault=on_fault)
+        scheduler = Scheduler(model.engine, self.config.max_queue, on_fault=on_fault,
+                              on_forward=self.metrics.forward_done)
         sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller)
         self.runtime = Runtime(self.config, model, scheduler, sessions, self.metrics)
         self.servicer.rt = self.runtime
-        self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting)
+        engine = model.engine
+        self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting,
+                           lambda: 1.0 - engine.free_slots / max(1, engine.pool.rows))
+        self.metrics.describe_model({"model": model.name, "provider": engine.backend.name,
+                                     "pod": self.config.pod_name})
+        self.metrics.engine_stats(await scheduler.call(engine.stats))
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving", model=model.name, capacity=model.capacity, ladder=model.engine.ladder)
+        log.info("serving", model=model.name, capacity=model.capacity, ladder=model.engine.padded_ladder)
 
     async def _set_health(self, status: Any) -> None:
         for name in HEALTH_NAMES:
@@ -239,7 +300,7 @@ class LadderServer:
             await asyncio.sleep(period)
             for state in rt.sessions.idle(self.config.session_idle_seconds):
                 log.info("session_expired", session=state.id, length=state.session.length)
-                rt.close_soon(state)
+                rt.close_soon(state, "expired")
             stats = await rt.scheduler.call(rt.model.engine.stats)
             self.metrics.engine_stats(stats)
 
@@ -262,7 +323,13 @@ class LadderServer:
 
     def start_metrics(self, port: int) -> None:
         """Serve /metrics over HTTP on `port` (0: not at all) until the server stops."""
-        self._http = self.metrics.serve_http(port)
+        what = "metrics port (--metrics-port/LADDER_METRICS_PORT; 0 turns it off)"
+        try:
+            self._http = self.metrics.serve_http(port)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(f"{what} {port} is in use by another process") from None
+            raise
 
     async def stop(self, grace: float = 0.5) -> None:
         if self.stopped.is_set():
@@ -312,8 +379,28 @@ async def serve(config: Config) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled.set)
-    server, port = await create_server(config)
-    server.start_metrics(config.metrics_port)
+    server = LadderServer(config)
+    try:
+        server.start_metrics(config.metrics_port)
+        port = await server.start()
+    except PortInUse as exc:
+        print(f"ladder serve: {exc}", file=sys.stderr)
+        if server._http is not None:
+            server._http.shutdown()
+        return 1
+    try:
+        await server.load()
+    except Exception as exc:  # noqa: BLE001 — the model directory is not one Ladder can serve
+        if not isinstance(exc, InvalidInput):  # unexpected: its traceback goes to the log
+            log.error("model_load_failed", error=repr(exc),
+                      traceback="".join(traceback.format_exception(exc)))
+        await server.stop()
+        reason = str(exc) if isinstance(exc, InvalidInput) else f"{type(exc).__name__}: {exc}"
+        print(f"ladder serve: cannot serve model {config.model!r}: {reason}", file=sys.stderr)
+        return 1
+    except BaseException:
+        await server.stop()
+        raise
     waits = [asyncio.create_task(signalled.wait()), asyncio.create_task(server.stopped.wait())]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     for task in waits:

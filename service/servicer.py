@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import structlog
 
 from engine.executor.sampling import Sampler
 from proto.ladder.v1 import ladder_pb2 as pb
@@ -45,10 +46,19 @@ from service.generation import (
 from service.metrics import Metrics
 from service.progress import Progress, Totals
 from service.scheduler import Body, Call, Scheduler
-from service.security import CALLER, REQUEST_ID
+from service.security import CALL, CALLER, REQUEST_ID
 from service.sessions import SessionRegistry, SessionState
 
 Context = grpc.aio.ServicerContext
+log = structlog.get_logger("ladder.sessions")
+
+
+def note_session(state: SessionState) -> SessionState:
+    """Name the session in the call's access-log line."""
+    record = CALL.get()
+    if record is not None:
+        record.session = state.id
+    return state
 
 
 def caller_share(configured: int, slots: int) -> int:
@@ -98,7 +108,14 @@ class Runtime:
         return await asyncio.to_thread(self.model.prompt_ids, text, chat, ids)
 
     def progress(self, prompt_tokens: int = 0) -> Progress:
-        return Progress(time.perf_counter(), prompt_tokens, PrefillTally(), self.metrics, self.totals)
+        """The call's record of its generation, timed from the call's arrival, in its access-log line."""
+        record = CALL.get()
+        arrived = record.arrived if record is not None else time.perf_counter()
+        method = record.method if record is not None else ""
+        progress = Progress(arrived, prompt_tokens, PrefillTally(), self.metrics, self.totals, method=method)
+        if record is not None:
+            record.progress = progress
+        return progress
 
     def check_share(self, caller: str) -> None:
         """Refuse a caller who holds (or waits for) its share of the KV slots."""
@@ -106,7 +123,7 @@ class Runtime:
         held = sum(1 for s in self.sessions.all() if s.owner == caller) + self.opening[caller]
         if held >= share:
             raise QueueFull(f"this caller already holds {held} sessions (the limit is {share}; "
-                            "see --sessions-per-caller)")
+                            "see --sessions-per-caller)", reason="CALLER_QUOTA")
 
     async def open_session(self) -> SessionState:
         caller = CALLER.get()
@@ -124,31 +141,33 @@ class Runtime:
             self.opening[caller] -= 1
         state = SessionState(self.sessions.new_id(), caller, session)
         self.sessions.add(state)
-        self.metrics.sessions.set(len(self.sessions))
+        log.info("session_opened", session=state.id, caller=caller, sessions_open=len(self.sessions))
         return state
 
     async def extension(self, session_id: str) -> Extension:
         """What a Prefill works on: a new session (no id) or the caller's own."""
         if not session_id:
-            return Extension(await self.open_session(), opened=True)
-        return Extension(self.sessions.get(session_id, CALLER.get()), opened=False)
+            return Extension(note_session(await self.open_session()), opened=True)
+        return Extension(note_session(self.sessions.get(session_id, CALLER.get())), opened=False)
 
     def _close_orphan(self, opening: asyncio.Future[Any]) -> None:
         if not opening.cancelled() and opening.exception() is None:
             self.close_soon(SessionState("", "", opening.result()))
 
-    def close_soon(self, state: SessionState) -> None:
+    def close_soon(self, state: SessionState, reason: str = "") -> None:
         """Forget the session and return its KV slot on the worker (safe inside a cancelled call)."""
         self.sessions.remove(state)
-        self.metrics.sessions.set(len(self.sessions))
-        self._soon(lambda: close(self.model, state))
+        if reason:
+            self._soon(lambda: session_closed(state, reason, close(self.model, state)))
+        else:
+            self._soon(lambda: close(self.model, state))
 
     def undo(self, extension: Extension) -> None:
         """Put the session back as an unfinished Prefill found it: closed if it opened it, else
         rewound on the worker, after the Prefill's own jobs have ended. A decoder with recurrent
         state rewinds only to 0: its session is closed instead."""
         if extension.opened or self.model.engine.info.recurrent_state:
-            self.close_soon(extension.state)
+            self.close_soon(extension.state, "prefill_unfinished")
         else:
             self._soon(lambda: extension.restore(self.model))
 
@@ -205,7 +224,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         first = await anext(parts, None)
         if first is None or not first.HasField("prompt"):
             await _check_client_stayed(context)
-            raise InvalidRequest("Prefill needs at least one message with a prompt")
+            raise InvalidRequest("Prefill needs at least one message with a prompt", reason="PROMPT_REQUIRED",
+                                 field="prompt")
         sampler = Sampler(check_sampling(convert.sampling(first.sampling)))
         extension = await self.rt.extension(first.session_id)
         state, progress, finished = extension.state, self.rt.progress(), False
@@ -217,6 +237,10 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                         async for event in events:
                             yield event
                     part = await anext(parts, None)  # None also when the client cancelled or left
+                    if part is not None and part.session_id:
+                        raise InvalidRequest("session_id belongs in the first Prefill message only; a later "
+                                             "message names one", reason="SESSION_ID_NOT_FIRST",
+                                             field="session_id")
                 result = await self.rt.scheduler.call(lambda: next_token(self.rt.model, state, sampler))
                 progress.close()
                 # Resumes only once gRPC has taken the event: the Prefill has finished. The session
@@ -239,7 +263,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                     yield convert.forward(state.id, event)
 
     async def Decode(self, request: pb.DecodeRequest, context: Context) -> AsyncIterator[pb.TokenEvent]:
-        state = self.rt.sessions.get(request.session_id, CALLER.get())
+        state = note_session(self.rt.sessions.get(request.session_id, CALLER.get()))
         done = None
         with self.rt.sessions.using(state):
             sampler = Sampler(check_sampling(convert.sampling(request.sampling)))
@@ -257,19 +281,19 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             yield done
 
     async def Rewind(self, request: pb.RewindRequest, context: Context) -> pb.RewindResponse:
-        state = self.rt.sessions.get(request.session_id, CALLER.get())
+        state = note_session(self.rt.sessions.get(request.session_id, CALLER.get()))
         with self.rt.sessions.using(state):
             length = await self.rt.scheduler.call(lambda: rewind(self.rt.model, state, request.length))
         return pb.RewindResponse(session_id=state.id, length=length)
 
     async def CloseSession(self, request: pb.CloseSessionRequest,
                            context: Context) -> pb.CloseSessionResponse:
-        state = self.rt.sessions.get(request.session_id, CALLER.get())
+        state = note_session(self.rt.sessions.get(request.session_id, CALLER.get()))
         with self.rt.sessions.using(state):
             self.rt.sessions.remove(state)
-            self.rt.metrics.sessions.set(len(self.rt.sessions))
             # Shielded: the slot returns even when the caller leaves before the worker has closed it.
-            closing = asyncio.ensure_future(self.rt.scheduler.call(lambda: close(self.rt.model, state)))
+            closing = asyncio.ensure_future(self.rt.scheduler.call(
+                lambda: session_closed(state, "closed", close(self.rt.model, state))))
             length = await asyncio.shield(closing)
         return pb.CloseSessionResponse(session_id=state.id, length=length)
 
@@ -277,14 +301,15 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     async def Tokenize(self, request: pb.TokenizeRequest, context: Context) -> pb.TokenizeResponse:
         kind = request.WhichOneof("input")
         if kind is None:
-            raise InvalidRequest("Tokenize needs text or chat messages")
+            raise InvalidRequest("Tokenize needs text or chat messages", reason="PROMPT_REQUIRED",
+                                 field="text")
         prompt = pb.Prompt(text=request.text) if kind == "text" else pb.Prompt(chat=request.chat)
         return pb.TokenizeResponse(ids=await self.rt.prompt_ids(prompt))
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context: Context) -> pb.DetokenizeResponse:
         model = self.rt.model
         tokenizer = model.need_tokenizer("Detokenize")
-        ids = model.check_ids(list(request.ids)) if request.ids else []
+        ids = model.check_ids(list(request.ids), field="ids") if request.ids else []
         # The streaming decoder, so Detokenize(ids) is exactly the text Generate streamed for them.
         return pb.DetokenizeResponse(text="".join(tokenizer.stream(skip_special=True).pieces(ids)))
 
@@ -296,6 +321,12 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         self.rt.metrics.engine_stats(stats)
         scheduler = self.rt.scheduler
         return convert.engine_stats(stats, scheduler.depth, scheduler.waiting, self.rt.totals)
+
+
+def session_closed(state: SessionState, reason: str, length: int) -> int:
+    """Log the session's end (on the worker, where its length is read); the length."""
+    log.info("session_closed", session=state.id, reason=reason, length=length)
+    return length
 
 
 async def _check_client_stayed(context: Context) -> None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import structlog
 
 from engine.modelgen.builder import DecoderSpec
 from engine.modelgen.synthetic import VARIANTS, build_synthetic
+
+# In-process servers log every call (access lines; forwards at debug level). Their lines go to the
+# process's own stderr, which pytest reports with a failing test, never into what capsys reads.
+structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.__stderr__))
 
 
 @pytest.fixture(scope="session")

@@ -171,11 +171,11 @@ def run_seed(path: str, padding: bool) -> dict[str, Any]:
 
 
 # -- onnxruntime-genai ------------------------------------------------------------------
-def genai_generate(model: Any, tokens: list[int], new: int) -> dict[str, Any]:
+def genai_generate(model: Any, tokens: list[int], new: int, max_length: int = 8192) -> dict[str, Any]:
     import onnxruntime_genai as og
 
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=8192, do_sample=False)
+    params.set_search_options(max_length=max_length, do_sample=False)
     generator = og.Generator(model, params)
     t0 = time.perf_counter()
     generator.append_tokens(tokens)

@@ -92,7 +92,9 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     prepare = model_sub.add_parser("prepare", help="fetch and convert the default model; print its directory")
     prepare.add_argument("--model-cache", help="cache root (default: where `ladder serve` looks)")
-    prepare.add_argument("--model-precision", help="fp32 (default) or int4, as `ladder serve` takes it")
+    prepare.add_argument("--model-precision",
+                         help="auto (int4; fp16 with LADDER_PROVIDER=cuda), int4, fp16 or fp32, "
+                         "as `ladder serve` takes it")
     prepare.set_defaults(handler=run_prepare)
 
 
@@ -113,7 +115,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     flags += ["--model-precision", args.model_precision] if args.model_precision else []
     config = load_config(argv=flags)
     start = time.perf_counter()
-    result = prepare(Path(config.model_cache), precision=config.model_precision)
+    result = prepare(Path(config.model_cache), precision=config.default_model_precision)
     verb = "built" if result.rebuilt else "reused"
     print(f"{verb} {result.model_dir} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print(result.model_dir)

@@ -56,6 +56,7 @@ from engine.planner import (
     PortShape,
     PrefillPlan,
     batch_widths,
+    chunk_width,
     ladder_widths,
     plan_prefill,
 )
@@ -98,9 +99,9 @@ class Engine:
         self.info = info
         self.options = options
         self.backend = backend
-        self.chunk_size = info.chunk_size if options.chunk_size is None else options.chunk_size
         self.limits = Limits(capacity=options.capacity or info.max_length, rotary_rows=info.rotary_rows)
         self.capacity = self.limits.reach
+        self.chunk_size = chunk_width(info.chunk_size, options.chunk_size, self.capacity)
         self.ladder = ladder_widths(self.chunk_size)
         self.feed_dtype = _dtype(info.feed.dtype)
         self.port_dtypes = {p.name: _dtype(p.dtype) for p in info.supplied_ports}
@@ -216,6 +217,11 @@ class Engine:
         streamed = {n: a for n, a in supplied.items() if n in per_token}
         constants = {n: a for n, a in supplied.items() if n not in per_token}
         return PrefillTask(session, feed, ids, streamed, constants, list(plan.forwards))
+
+    @property
+    def padded_ladder(self) -> tuple[int, ...]:
+        """The widths prefill forwards are padded onto: none when padding is off for the model."""
+        return self.ladder if self.options.padding and not self.info.recurrent_state else ()
 
     @property
     def shared_span(self) -> int:

@@ -8,7 +8,7 @@ decision is a frozen value that the executor carries out and a test asserts.
 """
 
 from engine.planner.batch import batch_widths, decode_batch_width, ride_along_length
-from engine.planner.ladder import ladder_widths, prefill_query_width, step_for
+from engine.planner.ladder import DEFAULT_CHUNK, chunk_width, ladder_widths, prefill_query_width, step_for
 from engine.planner.padding import (
     PaddingDecision,
     PaddingPolicy,
@@ -26,6 +26,7 @@ from engine.planner.plan import (
 )
 
 __all__ = [
+    "DEFAULT_CHUNK",
     "CapacityExceeded",
     "Forward",
     "Limits",
@@ -34,6 +35,7 @@ __all__ = [
     "PortShape",
     "PrefillPlan",
     "chunk_spans",
+    "chunk_width",
     "decide_padding",
     "is_per_token",
     "batch_widths",

@@ -34,3 +34,17 @@ def ladder_widths(cap: int) -> tuple[int, ...]:
     step = step_for(cap)
     rungs = {min(k * step, cap) for k in range(1, -(-cap // step) + 1)}
     return tuple(sorted(w for w in rungs if w >= 2))
+
+
+DEFAULT_CHUNK = 512
+
+
+def chunk_width(declared: int | None, override: int | None, capacity: int) -> int:
+    """The chunk width in effect: the server's override (0 = no chunking) wins, then the
+    model's own declaration; a model that declares none gets DEFAULT_CHUNK, clamped to the
+    capacity, so its prefill shapes stay bounded like any other model's."""
+    if override is not None:
+        return override
+    if declared is not None:
+        return declared
+    return min(DEFAULT_CHUNK, capacity) if capacity > 0 else DEFAULT_CHUNK

@@ -33,7 +33,7 @@ from deploy_support import (
 )
 
 FLAVOURS = {"cpu": "cpu", "cuda": "gpu"}  # Dockerfile flavour -> k8s overlay
-DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 50051, 9090
+DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 50051, 9464
 
 
 def image_install(flavour: str) -> PipInstall:

@@ -25,7 +25,7 @@ from deploy_support import (
 )
 
 HEALTH_SERVICE = "ladder.v1.Ladder"
-GRPC_PORT, METRICS_PORT = 50051, 9090
+GRPC_PORT, METRICS_PORT = 50051, 9464
 
 
 def pod_spec(name: str) -> dict:

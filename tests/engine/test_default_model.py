@@ -25,9 +25,11 @@ from engine.default_model import (
 from engine.executor import Engine, EngineOptions
 from engine.modelgen.builder import DecoderSpec, DecoderWeights
 from engine.modelgen.reference import reference_logits
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.tokenizer import Tokenizer
 from tests.engine.helpers import greedy_from_prompt
 
+# A lone user turn in ChatML without the template's default system prompt.
+LONE_USER_TURN = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 # llama.cpp's ids for the chat question (from smollm2-reference.json; CI has no shared dir).
 CHAT_PROMPT_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    return",
@@ -121,8 +123,7 @@ def test_the_plain_completion_of_the_capital_of_france_is_paris(
 def test_a_lone_user_turn_asking_the_capital_of_france_is_answered_paris(
         engine: Engine, tokenizer: Tokenizer) -> None:
     # No default system prompt: with it the first token is a near-tie (see the reference file).
-    prompt = tokenizer.encode_chat([ChatMessage("user", "What is the capital of France?")],
-                                   use_default_system=False)
+    prompt = tokenizer.encode(LONE_USER_TURN)
     assert prompt == CHAT_PROMPT_IDS
     answer = greedy_from_prompt(engine, prompt, 8)
     text = tokenizer.decode(answer[:answer.index(tokenizer.eos_token_id)]

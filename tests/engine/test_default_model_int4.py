@@ -1,4 +1,4 @@
-"""The opt-in int4 variant: the GGUF's own Q4_1 weights as MatMulNBits, bit-exact, still right."""
+"""The int4 variant (the CPU default): the GGUF's own Q4_1 weights as MatMulNBits, bit-exact, still right."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from engine.convert.gguf_llama import (
 from engine.default_model import GGUF_NAME, prepare
 from engine.executor import Engine, EngineOptions
 from engine.modelgen.reference import reference_logits
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.tokenizer import Tokenizer
+from tests.engine.test_default_model import LONE_USER_TURN
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +73,7 @@ def test_the_int4_model_tracks_the_fp32_reference_and_says_paris(
 def test_the_int4_model_answers_the_lone_user_turn_with_paris(cache_root: Path) -> None:
     model_dir = prepare(cache_root, precision="int4").model_dir
     tokenizer = Tokenizer(model_dir)
-    prompt = tokenizer.encode_chat([ChatMessage("user", "What is the capital of France?")],
-                                   use_default_system=False)
+    prompt = tokenizer.encode(LONE_USER_TURN)
     engine = Engine.load(model_dir, EngineOptions())
     session = engine.open_session()
     logits, answer = engine.append(session, prompt), []

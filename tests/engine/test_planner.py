@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from engine.planner import (
     PaddingPolicy,
     PortShape,
     chunk_spans,
+    chunk_width,
     ladder_widths,
     plan_prefill,
     prefill_query_width,
@@ -51,8 +53,13 @@ def test_small_caps_keep_the_minimum_step_of_16() -> None:
     assert ladder_widths(30) == (16, 30)
 
 
+# Every cap up to 600, then a seeded sample of larger ones: the exhaustive sweep to 4096
+# made 8.4 M calls (7 s) to check the same arithmetic.
+CAPS = [*range(32, 601), *random.Random(13).sample(range(601, 4097), 150), 1024, 2048, 4096]
+
+
 def test_every_cap_has_at_most_three_widths_and_the_cap_is_one_of_them() -> None:
-    for cap in range(32, 4097):
+    for cap in CAPS:
         widths = {prefill_query_width(rows, cap) for rows in range(2, cap + 1)}
         assert len(widths) <= 3
         assert cap in widths
@@ -149,3 +156,19 @@ def test_the_planner_imports_without_onnxruntime_numpy_or_cupy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "171"
+
+
+def test_a_model_declaring_no_chunk_gets_512_clamped_to_the_capacity() -> None:
+    assert chunk_width(None, None, 4096) == 512
+    assert chunk_width(None, None, 300) == 300
+
+
+def test_the_servers_chunk_size_wins_and_zero_turns_chunking_off() -> None:
+    assert chunk_width(64, 128, 4096) == 128
+    assert chunk_width(None, 0, 4096) == 0
+    assert ladder_widths(chunk_width(None, 0, 4096)) == ()
+
+
+def test_a_models_own_chunk_declaration_wins_over_the_default() -> None:
+    assert chunk_width(32, None, 4096) == 32
+    assert chunk_width(0, None, 4096) == 0

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from onnxruntime_extensions import pp_api
 
+from engine.chat_template import ChatMessage
 from engine.convert.tokenizer_json import write_byte_level_tokenizer
 from engine.default_model import prepare_default_model
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.tokenizer import Tokenizer, TokenizerUnreadable
 
 # llama.cpp (llama-cpp-python 0.3.36) on the same GGUF, special tokens parsed, no BOS:
 # copied from ../shared/data/smollm2-reference.json so CI needs no shared directory.
@@ -86,9 +87,12 @@ def test_the_python_chat_rendering_equals_the_gguf_jinja_template(
     assert ours.startswith("<|im_start|>system\n" + (system or "You are a helpful AI"))
 
 
-def test_a_lone_user_turn_without_the_default_system_prompt_is_plain_chatml(
-        tokenizer: Tokenizer) -> None:
-    text = tokenizer.render_chat([ChatMessage("user", "Hi")], use_default_system=False)
+def test_a_model_without_a_chat_template_gets_plain_chatml(tmp_path: Path) -> None:
+    write_byte_level_tokenizer(tmp_path, 512)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    text = Tokenizer(tmp_path).render_chat([ChatMessage("user", "Hi")])
     assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -113,3 +117,66 @@ def test_the_byte_level_tokenizer_uses_its_merges_and_specials(tmp_path: Path) -
     assert tok.encode("<|im_start|>") == [1]
     assert len(tok.encode(" the theory")) < len(b" the theory")
     assert tok.encode("A") == [3 + ord("A")]
+
+
+def _set_class(model_dir: Path, tokenizer_class: str | None) -> None:
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config.pop("tokenizer_class")
+    if tokenizer_class is not None:
+        config["tokenizer_class"] = tokenizer_class
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("tokenizer_class", ["TokenizersBackend", None])
+def test_a_bpe_tokenizer_under_a_class_the_extension_does_not_know_reads_as_the_fast_one(
+        tmp_path: Path, tokenizer_class: str | None) -> None:
+    known, unknown = tmp_path / "known", tmp_path / "unknown"
+    for path in (known, unknown):
+        write_byte_level_tokenizer(path, 512)
+    _set_class(known, "PreTrainedTokenizerFast")
+    _set_class(unknown, tokenizer_class)
+    before = (unknown / "tokenizer_config.json").read_bytes()
+    text = "<|im_start|>user\nthe theory of everything<|im_end|>"
+    assert Tokenizer(unknown).encode(text) == Tokenizer(known).encode(text)
+    assert (unknown / "tokenizer_config.json").read_bytes() == before  # the user's file is left alone
+    assert sorted(p.name for p in unknown.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+
+
+def _unigram_tokenizer(model_dir: Path, tokenizer_class: str) -> None:
+    """A SentencePiece-style Unigram tokenizer.json: pieces with scores, U+2581 for spaces."""
+    pieces = [["<unk>", 0.0], ["<s>", 0.0], ["</s>", 0.0], ["\u2581", -2.0], ["\u2581hello", -3.0],
+              ["\u2581world", -3.5], *[[c, -5.0] for c in "helowrd"], ["\u2581he", -4.0], ["llo", -4.5]]
+    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
+    doc = {"version": "1.0", "truncation": None, "padding": None, "normalizer": None,
+           "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True}
+                            for i, c in enumerate(["<unk>", "<s>", "</s>"])],
+           "pre_tokenizer": metaspace, "post_processor": None, "decoder": metaspace,
+           "model": {"type": "Unigram", "unk_id": 0, "vocab": pieces, "byte_fallback": False}}
+    model_dir.mkdir()
+    (model_dir / "tokenizer.json").write_text(json.dumps(doc))
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": tokenizer_class, "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+
+
+def test_a_unigram_tokenizer_under_an_unknown_class_reads_and_streams_like_its_decode(tmp_path: Path) -> None:
+    _unigram_tokenizer(tmp_path / "unigram", "TokenizersBackend")
+    tok = Tokenizer(tmp_path / "unigram")
+    ids = tok.encode("hello world")
+    assert ids == [4, 5]
+    assert (tok.bos_token_id, tok.eos_token_id, tok.vocab_size) == (1, 2, 15)
+    assert tok.decode(ids, skip_special=False) == "hello world"
+    assert "".join(tok.stream().pieces(ids)) == "hello world"
+
+
+def test_a_tokenizer_nothing_reads_is_unreadable_not_a_crash(tmp_path: Path) -> None:
+    write_byte_level_tokenizer(tmp_path, 512)
+    _set_class(tmp_path, "WeirdTokenizer")
+    doc = json.loads((tmp_path / "tokenizer.json").read_text())
+    doc["model"]["type"] = "WordLevel"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(doc))
+    with pytest.raises(TokenizerUnreadable, match="WeirdTokenizer"):
+        Tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerUnreadable, match="tokenizer.json"):
+        Tokenizer(tmp_path)

@@ -176,8 +176,10 @@ class Counted:
 
 
 def parts(session_id: str, *prompts: list[int]) -> list[Message]:
-    return [pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=p)))
-            for p in prompts]
+    """The messages of a Prefill: the session id on the first only (a later one is INVALID_ARGUMENT)."""
+    return [pb.PrefillRequest(session_id=session_id if index == 0 else "",
+                              prompt=pb.Prompt(tokens=pb.TokenIds(ids=p)))
+            for index, p in enumerate(prompts)]
 
 
 def end_prefill_at(running: RunningServer, phase: str, ending: str, session_id: str) -> None:

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from service.config import PADDING_SWITCH, Config, config_from, load_config, padding_enabled
+from service.config import (
+    PADDING_SWITCH,
+    Config,
+    ConfigError,
+    build_parser,
+    config_from,
+    load_config,
+    padding_enabled,
+)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_are_the_documented_ports_and_limits() -> None:
     config = load_config({}, [])
-    assert (config.port, config.metrics_port, config.drain_seconds) == (50051, 9090, 20.0)
+    assert (config.port, config.metrics_port, config.drain_seconds) == (50051, 9464, 20.0)
+    assert (config.max_new_tokens, config.default_max_new_tokens) == (1024, 256)
     assert config.model == "default" and config.padding and not config.tls and not config.auth
 
 
@@ -27,9 +43,11 @@ def test_the_seeds_switch_turns_padding_off_unless_a_flag_says_otherwise() -> No
     assert not load_config({}, ["--padding", "off"]).engine_options().padding
 
 
-def test_auth_tokens_and_tls_files_come_from_the_environment() -> None:
-    config = load_config({"LADDER_AUTH_TOKENS": "alice=a, b", "LADDER_TLS_CERT": "c.pem",
-                          "LADDER_TLS_KEY": "k.pem"})
+def test_auth_tokens_and_tls_files_come_from_the_environment(tmp_path: Path) -> None:
+    for name in ("c.pem", "k.pem"):
+        (tmp_path / name).write_text("-----")
+    config = load_config({"LADDER_AUTH_TOKENS": "alice=a, b", "LADDER_TLS_CERT": str(tmp_path / "c.pem"),
+                          "LADDER_TLS_KEY": str(tmp_path / "k.pem")})
     assert config.auth_tokens == ("alice=a", "b") and config.tls
 
 
@@ -38,8 +56,8 @@ def test_auth_tokens_and_tls_files_come_from_the_environment() -> None:
     {"LADDER_POD_NAME": "a.b"}, {"LADDER_MAX_SESSIONS": "0"}, {"LADDER_MODEL_PRECISION": "int3"},
 ])
 def test_settings_that_cannot_work_are_refused_at_start(env: dict[str, str]) -> None:
-    with pytest.raises(ValueError):
-        load_config(env)
+    with pytest.raises(ConfigError):
+        load_config(env, exit_on_error=False)
 
 
 def test_the_config_is_frozen() -> None:
@@ -52,10 +70,115 @@ def test_typed_flag_values_from_another_parser_pass_through() -> None:
     assert (config.port, config.padding, config.auth_tokens) == (0, False, ("t",))
 
 
-def test_the_default_model_precision_is_fp32_and_int4_can_be_chosen() -> None:
-    assert load_config({}).model_precision == "fp32"
-    assert load_config({"LADDER_MODEL_PRECISION": "int4"}).model_precision == "int4"
-    assert load_config({}, argv=["--model-precision", "int4"]).model_precision == "int4"
+def test_the_default_model_is_int4_on_cpu_fp16_on_cuda_and_fp32_can_be_chosen() -> None:
+    assert load_config({}).default_model_precision == "int4"
+    assert load_config({"LADDER_PROVIDER": "cuda"}).default_model_precision == "fp16"
+    assert load_config({"LADDER_MODEL_PRECISION": "fp32"}).default_model_precision == "fp32"
+    assert load_config({}, argv=["--model-precision", "fp32"]).default_model_precision == "fp32"
+    with pytest.raises(ConfigError, match="one of auto, int4, fp16, fp32"):
+        load_config({"LADDER_MODEL_PRECISION": "int8"}, exit_on_error=False)
+
+
+@pytest.mark.parametrize(("argv", "env", "named", "allowed"), [
+    (["--max-sessions", "abc"], {}, "--max-sessions='abc'", "a whole number >= 1"),
+    ([], {"LADDER_MAX_SESSIONS": "abc"}, "LADDER_MAX_SESSIONS='abc'", "a whole number >= 1"),
+    (["--log-level", "loud"], {}, "--log-level='loud'", "one of debug, info, warning, error"),
+    (["--padding", "maybe"], {}, "--padding='maybe'", "1, true, on, yes, 0, false, off, no"),
+    ([], {"LADDER_WARM_UP": "yes please"}, "LADDER_WARM_UP='yes please'", "0, false, off, no"),
+    ([], {PADDING_SWITCH: "maybe"}, f"{PADDING_SWITCH}='maybe'", "0, false, off, no"),
+    (["--port", "70000"], {}, "--port=70000", "a whole number from 0 to 65535"),
+    (["--drain-seconds", "soon"], {}, "--drain-seconds='soon'", "a number >= 0"),
+    (["--chunk-size", "-1"], {}, "--chunk-size=-1", "a whole number or auto >= 0"),
+    (["--provider", "tpu"], {}, "--provider='tpu'", "one of cpu, cuda"),
+])
+def test_a_bad_flag_or_variable_is_one_line_naming_it_its_value_and_what_is_allowed(
+        argv: list[str], env: dict[str, str], named: str, allowed: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(env, argv, exit_on_error=False)
+    message = str(refused.value)
+    assert "\n" not in message and named in message and allowed in message
+
+
+@pytest.mark.parametrize("value", ["1", "true", "ON", "yes", "0", "false", "Off", "NO"])
+def test_booleans_take_exactly_the_documented_words_in_any_case(value: str) -> None:
+    expected = value.lower() in {"1", "true", "on", "yes"}
+    assert load_config({"LADDER_WARM_UP": value}).warm_up is expected
+    assert load_config({}, ["--lookahead", value]).lookahead is expected
+
+
+def test_an_empty_environment_variable_counts_as_unset() -> None:
+    config = load_config({"LADDER_MAX_SESSIONS": "", "LADDER_WARM_UP": "", PADDING_SWITCH: ""})
+    assert (config.max_sessions, config.warm_up, config.padding) == (8, True, True)
+    with pytest.raises(ConfigError, match="--max-sessions=''"):
+        load_config({}, ["--max-sessions", ""], exit_on_error=False)
+
+
+def test_choices_are_read_in_any_case_and_kept_in_lower_case() -> None:
+    config = load_config({"LADDER_LOG_LEVEL": "DEBUG"}, ["--provider", "CPU"])
+    assert (config.log_level, config.provider) == ("debug", "cpu")
+
+
+def test_each_field_is_parsed_by_its_type_not_by_its_annotation_text() -> None:
+    config = load_config({"LADDER_CAPACITY": "auto", "LADDER_SESSION_IDLE_SECONDS": "1.5",
+                          "LADDER_AUTH_TOKENS": "a=x,,b=y", "LADDER_DEFAULT_MAX_NEW_TOKENS": "16"})
+    assert config.capacity is None and config.session_idle_seconds == 1.5
+    assert config.auth_tokens == ("a=x", "b=y") and config.default_max_new_tokens == 16
+
+
+def test_serve_help_shows_each_default_and_its_variable() -> None:
+    text = " ".join(build_parser().format_help().split())
+    assert "(default: 9464) [env LADDER_METRICS_PORT]" in text
+    assert "(default: 256) [env LADDER_DEFAULT_MAX_NEW_TOKENS]" in text
+    assert "one of debug, info, warning, error (default: info)" in text
+
+
+def serve(args: list[str], env: dict[str, str] | None = None,
+          module: tuple[str, ...] = ("service",)) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", *module, *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+                          env={"PATH": "/usr/bin:/bin", **(env or {})})
+
+
+@pytest.mark.parametrize("module", [("service",), ("clients.python.cli", "serve")])
+@pytest.mark.parametrize(("args", "env", "named"), [
+    (["--max-sessions", "abc"], {}, "--max-sessions='abc'"),
+    (["--log-level", "loud"], {}, "--log-level='loud'"),
+    (["--padding", "maybe"], {}, "--padding='maybe'"),
+    ([], {"LADDER_MAX_SESSIONS": "abc"}, "LADDER_MAX_SESSIONS='abc'"),
+    (["--no-such-flag"], {}, "--no-such-flag"),
+    (["--model", "/no/such/model"], {}, "--model='/no/such/model'"),
+    ([], {"LADDER_TLS_CERT": "/no/c.pem", "LADDER_TLS_KEY": "/no/k.pem"}, "LADDER_TLS_CERT='/no/c.pem'"),
+])
+def test_serve_refuses_a_bad_setting_with_one_line_and_exit_code_2(
+        module: tuple[str, ...], args: list[str], env: dict[str, str], named: str) -> None:
+    done = serve(args, env, module)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_serve_says_in_one_line_why_a_model_directory_cannot_be_served(tmp_path: Path) -> None:
+    (tmp_path / "genai_config.json").write_text("{}")
+    done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0"])
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and not any(line.startswith("Traceback") for line in lines)
+    assert lines[-1].startswith(f"ladder serve: cannot serve model '{tmp_path}': KeyError")
+    assert any(line.startswith('{"error": "KeyError') for line in lines), "the traceback is in the JSON log"
+
+
+@pytest.mark.parametrize(("flag", "named"), [("--port", "gRPC port (--port/LADDER_PORT)"),
+                                             ("--metrics-port", "metrics port (--metrics-port")])
+def test_serve_names_a_port_another_process_holds_in_one_line(flag: str, named: str, tmp_path: Path) -> None:
+    (tmp_path / "genai_config.json").write_text("{}")  # a model directory; ports are bound before it loads
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        other = "--metrics-port" if flag == "--port" else "--port"
+        done = serve(["--model", str(tmp_path), flag, str(port), other, "0"])
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and f"{named}" in done.stderr and str(port) in done.stderr
+    assert "in use" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_rewritten_graphs_live_under_the_model_cache_and_a_read_only_model_is_never_rewritten() -> None:

@@ -102,7 +102,9 @@ def test_a_malformed_session_id_is_not_found_and_nothing_of_it_comes_back(
         assert error.code() == Code.NOT_FOUND
         echoed = session_id[6:]  # what follows the pod
         assert len(error.details()) < 200 and (not echoed or echoed not in error.details())
-        assert [key for key, _ in error.trailing_metadata()] == ["x-request-id"]
+        trailers = dict(error.trailing_metadata())
+        assert sorted(trailers) == ["grpc-status-details-bin", "x-request-id"]
+        assert not echoed or echoed.encode() not in trailers["grpc-status-details-bin"]
 
 
 def test_a_well_formed_id_of_another_pod_names_only_that_pod_in_the_trailer(server: RunningServer) -> None:

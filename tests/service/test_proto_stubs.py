@@ -12,7 +12,7 @@ def test_regenerating_the_stubs_from_the_proto_gives_identical_files(tmp_path: P
     assert written
     for fresh in written:
         committed = generate.ROOT / fresh.relative_to(tmp_path)
-        assert committed.read_text() == fresh.read_text(), f"{committed} is stale"
+        assert committed.read_bytes() == fresh.read_bytes(), f"{committed} is stale"
 
 
 def test_the_generated_grpc_module_imports_from_the_proto_package() -> None:

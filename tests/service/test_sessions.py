@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -103,14 +104,17 @@ def test_a_deadline_passing_mid_decode_frees_its_session(server: RunningServer) 
 
 
 def test_cancelling_a_prefill_that_opened_a_session_closes_it(server: RunningServer) -> None:
+    cancelled = threading.Event()
+
     def parts() -> object:
         yield part(prompt_ids(100, seed=25))
-        time.sleep(30)  # the client never finishes its prompt
+        cancelled.wait(30)  # the client never finishes its prompt; released once the call is cancelled
 
     stream = server.stub.Prefill(parts())
     first = next(stream)
     assert first.forward.session_id
     stream.cancel()
+    cancelled.set()
     assert wait_for(lambda: server.stats().sessions_open == 0)
 
 

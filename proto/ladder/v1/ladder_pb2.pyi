@@ -279,7 +279,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "capacity", "chunk_size", "ladder", "execution_provider", "padding_enabled", "recurrent_state", "eos_token_ids", "bos_token_id", "num_layers", "has_tokenizer", "max_sessions", "variant_capacity", "max_new_tokens_limit", "max_prompt_tokens", "pod_name", "batch_widths")
+    __slots__ = ("model", "vocab_size", "capacity", "chunk_size", "ladder", "execution_provider", "padding_enabled", "recurrent_state", "eos_token_ids", "bos_token_id", "num_layers", "has_tokenizer", "max_sessions", "variant_capacity", "max_new_tokens_limit", "max_prompt_tokens", "pod_name", "batch_widths", "default_max_new_tokens")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -298,6 +298,7 @@ class ModelInfo(_message.Message):
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POD_NAME_FIELD_NUMBER: _ClassVar[int]
     BATCH_WIDTHS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     capacity: int
@@ -316,7 +317,8 @@ class ModelInfo(_message.Message):
     max_prompt_tokens: int
     pod_name: str
     batch_widths: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., capacity: _Optional[int] = ..., chunk_size: _Optional[int] = ..., ladder: _Optional[_Iterable[int]] = ..., execution_provider: _Optional[str] = ..., padding_enabled: _Optional[bool] = ..., recurrent_state: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., num_layers: _Optional[int] = ..., has_tokenizer: _Optional[bool] = ..., max_sessions: _Optional[int] = ..., variant_capacity: _Optional[int] = ..., max_new_tokens_limit: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., pod_name: _Optional[str] = ..., batch_widths: _Optional[_Iterable[int]] = ...) -> None: ...
+    default_max_new_tokens: int
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., capacity: _Optional[int] = ..., chunk_size: _Optional[int] = ..., ladder: _Optional[_Iterable[int]] = ..., execution_provider: _Optional[str] = ..., padding_enabled: _Optional[bool] = ..., recurrent_state: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., num_layers: _Optional[int] = ..., has_tokenizer: _Optional[bool] = ..., max_sessions: _Optional[int] = ..., variant_capacity: _Optional[int] = ..., max_new_tokens_limit: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., pod_name: _Optional[str] = ..., batch_widths: _Optional[_Iterable[int]] = ..., default_max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class GetEngineStatsRequest(_message.Message):
     __slots__ = ()

@@ -136,14 +136,18 @@ class LadderServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Tokenize(self, request, context):
-        """Text to token ids with the model's tokenizer.
+        """Text (or chat messages rendered with the model's chat template) to token
+        ids with the model's tokenizer: exactly the ids a Prompt with the same
+        text or chat is fed as. No special tokens are added (no BOS); special
+        tokens written out in the text, such as "<|im_start|>", become their ids.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Detokenize(self, request, context):
-        """Token ids to text with the model's tokenizer.
+        """Token ids to text with the model's tokenizer, special tokens left out:
+        exactly the text Generate streams for those ids.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,194 @@
+"""Every failure carries google.rpc.Status details a client can act on, read with grpc_status.rpc_status.
+
+ErrorInfo names a stable reason per case; RetryInfo comes with RESOURCE_EXHAUSTED and UNAVAILABLE;
+BadRequest names the request field at fault for INVALID_ARGUMENT and OUT_OF_RANGE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from proto.ladder.v1 import ladder_pb2 as pb
+from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config, wait_for
+
+Code = grpc.StatusCode
+
+
+@dataclass
+class Details:
+    code: Code
+    message: str
+    reason: str
+    domain: str
+    metadata: dict[str, str]
+    retry_seconds: float | None
+    fields: list[str]
+
+
+def details_of(call: Callable[[], Any]) -> Details:
+    """Make the call, which must fail; what its status details say."""
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    error = caught.value
+    status = rpc_status.from_call(error)
+    assert status is not None, "no grpc-status-details-bin trailer"
+    assert status.code == error.code().value[0] and status.message == error.details()
+    info, retry, bad = error_details_pb2.ErrorInfo(), None, []
+    kinds = []
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            detail.Unpack(info)
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            unpacked = error_details_pb2.RetryInfo()
+            detail.Unpack(unpacked)
+            retry = unpacked.retry_delay.ToNanoseconds() / 1e9
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            request = error_details_pb2.BadRequest()
+            detail.Unpack(request)
+            bad = [v.field for v in request.field_violations]
+        kinds.append(detail.type_url.rsplit(".", 1)[-1])
+    assert kinds[0] == "ErrorInfo" and len(kinds) == len(set(kinds))
+    return Details(error.code(), error.details(), info.reason, info.domain, dict(info.metadata), retry, bad)
+
+
+def tokens(ids: list[int]) -> pb.Prompt:
+    return pb.Prompt(tokens=pb.TokenIds(ids=ids))
+
+
+def open_session(running: RunningServer, ids: list[int] | None = None,
+                 metadata: tuple[tuple[str, str], ...] = ()) -> str:
+    first = pb.PrefillRequest(prompt=tokens(ids or [5, 6]))
+    return str(list(running.stub.Prefill(iter([first]), metadata=metadata))[-1].done.session_id)
+
+
+@pytest.fixture(scope="module")
+def plain(model_dir: Path) -> Iterator[RunningServer]:
+    running = RunningServer(server_config(model_dir, max_sessions=4))
+    yield running
+    running.close()
+
+
+@pytest.mark.parametrize(("request_", "reason", "field"), [
+    (greedy_request([5, 100000], 2), "TOKEN_OUT_OF_VOCABULARY", "prompt.tokens.ids"),
+    (greedy_request([], 2), "EMPTY_PROMPT", "prompt"),
+    (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(temperature=-1)), "INVALID_SAMPLING",
+     "sampling.temperature"),
+    (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(top_p=2)), "INVALID_SAMPLING",
+     "sampling.top_p"),
+    (greedy_request([5], 2, stop=["x"] * 17), "TOO_MANY_STOPS", "stopping.stop"),
+])
+def test_invalid_argument_names_its_reason_and_the_field_at_fault(
+        plain: RunningServer, request_: pb.GenerateRequest, reason: str, field: str) -> None:
+    got = details_of(lambda: plain.stub.Generate(request_))
+    assert (got.code, got.reason, got.fields) == (Code.INVALID_ARGUMENT, reason, [field])
+    assert got.domain == "ladder.v1"
+    assert got.retry_seconds is None, "retrying the same bad request cannot help"
+
+
+def test_out_of_range_names_the_limit_it_is_over(plain: RunningServer) -> None:
+    over = details_of(lambda: plain.stub.Generate(greedy_request([5], 257)))
+    assert (over.code, over.reason, over.fields) == (Code.OUT_OF_RANGE, "MAX_NEW_TOKENS_OVER_LIMIT",
+                                                     ["stopping.max_new_tokens"])
+    full = details_of(lambda: plain.stub.Generate(greedy_request(prompt_ids(1020), 10)))
+    assert (full.code, full.reason) == (Code.OUT_OF_RANGE, "CAPACITY_EXCEEDED")
+
+
+def test_session_errors_have_their_own_reasons(plain: RunningServer) -> None:
+    missing = details_of(lambda: plain.stub.Rewind(pb.RewindRequest(session_id="pod-a.nope")))
+    assert (missing.code, missing.reason) == (Code.NOT_FOUND, "SESSION_NOT_FOUND")
+    elsewhere = details_of(lambda: plain.stub.Rewind(pb.RewindRequest(session_id="pod-b.abc")))
+    assert (elsewhere.code, elsewhere.reason) == (Code.FAILED_PRECONDITION, "WRONG_POD")
+    assert elsewhere.metadata == {"owner_pod": "pod-b"}
+    session = open_session(plain)
+    try:
+        past_end = details_of(lambda: plain.stub.Rewind(pb.RewindRequest(session_id=session, length=9)))
+        assert (past_end.code, past_end.reason, past_end.fields) == (Code.INVALID_ARGUMENT, "REWIND_PAST_END",
+                                                                     ["length"])
+    finally:
+        plain.stub.CloseSession(pb.CloseSessionRequest(session_id=session))
+
+
+def test_a_session_id_on_a_later_prefill_message_is_refused_and_the_prefill_undone(
+        plain: RunningServer) -> None:
+    session = open_session(plain, [5, 6, 7])
+    try:
+        parts = [pb.PrefillRequest(session_id=session, prompt=tokens([8, 9])),
+                 pb.PrefillRequest(session_id=session, prompt=tokens([10]))]
+        got = details_of(lambda: list(plain.stub.Prefill(iter(parts))))
+        assert (got.code, got.reason, got.fields) == (Code.INVALID_ARGUMENT, "SESSION_ID_NOT_FIRST",
+                                                      ["session_id"])
+        # The refused Prefill had run its first part ([8, 9]); the session is back at 3 tokens.
+        past_end = details_of(lambda: plain.stub.Rewind(pb.RewindRequest(session_id=session, length=4)))
+        assert past_end.reason == "REWIND_PAST_END" and "holds 3" in past_end.message
+    finally:
+        plain.stub.CloseSession(pb.CloseSessionRequest(session_id=session))
+
+
+def test_a_full_queue_full_slots_and_a_callers_quota_are_three_reasons_each_with_a_retry_delay(
+        model_dir: Path) -> None:
+    # One slot, one queue place: a session holds the slot, one Generate waits for it in the queue.
+    running = RunningServer(server_config(model_dir, max_sessions=1, max_queue=1, sessions_per_caller=1))
+    try:
+        held = open_session(running)
+        waiting = running.stub.Generate.future(greedy_request([5, 6], 2))
+        wait_for(lambda: running.server.runtime is not None and running.server.runtime.scheduler.waiting == 1)
+        slots = details_of(lambda: running.stub.Generate(greedy_request([5, 6], 2)))
+        quota = details_of(lambda: open_session(running))
+        running.stub.CloseSession(pb.CloseSessionRequest(session_id=held))
+        assert len(waiting.result(timeout=30).token_ids) == 2
+        # The slot is free, but a running stream fills the one queue place.
+        stream = running.stub.GenerateStream(greedy_request(prompt_ids(20), 200))
+        next(stream)
+        queue = details_of(lambda: running.stub.Generate(greedy_request([5, 6], 2)))
+        stream.cancel()
+    finally:
+        running.close()
+    assert (slots.code, slots.reason) == (Code.RESOURCE_EXHAUSTED, "SESSIONS_FULL")
+    assert slots.metadata == {"max_queue": "1", "waiting_for_slot": "1"}
+    assert (queue.code, queue.reason) == (Code.RESOURCE_EXHAUSTED, "QUEUE_FULL")
+    assert queue.metadata == {"max_queue": "1", "waiting_for_slot": "0"}
+    assert (quota.code, quota.reason) == (Code.RESOURCE_EXHAUSTED, "CALLER_QUOTA")
+    assert slots.retry_seconds == queue.retry_seconds == 1.0 and quota.retry_seconds == 5.0
+
+
+def test_a_draining_server_says_unavailable_draining_with_a_retry_delay(model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir))
+    try:
+        stream = running.stub.GenerateStream(greedy_request(prompt_ids(20), 250))
+        next(stream)  # in flight: the drain waits for it
+        draining = asyncio.run_coroutine_threadsafe(running.server.drain(grace=20), running.loop)
+        wait_for(lambda: running.server.draining)
+        got = details_of(lambda: running.stub.GetModelInfo(pb.GetModelInfoRequest()))
+        stream.cancel()
+        draining.result(timeout=30)
+    finally:
+        running.close()
+    assert (got.code, got.reason, got.retry_seconds) == (Code.UNAVAILABLE, "DRAINING", 0.1)
+
+
+def test_a_missing_or_unknown_token_is_told_apart(model_dir: Path) -> None:
+    running = RunningServer(server_config(model_dir, auth_tokens=("alice=secret",)))
+    try:
+        missing = details_of(lambda: running.stub.GetModelInfo(pb.GetModelInfoRequest()))
+        unknown = details_of(lambda: running.stub.GetModelInfo(
+            pb.GetModelInfoRequest(), metadata=(("authorization", "Bearer guess"),)))
+    finally:
+        running.close()
+    assert (missing.code, missing.reason) == (Code.UNAUTHENTICATED, "TOKEN_MISSING")
+    assert (unknown.code, unknown.reason) == (Code.UNAUTHENTICATED, "TOKEN_UNKNOWN")
+
+
+def test_bytes_that_are_not_the_message_are_malformed_request_of_the_request_as_a_whole(
+        plain: RunningServer) -> None:
+    call = plain.channel.unary_unary("/ladder.v1.Ladder/Generate")
+    got = details_of(lambda: call(b"\xff\xff\xff\xff", timeout=10))
+    assert (got.code, got.reason, got.fields) == (Code.INVALID_ARGUMENT, "MALFORMED_REQUEST", [""])
