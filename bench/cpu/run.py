@@ -44,15 +44,23 @@ def prompt_ids(tokenizer: Tokenizer, count: int) -> list[int]:
 def worker(python: str, args: list[str], root: Path | None = None) -> dict[str, Any]:
     """One runtime in its own process; with `root`, Ladder's packages come from there (a baseline)."""
     # Raised priority: other work on this shared 2-core box otherwise dominates the numbers.
-    cmd = ["nice", "-n", "-10", python, "-m", "bench.cpu.runtimes", *args]
+    cmd = ["nice", "-n", "-10", python, *module_from(root, "bench.cpu.runtimes"), *args]
     print("running:", " ".join(cmd), f"(in {root})" if root else "", file=sys.stderr, flush=True)
-    # `python -m` puts its working directory first on sys.path: the repo root, or the baseline's
-    # root (its engine/ wins, bench/ still comes from this repo through PYTHONPATH).
-    env = None if root is None else {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(cmd, cwd=root or REPO, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(cmd, cwd=root or REPO, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1:] or ["exit"]}
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def module_from(root: Path | None, module: str) -> list[str]:
+    """Arguments that run `module` of this repo with Ladder's packages from `root` (None: this repo).
+
+    Python puts its working directory first on sys.path: the baseline's engine/ wins there,
+    and this repo comes second, for bench/ alone."""
+    if root is None:
+        return ["-m", module]
+    return ["-c", f"import runpy, sys; sys.path.insert(1, {str(REPO)!r}); "
+                  f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
 
 
 def machine() -> dict[str, Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -87,11 +86,12 @@ def measure(model: Path, provider: str, steps: int) -> dict[str, Any]:
 
 
 def run_worker(args: argparse.Namespace, model: Path, root: Path | None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "bench.gpu.logits", "--worker", str(model), "--provider", args.provider,
-           "--steps", str(args.steps)]
+    from bench.cpu.run import module_from
+
     # From the baseline's root its engine/ comes first on sys.path; bench/ still comes from here.
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run(cmd, cwd=root or REPO, env=env, capture_output=True, text=True, check=False)
+    cmd = [sys.executable, *module_from(root, "bench.gpu.logits"), "--worker", str(model),
+           "--provider", args.provider, "--steps", str(args.steps)]
+    done = subprocess.run(cmd, cwd=root or REPO, capture_output=True, text=True, check=False)
     (args.out / f"worker-{'baseline' if root else 'this'}.log").write_text(done.stderr)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-3:]}

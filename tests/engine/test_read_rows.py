@@ -201,3 +201,37 @@ def test_every_generated_variant_but_the_last_row_one_reads_rows(model_dir) -> N
     for name in VARIANTS:
         info = load_model_info(model_dir(name))
         assert (info.logits_rows is None) == (name == "last_row"), name
+
+
+def test_a_builder_style_head_after_a_fused_norm_is_found_and_reads_one_row() -> None:
+    """onnxruntime-genai's builder ends in SkipSimplifiedLayerNormalization -> MatMul -> Cast."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    hidden, vocab = 8, 16
+    inits = [numpy_helper.from_array(rng.standard_normal((vocab, hidden)).astype(np.float32), "embed"),
+             numpy_helper.from_array(np.ones(hidden, np.float32), "gamma"),
+             numpy_helper.from_array(rng.standard_normal((hidden, vocab)).astype(np.float32), "lm_head")]
+    nodes = [helper.make_node("Gather", ["embed", "input_ids"], ["x"], axis=0),
+             helper.make_node("SkipSimplifiedLayerNormalization", ["x", "x", "gamma"],
+                              ["normed", "", "", "sum"], domain="com.microsoft", epsilon=1e-5),
+             helper.make_node("MatMul", ["normed", "lm_head"], ["scores"]),
+             helper.make_node("Cast", ["scores"], ["logits"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(
+        nodes, "builder_style",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT,
+                                       ["batch_size", "sequence_length", vocab])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    every = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert find_head(model).hidden == "normed"
+    gather_read_rows(model)
+    read = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = {"input_ids": np.array([[1, 2, 3, 4, 5]])}
+    want = every.run(["logits"], ids)[0]
+    got, seen = read.run(["logits", "logits_rows_seen"], {**ids, "logits_rows": np.array([3])})
+    np.testing.assert_allclose(got[0, 0], want[0, 3], atol=1e-6)
+    assert seen.tolist() == [3, 4]
