@@ -44,6 +44,7 @@ log = structlog.get_logger("ladder.engine")
 
 REWRITE_VERSION = 1  # bump when the rewrite's output changes: cached copies are then made again
 HEAD_OPS = {"MatMul", "Gemm", "MatMulNBits"}
+EXTERNAL_MARKER = "weights_in_model_dir"  # in a cached copy whose weights stay in the model directory
 ROW_KEEPING = {"Identity", "Cast"}  # ops that keep every element where it is
 
 
@@ -243,15 +244,17 @@ def _key(source: Path) -> str:
 def _cached_copy(source: Path, cache: Path) -> tuple[Path, bool]:
     """The rewritten graph file, and whether its weights are external (left beside the source)."""
     target = cache / _key(source)
-    graph = target / source.name
+    graph, marker = target / source.name, target / EXTERNAL_MARKER
     if graph.exists():
-        return graph, _has_external_data(onnx.load(str(graph), load_external_data=False))
+        return graph, marker.exists()
     model = onnx.load(str(source), load_external_data=False)
     gather_read_rows(model)
     cache.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".rewrite.", dir=cache))
     try:
         onnx.save_model(model, str(staging / source.name))
+        if _has_external_data(model):
+            (staging / EXTERNAL_MARKER).write_text(f"{source.parent}\n")
         staging.replace(target)
     except OSError:
         if not graph.exists():
@@ -259,7 +262,7 @@ def _cached_copy(source: Path, cache: Path) -> tuple[Path, bool]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("head_on_read_rows", source=str(source), graph=str(graph))
-    return graph, _has_external_data(model)
+    return graph, marker.exists()
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:

@@ -116,6 +116,8 @@ def test_external_weights_stay_where_they_are_and_the_copy_runs(tmp_path) -> Non
     info = prepared_graph(load_model_info(source), tmp_path / "graphs")
     assert info.logits_rows and info.weights_dir == source
     assert not (info.graph.parent / "model.onnx.data").exists()  # the weights were not copied
+    again = prepared_graph(load_model_info(source), tmp_path / "graphs")  # the cached copy, reused
+    assert (again.graph, again.weights_dir) == (info.graph, source)
     tokens = prompt(50)
     engine = load(source, tmp_path / "graphs")
     exact = load(source, tmp_path / "graphs", graph_read_only=True, padding=False)
