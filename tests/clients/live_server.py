@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,22 @@ class LiveServer:
 
     async def _stop(self) -> None:
         await self._server.stop()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the server's event loop: no call sends or receives anything until the block ends."""
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            held.set()
+            release.wait(self._start_timeout_s)
+
+        self._loop.call_soon_threadsafe(hold)
+        assert held.wait(self._start_timeout_s), "the server's event loop did not come round"
+        try:
+            yield
+        finally:
+            release.set()
 
     def __enter__(self) -> LiveServer:
         self._thread.start()

@@ -12,6 +12,8 @@ import pytest
 from clients.python import LadderClient, Stopping
 from tests.clients.live_server import LiveServer
 
+pytestmark = pytest.mark.network
+
 NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from structlog.testing import capture_logs
 
 from engine.convert.gguf_llama import GgufModel, llama_spec, llama_weights
 from engine.default_model import (
@@ -178,8 +179,13 @@ def test_a_corrupt_cache_is_rebuilt_from_the_cached_gguf(cache_root: Path, model
     shutil.copytree(model_dir, model_dir_for(tmp_path))
     with (model_dir_for(tmp_path) / "model.onnx").open("r+b") as f:
         f.truncate(1 << 20)
-    result = prepare(tmp_path)
+    with capture_logs() as logs:
+        result = prepare(tmp_path)
     assert result.rebuilt
     assert manifest_problem(result.model_dir, 4096) is None
     assert (result.model_dir / "model.onnx").stat().st_size == (
         model_dir / "model.onnx").stat().st_size
+    progress = [entry["event"] for entry in logs]  # what a first start shows while it converts
+    assert progress == ["model_convert", "model_convert_read", "model_convert_read_done",
+                        "model_convert_graph", "model_convert_graph_done",
+                        "model_convert_write", "model_convert_write_done", "model_convert_done"]
