@@ -40,7 +40,9 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_NAME = "smollm2-135m-instruct"
 MANIFEST = "ladder_manifest.json"
 # Bump when the converter's output changes, so caches from older code are rebuilt.
-CONVERTER_VERSION = 3  # 3: packed q|k|v and gate|up projections
+# 3: packed q|k|v and gate|up projections; 4: the head on read rows only, int4's embedding
+# gathered from the int8 head table (no float table)
+CONVERTER_VERSION = 4
 DEFAULT_CONTEXT_LENGTH = 4096
 CHUNK_SIZE = 512
 # int4 (the CPU default): the GGUF's Q4_1 layer blocks (and its Q8_0 tied head) as MatMulNBits,
@@ -160,7 +162,7 @@ def _convert(gguf_path: Path, out_dir: Path, context_length: int, precision: str
         llama_spec,
         llama_weights,
     )
-    from engine.convert.int4 import quantize_matmuls, quantize_tied_head
+    from engine.convert.int4 import quantize_matmuls, quantize_tied_embedding, quantize_tied_head
     from engine.convert.tokenizer_json import write_tokenizer_files
     from engine.modelgen.builder import build_decoder, genai_config, write_model_dir
 
@@ -182,6 +184,8 @@ def _convert(gguf_path: Path, out_dir: Path, context_length: int, precision: str
         head = llama_int8_head(model)
         if head is not None:  # the tied head streams 113 MB a token in fp32, 28 MB in int8
             graph = quantize_tied_head(graph, "model.embed_tokens.weight", head, accuracy_level=4)
+            # ... and the embedding reads the same int8 table: the fp32 one is not kept at all.
+            graph = quantize_tied_embedding(graph, "model.embed_tokens.weight", head)
     with _phase("model_convert_write", into=str(out_dir)):
         write_model_dir(out_dir, graph, config)
         write_tokenizer_files(out_dir, vocab)

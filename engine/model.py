@@ -21,6 +21,11 @@ import yaml
 from engine.errors import InvalidInput
 
 KV_NAME = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+# A graph whose head runs only on the rows read (engine/head.py): its index input, the symbol of
+# the logits' row axis, and the output that says which rows the head saw.
+READ_ROWS_INPUT = "logits_rows"
+READ_ROWS_DIM = "read_rows"
+SEEN_OUTPUT = "logits_rows_seen"
 _ONNX_TO_NUMPY = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32"}
 
 
@@ -52,6 +57,9 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     config: dict[str, Any]
+    graph: Path  # the ONNX file onnxruntime loads (a rewritten copy in Ladder's cache, or the model's own)
+    logits_rows: str | None = None  # the index input naming the query rows the head reads (None: every row)
+    weights_dir: Path | None = None  # where `graph`'s external data lies if not beside it (a rewritten copy)
 
     @property
     def recurrent_state(self) -> bool:
@@ -96,15 +104,16 @@ def _eos(config: dict[str, Any]) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
-def load_model_info(path: Path) -> ModelInfo:
-    """Inspect a model directory; raises InvalidInput when it is not a decoder we can run."""
+def load_model_info(path: Path, graph_file: Path | None = None) -> ModelInfo:
+    """Inspect a model directory (its graph, or `graph_file` in its place); raises InvalidInput when
+    it is not a decoder we can run."""
     config_path = path / "genai_config.json"
     if not config_path.exists():
         raise InvalidInput(f"{path} has no genai_config.json")
     config = json.loads(config_path.read_text())
     decoder = config["model"]["decoder"]
-    graph = onnx.load(str(path / decoder.get("filename", "model.onnx")),
-                      load_external_data=False).graph
+    graph_file = graph_file or path / decoder.get("filename", "model.onnx")
+    graph = onnx.load(str(graph_file), load_external_data=False).graph
     inputs = {v.name: _port(v) for v in graph.input if v.name not in
               {i.name for i in graph.initializer}}
     outputs = {v.name: _port(v) for v in graph.output}
@@ -114,7 +123,7 @@ def load_model_info(path: Path) -> ModelInfo:
     layers = sorted({int(m.group(1)) for n in inputs if (m := KV_NAME.match(n))})
     kv_in = tuple((f"past_key_values.{i}.key", f"past_key_values.{i}.value") for i in layers)
     kv_out = tuple((f"present.{i}.key", f"present.{i}.value") for i in layers)
-    known = {feed.name, "attention_mask", "position_ids"} | {n for kv in kv_in for n in kv}
+    known = {feed.name, "attention_mask", "position_ids", READ_ROWS_INPUT} | {n for kv in kv_in for n in kv}
     states = tuple((p, p.name.replace("past", "present", 1)) for n, p in inputs.items()
                    if n not in known and n.startswith("past"))
     supplied = tuple(p for n, p in inputs.items()
@@ -137,5 +146,6 @@ def load_model_info(path: Path) -> ModelInfo:
         max_length=int(search.get("max_length") or config["model"].get("context_length", 0)),
         rotary_rows=_rotary_rows(graph),
         eos_token_ids=_eos(config), bos_token_id=config["model"].get("bos_token_id"),
-        config=config,
+        config=config, graph=graph_file,
+        logits_rows=READ_ROWS_INPUT if any(v.name == READ_ROWS_INPUT for v in graph.input) else None,
     )

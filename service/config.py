@@ -66,6 +66,7 @@ class Config:
     model: str = "default"  # a model directory, or "default" (prepared under model_cache)
     model_cache: str = ""
     model_precision: str = "auto"  # weights of the default model: auto (int4 on CPU, fp16 on CUDA) | fp32
+    model_read_only: bool = False  # never rewrite the model's graph (its head then runs on every row)
     provider: str = "cpu"  # cpu | cuda
     padding: bool = True
     chunk_size: int | None = None  # override the model's chunk width; 0 = no chunking
@@ -90,7 +91,7 @@ class Config:
     pod_name: str = ""
     intra_op_threads: int = 0
     log_level: str = "info"
-    prefix_sharing: bool = True  # prompts starting with a held prefix (whole chunks) copy it, not prefill
+    prefix_sharing: bool = True  # prompts starting with a held prefix (ladder steps) copy it
     prefix_across_callers: bool = False  # share prefixes between callers authenticated apart (leaks timing)
 
     def engine_options(self) -> EngineOptions:
@@ -98,7 +99,8 @@ class Config:
                              capacity=self.capacity, variant_capacity=self.variant_capacity,
                              max_sessions=self.max_sessions, intra_op_threads=self.intra_op_threads,
                              memory_budget_bytes=self.memory_budget_mb << 20, lookahead=self.lookahead,
-                             prefix_sharing=self.prefix_sharing)
+                             prefix_sharing=self.prefix_sharing, graph_read_only=self.model_read_only,
+                             graph_cache=Path(self.model_cache) / "graphs" if self.model_cache else None)
 
     @property
     def default_model_precision(self) -> str:
@@ -119,8 +121,9 @@ class Config:
 _HELP = {
     "host": "address to listen on", "port": "gRPC port (0 = any free port)",
     "metrics_port": "Prometheus /metrics port (0 = off)", "model": 'model directory or "default"',
-    "model_cache": "cache directory of the default model",
+    "model_cache": "cache directory of the default model (and of rewritten copies of model graphs)",
     "model_precision": "weights of the default model: auto (int4 on CPU, fp16 on CUDA), int4, fp16 or fp32",
+    "model_read_only": "never rewrite the model's graph: its lm-head then runs on every prefill row",
     "provider": "execution provider: cpu | cuda",
     "chunk_size": "prefill chunk width (0 = whole prompts; unset: the model's, else 512 up to the capacity)",
     "padding": "query-axis padding of prefill forwards (also ONNX_GENAI_PREFILL_QUERY_PADDING)",
@@ -133,7 +136,7 @@ _HELP = {
     "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
     "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",
     "sessions_per_caller": "sessions one caller may hold, those it waits for too (0 = every KV slot but one)",
-    "prefix_sharing": "a prompt that starts with a prefix the server holds (whole chunks) copies its KV",
+    "prefix_sharing": "a prompt starting with a prefix the server holds (in ladder steps) copies its KV",
     "prefix_across_callers": "share held prefixes between callers told apart by auth (their timing leaks)",
     "max_new_tokens": "the most new tokens one request may ask for (more: OUT_OF_RANGE)",
     "default_max_new_tokens": "new tokens for a request that names none (0 = as many as fit, up to "

@@ -10,7 +10,9 @@ M [K / 32, N] holds the m's: a matmul 1/32 the size. The weights stay the
 GGUF's own values; `quantize_matmuls` swaps the named fp32 MatMul weights of
 a built graph for these nodes and leaves everything else untouched.
 A Q8_0 tied head (w = d·q, q int8) maps exactly onto bits=8 with zero point
-128; `quantize_tied_head` swaps the head's Gemm for it.
+128; `quantize_tied_head` swaps the head's Gemm for it, and `quantize_tied_embedding`
+the embedding's Gather for GatherBlockQuantized over the same bytes, so the
+float table (113 MB for SmolLM2) is no longer kept at all.
 """
 
 from __future__ import annotations
@@ -182,4 +184,35 @@ def quantize_tied_head(model: onnx.ModelProto, embed_name: str, head: Int8Matrix
     index = list(graph.node).index(gemm)
     graph.node.remove(gemm)
     graph.node.insert(index, new)
+    return model
+
+
+def quantize_tied_embedding(model: onnx.ModelProto, embed_name: str, head: Int8Matrix) -> onnx.ModelProto:
+    """Replace the embedding's Gather over the float table by GatherBlockQuantized over the Q8_0 table
+    `quantize_tied_head` added (the same values, d·q, bit for bit); drop the float table when unused.
+
+    The table is gathered as [vocab, K / 32, 32] blocks (the head's layout, one initializer for
+    both) and each row reshaped back to [.., K]."""
+    graph = model.graph
+    gather = next(n for n in graph.node if n.op_type == "Gather" and n.input[0] == embed_name)
+    name = f"{embed_name}.head"
+    blocks = head.k // BLOCK
+    graph.initializer.extend([
+        numpy_helper.from_array(head.scales.reshape(head.n, blocks, 1), f"{name}.row_scales"),
+        numpy_helper.from_array(np.full((head.n, blocks, 1), 128, np.uint8), f"{name}.row_zero_points"),
+        numpy_helper.from_array(np.array([0, 0, head.k], np.int64), f"{name}.row_shape")])
+    p = f"{gather.name}_q8"
+    new = [helper.make_node("GatherBlockQuantized", [f"{name}.q8", gather.input[1], f"{name}.row_scales",
+                                                     f"{name}.row_zero_points"], [f"{p}_blocks"], name=p,
+                            domain="com.microsoft", bits=8, block_size=BLOCK, gather_axis=0, quantize_axis=2),
+           helper.make_node("Reshape", [f"{p}_blocks", f"{name}.row_shape"], list(gather.output),
+                            name=f"{p}_rows")]
+    index = list(graph.node).index(gather)
+    graph.node.remove(gather)
+    for offset, node in enumerate(new):
+        graph.node.insert(index + offset, node)
+    if not any(embed_name in n.input for n in graph.node):
+        kept = [t for t in graph.initializer if t.name != embed_name]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
     return model

@@ -9,6 +9,7 @@ The engine owns every decision: which rows, which widths, lengths and masks.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -18,6 +19,29 @@ from engine.executor.sampling import Sampler, TokenLogprobs
 from engine.executor.variants import Variant, VariantKey
 
 VariantT = TypeVar("VariantT", bound=Variant)
+
+
+@dataclass(frozen=True)
+class HeadRows:
+    """What a prefill forward hands back: logits [1, rows returned, vocab], kept where they were
+    computed, and on a graph that gathers the rows it reads before its head (engine/head.py),
+    `seen`: the head-input row each logits row came from, then the last row the head's input had."""
+
+    logits: Any
+    seen: np.ndarray | None = None
+
+    def saw_real_row(self, rows: int, width: int) -> bool:
+        """The head saw the planner's last real row of a forward `width` rows wide (`rows` real)."""
+        if self.seen is None:  # every query row reaches the head: all of them must come back
+            return int(self.logits.shape[1]) >= width
+        return int(self.seen[-1]) == width - 1 and rows - 1 in self.seen[:-1].tolist()
+
+    def last_real(self, rows: int) -> int:
+        """The logits row of the last real row (a decoder that returns fewer rows: its last one)."""
+        if self.seen is None:
+            return min(rows, int(self.logits.shape[1])) - 1
+        wanted = min(rows - 1, int(self.seen[-1]))
+        return int(np.argmax(self.seen[:-1] == wanted))
 
 
 class Backend(Protocol[VariantT]):
@@ -35,9 +59,11 @@ class Backend(Protocol[VariantT]):
         ...
 
     def run_rows(self, variant: VariantT | None, key: VariantKey, row: int, past: int, feed: np.ndarray,
-                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray]) -> Any:
+                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray],
+                 read: np.ndarray) -> HeadRows:
         """One forward of `key.width` rows on top of `past` tokens of pool row `row` (its mask says
-        past + width); None runs eagerly. Returns logits [1, rows returned, vocab]."""
+        past + width); None runs eagerly. `read` [key.reads]: the query rows the head reads, on a
+        graph that takes them (else every row reaches it)."""
         ...
 
     def run_batch(self, variant: VariantT | None, key: VariantKey, ids: np.ndarray,

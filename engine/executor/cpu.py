@@ -10,24 +10,36 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
+from engine.executor.backend import HeadRows
 from engine.executor.options import EngineOptions
 from engine.executor.pool import KvPool
 from engine.executor.sampling import Sampler, TokenLogprobs, log_probs, token_logprobs
 from engine.executor.variants import VariantKey
-from engine.model import ModelInfo, Port
+from engine.model import READ_ROWS_DIM, SEEN_OUTPUT, ModelInfo, Port
 
 
 def _dtype(name: str) -> np.dtype:
     return np.dtype(np.float16 if name == "float16" else name)
 
 
-def resolve_dims(port: Port, width: int, batch: int = 1) -> tuple[int, ...] | None:
-    """A port's concrete shape at query width `width` and batch `batch`; None if a dimension stays unknown."""
-    named = {"batch_size": batch, "batch": batch, "sequence_length": width}
+def inference_session(info: ModelInfo, so: ort.SessionOptions, providers: list[Any]) -> ort.InferenceSession:
+    """The session over `info.graph`; a rewritten copy whose weights stay in the model directory
+    is handed over as bytes, with that directory as where its external data lies."""
+    if info.weights_dir is None:
+        return ort.InferenceSession(str(info.graph), so, providers=providers)
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(info.weights_dir))
+    return ort.InferenceSession(info.graph.read_bytes(), so, providers=providers)
+
+
+def resolve_dims(port: Port, width: int, batch: int = 1, reads: int = 1) -> tuple[int, ...] | None:
+    """A port's concrete shape at query width `width`, batch `batch` and `reads` rows reaching the head;
+    None if a dimension stays unknown."""
+    named = {"batch_size": batch, "batch": batch, "sequence_length": width, READ_ROWS_DIM: reads}
     dims = [d if isinstance(d, int) else named.get(d) for d in port.dims]
     return None if any(d is None for d in dims) else tuple(int(d) for d in dims if d is not None)
 
@@ -42,10 +54,12 @@ class CpuVariant:
     binding: ort.IOBinding | None
     held: list[ort.OrtValue]
     bound_row: int = -1  # the pool row whose KV the binding holds (prefill variants)
+    read: np.ndarray | None = None  # the query rows the head reads (a graph that takes them)
+    seen: np.ndarray | None = None  # ... and the rows it saw
 
     @property
     def nbytes(self) -> int:
-        arrays = [self.feed, *self.ports.values(), self.logits, self.positions]
+        arrays = [self.feed, *self.ports.values(), self.logits, self.positions, self.read, self.seen]
         return sum(a.nbytes for a in arrays if a is not None)
 
     def release(self) -> None:
@@ -73,8 +87,7 @@ class CpuBackend:
         if options.intra_op_threads:
             so.intra_op_num_threads = options.intra_op_threads
         so.log_severity_level = 3
-        model = info.path / info.config["model"]["decoder"].get("filename", "model.onnx")
-        self.session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+        self.session = inference_session(info, so, ["CPUExecutionProvider"])
         self.pool: KvPool | None = None
         self.store = np.zeros((0, info.vocab_size), np.float32)
         self.states: list[RowState] = []
@@ -130,13 +143,17 @@ class CpuBackend:
         feed = np.zeros(resolve_dims(info.feed, w, b) or (b, w), _dtype(info.feed.dtype))
         ports = {p.name: np.zeros(resolve_dims(p, w) or (), _dtype(p.dtype))
                  for p in info.supplied_ports if p.name in key.ports}
-        logits_shape = resolve_dims(info.logits, w, b)
+        logits_shape = resolve_dims(info.logits, w, b, key.reads)
         logits = None if logits_shape is None else np.zeros(logits_shape, _dtype(info.logits.dtype))
         positions = np.zeros((b, w), np.int64) if info.position_ids else None
+        # A decode variant reads query row 0 of each batch row: the zeros it starts with.
+        read = np.zeros(key.reads, np.int64) if info.logits_rows else None
+        seen = np.zeros(key.reads + 1, np.int64) if info.logits_rows else None
         binding = self.session.io_binding()
         # OrtValues over numpy buffers share their memory: a copy into the buffer is the bind.
         held = []
-        for name, array in [(info.feed.name, feed), *ports.items(), (info.position_ids, positions)]:
+        for name, array in [(info.feed.name, feed), *ports.items(), (info.position_ids, positions),
+                            (info.logits_rows, read)]:
             if array is not None and name is not None:
                 held.append(ort.OrtValue.ortvalue_from_numpy(array))
                 binding.bind_ortvalue_input(name, held[-1])
@@ -145,17 +162,23 @@ class CpuBackend:
         else:
             held.append(ort.OrtValue.ortvalue_from_numpy(logits))
             binding.bind_ortvalue_output("logits", held[-1])
-        variant = CpuVariant(key, feed, ports, logits, positions, binding, held)
+        if seen is not None:
+            held.append(ort.OrtValue.ortvalue_from_numpy(seen))
+            binding.bind_ortvalue_output(SEEN_OUTPUT, held[-1])
+        variant = CpuVariant(key, feed, ports, logits, positions, binding, held, read=read, seen=seen)
         if key.batch:
             self._bind_rows(variant, 0, key.batch)  # a decode variant binds rows [0, B) for good
         return variant
 
     # -- forwards -----------------------------------------------------------------------
     def run_rows(self, variant: CpuVariant | None, key: VariantKey, row: int, past: int, feed: np.ndarray,
-                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray]) -> np.ndarray:
+                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray],
+                 read: np.ndarray) -> HeadRows:
         variant = variant or self.prepare(key)
         assert variant.binding is not None
         np.copyto(variant.feed, feed.reshape(variant.feed.shape))
+        if variant.read is not None:
+            np.copyto(variant.read, read)
         for name, array in ports.items():
             np.copyto(variant.ports[name], array)
         if variant.positions is not None:
@@ -171,7 +194,8 @@ class CpuBackend:
             variant.binding.bind_cpu_input(port.name, state.current[port.name])
             spare = ort.OrtValue.ortvalue_from_numpy(state.spare[port.name])
             variant.binding.bind_ortvalue_output(out_name, spare)
-        return self._run(variant, state)
+        logits = self._run(variant, state)
+        return HeadRows(logits, None if variant.seen is None else variant.seen.copy())
 
     def run_batch(self, variant: CpuVariant | None, key: VariantKey, ids: np.ndarray,
                   positions: np.ndarray, wait: bool = True) -> np.ndarray:

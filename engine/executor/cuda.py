@@ -30,13 +30,14 @@ import numpy as np
 import onnxruntime as ort
 import structlog
 
-from engine.executor.cpu import _dtype, resolve_dims
+from engine.executor.backend import HeadRows
+from engine.executor.cpu import _dtype, inference_session, resolve_dims
 from engine.executor.cuda_runtime import CudaUnavailable, Runtime, cuda_runtime, host_runtime
 from engine.executor.options import EngineOptions
 from engine.executor.pool import KvPool
 from engine.executor.sampling import Sampler, TokenLogprobs, counted, log_probs, token_logprobs
 from engine.executor.variants import VariantKey
-from engine.model import ModelInfo
+from engine.model import SEEN_OUTPUT, ModelInfo
 
 log = structlog.get_logger("ladder.engine")
 
@@ -53,11 +54,12 @@ class DeviceVariant:
     binding: Any
     held_bytes: int = 0  # device memory the capture took and keeps
     captured: bool = False
+    seen: Any = None  # on a graph that gathers the rows it reads: the rows its head saw (device)
 
     @property
     def nbytes(self) -> int:
         own = sum(int(a.nbytes) for a in self.inputs.values()) + int(self.logits.nbytes)
-        return own + self.held_bytes
+        return own + self.held_bytes + (0 if self.seen is None else int(self.seen.nbytes))
 
     def release(self) -> None:
         # The buffers go; a captured graph stays with the onnxruntime session until it closes.
@@ -117,9 +119,8 @@ class CudaBackend:
         self.xp = self.rt.xp
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        model = info.path / info.config["model"]["decoder"].get("filename", "model.onnx")
         before = self.rt.free_bytes()
-        self.session = ort.InferenceSession(str(model), so, providers=self.rt.providers)
+        self.session = inference_session(info, so, self.rt.providers)
         self.weights_bytes = max(0, before - self.rt.free_bytes())
         self.pool: KvPool | None = None
         self.staging: Staging | None = None
@@ -182,7 +183,11 @@ class CudaBackend:
                     inputs[port.name] = zeros(resolve_dims(port, w) or (), _dtype(port.dtype))
             if info.position_ids:
                 inputs[info.position_ids] = zeros((b, w), np.int64)
-            logits_shape = resolve_dims(info.logits, w, b)
+            seen = None
+            if info.logits_rows:  # a decode variant reads query row 0 of each batch row: the zeros
+                inputs[info.logits_rows] = zeros((key.reads,), np.int64)
+                seen = self.xp.zeros((key.reads + 1,), np.int64)
+            logits_shape = resolve_dims(info.logits, w, b, key.reads)
             if logits_shape is None:
                 raise CudaUnavailable(f"logits shape {info.logits.dims} is not fixed by the query width")
             logits = self.xp.zeros(logits_shape, _dtype(info.logits.dtype))
@@ -190,6 +195,8 @@ class CudaBackend:
         for name, array in inputs.items():
             self._bind(binding.bind_input, name, array)
         self._bind(binding.bind_output, "logits", logits)
+        if seen is not None:
+            self._bind(binding.bind_output, SEEN_OUTPUT, seen)
         rows = slice(0, key.batch)
         if key.batch:  # a decode variant: the pool's first B rows
             self._bind(binding.bind_input, info.mask, self.pool.mask[rows])
@@ -201,14 +208,15 @@ class CudaBackend:
                 # Past and present share one buffer at capacity: no copy per step.
                 self._bind(binding.bind_input, name_in, block)
                 self._bind(binding.bind_output, name_out, block)
-        return DeviceVariant(key, graph_id, inputs, logits, binding)
+        return DeviceVariant(key, graph_id, inputs, logits, binding, seen=seen)
 
     def _bind(self, bind: Any, name: str, array: Any) -> None:
         bind(name, self.rt.device, self.rt.device_id, array.dtype, list(array.shape), self.rt.ptr(array))
 
     # -- forwards ---------------------------------------------------------------------------
     def run_rows(self, variant: DeviceVariant | None, key: VariantKey, row: int, past: int, feed: np.ndarray,
-                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray]) -> Any:
+                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray],
+                 read: np.ndarray) -> HeadRows:
         variant = variant or self._variant(key, EAGER)
         assert self.pool is not None and self.staging is not None and variant.binding is not None
         staging, width = self.staging, key.width
@@ -221,11 +229,15 @@ class CudaBackend:
                 self._constant(variant, name, array)
             if self.info.position_ids:
                 variant.inputs[self.info.position_ids][0] = np.arange(past, past + width)
+            if self.info.logits_rows:
+                variant.inputs[self.info.logits_rows][:] = read
             staging.set_mask(past + width)
             self._execute(variant)
+            # Read before the staging copies are queued: the forward has finished, so no wait.
+            seen = None if variant.seen is None else self.rt.to_host(variant.seen)
             staging.store(self.pool, past, past + width)
             self.queued = True
-        return variant.logits
+        return HeadRows(variant.logits, seen)
 
     def run_batch(self, variant: DeviceVariant | None, key: VariantKey, ids: np.ndarray,
                   positions: np.ndarray, wait: bool = True) -> Any:

@@ -20,11 +20,18 @@ import numpy as np
 import structlog
 
 from engine.errors import Exhausted, InvalidInput, OutOfRange
-from engine.executor.backend import Backend
+from engine.executor.backend import Backend, HeadRows
 from engine.executor.cpu import CpuBackend, _dtype
 from engine.executor.decode import BatchDecoder
 from engine.executor.options import EngineOptions
-from engine.executor.prefill import ForwardReport, PrefillTask, check_ids, checked_feed, checked_ports
+from engine.executor.prefill import (
+    ForwardReport,
+    PrefillTask,
+    check_ids,
+    checked_feed,
+    checked_ports,
+    read_index,
+)
 from engine.executor.prefix import HeldPrefixes
 from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from engine.executor.session import Session
@@ -38,6 +45,7 @@ from engine.executor.stats import (
     variant_bytes_estimate,
 )
 from engine.executor.variants import Variant, VariantCache, VariantKey
+from engine.head import prepared_graph
 from engine.model import ModelInfo, load_model_info
 
 __all__ = ["DecodeRow", "Engine", "EngineStats", "MemoryUse", "kv_slot_bytes", "variant_bytes_estimate"]
@@ -52,6 +60,7 @@ from engine.planner import (
     chunk_width,
     ladder_widths,
     plan_prefill,
+    prefix_unit,
 )
 
 log = structlog.get_logger("ladder.engine")
@@ -108,9 +117,10 @@ class Engine:
         self.pool = backend.allocate(rows, self.capacity)
         self._free = set(range(rows))
         self._open: dict[int, Session] = {}
-        # Prefix reuse needs token ids, chunk boundaries and KV a rewind can cut: no ports, no state.
+        # Prefix reuse needs token ids, a ladder and KV a rewind can cut: no ports, no state.
         sharing = bool(options.prefix_sharing and self.chunk_size > 0 and not self.unbatched_reason)
-        self.prefixes = HeldPrefixes(self.pool, backend, self.chunk_size, sharing, kv_position_bytes(info))
+        self.prefixes = HeldPrefixes(self.pool, backend, prefix_unit(self.chunk_size), sharing,
+                                     kv_position_bytes(info))
         self.eager_forwards = 0
         self.sessions_padding_off = 0
         self.decoder = BatchDecoder(self.pool, backend, self._variant, self._open, self.capacity)
@@ -118,18 +128,20 @@ class Engine:
     @classmethod
     def load(cls, path: Path | str, options: EngineOptions | None = None) -> Engine:
         options = options or EngineOptions()
-        info = load_model_info(Path(path))
+        info = prepared_graph(load_model_info(Path(path)), options.graph_cache_dir, options.graph_read_only)
         engine = cls(info, options, make_backend(info, options))
         log.info("engine_loaded", model=str(path), provider=engine.backend.name,
                  capacity=engine.capacity, chunk=engine.chunk_size, ladder=engine.ladder,
                  slots=engine.pool.rows, batch_widths=engine.batch_widths, padding=options.padding,
-                 recurrent=info.recurrent_state)
+                 recurrent=info.recurrent_state, head_rows="read" if info.logits_rows else "every")
         return engine
 
     # -- the pool -----------------------------------------------------------------------
     def _variant_reserve(self, rows: int) -> int:
-        widths = (*self.ladder, *(() if self.unbatched_reason else batch_widths(rows)))
-        return sum(variant_bytes_estimate(self.info, w) for w in widths or (1,))
+        batches = () if self.unbatched_reason else batch_widths(rows)
+        reserve = (sum(variant_bytes_estimate(self.info, w) for w in self.ladder)
+                   + sum(variant_bytes_estimate(self.info, 1, b) for b in batches))
+        return reserve or variant_bytes_estimate(self.info, 1)
 
     def _pool_rows(self) -> int:
         """max_sessions rows, or as many as the memory budget holds beside weights and variants."""
@@ -157,7 +169,7 @@ class Engine:
 
     def open_session(self, scope: str = "", prompt: Sequence[int] = ()) -> Session:
         """A session on the lowest free pool row (so decode batches stay narrow). When `prompt` starts
-        with a prefix held for `scope` (whole chunks), the session starts holding it: taken as it is
+        with a prefix held for `scope` (whole units), the session starts holding it: taken as it is
         when that row keeps it, else copied; `session.length` says how much of the prompt it holds."""
         if not self._free:
             raise Exhausted(f"all {self.pool.rows} sessions are in use")
@@ -198,7 +210,7 @@ class Engine:
 
     def share_prefix(self, session: Session, prompt: Sequence[int]) -> int:
         """Start an empty session from the longest prefix of `prompt` another row holds for its scope
-        (copied, whole chunks); the number of leading prompt tokens it now holds."""
+        (copied, whole units); the number of leading prompt tokens it now holds."""
         self._check_open(session)
         if session.length:
             return 0
@@ -306,18 +318,18 @@ class Engine:
         forward = task.forwards.pop(0)
         session = task.session
         self._check_open(session)
-        width, logits = forward.width, self._prefill_forward(task, forward, forward.width)
-        if width > forward.rows and logits.shape[1] < width:
-            self._trip_self_check(session, forward, width, logits.shape[1])
-            width, logits = forward.rows, self._prefill_forward(task, forward, forward.rows)
+        width, out = forward.width, self._prefill_forward(task, forward, forward.width)
+        if width > forward.rows and out is not None and not out.saw_real_row(forward.rows, width):
+            self._trip_self_check(session, forward, width, out)
+            width, out = forward.rows, self._prefill_forward(task, forward, forward.rows)
             task.forwards = self._replan(task)
         if task.logprob_top is not None:
-            self._prompt_logprobs(task, forward, logits)
-        if logits is not None:
-            # Cut to the real rows; a decoder that emits fewer rows gives its last one.
-            self.backend.keep_row(session.row, logits, min(forward.rows, logits.shape[1]) - 1)
+            self._prompt_logprobs(task, forward, None if out is None else out.logits)
+        if out is not None:
+            # Keep the last real row; a decoder that emits fewer rows gives its last one.
+            self.backend.keep_row(session.row, out.logits, out.last_real(forward.rows))
         session.has_logits = True
-        if task.ids is not None and logits is not None:  # a decode step has appended its token itself
+        if task.ids is not None and out is not None:  # a decode step has appended its token itself
             session.tokens.extend(task.ids[forward.start:forward.start + forward.rows])
         stats = session.stats
         stats.forwards += 1
@@ -341,7 +353,7 @@ class Engine:
             found = self.backend.prompt_logprobs(logits, targets, task.logprob_top)
         task.logprobs.extend(found)
 
-    def _prefill_forward(self, task: PrefillTask, forward: Forward, width: int) -> Any:
+    def _prefill_forward(self, task: PrefillTask, forward: Forward, width: int) -> HeadRows | None:
         session, rows = task.session, forward.rows
         if width == 1 and not task.streamed and not task.constants and not self.unbatched_reason:
             # A single row is a decode step of this session alone: no shape of its own.
@@ -349,23 +361,26 @@ class Engine:
             self.decoder.forward({session.row: task.ids[forward.start]})
             return None
         feed, ports = task.chunk(forward, width)
-        key = VariantKey(width, tuple(sorted(ports)))
+        # Prompt log-probabilities need every real row's logits: a head that reads chosen rows reads them all.
+        reads = width if task.logprob_top is not None and self.info.logits_rows else 1
+        key = VariantKey(width, tuple(sorted(ports)), reads=reads)
         self.pool.set_mask(session.row, forward.past + width)
         try:
-            logits = self.backend.run_rows(self._variant(key), key, session.row, forward.past, feed,
-                                           ports, task.constants)
+            out = self.backend.run_rows(self._variant(key), key, session.row, forward.past, feed,
+                                        ports, task.constants, read_index(rows, key.reads))
         finally:
             # Rewind: the padded rows' KV is erased from the logical length.
             self.pool.set_mask(session.row, forward.past + rows)
         session.length = forward.past + rows
-        return logits
+        return out
 
-    def _trip_self_check(self, session: Session, forward: Forward, width: int, returned: int) -> None:
+    def _trip_self_check(self, session: Session, forward: Forward, width: int, out: HeadRows) -> None:
         session.padding_on = False
         session.stats.self_check_reruns += 1
         self.sessions_padding_off += 1
-        log.warning("padding_off_for_session", row=session.row, width=width, logits_rows=returned,
-                    past=forward.past, reason="decoder returned fewer logits rows than query rows")
+        log.warning("padding_off_for_session", row=session.row, width=width, logits_rows=out.logits.shape[1],
+                    seen=None if out.seen is None else out.seen.tolist(), past=forward.past,
+                    reason="the head did not see the last real row among as many rows as the forward ran")
         session.length = forward.past
         self.pool.set_mask(session.row, forward.past)
 

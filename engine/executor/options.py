@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -17,4 +18,10 @@ class EngineOptions:
     intra_op_threads: int = 0  # 0 = onnxruntime's default
     device_id: int = 0
     lookahead: bool = True  # launch the next decode forward before its tokens are read (CUDA)
-    prefix_sharing: bool = True  # a prompt starting with a held prefix (whole chunks) copies it, not prefills
+    prefix_sharing: bool = True  # a prompt starting with a held prefix (ladder steps) copies it
+    graph_read_only: bool = False  # never rewrite the model's graph: its head then runs on every row
+    graph_cache: Path | None = None  # where rewritten graphs are kept; None = ~/.cache/ladder/graphs
+
+    @property
+    def graph_cache_dir(self) -> Path:
+        return self.graph_cache or Path.home() / ".cache" / "ladder" / "graphs"

@@ -54,6 +54,14 @@ class PrefillTask:
         return widen(self.feed[:, forward.start:stop], forward.rows, width), ports
 
 
+def read_index(rows: int, reads: int) -> np.ndarray:
+    """The query rows the head reads: the last real row alone (reads 1), or the real rows in
+    order with the last repeated to fill `reads` (the hook for per-row logits of a prompt)."""
+    if reads == 1:
+        return np.array([rows - 1], np.int64)
+    return np.minimum(np.arange(reads, dtype=np.int64), rows - 1)
+
+
 def widen(array: np.ndarray, rows: int, width: int) -> np.ndarray:
     """Pad axis 1 from `rows` to `width` by repeating the last real row."""
     if width == rows:

@@ -1,13 +1,13 @@
-"""Token prefixes the KV pool holds (found by the chained hashes of their whole chunks), and the free
+"""Token prefixes the KV pool holds (found by the chained hashes of their whole units), and the free
 rows that keep a closed session's KV until a session needs the row.
 
-A prefix is shared in whole chunks of the model's chunk width W only, and at
-least one token short of the prompt (its last token must run to give logits).
-The request then prefills the rest from past = k·W, so its forwards are exactly
-those a request prefilling everything would run from there on: the same chunk
-boundaries, the same ladder widths. Hash k chains hash k-1 with chunk k's tokens,
-so one hash names a whole prefix; a hit is confirmed by comparing the tokens
-themselves, so neither a collision nor a stale entry can ever share wrong KV.
+A prefix is shared in whole units U = the ladder step of the model's chunk width
+(`engine.planner.prefix_unit`: 171 for 512) and at least one token short of the
+prompt (its last token must run to give logits). The request then prefills the
+rest from past = k·U, planned by the same planner as any prefill, so its forwards
+stay on the ladder. Hash k chains hash k-1 with unit k's tokens, so one hash names
+a whole prefix; a hit is confirmed by comparing the tokens themselves, so neither
+a collision nor a stale entry can ever share wrong KV.
 
 A held row's mask stays at its length, so rows riding along in a decode forward
 write past it, where nothing is read. New sessions still take the lowest free row
@@ -31,7 +31,7 @@ from engine.executor.stats import PrefixStats
 
 @dataclass(frozen=True)
 class Hit:
-    """The longest held prefix of a prompt: `length` tokens (whole chunks), held by each of `rows`."""
+    """The longest held prefix of a prompt: `length` tokens (whole units), held by each of `rows`."""
 
     length: int
     rows: tuple[int, ...]
@@ -46,34 +46,34 @@ class Held:
     used: int  # LRU tick: the least recently used held row is evicted first
 
 
-def chain(tokens: Sequence[int], chunk: int, count: int) -> list[int]:
-    """The chained hashes of the first `count` whole chunks of `tokens`."""
+def chain(tokens: Sequence[int], unit: int, count: int) -> list[int]:
+    """The chained hashes of the first `count` whole units of `tokens`."""
     hashes: list[int] = []
     previous = 0
     for k in range(count):
-        previous = hash((previous, tuple(tokens[k * chunk:(k + 1) * chunk])))
+        previous = hash((previous, tuple(tokens[k * unit:(k + 1) * unit])))
         hashes.append(previous)
     return hashes
 
 
 class PrefixIndex:
-    """Which pool rows hold which prefixes, in whole chunks; kept in step lazily with the rows' tokens."""
+    """Which pool rows hold which prefixes, in whole units; kept in step lazily with the rows' tokens."""
 
-    def __init__(self, chunk: int) -> None:
-        self.chunk = chunk
-        self._hashes: dict[int, list[int]] = {}  # row -> chained hashes of the whole chunks it holds
+    def __init__(self, unit: int) -> None:
+        self.unit = unit
+        self._hashes: dict[int, list[int]] = {}  # row -> chained hashes of the whole units it holds
         self._rows: dict[int, set[int]] = {}  # hash -> rows holding that prefix
 
     def sync(self, row: int, tokens: Sequence[int]) -> None:
-        """Index the whole chunks `tokens` holds beyond those already indexed for `row` (they only grow
+        """Index the whole units `tokens` holds beyond those already indexed for `row` (they only grow
         between truncations, which the engine reports)."""
         hashes = self._hashes.setdefault(row, [])
-        whole = len(tokens) // self.chunk
+        whole = len(tokens) // self.unit
         if whole <= len(hashes):
             return
         previous = hashes[-1] if hashes else 0
         for k in range(len(hashes), whole):
-            previous = hash((previous, tuple(tokens[k * self.chunk:(k + 1) * self.chunk])))
+            previous = hash((previous, tuple(tokens[k * self.unit:(k + 1) * self.unit])))
             hashes.append(previous)
             self._rows.setdefault(previous, set()).add(row)
 
@@ -82,7 +82,7 @@ class PrefixIndex:
         hashes = self._hashes.get(row)
         if not hashes:
             return
-        keep = length // self.chunk
+        keep = length // self.unit
         for h in hashes[keep:]:
             rows = self._rows.get(h)
             if rows is not None:
@@ -96,13 +96,13 @@ class PrefixIndex:
         self._hashes.pop(row, None)
 
     def find(self, prompt: Sequence[int], candidates: Mapping[int, Sequence[int]]) -> Hit | None:
-        """The longest prefix of `prompt`, in whole chunks and at least one token short of it, that rows
-        in `candidates` (row -> the tokens it holds) hold; None when not even one chunk is held."""
+        """The longest prefix of `prompt`, in whole units and at least one token short of it, that rows
+        in `candidates` (row -> the tokens it holds) hold; None when not even one unit is held."""
         for row, tokens in candidates.items():
             self.sync(row, tokens)
-        wanted = chain(prompt, self.chunk, (len(prompt) - 1) // self.chunk)
+        wanted = chain(prompt, self.unit, (len(prompt) - 1) // self.unit)
         for k in range(len(wanted), 0, -1):
-            length = k * self.chunk
+            length = k * self.unit
             rows = tuple(sorted(r for r in self._rows.get(wanted[k - 1], ())
                                 if r in candidates and list(candidates[r][:length]) == list(prompt[:length])))
             if rows:
@@ -116,14 +116,14 @@ class PrefixIndex:
 class HeldPrefixes:
     """Which rows hold which prefixes (live sessions' and held free rows'), and the held rows themselves."""
 
-    def __init__(self, pool: KvPool, backend: Backend[Any], chunk: int, enabled: bool,
+    def __init__(self, pool: KvPool, backend: Backend[Any], unit: int, enabled: bool,
                  position_bytes: int) -> None:
         self.pool = pool
         self.backend = backend
-        self.chunk = chunk
+        self.unit = unit
         self.enabled = enabled
         self.position_bytes = position_bytes
-        self.index = PrefixIndex(max(chunk, 1))
+        self.index = PrefixIndex(max(unit, 1))
         self.held: dict[int, Held] = {}
         self.counts = {"lookups": 0, "hits": 0, "tokens_saved": 0, "forks": 0, "evictions": 0}
         self._ticks = 0
@@ -133,8 +133,8 @@ class HeldPrefixes:
         return self._ticks
 
     def keep(self, session: Session) -> bool:
-        """Keep a closing session's row (at least one whole chunk of known tokens); False: not kept."""
-        if not (self.enabled and len(session.tokens) == session.length >= self.chunk):
+        """Keep a closing session's row (at least one whole unit of known tokens); False: not kept."""
+        if not (self.enabled and len(session.tokens) == session.length >= self.unit):
             self.index.drop(session.row)
             return False
         self.held[session.row] = Held(session.tokens, session.scope, self._tick())

@@ -75,9 +75,15 @@ def kv_position_bytes(info: ModelInfo) -> int:
     return 2 * info.num_layers * info.num_kv_heads * info.head_size * _dtype(info.kv_dtype).itemsize
 
 
-def variant_bytes_estimate(info: ModelInfo, width: int) -> int:
-    """The input and logits buffers of one variant of `width` rows (a capture's workspace comes on top)."""
-    return width * (8 + info.vocab_size * _dtype(info.logits.dtype).itemsize)
+def variant_bytes_estimate(info: ModelInfo, width: int, batch: int = 0) -> int:
+    """The input and logits buffers of one variant of `width` rows over `batch` pool rows (0: a
+    prefill on one row); a capture's workspace comes on top. A graph that gathers the rows it
+    reads before its head returns one logits row per pool row, not one per query row."""
+    rows = max(batch, 1) * width
+    if not info.logits_rows:
+        return rows * (8 + info.vocab_size * _dtype(info.logits.dtype).itemsize)
+    read_and_seen = 3 * 8
+    return rows * 8 + read_and_seen + max(batch, 1) * info.vocab_size * _dtype(info.logits.dtype).itemsize
 
 
 def model_file_bytes(info: ModelInfo) -> int:

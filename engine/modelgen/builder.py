@@ -2,7 +2,8 @@
 
 Ports: `input_ids` (or `inputs_embeds`), `attention_mask` turned in-graph into
 `seqlens_k` (ReduceSum - 1, int32) and `total_sequence_length` (Shape[1]),
-`past_key_values.N.key/value` -> `present.N.key/value`, and `logits`.
+`past_key_values.N.key/value` -> `present.N.key/value`, and `logits` (by default the
+head runs only on the query rows `logits_rows` names: engine/head.py).
 Attention is com.microsoft GroupQueryAttention with rotary inside (cos/sin
 caches as initializers). Weight matrices are stored [in, out] (x @ W).
 """
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from engine.head import gather_read_rows
 
 OPSET = 21
 INT64_MAX = np.iinfo(np.int64).max
@@ -44,6 +47,8 @@ class DecoderSpec:
     bias_port: bool = False  # an extra [hidden] input: not per-token
     # One MatMul for q|k|v (fed to GQA packed) and one for gate|up: fewer, larger kernels.
     packed_projections: bool = False
+    # The head runs only on the query rows `logits_rows` names (engine/head.py); False: every row.
+    read_rows: bool = True
 
     @property
     def np_dtype(self) -> type[np.floating[Any]]:
@@ -262,6 +267,8 @@ def build_decoder(spec: DecoderSpec, weights: DecoderWeights) -> onnx.ModelProto
     model = helper.make_model(graph, opset_imports=[
         helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 10
+    if spec.read_rows and not spec.last_row_logits:
+        gather_read_rows(model)
     return model
 
 

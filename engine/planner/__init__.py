@@ -8,7 +8,14 @@ decision is a frozen value that the executor carries out and a test asserts.
 """
 
 from engine.planner.batch import batch_widths, decode_batch_width, ride_along_length
-from engine.planner.ladder import DEFAULT_CHUNK, chunk_width, ladder_widths, prefill_query_width, step_for
+from engine.planner.ladder import (
+    DEFAULT_CHUNK,
+    chunk_width,
+    ladder_widths,
+    prefill_query_width,
+    prefix_unit,
+    step_for,
+)
 from engine.planner.padding import (
     PaddingDecision,
     PaddingPolicy,
@@ -43,6 +50,7 @@ __all__ = [
     "ladder_widths",
     "plan_prefill",
     "prefill_query_width",
+    "prefix_unit",
     "ride_along_length",
     "step_for",
 ]

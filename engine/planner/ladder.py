@@ -48,3 +48,13 @@ def chunk_width(declared: int | None, override: int | None, capacity: int) -> in
     if declared is not None:
         return declared
     return min(DEFAULT_CHUNK, capacity) if capacity > 0 else DEFAULT_CHUNK
+
+
+def prefix_unit(cap: int) -> int:
+    """The unit a held prompt prefix is shared in: the ladder step of chunk width `cap` (171 for 512).
+
+    A shared prefix ends on a multiple of it, so it falls short of what a later prompt repeats by less
+    than one step (a whole chunk would leave up to 511 tokens of a repeated system prompt to prefill
+    again); the rest is planned from there like any prefill, its widths on the ladder. 0: no sharing.
+    """
+    return step_for(cap) if cap > 0 else 0

@@ -21,9 +21,9 @@ def test_generate_returns_the_requested_number_of_tokens_with_usage_and_plan(cli
     assert completion.usage.prompt_tokens == len(PROMPT_IDS)
     assert completion.usage.completion_tokens == 8
     assert completion.finish_reason == pb.FINISH_REASON_LENGTH
-    # Prefilled, or copied from the prefix an earlier call with this prompt left (whole chunks of 64).
+    # Prefilled, or copied from the prefix an earlier call with this prompt left (whole ladder steps of 22).
     prefill = completion.prefill
-    assert prefill.real_rows + prefill.shared_rows == len(PROMPT_IDS) and prefill.shared_rows % 64 == 0
+    assert prefill.real_rows + prefill.shared_rows == len(PROMPT_IDS) and prefill.shared_rows % 22 == 0
     assert prefill.forwards == len(prefill.widths) == -(-prefill.real_rows // 64)
     assert completion.timing.ttft_ms > 0
 
@@ -47,7 +47,8 @@ def test_stream_and_unary_generate_agree_under_greedy_sampling(client: LadderCli
 def test_prefill_in_two_parts_then_decode_equals_one_generate(client: LadderClient) -> None:
     forwards, done = client.prefill([PROMPT_IDS[:40], PROMPT_IDS[40:]])
     try:
-        assert sum(f.real_rows for f in forwards) == len(PROMPT_IDS) == done.length
+        # Prefilled, but for what an earlier call with this prompt left held (prefix sharing).
+        assert sum(f.real_rows for f in forwards) + done.summary.shared_rows == len(PROMPT_IDS) == done.length
         assert all(f.width >= f.real_rows for f in forwards)
         decoded = completion_of(client.decode(done.session_id, 12, stopping=greedy(12)))
         generated = client.generate(PROMPT_IDS, stopping=greedy(12))

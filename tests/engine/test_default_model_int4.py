@@ -82,3 +82,30 @@ def test_the_int4_model_answers_the_lone_user_turn_with_paris(cache_root: Path) 
         logits = engine.append(session, [answer[-1]])
     engine.close_session(session)
     assert tokenizer.decode(answer) == "The capital of France is Paris."
+
+
+def test_the_int4_model_keeps_no_float_embedding_table_and_its_rows_are_the_gguf_rows(
+        cache_root: Path, gguf: GgufModel) -> None:
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    model = onnx.load(str(prepare(cache_root, precision="int4").model_dir / "model.onnx"))
+    names = {t.name for t in model.graph.initializer}
+    assert "model.embed_tokens.weight" not in names and "model.embed_tokens.weight.head.q8" in names
+    # The embedding alone, cut out of the graph: its rows are the GGUF's dequantized rows, bit for bit.
+    gather = next(n for n in model.graph.node if n.op_type == "GatherBlockQuantized")
+    reshape = next(n for n in model.graph.node if gather.output[0] in n.input)
+    used = {*gather.input, *reshape.input}
+    graph = helper.make_graph(
+        [gather, reshape], "embedding",
+        [helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, [1, "rows"])],
+        [helper.make_tensor_value_info(reshape.output[0], onnx.TensorProto.FLOAT, None)],
+        [t for t in model.graph.initializer if t.name in used])
+    embedding = helper.make_model(graph, opset_imports=list(model.opset_import))
+    embedding.ir_version = model.ir_version
+    session = ort.InferenceSession(embedding.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.array([[0, 1, 2, 500, 49151]])
+    (rows,) = session.run(None, {"input_ids": ids})
+    want = llama_weights(gguf, llama_spec(gguf, context_length=4096)).embed[ids[0]]
+    np.testing.assert_array_equal(rows[0], want)

@@ -128,7 +128,8 @@ def test_sessions_beyond_the_slot_pool_are_refused_and_closed_slots_are_reused(m
 
 def _reserve(engine, rows: int) -> int:
     """The variant bytes a pool of `rows` plans for: every ladder width and every batch width."""
-    return sum(variant_bytes_estimate(engine.info, w) for w in (*engine.ladder, *batch_widths(rows)))
+    return (sum(variant_bytes_estimate(engine.info, w) for w in engine.ladder)
+            + sum(variant_bytes_estimate(engine.info, 1, b) for b in batch_widths(rows)))
 
 
 def test_the_kv_pool_is_allocated_up_front_with_max_sessions_rows(model_dir) -> None:

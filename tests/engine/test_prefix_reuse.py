@@ -1,6 +1,7 @@
 """Prefix reuse in the engine: forks, prompts that start from a held prefix, held rows and their eviction.
 
-Real onnxruntime on a generated decoder (chunk width 64). The reference for every
+Real onnxruntime on a generated decoder (chunk width 64, so prefixes are shared in units of its
+ladder step, 22). The reference for every
 greedy continuation is a fresh engine with prefix sharing off that prefilled the
 whole prompt itself.
 """
@@ -15,9 +16,15 @@ from engine.errors import Exhausted, OutOfRange
 from engine.executor import Engine, EngineOptions
 from engine.executor.prefix import PrefixIndex, chain
 from engine.model import load_model_info
+from engine.planner import prefix_unit
 from tests.engine.helpers import greedy, load, prompt
 
 CHUNK = 64
+UNIT = prefix_unit(CHUNK)  # 22
+
+
+def whole_units(tokens: int) -> int:
+    return tokens // UNIT * UNIT
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +71,7 @@ def test_fork_errors_name_the_length_and_the_exhausted_pool(model: Path) -> None
         engine.fork(source)
 
 
-def test_a_prompt_starting_with_a_held_prefix_shares_whole_chunks_and_prefills_the_rest_exactly(
+def test_a_prompt_starting_with_a_held_prefix_shares_whole_units_and_prefills_the_rest_exactly(
         model: Path) -> None:
     engine = load(model, max_sessions=4)
     system = prompt(150, seed=4)
@@ -74,13 +81,13 @@ def test_a_prompt_starting_with_a_held_prefix_shares_whole_chunks_and_prefills_t
     assert engine.stats().prefix.rows_held == 1
     second_prompt = system + prompt(40, seed=6)
     second = engine.open_session(prompt=second_prompt)
-    assert second.length == 128 and second.row == first.row  # two whole chunks, taken as they are
+    assert second.length == whole_units(150) == 132 and second.row == first.row  # taken as it is
     rest = second_prompt[second.length:]
     plan = engine.plan(second, len(rest))
-    assert plan.forwards[0].past == 128 and all(f.width in (*engine.ladder, f.rows) for f in plan.forwards)
+    assert plan.forwards[0].past == 132 and all(f.width in (*engine.ladder, f.rows) for f in plan.forwards)
     assert greedy(engine, second, 12, rest) == recompute(model, second_prompt, 12)
     stats = engine.stats().prefix
-    assert (stats.hits, stats.tokens_saved) == (1, 128)
+    assert (stats.hits, stats.tokens_saved) == (1, 132)
 
 
 def test_a_prefix_is_copied_from_a_live_session_and_the_source_is_untouched(model: Path) -> None:
@@ -90,8 +97,8 @@ def test_a_prefix_is_copied_from_a_live_session_and_the_source_is_untouched(mode
     engine.append(live, system)
     tokens = system[:130] + prompt(20, seed=8)
     copy = engine.open_session(prompt=tokens)
-    assert copy.length == 128 and copy.row != live.row
-    assert greedy(engine, copy, 10, tokens[128:]) == recompute(model, tokens, 10)
+    assert copy.length == whole_units(130) and copy.row != live.row
+    assert greedy(engine, copy, 10, tokens[copy.length:]) == recompute(model, tokens, 10)
     assert greedy(engine, live, 10) == recompute(model, system, 10)
 
 
@@ -102,8 +109,8 @@ def test_an_empty_session_shares_the_prefix_of_its_first_prompt(model: Path) -> 
     engine.append(live, system + [5])
     empty = engine.open_session()
     tokens = system + prompt(10, seed=10)
-    assert engine.share_prefix(empty, tokens) == 64
-    assert greedy(engine, empty, 8, tokens[64:]) == recompute(model, tokens, 8)
+    assert engine.share_prefix(empty, tokens) == whole_units(100)
+    assert greedy(engine, empty, 8, tokens[whole_units(100):]) == recompute(model, tokens, 8)
 
 
 def test_a_prefix_is_never_shared_with_another_scope(model: Path) -> None:
@@ -113,12 +120,12 @@ def test_a_prefix_is_never_shared_with_another_scope(model: Path) -> None:
     engine.append(alice, tokens)
     engine.close_session(alice)
     assert engine.open_session(scope="bob", prompt=tokens).length == 0
-    assert engine.open_session(scope="alice", prompt=tokens).length == 128
+    assert engine.open_session(scope="alice", prompt=tokens).length == whole_units(149)
 
 
-def test_a_prompt_shorter_than_a_chunk_or_sharing_off_shares_nothing(model: Path) -> None:
+def test_a_prompt_no_longer_than_a_unit_or_sharing_off_shares_nothing(model: Path) -> None:
     tokens = prompt(150, seed=12)
-    for engine, probe in ((load(model, max_sessions=2), tokens[:64]),
+    for engine, probe in ((load(model, max_sessions=2), tokens[:UNIT]),
                           (load(model, max_sessions=2, prefix_sharing=False), tokens)):
         held = engine.open_session()
         engine.append(held, tokens)
@@ -171,8 +178,8 @@ def test_the_least_recently_used_prefix_is_evicted_first_and_the_others_stay_exa
     assert engine.stats().prefix.rows_held == 1
     assert engine.stats().prefix.evictions == 1
     reuse = engine.open_session(prompt=recent + [1])  # the one held prefix left is the recent one
-    assert reuse.length == 64
-    assert greedy(engine, reuse, 8, (recent + [1])[64:]) == recompute(model, recent + [1], 8)
+    assert reuse.length == whole_units(100)
+    assert greedy(engine, reuse, 8, (recent + [1])[reuse.length:]) == recompute(model, recent + [1], 8)
 
 
 def test_no_slot_leaks_after_forks_shares_and_closes(model: Path) -> None:
@@ -216,5 +223,5 @@ def test_device_backend_forks_and_shares_exactly_through_the_staging_row(model: 
     assert greedy(engine, fork, 10) == recompute(model, system[:100], 10)
     tokens = system[:140] + prompt(9, seed=62)
     shared = engine.open_session(prompt=tokens)
-    assert shared.length == 128
-    assert greedy(engine, shared, 10, tokens[128:]) == recompute(model, tokens, 10)
+    assert shared.length == whole_units(140)
+    assert greedy(engine, shared, 10, tokens[shared.length:]) == recompute(model, tokens, 10)

@@ -102,5 +102,5 @@ def test_each_variant_reports_the_bytes_of_its_buffers(model_dir) -> None:
     engine = load(model_dir())
     engine.append(engine.open_session(), prompt(30))
     (entry,) = engine.stats().variants.entries
-    # input ids [1, 44] int64 + logits [1, 44, 512] float32
-    assert entry.nbytes == 44 * 8 + 44 * 512 * 4
+    # input ids [1, 44] int64 + the row read [1] and the rows seen [2] int64 + logits [1, 1, 512] float32
+    assert entry.nbytes == 44 * 8 + 3 * 8 + 1 * 512 * 4

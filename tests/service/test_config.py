@@ -179,3 +179,9 @@ def test_serve_names_a_port_another_process_holds_in_one_line(flag: str, named: 
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and f"{named}" in done.stderr and str(port) in done.stderr
     assert "in use" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rewritten_graphs_live_under_the_model_cache_and_a_read_only_model_is_never_rewritten() -> None:
+    options = load_config({"LADDER_MODEL_CACHE": "/srv/ladder"}, []).engine_options()
+    assert str(options.graph_cache_dir) == "/srv/ladder/graphs" and not options.graph_read_only
+    assert load_config({}, ["--model-read-only", "true"]).engine_options().graph_read_only

@@ -1,4 +1,5 @@
-"""ForkSession and automatic prefix sharing through a real server (generated decoder, chunk width 64).
+"""ForkSession and automatic prefix sharing through a real server (generated decoder, chunk width 64:
+prefixes are shared in whole ladder steps of 22).
 
 Greedy tokens of a forked or prefix-sharing call equal those of a server with
 sharing off that prefilled the whole prompt; auth keeps callers' prefixes apart.
@@ -17,7 +18,7 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
 
 TOKENS = ("alice=token-a", "bob=token-b")
-SYSTEM = prompt_ids(150, seed=77)  # two whole chunks and then some
+SYSTEM = prompt_ids(150, seed=77)  # six whole units (132 tokens) and then some
 
 
 def bearer(name: str) -> tuple[tuple[str, str], ...]:
@@ -114,14 +115,14 @@ def test_generate_calls_sharing_a_prefix_give_the_tokens_of_a_full_prefill(
     before = server.stats().prefix
     server.stub.Generate(greedy_request(first, 4))
     reply = server.stub.Generate(greedy_request(second, 12))
-    assert reply.prefill.shared_rows == 128 and reply.usage.prompt_tokens == 180
-    assert reply.prefill.real_rows == 52  # only the rest was prefilled
+    assert reply.prefill.shared_rows == 132 and reply.usage.prompt_tokens == 180
+    assert reply.prefill.real_rows == 48  # only the rest was prefilled
     assert list(reply.token_ids) == generated(unshared, second)
     events = server.stub.GenerateStream(greedy_request(second, 12))
     streamed = [e.token.id for e in events if e.HasField("token")]
     assert streamed == list(reply.token_ids)
     after = server.stats().prefix
-    assert after.hits - before.hits >= 2 and after.tokens_saved - before.tokens_saved >= 256
+    assert after.hits - before.hits >= 2 and after.tokens_saved - before.tokens_saved >= 264
     assert after.slots_held >= 1 and after.bytes_held > 0
     assert server.stats().sessions_open == 0
 
@@ -131,7 +132,7 @@ def test_a_new_sessions_first_prefill_starts_from_a_held_prefix(server: RunningS
     tokens = SYSTEM + prompt_ids(10, seed=3)
     server.stub.Generate(greedy_request(SYSTEM + prompt_ids(5, seed=4), 2))
     events = list(server.stub.Prefill(iter([pb.PrefillRequest(prompt=ids(tokens))])))
-    assert events[0].forward.past == 128 and events[-1].done.summary.shared_rows == 128
+    assert events[0].forward.past == 132 and events[-1].done.summary.shared_rows == 132
     session_id = events[-1].done.session_id
     assert decode(server, session_id, 10) == generated(unshared, tokens, 10)
     server.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
@@ -144,8 +145,8 @@ def test_with_auth_on_a_prefix_is_never_shared_across_callers_unless_allowed(mod
             alice = running.stub.Generate(greedy_request(SYSTEM + [5], 2), metadata=bearer("alice"))
             bob = running.stub.Generate(greedy_request(SYSTEM + [6], 2), metadata=bearer("bob"))
             again = running.stub.Generate(greedy_request(SYSTEM + [7], 2), metadata=bearer("alice"))
-            assert alice.prefill.shared_rows == 0 and again.prefill.shared_rows == 128
-            assert bob.prefill.shared_rows == (128 if across else 0)
+            assert alice.prefill.shared_rows == 0 and again.prefill.shared_rows == 132
+            assert bob.prefill.shared_rows == (132 if across else 0)
         finally:
             running.close()
 
