@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,38 @@ def _read_rows_nodes(graph: onnx.GraphProto, hidden: str, read: str) -> list[onn
     ]
 
 
+def every_row_head(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with the gather `gather_read_rows` put before the head taken out again (edited in
+    place): the head runs on every query row and there is no `logits_rows` input.
+
+    The CUDA backend runs this: the gather's row arithmetic (Shape, Range, Concat over the fed
+    indices) is split by onnxruntime between host and device, and the copies between them are
+    not allowed while a CUDA graph is captured (seen on the H200: "operation failed due to a
+    previous error during capture")."""
+    graph = model.graph
+    if not any(i.name == READ_ROWS_INPUT for i in graph.input):
+        return model
+    def added(name: str) -> bool:  # what `_read_rows_nodes` writes
+        return name.startswith("read_rows.") or name.endswith(".read_rows") or name == SEEN_OUTPUT
+
+    ours = [n for n in graph.node if added(n.output[0])]
+    gather = next(n for n in ours if n.op_type == "Gather" and n.output[0].endswith(".read_rows"))
+    read, hidden = gather.output[0], gather.input[0]
+    for node in ours:
+        graph.node.remove(node)
+    for node in graph.node:
+        node.input[:] = [hidden if name == read else name for name in node.input]
+    for name, items in ((READ_ROWS_INPUT, graph.input), (SEEN_OUTPUT, graph.output)):
+        for item in [v for v in items if v.name == name]:
+            items.remove(item)
+    for init in [t for t in graph.initializer if t.name == READ_ROWS_INPUT or added(t.name)]:
+        graph.initializer.remove(init)
+    feed = next(i for i in graph.input if i.name in ("input_ids", "inputs_embeds"))
+    logits = next(o for o in graph.output if o.name == "logits")
+    logits.type.tensor_type.shape.dim[1].dim_param = feed.type.tensor_type.shape.dim[1].dim_param
+    return model
+
+
 def _check_head_reads(graph: onnx.GraphProto, site: HeadSite, read: str) -> None:
     """After rewiring, the head's input must come from the gathered rows."""
     producer = {out: n for n in graph.node for out in n.output}
@@ -219,12 +252,14 @@ def _check_head_reads(graph: onnx.GraphProto, site: HeadSite, read: str) -> None
 
 
 # -- a rewritten copy of a model directory's graph, kept in Ladder's cache ----------------------
-def prepared_graph(info: ModelInfo, cache: Path, read_only: bool = False) -> ModelInfo:
-    """`info` for the graph Ladder runs: the head on read rows only where it can be, else as it is."""
-    if info.logits_rows or read_only:
+def prepared_graph(info: ModelInfo, cache: Path, read_only: bool = False,
+                   every_row: bool = False) -> ModelInfo:
+    """`info` for the graph Ladder runs: the head on read rows only where it can be, else as it is;
+    with `every_row` (the CUDA backend, see `every_row_head`) a graph that gathers them loses the gather."""
+    if read_only or (info.logits_rows if not every_row else not info.logits_rows):
         return info
     try:
-        graph, external = _cached_copy(info.graph, cache)
+        graph, external = _cached_copy(info.graph, cache, every_row_head if every_row else gather_read_rows)
     except CannotRewrite as exc:
         log.info("head_on_every_row", model=str(info.path), reason=str(exc))
         return info
@@ -235,20 +270,21 @@ def prepared_graph(info: ModelInfo, cache: Path, read_only: bool = False) -> Mod
     return replace(load_model_info(info.path, graph), weights_dir=info.graph.parent if external else None)
 
 
-def _key(source: Path) -> str:
+def _key(source: Path, rewrite: Callable[[onnx.ModelProto], onnx.ModelProto]) -> str:
     stat = source.stat()
-    text = f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{REWRITE_VERSION}"
+    text = f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{REWRITE_VERSION}|{rewrite.__name__}"
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def _cached_copy(source: Path, cache: Path) -> tuple[Path, bool]:
+def _cached_copy(source: Path, cache: Path,
+                 rewrite: Callable[[onnx.ModelProto], onnx.ModelProto]) -> tuple[Path, bool]:
     """The rewritten graph file, and whether its weights are external (left beside the source)."""
-    target = cache / _key(source)
+    target = cache / _key(source, rewrite)
     graph, marker = target / source.name, target / EXTERNAL_MARKER
     if graph.exists():
         return graph, marker.exists()
     model = onnx.load(str(source), load_external_data=False)
-    gather_read_rows(model)
+    rewrite(model)
     cache.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".rewrite.", dir=cache))
     try:
@@ -261,7 +297,7 @@ def _cached_copy(source: Path, cache: Path) -> tuple[Path, bool]:
             raise  # else another process made it first: the same content
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log.info("head_on_read_rows", source=str(source), graph=str(graph))
+    log.info("head_rewritten", rewrite=rewrite.__name__, source=str(source), graph=str(graph))
     return graph, marker.exists()
 
 
