@@ -41,8 +41,9 @@ MODEL_NAME = "smollm2-135m-instruct"
 MANIFEST = "ladder_manifest.json"
 # Bump when the converter's output changes, so caches from older code are rebuilt.
 # 3: packed q|k|v and gate|up projections; 4: the head on read rows only, int4's embedding
-# gathered from the int8 head table (no float table)
-CONVERTER_VERSION = 4
+# gathered from the int8 head table (no float table); 5: the head on every row again in the directory
+# (onnxruntime-genai-cuda cannot capture the gather), read rows gathered by the engine in its cache
+CONVERTER_VERSION = 5
 DEFAULT_CONTEXT_LENGTH = 4096
 CHUNK_SIZE = 512
 # int4 (the CPU default): the GGUF's Q4_1 layer blocks (and its Q8_0 tied head) as MatMulNBits,

@@ -25,7 +25,8 @@ from engine.modelgen.synthetic import build_synthetic
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = DecoderSpec(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_layers=8,
-                   num_heads=16, num_kv_heads=4, head_size=64, rotary_rows=8192, dtype="float16")
+                   num_heads=16, num_kv_heads=4, head_size=64, rotary_rows=8192, dtype="float16",
+                   read_rows=False)  # onnxruntime-genai-cuda runs these too: no read-rows gather
 SPECS = {
     "8x1024": BASE,
     "16x2048": replace(BASE, hidden_size=2048, intermediate_size=5632, num_layers=16,

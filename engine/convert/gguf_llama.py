@@ -62,6 +62,9 @@ def llama_spec(model: GgufModel, *, context_length: int) -> DecoderSpec:
         rotary_rows=context_length,
         rotary_interleaved=False,
         packed_projections=True,
+        # The directory stays the plain onnxruntime-genai layout (its CUDA graphs cannot capture the
+        # read-rows gather); the engine gathers the read rows in a cached copy on CPU (engine/head.py).
+        read_rows=False,
     )
 
 
