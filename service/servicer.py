@@ -269,7 +269,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                                  field="prompt")
         sampler = Sampler(check_sampling(convert.sampling(first.sampling)))
         extension = await self.rt.extension(first.session_id)
-        state, progress, done = extension.state, self.rt.progress(), None
+        state, progress, finished = extension.state, self.rt.progress(), False
         with self.rt.sessions.using(state):
             try:
                 part: pb.PrefillRequest | None = first
@@ -284,13 +284,14 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                                              field="session_id")
                 result = await self.rt.scheduler.call(lambda: next_token(self.rt.model, state, sampler))
                 progress.close()
-                done = convert.prefill_done(state.id, result, progress)
+                # A client that left mid-prompt ends the messages as a finished one does: only this
+                # write failing tells them apart, so the extension is kept once it went through.
+                # (A cancel landing in the instant after the client read it undoes it: a known race.)
+                yield convert.prefill_done(state.id, result, progress)
+                finished = True
             finally:
-                if done is None:
+                if not finished:
                     self.rt.undo(extension)
-        # Kept and released before the client hears "done": a client acting on it at once, or
-        # cancelling the call right after it, finds the session free and whole.
-        yield done
 
     async def _prefill_part(self, extension: Extension, part: pb.PrefillRequest,
                             progress: Progress) -> AsyncIterator[pb.PrefillEvent]:
