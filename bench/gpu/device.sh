@@ -5,10 +5,7 @@
 # installs onnxruntime-gpu + onnxruntime-genai-cuda, runs the GPU tests and the benchmark;
 # everything lands under $OUT.
 set -o pipefail
-cp .whl/ortgpu.part.04 /tmp/ortparts/
-. .whl/gpu-env.sh || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/small/*.whl || exit 1
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+. bench/gpu/prepare.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   python3 -c 'import onnxruntime as o, onnxruntime_genai as g, cupy, numpy, onnx
 print("onnxruntime", o.__version__, "genai", getattr(g, "__version__", "?"), "cupy", cupy.__version__,

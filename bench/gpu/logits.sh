@@ -7,10 +7,7 @@
 # chunk, this version beside the previous release (.bench-baseline = `git archive <rev> engine
 # service proto`), and whether their greedy tokens agree. Everything lands under $OUT.
 set -o pipefail
-cp .whl/ortgpu.part.04 /tmp/ortparts/
-. .whl/gpu-env.sh || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/small/*.whl || exit 1
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+. bench/gpu/prepare.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/gpu-info.txt"
 timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_cuda_graphs.py \
   2>&1 | tee "$OUT/gpu-tests.log" | tail -5

@@ -6,10 +6,7 @@
 # only top-N values to the host), presence/frequency penalties on the device, copied sessions (n
 # samples), and the CUDA graph tests beside them (choosing and copying must not disturb replays).
 set -o pipefail
-cp .whl/ortgpu.part.04 /tmp/ortparts/
-. .whl/gpu-env.sh || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/small/*.whl || exit 1
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+. bench/gpu/prepare.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/gpu-info.txt"
 timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -m gpu -q -p no:cacheprovider -rA \
   tests/engine/test_cuda_outputs.py tests/engine/test_cuda_graphs.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -15

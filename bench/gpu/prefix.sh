@@ -6,10 +6,7 @@
 # a 2,000-token shared system prompt + 100-token turns with prefix sharing on and off, the 10th chat turn
 # appended to a live session vs resent whole, and ForkSession of a 4,000-token session (server time).
 set -o pipefail
-cp .whl/ortgpu.part.04 /tmp/ortparts/
-. .whl/gpu-env.sh || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/small/*.whl || exit 1
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+. bench/gpu/prepare.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/gpu-info.txt"
 timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_cuda_prefix.py \
   2>&1 | tee "$OUT/gpu-tests.log" | tail -5

@@ -11,10 +11,7 @@
 set -o pipefail
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 CACHE=/tmp/ladder-cache
-cp .whl/ortgpu.part.04 /tmp/ortparts/ 2>/dev/null
-. .whl/gpu-env.sh || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/small/*.whl || exit 1
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+. bench/gpu/prepare.sh
 python3 -c 'import gguf, jinja2' || { echo "the converter needs gguf (and jinja2): add their wheels to .whl/small"; exit 1; }
 # The GGUF where the default model's preparer looks for it; a wrong checksum stops here.
 mkdir -p "$CACHE/downloads"
