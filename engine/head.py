@@ -256,7 +256,9 @@ def prepared_graph(info: ModelInfo, cache: Path, read_only: bool = False,
                    every_row: bool = False) -> ModelInfo:
     """`info` for the graph Ladder runs: the head on read rows only where it can be, else as it is;
     with `every_row` (the CUDA backend, see `every_row_head`) a graph that gathers them loses the gather."""
-    if read_only or (info.logits_rows if not every_row else not info.logits_rows):
+    # A gather must come out for CUDA even from a graph declared read-only.
+    nothing_to_do = not info.logits_rows if every_row else read_only or bool(info.logits_rows)
+    if nothing_to_do:
         return info
     try:
         graph, external = _cached_copy(info.graph, cache, every_row_head if every_row else gather_read_rows)
