@@ -1,0 +1,190 @@
+"""Prefill forwards, the engine's half that carries out the planner's prefill plans.
+
+A prompt appended to a session is checked and planned (`start_prefill`), then
+run one forward at a time (`prefill_step`): widened onto the ladder, run on the
+session's row, checked (the logits-row self-check turns padding off for the
+session for good when the head did not see the last real row), and rewound so
+padded rows are never read. `Engine` inherits this; the attributes below are
+the engine state it reads, set in `Engine.__init__`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import structlog
+
+from engine.errors import InvalidInput, OutOfRange
+from engine.executor.backend import Backend, HeadRows
+from engine.executor.decode import BatchDecoder
+from engine.executor.options import EngineOptions
+from engine.executor.pool import KvPool
+from engine.executor.prefill import ForwardReport, PrefillTask, checked_feed, checked_ports, read_index
+from engine.executor.session import Session
+from engine.executor.variants import Variant, VariantCache, VariantKey
+from engine.model import ModelInfo
+from engine.planner import (
+    CapacityExceeded,
+    Forward,
+    Limits,
+    PaddingPolicy,
+    PortShape,
+    PrefillPlan,
+    plan_prefill,
+)
+
+log = structlog.get_logger("ladder.engine")
+
+
+class Prefilling:
+    info: ModelInfo
+    options: EngineOptions
+    backend: Backend[Any]
+    limits: Limits
+    chunk_size: int
+    ladder: tuple[int, ...]
+    feed_dtype: np.dtype
+    port_dtypes: dict[str, np.dtype]
+    unbatched_reason: str
+    variants: VariantCache[Any]
+    pool: KvPool
+    decoder: BatchDecoder
+    eager_forwards: int
+    sessions_padding_off: int
+
+    def _variant(self, key: VariantKey) -> Variant | None:
+        variant = self.variants.get(key, self.backend.prepare)
+        if variant is None:  # a backend that cannot release variants runs uncached shapes eagerly
+            self.eager_forwards += 1
+        return variant
+
+    def _check_open(self, session: Session) -> None:
+        if session.closed:
+            raise InvalidInput("session is closed")
+
+    # -- prefill ------------------------------------------------------------------------
+    def plan(self, session: Session, rows: int, ports: tuple[PortShape, ...] = (),
+             span: int = 0) -> PrefillPlan:
+        policy = PaddingPolicy(enabled=self.options.padding, recurrent_state=self.info.recurrent_state,
+                               session_padding_on=session.padding_on)
+        try:
+            return plan_prefill(session.length, rows, self.chunk_size, self.limits, policy, ports, span)
+        except CapacityExceeded as exc:
+            raise OutOfRange(str(exc)) from exc
+
+    def start_prefill(self, session: Session, tokens: Sequence[int] | None = None, *,
+                      embeds: np.ndarray | None = None,
+                      ports: Mapping[str, np.ndarray] | None = None,
+                      logprob_top: int | None = None) -> PrefillTask:
+        """Check and plan a prompt appended to `session`; nothing runs yet. With `logprob_top` each
+        forward also computes the log-probabilities of the prompt's tokens after the first (and
+        that many alternatives) from its real logits rows: `task.logprobs`."""
+        self._check_open(session)
+        feed, ids = checked_feed(self.info, self.feed_dtype, tokens, embeds)
+        supplied = checked_ports(self.port_dtypes, ports or {})
+        plan = self.plan(session, feed.shape[1], tuple(PortShape(n, a.shape) for n, a in supplied.items()))
+        per_token = set(plan.padding.per_token_ports)
+        streamed = {n: a for n, a in supplied.items() if n in per_token}
+        constants = {n: a for n, a in supplied.items() if n not in per_token}
+        if logprob_top is not None and ids is None:
+            raise InvalidInput("prompt log-probabilities need token ids, not embeddings")
+        return PrefillTask(session, feed, ids, streamed, constants, list(plan.forwards), logprob_top)
+
+    @property
+    def padded_ladder(self) -> tuple[int, ...]:
+        """The widths prefill forwards are padded onto: none when padding is off for the model."""
+        return self.ladder if self.options.padding and not self.info.recurrent_state else ()
+
+    @property
+    def shared_span(self) -> int:
+        """Rows a prefill forward takes while sessions decode: the middle ladder rung (0 = a chunk)."""
+        return self.ladder[len(self.ladder) // 2] if self.ladder else 0
+
+    def prefill_step(self, task: PrefillTask, span: int = 0) -> ForwardReport:
+        """Run the task's next forward, of at most `span` real rows when given; the session's
+        next-token logits follow it."""
+        self.decoder.settle()
+        if span and task.forwards[0].rows > span:
+            task.forwards = self._replan(task, span)
+        forward = task.forwards.pop(0)
+        session = task.session
+        self._check_open(session)
+        width, out = forward.width, self._prefill_forward(task, forward, forward.width)
+        if width > forward.rows and out is not None and not out.saw_real_row(forward.rows, width):
+            self._trip_self_check(session, forward, width, out)
+            width, out = forward.rows, self._prefill_forward(task, forward, forward.rows)
+            task.forwards = self._replan(task)
+        if task.logprob_top is not None:
+            self._prompt_logprobs(task, forward, None if out is None else out.logits)
+        if out is not None:
+            # Keep the last real row; a decoder that emits fewer rows gives its last one.
+            self.backend.keep_row(session.row, out.logits, out.last_real(forward.rows))
+        session.has_logits = True
+        if task.ids is not None and out is not None:  # a decode step has appended its token itself
+            session.tokens.extend(task.ids[forward.start:forward.start + forward.rows])
+        stats = session.stats
+        stats.forwards += 1
+        stats.real_rows += forward.rows
+        stats.padded_rows += width - forward.rows
+        return ForwardReport(forward, width, session.length)
+
+    def _prompt_logprobs(self, task: PrefillTask, forward: Forward, logits: Any) -> None:
+        """Row i of the forward predicts prompt token start + i + 1: score the real rows whose next token
+        is in the prompt (never a padded row: they all come after the real ones)."""
+        assert task.ids is not None and task.logprob_top is not None
+        targets = task.ids[forward.start + 1:forward.start + forward.rows + 1]
+        if not targets:
+            return
+        if logits is None:  # a single row ran as a decode step: its logits are in the store
+            found = self.backend.logprobs([task.session.row], targets, task.logprob_top)
+        elif logits.shape[1] < len(targets):
+            raise InvalidInput("this decoder returns fewer logits rows than it is fed: "
+                               "it has no prompt log-probabilities")
+        else:
+            found = self.backend.prompt_logprobs(logits, targets, task.logprob_top)
+        task.logprobs.extend(found)
+
+    def _prefill_forward(self, task: PrefillTask, forward: Forward, width: int) -> HeadRows | None:
+        session, rows = task.session, forward.rows
+        if width == 1 and not task.streamed and not task.constants and not self.unbatched_reason:
+            # A single row is a decode step of this session alone: no shape of its own.
+            assert task.ids is not None
+            self.decoder.forward({session.row: task.ids[forward.start]})
+            return None
+        feed, ports = task.chunk(forward, width)
+        # Prompt log-probabilities need every real row's logits: a head that reads chosen rows reads them all.
+        reads = width if task.logprob_top is not None and self.info.logits_rows else 1
+        key = VariantKey(width, tuple(sorted(ports)), reads=reads)
+        self.pool.set_mask(session.row, forward.past + width)
+        try:
+            out = self.backend.run_rows(self._variant(key), key, session.row, forward.past, feed,
+                                        ports, task.constants, read_index(rows, key.reads))
+        finally:
+            # Rewind: the padded rows' KV is erased from the logical length.
+            self.pool.set_mask(session.row, forward.past + rows)
+        session.length = forward.past + rows
+        return out
+
+    def _trip_self_check(self, session: Session, forward: Forward, width: int, out: HeadRows) -> None:
+        session.padding_on = False
+        session.stats.self_check_reruns += 1
+        self.sessions_padding_off += 1
+        log.warning("padding_off_for_session", row=session.row, width=width, logits_rows=out.logits.shape[1],
+                    seen=None if out.seen is None else out.seen.tolist(), past=forward.past,
+                    reason="the head did not see the last real row among as many rows as the forward ran")
+        session.length = forward.past
+        self.pool.set_mask(session.row, forward.past)
+
+    def _replan(self, task: PrefillTask, span: int = 0) -> list[Forward]:
+        """The forwards still to run, planned again (padding now off, or smaller steps)."""
+        if not task.forwards:
+            return []
+        start = task.forwards[0].start
+        rows = task.rows - start
+        ports = (*(PortShape(n, (1, rows, *a.shape[2:])) for n, a in task.streamed.items()),
+                 *(PortShape(n, a.shape) for n, a in task.constants.items()))
+        plan = self.plan(task.session, rows, ports, span)
+        return [replace(f, start=f.start + start) for f in plan.forwards]
