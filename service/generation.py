@@ -20,7 +20,7 @@ from engine.errors import OutOfRange
 from engine.executor import DecodeRow
 from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, TokenLogprobs
 from service.errors import InvalidRequest, LimitExceeded, NoTokenizer
-from service.scheduler import Call, Chunk, OpenSlot, Token, Tokens
+from service.requests import Call, Chunk, OpenSlot, Token, Tokens
 from service.sessions import SessionState
 
 

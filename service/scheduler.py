@@ -33,71 +33,13 @@ from typing import Any, TypeVar
 import structlog
 
 from engine.errors import EngineFault
-from engine.executor import DecodeRow, Engine, PrefillTask, Session
+from engine.executor import Engine, Session
 from service.errors import Cancelled, QueueFull
+from service.requests import Call, Chunk, OpenSlot, StepRecord, Token, Tokens, decode_rows, prefill_plan
 
 log = structlog.get_logger("ladder.scheduler")
 T = TypeVar("T")
 Body = Generator[Any, Any, None]
-
-
-@dataclass(frozen=True)
-class Call:
-    """Run `fn` on the worker now; its result (or error) goes back to the job."""
-
-    fn: Callable[[], Any]
-
-
-@dataclass(frozen=True)
-class OpenSlot:
-    """Wait, in arrival order, for `count` free KV slots; a new engine Session comes back, holding the
-    longest prefix of `prompt` held for `scope` (session.length says how many tokens). With `count`
-    above one a list of sessions comes back, the first as above, the rest empty: they are granted
-    together, so two jobs that each need several never hold part of what the other waits for."""
-
-    prompt: tuple[int, ...] = ()
-    scope: str = ""
-    count: int = 1
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Run the task's next prefill forward in a round; its ForwardReport comes back."""
-
-    task: PrefillTask
-
-
-@dataclass(frozen=True)
-class Token:
-    """Be one row of the round's decode forward; the chosen token (or None) comes back."""
-
-    row: DecodeRow
-
-
-@dataclass(frozen=True)
-class Tokens:
-    """Be several rows of the round's decode forward (a request's n samples); their tokens come back."""
-
-    rows: tuple[DecodeRow, ...]
-
-
-def decode_rows(want: Any) -> tuple[DecodeRow, ...]:
-    """The decode rows a job waits on (none unless it waits on Token or Tokens)."""
-    if isinstance(want, Token):
-        return (want.row,)
-    return want.rows if isinstance(want, Tokens) else ()
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one round ran: jobs closed before it, its prefill forwards (job, width), its decode
-    rows (job, pool row) and the decode forward's batch width."""
-
-    round: int
-    closed: tuple[int, ...]
-    prefill: tuple[tuple[int, int], ...]
-    decode: tuple[tuple[int, int], ...]
-    batch: int
 
 
 @dataclass(frozen=True)
@@ -108,26 +50,6 @@ class _End:
 @dataclass(frozen=True)
 class _Result:
     value: Any
-
-
-MAX_PREFILLS_PER_ROUND = 4
-
-
-def prefill_plan(waiting: int, decoding: bool, shared_span: int) -> tuple[int, ...]:
-    """The span of each prefill forward a round runs (0 = a whole chunk), for the oldest jobs first.
-
-    Nothing decoding: one whole chunk. Streams decoding and one prompt waiting: one forward
-    of `shared_span` rows (a ladder rung below the chunk), so those streams wait little
-    between tokens. Several prompts waiting (a burst): a whole chunk for each of up to
-    MAX_PREFILLS_PER_ROUND of them, so their first tokens do not queue behind each other.
-    """
-    if waiting == 0:
-        return ()
-    if not decoding:
-        return (0,)
-    if waiting == 1:
-        return (shared_span,)
-    return (0,) * min(waiting, MAX_PREFILLS_PER_ROUND)
 
 
 def _prefill_detail(job: Job) -> dict[str, Any]:

@@ -47,7 +47,8 @@ from service.generation import (
 )
 from service.metrics import Metrics
 from service.progress import Progress, Totals
-from service.scheduler import Body, Call, Scheduler
+from service.requests import Call
+from service.scheduler import Body, Scheduler
 from service.security import CALL, CALLER, REQUEST_ID
 from service.sessions import SessionRegistry, SessionState
 

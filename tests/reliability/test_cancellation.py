@@ -28,7 +28,7 @@ import pytest
 from google.protobuf.message import Message
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.scheduler import Call
+from service.requests import Call
 from tests.service.conftest import (
     RunningServer,
     greedy_request,

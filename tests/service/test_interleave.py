@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.scheduler import StepRecord
+from service.requests import StepRecord
 from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config, wait_for
 
 LONG_PROMPT = 960  # fifteen chunk forwards at chunk 64; 22 forwards of the middle rung (44) under load
