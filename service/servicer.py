@@ -283,13 +283,16 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                         raise InvalidRequest("session_id belongs in the first Prefill message only; a later "
                                              "message names one", reason="SESSION_ID_NOT_FIRST",
                                              field="session_id")
+                # A client that cancels or leaves mid-prompt ends the messages as a finished one does;
+                # its call is cancelled at the next await, this one, so its extension is undone.
                 result = await self.rt.scheduler.call(lambda: next_token(self.rt.model, state, sampler))
                 progress.close()
-                # A client that left mid-prompt ends the messages as a finished one does: only this
-                # write failing tells them apart, so the extension is kept once it went through.
-                # (A cancel landing in the instant after the client read it undoes it: a known race.)
-                yield convert.prefill_done(state.id, result, progress)
+                # Kept from here on: a client may act on "done" (and cancel the call) before the write
+                # below has returned here, and the session it was told about must still be there. A
+                # client leaving in the instant between these two lines leaves a session nobody knows;
+                # the idle timeout returns its slot.
                 finished = True
+                yield convert.prefill_done(state.id, result, progress)
             finally:
                 if not finished:
                     self.rt.undo(extension)

@@ -8,13 +8,20 @@ written out here, so any model's chat format works.
 
 Ctrl-C (KeyboardInterrupt) during a turn cancels its calls and raises ReplyStopped:
 the part of the reply that arrived stays in the conversation, and the next turn
-rewinds the session to what this side knows it holds, so the chat goes on.
+rewinds the session to what this side knows it holds, so the chat goes on. On the
+main thread the turn takes SIGINT itself (`_CtrlC`): a KeyboardInterrupt raised
+inside gRPC's own code can leave one of its locks held, and every later stream on
+the channel then hangs.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 from typing import TypeVar
 
 import grpc
@@ -79,12 +86,19 @@ class ChatSession:
             if on_text is not None:
                 on_text(piece)
 
+        ctrl_c = _CtrlC()
         try:
-            self._sync_session(self.client.tokenize(self.turns))
-            events = self.client.decode(self.session_id, self._reply_budget(), sampling=self.sampling,
-                                        stopping=self.stopping)
-            completion = completion_of(echo_text(_token_ids_into(token_ids, events), show))
-        except KeyboardInterrupt:
+            with ctrl_c.taken():
+                wanted = self.client.tokenize(self.turns)
+                ctrl_c.check()
+                self._sync_session(wanted, ctrl_c.watch)
+                ctrl_c.check()
+                events = self.client.decode(self.session_id, self._reply_budget(), sampling=self.sampling,
+                                            stopping=self.stopping, on_call=ctrl_c.watch)
+                completion = completion_of(echo_text(_token_ids_into(token_ids, events), show))
+        except (KeyboardInterrupt, grpc.RpcError) as error:
+            if isinstance(error, grpc.RpcError) and not ctrl_c.cancelled(error):
+                raise
             self._stopped(token_ids, "".join(pieces))
             raise ReplyStopped("".join(pieces)) from None
         self.held = (self.held + list(completion.token_ids))[:completion.session_length]
@@ -100,7 +114,7 @@ class ChatSession:
         self.held += token_ids  # each streamed token was fed into the session before it was sent
         self.turns.append(Turn("assistant", text))
 
-    def _sync_session(self, wanted: list[int]) -> None:
+    def _sync_session(self, wanted: list[int], on_call: Callable[[grpc.Call], None] | None = None) -> None:
         """Make the session hold `wanted`: keep the shared prefix, prefill the rest."""
         keep = common_prefix_length(self.held, wanted)
         if keep == len(wanted):
@@ -109,7 +123,8 @@ class ChatSession:
             session_id = self.session_id
             _while_busy(lambda: self.client.rewind(session_id, keep))
             self.held, self.exact = self.held[:keep], True
-        _, done = self.client.prefill([wanted[keep:]], session_id=self.session_id, sampling=self.sampling)
+        _, done = self.client.prefill([wanted[keep:]], session_id=self.session_id, sampling=self.sampling,
+                                      on_call=on_call)
         self.session_id = done.session_id
         self.held = wanted[:done.length]
 
@@ -119,6 +134,59 @@ class ChatSession:
             _while_busy(lambda: self.client.close_session(session_id))
             self.session_id = ""
             self.held = []
+
+
+class _CtrlC:
+    """Ctrl-C during one turn, turned into cancelled calls instead of a KeyboardInterrupt inside gRPC.
+
+    While `taken()`, SIGINT marks the turn stopped and cancels its streaming calls from another
+    thread; the turn then sees a CANCELLED call, or the mark between two calls (`check`). Taken only
+    on the main thread and only from Python's default handler (a program's own handler stays)."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._calls: list[grpc.Call] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def taken(self) -> Iterator[None]:
+        if (threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._press)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def watch(self, call: grpc.Call) -> None:
+        """A call of the turn, cancelled at Ctrl-C (at once if Ctrl-C came before it started)."""
+        with self._lock:
+            self._calls.append(call)
+        if self.pressed:
+            call.cancel()
+
+    def check(self) -> None:
+        """Between two calls: a Ctrl-C pressed meanwhile stops the turn here, in plain Python."""
+        if self.pressed:
+            raise KeyboardInterrupt
+
+    def cancelled(self, error: grpc.RpcError) -> bool:
+        """Whether `error` is a call of the turn that Ctrl-C cancelled."""
+        return self.pressed and error.code() == grpc.StatusCode.CANCELLED
+
+    def _press(self, signum: int, frame: FrameType | None) -> None:
+        # A signal handler runs on the main thread between two bytecodes, maybe inside gRPC: it
+        # takes no lock and cancels nothing itself.
+        self.pressed = True
+        threading.Thread(target=self._cancel_all, name="ladder-chat-ctrl-c", daemon=True).start()
+
+    def _cancel_all(self) -> None:
+        with self._lock:
+            calls = list(self._calls)
+        for call in calls:
+            call.cancel()
 
 
 def _while_busy(call: Callable[[], T]) -> T:

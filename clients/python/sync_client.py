@@ -9,7 +9,7 @@ so the server frees what the call held.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -30,6 +30,9 @@ from clients.python.messages import (
 )
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
+
+# Handed a streaming call as it starts (e.g. to cancel it from a signal handler's thread).
+OnCall = Callable[[grpc.Call], None]
 
 
 class LadderClient:
@@ -76,19 +79,22 @@ class LadderClient:
         yield from _cancel_when_dropped(call)
 
     def prefill_stream(self, parts: Iterable[PromptInput], *, session_id: str = "",
-                       sampling: Sampling | None = None,
-                       timeout_s: float | None = None) -> Iterator[pb.PrefillEvent]:
-        """Stream prompt parts into a new (or the named) session: ForwardEvents, then PrefillDone."""
+                       sampling: Sampling | None = None, timeout_s: float | None = None,
+                       on_call: OnCall | None = None) -> Iterator[pb.PrefillEvent]:
+        """Stream prompt parts into a new (or the named) session: ForwardEvents, then PrefillDone.
+
+        `on_call` gets the gRPC call as it starts: another thread may `cancel()` it."""
         requests = prefill_requests(parts, session_id, sampling)
-        yield from _cancel_when_dropped(self._stub.Prefill(requests, **self._call(timeout_s)))
+        call = _started(self._stub.Prefill(requests, **self._call(timeout_s)), on_call)
+        yield from _cancel_when_dropped(call)
 
     def prefill(self, parts: Iterable[PromptInput], *, session_id: str = "",
-                sampling: Sampling | None = None,
-                timeout_s: float | None = None) -> tuple[list[pb.ForwardEvent], pb.PrefillDone]:
+                sampling: Sampling | None = None, timeout_s: float | None = None,
+                on_call: OnCall | None = None) -> tuple[list[pb.ForwardEvent], pb.PrefillDone]:
         """Run a whole Prefill; return its forwards and the final PrefillDone."""
         forwards: list[pb.ForwardEvent] = []
         for event in self.prefill_stream(parts, session_id=session_id, sampling=sampling,
-                                         timeout_s=timeout_s):
+                                         timeout_s=timeout_s, on_call=on_call):
             if event.WhichOneof("event") == "done":
                 return forwards, event.done
             forwards.append(event.forward)
@@ -96,10 +102,13 @@ class LadderClient:
 
     def decode(self, session_id: str, max_new_tokens: int, *, sampling: Sampling | None = None,
                stopping: Stopping | None = None, timeout_s: float | None = None,
-               logprobs: Logprobs | None = None) -> Iterator[pb.TokenEvent]:
-        """Continue the session by up to `max_new_tokens` tokens, streamed; ends with a Completion."""
+               logprobs: Logprobs | None = None, on_call: OnCall | None = None) -> Iterator[pb.TokenEvent]:
+        """Continue the session by up to `max_new_tokens` tokens, streamed; ends with a Completion.
+
+        `on_call` gets the gRPC call as it starts: another thread may `cancel()` it."""
         request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs)
-        yield from _cancel_when_dropped(self._stub.Decode(request, **self._call(timeout_s)))
+        call = _started(self._stub.Decode(request, **self._call(timeout_s)), on_call)
+        yield from _cancel_when_dropped(call)
 
     def rewind(self, session_id: str, length: int, *, timeout_s: float | None = None) -> pb.RewindResponse:
         request = pb.RewindRequest(session_id=session_id, length=length)
@@ -161,6 +170,12 @@ def _health_or_unreachable(client: LadderClient, service: str, timeout_s: float)
         if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return "UNREACHABLE"
         raise
+
+
+def _started(call: Any, on_call: OnCall | None) -> Any:
+    if on_call is not None:
+        on_call(call)
+    return call
 
 
 def _cancel_when_dropped(call: Any) -> Iterator[Any]:
