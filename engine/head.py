@@ -46,6 +46,7 @@ log = structlog.get_logger("ladder.engine")
 REWRITE_VERSION = 2  # bump when the rewrite's output changes: cached copies are then made again
 HEAD_OPS = {"MatMul", "Gemm", "MatMulNBits"}
 EXTERNAL_MARKER = "weights_in_model_dir"  # in a cached copy whose weights stay in the model directory
+SOURCE_MARKER = "made_from"  # in every cached copy: the source graph's path and the rewrite
 ROW_KEEPING = {"Identity", "Cast"}  # ops that keep every element where it is
 
 
@@ -330,10 +331,12 @@ def _cached_copy(source: Path, cache: Path,
     rewrite(model)
     cache.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".rewrite.", dir=cache))
+    made_from = f"{source.resolve()}\n{rewrite.__name__}\n"
     try:
         onnx.save_model(model, str(staging / source.name))
         if _has_external_data(model):
             (staging / EXTERNAL_MARKER).write_text(f"{source.parent}\n")
+        (staging / SOURCE_MARKER).write_text(made_from)
         staging.replace(target)
     except OSError:
         if not graph.exists():
@@ -341,7 +344,19 @@ def _cached_copy(source: Path, cache: Path,
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("head_rewritten", rewrite=rewrite.__name__, source=str(source), graph=str(graph))
+    _drop_stale_copies(cache, target, made_from)
     return graph, marker.exists()
+
+
+def _drop_stale_copies(cache: Path, kept: Path, made_from: str) -> None:
+    """Remove the copies an earlier version of the same source graph left (same path and rewrite,
+    another size, time or rewrite version): the cache holds one copy per source, not one per edit.
+    A process still running an old copy is unaffected: onnxruntime read it when it loaded."""
+    for copy in cache.iterdir():
+        marker = copy / SOURCE_MARKER
+        if copy != kept and marker.is_file() and marker.read_text() == made_from:
+            shutil.rmtree(copy, ignore_errors=True)
+            log.info("graph_copy_dropped", graph=str(copy), reason="its source graph changed")
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -149,6 +150,20 @@ def test_a_model_directory_is_rewritten_into_the_cache_and_left_untouched(model_
     again = load(path, tmp_path / "graphs")
     assert again.info.graph == engine.info.graph  # the cached copy is reused
     assert len(list((tmp_path / "graphs").iterdir())) == 1
+
+
+def test_the_cache_keeps_one_copy_per_source_graph_when_the_source_changes(model_dir, tmp_path) -> None:
+    path, other = model_dir(spec=EVERY_ROW), model_dir()
+    cache = tmp_path / "graphs"
+    first = prepared_graph(load_model_info(path), cache)
+    on_cuda = prepared_graph(load_model_info(other), cache, on_device=True)  # another source: kept
+    graph = path / "model.onnx"
+    stat = graph.stat()
+    os.utime(graph, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the user replaced the model
+    second = prepared_graph(load_model_info(path), cache)
+    assert second.graph != first.graph and not first.graph.exists()
+    kept = {second.graph.parent.name, on_cuda.graph.parent.name}
+    assert {p.name for p in cache.iterdir()} == kept
 
 
 def test_external_weights_stay_where_they_are_and_the_copy_runs(tmp_path) -> None:
