@@ -1,7 +1,9 @@
 """The typed servicer: protobuf in, plain requests to the engine worker, protobuf out.
 
-Thin by design: prompts and limits are checked in service/generation.py, the
-worker runs the job bodies there, failures become statuses in the interceptor.
+Thin by design: each request is converted whole at the door into one typed call
+(service/wire.py, service/calls.py) and checked as it is built; the model's
+limits are checked in service/generation.py, the worker runs the job bodies
+there, failures become statuses in the interceptor.
 A Prefill is all or nothing: one that does not finish (an error, cancellation,
 deadline or disconnect) closes the session it opened, or rewinds the session
 it extended to the length it found. gRPC ends a Prefill's request stream alike
@@ -23,25 +25,21 @@ from typing import Any
 import grpc
 import structlog
 
-from engine.executor.sampling import Sampler
+from engine.errors import InvalidInput
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
-from service import convert
+from service import wire
+from service.calls import Prompt
 from service.config import Config
-from service.errors import Cancelled, Draining, InvalidRequest, LimitExceeded, QueueFull
+from service.errors import CallerQuota, Cancelled, Draining, OverLimit
+from service.events import Finished, ForwardDone, PrefillTally, TokenOut
 from service.generation import (
-    Finished,
-    ForwardDone,
     Model,
-    PrefillTally,
-    TokenOut,
-    check_sampling,
     close,
     decode_body,
     fork,
     generate_body,
-    make_sampler,
-    next_token,
+    peek_token,
     prefill_body,
     rewind,
 )
@@ -94,7 +92,10 @@ class Extension:
 
 
 @dataclass
-class Runtime:
+class Serving:
+    """What every call of a serving server shares: the config, the model, the worker's scheduler,
+    the sessions, the metrics, and what each caller holds. It exists once the model has loaded."""
+
     config: Config
     model: Model
     scheduler: Scheduler
@@ -103,12 +104,11 @@ class Runtime:
     totals: Totals = field(default_factory=Totals)
     opening: Counter[str] = field(default_factory=Counter)  # sessions each caller waits for
 
-    async def prompt_ids(self, prompt: pb.Prompt) -> list[int]:
+    async def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids, tokenized off the event loop (its size was bounded first)."""
-        text, chat, ids = convert.prompt(prompt)
-        if text is None and chat is None:
-            return self.model.prompt_ids(text, chat, ids)
-        return await asyncio.to_thread(self.model.prompt_ids, text, chat, ids)
+        if prompt.ids is not None:
+            return self.model.prompt_ids(prompt)
+        return await asyncio.to_thread(self.model.prompt_ids, prompt)
 
     def progress(self, prompt_tokens: int = 0) -> Progress:
         """The call's record of its generation, timed from the call's arrival, in its access-log line."""
@@ -125,8 +125,8 @@ class Runtime:
         share = caller_share(self.config.sessions_per_caller, self.model.engine.pool.rows)
         held = sum(1 for s in self.sessions.all() if s.owner == caller) + self.opening[caller]
         if held >= share:
-            raise QueueFull(f"this caller already holds {held} sessions (the limit is {share}; "
-                            "see --sessions-per-caller)", reason="CALLER_QUOTA")
+            raise CallerQuota(f"this caller already holds {held} sessions (the limit is {share}; "
+                              "see --sessions-per-caller)")
 
     def scope(self, caller: str) -> str:
         """Whose held prefixes a caller's prompts may start from: its own, unless the operator
@@ -138,19 +138,18 @@ class Runtime:
         beside the sessions it holds."""
         engine = self.model.engine
         if n > engine.pool.rows:
-            raise LimitExceeded(f"n = {n} samples need {n} KV slots at once; the server has "
-                                f"{engine.pool.rows}", reason="TOO_MANY_SAMPLES", field="n")
+            raise OverLimit(f"n = {n} samples need {n} KV slots at once; the server has "
+                            f"{engine.pool.rows}", reason="TOO_MANY_SAMPLES", field="n")
         if n > 1 and engine.info.recurrent_state:
-            raise InvalidRequest("n > 1 copies the prompt's KV rows, and this decoder carries "
-                                 "recurrent state that has none", reason="SAMPLES_UNSUPPORTED", field="n")
+            raise InvalidInput("n > 1 copies the prompt's KV rows, and this decoder carries "
+                               "recurrent state that has none", reason="SAMPLES_UNSUPPORTED", field="n")
         if n > 1:
             caller = CALLER.get()
             share = caller_share(self.config.sessions_per_caller, engine.pool.rows)
             held = sum(1 for s in self.sessions.all() if s.owner == caller) + self.opening[caller]
             if held + n > share:
-                raise QueueFull(f"n = {n} samples beside the {held} sessions this caller holds are over its "
-                                f"share of {share} KV slots (see --sessions-per-caller)",
-                                reason="CALLER_QUOTA")
+                raise CallerQuota(f"n = {n} samples beside the {held} sessions this caller holds are over "
+                                  f"its share of {share} KV slots (see --sessions-per-caller)")
 
     async def open_session(self) -> SessionState:
         return await self.claim(lambda caller: self.scheduler.open_session(self.scope(caller)))
@@ -214,25 +213,28 @@ class Runtime:
 
 
 class LadderServicer(ladder_pb2_grpc.LadderServicer):
-    def __init__(self, runtime: Runtime) -> None:
-        self.rt = runtime
+    """The Ladder RPCs over what `serving()` returns: the server's Serving once its model has loaded
+    (until then the interceptor's gate refuses every call, so no handler runs without one)."""
+
+    def __init__(self, serving: Callable[[], Serving]) -> None:
+        self._serving = serving
+
+    @property
+    def serving(self) -> Serving:
+        return self._serving()
 
     # -- generation ---------------------------------------------------------------
     async def _generate(self, request: pb.GenerateRequest,
                         unary: bool = False) -> AsyncIterator[tuple[Any, Progress]]:
-        model = self.rt.model
-        tokens = await self.rt.prompt_ids(request.prompt)
-        stopping = model.budget(convert.stopping(request.stopping), len(tokens))
-        n = max(request.n, 1)
-        self.rt.check_samples(n)  # before anything is built per sample
-        params, logprobs = convert.sampling(request.sampling), convert.logprob_request(request)
-        samplers = [make_sampler(params.for_sample(i), logprobs) for i in range(n)]
-        progress = self.rt.progress(len(tokens))
-        progress.samples = n
-        prompt_top = logprobs.top if logprobs is not None and logprobs.prompt else None
-        body = generate_body(model, tokens, samplers, stopping, progress.tally, self.rt.scope(CALLER.get()),
-                             prompt_top)
-        async with aclosing(self.rt.scheduler.stream(body, hold=unary)) as events:
+        call, serving = wire.generate_call(request), self.serving
+        tokens = await serving.prompt_ids(call.prompt)
+        stopping = serving.model.budget(call.stopping, len(tokens))
+        serving.check_samples(call.n)  # before anything is built per sample
+        progress = serving.progress(len(tokens))
+        progress.samples = call.n
+        body = generate_body(serving.model, tokens, call.samplers(), stopping, progress.tally,
+                             serving.scope(CALLER.get()), call.prompt_top)
+        async with aclosing(serving.scheduler.stream(body, hold=unary)) as events:
             async for event in events:
                 progress.see(event)
                 yield event, progress
@@ -243,7 +245,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             async for step in steps:
                 progress = step[1]
         assert progress is not None
-        return convert.completion(progress, REQUEST_ID.get(), text_of=self.rt.model.token_text)
+        return wire.completion(progress, REQUEST_ID.get(), text_of=self.serving.model.token_text)
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: Context) -> AsyncIterator[pb.TokenEvent]:
@@ -252,12 +254,12 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                 if isinstance(event, TokenOut):
                     yield self._token_event(event, progress)
                 elif isinstance(event, Finished) and progress.ended is not None:  # every sample has
-                    yield pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get(),
-                                                                text_of=self.rt.model.token_text))
+                    yield pb.TokenEvent(done=wire.completion(progress, REQUEST_ID.get(),
+                                                             text_of=self.serving.model.token_text))
 
     def _token_event(self, event: TokenOut, progress: Progress) -> pb.TokenEvent:
         latency = progress.latency_ms(event) if event.sample == 0 else 0.0
-        return convert.token_event(event, latency, self.rt.model.token_text)
+        return wire.token_event(event, latency, self.serving.model.token_text)
 
     # -- sessions -----------------------------------------------------------------------
     async def Prefill(self, request_iterator: AsyncIterator[pb.PrefillRequest],
@@ -266,127 +268,119 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         first = await anext(parts, None)
         if first is None or not first.HasField("prompt"):
             await _check_client_stayed(context)
-            raise InvalidRequest("Prefill needs at least one message with a prompt", reason="PROMPT_REQUIRED",
-                                 field="prompt")
-        sampler = Sampler(check_sampling(convert.sampling(first.sampling)))
-        extension = await self.rt.extension(first.session_id)
-        state, progress, finished = extension.state, self.rt.progress(), False
-        with self.rt.sessions.using(state):
+            raise InvalidInput("Prefill needs at least one message with a prompt", reason="PROMPT_REQUIRED",
+                               field="prompt")
+        call, serving = wire.prefill_call(first), self.serving
+        sampler = call.sampler()
+        extension = await serving.extension(call.session_id)
+        state, progress, finished = extension.state, serving.progress(), False
+        with serving.sessions.using(state):
             try:
-                part: pb.PrefillRequest | None = first
-                while part is not None:
-                    async with aclosing(self._prefill_part(extension, part, progress)) as events:
+                prompt: Prompt | None = call.prompt
+                while prompt is not None:
+                    async with aclosing(self._prefill_part(extension, prompt, progress)) as events:
                         async for event in events:
                             yield event
                     part = await anext(parts, None)  # None also when the client cancelled or left
-                    if part is not None and part.session_id:
-                        raise InvalidRequest("session_id belongs in the first Prefill message only; a later "
-                                             "message names one", reason="SESSION_ID_NOT_FIRST",
-                                             field="session_id")
+                    prompt = None if part is None else wire.prefill_part(part)
                 # A client that cancels or leaves mid-prompt ends the messages as a finished one does;
                 # its call is cancelled at the next await, this one, so its extension is undone.
-                result = await self.rt.scheduler.call(lambda: next_token(self.rt.model, state, sampler))
+                result = await serving.scheduler.call(lambda: peek_token(serving.model, state, sampler))
                 progress.close()
                 # Kept from here on: a client may act on "done" (and cancel the call) before the write
                 # below has returned here, and the session it was told about must still be there. A
                 # client leaving in the instant between these two lines leaves a session nobody knows;
                 # the idle timeout returns its slot.
                 finished = True
-                yield convert.prefill_done(state.id, result, progress)
+                yield wire.prefill_done(state.id, result, progress)
             finally:
                 if not finished:
-                    self.rt.undo(extension)
+                    serving.undo(extension)
 
-    async def _prefill_part(self, extension: Extension, part: pb.PrefillRequest,
+    async def _prefill_part(self, extension: Extension, prompt: Prompt,
                             progress: Progress) -> AsyncIterator[pb.PrefillEvent]:
-        model, state = self.rt.model, extension.state
-        tokens = await self.rt.prompt_ids(part.prompt)
+        serving, state = self.serving, extension.state
+        tokens = await serving.prompt_ids(prompt)
         progress.prompt_tokens += len(tokens)
-        body = extension.marked(prefill_body(model, state, tokens, progress.tally))
-        async with aclosing(self.rt.scheduler.stream(body)) as events:
+        body = extension.marked(prefill_body(serving.model, state, tokens, progress.tally))
+        async with aclosing(serving.scheduler.stream(body)) as events:
             async for event in events:
                 if isinstance(event, ForwardDone):
-                    yield convert.forward(state.id, event)
+                    yield wire.forward(state.id, event)
 
     async def Decode(self, request: pb.DecodeRequest, context: Context) -> AsyncIterator[pb.TokenEvent]:
-        state = note_session(self.rt.sessions.get(request.session_id, CALLER.get()))
+        call, serving = wire.decode_call(request), self.serving
+        state = note_session(serving.sessions.get(call.session_id, CALLER.get()))
         done = None
-        with self.rt.sessions.using(state):
-            logprobs = convert.logprob_request(request)
-            if logprobs is not None and logprobs.prompt:
-                raise InvalidRequest("Decode has no prompt: logprobs.prompt is for Generate and "
-                                     "GenerateStream", reason="INVALID_LOGPROBS", field="logprobs.prompt")
-            sampler = make_sampler(convert.sampling(request.sampling), logprobs)
-            body = decode_body(self.rt.model, state, sampler, convert.stopping(request.stopping))
-            progress = self.rt.progress()
-            async with aclosing(self.rt.scheduler.stream(body)) as events:
+        with serving.sessions.using(state):
+            body = decode_body(serving.model, state, call.sampler(), call.stopping)
+            progress = serving.progress()
+            async with aclosing(serving.scheduler.stream(body)) as events:
                 async for event in events:
                     progress.see(event)
                     if isinstance(event, TokenOut):
                         yield self._token_event(event, progress)
                     elif isinstance(event, Finished):
-                        done = pb.TokenEvent(done=convert.completion(progress, REQUEST_ID.get(), state,
-                                                                     self.rt.model.token_text))
+                        done = pb.TokenEvent(done=wire.completion(progress, REQUEST_ID.get(), state,
+                                                                  serving.model.token_text))
         # Released before the client hears "done", so its next call on the session is never ABORTED.
         if done is not None:
             yield done
 
     async def Rewind(self, request: pb.RewindRequest, context: Context) -> pb.RewindResponse:
-        state = note_session(self.rt.sessions.get(request.session_id, CALLER.get()))
-        with self.rt.sessions.using(state):
-            length = await self.rt.scheduler.call(lambda: rewind(self.rt.model, state, request.length))
+        serving = self.serving
+        state = note_session(serving.sessions.get(request.session_id, CALLER.get()))
+        with serving.sessions.using(state):
+            length = await serving.scheduler.call(lambda: rewind(serving.model, state, request.length))
         return pb.RewindResponse(session_id=state.id, length=length)
 
     async def CloseSession(self, request: pb.CloseSessionRequest,
                            context: Context) -> pb.CloseSessionResponse:
-        state = note_session(self.rt.sessions.get(request.session_id, CALLER.get()))
-        with self.rt.sessions.using(state):
-            self.rt.sessions.remove(state)
+        serving = self.serving
+        state = note_session(serving.sessions.get(request.session_id, CALLER.get()))
+        with serving.sessions.using(state):
+            serving.sessions.remove(state)
             # Shielded: the slot returns even when the caller leaves before the worker has closed it.
-            closing = asyncio.ensure_future(self.rt.scheduler.call(
-                lambda: session_closed(state, "closed", close(self.rt.model, state))))
+            closing = asyncio.ensure_future(serving.scheduler.call(
+                lambda: session_closed(state, "closed", close(serving.model, state))))
             length = await asyncio.shield(closing)
         return pb.CloseSessionResponse(session_id=state.id, length=length)
 
     async def ForkSession(self, request: pb.ForkSessionRequest, context: Context) -> pb.ForkSessionResponse:
-        source = self.rt.sessions.get(request.session_id, CALLER.get())
+        serving = self.serving
+        source = serving.sessions.get(request.session_id, CALLER.get())
         length = request.length if request.HasField("length") else None
         spent: list[float] = []
 
         async def forking(caller: str) -> Any:
-            forked = await self.rt.scheduler.call(lambda: fork(self.rt.model, source, length))
+            forked = await serving.scheduler.call(lambda: fork(serving.model, source, length))
             spent.append(forked.ms)
             return forked.session
 
-        with self.rt.sessions.using(source):
-            state = await self.rt.claim(forking)
+        with serving.sessions.using(source):
+            state = await serving.claim(forking)
         return pb.ForkSessionResponse(session_id=state.id, length=state.session.length,
                                       source_session_id=source.id, server_ms=spent[0])
 
     # -- tokenizer and introspection ------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: Context) -> pb.TokenizeResponse:
-        kind = request.WhichOneof("input")
-        if kind is None:
-            raise InvalidRequest("Tokenize needs text or chat messages", reason="PROMPT_REQUIRED",
-                                 field="text")
-        prompt = pb.Prompt(text=request.text) if kind == "text" else pb.Prompt(chat=request.chat)
-        return pb.TokenizeResponse(ids=await self.rt.prompt_ids(prompt))
+        return pb.TokenizeResponse(ids=await self.serving.prompt_ids(wire.tokenize_prompt(request)))
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context: Context) -> pb.DetokenizeResponse:
-        model = self.rt.model
+        model = self.serving.model
         tokenizer = model.need_tokenizer("Detokenize")
         ids = model.check_ids(list(request.ids), field="ids") if request.ids else []
         # The streaming decoder, so Detokenize(ids) is exactly the text Generate streamed for them.
         return pb.DetokenizeResponse(text="".join(tokenizer.stream(skip_special=True).pieces(ids)))
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.ModelInfo:
-        return convert.model_info(self.rt.model, self.rt.config)
+        return wire.model_info(self.serving.model, self.serving.config)
 
     async def GetEngineStats(self, request: pb.GetEngineStatsRequest, context: Context) -> pb.EngineStats:
-        stats = await self.rt.scheduler.call(self.rt.model.engine.stats)
-        self.rt.metrics.engine_stats(stats)
-        scheduler = self.rt.scheduler
-        return convert.engine_stats(stats, scheduler.depth, scheduler.waiting, self.rt.totals)
+        serving = self.serving
+        stats = await serving.scheduler.call(serving.model.engine.stats)
+        serving.metrics.engine_stats(stats)
+        return wire.engine_stats(stats, serving.scheduler.depth, serving.scheduler.waiting, serving.totals)
 
 
 def session_closed(state: SessionState, reason: str, length: int) -> int:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnx
 import pytest
 
 from service.config import (
@@ -164,6 +165,20 @@ def test_serve_says_in_one_line_why_a_model_directory_cannot_be_served(tmp_path:
     assert done.returncode == 1 and not any(line.startswith("Traceback") for line in lines)
     assert lines[-1].startswith(f"ladder serve: cannot serve model '{tmp_path}': KeyError")
     assert any(line.startswith('{"error": "KeyError') for line in lines), "the traceback is in the JSON log"
+
+
+def test_a_graph_that_is_no_decoder_is_a_bad_setting_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    port = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g", [port],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    onnx.save(onnx.helper.make_model(graph), str(tmp_path / "model.onnx"))
+    (tmp_path / "genai_config.json").write_text('{"model": {"decoder": {"filename": "model.onnx"}}}')
+    done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0"])
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and not any(line.startswith("Traceback") for line in lines)
+    assert lines[-1] == (f"ladder serve: cannot serve model '{tmp_path}': "
+                         f"{tmp_path}: needs input_ids or inputs_embeds, attention_mask, logits")
+    assert not any("model_load_failed" in line for line in lines), "a bad setting is no unexpected failure"
 
 
 @pytest.mark.parametrize(("flag", "named"), [("--port", "gRPC port (--port/LADDER_PORT)"),
