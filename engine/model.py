@@ -104,6 +104,14 @@ def _eos(config: dict[str, Any]) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
+GRAPH_FILE = "model.onnx"  # the decoder graph when genai_config.json names none, and what Ladder writes
+
+
+def decoder_file(path: Path, config: dict[str, Any]) -> Path:
+    """The decoder graph of the model directory `path`: genai_config.json's model.decoder.filename."""
+    return path / config["model"]["decoder"].get("filename", GRAPH_FILE)
+
+
 def load_model_info(path: Path, graph_file: Path | None = None) -> ModelInfo:
     """Inspect a model directory (its graph, or `graph_file` in its place); raises ModelUnreadable when
     it is not a decoder we can run."""
@@ -112,7 +120,7 @@ def load_model_info(path: Path, graph_file: Path | None = None) -> ModelInfo:
         raise ModelUnreadable(f"{path} has no genai_config.json")
     config = json.loads(config_path.read_text())
     decoder = config["model"]["decoder"]
-    graph_file = graph_file or path / decoder.get("filename", "model.onnx")
+    graph_file = graph_file or decoder_file(path, config)
     graph = onnx.load(str(graph_file), load_external_data=False).graph
     inputs = {v.name: _port(v) for v in graph.input if v.name not in
               {i.name for i in graph.initializer}}
