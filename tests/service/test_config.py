@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import typing
+from dataclasses import fields
 from pathlib import Path
 
 import onnx
@@ -18,6 +20,7 @@ from service.config import (
     config_from,
     load_config,
     padding_enabled,
+    parse_setting,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,6 +31,26 @@ def test_defaults_are_the_documented_ports_and_limits() -> None:
     assert (config.port, config.metrics_port, config.drain_seconds) == (50051, 9464, 20.0)
     assert (config.max_new_tokens, config.default_max_new_tokens) == (1024, 256)
     assert config.model == "default" and config.padding and not config.tls and not config.auth
+
+
+def test_every_field_reads_back_its_own_default_from_text_by_its_type() -> None:
+    defaults, kinds = Config(), typing.get_type_hints(Config)
+    for field in fields(Config):
+        default = getattr(defaults, field.name)
+        text = ("auto" if default is None else ",".join(default) if isinstance(default, tuple)
+                else str(default).lower() if isinstance(default, bool) else str(default))
+        parsed = parse_setting(field.name, text, kinds[field.name], field.name)
+        assert parsed == default and type(parsed) is type(default), field.name
+
+
+def test_an_optional_field_is_parsed_as_its_inner_type_or_auto_and_an_unknown_type_is_refused() -> None:
+    assert parse_setting("x", "0.5", float | None, "--x") == 0.5
+    assert parse_setting("x", "auto", float | None, "--x") is None
+    assert parse_setting("x", "7", int | None, "--x") == 7
+    with pytest.raises(ConfigError, match="a number or auto"):
+        parse_setting("x", "half", float | None, "--x")
+    with pytest.raises(TypeError, match="no parser"):
+        parse_setting("x", "[1]", list[int], "--x")
 
 
 def test_a_flag_wins_over_the_environment_and_the_environment_over_the_default() -> None:
