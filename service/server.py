@@ -47,7 +47,8 @@ from service.metrics import Metrics
 from service.reflection import enable as documented_reflection
 from service.scheduler import Scheduler
 from service.security import CallInterceptor, server_credentials
-from service.servicer import LadderServicer, Serving
+from service.servicer import LadderServicer
+from service.serving import Serving
 from service.sessions import SessionRegistry
 
 log = structlog.get_logger("ladder.server")
