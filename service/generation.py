@@ -36,7 +36,7 @@ from service.sessions import SessionState
 from service.stop_text import StopText
 
 PROMPT_BYTES_PER_TOKEN = 32  # text and chat prompts: UTF-8 bytes allowed per allowed prompt token
-CHAT_TURN_BYTES = 32  # what each chat message counts beyond its role and content (the template's markup)
+CHAT_MESSAGE_BYTES = 32  # what each chat message counts beyond its role and content (the template's markup)
 
 
 class Model:
@@ -80,7 +80,7 @@ class Model:
             if not prompt.chat:
                 raise InvalidInput("a chat prompt needs at least one message", reason="EMPTY_PROMPT",
                                    field="prompt.chat.messages")
-            self._check_text_size(sum(len(m.role.encode()) + len(m.content.encode()) + CHAT_TURN_BYTES
+            self._check_text_size(sum(len(m.role.encode()) + len(m.content.encode()) + CHAT_MESSAGE_BYTES
                                       for m in prompt.chat), "prompt.chat.messages")
             tokens = [int(t) for t in tokenizer.encode_chat(prompt.chat)]
         else:
