@@ -138,7 +138,7 @@ def start(running: RunningServer, rpc: str, requests: list[Message], ending: str
 @contextmanager
 def frozen(running: RunningServer) -> Iterator[Any]:
     """Hold the engine worker inside a call until the block ends; yields the scheduler."""
-    scheduler = running.server.runtime.scheduler  # type: ignore[union-attr]
+    scheduler = running.server.serving.scheduler  # type: ignore[union-attr]
     inside, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -256,7 +256,7 @@ def session_id(running: RunningServer) -> Iterator[str]:
     """A session holding BASE, closed after the test if the test did not close it."""
     opened = open_base_session(running)
     yield opened
-    if opened in {s.id for s in running.server.runtime.sessions.all()}:  # type: ignore[union-attr]
+    if opened in {s.id for s in running.server.serving.sessions.all()}:  # type: ignore[union-attr]
         close_session(running, opened)
 
 

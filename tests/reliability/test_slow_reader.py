@@ -17,7 +17,7 @@ def test_a_slow_reader_keeps_decoding_in_step_with_others_and_gets_every_token_i
         tmp_path: Path) -> None:
     running = RunningServer(server_config(model_with_tokenizer(tmp_path), max_new_tokens=1000))
     try:
-        scheduler = running.server.runtime.scheduler  # type: ignore[union-attr]
+        scheduler = running.server.serving.scheduler  # type: ignore[union-attr]
         slow = running.stub.GenerateStream(greedy_request(prompt_ids(30, seed=1), 300))
         first = next(slow)  # then it reads nothing while the other stream runs
         fast = running.stub.GenerateStream(greedy_request(prompt_ids(20, seed=2), 200))

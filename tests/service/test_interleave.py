@@ -13,7 +13,7 @@ STREAMS = 3
 
 
 def steps_of(running: RunningServer) -> list[StepRecord]:
-    return list(running.server.runtime.scheduler.steps)  # type: ignore[union-attr]
+    return list(running.server.serving.scheduler.steps)  # type: ignore[union-attr]
 
 
 def test_a_long_prompt_runs_one_rung_per_round_while_streams_decode_and_every_round_advances_them(

@@ -148,7 +148,7 @@ def test_a_full_queue_full_slots_and_a_callers_quota_are_three_reasons_each_with
     try:
         held = open_session(running)
         waiting = running.stub.Generate.future(greedy_request([5, 6], 2))
-        wait_for(lambda: running.server.runtime is not None and running.server.runtime.scheduler.waiting == 1)
+        wait_for(lambda: running.server.serving is not None and running.server.serving.scheduler.waiting == 1)
         slots = details_of(lambda: running.stub.Generate(greedy_request([5, 6], 2)))
         quota = details_of(lambda: open_session(running))
         running.stub.CloseSession(pb.CloseSessionRequest(session_id=held))

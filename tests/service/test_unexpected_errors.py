@@ -15,13 +15,13 @@ from tests.service.conftest import RunningServer, greedy_request, server_config
 def test_an_unexpected_error_is_internal_with_a_traceback_and_flips_health(model_dir: Path) -> None:
     running = RunningServer(server_config(model_dir))
     try:
-        runtime = running.server.runtime
-        assert runtime is not None
+        serving = running.server.serving
+        assert serving is not None
 
         def broken(*_args: object) -> list[int]:
             raise RuntimeError("a bug, not a request's fault")
 
-        runtime.model.prompt_ids = broken  # type: ignore[method-assign]
+        serving.model.prompt_ids = broken  # type: ignore[method-assign]
         with capture_logs() as logs, pytest.raises(grpc.RpcError) as caught:
             running.stub.Generate(greedy_request([5, 6], 2))
         assert caught.value.code() == grpc.StatusCode.INTERNAL
