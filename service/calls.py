@@ -125,6 +125,7 @@ class PrefillCall:
     session_id: str
     prompt: Prompt
     sampling: SamplingParams
+    last: bool = False  # this message ends the prompt (PrefillRequest.last)
 
     def __post_init__(self) -> None:
         checked_sampling(self.sampling)

@@ -106,29 +106,37 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         call, serving = wire.prefill_call(first), self.serving
         sampler = call.sampler()
         extension = await serving.extension(call.session_id)
-        state, progress, finished = extension.state, serving.progress(), False
+        state, progress, kept = extension.state, serving.progress(), False
         with serving.sessions.using(state):
             try:
-                prompt: Prompt | None = call.prompt
-                while prompt is not None:
-                    async with aclosing(self._prefill_part(extension, prompt, progress)) as events:
-                        async for event in events:
-                            yield event
+                prompt: Prompt | None
+                prompt, last = call.prompt, call.last
+                while True:
+                    if prompt is not None:
+                        async with aclosing(self._prefill_part(extension, prompt, progress)) as events:
+                            async for event in events:
+                                yield event
+                    if last:
+                        break
                     part = await anext(parts, None)  # None also when the client cancelled or left
-                    prompt = None if part is None else wire.prefill_part(part)
-                # A client that cancels or leaves mid-prompt ends the messages as a finished one does;
-                # its call is cancelled at the next await, this one, so its extension is undone.
+                    if part is None:
+                        break
+                    prompt, last = wire.prefill_part(part)
                 result = await serving.scheduler.call(lambda: peek_token(serving.model, state, sampler))
                 progress.close()
-                # Kept from here on: a client may act on "done" (and cancel the call) before the write
-                # below has returned here, and the session it was told about must still be there. A
-                # client leaving in the instant between these two lines leaves a session nobody knows;
-                # the idle timeout returns its slot.
-                finished = True
-                yield wire.prefill_done(state.id, result, progress)
+                done = wire.prefill_done(state.id, result, progress)
+                if not last:
+                    # The messages ended, which they also do when the client cancelled or left
+                    # mid-prompt: the extension is kept only once "done" went through.
+                    yield done
+                kept = True
             finally:
-                if not finished:
+                if not kept:
                     serving.undo(extension)
+        if last:
+            # The client said where the prompt ends: kept and released before it hears "done", so
+            # it may act on it at once, even cancel this call first.
+            yield done
 
     async def _prefill_part(self, extension: Extension, prompt: Prompt,
                             progress: Progress) -> AsyncIterator[pb.PrefillEvent]:

@@ -36,15 +36,18 @@ def decode_call(request: pb.DecodeRequest) -> DecodeCall:
 
 def prefill_call(first: pb.PrefillRequest) -> PrefillCall:
     """A Prefill's first message (its later messages carry a prompt part only: prefill_part)."""
-    return PrefillCall(first.session_id, prompt(first.prompt), sampling(first.sampling))
+    return PrefillCall(first.session_id, prompt(first.prompt), sampling(first.sampling), first.last)
 
 
-def prefill_part(part: pb.PrefillRequest) -> Prompt:
-    """A later Prefill message's prompt part; naming a session there is refused."""
+def prefill_part(part: pb.PrefillRequest) -> tuple[Prompt | None, bool]:
+    """A later Prefill message: its prompt part (None for a bare `last`), and whether it ends the
+    prompt; naming a session there is refused."""
     if part.session_id:
         raise InvalidInput("session_id belongs in the first Prefill message only; a later message names one",
                            reason="SESSION_ID_NOT_FIRST", field="session_id")
-    return prompt(part.prompt)
+    if part.last and not part.HasField("prompt"):
+        return None, True
+    return prompt(part.prompt), part.last
 
 
 def tokenize_prompt(request: pb.TokenizeRequest) -> Prompt:

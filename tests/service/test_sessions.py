@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -13,8 +14,20 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
 
 
-def part(tokens: list[int], session_id: str = "") -> pb.PrefillRequest:
-    return pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
+def part(tokens: list[int], session_id: str = "", last: bool = False) -> pb.PrefillRequest:
+    return pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
+                             last=last)
+
+
+def held_open(*messages: pb.PrefillRequest) -> tuple[Iterator[pb.PrefillRequest], threading.Event]:
+    """The messages, then a request stream that stays open (no half-close) until the event is set."""
+    release = threading.Event()
+
+    def stream() -> Iterator[pb.PrefillRequest]:
+        yield from messages
+        release.wait(30)
+
+    return stream(), release
 
 
 def prefill(server: RunningServer, *parts: pb.PrefillRequest) -> list[pb.PrefillEvent]:
@@ -156,7 +169,7 @@ def test_a_client_acting_on_done_before_the_status_finds_its_session_free(server
     # A client may act on the final event at once, without reading the call's status first
     # (grpc-js and grpcurl users do); the session must already be released and kept by then.
     for round_ in range(15):
-        stream = server.stub.Prefill(iter([part(prompt_ids(30, seed=round_))]))
+        stream = server.stub.Prefill(iter([part(prompt_ids(30, seed=round_), last=True)]))
         done = next(e for e in stream if e.HasField("done")).done
         stream.cancel()
         decoding = server.stub.Decode(pb.DecodeRequest(
@@ -165,4 +178,23 @@ def test_a_client_acting_on_done_before_the_status_finds_its_session_free(server
         response = server.stub.Rewind(pb.RewindRequest(session_id=done.session_id, length=30))
         decoding.cancel()
         assert response.length == 30
+        server.stub.CloseSession(pb.CloseSessionRequest(session_id=done.session_id))
+
+
+def test_a_message_marked_last_ends_the_prompt_without_the_client_closing_its_side(
+        server: RunningServer) -> None:
+    first, second = prompt_ids(40, seed=51), prompt_ids(30, seed=52)
+    ends = ([part(first), part(second, last=True)], [part(first), part(second), pb.PrefillRequest(last=True)])
+    for messages in ends:
+        requests, release = held_open(*messages)
+        stream = server.stub.Prefill(requests)
+        try:
+            done = next(e for e in stream if e.HasField("done")).done
+        finally:
+            release.set()
+        assert done.length == 70
+        assert done.next_token == server.stub.Generate(greedy_request(first + second, 1)).token_ids[0]
+        # Released before "done" was sent: a call acting on it at once is not ABORTED.
+        tokens, completion = decode(server, done.session_id, 3)
+        assert completion.session_length == 73
         server.stub.CloseSession(pb.CloseSessionRequest(session_id=done.session_id))
