@@ -58,10 +58,14 @@ def engine(model_dir: Path) -> Engine:
     return Engine.load(model_dir, EngineOptions())
 
 
-def onnx_logits(model_dir: Path, tokens: list[int]) -> np.ndarray:
+@pytest.fixture(scope="module")
+def onnx_session(model_dir: Path) -> ort.InferenceSession:
+    """The converted graph as it is on disk, in a plain onnxruntime session (loaded once)."""
+    return ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+
+
+def onnx_logits(session: ort.InferenceSession, tokens: list[int]) -> np.ndarray:
     """All logits rows of one forward from an empty past, straight through onnxruntime."""
-    session = ort.InferenceSession(str(model_dir / "model.onnx"),
-                                   providers=["CPUExecutionProvider"])
     feeds: dict[str, np.ndarray] = {"input_ids": np.array([tokens], np.int64),
                                     "attention_mask": np.ones((1, len(tokens)), np.int64)}
     for port in session.get_inputs():
@@ -71,13 +75,13 @@ def onnx_logits(model_dir: Path, tokens: list[int]) -> np.ndarray:
 
 
 def test_onnx_logits_match_the_numpy_reference_of_the_dequantized_weights(
-        model_dir: Path, tokenizer: Tokenizer,
+        onnx_session: ort.InferenceSession, tokenizer: Tokenizer,
         dequantized: tuple[DecoderSpec, DecoderWeights]) -> None:
     spec, weights = dequantized
     for prompt in PROMPTS:
         tokens = tokenizer.encode(prompt)
         ref = reference_logits(spec, weights, tokens)
-        got = onnx_logits(model_dir, tokens)
+        got = onnx_logits(onnx_session, tokens)
         rel = np.abs(got - ref).max() / np.abs(ref).max()
         assert rel <= 1e-3, (prompt, rel)
         assert (np.argmax(got, -1) == np.argmax(ref, -1)).all()
