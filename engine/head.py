@@ -43,9 +43,10 @@ from engine.model import READ_ROWS_DIM, READ_ROWS_INPUT, SEEN_OUTPUT, ModelInfo,
 
 log = structlog.get_logger("ladder.engine")
 
-REWRITE_VERSION = 1  # bump when the rewrite's output changes: cached copies are then made again
+REWRITE_VERSION = 2  # bump when the rewrite's output changes: cached copies are then made again
 HEAD_OPS = {"MatMul", "Gemm", "MatMulNBits"}
 EXTERNAL_MARKER = "weights_in_model_dir"  # in a cached copy whose weights stay in the model directory
+SOURCE_MARKER = "made_from"  # in every cached copy: the source graph's path and the rewrite
 ROW_KEEPING = {"Identity", "Cast"}  # ops that keep every element where it is
 
 
@@ -141,8 +142,11 @@ def _attr(node: onnx.NodeProto, name: str) -> int:
     return next((int(a.i) for a in node.attribute if a.name == name), 0)
 
 
-def gather_read_rows(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with the head fed only the query rows `logits_rows` names (edited in place)."""
+def gather_read_rows(model: onnx.ModelProto, on_device: bool = False) -> onnx.ModelProto:
+    """`model` with the head fed only the query rows `logits_rows` names (edited in place).
+
+    `on_device`: the form a CUDA graph can capture (`_device_read_rows_nodes`); `logits_rows`
+    must then always be fed."""
     graph = model.graph
     if any(i.name == READ_ROWS_INPUT for i in graph.input):
         return model
@@ -155,12 +159,12 @@ def gather_read_rows(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in head_path:
         node.input[:] = [read if name == site.hidden else name for name in node.input]
     _check_head_reads(graph, site, read)
-    new = _read_rows_nodes(graph, site.hidden, read)
+    new = (_device_read_rows_nodes if on_device else _read_rows_nodes)(graph, site.hidden, read)
     at = min(i for i, n in enumerate(graph.node) if n in head_path)
     for offset, node in enumerate(new):
         graph.node.insert(at + offset, node)
-    # An input with a default (an initializer of the same name): empty unless fed.
-    graph.initializer.append(numpy_helper.from_array(np.zeros(0, np.int64), READ_ROWS_INPUT))
+    if not on_device:  # an input with a default (an initializer of the same name): empty unless fed
+        graph.initializer.append(numpy_helper.from_array(np.zeros(0, np.int64), READ_ROWS_INPUT))
     int64 = onnx.TensorProto.INT64
     graph.input.append(helper.make_tensor_value_info(READ_ROWS_INPUT, int64, [READ_ROWS_DIM]))
     graph.output.append(helper.make_tensor_value_info(SEEN_OUTPUT, int64, [f"{READ_ROWS_DIM}_and_1"]))
@@ -209,14 +213,46 @@ def _read_rows_nodes(graph: onnx.GraphProto, hidden: str, read: str) -> list[onn
     ]
 
 
+def _device_read_rows_nodes(graph: onnx.GraphProto, hidden: str, read: str) -> list[onnx.NodeProto]:
+    """What `_read_rows_nodes` computes for a fed `logits_rows`, in a form a CUDA graph captures:
+    every op runs on the device but Shape, whose host output only ConstantOfShape reads (as a
+    shape, which needs no copy). The row count is counted on the device: the sum of a row of
+    ones as long as the query axis. No default: the CUDA backend always feeds the row numbers."""
+    p = "read_rows"
+    graph.initializer.extend([numpy_helper.from_array(np.array([1], np.int64), f"{p}.one")])
+
+    def node(op: str, inputs: list[str], output: str, **attrs: Any) -> onnx.NodeProto:
+        return helper.make_node(op, inputs, [output], name=output, **attrs)
+
+    one = numpy_helper.from_array(np.array([1.0], np.float32))
+    return [
+        node("Shape", [hidden], f"{p}.rows_shape", start=1, end=2),
+        node("ConstantOfShape", [f"{p}.rows_shape"], f"{p}.ones", value=one),
+        node("ReduceSum", [f"{p}.ones"], f"{p}.count_f", keepdims=1),
+        node("Cast", [f"{p}.count_f"], f"{p}.count", to=onnx.TensorProto.INT64),
+        node("Sub", [f"{p}.count", f"{p}.one"], f"{p}.max"),
+        # Clamped: a graph that contracted the query axis upstream runs on, and the self-check sees it.
+        node("Min", [READ_ROWS_INPUT, f"{p}.max"], f"{p}.index"),
+        node("Gather", [hidden, f"{p}.index"], read, axis=1),
+        node("Concat", [f"{p}.index", f"{p}.max"], SEEN_OUTPUT, axis=0),
+    ]
+
+
+def gather_read_rows_on_device(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The CUDA backend's graph: the head on the rows `logits_rows` names, by a gather a CUDA graph
+    captures (a host-side gather already there is taken out first)."""
+    return gather_read_rows(every_row_head(model), on_device=True)
+
+
 def every_row_head(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` with the gather `gather_read_rows` put before the head taken out again (edited in
     place): the head runs on every query row and there is no `logits_rows` input.
 
-    The CUDA backend runs this: the gather's row arithmetic (Shape, Range, Concat over the fed
-    indices) is split by onnxruntime between host and device, and the copies between them are
-    not allowed while a CUDA graph is captured (seen on the H200: "operation failed due to a
-    previous error during capture")."""
+    The CUDA backend cannot run the host-side gather: its row arithmetic (Shape, Range, Concat
+    over the fed indices) is split by onnxruntime between host and device, and the copies between
+    them are not allowed while a CUDA graph is captured (seen on the H200: "operation failed due
+    to a previous error during capture"). It runs `gather_read_rows_on_device` instead, or this
+    for a graph declared read-only."""
     graph = model.graph
     if not any(i.name == READ_ROWS_INPUT for i in graph.input):
         return model
@@ -253,15 +289,21 @@ def _check_head_reads(graph: onnx.GraphProto, site: HeadSite, read: str) -> None
 
 # -- a rewritten copy of a model directory's graph, kept in Ladder's cache ----------------------
 def prepared_graph(info: ModelInfo, cache: Path, read_only: bool = False,
-                   every_row: bool = False) -> ModelInfo:
-    """`info` for the graph Ladder runs: the head on read rows only where it can be, else as it is;
-    with `every_row` (the CUDA backend, see `every_row_head`) a graph that gathers them loses the gather."""
-    # A gather must come out for CUDA even from a graph declared read-only.
-    nothing_to_do = not info.logits_rows if every_row else read_only or bool(info.logits_rows)
-    if nothing_to_do:
+                   on_device: bool = False) -> ModelInfo:
+    """`info` for the graph Ladder runs: the head on read rows only where it can be, else as it is.
+
+    `on_device` (the CUDA backend): the gather in the form a CUDA graph captures; a read-only
+    graph that gathers on the host loses its gather (`every_row_head`)."""
+    if read_only:
+        rewrite = every_row_head if on_device and info.logits_rows else None
+    elif on_device:
+        rewrite = gather_read_rows_on_device
+    else:
+        rewrite = None if info.logits_rows else gather_read_rows
+    if rewrite is None:
         return info
     try:
-        graph, external = _cached_copy(info.graph, cache, every_row_head if every_row else gather_read_rows)
+        graph, external = _cached_copy(info.graph, cache, rewrite)
     except CannotRewrite as exc:
         log.info("head_on_every_row", model=str(info.path), reason=str(exc))
         return info
@@ -289,10 +331,12 @@ def _cached_copy(source: Path, cache: Path,
     rewrite(model)
     cache.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".rewrite.", dir=cache))
+    made_from = f"{source.resolve()}\n{rewrite.__name__}\n"
     try:
         onnx.save_model(model, str(staging / source.name))
         if _has_external_data(model):
             (staging / EXTERNAL_MARKER).write_text(f"{source.parent}\n")
+        (staging / SOURCE_MARKER).write_text(made_from)
         staging.replace(target)
     except OSError:
         if not graph.exists():
@@ -300,7 +344,19 @@ def _cached_copy(source: Path, cache: Path,
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("head_rewritten", rewrite=rewrite.__name__, source=str(source), graph=str(graph))
+    _drop_stale_copies(cache, target, made_from)
     return graph, marker.exists()
+
+
+def _drop_stale_copies(cache: Path, kept: Path, made_from: str) -> None:
+    """Remove the copies an earlier version of the same source graph left (same path and rewrite,
+    another size, time or rewrite version): the cache holds one copy per source, not one per edit.
+    A process still running an old copy is unaffected: onnxruntime read it when it loaded."""
+    for copy in cache.iterdir():
+        marker = copy / SOURCE_MARKER
+        if copy != kept and marker.is_file() and marker.read_text() == made_from:
+            shutil.rmtree(copy, ignore_errors=True)
+            log.info("graph_copy_dropped", graph=str(copy), reason="its source graph changed")
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:

@@ -2,7 +2,7 @@
 
 Usage (from the repo root):
     .venv/bin/python -m bench.cpu.run [--cache-root DIR] [--llama-python /tmp/llamavenv/bin/python]
-        [--baseline-root DIR --baseline-cache-root DIR] [--skip genai,llamacpp,unchunked]
+        [--baseline-root DIR --baseline-cache-root DIR] [--skip fp32,genai,llamacpp,unchunked]
 
 Each runtime runs in its own process on the same token ids: Ladder and
 onnxruntime-genai on the same converted directory (fp32, and the opt-in int4
@@ -119,6 +119,8 @@ def run_all(model_dir: Path, int4_dir: Path, gguf: Path, ids_file: Path, llama_p
     results: dict[str, dict[str, Any]] = {}
     for name, args, before in (("fp32", common, baseline and baseline.fp32),
                                ("int4", int4, baseline and baseline.int4)):
+        if name in skip:
+            continue
         results[f"ladder {name}"] = worker(sys.executable, ["ladder", *args])
         if baseline is not None and before:
             results[f"ladder {name} (baseline)"] = worker(
@@ -130,10 +132,11 @@ def run_all(model_dir: Path, int4_dir: Path, gguf: Path, ids_file: Path, llama_p
     rss_only = [str(gguf), str(ids_file), "--lengths", "4000", "--new-tokens", "0", "--repeats", "2"]
     rss_runs = [("int4 4000 chunked@512", int4_dir, None, ["--chunk-size", "512"]),
                 ("fp32 4000 chunked@512", model_dir, None, ["--chunk-size", "512"])]
+    rss_runs = [run for run in rss_runs if "fp32" not in skip or "fp32" not in run[0]]
     if baseline is not None:
         rss_runs.insert(1, ("int4 4000 chunked@512 (baseline)", baseline.int4, baseline.root,
                             ["--chunk-size", "512"]))
-    if "unchunked" not in skip:
+    if "unchunked" not in skip and "fp32" not in skip:
         rss_runs.append(("fp32 4000 unchunked", model_dir, None, ["--chunk-size", "0", "--no-padding"]))
     for name, path, root, extra in rss_runs:
         results[f"ladder {name}"] = worker(sys.executable, ["ladder", str(path), *rss_only, *extra], root)
@@ -185,7 +188,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--baseline-root", type=Path, help="an earlier Ladder to run side by side")
     parser.add_argument("--baseline-cache-root", type=Path, default=Path("/tmp/ladder-baseline-cache"))
-    parser.add_argument("--skip", default="", help="comma-separated: genai, llamacpp, unchunked")
+    parser.add_argument("--skip", default="", help="comma-separated: fp32, genai, llamacpp, unchunked")
     args = parser.parse_args()
     args.out = args.out.resolve()  # a baseline's workers run from another directory
     prepared = prepare(args.cache_root)

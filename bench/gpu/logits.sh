@@ -9,7 +9,8 @@
 set -o pipefail
 . bench/gpu/prepare.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/gpu-info.txt"
-timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_cuda_graphs.py \
+timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_cuda_graphs.py \
+  tests/engine/test_cuda_prefix.py tests/engine/test_cuda_outputs.py \
   2>&1 | tee "$OUT/gpu-tests.log" | tail -5
 baseline=(); [ -d .bench-baseline/engine ] && baseline=(--baseline-root "$PWD/.bench-baseline")
 timeout "${BENCH_TIMEOUT:-300}" python3 -m bench.gpu.logits --provider cuda --model "${MODEL:-16x2048}" \

@@ -119,9 +119,9 @@ class Engine(Prefilling):
     @classmethod
     def load(cls, path: Path | str, options: EngineOptions | None = None) -> Engine:
         options = options or EngineOptions()
-        # CUDA runs the head on every row: the read-rows gather cannot be captured (engine/head.py).
+        # CUDA gathers the read rows in a form a CUDA graph captures (engine/head.py).
         info = prepared_graph(load_model_info(Path(path)), options.graph_cache_dir, options.graph_read_only,
-                              every_row=options.provider == "cuda")
+                              on_device=options.provider == "cuda")
         engine = cls(info, options, make_backend(info, options))
         log.info("engine_loaded", model=str(path), provider=engine.backend.name,
                  capacity=engine.capacity, chunk=engine.chunk_size, ladder=engine.ladder,

@@ -95,3 +95,24 @@ def test_padding_off_runs_uncached_widths_eagerly_without_new_captures(model_dir
     for n in (300, 310, 320, 330, 340, 350, 360, 370, 380):
         generate(engine, n, 2)
     assert engine.backend.captures <= engine.variants.capacity and engine.eager_forwards > 0
+
+
+def test_captured_prefill_forwards_run_the_head_on_the_last_real_row_only(model_dir: Path) -> None:
+    engine = engine_on(model_dir, "cuda")
+    forwards: list[tuple[int, int, int, list[int]]] = []
+    run_rows = engine.backend.run_rows
+
+    def recorded(variant, key, row, past, feed, ports, constants, read):  # type: ignore[no-untyped-def]
+        out = run_rows(variant, key, row, past, feed, ports, constants, read)
+        assert out.seen is not None
+        forwards.append((int(read[-1]) + 1, key.width, out.logits.shape[1], out.seen.tolist()))
+        return out
+
+    engine.backend.run_rows = recorded  # type: ignore[method-assign]
+    for _ in range(2):  # the second pass replays the captured prefill graphs
+        for n in LENGTHS:
+            generate(engine, n)
+    assert engine.info.logits_rows and engine.backend.captures > 0
+    assert any(width > rows for rows, width, _, _ in forwards), "the prompts include padded forwards"
+    for rows, width, logits_rows, seen in forwards:
+        assert logits_rows == 1 and seen == [rows - 1, width - 1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -95,21 +96,50 @@ def test_greedy_tokens_are_those_of_the_unrewritten_graph_padded_or_not(model_di
             assert greedy_from_prompt(engine, tokens, 12) == greedy_from_prompt(every_row, tokens, 12)
 
 
-def test_the_cuda_backend_gets_the_graph_back_with_its_head_on_every_row_and_the_same_tokens(
-        model_dir, tmp_path) -> None:
-    # The gather's row arithmetic is split between host and device, which a CUDA graph capture refuses.
+# What a CUDA graph captures: every op on the device but Shape, whose host output is read as a shape.
+DEVICE_GATHER_OPS = {"Shape", "ConstantOfShape", "ReduceSum", "Cast", "Sub", "Min", "Gather", "Concat"}
+
+
+def device_engine(info_path: Path, cache: Path, **options: object) -> Engine:
+    """The CUDA backend's engine, run on the host (numpy arrays for device buffers)."""
+    opts = EngineOptions(graph_cache=cache, **options)  # type: ignore[arg-type]
+    info = prepared_graph(load_model_info(info_path), opts.graph_cache_dir, on_device=True)
+    return Engine(info, opts, CudaBackend(info, opts, host_runtime()))
+
+
+def test_the_cuda_backend_gathers_the_read_rows_with_ops_a_cuda_graph_captures(model_dir, tmp_path) -> None:
+    # The host-side gather's row arithmetic (Range, Size, Slice over the fed rows) is split between
+    # host and device, which a CUDA graph capture refuses; the device form counts rows on the device.
+    engine = device_engine(model_dir(), tmp_path)
+    assert engine.info.logits_rows and engine.info.graph.parent.parent == tmp_path
+    graph = onnx.load(str(engine.info.graph), load_external_data=False).graph
+    added = [n for n in graph.node if n.name.startswith("read_rows.") or n.name.endswith(".read_rows")
+             or n.output[0] == "logits_rows_seen"]
+    assert {n.op_type for n in added} == DEVICE_GATHER_OPS
+    shape = next(n for n in added if n.op_type == "Shape")
+    assert [n.op_type for n in graph.node if shape.output[0] in n.input] == ["ConstantOfShape"]
+    assert "logits_rows" not in [t.name for t in graph.initializer]  # always fed: no default
+    reference = load(model_dir(), tmp_path)
+    forwards = spy_on_forwards(engine)
+    for length in (3, 30, 64, 130):
+        tokens = prompt_ids(length, seed=length)
+        assert greedy_from_prompt(engine, tokens, 10) == greedy_from_prompt(reference, tokens, 10)
+    padded = [(rows, width, out) for rows, width, out in forwards if width > rows]
+    assert padded, "the prompts above include padded forwards"
+    for rows, width, out in padded:
+        assert out.logits.shape[1] == 1
+        assert out.seen is not None and out.seen.tolist() == [rows - 1, width - 1]
+
+
+def test_a_read_only_graph_that_gathers_on_the_host_loses_its_gather_on_cuda(model_dir, tmp_path) -> None:
     gathered = load_model_info(model_dir())
-    info = prepared_graph(gathered, tmp_path, every_row=True)
-    assert gathered.logits_rows and info.logits_rows is None and info.graph.parent.parent == tmp_path
+    info = prepared_graph(gathered, tmp_path, read_only=True, on_device=True)
+    assert gathered.logits_rows and info.logits_rows is None
     graph = onnx.load(str(info.graph), load_external_data=False).graph
     assert not [n for n in graph.node if n.name.startswith("read_rows.")]
     assert "logits_rows_seen" not in [o.name for o in graph.output]
-    options = EngineOptions(graph_cache=tmp_path)
-    engine = Engine(info, options, CudaBackend(info, options, host_runtime()))
-    reference = load(model_dir(), tmp_path)
-    for length in (3, 64, 130):
-        tokens = prompt_ids(length, seed=length)
-        assert greedy_from_prompt(engine, tokens, 10) == greedy_from_prompt(reference, tokens, 10)
+    every = load_model_info(model_dir(spec=EVERY_ROW))
+    assert prepared_graph(every, tmp_path, read_only=True, on_device=True) == every
 
 
 def test_a_model_directory_is_rewritten_into_the_cache_and_left_untouched(model_dir, tmp_path) -> None:
@@ -121,6 +151,20 @@ def test_a_model_directory_is_rewritten_into_the_cache_and_left_untouched(model_
     again = load(path, tmp_path / "graphs")
     assert again.info.graph == engine.info.graph  # the cached copy is reused
     assert len(list((tmp_path / "graphs").iterdir())) == 1
+
+
+def test_the_cache_keeps_one_copy_per_source_graph_when_the_source_changes(model_dir, tmp_path) -> None:
+    path, other = model_dir(spec=EVERY_ROW), model_dir()
+    cache = tmp_path / "graphs"
+    first = prepared_graph(load_model_info(path), cache)
+    on_cuda = prepared_graph(load_model_info(other), cache, on_device=True)  # another source: kept
+    graph = path / "model.onnx"
+    stat = graph.stat()
+    os.utime(graph, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the user replaced the model
+    second = prepared_graph(load_model_info(path), cache)
+    assert second.graph != first.graph and not first.graph.exists()
+    kept = {second.graph.parent.name, on_cuda.graph.parent.name}
+    assert {p.name for p in cache.iterdir()} == kept
 
 
 def test_external_weights_stay_where_they_are_and_the_copy_runs(tmp_path) -> None:
@@ -181,9 +225,8 @@ def test_the_self_check_trips_on_a_graph_that_hands_back_the_wrong_row(tmp_path)
 
 def test_the_device_backend_self_check_trips_on_the_wrong_row_too(tmp_path) -> None:
     path = wrong_row_decoder(tmp_path)
-    options = EngineOptions(capacity=512)
-    info = load_model_info(path)
-    engine = Engine(info, options, CudaBackend(info, options, host_runtime()))
+    engine = device_engine(path, tmp_path / "graphs", capacity=512)
+    assert engine.info.logits_rows  # its own gather, in the device form
     exact = load(path, tmp_path / "graphs", padding=False)
     _self_check_trips_on_the_wrong_row(engine, exact)
 
