@@ -9,6 +9,7 @@ import pytest
 
 from clients.python import LadderClient
 from tests.support.servers import RunningServer, server_config
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="session")
@@ -21,5 +22,8 @@ def server(served_model: Path) -> Iterator[RunningServer]:
 
 @pytest.fixture
 def client(server: RunningServer) -> Iterator[LadderClient]:
+    # The server is shared by every client test: each starts once the sessions an earlier one
+    # closed are gone (a session leaked for good fails the next test here).
+    wait_for(lambda: server.stats().sessions_open == 0, what="the earlier tests' sessions to close")
     with LadderClient(server.address) as c:
         yield c

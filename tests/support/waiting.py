@@ -9,9 +9,10 @@ from collections.abc import Callable
 WAIT_S = 60.0
 
 
-def wait_for(condition: Callable[[], object], seconds: float = WAIT_S) -> None:
-    """Poll `condition` until it holds; fail the test if it does not within `seconds`."""
+def wait_for(condition: Callable[[], object], seconds: float = WAIT_S, what: str = "") -> None:
+    """Poll `condition` until it holds; fail the test (saying `what` it waited for) if it does not
+    within `seconds`."""
     deadline = time.monotonic() + seconds
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, f"timed out waiting for {what or 'a condition'}"
         time.sleep(0.005)
