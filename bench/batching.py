@@ -290,7 +290,7 @@ def raw_replay(model_dir: Path, batches: list[int], capacity: int, past: int) ->
     from engine.model import load_model_info
 
     info = load_model_info(model_dir)
-    session = ort.InferenceSession(str(model_dir / "model.onnx"),
+    session = ort.InferenceSession(str(info.graph),
                                    providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
     out = {}
     for graph_id, b in enumerate(batches, start=1):

@@ -6,8 +6,12 @@ GGUF out of it, checks it against a pinned sha256, converts it into an
 onnxruntime-genai-layout directory and records a manifest (size and sha256 of
 every file). It is idempotent: a directory whose files match its manifest is
 returned as is; a missing or damaged file makes it rebuild from the cached
-GGUF. The cache root is always a parameter; `default_cache_root()` is only
-the conventional place. Each phase logs a line as it starts and one with its
+GGUF. The cache root is always a parameter: where it is by default is the
+config's to say (service.config: $XDG_CACHE_HOME/ladder, else ~/.cache/ladder),
+read by `ladder model prepare` and `ladder serve` alike. `python -m
+engine.default_model` (`main_prepare`) is the image build's step, which runs
+before the rest of Ladder is installed: it is told its cache and precision.
+Each phase logs a line as it starts and one with its
 seconds when it ends (`model_download`, `model_convert` and its steps), so a
 first start shows what it is waiting for.
 """
@@ -69,10 +73,6 @@ def _phase(event: str, **fields: Any) -> Iterator[None]:
     started = time.perf_counter()
     yield
     log.info(f"{event}_done", seconds=round(time.perf_counter() - started, 1))
-
-
-def default_cache_root() -> Path:
-    return Path.home() / ".cache" / "ladder"
 
 
 def sha256_of(path: Path) -> str:
@@ -248,15 +248,17 @@ def progress_on_stderr() -> None:
 
 
 def main_prepare(argv: list[str] | None = None) -> int:
-    """`ladder model prepare [--cache-root DIR] [--context-length N] [--precision P]`.
+    """`python -m engine.default_model --cache-root DIR --precision P [--context-length N]`: the
+    image build's step (users run `ladder model prepare`, which reads the config's defaults).
 
     Prints the ready model directory on stdout (progress on stderr); exit 0.
     """
-    parser = argparse.ArgumentParser(prog="ladder model prepare",
-                                     description="Fetch and convert the default model.")
-    parser.add_argument("--cache-root", type=Path, default=default_cache_root())
+    parser = argparse.ArgumentParser(prog="python -m engine.default_model",
+                                     description="Fetch and convert the default model (the image build's "
+                                                 "step; `ladder model prepare` is the command to use).")
+    parser.add_argument("--cache-root", type=Path, required=True)
     parser.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--precision", choices=PRECISIONS, required=True)
     args = parser.parse_args(argv)
     progress_on_stderr()
     start = time.perf_counter()

@@ -1,8 +1,11 @@
-"""The engine's two kinds of failure: a request's fault, and the engine's own.
+"""The engine's kinds of failure: a request's fault, a model directory's, and the engine's own.
 
 Request errors fail one call and leave every other session untouched; the
-service maps each class to one gRPC status in one table. An EngineFault
-means the executor can no longer be trusted: the service flips health and drains.
+service maps each class to one gRPC status in one table (service/errors.py),
+and raises the same classes for what it finds wrong in a request before the
+engine sees it. A ModelUnreadable is found at start-up, never in a call: the
+server says why in one line and exits. An EngineFault means the executor can
+no longer be trusted: the service flips health and drains.
 """
 
 
@@ -11,14 +14,22 @@ class EngineError(Exception):
 
 
 class RequestError(EngineError):
-    """The request is at fault; nothing else is affected."""
+    """The request is at fault; nothing else is affected.
+
+    `reason` names the case in the status details (default: the class's own), `field` the
+    request field at fault ("" when none is, or the engine cannot tell)."""
+
+    def __init__(self, *args: object, reason: str = "", field: str = "") -> None:
+        super().__init__(*args)
+        self.reason = reason
+        self.field = field
 
 
 class InvalidInput(RequestError):
-    """Malformed input: empty prompt, token id out of the vocabulary, bad port shape."""
+    """Malformed input: empty prompt, token id out of the vocabulary, bad sampling values, bad port shape."""
 
 
-class OutOfRange(RequestError):
+class OverCapacity(RequestError):
     """The prompt (plus what it asks to generate) does not fit in the KV capacity."""
 
 
@@ -28,6 +39,10 @@ class Unsupported(RequestError):
 
 class Exhausted(RequestError):
     """No KV slot (session) is free."""
+
+
+class ModelUnreadable(EngineError):
+    """The model directory is not one Ladder can serve (no genai_config.json, missing ports)."""
 
 
 class EngineFault(EngineError):

@@ -18,7 +18,7 @@ from typing import Any
 import onnx
 import yaml
 
-from engine.errors import InvalidInput
+from engine.errors import ModelUnreadable
 
 KV_NAME = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 # A graph whose head runs only on the rows read (engine/head.py): its index input, the symbol of
@@ -104,22 +104,30 @@ def _eos(config: dict[str, Any]) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
+GRAPH_FILE = "model.onnx"  # the decoder graph when genai_config.json names none, and what Ladder writes
+
+
+def decoder_file(path: Path, config: dict[str, Any]) -> Path:
+    """The decoder graph of the model directory `path`: genai_config.json's model.decoder.filename."""
+    return path / config["model"]["decoder"].get("filename", GRAPH_FILE)
+
+
 def load_model_info(path: Path, graph_file: Path | None = None) -> ModelInfo:
-    """Inspect a model directory (its graph, or `graph_file` in its place); raises InvalidInput when
+    """Inspect a model directory (its graph, or `graph_file` in its place); raises ModelUnreadable when
     it is not a decoder we can run."""
     config_path = path / "genai_config.json"
     if not config_path.exists():
-        raise InvalidInput(f"{path} has no genai_config.json")
+        raise ModelUnreadable(f"{path} has no genai_config.json")
     config = json.loads(config_path.read_text())
     decoder = config["model"]["decoder"]
-    graph_file = graph_file or path / decoder.get("filename", "model.onnx")
+    graph_file = graph_file or decoder_file(path, config)
     graph = onnx.load(str(graph_file), load_external_data=False).graph
     inputs = {v.name: _port(v) for v in graph.input if v.name not in
               {i.name for i in graph.initializer}}
     outputs = {v.name: _port(v) for v in graph.output}
     feed = inputs.get("input_ids") or inputs.get("inputs_embeds")
     if feed is None or "attention_mask" not in inputs or "logits" not in outputs:
-        raise InvalidInput(f"{path}: needs input_ids or inputs_embeds, attention_mask, logits")
+        raise ModelUnreadable(f"{path}: needs input_ids or inputs_embeds, attention_mask, logits")
     layers = sorted({int(m.group(1)) for n in inputs if (m := KV_NAME.match(n))})
     kv_in = tuple((f"past_key_values.{i}.key", f"past_key_values.{i}.value") for i in layers)
     kv_out = tuple((f"present.{i}.key", f"present.{i}.value") for i in layers)

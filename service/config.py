@@ -174,35 +174,56 @@ def _kinds() -> dict[str, object]:
     return dict(typing.get_type_hints(Config))
 
 
+def _optional(kind: object) -> object | None:
+    """X when `kind` is X | None, else None."""
+    args = typing.get_args(kind)
+    if type(None) in args and len(args) == 2:
+        inner: object = next(a for a in args if a is not type(None))
+        return inner
+    return None
+
+
+def _noun(kind: object) -> str:
+    inner = _optional(kind)
+    if inner is not None:
+        return f"{_noun(inner)} or auto"
+    nouns: dict[object, str] = {int: "a whole number", float: "a number", bool: "a boolean"}
+    return nouns.get(kind, "a value")
+
+
 def _allowed(name: str, kind: object) -> str:
     if name in CHOICES:
         return "one of " + ", ".join(CHOICES[name])
     low, high = BOUNDS.get(name, (None, None))
-    nouns: dict[object, str] = {int: "a whole number", float: "a number", bool: "a boolean",
-                                int | None: "a whole number or auto"}
-    noun = nouns.get(kind, "a value")
+    noun = _noun(kind)
     if low is not None and high is not None:
         return f"{noun} from {low:g} to {high:g}"
     return f"{noun} >= {low:g}" if low is not None else noun
 
 
-def _parse(name: str, text: str, kind: object, source: str) -> object:
-    """One setting's value from its flag or environment text, by the field's type."""
+_AUTO = ("", "none", "auto")  # what an optional field reads as None
+
+
+def parse_setting(name: str, text: str, kind: object, source: str) -> object:
+    """One setting's value from its flag or environment text, by the field's type (X | None: X, or None
+    for auto); a type no text parses to is a TypeError here, not a string passed on."""
     value = text.strip()
-    if kind is bool:
+    inner = _optional(kind)
+    if inner is not None and value.lower() in _AUTO:
+        return None
+    scalar = inner if inner is not None else kind
+    if scalar is bool:
         return parse_bool(text, source)
+    if scalar is str:
+        return value.lower() if name in CHOICES else text
+    if scalar == tuple[str, ...]:
+        return tuple(t.strip() for t in text.split(",") if t.strip())
+    if scalar not in (int, float):
+        raise TypeError(f"Config.{name}: no parser for {kind}")
     try:
-        if kind == tuple[str, ...]:
-            return tuple(t.strip() for t in text.split(",") if t.strip())
-        if kind == int | None:
-            return None if value.lower() in {"", "none", "auto"} else int(value)
-        if kind is int:
-            return int(value)
-        if kind is float:
-            return float(value)
+        return int(value) if scalar is int else float(value)
     except ValueError:
         raise ConfigError(f"{source}={text!r} is not allowed: {name} takes {_allowed(name, kind)}") from None
-    return value.lower() if name in CHOICES else text
 
 
 def _check(name: str, value: object, kind: object, source: str) -> None:
@@ -260,7 +281,7 @@ def config_from(flags: Mapping[str, object], env: Mapping[str, str] | None = Non
         if text is None:
             continue
         if isinstance(text, str):
-            value = _parse(name, text, kind, source)
+            value = parse_setting(name, text, kind, source)
         else:  # typed already (another parser's flags)
             value = tuple(text) if isinstance(text, list) else text
         _check(name, value, kind, source)

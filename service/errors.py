@@ -20,7 +20,7 @@ import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
-from engine.errors import EngineFault, Exhausted, InvalidInput, OutOfRange, Unsupported
+from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity, Unsupported
 
 OWNER_METADATA = "ladder-session-owner"
 DETAILS_METADATA = "grpc-status-details-bin"
@@ -59,7 +59,11 @@ class SessionBusy(ServiceError):
 
 
 class QueueFull(ServiceError):
-    """The engine worker holds as many requests as it may, or the caller has all its sessions."""
+    """The engine worker holds as many requests as it may (SESSIONS_FULL when they wait for a KV slot)."""
+
+
+class CallerQuota(ServiceError):
+    """The caller holds (or waits for) its share of the KV slots: `--sessions-per-caller`."""
 
 
 class Draining(ServiceError):
@@ -74,12 +78,11 @@ class Unauthenticated(ServiceError):
     """Missing or unknown bearer token."""
 
 
-class LimitExceeded(ServiceError):
-    """Over a server limit: prompt length or max_new_tokens."""
+class OverLimit(ServiceError):
+    """Over a limit the server is configured with: prompt length, max_new_tokens, n.
 
-
-class InvalidRequest(ServiceError):
-    """A malformed request the engine never sees: no prompt, bad sampling values."""
+    Beside engine.errors.OverCapacity (the KV capacity, a fact of the model and pool),
+    with the same status; a malformed request is engine.errors.InvalidInput, wherever found."""
 
 
 class Cancelled(ServiceError):
@@ -89,9 +92,8 @@ class Cancelled(ServiceError):
 # Most specific first: the first class an exception is an instance of wins.
 STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidInput, grpc.StatusCode.INVALID_ARGUMENT),
-    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
-    (OutOfRange, grpc.StatusCode.OUT_OF_RANGE),
-    (LimitExceeded, grpc.StatusCode.OUT_OF_RANGE),
+    (OverCapacity, grpc.StatusCode.OUT_OF_RANGE),
+    (OverLimit, grpc.StatusCode.OUT_OF_RANGE),
     (SessionNotFound, grpc.StatusCode.NOT_FOUND),
     (WrongPod, grpc.StatusCode.FAILED_PRECONDITION),
     (NoTokenizer, grpc.StatusCode.FAILED_PRECONDITION),
@@ -99,6 +101,7 @@ STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (SessionBusy, grpc.StatusCode.ABORTED),
     (Exhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (CallerQuota, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Draining, grpc.StatusCode.UNAVAILABLE),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (Cancelled, grpc.StatusCode.CANCELLED),
@@ -109,9 +112,8 @@ STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 # The ErrorInfo reason of each class (an error may name a more specific one when raised).
 REASONS: tuple[tuple[type[BaseException], str], ...] = (
     (InvalidInput, "INVALID_INPUT"),
-    (InvalidRequest, "INVALID_REQUEST"),
-    (OutOfRange, "CAPACITY_EXCEEDED"),
-    (LimitExceeded, "LIMIT_EXCEEDED"),
+    (OverCapacity, "CAPACITY_EXCEEDED"),
+    (OverLimit, "LIMIT_EXCEEDED"),
     (SessionNotFound, "SESSION_NOT_FOUND"),
     (WrongPod, "WRONG_POD"),
     (NoTokenizer, "NO_TOKENIZER"),
@@ -119,6 +121,7 @@ REASONS: tuple[tuple[type[BaseException], str], ...] = (
     (SessionBusy, "SESSION_BUSY"),
     (Exhausted, "SESSIONS_FULL"),
     (QueueFull, "QUEUE_FULL"),
+    (CallerQuota, "CALLER_QUOTA"),
     (Draining, "DRAINING"),
     (Unauthenticated, "UNAUTHENTICATED"),
     (Cancelled, "CANCELLED"),

@@ -1,10 +1,11 @@
-"""What a request asks the engine for, checked, and the job bodies the worker runs.
+"""The model a server serves, and the job bodies the worker runs for its calls.
 
-The servicer turns protobuf into the plain values here (Prompt input, Stopping,
-SamplingParams); this module resolves prompts to token ids, enforces the
-server's limits, and writes the worker-side generators, which yield events for
-the caller and requests for the scheduler (a slot, a prefill chunk, a decode
-row). It never sees protobuf and never touches tensors.
+A call arrives as a typed value (service/calls.py), converted and checked at the
+door. Model resolves its prompt to token ids and its budget against the
+server's limits and the KV capacity; the worker-side generators here yield
+events for the caller (service/events.py) and requests for the scheduler (a
+slot, a prefill chunk, a decode row). It never sees protobuf and never touches
+tensors.
 """
 
 from __future__ import annotations
@@ -12,107 +13,30 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import OutOfRange
+from engine.errors import InvalidInput, OverCapacity
 from engine.executor import DecodeRow
-from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, TokenLogprobs
-from service.errors import InvalidRequest, LimitExceeded, NoTokenizer
+from engine.executor.sampling import Sampler
+from service.calls import Prompt, Stopping
+from service.errors import NoTokenizer, OverLimit
+from service.events import (
+    Finish,
+    Finished,
+    ForwardDone,
+    PrefillFinished,
+    PrefillTally,
+    PromptLogprobs,
+    Started,
+    TokenOut,
+)
 from service.requests import Call, Chunk, OpenSlot, Token, Tokens
 from service.sessions import SessionState
+from service.stop_text import StopText
 
-
-class Finish(Enum):
-    LENGTH = 1
-    EOS = 2
-    STOP = 3
-    CAPACITY = 4
-
-
-@dataclass(frozen=True)
-class ChatTurn:
-    role: str
-    content: str
-
-
-MAX_STOPS = 16  # stop strings per request
-MAX_STOP_CHARS = 512  # characters per stop string
 PROMPT_BYTES_PER_TOKEN = 32  # text and chat prompts: UTF-8 bytes allowed per allowed prompt token
-CHAT_TURN_BYTES = 32  # what each chat message counts beyond its role and content (the template's markup)
-
-
-@dataclass(frozen=True)
-class Stopping:
-    max_new_tokens: int = 0  # 0 = the server's default (Model.default_new_tokens), as many as fit
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    stop_token_ids: frozenset[int] = frozenset()
-
-    def __post_init__(self) -> None:
-        """Bounded work per token: a few stop strings of bounded length."""
-        if len(self.stop) > MAX_STOPS:
-            raise InvalidRequest(f"{len(self.stop)} stop strings; at most {MAX_STOPS} are allowed",
-                                 reason="TOO_MANY_STOPS", field="stopping.stop")
-        longest = max((len(s) for s in self.stop), default=0)
-        if longest > MAX_STOP_CHARS:
-            raise InvalidRequest(f"a stop string of {longest} characters; the most is {MAX_STOP_CHARS}",
-                                 reason="STOP_TOO_LONG", field="stopping.stop")
-
-
-@dataclass
-class PrefillTally:
-    forwards: int = 0
-    real_rows: int = 0
-    padded_rows: int = 0
-    widths: list[int] = field(default_factory=list)
-    shared_rows: int = 0  # prompt tokens copied from a held prefix instead of prefilled
-
-
-@dataclass(frozen=True)
-class Started:
-    at: float
-
-
-@dataclass(frozen=True)
-class ForwardDone:
-    real_rows: int
-    width: int
-    past: int
-    length: int
-
-
-@dataclass(frozen=True)
-class TokenOut:
-    id: int
-    text: str
-    index: int
-    at: float
-    logprobs: TokenLogprobs | None = None  # when the request asked for them
-    sample: int = 0  # which of the request's n samples
-
-
-@dataclass(frozen=True)
-class Finished:
-    reason: Finish
-    tail: str  # text held back until the end (a partial character, a possible stop prefix)
-    session_length: int
-    sample: int = 0
-
-
-@dataclass(frozen=True)
-class PromptLogprobs:
-    """The log-probabilities of the prompt's tokens after the first, from the prefill's logits."""
-
-    logprobs: tuple[TokenLogprobs, ...]
-
-
-@dataclass(frozen=True)
-class PrefillFinished:
-    length: int
-    next_token: int
-    next_text: str
+CHAT_MESSAGE_BYTES = 32  # what each chat message counts beyond its role and content (the template's markup)
 
 
 class Model:
@@ -141,48 +65,45 @@ class Model:
                               "(see the server's start-up log); send token ids")
         return self.tokenizer
 
-    def prompt_ids(self, text: str | None, chat: Sequence[ChatTurn] | None,
-                   ids: Sequence[int] | None) -> list[int]:
-        """Token ids of a prompt given as text, chat turns or ids; checked against the limits.
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt given as text, chat messages or ids; checked against the limits.
 
         Text is measured before it is tokenized: more UTF-8 bytes than PROMPT_BYTES_PER_TOKEN
         per allowed prompt token is over the limit whatever it would tokenize to.
         """
-        if text is not None:
+        if prompt.text is not None:
             tokenizer = self.need_tokenizer("a text prompt")
-            self._check_text_size(len(text.encode()), "prompt.text")
-            tokens = [int(t) for t in tokenizer.encode(text)]
-        elif chat is not None:
+            self._check_text_size(len(prompt.text.encode()), "prompt.text")
+            tokens = [int(t) for t in tokenizer.encode(prompt.text)]
+        elif prompt.chat is not None:
             tokenizer = self.need_tokenizer("a chat prompt")
-            if not chat:
-                raise InvalidRequest("a chat prompt needs at least one message", reason="EMPTY_PROMPT",
-                                     field="prompt.chat.messages")
-            self._check_text_size(sum(len(m.role.encode()) + len(m.content.encode()) + CHAT_TURN_BYTES
-                                      for m in chat), "prompt.chat.messages")
-            from engine.chat_template import ChatMessage
-
-            tokens = [int(t) for t in tokenizer.encode_chat([ChatMessage(m.role, m.content) for m in chat])]
+            if not prompt.chat:
+                raise InvalidInput("a chat prompt needs at least one message", reason="EMPTY_PROMPT",
+                                   field="prompt.chat.messages")
+            self._check_text_size(sum(len(m.role.encode()) + len(m.content.encode()) + CHAT_MESSAGE_BYTES
+                                      for m in prompt.chat), "prompt.chat.messages")
+            tokens = [int(t) for t in tokenizer.encode_chat(prompt.chat)]
         else:
-            tokens = [int(t) for t in ids or ()]
+            tokens = [int(t) for t in prompt.ids or ()]
         return self.check_ids(tokens)
 
     def _check_text_size(self, size: int, field: str) -> None:
         limit = self.max_prompt_tokens * PROMPT_BYTES_PER_TOKEN
         if size > limit:
-            raise LimitExceeded(f"the prompt text is {size} bytes; the limit is {limit} "
-                                f"({PROMPT_BYTES_PER_TOKEN} for each of {self.max_prompt_tokens} tokens)",
-                                reason="PROMPT_TOO_LONG", field=field)
+            raise OverLimit(f"the prompt text is {size} bytes; the limit is {limit} "
+                            f"({PROMPT_BYTES_PER_TOKEN} for each of {self.max_prompt_tokens} tokens)",
+                            reason="PROMPT_TOO_LONG", field=field)
 
     def check_ids(self, tokens: list[int], field: str = "prompt.tokens.ids") -> list[int]:
         if not tokens:
-            raise InvalidRequest("the prompt is empty", reason="EMPTY_PROMPT", field="prompt")
+            raise InvalidInput("the prompt is empty", reason="EMPTY_PROMPT", field="prompt")
         bad = next((t for t in tokens if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise InvalidRequest(f"token id {bad} is outside the vocabulary of {self.vocab_size}",
-                                 reason="TOKEN_OUT_OF_VOCABULARY", field=field)
+            raise InvalidInput(f"token id {bad} is outside the vocabulary of {self.vocab_size}",
+                               reason="TOKEN_OUT_OF_VOCABULARY", field=field)
         if len(tokens) > self.max_prompt_tokens:
-            raise LimitExceeded(f"the prompt has {len(tokens)} tokens; the limit is {self.max_prompt_tokens}",
-                                reason="PROMPT_TOO_LONG", field="prompt")
+            raise OverLimit(f"the prompt has {len(tokens)} tokens; the limit is {self.max_prompt_tokens}",
+                            reason="PROMPT_TOO_LONG", field="prompt")
         return tokens
 
     def budget(self, stopping: Stopping, past: int, held: str = "the prompt's") -> Stopping:
@@ -193,102 +114,19 @@ class Model:
         """
         room = self.capacity - past + 1
         if room < 1:
-            raise OutOfRange(f"{held} {past} tokens exceed the KV capacity of {self.capacity}")
+            raise OverCapacity(f"{held} {past} tokens exceed the KV capacity of {self.capacity}")
         wanted = stopping.max_new_tokens
         if wanted > self.max_new_tokens:
-            raise LimitExceeded(f"max_new_tokens {wanted} is over the limit of {self.max_new_tokens}",
-                                reason="MAX_NEW_TOKENS_OVER_LIMIT", field="stopping.max_new_tokens")
+            raise OverLimit(f"max_new_tokens {wanted} is over the limit of {self.max_new_tokens}",
+                            reason="MAX_NEW_TOKENS_OVER_LIMIT", field="stopping.max_new_tokens")
         if wanted == 0:
             wanted = min(self.default_new_tokens, room)
         if wanted > room:
-            raise OutOfRange(f"{held} {past} tokens + {wanted} new tokens do not fit in the KV capacity "
-                             f"of {self.capacity}: at most {room} new tokens do")
+            raise OverCapacity(f"{held} {past} tokens + {wanted} new tokens do not fit in the KV "
+                               f"capacity of {self.capacity}: at most {room} new tokens do")
         if stopping.stop:
             self.need_tokenizer("stop sequences")
         return Stopping(wanted, stopping.stop, stopping.ignore_eos, stopping.stop_token_ids)
-
-
-@dataclass(frozen=True)
-class LogprobRequest:
-    """What a request asks for besides tokens: `top` alternatives per token, prompt tokens' too."""
-
-    top: int = 0
-    prompt: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.top <= MAX_TOP_LOGPROBS:
-            raise InvalidRequest(f"logprobs.top is {self.top}; at most {MAX_TOP_LOGPROBS} alternatives are "
-                                 "returned", reason="INVALID_LOGPROBS", field="logprobs.top")
-
-
-def make_sampler(params: SamplingParams, logprobs: LogprobRequest | None) -> Sampler:
-    """A checked sampler that also reports the log-probabilities of its choices when asked."""
-    return Sampler(check_sampling(params), None if logprobs is None else logprobs.top)
-
-
-def check_sampling(params: SamplingParams) -> SamplingParams:
-    try:
-        params.validate()
-    except ValueError as exc:
-        name = str(exc).split(" ", 1)[0]  # SamplingParams.validate names the value first
-        raise InvalidRequest(str(exc), reason="INVALID_SAMPLING", field=f"sampling.{name}") from exc
-    return params
-
-
-class StopText:
-    """Streams text while holding back any tail that could still begin a stop sequence.
-
-    Linear in the stop strings: per stop, a KMP matcher carries the longest tail of
-    the text so far that is a proper prefix of it, advanced by each new piece only.
-    """
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self._failure = [_failure(s) for s in self.stops]
-        self._matched = [0] * len(self.stops)
-        self.held = ""
-        self.stopped = False
-
-    def push(self, piece: str) -> str:
-        text = self.held + piece
-        for stop in self.stops:
-            if (cut := text.find(stop)) >= 0:
-                self.held, self.stopped = "", True
-                self._matched = [0] * len(self.stops)
-                return text[:cut]
-        matchers = zip(self.stops, self._failure, self._matched, strict=True)
-        self._matched = [_advance(stop, failure, matched, piece) for stop, failure, matched in matchers]
-        keep = max(self._matched, default=0)  # never more than `text` holds: see _advance
-        self.held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
-
-
-def _failure(stop: str) -> list[int]:
-    """KMP: for each prefix of `stop`, the length of its longest proper border."""
-    failure = [0] * len(stop)
-    k = 0
-    for i in range(1, len(stop)):
-        while k and stop[i] != stop[k]:
-            k = failure[k - 1]
-        if stop[i] == stop[k]:
-            k += 1
-        failure[i] = k
-    return failure
-
-
-def _advance(stop: str, failure: list[int], matched: int, piece: str) -> int:
-    """The longest proper prefix of `stop` the text ends with, after `piece` is appended.
-
-    It grows by at most len(piece), so it always lies within the held tail plus the piece.
-    """
-    for char in piece:
-        while matched and stop[matched] != char:
-            matched = failure[matched - 1]
-        if stop[matched] == char:
-            matched += 1
-        if matched == len(stop):  # a whole match: StopText.push finds it first; stay proper
-            matched = failure[matched - 1]
-    return matched
 
 
 # -- worker-side bodies: they ask the scheduler for engine work and never call the engine themselves --
@@ -426,10 +264,10 @@ def decode_body(model: Model, state: SessionState, sampler: Sampler,
     yield Started(time.perf_counter())
     session = state.session
     if not session.has_logits:
-        raise OutOfRange(f"session {state.id} has nothing to continue from (it is empty)")
+        raise OverCapacity(f"session {state.id} has nothing to continue from (it is empty)")
     if session.length >= model.capacity:  # its last token may not be in it: nothing can follow
-        raise OutOfRange(f"session {state.id} holds {session.length} tokens, its full KV capacity: "
-                         "rewind it to continue")
+        raise OverCapacity(f"session {state.id} holds {session.length} tokens, its full KV capacity: "
+                           "rewind it to continue")
     budget = model.budget(stopping, session.length, f"session {state.id}'s")
     yield from decode_steps(model, session, sampler, budget, feed_last=True)
 
@@ -441,11 +279,12 @@ def close(model: Model, state: SessionState) -> int:
     return length
 
 
-def next_token(model: Model, state: SessionState, sampler: Sampler) -> PrefillFinished:
-    """The token the sampler picks from the session's logits (not fed)."""
+def peek_token(model: Model, state: SessionState, sampler: Sampler) -> PrefillFinished:
+    """The token the sampler picks from the session's logits, not fed: the session is left as it is
+    (PrefillDone's preview of the next token)."""
     session = state.session
     if not session.has_logits:
-        raise OutOfRange("the session has no next-token logits (it is empty)")
+        raise OverCapacity("the session has no next-token logits (it is empty)")
     token = model.engine.choose(session, sampler)
     text = model.tokenizer.decode([token]) if model.tokenizer is not None else ""
     return PrefillFinished(session.length, token, text)
@@ -468,7 +307,7 @@ def rewind(model: Model, state: SessionState, length: int) -> int:
     """Keep the first `length` tokens; the engine restores the logits of the tokens kept."""
     session = state.session
     if not 0 <= length <= session.length:
-        raise InvalidRequest(f"cannot rewind to {length}: the session holds {session.length}",
-                             reason="REWIND_PAST_END", field="length")
+        raise InvalidInput(f"cannot rewind to {length}: the session holds {session.length}",
+                           reason="REWIND_PAST_END", field="length")
     model.engine.rewind(session, length)
     return int(session.length)

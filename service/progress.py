@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.executor.sampling import TokenLogprobs
-from service.generation import Finish, Finished, PrefillTally, PromptLogprobs, Started, TokenOut
+from service.events import Finish, Finished, PrefillTally, PromptLogprobs, Started, TokenOut
 from service.metrics import TTFT_METHODS, Metrics
 
 

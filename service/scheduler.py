@@ -269,6 +269,9 @@ class Scheduler:
                 closed.append(job.serial)
             elif job.want is None:
                 self._advance(job)
+        # What the jobs just yielded (a token chosen last round, a forward's report) goes out now,
+        # while this round's forwards run: not one forward late.
+        self._flush()
         self._grant_slots()
         prefill = self._prefill()
         decode, batch = self._decode()

@@ -5,7 +5,9 @@ Entry points (the `ladder serve` CLI calls `main(argv)`; tests call `create_serv
   NOT_SERVING), loads the model, then flips health to SERVING. Port 0 picks a free port.
 - `await serve(config)`: listen, the Prometheus endpoint, load the model, JSON logs,
   and a graceful drain on SIGTERM/SIGINT. A gRPC or metrics port another process
-  holds is one line on stderr naming it, and exit code 1 (before the model loads).
+  holds is one line on stderr naming it, and exit code 1 (before the model loads); so is a
+  model directory that cannot be served (exit code 2 when it is not one Ladder reads, as for
+  a bad flag; 1 for an unexpected failure).
 - `main(argv) -> int`: flags and LADDER_* environment into a Config, then serve.
 Drain: health flips to NOT_SERVING at once and new calls get UNAVAILABLE; calls
 in flight get `drain_seconds` to finish, then end with UNAVAILABLE.
@@ -34,18 +36,19 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from engine.errors import InvalidInput
+from engine.errors import InvalidInput, ModelUnreadable
 from engine.executor import Engine
 from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see load_model
 from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
 from service.config import Config, load_config
-from service.errors import Draining, InvalidRequest
+from service.errors import Draining
 from service.generation import Model
 from service.metrics import Metrics
 from service.reflection import enable as documented_reflection
 from service.scheduler import Scheduler
 from service.security import CallInterceptor, server_credentials
-from service.servicer import LadderServicer, Runtime
+from service.servicer import LadderServicer
+from service.serving import Serving
 from service.sessions import SessionRegistry
 
 log = structlog.get_logger("ladder.server")
@@ -101,11 +104,11 @@ def _tolerant(parse: Callable[[bytes], Any], message: str) -> Callable[[bytes], 
 
 
 def _parsed(request: Any) -> Any:
-    """The request itself, or InvalidRequest (through the error table: INVALID_ARGUMENT) for an Unparsed."""
+    """The request itself, or InvalidInput (through the error table: INVALID_ARGUMENT) for an Unparsed."""
     if isinstance(request, Unparsed):
         log.info("malformed_request", message=request.message, bytes=request.size, reason=request.reason)
-        raise InvalidRequest(f"the request is not a valid {request.message}: {request.reason}",
-                             reason="MALFORMED_REQUEST")
+        raise InvalidInput(f"the request is not a valid {request.message}: {request.reason}",
+                           reason="MALFORMED_REQUEST")
     return request
 
 
@@ -168,7 +171,7 @@ def add_ladder_service(servicer: LadderServicer, server: grpc.aio.Server) -> Non
     """Register the Ladder service as the generated code does, but tolerant of bytes that do not parse.
 
     gRPC itself ends such a call with UNKNOWN (INTERNAL for Prefill) and no log line;
-    here it is InvalidRequest, INVALID_ARGUMENT through the error table, logged.
+    here it is InvalidInput, INVALID_ARGUMENT through the error table, logged.
     """
     collected = _Handlers()
     ladder_pb2_grpc.add_LadderServicer_to_server(servicer, collected)
@@ -218,8 +221,8 @@ class LadderServer:
         self.config = config
         self.metrics = Metrics()
         self.health = health.aio.HealthServicer()
-        self.servicer = LadderServicer(None)  # type: ignore[arg-type]  # the runtime arrives with the model
-        self.runtime: Runtime | None = None
+        self.serving: Serving | None = None  # once the model has loaded
+        self.servicer = LadderServicer(self._serving)
         self.draining = False
         self.interceptor = CallInterceptor(config.auth_tokens, self._gate, self.metrics.call_done,
                                            on_internal=self._fault)
@@ -236,8 +239,13 @@ class LadderServer:
     def _gate(self) -> None:
         if self.draining:
             raise Draining("the server is draining; retry on another replica")
-        if self.runtime is None:
+        self._serving()
+
+    def _serving(self) -> Serving:
+        """What the servicer's calls share; none before the model has loaded (the gate refuses the call)."""
+        if self.serving is None:
             raise Draining("the server is loading its model; retry shortly", reason="MODEL_LOADING")
+        return self.serving
 
     async def start(self) -> int:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
@@ -268,8 +276,7 @@ class LadderServer:
         scheduler = Scheduler(model.engine, self.config.max_queue, on_fault=on_fault,
                               on_forward=self.metrics.forward_done)
         sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller)
-        self.runtime = Runtime(self.config, model, scheduler, sessions, self.metrics)
-        self.servicer.rt = self.runtime
+        self.serving = Serving(self.config, model, scheduler, sessions, self.metrics)
         engine = model.engine
         self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting,
                            lambda: 1.0 - engine.free_slots / max(1, engine.pool.rows))
@@ -293,15 +300,14 @@ class LadderServer:
 
     async def _housekeeping(self) -> None:
         """Expire idle sessions and refresh the variant gauges, a few times per idle period."""
-        rt = self.runtime
-        assert rt is not None
+        serving = self._serving()
         period = max(0.05, min(5.0, self.config.session_idle_seconds / 4))
         while True:
             await asyncio.sleep(period)
-            for state in rt.sessions.idle(self.config.session_idle_seconds):
+            for state in serving.sessions.idle(self.config.session_idle_seconds):
                 log.info("session_expired", session=state.id, length=state.session.length)
-                rt.close_soon(state, "expired")
-            stats = await rt.scheduler.call(rt.model.engine.stats)
+                serving.close_soon(state, "expired")
+            stats = await serving.scheduler.call(serving.model.engine.stats)
             self.metrics.engine_stats(stats)
 
     async def drain(self, grace: float | None = None) -> None:
@@ -316,8 +322,8 @@ class LadderServer:
         deadline = time.monotonic() + grace
         while self.interceptor.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        if self.runtime is not None and self.interceptor.in_flight:
-            self.runtime.scheduler.abort_all(Draining("the server shut down before the call finished"))
+        if self.serving is not None and self.interceptor.in_flight:
+            self.serving.scheduler.abort_all(Draining("the server shut down before the call finished"))
             await asyncio.sleep(0.2)
         await self.stop()
 
@@ -339,8 +345,8 @@ class LadderServer:
             if task is not current:
                 task.cancel()
         await self.grpc.stop(grace)
-        if self.runtime is not None:
-            self.runtime.scheduler.stop()
+        if self.serving is not None:
+            self.serving.scheduler.stop()
         if self._http is not None:
             self._http.shutdown()
         self.stopped.set()
@@ -391,13 +397,8 @@ async def serve(config: Config) -> int:
     try:
         await server.load()
     except Exception as exc:  # noqa: BLE001 — the model directory is not one Ladder can serve
-        if not isinstance(exc, InvalidInput):  # unexpected: its traceback goes to the log
-            log.error("model_load_failed", error=repr(exc),
-                      traceback="".join(traceback.format_exception(exc)))
         await server.stop()
-        reason = str(exc) if isinstance(exc, InvalidInput) else f"{type(exc).__name__}: {exc}"
-        print(f"ladder serve: cannot serve model {config.model!r}: {reason}", file=sys.stderr)
-        return 1
+        return _cannot_serve(config, exc)
     except BaseException:
         await server.stop()
         raise
@@ -408,6 +409,18 @@ async def serve(config: Config) -> int:
     log.info("shutting_down", port=port, signal=signalled.is_set(), fault=repr(server.fault))
     await server.drain()
     return 1 if server.fault is not None else 0
+
+
+def _cannot_serve(config: Config, exc: Exception) -> int:
+    """Say in one line why the model cannot be served; the exit code. A directory that is not a model
+    Ladder can read is a bad setting (exit 2, as a bad flag); anything else is unexpected (exit 1,
+    its traceback in the JSON log as `model_load_failed`)."""
+    if isinstance(exc, ModelUnreadable):
+        print(f"ladder serve: cannot serve model {config.model!r}: {exc}", file=sys.stderr)
+        return 2
+    log.error("model_load_failed", error=repr(exc), traceback="".join(traceback.format_exception(exc)))
+    print(f"ladder serve: cannot serve model {config.model!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

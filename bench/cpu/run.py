@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.default_model import default_cache_root, prepare
+from engine.default_model import prepare
 from engine.tokenizer import Tokenizer
+from service.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 LENGTHS = [100, 1000, 4000]
@@ -183,7 +184,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cache-root", type=Path, default=default_cache_root())
+    parser.add_argument("--cache-root", type=Path, default=Path(load_config(argv=[]).model_cache))
     parser.add_argument("--llama-python", help="a python with llama-cpp-python installed")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--baseline-root", type=Path, help="an earlier Ladder to run side by side")

@@ -177,6 +177,8 @@ async def _prefill_requests(parts: Iterable[PromptInput] | AsyncIterable[PromptI
     async for part in _each(parts):
         yield prefill_request(part, first=index == 0, session_id=session_id, sampling=sampling)
         index += 1
+    if index:
+        yield pb.PrefillRequest(last=True)  # the server keeps the extension once it sends PrefillDone
 
 
 async def _each(parts: Iterable[PromptInput] | AsyncIterable[PromptInput]) -> AsyncIterator[PromptInput]:

@@ -111,8 +111,13 @@ def prefill_request(part: PromptInput, *, first: bool, session_id: str,
 
 def prefill_requests(parts: Iterable[PromptInput], session_id: str,
                      sampling: Sampling | None) -> Iterator[pb.PrefillRequest]:
+    """The parts as they come, then a bare `last`: the server keeps the extension once it sends
+    PrefillDone, whether or not this side reads the call's status."""
+    index = -1
     for index, part in enumerate(parts):
         yield prefill_request(part, first=index == 0, session_id=session_id, sampling=sampling)
+    if index >= 0:
+        yield pb.PrefillRequest(last=True)
 
 
 def decode_request(session_id: str, max_new_tokens: int, sampling: Sampling | None,

@@ -9,7 +9,7 @@ forward wrote are copied back to its pool row after, so a prompt's chunks run
 as graph replays whatever row the session has.
 
 The attention masks and the small inputs live in pinned host memory the device
-reads in place (`Runtime.host_zeros`): writing them is a host store. Logits stay
+reads in place (`Placement.host_zeros`): writing them is a host store. Logits stay
 on the device: each row's next-token logits are kept in a device store, greedy
 tokens (and the repetition penalty) are chosen there, so a decode step moves
 B token ids to the host.
@@ -32,17 +32,24 @@ import structlog
 
 from engine.executor.backend import HeadRows
 from engine.executor.cpu import _dtype, inference_session, resolve_dims
-from engine.executor.cuda_runtime import CudaUnavailable, Runtime, cuda_runtime, host_runtime
+from engine.executor.cuda_runtime import CudaUnavailable, Placement, cuda_runtime, host_runtime
 from engine.executor.options import EngineOptions
 from engine.executor.pool import KvPool
-from engine.executor.sampling import Sampler, TokenLogprobs, counted, log_probs, token_logprobs
+from engine.executor.sampling import (
+    Sampler,
+    TokenLogprobs,
+    apply_presence_frequency,
+    apply_repetition_penalty,
+    log_probs,
+    token_logprobs,
+)
 from engine.executor.variants import VariantKey
 from engine.model import SEEN_OUTPUT, ModelInfo
 
 log = structlog.get_logger("ladder.engine")
 
 EAGER = -1  # onnxruntime's gpu_graph_id for "run without capture or replay"
-__all__ = ["CudaBackend", "CudaUnavailable", "Runtime", "cuda_runtime", "host_runtime"]
+__all__ = ["CudaBackend", "CudaUnavailable", "Placement", "cuda_runtime", "host_runtime"]
 
 
 @dataclass
@@ -111,7 +118,7 @@ class CudaBackend:
     evictable = False  # onnxruntime cannot release one captured graph
     async_capable = True  # a decode forward can be launched without waiting (see decode.py's lookahead)
 
-    def __init__(self, info: ModelInfo, options: EngineOptions, runtime: Runtime | None = None) -> None:
+    def __init__(self, info: ModelInfo, options: EngineOptions, runtime: Placement | None = None) -> None:
         if info.recurrent_state:
             raise CudaUnavailable("decoders with recurrent state are not supported on the CUDA backend")
         self.info = info
@@ -343,21 +350,11 @@ class CudaBackend:
         if not params.greedy:
             # Seeded sampling draws on the host from this one row, exactly as on CPU.
             return sampler(self.row_logits(row), history)
-        logits = self.store[row]
-        if params.repetition_penalty != 1.0 and history:
-            logits = self._penalize(logits, history, params.repetition_penalty)
-        if sampler.counts and (params.presence_penalty or params.frequency_penalty):
-            logits = self._presence_frequency(logits, sampler)
+        # The host's formulas (engine.executor.sampling), run where the logits are.
+        logits = apply_repetition_penalty(self.store[row], history, params.repetition_penalty, self.xp)
+        logits = apply_presence_frequency(logits, sampler.counts, params.presence_penalty,
+                                          params.frequency_penalty, self.xp)
         return int(self.xp.argmax(logits))
-
-    def _presence_frequency(self, row: Any, sampler: Sampler) -> Any:
-        """OpenAI's penalties on the device: only the chosen tokens' ids and counts are uploaded."""
-        xp, p = self.xp, sampler.params
-        ids, times = counted(sampler.counts)
-        out = row.astype(xp.float32)
-        penalty = xp.asarray(times) * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
-        out[xp.asarray(ids)] -= penalty
-        return out
 
     def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
         """Log-softmax on the device; only each row's chosen value and `top` alternatives reach the host."""
@@ -376,14 +373,6 @@ class CudaBackend:
         chosen, ids, values = log_probs(self.xp, logits, picked, top)
         host = [None if a is None else self.rt.to_host(a) for a in (ids, values)]
         return token_logprobs(tokens, self.rt.to_host(chosen), host[0], host[1])
-
-    def _penalize(self, row: Any, history: Sequence[int], penalty: float) -> Any:
-        xp = self.xp
-        out = row.astype(xp.float32)
-        seen = xp.asarray(np.unique(np.asarray(history, dtype=np.int64)))
-        values = out[seen]
-        out[seen] = xp.where(values > 0, values / penalty, values * penalty)
-        return out
 
     def row_logits(self, row: int) -> np.ndarray:
         with self.rt.enter():

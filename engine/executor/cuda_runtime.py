@@ -26,7 +26,7 @@ class CudaUnavailable(RuntimeError):
 
 
 @dataclass
-class Runtime:
+class Placement:
     """Where buffers live and how onnxruntime sees them: cupy on a CUDA stream, or numpy on the host."""
 
     xp: Any
@@ -92,7 +92,7 @@ class _NullContext:
         return None
 
 
-def cuda_runtime(options: EngineOptions, *, graphs: bool = True) -> Runtime:
+def cuda_runtime(options: EngineOptions, *, graphs: bool = True) -> Placement:
     """cupy on a stream of its own that onnxruntime's CUDA provider also runs on; raises CudaUnavailable."""
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise CudaUnavailable("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
@@ -105,10 +105,10 @@ def cuda_runtime(options: EngineOptions, *, graphs: bool = True) -> Runtime:
         raise CudaUnavailable(f"cupy cannot use CUDA device {options.device_id}: {exc}") from exc
     cuda = {"device_id": str(options.device_id), "enable_cuda_graph": "1" if graphs else "0",
             "user_compute_stream": str(stream.ptr), "arena_extend_strategy": "kSameAsRequested"}
-    return Runtime(cp, "cuda", options.device_id,
+    return Placement(cp, "cuda", options.device_id,
                    [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"], graphs, stream)
 
 
-def host_runtime() -> Runtime:
+def host_runtime() -> Placement:
     """numpy buffers on the CPU provider: the same bookkeeping, no graphs (for tests)."""
-    return Runtime(np, "cpu", 0, ["CPUExecutionProvider"], graphs=False)
+    return Placement(np, "cpu", 0, ["CPUExecutionProvider"], graphs=False)

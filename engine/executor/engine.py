@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from engine.errors import Exhausted, InvalidInput, OutOfRange
+from engine.errors import Exhausted, InvalidInput, OverCapacity
 from engine.executor.backend import Backend
 from engine.executor.cpu import CpuBackend, _dtype
 from engine.executor.decode import BatchDecoder
@@ -223,7 +223,7 @@ class Engine(Prefilling):
             raise InvalidInput("a decoder with recurrent state cannot fork: its state has no length to cut")
         length = source.length if length is None else length
         if not 0 <= length <= source.length:
-            raise OutOfRange(f"cannot fork at {length}: the session holds {source.length} tokens")
+            raise OverCapacity(f"cannot fork at {length}: the session holds {source.length} tokens")
         if not self._free:
             raise Exhausted(f"all {self.pool.rows} sessions are in use")
         self.decoder.settle()
@@ -263,7 +263,7 @@ class Engine(Prefilling):
             raise InvalidInput("this model takes inputs besides token ids: decode by appending them")
         check_ids([row.token], self.info.vocab_size)
         if session.length + 1 > self.capacity:
-            raise OutOfRange(f"the session holds {session.length} tokens: its KV capacity is full")
+            raise OverCapacity(f"the session holds {session.length} tokens: its KV capacity is full")
 
     def decode(self, rows: Sequence[DecodeRow]) -> list[int | None]:
         """Feed one token to each session in one forward (one per session when unbatched); choose the next."""
@@ -305,7 +305,7 @@ class Engine(Prefilling):
         """The next token from the session's held logits (no forward)."""
         self._check_open(session)
         if not session.has_logits:
-            raise OutOfRange("the session has no next-token logits (it is empty)")
+            raise OverCapacity("the session has no next-token logits (it is empty)")
         return self._choose([session], [sampler])[0]
 
     def _choose(self, sessions: Sequence[Session], samplers: Sequence[Sampler]) -> list[int]:
@@ -327,7 +327,7 @@ class Engine(Prefilling):
         """A host copy of the session's next-token logits [vocab]."""
         self._check_open(session)
         if not session.has_logits:
-            raise OutOfRange("the session has no next-token logits (it is empty)")
+            raise OverCapacity("the session has no next-token logits (it is empty)")
         return self.backend.row_logits(session.row)
 
     # -- warm-up --------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from engine.errors import InvalidInput, OutOfRange
+from engine.errors import InvalidInput, OverCapacity
 from engine.executor.backend import Backend, HeadRows
 from engine.executor.decode import BatchDecoder
 from engine.executor.options import EngineOptions
@@ -73,7 +73,7 @@ class Prefilling:
         try:
             return plan_prefill(session.length, rows, self.chunk_size, self.limits, policy, ports, span)
         except CapacityExceeded as exc:
-            raise OutOfRange(str(exc)) from exc
+            raise OverCapacity(str(exc)) from exc
 
     def start_prefill(self, session: Session, tokens: Sequence[int] | None = None, *,
                       embeds: np.ndarray | None = None,

@@ -74,27 +74,30 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
 
-def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int],
-                             penalty: float) -> np.ndarray:
-    """Divide positive logits of seen tokens by the penalty, multiply negative ones (CTRL)."""
+def apply_repetition_penalty(logits: Any, history: Sequence[int], penalty: float, xp: Any = np) -> Any:
+    """Divide positive logits of seen tokens by the penalty, multiply negative ones (CTRL).
+
+    One formula wherever the logits live: `xp` is numpy on the host, cupy on the device."""
     if penalty == 1.0 or not history:
         return logits
-    out = logits.astype(np.float32, copy=True)
-    seen = np.unique(np.asarray(history, dtype=np.int64))
+    out = logits.astype(xp.float32, copy=True)
+    seen = xp.asarray(np.unique(np.asarray(history, dtype=np.int64)))
     values = out[seen]
     with np.errstate(over="ignore"):  # |logit| near float32's limit: infinity, which sampling handles
-        out[seen] = np.where(values > 0, values / penalty, values * penalty)
+        out[seen] = xp.where(values > 0, values / penalty, values * penalty)
     return out
 
 
-def apply_presence_frequency(logits: np.ndarray, counts: Counter[int], presence: float,
-                             frequency: float) -> np.ndarray:
-    """OpenAI's penalties: logit[j] -= count[j] * frequency + (count[j] > 0) * presence."""
+def apply_presence_frequency(logits: Any, counts: Counter[int], presence: float, frequency: float,
+                             xp: Any = np) -> Any:
+    """OpenAI's penalties: logit[j] -= count[j] * frequency + (count[j] > 0) * presence.
+
+    Only the chosen tokens' ids and counts move to where the logits live (`xp`, as above)."""
     if not counts or (presence == 0.0 and frequency == 0.0):
         return logits
-    out = logits.astype(np.float32, copy=True)
+    out = logits.astype(xp.float32, copy=True)
     ids, times = counted(counts)
-    out[ids] -= times * np.float32(frequency) + np.float32(presence)
+    out[xp.asarray(ids)] -= xp.asarray(times) * np.float32(frequency) + np.float32(presence)
     return out
 
 
@@ -198,7 +201,9 @@ class Sampler:
     def penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         p = self.params
         logits = apply_repetition_penalty(logits, history, p.repetition_penalty)
-        return apply_presence_frequency(logits, self.counts, p.presence_penalty, p.frequency_penalty)
+        penalized: np.ndarray = apply_presence_frequency(logits, self.counts, p.presence_penalty,
+                                                         p.frequency_penalty)
+        return penalized
 
     def chose(self, token: int) -> None:
         """Count a token this sampler chose (the engine calls it once per choice)."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from engine.executor.cpu import _dtype
 from engine.executor.variants import VariantStats
-from engine.model import ModelInfo
+from engine.model import ModelInfo, decoder_file
 
 
 @dataclass(frozen=True)
@@ -88,5 +88,5 @@ def variant_bytes_estimate(info: ModelInfo, width: int, batch: int = 0) -> int:
 
 def model_file_bytes(info: ModelInfo) -> int:
     """Weights on disk: the graph file and its external data."""
-    name = info.config["model"]["decoder"].get("filename", "model.onnx")
-    return sum(p.stat().st_size for p in info.path.glob(name + "*") if p.is_file())
+    graph = decoder_file(info.path, info.config)  # the user's file, not a rewritten copy (info.graph)
+    return sum(p.stat().st_size for p in graph.parent.glob(graph.name + "*") if p.is_file())

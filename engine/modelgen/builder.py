@@ -20,6 +20,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from engine.head import gather_read_rows
+from engine.model import GRAPH_FILE
 
 OPSET = 21
 INT64_MAX = np.iinfo(np.int64).max
@@ -287,7 +288,7 @@ def genai_config(spec: DecoderSpec, *, context_length: int, chunk_size: int,
             "context_length": context_length,
             "decoder": {
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
-                "filename": "model.onnx",
+                "filename": GRAPH_FILE,
                 "head_size": spec.head_size,
                 "hidden_size": spec.hidden_size,
                 "inputs": inputs,
@@ -313,10 +314,10 @@ def genai_config(spec: DecoderSpec, *, context_length: int, chunk_size: int,
 
 
 def write_model_dir(path: Path, model: onnx.ModelProto, config: dict[str, Any]) -> Path:
-    """Write `model.onnx` (external data beyond 2 GB) and `genai_config.json` into `path`."""
+    """Write the graph, GRAPH_FILE (external data beyond 2 GB), and `genai_config.json` into `path`."""
     path.mkdir(parents=True, exist_ok=True)
     large = model.ByteSize() > 1_800_000_000
-    onnx.save_model(model, str(path / "model.onnx"), save_as_external_data=large,
-                    location="model.onnx.data" if large else None)
+    onnx.save_model(model, str(path / GRAPH_FILE), save_as_external_data=large,
+                    location=f"{GRAPH_FILE}.data" if large else None)
     (path / "genai_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.model import GRAPH_FILE
 from engine.modelgen.builder import (
     DecoderSpec,
     DecoderWeights,
@@ -73,7 +74,7 @@ def build_synthetic(spec: DecoderSpec, root: Path | None = None, *, seed: int = 
     key = json.dumps([asdict(spec), seed, chunk_size, context_length], sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     path = (root or default_cache_dir()) / digest
-    if (path / "genai_config.json").exists() and (path / "model.onnx").exists():
+    if (path / "genai_config.json").exists() and (path / GRAPH_FILE).exists():
         return path
     weights = random_weights(spec, seed)
     model = build_decoder(spec, weights)

@@ -78,7 +78,9 @@ def test_grpcurl_health_check_answers_serving(server: RunningServer) -> None:
 
 def test_grpcurl_streams_a_two_part_prefill_then_decodes_the_session(server: RunningServer,
                                                                      client: LadderClient) -> None:
-    parts = [{"prompt": {"tokens": {"ids": list(range(10, 40))}}}, {"prompt": {"tokens": {"ids": [41, 42]}}}]
+    # The last part says so, as docs/api.md shows (grpcurl then also closes its side).
+    parts = [{"prompt": {"tokens": {"ids": list(range(10, 40))}}},
+             {"prompt": {"tokens": {"ids": [41, 42]}}, "last": True}]
     events = json_stream(grpcurl(server, "ladder.v1.Ladder/Prefill",
                                  data="\n".join(json.dumps(p) for p in parts)).stdout)
     done = events[-1]["done"]

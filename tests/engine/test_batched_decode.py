@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.errors import OutOfRange
+from engine.errors import OverCapacity
 from engine.executor import DecodeRow, Engine, Session
 from engine.executor.sampling import Sampler, SamplingParams
 from tests.support.engines import load
@@ -131,7 +131,7 @@ def test_a_full_session_riding_along_keeps_its_logits_and_continues_as_on_a_fres
     batch.step(8)
     assert engine.stats().decode.ride_along_rows >= 8
     np.testing.assert_array_equal(engine.logits(full), held)
-    with pytest.raises(OutOfRange):
+    with pytest.raises(OverCapacity):
         engine.decode([DecodeRow(full, 0)])
 
     fresh = load(model, capacity=128)
@@ -272,7 +272,7 @@ def test_rewinding_restores_the_next_token_logits_of_the_tokens_kept(model_dir, 
                                atol=1e-5)
     engine.rewind(session, 0)
     assert session.length == 0 and not session.has_logits
-    with pytest.raises(OutOfRange):
+    with pytest.raises(OverCapacity):
         engine.logits(session)
 
 

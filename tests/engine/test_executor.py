@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engine.errors import Exhausted, InvalidInput, OutOfRange
+from engine.errors import Exhausted, InvalidInput, OverCapacity
 from engine.executor import DecodeRow
 from engine.executor.engine import variant_bytes_estimate
 from engine.modelgen.reference import reference_logits
@@ -97,7 +97,7 @@ def test_a_prompt_over_capacity_is_out_of_range_and_the_session_stays_usable(mod
     engine = load(model_dir(), capacity=128)
     session = engine.open_session()
     engine.append(session, prompt_ids(100))
-    with pytest.raises(OutOfRange):
+    with pytest.raises(OverCapacity):
         engine.append(session, prompt_ids(29))
     assert session.length == 100
     assert np.isfinite(engine.append(session, prompt_ids(28))).all()

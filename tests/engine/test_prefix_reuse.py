@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import Exhausted, OutOfRange
+from engine.errors import Exhausted, OverCapacity
 from engine.executor import Engine, EngineOptions
 from engine.executor.prefix import PrefixIndex, chain
 from engine.model import load_model_info
@@ -65,7 +65,7 @@ def test_fork_errors_name_the_length_and_the_exhausted_pool(model: Path) -> None
     engine = load(model, max_sessions=2)
     source = engine.open_session()
     engine.append(source, prompt_ids(20, seed=3))
-    with pytest.raises(OutOfRange, match="cannot fork at 21"):
+    with pytest.raises(OverCapacity, match="cannot fork at 21"):
         engine.fork(source, 21)
     engine.fork(source)
     with pytest.raises(Exhausted):

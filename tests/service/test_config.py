@@ -5,8 +5,11 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import typing
+from dataclasses import fields
 from pathlib import Path
 
+import onnx
 import pytest
 
 from service.config import (
@@ -17,6 +20,7 @@ from service.config import (
     config_from,
     load_config,
     padding_enabled,
+    parse_setting,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +31,26 @@ def test_defaults_are_the_documented_ports_and_limits() -> None:
     assert (config.port, config.metrics_port, config.drain_seconds) == (50051, 9464, 20.0)
     assert (config.max_new_tokens, config.default_max_new_tokens) == (1024, 256)
     assert config.model == "default" and config.padding and not config.tls and not config.auth
+
+
+def test_every_field_reads_back_its_own_default_from_text_by_its_type() -> None:
+    defaults, kinds = Config(), typing.get_type_hints(Config)
+    for field in fields(Config):
+        default = getattr(defaults, field.name)
+        text = ("auto" if default is None else ",".join(default) if isinstance(default, tuple)
+                else str(default).lower() if isinstance(default, bool) else str(default))
+        parsed = parse_setting(field.name, text, kinds[field.name], field.name)
+        assert parsed == default and type(parsed) is type(default), field.name
+
+
+def test_an_optional_field_is_parsed_as_its_inner_type_or_auto_and_an_unknown_type_is_refused() -> None:
+    assert parse_setting("x", "0.5", float | None, "--x") == 0.5
+    assert parse_setting("x", "auto", float | None, "--x") is None
+    assert parse_setting("x", "7", int | None, "--x") == 7
+    with pytest.raises(ConfigError, match="a number or auto"):
+        parse_setting("x", "half", float | None, "--x")
+    with pytest.raises(TypeError, match="no parser"):
+        parse_setting("x", "[1]", list[int], "--x")
 
 
 def test_a_flag_wins_over_the_environment_and_the_environment_over_the_default() -> None:
@@ -164,6 +188,20 @@ def test_serve_says_in_one_line_why_a_model_directory_cannot_be_served(tmp_path:
     assert done.returncode == 1 and not any(line.startswith("Traceback") for line in lines)
     assert lines[-1].startswith(f"ladder serve: cannot serve model '{tmp_path}': KeyError")
     assert any(line.startswith('{"error": "KeyError') for line in lines), "the traceback is in the JSON log"
+
+
+def test_a_graph_that_is_no_decoder_is_a_bad_setting_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    port = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g", [port],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    onnx.save(onnx.helper.make_model(graph), str(tmp_path / "model.onnx"))
+    (tmp_path / "genai_config.json").write_text('{"model": {"decoder": {"filename": "model.onnx"}}}')
+    done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0"])
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and not any(line.startswith("Traceback") for line in lines)
+    assert lines[-1] == (f"ladder serve: cannot serve model '{tmp_path}': "
+                         f"{tmp_path}: needs input_ids or inputs_embeds, attention_mask, logits")
+    assert not any("model_load_failed" in line for line in lines), "a bad setting is no unexpected failure"
 
 
 @pytest.mark.parametrize(("flag", "named"), [("--port", "gRPC port (--port/LADDER_PORT)"),

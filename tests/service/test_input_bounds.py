@@ -18,7 +18,7 @@ import pytest
 
 from engine.executor.sampling import Sampler, SamplingParams
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.generation import StopText
+from service.stop_text import StopText
 from tests.support.prompts import greedy_request
 from tests.support.servers import RunningServer
 

@@ -90,7 +90,7 @@ def test_sampled_tokens_report_the_models_distribution_not_the_filtered_one(
     reply = server.stub.Generate(request)
     reference = engine_logprobs(served_model, tokens, list(reply.token_ids))
     for found, token, row in zip(reply.logprobs, reply.token_ids, reference, strict=True):
-        assert found.top == [] and found.logprob == pytest.approx(row[token], abs=1e-4)
+        assert len(found.top) == 0 and found.logprob == pytest.approx(row[token], abs=1e-4)
 
 
 def test_decode_returns_logprobs_of_the_sessions_next_tokens(server: RunningServer,

@@ -12,7 +12,7 @@ import pytest
 from proto.ladder.v1 import ladder_pb2 as pb
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, server_config
-from tests.support.sessions import decode, part, prefill
+from tests.support.sessions import decode, held_open, part, prefill
 from tests.support.waiting import wait_for
 
 DEADLINE_S = 2.0  # ample to reach the first token on a loaded machine; it passes while the worker is held
@@ -142,7 +142,7 @@ def test_a_client_acting_on_done_before_the_status_finds_its_session_free(server
     # A client may act on the final event at once, without reading the call's status first
     # (grpc-js and grpcurl users do); the session must already be released and kept by then.
     for round_ in range(15):
-        stream = server.stub.Prefill(iter([part(prompt_ids(30, seed=round_))]))
+        stream = server.stub.Prefill(iter([part(prompt_ids(30, seed=round_), last=True)]))
         done = next(e for e in stream if e.HasField("done")).done
         stream.cancel()
         decoding = server.stub.Decode(pb.DecodeRequest(
@@ -151,4 +151,23 @@ def test_a_client_acting_on_done_before_the_status_finds_its_session_free(server
         response = server.stub.Rewind(pb.RewindRequest(session_id=done.session_id, length=30))
         decoding.cancel()
         assert response.length == 30
+        server.stub.CloseSession(pb.CloseSessionRequest(session_id=done.session_id))
+
+
+def test_a_message_marked_last_ends_the_prompt_without_the_client_closing_its_side(
+        server: RunningServer) -> None:
+    first, second = prompt_ids(40, seed=51), prompt_ids(30, seed=52)
+    ends = ([part(first), part(second, last=True)], [part(first), part(second), pb.PrefillRequest(last=True)])
+    for messages in ends:
+        requests, release = held_open(*messages)
+        stream = server.stub.Prefill(requests)
+        try:
+            done = next(e for e in stream if e.HasField("done")).done
+        finally:
+            release.set()
+        assert done.length == 70
+        assert done.next_token == server.stub.Generate(greedy_request(first + second, 1)).token_ids[0]
+        # Released before "done" was sent: a call acting on it at once is not ABORTED.
+        tokens, completion = decode(server, done.session_id, 3)
+        assert completion.session_length == 73
         server.stub.CloseSession(pb.CloseSessionRequest(session_id=done.session_id))

@@ -16,13 +16,13 @@ from tests.support.servers import RunningServer, server_config
 def test_an_unexpected_error_is_internal_with_a_traceback_and_flips_health(served_model: Path) -> None:
     running = RunningServer(server_config(served_model))
     try:
-        runtime = running.server.runtime
-        assert runtime is not None
+        serving = running.server.serving
+        assert serving is not None
 
         def broken(*_args: object) -> list[int]:
             raise RuntimeError("a bug, not a request's fault")
 
-        runtime.model.prompt_ids = broken  # type: ignore[method-assign]
+        serving.model.prompt_ids = broken  # type: ignore[method-assign]
         with capture_logs() as logs, pytest.raises(grpc.RpcError) as caught:
             running.stub.Generate(greedy_request([5, 6], 2))
         assert caught.value.code() == grpc.StatusCode.INTERNAL

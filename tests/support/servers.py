@@ -74,8 +74,8 @@ class RunningServer:
 
     @property
     def scheduler(self) -> Scheduler:
-        assert self.server.runtime is not None, "the server has no model loaded"
-        return self.server.runtime.scheduler
+        assert self.server.serving is not None, "the server has no model loaded"
+        return self.server.serving.scheduler
 
     def steps(self) -> list[StepRecord]:
         """The scheduler's log of rounds so far, oldest first: what each round ran, in order."""

@@ -227,14 +227,16 @@ class TokenEvent(_message.Message):
     def __init__(self, token: _Optional[_Union[Token, _Mapping]] = ..., done: _Optional[_Union[Completion, _Mapping]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("session_id", "prompt", "sampling")
+    __slots__ = ("session_id", "prompt", "sampling", "last")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt: Prompt
     sampling: SamplingOptions
-    def __init__(self, session_id: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ...) -> None: ...
+    last: bool
+    def __init__(self, session_id: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., last: _Optional[bool] = ...) -> None: ...
 
 class ForwardEvent(_message.Message):
     __slots__ = ("session_id", "real_rows", "width", "past", "length")

@@ -1,38 +1,73 @@
-"""Protobuf in, plain values out, and back: the only module besides the servicer that knows *_pb2."""
+"""The wire: protobuf requests into the typed calls of service/calls.py, and results back into protobuf.
+
+The only module besides the servicer that knows *_pb2. A request is converted
+here whole, at the door, and checked as it is built (service/calls.py); the
+rest of the service works on the typed value.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from engine.chat_template import ChatMessage
+from engine.errors import InvalidInput
 from engine.executor.sampling import SamplingParams, TokenLogprobs
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.generation import (
-    ChatTurn,
-    Finish,
-    ForwardDone,
-    LogprobRequest,
-    PrefillFinished,
-    PrefillTally,
-    Stopping,
-    TokenOut,
-)
+from service.calls import DecodeCall, GenerateCall, LogprobRequest, PrefillCall, Prompt, Stopping
+from service.events import Finish, ForwardDone, PrefillFinished, PrefillTally, TokenOut
 from service.progress import Progress
 
 _FINISH = {
     Finish.LENGTH: pb.FINISH_REASON_LENGTH, Finish.EOS: pb.FINISH_REASON_EOS,
     Finish.STOP: pb.FINISH_REASON_STOP, Finish.CAPACITY: pb.FINISH_REASON_CAPACITY,
 }
-PromptParts = tuple[str | None, list[ChatTurn] | None, list[int] | None]
 
 
-def prompt(message: pb.Prompt) -> PromptParts:
+def generate_call(request: pb.GenerateRequest) -> GenerateCall:
+    return GenerateCall(prompt(request.prompt), stopping(request.stopping), sampling(request.sampling),
+                        max(request.n, 1), logprob_request(request))
+
+
+def decode_call(request: pb.DecodeRequest) -> DecodeCall:
+    return DecodeCall(request.session_id, stopping(request.stopping), sampling(request.sampling),
+                      logprob_request(request))
+
+
+def prefill_call(first: pb.PrefillRequest) -> PrefillCall:
+    """A Prefill's first message (its later messages carry a prompt part only: prefill_part)."""
+    return PrefillCall(first.session_id, prompt(first.prompt), sampling(first.sampling), first.last)
+
+
+def prefill_part(part: pb.PrefillRequest) -> tuple[Prompt | None, bool]:
+    """A later Prefill message: its prompt part (None for a bare `last`), and whether it ends the
+    prompt; naming a session there is refused."""
+    if part.session_id:
+        raise InvalidInput("session_id belongs in the first Prefill message only; a later message names one",
+                           reason="SESSION_ID_NOT_FIRST", field="session_id")
+    if part.last and not part.HasField("prompt"):
+        return None, True
+    return prompt(part.prompt), part.last
+
+
+def tokenize_prompt(request: pb.TokenizeRequest) -> Prompt:
+    kind = request.WhichOneof("input")
+    if kind is None:
+        raise InvalidInput("Tokenize needs text or chat messages", reason="PROMPT_REQUIRED", field="text")
+    return Prompt(text=request.text) if kind == "text" else Prompt(chat=chat(request.chat))
+
+
+def prompt(message: pb.Prompt) -> Prompt:
     kind = message.WhichOneof("input")
     if kind == "text":
-        return message.text, None, None
+        return Prompt(text=message.text)
     if kind == "chat":
-        return None, [ChatTurn(m.role, m.content) for m in message.chat.messages], None
-    return None, None, list(message.tokens.ids)
+        return Prompt(chat=chat(message.chat))
+    return Prompt(ids=tuple(message.tokens.ids))
+
+
+def chat(message: pb.Chat) -> tuple[ChatMessage, ...]:
+    return tuple(ChatMessage(m.role, m.content) for m in message.messages)
 
 
 def sampling(message: pb.SamplingOptions) -> SamplingParams:

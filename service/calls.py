@@ -1,0 +1,134 @@
+"""What a call asks for: typed values built from protobuf at the door (service/wire.py), checked once.
+
+A value here refuses, as it is built, whatever no model could serve: too many
+or too long stop strings, a sampling value out of range, more log-probability
+alternatives than are returned, prompt log-probabilities on Decode. What
+depends on the model (token ids in its vocabulary, the server's limits, the
+room left in the KV capacity, a tokenizer) is checked by service.generation.Model
+when it resolves the prompt and the budget. Nothing here knows protobuf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.chat_template import ChatMessage
+from engine.errors import InvalidInput
+from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
+
+MAX_STOPS = 16  # stop strings per request
+MAX_STOP_CHARS = 512  # characters per stop string
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt as the client sent it: text, chat messages or token ids (exactly one is set)."""
+
+    text: str | None = None
+    chat: tuple[ChatMessage, ...] | None = None
+    ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Stopping:
+    max_new_tokens: int = 0  # 0 = the server's default (Model.default_new_tokens), as many as fit
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    stop_token_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        """Bounded work per token: a few stop strings of bounded length."""
+        if len(self.stop) > MAX_STOPS:
+            raise InvalidInput(f"{len(self.stop)} stop strings; at most {MAX_STOPS} are allowed",
+                               reason="TOO_MANY_STOPS", field="stopping.stop")
+        longest = max((len(s) for s in self.stop), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise InvalidInput(f"a stop string of {longest} characters; the most is {MAX_STOP_CHARS}",
+                               reason="STOP_TOO_LONG", field="stopping.stop")
+
+
+@dataclass(frozen=True)
+class LogprobRequest:
+    """What a request asks for besides tokens: `top` alternatives per token, prompt tokens' too."""
+
+    top: int = 0
+    prompt: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.top <= MAX_TOP_LOGPROBS:
+            raise InvalidInput(f"logprobs.top is {self.top}; at most {MAX_TOP_LOGPROBS} alternatives are "
+                               "returned", reason="INVALID_LOGPROBS", field="logprobs.top")
+
+
+def checked_sampling(params: SamplingParams) -> SamplingParams:
+    """`params`, or InvalidInput naming the first bad value as the request's field."""
+    try:
+        params.validate()
+    except ValueError as exc:
+        name = str(exc).split(" ", 1)[0]  # SamplingParams.validate names the value first
+        raise InvalidInput(str(exc), reason="INVALID_SAMPLING", field=f"sampling.{name}") from exc
+    return params
+
+
+def _sampler(params: SamplingParams, logprobs: LogprobRequest | None) -> Sampler:
+    """A sampler that also reports the log-probabilities of its choices when asked."""
+    return Sampler(params, None if logprobs is None else logprobs.top)
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """Generate and GenerateStream: a prompt, n samples of it, how to choose and when to stop."""
+
+    prompt: Prompt
+    stopping: Stopping
+    sampling: SamplingParams
+    n: int = 1
+    logprobs: LogprobRequest | None = None
+
+    def __post_init__(self) -> None:
+        checked_sampling(self.sampling)
+
+    @property
+    def prompt_top(self) -> int | None:
+        """Alternatives per prompt token when the prompt's log-probabilities are asked for, else None."""
+        return self.logprobs.top if self.logprobs is not None and self.logprobs.prompt else None
+
+    def samplers(self) -> list[Sampler]:
+        """One sampler per sample, seeded seed, seed + 1, ... (SamplingParams.for_sample)."""
+        return [_sampler(self.sampling.for_sample(i), self.logprobs) for i in range(self.n)]
+
+
+@dataclass(frozen=True)
+class DecodeCall:
+    """Decode: continue a session's tokens."""
+
+    session_id: str
+    stopping: Stopping
+    sampling: SamplingParams
+    logprobs: LogprobRequest | None = None
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and self.logprobs.prompt:
+            raise InvalidInput("Decode has no prompt: logprobs.prompt is for Generate and GenerateStream",
+                               reason="INVALID_LOGPROBS", field="logprobs.prompt")
+        checked_sampling(self.sampling)
+
+    def sampler(self) -> Sampler:
+        return _sampler(self.sampling, self.logprobs)
+
+
+@dataclass(frozen=True)
+class PrefillCall:
+    """A Prefill's first message: the session it extends ("" opens one), its first prompt part, and the
+    sampling of the next token PrefillDone previews."""
+
+    session_id: str
+    prompt: Prompt
+    sampling: SamplingParams
+    last: bool = False  # this message ends the prompt (PrefillRequest.last)
+
+    def __post_init__(self) -> None:
+        checked_sampling(self.sampling)
+
+    def sampler(self) -> Sampler:
+        return Sampler(self.sampling)

@@ -1,0 +1,197 @@
+"""What every call of a serving server shares (Serving): the config, the model, the worker's scheduler,
+the sessions and what each caller holds, with the rules that span calls: a caller's share of the
+KV slots, whose held prefixes a prompt may start from, opening and closing sessions on the worker,
+and undoing a Prefill that did not finish (Extension).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from engine.errors import InvalidInput
+from service.calls import Prompt
+from service.config import Config
+from service.errors import CallerQuota, Draining, OverLimit
+from service.events import PrefillTally
+from service.generation import Model, close
+from service.metrics import Metrics
+from service.progress import Progress, Totals
+from service.requests import Call
+from service.scheduler import Body, Scheduler
+from service.security import CALL, CALLER
+from service.sessions import SessionRegistry, SessionState
+
+log = structlog.get_logger("ladder.sessions")
+
+
+def note_session(state: SessionState) -> SessionState:
+    """Name the session in the call's access-log line."""
+    record = CALL.get()
+    if record is not None:
+        record.session = state.id
+    return state
+
+
+def caller_share(configured: int, slots: int) -> int:
+    """Sessions one caller may hold: `sessions_per_caller` when set, else every KV slot but one."""
+    return configured or max(1, slots - 1)
+
+
+@dataclass(eq=False)
+class Extension:
+    """What one Prefill does to its session: opens it, or extends it from `length` tokens.
+
+    `length` is read on the worker when the Prefill's first part starts there (None until then:
+    nothing has run), and the restore reads it on the worker after the Prefill's last job."""
+
+    state: SessionState
+    opened: bool
+    length: int | None = None
+
+    def marked(self, body: Body) -> Body:
+        """`body`, noting first the length it finds the session at (on the worker)."""
+        if self.length is None:
+            self.length = self.state.session.length
+        yield from body
+
+    def restore(self, model: Model) -> None:
+        """Rewind the session to the length the Prefill found it at (the logits follow)."""
+        session = self.state.session
+        if self.length is not None and not session.closed and session.length > self.length:
+            model.engine.rewind(session, self.length)
+
+
+@dataclass
+class Serving:
+    """What every call of a serving server shares: the config, the model, the worker's scheduler,
+    the sessions, the metrics, and what each caller holds. It exists once the model has loaded."""
+
+    config: Config
+    model: Model
+    scheduler: Scheduler
+    sessions: SessionRegistry
+    metrics: Metrics
+    totals: Totals = field(default_factory=Totals)
+    opening: Counter[str] = field(default_factory=Counter)  # sessions each caller waits for
+
+    async def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids, tokenized off the event loop (its size was bounded first)."""
+        if prompt.ids is not None:
+            return self.model.prompt_ids(prompt)
+        return await asyncio.to_thread(self.model.prompt_ids, prompt)
+
+    def progress(self, prompt_tokens: int = 0) -> Progress:
+        """The call's record of its generation, timed from the call's arrival, in its access-log line."""
+        record = CALL.get()
+        arrived = record.arrived if record is not None else time.perf_counter()
+        method = record.method if record is not None else ""
+        progress = Progress(arrived, prompt_tokens, PrefillTally(), self.metrics, self.totals, method=method)
+        if record is not None:
+            record.progress = progress
+        return progress
+
+    def held(self, caller: str) -> tuple[int, int]:
+        """The sessions `caller` holds or waits for, and its share of the KV slots."""
+        share = caller_share(self.config.sessions_per_caller, self.model.engine.pool.rows)
+        return sum(1 for s in self.sessions.all() if s.owner == caller) + self.opening[caller], share
+
+    def check_share(self, caller: str) -> None:
+        """Refuse a caller who holds (or waits for) its share of the KV slots."""
+        held, share = self.held(caller)
+        if held >= share:
+            raise CallerQuota(f"this caller already holds {held} sessions (the limit is {share}; "
+                              "see --sessions-per-caller)")
+
+    def scope(self, caller: str) -> str:
+        """Whose held prefixes a caller's prompts may start from: its own, unless the operator
+        lets callers that auth tells apart share them (a shared prefix's speed is visible to others)."""
+        return "" if self.config.prefix_across_callers else caller
+
+    def check_samples(self, n: int) -> None:
+        """n samples hold n KV slots at once: no more than the server has, nor than the caller's share
+        beside the sessions it holds."""
+        engine = self.model.engine
+        if n > engine.pool.rows:
+            raise OverLimit(f"n = {n} samples need {n} KV slots at once; the server has "
+                            f"{engine.pool.rows}", reason="TOO_MANY_SAMPLES", field="n")
+        if n > 1 and engine.info.recurrent_state:
+            raise InvalidInput("n > 1 copies the prompt's KV rows, and this decoder carries "
+                               "recurrent state that has none", reason="SAMPLES_UNSUPPORTED", field="n")
+        if n > 1:
+            held, share = self.held(CALLER.get())
+            if held + n > share:
+                raise CallerQuota(f"n = {n} samples beside the {held} sessions this caller holds are over "
+                                  f"its share of {share} KV slots (see --sessions-per-caller)")
+
+    async def open_session(self) -> SessionState:
+        return await self.claim(lambda caller: self.scheduler.open_session(self.scope(caller)))
+
+    async def claim(self, opening: Callable[[str], Awaitable[Any]]) -> SessionState:
+        """A new session for the caller, within its share, from `opening(caller)` (an engine Session)."""
+        caller = CALLER.get()
+        self.check_share(caller)
+        self.opening[caller] += 1
+        try:
+            # Waits in the bounded queue while every KV slot is taken.
+            task = asyncio.ensure_future(opening(caller))
+            try:
+                session = await asyncio.shield(task)
+            except asyncio.CancelledError:  # the caller left while the slot was being taken: give it back
+                task.add_done_callback(self._close_orphan)
+                raise
+        finally:
+            self.opening[caller] -= 1
+        state = SessionState(self.sessions.new_id(), caller, session)
+        self.sessions.add(state)
+        log.info("session_opened", session=state.id, caller=caller, sessions_open=len(self.sessions))
+        return state
+
+    async def extension(self, session_id: str) -> Extension:
+        """What a Prefill works on: a new session (no id) or the caller's own."""
+        if not session_id:
+            return Extension(note_session(await self.open_session()), opened=True)
+        return Extension(note_session(self.sessions.get(session_id, CALLER.get())), opened=False)
+
+    def _close_orphan(self, opening: asyncio.Future[Any]) -> None:
+        if not opening.cancelled() and opening.exception() is None:
+            self.close_soon(SessionState("", "", opening.result()))
+
+    def close_soon(self, state: SessionState, reason: str = "") -> None:
+        """Forget the session and return its KV slot on the worker (safe inside a cancelled call)."""
+        self.sessions.remove(state)
+        if reason:
+            self._soon(lambda: session_closed(state, reason, close(self.model, state)))
+        else:
+            self._soon(lambda: close(self.model, state))
+
+    def undo(self, extension: Extension) -> None:
+        """Put the session back as an unfinished Prefill found it: closed if it opened it, else
+        rewound on the worker, after the Prefill's own jobs have ended. A decoder with recurrent
+        state rewinds only to 0: its session is closed instead."""
+        if extension.opened or self.model.engine.info.recurrent_state:
+            self.close_soon(extension.state, "prefill_unfinished")
+        else:
+            self._soon(lambda: extension.restore(self.model))
+
+    def _soon(self, fn: Any) -> None:
+        """Run `fn` on the worker after every job submitted before it, without waiting for it."""
+        def body() -> Generator[Any, Any, None]:
+            yield Call(fn)
+
+        try:
+            self.scheduler.submit(body(), bounded=False)
+        except Draining:  # the server is stopping: its sessions go with it
+            pass
+
+
+def session_closed(state: SessionState, reason: str, length: int) -> int:
+    """Log the session's end (on the worker, where its length is read); the length."""
+    log.info("session_closed", session=state.id, reason=reason, length=length)
+    return length
