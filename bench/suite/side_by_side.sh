@@ -8,6 +8,7 @@
 # each tree's scripts/test runs them, with one shared venv (VENV, default .venv) and the
 # default model's cache already converted in both. scripts/test's pip steps are left out
 # of both (the base reinstalled pip and the project on every run; this tree does not).
+# Trees in each round: base, head-serial (this tree, -n 0), head (as its scripts/test runs it).
 # Writes OUT_DIR/times.tsv (round, tree, step, seconds, load before, load after, verdict).
 set -uo pipefail
 base=$1 rounds=$2 out=$3
@@ -32,13 +33,16 @@ step() {  # round tree name dir command...
     "$before" "$after" "$verdict" | tee -a "$out/times.tsv"
 }
 
+# Trees: base; head (this tree, as its scripts/test runs it); head-serial (this tree in one
+# process, -n 0: what the suite costs without pytest-xdist's two workers).
 for round in $(seq 1 "$rounds"); do
-  for tree in base head; do
+  for tree in base head-serial head; do
     dir=$([ "$tree" = base ] && echo "$base" || echo "$here")
+    extra=$([ "$tree" = head-serial ] && echo "-n 0" || true)
     step "$round" "$tree" ruff "$dir" "$venv/bin/ruff" check .
     step "$round" "$tree" mypy "$dir" "$venv/bin/mypy" --strict engine/planner engine/executor engine/errors.py \
       service/config.py
-    # shellcheck disable=SC2046
-    step "$round" "$tree" pytest "$dir" "$venv/bin/python" -m pytest -q $(pytest_args "$dir")
+    # shellcheck disable=SC2046,SC2086
+    step "$round" "$tree" pytest "$dir" "$venv/bin/python" -m pytest -q $(pytest_args "$dir") $extra
   done
 done
