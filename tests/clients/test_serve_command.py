@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from clients.python import LadderClient, Stopping
+from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
-
-def test_ladder_serve_answers_then_exits_0_on_sigterm(client_model: Path) -> None:
+def test_ladder_serve_answers_then_exits_0_on_sigterm(served_model: Path) -> None:
     port = free_port()
-    cmd = [sys.executable, "-m", "clients.python.cli", "serve", "--model", str(client_model), "--host",
+    cmd = [sys.executable, "-m", "clients.python.cli", "serve", "--model", str(served_model), "--host",
            "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--drain-seconds", "2"]
     server = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

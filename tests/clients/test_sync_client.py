@@ -5,18 +5,13 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from clients.python import LadderClient, Logprobs, Sampling, Stopping, completion_of
+from clients.python import LadderClient, Logprobs, Sampling, completion_of
 from proto.ladder.v1 import ladder_pb2 as pb
-
-PROMPT_IDS = [(7 * i + 3) % 500 + 3 for i in range(100)]  # 100 ids: two chunk forwards at chunk width 64
-
-
-def greedy(n: int) -> Stopping:
-    return Stopping(max_new_tokens=n, ignore_eos=True)
+from tests.support.prompts import PROMPT_IDS, greedy_stopping
 
 
 def test_generate_returns_the_requested_number_of_tokens_with_usage_and_plan(client: LadderClient) -> None:
-    completion = client.generate(PROMPT_IDS, stopping=greedy(8))
+    completion = client.generate(PROMPT_IDS, stopping=greedy_stopping(8))
     assert len(completion.token_ids) == 8
     assert completion.usage.prompt_tokens == len(PROMPT_IDS)
     assert completion.usage.completion_tokens == 8
@@ -29,7 +24,7 @@ def test_generate_returns_the_requested_number_of_tokens_with_usage_and_plan(cli
 
 
 def test_streamed_tokens_are_the_tokens_of_the_final_completion(client: LadderClient) -> None:
-    events = list(client.generate_stream("hello ladder", stopping=greedy(10)))
+    events = list(client.generate_stream("hello ladder", stopping=greedy_stopping(10)))
     tokens = [e.token for e in events if e.WhichOneof("event") == "token"]
     done = completion_of(events)
     assert [t.id for t in tokens] == list(done.token_ids)
@@ -38,8 +33,8 @@ def test_streamed_tokens_are_the_tokens_of_the_final_completion(client: LadderCl
 
 
 def test_stream_and_unary_generate_agree_under_greedy_sampling(client: LadderClient) -> None:
-    unary = client.generate("the same prompt", stopping=greedy(12))
-    streamed = completion_of(client.generate_stream("the same prompt", stopping=greedy(12)))
+    unary = client.generate("the same prompt", stopping=greedy_stopping(12))
+    streamed = completion_of(client.generate_stream("the same prompt", stopping=greedy_stopping(12)))
     assert list(unary.token_ids) == list(streamed.token_ids)
     assert unary.text == streamed.text
 
@@ -50,8 +45,8 @@ def test_prefill_in_two_parts_then_decode_equals_one_generate(client: LadderClie
         # Prefilled, but for what an earlier call with this prompt left held (prefix sharing).
         assert sum(f.real_rows for f in forwards) + done.summary.shared_rows == len(PROMPT_IDS) == done.length
         assert all(f.width >= f.real_rows for f in forwards)
-        decoded = completion_of(client.decode(done.session_id, 12, stopping=greedy(12)))
-        generated = client.generate(PROMPT_IDS, stopping=greedy(12))
+        decoded = completion_of(client.decode(done.session_id, 12, stopping=greedy_stopping(12)))
+        generated = client.generate(PROMPT_IDS, stopping=greedy_stopping(12))
         assert list(decoded.token_ids) == list(generated.token_ids)
         assert done.next_token == generated.token_ids[0]
         assert decoded.session_id == done.session_id
@@ -62,9 +57,9 @@ def test_prefill_in_two_parts_then_decode_equals_one_generate(client: LadderClie
 def test_rewind_then_decode_reproduces_the_earlier_continuation(client: LadderClient) -> None:
     _, done = client.prefill([PROMPT_IDS])
     try:
-        first = completion_of(client.decode(done.session_id, 6, stopping=greedy(6)))
+        first = completion_of(client.decode(done.session_id, 6, stopping=greedy_stopping(6)))
         assert client.rewind(done.session_id, len(PROMPT_IDS)).length == len(PROMPT_IDS)
-        again = completion_of(client.decode(done.session_id, 6, stopping=greedy(6)))
+        again = completion_of(client.decode(done.session_id, 6, stopping=greedy_stopping(6)))
         assert list(again.token_ids) == list(first.token_ids)
     finally:
         client.close_session(done.session_id)
@@ -76,8 +71,8 @@ def test_a_forked_session_continues_like_its_source(client: LadderClient) -> Non
     shorter = client.fork_session(done.session_id, 40)
     try:
         assert (fork.length, shorter.length) == (len(PROMPT_IDS), 40)
-        source = completion_of(client.decode(done.session_id, 6, stopping=greedy(6)))
-        forked = completion_of(client.decode(fork.session_id, 6, stopping=greedy(6)))
+        source = completion_of(client.decode(done.session_id, 6, stopping=greedy_stopping(6)))
+        forked = completion_of(client.decode(fork.session_id, 6, stopping=greedy_stopping(6)))
         assert list(forked.token_ids) == list(source.token_ids)
     finally:
         for session_id in (done.session_id, fork.session_id, shorter.session_id):
@@ -119,28 +114,29 @@ def test_tokenize_then_detokenize_gives_the_text_back(client: LadderClient) -> N
 
 def test_a_token_id_outside_the_vocabulary_is_an_invalid_argument(client: LadderClient) -> None:
     with pytest.raises(grpc.RpcError) as failure:
-        client.generate([1, 2, 512], stopping=greedy(2))
+        client.generate([1, 2, 512], stopping=greedy_stopping(2))
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert client.health() == "SERVING"
 
 
 def test_a_call_past_its_deadline_ends_with_deadline_exceeded(client: LadderClient) -> None:
     with pytest.raises(grpc.RpcError) as failure:
-        client.generate(PROMPT_IDS, stopping=greedy(200), timeout_s=0.001)
+        client.generate(PROMPT_IDS, stopping=greedy_stopping(200), timeout_s=0.001)
     assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 def test_samples_logprobs_and_the_new_sampling_options_reach_the_server(client: LadderClient) -> None:
     sampling = Sampling(temperature=0.8, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.5, seed=3)
-    completion = client.generate(PROMPT_IDS, sampling=sampling, stopping=greedy(5), n=2,
+    completion = client.generate(PROMPT_IDS, sampling=sampling, stopping=greedy_stopping(5), n=2,
                                  logprobs=Logprobs(top=3))
     assert [len(s.token_ids) for s in completion.samples] == [5, 5]
     assert all(len(p.top) == 3 and p.logprob <= 0 for s in completion.samples for p in s.logprobs)
-    alone = client.generate(PROMPT_IDS, sampling=sampling, stopping=greedy(5))
+    alone = client.generate(PROMPT_IDS, sampling=sampling, stopping=greedy_stopping(5))
     assert list(completion.samples[0].token_ids) == list(alone.token_ids)
     forwards, done = client.prefill([PROMPT_IDS])
     try:
-        events = list(client.decode(done.session_id, 3, stopping=greedy(3), logprobs=Logprobs(top=1)))
+        events = list(client.decode(done.session_id, 3, stopping=greedy_stopping(3),
+                                    logprobs=Logprobs(top=1)))
         assert [len(e.token.top_logprobs) for e in events if e.WhichOneof("event") == "token"] == [1, 1, 1]
     finally:
         client.close_session(done.session_id)

@@ -12,7 +12,7 @@ import pytest
 
 from clients.python import Connection, LadderClient, Stopping, completion_of
 from clients.python.cli import main
-from tests.clients.live_server import LiveServer, server_config
+from tests.support.servers import RunningServer, server_config
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -42,34 +42,34 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def secure_server(pki: Path, client_model: Path) -> Iterator[LiveServer]:
-    config = server_config(client_model, tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
+def secure_server(pki: Path, served_model: Path) -> Iterator[RunningServer]:
+    config = server_config(served_model, tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
                          tls_client_ca=str(pki / "ca.pem"), auth_tokens=("alice=tok-alice", "bob=tok-bob"))
-    with LiveServer(config) as live:
+    with RunningServer(config) as live:
         yield live
 
 
-def connection(server: LiveServer, pki: Path, token: str | None, client_cert: bool = True) -> Connection:
+def connection(server: RunningServer, pki: Path, token: str | None, client_cert: bool = True) -> Connection:
     return Connection(address=server.address, root_certificate=pki / "ca.pem", token=token, timeout_s=20,
                       client_certificate=pki / "client.pem" if client_cert else None,
                       client_key=pki / "client.key" if client_cert else None)
 
 
-def test_a_client_with_the_ca_its_certificate_and_a_token_generates(secure_server: LiveServer,
+def test_a_client_with_the_ca_its_certificate_and_a_token_generates(secure_server: RunningServer,
                                                                      pki: Path) -> None:
     with LadderClient(connection(secure_server, pki, "tok-alice")) as client:
         completion = client.generate("secure", stopping=Stopping(max_new_tokens=3, ignore_eos=True))
     assert len(completion.token_ids) == 3
 
 
-def test_a_plaintext_client_is_refused_by_the_tls_server(secure_server: LiveServer) -> None:
+def test_a_plaintext_client_is_refused_by_the_tls_server(secure_server: RunningServer) -> None:
     with LadderClient(Connection(secure_server.address, token="tok-alice", timeout_s=5)) as client:
         with pytest.raises(grpc.RpcError) as failure:
             client.generate([1, 2, 3], stopping=Stopping(max_new_tokens=1))
     assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_a_client_without_its_certificate_is_refused_by_mutual_tls(secure_server: LiveServer,
+def test_a_client_without_its_certificate_is_refused_by_mutual_tls(secure_server: RunningServer,
                                                                    pki: Path) -> None:
     with LadderClient(connection(secure_server, pki, "tok-alice", client_cert=False)) as client:
         with pytest.raises(grpc.RpcError) as failure:
@@ -77,14 +77,15 @@ def test_a_client_without_its_certificate_is_refused_by_mutual_tls(secure_server
     assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_a_wrong_token_is_unauthenticated(secure_server: LiveServer, pki: Path) -> None:
+def test_a_wrong_token_is_unauthenticated(secure_server: RunningServer, pki: Path) -> None:
     with LadderClient(connection(secure_server, pki, "tok-mallory")) as client:
         with pytest.raises(grpc.RpcError) as failure:
             client.generate([1, 2, 3], stopping=Stopping(max_new_tokens=1))
     assert failure.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_another_caller_cannot_decode_a_session_it_did_not_open(secure_server: LiveServer, pki: Path) -> None:
+def test_another_caller_cannot_decode_a_session_it_did_not_open(secure_server: RunningServer,
+                                                                pki: Path) -> None:
     with LadderClient(connection(secure_server, pki, "tok-alice")) as alice, \
             LadderClient(connection(secure_server, pki, "tok-bob")) as bob:
         _, done = alice.prefill([[5, 6, 7, 8]])
@@ -96,7 +97,7 @@ def test_another_caller_cannot_decode_a_session_it_did_not_open(secure_server: L
         alice.close_session(done.session_id)
 
 
-def test_the_cli_connects_with_tls_flags_and_a_token_file(secure_server: LiveServer, pki: Path,
+def test_the_cli_connects_with_tls_flags_and_a_token_file(secure_server: RunningServer, pki: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["stats", "--address", secure_server.address, "--ca", str(pki / "ca.pem"),
             "--cert", str(pki / "client.pem"), "--key", str(pki / "client.key"),

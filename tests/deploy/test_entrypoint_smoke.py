@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,24 +20,15 @@ from pathlib import Path
 
 import grpc
 import pytest
-from deploy_support import REPO, dockerfile, main_container, one, overlay
+from deploy_support import dockerfile, main_container, one, overlay
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-pytestmark = pytest.mark.skipif(
-    not (REPO / "service" / "server.py").exists(),
-    reason="service/server.py does not exist yet: `ladder serve` is being written in parallel "
-           "(issue: the gRPC service); remove this skip once it lands",
-)
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 STARTUP_DEADLINE_S = 90
 DRAIN_SECONDS = 2
 SERVING = health_pb2.HealthCheckResponse.SERVING
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def entrypoint() -> list[str]:
@@ -80,14 +70,10 @@ def probe(port: int, service: str, timeout_s: float) -> int | None:
 
 
 @pytest.fixture
-def server(tmp_path):
-    # Imported here so the skip above decides before anything of the engine loads.
-    from engine.modelgen.synthetic import VARIANTS, build_synthetic
-
-    model_dir = build_synthetic(VARIANTS["plain"], tmp_path / "models")
+def server(tmp_path: Path, served_model: Path):
     port, metrics_port = free_port(), free_port()
     log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen(entrypoint(), env=pod_environment(tmp_path, model_dir, port,
+    proc = subprocess.Popen(entrypoint(), env=pod_environment(tmp_path, served_model, port,
                                                               metrics_port),
                             stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
@@ -121,8 +107,8 @@ def test_the_entrypoint_passes_startup_readiness_and_liveness_probes_then_drains
         assert f"\n{hpa_metric['pods']['metric']['name']} " in reply.read().decode()
 
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
     readiness = probes["readinessProbe"]
-    assert probe(port, readiness["grpc"]["service"], readiness["timeoutSeconds"]) != SERVING
+    # Readiness flips once the process has the signal: wait for that, not for a time.
+    wait_for(lambda: probe(port, readiness["grpc"]["service"], readiness["timeoutSeconds"]) != SERVING)
     # A drain that finishes is a clean exit; dying of the signal would cut streams.
     assert proc.wait(timeout=DRAIN_SECONDS + 10) == 0, log.read_text()

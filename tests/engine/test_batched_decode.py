@@ -15,7 +15,8 @@ import pytest
 from engine.errors import OverCapacity
 from engine.executor import DecodeRow, Engine, Session
 from engine.executor.sampling import Sampler, SamplingParams
-from tests.engine.helpers import load, prompt
+from tests.support.engines import load
+from tests.support.prompts import prompt_ids
 
 GREEDY = SamplingParams()
 SEEDED = SamplingParams(temperature=0.8, top_k=20, seed=7)
@@ -76,9 +77,9 @@ def test_sessions_of_different_lengths_decode_together_to_the_tokens_each_gives_
     engine = load(model_dir())
     batch = Batch(engine)
     for i, length in enumerate(LENGTHS):
-        batch.join(f"len{length}", prompt(length, seed=length))
+        batch.join(f"len{length}", prompt_ids(length, seed=length))
         if hole and i == 0:
-            batch.join("gone", prompt(40, seed=99))  # row 1, closed below: a hole that rides along
+            batch.join("gone", prompt_ids(40, seed=99))  # row 1, closed below: a hole that rides along
     if hole:
         assert batch.sessions["gone"].row == 1
         batch.leave("gone")
@@ -98,18 +99,18 @@ def test_sessions_joining_and_leaving_between_steps_decode_as_each_would_alone(m
     engine = load(model_dir())
     batch = Batch(engine)
     for length in (30, 100, 7):
-        batch.join(f"a{length}", prompt(length, seed=length))  # rows 0, 1, 2
+        batch.join(f"a{length}", prompt_ids(length, seed=length))  # rows 0, 1, 2
     batch.step(4)
     batch.leave("a30")  # row 0 becomes a hole
     batch.step(3)
-    assert batch.join("b250", prompt(250, seed=250)).row == 0  # joins into the hole
+    assert batch.join("b250", prompt_ids(250, seed=250)).row == 0  # joins into the hole
     batch.step(2)
-    assert batch.join("b1", prompt(1, seed=1)).row == 3  # a one-token prompt: itself a decode forward
+    assert batch.join("b1", prompt_ids(1, seed=1)).row == 3  # a one-token prompt: itself a decode forward
     batch.step(3)
     batch.leave("a100")
     batch.leave("a7")  # only rows 0 and 3 remain, 1 and 2 ride along
     batch.step(4)
-    assert batch.join("c60", prompt(60, seed=60)).row == 1
+    assert batch.join("c60", prompt_ids(60, seed=60)).row == 1
     batch.step(3)
     assert {w for w, _ in engine.stats().decode.widths} <= set(engine.batch_widths)
     batch.expect_alone(model_dir())
@@ -121,12 +122,12 @@ def test_a_full_session_riding_along_keeps_its_logits_and_continues_as_on_a_fres
     engine = load(model, capacity=128)
     assert engine.capacity == 128
     full = engine.open_session()  # row 0: in every batch the other rows bind
-    tokens = prompt(128, seed=128)
+    tokens = prompt_ids(128, seed=128)
     held = engine.append(full, tokens)
     assert full.length == engine.capacity
     batch = Batch(engine)
     for length in (5, 40, 90):
-        batch.join(f"len{length}", prompt(length, seed=length))
+        batch.join(f"len{length}", prompt_ids(length, seed=length))
     batch.step(8)
     assert engine.stats().decode.ride_along_rows >= 8
     np.testing.assert_array_equal(engine.logits(full), held)
@@ -155,9 +156,9 @@ def test_kv_outside_every_rows_length_never_reaches_batched_logits_even_as_nan(m
     engine.pool.block.fill(np.nan)  # before any forward: only what a forward writes is a number
     batch = Batch(engine)
     for length in LENGTHS:
-        batch.join(f"len{length}", prompt(length, seed=length))
-    batch.join("gone", prompt(20, seed=20))
-    batch.join("idle", prompt(70, seed=70))  # holds logits, rides along, never decodes
+        batch.join(f"len{length}", prompt_ids(length, seed=length))
+    batch.join("gone", prompt_ids(20, seed=20))
+    batch.join("idle", prompt_ids(70, seed=70))  # holds logits, rides along, never decodes
     batch.leave("gone")
     del batch.tokens["gone"]
     idle = batch.sessions.pop("idle")
@@ -177,7 +178,7 @@ def test_after_warm_up_any_number_of_sessions_decodes_without_preparing_a_varian
     warm = []
     for length in (10, 30, 50, 70, 90, 130):  # widths 22, 44, 64 (and chunks of them)
         warm.append(engine.open_session())
-        engine.append(warm[-1], prompt(length, seed=length))
+        engine.append(warm[-1], prompt_ids(length, seed=length))
         engine.decode([DecodeRow(s, 1) for s in warm])
     for session in warm:
         engine.close_session(session)
@@ -189,7 +190,7 @@ def test_after_warm_up_any_number_of_sessions_decodes_without_preparing_a_varian
         for _ in range(3):
             sessions = [engine.open_session() for _ in range(engine.pool.rows)]
             for session in sessions:
-                engine.append(session, prompt(int(rng.integers(1, 200)), seed=int(rng.integers(1 << 30))))
+                engine.append(session, prompt_ids(int(rng.integers(1, 200)), seed=int(rng.integers(1 << 30))))
             keep = sorted(rng.choice(len(sessions), count, replace=False))
             for i, session in enumerate(sessions):
                 if i not in keep:
@@ -216,10 +217,10 @@ def test_a_recurrent_decoder_decodes_each_session_alone_and_exactly(model_dir) -
     alone: dict[str, tuple[Engine, Session]] = {}
     for length in LENGTHS:
         name = f"len{length}"
-        batch.join(name, prompt(length, seed=length))
+        batch.join(name, prompt_ids(length, seed=length))
         single = load(model)
         alone[name] = (single, single.open_session())
-        single.append(alone[name][1], prompt(length, seed=length))
+        single.append(alone[name][1], prompt_ids(length, seed=length))
     for _ in range(STEPS):
         fed = {n: batch.tokens[n][-1] for n in batch.sessions}
         batch.step()  # one engine.decode call for all five sessions
@@ -235,7 +236,7 @@ def test_a_recurrent_decoder_decodes_each_session_alone_and_exactly(model_dir) -
 def test_seeded_sampling_draws_the_same_tokens_alone_and_inside_a_batch(model_dir) -> None:
     batch = Batch(load(model_dir()), SEEDED)
     for length in LENGTHS:
-        batch.join(f"len{length}", prompt(length, seed=length))
+        batch.join(f"len{length}", prompt_ids(length, seed=length))
     batch.step(20)
     greedy = {n: decode_alone(model_dir(), batch.prompts[n], 21) for n in batch.tokens}
     assert any(batch.tokens[n] != greedy[n] for n in batch.tokens), "the sampler really samples"
@@ -246,7 +247,7 @@ def test_seeded_sampling_draws_the_same_tokens_alone_and_inside_a_batch(model_di
 def test_rewinding_restores_the_next_token_logits_of_the_tokens_kept(model_dir, feed) -> None:
     engine = load(model_dir())
     session = engine.open_session()
-    start = prompt(50, seed=3)
+    start = prompt_ids(50, seed=3)
     seen = [engine.append(session, start)]  # seen[i]: next-token logits after 50 + i tokens
     for _ in range(20):
         token = int(np.argmax(seen[-1]))
@@ -280,7 +281,7 @@ def test_a_prompt_prefilled_in_smaller_spans_gives_the_logits_of_whole_chunks(
         model_dir: Path, span: int) -> None:
     engine = load(model_dir(), capacity=512)
     whole, spanned = engine.open_session(), engine.open_session()
-    tokens = prompt(300, seed=12)
+    tokens = prompt_ids(300, seed=12)
     reference = engine.append(whole, tokens)
     task = engine.start_prefill(spanned, tokens)
     widths = []

@@ -19,6 +19,7 @@ from engine.executor.engine import make_backend
 from engine.executor.sampling import Sampler, SamplingParams, TokenLogprobs
 from engine.model import load_model_info
 from engine.modelgen.synthetic import TINY, build_synthetic
+from tests.support.prompts import prompt_ids
 
 GREEDY = Sampler(SamplingParams())
 
@@ -40,10 +41,6 @@ def cpu_engine(path: Path, **overrides: object) -> Engine:
     return Engine(info, options, CpuBackend(info, options))
 
 
-def prompt(n: int, seed: int = 0) -> list[int]:
-    return np.random.default_rng(seed).integers(3, TINY.vocab_size, n).tolist()
-
-
 def generate(engine: Engine, tokens: list[int], new: int, sampler: Sampler = GREEDY) -> list[int]:
     session = engine.open_session()
     engine.append(session, tokens)
@@ -56,18 +53,18 @@ def generate(engine: Engine, tokens: list[int], new: int, sampler: Sampler = GRE
 
 def test_the_device_backend_matches_the_cpu_backend_token_for_token(model_dir: Path) -> None:
     for n in (1, 5, 70, 150):
-        assert generate(device_engine(model_dir), prompt(n, n), 12) == \
-            generate(cpu_engine(model_dir), prompt(n, n), 12)
+        assert generate(device_engine(model_dir), prompt_ids(n, n), 12) == \
+            generate(cpu_engine(model_dir), prompt_ids(n, n), 12)
 
 
 def test_sessions_prefilled_in_turns_through_the_staging_row_decode_together_exactly(model_dir: Path) -> None:
     lengths = (90, 33, 140)
-    alone = [generate(cpu_engine(model_dir), prompt(n, n), 10) for n in lengths]
+    alone = [generate(cpu_engine(model_dir), prompt_ids(n, n), 10) for n in lengths]
     engine = device_engine(model_dir)
     sessions = [engine.open_session() for _ in lengths]
     for half in (0, 1):  # every session's prompt in two parts, the parts interleaved
         for s, n in zip(sessions, lengths, strict=True):
-            part = prompt(n, n)[: n // 2] if half == 0 else prompt(n, n)[n // 2:]
+            part = prompt_ids(n, n)[: n // 2] if half == 0 else prompt_ids(n, n)[n // 2:]
             engine.append(s, part)
     outs = [[engine.choose(s, GREEDY)] for s in sessions]
     for _ in range(9):
@@ -81,36 +78,36 @@ def test_sessions_prefilled_in_turns_through_the_staging_row_decode_together_exa
 def test_a_session_rewound_after_others_used_the_staging_row_resumes_exactly(model_dir: Path) -> None:
     engine = device_engine(model_dir)
     a, b = engine.open_session(), engine.open_session()
-    engine.append(a, prompt(80))
+    engine.append(a, prompt_ids(80))
     first = engine.choose(a, GREEDY)
-    engine.append(b, prompt(40, 1))  # b holds the staging row now
+    engine.append(b, prompt_ids(40, 1))  # b holds the staging row now
     engine.decode([DecodeRow(a, first, GREEDY), DecodeRow(b, 7, GREEDY)])
     engine.rewind(a, 80)
-    engine.append(b, prompt(30, 2))
+    engine.append(b, prompt_ids(30, 2))
     engine.append(a, [first])
-    assert engine.choose(a, GREEDY) == generate(cpu_engine(model_dir), prompt(80), 2)[1]
+    assert engine.choose(a, GREEDY) == generate(cpu_engine(model_dir), prompt_ids(80), 2)[1]
 
 
 def test_widths_the_cache_will_not_keep_run_eagerly_with_the_same_tokens(model_dir: Path) -> None:
     engine = device_engine(model_dir, padding=False)
-    outs = [generate(engine, prompt(n, n), 3) for n in (20, 30, 45, 50, 55, 60, 61, 62)]
+    outs = [generate(engine, prompt_ids(n, n), 3) for n in (20, 30, 45, 50, 55, 60, 61, 62)]
     stats = engine.stats()
     assert stats.variants.refusals > 0 and stats.eager_forwards == stats.variants.refusals
-    assert outs == [generate(cpu_engine(model_dir, padding=False), prompt(n, n), 3)
+    assert outs == [generate(cpu_engine(model_dir, padding=False), prompt_ids(n, n), 3)
                     for n in (20, 30, 45, 50, 55, 60, 61, 62)]
 
 
 def test_repetition_penalty_and_seeded_sampling_on_the_backend_match_the_host(model_dir: Path) -> None:
     for params in (SamplingParams(repetition_penalty=1.8), SamplingParams(temperature=0.9, seed=3)):
-        device = generate(device_engine(model_dir), prompt(60), 8, Sampler(params))
-        assert device == generate(cpu_engine(model_dir), prompt(60), 8, Sampler(params))
+        device = generate(device_engine(model_dir), prompt_ids(60), 8, Sampler(params))
+        assert device == generate(cpu_engine(model_dir), prompt_ids(60), 8, Sampler(params))
 
 
 def test_presence_and_frequency_penalties_and_min_p_on_the_backend_match_the_host(model_dir: Path) -> None:
     for params in (SamplingParams(presence_penalty=2.0), SamplingParams(frequency_penalty=1.5),
                    SamplingParams(temperature=1.2, min_p=0.2, presence_penalty=-1.0, seed=5)):
-        device = generate(device_engine(model_dir), prompt(40), 10, Sampler(params))
-        assert device == generate(cpu_engine(model_dir), prompt(40), 10, Sampler(params))
+        device = generate(device_engine(model_dir), prompt_ids(40), 10, Sampler(params))
+        assert device == generate(cpu_engine(model_dir), prompt_ids(40), 10, Sampler(params))
 
 
 def test_log_probabilities_on_the_backend_match_the_host(model_dir: Path) -> None:
@@ -118,7 +115,7 @@ def test_log_probabilities_on_the_backend_match_the_host(model_dir: Path) -> Non
     for engine in (device_engine(model_dir), cpu_engine(model_dir)):
         sampler = Sampler(SamplingParams(), top_logprobs=5)
         session = engine.open_session()
-        engine.append(session, prompt(30))
+        engine.append(session, prompt_ids(30))
         engine.choose(session, sampler)
         assert sampler.last is not None
         found.append(sampler.last)
@@ -132,7 +129,7 @@ def test_prompt_log_probabilities_on_the_backend_match_the_host(model_dir: Path)
     found = []
     for engine in (device_engine(model_dir), cpu_engine(model_dir)):
         session = engine.open_session()
-        task = engine.start_prefill(session, prompt(150), logprob_top=4)
+        task = engine.start_prefill(session, prompt_ids(150), logprob_top=4)
         while not task.done:
             engine.prefill_step(task)
         found.append(task.logprobs)
@@ -158,7 +155,7 @@ def scenario(engine: Engine) -> list[list[int]]:
     """Three sessions decode together; one leaves, one joins, one is rewound and extended between steps."""
     sessions = [engine.open_session() for _ in range(3)]
     for s, n in zip(sessions, (40, 90, 17), strict=True):
-        engine.append(s, prompt(n, n))
+        engine.append(s, prompt_ids(n, n))
     outs = [[engine.choose(s, GREEDY)] for s in sessions]
 
     def step(active: list[int]) -> None:
@@ -172,12 +169,12 @@ def scenario(engine: Engine) -> list[list[int]]:
     for _ in range(4):
         step([0, 1])
     sessions.append(engine.open_session())  # joins, in the freed row
-    engine.append(sessions[3], prompt(25, 3))
+    engine.append(sessions[3], prompt_ids(25, 3))
     outs.append([engine.choose(sessions[3], GREEDY)])
     for _ in range(4):
         step([0, 1, 3])
     engine.rewind(sessions[1], 95)  # between steps: a rewind and a prefill on a row in the batch
-    engine.append(sessions[1], prompt(5, 9))
+    engine.append(sessions[1], prompt_ids(5, 9))
     outs[1].append(engine.choose(sessions[1], GREEDY))
     for _ in range(5):
         step([0, 1, 3])
@@ -201,7 +198,7 @@ def test_rows_with_a_hole_decoded_in_any_order_match_the_cpu_backend(model_dir: 
     def run(engine: Engine) -> list[list[int]]:
         sessions = [engine.open_session() for _ in range(3)]
         for s, n in zip(sessions, (12, 50, 31), strict=True):
-            engine.append(s, prompt(n, n))
+            engine.append(s, prompt_ids(n, n))
         engine.close_session(sessions[1])  # rows 0 and 2 decode, row 1 rides along empty
         kept = [sessions[2], sessions[0]]  # not in row order
         outs = [[engine.choose(s, GREEDY)] for s in kept]
@@ -221,7 +218,7 @@ def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_d
         engine.close_session(gap)  # rows 0 and 2 decode in a batch of 4: rows 1 and 3 ride along
         running = [first, last]
         for s, n in zip(running, (20, 33), strict=True):
-            engine.append(s, prompt(n, n))
+            engine.append(s, prompt_ids(n, n))
         outs = [[engine.choose(s, GREEDY)] for s in running]
 
         def step(sessions: list[Session], tokens: list[list[int]]) -> None:
@@ -234,7 +231,7 @@ def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_d
             step(running, outs)  # the row set is stable: a step is launched ahead
         joining = engine.open_session()  # row 1: rode along in that launched step
         assert joining.row == 1
-        engine.append(joining, prompt(40, 40))
+        engine.append(joining, prompt_ids(40, 40))
         outs.append([engine.choose(joining, GREEDY)])
         step(running, outs[:2])  # the launched step is taken, and the next one launched
         for _ in range(6):

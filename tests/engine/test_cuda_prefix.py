@@ -11,7 +11,7 @@ import pytest
 
 from engine.executor import Engine, EngineOptions
 from engine.modelgen.synthetic import TINY, build_synthetic
-from tests.engine.helpers import greedy
+from tests.support.engines import greedy
 
 pytestmark = pytest.mark.gpu
 SPEC = replace(TINY, dtype="float16", vocab_size=4096, hidden_size=512, intermediate_size=1408,

@@ -27,10 +27,9 @@ from engine.executor import Engine, EngineOptions
 from engine.modelgen.builder import DecoderSpec, DecoderWeights
 from engine.modelgen.reference import reference_logits
 from engine.tokenizer import Tokenizer
-from tests.engine.helpers import greedy_from_prompt
+from tests.support.engines import greedy_from_prompt
+from tests.support.models import LONE_USER_TURN
 
-# A lone user turn in ChatML without the template's default system prompt.
-LONE_USER_TURN = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 # llama.cpp's ids for the chat question (from smollm2-reference.json; CI has no shared dir).
 CHAT_PROMPT_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    return",
@@ -38,13 +37,8 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n    return",
 
 
 @pytest.fixture(scope="module")
-def cache_root(request: pytest.FixtureRequest) -> Path:
-    return Path(request.config.cache.mkdir("ladder-default-model"))
-
-
-@pytest.fixture(scope="module")
-def model_dir(cache_root: Path) -> Path:
-    return prepare_default_model(cache_root)
+def model_dir(default_model_root: Path) -> Path:
+    return prepare_default_model(default_model_root)
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +47,8 @@ def tokenizer(model_dir: Path) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def dequantized(model_dir: Path, cache_root: Path) -> tuple[DecoderSpec, DecoderWeights]:
-    gguf = GgufModel(cache_root / "downloads" / GGUF_NAME)
+def dequantized(model_dir: Path, default_model_root: Path) -> tuple[DecoderSpec, DecoderWeights]:
+    gguf = GgufModel(default_model_root / "downloads" / GGUF_NAME)
     spec = llama_spec(gguf, context_length=4096)
     return spec, llama_weights(gguf, spec)
 
@@ -64,10 +58,14 @@ def engine(model_dir: Path) -> Engine:
     return Engine.load(model_dir, EngineOptions())
 
 
-def onnx_logits(model_dir: Path, tokens: list[int]) -> np.ndarray:
+@pytest.fixture(scope="module")
+def onnx_session(model_dir: Path) -> ort.InferenceSession:
+    """The converted graph as it is on disk, in a plain onnxruntime session (loaded once)."""
+    return ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+
+
+def onnx_logits(session: ort.InferenceSession, tokens: list[int]) -> np.ndarray:
     """All logits rows of one forward from an empty past, straight through onnxruntime."""
-    session = ort.InferenceSession(str(model_dir / "model.onnx"),
-                                   providers=["CPUExecutionProvider"])
     feeds: dict[str, np.ndarray] = {"input_ids": np.array([tokens], np.int64),
                                     "attention_mask": np.ones((1, len(tokens)), np.int64)}
     for port in session.get_inputs():
@@ -77,13 +75,13 @@ def onnx_logits(model_dir: Path, tokens: list[int]) -> np.ndarray:
 
 
 def test_onnx_logits_match_the_numpy_reference_of_the_dequantized_weights(
-        model_dir: Path, tokenizer: Tokenizer,
+        onnx_session: ort.InferenceSession, tokenizer: Tokenizer,
         dequantized: tuple[DecoderSpec, DecoderWeights]) -> None:
     spec, weights = dequantized
     for prompt in PROMPTS:
         tokens = tokenizer.encode(prompt)
         ref = reference_logits(spec, weights, tokens)
-        got = onnx_logits(model_dir, tokens)
+        got = onnx_logits(onnx_session, tokens)
         rel = np.abs(got - ref).max() / np.abs(ref).max()
         assert rel <= 1e-3, (prompt, rel)
         assert (np.argmax(got, -1) == np.argmax(ref, -1)).all()
@@ -142,9 +140,9 @@ def test_a_long_prompt_chunked_and_padded_continues_as_the_whole_unpadded_prompt
     assert greedy_from_prompt(chunked, prompt, 12) == greedy_from_prompt(whole, prompt, 12)
 
 
-def test_a_second_prepare_reuses_the_cache(cache_root: Path, model_dir: Path) -> None:
+def test_a_second_prepare_reuses_the_cache(default_model_root: Path, model_dir: Path) -> None:
     before = (model_dir / "model.onnx").stat().st_mtime_ns
-    result = prepare(cache_root)
+    result = prepare(default_model_root)
     assert not result.rebuilt and result.model_dir == model_dir
     assert (model_dir / "model.onnx").stat().st_mtime_ns == before
 
@@ -172,10 +170,10 @@ def test_a_missing_or_altered_file_fails_the_manifest(copied_model: Path) -> Non
     assert manifest_problem(copied_model, 4096) == "no readable manifest"
 
 
-def test_a_corrupt_cache_is_rebuilt_from_the_cached_gguf(cache_root: Path, model_dir: Path,
+def test_a_corrupt_cache_is_rebuilt_from_the_cached_gguf(default_model_root: Path, model_dir: Path,
                                                          tmp_path: Path) -> None:
     (tmp_path / "downloads").mkdir()
-    shutil.copy(cache_root / "downloads" / GGUF_NAME, tmp_path / "downloads" / GGUF_NAME)
+    shutil.copy(default_model_root / "downloads" / GGUF_NAME, tmp_path / "downloads" / GGUF_NAME)
     shutil.copytree(model_dir, model_dir_for(tmp_path))
     with (model_dir_for(tmp_path) / "model.onnx").open("r+b") as f:
         f.truncate(1 << 20)

@@ -4,29 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 
 from engine.default_model import prepare
 from engine.executor import Engine, EngineOptions
 from engine.tokenizer import Tokenizer
-from tests.engine.test_default_model import LONE_USER_TURN
+from tests.support.engines import greedy_by_appending
+from tests.support.models import LONE_USER_TURN
 
 
 @pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    return prepare(Path(request.config.cache.mkdir("ladder-default-model")), precision="fp16").model_dir
-
-
-def greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
-    session = engine.open_session()
-    logits, out = engine.append(session, prompt), []
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = engine.append(session, [out[-1]])
-    engine.close_session(session)
-    return out
+def model_dir(default_model_root: Path) -> Path:
+    return prepare(default_model_root, precision="fp16").model_dir
 
 
 def test_the_fp16_model_holds_its_weights_and_kv_in_half_precision(model_dir: Path) -> None:
@@ -38,6 +28,7 @@ def test_the_fp16_model_holds_its_weights_and_kv_in_half_precision(model_dir: Pa
 
 def test_the_fp16_model_answers_the_readme_prompt_and_the_chat_question(model_dir: Path) -> None:
     tokenizer, engine = Tokenizer(model_dir), Engine.load(model_dir, EngineOptions(max_sessions=1))
-    assert tokenizer.decode(greedy(engine, tokenizer.encode("The capital of France is"), 1)) == " Paris"
-    answer = tokenizer.decode(greedy(engine, tokenizer.encode(LONE_USER_TURN), 7))
+    readme = tokenizer.encode("The capital of France is")
+    assert tokenizer.decode(greedy_by_appending(engine, readme, 1)) == " Paris"
+    answer = tokenizer.decode(greedy_by_appending(engine, tokenizer.encode(LONE_USER_TURN), 7))
     assert answer == "The capital of France is Paris."

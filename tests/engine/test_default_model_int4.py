@@ -18,18 +18,13 @@ from engine.default_model import GGUF_NAME, prepare
 from engine.executor import Engine, EngineOptions
 from engine.modelgen.reference import reference_logits
 from engine.tokenizer import Tokenizer
-from tests.engine.test_default_model import LONE_USER_TURN
+from tests.support.models import LONE_USER_TURN
 
 
 @pytest.fixture(scope="module")
-def cache_root(request: pytest.FixtureRequest) -> Path:
-    return Path(request.config.cache.mkdir("ladder-default-model"))
-
-
-@pytest.fixture(scope="module")
-def gguf(cache_root: Path) -> GgufModel:
-    prepare(cache_root)  # fetches the GGUF if this module runs alone
-    return GgufModel(cache_root / "downloads" / GGUF_NAME)
+def gguf(default_model_root: Path) -> GgufModel:
+    prepare(default_model_root)  # fetches the GGUF if this module runs alone
+    return GgufModel(default_model_root / "downloads" / GGUF_NAME)
 
 
 def test_int4_and_int8_head_blocks_dequantize_to_exactly_the_gguf_weights(gguf: GgufModel) -> None:
@@ -52,8 +47,8 @@ def test_int4_and_int8_head_blocks_dequantize_to_exactly_the_gguf_weights(gguf: 
 
 
 def test_the_int4_model_tracks_the_fp32_reference_and_says_paris(
-        cache_root: Path, gguf: GgufModel) -> None:
-    model_dir = prepare(cache_root, precision="int4").model_dir
+        default_model_root: Path, gguf: GgufModel) -> None:
+    model_dir = prepare(default_model_root, precision="int4").model_dir
     tokenizer = Tokenizer(model_dir)
     tokens = tokenizer.encode("The capital of France is")
     spec = llama_spec(gguf, context_length=4096)
@@ -70,8 +65,8 @@ def test_the_int4_model_tracks_the_fp32_reference_and_says_paris(
     assert got[top[0]] - got[top[1]] > 1.5
 
 
-def test_the_int4_model_answers_the_lone_user_turn_with_paris(cache_root: Path) -> None:
-    model_dir = prepare(cache_root, precision="int4").model_dir
+def test_the_int4_model_answers_the_lone_user_turn_with_paris(default_model_root: Path) -> None:
+    model_dir = prepare(default_model_root, precision="int4").model_dir
     tokenizer = Tokenizer(model_dir)
     prompt = tokenizer.encode(LONE_USER_TURN)
     engine = Engine.load(model_dir, EngineOptions())
@@ -85,12 +80,12 @@ def test_the_int4_model_answers_the_lone_user_turn_with_paris(cache_root: Path) 
 
 
 def test_the_int4_model_keeps_no_float_embedding_table_and_its_rows_are_the_gguf_rows(
-        cache_root: Path, gguf: GgufModel) -> None:
+        default_model_root: Path, gguf: GgufModel) -> None:
     import onnx
     import onnxruntime as ort
     from onnx import helper
 
-    model = onnx.load(str(prepare(cache_root, precision="int4").model_dir / "model.onnx"))
+    model = onnx.load(str(prepare(default_model_root, precision="int4").model_dir / "model.onnx"))
     names = {t.name for t in model.graph.initializer}
     assert "model.embed_tokens.weight" not in names and "model.embed_tokens.weight.head.q8" in names
     # The embedding alone, cut out of the graph: its rows are the GGUF's dequantized rows, bit for bit.

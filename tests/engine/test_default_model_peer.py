@@ -9,7 +9,7 @@ import pytest
 from engine.default_model import prepare_default_model
 from engine.executor import Engine, EngineOptions
 from engine.tokenizer import Tokenizer
-from tests.engine.helpers import greedy_from_prompt
+from tests.support.engines import greedy_from_prompt
 
 og = pytest.importorskip("onnxruntime_genai")
 
@@ -20,8 +20,8 @@ NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def model_dir(request: pytest.FixtureRequest) -> Path:
-    return prepare_default_model(Path(request.config.cache.mkdir("ladder-default-model")))
+def model_dir(default_model_root: Path) -> Path:
+    return prepare_default_model(default_model_root)
 
 
 def genai_greedy(model: og.Model, prompt: list[int]) -> list[int]:

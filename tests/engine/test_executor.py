@@ -14,7 +14,8 @@ from engine.executor.engine import variant_bytes_estimate
 from engine.modelgen.reference import reference_logits
 from engine.modelgen.synthetic import VARIANTS, random_weights
 from engine.planner import batch_widths
-from tests.engine.helpers import greedy, load, prompt
+from tests.support.engines import greedy, load
+from tests.support.prompts import prompt_ids
 
 LENGTHS = (2, 23, 64, 100, 150, 301)
 
@@ -23,7 +24,7 @@ LENGTHS = (2, 23, 64, 100, 150, 301)
 def test_the_generated_decoder_matches_its_numpy_reference(model_dir, packed) -> None:
     spec = replace(VARIANTS["plain"], packed_projections=packed)
     engine = load(model_dir(spec=spec), chunk_size=0, padding=False)
-    tokens = prompt(40, seed=3)
+    tokens = prompt_ids(40, seed=3)
     logits = engine.append(engine.open_session(), tokens)
     expected = reference_logits(spec, random_weights(spec), tokens)[-1]
     np.testing.assert_allclose(logits, expected, atol=1e-4)
@@ -33,7 +34,7 @@ def test_the_generated_decoder_matches_its_numpy_reference(model_dir, packed) ->
 def test_chunked_prefill_gives_the_logits_and_kv_of_one_whole_prompt_forward(model_dir, length) -> None:
     chunked, whole = load(model_dir(), padding=True), load(model_dir(), chunk_size=0, padding=False)
     a_session, b_session = chunked.open_session(), whole.open_session()
-    tokens = prompt(length, seed=length)
+    tokens = prompt_ids(length, seed=length)
     a, b = chunked.append(a_session, tokens), whole.append(b_session, tokens)
     assert np.abs(a - b).max() <= 1e-5
     for layer in range(chunked.info.num_layers):
@@ -49,8 +50,8 @@ def test_padded_and_unpadded_greedy_output_is_identical_over_two_turns(model_dir
     for padding in (True, False):
         engine = load(model_dir(), padding=padding)
         session = engine.open_session()
-        first = greedy(engine, session, 32, prompt(length, seed=length))
-        second = greedy(engine, session, 32, prompt(37, seed=length + 1))
+        first = greedy(engine, session, 32, prompt_ids(length, seed=length))
+        second = greedy(engine, session, 32, prompt_ids(37, seed=length + 1))
         runs.append((first, second, session.stats.padded_rows))
     (first_on, second_on, padded), (first_off, second_off, unpadded) = runs
     assert first_on == first_off
@@ -63,18 +64,18 @@ def test_padded_rows_are_never_read_even_when_the_kv_cache_holds_nan(model_dir) 
     engine = load(model_dir(), padding=True)
     engine.pool.block.fill(np.nan)  # every row, every position: only what a forward writes is a number
     session = engine.open_session()
-    logits = engine.append(session, prompt(140, seed=7))
+    logits = engine.append(session, prompt_ids(140, seed=7))
     assert session.stats.padded_rows > 0
     for _ in range(5):
         assert np.isfinite(logits).all()
-        logits = engine.append(session, prompt(30, seed=int(np.argmax(logits))))
+        logits = engine.append(session, prompt_ids(30, seed=int(np.argmax(logits))))
     assert np.isfinite(logits).all()
 
 
 def test_rewind_restores_the_next_token_logits_and_continuing_reproduces_the_continuation(model_dir) -> None:
     engine = load(model_dir())
     session = engine.open_session()
-    after_prompt = engine.append(session, prompt(90, seed=11))
+    after_prompt = engine.append(session, prompt_ids(90, seed=11))
     first = greedy(engine, session, 20)
     engine.rewind(session, 90)
     assert session.length == 90 and len(session.tokens) == 90
@@ -95,11 +96,11 @@ def test_the_inference_metadata_chunk_size_wins_over_search_chunk_size(model_dir
 def test_a_prompt_over_capacity_is_out_of_range_and_the_session_stays_usable(model_dir) -> None:
     engine = load(model_dir(), capacity=128)
     session = engine.open_session()
-    engine.append(session, prompt(100))
+    engine.append(session, prompt_ids(100))
     with pytest.raises(OverCapacity):
-        engine.append(session, prompt(29))
+        engine.append(session, prompt_ids(29))
     assert session.length == 100
-    assert np.isfinite(engine.append(session, prompt(28))).all()
+    assert np.isfinite(engine.append(session, prompt_ids(28))).all()
 
 
 def test_bad_token_ids_and_empty_prompts_are_invalid_input(model_dir) -> None:
@@ -117,12 +118,12 @@ def test_sessions_beyond_the_slot_pool_are_refused_and_closed_slots_are_reused(m
     first, second = engine.open_session(), engine.open_session()
     with pytest.raises(Exhausted):
         engine.open_session()
-    engine.append(first, prompt(10))
+    engine.append(first, prompt_ids(10))
     engine.close_session(first)
     third = engine.open_session()
     assert third.row == first.row
     assert third.length == 0 and engine.stats().slots_allocated == 2
-    np.testing.assert_allclose(engine.append(third, prompt(10)), engine.append(second, prompt(10)),
+    np.testing.assert_allclose(engine.append(third, prompt_ids(10)), engine.append(second, prompt_ids(10)),
                                atol=1e-6)
 
 
@@ -138,7 +139,7 @@ def test_the_kv_pool_is_allocated_up_front_with_max_sessions_rows(model_dir) -> 
     assert use.weights > 0 and use.variants == 0
     assert engine.stats().slots_allocated == engine.pool.rows == 5
     assert use.kv == 5 * engine.slot_bytes
-    engine.append(engine.open_session(), prompt(100))
+    engine.append(engine.open_session(), prompt_ids(100))
     assert engine.memory().kv == use.kv  # opening and filling a session allocates no KV
 
 
@@ -154,8 +155,8 @@ def test_the_memory_budget_sizes_the_pool_at_load_by_weights_kv_and_variants(mod
     with pytest.raises(Exhausted):
         engine.open_session()
     # Every planned shape: the three ladder widths, then decode at batch 2 and at batch 1.
-    engine.append(first, prompt(100))  # 64 + 36 -> widths 64, 44
-    engine.append(second, prompt(10))  # width 22
+    engine.append(first, prompt_ids(100))  # 64 + 36 -> widths 64, 44
+    engine.append(second, prompt_ids(10))  # width 22
     engine.decode([DecodeRow(first, 1), DecodeRow(second, 2)])
     engine.close_session(second)
     greedy(engine, first, 3)

@@ -11,7 +11,8 @@ from engine.errors import InvalidInput
 from engine.executor.cpu import CpuVariant
 from engine.executor.prefill import widen
 from engine.planner.padding import PaddingRefusal
-from tests.engine.helpers import greedy, load, prompt
+from tests.support.engines import greedy, load
+from tests.support.prompts import prompt_ids
 
 
 def _embeds(rows: int, seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -47,7 +48,7 @@ def test_an_embeddings_fed_decoder_pads_embeddings_and_ports_by_repeating_the_la
 def test_a_recurrent_state_decoder_is_never_padded_and_chunks_exactly(model_dir) -> None:
     engine = load(model_dir("recurrent"), padding=True)
     chunked = engine.open_session()
-    tokens = prompt(150, seed=5)
+    tokens = prompt_ids(150, seed=5)
     plan = engine.plan(chunked, 150)
     assert plan.padding.refusal is PaddingRefusal.RECURRENT_STATE
     assert plan.widths == (64, 64, 22) and plan.padded_rows == 0
@@ -62,20 +63,20 @@ def test_a_recurrent_state_decoder_is_never_padded_and_chunks_exactly(model_dir)
 def test_a_recurrent_state_decoder_cannot_rewind_into_its_past(model_dir) -> None:
     engine = load(model_dir("recurrent"))
     session = engine.open_session()
-    first = engine.append(session, prompt(20, seed=2))
+    first = engine.append(session, prompt_ids(20, seed=2))
     with pytest.raises(InvalidInput, match="recurrent state"):
         engine.rewind(session, 10)
     engine.rewind(session, 0)
     assert session.length == 0 and not session.has_logits
-    np.testing.assert_array_equal(engine.append(session, prompt(20, seed=2)), first)
+    np.testing.assert_array_equal(engine.append(session, prompt_ids(20, seed=2)), first)
 
 
 def test_a_decoder_that_drops_logits_rows_turns_padding_off_for_good(model_dir) -> None:
     engine = load(model_dir("last_row"), padding=True)
     session = engine.open_session()
     with capture_logs() as logs:
-        tokens = greedy(engine, session, 32, prompt(30, seed=9))
-        tokens += greedy(engine, session, 8, prompt(37, seed=10))
+        tokens = greedy(engine, session, 32, prompt_ids(30, seed=9))
+        tokens += greedy(engine, session, 8, prompt_ids(37, seed=10))
     assert not session.padding_on
     assert session.stats.self_check_reruns == 1
     assert session.stats.padded_rows == 0
@@ -83,8 +84,8 @@ def test_a_decoder_that_drops_logits_rows_turns_padding_off_for_good(model_dir) 
     assert engine.stats().sessions_padding_off == 1
     exact_engine = load(model_dir("last_row"), padding=False)
     exact = exact_engine.open_session()
-    expected = greedy(exact_engine, exact, 32, prompt(30, seed=9))
-    expected += greedy(exact_engine, exact, 8, prompt(37, seed=10))
+    expected = greedy(exact_engine, exact, 32, prompt_ids(30, seed=9))
+    expected += greedy(exact_engine, exact, 8, prompt_ids(37, seed=10))
     assert tokens == expected
 
 
@@ -92,11 +93,11 @@ def test_a_port_not_shaped_1_rows_refuses_the_whole_padding_plan(model_dir) -> N
     engine = load(model_dir("bias_port"), padding=True)
     session = engine.open_session()
     bias = {"embedding_bias": np.full(64, 0.1, np.float32)}
-    reports = list(engine.prefill(session, prompt(30, seed=4), ports=bias))
+    reports = list(engine.prefill(session, prompt_ids(30, seed=4), ports=bias))
     assert [r.width for r in reports] == [30]
     assert engine.plan(session, 30, ()).padding.allowed  # without the port the same prompt would pad
     exact = load(model_dir("bias_port"), padding=False)
-    np.testing.assert_allclose(exact.append(exact.open_session(), prompt(30, seed=4), ports=bias),
+    np.testing.assert_allclose(exact.append(exact.open_session(), prompt_ids(30, seed=4), ports=bias),
                                engine.logits(session), atol=1e-6)
 
 
@@ -104,16 +105,16 @@ def test_a_missing_or_unknown_port_is_invalid_input(model_dir) -> None:
     engine = load(model_dir("bias_port"))
     session = engine.open_session()
     with pytest.raises(InvalidInput, match="missing"):
-        engine.append(session, prompt(5))
+        engine.append(session, prompt_ids(5))
     with pytest.raises(InvalidInput, match="unknown"):
-        engine.append(session, prompt(5), ports={"embedding_bias": np.zeros(64), "x": np.zeros(1)})
+        engine.append(session, prompt_ids(5), ports={"embedding_bias": np.zeros(64), "x": np.zeros(1)})
 
 
 def test_a_rewind_on_a_decoder_with_supplied_ports_leaves_the_session_consistent(model_dir) -> None:
     engine = load(model_dir("bias_port"))
     session = engine.open_session()
     bias = {"embedding_bias": np.full(64, 0.1, np.float32)}
-    tokens = prompt(20, seed=4)
+    tokens = prompt_ids(20, seed=4)
     held = engine.append(session, tokens, ports=bias)
     try:
         engine.rewind(session, 10)

@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 
 from service.config import PADDING_SWITCH, load_config, padding_enabled
-from tests.engine.helpers import load, prompt
+from tests.support.engines import load
+from tests.support.prompts import prompt_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +22,7 @@ def test_onnx_genai_prefill_query_padding_0_turns_padding_off() -> None:
 def test_the_switch_reaches_the_engine_through_the_config(model_dir) -> None:
     options = load_config({PADDING_SWITCH: "0"}).engine_options()
     engine = load(model_dir(), padding=options.padding)
-    assert [r.width for r in engine.prefill(engine.open_session(), prompt(30))] == [30]
+    assert [r.width for r in engine.prefill(engine.open_session(), prompt_ids(30))] == [30]
 
 
 ENV_READ = re.compile(r"os\.(getenv|environ)")

@@ -17,7 +17,8 @@ from engine.executor import Engine, EngineOptions
 from engine.executor.prefix import PrefixIndex, chain
 from engine.model import load_model_info
 from engine.planner import prefix_unit
-from tests.engine.helpers import greedy, load, prompt
+from tests.support.engines import greedy, load
+from tests.support.prompts import prompt_ids
 
 CHUNK = 64
 UNIT = prefix_unit(CHUNK)  # 22
@@ -39,7 +40,7 @@ def recompute(model: Path, tokens: list[int], steps: int) -> list[int]:
 
 def test_a_forked_session_continues_exactly_as_a_session_that_prefilled_everything(model: Path) -> None:
     engine = load(model, max_sessions=4)
-    tokens = prompt(150, seed=1)
+    tokens = prompt_ids(150, seed=1)
     source = engine.open_session()
     engine.append(source, tokens)
     fork = engine.fork(source)
@@ -51,7 +52,7 @@ def test_a_forked_session_continues_exactly_as_a_session_that_prefilled_everythi
 
 def test_a_fork_at_a_shorter_length_equals_a_session_that_prefilled_that_many_tokens(model: Path) -> None:
     engine = load(model, max_sessions=4)
-    tokens = prompt(150, seed=2)
+    tokens = prompt_ids(150, seed=2)
     source = engine.open_session()
     engine.append(source, tokens)
     fork = engine.fork(source, 97)
@@ -63,7 +64,7 @@ def test_a_fork_at_a_shorter_length_equals_a_session_that_prefilled_that_many_to
 def test_fork_errors_name_the_length_and_the_exhausted_pool(model: Path) -> None:
     engine = load(model, max_sessions=2)
     source = engine.open_session()
-    engine.append(source, prompt(20, seed=3))
+    engine.append(source, prompt_ids(20, seed=3))
     with pytest.raises(OverCapacity, match="cannot fork at 21"):
         engine.fork(source, 21)
     engine.fork(source)
@@ -74,12 +75,12 @@ def test_fork_errors_name_the_length_and_the_exhausted_pool(model: Path) -> None
 def test_a_prompt_starting_with_a_held_prefix_shares_whole_units_and_prefills_the_rest_exactly(
         model: Path) -> None:
     engine = load(model, max_sessions=4)
-    system = prompt(150, seed=4)
-    first = engine.open_session(prompt=system + prompt(30, seed=5))
-    engine.append(first, system + prompt(30, seed=5))
+    system = prompt_ids(150, seed=4)
+    first = engine.open_session(prompt=system + prompt_ids(30, seed=5))
+    engine.append(first, system + prompt_ids(30, seed=5))
     engine.close_session(first)  # its row keeps the KV
     assert engine.stats().prefix.rows_held == 1
-    second_prompt = system + prompt(40, seed=6)
+    second_prompt = system + prompt_ids(40, seed=6)
     second = engine.open_session(prompt=second_prompt)
     assert second.length == whole_units(150) == 132 and second.row == first.row  # taken as it is
     rest = second_prompt[second.length:]
@@ -92,10 +93,10 @@ def test_a_prompt_starting_with_a_held_prefix_shares_whole_units_and_prefills_th
 
 def test_a_prefix_is_copied_from_a_live_session_and_the_source_is_untouched(model: Path) -> None:
     engine = load(model, max_sessions=4)
-    system = prompt(200, seed=7)
+    system = prompt_ids(200, seed=7)
     live = engine.open_session()
     engine.append(live, system)
-    tokens = system[:130] + prompt(20, seed=8)
+    tokens = system[:130] + prompt_ids(20, seed=8)
     copy = engine.open_session(prompt=tokens)
     assert copy.length == whole_units(130) and copy.row != live.row
     assert greedy(engine, copy, 10, tokens[copy.length:]) == recompute(model, tokens, 10)
@@ -104,18 +105,18 @@ def test_a_prefix_is_copied_from_a_live_session_and_the_source_is_untouched(mode
 
 def test_an_empty_session_shares_the_prefix_of_its_first_prompt(model: Path) -> None:
     engine = load(model, max_sessions=4)
-    system = prompt(100, seed=9)
+    system = prompt_ids(100, seed=9)
     live = engine.open_session()
     engine.append(live, system + [5])
     empty = engine.open_session()
-    tokens = system + prompt(10, seed=10)
+    tokens = system + prompt_ids(10, seed=10)
     assert engine.share_prefix(empty, tokens) == whole_units(100)
     assert greedy(engine, empty, 8, tokens[whole_units(100):]) == recompute(model, tokens, 8)
 
 
 def test_a_prefix_is_never_shared_with_another_scope(model: Path) -> None:
     engine = load(model, max_sessions=4)
-    tokens = prompt(150, seed=11)
+    tokens = prompt_ids(150, seed=11)
     alice = engine.open_session(scope="alice")
     engine.append(alice, tokens)
     engine.close_session(alice)
@@ -124,7 +125,7 @@ def test_a_prefix_is_never_shared_with_another_scope(model: Path) -> None:
 
 
 def test_a_prompt_no_longer_than_a_unit_or_sharing_off_shares_nothing(model: Path) -> None:
-    tokens = prompt(150, seed=12)
+    tokens = prompt_ids(150, seed=12)
     for engine, probe in ((load(model, max_sessions=2), tokens[:UNIT]),
                           (load(model, max_sessions=2, prefix_sharing=False), tokens)):
         held = engine.open_session()
@@ -135,13 +136,13 @@ def test_a_prompt_no_longer_than_a_unit_or_sharing_off_shares_nothing(model: Pat
 
 def test_held_prefixes_never_keep_a_slot_from_a_session_that_needs_one(model: Path) -> None:
     engine = load(model, max_sessions=3)
-    prompts = [prompt(100, seed=20 + i) for i in range(3)]
+    prompts = [prompt_ids(100, seed=20 + i) for i in range(3)]
     for tokens in prompts:
         session = engine.open_session()
         engine.append(session, tokens)
         engine.close_session(session)  # each closes before the next opens: all on row 0, moved up
     assert engine.free_slots == 3
-    sessions = [engine.open_session(prompt=prompt(100, seed=40 + i)) for i in range(3)]
+    sessions = [engine.open_session(prompt=prompt_ids(100, seed=40 + i)) for i in range(3)]
     assert [s.length for s in sessions] == [0, 0, 0]
     stats = engine.stats().prefix
     assert stats.rows_held == 0 and stats.bytes_held == 0 and stats.evictions == 3
@@ -154,8 +155,8 @@ def test_held_prefixes_stay_inside_the_pool_the_memory_budget_sized(model: Path)
     engine = load(model, max_sessions=8, memory_budget_bytes=three_rows + roomy.slot_bytes // 2)
     assert engine.pool.rows == 3
     for seed in range(6):  # more prefixes than rows: the oldest go
-        session = engine.open_session(prompt=prompt(130, seed=70 + seed))
-        engine.append(session, prompt(130, seed=70 + seed)[session.length:])
+        session = engine.open_session(prompt=prompt_ids(130, seed=70 + seed))
+        engine.append(session, prompt_ids(130, seed=70 + seed)[session.length:])
         engine.close_session(session)
     stats = engine.stats()
     assert stats.prefix.rows_held == 3 and stats.prefix.evictions == 3
@@ -167,14 +168,14 @@ def test_held_prefixes_stay_inside_the_pool_the_memory_budget_sized(model: Path)
 
 def test_the_least_recently_used_prefix_is_evicted_first_and_the_others_stay_exact(model: Path) -> None:
     engine = load(model, max_sessions=3)
-    old, recent = prompt(100, seed=30), prompt(100, seed=31)
+    old, recent = prompt_ids(100, seed=30), prompt_ids(100, seed=31)
     for tokens in (old, recent):
         session = engine.open_session()
         engine.append(session, tokens)
         engine.close_session(session)
     assert engine.stats().prefix.rows_held == 2
     for i in range(2):  # one row stays free: one of the two prefixes must go
-        engine.open_session(prompt=prompt(100, seed=32 + i))
+        engine.open_session(prompt=prompt_ids(100, seed=32 + i))
     assert engine.stats().prefix.rows_held == 1
     assert engine.stats().prefix.evictions == 1
     reuse = engine.open_session(prompt=recent + [1])  # the one held prefix left is the recent one
@@ -184,7 +185,7 @@ def test_the_least_recently_used_prefix_is_evicted_first_and_the_others_stay_exa
 
 def test_no_slot_leaks_after_forks_shares_and_closes(model: Path) -> None:
     engine = load(model, max_sessions=4)
-    tokens = prompt(140, seed=50)
+    tokens = prompt_ids(140, seed=50)
     for _ in range(5):
         source = engine.open_session(prompt=tokens)
         engine.append(source, tokens[source.length:])
@@ -213,15 +214,15 @@ def test_device_backend_forks_and_shares_exactly_through_the_staging_row(model: 
     options = EngineOptions(max_sessions=4)
     info = load_model_info(model)
     engine = Engine(info, options, CudaBackend(info, options, host_runtime()))
-    system = prompt(150, seed=60)
+    system = prompt_ids(150, seed=60)
     source = engine.open_session()
     engine.append(source, system)
     idle = engine.open_session()
-    engine.append(idle, prompt(70, seed=61))  # the staging row now holds another row
+    engine.append(idle, prompt_ids(70, seed=61))  # the staging row now holds another row
     engine.close_session(idle)
     fork = engine.fork(source, 100)  # lands on the row the staging row last held
     assert greedy(engine, fork, 10) == recompute(model, system[:100], 10)
-    tokens = system[:140] + prompt(9, seed=62)
+    tokens = system[:140] + prompt_ids(9, seed=62)
     shared = engine.open_session(prompt=tokens)
     assert shared.length == whole_units(140)
     assert greedy(engine, shared, 10, tokens[shared.length:]) == recompute(model, tokens, 10)

@@ -27,7 +27,8 @@ from engine.head import CannotRewrite, find_head, gather_read_rows, prepared_gra
 from engine.model import load_model_info
 from engine.modelgen.builder import build_decoder, genai_config, write_model_dir
 from engine.modelgen.synthetic import TINY, VARIANTS, random_weights
-from tests.engine.helpers import greedy_from_prompt, prompt
+from tests.support.engines import greedy_from_prompt
+from tests.support.prompts import prompt_ids
 
 EVERY_ROW = replace(TINY, read_rows=False)  # the same decoder, its head on every row
 
@@ -64,7 +65,7 @@ def wrong_row_decoder(root: Path) -> Path:
 def test_a_generated_decoder_runs_its_head_on_one_row_per_prefill_forward(model_dir, tmp_path) -> None:
     engine = load(model_dir(), tmp_path)
     forwards = spy_on_forwards(engine)
-    engine.append(engine.open_session(), prompt(100))  # 64 + 36 rows: widths 64, 44
+    engine.append(engine.open_session(), prompt_ids(100))  # 64 + 36 rows: widths 64, 44
     assert engine.info.logits_rows == "logits_rows"
     assert [(rows, width) for rows, width, _ in forwards] == [(64, 64), (36, 44)]
     assert all(out.logits.shape == (1, 1, TINY.vocab_size) for _, _, out in forwards)
@@ -75,7 +76,7 @@ def test_the_head_sees_exactly_the_real_last_row_on_padded_forwards(model_dir, t
     exact = load(model_dir(spec=EVERY_ROW), tmp_path, padding=False)
     forwards = spy_on_forwards(engine)
     for length in (5, 30, 50, 100):
-        tokens = prompt(length, seed=length)
+        tokens = prompt_ids(length, seed=length)
         got = engine.append(engine.open_session(), tokens)
         want = exact.append(exact.open_session(), tokens)
         np.testing.assert_allclose(got, want, atol=1e-5)
@@ -91,7 +92,7 @@ def test_greedy_tokens_are_those_of_the_unrewritten_graph_padded_or_not(model_di
     for padding in (True, False):
         engine = load(model_dir(), tmp_path, padding=padding)
         for length in (3, 40, 64, 130):
-            tokens = prompt(length, seed=length)
+            tokens = prompt_ids(length, seed=length)
             assert greedy_from_prompt(engine, tokens, 12) == greedy_from_prompt(every_row, tokens, 12)
 
 
@@ -121,7 +122,7 @@ def test_the_cuda_backend_gathers_the_read_rows_with_ops_a_cuda_graph_captures(m
     reference = load(model_dir(), tmp_path)
     forwards = spy_on_forwards(engine)
     for length in (3, 30, 64, 130):
-        tokens = prompt(length, seed=length)
+        tokens = prompt_ids(length, seed=length)
         assert greedy_from_prompt(engine, tokens, 10) == greedy_from_prompt(reference, tokens, 10)
     padded = [(rows, width, out) for rows, width, out in forwards if width > rows]
     assert padded, "the prompts above include padded forwards"
@@ -179,7 +180,7 @@ def test_external_weights_stay_where_they_are_and_the_copy_runs(tmp_path) -> Non
     assert not (info.graph.parent / "model.onnx.data").exists()  # the weights were not copied
     again = prepared_graph(load_model_info(source), tmp_path / "graphs")  # the cached copy, reused
     assert (again.graph, again.weights_dir) == (info.graph, source)
-    tokens = prompt(50)
+    tokens = prompt_ids(50)
     engine = load(source, tmp_path / "graphs")
     exact = load(source, tmp_path / "graphs", graph_read_only=True, padding=False)
     assert greedy_from_prompt(engine, tokens, 8) == greedy_from_prompt(exact, tokens, 8)
@@ -188,7 +189,7 @@ def test_external_weights_stay_where_they_are_and_the_copy_runs(tmp_path) -> Non
 def test_a_read_only_model_keeps_its_head_on_every_row(model_dir, tmp_path) -> None:
     engine = load(model_dir(spec=EVERY_ROW), tmp_path, graph_read_only=True)
     forwards = spy_on_forwards(engine)
-    engine.append(engine.open_session(), prompt(30))  # one forward of width 44
+    engine.append(engine.open_session(), prompt_ids(30))  # one forward of width 44
     assert engine.info.logits_rows is None and not list(tmp_path.iterdir())
     assert [(out.logits.shape[1], out.seen) for _, _, out in forwards] == [(44, None)]
 
@@ -200,12 +201,12 @@ def test_an_unrewritable_graph_keeps_todays_path_and_its_self_check(model_dir, t
     engine = load(path, tmp_path)
     assert engine.info.logits_rows is None
     session = engine.open_session()
-    engine.append(session, prompt(30))
+    engine.append(session, prompt_ids(30))
     assert not session.padding_on and session.stats.self_check_reruns == 1
 
 
 def _self_check_trips_on_the_wrong_row(engine: Engine, exact: Engine) -> None:
-    tokens = prompt(100, seed=3)
+    tokens = prompt_ids(100, seed=3)
     session = engine.open_session()
     got = engine.append(session, tokens[:30])  # one padded forward: 30 rows at width 44
     np.testing.assert_allclose(got, exact.append(exact.open_session(), tokens[:30]), atol=1e-5)
@@ -238,7 +239,7 @@ def test_the_graph_reads_the_rows_named_or_every_row_when_none_are(model_dir) ->
                                  providers=["CPUExecutionProvider"])
     width, rows = 20, 13
     empty = np.zeros((1, TINY.num_kv_heads, 0, TINY.head_size), np.float32)
-    feeds = {"input_ids": np.asarray([prompt(width)]), "attention_mask": np.ones((1, width), np.int64),
+    feeds = {"input_ids": np.asarray([prompt_ids(width)]), "attention_mask": np.ones((1, width), np.int64),
              **{f"past_key_values.{i}.{kind}": empty
                 for i in range(TINY.num_layers) for kind in ("key", "value")}}
     want = every.run(["logits"], feeds)[0]
@@ -312,7 +313,7 @@ def test_prompt_logprobs_read_every_real_row_and_equal_those_of_the_every_row_he
     every_row = load(model_dir(spec=EVERY_ROW), tmp_path, graph_read_only=True, padding=False)
     forwards = spy_on_forwards(engine)
     for length in (2, 30, 100, 130):
-        tokens = prompt(length, seed=length)
+        tokens = prompt_ids(length, seed=length)
         got, want = prompt_logprobs(engine, tokens), prompt_logprobs(every_row, tokens)
         assert [(t, top) for t, _, top in got] == [(t, top) for t, _, top in want]
         np.testing.assert_allclose([v for _, v, _ in got], [v for _, v, _ in want], atol=1e-5)

@@ -36,8 +36,8 @@ ROUND_TRIP = ["Grüße aus Köln — naïve façade", "emoji 🎉🚀 and ZWJ �
 
 
 @pytest.fixture(scope="module")
-def tokenizer(request: pytest.FixtureRequest) -> Tokenizer:
-    return Tokenizer(prepare_default_model(Path(request.config.cache.mkdir("ladder-default-model"))))
+def tokenizer(default_model_root: Path) -> Tokenizer:
+    return Tokenizer(prepare_default_model(default_model_root))
 
 
 @pytest.mark.parametrize("text", list(LLAMA_CPP_IDS))

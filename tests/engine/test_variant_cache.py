@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import pytest
 
 from engine.executor.variants import VariantCache, VariantKey
-from tests.engine.helpers import greedy, load, prompt
+from tests.support.engines import greedy, load
+from tests.support.prompts import prompt_ids
 
 # Remainders at chunk 64: 37, 26, 12, 8, 59 -> five distinct unpadded widths.
 SEED_LENGTHS = (37, 90, 140, 200, 251)
@@ -21,7 +22,7 @@ def _two_passes(engine) -> list[tuple[int, int, int]]:
     for _ in range(2):
         for length in SEED_LENGTHS:
             session = engine.open_session()
-            greedy(engine, session, 4, prompt(length, seed=length))
+            greedy(engine, session, 4, prompt_ids(length, seed=length))
             engine.close_session(session)
             stats = engine.stats().variants
             trace.append((stats.prepared, stats.evictions, len(stats.entries)))
@@ -100,7 +101,7 @@ def test_an_unevictable_cache_refuses_instead_of_evicting() -> None:
 
 def test_each_variant_reports_the_bytes_of_its_buffers(model_dir) -> None:
     engine = load(model_dir())
-    engine.append(engine.open_session(), prompt(30))
+    engine.append(engine.open_session(), prompt_ids(30))
     (entry,) = engine.stats().variants.entries
     # input ids [1, 44] int64 + the row read [1] and the rows seen [2] int64 + logits [1, 1, 512] float32
     assert entry.nbytes == 44 * 8 + 3 * 8 + 1 * 512 * 4

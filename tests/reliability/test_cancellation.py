@@ -19,24 +19,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 from google.protobuf.message import Message
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.requests import Call
-from tests.service.conftest import (
-    RunningServer,
-    greedy_request,
-    model_with_tokenizer,
-    prompt_ids,
-    server_config,
-    wait_for,
-)
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 1.0  # long enough for a client to reach any phase, short enough to wait out
@@ -135,40 +127,15 @@ def start(running: RunningServer, rpc: str, requests: list[Message], ending: str
     return kind(running, rpc, requests, ending)
 
 
-@contextmanager
-def frozen(running: RunningServer) -> Iterator[Any]:
-    """Hold the engine worker inside a call until the block ends; yields the scheduler."""
-    scheduler = running.server.serving.scheduler  # type: ignore[union-attr]
-    inside, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        inside.set()
-        release.wait(60)
-
-    def body() -> Iterator[Any]:
-        yield Call(hold)
-
-    async def submit() -> None:
-        scheduler.submit(body(), bounded=False)
-
-    running.run(submit())
-    assert inside.wait(10)
-    try:
-        yield scheduler
-    finally:
-        release.set()
-
-
 class Counted:
     """The server's count of `method` calls that ended with the ending's code (ladder_calls)."""
 
     def __init__(self, running: RunningServer, method: str, ending: str) -> None:
-        self.registry = running.server.metrics.registry
-        self.labels = {"method": method, "code": CODES[ending]}
+        self.running, self.method, self.code = running, method, CODES[ending]
         self.before = self.value()
 
     def value(self) -> float:
-        return self.registry.get_sample_value("ladder_calls_total", self.labels) or 0.0
+        return self.running.calls(self.method, self.code)
 
     def wait_for_one_more(self) -> None:
         """Until the server has seen the call end (inside `frozen`: before anything it left runs on)."""
@@ -187,7 +154,7 @@ def end_prefill_at(running: RunningServer, phase: str, ending: str, session_id: 
     once the server has seen it end."""
     counted = Counted(running, "Prefill", ending)
     if phase == "before the first event":
-        with frozen(running) as scheduler:
+        with running.frozen() as scheduler:
             depth = scheduler.depth
             client = start(running, "Prefill", parts(session_id, PART_A), ending)
             wait_for(lambda: scheduler.depth > depth)  # its first job waits on the held worker
@@ -201,7 +168,7 @@ def end_prefill_at(running: RunningServer, phase: str, ending: str, session_id: 
     else:  # after its last part, before done
         client = start(running, "Prefill", parts(session_id, PART_A, PART_B), ending)
         client.expect("forward", 3)
-        with frozen(running) as scheduler:
+        with running.frozen() as scheduler:
             submitted = scheduler.submitted
             client.half_close()
             wait_for(lambda: scheduler.submitted > submitted)  # the final call waits on the held worker
@@ -233,13 +200,11 @@ def decode_when_free(running: RunningServer, session_id: str, n: int) -> tuple[l
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    model_dir = model_with_tokenizer(tmp_path_factory.mktemp("models"))
+def running(served_model: Path) -> Iterator[RunningServer]:
     # Prefix sharing off: these tests count a prompt's forwards, which a held prefix would shorten.
-    server = RunningServer(server_config(model_dir, max_sessions=4, max_new_tokens=1000,
-                                         prefix_sharing=False))
-    yield server
-    server.close()
+    with RunningServer(server_config(served_model, max_sessions=4, max_new_tokens=1000,
+                                     prefix_sharing=False)) as server:
+        yield server
 
 
 @pytest.fixture(autouse=True)
@@ -256,8 +221,10 @@ def session_id(running: RunningServer) -> Iterator[str]:
     """A session holding BASE, closed after the test if the test did not close it."""
     opened = open_base_session(running)
     yield opened
-    if opened in {s.id for s in running.server.serving.sessions.all()}:  # type: ignore[union-attr]
+    try:
         close_session(running, opened)
+    except grpc.RpcError as error:
+        assert error.code() == grpc.StatusCode.NOT_FOUND  # the test closed it
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +265,7 @@ def test_a_decode_ended_mid_stream_keeps_its_session_consistent_and_usable(
                                stopping=pb.StoppingOptions(max_new_tokens=600, ignore_eos=True))
     client = start(running, "Decode", [request], ending)
     client.expect("token", 3)
-    with frozen(running):
+    with running.frozen():
         client.end()
         counted.wait_for_one_more()
     tokens, done = decode_when_free(running, session_id, 3)
@@ -314,7 +281,7 @@ def test_a_generate_stream_ended_mid_stream_returns_its_slot(running: RunningSer
     baseline, counted = running.stats().sessions_open, Counted(running, "GenerateStream", ending)
     client = start(running, "GenerateStream", [greedy_request(BASE, 600)], ending)
     client.expect("token", 3)
-    with frozen(running):
+    with running.frozen():
         client.end()
         counted.wait_for_one_more()
     wait_for(lambda: running.stats().sessions_open == baseline)

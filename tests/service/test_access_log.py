@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,23 +17,20 @@ import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
-from tests.service.conftest import greedy_request, prompt_ids, wait_for
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 ACCESS = ("rpc", "rpc_failed", "rpc_cancelled")
 Run = tuple[list[dict[str, Any]], dict[str, str]]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
-
-def serve_and_call(model_dir: Path, level: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def serve_and_call(served_model: Path, level: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Run a server at `level`, make one call of each kind, stop it; its log lines and the ids used."""
     port = free_port()
-    command = [sys.executable, "-m", "service", "--model", str(model_dir), "--host", "127.0.0.1", "--port",
+    command = [sys.executable, "-m", "service", "--model", str(served_model), "--host", "127.0.0.1", "--port",
                str(port), "--metrics-port", "0", "--log-level", level, "--pod-name", "pod-l",
                "--drain-seconds", "2"]
     server = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -73,8 +69,8 @@ def _serving(stub: ladder_pb2_grpc.LadderStub) -> bool:
 
 
 @pytest.fixture(scope="module")
-def info_run(model_dir: Path) -> Run:
-    return serve_and_call(model_dir, "info")
+def info_run(served_model: Path) -> Run:
+    return serve_and_call(served_model, "info")
 
 
 def by_request(lines: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -120,9 +116,9 @@ def test_sessions_opening_and_closing_are_logged(info_run: Run) -> None:
     assert [(e["session"], e["reason"], e["length"]) for e in closed] == [(ids["session"], "closed", 23)]
 
 
-def test_forwards_are_logged_at_debug_level_only(model_dir: Path,
+def test_forwards_are_logged_at_debug_level_only(served_model: Path,
                                                  info_run: Run) -> None:
-    debug_lines, _ = serve_and_call(model_dir, "debug")
+    debug_lines, _ = serve_and_call(served_model, "debug")
     prefill = [e for e in debug_lines if e["event"] == "prefill_forward"]
     decode = [e for e in debug_lines if e["event"] == "decode_forward"]
     assert {e["request_id"] for e in prefill} == {"gen-1", "pre-1"}

@@ -11,14 +11,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config, wait_for
-
-
-def counted(running: RunningServer, method: str, code: str) -> float:
-    value = running.server.metrics.registry.get_sample_value("ladder_calls_total",
-                                                             {"method": method, "code": code})
-    return value or 0.0
-
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
+from tests.support.waiting import wait_for
 
 
 def lines(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
@@ -26,8 +21,8 @@ def lines(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
 
 
 def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_once_each(
-        model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_sessions=1, max_new_tokens=1000))
+        served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_sessions=1, max_new_tokens=1000))
     try:
         with capture_logs() as logs:
             first = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6])))
@@ -42,8 +37,8 @@ def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_
                                                  metadata=(("x-request-id", "stream-1"),))
             next(stream)
             stream.cancel()
-            wait_for(lambda: counted(running, "GenerateStream", "CANCELLED") == 1)
-            wait_for(lambda: counted(running, "Generate", "DEADLINE_EXCEEDED") == 1)
+            wait_for(lambda: running.calls("GenerateStream", "CANCELLED") == 1)
+            wait_for(lambda: running.calls("Generate", "DEADLINE_EXCEEDED") == 1)
         ended = sorted((e["method"], e["request_id"], e["code"], e["log_level"])
                        for e in lines(logs, "rpc_cancelled"))
         assert ended == [("Generate", "unary-1", "DEADLINE_EXCEEDED", "info"),
@@ -54,8 +49,8 @@ def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_
 
 
 def test_a_prefill_whose_client_leaves_before_its_first_message_is_cancelled_not_invalid(
-        model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir))
+        served_model: Path) -> None:
+    running = RunningServer(server_config(served_model))
     try:
         release = threading.Event()
 
@@ -67,8 +62,8 @@ def test_a_prefill_whose_client_leaves_before_its_first_message_is_cancelled_not
         wait_for(lambda: running.server.interceptor.in_flight == 1)
         stream.cancel()
         release.set()
-        wait_for(lambda: counted(running, "Prefill", "CANCELLED") == 1)
-        assert counted(running, "Prefill", "INVALID_ARGUMENT") == 0
+        wait_for(lambda: running.calls("Prefill", "CANCELLED") == 1)
+        assert running.calls("Prefill", "INVALID_ARGUMENT") == 0
     finally:
         running.close()
 
@@ -98,4 +93,4 @@ def test_identical_failures_are_logged_at_most_five_a_second_and_the_next_line_c
     failed = [(e["method"], e["code"], e.get("suppressed", 0)) for e in lines(logs, "rpc_failed")]
     assert failed == [("Generate", "INVALID_ARGUMENT", 0)] * 5 + [("Rewind", "NOT_FOUND", 0),
                                                                    ("Generate", "INVALID_ARGUMENT", 7)]
-    assert counted(server, "Generate", "INVALID_ARGUMENT") == 13  # the metric counts every one
+    assert server.calls("Generate", "INVALID_ARGUMENT") == 13  # the metric counts every one

@@ -10,15 +10,16 @@ import grpc
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
-from tests.service.test_sessions import decode, part, prefill
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
+from tests.support.sessions import decode, part, prefill
 
 CAPACITY = 128
 
 
 @pytest.fixture(scope="module")
-def small(model_dir: Path) -> Iterator[RunningServer]:
-    running = RunningServer(server_config(model_dir, capacity=CAPACITY, warm_up=False))
+def small(served_model: Path) -> Iterator[RunningServer]:
+    running = RunningServer(server_config(served_model, capacity=CAPACITY, warm_up=False))
     yield running
     running.close()
 

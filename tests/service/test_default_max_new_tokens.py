@@ -6,12 +6,13 @@ from pathlib import Path
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.config import load_config
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
 
 
-def test_a_request_without_max_new_tokens_gets_the_configured_default(model_dir: Path) -> None:
+def test_a_request_without_max_new_tokens_gets_the_configured_default(served_model: Path) -> None:
     default = load_config({"LADDER_DEFAULT_MAX_NEW_TOKENS": "5"}).default_max_new_tokens
-    running = RunningServer(server_config(model_dir, default_max_new_tokens=default))
+    running = RunningServer(server_config(served_model, default_max_new_tokens=default))
     try:
         info = running.stub.GetModelInfo(pb.GetModelInfoRequest())
         reply = running.stub.Generate(greedy_request(prompt_ids(20, seed=3), 0))
@@ -30,8 +31,8 @@ def test_a_request_without_max_new_tokens_gets_the_configured_default(model_dir:
     assert len(asked.token_ids) == 9, "a request that names max_new_tokens gets what it names"
 
 
-def test_the_default_never_exceeds_the_limit_nor_the_room_left(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_new_tokens=7, default_max_new_tokens=256,
+def test_the_default_never_exceeds_the_limit_nor_the_room_left(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_new_tokens=7, default_max_new_tokens=256,
                                           capacity=64))
     try:
         info = running.stub.GetModelInfo(pb.GetModelInfoRequest())

@@ -6,7 +6,6 @@ import asyncio
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +17,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, server_config
+from tests.support.prompts import greedy_request
+from tests.support.servers import RunningServer, free_port, server_config
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -29,17 +30,15 @@ def health_of(channel: grpc.Channel) -> int:
     return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2).status
 
 
-def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir))
+def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model))
     parts: queue.Queue[pb.PrefillRequest | None] = queue.Queue()
     parts.put(pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7]))))
     stream = running.stub.Prefill(iter(parts.get, None))
     assert next(stream).HasField("forward")  # the Prefill call is in flight, its prompt unfinished
     drained = threading.Thread(target=lambda: running.run(running.server.drain(grace=10.0)))
     drained.start()
-    deadline = time.monotonic() + 5
-    while not running.server.draining and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_for(lambda: running.server.draining)
     assert health_of(running.channel) == NOT_SERVING
     with pytest.raises(grpc.RpcError) as caught:
         running.stub.Generate(greedy_request([5, 6], 2))
@@ -53,32 +52,31 @@ def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(m
     running.close()
 
 
-def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(tmp_path: Path,
-                                                                                model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_new_tokens=1000))
+def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_sessions=1, max_new_tokens=1000))
+    # The one KV slot is held by a session, so the stream waits for it: in flight, and it cannot
+    # finish within the grace period however fast the model is.
+    opening = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5])))
+    held = list(running.stub.Prefill(iter([opening])))
+    assert held[-1].done.session_id
     stream = running.stub.GenerateStream(greedy_request([5, 6, 7], 1000))
-    next(stream)
+    wait_for(lambda: running.scheduler.waiting == 1)
     drained = threading.Thread(target=lambda: running.run(running.server.drain(grace=0.1)))
     drained.start()
     with pytest.raises(grpc.RpcError) as caught:
-        for _ in stream:
-            time.sleep(0.002)  # a slow reader: the stream outlives the grace period
+        list(stream)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     drained.join(timeout=15)
+    assert not drained.is_alive()
     running.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
-
-def test_sigterm_drains_the_server_process_and_it_exits_cleanly(model_dir: Path) -> None:
+def test_sigterm_drains_the_server_process_and_it_exits_cleanly(served_model: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
     env.update(LADDER_HOST="127.0.0.1", LADDER_PORT=str(port), LADDER_METRICS_PORT="0",
-               LADDER_MODEL=str(model_dir), LADDER_POD_NAME="pod-s", LADDER_DRAIN_SECONDS="2")
+               LADDER_MODEL=str(served_model), LADDER_POD_NAME="pod-s", LADDER_DRAIN_SECONDS="2")
     process = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -100,11 +98,11 @@ def test_sigterm_drains_the_server_process_and_it_exits_cleanly(model_dir: Path)
     assert '"event": "draining"' in logs and '"event": "stopped"' in logs
 
 
-def test_an_engine_fault_flips_health_and_drains_the_server(model_dir: Path) -> None:
+def test_an_engine_fault_flips_health_and_drains_the_server(served_model: Path) -> None:
     from engine.errors import EngineFault
 
-    running = RunningServer(server_config(model_dir))
-    running.loop.call_soon_threadsafe(running.server._fault, EngineFault("a forward failed on the device"))
+    running = RunningServer(server_config(served_model))
+    running.fault(EngineFault("a forward failed on the device"))
     running.run(asyncio.wait_for(running.server.stopped.wait(), 10))
     assert running.server.draining and running.server.fault is not None
     with pytest.raises(grpc.RpcError) as caught:

@@ -9,7 +9,9 @@ import grpc
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, server_config, wait_for
+from tests.support.prompts import greedy_request
+from tests.support.servers import RunningServer, server_config
+from tests.support.waiting import wait_for
 
 TOKENS = ("alice=token-a", "bob=token-b", "carol=token-c")
 
@@ -43,8 +45,8 @@ def refused(call: Callable[[], object]) -> grpc.StatusCode:
 
 
 def test_by_default_a_caller_holds_every_slot_but_one_and_another_caller_still_gets_one(
-        model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_sessions=3, auth_tokens=TOKENS))
+        served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_sessions=3, auth_tokens=TOKENS))
     try:
         held = [open_session(running, "alice") for _ in range(2)]
         assert refused(lambda: open_session(running, "alice")) == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -58,8 +60,8 @@ def test_by_default_a_caller_holds_every_slot_but_one_and_another_caller_still_g
         running.close()
 
 
-def test_sessions_a_caller_waits_for_count_toward_its_share(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_sessions=3, auth_tokens=TOKENS))
+def test_sessions_a_caller_waits_for_count_toward_its_share(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_sessions=3, auth_tokens=TOKENS))
     try:
         bobs = [open_session(running, "bob") for _ in range(2)]
         carols = open_session(running, "carol")  # every slot is taken
@@ -79,8 +81,8 @@ def test_sessions_a_caller_waits_for_count_toward_its_share(model_dir: Path) -> 
 
 
 def test_a_caller_without_a_token_is_one_caller_and_generate_still_runs_beside_its_share(
-        model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_sessions=2))
+        served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_sessions=2))
     try:
         session_id = open_session(running, "anyone")
         assert refused(lambda: open_session(running, "anyone")) == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -90,8 +92,8 @@ def test_a_caller_without_a_token_is_one_caller_and_generate_still_runs_beside_i
         running.close()
 
 
-def test_a_configured_share_lets_one_caller_take_every_slot(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_sessions=3, sessions_per_caller=3))
+def test_a_configured_share_lets_one_caller_take_every_slot(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_sessions=3, sessions_per_caller=3))
     try:
         held = [open_session(running, "anyone") for _ in range(3)]
         assert stats(running).sessions_open == 3

@@ -5,25 +5,19 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.executor import Engine, EngineOptions
 from engine.modelgen.synthetic import VARIANTS, build_synthetic
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
+from tests.support.engines import greedy_by_appending
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
 
 
-def engine_greedy(model_dir: Path, tokens: list[int], n: int) -> list[int]:
+def engine_greedy(served_model: Path, tokens: list[int], n: int) -> list[int]:
     """The engine's greedy tokens, one session alone, appending each token as a whole forward."""
-    engine = Engine.load(model_dir, EngineOptions())
-    session = engine.open_session()
-    logits = engine.append(session, tokens)
-    out = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = engine.append(session, [out[-1]])
-    return out
+    return greedy_by_appending(Engine.load(served_model, EngineOptions()), tokens, n)
 
 
 def test_health_answers_serving_for_the_server_and_the_ladder_service(server: RunningServer) -> None:
@@ -33,10 +27,10 @@ def test_health_answers_serving_for_the_server_and_the_ladder_service(server: Ru
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_generate_returns_the_engines_own_greedy_tokens(server: RunningServer, model_dir: Path) -> None:
+def test_generate_returns_the_engines_own_greedy_tokens(server: RunningServer, served_model: Path) -> None:
     tokens = prompt_ids(150, seed=1)
     reply = server.stub.Generate(greedy_request(tokens, 12))
-    assert list(reply.token_ids) == engine_greedy(model_dir, tokens, 12)
+    assert list(reply.token_ids) == engine_greedy(served_model, tokens, 12)
     assert reply.finish_reason == pb.FINISH_REASON_LENGTH
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (150, 12)
 

@@ -19,7 +19,8 @@ import pytest
 from engine.executor.sampling import Sampler, SamplingParams
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.stop_text import StopText
-from tests.service.conftest import RunningServer, greedy_request
+from tests.support.prompts import greedy_request
+from tests.support.servers import RunningServer
 
 Code = grpc.StatusCode
 NAN, INF = float("nan"), float("inf")

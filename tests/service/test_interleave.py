@@ -4,27 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.requests import StepRecord
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config, wait_for
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
+from tests.support.waiting import wait_for
 
 LONG_PROMPT = 960  # fifteen chunk forwards at chunk 64; 22 forwards of the middle rung (44) under load
 STREAMS = 3
 
 
-
-def steps_of(running: RunningServer) -> list[StepRecord]:
-    return list(running.server.serving.scheduler.steps)  # type: ignore[union-attr]
-
-
 def test_a_long_prompt_runs_one_rung_per_round_while_streams_decode_and_every_round_advances_them(
-        model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_new_tokens=1000))
+        served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_new_tokens=1000))
     try:
         streams = [running.stub.GenerateStream(greedy_request(prompt_ids(8 + 40 * i, seed=i), 900))
                    for i in range(STREAMS)]
         for stream in streams:
             next(stream)  # each is decoding now
-        wait_for(lambda: any(len(r.decode) == STREAMS for r in steps_of(running)))
+        wait_for(lambda: any(len(r.decode) == STREAMS for r in running.steps()))
         reply = running.stub.Generate(greedy_request(prompt_ids(LONG_PROMPT, seed=30), 1))
         for stream in streams:
             stream.cancel()
@@ -32,7 +28,7 @@ def test_a_long_prompt_runs_one_rung_per_round_while_streams_decode_and_every_ro
         running.close()
     # While others decode, the prompt advances by the middle ladder rung per round: still on the ladder.
     assert reply.prefill.forwards == 22 and set(reply.prefill.widths) == {44}
-    steps = steps_of(running)
+    steps = running.steps()
     chunk_rounds = [r for r in steps if r.prefill]
     long_job = chunk_rounds[-1].prefill[0][0]
     long_rounds = [r for r in chunk_rounds if r.prefill[0][0] == long_job]
@@ -46,16 +42,16 @@ def test_a_long_prompt_runs_one_rung_per_round_while_streams_decode_and_every_ro
         assert record.batch == 4  # three rows on the batch ladder (1, 2, 4, 8, ...)
 
 
-def test_concurrent_streams_share_one_decode_forward_per_token(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_sessions=8, max_new_tokens=1000))
+def test_concurrent_streams_share_one_decode_forward_per_token(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_sessions=8, max_new_tokens=1000))
     try:
         streams = [running.stub.GenerateStream(greedy_request(prompt_ids(5 + 17 * i, seed=i), 600))
                    for i in range(6)]
-        wait_for(lambda: any(len(r.decode) == 6 for r in steps_of(running)))
+        wait_for(lambda: any(len(r.decode) == 6 for r in running.steps()))
         for stream in streams:
             stream.cancel()
         stats = running.stats()
-        steps = steps_of(running)
+        steps = running.steps()
     finally:
         running.close()
     together = [r for r in steps if len(r.decode) == 6]
@@ -66,8 +62,8 @@ def test_concurrent_streams_share_one_decode_forward_per_token(model_dir: Path) 
     assert stats.decode.steps < stats.decode.rows
 
 
-def test_a_cancelled_stream_leaves_the_next_round_and_frees_its_slot(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_new_tokens=1000))
+def test_a_cancelled_stream_leaves_the_next_round_and_frees_its_slot(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_new_tokens=1000))
     try:
         kept = running.stub.GenerateStream(greedy_request(prompt_ids(9, seed=1), 900))
         dropped = running.stub.GenerateStream(greedy_request(prompt_ids(12, seed=2), 900))
@@ -75,9 +71,9 @@ def test_a_cancelled_stream_leaves_the_next_round_and_frees_its_slot(model_dir: 
         wait_for(lambda: running.stats().sessions_open == 2)
         dropped.cancel()
         wait_for(lambda: running.stats().sessions_open == 1)
-        wait_for(lambda: any(r.closed for r in steps_of(running)))  # the round is logged as it ends
-        wait_for(lambda: len(steps_of(running)[-1].decode) == 1)
-        steps = steps_of(running)
+        wait_for(lambda: any(r.closed for r in running.steps()))  # the round is logged as it ends
+        wait_for(lambda: len(running.steps()[-1].decode) == 1)
+        steps = running.steps()
         kept.cancel()
     finally:
         running.close()

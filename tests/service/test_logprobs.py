@@ -15,7 +15,8 @@ import pytest
 from engine.executor import Engine, EngineOptions
 from engine.tokenizer import Tokenizer
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer
 
 TOP = 5
 
@@ -25,9 +26,9 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - (x.max() + np.log(np.exp(x - x.max()).sum()))
 
 
-def engine_logprobs(model_dir: Path, prompt: list[int], generated: list[int]) -> list[np.ndarray]:
+def engine_logprobs(served_model: Path, prompt: list[int], generated: list[int]) -> list[np.ndarray]:
     """The log-softmax of the engine's next-token logits before each generated token."""
-    engine = Engine.load(model_dir, EngineOptions())
+    engine = Engine.load(served_model, EngineOptions())
     session = engine.open_session()
     rows = [log_softmax(engine.append(session, prompt))]
     for token in generated[:-1]:
@@ -51,10 +52,10 @@ def assert_matches(found: pb.TokenLogprobs | pb.Token, token: int, reference: np
 
 
 def test_each_generated_tokens_logprob_is_a_log_softmax_of_the_engines_logits(
-        server: RunningServer, model_dir: Path) -> None:
+        server: RunningServer, served_model: Path) -> None:
     tokens = prompt_ids(90, seed=3)
     reply = server.stub.Generate(asking(tokens, 6))
-    reference = engine_logprobs(model_dir, tokens, list(reply.token_ids))
+    reference = engine_logprobs(served_model, tokens, list(reply.token_ids))
     assert [p.id for p in reply.logprobs] == list(reply.token_ids)
     for found, token, row in zip(reply.logprobs, reply.token_ids, reference, strict=True):
         assert len(found.top) == TOP
@@ -62,9 +63,9 @@ def test_each_generated_tokens_logprob_is_a_log_softmax_of_the_engines_logits(
         assert found.top[0].id == token  # greedy: the chosen token is the most likely
 
 
-def test_alternatives_carry_each_tokens_own_text(server: RunningServer, model_dir: Path) -> None:
+def test_alternatives_carry_each_tokens_own_text(server: RunningServer, served_model: Path) -> None:
     reply = server.stub.Generate(asking(prompt_ids(20, seed=4), 2))
-    tokenizer = Tokenizer(model_dir)
+    tokenizer = Tokenizer(served_model)
     for found in reply.logprobs:
         texts = [tokenizer.decode([a.id], skip_special=False) for a in found.top]
         assert [a.text for a in found.top] == texts
@@ -82,17 +83,18 @@ def test_the_stream_tags_each_token_with_the_logprobs_the_unary_call_returns(ser
 
 
 def test_sampled_tokens_report_the_models_distribution_not_the_filtered_one(
-        server: RunningServer, model_dir: Path) -> None:
+        server: RunningServer, served_model: Path) -> None:
     tokens = prompt_ids(30, seed=6)
     request = asking(tokens, 4, top=0)
     request.sampling.CopyFrom(pb.SamplingOptions(temperature=0.5, top_k=3, presence_penalty=1.5, seed=9))
     reply = server.stub.Generate(request)
-    reference = engine_logprobs(model_dir, tokens, list(reply.token_ids))
+    reference = engine_logprobs(served_model, tokens, list(reply.token_ids))
     for found, token, row in zip(reply.logprobs, reply.token_ids, reference, strict=True):
-        assert found.top == [] and found.logprob == pytest.approx(row[token], abs=1e-4)
+        assert len(found.top) == 0 and found.logprob == pytest.approx(row[token], abs=1e-4)
 
 
-def test_decode_returns_logprobs_of_the_sessions_next_tokens(server: RunningServer, model_dir: Path) -> None:
+def test_decode_returns_logprobs_of_the_sessions_next_tokens(server: RunningServer,
+                                                             served_model: Path) -> None:
     tokens = prompt_ids(25, seed=7)
     prefill = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
     session = list(server.stub.Prefill(iter([prefill])))[-1].done.session_id
@@ -101,7 +103,7 @@ def test_decode_returns_logprobs_of_the_sessions_next_tokens(server: RunningServ
     events = list(server.stub.Decode(decode))
     server.stub.CloseSession(pb.CloseSessionRequest(session_id=session))
     streamed = [e.token for e in events if e.HasField("token")]
-    reference = engine_logprobs(model_dir, tokens, [t.id for t in streamed])
+    reference = engine_logprobs(served_model, tokens, [t.id for t in streamed])
     for token, row in zip(streamed, reference, strict=True):
         assert_matches(token, token.id, row)
     assert [p.logprob for p in events[-1].done.logprobs] == [t.logprob for t in streamed]
@@ -147,16 +149,16 @@ def test_decode_refuses_prompt_logprobs(server: RunningServer) -> None:
     assert decode_refusal(server, pb.LogprobOptions(prompt=True)).code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def prompt_reference(model_dir: Path, prompt: list[int]) -> list[np.ndarray]:
+def prompt_reference(served_model: Path, prompt: list[int]) -> list[np.ndarray]:
     """Row i: the log-softmax of the engine's logits after prompt[:i + 1], one token per forward."""
-    engine = Engine.load(model_dir, EngineOptions())
+    engine = Engine.load(served_model, EngineOptions())
     session = engine.open_session()
     return [log_softmax(engine.append(session, [token])) for token in prompt[:-1]]
 
 
 @pytest.mark.parametrize("length", [1, 2, 70, 151])
 def test_prompt_logprobs_come_from_the_real_rows_of_the_prefill_never_a_padded_one(
-        server: RunningServer, model_dir: Path, length: int) -> None:
+        server: RunningServer, served_model: Path, length: int) -> None:
     tokens = prompt_ids(length, seed=length)
     request = asking(tokens, 1, top=3)
     request.logprobs.prompt = True
@@ -164,7 +166,7 @@ def test_prompt_logprobs_come_from_the_real_rows_of_the_prefill_never_a_padded_o
     if length > 2:
         assert reply.prefill.padded_rows > 0, "the prompt should end in a padded forward"
     assert [p.id for p in reply.prompt_logprobs] == tokens[1:]
-    for found, token, row in zip(reply.prompt_logprobs, tokens[1:], prompt_reference(model_dir, tokens),
+    for found, token, row in zip(reply.prompt_logprobs, tokens[1:], prompt_reference(served_model, tokens),
                                  strict=True):
         assert_matches(found, token, row)
 

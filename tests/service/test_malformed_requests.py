@@ -16,7 +16,7 @@ import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.sessions import SessionRegistry
-from tests.service.conftest import RunningServer, server_config
+from tests.support.servers import RunningServer, server_config
 
 Code = grpc.StatusCode
 CORRUPT = b"\xff\xff\xff\xff"
@@ -60,8 +60,8 @@ def test_a_prefill_part_that_does_not_parse_after_a_good_one_closes_the_session_
         stopping=pb.StoppingOptions(max_new_tokens=2, ignore_eos=True))).token_ids) == 2
 
 
-def test_bytes_that_do_not_parse_still_need_a_bearer_token(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, auth_tokens=("alice=s3cret",)))
+def test_bytes_that_do_not_parse_still_need_a_bearer_token(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, auth_tokens=("alice=s3cret",)))
     try:
         assert raw_call(running, "Generate", CORRUPT).code() == Code.UNAUTHENTICATED
         assert raw_call(running, "Prefill", CORRUPT).code() == Code.UNAUTHENTICATED

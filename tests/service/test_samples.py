@@ -10,7 +10,9 @@ import grpc
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, wait_for
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer
+from tests.support.waiting import wait_for
 
 NEW = 6
 

@@ -12,7 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
-from tests.service.conftest import RunningServer, greedy_request, server_config
+from tests.support.prompts import greedy_request
+from tests.support.servers import RunningServer, server_config
 
 
 def openssl(*args: str) -> None:
@@ -49,8 +50,8 @@ def generate_over(channel: grpc.Channel) -> int:
     return len(reply.token_ids)
 
 
-def test_a_tls_server_refuses_plaintext_and_serves_tls(model_dir: Path, pki: Path) -> None:
-    running = RunningServer(server_config(model_dir, tls_cert=str(pki / "server.pem"),
+def test_a_tls_server_refuses_plaintext_and_serves_tls(served_model: Path, pki: Path) -> None:
+    running = RunningServer(server_config(served_model, tls_cert=str(pki / "server.pem"),
                                           tls_key=str(pki / "server.key")))
     try:
         with pytest.raises(grpc.RpcError) as caught:
@@ -63,8 +64,8 @@ def test_a_tls_server_refuses_plaintext_and_serves_tls(model_dir: Path, pki: Pat
 
 
 def test_mutual_tls_refuses_a_client_without_a_certificate_and_binds_sessions_to_it(
-        model_dir: Path, pki: Path) -> None:
-    config = server_config(model_dir, tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
+        served_model: Path, pki: Path) -> None:
+    config = server_config(served_model, tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
                            tls_client_ca=str(pki / "ca.pem"))
     running = RunningServer(config)
     try:
@@ -84,8 +85,8 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_and_binds_sessions_to
 
 
 @pytest.fixture(scope="module")
-def authed(model_dir: Path) -> RunningServer:
-    running = RunningServer(server_config(model_dir, auth_tokens=("alice=token-a", "bob=token-b"),
+def authed(served_model: Path) -> RunningServer:
+    running = RunningServer(server_config(served_model, auth_tokens=("alice=token-a", "bob=token-b"),
                                           sessions_per_caller=2))
     yield running  # type: ignore[misc]
     running.close()
@@ -144,8 +145,8 @@ def test_session_ids_name_the_pod_and_carry_128_random_bits(server: RunningServe
     assert len(set(ids)) == 4
 
 
-def test_messages_over_the_size_limit_are_refused(model_dir: Path) -> None:
-    running = RunningServer(dataclasses.replace(server_config(model_dir), max_message_bytes=1024))
+def test_messages_over_the_size_limit_are_refused(served_model: Path) -> None:
+    running = RunningServer(dataclasses.replace(server_config(served_model), max_message_bytes=1024))
     try:
         with pytest.raises(grpc.RpcError) as caught:
             running.stub.Generate(greedy_request([500] * 1000, 2))  # ~2 kB of varints

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from service.config import PADDING_SWITCH, load_config
-from tests.service.conftest import RunningServer, greedy_request, prompt_ids, server_config
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
 
 # Remainders at chunk 64: 37, 26, 12, 8, 59, 44, 13, 30, 6, 31 -> ten different unpadded widths,
 # more than the variant cache holds beside the batch widths (3 + 5).
@@ -17,10 +18,10 @@ LENGTHS = (37, 90, 140, 200, 251, 300, 333, 350, 390, 415)
 
 
 @pytest.fixture(scope="module")
-def servers(model_dir: Path) -> Iterator[dict[str, RunningServer]]:
+def servers(served_model: Path) -> Iterator[dict[str, RunningServer]]:
     padding_off = load_config({PADDING_SWITCH: "0"}).padding
-    running = {"on": RunningServer(server_config(model_dir)),
-               "off": RunningServer(server_config(model_dir, padding=padding_off))}
+    running = {"on": RunningServer(server_config(served_model)),
+               "off": RunningServer(server_config(served_model, padding=padding_off))}
     yield running
     for server in running.values():
         server.close()

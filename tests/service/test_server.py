@@ -14,10 +14,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service.server import LadderServer
-from tests.service.conftest import RunningServer, greedy_request, server_config
+from tests.support.prompts import greedy_request
+from tests.support.servers import RunningServer, server_config
 
 
-def test_health_is_not_serving_and_calls_unavailable_until_the_model_is_loaded(model_dir: Path) -> None:
+def test_health_is_not_serving_and_calls_unavailable_until_the_model_is_loaded(served_model: Path) -> None:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -26,7 +27,7 @@ def test_health_is_not_serving_and_calls_unavailable_until_the_model_is_loaded(m
         return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
 
     async def make() -> LadderServer:  # grpc.aio servers belong to the loop that makes them
-        return LadderServer(server_config(model_dir))
+        return LadderServer(server_config(served_model))
 
     server = run(make())
     port = run(server.start())

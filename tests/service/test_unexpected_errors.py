@@ -9,11 +9,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from structlog.testing import capture_logs
 
-from tests.service.conftest import RunningServer, greedy_request, server_config
+from tests.support.prompts import greedy_request
+from tests.support.servers import RunningServer, server_config
 
 
-def test_an_unexpected_error_is_internal_with_a_traceback_and_flips_health(model_dir: Path) -> None:
-    running = RunningServer(server_config(model_dir))
+def test_an_unexpected_error_is_internal_with_a_traceback_and_flips_health(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model))
     try:
         serving = running.server.serving
         assert serving is not None

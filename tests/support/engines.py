@@ -1,4 +1,4 @@
-"""Small factories the engine tests share."""
+"""Engines on generated models, and the greedy references the tests compare servers and paths against."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ from engine.executor.sampling import Sampler, SamplingParams
 
 def load(path: Path, **options: object) -> Engine:
     return Engine.load(path, EngineOptions(**options))  # type: ignore[arg-type]
-
-
-def prompt(length: int, seed: int = 0, vocab: int = 512) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, length)]
 
 
 def greedy(engine: Engine, session: Session, steps: int, tokens: Sequence[int] | None = None) -> list[int]:
@@ -42,5 +38,19 @@ def greedy_from_prompt(engine: Engine, tokens: list[int], steps: int) -> list[in
     session = engine.open_session()
     try:
         return greedy(engine, session, steps, tokens)
+    finally:
+        engine.close_session(session)
+
+
+def greedy_by_appending(engine: Engine, tokens: list[int], steps: int) -> list[int]:
+    """The argmax continuation computed the plainest way: each token appended as a whole forward
+    (no decode step, no sampler), on a session of its own."""
+    session = engine.open_session()
+    try:
+        logits, out = engine.append(session, tokens), []
+        for _ in range(steps):
+            out.append(int(np.argmax(logits)))
+            logits = engine.append(session, [out[-1]])
+        return out
     finally:
         engine.close_session(session)
