@@ -20,44 +20,28 @@ Starts `python -m service` on a free port and drives it over gRPC as users do:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import multiprocessing as mp
-import os
-import platform
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 
-from proto.ladder.v1 import ladder_pb2 as pb
-from proto.ladder.v1 import ladder_pb2_grpc
-
-VOCAB_FLOOR = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def prompt(n: int, seed: int, vocab: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(VOCAB_FLOOR, min(vocab, 32000), n)]
-
-
-def request(tokens: list[int], new: int) -> pb.GenerateRequest:
-    return pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
-                              stopping=pb.StoppingOptions(max_new_tokens=new, ignore_eos=True))
-
-
-def stub(address: str) -> Any:
-    return ladder_pb2_grpc.LadderStub(grpc.insecure_channel(address))
+from bench.served import (
+    device_used,
+    engine_stats,
+    free_port,
+    machine,
+    prompt,
+    request,
+    resolve_model,
+    rss,
+    stub,
+    wait_serving,
+)
 
 
 # -- clients: each stream records wall-clock times of its tokens (time.time: shared across processes) --
@@ -138,49 +122,6 @@ def start_server(args: argparse.Namespace, model: str, port: int,
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root)
 
 
-def wait_serving(address: str, seconds: float = 600) -> None:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            if health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING:
-                return
-        except grpc.RpcError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("the server never became SERVING")
-
-
-def engine_stats(address: str) -> dict[str, Any]:
-    s = stub(address).GetEngineStats(pb.GetEngineStatsRequest())
-    return {"prepared": s.variants.prepared, "entries": [(e.width, e.batch) for e in s.variants.held],
-            "evictions": s.variants.evictions, "refusals": s.variants.refusals,
-            "eager_forwards": s.eager_forwards, "decode_steps": s.decode.steps, "decode_rows": s.decode.rows,
-            "batch_use": {str(w.batch): w.forwards for w in s.decode.widths},
-            "memory": {"weights": s.memory.weights_bytes, "kv": s.memory.kv_bytes,
-                       "variants": s.memory.variant_bytes}}
-
-
-def device_used() -> int | None:
-    try:
-        import cupy as cp
-
-        free, total = cp.cuda.runtime.memGetInfo()
-        return int(total - free)
-    except Exception:  # noqa: BLE001 — no device here: the CPU run reports RSS instead
-        return None
-
-
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-# -- measurements ---------------------------------------------------------------------------
 def scaling(address: str, args: argparse.Namespace, vocab: int,
             counts: list[int] | None = None, streaming: bool = False) -> dict[str, Any]:
     """N calls at once for each N; the single call is measured three times (its median row kept)."""
@@ -413,29 +354,6 @@ def numerics(model_dir: Path, args: argparse.Namespace, vocab: int, streams: int
         rows.append({"first_difference": first, "alone_top2_gap_there": top2,
                      "first_decode_max_logit_diff": float(np.abs(logits[0][0] - mine_logits[0]).max())})
     return {"streams": streams, "equal": sum(r["first_difference"] is None for r in rows), "rows": rows}
-
-
-def machine() -> dict[str, Any]:
-    info = {"date": dt.date.today().isoformat(), "host": platform.node(), "cpus": os.cpu_count(),
-            "python": platform.python_version()}
-    try:
-        info["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                                     capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        info["gpu"] = None
-    return info
-
-
-def resolve_model(args: argparse.Namespace) -> str:
-    if args.model.startswith("gpu:"):
-        from bench.gpu.run import build
-
-        return str(build(args.model[4:], Path("/tmp/ladder-gpu-models")))
-    if args.model == "default":
-        from engine.default_model import prepare
-
-        return str(prepare(Path(args.cache), precision=args.precision).model_dir)
-    return args.model
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.batching import free_port, machine, prompt, resolve_model, stub, wait_serving
+from bench.served import free_port, machine, prompt, resolve_model, stub, wait_serving
 from proto.ladder.v1 import ladder_pb2 as pb
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from bench.batching import free_port, machine, request, stub, wait_serving
+from bench.served import free_port, machine, request, stub, wait_serving
 
 
 def load(address: str, seconds: float, threads: int, prompt_len: int, new: int) -> dict[str, float]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from bench.batching import free_port, machine, request, rss, stub, wait_serving
+from bench.served import free_port, machine, request, rss, stub, wait_serving
 
 
 def client(args: tuple[str, int, float, int, int]) -> dict[str, Any]:
