@@ -2,7 +2,8 @@
 
 The fixture builds it with clients/cpp/build.sh: against the system's gRPC C++ packages when they are
 installed, otherwise against Debian's packages fetched without root into .pytest_cache/d/ladder-cpp-deps.
-The binary is cached under .pytest_cache/d/ladder-cpp-client/<hash of its sources and the .proto>.
+The binary is cached under .pytest_cache/d/ladder-cpp-client/<hash of its sources, the .proto and the
+packages' path its rpath names>.
 """
 
 from __future__ import annotations
@@ -29,8 +30,13 @@ UNOBTAINABLE = 3  # build.sh's exit status when the gRPC C++ packages cannot be 
 pytestmark = pytest.mark.network
 
 
+DEPS = CACHE / "ladder-cpp-deps"
+
+
 def sources_key() -> str:
-    digest = hashlib.sha256()
+    """The sources, and where the binary's rpath points (a build from a checkout elsewhere, sharing
+    this cache, points at libraries that may be gone)."""
+    digest = hashlib.sha256(str(DEPS).encode())
     for source in SOURCES:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
@@ -42,7 +48,7 @@ def cpp_client() -> Path:
     for stale in build_dir.parent.glob("*"):  # builds of earlier sources
         if stale != build_dir:
             shutil.rmtree(stale, ignore_errors=True)
-    env = {**os.environ, "LADDER_CPP_DEPS": str(CACHE / "ladder-cpp-deps")}
+    env = {**os.environ, "LADDER_CPP_DEPS": str(DEPS)}
     done = subprocess.run([str(CPP_DIR / "build.sh"), str(build_dir)], capture_output=True, text=True,
                           env=env, timeout=1200, check=False)
     if done.returncode == UNOBTAINABLE:
