@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +24,17 @@ class EngineOptions:
     lookahead: bool = True  # launch the next decode forward before its tokens are read (CUDA)
     prefix_sharing: bool = True  # a prompt starting with a held prefix (ladder steps) copies it
     graph_read_only: bool = False  # never rewrite the model's graph: its head then runs on every row
-    graph_cache: Path | None = None  # where rewritten graphs are kept; None = ~/.cache/ladder/graphs
+    # Where rewritten graphs are kept (the server: <model_cache>/graphs); None = a temporary
+    # directory of this process, removed at exit: a copy can be as large as the model.
+    graph_cache: Path | None = None
 
     @property
     def graph_cache_dir(self) -> Path:
-        return self.graph_cache or Path.home() / ".cache" / "ladder" / "graphs"
+        return self.graph_cache or _process_graph_cache()
+
+
+@functools.cache
+def _process_graph_cache() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="ladder-graphs-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -151,6 +152,14 @@ def test_a_model_directory_is_rewritten_into_the_cache_and_left_untouched(model_
     again = load(path, tmp_path / "graphs")
     assert again.info.graph == engine.info.graph  # the cached copy is reused
     assert len(list((tmp_path / "graphs").iterdir())) == 1
+
+
+def test_an_engine_given_no_graph_cache_keeps_its_copies_in_a_temporary_directory_not_the_home(
+        model_dir) -> None:
+    engine = Engine.load(model_dir(spec=EVERY_ROW))
+    assert engine.info.logits_rows  # rewritten, into the process's temporary graph cache
+    assert engine.info.graph.is_relative_to(tempfile.gettempdir())
+    assert not engine.info.graph.is_relative_to(Path.home())
 
 
 def test_the_cache_keeps_one_copy_per_source_graph_when_the_source_changes(model_dir, tmp_path) -> None:
