@@ -7,7 +7,6 @@ path, and follow the CPU path's plan; captures stay within the variant cache
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,19 +15,16 @@ import pytest
 from engine.executor import DecodeRow, Engine, EngineOptions
 from engine.executor.sampling import Sampler, SamplingParams
 from engine.model import load_model_info
-from engine.modelgen.synthetic import TINY, build_synthetic
+from tests.support.models import CUDA_SPEC, cuda_model
 
 pytestmark = pytest.mark.gpu
 GREEDY = Sampler(SamplingParams())
-SPEC = replace(TINY, dtype="float16", vocab_size=4096, hidden_size=512, intermediate_size=1408,
-               num_layers=4, num_heads=8, num_kv_heads=2, head_size=64, rotary_rows=2048)
 LENGTHS = (7, 40, 200, 333, 700)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_synthetic(SPEC, tmp_path_factory.mktemp("models"), chunk_size=256,
-                           context_length=2048)
+    return cuda_model(tmp_path_factory.mktemp("models"))
 
 
 def engine_on(path: Path, provider: str, *, graphs: bool = True, **overrides: object) -> Engine:
@@ -43,7 +39,7 @@ def engine_on(path: Path, provider: str, *, graphs: bool = True, **overrides: ob
 
 def generate(engine: Engine, n: int, new: int = 16) -> tuple[list[int], tuple[int, ...]]:
     session = engine.open_session()
-    tokens = np.random.default_rng(n).integers(3, SPEC.vocab_size, n).tolist()
+    tokens = np.random.default_rng(n).integers(3, CUDA_SPEC.vocab_size, n).tolist()
     widths = engine.plan(session, n).widths
     engine.append(session, tokens)
     out = [engine.choose(session, GREEDY)]
@@ -80,7 +76,7 @@ def test_sessions_decoded_together_in_one_graph_give_their_tokens_alone(model_di
     engine = engine_on(model_dir, "cuda")
     sessions = [engine.open_session() for _ in LENGTHS]
     for session, n in zip(sessions, LENGTHS, strict=True):
-        engine.append(session, np.random.default_rng(n).integers(3, SPEC.vocab_size, n).tolist())
+        engine.append(session, np.random.default_rng(n).integers(3, CUDA_SPEC.vocab_size, n).tolist())
     outs = [[engine.choose(s, GREEDY)] for s in sessions]
     for _ in range(15):
         chosen = engine.decode([DecodeRow(s, o[-1], GREEDY) for s, o in zip(sessions, outs, strict=True)])

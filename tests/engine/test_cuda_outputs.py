@@ -8,7 +8,6 @@ copied into another slot (n samples) decodes exactly as the one it copies.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,16 +15,14 @@ import pytest
 
 from engine.executor import DecodeRow, Engine, EngineOptions
 from engine.executor.sampling import Sampler, SamplingParams, TokenLogprobs
-from engine.modelgen.synthetic import TINY, build_synthetic
+from tests.support.models import CUDA_SPEC, cuda_model
 
 pytestmark = pytest.mark.gpu
-SPEC = replace(TINY, dtype="float16", vocab_size=4096, hidden_size=512, intermediate_size=1408,
-               num_layers=4, num_heads=8, num_kv_heads=2, head_size=64, rotary_rows=2048)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_synthetic(SPEC, tmp_path_factory.mktemp("models"), chunk_size=256, context_length=2048)
+    return cuda_model(tmp_path_factory.mktemp("models"))
 
 
 def engine_on(path: Path, provider: str) -> Engine:
@@ -33,7 +30,7 @@ def engine_on(path: Path, provider: str) -> Engine:
 
 
 def prompt(n: int) -> list[int]:
-    return np.random.default_rng(n).integers(3, SPEC.vocab_size, n).tolist()
+    return np.random.default_rng(n).integers(3, CUDA_SPEC.vocab_size, n).tolist()
 
 
 def run(engine: Engine, tokens: list[int], sampler: Sampler,

@@ -3,24 +3,21 @@ and forked or prefix-sharing sessions give the greedy tokens of a session that p
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from engine.executor import Engine, EngineOptions
-from engine.modelgen.synthetic import TINY, build_synthetic
 from tests.support.engines import greedy
+from tests.support.models import CUDA_SPEC, cuda_model
 
 pytestmark = pytest.mark.gpu
-SPEC = replace(TINY, dtype="float16", vocab_size=4096, hidden_size=512, intermediate_size=1408,
-               num_layers=4, num_heads=8, num_kv_heads=2, head_size=64, rotary_rows=2048)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_synthetic(SPEC, tmp_path_factory.mktemp("models"), chunk_size=256, context_length=2048)
+    return cuda_model(tmp_path_factory.mktemp("models"))
 
 
 def cuda(path: Path, **overrides: object) -> Engine:
@@ -29,7 +26,7 @@ def cuda(path: Path, **overrides: object) -> Engine:
 
 
 def tokens(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(3, SPEC.vocab_size, n).tolist()  # type: ignore[no-any-return]
+    return np.random.default_rng(seed).integers(3, CUDA_SPEC.vocab_size, n).tolist()  # type: ignore[no-any-return]
 
 
 def recompute(path: Path, prompt: list[int], steps: int) -> list[int]:
