@@ -365,7 +365,7 @@ class Scheduler:
         rows = [row for job_rows in wanted for row in job_rows]
         started = time.perf_counter()
         try:
-            tokens = self.engine.decode(rows)
+            tokens = self.engine.decode_checked(rows)  # each row was checked as its job asked for it
         except Exception as exc:  # noqa: BLE001 — every row of a failed forward fails
             self._fault(exc)
             for job in jobs:

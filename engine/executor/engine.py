@@ -269,6 +269,11 @@ class Engine(Prefilling):
         """Feed one token to each session in one forward (one per session when unbatched); choose the next."""
         for row in rows:
             self.check_decode(row)
+        return self.decode_checked(rows)
+
+    def decode_checked(self, rows: Sequence[DecodeRow]) -> list[int | None]:
+        """`decode` of rows that each passed `check_decode` since their sessions last changed (the
+        scheduler checks a row as its job asks for it, so a bad row fails alone, not its batch)."""
         if len({r.session.row for r in rows}) != len(rows):
             raise InvalidInput("a session appears twice in one decode step")
         chosen = [r for r in rows if r.sampler is not None]
