@@ -188,10 +188,7 @@ def _read_rows_nodes(graph: onnx.GraphProto, hidden: str, read: str) -> list[onn
              f"{p}.one": np.array(1, np.int64), f"{p}.last": np.array([-1], np.int64),
              f"{p}.start": np.array([0], np.int64), f"{p}.axes": np.array([0], np.int64)}
     graph.initializer.extend(numpy_helper.from_array(v, n) for n, v in inits.items())
-
-    def node(op: str, inputs: list[str], output: str, **attrs: Any) -> onnx.NodeProto:
-        return helper.make_node(op, inputs, [output], name=output, **attrs)
-
+    node = _node
     return [
         node("Shape", [hidden], f"{p}.shape"),
         node("Gather", [f"{p}.shape", f"{p}.axis"], f"{p}.count", axis=0),
@@ -206,11 +203,22 @@ def _read_rows_nodes(graph: onnx.GraphProto, hidden: str, read: str) -> list[onn
         node("Unsqueeze", [f"{p}.taken", f"{p}.axes"], f"{p}.stop"),
         node("Concat", [READ_ROWS_INPUT, f"{p}.every"], f"{p}.candidates", axis=0),
         node("Slice", [f"{p}.candidates", f"{p}.start", f"{p}.stop", f"{p}.axes"], f"{p}.wanted"),
-        # Clamped: a graph that contracted the query axis upstream runs on, and the self-check sees it.
-        node("Min", [f"{p}.wanted", f"{p}.max"], f"{p}.index"),
-        node("Gather", [hidden, f"{p}.index"], read, axis=1),
-        node("Concat", [f"{p}.index", f"{p}.max"], SEEN_OUTPUT, axis=0),
+        *_gather_rows(hidden, read, f"{p}.wanted", f"{p}.max"),
     ]
+
+
+def _node(op: str, inputs: list[str], output: str, **attrs: Any) -> onnx.NodeProto:
+    return helper.make_node(op, inputs, [output], name=output, **attrs)
+
+
+def _gather_rows(hidden: str, read: str, wanted: str, last: str) -> list[onnx.NodeProto]:
+    """The rows `wanted` names, clamped to the `last` row there is, gathered into `read`; the rows
+    seen (the clamped numbers, then `last`). Clamped: a graph that contracted the query axis upstream
+    runs on, and the self-check sees it."""
+    index = "read_rows.index"
+    return [_node("Min", [wanted, last], index),
+            _node("Gather", [hidden, index], read, axis=1),
+            _node("Concat", [index, last], SEEN_OUTPUT, axis=0)]
 
 
 def _device_read_rows_nodes(graph: onnx.GraphProto, hidden: str, read: str) -> list[onnx.NodeProto]:
@@ -220,21 +228,14 @@ def _device_read_rows_nodes(graph: onnx.GraphProto, hidden: str, read: str) -> l
     ones as long as the query axis. No default: the CUDA backend always feeds the row numbers."""
     p = "read_rows"
     graph.initializer.extend([numpy_helper.from_array(np.array([1], np.int64), f"{p}.one")])
-
-    def node(op: str, inputs: list[str], output: str, **attrs: Any) -> onnx.NodeProto:
-        return helper.make_node(op, inputs, [output], name=output, **attrs)
-
-    one = numpy_helper.from_array(np.array([1.0], np.float32))
+    node, one = _node, numpy_helper.from_array(np.array([1.0], np.float32))
     return [
         node("Shape", [hidden], f"{p}.rows_shape", start=1, end=2),
         node("ConstantOfShape", [f"{p}.rows_shape"], f"{p}.ones", value=one),
         node("ReduceSum", [f"{p}.ones"], f"{p}.count_f", keepdims=1),
         node("Cast", [f"{p}.count_f"], f"{p}.count", to=onnx.TensorProto.INT64),
         node("Sub", [f"{p}.count", f"{p}.one"], f"{p}.max"),
-        # Clamped: a graph that contracted the query axis upstream runs on, and the self-check sees it.
-        node("Min", [READ_ROWS_INPUT, f"{p}.max"], f"{p}.index"),
-        node("Gather", [hidden, f"{p}.index"], read, axis=1),
-        node("Concat", [f"{p}.index", f"{p}.max"], SEEN_OUTPUT, axis=0),
+        *_gather_rows(hidden, read, READ_ROWS_INPUT, f"{p}.max"),
     ]
 
 
