@@ -39,6 +39,7 @@ from bench.served import (
     request,
     resolve_model,
     rss,
+    server_arguments,
     stub,
     wait_serving,
 )
@@ -358,11 +359,7 @@ def numerics(model_dir: Path, args: argparse.Namespace, vocab: int, streams: int
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--provider", default="cuda")
-    parser.add_argument("--model", default="gpu:16x2048")
-    parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "ladder"))
+    server_arguments(parser, provider="cuda", model="gpu:16x2048", precision="fp32")
     parser.add_argument("--streams", default="1,2,4,8,16,32,64")
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.served import free_port, machine, prompt, resolve_model, stub, wait_serving
+from bench.served import free_port, machine, prompt, resolve_model, server_arguments, stub, wait_serving
 from proto.ladder.v1 import ladder_pb2 as pb
 
 
@@ -56,11 +56,7 @@ def one_request(client: Any, tokens: list[int], new: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--provider", default="cpu")
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--precision", default="int4")
-    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "ladder"))
+    server_arguments(parser, provider="cpu", model="default", precision="int4")
     parser.add_argument("--baseline-root", type=Path, required=True)
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--new", type=int, default=32)

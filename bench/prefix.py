@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.served import free_port, machine, prompt, resolve_model, stub, wait_serving
+from bench.served import free_port, machine, prompt, resolve_model, server_arguments, stub, wait_serving
 from proto.ladder.v1 import ladder_pb2 as pb
 
 
@@ -184,11 +184,7 @@ def compare(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--provider", default="cuda")
-    parser.add_argument("--model", default="gpu:16x2048")
-    parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "ladder"))
+    server_arguments(parser, provider="cuda", model="gpu:16x2048", precision="fp32")
     parser.add_argument("--chunk-sizes", default="512", help="comma-separated chunk widths to serve with")
     parser.add_argument("--capacity", type=int, default=4096)
     parser.add_argument("--slots", type=int, default=4)

@@ -104,3 +104,15 @@ def resolve_model(args: argparse.Namespace) -> str:
 
         return str(prepare(Path(args.cache), precision=args.precision).model_dir)
     return args.model
+
+
+def server_arguments(parser: argparse.ArgumentParser, provider: str, model: str, precision: str) -> None:
+    """The flags every benchmark of a served model takes: where results go, and what it serves (the
+    default model's cache defaults to the server's own)."""
+    from service.config import load_config
+
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--provider", default=provider)
+    parser.add_argument("--model", default=model, help='"default", "gpu:<spec>", or a model directory')
+    parser.add_argument("--precision", default=precision)
+    parser.add_argument("--cache", default=load_config(argv=[]).model_cache)
