@@ -10,11 +10,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from structlog.testing import capture_logs
 
-from engine.convert.gguf_llama import GgufModel, llama_spec, llama_weights
 from engine.default_model import (
     GGUF_NAME,
     MANIFEST,
@@ -23,17 +21,13 @@ from engine.default_model import (
     prepare,
     prepare_default_model,
 )
-from engine.executor import Engine, EngineOptions
-from engine.modelgen.builder import DecoderSpec, DecoderWeights
-from engine.modelgen.reference import reference_logits
+from engine.executor import Engine
 from engine.tokenizer import Tokenizer
-from tests.support.engines import greedy_from_prompt
+from tests.support.engines import greedy_from_prompt, load_default
 from tests.support.models import LONE_USER_TURN
 
 # llama.cpp's ids for the chat question (from smollm2-reference.json; CI has no shared dir).
 CHAT_PROMPT_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
-PROMPTS = ["The capital of France is", "def fibonacci(n):\n    return",
-           "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]
 
 
 @pytest.fixture(scope="module")
@@ -47,66 +41,9 @@ def tokenizer(model_dir: Path) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def dequantized(model_dir: Path, default_model_root: Path) -> tuple[DecoderSpec, DecoderWeights]:
-    gguf = GgufModel(default_model_root / "downloads" / GGUF_NAME)
-    spec = llama_spec(gguf, context_length=4096)
-    return spec, llama_weights(gguf, spec)
-
-
-@pytest.fixture(scope="module")
 def engine(model_dir: Path) -> Engine:
-    return Engine.load(model_dir, EngineOptions())
-
-
-@pytest.fixture(scope="module")
-def onnx_session(model_dir: Path) -> ort.InferenceSession:
-    """The converted graph as it is on disk, in a plain onnxruntime session (loaded once)."""
-    return ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
-
-
-def onnx_logits(session: ort.InferenceSession, tokens: list[int]) -> np.ndarray:
-    """All logits rows of one forward from an empty past, straight through onnxruntime."""
-    feeds: dict[str, np.ndarray] = {"input_ids": np.array([tokens], np.int64),
-                                    "attention_mask": np.ones((1, len(tokens)), np.int64)}
-    for port in session.get_inputs():
-        if port.name.startswith("past_key_values."):
-            feeds[port.name] = np.zeros((1, port.shape[1], 0, port.shape[3]), np.float32)
-    return np.asarray(session.run(["logits"], feeds)[0][0])
-
-
-def test_onnx_logits_match_the_numpy_reference_of_the_dequantized_weights(
-        onnx_session: ort.InferenceSession, tokenizer: Tokenizer,
-        dequantized: tuple[DecoderSpec, DecoderWeights]) -> None:
-    spec, weights = dequantized
-    for prompt in PROMPTS:
-        tokens = tokenizer.encode(prompt)
-        ref = reference_logits(spec, weights, tokens)
-        got = onnx_logits(onnx_session, tokens)
-        rel = np.abs(got - ref).max() / np.abs(ref).max()
-        assert rel <= 1e-3, (prompt, rel)
-        assert (np.argmax(got, -1) == np.argmax(ref, -1)).all()
-
-
-def _permute_for_llama_cpp(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's Q/K reordering on an [in, out] matrix (the inverse of the converter's)."""
-    rows, out = w.shape
-    half = out // heads // 2
-    return w.reshape(rows, heads, 2, half).swapaxes(2, 3).reshape(rows, out)
-
-
-def test_the_gguf_pair_rotary_layout_and_the_unpermuted_half_split_layout_agree(
-        tokenizer: Tokenizer, dequantized: tuple[DecoderSpec, DecoderWeights]) -> None:
-    spec, weights = dequantized
-    gguf_layers = [
-        type(lw)(**{**vars(lw), "q": _permute_for_llama_cpp(lw.q, spec.num_heads),
-                    "k": _permute_for_llama_cpp(lw.k, spec.num_kv_heads)})
-        for lw in weights.layers]
-    gguf_weights = DecoderWeights(weights.embed, gguf_layers, weights.final_norm)
-    interleaved = DecoderSpec(**{**vars(spec), "rotary_interleaved": True})
-    tokens = tokenizer.encode(PROMPTS[0])
-    half_split = reference_logits(spec, weights, tokens)
-    pairs = reference_logits(interleaved, gguf_weights, tokens)
-    np.testing.assert_allclose(half_split, pairs, rtol=0, atol=1e-6 * np.abs(pairs).max())
+    """Padded, in chunks of 512 (the model's own settings, stated: the long prompt relies on them)."""
+    return load_default(model_dir, padding=True, chunk_size=512)
 
 
 def test_the_plain_completion_of_the_capital_of_france_is_paris(
@@ -131,12 +68,13 @@ def test_a_lone_user_turn_asking_the_capital_of_france_is_answered_paris(
 
 
 def test_a_long_prompt_chunked_and_padded_continues_as_the_whole_unpadded_prompt(
-        model_dir: Path, tokenizer: Tokenizer) -> None:
+        model_dir: Path, engine: Engine, tokenizer: Tokenizer) -> None:
     text = Path(__file__).read_text() * 4
     prompt = tokenizer.encode(text)[:1500]
     assert len(prompt) == 1500
-    chunked = Engine.load(model_dir, EngineOptions(padding=True, chunk_size=512))
-    whole = Engine.load(model_dir, EngineOptions(padding=False, chunk_size=0))
+    chunked = engine
+    assert chunked.options.padding and chunked.chunk_size == 512
+    whole = load_default(model_dir, padding=False, chunk_size=0)
     assert greedy_from_prompt(chunked, prompt, 12) == greedy_from_prompt(whole, prompt, 12)
 
 

@@ -8,9 +8,9 @@ import onnx
 import pytest
 
 from engine.default_model import prepare
-from engine.executor import Engine, EngineOptions
+from engine.executor import Engine
 from engine.tokenizer import Tokenizer
-from tests.support.engines import greedy_by_appending
+from tests.support.engines import greedy_by_appending, load_default
 from tests.support.models import LONE_USER_TURN
 
 
@@ -19,15 +19,21 @@ def model_dir(default_model_root: Path) -> Path:
     return prepare(default_model_root, precision="fp16").model_dir
 
 
-def test_the_fp16_model_holds_its_weights_and_kv_in_half_precision(model_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def engine(model_dir: Path) -> Engine:
+    return load_default(model_dir, max_sessions=1)
+
+
+def test_the_fp16_model_holds_its_weights_and_kv_in_half_precision(model_dir: Path, engine: Engine) -> None:
     graph = onnx.load(str(model_dir / "model.onnx"), load_external_data=False).graph
     kinds = {t.data_type for t in graph.initializer if len(t.dims) == 2 and min(t.dims) >= 64}
     assert kinds == {onnx.TensorProto.FLOAT16}
-    assert Engine.load(model_dir, EngineOptions(max_sessions=1)).info.kv_dtype == "float16"
+    assert engine.info.kv_dtype == "float16"
 
 
-def test_the_fp16_model_answers_the_readme_prompt_and_the_chat_question(model_dir: Path) -> None:
-    tokenizer, engine = Tokenizer(model_dir), Engine.load(model_dir, EngineOptions(max_sessions=1))
+def test_the_fp16_model_answers_the_readme_prompt_and_the_chat_question(model_dir: Path,
+                                                                       engine: Engine) -> None:
+    tokenizer = Tokenizer(model_dir)
     readme = tokenizer.encode("The capital of France is")
     assert tokenizer.decode(greedy_by_appending(engine, readme, 1)) == " Paris"
     answer = tokenizer.decode(greedy_by_appending(engine, tokenizer.encode(LONE_USER_TURN), 7))

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from engine.default_model import prepare_default_model
-from engine.executor import Engine, EngineOptions
 from engine.tokenizer import Tokenizer
-from tests.support.engines import greedy_from_prompt
+from tests.support import engines
+from tests.support.engines import greedy_from_prompt, load_default
 
 og = pytest.importorskip("onnxruntime_genai")
 
@@ -22,6 +23,17 @@ NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def model_dir(default_model_root: Path) -> Path:
     return prepare_default_model(default_model_root)
+
+
+@pytest.fixture(scope="module")
+def genai_model(model_dir: Path) -> og.Model:
+    """onnxruntime-genai's model on the converted directory, loaded once for the module (with this
+    worker's share of the cores, as Ladder's engine has)."""
+    config = og.Config(str(model_dir))
+    if engines.INTRA_OP_THREADS:
+        options = {"intra_op_num_threads": engines.INTRA_OP_THREADS}
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+    return og.Model(config)
 
 
 def genai_greedy(model: og.Model, prompt: list[int]) -> list[int]:
@@ -37,17 +49,17 @@ def genai_greedy(model: og.Model, prompt: list[int]) -> list[int]:
     return out
 
 
-def test_onnxruntime_genai_tokenizes_like_ladder(model_dir: Path) -> None:
+def test_onnxruntime_genai_tokenizes_like_ladder(model_dir: Path, genai_model: og.Model) -> None:
     ours = Tokenizer(model_dir)
-    theirs = og.Tokenizer(og.Model(str(model_dir)))
+    theirs = og.Tokenizer(genai_model)
     for prompt in PROMPTS:
         assert list(theirs.encode(prompt)) == ours.encode(prompt)
 
 
-def test_onnxruntime_genai_and_ladder_give_the_same_greedy_tokens(model_dir: Path) -> None:
+def test_onnxruntime_genai_and_ladder_give_the_same_greedy_tokens(model_dir: Path,
+                                                                  genai_model: og.Model) -> None:
     tokenizer = Tokenizer(model_dir)
-    engine = Engine.load(model_dir, EngineOptions())
-    model = og.Model(str(model_dir))
+    engine = load_default(model_dir)
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
-        assert genai_greedy(model, ids) == greedy_from_prompt(engine, ids, NEW_TOKENS), prompt
+        assert genai_greedy(genai_model, ids) == greedy_from_prompt(engine, ids, NEW_TOKENS), prompt

@@ -28,6 +28,7 @@ from engine.head import CannotRewrite, find_head, gather_read_rows, prepared_gra
 from engine.model import load_model_info
 from engine.modelgen.builder import build_decoder, genai_config, write_model_dir
 from engine.modelgen.synthetic import TINY, VARIANTS, random_weights
+from tests.support import engines
 from tests.support.engines import greedy_from_prompt
 from tests.support.prompts import prompt_ids
 
@@ -35,7 +36,7 @@ EVERY_ROW = replace(TINY, read_rows=False)  # the same decoder, its head on ever
 
 
 def load(path: Path, cache: Path, **options: object) -> Engine:
-    return Engine.load(path, EngineOptions(graph_cache=cache, **options))  # type: ignore[arg-type]
+    return engines.load(path, graph_cache=cache, **options)
 
 
 def spy_on_forwards(engine: Engine) -> list[tuple[int, int, HeadRows]]:

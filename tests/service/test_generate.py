@@ -7,17 +7,16 @@ from pathlib import Path
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine.executor import Engine, EngineOptions
 from engine.modelgen.synthetic import VARIANTS, build_synthetic
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.support.engines import greedy_by_appending
+from tests.support.engines import greedy_by_appending, load
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, server_config
 
 
 def engine_greedy(served_model: Path, tokens: list[int], n: int) -> list[int]:
     """The engine's greedy tokens, one session alone, appending each token as a whole forward."""
-    return greedy_by_appending(Engine.load(served_model, EngineOptions()), tokens, n)
+    return greedy_by_appending(load(served_model), tokens, n)
 
 
 def test_health_answers_serving_for_the_server_and_the_ladder_service(server: RunningServer) -> None:

@@ -12,9 +12,9 @@ import grpc
 import numpy as np
 import pytest
 
-from engine.executor import Engine, EngineOptions
 from engine.tokenizer import Tokenizer
 from proto.ladder.v1 import ladder_pb2 as pb
+from tests.support.engines import load
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer
 
@@ -28,7 +28,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def engine_logprobs(served_model: Path, prompt: list[int], generated: list[int]) -> list[np.ndarray]:
     """The log-softmax of the engine's next-token logits before each generated token."""
-    engine = Engine.load(served_model, EngineOptions())
+    engine = load(served_model)
     session = engine.open_session()
     rows = [log_softmax(engine.append(session, prompt))]
     for token in generated[:-1]:
@@ -151,7 +151,7 @@ def test_decode_refuses_prompt_logprobs(server: RunningServer) -> None:
 
 def prompt_reference(served_model: Path, prompt: list[int]) -> list[np.ndarray]:
     """Row i: the log-softmax of the engine's logits after prompt[:i + 1], one token per forward."""
-    engine = Engine.load(served_model, EngineOptions())
+    engine = load(served_model)
     session = engine.open_session()
     return [log_softmax(engine.append(session, [token])) for token in prompt[:-1]]
 

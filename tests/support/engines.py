@@ -6,13 +6,42 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 from engine.executor import DecodeRow, Engine, EngineOptions, Session
 from engine.executor.sampling import Sampler, SamplingParams
 
+# Intra-op threads for each onnxruntime session a test makes: the machine's cores shared among
+# pytest-xdist's workers (set once at start-up by the harness; 0 = onnxruntime's own default, as
+# in one process). Two workers on two cores with a pool each would run four busy threads on two.
+INTRA_OP_THREADS = 0
+
+
+def cores_per_worker(cores: int, workers: int) -> int:
+    """Each worker's share of `cores` (at least one); 0 (onnxruntime's default) without workers."""
+    return 0 if workers <= 1 else max(1, cores // workers)
+
 
 def load(path: Path, **options: object) -> Engine:
+    """Engine.load with `options` (each an EngineOptions field); this worker's share of the cores
+    unless `intra_op_threads` is given."""
+    options.setdefault("intra_op_threads", INTRA_OP_THREADS)
     return Engine.load(path, EngineOptions(**options))  # type: ignore[arg-type]
+
+
+def cpu_session(model: str | bytes) -> ort.InferenceSession:
+    """A plain onnxruntime CPU session on `model` (a path or the bytes of one), with this worker's
+    share of the cores."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = INTRA_OP_THREADS
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def load_default(model_dir: Path, **options: object) -> Engine:
+    """An engine on a converted default model (`<cache>/models/<name>`). Its rewritten graph is kept
+    in `<cache>/graphs`, where the server keeps it under its model cache, so each conversion's
+    graph is rewritten once, not once per test process (a rewrite of the fp32 model is ~6 s)."""
+    return load(model_dir, graph_cache=model_dir.parents[1] / "graphs", **options)
 
 
 def greedy(engine: Engine, session: Session, steps: int, tokens: Sequence[int] | None = None) -> list[int]:

