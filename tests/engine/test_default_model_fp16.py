@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
 import pytest
 
-from engine.default_model import prepare
 from engine.executor import Engine
 from engine.tokenizer import Tokenizer
 from tests.support.engines import greedy_by_appending, load_default
@@ -15,8 +15,8 @@ from tests.support.models import LONE_USER_TURN
 
 
 @pytest.fixture(scope="module")
-def model_dir(default_model_root: Path) -> Path:
-    return prepare(default_model_root, precision="fp16").model_dir
+def model_dir(default_model: Callable[..., Path]) -> Path:
+    return default_model("fp16")
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ dequantization; and the int4 variant still answers right.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from engine.convert.gguf_llama import (
     llama_spec,
     llama_weights,
 )
-from engine.default_model import GGUF_NAME, prepare
+from engine.default_model import GGUF_NAME
 from engine.executor import Engine
 from engine.modelgen.builder import DecoderSpec, DecoderWeights
 from engine.modelgen.reference import reference_logits
@@ -36,8 +37,8 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n    return",
 
 
 @pytest.fixture(scope="module")
-def gguf(default_model_root: Path) -> GgufModel:
-    prepare(default_model_root)  # fetches the GGUF if this module runs alone
+def gguf(default_model_root: Path, default_model: Callable[..., Path]) -> GgufModel:
+    default_model()  # fetches the GGUF if this module runs alone
     return GgufModel(default_model_root / "downloads" / GGUF_NAME)
 
 
@@ -53,13 +54,13 @@ def weights(gguf: GgufModel, spec: DecoderSpec) -> DecoderWeights:
 
 
 @pytest.fixture(scope="module")
-def fp32_dir(default_model_root: Path) -> Path:
-    return prepare(default_model_root).model_dir
+def fp32_dir(default_model: Callable[..., Path]) -> Path:
+    return default_model()
 
 
 @pytest.fixture(scope="module")
-def int4_dir(default_model_root: Path) -> Path:
-    return prepare(default_model_root, precision="int4").model_dir
+def int4_dir(default_model: Callable[..., Path]) -> Path:
+    return default_model("int4")
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,6 @@ from onnxruntime_extensions import pp_api
 
 from engine.chat_template import ChatMessage
 from engine.convert.tokenizer_json import write_byte_level_tokenizer
-from engine.default_model import prepare_default_model
 from engine.tokenizer import Tokenizer, TokenizerUnreadable
 
 # llama.cpp (llama-cpp-python 0.3.36) on the same GGUF, special tokens parsed, no BOS:
@@ -36,8 +36,8 @@ ROUND_TRIP = ["Grüße aus Köln — naïve façade", "emoji 🎉🚀 and ZWJ �
 
 
 @pytest.fixture(scope="module")
-def tokenizer(default_model_root: Path) -> Tokenizer:
-    return Tokenizer(prepare_default_model(default_model_root))
+def tokenizer(default_model: Callable[..., Path]) -> Tokenizer:
+    return Tokenizer(default_model())
 
 
 @pytest.mark.parametrize("text", list(LLAMA_CPP_IDS))

