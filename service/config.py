@@ -23,9 +23,10 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from engine.executor.options import EngineOptions
+if TYPE_CHECKING:  # imported where it is built: the executor loads onnxruntime, and a bad flag
+    from engine.executor.options import EngineOptions  # is refused before any of that (~0.1 s)
 
 PADDING_SWITCH = "ONNX_GENAI_PREFILL_QUERY_PADDING"
 ENV_PREFIX = "LADDER_"
@@ -95,6 +96,8 @@ class Config:
     prefix_across_callers: bool = False  # share prefixes between callers authenticated apart (leaks timing)
 
     def engine_options(self) -> EngineOptions:
+        from engine.executor.options import EngineOptions
+
         return EngineOptions(provider=self.provider, padding=self.padding, chunk_size=self.chunk_size,
                              capacity=self.capacity, variant_capacity=self.variant_capacity,
                              max_sessions=self.max_sessions, intra_op_threads=self.intra_op_threads,

@@ -1,6 +1,7 @@
 """The gRPC server: Ladder, grpc.health.v1 and reflection on one grpc.aio server.
 
-Entry points (the `ladder serve` CLI calls `main(argv)`; tests call `create_server`):
+Entry points (`ladder serve` and `python -m service` read the Config first, so a bad flag is refused
+before this module's imports, then call `serve`; tests call `create_server`):
 - `await create_server(config) -> (LadderServer, port)`: starts listening (health
   NOT_SERVING), loads the model, then flips health to SERVING. Port 0 picks a free port.
 - `await serve(config)`: listen, the Prometheus endpoint, load the model, JSON logs,
@@ -8,7 +9,6 @@ Entry points (the `ladder serve` CLI calls `main(argv)`; tests call `create_serv
   holds is one line on stderr naming it, and exit code 1 (before the model loads); so is a
   model directory that cannot be served (exit code 2 when it is not one Ladder reads, as for
   a bad flag; 1 for an unexpected failure).
-- `main(argv) -> int`: flags and LADDER_* environment into a Config, then serve.
 Drain: health flips to NOT_SERVING at once and new calls get UNAVAILABLE; calls
 in flight get `drain_seconds` to finish, then end with UNAVAILABLE.
 Request bytes that are not the RPC's message are INVALID_ARGUMENT (`add_ladder_service`).
@@ -24,7 +24,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +40,7 @@ from engine.errors import InvalidInput, ModelUnreadable
 from engine.executor import Engine
 from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see load_model
 from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
-from service.config import Config, load_config
+from service.config import Config
 from service.errors import Draining
 from service.generation import Model
 from service.metrics import Metrics
@@ -422,7 +422,3 @@ def _cannot_serve(config: Config, exc: Exception) -> int:
     print(f"ladder serve: cannot serve model {config.model!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
     return 1
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`ladder serve [flags]`: flags over LADDER_* environment over defaults; the exit code."""
-    return asyncio.run(serve(load_config(argv=argv)))

@@ -104,10 +104,12 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run_serve(argv: Sequence[str]) -> int:
     """Flags and LADDER_* environment into the one Config (service.config), then serve until SIGTERM."""
     from service.config import load_config
+
+    config = load_config(argv=argv)  # a bad flag exits 2 here, before the server's imports
     from service.server import serve
 
     # serve() returns 1 after an engine fault: Kubernetes must see the pod fail, not exit cleanly.
-    return asyncio.run(serve(load_config(argv=argv)))
+    return asyncio.run(serve(config))
 
 
 def run_prepare(args: argparse.Namespace) -> int:
