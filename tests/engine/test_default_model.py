@@ -86,26 +86,28 @@ def test_a_second_prepare_reuses_the_cache(default_model_root: Path, model_dir: 
 
 
 @pytest.fixture
-def copied_model(model_dir: Path, tmp_path: Path) -> Path:
+def copied_model(default_model: Callable[..., Path], tmp_path: Path) -> Path:
+    """A copy of the int4 conversion (the smallest: 0.1 GB to copy and hash, the fp32 one is 0.5)."""
+    model_dir = default_model("int4")
     copy = tmp_path / "models" / model_dir.name
     shutil.copytree(model_dir, copy)
     return copy
 
 
 def test_a_truncated_model_file_fails_the_manifest(copied_model: Path) -> None:
-    assert manifest_problem(copied_model, 4096) is None
+    assert manifest_problem(copied_model, 4096, "int4") is None
     with (copied_model / "model.onnx").open("r+b") as f:
         f.truncate(1000)
-    assert "model.onnx" in (manifest_problem(copied_model, 4096) or "")
+    assert "model.onnx" in (manifest_problem(copied_model, 4096, "int4") or "")
 
 
 def test_a_missing_or_altered_file_fails_the_manifest(copied_model: Path) -> None:
     (copied_model / "tokenizer.json").unlink()
-    assert "tokenizer.json" in (manifest_problem(copied_model, 4096) or "")
+    assert "tokenizer.json" in (manifest_problem(copied_model, 4096, "int4") or "")
     config = copied_model / "genai_config.json"
     config.write_text(config.read_text().replace("512", "513"))
     (copied_model / MANIFEST).unlink()
-    assert manifest_problem(copied_model, 4096) == "no readable manifest"
+    assert manifest_problem(copied_model, 4096, "int4") == "no readable manifest"
 
 
 def test_a_corrupt_cache_is_rebuilt_from_the_cached_gguf(default_model_root: Path,
