@@ -80,7 +80,8 @@ def system_prompt(client: Any, args: argparse.Namespace, vocab: int) -> dict[str
 
 
 def prefill(client: Any, tokens: list[int], session_id: str = "") -> tuple[pb.PrefillDone, float]:
-    part = pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
+    part = pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
+                             last=True)
     start = time.perf_counter()
     events = list(client.Prefill(iter([part])))
     return events[-1].done, (time.perf_counter() - start) * 1e3
