@@ -177,7 +177,9 @@ def compare(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
     return {"system_prompt_ttft_ratio": system_on["ttft_ms_median"] / system_off["ttft_ms_median"],
             "system_prompt_server_ttft_ratio":
                 system_on["server_ttft_ms_median"] / system_off["server_ttft_ms_median"],
-            "greedy_tokens_equal": system_on.pop("tokens") == system_off.pop("tokens"),
+            "greedy_tokens_equal": system_on["tokens"] == system_off["tokens"],
+            "requests_with_equal_tokens": sum(
+                a == b for a, b in zip(system_on["tokens"], system_off["tokens"], strict=True)),
             "tenth_turn_append_over_resend_without_sharing":
                 on["multi_turn"]["append_ttft_ms"] / off["multi_turn"]["resend"]["ttft_ms_median"],
             "tenth_turn_append_over_resend_with_sharing": on["multi_turn"]["append_over_resend"]}
