@@ -66,6 +66,23 @@ class Placement:
             return self.xp.asnumpy(array, stream=self.stream)  # type: ignore[no-any-return]
         return np.array(array, copy=True)
 
+    def copy_2d(self, array: Any, copies: list[tuple[int, int, int, int, int]]) -> None:
+        """Strided 2-D copies within `array` (KvPool.row_copies), queued on the backend's stream on CUDA.
+
+        One cudaMemcpy2DAsync per copy: a cupy slice assignment over the pool's six dimensions ran
+        at ~0.2 TB/s on the H200 (a 4,000-token fork of a 3B-class model took 2.2 ms)."""
+        if self.device == "cuda":
+            runtime, base = self.xp.cuda.runtime, int(array.data.ptr)
+            for dst, src, pitch, width, height in copies:
+                runtime.memcpy2DAsync(base + dst, pitch, base + src, pitch, width, height,
+                                      runtime.memcpyDeviceToDevice, self.stream.ptr)
+            return
+        flat = array.reshape(-1).view(np.uint8)
+        for dst, src, pitch, width, height in copies:
+            for line in range(height):
+                at, to = src + line * pitch, dst + line * pitch
+                flat[to:to + width] = flat[at:at + width]
+
     def free_bytes(self) -> int:
         return int(self.xp.cuda.runtime.memGetInfo()[0]) if self.device == "cuda" else 0
 

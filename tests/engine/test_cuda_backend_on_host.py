@@ -239,3 +239,16 @@ def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_d
         return outs
 
     assert run(device_engine(model_dir)) == run(cpu_engine(model_dir))
+
+
+def test_a_row_copy_as_strided_2d_copies_moves_exactly_the_prefix_and_nothing_else() -> None:
+    from engine.executor.pool import KvPool
+
+    pool = KvPool(np, layers=3, rows=4, kv_heads=2, capacity=16, head_size=8, dtype=np.float16)
+    pool.block[...] = np.random.default_rng(0).standard_normal(pool.block.shape)
+    for src, dst, length in ((2, 0, 11), (0, 3, 16), (1, 2, 1)):
+        expected = pool.block.copy()
+        expected[:, :, dst, :, :length] = expected[:, :, src, :, :length]
+        host_runtime().copy_2d(pool.block, pool.row_copies(src, dst, length))
+        assert np.array_equal(pool.block, expected)
+    assert pool.row_copies(1, 1, 5) == [] and pool.row_copies(0, 1, 0) == []
