@@ -44,19 +44,6 @@ class KvPool:
         """The key (0) or value (1) block of one layer: contiguous, so its first B rows are too."""
         return self.block[index, which]
 
-    def row_copies(self, src: int, dst: int, length: int) -> list[tuple[int, int, int, int, int]]:
-        """The strided 2-D copies that copy row `src`'s first `length` positions onto row `dst`, one per
-        layer's key or value block: (dst offset, src offset, pitch, width, height), in bytes from the
-        block's start. Each covers the row's kv_heads runs of `length` positions (width bytes each,
-        pitch apart), so a device copy engine moves the prefix at memory speed."""
-        if length <= 0 or src == dst:
-            return []
-        layers, pair, rows, heads, capacity, head = self.block.shape
-        pitch = capacity * head * self.block.dtype.itemsize
-        row_bytes, width = heads * pitch, length * head * self.block.dtype.itemsize
-        return [(p * rows * row_bytes + dst * row_bytes, p * rows * row_bytes + src * row_bytes,
-                 pitch, width, heads) for p in range(layers * pair)]
-
     def set_mask(self, row: int, length: int) -> None:
         """Move one row's mask boundary to `length`, touching only the positions that change."""
         old = self.mask_lengths[row]
