@@ -90,7 +90,6 @@ class Config:
     auth_tokens: tuple[str, ...] = ()  # bearer tokens; "name=token" names the caller
     pod_name: str = ""
     intra_op_threads: int = 0
-    switch_interval_ms: float = 0.5  # sys.setswitchinterval: how soon the gRPC thread gets a token
     log_level: str = "info"
     prefix_sharing: bool = True  # prompts starting with a held prefix (ladder steps) copy it
     prefix_across_callers: bool = False  # share prefixes between callers authenticated apart (leaks timing)
@@ -139,8 +138,6 @@ _HELP = {
     "sessions_per_caller": "sessions one caller may hold, those it waits for too (0 = every KV slot but one)",
     "prefix_sharing": "a prompt starting with a prefix the server holds (in ladder steps) copies its KV",
     "prefix_across_callers": "share held prefixes between callers told apart by auth (their timing leaks)",
-    "switch_interval_ms": "how long one Python thread may hold the interpreter while another waits "
-                          "(Python's default: 5): short, so a token reaches its stream while decode runs",
     "max_new_tokens": "the most new tokens one request may ask for (more: OUT_OF_RANGE)",
     "default_max_new_tokens": "new tokens for a request that names none (0 = as many as fit, up to "
                               "--max-new-tokens; above it: --max-new-tokens)",
@@ -161,7 +158,6 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "max_queue": (1, None), "session_idle_seconds": (0.001, None), "drain_seconds": (0, None),
     "max_prompt_tokens": (0, None), "max_new_tokens": (1, None), "default_max_new_tokens": (0, None),
     "max_message_bytes": (1, None), "sessions_per_caller": (0, None), "intra_op_threads": (0, None),
-    "switch_interval_ms": (0.01, 100),
 }
 
 

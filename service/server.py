@@ -381,9 +381,6 @@ def configure_logging(level: str) -> None:
 async def serve(config: Config) -> int:
     """Serve until SIGTERM or SIGINT (then drain gracefully) or an engine fault; the exit code."""
     configure_logging(config.log_level)
-    # The engine's worker thread and the gRPC event loop share one interpreter: a token the worker
-    # hands over waits for the loop thread to get it, up to this long while the worker runs Python.
-    sys.setswitchinterval(config.switch_interval_ms / 1000.0)
     signalled = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
