@@ -1,10 +1,11 @@
 """Prefix reuse through the real service: `python -m service` on a free port, driven over gRPC.
 
 For each chunk width asked for, one server with prefix sharing on and one with it off
-(`--prefix-sharing false`), one after the other in the same run:
+(`--prefix-sharing false`), both up at once:
 - a shared system prompt (2,000 tokens) + distinct user turns (100 tokens): TTFT of
-  GenerateStream, client side and the server's own `timing.ttft_ms`; the greedy
-  tokens of both servers compared;
+  GenerateStream, client side and the server's own `timing.ttft_ms`, each request sent to
+  both servers in turn (the order alternating), so load on the machine falls on both alike;
+  the greedy tokens of both servers compared;
 - multi-turn: a chat kept in a live session (Prefill a user turn, Decode a reply, ten
   times); the 10th turn's TTFT (Prefill to PrefillDone, whose next_token is the first
   token) against the whole conversation resent as a fresh GenerateStream (sent just
@@ -70,17 +71,23 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "prefilled_rows": [r["prefilled_rows"] for r in rows]}
 
 
-def system_prompt(client: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
-    """A shared system prompt + distinct user turns, one request after another (the first warms)."""
+def system_prompts(clients: dict[str, Any], args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    """A shared system prompt + distinct user turns, each request sent to every server in turn (the
+    order alternating), so both see the same machine; one warm-up request each first."""
     system = prompt(args.system, 1, vocab)
-    stream(client, system + prompt(args.user, 99, vocab), 2)
-    users = [prompt(args.user, 100 + i, vocab) for i in range(args.requests)]
-    rows = [stream(client, system + user, args.new) for user in users]
-    return {**summary(rows), "tokens": [r["ids"] for r in rows]}
+    for client in clients.values():
+        stream(client, system + prompt(args.user, 99, vocab), 2)
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in clients}
+    for i in range(args.requests):
+        user = prompt(args.user, 100 + i, vocab)
+        for name in list(clients)[::1 if i % 2 == 0 else -1]:
+            rows[name].append(stream(clients[name], system + user, args.new))
+    return {name: {**summary(r), "tokens": [x["ids"] for x in r]} for name, r in rows.items()}
 
 
 def prefill(client: Any, tokens: list[int], session_id: str = "") -> tuple[pb.PrefillDone, float]:
-    part = pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
+    part = pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
+                             last=True)
     start = time.perf_counter()
     events = list(client.Prefill(iter([part])))
     return events[-1].done, (time.perf_counter() - start) * 1e3
@@ -150,24 +157,34 @@ def engine_fork(model: Path, args: argparse.Namespace, vocab: int) -> dict[str, 
             "provider": engine.backend.name}
 
 
-def one_server(args: argparse.Namespace, model: str, vocab: int, chunk: int, sharing: bool) -> dict[str, Any]:
-    port = free_port()
-    server = start_server(args, model, port, chunk, sharing)
-    address = f"127.0.0.1:{port}"
+def both_servers(args: argparse.Namespace, model: str, vocab: int, chunk: int) -> dict[str, Any]:
+    """The servers with sharing on and off, up at once: the system-prompt requests alternate between
+    them; then each runs the chat, and the sharing one the forks."""
+    ports = {"sharing_on": free_port(), "sharing_off": free_port()}
+    while ports["sharing_off"] == ports["sharing_on"]:
+        ports["sharing_off"] = free_port()
+    servers = {name: start_server(args, model, port, chunk, name == "sharing_on")
+               for name, port in ports.items()}
+    out: dict[str, dict[str, Any]] = {name: {} for name in servers}
     try:
-        wait_serving(address)
-        client = stub(address)
-        out = {"system_prompt": system_prompt(client, args, vocab),
-               "multi_turn": multi_turn(client, args, vocab)}
-        if sharing:
-            out["fork"] = fork_timing(client, args, vocab)
-        stats = client.GetEngineStats(pb.GetEngineStatsRequest()).prefix
-        out["prefix_stats"] = {"hits": stats.hits, "tokens_saved": stats.tokens_saved, "forks": stats.forks,
-                               "slots_held": stats.slots_held, "bytes_held": stats.bytes_held,
-                               "evictions": stats.evictions}
+        clients = {}
+        for name, port in ports.items():
+            wait_serving(f"127.0.0.1:{port}")
+            clients[name] = stub(f"127.0.0.1:{port}")
+        for name, measured in system_prompts(clients, args, vocab).items():
+            out[name]["system_prompt"] = measured
+        for name, client in clients.items():
+            out[name]["multi_turn"] = multi_turn(client, args, vocab)
+        out["sharing_on"]["fork"] = fork_timing(clients["sharing_on"], args, vocab)
+        for name, client in clients.items():
+            stats = client.GetEngineStats(pb.GetEngineStatsRequest()).prefix
+            out[name]["prefix_stats"] = {"hits": stats.hits, "tokens_saved": stats.tokens_saved,
+                                         "forks": stats.forks, "slots_held": stats.slots_held,
+                                         "bytes_held": stats.bytes_held, "evictions": stats.evictions}
     finally:
-        server.terminate()
-        out["server_exit_code"] = server.wait(120)
+        for name, server in servers.items():
+            server.terminate()
+            out[name]["server_exit_code"] = server.wait(120)
     return out
 
 
@@ -176,9 +193,10 @@ def compare(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
     return {"system_prompt_ttft_ratio": system_on["ttft_ms_median"] / system_off["ttft_ms_median"],
             "system_prompt_server_ttft_ratio":
                 system_on["server_ttft_ms_median"] / system_off["server_ttft_ms_median"],
-            "greedy_tokens_equal": system_on.pop("tokens") == system_off.pop("tokens"),
-            "tenth_turn_append_over_resend_without_sharing":
-                on["multi_turn"]["append_ttft_ms"] / off["multi_turn"]["resend"]["ttft_ms_median"],
+            "greedy_tokens_equal": system_on["tokens"] == system_off["tokens"],
+            "requests_with_equal_tokens": sum(
+                a == b for a, b in zip(system_on["tokens"], system_off["tokens"], strict=True)),
+            "tenth_turn_append_over_resend_without_sharing": off["multi_turn"]["append_over_resend"],
             "tenth_turn_append_over_resend_with_sharing": on["multi_turn"]["append_over_resend"]}
 
 
@@ -205,8 +223,8 @@ def main() -> None:
     result: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "model": model,
                               "settings": {k: str(v) for k, v in vars(args).items()}, "chunks": {}}
     for chunk in (int(c) for c in args.chunk_sizes.split(",")):
-        on = one_server(args, model, vocab, chunk, sharing=True)
-        off = one_server(args, model, vocab, chunk, sharing=False)
+        both = both_servers(args, model, vocab, chunk)
+        on, off = both["sharing_on"], both["sharing_off"]
         result["chunks"][str(chunk)] = {"compare": compare(on, off), "sharing_on": on, "sharing_off": off}
         print(json.dumps(result["chunks"][str(chunk)]["compare"]), flush=True)
     if "engine" not in args.skip.split(","):

@@ -41,7 +41,9 @@ def main() -> None:
                  "attention_mask": np.ones((1, args.past + args.width), np.int64),
                  "logits_rows": np.array([args.width - 1], np.int64),
                  **{name: past for pair in info.kv_inputs for name in pair}}
-        wanted = {i.name for i in session.get_inputs()}
+        # logits_rows has a default (an initializer that is also an input): onnxruntime lists it among
+        # the overridable initializers, not the inputs. Dropping it ran the head on every row.
+        wanted = {i.name for i in (*session.get_inputs(), *session.get_overridable_initializers())}
         feeds = {k: v for k, v in feeds.items() if k in wanted}
         for _ in range(args.runs):
             started = time.perf_counter()

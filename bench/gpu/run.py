@@ -31,6 +31,10 @@ SPECS = {
     "8x1024": BASE,
     "16x2048": replace(BASE, hidden_size=2048, intermediate_size=5632, num_layers=16,
                        num_heads=16, num_kv_heads=4, head_size=128),
+    # A 3B-class decoder (Llama-3.2-3B's shape, 32000 vocab): where a prefill forward's cost grows
+    # with its rows, unlike the two above, whose forwards are bound by kernel latency on an H200.
+    "28x3072": replace(BASE, hidden_size=3072, intermediate_size=8192, num_layers=28,
+                       num_heads=24, num_kv_heads=8, head_size=128),
 }
 
 

@@ -164,8 +164,7 @@ class CudaBackend:
         row, queued on the backend's stream (the next forward waits for it)."""
         assert self.pool is not None and self.staging is not None
         with self.rt.enter():
-            block = self.pool.block
-            block[:, :, dst, :, :length] = block[:, :, src, :, :length]
+            self.rt.copy_positions(self.pool.block, src, dst, length)
             self.store[dst] = self.store[src]
         if self.staging.row == dst:
             self.staging.written(0)  # the staging row's copy of `dst` is stale from position 0

@@ -1,13 +1,19 @@
 """Token prefixes the KV pool holds (found by the chained hashes of their whole units), and the free
 rows that keep a closed session's KV until a session needs the row.
 
-A prefix is shared in whole units U = the ladder step of the model's chunk width
-(`engine.planner.prefix_unit`: 171 for 512) and at least one token short of the
-prompt (its last token must run to give logits). The request then prefills the
-rest from past = k·U, planned by the same planner as any prefill, so its forwards
-stay on the ladder. Hash k chains hash k-1 with unit k's tokens, so one hash names
-a whole prefix; a hit is confirmed by comparing the tokens themselves, so neither
-a collision nor a stale entry can ever share wrong KV.
+A prefix is found in whole units U = the ladder step of the model's chunk width
+(`engine.planner.prefix_unit`: 171 for 512): hash k chains hash k-1 with unit k's
+tokens, so one hash names a whole prefix, and a hit is confirmed by comparing the
+tokens themselves, so neither a collision nor a stale entry can ever share wrong
+KV. From the longest whole-unit hit the match then runs on token by token (fewer
+than U more) as far as the holder's tokens and the prompt agree, up to two tokens
+short of the prompt: a 2,000-token system prompt is shared whole, not cut back to
+1,881. The request then prefills the rest from past = the shared length, planned by
+the same planner as any prefill, so its forwards stay on the ladder. Why two: the
+last token must run to give logits, and a rest of one row would run the decode
+shape, whose arithmetic differs from a prefill forward's in the last bits, so a
+repeated request's log-probabilities would change with what the pool holds; a rest
+of two or more rows is a ladder forward, whose rows come out as a full prefill's.
 
 A held row's mask stays at its length, so rows riding along in a decode forward
 write past it, where nothing is read. New sessions still take the lowest free row
@@ -31,7 +37,7 @@ from engine.executor.stats import PrefixStats
 
 @dataclass(frozen=True)
 class Hit:
-    """The longest held prefix of a prompt: `length` tokens (whole units), held by each of `rows`."""
+    """The longest held prefix of a prompt: `length` tokens, held by each of `rows`."""
 
     length: int
     rows: tuple[int, ...]
@@ -54,6 +60,24 @@ def chain(tokens: Sequence[int], unit: int, count: int) -> list[int]:
         previous = hash((previous, tuple(tokens[k * unit:(k + 1) * unit])))
         hashes.append(previous)
     return hashes
+
+
+SHORT = 2  # a shared prefix leaves at least this many prompt tokens to prefill (a ladder forward)
+
+
+def run_on(prompt: Sequence[int], length: int, holders: Mapping[int, Sequence[int]]) -> Hit:
+    """The hit of the holders that agree with `prompt` furthest past their common `length` tokens,
+    stopping SHORT tokens short of the prompt."""
+    limit = len(prompt) - SHORT
+    reach: dict[int, int] = {}
+    for row, tokens in holders.items():
+        end = length
+        stop = min(limit, len(tokens))
+        while end < stop and tokens[end] == prompt[end]:
+            end += 1
+        reach[row] = end
+    best = max(reach.values())
+    return Hit(best, tuple(sorted(r for r, end in reach.items() if end == best)))
 
 
 class PrefixIndex:
@@ -96,17 +120,18 @@ class PrefixIndex:
         self._hashes.pop(row, None)
 
     def find(self, prompt: Sequence[int], candidates: Mapping[int, Sequence[int]]) -> Hit | None:
-        """The longest prefix of `prompt`, in whole units and at least one token short of it, that rows
-        in `candidates` (row -> the tokens it holds) hold; None when not even one unit is held."""
+        """The longest prefix of `prompt`, at least two tokens short of it, that rows in `candidates`
+        (row -> the tokens it holds) hold: found in whole units, then run on token by token; None when
+        not even one whole unit is held."""
         for row, tokens in candidates.items():
             self.sync(row, tokens)
-        wanted = chain(prompt, self.unit, (len(prompt) - 1) // self.unit)
+        wanted = chain(prompt, self.unit, (len(prompt) - SHORT) // self.unit)
         for k in range(len(wanted), 0, -1):
             length = k * self.unit
-            rows = tuple(sorted(r for r in self._rows.get(wanted[k - 1], ())
-                                if r in candidates and list(candidates[r][:length]) == list(prompt[:length])))
+            rows = [r for r in self._rows.get(wanted[k - 1], ())
+                    if r in candidates and list(candidates[r][:length]) == list(prompt[:length])]
             if rows:
-                return Hit(length, rows)
+                return run_on(prompt, length, {r: candidates[r] for r in rows})
         return None
 
     def indexed_rows(self) -> int:

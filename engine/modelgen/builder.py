@@ -316,7 +316,8 @@ def genai_config(spec: DecoderSpec, *, context_length: int, chunk_size: int,
 def write_model_dir(path: Path, model: onnx.ModelProto, config: dict[str, Any]) -> Path:
     """Write the graph, GRAPH_FILE (external data beyond 2 GB), and `genai_config.json` into `path`."""
     path.mkdir(parents=True, exist_ok=True)
-    large = model.ByteSize() > 1_800_000_000
+    # Summed from the weights: a proto over 2 GB cannot even report its own ByteSize.
+    large = sum(len(t.raw_data) for t in model.graph.initializer) > 1_800_000_000
     onnx.save_model(model, str(path / GRAPH_FILE), save_as_external_data=large,
                     location=f"{GRAPH_FILE}.data" if large else None)
     (path / "genai_config.json").write_text(json.dumps(config, indent=2) + "\n")

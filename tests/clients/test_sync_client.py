@@ -16,9 +16,9 @@ def test_generate_returns_the_requested_number_of_tokens_with_usage_and_plan(cli
     assert completion.usage.prompt_tokens == len(PROMPT_IDS)
     assert completion.usage.completion_tokens == 8
     assert completion.finish_reason == pb.FINISH_REASON_LENGTH
-    # Prefilled, or copied from the prefix an earlier call with this prompt left (whole ladder steps of 22).
+    # Prefilled, or copied from the prefix an earlier call with this prompt left (all but its last two).
     prefill = completion.prefill
-    assert prefill.real_rows + prefill.shared_rows == len(PROMPT_IDS) and prefill.shared_rows % 22 == 0
+    assert prefill.real_rows + prefill.shared_rows == len(PROMPT_IDS) and prefill.real_rows >= 2
     assert prefill.forwards == len(prefill.widths) == -(-prefill.real_rows // 64)
     assert completion.timing.ttft_ms > 0
 

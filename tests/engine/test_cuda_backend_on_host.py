@@ -239,3 +239,17 @@ def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_d
         return outs
 
     assert run(device_engine(model_dir)) == run(cpu_engine(model_dir))
+
+
+def test_a_row_copy_in_wide_words_moves_exactly_the_prefix_and_nothing_else() -> None:
+    from engine.executor.pool import KvPool
+
+    for head_size in (8, 3):  # 16 bytes a position: copied as complex128 words; 6 bytes: as they are
+        pool = KvPool(np, layers=3, rows=4, kv_heads=2, capacity=16, head_size=head_size, dtype=np.float16)
+        pool.block[...] = np.random.default_rng(0).standard_normal(pool.block.shape)
+        pool.block[0, 0, 2, 0, 0, 0] = np.float16(np.nan)  # any bits travel unchanged
+        for src, dst, length in ((2, 0, 11), (0, 3, 16), (1, 2, 1), (3, 3, 5), (1, 0, 0)):
+            expected = pool.block.copy()
+            expected[:, :, dst, :, :length] = expected[:, :, src, :, :length]
+            host_runtime().copy_positions(pool.block, src, dst, length)
+            assert pool.block.tobytes() == expected.tobytes()

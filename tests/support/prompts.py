@@ -18,6 +18,16 @@ def prompt_ids(length: int, seed: int = 0, vocab: int = 512) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(3, vocab, length)]
 
 
+def common_prefix(*prompts: list[int]) -> int:
+    """How many leading ids every one of `prompts` has in common."""
+    length = 0
+    for column in zip(*prompts, strict=False):
+        if len(set(column)) > 1:
+            break
+        length += 1
+    return length
+
+
 def greedy_request(tokens: list[int], n: int, **stopping: Any) -> pb.GenerateRequest:
     """A GenerateRequest for exactly `n` greedy tokens (EOS ignored)."""
     return pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
