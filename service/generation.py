@@ -176,7 +176,9 @@ def decode_steps(model: Model, session: Any, sampler: Sampler, stopping: Stoppin
             reason = stopped or Finish.CAPACITY
             break
         if index + 1 < stopping.max_new_tokens:
-            token = yield Token(DecodeRow(session, token, sampler))
+            # The token chosen here is fed next only if another follows it or the session keeps it.
+            more = (index + 2 < stopping.max_new_tokens or feed_last) and session.length + 2 <= model.capacity
+            token = yield Token(DecodeRow(session, token, sampler, more))
     tail = "" if stop_text.stopped or stream is None else stop_text.push(stream.flush()) + stop_text.held
     if feed_last and session.length + 1 <= model.capacity:
         yield Token(DecodeRow(session, token))  # fed, not chosen from: the next Decode chooses

@@ -49,6 +49,7 @@ class DecodeCounters:
     last_batch: int = 0
     lookahead_hits: int = 0
     lookahead_misses: int = 0
+    lookahead_launched: int = 0
 
 
 class BatchDecoder:
@@ -110,6 +111,7 @@ class BatchDecoder:
         key = VariantKey(1, (), batch)
         logits = self.backend.run_batch(self.variant(key), key, ids, positions, wait=False)
         self._ahead = Ahead(batch, feeds, committed, logits)
+        self.counters.lookahead_launched += 1
         return True
 
     def settle(self) -> None:

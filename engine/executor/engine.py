@@ -64,6 +64,9 @@ class DecodeRow:
     session: Session
     token: int
     sampler: Sampler | None = None  # None: feed only (the next token is chosen later, or never)
+    # Whether the token chosen here will be fed in a next step. False (it is the request's last):
+    # no forward is launched ahead on it, which would only delay the request's end by one forward.
+    more: bool = True
 
 
 def make_backend(info: ModelInfo, options: EngineOptions) -> Backend[Any]:
@@ -288,7 +291,7 @@ class Engine(Prefilling):
             self.decoder.counters.last_batch = 1
             tokens = choose()
         elif rows:
-            ahead = self.options.lookahead and len(chosen) == len(rows)
+            ahead = self.options.lookahead and len(chosen) == len(rows) and all(r.more for r in rows)
             tokens = self.decoder.step({r.session.row: r.token for r in rows}, choose, ahead)
         else:
             tokens = []
@@ -414,7 +417,7 @@ class Engine(Prefilling):
     def stats(self) -> EngineStats:
         c = self.decoder.counters
         decode = DecodeStats(c.steps, c.rows, c.ride_along_rows, tuple(sorted(c.batch_use.items())),
-                             c.lookahead_hits, c.lookahead_misses)
+                             c.lookahead_hits, c.lookahead_misses, c.lookahead_launched)
         return EngineStats(
             variants=self.variants.stats(), eager_forwards=self.eager_forwards,
             sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,

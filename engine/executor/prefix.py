@@ -65,17 +65,25 @@ def chain(tokens: Sequence[int], unit: int, count: int) -> list[int]:
 SHORT = 2  # a shared prefix leaves at least this many prompt tokens to prefill (a ladder forward)
 
 
+def agreed(held: list[int], prompt: list[int], start: int, stop: int) -> int:
+    """Where the run of positions from `start` (before `stop`) on which `held` and `prompt` agree ends:
+    a binary search over slice comparisons, so many holders cost little."""
+    low, high = start, stop  # held[start:low] == prompt[start:low]; the run ends at or before high
+    while low < high:
+        middle = (low + high + 1) // 2
+        if held[low:middle] == prompt[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
 def run_on(prompt: Sequence[int], length: int, holders: Mapping[int, Sequence[int]]) -> Hit:
     """The hit of the holders that agree with `prompt` furthest past their common `length` tokens,
     stopping SHORT tokens short of the prompt."""
-    limit = len(prompt) - SHORT
-    reach: dict[int, int] = {}
-    for row, tokens in holders.items():
-        end = length
-        stop = min(limit, len(tokens))
-        while end < stop and tokens[end] == prompt[end]:
-            end += 1
-        reach[row] = end
+    limit, wanted = len(prompt) - SHORT, list(prompt)
+    reach = {row: agreed(list(tokens), wanted, length, min(limit, len(tokens)))
+             for row, tokens in holders.items()}
     best = max(reach.values())
     return Hit(best, tuple(sorted(r for r, end in reach.items() if end == best)))
 

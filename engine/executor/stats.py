@@ -31,6 +31,7 @@ class DecodeStats:
     widths: tuple[tuple[int, int], ...]  # (batch width, forwards run at it)
     lookahead_hits: int = 0  # forwards launched ahead that the next step took
     lookahead_misses: int = 0  # ... and dropped (rows left, joined, or fed other tokens)
+    lookahead_launched: int = 0  # every forward launched ahead (taken, dropped, or still pending)
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,23 @@ def test_with_lookahead_off_nothing_is_launched_ahead(model_dir: Path) -> None:
     assert device.stats().decode.lookahead_hits == device.stats().decode.lookahead_misses == 0
 
 
+def test_a_step_whose_token_is_a_requests_last_launches_nothing_ahead(model_dir: Path) -> None:
+    def request(engine: Engine, last_marked: bool) -> tuple[list[int], int]:
+        session = engine.open_session()
+        engine.append(session, prompt_ids(30, 4))
+        tokens = [engine.choose(session, GREEDY)]
+        for step in range(4):  # the fourth step chooses the request's last token
+            more = step < 3 or not last_marked
+            tokens.append(engine.decode([DecodeRow(session, tokens[-1], GREEDY, more)])[0])  # type: ignore[arg-type]
+        engine.close_session(session)
+        decode = engine.stats().decode
+        return tokens, decode.lookahead_launched - decode.lookahead_hits  # launched, never taken
+
+    marked, unmarked = request(device_engine(model_dir), True), request(device_engine(model_dir), False)
+    assert marked[1] == 0 and unmarked[1] == 1  # unmarked: a forward launched on the last token, wasted
+    assert marked[0] == unmarked[0] == request(cpu_engine(model_dir), True)[0]
+
+
 def test_rows_with_a_hole_decoded_in_any_order_match_the_cpu_backend(model_dir: Path) -> None:
     def run(engine: Engine) -> list[list[int]]:
         sessions = [engine.open_session() for _ in range(3)]

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.errors import Exhausted, OverCapacity
 from engine.executor import Engine, EngineOptions
-from engine.executor.prefix import PrefixIndex, chain
+from engine.executor.prefix import PrefixIndex, agreed, chain
 from engine.model import load_model_info
 from engine.planner import prefix_unit
 from tests.support.engines import greedy, load
@@ -215,6 +216,20 @@ def test_a_hit_runs_on_past_its_last_whole_unit_to_the_holder_that_repeats_the_m
     assert index.find([*range(6), 5, 5, 5], held).rows == (0, 1, 2)  # type: ignore[union-attr]
     assert index.find(list(range(20)), held).length == 18  # type: ignore[union-attr]  # the last two run
     assert index.find([*range(3), 9, 9], held) is None  # not one whole unit in common
+
+
+def test_the_run_on_ends_exactly_where_the_held_tokens_and_the_prompt_first_differ() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        n = int(rng.integers(0, 40))
+        held, prompt = [int(t) for t in rng.integers(0, 3, n)], [int(t) for t in rng.integers(0, 3, n)]
+        start = int(rng.integers(0, n + 1))
+        stop = int(rng.integers(start, n + 1))
+        held[:start] = prompt[:start]
+        end = start
+        while end < stop and held[end] == prompt[end]:
+            end += 1
+        assert agreed(held, prompt, start, stop) == end
 
 
 def test_device_backend_forks_and_shares_exactly_through_the_staging_row(model: Path) -> None:
