@@ -219,10 +219,9 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             if not self._admit(block=not self._busy()):
-                self._flush()
+                self._flush()  # the ends of the jobs the stop closed
                 return
-            self._round()
-            self._flush()
+            self._round()  # flushes what its jobs yielded before its forwards run
 
     def _post(self, job: Job, item: Any) -> None:
         self._posted.setdefault(job.loop, []).append((job, item))
