@@ -84,7 +84,7 @@ class Model:
                                       for m in prompt.chat), "prompt.chat.messages")
             tokens = [int(t) for t in tokenizer.encode_chat(prompt.chat)]
         else:
-            tokens = [int(t) for t in prompt.ids or ()]
+            tokens = list(prompt.ids or ())  # Python ints already (the wire's repeated int32)
         return self.check_ids(tokens)
 
     def _check_text_size(self, size: int, field: str) -> None:

@@ -61,7 +61,7 @@ class DeviceVariant:
     binding: Any
     held_bytes: int = 0  # device memory the capture took and keeps
     captured: bool = False
-    seen: Any = None  # on a graph that gathers the rows it reads: the rows its head saw (device)
+    seen: Any = None  # on a graph that gathers the rows it reads: the rows its head saw (pinned host)
 
     @property
     def nbytes(self) -> int:
@@ -76,7 +76,7 @@ class DeviceVariant:
 class Staging:
     """The batch-1 KV block and mask prefill variants bind, and which pool row's prefix it holds."""
 
-    def __init__(self, pool: KvPool, host_zeros: Any) -> None:
+    def __init__(self, pool: KvPool, host_zeros: Any, copy: Any) -> None:
         xp = pool.xp
         self.block = xp.zeros((*pool.block.shape[:2], 1, *pool.block.shape[3:]), pool.block.dtype)
         self.mask = host_zeros((1, pool.capacity), np.int64)
@@ -84,6 +84,7 @@ class Staging:
         self.row = -1
         self.valid = 0  # positions [0, valid) equal the pool row's
         self.copied_positions = 0
+        self.copy = copy  # Placement.copy_positions
 
     def set_mask(self, length: int) -> None:
         if length > self.mask_len:
@@ -98,13 +99,13 @@ class Staging:
         self.row, self.valid = row, past
         if start >= past:
             return False
-        self.block[:, :, 0, :, start:past] = pool.block[:, :, row, :, start:past]
+        self.copy(self.block, 0, pool.block, row, start, past)
         self.copied_positions += past - start
         return True
 
     def store(self, pool: KvPool, start: int, stop: int) -> None:
         """Copy positions [start, stop) the forward wrote back to the pool row."""
-        pool.block[:, :, self.row, :, start:stop] = self.block[:, :, 0, :, start:stop]
+        self.copy(pool.block, self.row, self.block, 0, start, stop)
         self.valid = stop
         self.copied_positions += stop - start
 
@@ -153,7 +154,7 @@ class CudaBackend:
             self.pool = KvPool(self.xp, layers=info.num_layers, rows=rows, kv_heads=info.num_kv_heads,
                                capacity=capacity, head_size=info.head_size, dtype=_dtype(info.kv_dtype),
                                host_zeros=self.rt.host_zeros)
-            self.staging = Staging(self.pool, self.rt.host_zeros)
+            self.staging = Staging(self.pool, self.rt.host_zeros, self.rt.copy_positions)
             self.store = self.xp.zeros((rows, info.vocab_size), _dtype(info.logits.dtype))
             # Scratch for gathering rows that are not contiguous: no allocation per step, memory flat.
             self.gathered = self.xp.zeros_like(self.store)
@@ -164,7 +165,7 @@ class CudaBackend:
         row, queued on the backend's stream (the next forward waits for it)."""
         assert self.pool is not None and self.staging is not None
         with self.rt.enter():
-            self.rt.copy_positions(self.pool.block, src, dst, length)
+            self.rt.copy_positions(self.pool.block, dst, self.pool.block, src, 0, length)
             self.store[dst] = self.store[src]
         if self.staging.row == dst:
             self.staging.written(0)  # the staging row's copy of `dst` is stale from position 0
@@ -192,7 +193,9 @@ class CudaBackend:
             seen = None
             if info.logits_rows:  # a decode variant reads query row 0 of each batch row: the zeros
                 inputs[info.logits_rows] = zeros((key.reads,), np.int64)
-                seen = self.xp.zeros((key.reads + 1,), np.int64)
+                # Written by the forward where the host reads it: the self-check after every forward
+                # costs no device-to-host copy (one took 0.1-0.2 ms of each prefill forward).
+                seen = zeros((key.reads + 1,), np.int64)
             logits_shape = resolve_dims(info.logits, w, b, key.reads)
             if logits_shape is None:
                 raise CudaUnavailable(f"logits shape {info.logits.dims} is not fixed by the query width")
@@ -239,8 +242,8 @@ class CudaBackend:
                 variant.inputs[self.info.logits_rows][:] = read
             staging.set_mask(past + width)
             self._execute(variant)
-            # Read before the staging copies are queued: the forward has finished, so no wait.
-            seen = None if variant.seen is None else self.rt.to_host(variant.seen)
+            # The forward has finished: what its head saw is already in host memory.
+            seen = None if variant.seen is None else variant.seen.copy()
             staging.store(self.pool, past, past + width)
             self.queued = True
         return HeadRows(variant.logits, seen)

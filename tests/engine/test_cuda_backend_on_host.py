@@ -258,7 +258,7 @@ def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_d
     assert run(device_engine(model_dir)) == run(cpu_engine(model_dir))
 
 
-def test_a_row_copy_in_wide_words_moves_exactly_the_prefix_and_nothing_else() -> None:
+def test_a_kv_copy_in_wide_words_moves_exactly_the_positions_asked_and_nothing_else() -> None:
     from engine.executor.pool import KvPool
 
     for head_size in (8, 3):  # 16 bytes a position: copied as complex128 words; 6 bytes: as they are
@@ -268,5 +268,13 @@ def test_a_row_copy_in_wide_words_moves_exactly_the_prefix_and_nothing_else() ->
         for src, dst, length in ((2, 0, 11), (0, 3, 16), (1, 2, 1), (3, 3, 5), (1, 0, 0)):
             expected = pool.block.copy()
             expected[:, :, dst, :, :length] = expected[:, :, src, :, :length]
-            host_runtime().copy_positions(pool.block, src, dst, length)
+            host_runtime().copy_positions(pool.block, dst, pool.block, src, 0, length)
+            assert pool.block.tobytes() == expected.tobytes()
+        staging = np.zeros((*pool.block.shape[:2], 1, *pool.block.shape[3:]), np.float16)
+        for row, start, stop in ((2, 0, 7), (3, 5, 16), (0, 4, 4)):  # the staging block, both ways
+            expected = pool.block.copy()
+            host_runtime().copy_positions(staging, 0, pool.block, row, start, stop)
+            assert staging[:, :, 0, :, start:stop].tobytes() == expected[:, :, row, :, start:stop].tobytes()
+            host_runtime().copy_positions(pool.block, 1, staging, 0, start, stop)
+            expected[:, :, 1, :, start:stop] = staging[:, :, 0, :, start:stop]
             assert pool.block.tobytes() == expected.tobytes()
