@@ -59,3 +59,31 @@ def test_a_prompt_sharing_a_held_prefix_on_the_device_gives_the_tokens_of_a_full
     shared = common_prefix(system + tokens(50, 3), prompt)  # six whole ladder steps of 86, then run on
     assert second.length == shared >= 600
     assert greedy(engine, second, 16, prompt[shared:]) == recompute(model_dir, prompt, 16)
+
+
+def test_a_kv_copy_on_the_device_moves_exactly_the_positions_asked_and_nothing_else() -> None:
+    from engine.executor.cuda_runtime import cuda_runtime
+    from engine.executor.pool import KvPool
+
+    rt = cuda_runtime(EngineOptions(provider="cuda"))
+    xp = rt.xp
+    for head_size in (64, 3):  # 128 bytes a position: the copy kernel; 6 bytes: cupy's slice assignment
+        with rt.enter():
+            pool = KvPool(xp, layers=3, rows=4, kv_heads=2, capacity=40, head_size=head_size,
+                          dtype=np.float16, host_zeros=rt.host_zeros)
+            pool.block[...] = xp.asarray(np.random.default_rng(0).standard_normal(pool.block.shape))
+            staging = xp.zeros((*pool.block.shape[:2], 1, *pool.block.shape[3:]), np.float16)
+            for src, dst, start, stop in ((2, 0, 0, 11), (0, 3, 0, 40), (1, 2, 39, 40), (3, 1, 7, 23)):
+                expected = xp.asnumpy(pool.block)
+                expected[:, :, dst, :, start:stop] = expected[:, :, src, :, start:stop]
+                rt.copy_positions(pool.block, dst, pool.block, src, start, stop)
+                assert xp.asnumpy(pool.block).tobytes() == expected.tobytes()
+            for row, start, stop in ((2, 0, 17), (3, 5, 40)):  # pool -> staging -> another pool row
+                rt.copy_positions(staging, 0, pool.block, row, start, stop)
+                expected = xp.asnumpy(pool.block)
+                expected[:, :, 0, :, start:stop] = xp.asnumpy(staging)[:, :, 0, :, start:stop]
+                rt.copy_positions(pool.block, 0, staging, 0, start, stop)
+                got = xp.asnumpy(pool.block)
+                assert got.tobytes() == expected.tobytes()
+                assert got[:, :, 0, :, start:stop].tobytes() == got[:, :, row, :, start:stop].tobytes()
+            rt.wait_queue()
