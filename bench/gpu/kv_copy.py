@@ -10,6 +10,7 @@ a prefill forward's staging store (512 positions), a staging load of a 2,000-tok
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -21,6 +22,11 @@ import numpy as np
 from bench.served import machine
 from engine.executor import EngineOptions
 from engine.executor.cuda_runtime import cuda_runtime
+
+
+def slice_copy(dst: Any, dst_row: int, src: Any, src_row: int, start: int, stop: int) -> None:
+    """cupy's slice assignment, the form before the copy kernel."""
+    dst[:, :, dst_row, :, start:stop] = src[:, :, src_row, :, start:stop]
 
 
 def timed(rt: Any, copy: Any, repeats: int) -> dict[str, float]:
@@ -47,29 +53,16 @@ def main() -> None:
     with rt.enter():
         pool = xp.zeros((layers, 2, rows, heads, capacity, head), np.float16)
         staging = xp.zeros((layers, 2, 1, heads, capacity, head), np.float16)
-        wide_pool, wide_staging = pool.view(xp.complex128), staging.view(xp.complex128)
-        cases = {
-            "staging store, 512 positions": (
-                lambda: rt.copy_positions(pool, 3, staging, 0, 1536, 2048),
-                lambda: pool.__setitem__((slice(None), slice(None), 3, slice(None), slice(1536, 2048)),
-                                         staging[:, :, 0, :, 1536:2048]),
-                lambda: wide_pool.__setitem__((slice(None), slice(None), 3, slice(None), slice(1536, 2048)),
-                                              wide_staging[:, :, 0, :, 1536:2048])),
-            "staging load, 2000 positions": (
-                lambda: rt.copy_positions(staging, 0, pool, 2, 0, 2000),
-                lambda: staging.__setitem__((slice(None), slice(None), 0, slice(None), slice(0, 2000)),
-                                            pool[:, :, 2, :, 0:2000]),
-                lambda: wide_staging.__setitem__((slice(None), slice(None), 0, slice(None), slice(0, 2000)),
-                                                 wide_pool[:, :, 2, :, 0:2000])),
-            "fork, 4000 positions": (
-                lambda: rt.copy_positions(pool, 5, pool, 1, 0, 4000),
-                lambda: pool.__setitem__((slice(None), slice(None), 5, slice(None), slice(0, 4000)),
-                                         pool[:, :, 1, :, 0:4000]),
-                lambda: wide_pool.__setitem__((slice(None), slice(None), 5, slice(None), slice(0, 4000)),
-                                              wide_pool[:, :, 1, :, 0:4000])),
-        }
+        wide = {id(pool): pool.view(xp.complex128), id(staging): staging.view(xp.complex128)}
+        # name: (destination, its row, source, its row, first position, end)
+        cases = {"staging store, 512 positions": (pool, 3, staging, 0, 1536, 2048),
+                 "staging load, 2000 positions": (staging, 0, pool, 2, 0, 2000),
+                 "fork, 4000 positions": (pool, 5, pool, 1, 0, 4000)}
         results: dict[str, Any] = {}
-        for name, (kernel, fp16, words) in cases.items():
+        for name, (dst, dst_row, src, src_row, first, end) in cases.items():
+            kernel = functools.partial(rt.copy_positions, dst, dst_row, src, src_row, first, end)
+            fp16 = functools.partial(slice_copy, dst, dst_row, src, src_row, first, end)
+            words = functools.partial(slice_copy, wide[id(dst)], dst_row, wide[id(src)], src_row, first, end)
             for warm in (kernel, fp16, words):
                 warm()
             results[name] = {"kernel": timed(rt, kernel, args.repeats),
