@@ -72,16 +72,25 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def system_prompts(clients: dict[str, Any], args: argparse.Namespace, vocab: int) -> dict[str, Any]:
-    """A shared system prompt + distinct user turns, each request sent to every server in turn (the
-    order alternating), so both see the same machine; one warm-up request each first."""
+    """A shared system prompt + distinct user turns, the same sequence to every server; one warm-up
+    request each first. `--order alternate`: each request to every server in turn (the order
+    alternating), so both see the same machine, and each server waits idle while the other answers.
+    `--order blocks`: runs of `--block` requests back to back to one server (as under steady traffic),
+    the servers' runs alternating A B B A ..."""
     system = prompt(args.system, 1, vocab)
     for client in clients.values():
         stream(client, system + prompt(args.user, 99, vocab), 2)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in clients}
-    for i in range(args.requests):
-        user = prompt(args.user, 100 + i, vocab)
-        for name in list(clients)[::1 if i % 2 == 0 else -1]:
-            rows[name].append(stream(clients[name], system + user, args.new))
+    turns = [system + prompt(args.user, 100 + i, vocab) for i in range(args.requests)]
+    names = list(clients)
+    if args.order == "blocks":
+        for b, first in enumerate(range(0, args.requests, args.block)):
+            for name in names[::1 if b % 2 == 0 else -1]:
+                rows[name] += [stream(clients[name], t, args.new) for t in turns[first:first + args.block]]
+    else:
+        for i, tokens in enumerate(turns):
+            for name in names[::1 if i % 2 == 0 else -1]:
+                rows[name].append(stream(clients[name], tokens, args.new))
     return {name: {**summary(r), "tokens": [x["ids"] for x in r]} for name, r in rows.items()}
 
 
@@ -214,6 +223,9 @@ def main() -> None:
     parser.add_argument("--reply", type=int, default=32)
     parser.add_argument("--fork-length", type=int, default=4000)
     parser.add_argument("--forks", type=int, default=5)
+    parser.add_argument("--order", choices=("alternate", "blocks"), default="alternate",
+                        help="how the system-prompt requests go to the two servers (see system_prompts)")
+    parser.add_argument("--block", type=int, default=5, help="requests per run with --order blocks")
     parser.add_argument("--skip", default="", help="comma-separated: engine")
     parser.add_argument("--server-args", default="", help="more flags for the servers")
     args = parser.parse_args()
