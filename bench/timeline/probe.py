@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--user", type=int, default=100)
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--delay", type=float, default=0.04, help="idle seconds before each request")
+    parser.add_argument("--new", type=int, default=2, help="tokens each request generates")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--extra", default="", help="more flags for the server")
     args = parser.parse_args()
@@ -51,8 +52,8 @@ def main() -> None:
         system = prompt(args.system, 1, 30000)
         for i in range(args.requests + 1):  # the first one warms up (merge.py drops it)
             ids = system + prompt(args.user, 100 + i, 30000)
-            request = pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=ids)),
-                                         stopping=pb.StoppingOptions(max_new_tokens=2, ignore_eos=True))
+            stopping = pb.StoppingOptions(max_new_tokens=args.new, ignore_eos=True)
+            request = pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=ids)), stopping=stopping)
             time.sleep(args.delay)
             sent, first, done = time.perf_counter(), None, None
             print("T client_send", sent, flush=True)
