@@ -134,7 +134,8 @@ _HELP = {
     "memory_budget_mb": "weights + KV + variants limit: the KV slots are as many as it holds (0 = off)",
     "pod_name": "prefix of session ids (defaults to the host name)",
     "warm_up": "prepare every ladder and batch width (CUDA graphs) before health turns SERVING",
-    "lookahead": "CUDA: launch the next decode forward on the chosen tokens before the host reads them",
+    "lookahead": "CUDA: launch the next decode forward on the chosen tokens before the host reads them "
+                 "(off: run-to-run identical tokens on CUDA, see architecture-cuda.md)",
     "variant_capacity": "shapes the variant cache holds (0 = the ladder widths + the decode batch widths)",
     "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
     "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",
