@@ -1,7 +1,7 @@
 """The gRPC server: Ladder, grpc.health.v1 and reflection on one grpc.aio server.
 
-Entry points (`ladder serve` and `python -m service` read the Config first, so a bad flag is refused
-before this module's imports, then call `serve`; tests call `create_server`):
+Entry points (`ladder serve` and `python -m service` go through `service.entry.main`, which reads the
+Config before this module's imports, then calls `serve`; tests call `create_server`):
 - `await create_server(config) -> (LadderServer, port)`: starts listening (health
   NOT_SERVING), loads the model, then flips health to SERVING. Port 0 picks a free port.
 - `await serve(config)`: listen, the Prometheus endpoint, load the model, JSON logs,

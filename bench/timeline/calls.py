@@ -14,28 +14,21 @@ import statistics
 import sys
 import time
 
+from bench.prefix import stream
 from bench.served import stub, wait_serving
-from proto.ladder.v1 import ladder_pb2 as pb
 
 
 def main() -> None:
     port, calls = sys.argv[1], int(sys.argv[2])
     wait_serving(f"127.0.0.1:{port}")
     client = stub(f"127.0.0.1:{port}")
-    request = pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=list(range(3, 23)))),
-                                 stopping=pb.StoppingOptions(max_new_tokens=2, ignore_eos=True))
     first, beyond, whole = [], [], []
     for _ in range(calls):
-        sent, token_at, done = time.perf_counter(), None, None
-        for event in client.GenerateStream(request):
-            if event.HasField("token") and token_at is None:
-                token_at = time.perf_counter()
-            elif event.HasField("done"):
-                done = event.done
-        assert token_at is not None and done is not None
-        first.append((token_at - sent) * 1e3)
-        beyond.append(first[-1] - done.timing.ttft_ms)
+        sent = time.perf_counter()
+        call = stream(client, list(range(3, 23)), 2)
         whole.append((time.perf_counter() - sent) * 1e3)
+        first.append(call["ttft_ms"])
+        beyond.append(call["ttft_ms"] - call["server_ttft_ms"])
     kept = calls // 6  # the first sixth warms up
     print(f"client TTFT {statistics.median(first[kept:]):.3f} ms, beyond the server's TTFT "
           f"{statistics.median(beyond[kept:]):.3f} ms, whole call {statistics.median(whole[kept:]):.3f} ms")

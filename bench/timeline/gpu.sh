@@ -12,7 +12,7 @@ python3 -m bench.grpc_floor --out "$OUT" > /dev/null 2>&1 || echo "grpc floor fa
 timeout 300 python3 -m bench.prefix --provider cuda --model gpu:28x3072 --capacity 8192 --slots 8 --chunk-sizes 512 --requests 10 --forks 20 --out "$OUT" > "$OUT/prefix.log" 2>&1
 echo "bench exit $?"; grep -A3 '"compare"' $OUT/prefix.log | head; grep -E "ratio|fork" $OUT/prefix.log | head -12
 (git apply bench/timeline/instrument.patch 2>/dev/null || patch -p1 < bench/timeline/instrument.patch) || exit 1
-python3 -m bench.timeline.floor 0.04 > $OUT/floor2.txt 2>&1; grep intercept $OUT/floor2.txt
+python3 -m bench.grpc_floor --cases --delay 0.04 --requests 120 --out "$OUT" > /dev/null 2>&1; grep -E "interceptor|ids|median" $OUT/grpc-floor-cases.json
 for cfg in "on 0.04" "off 0.04 --prefix-sharing=false"; do
   set -- $cfg; name=probe-$1-$2; delay=$2; shift 2
   mkdir -p $OUT/$name

@@ -8,7 +8,6 @@ on `LadderClient`. Exit status 0 on success, 1 on an RPC failure (the status is 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -103,13 +102,9 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run_serve(argv: Sequence[str]) -> int:
     """Flags and LADDER_* environment into the one Config (service.config), then serve until SIGTERM."""
-    from service.config import load_config
+    from service.entry import main
 
-    config = load_config(argv=argv)  # a bad flag exits 2 here, before the server's imports
-    from service.server import serve
-
-    # serve() returns 1 after an engine fault: Kubernetes must see the pod fail, not exit cleanly.
-    return asyncio.run(serve(config))
+    return main(argv)
 
 
 def run_prepare(args: argparse.Namespace) -> int:

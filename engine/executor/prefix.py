@@ -78,12 +78,11 @@ def agreed(held: list[int], prompt: list[int], start: int, stop: int) -> int:
     return low
 
 
-def run_on(prompt: Sequence[int], length: int, holders: Mapping[int, Sequence[int]]) -> Hit:
+def run_on(prompt: list[int], length: int, holders: Mapping[int, list[int]]) -> Hit:
     """The hit of the holders that agree with `prompt` furthest past their common `length` tokens,
     stopping SHORT tokens short of the prompt."""
-    limit, wanted = len(prompt) - SHORT, list(prompt)
-    reach = {row: agreed(list(tokens), wanted, length, min(limit, len(tokens)))
-             for row, tokens in holders.items()}
+    limit = len(prompt) - SHORT
+    reach = {row: agreed(tokens, prompt, length, min(limit, len(tokens))) for row, tokens in holders.items()}
     best = max(reach.values())
     return Hit(best, tuple(sorted(r for r, end in reach.items() if end == best)))
 
@@ -136,10 +135,15 @@ class PrefixIndex:
         wanted = chain(prompt, self.unit, (len(prompt) - SHORT) // self.unit)
         for k in range(len(wanted), 0, -1):
             length = k * self.unit
-            rows = [r for r in self._rows.get(wanted[k - 1], ())
-                    if r in candidates and list(candidates[r][:length]) == list(prompt[:length])]
-            if rows:
-                return run_on(prompt, length, {r: candidates[r] for r in rows})
+            hashed = [r for r in self._rows.get(wanted[k - 1], ()) if r in candidates]
+            if not hashed:
+                continue
+            # Lists on both sides, made once: a tuple never equals a list, and slices then compare.
+            asked = list(prompt)
+            held = {r: list(candidates[r]) for r in hashed}
+            holders = {r: tokens for r, tokens in held.items() if tokens[:length] == asked[:length]}
+            if holders:
+                return run_on(asked, length, holders)
         return None
 
     def indexed_rows(self) -> int:
