@@ -1,7 +1,9 @@
 """onnxruntime's CPU kernels for one prefill-sized and one decode-sized linear layer of SmolLM2
 (K 576 → N 1536 and K 1536 → N 576; M 512 rows, then 1), two threads: MatMulNBits 4-bit (block 32,
-zero points) at each accuracy level, fp32 MatMul, and DynamicQuantizeMatMul (int8 weights per column,
-the kernel MLAS runs on AMX where the CPU has it). Random weights: only the times mean anything.
+zero points) at each accuracy level and at level 4 with float zero points (Q4_1's offsets exactly),
+fp32 MatMul, and DynamicQuantizeMatMul (int8 weights per column, the kernel MLAS runs on AMX where
+the CPU has it). Random weights: the times, and for the 4-bit kernels the largest error against the
+float64 product of the weights they stand for (int8 activations show there).
 
     python -m bench.cpu.matmul_kernels [--out DIR]
 """
@@ -34,10 +36,25 @@ def single_node(op: str, inputs: dict[str, np.ndarray], m: int, n: int, **attrib
                                                    helper.make_opsetid("com.microsoft", 1)])
 
 
-def ms_per_run(model: ModelProto, a: np.ndarray) -> float:
+def dequantized(b: np.ndarray, scales: np.ndarray, zero: np.ndarray, k: int, n: int) -> np.ndarray:
+    """The [K, N] float64 weights MatMulNBits' inputs stand for: scale · (q − zero point), per block."""
+    blocks = k // BLOCK
+    q = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(n, blocks, BLOCK).astype(np.float64)
+    if zero.dtype == np.uint8:  # two 4-bit zero points a byte, blocks padded to an even count
+        packed = zero.reshape(n, -1)
+        zero = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, -1)[:, :blocks]
+    scale = scales.reshape(n, blocks, 1).astype(np.float64)
+    return (scale * (q - zero.reshape(n, blocks, 1).astype(np.float64))).reshape(n, k).T
+
+
+def session_of(model: ModelProto) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def ms_per_run(model: ModelProto, a: np.ndarray) -> float:
+    session = session_of(model)
     runs = 20 if a.shape[0] > 1 else 2000
     for _ in range(3):
         session.run(None, {"A": a})
@@ -60,6 +77,14 @@ def main() -> None:
         kernels = {f"MatMulNBits accuracy_level={level}": single_node(
             "MatMulNBits", nbits, m, n, K=k, N=n, bits=4, block_size=BLOCK, accuracy_level=level)
             for level in range(5)}
+        # Q4_1's block offsets exactly: w = d·q + m = d·(q − zp) with a float zero point zp = −m/d.
+        offsets = (RNG.standard_normal(n * k // BLOCK) * 0.01).astype(np.float32)
+        q41 = {**nbits, "Z": (-offsets / nbits["S"]).astype(np.float32)}
+        kernels["MatMulNBits level 4, float zero points"] = single_node(
+            "MatMulNBits", q41, m, n, K=k, N=n, bits=4, block_size=BLOCK, accuracy_level=4)
+        # The float64 weights each 4-bit kernel stands for (its error is measured against their product).
+        plain, offset = (dequantized(w["B"], w["S"], w["Z"], k, n) for w in (nbits, q41))
+        exact = {name: offset if "float zero" in name else plain for name in kernels}
         fp32 = RNG.standard_normal((k, n)).astype(np.float32)
         kernels["MatMul fp32"] = single_node("MatMul", {"W": fp32}, m, n)
         kernels["DynamicQuantizeMatMul int8"] = single_node(
@@ -69,7 +94,14 @@ def main() -> None:
             ms = ms_per_run(model, a)
             rows.append({"m": m, "k": k, "n": n, "kernel": name, "ms": round(ms, 4),
                          "gops": round(2 * m * k * n / ms / 1e6, 1)})
-            print(f"M={m:3d} K={k:4d} N={n:4d} {name:32s} {ms:8.3f} ms {rows[-1]['gops']:8.1f} GOPS",
+            error = ""
+            if name in exact:  # the largest error against the float64 product, over its largest value
+                reference = a.astype(np.float64) @ exact[name]
+                got = session_of(model).run(None, {"A": a})[0]
+                relative = float(np.abs(got - reference).max() / np.abs(reference).max())
+                rows[-1]["max_error_over_max"] = relative
+                error = f"  error/max {relative:.1e}"
+            print(f"M={m:3d} K={k:4d} N={n:4d} {name:38s} {ms:8.3f} ms {rows[-1]['gops']:8.1f} GOPS{error}",
                   flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
