@@ -94,6 +94,7 @@ class Config:
     log_level: str = "info"
     prefix_sharing: bool = True  # prompts starting with a held prefix (ladder steps) copy it
     prefix_across_callers: bool = False  # share prefixes between callers authenticated apart (leaks timing)
+    deterministic: bool = False  # a request's tokens and log-probabilities depend on the request alone
 
     def engine_options(self) -> EngineOptions:
         from engine.executor.options import EngineOptions
@@ -103,6 +104,7 @@ class Config:
                              max_sessions=self.max_sessions, intra_op_threads=self.intra_op_threads,
                              memory_budget_bytes=self.memory_budget_mb << 20, lookahead=self.lookahead,
                              prefix_sharing=self.prefix_sharing, graph_read_only=self.model_read_only,
+                             deterministic=self.deterministic,
                              graph_cache=Path(self.model_cache) / "graphs" if self.model_cache else None)
 
     @property
@@ -142,6 +144,9 @@ _HELP = {
     "sessions_per_caller": "sessions one caller may hold, those it waits for too (0 = every KV slot but one)",
     "prefix_sharing": "a prompt starting with a prefix the server holds (in ladder steps) copies its KV",
     "prefix_across_callers": "share held prefixes between callers told apart by auth (their timing leaks)",
+    "deterministic": "each request's tokens and log-probabilities depend on the request alone, not on the "
+                     "load or what the pool holds: decode forwards at the widest batch, prefill forwards a "
+                     "fresh run's own (docs/api.md, Exactness)",
     "max_new_tokens": "the most new tokens one request may ask for (more: OUT_OF_RANGE)",
     "default_max_new_tokens": "new tokens for a request that names none (0 = as many as fit, up to "
                               "--max-new-tokens; above it: --max-new-tokens)",

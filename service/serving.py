@@ -54,17 +54,24 @@ class Extension:
     state: SessionState
     opened: bool
     length: int | None = None
+    tokens: list[int] = field(default_factory=list)
 
     def marked(self, body: Body) -> Body:
-        """`body`, noting first the length it finds the session at (on the worker)."""
+        """`body`, noting first the tokens it finds the session holding (on the worker)."""
         if self.length is None:
             self.length = self.state.session.length
+            self.tokens = list(self.state.session.tokens)
         yield from body
 
     def restore(self, model: Model) -> None:
-        """Rewind the session to the length the Prefill found it at (the logits follow)."""
+        """Bring the session back to the tokens the Prefill found it holding (the logits follow); an
+        extension may have cut rows it computes again (engine.planner.restore)."""
         session = self.state.session
-        if self.length is not None and not session.closed and session.length > self.length:
+        if self.length is None or session.closed or session.tokens == self.tokens:
+            return
+        if len(self.tokens) == self.length:
+            model.engine.reset_to(session, self.tokens)
+        elif session.length > self.length:
             model.engine.rewind(session, self.length)
 
 

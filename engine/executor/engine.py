@@ -29,7 +29,7 @@ from engine.executor.prefill import (
     check_ids,
 )
 from engine.executor.prefilling import Prefilling
-from engine.executor.prefix import HeldPrefixes
+from engine.executor.prefix import HeldPrefixes, Hit
 from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from engine.executor.session import Session
 from engine.executor.stats import (
@@ -52,6 +52,7 @@ from engine.planner import (
     chunk_width,
     ladder_widths,
     prefix_unit,
+    recompute_from,
 )
 
 log = structlog.get_logger("ladder.engine")
@@ -170,16 +171,28 @@ class Engine(Prefilling):
         if not self._free:
             raise Exhausted(f"all {self.pool.rows} sessions are in use")
         self.decoder.settle()
-        hit = self.prefixes.lookup(scope, prompt, self._open, -1)
+        hit = self._shareable(self.prefixes.lookup(scope, prompt, self._open, -1), len(prompt))
         row = min(self._free)
         if hit and row in hit.rows:
             return self._start(row, scope, self.prefixes.held[row].tokens, hit.length)
         self.prefixes.vacate(row, self._free, hit.rows if hit else ())
         session = self._start(row, scope)
         if hit:
-            source = hit.rows[0]
-            self.prefixes.copy(source, session, hit.length, self.prefixes.tokens(source, self._open))
+            self._copy_hit(hit, session)
         return session
+
+    def _shareable(self, hit: Hit | None, prompt: int) -> Hit | None:
+        """The part of a held prefix worth copying: in the deterministic mode only up to where a fresh
+        run of the prompt starts a forward (the rest is computed again anyway)."""
+        if hit is None or not self.options.deterministic:
+            return hit
+        length = recompute_from(hit.length, hit.length, prompt, self.chunk_size, True)
+        return Hit(length, hit.rows) if length else None
+
+    def _copy_hit(self, hit: Hit, session: Session) -> None:
+        source = hit.rows[0]
+        tokens, fresh = self.prefixes.tokens(source, self._open)
+        self.prefixes.copy(source, session, hit.length, tokens, fresh)
 
     def _start(self, row: int, scope: str, tokens: Sequence[int] = (), length: int = 0) -> Session:
         """Session bookkeeping for a free row that holds `tokens[:length]` (0: nothing)."""
@@ -189,7 +202,8 @@ class Engine(Prefilling):
         self.pool.set_mask(row, length)
         if not length:
             self.backend.clear_state(row)
-        session = self._open[row] = Session(row, length, list(tokens[:length]), scope=scope)
+        # A held prefix is shared only as far as it was written as a fresh run writes it.
+        session = self._open[row] = Session(row, length, list(tokens[:length]), scope=scope, fresh=length)
         return session
 
     def close_session(self, session: Session, keep: bool = True) -> None:
@@ -210,12 +224,12 @@ class Engine(Prefilling):
         self._check_open(session)
         if session.length:
             return 0
-        hit = self.prefixes.lookup(session.scope, prompt, self._open, session.row)
+        hit = self._shareable(self.prefixes.lookup(session.scope, prompt, self._open, session.row),
+                              len(prompt))
         if hit is None:
             return 0
         self.decoder.settle()
-        source = hit.rows[0]
-        self.prefixes.copy(source, session, hit.length, self.prefixes.tokens(source, self._open))
+        self._copy_hit(hit, session)
         return hit.length
 
     def fork(self, source: Session, length: int | None = None) -> Session:
@@ -234,12 +248,12 @@ class Engine(Prefilling):
         self.prefixes.vacate(row, self._free)
         session = self._start(row, source.scope)
         session.padding_on = source.padding_on
-        self.prefixes.copy(source.row, session, length, source.tokens)
+        self.prefixes.copy(source.row, session, length, source.tokens, source.fresh)
         self.prefixes.counts["forks"] += 1
         if length == source.length:
             session.has_logits = source.has_logits
         elif length and len(session.tokens) == length and not self.info.supplied_ports:
-            self._rerun_last(session)
+            self.restore(session)
         return session
 
     def copy_session(self, source: Session, target: Session) -> None:
@@ -250,7 +264,7 @@ class Engine(Prefilling):
         if self.info.recurrent_state:
             raise InvalidInput("a decoder with recurrent state cannot copy a session: its state has no rows")
         self.decoder.settle()
-        self.prefixes.copy(source.row, target, source.length, source.tokens)
+        self.prefixes.copy(source.row, target, source.length, source.tokens, source.fresh)
         target.has_logits, target.padding_on = source.has_logits, source.padding_on
 
     def memory(self) -> MemoryUse:
@@ -292,7 +306,10 @@ class Engine(Prefilling):
             tokens = choose()
         elif rows:
             ahead = self.options.lookahead and len(chosen) == len(rows) and all(r.more for r in rows)
-            tokens = self.decoder.step({r.session.row: r.token for r in rows}, choose, ahead)
+            # The deterministic mode runs every decode forward at the widest batch: a row's
+            # numerics then never follow how many other rows decode beside it.
+            least = self.pool.rows if self.options.deterministic else 1
+            tokens = self.decoder.step({r.session.row: r.token for r in rows}, choose, ahead, least)
         else:
             tokens = []
         for row in rows:
@@ -384,19 +401,27 @@ class Engine(Prefilling):
                 self.backend.clear_state(session.row)
             return
         self._truncate(session, length)
-        self._rerun_last(session)
+        self.restore(session)
 
-    def _rerun_last(self, session: Session) -> None:
-        """Run the last held token again: its logits are the next-token logits."""
-        last = session.tokens[-1]
-        self._truncate(session, session.length - 1)
-        self.prefill_step(self.start_prefill(session, [last]))
-
-    def _truncate(self, session: Session, length: int) -> None:
-        session.length = length
-        del session.tokens[length:]
-        self.prefixes.index.truncate(session.row, length)
-        self.pool.set_mask(session.row, length)
+    def reset_to(self, session: Session, tokens: Sequence[int]) -> None:
+        """Make the session hold exactly `tokens`, with their next-token logits (an extension that
+        did not finish is undone: rows it cut to compute again are computed again)."""
+        self._check_open(session)
+        tokens = list(tokens)
+        if session.tokens == tokens and session.has_logits:
+            return
+        self.decoder.settle()
+        common = 0
+        for held, wanted in zip(session.tokens, tokens, strict=False):
+            if held != wanted:
+                break
+            common += 1
+        if common == len(tokens):
+            self.rewind(session, common)
+            return
+        self._truncate(session, common)
+        for _ in self.prefill(session, tokens[common:]):
+            pass
 
     # -- conveniences (tests, benchmarks) ---------------------------------------------------
     def prefill(self, session: Session, tokens: Sequence[int] | None = None, *,

@@ -23,6 +23,9 @@ class EngineOptions:
     device_id: int = 0
     lookahead: bool = True  # launch the next decode forward before its tokens are read (CUDA)
     prefix_sharing: bool = True  # a prompt starting with a held prefix (ladder steps) copies it
+    # Each row's numerics depend on the request alone: decode forwards at one batch width, prefill
+    # forwards a fresh run's own, prefixes shared only where a fresh run's forwards start.
+    deterministic: bool = False
     graph_read_only: bool = False  # never rewrite the model's graph: its head then runs on every row
     # Where rewritten graphs are kept (the server: <model_cache>/graphs); None = a temporary
     # directory of this process, removed at exit: a copy can be as large as the model.

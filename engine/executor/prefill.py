@@ -37,7 +37,8 @@ class PrefillTask:
     constants: dict[str, np.ndarray]  # other supplied ports, bound as they are
     forwards: list[Forward] = field(default_factory=list)  # still to run, in order
     logprob_top: int | None = None  # prompt log-probabilities wanted, with this many alternatives
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # of ids[1:], filled forward by forward
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # of ids[again + 1:], forward by forward
+    again: int = 0  # leading rows the session held already, computed again (engine.planner.restore)
 
     @property
     def done(self) -> bool:

@@ -23,6 +23,7 @@ from engine.executor.decode import BatchDecoder
 from engine.executor.options import EngineOptions
 from engine.executor.pool import KvPool
 from engine.executor.prefill import ForwardReport, PrefillTask, checked_feed, checked_ports, read_index
+from engine.executor.prefix import HeldPrefixes
 from engine.executor.session import Session
 from engine.executor.variants import Variant, VariantCache, VariantKey
 from engine.model import ModelInfo
@@ -33,7 +34,9 @@ from engine.planner import (
     PaddingPolicy,
     PortShape,
     PrefillPlan,
+    fresh_after,
     plan_prefill,
+    recompute_from,
 )
 
 log = structlog.get_logger("ladder.engine")
@@ -54,6 +57,7 @@ class Prefilling:
     decoder: BatchDecoder
     eager_forwards: int
     sessions_padding_off: int
+    prefixes: HeldPrefixes
 
     def _variant(self, key: VariantKey) -> Variant | None:
         variant = self.variants.get(key, self.backend.prepare)
@@ -85,13 +89,56 @@ class Prefilling:
         self._check_open(session)
         feed, ids = checked_feed(self.info, self.feed_dtype, tokens, embeds)
         supplied = checked_ports(self.port_dtypes, ports or {})
+        again = self._again(session, len(ids)) if ids is not None and not supplied else 0
+        if again and ids is not None:
+            ids = session.tokens[session.length - again:] + ids
+            self._truncate(session, session.length - again)
+            feed = np.asarray([ids], np.int64)
         plan = self.plan(session, feed.shape[1], tuple(PortShape(n, a.shape) for n, a in supplied.items()))
         per_token = set(plan.padding.per_token_ports)
         streamed = {n: a for n, a in supplied.items() if n in per_token}
         constants = {n: a for n, a in supplied.items() if n not in per_token}
         if logprob_top is not None and ids is None:
             raise InvalidInput("prompt log-probabilities need token ids, not embeddings")
-        return PrefillTask(session, feed, ids, streamed, constants, list(plan.forwards), logprob_top)
+        return PrefillTask(session, feed, ids, streamed, constants, list(plan.forwards), logprob_top,
+                           again=again)
+
+    def _again(self, session: Session, rows: int) -> int:
+        """How many rows the session holds that an append of `rows` computes again, so that its
+        rows come out as a fresh run's (engine.planner.restore); 0 when they cannot be re-run."""
+        if len(session.tokens) != session.length or self.unbatched_reason:
+            return 0
+        target = session.length + rows
+        start = recompute_from(session.length, session.fresh, target, self.chunk_size,
+                               self.options.deterministic)
+        return session.length - start
+
+    def restore(self, session: Session) -> None:
+        """Compute the session's next-token logits again, and rows a decode step wrote before them,
+        as a fresh run of its tokens would (rewind, a shorter fork)."""
+        if len(session.tokens) != session.length or self.unbatched_reason or not session.length:
+            return self._restore_exact(session)
+        length = session.length
+        start = recompute_from(length, session.fresh, length, self.chunk_size, self.options.deterministic)
+        ids = session.tokens[start:]
+        self._truncate(session, start)
+        task = self.start_prefill(session, ids)
+        while not task.done:
+            self.prefill_step(task)
+        return None
+
+    def _restore_exact(self, session: Session) -> None:
+        """Run the last held token again alone (a decoder whose rows cannot be re-run in a block)."""
+        last = session.tokens[-1]
+        self._truncate(session, session.length - 1)
+        self.prefill_step(self.start_prefill(session, [last]))
+
+    def _truncate(self, session: Session, length: int) -> None:
+        session.length = length
+        session.fresh = min(session.fresh, length)
+        del session.tokens[length:]
+        self.prefixes.index.truncate(session.row, length)
+        self.pool.set_mask(session.row, length)
 
     @property
     def padded_ladder(self) -> tuple[int, ...]:
@@ -100,8 +147,11 @@ class Prefilling:
 
     @property
     def shared_span(self) -> int:
-        """Rows a prefill forward takes while sessions decode: the middle ladder rung (0 = a chunk)."""
-        return self.ladder[len(self.ladder) // 2] if self.ladder else 0
+        """Rows a prefill forward takes while sessions decode: the middle ladder rung (0 = a chunk;
+        always a chunk in the deterministic mode, whose prefill forwards are a fresh run's own)."""
+        if self.options.deterministic or not self.ladder:
+            return 0
+        return self.ladder[len(self.ladder) // 2]
 
     def prefill_step(self, task: PrefillTask, span: int = 0) -> ForwardReport:
         """Run the task's next forward, of at most `span` real rows when given; the session's
@@ -136,7 +186,8 @@ class Prefilling:
         is in the prompt (never a padded row: they all come after the real ones)."""
         assert task.ids is not None and task.logprob_top is not None
         targets = task.ids[forward.start + 1:forward.start + forward.rows + 1]
-        if not targets:
+        skip = max(0, task.again - forward.start)  # rows computed again predict tokens held already
+        if len(targets) <= skip:
             return
         if logits is None:  # a single row ran as a decode step: its logits are in the store
             found = self.backend.logprobs([task.session.row], targets, task.logprob_top)
@@ -145,7 +196,7 @@ class Prefilling:
                                "it has no prompt log-probabilities")
         else:
             found = self.backend.prompt_logprobs(logits, targets, task.logprob_top)
-        task.logprobs.extend(found)
+        task.logprobs.extend(found[skip:])
 
     def _prefill_forward(self, task: PrefillTask, forward: Forward, width: int) -> HeadRows | None:
         session, rows = task.session, forward.rows
@@ -166,6 +217,8 @@ class Prefilling:
             # Rewind: the padded rows' KV is erased from the logical length.
             self.pool.set_mask(session.row, forward.past + rows)
         session.length = forward.past + rows
+        session.fresh = fresh_after(session.fresh, forward.past, rows, width, self.chunk_size,
+                                    self.options.deterministic)
         return out
 
     def _trip_self_check(self, session: Session, forward: Forward, width: int, out: HeadRows) -> None:
@@ -176,6 +229,7 @@ class Prefilling:
                     seen=None if out.seen is None else out.seen.tolist(), past=forward.past,
                     reason="the head did not see the last real row among as many rows as the forward ran")
         session.length = forward.past
+        session.fresh = min(session.fresh, forward.past)
         self.pool.set_mask(session.row, forward.past)
 
     def _replan(self, task: PrefillTask, span: int = 0) -> list[Forward]:

@@ -48,6 +48,7 @@ class Held:
     """A free pool row that keeps the KV of the session that last had it, until a session needs the row."""
 
     tokens: list[int]
+    fresh: int  # leading rows written as a fresh run writes them: shared at most this far
     scope: str  # who may share it ("" = anyone)
     used: int  # LRU tick: the least recently used held row is evicted first
 
@@ -174,7 +175,7 @@ class HeldPrefixes:
         if not (self.enabled and len(session.tokens) == session.length >= self.unit):
             self.index.drop(session.row)
             return False
-        self.held[session.row] = Held(session.tokens, session.scope, self._tick())
+        self.held[session.row] = Held(session.tokens, session.fresh, session.scope, self._tick())
         return True
 
     def lookup(self, scope: str, prompt: Sequence[int], live: Mapping[int, Session],
@@ -182,8 +183,9 @@ class HeldPrefixes:
         """The longest prefix of `prompt` held for `scope` by any row but `exclude`."""
         if not (self.enabled and prompt):
             return None
-        candidates = {r: s.tokens for r, s in live.items() if s.scope == scope and r != exclude}
-        candidates.update({r: h.tokens for r, h in self.held.items() if h.scope == scope})
+        # Rows a decode step wrote are never shared: a fresh run computes them in a prefill forward.
+        candidates = {r: s.tokens[:s.fresh] for r, s in live.items() if s.scope == scope and r != exclude}
+        candidates.update({r: h.tokens[:h.fresh] for r, h in self.held.items() if h.scope == scope})
         self.counts["lookups"] += 1
         hit = self.index.find(prompt, candidates)
         if hit is not None:
@@ -215,15 +217,20 @@ class HeldPrefixes:
         self.index.drop(target)
         self.held[target] = held
 
-    def copy(self, src: int, session: Session, length: int, tokens: Sequence[int]) -> None:
-        """`session` (on its own row) holds a copy of row `src`'s first `length` tokens."""
+    def copy(self, src: int, session: Session, length: int, tokens: Sequence[int], fresh: int) -> None:
+        """`session` (on its own row) holds a copy of row `src`'s first `length` tokens, of which
+        the first `fresh` were written as a fresh run writes them."""
         self.backend.copy_rows(src, session.row, length)
         session.length = length
+        session.fresh = min(fresh, length)
         session.tokens = list(tokens[:length])
         self.pool.set_mask(session.row, length)
 
-    def tokens(self, row: int, live: Mapping[int, Session]) -> list[int]:
-        return live[row].tokens if row in live else self.held[row].tokens
+    def tokens(self, row: int, live: Mapping[int, Session]) -> tuple[list[int], int]:
+        """The tokens a row holds and how many of them are fresh."""
+        if row in live:
+            return live[row].tokens, live[row].fresh
+        return self.held[row].tokens, self.held[row].fresh
 
     def stats(self) -> PrefixStats:
         held = sum(len(h.tokens) for h in self.held.values())

@@ -1,6 +1,7 @@
 """A session: one sequence's state. The engine carries out every forward; a Session only remembers.
 
-It holds the pool row its KV lives in, the tokens and length the KV holds,
+It holds the pool row its KV lives in, the tokens and length the KV holds, how
+many leading rows were computed as a fresh run computes them,
 whether its next-token logits are held (in the backend's logits store, row
 `row`), whether padding is still on for it, and its forward counters.
 """
@@ -26,6 +27,7 @@ class Session:
     tokens: list[int] = field(default_factory=list)
     padding_on: bool = True  # turned off for good by a self-check trip
     has_logits: bool = False  # next-token logits of the tokens held are in the logits store
+    fresh: int = 0  # leading rows written as a fresh run writes them (engine.planner.restore)
     closed: bool = False
     scope: str = ""  # who may share its prefixes ("" = anyone): the caller when auth keeps them apart
     stats: SessionStats = field(default_factory=SessionStats)

@@ -31,6 +31,7 @@ from engine.planner.plan import (
     chunk_spans,
     plan_prefill,
 )
+from engine.planner.restore import fresh_after, last_span_start, recompute_from
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -49,6 +50,9 @@ __all__ = [
     "decode_batch_width",
     "ladder_widths",
     "plan_prefill",
+    "fresh_after",
+    "last_span_start",
+    "recompute_from",
     "prefill_query_width",
     "prefix_unit",
     "ride_along_length",
