@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.executor import DecodeRow, Engine, Session
-from engine.executor.sampling import Sampler, SamplingParams
+from engine.executor import DecodeRow, Engine
 from engine.tokenizer import Tokenizer
 from tests.support.engines import load_default
+from tests.support.exactness import Fresh, decode, same
 
 PROMPTS = (
     "The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
@@ -26,9 +26,6 @@ PROMPTS = (
     "In 1969, the first man to walk on the moon was", "The quick brown fox",
     "import numpy as np\n", "The best way to learn a language is",
 )
-STEPS = 10
-
-
 def long_text(lines: int, thing: str = "prefill forward") -> str:
     return "".join(f"Line {i}: every {thing} runs on a ladder of three widths.\n" for i in range(lines))
 
@@ -48,36 +45,6 @@ def engine(request: pytest.FixtureRequest, model_dir: Path) -> Iterator[Engine]:
     engine = load_default(model_dir, max_sessions=4, capacity=2048, deterministic=request.param)
     yield engine
     engine.close()
-
-
-def decode(engine: Engine, session: Session, steps: int = STEPS) -> list[int]:
-    """Greedy tokens from the session's logits, each fed back but the last."""
-    sampler = Sampler(SamplingParams())
-    out = [engine.choose(session, sampler)]
-    while len(out) < steps:
-        chosen = engine.decode([DecodeRow(session, out[-1], sampler)])[0]
-        assert chosen is not None
-        out.append(chosen)
-    return out
-
-
-class Fresh:
-    """A fresh run of a prompt on a session of its own: its next-token logits and greedy tokens."""
-
-    def __init__(self, engine: Engine, ids: list[int]) -> None:
-        session = engine.open_session()
-        try:
-            self.logits = engine.append(session, ids)
-            self.tokens = decode(engine, session)
-        finally:
-            engine.close_session(session, keep=False)
-
-
-def same(engine: Engine, session: Session, fresh: Fresh) -> None:
-    """The session continues as the fresh run; in the deterministic mode bit for bit."""
-    if engine.options.deterministic:
-        np.testing.assert_array_equal(engine.logits(session), fresh.logits)
-    assert decode(engine, session) == fresh.tokens
 
 
 @pytest.mark.parametrize("text", PROMPTS)
