@@ -99,6 +99,16 @@ def _rotary_rows(graph: onnx.GraphProto) -> int:
     return 0
 
 
+def _missing_key(config: dict[str, Any]) -> str:
+    """The first key genai_config.json must have and does not ("" when it has them all)."""
+    model = config.get("model")
+    if not isinstance(model, dict):
+        return "'model' object"
+    if not isinstance(model.get("decoder"), dict):
+        return "'model.decoder' object"
+    return ""
+
+
 def _eos(config: dict[str, Any]) -> tuple[int, ...]:
     eos = config["model"].get("eos_token_id", ())
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
@@ -119,6 +129,9 @@ def load_model_info(path: Path, graph_file: Path | None = None) -> ModelInfo:
     if not config_path.exists():
         raise ModelUnreadable(f"{path} has no genai_config.json")
     config = json.loads(config_path.read_text())
+    missing = _missing_key(config)
+    if missing:
+        raise ModelUnreadable(f"{config_path} has no {missing}: it is not an onnxruntime-genai model config")
     decoder = config["model"]["decoder"]
     graph_file = graph_file or decoder_file(path, config)
     graph = onnx.load(str(graph_file), load_external_data=False).graph

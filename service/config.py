@@ -327,6 +327,10 @@ def validate(config: Config, sources: Mapping[str, str] | None = None) -> None:
         path = getattr(config, name)
         if path and not Path(path).is_file():
             raise ConfigError(f"{named(name)}={path!r} is not allowed: {name} takes a readable file")
+    if "default_max_new_tokens" in sources and config.default_max_new_tokens > config.max_new_tokens:
+        raise ConfigError(f"{named('default_max_new_tokens')}={config.default_max_new_tokens} is not "
+                          f"allowed: it is over {named('max_new_tokens')}={config.max_new_tokens}, the most "
+                          "a request may ask for")
     if "." in config.pod_name:
         raise ConfigError(f"{named('pod_name')}={config.pod_name!r} is not allowed: it may not contain '.' "
                           "(it separates the pod from the session token)")

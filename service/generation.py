@@ -298,8 +298,17 @@ class Forked:
     ms: float  # time the worker spent
 
 
+def check_length(session: Any, length: int) -> None:
+    """A length Rewind or ForkSession keeps must be one the session holds."""
+    if not 0 <= length <= session.length:
+        raise InvalidInput(f"cannot keep {length} tokens: the session holds {session.length}",
+                           reason="LENGTH_PAST_END", field="length")
+
+
 def fork(model: Model, state: SessionState, length: int | None) -> Forked:
     """A new engine session holding a copy of the session's first `length` tokens (None: all)."""
+    if length is not None:
+        check_length(state.session, length)
     started = time.perf_counter()
     session = model.engine.fork(state.session, length)
     return Forked(session, (time.perf_counter() - started) * 1e3)
@@ -308,8 +317,6 @@ def fork(model: Model, state: SessionState, length: int | None) -> Forked:
 def rewind(model: Model, state: SessionState, length: int) -> int:
     """Keep the first `length` tokens; the engine restores the logits of the tokens kept."""
     session = state.session
-    if not 0 <= length <= session.length:
-        raise InvalidInput(f"cannot rewind to {length}: the session holds {session.length}",
-                           reason="REWIND_PAST_END", field="length")
+    check_length(session, length)
     model.engine.rewind(session, length)
     return int(session.length)

@@ -32,6 +32,7 @@ import structlog
 
 from service.config import Config
 from service.errors import Unauthenticated, status_for
+from service.sessions import plain_id
 
 log = structlog.get_logger("ladder.rpc")
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("ladder_caller", default="")
@@ -181,7 +182,10 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         arrived = time.perf_counter()
         CALL.set(CallRecord(name, arrived, peer=context.peer() or ""))
         metadata: Mapping[str, str | bytes] = dict(context.invocation_metadata() or ())
-        request_id = str(metadata.get("x-request-id") or uuid.uuid4().hex[:16])
+        asked = str(metadata.get("x-request-id") or "")
+        # An id that could not name a session (too long, odd characters) is never echoed into logs
+        # and trailers: the call gets one of the server's own instead.
+        request_id = asked if asked and plain_id(asked) else uuid.uuid4().hex[:16]
         REQUEST_ID.set(request_id)
         structlog.contextvars.bind_contextvars(request_id=request_id, method=name)
         context.set_trailing_metadata((("x-request-id", request_id),))

@@ -25,6 +25,13 @@ from service.errors import SessionBusy, SessionNotFound, WrongPod
 MAX_SESSION_ID = 128
 _SESSION_ID = re.compile(r"[A-Za-z0-9._-]+")
 _TOKEN_BYTES = 16  # 128 random bits, as token_urlsafe characters of A-Z a-z 0-9 _ -
+
+
+def plain_id(text: str) -> bool:
+    """Whether `text` may name a session or a request: at most 128 characters of A-Z a-z 0-9 . _ -."""
+    return len(text) <= MAX_SESSION_ID and _SESSION_ID.fullmatch(text) is not None
+
+
 MAX_POD_NAME = MAX_SESSION_ID - 1 - len(secrets.token_urlsafe(_TOKEN_BYTES))
 
 

@@ -3,6 +3,8 @@ and a supplied port that is not per-token."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from structlog.testing import capture_logs
@@ -130,3 +132,12 @@ def test_a_rewind_on_a_decoder_with_supplied_ports_leaves_the_session_consistent
     # Either way the session takes the rest of its prompt again.
     again = engine.append(session, tokens[session.length:], ports=bias)
     np.testing.assert_allclose(again, held, atol=1e-5)
+
+
+def test_a_model_config_without_its_model_object_names_the_file_and_the_key(tmp_path: Path) -> None:
+    from engine.errors import ModelUnreadable
+    from engine.model import load_model_info
+
+    (tmp_path / "genai_config.json").write_text('{"search": {}}')
+    with pytest.raises(ModelUnreadable, match=r"genai_config.json has no 'model' object"):
+        load_model_info(tmp_path)

@@ -78,10 +78,20 @@ def test_auth_tokens_and_tls_files_come_from_the_environment(tmp_path: Path) -> 
 @pytest.mark.parametrize("env", [
     {"LADDER_PROVIDER": "tpu"}, {"LADDER_TLS_CERT": "c.pem"}, {"LADDER_TLS_CLIENT_CA": "ca.pem"},
     {"LADDER_POD_NAME": "a.b"}, {"LADDER_MAX_SESSIONS": "0"}, {"LADDER_MODEL_PRECISION": "int3"},
+    {"LADDER_MAX_NEW_TOKENS": "100", "LADDER_DEFAULT_MAX_NEW_TOKENS": "200"},
 ])
 def test_settings_that_cannot_work_are_refused_at_start(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
         load_config(env, exit_on_error=False)
+
+
+def test_a_lower_limit_alone_caps_the_unset_default_instead_of_refusing_it() -> None:
+    assert load_config({"LADDER_MAX_NEW_TOKENS": "100"}, exit_on_error=False).max_new_tokens == 100
+
+
+def test_the_deterministic_switch_reaches_the_engine() -> None:
+    assert load_config({}, ["--deterministic", "true"]).engine_options().deterministic
+    assert not load_config({}).engine_options().deterministic
 
 
 def test_the_config_is_frozen() -> None:
@@ -182,12 +192,20 @@ def test_serve_refuses_a_bad_setting_with_one_line_and_exit_code_2(
 
 
 def test_serve_says_in_one_line_why_a_model_directory_cannot_be_served(tmp_path: Path) -> None:
-    (tmp_path / "genai_config.json").write_text("{}")
+    (tmp_path / "genai_config.json").write_text('{"model": {"decoder": {"filename": "model.onnx"}}}')
+    (tmp_path / "model.onnx").write_bytes(b"not a graph")
     done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0"])
     lines = done.stderr.splitlines()
     assert done.returncode == 1 and not any(line.startswith("Traceback") for line in lines)
-    assert lines[-1].startswith(f"ladder serve: cannot serve model '{tmp_path}': KeyError")
-    assert any(line.startswith('{"error": "KeyError') for line in lines), "the traceback is in the JSON log"
+    assert lines[-1].startswith(f"ladder serve: cannot serve model '{tmp_path}':")
+    assert any(line.startswith('{"error": ') for line in lines), "the traceback is in the JSON log"
+
+
+def test_a_model_config_without_its_keys_names_the_file_and_the_key(tmp_path: Path) -> None:
+    (tmp_path / "genai_config.json").write_text("{}")
+    done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0"])
+    assert done.returncode == 2
+    assert "genai_config.json has no 'model' object" in done.stderr.splitlines()[-1]
 
 
 def test_a_graph_that_is_no_decoder_is_a_bad_setting_one_line_and_exit_code_2(tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ def test_fork_errors_have_their_codes_and_take_no_slot(served_model: Path) -> No
     try:
         source = open_session(running, SYSTEM[:20]).session_id
         assert refused(lambda: fork(running, "pod-a.nosuchsession")) == grpc.StatusCode.NOT_FOUND
-        assert refused(lambda: fork(running, source, 21)) == grpc.StatusCode.OUT_OF_RANGE
+        assert refused(lambda: fork(running, source, 21)) == grpc.StatusCode.INVALID_ARGUMENT
         fork(running, source)
         assert refused(lambda: fork(running, source)) == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert running.stats().sessions_open == 2

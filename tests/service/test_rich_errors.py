@@ -122,7 +122,7 @@ def test_session_errors_have_their_own_reasons(plain: RunningServer) -> None:
     session = open_session(plain)
     try:
         past_end = details_of(lambda: plain.stub.Rewind(pb.RewindRequest(session_id=session, length=9)))
-        assert (past_end.code, past_end.reason, past_end.fields) == (Code.INVALID_ARGUMENT, "REWIND_PAST_END",
+        assert (past_end.code, past_end.reason, past_end.fields) == (Code.INVALID_ARGUMENT, "LENGTH_PAST_END",
                                                                      ["length"])
     finally:
         plain.stub.CloseSession(pb.CloseSessionRequest(session_id=session))
@@ -139,7 +139,7 @@ def test_a_session_id_on_a_later_prefill_message_is_refused_and_the_prefill_undo
                                                       ["session_id"])
         # The refused Prefill had run its first part ([8, 9]); the session is back at 3 tokens.
         past_end = details_of(lambda: plain.stub.Rewind(pb.RewindRequest(session_id=session, length=4)))
-        assert past_end.reason == "REWIND_PAST_END" and "holds 3" in past_end.message
+        assert past_end.reason == "LENGTH_PAST_END" and "holds 3" in past_end.message
     finally:
         plain.stub.CloseSession(pb.CloseSessionRequest(session_id=session))
 
