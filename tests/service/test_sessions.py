@@ -106,7 +106,7 @@ def test_an_idle_session_expires_and_returns_its_slot(served_model: Path) -> Non
     running = RunningServer(server_config(served_model, session_idle_seconds=0.2))
     try:
         session_id = prefill(running, part([5, 6, 7]))[-1].done.session_id
-        assert running.stats().sessions_open == 1
+        assert session_id  # it was opened; whether it is still open by the next call is a race with 0.2 s
         wait_for(lambda: running.stats().sessions_open == 0)
         with pytest.raises(grpc.RpcError) as caught:
             decode(running, session_id, 1)
