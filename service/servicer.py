@@ -200,6 +200,9 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
         with serving.sessions.using(source):
             state = await serving.claim(forking)
+        # All or nothing: a fork whose answer the caller did not take (deadline, cancel, gone) is closed.
+        context.add_done_callback(lambda call: serving.close_soon(state, "fork_not_taken")
+                                  if call.cancelled() else None)
         return pb.ForkSessionResponse(session_id=state.id, length=state.session.length,
                                       source_session_id=source.id, server_ms=spent[0])
 
