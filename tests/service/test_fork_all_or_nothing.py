@@ -1,5 +1,7 @@
-"""ForkSession is all or nothing, as Prefill is: a fork whose answer the caller did not take (its
-deadline passed, it cancelled) leaves no session behind and gives the caller's share back."""
+"""ForkSession is all or nothing, as Prefill is: a fork whose call the server saw end without its
+answer (the deadline passed, the client went away) leaves no session behind and gives the caller's
+share back. A client-side cancel that races an answer already sent cannot be undone by the server
+(the call ended OK there), so it is not asserted here."""
 
 from __future__ import annotations
 
@@ -26,16 +28,6 @@ stub.ForkSession(pb.ForkSessionRequest(session_id=sys.argv[2]))
 def test_forks_whose_answers_were_not_taken_leave_no_session(server: RunningServer) -> None:
     baseline = server.stats().sessions_open
     source = prefill(server, part(prompt_ids(300, seed=5), last=True))[-1].done.session_id
-    taken = []
-    for i in range(40):  # deadlines from 1 ms to 40 ms land before, during and after the fork's copy
-        try:
-            reply = server.stub.ForkSession(pb.ForkSessionRequest(session_id=source), timeout=(i + 1) / 1000)
-            taken.append(reply.session_id)
-        except grpc.RpcError as error:
-            assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        for session_id in taken:
-            server.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
-        taken.clear()
     for _ in range(3):  # the deadline passes while the server's event loop is held: the fork runs after it
         with server.paused():
             late = server.stub.ForkSession.future(pb.ForkSessionRequest(session_id=source), timeout=0.3)
@@ -46,10 +38,5 @@ def test_forks_whose_answers_were_not_taken_leave_no_session(server: RunningServ
             time.sleep(1.0)  # time for the call to arrive; not asserted (it fails safe: no fork to leak)
             client.kill()
             client.wait()
-    for _ in range(3):
-        future = server.stub.ForkSession.future(pb.ForkSessionRequest(session_id=source))
-        future.cancel()
-        if not future.cancelled():
-            server.stub.CloseSession(pb.CloseSessionRequest(session_id=future.result().session_id))
     wait_for(lambda: server.stats().sessions_open == baseline + 1, what="every untaken fork closed")
     server.stub.CloseSession(pb.CloseSessionRequest(session_id=source))
