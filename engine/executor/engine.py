@@ -382,47 +382,6 @@ class Engine(Prefilling):
             self.close_session(session, keep=False)
         return self.variants.prepared - before
 
-    # -- rewind ---------------------------------------------------------------------------
-    def rewind(self, session: Session, length: int) -> None:
-        """Keep the first `length` tokens; the next-token logits are those of the tokens kept."""
-        self._check_open(session)
-        if not 0 <= length <= session.length:
-            raise InvalidInput(f"cannot rewind to {length}: the session holds {session.length}")
-        if length == session.length:
-            return
-        self.decoder.settle()
-        if self.info.recurrent_state and length != 0:
-            raise InvalidInput("a decoder with recurrent state can only rewind to 0")
-        if length == 0 or not session.tokens or self.info.supplied_ports:
-            # Without the token ids and ports of the last kept row nothing can be run again: no logits.
-            self._truncate(session, length)
-            session.has_logits = False
-            if length == 0:
-                self.backend.clear_state(session.row)
-            return
-        self._truncate(session, length)
-        self.restore(session)
-
-    def reset_to(self, session: Session, tokens: Sequence[int]) -> None:
-        """Make the session hold exactly `tokens`, with their next-token logits (an extension that
-        did not finish is undone: rows it cut to compute again are computed again)."""
-        self._check_open(session)
-        tokens = list(tokens)
-        if session.tokens == tokens and session.has_logits:
-            return
-        self.decoder.settle()
-        common = 0
-        for held, wanted in zip(session.tokens, tokens, strict=False):
-            if held != wanted:
-                break
-            common += 1
-        if common == len(tokens):
-            self.rewind(session, common)
-            return
-        self._truncate(session, common)
-        for _ in self.prefill(session, tokens[common:]):
-            pass
-
     # -- conveniences (tests, benchmarks) ---------------------------------------------------
     def prefill(self, session: Session, tokens: Sequence[int] | None = None, *,
                 embeds: np.ndarray | None = None,

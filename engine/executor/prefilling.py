@@ -4,8 +4,10 @@ A prompt appended to a session is checked and planned (`start_prefill`), then
 run one forward at a time (`prefill_step`): widened onto the ladder, run on the
 session's row, checked (the logits-row self-check turns padding off for the
 session for good when the head did not see the last real row), and rewound so
-padded rows are never read. `Engine` inherits this; the attributes below are
-the engine state it reads, set in `Engine.__init__`.
+padded rows are never read. Restores live here too (rewind, `restore`,
+`reset_to`): they re-run rows through the same forwards, as the planner's
+restore rule says. `Engine` inherits this; the attributes below are the engine
+state it reads, set in `Engine.__init__`.
 """
 
 from __future__ import annotations
@@ -122,10 +124,12 @@ class Prefilling:
         start = recompute_from(length, session.fresh, length, self.chunk_size, self.options.deterministic)
         ids = session.tokens[start:]
         self._truncate(session, start)
-        task = self.start_prefill(session, ids)
+        self._run(self.start_prefill(session, ids))
+        return None
+
+    def _run(self, task: PrefillTask) -> None:
         while not task.done:
             self.prefill_step(task)
-        return None
 
     def _restore_exact(self, session: Session) -> None:
         """Run the last held token again alone (a decoder whose rows cannot be re-run in a block)."""
@@ -242,3 +246,43 @@ class Prefilling:
                  *(PortShape(n, a.shape) for n, a in task.constants.items()))
         plan = self.plan(task.session, rows, ports, span)
         return [replace(f, start=f.start + start) for f in plan.forwards]
+
+    # -- rewind ---------------------------------------------------------------------------
+    def rewind(self, session: Session, length: int) -> None:
+        """Keep the first `length` tokens; the next-token logits are those of the tokens kept."""
+        self._check_open(session)
+        if not 0 <= length <= session.length:
+            raise InvalidInput(f"cannot rewind to {length}: the session holds {session.length}")
+        if length == session.length:
+            return
+        self.decoder.settle()
+        if self.info.recurrent_state and length != 0:
+            raise InvalidInput("a decoder with recurrent state can only rewind to 0")
+        if length == 0 or not session.tokens or self.info.supplied_ports:
+            # Without the token ids and ports of the last kept row nothing can be run again: no logits.
+            self._truncate(session, length)
+            session.has_logits = False
+            if length == 0:
+                self.backend.clear_state(session.row)
+            return
+        self._truncate(session, length)
+        self.restore(session)
+
+    def reset_to(self, session: Session, tokens: Sequence[int]) -> None:
+        """Make the session hold exactly `tokens`, with their next-token logits (an extension that
+        did not finish is undone: rows it cut to compute again are computed again)."""
+        self._check_open(session)
+        tokens = list(tokens)
+        if session.tokens == tokens and session.has_logits:
+            return
+        self.decoder.settle()
+        common = 0
+        for held, wanted in zip(session.tokens, tokens, strict=False):
+            if held != wanted:
+                break
+            common += 1
+        if common == len(tokens):
+            self.rewind(session, common)
+            return
+        self._truncate(session, common)
+        self._run(self.start_prefill(session, tokens[common:]))
