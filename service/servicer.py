@@ -200,7 +200,14 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
         with serving.sessions.using(source):
             state = await serving.claim(forking)
-        # All or nothing: a fork whose answer the caller did not take (deadline, cancel, gone) is closed.
+        # All or nothing: a fork whose call already ended (deadline, cancel, client gone) is closed.
+        # The handler can finish after its deadline without gRPC cancelling it (the event loop was
+        # busy), and then nothing marks the call cancelled: writing the headers is the test that is.
+        try:
+            await _check_client_stayed(context)
+        except BaseException:
+            serving.close_soon(state, "fork_not_taken")
+            raise
         context.add_done_callback(lambda call: serving.close_soon(state, "fork_not_taken")
                                   if call.cancelled() else None)
         return pb.ForkSessionResponse(session_id=state.id, length=state.session.length,
@@ -233,6 +240,6 @@ async def _check_client_stayed(context: Context) -> None:
     try:
         await context.send_initial_metadata(())
     except Exception as exc:  # noqa: BLE001 — any failure to write means the call has ended
-        raise Cancelled("the client left before sending a prompt") from exc
+        raise Cancelled("the call ended before its answer") from exc
 
 

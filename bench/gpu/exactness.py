@@ -11,7 +11,7 @@ each mode with it off as the fresh-run reference):
     A's first run and against the same prompt on the server with sharing off;
 (d) aggregate output tok/s at 1 stream and `--streams` concurrent ones (fresh prompts, the two modes
     measured in turn, twice, the order swapped);
-then, unless `--int4 none`, (a) + (b) at `--int4-streams` on an int4 copy of the decoder (every layer
+then, unless `--int4 none`, (a), (b) and (c) at `--int4-streams` on an int4 copy of the decoder (every layer
 MatMul as MatMulNBits, 4 bits, block 32, symmetric, fp16 scales: what onnxruntime-genai's builder
 writes for CUDA; the head stays fp16), served with `--max-sessions --int4-streams`.
 
@@ -137,10 +137,9 @@ class Server:
         return self.process.wait(120)
 
 
-def start_all(args: argparse.Namespace, model: str, slots: int, references: bool) -> dict[str, Server]:
+def start_all(args: argparse.Namespace, model: str, slots: int) -> dict[str, Server]:
     servers = {mode: Server(args, model, mode, True, slots) for mode in MODES}
-    if references:
-        servers.update({f"{mode}_sharing_off": Server(args, model, mode, False, slots) for mode in MODES})
+    servers.update({f"{mode}_sharing_off": Server(args, model, mode, False, slots) for mode in MODES})
     t0 = time.perf_counter()
     for server in servers.values():
         wait_serving(server.address, 300)
@@ -228,11 +227,11 @@ def widths(address: str, before: dict[str, int] | None = None) -> dict[str, int]
 
 
 def run_model(args: argparse.Namespace, model: str, vocab: int, streams: int,
-              full: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every check on one model: (a), (b); with `full` (c) and (d) too. Returns (summary, raw tokens)."""
+              timed: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every check on one model: (a), (b), (c); with `timed` (d) too. Returns (summary, raw tokens)."""
     prompts = [prompt(args.prompt, seed, vocab) for seed in range(streams)]
     fewer = min(args.fewer, streams)
-    servers = start_all(args, model, streams, full)
+    servers = start_all(args, model, streams)
     warm = {mode: widths(servers[mode].address) for mode in MODES}
     summary: dict[str, Any] = {"streams": streams, "prompt": args.prompt, "new": args.new}
     raw: dict[str, Any] = {}
@@ -242,16 +241,15 @@ def run_model(args: argparse.Namespace, model: str, vocab: int, streams: int,
             checks = load_checks(servers[mode], prompts, args.new, fewer)
             raw[mode] = {"alone": checks.pop("tokens_alone")}
             summary[mode] = checks
-            if full:
-                summary[mode]["shared_prefix"] = shared_prefix(
-                    servers[mode], servers[f"{mode}_sharing_off"], args.shared_lengths, args.new, vocab)
+            summary[mode]["shared_prefix"] = shared_prefix(
+                servers[mode], servers[f"{mode}_sharing_off"], args.shared_lengths, args.new, vocab)
             summary[mode]["checks_s"] = round(time.perf_counter() - t0, 1)
             print(mode, json.dumps(summary[mode]), flush=True)
         summary["alone_tokens_equal_between_modes"] = sum(
             a == b for a, b in zip(raw["default"]["alone"], raw["deterministic"]["alone"], strict=True))
-        if full:
-            for mode in MODES:
-                servers.pop(f"{mode}_sharing_off").stop()
+        for mode in MODES:
+            servers.pop(f"{mode}_sharing_off").stop()
+        if timed:
             summary["speed"] = speed(servers, args, vocab)
             print("speed", json.dumps(summary["speed"]), flush=True)
         for mode in MODES:
@@ -276,7 +274,7 @@ def main() -> None:
     parser.add_argument("--client-processes", type=int, default=8)
     parser.add_argument("--int4", default="same",
                         help='"same" (an int4 copy of --model), "none", or a directory')
-    parser.add_argument("--int4-streams", type=int, default=16)
+    parser.add_argument("--int4-streams", type=int, default=64)
     parser.add_argument("--server-args", default="--log-level warning")
     args = parser.parse_args()
     args.shared_lengths = [int(n) for n in args.shared_lengths.split(",")]
