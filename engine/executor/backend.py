@@ -49,6 +49,10 @@ class Backend(Protocol[VariantT]):
     evictable: bool  # False: a prepared variant cannot be released (CUDA graphs)
     weights_bytes: int  # 0: unknown, the engine counts the model's files
     async_capable: bool  # run_batch(wait=False) returns before the forward has finished
+    # A row's arithmetic depends on the forward's exact width (CUDA's GEMMs choose kernels by the
+    # row count), not only on one row against several (MatMulNBits on CPU): prefill re-runs and
+    # shared prefixes then follow a fresh run's own forwards in every mode (engine.planner.restore).
+    rows_follow_width: bool
 
     def allocate(self, rows: int, capacity: int) -> KvPool:
         """The KV pool and the logits store, once, before any forward."""

@@ -80,6 +80,7 @@ class CpuBackend:
     evictable = True
     weights_bytes = 0
     async_capable = False
+    rows_follow_width = False  # MLAS: a row in any multi-row forward is the same row
 
     def __init__(self, info: ModelInfo, options: EngineOptions) -> None:
         self.info = info

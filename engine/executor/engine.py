@@ -182,9 +182,9 @@ class Engine(Prefilling):
         return session
 
     def _shareable(self, hit: Hit | None, prompt: int) -> Hit | None:
-        """The part of a held prefix worth copying: in the deterministic mode only up to where a fresh
-        run of the prompt starts a forward (the rest is computed again anyway)."""
-        if hit is None or not self.options.deterministic:
+        """The part of a held prefix worth copying: with fresh forwards (`fresh_forwards`) only up to
+        where a fresh run of the prompt starts a forward (the rest is computed again anyway)."""
+        if hit is None or not self.fresh_forwards:
             return hit
         length = recompute_from(hit.length, hit.length, prompt, self.chunk_size, True)
         return Hit(length, hit.rows) if length else None

@@ -111,8 +111,7 @@ class Prefilling:
         if len(session.tokens) != session.length or self.unbatched_reason:
             return 0
         target = session.length + rows
-        start = recompute_from(session.length, session.fresh, target, self.chunk_size,
-                               self.options.deterministic)
+        start = recompute_from(session.length, session.fresh, target, self.chunk_size, self.fresh_forwards)
         return session.length - start
 
     def restore(self, session: Session) -> None:
@@ -121,7 +120,7 @@ class Prefilling:
         if len(session.tokens) != session.length or self.unbatched_reason or not session.length:
             return self._restore_exact(session)
         length = session.length
-        start = recompute_from(length, session.fresh, length, self.chunk_size, self.options.deterministic)
+        start = recompute_from(length, session.fresh, length, self.chunk_size, self.fresh_forwards)
         ids = session.tokens[start:]
         self._truncate(session, start)
         self._run(self.start_prefill(session, ids))
@@ -148,6 +147,12 @@ class Prefilling:
     def padded_ladder(self) -> tuple[int, ...]:
         """The widths prefill forwards are padded onto: none when padding is off for the model."""
         return self.ladder if self.options.padding and not self.info.recurrent_state else ()
+
+    @property
+    def fresh_forwards(self) -> bool:
+        """Whether re-runs and shared prefixes keep to a fresh run's own forwards (same past, rows
+        and width): the deterministic mode, and every mode on a backend whose rows follow the width."""
+        return self.options.deterministic or self.backend.rows_follow_width
 
     @property
     def shared_span(self) -> int:
@@ -222,7 +227,7 @@ class Prefilling:
             self.pool.set_mask(session.row, forward.past + rows)
         session.length = forward.past + rows
         session.fresh = fresh_after(session.fresh, forward.past, rows, width, self.chunk_size,
-                                    self.options.deterministic)
+                                    self.fresh_forwards)
         return out
 
     def _trip_self_check(self, session: Session, forward: Forward, width: int, out: HeadRows) -> None:

@@ -11,7 +11,10 @@ are not fresh; rows of a partial chunk are fresh only in the default mode.
   (two rows at least), beside rows written as a fresh run writes them: greedy
   tokens equal a fresh run's, log-probabilities agree to rounding (~1e-6).
 - Deterministic mode: the forwards are the fresh run's own (same past, rows and
-  width), so tokens and log-probabilities are bit-equal to a fresh run's.
+  width), so tokens and log-probabilities are bit-equal to a fresh run's. A backend
+  whose rows follow the forward's exact width (CUDA) takes this rule in every mode
+  (`deterministic=True` here): on the H200 the default rule's two-row re-runs parted
+  from a fresh run's greedy tokens over held prefixes of 1,100-2,000 tokens.
 """
 
 from __future__ import annotations
