@@ -11,24 +11,31 @@ from __future__ import annotations
 import fnmatch
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import tomllib
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 from deploy_support import (
+    DOCKER,
     REPO,
+    Dockerfile,
     PipInstall,
     dockerfile,
     main_container,
     one,
     overlay,
+    parse_dockerfile,
+    pip_install,
     pip_installs,
     readme_pip_installs,
     readme_serving_install,
     requirement_name,
+    shell_commands,
     third_party_imports,
 )
 
@@ -49,14 +56,20 @@ def test_the_cpu_image_installs_ladder_exactly_as_the_readme_does():
     assert image_install("cpu") == readme_serving_install(readme)
 
 
-def test_the_cuda_image_installs_what_the_readme_does_plus_the_cuda_extra():
+def no_deps(install: PipInstall) -> PipInstall:
+    return PipInstall(install.requirements, (*install.options, "--no-deps"))
+
+
+def test_the_cuda_image_installs_what_the_readme_does_plus_the_cuda_extra_without_dependencies():
+    # Plus --no-deps: its lock layer installed every dependency but the CPU onnxruntime, which
+    # the base dependencies name and which would hide the CUDA provider (the test below).
     readme = REPO / "README.md"
     assert readme.is_file(), "README.md is missing: the images must install as it says"
     serving = readme_serving_install(readme)
-    assert image_install("cuda") == serving.with_extra("cuda")
-    # Where the README spells the GPU install out, it is that one exactly.
+    assert image_install("cuda") == no_deps(serving.with_extra("cuda"))
+    # Where the README spells the GPU install out, it is that one exactly (plus --no-deps).
     shown = [s for s in readme_pip_installs(readme) if "cuda" in (s.project_extras() or ())]
-    assert all(image_install("cuda") == s for s in shown), shown
+    assert all(image_install("cuda") == no_deps(s) for s in shown), shown
 
 
 def test_the_image_install_provides_every_module_serving_and_model_preparation_import():
@@ -81,16 +94,170 @@ def test_the_image_install_provides_every_module_serving_and_model_preparation_i
         f"`pip install .` cannot run `ladder model prepare`/`ladder serve`: {missing}")
 
 
-def test_the_cuda_image_keeps_only_the_gpu_build_of_onnxruntime():
-    # `pip install '.[cuda]'` installs onnxruntime and onnxruntime-gpu into one
-    # package directory; the CPU build wins and the CUDA provider disappears.
-    runs = [r for s in dockerfile("cuda").stages for r in s.all("RUN")]
-    project = next(i for i, r in enumerate(runs) if "pip install '.[cuda]'" in r)
-    fixup = next(r for r in runs[project + 1:] if "pip uninstall -y onnxruntime" in r)
-    assert "--force-reinstall --no-deps" in fixup and "onnxruntime-gpu" in fixup
-    assert "CUDAExecutionProvider" in fixup, "the build must fail without the CUDA provider"
-    assert all("uninstall" not in r for r in
-               [r for s in dockerfile("cpu").stages for r in s.all("RUN")])
+def pinned(lock_text: str) -> dict[str, list[str]]:
+    """A pip-compile lock's entries: each pin's name and its lines (the pin, its hashes, its `# via`)."""
+    entries: dict[str, list[str]] = {}
+    lines: list[str] | None = None
+    for line in lock_text.splitlines():
+        if pin := re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==", line):
+            lines = entries.setdefault(requirement_name(pin[1]), [])
+        if lines is not None:
+            lines.append(line)
+    return entries
+
+
+def requirement_files(command: list[str]) -> list[str]:
+    """The files a `pip install` command installs from (`-r FILE`, `--requirement FILE`)."""
+    return [command[i + 1] for i, token in enumerate(command[:-1])
+            if token in {"-r", "--requirement"}]
+
+
+def copied_to(stage_instructions: list[tuple[str, str]]) -> dict[str, str]:
+    """Where each single-file COPY from the build context put a repository file: target -> source."""
+    targets = {}
+    for keyword, args in stage_instructions:
+        words = args.split()
+        if keyword == "COPY" and len(words) == 2 and not words[0].startswith("--"):
+            targets[words[1]] = words[0]
+    return targets
+
+
+def test_the_cuda_image_installs_only_the_gpu_build_of_onnxruntime_from_its_lock_with_hashes():
+    # The base dependencies name the CPU onnxruntime, the cuda extra onnxruntime-gpu: both
+    # wheels write one package directory, where the CPU build hides the CUDA provider. The lock
+    # layer installs every pin of the cuda lock but the CPU build's (its awk filter, run here on
+    # the real lock), hashes and all, checks the provider, and nothing later installs or removes one.
+    build = dockerfile("cuda").stages[0]
+    run = next(args for kw, args in build.instructions if kw == "RUN" and "--require-hashes" in args)
+    commands = shell_commands(run)
+    (awk,) = [c for c in commands if c[0] == "awk"]
+    (install,) = [c for c in commands if pip_install(c) is not None]
+    lock_in_image = awk[-1]
+    lock = REPO / copied_to(build.instructions)[lock_in_image]
+    assert lock == DOCKER / "requirements-cuda.txt"
+    (installed,) = requirement_files(install)
+    assert re.search(rf"{re.escape(lock_in_image)}\s*>\s*{re.escape(installed)}(\s|$)", run), (
+        "pip must install what the filter wrote")
+    assert "--require-hashes" in install and "--no-deps" in install
+    filtered = subprocess.run([*awk[:-1], str(lock)], capture_output=True, text=True, check=True).stdout
+    locked = pinned(lock.read_text())
+    assert "onnxruntime" in locked and "onnxruntime-gpu" in locked
+    assert pinned(filtered) == {name: lines for name, lines in locked.items() if name != "onnxruntime"}
+    assert any("--hash=sha256:" in line for line in pinned(filtered)["onnxruntime-gpu"])
+    assert "CUDAExecutionProvider" in run, "the build must fail without the CUDA provider"
+    assert "--no-deps" in image_install("cuda").options, (
+        "without it pip fetches the CPU build for the base dependencies")
+    for flavour in FLAVOURS:
+        runs = [r for s in dockerfile(flavour).stages for r in s.all("RUN")]
+        assert all("uninstall" not in r and "--force-reinstall" not in r for r in runs), flavour
+
+
+def copies_the_source(args: str) -> bool:
+    """A COPY of the build context's root (`COPY . .`), not of single paths nor from another stage."""
+    words = args.split()
+    sources = [w for w in words[:-1] if not w.startswith("--")]
+    return not any(w.startswith("--from") for w in words) and any(s in {".", "./"} for s in sources)
+
+
+def locked_before(instructions: list[tuple[str, str]]) -> set[str]:
+    """Names pinned in a lock that a RUN among `instructions` installs as it was copied in."""
+    copied = copied_to(instructions)
+    names: set[str] = set()
+    for keyword, args in instructions:
+        for command in shell_commands(args) if keyword == "RUN" else []:
+            for path in requirement_files(command) if pip_install(command) else []:
+                if path in copied:
+                    names |= set(pinned((REPO / copied[path]).read_text()))
+    return names
+
+
+def declared(extras: frozenset[str]) -> set[str]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + [
+        r for extra in sorted(extras) for r in project["optional-dependencies"][extra]]
+    return {requirement_name(r) for r in requirements}
+
+
+def dependency_changes(run: str, locked: set[str]) -> list[str]:
+    """The commands of a RUN that install or remove a package other than Ladder itself.
+
+    Ladder's own install counts unless it is --no-deps or a lock that an earlier layer
+    installed verbatim pins every dependency it names (`locked`): else pip resolves some.
+    """
+    changes = []
+    for command in shell_commands(run):
+        names = [Path(t).name for t in command]
+        pairs = set(zip(names, names[1:], strict=False))
+        spec = pip_install(command)
+        if pairs & {("pip", "uninstall"), ("pip3", "uninstall"), ("apt-get", "install"),
+                    ("apt", "install")}:
+            changes.append(" ".join(command))
+        elif spec is not None:
+            extras = spec.project_extras()
+            others = [r for r in spec.requirements if PipInstall((r,)).project_extras() is None]
+            resolves = extras is not None and "--no-deps" not in spec.options and not (
+                declared(extras) <= locked)
+            if others or requirement_files(command) or resolves:
+                changes.append(" ".join(command))
+    return changes
+
+
+def late_dependency_installs(image: Dockerfile) -> list[str]:
+    """The commands, in RUNs after a stage's first copy of the source tree, that install or
+    remove a dependency: a source edit re-runs them, downloads included."""
+    late = []
+    for stage in image.stages:
+        copies = [i for i, (kw, args) in enumerate(stage.instructions)
+                  if kw == "COPY" and copies_the_source(args)]
+        if copies:
+            locked = locked_before(stage.instructions[:copies[0]])
+            late += [change for kw, args in stage.instructions[copies[0] + 1:] if kw == "RUN"
+                     for change in dependency_changes(args, locked)]
+    return late
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_every_run_that_installs_a_dependency_comes_before_the_first_copy_of_the_source(flavour):
+    image = dockerfile(flavour)
+    assert any(copies_the_source(a) for s in image.stages for a in s.all("COPY")), "no `COPY . .`"
+    assert late_dependency_installs(image) == [], (
+        f"Dockerfile.{flavour}: these run again on every source edit; install them before `COPY . .`")
+
+
+def test_the_layer_check_catches_every_way_a_dependency_gets_in_after_the_source(tmp_path):
+    # The CUDA image as it was (its onnxruntime swap after the source), and other late installs.
+    path = tmp_path / "Dockerfile"
+    path.write_text(
+        "FROM python:3.12-slim AS build\n"
+        "COPY deploy/docker/requirements-cuda.txt /tmp/requirements.txt\n"
+        "RUN pip install --require-hashes --no-deps -r /tmp/requirements.txt\n"
+        "COPY engine/ engine/\n"
+        "COPY . .\n"
+        "RUN pip install '.[cuda]'\n"
+        "RUN gpu=\"$(pip freeze | grep -i '^onnxruntime-gpu==')\" \\\n"
+        " && pip uninstall -y onnxruntime \\\n"
+        " && pip install --force-reinstall --no-deps \"$gpu\"\n"
+        "RUN apt-get update && apt-get install -y curl\n"
+        "RUN python -m pip install -q -r requirements-dev.txt\n"
+        "RUN pip install '.[cuda,dev]'\n"
+        "RUN ladder model prepare\n"
+        "FROM python:3.12-slim\n"
+        "RUN pip install grpcio\n"
+        "COPY --from=build /opt/ladder /opt/ladder\n"
+        "RUN pip install structlog\n")
+    assert late_dependency_installs(parse_dockerfile(path)) == [
+        "pip uninstall -y onnxruntime", "pip install --force-reinstall --no-deps $gpu",
+        "apt-get install -y curl", "python -m pip install -q -r requirements-dev.txt",
+        "pip install .[cuda,dev]"]
+    # A filtered lock vouches for nothing: Ladder's own install after it must be --no-deps.
+    path.write_text(
+        "FROM python:3.12-slim\n"
+        "COPY deploy/docker/requirements-cuda.txt /tmp/requirements.txt\n"
+        "RUN grep -v '^onnxruntime==' /tmp/requirements.txt > /tmp/r.txt && pip install -r /tmp/r.txt\n"
+        "COPY . .\n"
+        "RUN pip install '.[cuda]'\n"
+        "RUN pip install --no-deps '.[cuda]'\n")
+    assert late_dependency_installs(parse_dockerfile(path)) == ["pip install .[cuda]"]
 
 
 def test_the_readme_is_read_in_order_from_its_shell_blocks_and_the_scripts_they_run(tmp_path):
