@@ -9,16 +9,27 @@ GenerateStream observe it at their first token, Prefill when PrefillDone (which
 carries the prompt's next token) is ready. Decode continues a session whose
 prompt was prefilled already; its first token is no first token of a prompt,
 so Decode observes no TTFT, only inter-token latency between its tokens.
+
+Work is counted where it is done: `counted(body)` wraps the job, and every
+prefill forward (ForwardDone) and every token of every sample (TokenOut) is
+added to the counters and the engine totals as the worker yields it, however
+the call ends. `end(code)` closes a call that ended before all its samples
+finished: each unfinished sample counts with the reason `cancelled`,
+`deadline_exceeded` or `error`.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+
 from engine.executor.sampling import TokenLogprobs
-from service.events import Finish, Finished, PrefillTally, PromptLogprobs, Started, TokenOut
+from service.events import Finish, Finished, ForwardDone, PrefillTally, PromptLogprobs, Started, TokenOut
 from service.metrics import TTFT_METHODS, Metrics
 
 
@@ -63,6 +74,9 @@ class Progress:
     others: dict[int, SampleRecord] = field(default_factory=dict)  # samples 1..n-1
     _finished_samples: int = 0
     _series: Any = None  # service.metrics.MethodMetrics of `method`
+    ending: str = ""  # how the call cut its unfinished samples short: cancelled, deadline_exceeded, error
+    _closed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # close() against a late end()
 
     @property
     def series(self) -> Any:
@@ -81,6 +95,36 @@ class Progress:
             self.prompt_logprobs = list(event.logprobs)
         elif isinstance(event, Finished):
             self._finished(event)
+
+    def counted(self, body: Generator[Any, Any, None]) -> Generator[Any, Any, None]:
+        """`body` as a job whose work is counted as the worker yields it: prefill forwards and rows,
+        and the tokens of every sample, whether or not the call is still there to see them."""
+        try:
+            item = next(body)
+            while True:
+                self._count(item)
+                try:
+                    reply = yield item
+                except GeneratorExit:
+                    body.close()
+                    raise
+                except BaseException as exc:  # noqa: BLE001 — handed to the body, as `yield from` does
+                    item = body.throw(exc)
+                else:
+                    item = body.send(reply)
+        except StopIteration:
+            return
+
+    def _count(self, item: Any) -> None:
+        """One event of the job, on the worker thread."""
+        if isinstance(item, TokenOut):
+            self.metrics.generated_tokens.inc()
+            self.totals.generated_tokens += 1
+        elif isinstance(item, ForwardDone):
+            padded = item.width - item.real_rows
+            self.metrics.prefill(1, item.real_rows, padded)
+            self.totals.prompt_tokens += item.real_rows
+            self.totals.padded_rows += padded
 
     def _finished(self, event: Finished) -> None:
         if event.sample:
@@ -119,13 +163,24 @@ class Progress:
         if event.logprobs is not None:
             self.logprobs.append(event.logprobs)
 
-    def close(self) -> None:
-        """The call is over: stop the clock and count its rows and tokens."""
-        self.ended = time.perf_counter()
-        tally, m, method, series = self.tally, self.metrics, self.method, self.series
-        if tally.forwards:
-            m.prefill(tally.forwards, tally.real_rows, tally.padded_rows)
-        m.generated_tokens.inc(self.generated)
+    def end(self, code: grpc.StatusCode) -> None:
+        """The call has ended with `code`: close it if some sample had not finished (each such
+        sample counts as finished by the call's ending). Once per call; after close() a no-op."""
+        if code == grpc.StatusCode.OK:
+            return self.close()
+        reason = {grpc.StatusCode.CANCELLED: "cancelled",
+                  grpc.StatusCode.DEADLINE_EXCEEDED: "deadline_exceeded"}.get(code, "error")
+        return self.close(reason)
+
+    def close(self, ending: str = "") -> None:
+        """The call is over: stop the clock and observe its latencies and lengths, one length and
+        one finish reason per sample (`ending` for samples that had not finished). Once."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.ended, self.ending = time.perf_counter(), ending
+        m, method, series = self.metrics, self.method, self.series
         if method == "Prefill":  # PrefillDone carries the prompt's first token
             series.ttft.observe(self.ended - self.arrived)
         if self.started is not None:
@@ -136,12 +191,15 @@ class Progress:
             series.decode_time.observe(self.token_times[-1] - self.token_times[0])
         if method != "Decode":
             series.prompt_length.observe(self.prompt_tokens)
-        if self.finished is not None:
-            series.output_length.observe(len(self.token_ids))
-            m.finished.labels(method, self.finished.reason.name.lower()).inc()
-        self.totals.prompt_tokens += tally.real_rows
-        self.totals.padded_rows += tally.padded_rows
-        self.totals.generated_tokens += self.generated
+        if method == "Prefill":
+            return
+        began = self.started is not None or bool(self.token_times) or self.tally.forwards > 0
+        for record in self.sample_records():
+            # A call refused or ended before its job began generated nothing: no sample to count.
+            reason = record.finished.reason.name.lower() if record.finished is not None else ending * began
+            if reason:
+                series.output_length.observe(len(record.token_ids))
+                m.finished.labels(method, reason).inc()
 
     def latency_ms(self, event: TokenOut) -> float:
         """Arrival to the first token, then the gap since the previous token."""

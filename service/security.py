@@ -47,6 +47,7 @@ class CallRecord:
     arrived: float
     peer: str = ""
     session: str = ""
+    source_session: str = ""  # ForkSession: the session forked
     progress: Any = None  # service.progress.Progress of a generation or prefill
 
     def fields(self) -> dict[str, Any]:
@@ -55,6 +56,8 @@ class CallRecord:
                                 "duration_ms": round((time.perf_counter() - self.arrived) * 1000.0, 3)}
         if self.session:
             done["session"] = self.session
+        if self.source_session:
+            done["source_session"] = self.source_session
         progress = self.progress
         if progress is not None:
             done.update(prompt_tokens=progress.prompt_tokens, completion_tokens=progress.generated)
@@ -64,6 +67,8 @@ class CallRecord:
                 done["ttft_ms"] = round(progress.ttft_ms, 3)
             if progress.finished is not None:
                 done["finish_reason"] = progress.finished.reason.name.lower()
+            elif progress.ending:
+                done["finish_reason"] = progress.ending
         return done
 
 
@@ -227,6 +232,9 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         self.failures.write("rpc_cancelled", name, code, request_id=request_id, **_access_fields())
 
     def _done(self, name: str, code: grpc.StatusCode, started: float) -> None:
+        record = CALL.get()
+        if record is not None and record.progress is not None:
+            record.progress.end(code)  # samples the call's ending cut short count with its reason
         self.on_done(name, code, time.perf_counter() - started)
 
     def _unary(self, name: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

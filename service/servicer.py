@@ -39,7 +39,7 @@ from service.generation import (
     rewind,
 )
 from service.progress import Progress
-from service.security import CALLER, REQUEST_ID
+from service.security import CALL, CALLER, REQUEST_ID
 from service.serving import Extension, Serving, note_session, session_closed
 
 Context = grpc.aio.ServicerContext
@@ -67,7 +67,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         progress.samples = call.n
         body = generate_body(serving.model, tokens, call.samplers(), stopping, progress.tally,
                              serving.scope(CALLER.get()), call.prompt_top)
-        async with aclosing(serving.scheduler.stream(body, hold=unary)) as events:
+        async with aclosing(serving.scheduler.stream(progress.counted(body), hold=unary)) as events:
             async for event in events:
                 progress.see(event)
                 yield event, progress
@@ -144,7 +144,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         tokens = await serving.prompt_ids(prompt)
         progress.prompt_tokens += len(tokens)
         body = extension.marked(prefill_body(serving.model, state, tokens, progress.tally))
-        async with aclosing(serving.scheduler.stream(body)) as events:
+        async with aclosing(serving.scheduler.stream(progress.counted(body))) as events:
             async for event in events:
                 if isinstance(event, ForwardDone):
                     yield wire.forward(state.id, event)
@@ -156,7 +156,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         with serving.sessions.using(state):
             body = decode_body(serving.model, state, call.sampler(), call.stopping)
             progress = serving.progress()
-            async with aclosing(serving.scheduler.stream(body)) as events:
+            async with aclosing(serving.scheduler.stream(progress.counted(body))) as events:
                 async for event in events:
                     progress.see(event)
                     if isinstance(event, TokenOut):
@@ -190,6 +190,9 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     async def ForkSession(self, request: pb.ForkSessionRequest, context: Context) -> pb.ForkSessionResponse:
         serving = self.serving
         source = serving.sessions.get(request.session_id, CALLER.get())
+        record = CALL.get()
+        if record is not None:
+            record.source_session = source.id
         length = request.length if request.HasField("length") else None
         spent: list[float] = []
 
@@ -210,6 +213,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             raise
         context.add_done_callback(lambda call: serving.close_soon(state, "fork_not_taken")
                                   if call.cancelled() else None)
+        note_session(state)
         return pb.ForkSessionResponse(session_id=state.id, length=state.session.length,
                                       source_session_id=source.id, server_ms=spent[0])
 

@@ -50,6 +50,16 @@ def serve_and_call(served_model: Path, level: str) -> tuple[list[dict[str, Any]]
                               metadata=(("x-request-id", "close-1"),))
             with pytest.raises(grpc.RpcError):
                 stub.Generate(greedy_request([], 2), metadata=(("x-request-id", "bad-1"),))
+            stream = stub.GenerateStream(greedy_request(prompt_ids(30, seed=3), 960),
+                                         metadata=(("x-request-id", "cancel-1"),))
+            ids["cancel_seen"] = str(len([next(stream) for _ in range(3)]))
+            stream.cancel()
+            first = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=prompt_ids(20, seed=4))))
+            events = list(stub.Prefill(iter([first]), metadata=(("x-request-id", "src-1"),)))
+            source = events[-1].done.session_id
+            fork = stub.ForkSession(pb.ForkSessionRequest(session_id=source),
+                                    metadata=(("x-request-id", "fork-1"),))
+            ids["fork"], ids["fork_source"] = fork.session_id, source
         server.send_signal(signal.SIGTERM)
         _, err = server.communicate(timeout=30)
     finally:
@@ -85,11 +95,13 @@ def test_every_call_gets_exactly_one_access_line_with_its_request_id_method_and_
         info_run: Run) -> None:
     lines, _ = info_run
     access = by_request(lines)
-    for request_id in ("gen-1", "pre-1", "dec-1", "close-1", "bad-1"):
+    for request_id in ("gen-1", "pre-1", "dec-1", "close-1", "bad-1", "cancel-1", "fork-1"):
         assert len(access[request_id]) == 1, access.get(request_id)
     methods = {rid: (e[0]["method"], e[0]["code"]) for rid, e in access.items() if "-" in rid}
     assert methods == {"gen-1": ("Generate", "OK"), "pre-1": ("Prefill", "OK"), "dec-1": ("Decode", "OK"),
-                       "close-1": ("CloseSession", "OK"), "bad-1": ("Generate", "INVALID_ARGUMENT")}
+                       "close-1": ("CloseSession", "OK"), "bad-1": ("Generate", "INVALID_ARGUMENT"),
+                       "cancel-1": ("GenerateStream", "CANCELLED"), "src-1": ("Prefill", "OK"),
+                       "fork-1": ("ForkSession", "OK")}
     assert all(e["level"] == "info" and "timestamp" in e and e["peer"].startswith("ipv4:127.0.0.1")
                for entries in access.values() for e in entries)
 
@@ -106,13 +118,19 @@ def test_an_access_line_carries_tokens_timing_session_and_finish_reason(
     assert (dec["session"], dec["completion_tokens"], dec["finish_reason"]) == (ids["session"], 3, "length")
     assert close["session"] == ids["session"] and "prompt_tokens" not in close
     assert "details" in access["bad-1"] and "prompt is empty" in access["bad-1"]["details"]
+    cancelled = access["cancel-1"]
+    assert cancelled["finish_reason"] == "cancelled" and cancelled["prompt_tokens"] == 30
+    assert cancelled["completion_tokens"] >= int(ids["cancel_seen"])
+    fork = access["fork-1"]
+    assert (fork["session"], fork["source_session"]) == (ids["fork"], ids["fork_source"])
 
 
 def test_sessions_opening_and_closing_are_logged(info_run: Run) -> None:
     lines, ids = info_run
     opened = [e for e in lines if e["event"] == "session_opened"]
     closed = [e for e in lines if e["event"] == "session_closed"]
-    assert [(e["session"], e["request_id"]) for e in opened] == [(ids["session"], "pre-1")]
+    assert [(e["session"], e["request_id"]) for e in opened] == [
+        (ids["session"], "pre-1"), (ids["fork_source"], "src-1"), (ids["fork"], "fork-1")]
     assert [(e["session"], e["reason"], e["length"]) for e in closed] == [(ids["session"], "closed", 23)]
 
 
@@ -121,7 +139,7 @@ def test_forwards_are_logged_at_debug_level_only(served_model: Path,
     debug_lines, _ = serve_and_call(served_model, "debug")
     prefill = [e for e in debug_lines if e["event"] == "prefill_forward"]
     decode = [e for e in debug_lines if e["event"] == "decode_forward"]
-    assert {e["request_id"] for e in prefill} == {"gen-1", "pre-1"}
+    assert {e["request_id"] for e in prefill} == {"gen-1", "pre-1", "cancel-1", "src-1"}
     assert sum(e["rows"] for e in prefill if e["request_id"] == "gen-1") == 40
     assert all(e["level"] == "debug" and e["ms"] >= 0 and e["width"] >= e["rows"] for e in prefill)
     assert sum(1 for e in decode if e["request_ids"] == ["gen-1"]) == 4  # 5 tokens: 4 decode forwards
