@@ -3,7 +3,7 @@ prefill forwards of which span a round runs: pure values the scheduler (service/
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,3 +87,24 @@ def prefill_plan(waiting: int, decoding: bool, shared_span: int) -> tuple[int, .
     if waiting == 1:
         return (shared_span,)
     return (0,) * min(waiting, MAX_PREFILLS_PER_ROUND)
+
+
+def slot_grants(needs: Sequence[int], free: int, returning: int) -> tuple[int, ...]:
+    """Which of the requests waiting for KV slots (`needs[i]` slots each, in arrival order) get
+    them now: `free` slots are free and `returning` are held by running jobs that give them back
+    when they end (a Generate's samples; not sessions, which stay until closed).
+
+    Oldest first. A request that does not fit in the free slots but would once running jobs end
+    holds the line: nothing behind it starts, so it starts as soon as they end (no starvation).
+    A request that would not fit even then waits for sessions to close, which may take as long as
+    their idle expiry: later requests that fit go ahead of it meanwhile (no head-of-line blocking),
+    and their slots count as returning, so the line closes behind it once it can be served.
+    """
+    granted = []
+    for i, need in enumerate(needs):
+        if need <= free:
+            granted.append(i)
+            free, returning = free - need, returning + need
+        elif need <= free + returning:
+            break
+    return tuple(granted)

@@ -7,7 +7,8 @@ its caller, and requests for the engine: `Call` (run now, on the worker),
 the generator. Jobs never touch the engine between requests.
 
 Each round: every job that is not waiting runs up to its next request; free
-slots go to the jobs waiting for one, in arrival order; prefill forwards run
+slots go to the jobs waiting for one, oldest first (`slot_grants`: one that
+cannot start until sessions close does not hold back the rest); prefill forwards run
 (`prefill_plan`); then one decode forward advances every job waiting on a
 token, whatever its session's length. So a long prompt delays running streams
 by at most one prefill forward per token, and sixteen streams cost one
@@ -35,7 +36,17 @@ import structlog
 from engine.errors import EngineFault
 from engine.executor import Engine, Session
 from service.errors import Cancelled, QueueFull
-from service.requests import Call, Chunk, OpenSlot, StepRecord, Token, Tokens, decode_rows, prefill_plan
+from service.requests import (
+    Call,
+    Chunk,
+    OpenSlot,
+    StepRecord,
+    Token,
+    Tokens,
+    decode_rows,
+    prefill_plan,
+    slot_grants,
+)
 
 log = structlog.get_logger("ladder.scheduler")
 T = TypeVar("T")
@@ -82,6 +93,7 @@ class Job:
         self.events: asyncio.Queue[Any] = asyncio.Queue()
         self.abort_error: BaseException | None = None
         self.want: OpenSlot | Chunk | Token | None = None  # the request it waits on
+        self.slots = 0  # KV slots granted to it: back in the pool when it ends (service.requests.slot_grants)
         self.reply: Any = None
         self.error: BaseException | None = None  # thrown into the body at its next step
         self.done = False
@@ -241,9 +253,7 @@ class Scheduler:
         for job in self._active:
             if job.abort_error is not None or job.want is None or isinstance(job.want, running):
                 return True
-            if isinstance(job.want, OpenSlot) and self.engine.free_slots >= job.want.count:
-                return True
-        return False
+        return bool(self._grants()[1])
 
     def _admit(self, block: bool) -> bool:
         """Move new jobs into the round; False when told to stop."""
@@ -319,15 +329,22 @@ class Scheduler:
         # _active is in arrival order: jobs are appended as they are admitted.
         return [j for j in self._active if isinstance(j.want, kind)]
 
+    def _grants(self) -> tuple[list[Job], tuple[int, ...]]:
+        """The jobs waiting for slots, and which of them get them now (service.requests.slot_grants)."""
+        waiting = self._waiting(OpenSlot)
+        needs = [job.want.count for job in waiting]  # type: ignore[union-attr]
+        returning = sum(job.slots for job in self._active)
+        return waiting, slot_grants(needs, self.engine.free_slots, returning)
+
     def _grant_slots(self) -> None:
-        # Strictly in arrival order: a job needing several slots is not starved by later ones.
-        for job in self._waiting(OpenSlot):
+        waiting, granted = self._grants()
+        for i in granted:
+            job = waiting[i]
             assert isinstance(job.want, OpenSlot)
             count = job.want.count
-            if self.engine.free_slots < count:
-                return
             first = functools.partial(self.engine.open_session, job.want.scope, job.want.prompt)
             self._answer(job, first if count == 1 else functools.partial(self._open, job.want))
+            job.slots = count if job.error is None else 0
 
     def _open(self, want: OpenSlot) -> list[Session]:
         first = self.engine.open_session(want.scope, want.prompt)
