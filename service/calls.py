@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from engine.chat_template import ChatMessage
 from engine.errors import InvalidInput
 from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
+from service.errors import TooLarge
 
 MAX_STOPS = 16  # stop strings per request
 MAX_STOP_CHARS = 512  # characters per stop string
@@ -96,6 +97,42 @@ class GenerateCall:
     def samplers(self) -> list[Sampler]:
         """One sampler per sample, seeded seed, seed + 1, ... (SamplingParams.for_sample)."""
         return [_sampler(self.sampling.for_sample(i), self.logprobs) for i in range(self.n)]
+
+
+# The fewest bytes each part of a Completion can take (protobuf's encoding: a field's tag and
+# length prefix, a varint of at least one byte, a float of four): a response that needs more than
+# the message limit even at these sizes cannot be sent, whatever its tokens turn out to be.
+MIN_TOKEN_ID_BYTES = 1  # a packed varint
+TIMING_BYTES_PER_TOKEN = 8  # Timing.inter_token_ms: a packed double per gap
+MIN_LOGPROB_BYTES = 9  # TokenLogprobs / Alternative: tag + length, id (tag + varint), logprob (tag + float)
+
+
+def least_response_bytes(tokens: int, samples: int, logprobs: LogprobRequest | None, prompt: int = 0) -> int:
+    """A lower bound on the size of the Completion of `samples` samples of `tokens` tokens each
+    (every token generated), with the log-probabilities asked for (`prompt` prompt tokens)."""
+    per_token = MIN_TOKEN_ID_BYTES
+    scored = 0
+    if logprobs is not None:
+        per_token += MIN_LOGPROB_BYTES * (1 + logprobs.top)
+        if logprobs.prompt:
+            scored = max(prompt - 1, 0) * MIN_LOGPROB_BYTES * (1 + logprobs.top)
+    return samples * tokens * per_token + max(tokens - 1, 0) * TIMING_BYTES_PER_TOKEN + scored
+
+
+def check_response_fits(tokens: int, samples: int, logprobs: LogprobRequest | None, prompt: int,
+                        limit: int) -> None:
+    """Refuse, before any work, a request whose answer at full length cannot fit in one message."""
+    least = least_response_bytes(tokens, samples, logprobs, prompt)
+    if least > limit:
+        asked = [f"n = {samples}", f"max_new_tokens = {tokens}"]
+        if logprobs is not None:
+            prompt_too = " with logprobs.prompt" if logprobs.prompt else ""
+            asked.append(f"logprobs.top = {logprobs.top}{prompt_too}")
+        raise TooLarge(f"the answer to {', '.join(asked)} takes at least {least} bytes at full length, "
+                           f"over the message limit of {limit} bytes (--max-message-bytes): ask for fewer "
+                           "tokens, samples or alternatives", reason="RESPONSE_TOO_LARGE",
+                           field="stopping.max_new_tokens", metadata={"limit_bytes": str(limit),
+                                                                      "least_bytes": str(least)})
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,12 @@ class OverLimit(ServiceError):
     with the same status; a malformed request is engine.errors.InvalidInput, wherever found."""
 
 
+class TooLarge(ServiceError):
+    """A message over --max-message-bytes: the request (MESSAGE_TOO_LARGE), or the answer it asks
+    for (RESPONSE_TOO_LARGE, refused before any work when even its smallest encoding is over).
+    INVALID_ARGUMENT with no RetryInfo: the same request fails again."""
+
+
 class Cancelled(ServiceError):
     """The client went away (or its deadline passed) while the engine worked for it."""
 
@@ -92,6 +98,7 @@ class Cancelled(ServiceError):
 # Most specific first: the first class an exception is an instance of wins.
 STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidInput, grpc.StatusCode.INVALID_ARGUMENT),
+    (TooLarge, grpc.StatusCode.INVALID_ARGUMENT),
     (OverCapacity, grpc.StatusCode.OUT_OF_RANGE),
     (OverLimit, grpc.StatusCode.OUT_OF_RANGE),
     (SessionNotFound, grpc.StatusCode.NOT_FOUND),
@@ -112,6 +119,7 @@ STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 # The ErrorInfo reason of each class (an error may name a more specific one when raised).
 REASONS: tuple[tuple[type[BaseException], str], ...] = (
     (InvalidInput, "INVALID_INPUT"),
+    (TooLarge, "MESSAGE_TOO_LARGE"),
     (OverCapacity, "CAPACITY_EXCEEDED"),
     (OverLimit, "LIMIT_EXCEEDED"),
     (SessionNotFound, "SESSION_NOT_FOUND"),

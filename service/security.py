@@ -31,7 +31,7 @@ import grpc
 import structlog
 
 from service.config import Config
-from service.errors import Unauthenticated, status_for
+from service.errors import TooLarge, Unauthenticated, status_for
 from service.sessions import plain_id
 
 log = structlog.get_logger("ladder.rpc")
@@ -162,8 +162,12 @@ def ending_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
 class CallInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, tokens: tuple[str, ...], gate: Callable[[], None],
                  on_done: Callable[[str, grpc.StatusCode, float], None],
-                 on_internal: Callable[[BaseException], None] | None = None) -> None:
+                 on_internal: Callable[[BaseException], None] | None = None,
+                 max_message_bytes: int = 0) -> None:
         self.tokens = caller_tokens(tokens)
+        # Requests over it fail here, logged and counted (gRPC's own limit is set above it:
+        # server.py); 0 = no check of our own.
+        self.max_message_bytes = max_message_bytes
         self.gate = gate  # raises (Draining) while the server takes no new work
         self.on_done = on_done
         self.on_internal = on_internal  # an error no table entry explains: the server can't be trusted
@@ -237,12 +241,25 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
             record.progress.end(code)  # samples the call's ending cut short count with its reason
         self.on_done(name, code, time.perf_counter() - started)
 
+    def _check_size(self, message: Any) -> None:
+        limit = self.max_message_bytes
+        if limit and message.ByteSize() > limit:
+            raise TooLarge(f"the request message is {message.ByteSize()} bytes, over the limit of {limit} "
+                           "bytes (--max-message-bytes)", reason="MESSAGE_TOO_LARGE",
+                           metadata={"limit_bytes": str(limit), "bytes": str(message.ByteSize())})
+
+    async def _checked(self, messages: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for message in messages:
+            self._check_size(message)
+            yield message
+
     def _unary(self, name: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
             self.in_flight += 1
             try:
                 started = self._enter(name, context)
+                self._check_size(request)
                 response = await behavior(request, context)
             except grpc.aio.AbortError:
                 raise
@@ -264,10 +281,13 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             started, request_id = time.perf_counter(), ""
             self.in_flight += 1
-            responses = behavior(request, context)
+            streamed = hasattr(request, "__aiter__")  # a request stream: each message checked as it comes
+            responses = behavior(self._checked(request) if streamed else request, context)
             try:
                 started = self._enter(name, context)
                 request_id = REQUEST_ID.get()
+                if not streamed:
+                    self._check_size(request)
                 async for response in responses:
                     yield response
             except grpc.aio.AbortError:

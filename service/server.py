@@ -225,8 +225,11 @@ class LadderServer:
         self.servicer = LadderServicer(self._serving)
         self.draining = False
         self.interceptor = CallInterceptor(config.auth_tokens, self._gate, self.metrics.call_done,
-                                           on_internal=self._fault)
-        limits = [("grpc.max_receive_message_length", config.max_message_bytes),
+                                           on_internal=self._fault,
+                                           max_message_bytes=config.max_message_bytes)
+        # gRPC's own receive limit sits above ours, so a request up to twice the limit gets our
+        # answer (INVALID_ARGUMENT, MESSAGE_TOO_LARGE, logged and counted); beyond that gRPC's own.
+        limits = [("grpc.max_receive_message_length", 2 * config.max_message_bytes),
                   ("grpc.max_send_message_length", config.max_message_bytes),
                   ("grpc.so_reuseport", 0)]  # a port another server holds fails here, not shared
         self.grpc = grpc.aio.server(interceptors=[self.interceptor], options=limits)

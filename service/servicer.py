@@ -18,16 +18,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from engine.errors import InvalidInput
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire
-from service.calls import Prompt
-from service.errors import Cancelled
+from service.calls import Prompt, check_response_fits
+from service.errors import Cancelled, TooLarge
 from service.events import Finished, ForwardDone, TokenOut
 from service.generation import (
     close,
@@ -43,6 +44,7 @@ from service.security import CALL, CALLER, REQUEST_ID
 from service.serving import Extension, Serving, note_session, session_closed
 
 Context = grpc.aio.ServicerContext
+M = TypeVar("M", bound=Message)
 
 
 class LadderServicer(ladder_pb2_grpc.LadderServicer):
@@ -63,6 +65,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         tokens = await serving.prompt_ids(call.prompt)
         stopping = serving.model.budget(call.stopping, len(tokens))
         serving.check_samples(call.n)  # before anything is built per sample
+        check_response_fits(stopping.max_new_tokens, call.n, call.logprobs, len(tokens),
+                            serving.config.max_message_bytes)
         progress = serving.progress(len(tokens))
         progress.samples = call.n
         body = generate_body(serving.model, tokens, call.samplers(), stopping, progress.tally,
@@ -78,7 +82,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             async for step in steps:
                 progress = step[1]
         assert progress is not None
-        return wire.completion(progress, REQUEST_ID.get(), text_of=self.serving.model.token_text)
+        return self._within_limit(wire.completion(progress, REQUEST_ID.get(),
+                                                  text_of=self.serving.model.token_text))
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: Context) -> AsyncIterator[pb.TokenEvent]:
@@ -87,8 +92,21 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                 if isinstance(event, TokenOut):
                     yield self._token_event(event, progress)
                 elif isinstance(event, Finished) and progress.ended is not None:  # every sample has
-                    yield pb.TokenEvent(done=wire.completion(progress, REQUEST_ID.get(),
-                                                             text_of=self.serving.model.token_text))
+                    yield self._within_limit(pb.TokenEvent(done=wire.completion(
+                        progress, REQUEST_ID.get(), text_of=self.serving.model.token_text)))
+
+    def _within_limit(self, message: M) -> M:
+        """`message`, or TooLarge when it is over the message limit (the request's smallest answer
+        fitted, its tokens' text and alternatives did not): the client hears why, the call counts
+        as failed, and the work done is counted as for any call (service/progress.py)."""
+        limit = self.serving.config.max_message_bytes
+        size = message.ByteSize()
+        if size > limit:
+            raise TooLarge(f"the answer is {size} bytes, over the message limit of {limit} bytes "
+                           "(--max-message-bytes): ask for fewer tokens, samples or alternatives",
+                           reason="RESPONSE_TOO_LARGE", field="stopping.max_new_tokens",
+                           metadata={"limit_bytes": str(limit), "bytes": str(size)})
+        return message
 
     def _token_event(self, event: TokenOut, progress: Progress) -> pb.TokenEvent:
         latency = progress.latency_ms(event) if event.sample == 0 else 0.0
@@ -153,6 +171,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         call, serving = wire.decode_call(request), self.serving
         state = note_session(serving.sessions.get(call.session_id, CALLER.get()))
         done = None
+        wanted = call.stopping.max_new_tokens or serving.config.default_max_new_tokens
+        check_response_fits(wanted, 1, call.logprobs, 0, serving.config.max_message_bytes)
         with serving.sessions.using(state):
             body = decode_body(serving.model, state, call.sampler(), call.stopping)
             progress = serving.progress()
@@ -162,8 +182,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                     if isinstance(event, TokenOut):
                         yield self._token_event(event, progress)
                     elif isinstance(event, Finished):
-                        done = pb.TokenEvent(done=wire.completion(progress, REQUEST_ID.get(), state,
-                                                                  serving.model.token_text))
+                        done = self._within_limit(pb.TokenEvent(done=wire.completion(
+                            progress, REQUEST_ID.get(), state, serving.model.token_text)))
         # Released before the client hears "done", so its next call on the session is never ABORTED.
         if done is not None:
             yield done
