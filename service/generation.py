@@ -271,7 +271,12 @@ def decode_body(model: Model, state: SessionState, sampler: Sampler,
         raise OverCapacity(f"session {state.id} holds {session.length} tokens, its full KV capacity: "
                            "rewind it to continue")
     budget = model.budget(stopping, session.length, f"session {state.id}'s")
-    yield from decode_steps(model, session, sampler, budget, feed_last=True)
+    sampler.counts.update(state.generated_tokens())  # penalties go on from the earlier Decodes
+    start = session.length
+    try:
+        yield from decode_steps(model, session, sampler, budget, feed_last=True)
+    finally:
+        state.generated.extend(range(start, session.length))
 
 
 def close(model: Model, state: SessionState) -> int:

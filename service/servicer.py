@@ -215,14 +215,17 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             record.source_session = source.id
         length = request.length if request.HasField("length") else None
         spent: list[float] = []
+        generated: list[int] = []  # the source's Decode-chosen positions the fork holds
 
         async def forking(caller: str) -> Any:
             forked = await serving.scheduler.call(lambda: fork(serving.model, source, length))
             spent.append(forked.ms)
+            generated.extend(p for p in source.generated if p < forked.session.length)
             return forked.session
 
         with serving.sessions.using(source):
             state = await serving.claim(forking)
+        state.generated = generated
         # All or nothing: a fork whose call already ended (deadline, cancel, client gone) is closed.
         # The handler can finish after its deadline without gRPC cancelling it (the event loop was
         # busy), and then nothing marks the call cancelled: writing the headers is the test that is.

@@ -42,6 +42,16 @@ class SessionState:
     session: Any  # engine.executor.Session, touched only on the worker
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False
+    # Positions whose tokens a Decode chose (worker-side, like `session`): presence and frequency
+    # penalties count them in every later Decode, so Decode(n) + Decode(m) = Decode(n + m).
+    generated: list[int] = field(default_factory=list)
+
+    def generated_tokens(self) -> list[int]:
+        """The tokens Decode chose that the session still holds (a Rewind drops the rest)."""
+        session = self.session
+        held = min(session.length, len(session.tokens))
+        self.generated = [p for p in self.generated if p < held]
+        return [session.tokens[p] for p in self.generated]
 
 
 class SessionRegistry:
