@@ -168,13 +168,16 @@ class Scheduler:
         return job
 
     def _full(self) -> QueueFull:
-        """The refusal of a request over the queue bound: SESSIONS_FULL when requests in it wait for
-        a KV slot (every slot is held: sessions are the bottleneck), else QUEUE_FULL."""
-        waiting = self.waiting
-        metadata = {"max_queue": str(self.max_queue), "waiting_for_slot": str(waiting)}
-        if waiting:
-            return QueueFull(f"every KV slot is in use and {waiting} of the {self._depth} requests the "
-                             "engine worker holds wait for one", reason="SESSIONS_FULL", metadata=metadata)
+        """The refusal of a request over the queue bound: SESSIONS_FULL when every KV slot is held
+        (sessions are the bottleneck), else QUEUE_FULL. By the slots, not by which queued requests
+        the worker has reached yet, so a burst gets the reason a trickle of the same load gets."""
+        waiting, free = self.waiting, self.engine.free_slots  # an int read: safe off the worker
+        metadata = {"max_queue": str(self.max_queue), "waiting_for_slot": str(waiting),
+                    "free_slots": str(free)}
+        if not free:
+            return QueueFull(f"every KV slot is in use and the engine worker holds {self._depth} "
+                             f"requests ({waiting} seen waiting for a slot)", reason="SESSIONS_FULL",
+                             metadata=metadata)
         return QueueFull(f"the engine worker already holds {self._depth} requests", reason="QUEUE_FULL",
                          metadata=metadata)
 

@@ -243,7 +243,8 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
 
     def _check_size(self, message: Any) -> None:
         limit = self.max_message_bytes
-        if limit and message.ByteSize() > limit:
+        # Not a message (bytes the deserializer could not parse): the handler refuses it.
+        if limit and hasattr(message, "ByteSize") and message.ByteSize() > limit:
             raise TooLarge(f"the request message is {message.ByteSize()} bytes, over the limit of {limit} "
                            "bytes (--max-message-bytes)", reason="MESSAGE_TOO_LARGE",
                            metadata={"limit_bytes": str(limit), "bytes": str(message.ByteSize())})

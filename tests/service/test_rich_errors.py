@@ -154,6 +154,14 @@ def test_a_full_queue_full_slots_and_a_callers_quota_are_three_reasons_each_with
         wait_for(lambda: running.scheduler.waiting == 1)
         slots = details_of(lambda: running.stub.Generate(greedy_request([5, 6], 2)))
         quota = details_of(lambda: open_session(running))
+        # The same load as a burst the worker has not reached yet: the same reason.
+        waiting.cancel()
+        wait_for(lambda: running.scheduler.depth == 0)
+        with running.frozen() as scheduler:
+            burst = [running.stub.Generate.future(greedy_request([5, 6], 2), timeout=30) for _ in range(4)]
+            wait_for(lambda: sum(f.done() for f in burst) == 3, what="three of the burst refused")
+            refused = [details_of(f.result) for f in burst if f.done()]
+            waiting = next(f for f in burst if not f.done())
         running.stub.CloseSession(pb.CloseSessionRequest(session_id=held))
         assert len(waiting.result(timeout=30).token_ids) == 2
         # The slot is free, but a stream the (held) worker has taken fills the one queue place.
@@ -165,9 +173,10 @@ def test_a_full_queue_full_slots_and_a_callers_quota_are_three_reasons_each_with
     finally:
         running.close()
     assert (slots.code, slots.reason) == (Code.RESOURCE_EXHAUSTED, "SESSIONS_FULL")
-    assert slots.metadata == {"max_queue": "1", "waiting_for_slot": "1"}
+    assert slots.metadata == {"max_queue": "1", "waiting_for_slot": "1", "free_slots": "0"}
+    assert [(r.code, r.reason) for r in refused] == [(Code.RESOURCE_EXHAUSTED, "SESSIONS_FULL")] * 3
     assert (queue.code, queue.reason) == (Code.RESOURCE_EXHAUSTED, "QUEUE_FULL")
-    assert queue.metadata == {"max_queue": "1", "waiting_for_slot": "0"}
+    assert queue.metadata == {"max_queue": "1", "waiting_for_slot": "0", "free_slots": "1"}
     assert (quota.code, quota.reason) == (Code.RESOURCE_EXHAUSTED, "CALLER_QUOTA")
     assert slots.retry_seconds == queue.retry_seconds == 1.0 and quota.retry_seconds == 5.0
 
