@@ -65,6 +65,9 @@ class CallRecord:
                 done["queue_ms"] = round(progress.queue_ms, 3)
             if progress.token_times:
                 done["ttft_ms"] = round(progress.ttft_ms, 3)
+            elif self.method == "Prefill" and progress.ended is not None:
+                # PrefillDone carries the prompt's next token: arrival to it, as the TTFT metric.
+                done["ttft_ms"] = round((progress.ended - progress.arrived) * 1000.0, 3)
             if progress.finished is not None:
                 done["finish_reason"] = progress.finished.reason.name.lower()
             elif progress.ending:

@@ -115,6 +115,7 @@ def test_an_access_line_carries_tokens_timing_session_and_finish_reason(
     assert 0 <= gen["queue_ms"] <= gen["ttft_ms"] <= gen["duration_ms"]
     assert gen["caller"] == "" and "session" not in gen
     assert (pre["session"], pre["prompt_tokens"], pre["completion_tokens"]) == (ids["session"], 20, 0)
+    assert 0 < pre["ttft_ms"] <= pre["duration_ms"], "arrival to PrefillDone"
     assert (dec["session"], dec["completion_tokens"], dec["finish_reason"]) == (ids["session"], 3, "length")
     assert close["session"] == ids["session"] and "prompt_tokens" not in close
     assert "details" in access["bad-1"] and "prompt is empty" in access["bad-1"]["details"]
