@@ -12,7 +12,10 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,8 @@ import pytest
 from clients.python import ChatSession, LadderClient, Stopping, Turn
 from clients.python.chat import ReplyStopped
 from clients.python.terminal import typed_text
-from tests.support.servers import RunningServer
+from service.requests import Call
+from tests.support.servers import START_TIMEOUT_S, RunningServer
 
 REPO = Path(__file__).resolve().parents[2]
 # Linux x86_64 syscalls a program waiting for a key sits in: read, poll, select, pselect6, ppoll.
@@ -46,6 +50,14 @@ class Terminal:
             assert ready, f"{text!r} never came after {self.transcript[start:]!r}"
             self.transcript += os.read(self.master, 4096).decode("utf-8", errors="replace")
         return found + len(text)
+
+    def shows(self, start: int, timeout_s: float) -> bool:
+        """Whether anything has been written at or after `start`, reading for up to `timeout_s`."""
+        if len(self.transcript) <= start:
+            ready, _, _ = select.select([self.master], [], [], timeout_s)
+            if ready:
+                self.transcript += os.read(self.master, 4096).decode("utf-8", errors="replace")
+        return len(self.transcript) > start
 
     def type(self, keys: str) -> None:
         os.write(self.master, keys.encode())
@@ -73,15 +85,72 @@ class Terminal:
         os.close(self.master)
 
 
+def hold_worker(server: RunningServer) -> tuple[threading.Event, threading.Event]:
+    """Queue a call that holds the engine worker (as `RunningServer.frozen` does): the events
+    set once the worker is inside it, and the one that lets it go."""
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        inside.set()
+        release.wait(START_TIMEOUT_S)
+
+    def body() -> Iterator[Call]:
+        yield Call(hold)
+
+    async def submit() -> None:
+        server.scheduler.submit(body(), bounded=False)
+
+    server.run(submit())
+    return inside, release
+
+
+@contextmanager
+def worker_held_between_rounds(server: RunningServer) -> Iterator[Callable[[], None]]:
+    """Hold the engine worker until the block ends; yields `next_round`, which lets it run one round.
+
+    The next hold is queued before the last one lets go, so the worker comes round to it after one
+    round: a decode stream advances by one token per `next_round`, however loaded the machine is."""
+    inside, release = hold_worker(server)
+    assert inside.wait(START_TIMEOUT_S), "the engine worker did not come round"
+
+    def next_round() -> None:
+        nonlocal inside, release
+        following = hold_worker(server)
+        release.set()
+        inside, release = following
+        assert inside.wait(START_TIMEOUT_S), "the engine worker did not come round"
+
+    try:
+        yield next_round
+    finally:
+        release.set()
+
+
+REPLY_TOKENS = 300
+
+
 def test_ctrl_c_stops_the_reply_keeps_the_chat_and_keys_typed_meanwhile_wait_for_the_prompt(
         server: RunningServer, client: LadderClient) -> None:
     chat = Terminal([sys.executable, "-m", "clients.python.cli", "chat", "--address", server.address,
-                     "--max-new-tokens", "300", "--ignore-eos"])
+                     "--max-new-tokens", str(REPLY_TOKENS), "--ignore-eos"])
     try:
-        chat.type("hello\r")
-        reply_starts = chat.expect("assistant> ", chat.expect("you> hello"))
-        chat.expect("", reply_starts + 1)  # some of the reply has been shown
-        with server.paused():  # no more of the reply can arrive: Ctrl-C lands while it streams
+        # The worker runs only the rounds the test lets it, so the reply cannot end before Ctrl-C.
+        with worker_held_between_rounds(server) as next_round:
+            before = max((step.round for step in server.steps()), default=0)
+
+            def decode_forwards() -> int:  # since the chat began: a token of its reply each
+                return sum(1 for step in server.steps() if step.round > before and step.decode)
+
+            chat.type("hello\r")
+            reply_starts = chat.expect("assistant> ", chat.expect("you> hello"))
+            # A round at a time until some of the reply is shown. A token goes out in the round after
+            # the one that made it, so until two decode forwards have run the test only paces the
+            # rounds; after that it waits for the terminal (a guard against a hang, not a speed
+            # check) before letting another round go.
+            while not chat.shows(reply_starts, timeout_s=0.01 if decode_forwards() < 2 else 5.0):
+                assert decode_forwards() < REPLY_TOKENS // 2, f"no reply text yet: {chat.transcript!r}"
+                next_round()
+            # Some of the reply has been shown and no more of it is made: Ctrl-C lands while it streams.
             chat.type("next qu")
             chat.interrupt()
             reply_ends = chat.expect(" [stopped]", reply_starts)
