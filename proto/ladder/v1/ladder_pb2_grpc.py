@@ -111,7 +111,8 @@ class LadderServicer:
     def Prefill(self, request_iterator, context):
         """Open a session (or extend one) with a prompt the client may stream in parts.
         Each part runs as soon as it arrives; the server sends one ForwardEvent per
-        forward and, after the client half-closes, one PrefillDone.
+        forward and, after the last part (the message with `last` set, or else the
+        client's half-close), one PrefillDone (PrefillRequest.last says more).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
