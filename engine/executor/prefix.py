@@ -147,9 +147,6 @@ class PrefixIndex:
                 return run_on(asked, length, holders)
         return None
 
-    def indexed_rows(self) -> int:
-        return sum(1 for hashes in self._hashes.values() if hashes)
-
 
 class HeldPrefixes:
     """Which rows hold which prefixes (live sessions' and held free rows'), and the held rows themselves."""
