@@ -12,7 +12,7 @@ import pytest
 
 from engine.executor import DecodeRow, Engine, EngineOptions
 from engine.executor.sampling import Sampler, SamplingParams
-from tests.support.exactness import Fresh, decode, same
+from tests.support.exactness import Fresh, check_fork_and_one_token_part, decode, same
 from tests.support.models import CUDA_SPEC, cuda_model
 
 pytestmark = pytest.mark.gpu
@@ -48,14 +48,7 @@ def test_rewind_fork_and_one_token_parts_continue_as_a_fresh_run(engine: Engine,
         engine.rewind(source, length)
         same(engine, source, fresh)
         engine.append(source, tokens(30, 1))
-        fork = engine.fork(source, length)
-        same(engine, fork, fresh)
-        engine.close_session(fork, keep=False)
-        parts = engine.open_session()
-        engine.append(parts, ids[:-1])
-        engine.append(parts, ids[-1:])
-        same(engine, parts, fresh)
-        engine.close_session(parts, keep=False)
+        check_fork_and_one_token_part(engine, source, ids, fresh)
     finally:
         engine.close_session(source, keep=False)
 

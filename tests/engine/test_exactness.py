@@ -18,7 +18,7 @@ import pytest
 from engine.executor import DecodeRow, Engine
 from engine.tokenizer import Tokenizer
 from tests.support.engines import load_default
-from tests.support.exactness import Fresh, decode, same
+from tests.support.exactness import Fresh, check_fork_and_one_token_part, decode, same
 
 PROMPTS = (
     "The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
@@ -70,14 +70,7 @@ def test_a_shorter_fork_and_a_one_token_part_continue_as_a_fresh_run(
     source = engine.open_session()
     try:
         engine.append(source, ids + tokenizer.encode(" and then some more words"))
-        fork = engine.fork(source, len(ids))
-        same(engine, fork, fresh)
-        engine.close_session(fork, keep=False)
-        parts = engine.open_session()
-        engine.append(parts, ids[:-1])
-        engine.append(parts, ids[-1:])
-        same(engine, parts, fresh)
-        engine.close_session(parts, keep=False)
+        check_fork_and_one_token_part(engine, source, ids, fresh)
     finally:
         engine.close_session(source, keep=False)
 

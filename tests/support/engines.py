@@ -44,11 +44,12 @@ def load_default(model_dir: Path, **options: object) -> Engine:
     return load(model_dir, graph_cache=model_dir.parents[1] / "graphs", **options)
 
 
-def greedy(engine: Engine, session: Session, steps: int, tokens: Sequence[int] | None = None) -> list[int]:
+def greedy(engine: Engine, session: Session, steps: int, tokens: Sequence[int] | None = None,
+           feed_last: bool = True) -> list[int]:
     """Append `tokens` (if given), then continue greedily for `steps` tokens, one decode step each.
 
-    Every chosen token is fed back, the last one included, so the session ends
-    holding all of them (a next turn appends after the whole continuation).
+    Every chosen token is fed back, the last one included unless `feed_last` is False, so the
+    session ends holding all of them (a next turn appends after the whole continuation).
     """
     if tokens is not None:
         engine.append(session, tokens)
@@ -58,7 +59,8 @@ def greedy(engine: Engine, session: Session, steps: int, tokens: Sequence[int] |
         chosen = engine.decode([DecodeRow(session, out[-1], sampler)])[0]
         assert chosen is not None
         out.append(chosen)
-    engine.decode([DecodeRow(session, out[-1])])
+    if feed_last:
+        engine.decode([DecodeRow(session, out[-1])])
     return out
 
 

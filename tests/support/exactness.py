@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.executor import DecodeRow, Engine, Session
-from engine.executor.sampling import Sampler, SamplingParams
+from engine.executor import Engine, Session
+from tests.support.engines import greedy
 
 STEPS = 10
 
 
 def decode(engine: Engine, session: Session, steps: int = STEPS) -> list[int]:
     """Greedy tokens from the session's logits, each fed back but the last."""
-    sampler = Sampler(SamplingParams())
-    out = [engine.choose(session, sampler)]
-    while len(out) < steps:
-        chosen = engine.decode([DecodeRow(session, out[-1], sampler)])[0]
-        assert chosen is not None
-        out.append(chosen)
-    return out
+    return greedy(engine, session, steps, feed_last=False)
 
 
 class Fresh:
@@ -38,3 +32,16 @@ def same(engine: Engine, session: Session, fresh: Fresh) -> None:
     if engine.options.deterministic:
         np.testing.assert_array_equal(engine.logits(session), fresh.logits)
     assert decode(engine, session) == fresh.tokens
+
+
+def check_fork_and_one_token_part(engine: Engine, source: Session, ids: list[int], fresh: Fresh) -> None:
+    """A fork of `source` at `ids`' length, and `ids` sent as all but one token then the last one,
+    each continue as the fresh run of `ids`."""
+    fork = engine.fork(source, len(ids))
+    same(engine, fork, fresh)
+    engine.close_session(fork, keep=False)
+    parts = engine.open_session()
+    engine.append(parts, ids[:-1])
+    engine.append(parts, ids[-1:])
+    same(engine, parts, fresh)
+    engine.close_session(parts, keep=False)
