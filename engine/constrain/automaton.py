@@ -1,0 +1,160 @@
+"""A DFA over bytes as a constraint on tokens: per-state token masks and the rows that walk them.
+
+A token is allowed in a state when walking its bytes never reaches the dead state (so what is
+written can still be completed into a match); an EOS id when the state accepts. Masks are
+computed the first time a state is reached, with one vectorized walk of every token that is
+still alive, and kept packed (one bit a token) for the life of the compiled constraint.
+
+A state where no token can go on and the output does not match (only bytes no token holds
+could complete it) allows EOS: the output ends there, and `accepts` says it did not match.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.constrain.dfa import Dfa
+from engine.constrain.vocabulary import Vocabulary
+from engine.errors import InvalidInput
+
+_ids = itertools.count()
+ENDED = -1  # a row's state key after its EOS
+
+
+@dataclass(frozen=True)
+class Mask:
+    packed: np.ndarray  # uint8, np.packbits of the bool mask
+    continues: bool  # some non-EOS token is allowed
+
+
+class Automaton:
+    """A compiled constraint: its DFA and the masks of the states reached so far."""
+
+    def __init__(self, dfa: Dfa, vocabulary: Vocabulary, field: str) -> None:
+        self.dfa = dfa
+        self.vocabulary = vocabulary
+        self.field = field
+        self.uid = next(_ids)
+        self._flat = dfa.table.ravel()
+        self._masks: dict[int, Mask] = {}
+        self._lock = threading.Lock()
+        self._ended = self._pack(self._eos_only(), continues=False)
+
+    def start(self) -> AutomatonRow:
+        return AutomatonRow(self, 1)
+
+    @property
+    def nbytes(self) -> int:
+        return self.dfa.nbytes + sum(m.packed.nbytes for m in self._masks.values())
+
+    @property
+    def masks_cached(self) -> int:
+        return len(self._masks)
+
+    def mask(self, state: int) -> Mask:
+        if state == ENDED:
+            return self._ended
+        found = self._masks.get(state)
+        if found is None:
+            found = self._compute(state)
+            with self._lock:
+                found = self._masks.setdefault(state, found)
+        return found
+
+    def walk(self, state: int, token: int) -> int:
+        """The state after `token`'s bytes (dead: 0)."""
+        table = self.dfa.table
+        for byte in self.vocabulary.pieces[token] or b"":
+            state = int(table[state, byte])
+        return state
+
+    def _compute(self, state: int) -> Mask:
+        mask = np.zeros(self.vocabulary.size, dtype=bool)
+        mask[self._alive_tokens(state)] = True
+        continues = bool(mask.any())
+        accepting = bool(self.dfa.accepting[state])
+        mask[list(self.vocabulary.eos_ids)] = accepting or not continues
+        return self._pack(mask, continues)
+
+    def _alive_tokens(self, state: int) -> np.ndarray:
+        """Ids of the tokens whose bytes, walked from `state`, never reach the dead state."""
+        ids, lengths, columns = self.vocabulary.by_length
+        current = self.dfa.table[state][columns[0]]
+        at = np.flatnonzero(current)
+        current = current[at]
+        complete = []
+        for j in range(1, columns.shape[0] + 1):
+            # `at` keeps the longest-first order: the tokens ending here are its tail.
+            longer = int(np.count_nonzero(lengths[at] > j))
+            complete.append(at[longer:])
+            at, current = at[:longer], current[:longer]
+            if not longer:
+                break
+            current = self._flat[current * 256 + columns[j][at]]
+            keep = np.flatnonzero(current)
+            at, current = at[keep], current[keep]
+        return ids[np.concatenate(complete)] if complete else ids[:0]
+
+    def _eos_only(self) -> np.ndarray:
+        mask = np.zeros(self.vocabulary.size, dtype=bool)
+        mask[list(self.vocabulary.eos_ids)] = True
+        return mask
+
+    @staticmethod
+    def _pack(mask: np.ndarray, continues: bool) -> Mask:
+        packed = np.packbits(mask)
+        packed.flags.writeable = False
+        return Mask(packed, continues)
+
+
+class AutomatonRow:
+    """One generated sequence's place in an Automaton (engine.constrain's RowState)."""
+
+    __slots__ = ("automaton", "state", "ended")
+
+    def __init__(self, automaton: Automaton, state: int, ended: bool = False) -> None:
+        self.automaton = automaton
+        self.state = state
+        self.ended = ended
+
+    def allowed(self) -> np.ndarray:
+        """A fresh bool array of vocabulary.size."""
+        packed = self.automaton.mask(self._key_state).packed
+        return np.unpackbits(packed, count=self.automaton.vocabulary.size).view(bool)
+
+    @property
+    def state_key(self) -> tuple[int, int]:
+        return (self.automaton.uid, self._key_state)
+
+    @property
+    def done(self) -> bool:
+        return self.ended or not self.automaton.mask(self.state).continues
+
+    @property
+    def accepts(self) -> bool:
+        return bool(self.automaton.dfa.accepting[self.state])
+
+    def advance(self, token: int) -> None:
+        vocabulary = self.automaton.vocabulary
+        if not 0 <= token < vocabulary.size or not _bit(self.automaton.mask(self._key_state).packed, token):
+            raise InvalidInput(f"token {token} is not allowed by the constraint here",
+                               reason="TOKEN_NOT_ALLOWED", field=self.automaton.field)
+        if token in vocabulary.eos_ids:
+            self.ended = True
+        else:
+            self.state = self.automaton.walk(self.state, token)
+
+    def copy(self) -> AutomatonRow:
+        return AutomatonRow(self.automaton, self.state, self.ended)
+
+    @property
+    def _key_state(self) -> int:
+        return ENDED if self.ended else self.state
+
+
+def _bit(packed: np.ndarray, index: int) -> bool:
+    return bool(packed[index >> 3] >> (7 - (index & 7)) & 1)

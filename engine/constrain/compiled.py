@@ -1,0 +1,123 @@
+"""`compile_constraint`: one entry for every constraint kind, and the protocol its result keeps.
+
+Regex, JSON Schema and choice become a syntax tree, a byte NFA, then a DFA (automaton.py); a
+grammar is compiled by engine/constrain/grammar.py into its own pushdown automaton with the
+same RowState protocol. Every failure is InvalidInput naming the request field at fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from engine.constrain import dfa, json_schema, nfa, regex
+from engine.constrain.automaton import Automaton
+from engine.constrain.limits import DEFAULT_LIMITS, Limits
+from engine.constrain.pattern import Node, alt, text
+from engine.constrain.vocabulary import Vocabulary
+from engine.errors import InvalidInput
+
+FIELDS = {
+    "json_schema": "constraint.json_schema",
+    "regex": "constraint.regex",
+    "choice": "constraint.choice.options",
+    "grammar": "constraint.grammar",
+}
+
+
+class RowState(Protocol):
+    """One generated sequence's place in a constraint (see engine/constrain/__init__.py)."""
+
+    def allowed(self) -> np.ndarray: ...
+
+    @property
+    def state_key(self) -> Hashable: ...
+
+    def advance(self, token: int) -> None: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def accepts(self) -> bool: ...
+
+    def copy(self) -> RowState: ...
+
+
+class Compiled(Protocol):
+    """A compiled constraint, shared by every row that generates under it."""
+
+    def start(self) -> RowState: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+def compile_constraint(kind: str, spec: str | Sequence[str], vocabulary: Vocabulary,
+                       limits: Limits = DEFAULT_LIMITS) -> Compiled:
+    if kind not in FIELDS:
+        raise InvalidInput(f"unknown constraint kind {kind!r} (one of {', '.join(FIELDS)})",
+                           reason="CONSTRAINT_KIND_UNKNOWN", field="constraint")
+    field = FIELDS[kind]
+    if kind == "choice":
+        return automaton(choice_tree(spec, limits), vocabulary, limits, field)
+    source = _text_spec(spec, limits, field)
+    if kind == "grammar":
+        return _grammar(source, vocabulary, limits)
+    tree = regex.whole(source) if kind == "regex" else json_schema.tree(source, limits)
+    return automaton(tree, vocabulary, limits, field)
+
+
+def automaton(tree: Node, vocabulary: Vocabulary, limits: Limits, field: str) -> Automaton:
+    try:
+        table = dfa.determinize(nfa.build(tree, limits.max_nfa_states), limits.max_states)
+    except nfa.TooLarge as exc:
+        raise InvalidInput(f"the constraint compiles to too large an automaton ({exc})",
+                           reason="CONSTRAINT_TOO_LARGE", field=field) from exc
+    if not table.accepting.any():
+        raise InvalidInput("the constraint matches no output at all", reason="CONSTRAINT_UNSATISFIABLE",
+                           field=field)
+    return Automaton(table, vocabulary, field)
+
+
+def choice_tree(options: str | Sequence[str], limits: Limits) -> Node:
+    field = FIELDS["choice"]
+    if isinstance(options, str) or not options:
+        raise InvalidInput("a choice needs a non-empty list of options", reason="CHOICE_INVALID", field=field)
+    if any(not isinstance(o, str) or not o for o in options):
+        raise InvalidInput("every choice option must be a non-empty string", reason="CHOICE_INVALID",
+                           field=field)
+    size = sum(len(o.encode("utf-8", "surrogatepass")) for o in options)
+    if len(options) > limits.max_choices or size > limits.max_choice_bytes:
+        raise InvalidInput(f"a choice holds at most {limits.max_choices} options of "
+                           f"{limits.max_choice_bytes} bytes together ({len(options)}, {size} given)",
+                           reason="CONSTRAINT_TOO_LARGE", field=field)
+    try:
+        return alt(*(text(o) for o in options))
+    except UnicodeEncodeError as exc:
+        raise InvalidInput("a choice option is not valid Unicode text (a lone surrogate)",
+                           reason="CHOICE_INVALID", field=field) from exc
+
+
+def _text_spec(spec: str | Sequence[str], limits: Limits, field: str) -> str:
+    if not isinstance(spec, str):
+        raise InvalidInput("this constraint kind takes one text", reason="CONSTRAINT_INVALID", field=field)
+    size = len(spec.encode("utf-8", "surrogatepass"))
+    if size > limits.max_spec_bytes:
+        raise InvalidInput(f"the constraint's text is {size} bytes, over the {limits.max_spec_bytes} limit",
+                           reason="CONSTRAINT_TOO_LARGE", field=field)
+    return spec
+
+
+def _grammar(source: str, vocabulary: Vocabulary, limits: Limits) -> Compiled:
+    try:
+        from engine.constrain import grammar  # type: ignore[attr-defined, unused-ignore]
+    except ModuleNotFoundError as exc:
+        if exc.name != "engine.constrain.grammar":
+            raise
+        raise InvalidInput("grammar constraints are not available in this build",
+                           reason="CONSTRAINT_KIND_UNSUPPORTED", field=FIELDS["grammar"]) from exc
+    compiled: Compiled = grammar.compile_grammar(source, vocabulary, limits)
+    return compiled

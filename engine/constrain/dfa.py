@@ -1,0 +1,116 @@
+"""A byte NFA as a DFA: subset construction over byte equivalence classes.
+
+State 0 is dead (every byte leads back to it), state 1 the start. Guarantees: `table` is int32
+[states, 256]; a state from which no accepting state can be reached is merged into the dead
+state, so a walk is alive exactly while its bytes can still be completed into a match. More than
+`max_states` states raise nfa.TooLarge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.constrain import nfa as nfa_
+from engine.constrain.nfa import Nfa, TooLarge
+
+DEAD, START = 0, 1
+
+
+@dataclass(frozen=True)
+class Dfa:
+    table: np.ndarray  # int32 [states, 256]: the next state
+    accepting: np.ndarray  # bool [states]
+
+    @property
+    def states(self) -> int:
+        return int(self.table.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes + self.accepting.nbytes)
+
+
+def determinize(nfa: Nfa, max_states: int) -> Dfa:
+    bounds, moves = _classes(nfa)
+    rows, accepting = _subsets(nfa, moves, len(bounds) - 1, max_states)
+    classes = np.asarray(rows, dtype=np.int32).reshape(-1, len(bounds) - 1)
+    classes, accepting_arr = _prune(classes, np.asarray(accepting, dtype=bool))
+    class_of_byte = np.searchsorted(np.asarray(bounds), np.arange(256), side="right") - 1
+    return Dfa(np.ascontiguousarray(classes[:, class_of_byte]), accepting_arr)
+
+
+Moves = list[list[tuple[int, int, int]]]  # per NFA state: (first class, end class, target)
+
+
+def _classes(nfa: Nfa) -> tuple[list[int], Moves]:
+    """Byte equivalence classes (bytes no move tells apart) and every move in class ids."""
+    cuts = {0, 256}
+    for moves in nfa.moves:
+        for lo, hi, _ in moves:
+            cuts.update((lo, hi + 1))
+    bounds = sorted(cuts)
+    index = {b: i for i, b in enumerate(bounds)}
+    return bounds, [[(index[lo], index[hi + 1], t) for lo, hi, t in moves] for moves in nfa.moves]
+
+
+def _subsets(nfa: Nfa, moves: Moves, width: int, max_states: int) -> tuple[list[int], list[bool]]:
+    """Class-level transition rows (flat) and accepting flags; a DFA state is a bit set of the
+    NFA states that have a move (or are final), closed under epsilon moves."""
+    table = nfa_.closures(nfa)
+    important = sum(1 << s for s, m in enumerate(moves) if m) | (1 << nfa.final)
+    final_bit = 1 << nfa.final
+    start = nfa_.closure(nfa, table, nfa.start) & important
+    ids, sets = {0: DEAD, start: START}, [0, start]
+    rows: list[int] = [DEAD] * width
+    accepting = [False, bool(start & final_bit)]
+    targets = [[(a, b, nfa_.closure(nfa, table, t)) for a, b, t in m] for m in moves]
+    i = 0
+    while (i := i + 1) < len(sets):
+        current = sets[i]
+        following = [0] * width
+        for s in _bits(current):
+            for a, b, reach in targets[s]:
+                for c in range(a, b):
+                    following[c] |= reach
+        for reach in following:
+            reach &= important
+            if reach not in ids:
+                if len(sets) >= max_states:
+                    raise TooLarge(f"more than {max_states} DFA states")
+                ids[reach] = len(sets)
+                sets.append(reach)
+                accepting.append(bool(reach & final_bit))
+            rows.append(ids[reach])
+    return rows, accepting
+
+
+def _bits(value: int) -> list[int]:
+    out = []
+    while value:
+        low = value & -value
+        out.append(low.bit_length() - 1)
+        value ^= low
+    return out
+
+
+def _prune(classes: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Send every move into a state that cannot reach acceptance to the dead state."""
+    n, width = classes.shape
+    edges = np.unique(np.arange(n, dtype=np.int64).repeat(width) * n + classes.ravel())
+    sources, targets = edges // n, edges % n
+    order = np.argsort(targets, kind="stable")
+    starts = np.searchsorted(targets[order], np.arange(n + 1))
+    predecessors = sources[order].tolist()
+    live = accepting.tolist()
+    stack = [int(s) for s in np.flatnonzero(accepting)]
+    while stack:
+        t = stack.pop()
+        for s in predecessors[starts[t]:starts[t + 1]]:
+            if not live[s]:
+                live[s] = True
+                stack.append(s)
+    alive = np.asarray(live, dtype=bool)
+    alive[DEAD] = False
+    return np.where(alive[classes], classes, DEAD).astype(np.int32), accepting & alive

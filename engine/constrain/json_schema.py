@@ -1,0 +1,276 @@
+"""JSON Schema (a subset) as a syntax tree: every output parses as JSON and validates.
+
+Supported: type (one or a list), properties, required, additionalProperties, items, minItems,
+maxItems, enum, const, anyOf, oneOf (as anyOf: write disjoint alternatives), allOf of one
+member, local $ref (#, #/$defs/..., #/definitions/..., any #/pointer), minLength, maxLength,
+pattern, format (date, time, date-time, uuid, email, ipv4), and integer minimum, maximum,
+exclusiveMinimum, exclusiveMaximum. Annotations (title, description, default, ...) are ignored;
+any other keyword raises InvalidInput (SCHEMA_UNSUPPORTED) naming its JSON pointer.
+
+Choices made for the output (json_values.py has the whitespace policy):
+- An object holds only its declared properties (then undeclared required ones), in declared
+  order; optional ones may be left out. An object with neither properties nor required is a
+  map: any keys, values as additionalProperties says (absent or true: any value).
+- A schema without `type` takes the types its keywords imply (`properties` → object); none: any.
+- An open value ({}, true, items absent) nests containers at most Limits.max_json_depth deep; a
+  $ref is entered at most Limits.max_ref_depth times along one path (deeper, it matches nothing,
+  so optional recursion stops and required recursion fails the branch).
+- `pattern` matches the decoded string anywhere unless anchored; it cannot be combined with
+  minLength/maxLength or format (SCHEMA_UNSUPPORTED).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+from urllib.parse import unquote
+
+from engine.constrain import json_values as jv
+from engine.constrain import regex
+from engine.constrain.limits import DEFAULT_LIMITS, Limits
+from engine.constrain.pattern import NOTHING, Node, alt, members, seq, text
+from engine.errors import InvalidInput
+
+FIELD = "constraint.json_schema"
+ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "readOnly",
+    "writeOnly", "deprecated", "$defs", "definitions", "contentMediaType", "contentEncoding",
+})
+TYPE_KEYWORDS = {
+    "object": ("properties", "required", "additionalProperties"),
+    "array": ("items", "minItems", "maxItems"),
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
+    "integer": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
+    "boolean": (),
+    "null": (),
+}
+COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
+KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {
+    k for keys in TYPE_KEYWORDS.values() for k in keys}
+
+
+def tree(source: str, limits: Limits = DEFAULT_LIMITS) -> Node:
+    try:
+        root = json.loads(source, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(f"the JSON schema is not valid JSON: {exc}", reason="SCHEMA_INVALID",
+                           field=FIELD) from exc
+    return _Compiler(root, limits).node(root, "")
+
+
+def unsupported(pointer: str, what: str) -> InvalidInput:
+    return InvalidInput(f"{pointer or '/'}: {what} is not supported in JSON schema constraints",
+                        reason="SCHEMA_UNSUPPORTED", field=FIELD)
+
+
+def invalid(pointer: str, what: str) -> InvalidInput:
+    return InvalidInput(f"{pointer or '/'}: {what}", reason="SCHEMA_INVALID", field=FIELD)
+
+
+class _Compiler:
+    def __init__(self, root: Any, limits: Limits) -> None:
+        self.root = root
+        self.limits = limits
+        self.entered: dict[str, int] = {}  # $ref -> times entered on the current path
+
+    def node(self, schema: Any, pointer: str) -> Node:
+        if pointer.count("/") > self.limits.max_schema_depth:
+            raise InvalidInput(f"{pointer}: the schema nests deeper than {self.limits.max_schema_depth}",
+                               reason="CONSTRAINT_TOO_LARGE", field=FIELD)
+        if isinstance(schema, bool):
+            return jv.any_value(self.limits.max_json_depth) if schema else NOTHING
+        if not isinstance(schema, dict):
+            raise invalid(pointer, "a schema must be an object or a boolean")
+        for key in schema:
+            if key not in KNOWN:
+                raise unsupported(f"{pointer}/{_escape(key)}", f"the keyword {key!r}")
+        for key in COMBINATORS:
+            if key in schema:
+                return self._combinator(key, schema, pointer)
+        if "enum" in schema or "const" in schema:
+            return self._values(schema, pointer)
+        return alt(*(self._typed(t, schema, pointer) for t in self._types(schema, pointer)))
+
+    def _combinator(self, key: str, schema: dict[str, Any], pointer: str) -> Node:
+        for other in schema:
+            if other != key and other not in ANNOTATIONS:
+                raise unsupported(f"{pointer}/{_escape(other)}", f"{other!r} beside {key!r}")
+        value = schema[key]
+        if key == "$ref":
+            return self._ref(value, pointer)
+        if not isinstance(value, list) or not value:
+            raise invalid(f"{pointer}/{key}", f"{key} must be a non-empty list of schemas")
+        if key == "allOf" and len(value) > 1:
+            raise unsupported(f"{pointer}/allOf", "allOf with more than one member")
+        return alt(*(self.node(s, f"{pointer}/{key}/{i}") for i, s in enumerate(value)))
+
+    def _ref(self, ref: Any, pointer: str) -> Node:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise unsupported(f"{pointer}/$ref", f"the reference {ref!r} (only local ones, #/...)")
+        target = unquote(ref[1:])
+        if self.entered.get(target, 0) >= self.limits.max_ref_depth:
+            return NOTHING
+        schema = self._resolve(target, f"{pointer}/$ref")
+        self.entered[target] = self.entered.get(target, 0) + 1
+        try:
+            return self.node(schema, target)
+        finally:
+            self.entered[target] -= 1
+
+    def _resolve(self, target: str, pointer: str) -> Any:
+        found = self.root
+        for part in target.split("/")[1:] if target else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(found, list) and part.isdigit() and int(part) < len(found):
+                found = found[int(part)]
+            elif isinstance(found, dict) and part in found:
+                found = found[part]
+            else:
+                raise invalid(pointer, f"the reference #{target} points at nothing")
+        return found
+
+    def _values(self, schema: dict[str, Any], pointer: str) -> Node:
+        key = "const" if "const" in schema else "enum"
+        values = [schema["const"]] if key == "const" else schema["enum"]
+        if not isinstance(values, list) or not values:
+            raise invalid(f"{pointer}/enum", "enum must be a non-empty list")
+        for other in schema:
+            if other not in (key, "type") and other not in ANNOTATIONS:
+                raise unsupported(f"{pointer}/{_escape(other)}", f"{other!r} beside {key!r}")
+        types = self._types(schema, pointer) if "type" in schema else list(TYPE_KEYWORDS)
+        return alt(*(jv.literal(v) for v in values if any(_is_type(v, t) for t in types)))
+
+    def _types(self, schema: dict[str, Any], pointer: str) -> list[str]:
+        declared = schema.get("type")
+        if declared is None:
+            implied = [t for t, keys in TYPE_KEYWORDS.items() if t != "integer" and set(keys) & set(schema)]
+            return implied or ["any"]
+        names = [declared] if isinstance(declared, str) else declared
+        if not isinstance(names, list) or not names or any(n not in TYPE_KEYWORDS for n in names):
+            raise invalid(f"{pointer}/type", f"unknown type {declared!r}")
+        return list(dict.fromkeys(names))
+
+    def _typed(self, name: str, schema: dict[str, Any], pointer: str) -> Node:
+        if name == "any":
+            return jv.any_value(self.limits.max_json_depth)
+        if name == "object":
+            return self._object(schema, pointer)
+        if name == "array":
+            return self._array(schema, pointer)
+        if name == "string":
+            return self._string(schema, pointer)
+        if name == "integer":
+            return jv.integer_range(*_integer_bounds(schema, pointer))
+        if name == "number":
+            for key in TYPE_KEYWORDS["number"]:
+                if key in schema:
+                    raise unsupported(f"{pointer}/{key}", f"{key!r} on a number (integers take bounds)")
+            return jv.NUMBER
+        return jv.BOOLEAN if name == "boolean" else jv.NULL
+
+    def _object(self, schema: dict[str, Any], pointer: str) -> Node:
+        properties = schema.get("properties", {})
+        required = schema.get("required", [])
+        if not isinstance(properties, dict):
+            raise invalid(f"{pointer}/properties", "properties must be an object")
+        if not isinstance(required, list) or any(not isinstance(r, str) for r in required):
+            raise invalid(f"{pointer}/required", "required must be a list of names")
+        if not properties and not required:
+            return self._map(schema.get("additionalProperties", True), pointer)
+        names = list(properties) + [r for r in dict.fromkeys(required) if r not in properties]
+        items = [(self._member(name, properties.get(name, True), f"{pointer}/properties/{_escape(name)}"),
+                  name in required) for name in names]
+        return seq(text("{"), members(items, jv.COMMA), text("}"))
+
+    def _member(self, name: str, schema: Any, pointer: str) -> Node:
+        return seq(jv.literal(name), jv.COLON, self.node(schema, pointer))
+
+    def _map(self, additional: Any, pointer: str) -> Node:
+        if additional is False:
+            return text("{}")
+        return jv.object_map(self.node(additional, f"{pointer}/additionalProperties"))
+
+    def _array(self, schema: dict[str, Any], pointer: str) -> Node:
+        items = schema.get("items", True)
+        if isinstance(items, list):
+            raise unsupported(f"{pointer}/items", "items as a list (tuple validation)")
+        lo = _count(schema, "minItems", pointer, 0)
+        hi = _count(schema, "maxItems", pointer, None)
+        return jv.array(self.node(items, f"{pointer}/items"), lo or 0, hi)
+
+    def _string(self, schema: dict[str, Any], pointer: str) -> Node:
+        lo = _count(schema, "minLength", pointer, 0)
+        hi = _count(schema, "maxLength", pointer, None)
+        special = [k for k in ("pattern", "format") if k in schema]
+        if special:
+            clash = [k for k in ("minLength", "maxLength", "format") if k in schema and k != special[0]]
+            if clash:
+                raise unsupported(f"{pointer}/{clash[0]}", f"{clash[0]!r} beside {special[0]!r}")
+            if special[0] == "pattern":
+                return self._pattern(schema, pointer)
+            return self._format(schema, pointer)
+        return jv.string(lo or 0, hi)
+
+    def _pattern(self, schema: dict[str, Any], pointer: str) -> Node:
+        source = schema["pattern"]
+        if not isinstance(source, str):
+            raise invalid(f"{pointer}/pattern", "pattern must be a string")
+        try:
+            parsed = regex.parse(source, FIELD)
+        except InvalidInput as exc:
+            if exc.reason == "REGEX_INVALID":
+                raise invalid(f"{pointer}/pattern", str(exc)) from exc
+            raise unsupported(f"{pointer}/pattern", str(exc)) from exc
+        return seq(jv.QUOTE, regex.search(jv.in_string(parsed), jv.CHAR), jv.QUOTE)
+
+    def _format(self, schema: dict[str, Any], pointer: str) -> Node:
+        name = schema["format"]
+        if name not in jv.FORMATS:
+            raise unsupported(f"{pointer}/format", f"the format {name!r} (only {', '.join(jv.FORMATS)})")
+        return jv.string_format(name)
+
+
+def _integer_bounds(schema: dict[str, Any], pointer: str) -> tuple[int | None, int | None]:
+    lows: list[int] = []
+    highs: list[int] = []
+    for key, exclusive, bounds in (("minimum", False, lows), ("exclusiveMinimum", True, lows),
+                                   ("maximum", False, highs), ("exclusiveMaximum", True, highs)):
+        if key in schema:
+            value = schema[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise invalid(f"{pointer}/{key}", f"{key} must be a number")
+            low = bounds is lows
+            edge = math.floor(value) + 1 if exclusive and low else math.ceil(value) if low else (
+                math.ceil(value) - 1 if exclusive else math.floor(value))
+            bounds.append(int(edge))
+    return (max(lows) if lows else None), (min(highs) if highs else None)
+
+
+def _count(schema: dict[str, Any], key: str, pointer: str, default: int | None) -> int | None:
+    if key not in schema:
+        return default
+    value = schema[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid(f"{pointer}/{key}", f"{key} must be a non-negative integer")
+    return value
+
+
+def _is_type(value: Any, name: str) -> bool:
+    if name in ("integer", "number"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        return name == "number" or isinstance(value, int) or value.is_integer()
+    kinds = {"string": str, "boolean": bool, "object": dict, "array": list}
+    return value is None if name == "null" else isinstance(value, kinds[name])
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")

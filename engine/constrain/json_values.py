@@ -1,0 +1,185 @@
+"""JSON text as syntax trees: strings, numbers, integer ranges, formats, literals, containers.
+
+Whitespace policy: one optional space after `:` and after `,`, nowhere else (no space after `{`
+or `[`, none before `}` or `]`, none around the whole value, no newlines): a small model cannot
+loop on whitespace, and `{"a": 1, "b": [1, 2]}` and `{"a":1,"b":[1,2]}` both fit. Strings are
+JSON strings: any character but `"`, `\\` and controls (U+0000-U+001F) as itself, or an escape
+(\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX, no surrogate halves: one escape is one character, so
+length limits count characters). Numbers are JSON numbers; an `integer` has no fraction or
+exponent.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+from engine.constrain import regex
+from engine.constrain.pattern import (
+    EMPTY,
+    Alt,
+    Chars,
+    Members,
+    Node,
+    Repeat,
+    Seq,
+    Text,
+    alt,
+    char_set,
+    chars,
+    complement,
+    intersect,
+    optional,
+    repeat,
+    seq,
+    text,
+)
+
+SPACE = optional(text(" "))
+COMMA = seq(text(","), SPACE)
+COLON = seq(text(":"), SPACE)
+QUOTE = text('"')
+
+NEEDS_ESCAPE = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
+UNESCAPED = chars(complement(NEEDS_ESCAPE))
+_HEX = char_set("0123456789abcdefABCDEF")
+_NOT_SURROGATE = alt(seq(char_set("0123456789abcABCefEF"), repeat(_HEX, 3, 3)),
+                     seq(char_set("dD"), char_set("01234567"), repeat(_HEX, 2, 2)))
+ESCAPE = seq(text("\\"), alt(char_set('"\\/bfnrt'), seq(text("u"), _NOT_SURROGATE)))
+CHAR = alt(UNESCAPED, ESCAPE)
+
+DIGIT = chars([(0x30, 0x39)])
+NONZERO = chars([(0x31, 0x39)])
+NATURAL = alt(text("0"), seq(NONZERO, repeat(DIGIT, 0, None)))
+INTEGER = seq(optional(text("-")), NATURAL)
+NUMBER = seq(INTEGER, optional(seq(text("."), repeat(DIGIT, 1, None))),
+             optional(seq(char_set("eE"), optional(char_set("+-")), repeat(DIGIT, 1, None))))
+BOOLEAN = alt(text("true"), text("false"))
+NULL = text("null")
+
+_DATE = (r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+         r"|02-(?:0[1-9]|1\d|2[0-8]))")
+_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+# February stops at the 28th and seconds at 59: every date written is a real one, in any year.
+FORMATS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": f"{_DATE}T{_TIME}",
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "email": rf"{_ATOM}(?:\.{_ATOM})*@{_LABEL}(?:\.{_LABEL})+",
+    "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
+}
+
+
+def string(lo: int = 0, hi: int | None = None) -> Node:
+    return seq(QUOTE, repeat(CHAR, lo, hi), QUOTE)
+
+
+@cache
+def string_format(name: str) -> Node:
+    return seq(QUOTE, regex.whole(FORMATS[name]), QUOTE)
+
+
+def literal(value: Any) -> Node:
+    """`value` written compactly (what an enum or const allows)."""
+    written = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text(written)
+    except UnicodeEncodeError:  # a lone surrogate: keep it as its escape
+        return text(json.dumps(value, separators=(",", ":")))
+
+
+def array(item: Node, lo: int = 0, hi: int | None = None) -> Node:
+    if hi == 0:
+        return text("[]")
+    rest = repeat(seq(COMMA, item), max(lo - 1, 0), None if hi is None else hi - 1)
+    body = seq(item, rest)
+    return seq(text("["), body if lo > 0 else optional(body), text("]"))
+
+
+def object_map(value: Node) -> Node:
+    """An object whose keys are any strings, each with `value`."""
+    member = seq(string(), COLON, value)
+    return seq(text("{"), optional(seq(member, repeat(seq(COMMA, member), 0, None))), text("}"))
+
+
+def any_value(depth: int) -> Node:
+    """Any JSON value with containers nested at most `depth` deep."""
+    value = alt(string(), NUMBER, BOOLEAN, NULL)
+    scalar = value
+    for _ in range(depth):
+        value = alt(scalar, array(value), object_map(value))
+    return value
+
+
+def integer_range(lo: int | None, hi: int | None) -> Node:
+    """Integers in [lo, hi] (None: unbounded), written without leading zeros."""
+    parts = []
+    if lo is None or lo < 0:
+        magnitudes = (1 if hi is None or hi >= 0 else -hi, None if lo is None else -lo)
+        if magnitudes[1] is None or magnitudes[0] <= magnitudes[1]:
+            parts.append(seq(text("-"), natural_range(*magnitudes)))
+    if hi is None or hi >= 0:
+        start = 0 if lo is None or lo < 0 else lo
+        if hi is None or start <= hi:
+            parts.append(natural_range(start, hi))
+    return alt(*parts)
+
+
+def natural_range(lo: int, hi: int | None) -> Node:
+    """Non-negative integers in [lo, hi], one digit count at a time."""
+    parts = []
+    longest = len(str(lo)) if hi is None else len(str(hi))
+    for digits in range(len(str(lo)), longest + 1):
+        low = max(lo, 10 ** (digits - 1) if digits > 1 else 0)
+        high = 10**digits - 1 if hi is None else min(hi, 10**digits - 1)
+        if low <= high:
+            parts.append(_same_length(str(low), str(high)))
+    if hi is None:
+        parts.append(seq(NONZERO, repeat(DIGIT, len(str(lo)), None)))
+    return alt(*parts)
+
+
+def _same_length(lo: str, hi: str) -> Node:
+    if not lo:
+        return EMPTY
+    rest = len(lo) - 1
+    if lo[1:] == "0" * rest and hi[1:] == "9" * rest:
+        return seq(_digits(lo[0], hi[0]), repeat(DIGIT, rest, rest))
+    if lo[0] == hi[0]:
+        return seq(text(lo[0]), _same_length(lo[1:], hi[1:]))
+    middle = (seq(_digits(chr(ord(lo[0]) + 1), chr(ord(hi[0]) - 1)), repeat(DIGIT, rest, rest))
+              if ord(hi[0]) - ord(lo[0]) > 1 else None)
+    return alt(seq(text(lo[0]), _same_length(lo[1:], "9" * rest)),
+               *([middle] if middle is not None else []),
+               seq(text(hi[0]), _same_length("0" * rest, hi[1:])))
+
+
+def _digits(first: str, last: str) -> Node:
+    return chars([(ord(first), ord(last))])
+
+
+def in_string(node: Node) -> Node:
+    """A regex tree over a string's decoded characters as a tree over its JSON-escaped text:
+    `"` and `\\` are written escaped; control characters in a class are left out."""
+    if isinstance(node, Text):
+        return text(json.dumps(node.data.decode("utf-8"), ensure_ascii=False)[1:-1])
+    if isinstance(node, Chars):
+        escapes = [text(e) for c, e in (('"', '\\"'), ("\\", "\\\\")) if _holds(node, ord(c))]
+        return alt(chars(intersect(node.ranges, complement(NEEDS_ESCAPE))), *escapes)
+    if isinstance(node, Seq):
+        return seq(*(in_string(item) for item in node.items))
+    if isinstance(node, Alt):
+        return alt(*(in_string(item) for item in node.items))
+    if isinstance(node, Repeat):
+        return repeat(in_string(node.item), node.lo, node.hi)
+    assert not isinstance(node, Members)
+    return node
+
+
+def _holds(node: Chars, code: int) -> bool:
+    return any(lo <= code <= hi for lo, hi in node.ranges)

@@ -1,0 +1,160 @@
+"""The syntax tree every constraint kind compiles to before it becomes a byte automaton (nfa.py).
+
+Characters are Unicode code points (surrogates excluded, so every match is valid UTF-8); literal
+text is bytes. The constructors `seq`, `alt`, `repeat` and `chars` simplify as they build: the
+empty language (`NOTHING`) absorbs a sequence and drops out of an alternation, so a tree built
+through them never holds a part that cannot match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+MAX_CODE_POINT = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)
+
+Ranges = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Chars:
+    """One character from a set: sorted, disjoint, inclusive code point ranges."""
+
+    ranges: Ranges
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """Literal bytes."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Seq:
+    items: tuple[Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Alt:
+    items: tuple[Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """`item` at least `lo` times, at most `hi` (None: unbounded)."""
+
+    item: Node
+    lo: int
+    hi: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Members:
+    """An in-order subsequence of `items` joined by `separator`, holding every `required` one:
+    JSON object members without the quadratic regex (nfa.py builds it in linear size)."""
+
+    items: tuple[Node, ...]
+    required: tuple[bool, ...]
+    separator: Node
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """A regex's `^` (start) or `$` (end): matches the empty string where it is allowed."""
+
+    end: bool
+
+
+Node = Chars | Text | Seq | Alt | Repeat | Members | Anchor
+
+EMPTY = Seq(())
+NOTHING = Alt(())
+
+
+def seq(*items: Node) -> Node:
+    flat: list[Node] = []
+    for item in items:
+        if item == NOTHING:
+            return NOTHING
+        flat.extend(item.items if isinstance(item, Seq) else (item,))
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def alt(*items: Node) -> Node:
+    flat: list[Node] = []
+    for item in items:
+        flat.extend(item.items if isinstance(item, Alt) else (item,))
+    return flat[0] if len(flat) == 1 else Alt(tuple(flat))
+
+
+def repeat(item: Node, lo: int, hi: int | None) -> Node:
+    if hi is not None and hi < lo:
+        return NOTHING
+    if item == NOTHING or hi == 0:
+        return EMPTY if lo == 0 else NOTHING
+    if (lo, hi) == (1, 1):
+        return item
+    return Repeat(item, lo, hi)
+
+
+def members(items: Iterable[tuple[Node, bool]], separator: Node) -> Node:
+    """`Members` of (item, required) pairs; an optional item that cannot match drops out."""
+    kept = [(item, required) for item, required in items if item != NOTHING or required]
+    if any(item == NOTHING for item, _ in kept):
+        return NOTHING
+    if not kept:
+        return EMPTY
+    return Members(tuple(i for i, _ in kept), tuple(r for _, r in kept), separator)
+
+
+def optional(item: Node) -> Node:
+    return repeat(item, 0, 1)
+
+
+def text(value: str) -> Node:
+    return Text(value.encode("utf-8")) if value else EMPTY
+
+
+def chars(ranges: Iterable[tuple[int, int]]) -> Node:
+    """One character from the union of `ranges` (surrogates removed); NOTHING if none is left."""
+    kept = normalize(subtract(normalize(ranges), (SURROGATES,)))
+    return Chars(kept) if kept else NOTHING
+
+
+def char_set(values: str) -> Node:
+    return chars((ord(c), ord(c)) for c in values)
+
+
+def normalize(ranges: Iterable[tuple[int, int]]) -> Ranges:
+    """Sorted, merged, clipped to the code point range."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted((max(lo, 0), min(hi, MAX_CODE_POINT)) for lo, hi in ranges):
+        if lo > hi:
+            continue
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return tuple(merged)
+
+
+def complement(ranges: Ranges) -> Ranges:
+    gaps, start = [], 0
+    for lo, hi in ranges:
+        if lo > start:
+            gaps.append((start, lo - 1))
+        start = hi + 1
+    if start <= MAX_CODE_POINT:
+        gaps.append((start, MAX_CODE_POINT))
+    return tuple(gaps)
+
+
+def subtract(ranges: Ranges, removed: Ranges) -> Ranges:
+    return intersect(ranges, complement(normalize(removed)))
+
+
+def intersect(a: Ranges, b: Ranges) -> Ranges:
+    out = [(max(lo1, lo2), min(hi1, hi2)) for lo1, hi1 in a for lo2, hi2 in b]
+    return normalize(r for r in out if r[0] <= r[1])
