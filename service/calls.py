@@ -4,7 +4,7 @@ A value here refuses, as it is built, whatever no model could serve: too many
 or too long stop strings, a sampling value out of range, more log-probability
 alternatives than are returned, prompt log-probabilities on Decode. What
 depends on the model (token ids in its vocabulary, the server's limits, the
-room left in the KV capacity, a tokenizer) is checked by service.generation.Model
+room left in the KV capacity, a tokenizer) is checked by service.generation.ServedModel
 when it resolves the prompt and the budget. Nothing here knows protobuf.
 """
 
@@ -32,7 +32,7 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Stopping:
-    max_new_tokens: int = 0  # 0 = the server's default (Model.default_new_tokens), as many as fit
+    max_new_tokens: int = 0  # 0 = the server's default (ServedModel.default_new_tokens), as many as fit
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] = frozenset()

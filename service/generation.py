@@ -1,7 +1,7 @@
 """The model a server serves, and the job bodies the worker runs for its calls.
 
 A call arrives as a typed value (service/calls.py), converted and checked at the
-door. Model resolves its prompt to token ids and its budget against the
+door. ServedModel resolves its prompt to token ids and its budget against the
 server's limits and the KV capacity; the worker-side generators here yield
 events for the caller (service/events.py) and requests for the scheduler (a
 slot, a prefill chunk, a decode row). It never sees protobuf and never touches
@@ -10,15 +10,18 @@ tensors.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import structlog
+
 from engine.errors import InvalidInput, OverCapacity
-from engine.executor import DecodeRow
+from engine.executor import DecodeRow, Engine, Session
 from engine.executor.sampling import Sampler
+from engine.executor.step import Choose, Close, Fork, Open, Prefill, PrefillProgress, Rewind
+from engine.tokenizer import Tokenizer
 from service.calls import Prompt, Stopping
 from service.errors import NoTokenizer, OverLimit
 from service.events import (
@@ -31,25 +34,28 @@ from service.events import (
     Started,
     TokenOut,
 )
-from service.requests import Call, Chunk, OpenSlot, Token, Tokens
+from service.rounds import Lend, Timed, Token, Tokens
+from service.scheduler import Result
 from service.sessions import SessionState
 from service.stop_text import StopText
 
+log = structlog.get_logger("ladder.sessions")
 PROMPT_BYTES_PER_TOKEN = 32  # text and chat prompts: UTF-8 bytes allowed per allowed prompt token
 CHAT_MESSAGE_BYTES = 32  # what each chat message counts beyond its role and content (the template's markup)
 
 
-class Model:
+class ServedModel:
     """The loaded engine, its tokenizer (or None) and the server's limits."""
 
-    def __init__(self, engine: Any, tokenizer: Any | None, name: str, max_prompt_tokens: int,
+    def __init__(self, engine: Engine, tokenizer: Tokenizer | None, name: str, max_prompt_tokens: int,
                  max_new_tokens: int, default_new_tokens: int = 0) -> None:
-        self.engine = engine
+        self.engine = engine  # driven only through the scheduler's steps
+        self.facts = engine.facts
         self.tokenizer = tokenizer
         self.name = name
-        self.capacity: int = engine.capacity
-        self.vocab_size: int = engine.info.vocab_size
-        self.eos_ids = frozenset(engine.info.eos_token_ids)
+        self.capacity = self.facts.capacity
+        self.vocab_size = self.facts.vocab_size
+        self.eos_ids = frozenset(self.facts.eos_ids)
         self.max_prompt_tokens = max_prompt_tokens or self.capacity
         self.max_new_tokens = max_new_tokens
         # What a request that names no max_new_tokens gets (0 configured: the limit), never over the limit.
@@ -131,43 +137,48 @@ class Model:
 
 # -- worker-side bodies: they ask the scheduler for engine work and never call the engine themselves --
 
-def prefill_steps(engine: Any, session: Any, tokens: list[int], tally: PrefillTally,
-                  share: bool = True, logprob_top: int | None = None) -> Generator[Any, Any, None]:
+def prefill_steps(session: Session, tokens: Sequence[int], tally: PrefillTally, share: bool = True,
+                  logprob_top: int | None = None, copies: Sequence[Session] = (),
+                  samplers: Sequence[Sampler] = ()) -> Generator[Any, Any, tuple[int, ...]]:
     """Append the prompt, one forward per round; the session's next-token logits follow it. An empty
     session first takes the longest prefix of the prompt held for its caller (`share`). With
     `logprob_top`, the prompt's log-probabilities follow the last forward (PromptLogprobs): the
-    caller then shares nothing, as a shared prefix has no logits rows to score."""
-    if share:
-        shared = yield Call(lambda: engine.share_prefix(session, tokens))
-        tally.shared_rows += shared
-        tokens = tokens[shared:]
-    task = yield Call(lambda: engine.start_prefill(session, tokens, logprob_top=logprob_top))
-    while not task.done:
-        report = yield Chunk(task)
-        forward = report.forward
-        tally.forwards += 1
-        tally.real_rows += forward.rows
-        tally.padded_rows += report.width - forward.rows
-        tally.widths.append(report.width)
-        yield ForwardDone(forward.rows, report.width, forward.past, report.length)
+    caller then shares nothing, as a shared prefix has no logits rows to score. After the last
+    forward the session is copied into `copies`; with `samplers` the first tokens (the session's,
+    then each copy's) are chosen in the round's batched choice and returned."""
+    request = Prefill(session, tuple(tokens), share, logprob_top, tuple(copies), tuple(samplers))
+    while True:
+        progress: PrefillProgress = yield request
+        tally.shared_rows += progress.shared
+        report = progress.report
+        if report is not None:
+            forward = report.forward
+            tally.forwards += 1
+            tally.real_rows += forward.rows
+            tally.padded_rows += report.width - forward.rows
+            tally.widths.append(report.width)
+            yield ForwardDone(forward.rows, report.width, forward.past, report.length)
+        if progress.done:
+            break
+        request = replace(request, task=progress.task, tokens=())
     if logprob_top is not None:
-        yield PromptLogprobs(tuple(task.logprobs))
+        yield PromptLogprobs(tuple(progress.task.logprobs))
+    return progress.tokens
 
 
-def decode_steps(model: Model, session: Any, sampler: Sampler, stopping: Stopping,
-                 feed_last: bool, sample: int = 0) -> Generator[Any, Any, None]:
-    """Choose, emit and feed tokens from the session's next-token logits.
+def decode_steps(model: ServedModel, session: Session, sampler: Sampler, stopping: Stopping,
+                 feed_last: bool, sample: int = 0, first: int | None = None) -> Generator[Any, Any, None]:
+    """Emit and feed tokens from the session's next-token logits.
 
-    The first token is chosen from the logits the session holds, every later one
-    by the round's decode forward, all by the engine. With `feed_last` the session
-    keeps every emitted token (so the next Decode continues after it); a session
-    left mid-way holds the tokens fed so far and their logits, so it stays usable.
+    The first token is `first` (chosen with the prefill's last forward) or chosen from the logits
+    the session holds, every later one by the round's decode forward, all by the engine. With
+    `feed_last` the session keeps every emitted token (so the next Decode continues after it); a
+    session left mid-way holds the tokens fed so far and their logits, so it stays usable.
     """
-    engine = model.engine
     stream = model.tokenizer.stream(skip_special=True) if model.tokenizer is not None else None
     stop_text = StopText(stopping.stop)
     reason = Finish.LENGTH
-    token = yield Call(lambda: engine.choose(session, sampler))
+    token = first if first is not None else (yield Choose(session, sampler))
     for index in range(stopping.max_new_tokens):
         piece = stop_text.push(stream.push(token)) if stream is not None else ""
         yield TokenOut(token, piece, index, time.perf_counter(), sampler.last, sample)
@@ -185,7 +196,7 @@ def decode_steps(model: Model, session: Any, sampler: Sampler, stopping: Stoppin
     yield Finished(reason, tail, session.length, sample)
 
 
-def _stop_reason(model: Model, stopping: Stopping, token: int, stop_text: StopText) -> Finish | None:
+def _stop_reason(model: ServedModel, stopping: Stopping, token: int, stop_text: StopText) -> Finish | None:
     if token in model.eos_ids and not stopping.ignore_eos:
         return Finish.EOS
     if token in stopping.stop_token_ids or stop_text.stopped:
@@ -193,36 +204,29 @@ def _stop_reason(model: Model, stopping: Stopping, token: int, stop_text: StopTe
     return None
 
 
-def generate_body(model: Model, tokens: list[int], samplers: Sequence[Sampler], stopping: Stopping,
+def generate_body(model: ServedModel, tokens: list[int], samplers: Sequence[Sampler], stopping: Stopping,
                   tally: PrefillTally, scope: str = "",
                   prompt_logprobs: int | None = None) -> Generator[Any, Any, None]:
-    """Generate len(samplers) samples on sessions of their own (waiting for as many free slots), returned
-    to the pool however it ends. The first session starts from the longest prefix of the prompt held
-    for `scope` (none when the prompt's log-probabilities are asked for) and prefills the rest; the
-    other samples start from a copy of its KV rows and logits, and every sample decodes in the same
-    forwards."""
+    """Generate len(samplers) samples on sessions lent to the job (it waits for as many free slots;
+    they return to the pool however it ends). The first session starts from the longest prefix of
+    the prompt held for `scope` (none when the prompt's log-probabilities are asked for) and
+    prefills the rest; the others start from a copy of its KV rows and logits, every first token
+    is chosen with the prefill's last forward, and every sample decodes in the same forwards."""
     shared = () if prompt_logprobs is not None else tuple(tokens)
-    granted = yield OpenSlot(shared, scope, len(samplers))
-    sessions: list[Any] = granted if isinstance(granted, list) else [granted]
-    try:
-        yield Started(time.perf_counter())
-        first = sessions[0]
-        tally.shared_rows += first.length
-        yield from prefill_steps(model.engine, first, tokens[first.length:], tally, share=False,
-                                 logprob_top=prompt_logprobs)
-        for other in sessions[1:]:
-            yield Call(functools.partial(model.engine.copy_session, first, other))
-        bodies = [decode_steps(model, session, sampler, stopping, feed_last=False, sample=i)
-                  for i, (session, sampler) in enumerate(zip(sessions, samplers, strict=True))]
-        yield from bodies[0] if len(bodies) == 1 else side_by_side(bodies)
-    finally:
-        for session in sessions:
-            model.engine.close_session(session)
+    sessions: list[Session] = yield Lend(Open(shared, scope, len(samplers)))
+    yield Started(time.perf_counter())
+    first = sessions[0]
+    tally.shared_rows += first.length
+    firsts = yield from prefill_steps(first, tokens[first.length:], tally, share=False,
+                                      logprob_top=prompt_logprobs, copies=sessions[1:], samplers=samplers)
+    bodies = [decode_steps(model, session, sampler, stopping, feed_last=False, sample=i, first=firsts[i])
+              for i, (session, sampler) in enumerate(zip(sessions, samplers, strict=True))]
+    yield from bodies[0] if len(bodies) == 1 else side_by_side(bodies)
 
 
 def side_by_side(bodies: list[Generator[Any, Any, None]]) -> Generator[Any, Any, None]:
     """Run several job bodies as one: each round, every body that wants a decode row gets it in one
-    Tokens request (so all of them ride one forward); calls and events pass through as they come."""
+    Tokens request (so all of them ride one forward); other requests and events pass through."""
     replies: dict[int, Any] = dict.fromkeys(range(len(bodies)))
     live = dict(enumerate(bodies))
     try:
@@ -254,13 +258,12 @@ def _until_token(body: Generator[Any, Any, None], reply: Any) -> Generator[Any, 
         reply = yield item
 
 
-def prefill_body(model: Model, state: SessionState, tokens: list[int],
-                 tally: PrefillTally) -> Generator[Any, Any, None]:
+def prefill_body(state: SessionState, tokens: list[int], tally: PrefillTally) -> Generator[Any, Any, None]:
     """Extend a session by one prompt part."""
-    yield from prefill_steps(model.engine, state.session, tokens, tally)
+    yield from prefill_steps(state.session, tokens, tally)
 
 
-def decode_body(model: Model, state: SessionState, sampler: Sampler,
+def decode_body(model: ServedModel, state: SessionState, sampler: Sampler,
                 stopping: Stopping) -> Generator[Any, Any, None]:
     """Continue a session; checked on the worker, after any earlier job on it has ended."""
     yield Started(time.perf_counter())
@@ -279,49 +282,35 @@ def decode_body(model: Model, state: SessionState, sampler: Sampler,
         state.generated.extend(range(start, session.length))
 
 
-def close(model: Model, state: SessionState) -> int:
-    """Return the session's KV slot; the tokens it held."""
-    length: int = state.session.length
-    model.engine.close_session(state.session)
-    return length
+def close_body(state: SessionState, reason: str = "") -> Generator[Any, Any, None]:
+    """Return the session's KV slot; answers the tokens it held (logged with `reason`)."""
+    length = yield Close(state.session)
+    if reason:
+        log.info("session_closed", session=state.id, reason=reason, length=length)
+    yield Result(length)
 
 
-def peek_token(model: Model, state: SessionState, sampler: Sampler) -> PrefillFinished:
+def peek_body(model: ServedModel, state: SessionState, sampler: Sampler) -> Generator[Any, Any, None]:
     """The token the sampler picks from the session's logits, not fed: the session is left as it is
     (PrefillDone's preview of the next token)."""
     session = state.session
-    if not session.has_logits:
-        raise OverCapacity("the session has no next-token logits (it is empty)")
-    token = model.engine.choose(session, sampler)
+    token = yield Choose(session, sampler)
     text = model.tokenizer.decode([token]) if model.tokenizer is not None else ""
-    return PrefillFinished(session.length, token, text)
+    yield Result(PrefillFinished(session.length, token, text))
 
 
 @dataclass(frozen=True)
 class Forked:
-    session: Any  # engine.executor.Session
+    session: Session
     ms: float  # time the worker spent
 
 
-def check_length(session: Any, length: int) -> None:
-    """A length Rewind or ForkSession keeps must be one the session holds."""
-    if not 0 <= length <= session.length:
-        raise InvalidInput(f"cannot keep {length} tokens: the session holds {session.length}",
-                           reason="LENGTH_PAST_END", field="length")
-
-
-def fork(model: Model, state: SessionState, length: int | None) -> Forked:
+def fork_body(state: SessionState, length: int | None) -> Generator[Any, Any, None]:
     """A new engine session holding a copy of the session's first `length` tokens (None: all)."""
-    if length is not None:
-        check_length(state.session, length)
-    started = time.perf_counter()
-    session = model.engine.fork(state.session, length)
-    return Forked(session, (time.perf_counter() - started) * 1e3)
+    session, seconds = yield Timed(Fork(state.session, length))
+    yield Result(Forked(session, seconds * 1e3))
 
 
-def rewind(model: Model, state: SessionState, length: int) -> int:
+def rewind_body(state: SessionState, length: int) -> Generator[Any, Any, None]:
     """Keep the first `length` tokens; the engine restores the logits of the tokens kept."""
-    session = state.session
-    check_length(session, length)
-    model.engine.rewind(session, length)
-    return int(session.length)
+    yield Result((yield Rewind(state.session, length)))

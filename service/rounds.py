@@ -1,5 +1,6 @@
-"""What a job asks of the engine worker (the values its body yields), what a round ran, and how many
-prefill forwards of which span a round runs: pure values the scheduler (service/scheduler.py) acts on."""
+"""What a round is made of, as pure values the scheduler (service/scheduler.py) acts on: what a job
+asks for beyond the engine's own step requests (engine/executor/step.py), which jobs get free KV
+slots, how many prefill forwards of which span a round runs, and the record of what it ran."""
 
 from __future__ import annotations
 
@@ -7,33 +8,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.executor import DecodeRow, PrefillTask
+from engine.executor.step import SESSION_OPS, DecodeRow, Open, SessionOp
 
 
 @dataclass(frozen=True)
 class Call:
-    """Run `fn` on the worker now; its result (or error) goes back to the job."""
+    """Run `fn` on the worker now, between two steps; its result (or error) goes back to the job.
+    For tests and tools only: a job asks the engine for work with the engine's step requests."""
 
     fn: Callable[[], Any]
 
 
 @dataclass(frozen=True)
-class OpenSlot:
-    """Wait, in arrival order, for `count` free KV slots; a new engine Session comes back, holding the
-    longest prefix of `prompt` held for `scope` (session.length says how many tokens). With `count`
-    above one a list of sessions comes back, the first as above, the rest empty: they are granted
-    together, so two jobs that each need several never hold part of what the other waits for."""
+class Lend:
+    """Wait, in arrival order, for the free KV slots `open` asks for; the sessions come back and are
+    the job's until it ends: the scheduler closes them then, however it ends (a Generate's samples).
+    A plain `Open` hands its sessions to the job's caller, who closes them."""
 
-    prompt: tuple[int, ...] = ()
-    scope: str = ""
-    count: int = 1
+    open: Open
 
 
 @dataclass(frozen=True)
-class Chunk:
-    """Run the task's next prefill forward in a round; its ForwardReport comes back."""
+class Timed:
+    """Run the session operation `op`; `(value, seconds the engine spent on it)` comes back."""
 
-    task: PrefillTask
+    op: SessionOp
 
 
 @dataclass(frozen=True)
@@ -57,16 +56,33 @@ def decode_rows(want: Any) -> tuple[DecodeRow, ...]:
     return want.rows if isinstance(want, Tokens) else ()
 
 
+def opening(want: Any) -> Open | None:
+    """The sessions a job waits for (None unless it waits on Open or Lend)."""
+    if isinstance(want, Lend):
+        return want.open
+    return want if isinstance(want, Open) else None
+
+
+def session_op(want: Any) -> SessionOp | None:
+    """The session operation a job waits on (None unless it waits on one)."""
+    if isinstance(want, Timed):
+        return want.op
+    return want if isinstance(want, SESSION_OPS) else None
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """What one round ran: jobs closed before it, its prefill forwards (job, width), its decode
-    rows (job, pool row) and the decode forward's batch width."""
+    rows (job, pool row), the decode forward's batch width, the session operations it ran and
+    the batched choices of first tokens it made (one for every first token of the round)."""
 
     round: int
     closed: tuple[int, ...]
     prefill: tuple[tuple[int, int], ...]
     decode: tuple[tuple[int, int], ...]
     batch: int
+    ops: int = 0
+    choices: int = 0
 
 
 MAX_PREFILLS_PER_ROUND = 4

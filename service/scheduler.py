@@ -1,20 +1,23 @@
-"""The engine worker: one thread owns the engine and runs it in rounds.
+"""The engine worker: one thread owns the engine and drives it one step per round.
 
-Contract: a job is a generator run on the worker thread. It yields events for
-its caller, and requests for the engine: `Call` (run now, on the worker),
-`OpenSlot` (wait for a free KV slot), `Chunk` (one prefill forward) and
-`Token` (one row of a decode step); what a request returns is sent back into
-the generator. Jobs never touch the engine between requests.
+Contract: a job is a generator run on the worker thread. It yields events for its
+caller and requests for the engine: the engine's step requests (engine/executor/step.py:
+`Open`, `Prefill`, `Choose`, `Fork`, `Rewind`, `Reset`, `Close`, `Stats`), `Lend`
+(sessions the job holds until it ends), `Token`/`Tokens` (rows of a decode forward) and
+`Timed` (an operation and its duration); what a request returns is sent back into the
+generator. Jobs never touch the engine: `engine.step` is the one way in (`Call`, which runs a
+function on the worker, exists for tests and tools).
 
-Each round: every job that is not waiting runs up to its next request; free
-slots go to the jobs waiting for one, oldest first (`slot_grants`: one that
-cannot start until sessions close does not hold back the rest); prefill forwards run
-(`prefill_plan`); then one decode forward advances every job waiting on a
-token, whatever its session's length. So a long prompt delays running streams
-by at most one prefill forward per token, and sixteen streams cost one
-forward per token, not sixteen. `steps` keeps a log of what each round ran.
-Every forward's duration goes to `on_forward` ("prefill" or "decode", seconds:
-the metrics) and, at debug level, to one log line naming its requests.
+Each round: every job that is not waiting runs up to its next request; then one `Step`
+is built and run: the session operations asked for, free slots for the jobs waiting for one,
+oldest first (`slot_grants`: one that cannot start until sessions close does not hold back
+the rest), the prefill forwards (`prefill_plan`), one batched choice of every first token,
+and one decode forward that advances every job waiting on a token, whatever its session's
+length. So a long prompt delays running streams by at most one prefill forward per token,
+and sixteen streams cost one forward per token, not sixteen. `steps` keeps a log of what each
+round ran. Every forward's duration goes to `on_forward` ("prefill" or "decode", seconds: the
+metrics) and, at debug level, to one log line naming its requests. Sessions lent to a job are
+closed in the round after it ends.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import itertools
 import logging
 import queue
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
@@ -33,18 +35,21 @@ from typing import Any, TypeVar
 
 import structlog
 
-from engine.errors import EngineFault
+from engine.errors import EngineFault, Exhausted
 from engine.executor import Engine, Session
+from engine.executor.step import Close, Fork, Open, Outcome, Prefill, SessionOp, Stats, Step, StepResult
 from service.errors import Cancelled, QueueFull
-from service.requests import (
+from service.rounds import (
     Call,
-    Chunk,
-    OpenSlot,
+    Lend,
     StepRecord,
+    Timed,
     Token,
     Tokens,
     decode_rows,
+    opening,
     prefill_plan,
+    session_op,
     slot_grants,
 )
 
@@ -60,12 +65,17 @@ class _End:
 
 @dataclass(frozen=True)
 class _Result:
+    """A job's answer to `Scheduler.result`."""
+
     value: Any
 
 
-def _prefill_detail(job: Job) -> dict[str, Any]:
+Result = _Result
+
+
+def _prefill_detail(job: Job, outcome: Outcome) -> dict[str, Any]:
     """The debug line's detail of the prefill forward `job` just ran."""
-    report = job.reply
+    report = outcome.value.report
     return {"request_id": job.request_id, "width": report.width, "rows": report.forward.rows,
             "past": report.forward.past}
 
@@ -92,8 +102,9 @@ class Job:
         self.serial = serial  # arrival order
         self.events: asyncio.Queue[Any] = asyncio.Queue()
         self.abort_error: BaseException | None = None
-        self.want: OpenSlot | Chunk | Token | None = None  # the request it waits on
-        self.slots = 0  # KV slots granted to it: back in the pool when it ends (service.requests.slot_grants)
+        self.want: Any = None  # the request it waits on
+        self.slots = 0  # KV slots lent to it: back in the pool when it ends (service.rounds.slot_grants)
+        self.lent: list[Session] = []  # sessions closed when it ends
         self.reply: Any = None
         self.error: BaseException | None = None  # thrown into the body at its next step
         self.done = False
@@ -138,6 +149,8 @@ class Scheduler:
         self._rounds = 0
         self._refusal: BaseException | None = None
         self._posted: dict[asyncio.AbstractEventLoop, list[tuple[Job, Any]]] = {}
+        self._closing: list[Session] = []  # sessions of ended jobs, closed in the next step
+        self._ending: list[tuple[Job, BaseException | None]] = []  # their jobs, told once closed
         self._thread = threading.Thread(target=self._run, name="ladder-engine", daemon=True)
         self._thread.start()
 
@@ -149,7 +162,7 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         """Jobs waiting for a free KV slot."""
-        return sum(1 for job in list(self._active) if isinstance(job.want, OpenSlot))
+        return sum(1 for job in list(self._active) if opening(job.want) is not None)
 
     # -- the event-loop side ------------------------------------------------------
     def submit(self, body: Body, *, bounded: bool = True, hold: bool = False) -> Job:
@@ -199,22 +212,32 @@ class Scheduler:
             job.cancel(Cancelled("the call ended before its job"))
 
     async def call(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on the worker (between two forwards) and return its result."""
+        """Run `fn` on the worker (between two steps) and return its result: for tests and tools."""
         def body() -> Body:
             yield _Result((yield Call(fn)))
 
-        return await self._result(body(), bounded=False)  # type: ignore[no-any-return]
+        return await self.result(body())  # type: ignore[no-any-return]
 
     async def open_session(self, scope: str = "") -> Any:
         """A new engine session, once a KV slot is free (waiting in the bounded queue meanwhile)."""
         def body() -> Body:
-            yield _Result((yield OpenSlot(scope=scope)))
+            sessions = yield Open(scope=scope)
+            yield _Result(sessions[0])
 
-        return await self._result(body(), bounded=True)
+        return await self.result(body(), bounded=True)
 
-    async def _result(self, body: Body, *, bounded: bool) -> Any:
+    async def run(self, request: Any) -> Any:
+        """What the engine answers one request (a session operation) with."""
+        def body() -> Body:
+            yield _Result((yield request))
+
+        return await self.result(body())
+
+    async def result(self, body: Body, *, bounded: bool = False) -> Any:
+        """Run `body`, which yields its answer as `Result(value)`, and return that value."""
         async for item in self.stream(body, bounded=bounded):
-            return item.value
+            if isinstance(item, _Result):
+                return item.value
         raise AssertionError("a call job always yields its result")
 
     def abort_all(self, error: BaseException) -> None:
@@ -252,11 +275,15 @@ class Scheduler:
 
     def _busy(self) -> bool:
         """Whether a round has anything to do without new input."""
-        running = Chunk | Token | Tokens
+        if self._closing:
+            return True
         for job in self._active:
-            if job.abort_error is not None or job.want is None or isinstance(job.want, running):
+            want = job.want
+            if job.abort_error is not None or want is None or session_op(want) is not None:
                 return True
-        return bool(self._grants()[1])
+            if isinstance(want, Prefill | Token | Tokens):
+                return True
+        return bool(self._grants(0)[1])
 
     def _admit(self, block: bool) -> bool:
         """Move new jobs into the round; False when told to stop."""
@@ -266,6 +293,8 @@ class Scheduler:
                 if item is _STOP:
                     for job in list(self._active):
                         self._close(job, Cancelled("the server stopped"))
+                    self._step(Step(ops=self._take_closing()))
+                    self._ended()
                     return False
                 if isinstance(item, Job):
                     self._active.append(item)
@@ -284,12 +313,93 @@ class Scheduler:
         # What the jobs just yielded (a token chosen last round, a forward's report) goes out now,
         # while this round's forwards run: not one forward late.
         self._flush()
-        self._grant_slots()
-        prefill = self._prefill()
-        decode, batch = self._decode()
-        if prefill or decode or closed:
-            self._rounds += 1
-            self.steps.append(StepRecord(self._rounds, tuple(closed), prefill, decode, batch))
+        closing = self._take_closing()
+        op_jobs = self._waiting_op()
+        ops = (*closing, *(session_op(job.want) for job in op_jobs))
+        freed = sum(isinstance(op, Close) for op in ops) - sum(isinstance(op, Fork) for op in ops)
+        open_jobs = [self._waiting_open()[i] for i in self._grants(freed)[1]]
+        prefill_jobs = self._waiting_prefill()
+        decode_jobs = self._waiting(Token | Tokens)
+        spans = prefill_plan(len(prefill_jobs), bool(decode_jobs), self.engine.shared_span)
+        prefill_jobs = prefill_jobs[:len(spans)]
+        wanted = [decode_rows(job.want) for job in decode_jobs]
+        step = Step(opens=tuple(opening(job.want) for job in open_jobs),  # type: ignore[misc]
+                    ops=ops,  # type: ignore[arg-type]
+                    prefills=tuple((job.want, span) for job, span in zip(prefill_jobs, spans, strict=True)),
+                    decode=tuple(row for rows in wanted for row in rows))
+        if not step and not closed:
+            return
+        result = self._step(step)
+        self._ended()
+        self._answer_ops(op_jobs, result, len(closing))
+        self._answer_opens(open_jobs, result)
+        prefill = self._answer_prefills(prefill_jobs, result)
+        decode = self._answer_decode(decode_jobs, wanted, result)
+        self._rounds += 1
+        self.steps.append(StepRecord(self._rounds, tuple(closed), prefill, decode, result.batch,
+                                     len(ops), result.choices))
+
+    def _step(self, step: Step) -> StepResult:
+        """Run one step on the engine; a failure outside any item (a bug) fails every item."""
+        if not step:
+            return StepResult()
+        try:
+            return self.engine.step(step)
+        except Exception as exc:  # noqa: BLE001 — a failing step must never stop the worker
+            self._fault(exc)
+            failed = Outcome(error=exc)
+            ops, prefills = len(step.ops), len(step.prefills)
+            return StepResult(opens=(failed,) * len(step.opens), ops=(failed,) * ops, op_seconds=(0.0,) * ops,
+                              prefills=(failed,) * prefills, decode=(failed,) * len(step.decode),
+                              prefill_seconds=(0.0,) * prefills)
+
+    def _answer(self, job: Job, outcome: Outcome) -> None:
+        if outcome.error is not None:
+            self._fault(outcome.error)
+        job.answer(outcome.value, outcome.error)
+
+    def _answer_ops(self, jobs: list[Job], result: StepResult, skip: int) -> None:
+        for job, outcome, seconds in zip(jobs, result.ops[skip:], result.op_seconds[skip:], strict=True):
+            if isinstance(job.want, Timed) and outcome.error is None:
+                outcome = Outcome((outcome.value, seconds))
+            self._answer(job, outcome)
+
+    def _answer_opens(self, jobs: list[Job], result: StepResult) -> None:
+        for job, outcome in zip(jobs, result.opens, strict=True):
+            if isinstance(outcome.error, Exhausted):
+                continue  # a slot counted as freed this round was not: it waits for the next
+            lend = isinstance(job.want, Lend)
+            self._answer(job, outcome)
+            if outcome.error is None and lend:
+                job.lent = list(outcome.value)
+                job.slots = len(job.lent)
+
+    def _answer_prefills(self, jobs: list[Job], result: StepResult) -> tuple[tuple[int, int], ...]:
+        ran = []
+        for job, outcome, seconds in zip(jobs, result.prefills, result.prefill_seconds, strict=True):
+            self._answer(job, outcome)
+            report = outcome.value.report if outcome.error is None else None
+            if report is not None:
+                self._forward_done("prefill", seconds, functools.partial(_prefill_detail, job, outcome))
+            ran.append((job.serial, report.width if report is not None else 0))
+        return tuple(ran)
+
+    def _answer_decode(self, jobs: list[Job], wanted: list[tuple[Any, ...]],
+                       result: StepResult) -> tuple[tuple[int, int], ...]:
+        outcomes = iter(result.decode)
+        for job, rows in zip(jobs, wanted, strict=True):
+            mine = [next(outcomes) for _ in rows]
+            error = next((o.error for o in mine if o.error is not None), None)
+            if error is not None:
+                self._answer(job, Outcome(error=error))
+            else:
+                tokens = [o.value for o in mine]
+                job.answer(tokens if isinstance(job.want, Tokens) else tokens[0])
+        if result.batch:
+            self._forward_done("decode", result.decode_seconds, lambda: {
+                "rows": len(result.decode), "batch": result.batch,
+                "request_ids": [j.request_id for j in jobs]})
+        return tuple((j.serial, r.session.row) for j, rows in zip(jobs, wanted, strict=True) for r in rows)
 
     def _advance(self, job: Job) -> None:
         """Run the job up to the request it must wait for (events delivered, calls answered)."""
@@ -306,114 +416,57 @@ class Scheduler:
                 self._finish(job, exc)
                 return
             if isinstance(item, Call):
-                self._answer(job, item.fn)
-            elif isinstance(item, Token | Tokens):
-                for row in decode_rows(item):
-                    self._answer(job, functools.partial(self.engine.check_decode, row))
-                    if job.error is not None:
-                        break
-                else:
-                    job.want = item
-                    return
-            elif isinstance(item, OpenSlot | Chunk):
+                try:
+                    job.answer(item.fn())
+                except Exception as exc:  # noqa: BLE001 — the job decides what a failure means
+                    self._fault(exc)
+                    job.answer(error=exc)
+            elif isinstance(item, _REQUESTS) or session_op(item) is not None:
                 job.want = item
                 return
             elif item is not None:
                 job.deliver(item)
 
-    def _answer(self, job: Job, fn: Callable[[], Any]) -> None:
-        try:
-            job.answer(fn())
-        except Exception as exc:  # noqa: BLE001 — the job decides what a failure means
-            self._fault(exc)
-            job.answer(error=exc)
-
-    def _waiting(self, kind: type) -> list[Job]:
+    def _waiting(self, kind: Any) -> list[Job]:
         # _active is in arrival order: jobs are appended as they are admitted.
         return [j for j in self._active if isinstance(j.want, kind)]
 
-    def _grants(self) -> tuple[list[Job], tuple[int, ...]]:
-        """The jobs waiting for slots, and which of them get them now (service.requests.slot_grants)."""
-        waiting = self._waiting(OpenSlot)
-        needs = [job.want.count for job in waiting]  # type: ignore[union-attr]
+    def _waiting_op(self) -> list[Job]:
+        return [j for j in self._active if session_op(j.want) is not None]
+
+    def _waiting_open(self) -> list[Job]:
+        return [j for j in self._active if opening(j.want) is not None]
+
+    def _waiting_prefill(self) -> list[Job]:
+        return self._waiting(Prefill)
+
+    def _grants(self, freed: int) -> tuple[list[Job], tuple[int, ...]]:
+        """The jobs waiting for slots, and which of them get them now (service.rounds.slot_grants),
+        with `freed` more slots free once this round's session operations have run."""
+        waiting = self._waiting_open()
+        needs = [opening(job.want).count for job in waiting]  # type: ignore[union-attr]
         returning = sum(job.slots for job in self._active)
-        return waiting, slot_grants(needs, self.engine.free_slots, returning)
+        return waiting, slot_grants(needs, max(self.engine.free_slots + freed, 0), returning)
 
-    def _grant_slots(self) -> None:
-        waiting, granted = self._grants()
-        for i in granted:
-            job = waiting[i]
-            assert isinstance(job.want, OpenSlot)
-            count = job.want.count
-            first = functools.partial(self.engine.open_session, job.want.scope, job.want.prompt)
-            self._answer(job, first if count == 1 else functools.partial(self._open, job.want))
-            job.slots = count if job.error is None else 0
-
-    def _open(self, want: OpenSlot) -> list[Session]:
-        first = self.engine.open_session(want.scope, want.prompt)
-        return [first, *(self.engine.open_session(want.scope) for _ in range(want.count - 1))]
-
-    def _prefill(self) -> tuple[tuple[int, int], ...]:
-        """Run this round's prefill forwards, oldest job first (see `prefill_plan`)."""
-        jobs = self._waiting(Chunk)
-        decoding = any(isinstance(j.want, Token | Tokens) for j in self._active)
-        ran = []
-        for job, span in zip(jobs, prefill_plan(len(jobs), decoding, self.engine.shared_span), strict=False):
-            assert isinstance(job.want, Chunk)
-            task = job.want.task
-            started = time.perf_counter()
-            self._answer(job, functools.partial(self.engine.prefill_step, task, span))
-            if job.error is None:
-                self._forward_done("prefill", started, functools.partial(_prefill_detail, job))
-            ran.append((job.serial, job.reply.width if job.error is None else 0))
-        return tuple(ran)
-
-    def _forward_done(self, kind: str, started: float, detail: Callable[[], dict[str, Any]]) -> None:
-        seconds = time.perf_counter() - started
+    def _forward_done(self, kind: str, seconds: float, detail: Callable[[], dict[str, Any]]) -> None:
         if self.on_forward is not None:
             self.on_forward(kind, seconds)
         if log.is_enabled_for(logging.DEBUG):  # the detail is built only for a debug line
             log.debug(f"{kind}_forward", ms=round(seconds * 1000.0, 3), **detail())
-
-    def _decode(self) -> tuple[tuple[tuple[int, int], ...], int]:
-        """One decode forward for every job waiting on a token."""
-        jobs = self._waiting(Token | Tokens)
-        if not jobs:
-            return (), 0
-        wanted = [decode_rows(j.want) for j in jobs]
-        rows = [row for job_rows in wanted for row in job_rows]
-        started = time.perf_counter()
-        try:
-            tokens = self.engine.decode_checked(rows)  # each row was checked as its job asked for it
-        except Exception as exc:  # noqa: BLE001 — every row of a failed forward fails
-            self._fault(exc)
-            for job in jobs:
-                job.answer(error=exc)
-            return (), 0
-        picked = iter(tokens)
-        for job, job_rows in zip(jobs, wanted, strict=True):
-            mine = [next(picked) for _ in job_rows]
-            job.answer(mine if isinstance(job.want, Tokens) else mine[0])
-        self._forward_done("decode", started, lambda: {
-            "rows": len(rows), "batch": self.engine.last_batch, "request_ids": [j.request_id for j in jobs]})
-        decoded = tuple((j.serial, r.session.row)
-                        for j, job_rows in zip(jobs, wanted, strict=True) for r in job_rows)
-        return decoded, self.engine.last_batch
 
     def _fault(self, exc: BaseException) -> None:
         if isinstance(exc, EngineFault) and self.on_fault is not None:
             self.on_fault(exc)
 
     def _close(self, job: Job, error: BaseException) -> None:
-        """End a job early: its finally blocks run here (sessions it opened are closed)."""
+        """End a job early: its finally blocks run here; sessions lent to it, or granted to it
+        before it saw them, close in this round's step."""
         try:
             job.body.close()
         except Exception as exc:  # noqa: BLE001 — a failing clean-up must never stop the worker
             log.error("job_cleanup_failed", error=repr(exc))
-        granted = job.reply if isinstance(job.reply, list) else [job.reply]
-        for session in granted:  # slots granted to a job that never saw them
-            if isinstance(session, Session):
-                self.engine.close_session(session)
+        if opening(job.want) is None and isinstance(job.reply, list) and not job.lent:
+            job.lent = [s for s in job.reply if isinstance(s, Session)]  # granted, never seen
         self._finish(job, error)
 
     def _finish(self, job: Job, error: BaseException | None) -> None:
@@ -421,4 +474,24 @@ class Scheduler:
         self._active.remove(job)
         with self._lock:
             self._depth -= job.bounded
-        job.deliver(_End(error))
+        if job.lent:  # its caller hears the end once the step that closes them has run
+            self._closing.extend(job.lent)
+            job.lent = []
+            self._ending.append((job, error))
+        else:
+            job.deliver(_End(error))
+
+    def _take_closing(self) -> tuple[SessionOp, ...]:
+        closing, self._closing = self._closing, []
+        return tuple(Close(session) for session in closing)
+
+    def _ended(self) -> None:
+        """Tell the callers of jobs whose lent sessions the step just closed that they ended."""
+        ending, self._ending = self._ending, []
+        for job, error in ending:
+            job.deliver(_End(error))
+        if ending:
+            self._flush()
+
+
+_REQUESTS = (Open, Lend, Prefill, Token, Tokens, Stats)

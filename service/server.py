@@ -38,11 +38,12 @@ from grpc_reflection.v1alpha import reflection
 
 from engine.errors import InvalidInput, ModelUnreadable
 from engine.executor import Engine
+from engine.executor.step import Stats
 from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see load_model
 from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
 from service.config import Config
 from service.errors import Draining
-from service.generation import Model
+from service.generation import ServedModel
 from service.metrics import Metrics
 from service.reflection import enable as documented_reflection
 from service.scheduler import Scheduler
@@ -182,7 +183,7 @@ def add_ladder_service(servicer: LadderServicer, server: grpc.aio.Server) -> Non
     server.add_registered_method_handlers(SERVICE_NAME, methods)
 
 
-def load_model(config: Config) -> Model:
+def load_model(config: Config) -> ServedModel:
     """The engine and tokenizer of config.model ("default": prepared under config.model_cache)."""
     if config.model == "default":
         from engine.default_model import prepare
@@ -197,8 +198,8 @@ def load_model(config: Config) -> Model:
         log.info("warmed_up", variants=prepared, seconds=round(time.perf_counter() - started, 3))
     # onnxruntime-extensions' native module has aborted the process when first imported
     # from this (model-loading) thread, so engine.tokenizer is imported with this module.
-    return Model(engine, read_tokenizer(path), str(path), config.max_prompt_tokens, config.max_new_tokens,
-                 config.default_max_new_tokens)
+    return ServedModel(engine, read_tokenizer(path), str(path), config.max_prompt_tokens,
+                       config.max_new_tokens, config.default_max_new_tokens)
 
 
 def read_tokenizer(path: Path) -> Tokenizer | None:
@@ -282,13 +283,13 @@ class LadderServer:
         self.serving = Serving(self.config, model, scheduler, sessions, self.metrics)
         engine = model.engine
         self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting,
-                           lambda: 1.0 - engine.free_slots / max(1, engine.pool.rows))
-        self.metrics.describe_model({"model": model.name, "provider": engine.backend.name,
+                           lambda: 1.0 - engine.free_slots / max(1, model.facts.slots))
+        self.metrics.describe_model({"model": model.name, "provider": model.facts.provider,
                                      "pod": self.config.pod_name})
-        self.metrics.engine_stats(await scheduler.call(engine.stats))
+        self.metrics.engine_stats(await scheduler.run(Stats()))
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving", model=model.name, capacity=model.capacity, ladder=model.engine.padded_ladder)
+        log.info("serving", model=model.name, capacity=model.capacity, ladder=model.facts.ladder)
 
     async def _set_health(self, status: Any) -> None:
         for name in HEALTH_NAMES:
@@ -310,7 +311,7 @@ class LadderServer:
             for state in serving.sessions.idle(self.config.session_idle_seconds):
                 log.info("session_expired", session=state.id, length=state.session.length)
                 serving.close_soon(state, "expired")
-            stats = await serving.scheduler.call(serving.model.engine.stats)
+            stats = await serving.scheduler.run(Stats())
             self.metrics.engine_stats(stats)
 
     async def drain(self, grace: float | None = None) -> None:

@@ -24,6 +24,7 @@ import grpc
 from google.protobuf.message import Message
 
 from engine.errors import InvalidInput
+from engine.executor.step import Stats
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire
@@ -31,17 +32,17 @@ from service.calls import Prompt, check_response_fits
 from service.errors import Cancelled, TooLarge
 from service.events import Finished, ForwardDone, TokenOut
 from service.generation import (
-    close,
+    close_body,
     decode_body,
-    fork,
+    fork_body,
     generate_body,
-    peek_token,
+    peek_body,
     prefill_body,
-    rewind,
+    rewind_body,
 )
 from service.progress import Progress
 from service.security import CALL, CALLER, REQUEST_ID
-from service.serving import Extension, Serving, note_session, session_closed
+from service.serving import Extension, Serving, note_session
 
 Context = grpc.aio.ServicerContext
 M = TypeVar("M", bound=Message)
@@ -140,7 +141,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                     if part is None:
                         break
                     prompt, last = wire.prefill_part(part)
-                result = await serving.scheduler.call(lambda: peek_token(serving.model, state, sampler))
+                result = await serving.scheduler.result(peek_body(serving.model, state, sampler))
                 progress.close()
                 done = wire.prefill_done(state.id, result, progress)
                 if not last:
@@ -161,7 +162,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         serving, state = self.serving, extension.state
         tokens = await serving.prompt_ids(prompt)
         progress.prompt_tokens += len(tokens)
-        body = extension.marked(prefill_body(serving.model, state, tokens, progress.tally))
+        body = extension.marked(prefill_body(state, tokens, progress.tally))
         async with aclosing(serving.scheduler.stream(progress.counted(body))) as events:
             async for event in events:
                 if isinstance(event, ForwardDone):
@@ -192,7 +193,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         serving = self.serving
         state = note_session(serving.sessions.get(request.session_id, CALLER.get()))
         with serving.sessions.using(state):
-            length = await serving.scheduler.call(lambda: rewind(serving.model, state, request.length))
+            length = await serving.scheduler.result(rewind_body(state, request.length))
         return pb.RewindResponse(session_id=state.id, length=length)
 
     async def CloseSession(self, request: pb.CloseSessionRequest,
@@ -202,8 +203,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         with serving.sessions.using(state):
             serving.sessions.remove(state)
             # Shielded: the slot returns even when the caller leaves before the worker has closed it.
-            closing = asyncio.ensure_future(serving.scheduler.call(
-                lambda: session_closed(state, "closed", close(serving.model, state))))
+            closing = asyncio.ensure_future(serving.scheduler.result(close_body(state, "closed")))
             length = await asyncio.shield(closing)
         return pb.CloseSessionResponse(session_id=state.id, length=length)
 
@@ -218,7 +218,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         generated: list[int] = []  # the source's Decode-chosen positions the fork holds
 
         async def forking(caller: str) -> Any:
-            forked = await serving.scheduler.call(lambda: fork(serving.model, source, length))
+            forked = await serving.scheduler.result(fork_body(source, length))
             spent.append(forked.ms)
             generated.extend(p for p in source.generated if p < forked.session.length)
             return forked.session
@@ -256,7 +256,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
     async def GetEngineStats(self, request: pb.GetEngineStatsRequest, context: Context) -> pb.EngineStats:
         serving = self.serving
-        stats = await serving.scheduler.call(serving.model.engine.stats)
+        stats = await serving.scheduler.run(Stats())
         serving.metrics.engine_stats(stats)
         return wire.engine_stats(stats, serving.scheduler.depth, serving.scheduler.waiting, serving.totals)
 

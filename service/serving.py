@@ -9,21 +9,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from engine.errors import InvalidInput
+from engine.executor.step import Reset, Rewind
 from service.calls import Prompt
 from service.config import Config
 from service.errors import CallerQuota, Draining, OverLimit
 from service.events import PrefillTally
-from service.generation import Model, close
+from service.generation import ServedModel, close_body
 from service.metrics import Metrics
 from service.progress import Progress, Totals
-from service.requests import Call
 from service.scheduler import Body, Scheduler
 from service.security import CALL, CALLER
 from service.sessions import SessionRegistry, SessionState
@@ -63,16 +63,16 @@ class Extension:
             self.tokens = list(self.state.session.tokens)
         yield from body
 
-    def restore(self, model: Model) -> None:
-        """Bring the session back to the tokens the Prefill found it holding (the logits follow); an
-        extension may have cut rows it computes again (engine.planner.restore)."""
+    def restore(self) -> Body:
+        """A job that brings the session back to the tokens the Prefill found it holding (the logits
+        follow); an extension may have cut rows it computes again (engine.planner.restore)."""
         session = self.state.session
         if self.length is None or session.closed or session.tokens == self.tokens:
             return
         if len(self.tokens) == self.length:
-            model.engine.reset_to(session, self.tokens)
+            yield Reset(session, tuple(self.tokens))
         elif session.length > self.length:
-            model.engine.rewind(session, self.length)
+            yield Rewind(session, self.length)
 
 
 @dataclass
@@ -81,7 +81,7 @@ class Serving:
     the sessions, the metrics, and what each caller holds. It exists once the model has loaded."""
 
     config: Config
-    model: Model
+    model: ServedModel
     scheduler: Scheduler
     sessions: SessionRegistry
     metrics: Metrics
@@ -106,7 +106,7 @@ class Serving:
 
     def held(self, caller: str) -> tuple[int, int]:
         """The sessions `caller` holds or waits for, and its share of the KV slots."""
-        share = caller_share(self.config.sessions_per_caller, self.model.engine.pool.rows)
+        share = caller_share(self.config.sessions_per_caller, self.model.facts.slots)
         return sum(1 for s in self.sessions.all() if s.owner == caller) + self.opening[caller], share
 
     def check_share(self, caller: str) -> None:
@@ -124,11 +124,11 @@ class Serving:
     def check_samples(self, n: int) -> None:
         """n samples hold n KV slots at once: no more than the server has, nor than the caller's share
         beside the sessions it holds."""
-        engine = self.model.engine
-        if n > engine.pool.rows:
+        facts = self.model.facts
+        if n > facts.slots:
             raise OverLimit(f"n = {n} samples need {n} KV slots at once; the server has "
-                            f"{engine.pool.rows}", reason="TOO_MANY_SAMPLES", field="n")
-        if n > 1 and engine.info.recurrent_state:
+                            f"{facts.slots}", reason="TOO_MANY_SAMPLES", field="n")
+        if n > 1 and facts.recurrent:
             raise InvalidInput("n > 1 copies the prompt's KV rows, and this decoder carries "
                                "recurrent state that has none", reason="SAMPLES_UNSUPPORTED", field="n")
         if n > 1:
@@ -173,32 +173,20 @@ class Serving:
     def close_soon(self, state: SessionState, reason: str = "") -> None:
         """Forget the session and return its KV slot on the worker (safe inside a cancelled call)."""
         self.sessions.remove(state)
-        if reason:
-            self._soon(lambda: session_closed(state, reason, close(self.model, state)))
-        else:
-            self._soon(lambda: close(self.model, state))
+        self._soon(close_body(state, reason))
 
     def undo(self, extension: Extension) -> None:
         """Put the session back as an unfinished Prefill found it: closed if it opened it, else
         rewound on the worker, after the Prefill's own jobs have ended. A decoder with recurrent
         state rewinds only to 0: its session is closed instead."""
-        if extension.opened or self.model.engine.info.recurrent_state:
+        if extension.opened or self.model.facts.recurrent:
             self.close_soon(extension.state, "prefill_unfinished")
         else:
-            self._soon(lambda: extension.restore(self.model))
+            self._soon(extension.restore())
 
-    def _soon(self, fn: Any) -> None:
-        """Run `fn` on the worker after every job submitted before it, without waiting for it."""
-        def body() -> Generator[Any, Any, None]:
-            yield Call(fn)
-
+    def _soon(self, body: Body) -> None:
+        """Run the job `body` on the worker after every job submitted before it, without waiting."""
         try:
-            self.scheduler.submit(body(), bounded=False)
+            self.scheduler.submit(body, bounded=False)
         except Draining:  # the server is stopping: its sessions go with it
-            pass
-
-
-def session_closed(state: SessionState, reason: str, length: int) -> int:
-    """Log the session's end (on the worker, where its length is read); the length."""
-    log.info("session_closed", session=state.id, reason=reason, length=length)
-    return length
+            body.close()

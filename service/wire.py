@@ -155,19 +155,16 @@ def prefill_done(session_id: str, result: PrefillFinished, progress: Progress) -
 
 
 def model_info(model: Any, config: Any) -> pb.ModelInfo:
-    engine = model.engine
-    info = engine.info
+    facts = model.facts
     return pb.ModelInfo(
-        model=model.name, vocab_size=info.vocab_size, capacity=engine.capacity,
-        chunk_size=engine.chunk_size, ladder=list(engine.padded_ladder),
-        execution_provider=engine.backend.name,
-        padding_enabled=bool(engine.options.padding and not info.recurrent_state),
-        recurrent_state=info.recurrent_state, eos_token_ids=list(info.eos_token_ids),
-        bos_token_id=-1 if info.bos_token_id is None else info.bos_token_id, num_layers=info.num_layers,
-        has_tokenizer=model.tokenizer is not None, max_sessions=engine.pool.rows,
-        variant_capacity=engine.variants.capacity, max_new_tokens_limit=model.max_new_tokens,
+        model=model.name, vocab_size=facts.vocab_size, capacity=facts.capacity,
+        chunk_size=facts.chunk_size, ladder=list(facts.ladder), execution_provider=facts.provider,
+        padding_enabled=facts.padding, recurrent_state=facts.recurrent, eos_token_ids=list(facts.eos_ids),
+        bos_token_id=-1 if facts.bos_id is None else facts.bos_id, num_layers=facts.layers,
+        has_tokenizer=model.tokenizer is not None, max_sessions=facts.slots,
+        variant_capacity=facts.variant_capacity, max_new_tokens_limit=model.max_new_tokens,
         max_prompt_tokens=model.max_prompt_tokens, pod_name=config.pod_name,
-        batch_widths=list(engine.batch_widths), default_max_new_tokens=model.default_new_tokens)
+        batch_widths=list(facts.batch_widths), default_max_new_tokens=model.default_new_tokens)
 
 
 def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any) -> pb.EngineStats:

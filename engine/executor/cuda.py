@@ -34,7 +34,7 @@ from engine.executor.backend import HeadRows
 from engine.executor.cpu import _dtype, inference_session, resolve_dims
 from engine.executor.cuda_runtime import CudaUnavailable, Placement, cuda_runtime, host_runtime
 from engine.executor.options import EngineOptions
-from engine.executor.pool import KvPool
+from engine.executor.pool import KvPool, move_boundary
 from engine.executor.sampling import (
     Sampler,
     TokenLogprobs,
@@ -87,10 +87,7 @@ class Staging:
         self.copy = copy  # Placement.copy_positions
 
     def set_mask(self, length: int) -> None:
-        if length > self.mask_len:
-            self.mask[0, self.mask_len:length] = 1
-        elif length < self.mask_len:
-            self.mask[0, length:self.mask_len] = 0
+        move_boundary(self.mask, 0, self.mask_len, length)
         self.mask_len = length
 
     def load(self, pool: KvPool, row: int, past: int) -> bool:

@@ -91,7 +91,7 @@ class BatchDecoder:
         self.backend.keep_batch(sorted(feeds), logits)
         for row, token in feeds.items():
             session = self.sessions[row]
-            session.length += 1
+            self.pool.commit(session, session.length + 1)
             session.tokens.append(token)
             session.has_logits = True
         committed = [n + (row in feeds) for row, n in enumerate(lengths)]
@@ -113,6 +113,11 @@ class BatchDecoder:
         self._ahead = Ahead(batch, feeds, committed, logits)
         self.counters.lookahead_launched += 1
         return True
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a lookahead forward was launched and not yet settled (its masks are set)."""
+        return self._ahead is not None and not self._ahead.settled
 
     def settle(self) -> None:
         """Wait for a launched lookahead and put the masks back (before anything touches the pool)."""

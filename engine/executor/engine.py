@@ -11,24 +11,26 @@ Not thread-safe by design: the service runs it on one worker thread.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import structlog
 
-from engine.errors import Exhausted, InvalidInput, OverCapacity
+from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity
 from engine.executor.backend import Backend
 from engine.executor.cpu import CpuBackend, _dtype
 from engine.executor.decode import BatchDecoder
+from engine.executor.facts import EngineFacts
 from engine.executor.options import EngineOptions
 from engine.executor.prefill import (
     ForwardReport,
     check_ids,
 )
-from engine.executor.prefilling import Prefilling
+from engine.executor.prefilling import Prefilling, check_length
 from engine.executor.prefix import HeldPrefixes, Hit
 from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from engine.executor.session import Session
@@ -41,11 +43,29 @@ from engine.executor.stats import (
     model_file_bytes,
     variant_bytes_estimate,
 )
+from engine.executor.step import (
+    Choose,
+    Close,
+    DecodeRow,
+    Fork,
+    Open,
+    Outcome,
+    Prefill,
+    PrefillProgress,
+    Reset,
+    Rewind,
+    SessionOp,
+    Stats,
+    Step,
+    StepResult,
+    _Chosen,
+)
 from engine.executor.variants import VariantCache
 from engine.head import prepared_graph
 from engine.model import ModelInfo, load_model_info
 
-__all__ = ["DecodeRow", "Engine", "EngineStats", "MemoryUse", "kv_slot_bytes", "variant_bytes_estimate"]
+__all__ = ["DecodeRow", "Engine", "EngineStats", "MemoryUse", "Step", "StepResult", "kv_slot_bytes",
+           "variant_bytes_estimate"]
 from engine.planner import (
     Limits,
     batch_widths,
@@ -56,18 +76,6 @@ from engine.planner import (
 )
 
 log = structlog.get_logger("ladder.engine")
-
-
-@dataclass(frozen=True)
-class DecodeRow:
-    """One session's part of a decode step: feed `token`, then choose the next with `sampler`."""
-
-    session: Session
-    token: int
-    sampler: Sampler | None = None  # None: feed only (the next token is chosen later, or never)
-    # Whether the token chosen here will be fed in a next step. False (it is the request's last):
-    # no forward is launched ahead on it, which would only delay the request's end by one forward.
-    more: bool = True
 
 
 def make_backend(info: ModelInfo, options: EngineOptions) -> Backend[Any]:
@@ -119,6 +127,15 @@ class Engine(Prefilling):
         self.eager_forwards = 0
         self.sessions_padding_off = 0
         self.decoder = BatchDecoder(self.pool, backend, self._variant, self._open, self.capacity)
+        self.facts = EngineFacts(
+            provider=backend.name, capacity=self.capacity, chunk_size=self.chunk_size,
+            ladder=self.padded_ladder, slots=rows, batch_widths=self.batch_widths,
+            variant_capacity=self.variants.capacity,
+            padding=bool(options.padding and not info.recurrent_state),
+            recurrent=info.recurrent_state,
+            token_ids_only=info.feed.name == "input_ids" and not info.supplied_ports,
+            unbatched_reason=self.unbatched_reason, vocab_size=info.vocab_size,
+            eos_ids=tuple(info.eos_token_ids), bos_id=info.bos_token_id, layers=info.num_layers)
 
     @classmethod
     def load(cls, path: Path | str, options: EngineOptions | None = None) -> Engine:
@@ -199,11 +216,11 @@ class Engine(Prefilling):
         self._free.discard(row)
         self.prefixes.held.pop(row, None)
         self.prefixes.index.truncate(row, length)
-        self.pool.set_mask(row, length)
         if not length:
             self.backend.clear_state(row)
         # A held prefix is shared only as far as it was written as a fresh run writes it.
-        session = self._open[row] = Session(row, length, list(tokens[:length]), scope=scope, fresh=length)
+        session = self._open[row] = Session(row, 0, list(tokens[:length]), scope=scope, fresh=length)
+        self.pool.commit(session, length)
         return session
 
     def close_session(self, session: Session, keep: bool = True) -> None:
@@ -239,8 +256,7 @@ class Engine(Prefilling):
         if self.info.recurrent_state:
             raise InvalidInput("a decoder with recurrent state cannot fork: its state has no length to cut")
         length = source.length if length is None else length
-        if not 0 <= length <= source.length:
-            raise OverCapacity(f"cannot fork at {length}: the session holds {source.length} tokens")
+        check_length(source, length)
         if not self._free:
             raise Exhausted(f"all {self.pool.rows} sessions are in use")
         self.decoder.settle()
@@ -270,6 +286,165 @@ class Engine(Prefilling):
     def memory(self) -> MemoryUse:
         return MemoryUse(weights=self.weights_bytes, kv=self.pool.rows * self.slot_bytes,
                          variants=self.variants.stats().nbytes, budget=self.options.memory_budget_bytes)
+
+    # -- the step: the one way a scheduler drives the engine ---------------------------------
+    def step(self, step: Step) -> StepResult:
+        """Run one round's work (engine/executor/step.py says in what order); every item's
+        outcome comes back, each item failing alone."""
+        chosen = _Chosen()
+        ops: list[Outcome] = []
+        op_seconds: list[float] = []
+        for i, op in enumerate(step.ops):
+            started = time.perf_counter()
+            ops.append(self._op(op, i, chosen))
+            op_seconds.append(time.perf_counter() - started)
+        opens = tuple(self._outcome(self._open_sessions, o) for o in step.opens)
+        prefills: list[Outcome] = []
+        seconds: list[float] = []
+        for i, (request, span) in enumerate(step.prefills):
+            started = time.perf_counter()
+            outcome = self._outcome(self._prefill, request, span, i, chosen)
+            prefills.append(outcome)
+            seconds.append(time.perf_counter() - started if outcome.error is None else 0.0)
+        choices = self._choose_first(chosen, ops, prefills)
+        started = time.perf_counter()
+        decode = self._decode_rows(step.decode)
+        batch = self.last_batch if any(o.error is None for o in decode) else 0
+        self.check_invariants()
+        return StepResult(opens, tuple(ops), tuple(op_seconds), tuple(prefills), decode, batch,
+                          tuple(seconds), time.perf_counter() - started if batch else 0.0, choices)
+
+    def check_invariants(self) -> None:
+        """Raise EngineFault when the engine's bookkeeping no longer holds (run after every step):
+        every pool row is free or owned by one open session, on its own row; a held prefix sits
+        on a free row; a session holds no more tokens and fresh rows than its length; and, unless
+        a forward is in flight (a lookahead), each open row's mask says its session's length."""
+        rows = set(range(self.pool.rows))
+        owned = set(self._open)
+        problems = []
+        if owned & self._free or owned | self._free != rows:
+            problems.append(f"rows owned {sorted(owned)} and free {sorted(self._free)} do not split the pool")
+        problems += [f"row {r} holds a session of row {s.row}" for r, s in self._open.items() if s.row != r]
+        problems += [f"held prefix on row {r}, which a session owns" for r in self.prefixes.held
+                     if r in owned]
+        for s in self._open.values():
+            if len(s.tokens) > s.length or s.fresh > s.length or s.closed:
+                problems.append(f"row {s.row}: {len(s.tokens)} tokens, {s.fresh} fresh, length "
+                                f"{s.length}, closed {s.closed}")
+        if not self.decoder.in_flight:
+            lengths = self.pool.mask_lengths
+            problems += [f"row {r}: mask {lengths[r]}, length {s.length}" for r, s in self._open.items()
+                         if lengths[r] != s.length]
+        if problems:
+            raise EngineFault("engine bookkeeping broke: " + "; ".join(problems))
+
+    @staticmethod
+    def _outcome(fn: Any, *args: Any) -> Outcome:
+        try:
+            return Outcome(fn(*args))
+        except Exception as exc:  # noqa: BLE001 — each item fails alone; the scheduler reports faults
+            return Outcome(error=exc)
+
+    def _open_sessions(self, request: Open) -> list[Session]:
+        if request.count > len(self._free):
+            raise Exhausted(f"{request.count} sessions asked for, {len(self._free)} KV slots free")
+        first = self.open_session(request.scope, request.prompt)
+        return [first, *(self.open_session(request.scope) for _ in range(request.count - 1))]
+
+    def _op(self, op: SessionOp, index: int, chosen: _Chosen) -> Outcome:
+        if isinstance(op, Choose):
+            try:
+                self._check_choose(op.session)
+            except Exception as exc:  # noqa: BLE001 — this choice fails alone
+                return Outcome(error=exc)
+            chosen.add(("op", index), [op.session], [op.sampler])
+            return Outcome()  # the token is filled in by the step's batched choice
+        if isinstance(op, Fork):
+            return self._outcome(self.fork, op.source, op.length)
+        if isinstance(op, Rewind):
+            return self._outcome(self._rewind_to, op.session, op.length)
+        if isinstance(op, Reset):
+            return self._outcome(self.reset_to, op.session, op.tokens)
+        if isinstance(op, Close):
+            return self._outcome(self._close, op.session, op.keep)
+        if isinstance(op, Stats):
+            return self._outcome(self.stats)
+        raise TypeError(f"not a session operation: {op!r}")
+
+    def _rewind_to(self, session: Session, length: int) -> int:
+        self.rewind(session, length)
+        return session.length
+
+    def _close(self, session: Session, keep: bool) -> int:
+        length = session.length
+        self.close_session(session, keep)
+        return length
+
+    def _prefill(self, request: Prefill, span: int, index: int, chosen: _Chosen) -> PrefillProgress:
+        task, shared = request.task, 0
+        if task is None:
+            tokens: Sequence[int] = request.tokens
+            if request.share:
+                shared = self.share_prefix(request.session, tokens)
+                tokens = tokens[shared:]
+            task = self.start_prefill(request.session, tokens, logprob_top=request.logprob_top)
+        report = self.prefill_step(task, span) if not task.done else None
+        if not task.done:
+            return PrefillProgress(task, report, shared)
+        for copy in request.copies:
+            self.copy_session(request.session, copy)
+        if request.samplers:
+            sessions = [request.session, *request.copies]
+            if len(request.samplers) != len(sessions):
+                raise InvalidInput(f"{len(request.samplers)} samplers for {len(sessions)} sessions")
+            chosen.add(("prefill", index), sessions, request.samplers)
+        return PrefillProgress(task, report, shared)
+
+    def _choose_first(self, chosen: _Chosen, ops: list[Outcome], prefills: list[Outcome]) -> int:
+        """Choose every first token of the step in one batched choice; the outcomes get them."""
+        if not chosen.sessions:
+            return 0
+        try:
+            tokens: list[int] | None = self._choose(chosen.sessions, chosen.samplers)
+            error: BaseException | None = None
+        except Exception as exc:  # noqa: BLE001 — every choice of the batch fails alike
+            tokens, error = None, exc
+        picked: dict[tuple[str, int], list[int]] = {}
+        for i, owner in enumerate(chosen.owners):
+            picked.setdefault(owner, []).append(tokens[i] if tokens is not None else -1)
+        for (kind, index), mine in picked.items():
+            if kind == "op":
+                ops[index] = Outcome(mine[0], error)
+            else:
+                progress = prefills[index].value
+                prefills[index] = Outcome(replace(progress, tokens=tuple(mine)) if error is None else None,
+                                          error)
+        return 1
+
+    def _check_choose(self, session: Session) -> None:
+        self._check_open(session)
+        if not session.has_logits:
+            raise OverCapacity("the session has no next-token logits (it is empty)")
+
+    def _decode_rows(self, rows: Sequence[DecodeRow]) -> tuple[Outcome, ...]:
+        """One decode forward for the rows that pass `check_decode`; each other row fails alone."""
+        checked: list[Outcome | None] = []
+        for row in rows:
+            try:
+                self.check_decode(row)
+                checked.append(None)
+            except Exception as exc:  # noqa: BLE001 — this row fails alone
+                checked.append(Outcome(error=exc))
+        good = [row for row, c in zip(rows, checked, strict=True) if c is None]
+        if not good:
+            return tuple(c for c in checked if c is not None)
+        try:
+            tokens = iter(self.decode_checked(good))
+            ran = [Outcome(next(tokens)) for _ in good]
+        except Exception as exc:  # noqa: BLE001 — every row of a failed forward fails
+            ran = [Outcome(error=exc) for _ in good]
+        results = iter(ran)
+        return tuple(c if c is not None else next(results) for c in checked)
 
     # -- decode -------------------------------------------------------------------------
     def check_decode(self, row: DecodeRow) -> None:

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.executor.session import Session
+
 
 class KvPool:
     def __init__(self, xp: Any, *, layers: int, rows: int, kv_heads: int, capacity: int,
@@ -45,10 +47,20 @@ class KvPool:
         return self.block[index, which]
 
     def set_mask(self, row: int, length: int) -> None:
-        """Move one row's mask boundary to `length`, touching only the positions that change."""
-        old = self.mask_lengths[row]
-        if length > old:
-            self.mask[row, old:length] = 1
-        elif length < old:
-            self.mask[row, length:old] = 0
+        """Move one row's mask boundary to `length` (a forward's width, a row no session owns)."""
+        move_boundary(self.mask, row, self.mask_lengths[row], length)
         self.mask_lengths[row] = length
+
+    def commit(self, session: Session, length: int) -> None:
+        """The one writer of a session's length: the tokens its KV holds, and its row's mask with it."""
+        session.length = length
+        self.set_mask(session.row, length)
+
+
+def move_boundary(mask: Any, row: int, old: int, new: int) -> None:
+    """Move row `row` of a 0/1 mask from ones before `old` to ones before `new`, touching only
+    the positions that change."""
+    if new > old:
+        mask[row, old:new] = 1
+    elif new < old:
+        mask[row, new:old] = 0

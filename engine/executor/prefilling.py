@@ -44,6 +44,13 @@ from engine.planner import (
 log = structlog.get_logger("ladder.engine")
 
 
+def check_length(session: Session, length: int) -> None:
+    """A length a rewind or fork keeps must be one the session holds."""
+    if not 0 <= length <= session.length:
+        raise InvalidInput(f"cannot keep {length} tokens: the session holds {session.length}",
+                           reason="LENGTH_PAST_END", field="length")
+
+
 class Prefilling:
     info: ModelInfo
     options: EngineOptions
@@ -137,11 +144,10 @@ class Prefilling:
         self.prefill_step(self.start_prefill(session, [last]))
 
     def _truncate(self, session: Session, length: int) -> None:
-        session.length = length
+        self.pool.commit(session, length)
         session.fresh = min(session.fresh, length)
         del session.tokens[length:]
         self.prefixes.index.truncate(session.row, length)
-        self.pool.set_mask(session.row, length)
 
     @property
     def padded_ladder(self) -> tuple[int, ...]:
@@ -222,10 +228,11 @@ class Prefilling:
         try:
             out = self.backend.run_rows(self._variant(key), key, session.row, forward.past, feed,
                                         ports, task.constants, read_index(rows, key.reads))
-        finally:
-            # Rewind: the padded rows' KV is erased from the logical length.
-            self.pool.set_mask(session.row, forward.past + rows)
-        session.length = forward.past + rows
+        except BaseException:
+            self.pool.set_mask(session.row, session.length)
+            raise
+        # Rewind: the padded rows' KV is erased from the logical length.
+        self.pool.commit(session, forward.past + rows)
         session.fresh = fresh_after(session.fresh, forward.past, rows, width, self.chunk_size,
                                     self.fresh_forwards)
         return out
@@ -237,9 +244,8 @@ class Prefilling:
         log.warning("padding_off_for_session", row=session.row, width=width, logits_rows=out.logits.shape[1],
                     seen=None if out.seen is None else out.seen.tolist(), past=forward.past,
                     reason="the head did not see the last real row among as many rows as the forward ran")
-        session.length = forward.past
+        self.pool.commit(session, forward.past)
         session.fresh = min(session.fresh, forward.past)
-        self.pool.set_mask(session.row, forward.past)
 
     def _replan(self, task: PrefillTask, span: int = 0) -> list[Forward]:
         """The forwards still to run, planned again (padding now off, or smaller steps)."""
@@ -256,8 +262,7 @@ class Prefilling:
     def rewind(self, session: Session, length: int) -> None:
         """Keep the first `length` tokens; the next-token logits are those of the tokens kept."""
         self._check_open(session)
-        if not 0 <= length <= session.length:
-            raise InvalidInput(f"cannot rewind to {length}: the session holds {session.length}")
+        check_length(session, length)
         if length == session.length:
             return
         self.decoder.settle()

@@ -218,10 +218,9 @@ class HeldPrefixes:
         """`session` (on its own row) holds a copy of row `src`'s first `length` tokens, of which
         the first `fresh` were written as a fresh run writes them."""
         self.backend.copy_rows(src, session.row, length)
-        session.length = length
+        self.pool.commit(session, length)
         session.fresh = min(fresh, length)
         session.tokens = list(tokens[:length])
-        self.pool.set_mask(session.row, length)
 
     def tokens(self, row: int, live: Mapping[int, Session]) -> tuple[list[int], int]:
         """The tokens a row holds and how many of them are fresh."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.errors import Exhausted, OverCapacity
+from engine.errors import Exhausted, InvalidInput
 from engine.executor import Engine, EngineOptions
 from engine.executor.prefix import PrefixIndex, agreed, chain
 from engine.model import load_model_info
@@ -63,7 +63,7 @@ def test_fork_errors_name_the_length_and_the_exhausted_pool(model: Path) -> None
     engine = load(model, max_sessions=2)
     source = engine.open_session()
     engine.append(source, prompt_ids(20, seed=3))
-    with pytest.raises(OverCapacity, match="cannot fork at 21"):
+    with pytest.raises(InvalidInput, match="cannot keep 21 tokens: the session holds 20"):
         engine.fork(source, 21)
     engine.fork(source)
     with pytest.raises(Exhausted):

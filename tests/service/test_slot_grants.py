@@ -1,4 +1,4 @@
-"""Who gets free KV slots (service.requests.slot_grants): pure values, then the issue's case on a
+"""Who gets free KV slots (service.rounds.slot_grants): pure values, then the issue's case on a
 real server — a one-sample Generate is not held behind an n = 7 one that must wait for sessions."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.requests import slot_grants
+from service.rounds import slot_grants
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, server_config
 from tests.support.sessions import part, prefill

@@ -23,7 +23,7 @@ import grpc
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service.config import Config
-from service.requests import Call, StepRecord
+from service.rounds import Call, StepRecord
 from service.scheduler import Scheduler
 from service.server import LadderServer, create_server
 from tests.support import engines
