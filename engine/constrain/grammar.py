@@ -38,6 +38,8 @@ from typing import Any, NoReturn
 import numpy as np
 import numpy.typing as npt
 
+from engine.constrain.pattern import MAX_CODE_POINT, SURROGATES, complement, normalize, subtract
+from engine.constrain.utf8 import ByteRanges, sequences
 from engine.constrain.vocabulary import Vocabulary
 from engine.errors import InvalidInput
 
@@ -47,12 +49,11 @@ FIELD = "constraint.grammar"
 MAX_ELEMENTS = 1 << 16  # elements of the compiled rules, repetitions expanded
 MAX_STACKS = 4096  # stacks in one parser state: the grammar's ambiguity at one byte
 MAX_STATES = 4096  # interned states before the transition table starts again (1 KiB each)
+MAX_STATE_BYTES = 32 << 20  # or before the stacks of those states take this much
 MAX_NESTING = 64  # parenthesized groups within one another (the parser recurses)
 MAX_MASKS = 256  # cached masks per grammar, packed (vocabulary / 8 bytes each)
 
 TERMINAL, REF, END = 0, 1, 2  # element kinds; a terminal's value is a 256-bit byte mask
-MAX_CODE_POINT = 0x10FFFF
-SURROGATES = (0xD800, 0xDFFF)
 UNKNOWN, DEAD = -1, 0  # transition table entries: not computed yet; the state with no stacks
 
 Element = tuple[int, int]
@@ -138,10 +139,9 @@ class _Rules:
 
     def char_class(self, parent: str, ranges: Ranges, offset: int) -> Alternative:
         """A set of code points as UTF-8 byte sequences: one element, or a rule of alternatives."""
-        key = tuple(_valid_ranges(ranges))
+        key = subtract(normalize(ranges), (SURROGATES,))
         if key not in self.classes:
-            sequences = [seq for lo, hi in key for seq in _utf8_sequences(lo, hi)]
-            alts = _byte_alternatives(sequences, lambda body: self.synthetic(parent, body, offset))
+            alts = _byte_alternatives(sequences(key), lambda body: self.synthetic(parent, body, offset))
             self.classes[key] = alts[0] if len(alts) == 1 else [(REF, self.synthetic(parent, alts, offset))]
         return self.classes[key]
 
@@ -309,7 +309,7 @@ class _Parser:
                     self.fail("character range ends before it starts", at)
             ranges.append((low, high))
         self.pos += 1
-        return _complement(ranges) if negated else ranges
+        return list(complement(normalize(ranges))) if negated else ranges
 
     def char(self) -> int:
         """One code point, escapes decoded."""
@@ -340,44 +340,12 @@ def _is_name_char(char: str) -> bool:
     return bool(char) and char.isascii() and (char.isalnum() or char in "_-")
 
 
-def _complement(ranges: Ranges) -> Ranges:
-    out, next_low = [], 0
-    for low, high in sorted(ranges):
-        if low > next_low:
-            out.append((next_low, low - 1))
-        next_low = max(next_low, high + 1)
-    return out + ([(next_low, MAX_CODE_POINT)] if next_low <= MAX_CODE_POINT else [])
-
-
-def _valid_ranges(ranges: Ranges) -> Ranges:
-    """Sorted, merged, without surrogates (which UTF-8 cannot carry)."""
-    holes = _complement([SURROGATES])
-    clipped = [(max(lo, a), min(hi, b)) for lo, hi in ranges for a, b in holes if max(lo, a) <= min(hi, b)]
-    return _complement(_complement(clipped))
-
-
-def _utf8_sequences(low: int, high: int) -> list[list[tuple[int, int]]]:
-    """Code points low..high as byte-range sequences (Russ Cox's utf8 ranges): split until every
-    byte position of the range is itself a range."""
-    for edge in (0x7F, 0x7FF, 0xFFFF):
-        if low <= edge < high:
-            return _utf8_sequences(low, edge) + _utf8_sequences(edge + 1, high)
-    for i in range(1, len(chr(low).encode())):
-        m = (1 << (6 * i)) - 1
-        if low & ~m != high & ~m:
-            if low & m:
-                return _utf8_sequences(low, low | m) + _utf8_sequences((low | m) + 1, high)
-            if high & m != m:
-                return _utf8_sequences(low, (high & ~m) - 1) + _utf8_sequences(high & ~m, high)
-    return [list(zip(chr(low).encode(), chr(high).encode(), strict=True))]
-
-
-def _byte_alternatives(sequences: list[list[tuple[int, int]]],
+def _byte_alternatives(byte_sequences: Iterable[ByteRanges],
                        new_rule: Callable[[list[Alternative]], int]) -> list[Alternative]:
     """Byte-range sequences as alternatives that share first bytes: sequences with one tail merge
     their first bytes into one mask, and those with one first mask share a rule of their tails."""
     by_tail: dict[tuple[int, ...], int] = {}
-    for seq in sequences:
+    for seq in byte_sequences:
         masks = [(1 << (hi + 1)) - (1 << lo) for lo, hi in seq]
         if masks:
             by_tail[tuple(masks[1:])] = by_tail.get(tuple(masks[1:]), 0) | masks[0]
@@ -635,7 +603,7 @@ class CompiledGrammar:
 
     def _reset_if_full(self) -> None:
         # Ids live only within one call, so the table can start again between calls.
-        if len(self._states) > self._max_states:
+        if len(self._states) > self._max_states or self._state_bytes > MAX_STATE_BYTES:
             self._reset_table()
 
     def _intern(self, state: State) -> int:

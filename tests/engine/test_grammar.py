@@ -83,8 +83,13 @@ def bytewise() -> Vocabulary:
 
 
 @pytest.fixture(scope="module")
-def smollm2(default_model: Callable[..., Path]) -> Vocabulary:
-    return Vocabulary.from_tokenizer(Tokenizer(default_model("int4")), 49152, [2])
+def tokenizer(default_model: Callable[..., Path]) -> Tokenizer:
+    return Tokenizer(default_model("int4"))
+
+
+@pytest.fixture(scope="module")
+def smollm2(tokenizer: Tokenizer) -> Vocabulary:
+    return Vocabulary.from_tokenizer(tokenizer, 49152, [2])
 
 
 def feed(row: GrammarRow, vocabulary: Vocabulary, tokens: list[int]) -> None:
@@ -189,13 +194,11 @@ def test_every_completed_walk_on_the_smollm2_vocabulary_parses_with_the_referenc
 
 @pytest.mark.parametrize("name", ["arithmetic", "json", "items", "unicode"])
 def test_every_example_the_reference_accepts_is_allowed_token_by_token(
-        name: str, small: Vocabulary, default_model: Callable[..., Path]) -> None:
-    tokenizer = Tokenizer(default_model("int4"))
-    vocabulary = Vocabulary.from_tokenizer(tokenizer, 49152, [2])
+        name: str, small: Vocabulary, smollm2: Vocabulary, tokenizer: Tokenizer) -> None:
     for example in EXAMPLES[name]:
         reference(name)(example)
         for vocab, tokens in ((small, tokens_of(example.encode(), small)),
-                              (vocabulary, tokenizer.encode(example))):
+                              (smollm2, tokenizer.encode(example))):
             row = compile_grammar(gbnf(name), vocab).start()
             feed(row, vocab, tokens)
             assert row.accepts, example
@@ -363,3 +366,25 @@ def test_masks_are_fresh_arrays_and_their_cache_is_counted(small: Vocabulary) ->
     mask = row.allowed()
     mask[:] = False
     assert row.allowed().any() and grammar.nbytes > empty
+
+
+def test_masks_stay_exact_when_the_transition_table_starts_again(small: Vocabulary) -> None:
+    tight = compile_grammar(gbnf("json"), small, SimpleNamespace(max_grammar_states=3, max_grammar_masks=2))
+    roomy, rng = compile_grammar(gbnf("json"), small), random.Random(3)
+    one, two = tight.start(), roomy.start()
+    for _ in range(60):
+        mask = two.allowed()
+        assert np.array_equal(one.allowed(), mask)
+        token = pick(np.flatnonzero(mask & small.usable), small, rng)
+        one.advance(token)
+        two.advance(token)
+
+
+def test_compile_constraint_hands_grammars_to_this_compiler(small: Vocabulary) -> None:
+    from engine.constrain import compile_constraint
+
+    compiled = compile_constraint("grammar", 'root ::= "ab" [0-9]', small)
+    row = compiled.start()
+    assert isinstance(compiled, CompiledGrammar) and compiled.nbytes > 0
+    row.advance(small.pieces.index(b"ab"))
+    assert not row.accepts and row.allowed()[ord("7")]
