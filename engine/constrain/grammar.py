@@ -128,14 +128,14 @@ class _Rules:
         """X{low,high} as llama.cpp rewrites it: X repeated low times, then nested optional rules
         (X (X (X)?)?) up to high, or one right-recursive rule (R ::= X R | ) when unbounded."""
         self.fits(len(item) * (low + (high - low if high is not None else 1)), offset)
-        out, tail = item * low, None
+        tail: Alternative = []
         for _ in range(1 if high is None else high - low):
-            alt = item + ([(REF, tail)] if tail is not None else [])
-            tail = self.synthetic(parent, [alt, []], offset)
-            self.repeats.add(tail)
-        if high is None and tail is not None:
-            self.bodies[tail] = [item + [(REF, tail)], []]
-        return out + ([(REF, tail)] if tail is not None else [])
+            rule = self.synthetic(parent, [item + tail, []], offset)
+            self.repeats.add(rule)
+            tail = [(REF, rule)]
+        if high is None:  # the one rule refers to itself: R ::= X R |
+            self.bodies[tail[0][1]] = [item + tail, []]
+        return item * low + tail
 
     def char_class(self, parent: str, ranges: Ranges, offset: int) -> Alternative:
         """A set of code points as UTF-8 byte sequences: one element, or a rule of alternatives."""
@@ -436,6 +436,8 @@ def _left_cycle(bodies: list[list[Alternative]], nullable: list[bool]) -> list[i
         edges.append(firsts)
     color = [0] * len(bodies)  # 0 unseen, 1 on the path, 2 done
     for top in range(len(bodies)):
+        if color[top]:
+            continue
         path, pending = [top], [iter(edges[top])]
         color[top] = 1
         while path:
@@ -499,10 +501,6 @@ class _Layout:
                             for d in range(width))
             layout = _LAYOUTS[vocabulary] = cls(order, columns)
         return layout
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.order.nbytes + sum(column.nbytes for column in self.columns))
 
 
 _LAYOUTS: weakref.WeakKeyDictionary[Vocabulary, _Layout] = weakref.WeakKeyDictionary()
