@@ -56,43 +56,39 @@ def _classes(nfa: Nfa) -> tuple[list[int], Moves]:
 
 
 def _subsets(nfa: Nfa, moves: Moves, width: int, max_states: int) -> tuple[list[int], list[bool]]:
-    """Class-level transition rows (flat) and accepting flags; a DFA state is a bit set of the
-    NFA states that have a move (or are final), closed under epsilon moves."""
-    table = nfa_.closures(nfa)
-    important = sum(1 << s for s, m in enumerate(moves) if m) | (1 << nfa.final)
-    final_bit = 1 << nfa.final
-    start = nfa_.closure(nfa, table, nfa.start) & important
-    ids, sets = {0: DEAD, start: START}, [0, start]
+    """Class-level transition rows (flat) and accepting flags. A DFA state is the set of NFA
+    states with a move (or final) reachable without a byte: a frozenset, whose cost follows its
+    size and not the NFA's."""
+    closures = nfa_.Closures(nfa)
+    start = closures.of(nfa.start)
+    ids: dict[frozenset[int], int] = {frozenset(): DEAD, start: START}
+    sets = [frozenset(), start]
     rows: list[int] = [DEAD] * width
-    accepting = [False, bool(start & final_bit)]
-    targets = [[(a, b, nfa_.closure(nfa, table, t)) for a, b, t in m] for m in moves]
+    accepting = [False, nfa.final in start]
+    targets = [[(a, b, closures.of(t)) for a, b, t in m] for m in moves]
     i = 0
     while (i := i + 1) < len(sets):
-        current = sets[i]
-        following = [0] * width
-        for s in _bits(current):
+        following: list[frozenset[int] | set[int]] = [frozenset()] * width
+        for s in sets[i]:
             for a, b, reach in targets[s]:
                 for c in range(a, b):
-                    following[c] |= reach
-        for reach in following:
-            reach &= important
-            if reach not in ids:
+                    now = following[c]
+                    if not now:
+                        following[c] = reach  # shared until a second set joins it
+                    elif isinstance(now, frozenset):
+                        following[c] = set(now) | reach
+                    else:
+                        now |= reach
+        for joined in following:
+            key = joined if isinstance(joined, frozenset) else frozenset(joined)
+            if key not in ids:
                 if len(sets) >= max_states:
                     raise TooLarge(f"more than {max_states} DFA states")
-                ids[reach] = len(sets)
-                sets.append(reach)
-                accepting.append(bool(reach & final_bit))
-            rows.append(ids[reach])
+                ids[key] = len(sets)
+                sets.append(key)
+                accepting.append(nfa.final in key)
+            rows.append(ids[key])
     return rows, accepting
-
-
-def _bits(value: int) -> list[int]:
-    out = []
-    while value:
-        low = value & -value
-        out.append(low.bit_length() - 1)
-        value ^= low
-    return out
 
 
 def _prune(classes: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -94,17 +94,12 @@ def literal(value: Any) -> Node:
 
 
 def array(item: Node, lo: int = 0, hi: int | None = None) -> Node:
-    if hi == 0:
-        return text("[]")
-    rest = repeat(seq(COMMA, item), max(lo - 1, 0), None if hi is None else hi - 1)
-    body = seq(item, rest)
-    return seq(text("["), body if lo > 0 else optional(body), text("]"))
+    return seq(text("["), repeat(item, lo, hi, COMMA), text("]"))
 
 
 def object_map(value: Node) -> Node:
     """An object whose keys are any strings, each with `value`."""
-    member = seq(string(), COLON, value)
-    return seq(text("{"), optional(seq(member, repeat(seq(COMMA, member), 0, None))), text("}"))
+    return seq(text("{"), repeat(seq(string(), COLON, value), 0, None, COMMA), text("}"))
 
 
 def any_value(depth: int) -> Node:
@@ -176,7 +171,8 @@ def in_string(node: Node) -> Node:
     if isinstance(node, Alt):
         return alt(*(in_string(item) for item in node.items))
     if isinstance(node, Repeat):
-        return repeat(in_string(node.item), node.lo, node.hi)
+        separator = None if node.separator is None else in_string(node.separator)
+        return repeat(in_string(node.item), node.lo, node.hi, separator)
     assert not isinstance(node, Members)
     return node
 

@@ -95,20 +95,35 @@ def _alt(nfa: Nfa, node: Alt, start: int) -> int:
 
 
 def _repeat(nfa: Nfa, node: Repeat, state: int) -> int:
-    for _ in range(node.lo):
-        state = _add(nfa, node.item, state)
-    if node.hi is None:
-        loop = nfa.new()
-        nfa.eps[state].append(loop)
-        nfa.eps[_add(nfa, node.item, loop)].append(loop)
-        return loop
     end = nfa.new()
-    for _ in range(node.hi - node.lo):
-        # Nested optionals, x(x(x)?)?: one way to match each count keeps the DFA small.
+    if node.lo == 0:
         nfa.eps[state].append(end)
-        state = _add(nfa, node.item, state)
-    nfa.eps[state].append(end)
+    before = max(node.lo, 1) - 1  # items written before the loop or the optional tail
+    for i in range(before):
+        state = _one(nfa, node, state, first=i == 0)
+    if node.hi is None:
+        # One copy of the item loops: entry (fresh) -> item -> exit -> separator -> entry.
+        if before and node.separator is not None:
+            state = _add(nfa, node.separator, state)
+        entry = nfa.new()
+        nfa.eps[state].append(entry)
+        exit_ = _add(nfa, node.item, entry)
+        back = exit_ if node.separator is None else _add(nfa, node.separator, exit_)
+        nfa.eps[back].append(entry)
+        nfa.eps[exit_].append(end)
+        return end
+    for i in range(before, node.hi):
+        # Nested optionals, x(x(x)?)?: one way to match each count keeps the DFA small.
+        state = _one(nfa, node, state, first=i == 0)
+        if i + 1 >= node.lo:
+            nfa.eps[state].append(end)
     return end
+
+
+def _one(nfa: Nfa, node: Repeat, state: int, first: bool) -> int:
+    if not first and node.separator is not None:
+        state = _add(nfa, node.separator, state)
+    return _add(nfa, node.item, state)
 
 
 def _members(nfa: Nfa, node: Members, start: int) -> int:
@@ -137,23 +152,28 @@ def _members(nfa: Nfa, node: Members, start: int) -> int:
     return end
 
 
-def closures(nfa: Nfa) -> list[int | None]:
-    """A lazily filled table: `closure(nfa, table, s)` fills entry s."""
-    return [None] * len(nfa.moves)
+class Closures:
+    """Where each NFA state leads without a byte: the states with a move (or the final one)
+    reachable through epsilon moves alone, computed once per state on demand."""
 
+    def __init__(self, nfa: Nfa) -> None:
+        self.nfa = nfa
+        self._found: dict[int, frozenset[int]] = {}
 
-def closure(nfa: Nfa, table: list[int | None], state: int) -> int:
-    """The states reachable from `state` without a byte, as a bit set (bit s: state s)."""
-    cached = table[state]
-    if cached is not None:
-        return cached
-    seen, stack, bits = {state}, [state], 0
-    while stack:
-        s = stack.pop()
-        bits |= 1 << s
-        for t in nfa.eps[s]:
-            if t not in seen:
-                seen.add(t)
-                stack.append(t)
-    table[state] = bits
-    return bits
+    def of(self, state: int) -> frozenset[int]:
+        found = self._found.get(state)
+        if found is None:
+            found = self._found[state] = frozenset(self._walk(state))
+        return found
+
+    def _walk(self, state: int) -> set[int]:
+        nfa, seen, stack, kept = self.nfa, {state}, [state], set()
+        while stack:
+            s = stack.pop()
+            if nfa.moves[s] or s == nfa.final:
+                kept.add(s)
+            for t in nfa.eps[s]:
+                if t not in seen:
+                    seen.add(t)
+                    stack.append(t)
+        return kept

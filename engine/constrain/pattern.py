@@ -43,11 +43,13 @@ class Alt:
 
 @dataclass(frozen=True, slots=True)
 class Repeat:
-    """`item` at least `lo` times, at most `hi` (None: unbounded)."""
+    """`item` at least `lo` times, at most `hi` (None: unbounded), with `separator` (if any)
+    between two items: `x (, x)*` without writing `x` twice (a JSON array)."""
 
     item: Node
     lo: int
     hi: int | None
+    separator: Node | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +91,16 @@ def alt(*items: Node) -> Node:
     return flat[0] if len(flat) == 1 else Alt(tuple(flat))
 
 
-def repeat(item: Node, lo: int, hi: int | None) -> Node:
+def repeat(item: Node, lo: int, hi: int | None, separator: Node | None = None) -> Node:
     if hi is not None and hi < lo:
         return NOTHING
     if item == NOTHING or hi == 0:
         return EMPTY if lo == 0 else NOTHING
     if (lo, hi) == (1, 1):
         return item
-    return Repeat(item, lo, hi)
+    if separator is not None and (separator == NOTHING or hi == 1):
+        return repeat(item, lo, 1)
+    return Repeat(item, lo, hi, separator)
 
 
 def members(items: Iterable[tuple[Node, bool]], separator: Node) -> Node:

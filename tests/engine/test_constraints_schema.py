@@ -1,0 +1,240 @@
+"""engine/constrain/json_schema.py: every output a JSON schema constraint allows is JSON that
+validates, on a synthetic vocabulary and on the default model's; what it cannot honour it
+refuses, naming the keyword's JSON pointer."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+
+from engine.constrain import Limits, Vocabulary, compile_constraint
+from engine.errors import InvalidInput
+from engine.tokenizer import Tokenizer
+from tests.engine.test_constraints import VOCAB, accepts, random_walk
+
+CORPUS = json.loads((Path(__file__).parent / "data" / "schemas.json").read_text())
+FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
+
+
+@FORMATS.checks("date-time")
+def _date_time(value: object) -> bool:
+    return not isinstance(value, str) or datetime.datetime.fromisoformat(value) is not None
+
+
+@FORMATS.checks("time", raises=ValueError)
+def _time(value: object) -> bool:
+    return not isinstance(value, str) or datetime.time.fromisoformat(value) is not None
+
+
+def corpus(name: str) -> Any:
+    return next(e["schema"] for e in CORPUS if e["name"] == name)
+
+
+def schema_of(schema: Any) -> Any:
+    return compile_constraint("json_schema", json.dumps(schema), VOCAB)
+
+
+def check_walks(schema: Any, compiled: Any, seeds: range) -> list[Any]:
+    validator = jsonschema.Draft202012Validator(schema, format_checker=FORMATS)
+    values = []
+    for seed in seeds:
+        out, _ = random_walk(compiled, seed)
+        value = json.loads(out.decode("utf-8"))
+        validator.validate(value)
+        values.append(value)
+    return values
+
+
+def refused(schema: Any, reason: str, limits: Limits | None = None) -> InvalidInput:
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    with pytest.raises(InvalidInput) as caught:
+        compile_constraint("json_schema", text, VOCAB, limits or Limits())
+    assert caught.value.reason == reason and caught.value.field == "constraint.json_schema", str(caught.value)
+    return caught.value
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=[e["name"] for e in CORPUS])
+def test_random_walks_through_every_corpus_schema_are_json_that_validates(entry: dict[str, Any]) -> None:
+    check_walks(entry["schema"], schema_of(entry["schema"]), range(15))
+
+
+def test_the_corpus_holds_forty_schemas_or_more() -> None:
+    assert len(CORPUS) >= 40
+
+
+@pytest.mark.parametrize(("schema", "pointer"), [
+    ({"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 5}}},
+     "/properties/age/multipleOf"),
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems"),
+    ({"not": {"type": "string"}}, "/not"),
+    ({"if": {}, "then": {}}, "/if"),
+    ({"type": "object", "patternProperties": {"^x": {}}}, "/patternProperties"),
+    ({"type": "array", "prefixItems": [{"type": "string"}]}, "/prefixItems"),
+    ({"type": "object", "minProperties": 1}, "/minProperties"),
+    ({"$defs": {"a": {"type": "string", "contains": {}}}, "$ref": "#/$defs/a"}, "/$defs/a/contains"),
+    ({"$ref": "https://example.com/schema.json"}, "/$ref"),
+    ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "/allOf"),
+    ({"type": "object", "anyOf": [{"required": ["a"]}]}, "/type"),
+    ({"type": "string", "format": "hostname"}, "/format"),
+    ({"type": "number", "minimum": 0}, "/minimum"),
+    ({"type": "string", "pattern": "^a$", "maxLength": 3}, "/maxLength"),
+    ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
+    ({"type": "array", "items": [{"type": "string"}]}, "/items"),
+    ({"enum": ["a", "b"], "maxLength": 1}, "/maxLength"),
+    ({"type": "object", "properties": {"a/b": {"nullable": True}}}, "/properties/a~1b/nullable"),
+])
+def test_an_unsupported_keyword_is_refused_naming_its_json_pointer(schema: Any, pointer: str) -> None:
+    assert str(refused(schema, "SCHEMA_UNSUPPORTED")).startswith(f"{pointer}: ")
+
+
+@pytest.mark.parametrize(("text", "pointer"), [
+    ("{not json", ""), ('{"type": "string"', ""), ('{"maximum": NaN}', ""),
+    ('{"type": "strin"}', "/type"), ('{"type": "string", "minLength": -1}', "/minLength"),
+    ('{"enum": []}', "/enum"), ('{"$ref": "#/$defs/missing"}', "/$ref"), ("[1]", "/"),
+    ('{"type": "integer", "minimum": "3"}', "/minimum"), ('{"type": "string", "pattern": "(a"}', "/pattern"),
+])
+def test_a_schema_that_is_not_valid_is_schema_invalid(text: str, pointer: str) -> None:
+    assert pointer in str(refused(text, "SCHEMA_INVALID"))
+
+
+def test_whitespace_is_at_most_one_space_after_a_colon_or_a_comma() -> None:
+    compiled = schema_of({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array"}},
+                          "required": ["a", "b"]})
+    for text in ['{"a": 1, "b": [1, 2]}', '{"a":1,"b":[1,2]}', '{"a": 1,"b":[]}']:
+        assert accepts(compiled, text.encode()), text
+    for text in ['{ "a":1,"b":[]}', '{"a":  1,"b":[]}', '{"a":1,"b":[] }', '{"a" :1,"b":[]}',
+                 '{"a":1,"b":[ 1]}', '{"a":1,"b":[]}\n', ' {"a":1,"b":[]}', '{"a":1,\n"b":[]}']:
+        assert not accepts(compiled, text.encode()), text
+
+
+def test_optional_properties_may_be_left_out_but_keep_their_declared_order() -> None:
+    compiled = schema_of({"properties": {"a": {"const": 1}, "b": {"const": 2}, "c": {"const": 3}},
+                          "required": ["b"]})
+    for text in ['{"b":2}', '{"a":1,"b":2}', '{"b":2,"c":3}', '{"a":1,"b":2,"c":3}']:
+        assert accepts(compiled, text.encode()), text
+    for text in ["{}", '{"a":1}', '{"b":2,"a":1}', '{"c":3,"b":2}', '{"b":2,}', '{,"b":2}', '{"b":2,"d":4}']:
+        assert not accepts(compiled, text.encode()), text
+
+
+@pytest.mark.parametrize(("bounds", "low", "high"), [
+    ({"minimum": 0}, 0, None), ({"minimum": -15, "maximum": 7}, -15, 7), ({"maximum": -3}, None, -3),
+    ({"exclusiveMinimum": 9, "exclusiveMaximum": 101}, 10, 100), ({"minimum": 1.5, "maximum": 99.5}, 2, 99),
+    ({"minimum": 37, "maximum": 2048}, 37, 2048), ({"minimum": 5, "maximum": 4}, 5, 4),
+])
+def test_integer_bounds_admit_exactly_the_integers_between_them(bounds: dict[str, float], low: int | None,
+                                                                  high: int | None) -> None:
+    schema = {"type": "integer", **bounds}
+    if low is not None and high is not None and low > high:
+        refused(schema, "CONSTRAINT_UNSATISFIABLE")
+        return
+    compiled = schema_of(schema)
+    for value in range(-3000, 3000):
+        inside = (low is None or value >= low) and (high is None or value <= high)
+        assert accepts(compiled, str(value).encode()) == inside, value
+    assert not accepts(compiled, b"007") and not accepts(compiled, b"1.0")
+
+
+def test_numbers_are_json_numbers() -> None:
+    compiled = schema_of({"type": "number"})
+    for text in ["0", "-0", "12.5", "-0.5e+10", "3E7", "1e-2"]:
+        assert accepts(compiled, text.encode()), text
+    for text in ["01", "1.", ".5", "+1", "1e", "--1", "NaN", "Infinity", "0x1"]:
+        assert not accepts(compiled, text.encode()), text
+
+
+def test_string_lengths_count_characters_and_escapes_count_once() -> None:
+    compiled = schema_of({"type": "string", "minLength": 2, "maxLength": 2})
+    for text in ['"ab"', '"é日"', '"\\n\\u00e9"', '"😀x"', '"\\"\\\\"']:
+        assert accepts(compiled, text.encode()), text
+    for text in ['"a"', '"abc"', '"\\ud83d\\ude00"', '"a\nb"', '"a\\x"']:
+        assert not accepts(compiled, text.encode()), text
+
+
+def test_a_pattern_matches_anywhere_unless_anchored() -> None:
+    loose, anchored = schema_of({"pattern": "ab"}), schema_of({"pattern": "^ab$"})
+    assert all(accepts(loose, t.encode()) for t in ['"ab"', '"xxabyy"', '"\\"ab"'])
+    assert not accepts(loose, b'"a b"')
+    assert accepts(anchored, b'"ab"') and not accepts(anchored, b'"xab"') and not accepts(anchored, b'"abx"')
+
+
+def test_recursion_through_a_ref_stops_at_the_documented_depth() -> None:
+    node = {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}}
+    schema = {"$defs": {"n": node}, "$ref": "#/$defs/n"}
+    nested = ["{}", '{"c":{}}', '{"c":{"c":{}}}', '{"c":{"c":{"c":{}}}}']
+    for depth in (1, 2, 3):
+        compiled = compile_constraint("json_schema", json.dumps(schema), VOCAB, Limits(max_ref_depth=depth))
+        assert [accepts(compiled, t.encode()) for t in nested] == [i < depth for i in range(4)]
+
+
+def test_an_open_value_nests_containers_at_most_max_json_depth() -> None:
+    compiled = compile_constraint("json_schema", "{}", VOCAB, Limits(max_json_depth=2))
+    for text in ['"x"', '[{"a": 1}]', '{"a": [1, 2], "b": null}', "[[]]"]:
+        assert accepts(compiled, text.encode()), text
+    for text in ["[[[1]]]", '{"a":{"b":{}}}', '[{"a": [1]}]']:
+        assert not accepts(compiled, text.encode()), text
+
+
+def test_required_recursion_past_the_depth_leaves_only_the_branches_that_end() -> None:
+    wrapped = {"type": "array", "items": {"$ref": "#/$defs/l"}, "minItems": 1, "maxItems": 1}
+    schema = {"$defs": {"l": {"anyOf": [{"type": "null"}, wrapped]}}, "$ref": "#/$defs/l"}
+    compiled = schema_of(schema)
+    assert accepts(compiled, b"[[null]]") and not accepts(compiled, b"[[[[null]]]]")
+
+
+def test_a_schema_nested_past_the_limit_is_constraint_too_large() -> None:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(70):
+        schema = {"type": "array", "items": schema}
+    refused(schema, "CONSTRAINT_TOO_LARGE")
+    refused(corpus("ten properties"), "CONSTRAINT_TOO_LARGE", Limits(max_states=100))
+
+
+def test_a_schema_that_admits_nothing_is_unsatisfiable() -> None:
+    refused({"type": "string", "enum": [1, 2]}, "CONSTRAINT_UNSATISFIABLE")
+    refused(False, "CONSTRAINT_UNSATISFIABLE")
+
+
+# The default model's vocabulary (49,152 tokens, byte-level BPE).
+
+
+@pytest.fixture(scope="module")
+def smollm(default_model: Callable[[str], Path]) -> tuple[Tokenizer, Vocabulary]:
+    tokenizer = Tokenizer(default_model("int4"))
+    return tokenizer, Vocabulary.from_tokenizer(tokenizer, 49152, [tokenizer.eos_token_id or 2])
+
+
+def test_walks_on_the_default_vocabulary_decode_to_json_that_validates(
+        smollm: tuple[Tokenizer, Vocabulary]) -> None:
+    tokenizer, vocabulary = smollm
+    schema = corpus("ten properties")
+    compiled = compile_constraint("json_schema", json.dumps(schema), vocabulary)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=FORMATS)
+    for seed in range(3):
+        out, taken = random_walk(compiled, seed, greed=0.7)
+        assert tokenizer.decode(taken) == out.decode("utf-8")
+        validator.validate(json.loads(out))
+
+
+def test_multibyte_choices_complete_on_the_default_vocabulary(smollm: tuple[Tokenizer, Vocabulary]) -> None:
+    _, vocabulary = smollm
+    compiled = compile_constraint("choice", ["café", "日本", "naïve ☃"], vocabulary)
+    outputs = {random_walk(compiled, seed, greed=0.0)[0].decode("utf-8") for seed in range(30)}
+    assert outputs == {"café", "日本", "naïve ☃"}
+    row = compiled.start()
+    assert not row.allowed()[list(vocabulary.eos_ids)].any() and row.allowed().sum() > 3
+
+
+def test_the_first_mask_of_a_schema_allows_only_tokens_that_open_an_object(
+        smollm: tuple[Tokenizer, Vocabulary]) -> None:
+    _, vocabulary = smollm
+    allowed = compile_constraint("json_schema", '{"type": "object"}', vocabulary).start().allowed()
+    pieces = [vocabulary.pieces[t] for t in np.flatnonzero(allowed)]
+    assert pieces and all(p is not None and p.startswith(b"{") for p in pieces)
+    assert b"{}" in pieces or b"{" in pieces
