@@ -66,8 +66,12 @@ def compile_constraint(kind: str, spec: str | Sequence[str], vocabulary: Vocabul
     source = _text_spec(spec, limits, field)
     if kind == "grammar":
         return _grammar(source, vocabulary, limits)
-    tree = regex.whole(source) if kind == "regex" else json_schema.tree(source, limits)
-    return automaton(tree, vocabulary, limits, field)
+    try:
+        tree = regex.whole(source) if kind == "regex" else json_schema.tree(source, limits)
+        return automaton(tree, vocabulary, limits, field)
+    except RecursionError as exc:  # nesting the parsers let through but the tree walks cannot follow
+        raise InvalidInput("the constraint nests too deeply", reason="CONSTRAINT_TOO_LARGE",
+                           field=field) from exc
 
 
 def automaton(tree: Node, vocabulary: Vocabulary, limits: Limits, field: str) -> Automaton:

@@ -177,11 +177,14 @@ class _Compiler:
             raise invalid(f"{pointer}/properties", "properties must be an object")
         if not isinstance(required, list) or any(not isinstance(r, str) for r in required):
             raise invalid(f"{pointer}/required", "required must be a list of names")
+        additional = schema.get("additionalProperties", True)
         if not properties and not required:
-            return self._map(schema.get("additionalProperties", True), pointer)
-        names = list(properties) + [r for r in dict.fromkeys(required) if r not in properties]
-        items = [(self._member(name, properties.get(name, True), f"{pointer}/properties/{_escape(name)}"),
-                  name in required) for name in names]
+            return self._map(additional, pointer)
+        items = [(self._member(name, subschema, f"{pointer}/properties/{_escape(name)}"), name in required)
+                 for name, subschema in properties.items()]
+        # A required name not among properties takes additionalProperties' schema (false: none fits).
+        items += [(self._member(name, additional, f"{pointer}/additionalProperties"), True)
+                  for name in dict.fromkeys(required) if name not in properties]
         return seq(text("{"), members(items, jv.COMMA), text("}"))
 
     def _member(self, name: str, schema: Any, pointer: str) -> Node:

@@ -160,6 +160,7 @@ def test_an_unsupported_regex_construct_is_named_in_the_error(pattern: str, name
 
 def test_a_regex_that_does_not_parse_is_regex_invalid() -> None:
     assert raises("regex", "(ab", "REGEX_INVALID").field == "constraint.regex"
+    raises("regex", "(?:" * 3000 + "a" + ")" * 3000, "REGEX_INVALID")
 
 
 def test_a_regex_that_matches_nothing_is_unsatisfiable() -> None:

@@ -199,6 +199,14 @@ def test_a_schema_nested_past_the_limit_is_constraint_too_large() -> None:
 def test_a_schema_that_admits_nothing_is_unsatisfiable() -> None:
     refused({"type": "string", "enum": [1, 2]}, "CONSTRAINT_UNSATISFIABLE")
     refused(False, "CONSTRAINT_UNSATISFIABLE")
+    refused({"required": ["a"], "additionalProperties": False}, "CONSTRAINT_UNSATISFIABLE")
+
+
+def test_a_required_name_missing_from_properties_takes_additional_properties() -> None:
+    compiled = schema_of({"properties": {"a": {"type": "null"}}, "required": ["b"],
+                          "additionalProperties": {"type": "boolean"}})
+    assert accepts(compiled, b'{"a":null,"b":true}') and accepts(compiled, b'{"b":false}')
+    assert not accepts(compiled, b'{"b":1}') and not accepts(compiled, b'{"a":null}')
 
 
 # The default model's vocabulary (49,152 tokens, byte-level BPE).
