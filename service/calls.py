@@ -76,6 +76,40 @@ def _sampler(params: SamplingParams, logprobs: LogprobRequest | None) -> Sampler
     return Sampler(params, None if logprobs is None else logprobs.top)
 
 
+CONSTRAINT_KINDS = ("json_schema", "regex", "choice", "grammar")
+MAX_CONSTRAINT_BYTES = 64 << 10  # the text of a schema, regex or grammar, or all choices together
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """What generated text must match (structured output): a JSON Schema, a regex or a grammar as text,
+    or the choices. Compiled (and cached) by service/constraints.py; checked here only for size."""
+
+    kind: str
+    text: str = ""
+    options: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        field = f"constraint.{self.kind}" + (".options" if self.kind == "choice" else "")
+        if self.kind not in CONSTRAINT_KINDS:
+            raise InvalidInput("a constraint names one of json_schema, regex, choice or grammar",
+                               reason="CONSTRAINT_REQUIRED", field="constraint")
+        texts = self.options if self.kind == "choice" else (self.text,)
+        size = sum(len(t.encode()) for t in texts)
+        if size > MAX_CONSTRAINT_BYTES:
+            raise InvalidInput(f"the constraint is {size} bytes; the limit is {MAX_CONSTRAINT_BYTES}",
+                               reason="CONSTRAINT_TOO_LARGE", field=field)
+        if self.kind == "choice" and not self.options:
+            raise InvalidInput("a choice constraint needs at least one option", reason="CONSTRAINT_EMPTY",
+                               field=field)
+        if self.kind != "choice" and not self.text.strip():
+            raise InvalidInput(f"the {self.kind} constraint is empty", reason="CONSTRAINT_EMPTY", field=field)
+
+    @property
+    def spec(self) -> str | tuple[str, ...]:
+        return self.options if self.kind == "choice" else self.text
+
+
 @dataclass(frozen=True)
 class GenerateCall:
     """Generate and GenerateStream: a prompt, n samples of it, how to choose and when to stop."""
@@ -85,6 +119,7 @@ class GenerateCall:
     sampling: SamplingParams
     n: int = 1
     logprobs: LogprobRequest | None = None
+    constraint: ConstraintSpec | None = None
 
     def __post_init__(self) -> None:
         checked_sampling(self.sampling)
@@ -143,6 +178,7 @@ class DecodeCall:
     stopping: Stopping
     sampling: SamplingParams
     logprobs: LogprobRequest | None = None
+    constraint: ConstraintSpec | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and self.logprobs.prompt:

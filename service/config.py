@@ -95,6 +95,7 @@ class Config:
     prefix_sharing: bool = True  # prompts starting with a held prefix (ladder steps) copy it
     prefix_across_callers: bool = False  # share prefixes between callers authenticated apart (leaks timing)
     deterministic: bool = False  # a request's tokens and log-probabilities depend on the request alone
+    constraint_cache_mb: int = 256  # compiled structured-output constraints and their masks
 
     def engine_options(self) -> EngineOptions:
         from engine.executor.options import EngineOptions
@@ -148,6 +149,8 @@ _HELP = {
                      "load or what the pool holds: decode forwards at the widest batch, prefill forwards a "
                      "fresh run's own (docs/api.md, Exactness)",
     "max_new_tokens": "the most new tokens one request may ask for (more: OUT_OF_RANGE)",
+    "constraint_cache_mb": "memory for compiled structured-output constraints and their token masks "
+                           "(least recently used go first)",
     "default_max_new_tokens": "new tokens for a request that names none (0 = as many as fit, up to "
                               "--max-new-tokens; above it: --max-new-tokens)",
     "capacity": "KV capacity per session in tokens (auto = the model's max length)",
@@ -167,6 +170,7 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "max_queue": (1, None), "session_idle_seconds": (0.001, None), "drain_seconds": (0, None),
     "max_prompt_tokens": (0, None), "max_new_tokens": (1, None), "default_max_new_tokens": (0, None),
     "max_message_bytes": (1, None), "sessions_per_caller": (0, None), "intra_op_threads": (0, None),
+    "constraint_cache_mb": (1, None),
 }
 
 

@@ -182,7 +182,7 @@ def decode_steps(model: ServedModel, session: Session, sampler: Sampler, stoppin
     for index in range(stopping.max_new_tokens):
         piece = stop_text.push(stream.push(token)) if stream is not None else ""
         yield TokenOut(token, piece, index, time.perf_counter(), sampler.last, sample)
-        stopped = _stop_reason(model, stopping, token, stop_text)
+        stopped = _stop_reason(model, stopping, token, stop_text, sampler)
         if stopped is not None or session.length + 1 > model.capacity:
             reason = stopped or Finish.CAPACITY
             break
@@ -196,11 +196,15 @@ def decode_steps(model: ServedModel, session: Session, sampler: Sampler, stoppin
     yield Finished(reason, tail, session.length, sample)
 
 
-def _stop_reason(model: ServedModel, stopping: Stopping, token: int, stop_text: StopText) -> Finish | None:
-    if token in model.eos_ids and not stopping.ignore_eos:
-        return Finish.EOS
+def _stop_reason(model: ServedModel, stopping: Stopping, token: int, stop_text: StopText,
+                 sampler: Sampler) -> Finish | None:
+    constraint = sampler.constraint
+    if token in model.eos_ids and (constraint is not None or not stopping.ignore_eos):
+        return Finish.EOS  # a constraint allows end-of-sequence only where the output is complete
     if token in stopping.stop_token_ids or stop_text.stopped:
         return Finish.STOP
+    if constraint is not None and constraint.done:
+        return Finish.STOP  # complete, and nothing but end-of-sequence may follow: no forward for it
     return None
 
 

@@ -144,6 +144,17 @@ class Metrics:
         self.decode_step = Histogram("ladder_decode_step_seconds",
                                      "One decode forward (every session decoding at that moment)",
                                      buckets=_STEP_BUCKETS, registry=r)
+        # Structured output (service/constraints.py).
+        self.constrained_requests = Counter("ladder_constrained_requests",
+                                            "Requests with a constraint, by kind", ["kind"], registry=r)
+        self.constraint_compile = Histogram(
+            "ladder_constraint_compile_seconds",
+            "Getting a constraint ready: compiled (or found in the cache) and its first mask", ["cache"],
+            buckets=_STEP_BUCKETS, registry=r)
+        self.constraint_mask = Histogram(
+            "ladder_constraint_mask_seconds_per_token",
+            "Time finding the allowed tokens, per constrained token of a request", buckets=_STEP_BUCKETS,
+            registry=r)
         # Read when scraped.
         self.queue_depth = Gauge("ladder_queue_depth", "Requests the engine worker holds: running + waiting",
                                  registry=r)
@@ -189,6 +200,9 @@ class Metrics:
         self.forwards.inc(forwards)
         self.padded_rows.inc(padded_rows)
         self.prompt_tokens.inc(real_rows)
+
+    def constraint_compiled(self, kind: str, seconds: float, hit: bool) -> None:
+        self.constraint_compile.labels("hit" if hit else "miss").observe(seconds)
 
     def engine_stats(self, stats: Any) -> None:
         """Mirror the engine's counters from this snapshot."""

@@ -42,6 +42,7 @@ from engine.executor.step import Stats
 from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see load_model
 from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
 from service.config import Config
+from service.constraints import Constraints
 from service.errors import Draining
 from service.generation import ServedModel
 from service.metrics import Metrics
@@ -280,7 +281,9 @@ class LadderServer:
         scheduler = Scheduler(model.engine, self.config.max_queue, on_fault=on_fault,
                               on_forward=self.metrics.forward_done)
         sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller)
-        self.serving = Serving(self.config, model, scheduler, sessions, self.metrics)
+        constraints = Constraints(model.tokenizer, model.facts, self.config.constraint_cache_mb << 20,
+                                  self.metrics)
+        self.serving = Serving(self.config, model, scheduler, sessions, self.metrics, constraints)
         engine = model.engine
         self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting,
                            lambda: 1.0 - engine.free_slots / max(1, model.facts.slots))

@@ -24,11 +24,12 @@ import grpc
 from google.protobuf.message import Message
 
 from engine.errors import InvalidInput
+from engine.executor.sampling import Sampler
 from engine.executor.step import Stats
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire
-from service.calls import Prompt, check_response_fits
+from service.calls import ConstraintSpec, Prompt, check_response_fits
 from service.errors import Cancelled, TooLarge
 from service.events import Finished, ForwardDone, TokenOut
 from service.generation import (
@@ -68,14 +69,32 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         serving.check_samples(call.n)  # before anything is built per sample
         check_response_fits(stopping.max_new_tokens, call.n, call.logprobs, len(tokens),
                             serving.config.max_message_bytes)
+        samplers = await self._samplers(call.samplers(), call.constraint)
         progress = serving.progress(len(tokens))
         progress.samples = call.n
-        body = generate_body(serving.model, tokens, call.samplers(), stopping, progress.tally,
+        body = generate_body(serving.model, tokens, samplers, stopping, progress.tally,
                              serving.scope(CALLER.get()), call.prompt_top)
-        async with aclosing(serving.scheduler.stream(progress.counted(body), hold=unary)) as events:
-            async for event in events:
-                progress.see(event)
-                yield event, progress
+        try:
+            async with aclosing(serving.scheduler.stream(progress.counted(body), hold=unary)) as events:
+                async for event in events:
+                    progress.see(event)
+                    yield event, progress
+        finally:
+            self._constraint_time(samplers)
+
+    async def _samplers(self, samplers: list[Sampler], constraint: ConstraintSpec | None) -> list[Sampler]:
+        """The samplers, each with its own state of the call's constraint (compiled off the event loop
+        and the worker, before the call asks for a KV slot)."""
+        for sampler, row in zip(samplers, await self.serving.constraints.rows(constraint, len(samplers)),
+                                strict=True):
+            sampler.constraint = row
+        return samplers
+
+    def _constraint_time(self, samplers: list[Sampler]) -> None:
+        for sampler in samplers:
+            tokens = sampler.counts.total()
+            if sampler.constraint is not None and tokens:
+                self.serving.metrics.constraint_mask.observe(sampler.constraint_seconds / tokens)
 
     async def Generate(self, request: pb.GenerateRequest, context: Context) -> pb.Completion:
         progress = None
@@ -174,8 +193,9 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         done = None
         wanted = call.stopping.max_new_tokens or serving.config.default_max_new_tokens
         check_response_fits(wanted, 1, call.logprobs, 0, serving.config.max_message_bytes)
+        [sampler] = await self._samplers([call.sampler()], call.constraint)
         with serving.sessions.using(state):
-            body = decode_body(serving.model, state, call.sampler(), call.stopping)
+            body = decode_body(serving.model, state, sampler, call.stopping)
             progress = serving.progress()
             async with aclosing(serving.scheduler.stream(progress.counted(body))) as events:
                 async for event in events:
@@ -185,6 +205,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                     elif isinstance(event, Finished):
                         done = self._within_limit(pb.TokenEvent(done=wire.completion(
                             progress, REQUEST_ID.get(), state, serving.model.token_text)))
+        self._constraint_time([sampler])
         # Released before the client hears "done", so its next call on the session is never ABORTED.
         if done is not None:
             yield done

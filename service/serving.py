@@ -19,6 +19,7 @@ from engine.errors import InvalidInput
 from engine.executor.step import Reset, Rewind
 from service.calls import Prompt
 from service.config import Config
+from service.constraints import Constraints
 from service.errors import CallerQuota, Draining, OverLimit
 from service.events import PrefillTally
 from service.generation import ServedModel, close_body
@@ -85,6 +86,7 @@ class Serving:
     scheduler: Scheduler
     sessions: SessionRegistry
     metrics: Metrics
+    constraints: Constraints
     totals: Totals = field(default_factory=Totals)
     opening: Counter[str] = field(default_factory=Counter)  # sessions each caller waits for
 

@@ -14,7 +14,15 @@ from engine.chat_template import ChatMessage
 from engine.errors import InvalidInput
 from engine.executor.sampling import SamplingParams, TokenLogprobs
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.calls import DecodeCall, GenerateCall, LogprobRequest, PrefillCall, Prompt, Stopping
+from service.calls import (
+    ConstraintSpec,
+    DecodeCall,
+    GenerateCall,
+    LogprobRequest,
+    PrefillCall,
+    Prompt,
+    Stopping,
+)
 from service.events import Finish, ForwardDone, PrefillFinished, PrefillTally, TokenOut
 from service.progress import Progress
 
@@ -26,12 +34,23 @@ _FINISH = {
 
 def generate_call(request: pb.GenerateRequest) -> GenerateCall:
     return GenerateCall(prompt(request.prompt), stopping(request.stopping), sampling(request.sampling),
-                        max(request.n, 1), logprob_request(request))
+                        max(request.n, 1), logprob_request(request), constraint(request))
 
 
 def decode_call(request: pb.DecodeRequest) -> DecodeCall:
     return DecodeCall(request.session_id, stopping(request.stopping), sampling(request.sampling),
-                      logprob_request(request))
+                      logprob_request(request), constraint(request))
+
+
+def constraint(request: pb.GenerateRequest | pb.DecodeRequest) -> ConstraintSpec | None:
+    """The request's structured-output constraint (None: free text)."""
+    if not request.HasField("constraint"):
+        return None
+    message = request.constraint
+    kind = message.WhichOneof("kind") or ""
+    if kind == "choice":
+        return ConstraintSpec(kind, options=tuple(message.choice.options))
+    return ConstraintSpec(kind, text=getattr(message, kind) if kind else "")
 
 
 def prefill_call(first: pb.PrefillRequest) -> PrefillCall:

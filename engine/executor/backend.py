@@ -94,9 +94,12 @@ class Backend(Protocol[VariantT]):
         """One token per row from its stored logits, chosen where the logits live."""
         ...
 
-    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
+    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int,
+                 allowed: Sequence[np.ndarray | None] = ()) -> list[TokenLogprobs]:
         """Log-softmax of each row's stored (raw) logits, computed where they live: each row's token's
-        log-probability and its `top` most likely alternatives; only those values reach the host."""
+        log-probability and its `top` most likely alternatives; only those values reach the host.
+        A row with an `allowed` mask (structured output) is of the constrained distribution: the
+        tokens it does not allow are left out before the softmax."""
         ...
 
     def prompt_logprobs(self, logits: Any, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:

@@ -233,8 +233,13 @@ class CpuBackend:
                histories: Sequence[Sequence[int]]) -> list[int]:
         return [s(self.store[r], h) for r, s, h in zip(rows, samplers, histories, strict=True)]
 
-    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
-        chosen, ids, values = log_probs(np, self.store[list(rows)], np.asarray(tokens, np.int64), top)
+    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int,
+                 allowed: Sequence[np.ndarray | None] = ()) -> list[TokenLogprobs]:
+        logits = self.store[list(rows)]
+        for i, mask in enumerate(allowed):
+            if mask is not None:
+                logits[i] = np.where(mask, logits[i], np.float32(-np.inf))
+        chosen, ids, values = log_probs(np, logits, np.asarray(tokens, np.int64), top)
         return token_logprobs(tokens, chosen, ids, values)
 
     def prompt_logprobs(self, logits: np.ndarray, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:

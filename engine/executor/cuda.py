@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,9 @@ log = structlog.get_logger("ladder.engine")
 
 EAGER = -1  # onnxruntime's gpu_graph_id for "run without capture or replay"
 __all__ = ["CudaBackend", "CudaUnavailable", "Placement", "cuda_runtime", "host_runtime"]
+
+
+MASKS_HELD = 1024  # constraint states whose allowed-token masks stay on the device (a vocabulary byte each)
 
 
 @dataclass
@@ -156,6 +160,8 @@ class CudaBackend:
             self.store = self.xp.zeros((rows, info.vocab_size), _dtype(info.logits.dtype))
             # Scratch for gathering rows that are not contiguous: no allocation per step, memory flat.
             self.gathered = self.xp.zeros_like(self.store)
+        # Structured output: each constraint state's allowed-token mask, uploaded once (LRU).
+        self._masks: OrderedDict[Hashable, Any] = OrderedDict()
         return self.pool
 
     def copy_rows(self, src: int, dst: int, length: int) -> None:
@@ -338,6 +344,11 @@ class CudaBackend:
                 plain.sort(key=lambda i: rows[i])  # in row order, so neighbours are one slice
                 index = self._index([rows[i] for i in plain])
                 logits = self.store[index] if isinstance(index, slice) else self._gather(self.store, index)
+                if any(samplers[i].constrained for i in plain):  # one masked argmax for every row
+                    every = self._every_token()
+                    allowed = self.xp.stack([self._mask(samplers[i]) if samplers[i].constrained else every
+                                             for i in plain])
+                    logits = self.xp.where(allowed, logits, self.xp.float32(-np.inf))
                 picked = self.rt.to_host(self.xp.argmax(logits, axis=-1))
                 out.update(zip(plain, (int(t) for t in picked), strict=True))
             for i, sampler in enumerate(samplers):
@@ -351,16 +362,46 @@ class CudaBackend:
             # Seeded sampling draws on the host from this one row, exactly as on CPU.
             return sampler(self.row_logits(row), history)
         # The host's formulas (engine.executor.sampling), run where the logits are.
-        logits = apply_repetition_penalty(self.store[row], history, params.repetition_penalty, self.xp)
+        logits = self.store[row]
+        if sampler.constraint is not None:
+            logits = self.xp.where(self._mask(sampler), logits, self.xp.float32(-np.inf))
+        logits = apply_repetition_penalty(logits, history, params.repetition_penalty, self.xp)
         logits = apply_presence_frequency(logits, sampler.counts, params.presence_penalty,
                                           params.frequency_penalty, self.xp)
         return int(self.xp.argmax(logits))
 
-    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
+    def _every_token(self) -> Any:
+        key = ("every", None)
+        if key not in self._masks:
+            self._masks[key] = self.xp.ones(self.store.shape[-1], bool)
+        return self._masks[key]
+
+    def _mask(self, sampler: Sampler) -> Any:
+        """The device copy of the sampler's allowed tokens: only the state's key crosses once uploaded."""
+        constraint = sampler.constraint
+        assert constraint is not None
+        key = (type(constraint).__name__, constraint.state_key)
+        mask = self._masks.get(key)
+        if mask is None:
+            allowed = sampler.allowed()
+            mask = self._masks[key] = self.xp.asarray(allowed)
+            if len(self._masks) > MASKS_HELD:
+                self._masks.popitem(last=False)
+        else:
+            self._masks.move_to_end(key)
+        return mask
+
+    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int,
+                 allowed: Sequence[np.ndarray | None] = ()) -> list[TokenLogprobs]:
         """Log-softmax on the device; only each row's chosen value and `top` alternatives reach the host."""
         with self.rt.enter():
             index = self._index(rows)
             logits = self.store[index] if isinstance(index, slice) else self._gather(self.store, index)
+            if any(mask is not None for mask in allowed):
+                logits = logits.copy()
+                for i, mask in enumerate(allowed):
+                    if mask is not None:
+                        logits[i] = self.xp.where(self.xp.asarray(mask), logits[i], self.xp.float32(-np.inf))
             return self._logprobs_on_device(logits, tokens, top)
 
     def prompt_logprobs(self, logits: Any, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:

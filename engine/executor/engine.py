@@ -516,7 +516,9 @@ class Engine(Prefilling):
         asking = [i for i, s in enumerate(samplers) if s.top_logprobs is not None]
         if asking:
             top = max(samplers[i].top_logprobs or 0 for i in asking)
-            found = self.backend.logprobs([rows[i] for i in asking], [tokens[i] for i in asking], top)
+            masks = [samplers[i].allowed() for i in asking]  # before `chose` moves the constraint on
+            found = self.backend.logprobs([rows[i] for i in asking], [tokens[i] for i in asking], top,
+                                          masks if any(m is not None for m in masks) else ())
             for i, logprobs in zip(asking, found, strict=True):
                 samplers[i].last = replace(logprobs, top=logprobs.top[:samplers[i].top_logprobs])
         for sampler, token in zip(samplers, tokens, strict=True):

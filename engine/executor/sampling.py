@@ -11,10 +11,11 @@ any of these: the distribution the model gave.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -183,12 +184,27 @@ def token_logprobs(tokens: Sequence[int], chosen: np.ndarray, ids: np.ndarray | 
     return out
 
 
+class Constrained(Protocol):
+    """A row's structured-output state (engine/constrain's RowState): what it allows, and advancing."""
+
+    def allowed(self) -> np.ndarray: ...
+
+    def advance(self, token: int) -> None: ...
+
+    @property
+    def state_key(self) -> Hashable: ...
+
+    @property
+    def done(self) -> bool: ...
+
+
 class Sampler:
     """One request's (or one sample's) chooser: its parameters, its seeded generator, the tokens it
     chose (presence and frequency penalties count them) and, when asked, the log-probabilities of
     its last choice (`top_logprobs`: None = none, 0 = the chosen token's only, N = N alternatives)."""
 
-    def __init__(self, params: SamplingParams, top_logprobs: int | None = None) -> None:
+    def __init__(self, params: SamplingParams, top_logprobs: int | None = None,
+                 constraint: Constrained | None = None) -> None:
         params.validate()
         if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}")
@@ -197,6 +213,18 @@ class Sampler:
         self.counts: Counter[int] = Counter()
         self.top_logprobs = top_logprobs
         self.last: TokenLogprobs | None = None  # set by the engine after each choice when asked
+        # Structured output (engine/constrain): which tokens may come next; advanced on each choice.
+        self.constraint = constraint
+        self.constraint_seconds = 0.0  # spent finding the allowed tokens (masks are cached per state)
+
+    def allowed(self) -> np.ndarray | None:
+        """The tokens the constraint allows next (None: every token), timed."""
+        if self.constraint is None:
+            return None
+        started = time.perf_counter()
+        allowed = self.constraint.allowed()
+        self.constraint_seconds += time.perf_counter() - started
+        return allowed
 
     @property
     def rng(self) -> np.random.Generator:
@@ -208,14 +236,24 @@ class Sampler:
 
     def penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         p = self.params
+        allowed = self.allowed()
+        if allowed is not None:  # before every other rule: the constrained distribution
+            logits = np.where(allowed, logits, np.float32(-np.inf))
         logits = apply_repetition_penalty(logits, history, p.repetition_penalty)
         penalized: np.ndarray = apply_presence_frequency(logits, self.counts, p.presence_penalty,
                                                          p.frequency_penalty)
         return penalized
 
     def chose(self, token: int) -> None:
-        """Count a token this sampler chose (the engine calls it once per choice)."""
+        """Count a token this sampler chose and move its constraint past it (the engine calls it
+        once per choice)."""
         self.counts[token] += 1
+        if self.constraint is not None:
+            self.constraint.advance(token)
+
+    @property
+    def constrained(self) -> bool:
+        return self.constraint is not None
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         logits = self.penalize(logits, history)
