@@ -12,7 +12,7 @@ Config before this module's imports, then calls `serve`; tests call `create_serv
 Drain: health flips to NOT_SERVING at once and new calls get UNAVAILABLE; calls
 in flight get `drain_seconds` to finish, then end with UNAVAILABLE.
 Around it: ports.py (ports held elsewhere), parsing.py (the service's handlers), loading.py
-(the model), security.py (the interceptor, TLS), logs.py (JSON logs).
+(the model), interceptors/ (access log, status table, tokens), logs.py (JSON logs).
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from grpc_reflection.v1alpha import reflection
 from engine.errors import ModelUnreadable
 from service.config import Config
 from service.errors import Draining
+from service.interceptors import chain
+from service.interceptors.access_log import AccessLog
+from service.interceptors.auth import server_credentials
 from service.loading import load_model  # imports engine.tokenizer on the main thread: see loading.py
 from service.logs import configure_logging
 from service.metrics import Metrics
@@ -40,7 +43,6 @@ from service.parsing import SERVICE_NAME, add_ladder_service
 from service.ports import PortInUse, check_port_free
 from service.reflection import enable as documented_reflection
 from service.scheduler import Scheduler
-from service.security import CallInterceptor, server_credentials
 from service.servicer import LadderServicer
 from service.serving import Serving
 from service.sessions import SessionRegistry
@@ -57,15 +59,15 @@ class LadderServer:
         self.serving: Serving | None = None  # once the model has loaded
         self.servicer = LadderServicer(self._serving)
         self.draining = False
-        self.interceptor = CallInterceptor(config.auth_tokens, self._gate, self.metrics.call_done,
-                                           on_internal=self._fault,
-                                           max_message_bytes=config.max_message_bytes)
+        self.access_log = AccessLog(self.metrics.call_done)
         # gRPC's own receive limit sits above ours, so a request up to twice the limit gets our
-        # answer (INVALID_ARGUMENT, MESSAGE_TOO_LARGE, logged and counted); beyond that gRPC's own.
+        # answer (parsing.py: INVALID_ARGUMENT, MESSAGE_TOO_LARGE, logged and counted); beyond
+        # that gRPC's own.
         limits = [("grpc.max_receive_message_length", 2 * config.max_message_bytes),
                   ("grpc.max_send_message_length", config.max_message_bytes),
                   ("grpc.so_reuseport", 0)]  # a port another server holds fails here, not shared
-        self.grpc = grpc.aio.server(interceptors=[self.interceptor], options=limits)
+        interceptors = chain(self.access_log, self._gate, config.auth_tokens, on_internal=self._fault)
+        self.grpc = grpc.aio.server(interceptors=interceptors, options=limits)
         self.port = 0
         self._tasks: list[asyncio.Task[Any]] = []
         self._http: Any = None
@@ -85,7 +87,7 @@ class LadderServer:
 
     async def start(self) -> int:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        add_ladder_service(self.servicer, self.grpc)
+        add_ladder_service(self.servicer, self.grpc, self.config.max_message_bytes)
         documented_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.config.host}:{self.config.port}"
@@ -154,11 +156,11 @@ class LadderServer:
             return
         self.draining = True
         await self.health.enter_graceful_shutdown()
-        log.info("draining", in_flight=self.interceptor.in_flight, grace=grace)
+        log.info("draining", in_flight=self.access_log.in_flight, grace=grace)
         deadline = time.monotonic() + grace
-        while self.interceptor.in_flight and time.monotonic() < deadline:
+        while self.access_log.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        if self.serving is not None and self.interceptor.in_flight:
+        if self.serving is not None and self.access_log.in_flight:
             self.serving.scheduler.abort_all(Draining("the server shut down before the call finished"))
             await asyncio.sleep(0.2)
         await self.stop()

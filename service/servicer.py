@@ -39,8 +39,8 @@ from service.generation import (
     prefill_body,
     rewind,
 )
+from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
 from service.progress import Progress
-from service.security import CALL, CALLER, REQUEST_ID
 from service.serving import Extension, Serving, note_session, session_closed
 
 Context = grpc.aio.ServicerContext

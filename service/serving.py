@@ -21,11 +21,11 @@ from service.config import Config
 from service.errors import CallerQuota, Draining, OverLimit
 from service.events import PrefillTally
 from service.generation import Model, close
+from service.interceptors.call_context import CALL, CALLER
 from service.metrics import Metrics
 from service.progress import Progress, Totals
 from service.requests import Call
 from service.scheduler import Body, Scheduler
-from service.security import CALL, CALLER
 from service.sessions import SessionRegistry, SessionState
 
 log = structlog.get_logger("ladder.sessions")
