@@ -1,7 +1,7 @@
 """Every failure a call can end with, and the one table that maps it to a gRPC status.
 
-Handlers raise; the interceptor (service/security.py) looks the exception up
-here and aborts the call. Nothing else builds a status. Request errors fail
+Handlers raise; the status-table interceptor (service/interceptors/statuses.py)
+looks the exception up here and aborts the call. Nothing else builds a status. Request errors fail
 one call and leave every other session untouched; an EngineFault flips health.
 
 Every status also carries a `google.rpc.Status` in the `grpc-status-details-bin`

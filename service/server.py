@@ -1,4 +1,4 @@
-"""The gRPC server: Ladder, grpc.health.v1 and reflection on one grpc.aio server.
+"""The server's lifecycle: Ladder, grpc.health.v1 and reflection on one grpc.aio server.
 
 Entry points (`ladder serve` and `python -m service` go through `service.entry.main`, which reads the
 Config before this module's imports, then calls `serve`; tests call `create_server`):
@@ -11,211 +11,46 @@ Config before this module's imports, then calls `serve`; tests call `create_serv
   a bad flag; 1 for an unexpected failure).
 Drain: health flips to NOT_SERVING at once and new calls get UNAVAILABLE; calls
 in flight get `drain_seconds` to finish, then end with UNAVAILABLE.
-Request bytes that are not the RPC's message are INVALID_ARGUMENT (`add_ladder_service`).
+Around it: ports.py (ports held elsewhere), parsing.py (the service's handlers), loading.py
+(the model), interceptors/ (access log, status table, tokens), logs.py (JSON logs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import logging
 import signal
-import socket
 import sys
 import time
 import traceback
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import aclosing
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 import structlog
-from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from engine.errors import InvalidInput, ModelUnreadable
-from engine.executor import Engine
+from engine.errors import ModelUnreadable
 from engine.executor.step import Stats
-from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see load_model
-from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
 from service.config import Config
 from service.constraints import Constraints
 from service.errors import Draining
-from service.generation import ServedModel
+from service.interceptors import chain
+from service.interceptors.access_log import AccessLog
+from service.interceptors.auth import server_credentials
+from service.loading import load_model  # imports engine.tokenizer on the main thread: see loading.py
+from service.logs import configure_logging
 from service.metrics import Metrics
+from service.parsing import SERVICE_NAME, add_ladder_service
+from service.ports import PortInUse, check_port_free
 from service.reflection import enable as documented_reflection
 from service.scheduler import Scheduler
-from service.security import CallInterceptor, server_credentials
 from service.servicer import LadderServicer
 from service.serving import Serving
 from service.sessions import SessionRegistry
 
 log = structlog.get_logger("ladder.server")
-
-
-class PortInUse(Exception):
-    """A port the server must listen on is held by another process."""
-
-
-def check_port_free(host: str, port: int, what: str) -> None:
-    """Raise PortInUse when something already listens on host:port (port 0 is always free).
-
-    gRPC's own bind failure says neither which port nor why, and with SO_REUSEPORT (gRPC's
-    default, turned off here) a second server would share a port instead of failing."""
-    if not port:
-        return
-    try:
-        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-    except socket.gaierror:
-        return  # gRPC reports an address it cannot resolve itself
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise PortInUse(f"{what} {port} on {host} is in use by another process") from None
-            raise
-SERVICE_NAME = ladder_pb2.DESCRIPTOR.services_by_name["Ladder"].full_name
 HEALTH_NAMES = ("", SERVICE_NAME)
-
-
-@dataclass(frozen=True)
-class Unparsed:
-    """The request bytes of one message that did not parse (corrupt wire format, bad UTF-8)."""
-
-    message: str
-    size: int
-    reason: str
-
-
-def _tolerant(parse: Callable[[bytes], Any], message: str) -> Callable[[bytes], Any]:
-    """A request deserializer that never raises: what does not parse becomes an Unparsed."""
-    def deserialize(data: bytes) -> Any:
-        try:
-            return parse(data)
-        except (DecodeError, UnicodeDecodeError) as exc:
-            return Unparsed(message, len(data), str(exc).rpartition(": ")[2] or type(exc).__name__)
-
-    return deserialize
-
-
-def _parsed(request: Any) -> Any:
-    """The request itself, or InvalidInput (through the error table: INVALID_ARGUMENT) for an Unparsed."""
-    if isinstance(request, Unparsed):
-        log.info("malformed_request", message=request.message, bytes=request.size, reason=request.reason)
-        raise InvalidInput(f"the request is not a valid {request.message}: {request.reason}",
-                           reason="MALFORMED_REQUEST")
-    return request
-
-
-async def _each_parsed(requests: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
-    async for request in requests:
-        yield _parsed(request)
-
-
-def _strict(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    """`handler` with a tolerant deserializer and a behavior that refuses what did not parse.
-
-    The refusal is raised inside the behavior, so the interceptor (auth, the drain gate,
-    request ids, metrics) sees it like any handler's error. A streaming behavior stays a
-    transparent async generator: what it yields, and closing it, reach the handler as they are.
-    """
-    if handler.unary_unary is not None:
-        unary = handler.unary_unary
-
-        async def unary_unary(request: Any, context: Any) -> Any:
-            return await unary(_parsed(request), context)
-
-        changes: dict[str, Any] = {"unary_unary": unary_unary}
-    elif handler.unary_stream is not None:
-        streamed = handler.unary_stream
-
-        async def unary_stream(request: Any, context: Any) -> AsyncGenerator[Any, None]:
-            async with aclosing(streamed(_parsed(request), context)) as responses:
-                async for response in responses:
-                    yield response
-
-        changes = {"unary_stream": unary_stream}
-    else:
-        both = handler.stream_stream
-
-        async def stream_stream(requests: AsyncIterator[Any], context: Any) -> AsyncGenerator[Any, None]:
-            parsed = _each_parsed(requests)
-            async with aclosing(parsed), aclosing(both(parsed, context)) as responses:
-                async for response in responses:
-                    yield response
-
-        changes = {"stream_stream": stream_stream}
-    deserializer = _tolerant(handler.request_deserializer, message)
-    return handler._replace(request_deserializer=deserializer, **changes)  # type: ignore[attr-defined, no-any-return]
-
-
-class _Handlers:
-    """Stands in for a server to collect the method handlers the generated code registers."""
-
-    def __init__(self) -> None:
-        self.methods: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        pass
-
-    def add_registered_method_handlers(self, service: str, methods: dict[str, grpc.RpcMethodHandler]) -> None:
-        self.methods = methods
-
-
-def add_ladder_service(servicer: LadderServicer, server: grpc.aio.Server) -> None:
-    """Register the Ladder service as the generated code does, but tolerant of bytes that do not parse.
-
-    gRPC itself ends such a call with UNKNOWN (INTERNAL for Prefill) and no log line;
-    here it is InvalidInput, INVALID_ARGUMENT through the error table, logged.
-    """
-    collected = _Handlers()
-    ladder_pb2_grpc.add_LadderServicer_to_server(servicer, collected)
-    service = ladder_pb2.DESCRIPTOR.services_by_name["Ladder"]
-    methods = {name: _strict(handler, service.methods_by_name[name].input_type.name)
-               for name, handler in collected.methods.items()}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, methods),))
-    server.add_registered_method_handlers(SERVICE_NAME, methods)
-
-
-def load_model(config: Config) -> ServedModel:
-    """The engine and tokenizer of config.model ("default": prepared under config.model_cache)."""
-    if config.model == "default":
-        from engine.default_model import prepare
-
-        path = prepare(Path(config.model_cache), precision=config.default_model_precision).model_dir
-    else:
-        path = Path(config.model)
-    engine = Engine.load(path, config.engine_options())
-    if config.warm_up:
-        started = time.perf_counter()
-        prepared = engine.warm_up()
-        log.info("warmed_up", variants=prepared, seconds=round(time.perf_counter() - started, 3))
-    # onnxruntime-extensions' native module has aborted the process when first imported
-    # from this (model-loading) thread, so engine.tokenizer is imported with this module.
-    return ServedModel(engine, read_tokenizer(path), str(path), config.max_prompt_tokens,
-                       config.max_new_tokens, config.default_max_new_tokens)
-
-
-def read_tokenizer(path: Path) -> Tokenizer | None:
-    """The model's tokenizer; None (token-id prompts only, said once in the log) when it has
-    none Ladder can read."""
-    if not (path / "tokenizer.json").exists():
-        log.warning("no_tokenizer", model=str(path), serving="token-id prompts only")
-        return None
-    try:
-        return Tokenizer(path)
-    except Exception as exc:  # noqa: BLE001 — whatever its files hold, the model still serves token ids
-        reason = str(exc) if isinstance(exc, TokenizerUnreadable) else f"{type(exc).__name__}: {exc}"
-        log.warning("tokenizer_unreadable", model=str(path), reason=reason,
-                    serving="token-id prompts only: text, chat, Tokenize and Detokenize fail")
-        return None
 
 
 class LadderServer:
@@ -226,15 +61,15 @@ class LadderServer:
         self.serving: Serving | None = None  # once the model has loaded
         self.servicer = LadderServicer(self._serving)
         self.draining = False
-        self.interceptor = CallInterceptor(config.auth_tokens, self._gate, self.metrics.call_done,
-                                           on_internal=self._fault,
-                                           max_message_bytes=config.max_message_bytes)
+        self.access_log = AccessLog(self.metrics.call_done)
         # gRPC's own receive limit sits above ours, so a request up to twice the limit gets our
-        # answer (INVALID_ARGUMENT, MESSAGE_TOO_LARGE, logged and counted); beyond that gRPC's own.
+        # answer (parsing.py: INVALID_ARGUMENT, MESSAGE_TOO_LARGE, logged and counted); beyond
+        # that gRPC's own.
         limits = [("grpc.max_receive_message_length", 2 * config.max_message_bytes),
                   ("grpc.max_send_message_length", config.max_message_bytes),
                   ("grpc.so_reuseport", 0)]  # a port another server holds fails here, not shared
-        self.grpc = grpc.aio.server(interceptors=[self.interceptor], options=limits)
+        interceptors = chain(self.access_log, self._gate, config.auth_tokens, on_internal=self._fault)
+        self.grpc = grpc.aio.server(interceptors=interceptors, options=limits)
         self.port = 0
         self._tasks: list[asyncio.Task[Any]] = []
         self._http: Any = None
@@ -254,7 +89,7 @@ class LadderServer:
 
     async def start(self) -> int:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        add_ladder_service(self.servicer, self.grpc)
+        add_ladder_service(self.servicer, self.grpc, self.config.max_message_bytes)
         documented_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.config.host}:{self.config.port}"
@@ -325,11 +160,11 @@ class LadderServer:
             return
         self.draining = True
         await self.health.enter_graceful_shutdown()
-        log.info("draining", in_flight=self.interceptor.in_flight, grace=grace)
+        log.info("draining", in_flight=self.access_log.in_flight, grace=grace)
         deadline = time.monotonic() + grace
-        while self.interceptor.in_flight and time.monotonic() < deadline:
+        while self.access_log.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        if self.serving is not None and self.interceptor.in_flight:
+        if self.serving is not None and self.access_log.in_flight:
             self.serving.scheduler.abort_all(Draining("the server shut down before the call finished"))
             await asyncio.sleep(0.2)
         await self.stop()
@@ -373,16 +208,6 @@ async def create_server(config: Config) -> tuple[LadderServer, int]:
         await server.stop()
         raise
     return server, port
-
-
-def configure_logging(level: str) -> None:
-    """JSON lines on stderr, with the request id of the call that logs them."""
-    structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True),
-                    structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=True)
 
 
 async def serve(config: Config) -> int:

@@ -41,8 +41,8 @@ from service.generation import (
     prefill_body,
     rewind_body,
 )
+from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
 from service.progress import Progress
-from service.security import CALL, CALLER, REQUEST_ID
 from service.serving import Extension, Serving, note_session
 
 Context = grpc.aio.ServicerContext

@@ -59,7 +59,7 @@ def test_a_prefill_whose_client_leaves_before_its_first_message_is_cancelled_not
             yield from ()
 
         stream = running.stub.Prefill(parts())
-        wait_for(lambda: running.server.interceptor.in_flight == 1)
+        wait_for(lambda: running.server.access_log.in_flight == 1)
         stream.cancel()
         release.set()
         wait_for(lambda: running.calls("Prefill", "CANCELLED") == 1)
@@ -79,7 +79,7 @@ class Clock:
 def test_identical_failures_are_logged_at_most_five_a_second_and_the_next_line_counts_the_rest(
         server: RunningServer) -> None:
     clock = Clock()
-    server.server.interceptor.failures.clock = clock
+    server.server.access_log.failures.clock = clock
     bad = greedy_request([], 2)  # an empty prompt: INVALID_ARGUMENT
     with capture_logs() as logs:
         for _ in range(12):

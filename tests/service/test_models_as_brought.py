@@ -14,7 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.server import read_tokenizer
+from service.loading import read_tokenizer
 from tests.support.builder_style import BOS, LLAMA3_SPECIALS, builder_style_model
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, server_config

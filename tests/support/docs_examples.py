@@ -739,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the default model is prepared [%(default)s]")
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0 = all cores)")
     args = parser.parse_args(argv)
-    from service.server import configure_logging
+    from service.logs import configure_logging
 
     configure_logging("warning")
     results = render(default_model_dir(args.model_cache), args.threads)

@@ -1,0 +1,55 @@
+"""What the interceptors tell a handler about the call it serves, through context variables.
+
+`CALLER` is set by the token check (auth.py), `REQUEST_ID` and `CALL` by the access log
+(access_log.py); the handler fills in its `CallRecord` (session, progress) as it goes, and the
+access-log line reports it when the call ends.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from dataclasses import dataclass
+from typing import Any
+
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("ladder_caller", default="")
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("ladder_request_id", default="")
+
+
+@dataclass
+class CallRecord:
+    """What one call's access-log line reports; its handler fills in the session and progress."""
+
+    method: str
+    arrived: float
+    peer: str = ""
+    session: str = ""
+    source_session: str = ""  # ForkSession: the session forked
+    progress: Any = None  # service.progress.Progress of a generation or prefill
+
+    def fields(self) -> dict[str, Any]:
+        """The access-log fields beyond method, code and request id."""
+        done: dict[str, Any] = {"caller": CALLER.get(), "peer": self.peer,
+                                "duration_ms": round((time.perf_counter() - self.arrived) * 1000.0, 3)}
+        if self.session:
+            done["session"] = self.session
+        if self.source_session:
+            done["source_session"] = self.source_session
+        progress = self.progress
+        if progress is not None:
+            done.update(prompt_tokens=progress.prompt_tokens, completion_tokens=progress.generated)
+            if progress.started is not None:
+                done["queue_ms"] = round(progress.queue_ms, 3)
+            if progress.token_times:
+                done["ttft_ms"] = round(progress.ttft_ms, 3)
+            elif self.method == "Prefill" and progress.ended is not None:
+                # PrefillDone carries the prompt's next token: arrival to it, as the TTFT metric.
+                done["ttft_ms"] = round((progress.ended - progress.arrived) * 1000.0, 3)
+            if progress.finished is not None:
+                done["finish_reason"] = progress.finished.reason.name.lower()
+            elif progress.ending:
+                done["finish_reason"] = progress.ending
+        return done
+
+
+CALL: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("ladder_call", default=None)

@@ -1,0 +1,52 @@
+"""Loading the model a Config names: the engine (warmed up when asked) and its tokenizer, if any.
+
+Import this module on the main thread, as service/server.py does: onnxruntime-extensions' native
+module has aborted the process when first imported from the model-loading thread, so
+engine.tokenizer is imported here, with this module.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import structlog
+
+from engine.executor import Engine
+from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see above
+from service.config import Config
+from service.generation import ServedModel
+
+log = structlog.get_logger("ladder.server")
+
+
+def load_model(config: Config) -> ServedModel:
+    """The engine and tokenizer of config.model ("default": prepared under config.model_cache)."""
+    if config.model == "default":
+        from engine.default_model import prepare
+
+        path = prepare(Path(config.model_cache), precision=config.default_model_precision).model_dir
+    else:
+        path = Path(config.model)
+    engine = Engine.load(path, config.engine_options())
+    if config.warm_up:
+        started = time.perf_counter()
+        prepared = engine.warm_up()
+        log.info("warmed_up", variants=prepared, seconds=round(time.perf_counter() - started, 3))
+    return ServedModel(engine, read_tokenizer(path), str(path), config.max_prompt_tokens,
+                       config.max_new_tokens, config.default_max_new_tokens)
+
+
+def read_tokenizer(path: Path) -> Tokenizer | None:
+    """The model's tokenizer; None (token-id prompts only, said once in the log) when it has
+    none Ladder can read."""
+    if not (path / "tokenizer.json").exists():
+        log.warning("no_tokenizer", model=str(path), serving="token-id prompts only")
+        return None
+    try:
+        return Tokenizer(path)
+    except Exception as exc:  # noqa: BLE001 — whatever its files hold, the model still serves token ids
+        reason = str(exc) if isinstance(exc, TokenizerUnreadable) else f"{type(exc).__name__}: {exc}"
+        log.warning("tokenizer_unreadable", model=str(path), reason=reason,
+                    serving="token-id prompts only: text, chat, Tokenize and Detokenize fail")
+        return None
