@@ -5,7 +5,9 @@ refuses, naming the keyword's JSON pointer."""
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -162,6 +164,18 @@ def test_a_pattern_matches_anywhere_unless_anchored() -> None:
     assert all(accepts(loose, t.encode()) for t in ['"ab"', '"xxabyy"', '"\\"ab"'])
     assert not accepts(loose, b'"a b"')
     assert accepts(anchored, b'"ab"') and not accepts(anchored, b'"xab"') and not accepts(anchored, b'"abx"')
+
+
+@pytest.mark.parametrize("pattern", ["^a|b$", '^[a"]+$', "^\\d+(\\.\\d+)?$", "$", "^", "a.b", '\\\\|"',
+                                     "^(ab)*$"])
+def test_a_string_pattern_admits_exactly_the_strings_python_re_search_finds_it_in(pattern: str) -> None:
+    compiled = schema_of({"type": "string", "pattern": pattern})
+    for length in range(4):
+        for letters in itertools.product(["a", "b", '"', "\\", "1", ".", "\n"], repeat=length):
+            word = "".join(letters)
+            # ECMA's $ (JSON Schema's) ends the string; Python's also matches before a last newline.
+            found = re.search(pattern.replace("$", "\\Z"), word, re.ASCII) is not None
+            assert accepts(compiled, json.dumps(word).encode()) == found, word
 
 
 def test_recursion_through_a_ref_stops_at_the_documented_depth() -> None:
