@@ -1,0 +1,187 @@
+"""What structured output costs: constraint compile times, and decode steps with constrained rows
+beside the same steps without, measured side by side in one process on the engine itself.
+
+    python -m bench.structured --model default --provider cpu --streams 1,8 --out $OUT
+    python -m bench.structured --model gpu:16x2048 --provider cuda --streams 16,64 --out $OUT
+
+For each stream count S it opens S sessions, prefills a prompt on each, then runs `--tokens`
+greedy decode steps in three modes, interleaved `--repeats` times (A B C A B C ...): no row
+constrained, half the rows constrained, every row constrained. A constrained row follows a
+10-property JSON Schema and starts it again whenever its output completes, so every token is
+a constrained one. The figure is output tokens per second of the decode steps (Engine.step with
+every row in one forward, the path the server takes) and its ratio to the unconstrained mode.
+
+A model without a tokenizer (the synthetic GPU decoders) gets a byte-level vocabulary of its
+width: the 256 single bytes, then seeded ASCII pieces of 2-8 bytes (the mask work scales with the
+vocabulary's size and piece lengths, not with what the pieces mean).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.served import machine, resolve_model, server_arguments
+from engine.constrain.compiled import Compiled, compile_constraint
+from engine.constrain.vocabulary import Vocabulary
+from engine.executor import Engine, EngineOptions
+from engine.executor.sampling import Sampler, SamplingParams
+from engine.executor.step import DecodeRow, Step
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "name": {"type": "string", "maxLength": 24},
+        "email": {"type": "string", "format": "email"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "active": {"type": "boolean"},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "score": {"type": "number"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+        "created": {"type": "string", "format": "date"},
+        "note": {"type": ["string", "null"], "maxLength": 40},
+    },
+    "required": ["id", "name", "email", "age", "active", "role"],
+    "additionalProperties": False,
+}
+MODES = ("none", "half", "all")
+
+
+def synthetic_vocabulary(size: int, eos: tuple[int, ...], seed: int = 0) -> Vocabulary:
+    rng = np.random.default_rng(seed)
+    letters = np.frombuffer(b'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 "{}:,.-_',
+                            np.uint8)
+    pieces: list[bytes | None] = [bytes([i]) for i in range(min(size, 256))]
+    for _ in range(size - len(pieces)):
+        pieces.append(bytes(rng.choice(letters, int(rng.integers(2, 9)))))
+    return Vocabulary(pieces, size, eos)
+
+
+def vocabulary(model: Path, engine: Engine) -> Vocabulary:
+    facts = engine.facts
+    if (model / "tokenizer.json").exists():
+        from engine.tokenizer import Tokenizer
+
+        return Vocabulary.from_tokenizer(Tokenizer(model), facts.vocab_size, facts.eos_ids)
+    return synthetic_vocabulary(facts.vocab_size, facts.eos_ids)
+
+
+def compile_times(vocab: Vocabulary, repeats: int) -> dict[str, float]:
+    """Compile + first mask of the schema (fresh each time), and a cached state's mask."""
+    text = json.dumps(SCHEMA)
+    fresh = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        compiled = compile_constraint("json_schema", text, vocab)
+        compiled.start().allowed()
+        fresh.append(time.perf_counter() - started)
+    row = compiled.start()
+    started = time.perf_counter()
+    for _ in range(100):
+        row.allowed()
+    return {"compile_and_first_mask_ms": statistics.median(fresh) * 1e3,
+            "cached_mask_ms": (time.perf_counter() - started) * 10}
+
+
+class Stream:
+    def __init__(self, engine: Engine, prompt: list[int], compiled: Compiled | None) -> None:
+        self.session = engine.open_session()
+        engine.append(self.session, prompt)
+        self.compiled = compiled
+        self.sampler = Sampler(SamplingParams(), constraint=compiled.start() if compiled else None)
+        self.token = engine.choose(self.session, self.sampler)
+        self.restarts = 0
+
+    def row(self) -> DecodeRow:
+        constraint = self.sampler.constraint
+        if self.compiled is not None and (constraint is None or constraint.done
+                                          or self.token in self.compiled_eos):
+            self.sampler.constraint = self.compiled.start()  # a new object: every token constrained
+            self.restarts += 1
+        return DecodeRow(self.session, self.token, self.sampler)
+
+    compiled_eos: frozenset[int] = frozenset()
+
+
+def run_mode(engine: Engine, streams: int, tokens: int, prompt: int, mode: str, compiled: Compiled,
+             eos: frozenset[int], seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    constrained = {"none": 0, "half": streams // 2, "all": streams}[mode]
+    group = []
+    for i in range(streams):
+        ids = [int(t) for t in rng.integers(3, min(engine.facts.vocab_size, 30000), prompt)]
+        stream = Stream(engine, ids, compiled if i < constrained else None)
+        stream.compiled_eos = eos
+        group.append(stream)
+    try:
+        started = time.perf_counter()
+        mask_seconds = 0.0
+        for _ in range(tokens):
+            rows = [s.row() for s in group]
+            result = engine.step(Step(decode=tuple(rows)))
+            for stream, outcome in zip(group, result.decode, strict=True):
+                stream.token = outcome.get()
+        seconds = time.perf_counter() - started
+        mask_seconds = sum(s.sampler.constraint_seconds for s in group)
+    finally:
+        for stream in group:
+            engine.close_session(stream.session, keep=False)
+    return {"mode": mode, "streams": streams, "constrained_rows": constrained, "seconds": seconds,
+            "tok_s": streams * tokens / seconds, "step_ms": seconds / tokens * 1e3,
+            "mask_ms_per_constrained_token": mask_seconds / max(constrained * tokens, 1) * 1e3,
+            "restarts": sum(s.restarts for s in group)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    server_arguments(parser, provider="cpu", model="default", precision="int4")
+    parser.add_argument("--streams", default="1,8")
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = Path(resolve_model(args))
+    streams = [int(s) for s in args.streams.split(",")]
+    engine = Engine.load(model, EngineOptions(provider=args.provider, max_sessions=max(streams),
+                                              capacity=1024))
+    engine.warm_up()
+    vocab = vocabulary(model, engine)
+    report: dict[str, Any] = {"machine": machine(), "model": str(model), "provider": engine.facts.provider,
+                              "vocab": vocab.size, "compile": compile_times(vocab, 5), "runs": []}
+    print(json.dumps(report["compile"]), flush=True)
+    compiled = compile_constraint("json_schema", json.dumps(SCHEMA), vocab)
+    eos = frozenset(engine.facts.eos_ids)
+    for count in streams:
+        for repeat in range(args.repeats):
+            for mode in MODES:
+                run = run_mode(engine, count, args.tokens, args.prompt, mode, compiled, eos, seed=repeat)
+                run["repeat"] = repeat
+                report["runs"].append(run)
+                print(json.dumps(run), flush=True)
+    summary = []
+    for count in streams:
+        tok_s = {m: statistics.median(r["tok_s"] for r in report["runs"]
+                                      if r["streams"] == count and r["mode"] == m) for m in MODES}
+        masks = [r["mask_ms_per_constrained_token"] for r in report["runs"]
+                 if r["streams"] == count and r["mode"] != "none"]
+        summary.append({"streams": count, **{f"tok_s_{m}": round(v, 1) for m, v in tok_s.items()},
+                        "half_vs_none": round(tok_s["half"] / tok_s["none"], 3),
+                        "all_vs_none": round(tok_s["all"] / tok_s["none"], 3),
+                        "mask_ms_per_constrained_token": round(statistics.median(masks), 4)})
+    report["summary"] = summary
+    (out / "structured.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
