@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 
 from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity, Unsupported
@@ -174,7 +175,7 @@ def _reason(error: BaseException) -> str:
 
 def _details(code: grpc.StatusCode, message: str, reason: str, field: str, metadata: dict[str, str]) -> bytes:
     """The serialized google.rpc.Status of a failure: ErrorInfo, then RetryInfo or BadRequest."""
-    details = [error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata)]
+    details: list[Message] = [error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata)]
     retry = RETRY_SECONDS.get(reason, RETRY_CODES.get(code))
     if retry is not None:
         delay = duration_pb2.Duration()

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from engine.errors import InvalidInput
 from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
 from service.errors import TooLarge
+from service.interceptors.base import Stream, Unary
 
 log = structlog.get_logger("ladder.server")
 SERVICE_NAME = ladder_pb2.DESCRIPTOR.services_by_name["Ladder"].full_name
@@ -66,53 +67,65 @@ async def _each_accepted(requests: AsyncIterator[Any], limit: int) -> AsyncGener
         yield _accepted(request, limit)
 
 
-def _strict(handler: grpc.RpcMethodHandler, message: str, limit: int) -> grpc.RpcMethodHandler:
+def _strict(handler: grpc.RpcMethodHandler[Any, Any], message: str,
+            limit: int) -> grpc.RpcMethodHandler[Any, Any]:
     """`handler` with a tolerant deserializer and a behavior that first refuses what `_accepted` refuses.
 
     A streaming behavior stays a transparent async generator: what it yields, and closing it,
     reach the handler as they are; a request stream is checked message by message as the
     handler reads it.
     """
+    assert handler.request_deserializer is not None  # the generated code gives every method one
+    parse, serialize = _tolerant(handler.request_deserializer, message), handler.response_serializer
+    # types-grpcio types a streaming behavior as the sync server calls it (an Iterator); under
+    # grpc.aio it is an async generator function, as `Stream` says.
     if handler.unary_unary is not None:
-        unary = handler.unary_unary
+        return grpc.unary_unary_rpc_method_handler(_unary_unary(handler.unary_unary, limit), parse, serialize)
+    if handler.unary_stream is not None:
+        unary_stream = _unary_stream(handler.unary_stream, limit)  # type: ignore[arg-type]
+        return grpc.unary_stream_rpc_method_handler(unary_stream, parse, serialize)
+    assert handler.stream_stream is not None  # Ladder has no client-streaming unary method
+    stream_stream = _stream_stream(handler.stream_stream, limit)  # type: ignore[arg-type]
+    return grpc.stream_stream_rpc_method_handler(stream_stream, parse, serialize)
 
-        async def unary_unary(request: Any, context: Any) -> Any:
-            return await unary(_accepted(request, limit), context)
 
-        changes: dict[str, Any] = {"unary_unary": unary_unary}
-    elif handler.unary_stream is not None:
-        streamed = handler.unary_stream
+def _unary_unary(behavior: Unary, limit: int) -> Unary:
+    async def unary_unary(request: Any, context: Any) -> Any:
+        return await behavior(_accepted(request, limit), context)
 
-        async def unary_stream(request: Any, context: Any) -> AsyncGenerator[Any, None]:
-            async with aclosing(streamed(_accepted(request, limit), context)) as responses:
-                async for response in responses:
-                    yield response
+    return unary_unary
 
-        changes = {"unary_stream": unary_stream}
-    else:
-        both = handler.stream_stream
 
-        async def stream_stream(requests: AsyncIterator[Any], context: Any) -> AsyncGenerator[Any, None]:
-            accepted = _each_accepted(requests, limit)
-            async with aclosing(accepted), aclosing(both(accepted, context)) as responses:
-                async for response in responses:
-                    yield response
+def _unary_stream(behavior: Stream, limit: int) -> Stream:
+    async def unary_stream(request: Any, context: Any) -> AsyncGenerator[Any, None]:
+        async with aclosing(behavior(_accepted(request, limit), context)) as responses:
+            async for response in responses:
+                yield response
 
-        changes = {"stream_stream": stream_stream}
-    deserializer = _tolerant(handler.request_deserializer, message)
-    return handler._replace(request_deserializer=deserializer, **changes)
+    return unary_stream
+
+
+def _stream_stream(behavior: Stream, limit: int) -> Stream:
+    async def stream_stream(requests: AsyncIterator[Any], context: Any) -> AsyncGenerator[Any, None]:
+        accepted = _each_accepted(requests, limit)
+        async with aclosing(accepted), aclosing(behavior(accepted, context)) as responses:
+            async for response in responses:
+                yield response
+
+    return stream_stream
 
 
 class _Handlers:
     """Stands in for a server to collect the method handlers the generated code registers."""
 
     def __init__(self) -> None:
-        self.methods: dict[str, grpc.RpcMethodHandler] = {}
+        self.methods: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         pass
 
-    def add_registered_method_handlers(self, service: str, methods: dict[str, grpc.RpcMethodHandler]) -> None:
+    def add_registered_method_handlers(self, service: str,
+                                       methods: dict[str, grpc.RpcMethodHandler[Any, Any]]) -> None:
         self.methods = methods
 
 

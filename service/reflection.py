@@ -116,4 +116,7 @@ def _definitions(file: descriptor_pb2.FileDescriptorProto) -> descriptor_pb2.Fil
 def enable(service_names: Sequence[str], server: grpc.aio.Server) -> None:
     """Serve reflection for `service_names`, Ladder's .proto with its comments."""
     stored = documented_files(DESCRIPTOR_SETS)
-    reflection.enable_server_reflection(tuple(service_names), server, pool=DocumentedPool(stored))
+    # Reflection only calls the Find* methods above; its stub asks for a real DescriptorPool, which
+    # DocumentedPool cannot be (its files are _Documented, not FileDescriptors).
+    pool = DocumentedPool(stored)
+    reflection.enable_server_reflection(tuple(service_names), server, pool=pool)  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncGenerator, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -194,7 +194,8 @@ class Scheduler:
         return QueueFull(f"the engine worker already holds {self._depth} requests", reason="QUEUE_FULL",
                          metadata=metadata)
 
-    async def stream(self, body: Body, *, bounded: bool = True, hold: bool = False) -> AsyncIterator[Any]:
+    async def stream(self, body: Body, *, bounded: bool = True,
+                     hold: bool = False) -> AsyncGenerator[Any, None]:
         """Run `body` on the worker and yield its events; leaving early cancels the job.
 
         With `hold` the events arrive together when the job ends: a unary call then costs the

@@ -16,7 +16,7 @@ the handler is then closed at that yield instead of resuming.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -45,7 +45,8 @@ from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
 from service.progress import Progress
 from service.serving import Extension, Serving, note_session
 
-Context = grpc.aio.ServicerContext
+# Handlers never read or write messages through the context, so its message types stay open.
+Context = grpc.aio.ServicerContext[Any, Any]
 M = TypeVar("M", bound=Message)
 
 
@@ -62,7 +63,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
     # -- generation ---------------------------------------------------------------
     async def _generate(self, request: pb.GenerateRequest,
-                        unary: bool = False) -> AsyncIterator[tuple[Any, Progress]]:
+                        unary: bool = False) -> AsyncGenerator[tuple[Any, Progress], None]:
         call, serving = wire.generate_call(request), self.serving
         tokens = await serving.prompt_ids(call.prompt)
         stopping = serving.model.budget(call.stopping, len(tokens))
@@ -177,7 +178,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             yield done
 
     async def _prefill_part(self, extension: Extension, prompt: Prompt,
-                            progress: Progress) -> AsyncIterator[pb.PrefillEvent]:
+                            progress: Progress) -> AsyncGenerator[pb.PrefillEvent, None]:
         serving, state = self.serving, extension.state
         tokens = await serving.prompt_ids(prompt)
         progress.prompt_tokens += len(tokens)
@@ -255,7 +256,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         except BaseException:
             serving.close_soon(state, "fork_not_taken")
             raise
-        context.add_done_callback(lambda call: serving.close_soon(state, "fork_not_taken")
+        # types-grpcio declares the callback's type as a plain class, not a Protocol: no function fits it.
+        context.add_done_callback(lambda call: serving.close_soon(state, "fork_not_taken")  # type: ignore[arg-type]
                                   if call.cancelled() else None)
         note_session(state)
         return pb.ForkSessionResponse(session_id=state.id, length=state.session.length,

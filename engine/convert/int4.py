@@ -152,7 +152,8 @@ class Int8Matrix(_Blocks):
     def dequantize(self) -> np.ndarray:
         """The float32 matrix [N, K] (row per output, as the GGUF stores it)."""
         q = self.packed.astype(np.float32) - 128
-        return (q * self.scales.reshape(self.n, -1, 1)).reshape(self.n, self.k)
+        scaled: np.ndarray = q * self.scales.reshape(self.n, -1, 1)
+        return scaled.reshape(self.n, self.k)
 
 
 def from_q8_0(raw: np.ndarray, n: int, k: int) -> Int8Matrix:

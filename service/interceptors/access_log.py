@@ -23,7 +23,7 @@ import grpc
 import structlog
 
 from service.errors import Status
-from service.interceptors.base import LadderInterceptor, Stream, Unary
+from service.interceptors.base import Context, LadderInterceptor, Stream, Unary
 from service.interceptors.call_context import CALL, REQUEST_ID, CallRecord
 from service.sessions import plain_id
 
@@ -74,7 +74,7 @@ class FailureLog:
         write(event, method=method, code=code.name, **fields)
 
 
-def ending_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+def ending_code(context: Context) -> grpc.StatusCode:
     """How a call that stopped under its handler ended: its deadline passed, or the client left."""
     remaining = context.time_remaining()
     if remaining is not None and remaining <= DEADLINE_SLACK_S:
@@ -87,7 +87,7 @@ def _access_fields() -> dict[str, Any]:
     return record.fields() if record is not None else {}
 
 
-def _name_the_call(name: str, context: grpc.aio.ServicerContext) -> None:
+def _name_the_call(name: str, context: Context) -> None:
     """Start the call's record and give it its request id (logs, trailers)."""
     CALL.set(CallRecord(name, time.perf_counter(), peer=context.peer() or ""))
     metadata: Mapping[str, str | bytes] = dict(context.invocation_metadata() or ())
@@ -114,7 +114,7 @@ class AccessLog(LadderInterceptor):
         self.failures.write("rpc_failed", name, status.code, request_id=REQUEST_ID.get(),
                             details=status.details, **_access_fields())
 
-    def _left(self, name: str, context: grpc.aio.ServicerContext, request_id: str) -> None:
+    def _left(self, name: str, context: Context, request_id: str) -> None:
         """The call stopped under its handler: the client cancelled or went away, or its deadline passed."""
         code = ending_code(context)
         self._done(name, code)
@@ -132,7 +132,7 @@ class AccessLog(LadderInterceptor):
         self.on_done(name, code, now - (record.arrived if record is not None else now))
 
     def unary(self, name: str, behavior: Unary) -> Unary:
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def unary(request: Any, context: Context) -> Any:
             self.in_flight += 1
             try:
                 _name_the_call(name, context)
@@ -150,7 +150,7 @@ class AccessLog(LadderInterceptor):
         return unary
 
     def stream(self, name: str, behavior: Stream) -> Stream:
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncGenerator[Any, None]:
+        async def stream(request: Any, context: Context) -> AsyncGenerator[Any, None]:
             request_id = ""
             self.in_flight += 1
             responses = behavior(request, context)

@@ -18,7 +18,7 @@ import grpc
 
 from service.config import Config
 from service.errors import Unauthenticated
-from service.interceptors.base import LadderInterceptor, Stream, Unary
+from service.interceptors.base import Context, LadderInterceptor, Stream, Unary
 from service.interceptors.call_context import CALLER
 
 
@@ -42,17 +42,17 @@ def server_credentials(config: Config) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
 
 
-def _certificate_name(context: grpc.aio.ServicerContext) -> str:
+def _certificate_name(context: Context) -> str:
     """Under mutual TLS without tokens, the client certificate's common name is the caller."""
-    names = (context.auth_context() or {}).get("x509_common_name") or []
-    return "cn:" + names[0].decode() if names else ""
+    name = next(iter((context.auth_context() or {}).get("x509_common_name") or ()), None)
+    return "cn:" + name.decode() if name is not None else ""
 
 
 class Authentication(LadderInterceptor):
     def __init__(self, tokens: tuple[str, ...]) -> None:
         self.tokens = caller_tokens(tokens)
 
-    def _name_caller(self, context: grpc.aio.ServicerContext) -> None:
+    def _name_caller(self, context: Context) -> None:
         metadata: Mapping[str, str | bytes] = dict(context.invocation_metadata() or ())
         CALLER.set(self._caller(metadata) or _certificate_name(context))
 
@@ -70,14 +70,14 @@ class Authentication(LadderInterceptor):
         raise Unauthenticated("unknown bearer token", reason="TOKEN_UNKNOWN")
 
     def unary(self, name: str, behavior: Unary) -> Unary:
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def unary(request: Any, context: Context) -> Any:
             self._name_caller(context)
             return await behavior(request, context)
 
         return unary
 
     def stream(self, name: str, behavior: Stream) -> Stream:
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncGenerator[Any, None]:
+        async def stream(request: Any, context: Context) -> AsyncGenerator[Any, None]:
             responses = behavior(request, context)
             try:
                 self._name_caller(context)

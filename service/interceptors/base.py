@@ -16,9 +16,11 @@ import grpc
 LADDER_PREFIX = "/ladder.v1.Ladder/"
 Unary = Callable[[Any, Any], Awaitable[Any]]
 Stream = Callable[[Any, Any], AsyncGenerator[Any, None]]
+# The wrappers never read or write messages through the context, so its message types stay open.
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
-class LadderInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class LadderInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(details)

@@ -18,7 +18,7 @@ import grpc
 import structlog
 
 from service.errors import Status, status_for
-from service.interceptors.base import LadderInterceptor, Stream, Unary
+from service.interceptors.base import Context, LadderInterceptor, Stream, Unary
 from service.interceptors.call_context import REQUEST_ID
 
 log = structlog.get_logger("ladder.rpc")
@@ -31,7 +31,7 @@ class StatusTable(LadderInterceptor):
         self.on_failure = on_failure  # (method, status): before the status is sent
         self.on_internal = on_internal
 
-    async def _fail(self, name: str, context: grpc.aio.ServicerContext, error: Exception) -> NoReturn:
+    async def _fail(self, name: str, context: Context, error: Exception) -> NoReturn:
         status = status_for(error)
         if status.code == grpc.StatusCode.INTERNAL:
             log.error("internal_error", method=name, request_id=REQUEST_ID.get(), error=repr(error),
@@ -44,7 +44,7 @@ class StatusTable(LadderInterceptor):
         raise AssertionError("context.abort raises")
 
     def unary(self, name: str, behavior: Unary) -> Unary:
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def unary(request: Any, context: Context) -> Any:
             try:
                 self.gate()
                 return await behavior(request, context)
@@ -56,7 +56,7 @@ class StatusTable(LadderInterceptor):
         return unary
 
     def stream(self, name: str, behavior: Stream) -> Stream:
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncGenerator[Any, None]:
+        async def stream(request: Any, context: Context) -> AsyncGenerator[Any, None]:
             responses = behavior(request, context)
             try:
                 self.gate()
