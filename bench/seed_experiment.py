@@ -3,7 +3,7 @@
 Reports per pass: wall time of the prefills, variants prepared, evictions, the
 bytes the cache holds, and process peak RSS. One run, both settings, same model.
 
-    .venv/bin/python -m bench.seed_experiment --out bench/results/seed-experiment-cpu-<date>.json
+    python -m bench.seed_experiment --out bench/results/seed-experiment-cpu-<date>/seed-experiment.json
 """
 
 from __future__ import annotations

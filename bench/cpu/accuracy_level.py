@@ -19,12 +19,27 @@ import onnx
 from engine.default_model import prepare
 from engine.executor import Engine, EngineOptions
 from engine.executor.engine import DecodeRow
-from tests.support.engines import greedy_from_prompt
+from engine.executor.sampling import Sampler, SamplingParams
+
+
+def greedy_tokens(engine: Engine, prompt: list[int], steps: int) -> list[int]:
+    """`steps` greedy tokens after `prompt`, on a session of its own."""
+    session, greedy = engine.open_session(), Sampler(SamplingParams())
+    try:
+        engine.append(session, prompt)
+        out = [engine.choose(session, greedy)]
+        while len(out) < steps:
+            token = engine.decode([DecodeRow(session, out[-1], greedy)])[0]
+            assert token is not None  # a greedy row always gets its token
+            out.append(token)
+        return out
+    finally:
+        engine.close_session(session)
 
 
 def measure(path: Path, prompts: list[list[int]]) -> tuple[float, float, list[list[int]]]:
     engine = Engine.load(path, EngineOptions(capacity=4096, max_sessions=2))
-    tokens = [greedy_from_prompt(engine, p, 24) for p in prompts]
+    tokens = [greedy_tokens(engine, p, 24) for p in prompts]
     session = engine.open_session()
     started = time.perf_counter()
     task = engine.start_prefill(session, prompts[-1])

@@ -1,6 +1,6 @@
 """A PNG of one CPU benchmark json: TTFT per prompt length, decode rate, peak RSS per runtime.
 
-Usage: python -m bench.cpu.plot bench/results/cpu-<date>.json  (needs matplotlib; bench only)
+Usage: python -m bench.cpu.plot bench/results/cpu-<date>/cpu-<date>.json  (needs matplotlib; bench only)
 """
 
 from __future__ import annotations

@@ -186,12 +186,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cache-root", type=Path, default=Path(load_config(argv=[]).model_cache))
     parser.add_argument("--llama-python", help="a python with llama-cpp-python installed")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--out", type=Path, help="default: bench/results/cpu-<date>, one folder per result")
     parser.add_argument("--baseline-root", type=Path, help="an earlier Ladder to run side by side")
     parser.add_argument("--baseline-cache-root", type=Path, default=Path("/tmp/ladder-baseline-cache"))
     parser.add_argument("--skip", default="", help="comma-separated: fp32, genai, llamacpp, unchunked")
     args = parser.parse_args()
-    args.out = args.out.resolve()  # a baseline's workers run from another directory
+    today = dt.date.today().isoformat()
+    # Resolved: a baseline's workers run from another directory.
+    args.out = (args.out or REPO / "bench" / "results" / f"cpu-{today}").resolve()
     prepared = prepare(args.cache_root)
     int4_dir = prepare(args.cache_root, precision="int4").model_dir
     baseline = None
@@ -205,7 +207,6 @@ def main() -> None:
     results = run_all(prepared.model_dir, int4_dir, prepared.gguf_path, ids_file,
                       args.llama_python, baseline, frozenset(filter(None, args.skip.split(","))))
     ids_file.unlink()
-    today = dt.date.today().isoformat()
     doc = {"date": today, "machine": machine(), "versions": versions(args.llama_python),
            "model": prepared.model_dir.name, "commit": git_commit(),
            "prompt_ids_sha256": hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16],

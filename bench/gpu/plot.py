@@ -1,6 +1,6 @@
 """A PNG of the GPU run's TTFT per prompt length: Ladder vs onnxruntime-genai-cuda, seen and new lengths.
 
-Usage: python -m bench.gpu.plot bench/results/gpu-<date>.json  (needs matplotlib; bench only)
+Usage: python -m bench.gpu.plot bench/results/gpu-<date>/gpu-<date>.json  (needs matplotlib; bench only)
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -25,18 +24,13 @@ from typing import Any
 import numpy as np
 
 from bench.gpu.run import SPECS
+from bench.served import free_port
 from clients.python import LadderClient, Stopping
 from engine.executor import DecodeRow, Engine, EngineOptions
 from engine.executor.sampling import Sampler, SamplingParams
 from engine.modelgen.synthetic import build_synthetic
 
 NEW = 24
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def engine_greedy(path: Path, prompt: list[int], provider: str) -> list[int]:

@@ -23,11 +23,15 @@ from engine.default_model import (
 )
 from engine.executor import Engine
 from engine.tokenizer import Tokenizer
-from tests.support.engines import greedy_from_prompt, load_default
+from tests.support.engines import greedy, greedy_from_prompt, load_default
 from tests.support.models import LONE_USER_TURN
 
 # llama.cpp's ids for the chat question (from smollm2-reference.json; CI has no shared dir).
 CHAT_PROMPT_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+# Repeated, continuing it means copying from the first chunk: the second one must see its KV.
+PARAGRAPH = ("The river rises in the northern hills, turns west past the old mill, and reaches the sea "
+             "at a town whose harbour was built in 1820. Its water is cold all year; trout and salmon "
+             "swim up it every autumn, and the ferry that crosses it carries twelve cars. ")
 
 
 @pytest.fixture(scope="module")
@@ -67,15 +71,30 @@ def test_a_lone_user_turn_asking_the_capital_of_france_is_answered_paris(
     assert text == "The capital of France is Paris."
 
 
-def test_a_long_prompt_chunked_and_padded_continues_as_the_whole_unpadded_prompt(
+def test_a_prompt_past_one_chunk_chunked_and_padded_continues_as_the_whole_unpadded_prompt(
         model_dir: Path, engine: Engine, tokenizer: Tokenizer) -> None:
-    text = Path(__file__).read_text() * 4
-    prompt = tokenizer.encode(text)[:1500]
-    assert len(prompt) == 1500
-    chunked = engine
-    assert chunked.options.padding and chunked.chunk_size == 512
-    whole = load_default(model_dir, padding=False, chunk_size=0)
-    assert greedy_from_prompt(chunked, prompt, 12) == greedy_from_prompt(whole, prompt, 12)
+    # 560 tokens: one whole 512-token chunk, then 48 rows padded up to the 171 rung.
+    prompt = tokenizer.encode(PARAGRAPH * 10)[:560]
+    assert len(prompt) == 560 and engine.chunk_size == 512 and engine.options.padding
+    assert 560 - 512 not in engine.ladder
+    whole = load_default(model_dir, padding=False, chunk_size=0, max_sessions=1, capacity=1024)
+    try:
+        chunked_logits, chunked_tokens = continuation(engine, prompt, 8)
+        whole_logits, whole_tokens = continuation(whole, prompt, 8)
+    finally:
+        whole.close()
+    np.testing.assert_allclose(chunked_logits, whole_logits, rtol=0, atol=1e-3)
+    assert chunked_tokens == whole_tokens
+
+
+def continuation(engine: Engine, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int]]:
+    """The logits after `prompt` and its greedy continuation, on a session of its own."""
+    session = engine.open_session()
+    try:
+        logits = np.array(engine.append(session, prompt))
+        return logits, greedy(engine, session, steps, feed_last=False)
+    finally:
+        engine.close_session(session)
 
 
 def test_a_second_prepare_reuses_the_cache(default_model_root: Path, model_dir: Path) -> None:

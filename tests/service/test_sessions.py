@@ -104,14 +104,21 @@ def test_cancelling_a_prefill_that_opened_a_session_closes_it(server: RunningSer
 
 def test_an_idle_session_expires_and_returns_its_slot(served_model: Path) -> None:
     running = RunningServer(server_config(served_model, session_idle_seconds=0.2))
+    requests, release = held_open(part([5, 6, 7]))
     try:
-        session_id = prefill(running, part([5, 6, 7]))[-1].done.session_id
-        assert session_id  # it was opened; whether it is still open by the next call is a race with 0.2 s
-        wait_for(lambda: running.stats().sessions_open == 0)
+        stream = running.stub.Prefill(requests)
+        session_id = next(stream).forward.session_id
+        # The Prefill is still open (its prompt may go on), so the session is in use and cannot
+        # expire, however long this check takes on a loaded machine.
+        assert running.stats().sessions_open == 1
+        release.set()  # the prompt ends: the session is released, and idles from here
+        assert [e for e in stream if e.HasField("done")][-1].done.session_id == session_id
+        wait_for(lambda: running.stats().sessions_open == 0, what="the idle session to expire")
         with pytest.raises(grpc.RpcError) as caught:
             decode(running, session_id, 1)
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
+        release.set()
         running.close()
 
 
