@@ -53,7 +53,54 @@ EAGER = -1  # onnxruntime's gpu_graph_id for "run without capture or replay"
 __all__ = ["CudaBackend", "CudaUnavailable", "Placement", "cuda_runtime", "host_runtime"]
 
 
-MASKS_HELD = 1024  # constraint states whose allowed-token masks stay on the device (a vocabulary byte each)
+MASKS_HELD = 256  # constraint states whose allowed-token masks stay on the device (a vocabulary byte each)
+
+
+class MaskTable:
+    """The allowed-token masks of constraint states, on the device: one row per state (row 0 allows
+    every token), filled the first time a state is chosen in and reused, least recently used first
+    out. A step's rows take theirs in one gather: only state keys and row numbers cross."""
+
+    def __init__(self, xp: Any, vocab: int, rows: int) -> None:
+        self.xp = xp
+        self.vocab = vocab
+        self.rows = rows
+        self.table: Any = None  # allocated on the first constrained choice
+        self._slots: OrderedDict[Hashable, int] = OrderedDict()
+
+    def slot(self, sampler: Sampler) -> int:
+        constraint = sampler.constraint
+        if constraint is None:
+            return 0
+        if self.table is None:
+            self.table = self.xp.ones((self.rows, self.vocab), bool)
+        key = (type(constraint).__name__, constraint.state_key)
+        slot = self._slots.get(key)
+        if slot is not None:
+            self._slots.move_to_end(key)
+            return slot
+        if len(self._slots) < self.rows - 1:
+            slot = len(self._slots) + 1
+        else:
+            slot = self._slots.popitem(last=False)[1]
+        allowed = sampler.allowed()
+        assert allowed is not None
+        self.table[slot] = self.xp.asarray(allowed)
+        self._slots[key] = slot
+        return slot
+
+    def gather(self, slots: Sequence[int]) -> Any:
+        """The masks of `slots` (from `slot`, which allocates the table) as one [rows, vocab] array
+        (one indexing kernel)."""
+        return self.table[self.xp.asarray(np.asarray(slots, np.int64))]
+
+    def row(self, sampler: Sampler) -> Any:
+        slot = self.slot(sampler)  # first: it allocates the table
+        return self.table[slot]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.table is None else int(self.table.nbytes)
 
 
 @dataclass
@@ -160,8 +207,8 @@ class CudaBackend:
             self.store = self.xp.zeros((rows, info.vocab_size), _dtype(info.logits.dtype))
             # Scratch for gathering rows that are not contiguous: no allocation per step, memory flat.
             self.gathered = self.xp.zeros_like(self.store)
-        # Structured output: each constraint state's allowed-token mask, uploaded once (LRU).
-        self._masks: OrderedDict[Hashable, Any] = OrderedDict()
+        # Structured output: each constraint state's allowed-token mask, uploaded once.
+        self.masks = MaskTable(self.xp, int(self.store.shape[-1]), max(MASKS_HELD, 2 * self.pool.rows + 1))
         return self.pool
 
     def copy_rows(self, src: int, dst: int, length: int) -> None:
@@ -345,9 +392,7 @@ class CudaBackend:
                 index = self._index([rows[i] for i in plain])
                 logits = self.store[index] if isinstance(index, slice) else self._gather(self.store, index)
                 if any(samplers[i].constrained for i in plain):  # one masked argmax for every row
-                    every = self._every_token()
-                    allowed = self.xp.stack([self._mask(samplers[i]) if samplers[i].constrained else every
-                                             for i in plain])
+                    allowed = self.masks.gather([self.masks.slot(samplers[i]) for i in plain])
                     logits = self.xp.where(allowed, logits, self.xp.float32(-np.inf))
                 picked = self.rt.to_host(self.xp.argmax(logits, axis=-1))
                 out.update(zip(plain, (int(t) for t in picked), strict=True))
@@ -364,32 +409,11 @@ class CudaBackend:
         # The host's formulas (engine.executor.sampling), run where the logits are.
         logits = self.store[row]
         if sampler.constraint is not None:
-            logits = self.xp.where(self._mask(sampler), logits, self.xp.float32(-np.inf))
+            logits = self.xp.where(self.masks.row(sampler), logits, self.xp.float32(-np.inf))
         logits = apply_repetition_penalty(logits, history, params.repetition_penalty, self.xp)
         logits = apply_presence_frequency(logits, sampler.counts, params.presence_penalty,
                                           params.frequency_penalty, self.xp)
         return int(self.xp.argmax(logits))
-
-    def _every_token(self) -> Any:
-        key = ("every", None)
-        if key not in self._masks:
-            self._masks[key] = self.xp.ones(self.store.shape[-1], bool)
-        return self._masks[key]
-
-    def _mask(self, sampler: Sampler) -> Any:
-        """The device copy of the sampler's allowed tokens: only the state's key crosses once uploaded."""
-        constraint = sampler.constraint
-        assert constraint is not None
-        key = (type(constraint).__name__, constraint.state_key)
-        mask = self._masks.get(key)
-        if mask is None:
-            allowed = sampler.allowed()
-            mask = self._masks[key] = self.xp.asarray(allowed)
-            if len(self._masks) > MASKS_HELD:
-                self._masks.popitem(last=False)
-        else:
-            self._masks.move_to_end(key)
-        return mask
 
     def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int,
                  allowed: Sequence[np.ndarray | None] = ()) -> list[TokenLogprobs]:
@@ -426,4 +450,5 @@ class CudaBackend:
         return {"weights": self.weights_bytes, "captures": self.captures,
                 "staging_bytes": 0 if staging is None else int(staging.block.nbytes),
                 "staging_copied_positions": 0 if staging is None else staging.copied_positions,
-                "logits_store": 0 if self.store is None else int(self.store.nbytes)}
+                "logits_store": 0 if self.store is None else int(self.store.nbytes),
+                "constraint_masks": self.masks.nbytes if hasattr(self, "masks") else 0}

@@ -7,6 +7,7 @@ the array module and the provider differ.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -278,3 +279,40 @@ def test_a_kv_copy_in_wide_words_moves_exactly_the_positions_asked_and_nothing_e
             host_runtime().copy_positions(pool.block, 1, staging, 0, start, stop)
             expected[:, :, 1, :, start:stop] = staging[:, :, 0, :, start:stop]
             assert pool.block.tobytes() == expected.tobytes()
+
+
+def constrained(engine: Engine, regex: str, params: SamplingParams, top: int | None = None) -> Sampler:
+    """A sampler held to `regex` over a byte vocabulary of the engine's width (token i: byte i % 256)."""
+    from engine.constrain.compiled import compile_constraint
+    from engine.constrain.vocabulary import Vocabulary
+
+    size = engine.facts.vocab_size
+    vocabulary = Vocabulary([bytes([i % 256]) for i in range(size)], size, engine.facts.eos_ids)
+    return Sampler(params, top, compile_constraint("regex", regex, vocabulary).start())
+
+
+def test_constrained_rows_choose_on_the_backend_as_on_the_host_greedy_penalized_and_sampled(
+        model_dir: Path) -> None:
+    regex = "[a-f]{3}(x|yz)[0-9]{4}"
+    for params in (SamplingParams(), SamplingParams(repetition_penalty=1.5),
+                   SamplingParams(temperature=1.0, seed=4)):
+        outs = []
+        for engine in (device_engine(model_dir, max_sessions=3), cpu_engine(model_dir, max_sessions=3)):
+            samplers = [constrained(engine, regex, params, top=3), GREEDY, constrained(engine, regex, params)]
+            sessions = [engine.open_session() for _ in samplers]
+            for i, session in enumerate(sessions):
+                engine.append(session, prompt_ids(20 + i, i))
+            out = [[engine.choose(s, m)] for s, m in zip(sessions, samplers, strict=True)]
+            for _ in range(10):  # the longest match is 9 tokens: its end-of-sequence comes within 11
+                rows = [DecodeRow(s, o[-1], m) for s, o, m in zip(sessions, out, samplers, strict=True)]
+                for o, token in zip(out, engine.decode(rows), strict=True):
+                    o.append(token)  # type: ignore[arg-type]
+            outs.append(out)
+            eos = set(engine.facts.eos_ids)
+            for o in (out[0], out[2]):
+                text = bytes(t % 256 for t in o[:next(i for i, t in enumerate(o) if t in eos)]).decode()
+                assert re.fullmatch(regex, text), text
+            last = samplers[0].last  # of the constrained distribution: what it does not allow is -inf
+            assert last is not None and all(i in eos or chr(i % 256) in "abcdefxyz0123456789"
+                                            for i, logprob in last.top if logprob > -np.inf)
+        assert outs[0] == outs[1]
