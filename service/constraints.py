@@ -4,10 +4,11 @@ engine worker, and one row state per sample.
 The vocabulary as bytes is built from the tokenizer when the first constraint arrives (a model
 without a tokenizer Ladder can read has no text to constrain: FAILED_PRECONDITION, as for text
 prompts). A constraint is compiled on a worker thread of the event loop's executor, and its first
-state's allowed tokens are computed there too, so the engine worker only ever looks up masks of
-states it reaches later (computed once per state, then cached). A request waits for its
-constraint before it asks for a KV slot. Metrics: constrained requests by kind, compile seconds,
-cache hits and misses, and mask seconds per constrained token.
+state's allowed tokens are computed there too; then one thread of its own computes the masks of
+every other state of an automaton (~0.4 ms each on a 49k vocabulary), so the engine worker
+looks masks up instead of computing them (a row that reaches a state first computes it). A
+request waits for its constraint before it asks for a KV slot. Metrics: constrained requests by
+kind, compile seconds, cache hits and misses, and mask seconds per constrained token.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from engine.constrain.cache import ConstraintCache
@@ -34,6 +37,9 @@ class Constraints:
         self._metrics = metrics
         self._cache: ConstraintCache | None = None
         self._lock = threading.Lock()
+        self._warming = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ladder-masks")
+        self._warmed: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.stopping = threading.Event()
 
     def cache(self) -> ConstraintCache:
         """The cache, with the vocabulary as bytes made on first use (~40 ms for 49k tokens)."""
@@ -54,6 +60,13 @@ class Constraints:
         started = time.perf_counter()
         compiled = cache.get(spec.kind, spec.spec)
         compiled.start().allowed()
+        warm = getattr(compiled, "warm", None)
+        with self._lock:
+            fresh = warm is not None and compiled not in self._warmed
+            if fresh:
+                self._warmed.add(compiled)
+        if warm is not None and fresh:
+            self._warming.submit(warm, self.stopping)
         if self._metrics is not None:
             hit = cache.stats().hits > before.hits
             self._metrics.constraint_compiled(spec.kind, time.perf_counter() - started, hit)
@@ -67,6 +80,11 @@ class Constraints:
             self._metrics.constrained_requests.labels(spec.kind).inc()
         compiled = await asyncio.to_thread(self.compile, spec)
         return [compiled.start() for _ in range(n)]
+
+    def close(self) -> None:
+        """Stop computing masks ahead (the server is stopping)."""
+        self.stopping.set()
+        self._warming.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> Any:
         return None if self._cache is None else self._cache.stats()

@@ -189,6 +189,7 @@ class LadderServer:
         await self.grpc.stop(grace)
         if self.serving is not None:
             self.serving.scheduler.stop()
+            self.serving.constraints.close()
         if self._http is not None:
             self._http.shutdown()
         self.stopped.set()

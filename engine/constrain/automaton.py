@@ -65,6 +65,19 @@ class Automaton:
                 found = self._masks.setdefault(state, found)
         return found
 
+    def warm(self, stop: threading.Event | None = None) -> int:
+        """Compute the mask of every live state not cached yet, so rows never wait for one (the
+        server runs it on a thread of its own after compiling); `stop` ends it early. The number
+        computed."""
+        computed = 0
+        for state in range(1, len(self.dfa.accepting)):
+            if stop is not None and stop.is_set():
+                break
+            if state not in self._masks:
+                self.mask(state)
+                computed += 1
+        return computed
+
     def walk(self, state: int, token: int) -> int:
         """The state after `token`'s bytes (dead: 0)."""
         table = self.dfa.table
