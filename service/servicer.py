@@ -186,7 +186,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         async with aclosing(serving.scheduler.stream(progress.counted(body))) as events:
             async for event in events:
                 if isinstance(event, ForwardDone):
-                    yield wire.forward(state.id, event)
+                    yield wire.forward_event(state.id, event)
 
     async def Decode(self, request: pb.DecodeRequest, context: Context) -> AsyncIterator[pb.TokenEvent]:
         call, serving = wire.decode_call(request), self.serving

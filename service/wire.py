@@ -160,7 +160,7 @@ def completion(progress: Progress, request_id: str, session: Any | None = None,
     return done
 
 
-def forward(session_id: str, event: ForwardDone) -> pb.PrefillEvent:
+def forward_event(session_id: str, event: ForwardDone) -> pb.PrefillEvent:
     return pb.PrefillEvent(forward=pb.ForwardEvent(
         session_id=session_id, real_rows=event.real_rows, width=event.width, past=event.past,
         length=event.length))

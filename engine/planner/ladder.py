@@ -1,7 +1,8 @@
 """The query-width ladder: every prefill forward runs at one of three widths.
 
-For a chunk width (cap) of 512 the ladder is {171, 342, 512}. Three steps plus
-the single-row decode shape fill a variant cache of four exactly.
+For a chunk width (cap) of 512 the ladder is {171, 342, 512}. The variant cache holds
+these three widths and the decode forward's batch widths (engine/planner/batch.py), so a
+server prepares every shape it will ever run once, whatever its traffic.
 """
 
 MIN_STEP = 16
