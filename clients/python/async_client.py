@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.python.channel import Connection, aio_channel
 from clients.python.messages import (
+    Constraint,
     Logprobs,
     PromptInput,
     Sampling,
@@ -61,18 +62,21 @@ class AsyncLadderClient:
     async def generate(self, prompt: PromptInput, *, sampling: Sampling | None = None,
                        stopping: Stopping | None = None, timeout_s: float | None = None,
                        request_id: str | None = None, n: int = 1,
-                       logprobs: Logprobs | None = None) -> pb.Completion:
-        """The whole completion; with n > 1 every sample is in `.samples`."""
-        request = generate_request(prompt, sampling, stopping, n, logprobs)
+                       logprobs: Logprobs | None = None,
+                       constraint: Constraint | None = None) -> pb.Completion:
+        """The whole completion; with n > 1 every sample is in `.samples`; with `constraint` every
+        sample's text matches it (structured output)."""
+        request = generate_request(prompt, sampling, stopping, n, logprobs, constraint)
         result: pb.Completion = await self._stub.Generate(request, **self._call(timeout_s, request_id))
         return result
 
     async def generate_stream(self, prompt: PromptInput, *, sampling: Sampling | None = None,
                               stopping: Stopping | None = None, timeout_s: float | None = None,
                               request_id: str | None = None, n: int = 1,
-                              logprobs: Logprobs | None = None) -> AsyncIterator[pb.TokenEvent]:
+                              logprobs: Logprobs | None = None,
+                              constraint: Constraint | None = None) -> AsyncIterator[pb.TokenEvent]:
         """One TokenEvent per token (`event.token.sample`: of which sample), then the final Completion."""
-        request = generate_request(prompt, sampling, stopping, n, logprobs)
+        request = generate_request(prompt, sampling, stopping, n, logprobs, constraint)
         call = self._stub.GenerateStream(request, **self._call(timeout_s, request_id))
         async for event in _cancel_when_dropped(call):
             yield event
@@ -99,9 +103,10 @@ class AsyncLadderClient:
 
     async def decode(self, session_id: str, max_new_tokens: int, *, sampling: Sampling | None = None,
                      stopping: Stopping | None = None, timeout_s: float | None = None,
-                     logprobs: Logprobs | None = None) -> AsyncIterator[pb.TokenEvent]:
+                     logprobs: Logprobs | None = None,
+                     constraint: Constraint | None = None) -> AsyncIterator[pb.TokenEvent]:
         """Continue the session by up to `max_new_tokens` tokens, streamed; ends with a Completion."""
-        request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs)
+        request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs, constraint)
         async for event in _cancel_when_dropped(self._stub.Decode(request, **self._call(timeout_s))):
             yield event
 

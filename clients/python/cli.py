@@ -50,6 +50,14 @@ def add_sampling_flags(parser: argparse.ArgumentParser, max_new_tokens: int) -> 
     group.add_argument("--ignore-eos", action="store_true")
 
 
+def add_constraint_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("structured output (one of)").add_mutually_exclusive_group()
+    group.add_argument("--json-schema", metavar="FILE|JSON", help="JSON valid against this schema")
+    group.add_argument("--regex", help="text the regular expression (Python re syntax) matches whole")
+    group.add_argument("--choice", metavar="A,B,...", help="one of these comma-separated options")
+    group.add_argument("--grammar", metavar="FILE|GBNF", help="text this GBNF grammar (rule root) matches")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from clients.python import commands
 
@@ -66,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--usage", action="store_true",
                      help="print usage, timing and the prefill plan to stderr")
     add_sampling_flags(gen, max_new_tokens=64)
+    add_constraint_flags(gen)
     chat = _client_command(sub, "chat", "interactive chat on a server-side session", commands.chat)
     chat.add_argument("--system", help="system message")
     add_sampling_flags(chat, max_new_tokens=256)

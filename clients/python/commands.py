@@ -7,12 +7,13 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
 
 from clients.python.channel import Connection
 from clients.python.chat import ChatSession, ReplyStopped, echo_text
-from clients.python.messages import PromptInput, Sampling, Stopping, Turn, completion_of
+from clients.python.messages import Constraint, PromptInput, Sampling, Stopping, Turn, completion_of
 from clients.python.sync_client import LadderClient
 from clients.python.terminal import ChatTerminal
 from proto.ladder.v1 import ladder_pb2 as pb
@@ -35,6 +36,27 @@ def stopping_of(args: argparse.Namespace) -> Stopping:
     return Stopping(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
 
 
+def constraint_of(args: argparse.Namespace) -> Constraint | None:
+    """--json-schema, --regex, --choice or --grammar (argparse lets through at most one)."""
+    if args.json_schema is not None:
+        return Constraint(json_schema=_file_or_text(args.json_schema))
+    if args.regex is not None:
+        return Constraint(regex=args.regex)
+    if args.choice is not None:
+        return Constraint(choice=tuple(args.choice.split(",")))
+    if args.grammar is not None:
+        return Constraint(grammar=_file_or_text(args.grammar))
+    return None
+
+
+def _file_or_text(value: str) -> str:
+    """The file's text when `value` names a file, else `value` itself (inline JSON or GBNF)."""
+    try:
+        return Path(value).read_text() if Path(value).is_file() else value
+    except OSError:  # a long inline text is no file name
+        return value
+
+
 def prompt_of(args: argparse.Namespace) -> PromptInput:
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if args.tokens:
@@ -53,7 +75,7 @@ def _write(text: str) -> None:
 def generate(args: argparse.Namespace) -> int:
     with LadderClient(connection_of(args)) as client:
         events = client.generate_stream(prompt_of(args), sampling=sampling_of(args),
-                                        stopping=stopping_of(args))
+                                        stopping=stopping_of(args), constraint=constraint_of(args))
         if args.ids:
             completion = completion_of(events)
             _write(" ".join(str(i) for i in completion.token_ids))

@@ -7,8 +7,10 @@ A prompt is text (`str`), token ids (`list[int]`) or a conversation (`list[Turn]
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from proto.ladder.v1 import ladder_pb2 as pb
 
@@ -75,6 +77,35 @@ class Logprobs:
         return pb.LogprobOptions(top=self.top, prompt=self.prompt)
 
 
+CONSTRAINT_KINDS = ("json_schema", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Structured output: the text must match exactly one of a JSON Schema (JSON text, or a value
+    such as a dict that json.dumps writes), a regex, one of the choices, or a GBNF grammar."""
+
+    json_schema: Any = None
+    regex: str | None = None
+    choice: Sequence[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [kind for kind in CONSTRAINT_KINDS if getattr(self, kind) is not None]
+        if len(given) != 1:
+            raise ValueError(f"a Constraint is one of {', '.join(CONSTRAINT_KINDS)}; got {given or 'none'}")
+
+    def to_proto(self) -> pb.Constraint:
+        if self.regex is not None:
+            return pb.Constraint(regex=self.regex)
+        if self.choice is not None:
+            return pb.Constraint(choice=pb.Choices(options=list(self.choice)))
+        if self.grammar is not None:
+            return pb.Constraint(grammar=self.grammar)
+        schema = self.json_schema
+        return pb.Constraint(json_schema=schema if isinstance(schema, str) else json.dumps(schema))
+
+
 def chat_proto(turns: Iterable[Turn]) -> pb.Chat:
     return pb.Chat(messages=[pb.ChatMessage(role=t.role, content=t.content) for t in turns])
 
@@ -92,11 +123,14 @@ def prompt_proto(prompt: PromptInput) -> pb.Prompt:
 
 
 def generate_request(prompt: PromptInput, sampling: Sampling | None, stopping: Stopping | None,
-                     n: int = 1, logprobs: Logprobs | None = None) -> pb.GenerateRequest:
+                     n: int = 1, logprobs: Logprobs | None = None,
+                     constraint: Constraint | None = None) -> pb.GenerateRequest:
     request = pb.GenerateRequest(prompt=prompt_proto(prompt), sampling=(sampling or Sampling()).to_proto(),
                                  stopping=(stopping or Stopping()).to_proto(), n=n)
     if logprobs is not None:
         request.logprobs.CopyFrom(logprobs.to_proto())
+    if constraint is not None:
+        request.constraint.CopyFrom(constraint.to_proto())
     return request
 
 
@@ -121,7 +155,8 @@ def prefill_requests(parts: Iterable[PromptInput], session_id: str,
 
 
 def decode_request(session_id: str, max_new_tokens: int, sampling: Sampling | None,
-                   stopping: Stopping | None, logprobs: Logprobs | None = None) -> pb.DecodeRequest:
+                   stopping: Stopping | None, logprobs: Logprobs | None = None,
+                   constraint: Constraint | None = None) -> pb.DecodeRequest:
     stop = stopping or Stopping()
     options = stop.to_proto()
     options.max_new_tokens = max_new_tokens
@@ -129,6 +164,8 @@ def decode_request(session_id: str, max_new_tokens: int, sampling: Sampling | No
                                stopping=options)
     if logprobs is not None:
         request.logprobs.CopyFrom(logprobs.to_proto())
+    if constraint is not None:
+        request.constraint.CopyFrom(constraint.to_proto())
     return request
 
 

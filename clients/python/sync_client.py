@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.python.channel import Connection, sync_channel
 from clients.python.messages import (
+    Constraint,
     Logprobs,
     PromptInput,
     Sampling,
@@ -63,18 +64,20 @@ class LadderClient:
     def generate(self, prompt: PromptInput, *, sampling: Sampling | None = None,
                  stopping: Stopping | None = None, timeout_s: float | None = None,
                  request_id: str | None = None, n: int = 1,
-                 logprobs: Logprobs | None = None) -> pb.Completion:
-        """The whole completion; with n > 1 every sample is in `.samples`."""
-        request = generate_request(prompt, sampling, stopping, n, logprobs)
+                 logprobs: Logprobs | None = None, constraint: Constraint | None = None) -> pb.Completion:
+        """The whole completion; with n > 1 every sample is in `.samples`; with `constraint` every
+        sample's text matches it (structured output)."""
+        request = generate_request(prompt, sampling, stopping, n, logprobs, constraint)
         result: pb.Completion = self._stub.Generate(request, **self._call(timeout_s, request_id))
         return result
 
     def generate_stream(self, prompt: PromptInput, *, sampling: Sampling | None = None,
                         stopping: Stopping | None = None, timeout_s: float | None = None,
                         request_id: str | None = None, n: int = 1,
-                        logprobs: Logprobs | None = None) -> Iterator[pb.TokenEvent]:
+                        logprobs: Logprobs | None = None,
+                        constraint: Constraint | None = None) -> Iterator[pb.TokenEvent]:
         """One TokenEvent per token (`event.token.sample`: of which sample), then the final Completion."""
-        request = generate_request(prompt, sampling, stopping, n, logprobs)
+        request = generate_request(prompt, sampling, stopping, n, logprobs, constraint)
         call = self._stub.GenerateStream(request, **self._call(timeout_s, request_id))
         yield from _cancel_when_dropped(call)
 
@@ -102,11 +105,12 @@ class LadderClient:
 
     def decode(self, session_id: str, max_new_tokens: int, *, sampling: Sampling | None = None,
                stopping: Stopping | None = None, timeout_s: float | None = None,
-               logprobs: Logprobs | None = None, on_call: OnCall | None = None) -> Iterator[pb.TokenEvent]:
+               logprobs: Logprobs | None = None, on_call: OnCall | None = None,
+               constraint: Constraint | None = None) -> Iterator[pb.TokenEvent]:
         """Continue the session by up to `max_new_tokens` tokens, streamed; ends with a Completion.
 
         `on_call` gets the gRPC call as it starts: another thread may `cancel()` it."""
-        request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs)
+        request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs, constraint)
         call = _started(self._stub.Decode(request, **self._call(timeout_s)), on_call)
         yield from _cancel_when_dropped(call)
 
