@@ -2,10 +2,12 @@
 // grpc_cpp_plugin generate from proto/ladder/v1/ladder.proto at build time (see Makefile, build.sh).
 //
 //   ladder-cpp [--address host:port] [--max-new-tokens N] [--ignore-eos] [--tokens] [--stream]
-//              [--token BEARER] [--timeout SECONDS] PROMPT
+//              [--token BEARER] [--timeout SECONDS]
+//              [--json-schema JSON | --regex RE | --choice A,B,... | --grammar GBNF] PROMPT
 //
 // --tokens sends PROMPT as space-separated token ids (for models without a tokenizer); --stream
-// calls GenerateStream and prints each token's text as it arrives. The completion's text goes to
+// calls GenerateStream and prints each token's text as it arrives. The last four flags ask for
+// structured output (the request's Constraint; docs/api.md). The completion's text goes to
 // stdout, a one-line JSON summary to stderr. A failed call prints "<RPC> failed: <CODE>: <message>"
 // on stderr and exits 1; bad arguments exit 2.
 
@@ -32,11 +34,14 @@ struct Args {
   std::string bearer;
   double timeout_s = 60;
   std::string prompt;
+  std::string constraint_kind;  // json_schema, regex, choice or grammar; empty: free text
+  std::string constraint;
 };
 
 constexpr const char* kUsage =
     "usage: ladder-cpp [--address host:port] [--max-new-tokens N] [--ignore-eos] [--tokens] [--stream]\n"
-    "                  [--token BEARER] [--timeout SECONDS] PROMPT\n";
+    "                  [--token BEARER] [--timeout SECONDS]\n"
+    "                  [--json-schema JSON | --regex RE | --choice A,B,... | --grammar GBNF] PROMPT\n";
 
 // grpc::StatusCode has no name table; these are the canonical names (google.rpc.Code).
 const char* CodeName(grpc::StatusCode code) {
@@ -77,6 +82,10 @@ Args ParseArgs(int argc, char** argv) {
     else if (flag == "--stream") args.stream = true;
     else if (flag == "--token") args.bearer = value();
     else if (flag == "--timeout") args.timeout_s = NumberOf(flag, value(), 0);
+    else if (flag == "--json-schema" || flag == "--regex" || flag == "--choice" || flag == "--grammar") {
+      args.constraint_kind = flag == "--json-schema" ? "json_schema" : flag.substr(2);
+      args.constraint = value();
+    }
     else if (flag == "--help" || flag == "-h") throw std::invalid_argument("help");
     else words.push_back(flag);
   }
@@ -96,12 +105,24 @@ void SetPrompt(const Args& args, ladder::v1::Prompt* prompt) {
   while (ids >> id) prompt->mutable_tokens()->add_ids(static_cast<int32_t>(std::stol(id)));
 }
 
+void SetConstraint(const Args& args, ladder::v1::Constraint* constraint) {
+  if (args.constraint_kind == "json_schema") constraint->set_json_schema(args.constraint);
+  else if (args.constraint_kind == "regex") constraint->set_regex(args.constraint);
+  else if (args.constraint_kind == "grammar") constraint->set_grammar(args.constraint);
+  else {  // choice: the comma-separated options
+    std::istringstream options(args.constraint);
+    std::string option;
+    while (std::getline(options, option, ',')) constraint->mutable_choice()->add_options(option);
+  }
+}
+
 ladder::v1::GenerateRequest RequestOf(const Args& args) {
   ladder::v1::GenerateRequest request;
   SetPrompt(args, request.mutable_prompt());
   request.mutable_sampling()->set_temperature(0);  // greedy: the same tokens as any other client
   request.mutable_stopping()->set_max_new_tokens(args.max_new_tokens);
   request.mutable_stopping()->set_ignore_eos(args.ignore_eos);
+  if (!args.constraint_kind.empty()) SetConstraint(args, request.mutable_constraint());
   return request;
 }
 

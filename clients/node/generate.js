@@ -3,11 +3,15 @@
 // (no generated code). Prints the completion's text on stdout and a JSON summary on stderr.
 //
 //   node generate.js [--address host:port] [--max-new-tokens N] [--ignore-eos] [--tokens] [--token BEARER]
-//                    [--timeout SECONDS] PROMPT
+//                    [--timeout SECONDS] [--json-schema FILE|JSON | --regex RE | --choice A,B | --grammar FILE|GBNF]
+//                    PROMPT
 //
-// --tokens sends PROMPT as space-separated token ids (for models without a tokenizer).
+// --tokens sends PROMPT as space-separated token ids (for models without a tokenizer). The last four
+// ask for structured output: the text is JSON valid against the schema, matches the regex, is one
+// of the comma-separated options, or matches the GBNF grammar (docs/api.md, "Structured output").
 'use strict';
 
+const fs = require('fs');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
@@ -18,6 +22,7 @@ const PROTO_FILE = 'ladder/v1/ladder.proto';
 function parseArgs(argv) {
   const args = {
     address: '127.0.0.1:50051', maxNewTokens: 32, ignoreEos: false, tokens: false, token: '', timeoutS: 60, prompt: [],
+    constraint: null,
   };
   for (let i = 0; i < argv.length; i += 1) {
     const flag = argv[i];
@@ -27,11 +32,25 @@ function parseArgs(argv) {
     else if (flag === '--tokens') args.tokens = true;
     else if (flag === '--token') args.token = argv[++i];
     else if (flag === '--timeout') args.timeoutS = Number(argv[++i]);
+    else if (flag === '--json-schema') args.constraint = { json_schema: fileOrText(argv[++i]) };
+    else if (flag === '--regex') args.constraint = { regex: argv[++i] };
+    else if (flag === '--choice') args.constraint = { choice: { options: argv[++i].split(',') } };
+    else if (flag === '--grammar') args.constraint = { grammar: fileOrText(argv[++i]) };
     else args.prompt.push(flag);
   }
   if (args.prompt.length === 0) throw new Error('usage: node generate.js [--address A] [--tokens] PROMPT');
   args.prompt = args.prompt.join(' ');
   return args;
+}
+
+// A file's text when VALUE names a file, else VALUE itself (a schema or a grammar written inline).
+function fileOrText(value) {
+  try {
+    if (fs.statSync(value).isFile()) return fs.readFileSync(value, 'utf8');
+  } catch (error) {
+    // not a file: the text itself
+  }
+  return value;
 }
 
 function loadLadder() {
@@ -58,6 +77,7 @@ function main() {
     sampling: { temperature: 0 },
     stopping: { max_new_tokens: args.maxNewTokens, ignore_eos: args.ignoreEos },
   };
+  if (args.constraint) request.constraint = args.constraint;
   const deadline = new Date(Date.now() + args.timeoutS * 1000);
   client.Generate(request, metadata, { deadline }, (error, completion) => {
     client.close();
