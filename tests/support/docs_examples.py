@@ -551,6 +551,20 @@ def grpcurl_health_errors(ex: Examples, steps: list[Step]) -> list[str]:
     return [checked, "", ex.grpcurl_error(failing)]
 
 
+def structured_grpcurl(ex: Examples, steps: list[Step]) -> list[str]:
+    """Constrained Generates: each answer's text, finish reason and log-probabilities (when asked
+    for), the rest trimmed; a command the page shows failing, its error as grpcurl prints it."""
+    outputs = []
+    for step in steps:
+        if step.output.startswith("ERROR:"):
+            outputs.append(ex.grpcurl_error(step))
+            continue
+        done = ex.grpcurl(step)[0]
+        shown = {k: done[k] for k in ("text", "finish_reason", "logprobs") if k in done}
+        outputs.append(one_line(shown)[:-1] + ", ...}")
+    return outputs
+
+
 def cli_generate(ex: Examples, steps: list[Step]) -> list[str]:
     """The `ladder` commands: the plain-text `ladder generate` shows its answer; the rest are not run."""
     shown = [s.argv[:2] == ["ladder", "generate"] and not {"--chat", "--tokens"} & set(s.argv) for s in steps]
@@ -602,18 +616,25 @@ def cli_chat(ex: Examples, steps: list[Step]) -> list[str]:
 def node_generate(ex: Examples, steps: list[Step]) -> list[str]:
     """clients/node/generate.js: the text on stdout, its summary on stderr (its time trimmed)."""
     install, step = _steps(steps, 2, "node-generate")
+    return ["", _node_generate(ex, step)]
+
+
+def node_structured(ex: Examples, steps: list[Step]) -> list[str]:
+    """generate.js with constraint flags, each command printed as node-generate prints one."""
+    return [_node_generate(ex, step) for step in steps]
+
+
+def _node_generate(ex: Examples, step: Step) -> str:
     if step.argv[:2] != ["node", "generate.js"]:
         raise ExampleError(f"not generate.js: {step.command!r}")
-    max_new, prompt = _client_args(step, default_max_new_tokens=32)
-    done = ex.generate(pb.GenerateRequest(prompt=prompt, sampling=pb.SamplingOptions(temperature=0),
-                                          stopping=pb.StoppingOptions(max_new_tokens=max_new)))
+    done = ex.generate(_client_request(step, default_max_new_tokens=32))
     if isinstance(done, grpc.RpcError):
         raise ExampleError(f"{step.command!r} failed: {done.details()}")
     summary = js_json({"token_ids": list(done.token_ids),
                        "finish_reason": pb.FinishReason.Name(done.finish_reason),
                        "usage": {"prompt_tokens": done.usage.prompt_tokens,
                                  "completion_tokens": done.usage.completion_tokens}})
-    return ["", f"{done.text}\n{summary[:-1]},...}}"]
+    return f"{done.text}\n{summary[:-1]},...}}"
 
 
 def cpp_client(ex: Examples, steps: list[Step]) -> list[str]:
@@ -625,9 +646,7 @@ def cpp_client(ex: Examples, steps: list[Step]) -> list[str]:
         if "--stream" in step.argv:  # shown without its output
             outputs.append("")
             continue
-        max_new, prompt = _client_args(step, default_max_new_tokens=32)
-        done = ex.generate(pb.GenerateRequest(prompt=prompt, sampling=pb.SamplingOptions(temperature=0),
-                                              stopping=pb.StoppingOptions(max_new_tokens=max_new)))
+        done = ex.generate(_client_request(step, default_max_new_tokens=32))
         if isinstance(done, grpc.RpcError):
             outputs.append(f"Generate failed: {done.code().name}: {done.details()}")
             continue
@@ -639,25 +658,34 @@ def cpp_client(ex: Examples, steps: list[Step]) -> list[str]:
     return outputs
 
 
-def _client_args(step: Step, default_max_new_tokens: int) -> tuple[int, pb.Prompt]:
-    """--max-new-tokens and the prompt (--tokens: ids) of the Node and C++ clients' command lines."""
-    max_new, tokens, words = default_max_new_tokens, False, []
+def _client_request(step: Step, default_max_new_tokens: int) -> pb.GenerateRequest:
+    """The greedy Generate the Node and C++ clients send for a command line: --max-new-tokens, the
+    prompt (--tokens: ids) and a constraint flag (--json-schema JSON, --regex, --choice A,B, --grammar)."""
+    request = pb.GenerateRequest(sampling=pb.SamplingOptions(temperature=0),
+                                 stopping=pb.StoppingOptions(max_new_tokens=default_max_new_tokens))
+    tokens, words = False, []
     argv = iter(step.argv[2:] if step.argv[0] == "node" else step.argv[1:])  # node SCRIPT / ladder-cpp
     for word in argv:
         if word == "--max-new-tokens":
-            max_new = int(next(argv))
+            request.stopping.max_new_tokens = int(next(argv))
         elif word == "--address":
             next(argv)
         elif word == "--tokens":
             tokens = True
+        elif word in ("--json-schema", "--regex", "--grammar"):
+            setattr(request.constraint, word[2:].replace("-", "_"), next(argv))
+        elif word == "--choice":
+            request.constraint.choice.options.extend(next(argv).split(","))
         elif word.startswith("--"):
             raise ExampleError(f"flag {word} is not one the script knows: {step.command!r}")
         else:
             words.append(word)
     text = " ".join(words)
     if tokens:
-        return max_new, pb.Prompt(tokens=pb.TokenIds(ids=[int(w) for w in text.split()]))
-    return max_new, pb.Prompt(text=text)
+        request.prompt.tokens.ids.extend(int(w) for w in text.split())
+    else:
+        request.prompt.text = text
+    return request
 
 
 RENDERERS: dict[str, Callable[[Examples, list[Step]], list[str]]] = {
@@ -669,6 +697,9 @@ RENDERERS: dict[str, Callable[[Examples, list[Step]], list[str]]] = {
     "grpcurl-fork": grpcurl_fork,
     "grpcurl-health-errors": grpcurl_health_errors,
     "cli-generate": cli_generate,
+    "structured-grpcurl": structured_grpcurl,
+    "structured-node": node_structured,
+    "structured-cli": cli_generate,
     "cli-chat": cli_chat,
     "node-generate": node_generate,
     "cpp-client": cpp_client,
