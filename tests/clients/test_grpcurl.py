@@ -125,3 +125,21 @@ def test_grpcurl_asks_for_samples_logprobs_min_p_and_penalties_as_docs_api_shows
     tokens = [e["token"] for e in stream if "token" in e]
     assert sorted(t.get("sample", 0) for t in tokens) == [0, 0, 1, 1]
     assert all(len(t["top_logprobs"]) == 1 and "logprob" in t for t in tokens)
+
+
+def test_grpcurl_sends_each_kind_of_constraint_as_docs_api_shows(server: RunningServer) -> None:
+    schema = {"type": "array", "items": {"enum": ["red", "green"]}, "minItems": 1, "maxItems": 2}
+    checks = [({"json_schema": json.dumps(schema)}, lambda text: set(json.loads(text)) <= {"red", "green"}),
+              ({"regex": "\\d{4}-\\d{2}-\\d{2}"}, lambda text: len(text) == 10 and text[4] == text[7] == "-"),
+              ({"choice": {"options": ["positive", "negative", "neutral"]}},
+               lambda text: text in ("positive", "negative", "neutral")),
+              ({"grammar": 'root ::= num (" " [-+*/] " " num){1,3}\nnum ::= [0-9]{1,3}'},
+               lambda text: len(text.split()) in (3, 5, 7))]
+    for constraint, matches in checks:
+        request = {"prompt": {"text": "Hello"}, "stopping": {"max_new_tokens": 40}, "constraint": constraint}
+        done = json.loads(grpcurl(server, "ladder.v1.Ladder/Generate", data=json.dumps(request)).stdout)
+        assert matches(done["text"]), (constraint, done["text"])
+        assert done["finish_reason"] in ("FINISH_REASON_STOP", "FINISH_REASON_EOS")
+    refused = grpcurl(server, "ladder.v1.Ladder/Generate", check=False, data=json.dumps(
+        {"prompt": {"text": "Hi"}, "constraint": {"regex": "(a"}}))
+    assert "Code: InvalidArgument" in refused.stderr and "the regex does not parse" in refused.stderr
