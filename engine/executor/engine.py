@@ -11,6 +11,7 @@ Not thread-safe by design: the service runs it on one worker thread.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -520,7 +521,10 @@ class Engine(Prefilling):
             found = self.backend.logprobs([rows[i] for i in asking], [tokens[i] for i in asking], top,
                                           masks if any(m is not None for m in masks) else ())
             for i, logprobs in zip(asking, found, strict=True):
-                samplers[i].last = replace(logprobs, top=logprobs.top[:samplers[i].top_logprobs])
+                kept = logprobs.top[:samplers[i].top_logprobs]
+                if samplers[i].constrained:  # alternatives the constraint rules out are not alternatives
+                    kept = tuple(pair for pair in kept if pair[1] > -math.inf)
+                samplers[i].last = replace(logprobs, top=kept)
         for sampler, token in zip(samplers, tokens, strict=True):
             sampler.chose(token)
         return tokens

@@ -293,9 +293,9 @@ def test_a_choices_log_probabilities_are_a_distribution_over_the_tokens_it_allow
     assert reply.text in options
     written = ""
     for position in reply.logprobs:
-        allowed = [a for a in position.top if math.isfinite(a.logprob)]
-        # Fewer than 20 tokens are allowed: the list ends with tokens of probability 0.
-        assert all(not math.isfinite(a.logprob) for a in position.top[len(allowed):])
+        allowed = list(position.top)
+        # Fewer than 20 tokens are allowed: the list holds those only, none of probability 0.
+        assert 0 < len(allowed) < 20 and all(math.isfinite(a.logprob) for a in allowed)
         assert all(any(o.startswith(written + a.text) for o in options) for a in allowed)
         assert sum(math.exp(a.logprob) for a in allowed) == pytest.approx(1.0, abs=1e-3)
         written += next(a.text for a in position.top if a.id == position.id)
