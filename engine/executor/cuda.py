@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +33,7 @@ import structlog
 from engine.executor.backend import HeadRows
 from engine.executor.cpu import _dtype, inference_session, resolve_dims
 from engine.executor.cuda_runtime import CudaUnavailable, Placement, cuda_runtime, host_runtime
+from engine.executor.masks import MASKS_HELD, MaskTable
 from engine.executor.options import EngineOptions
 from engine.executor.pool import KvPool, move_boundary
 from engine.executor.sampling import (
@@ -51,56 +51,6 @@ log = structlog.get_logger("ladder.engine")
 
 EAGER = -1  # onnxruntime's gpu_graph_id for "run without capture or replay"
 __all__ = ["CudaBackend", "CudaUnavailable", "Placement", "cuda_runtime", "host_runtime"]
-
-
-MASKS_HELD = 256  # constraint states whose allowed-token masks stay on the device (a vocabulary byte each)
-
-
-class MaskTable:
-    """The allowed-token masks of constraint states, on the device: one row per state (row 0 allows
-    every token), filled the first time a state is chosen in and reused, least recently used first
-    out. A step's rows take theirs in one gather: only state keys and row numbers cross."""
-
-    def __init__(self, xp: Any, vocab: int, rows: int) -> None:
-        self.xp = xp
-        self.vocab = vocab
-        self.rows = rows
-        self.table: Any = None  # allocated on the first constrained choice
-        self._slots: OrderedDict[Hashable, int] = OrderedDict()
-
-    def slot(self, sampler: Sampler) -> int:
-        constraint = sampler.constraint
-        if constraint is None:
-            return 0
-        if self.table is None:
-            self.table = self.xp.ones((self.rows, self.vocab), bool)
-        key = (type(constraint).__name__, constraint.state_key)
-        slot = self._slots.get(key)
-        if slot is not None:
-            self._slots.move_to_end(key)
-            return slot
-        if len(self._slots) < self.rows - 1:
-            slot = len(self._slots) + 1
-        else:
-            slot = self._slots.popitem(last=False)[1]
-        allowed = sampler.allowed()
-        assert allowed is not None
-        self.table[slot] = self.xp.asarray(allowed)
-        self._slots[key] = slot
-        return slot
-
-    def gather(self, slots: Sequence[int]) -> Any:
-        """The masks of `slots` (from `slot`, which allocates the table) as one [rows, vocab] array
-        (one indexing kernel)."""
-        return self.table[self.xp.asarray(np.asarray(slots, np.int64))]
-
-    def row(self, sampler: Sampler) -> Any:
-        slot = self.slot(sampler)  # first: it allocates the table
-        return self.table[slot]
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.table is None else int(self.table.nbytes)
 
 
 @dataclass
