@@ -1,6 +1,7 @@
 """Generate the Python stubs of proto/ladder/v1 with grpcio-tools.
 
-Run `python -m proto.generate` after editing a .proto. The stubs are committed;
+Run `python -m proto.generate` after editing a .proto (mypy-protobuf, a dev dependency, types the
+service stubs). The stubs are committed;
 tests/service/test_proto_stubs.py regenerates them into a temporary directory
 and checks they are identical. The package is importable as `proto.ladder.v1`.
 
@@ -13,6 +14,7 @@ descriptors lack; server reflection serves it, so `grpcurl describe` shows the
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,10 +27,11 @@ _ABSOLUTE_IMPORT = re.compile(r"^from ladder\.v1 import (\w+_pb2)", re.MULTILINE
 
 
 def generate(out_dir: Path = ROOT) -> list[Path]:
-    """Write *_pb2.py, *_pb2.pyi and *_pb2_grpc.py under out_dir; return the files written."""
+    """Write *_pb2.py, *_pb2.pyi, *_pb2_grpc.py and *_pb2_grpc.pyi under out_dir; return the files written."""
     include = protoc._get_resource_file_name("grpc_tools", "_proto")
     args = ["grpc_tools.protoc", f"-I{ROOT}", f"-I{include}", f"--python_out={out_dir}",
-            f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}", *PROTOS]
+            f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}",
+            f"--plugin=protoc-gen-mypy_grpc={_mypy_grpc_plugin()}", f"--mypy_grpc_out={out_dir}", *PROTOS]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
     written = []
@@ -41,11 +44,21 @@ def generate(out_dir: Path = ROOT) -> list[Path]:
         written.append(descriptors)
     for proto in PROTOS:
         stem = out_dir / proto.removesuffix(".proto")
-        for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"):
+        for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi"):
             path = stem.with_name(stem.name + suffix)
             path.write_text(_ABSOLUTE_IMPORT.sub(r"from proto.ladder.v1 import \1", path.read_text()))
             written.append(path)
     return written
+
+
+def _mypy_grpc_plugin() -> Path:
+    """mypy-protobuf's protoc plugin (a dev dependency), installed beside this interpreter: it types
+    the service stubs (`LadderStub`), which grpcio-tools leaves untyped, so mypy checks the clients' calls."""
+    plugin = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
+    found = plugin if plugin.exists() else shutil.which("protoc-gen-mypy_grpc")
+    if found is None:
+        raise RuntimeError("protoc-gen-mypy_grpc not found: pip install -e '.[dev]' (mypy-protobuf)")
+    return Path(found)
 
 
 def descriptor_set_path(proto: str, root: Path = ROOT) -> Path:

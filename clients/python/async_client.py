@@ -15,9 +15,9 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from clients.python.channel import Connection, aio_channel
+from clients.python.channel import HEALTH_CHECK, Connection, aio_channel
 from clients.python.messages import (
     Constraint,
     Logprobs,
@@ -41,7 +41,10 @@ class AsyncLadderClient:
         self.connection = Connection(connection) if isinstance(connection, str) else connection
         self._channel = aio_channel(self.connection)
         self._stub = ladder_pb2_grpc.LadderStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        # grpc.health.v1 Check, typed (the types-grpcio-health-checking HealthStub declares no methods).
+        self._health_check = self._channel.unary_unary(
+            HEALTH_CHECK, request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString)
 
     async def __aenter__(self) -> AsyncLadderClient:
         return self
@@ -151,7 +154,7 @@ class AsyncLadderClient:
     async def health(self, service: str = "", *, timeout_s: float | None = None) -> str:
         """The grpc.health.v1 status name: "SERVING", "NOT_SERVING", ..."""
         request = health_pb2.HealthCheckRequest(service=service)
-        response = await self._health.Check(request, **self._call(timeout_s))
+        response = await self._health_check(request, **self._call(timeout_s))
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
     async def wait_until_serving(self, timeout_s: float, *, service: str = "", poll_s: float = 0.25) -> str:

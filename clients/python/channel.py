@@ -17,6 +17,7 @@ import grpc.aio
 # Generation replies may carry many token ids and per-token timings; allow more than gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"  # the standard health service's one unary method
 
 
 @dataclass(frozen=True)

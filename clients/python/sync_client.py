@@ -14,9 +14,9 @@ from types import TracebackType
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from clients.python.channel import Connection, sync_channel
+from clients.python.channel import HEALTH_CHECK, Connection, sync_channel
 from clients.python.messages import (
     Constraint,
     Logprobs,
@@ -43,7 +43,10 @@ class LadderClient:
         self.connection = Connection(connection) if isinstance(connection, str) else connection
         self._channel = sync_channel(self.connection)
         self._stub = ladder_pb2_grpc.LadderStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        # grpc.health.v1 Check, typed (the types-grpcio-health-checking HealthStub declares no methods).
+        self._health_check = self._channel.unary_unary(
+            HEALTH_CHECK, request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString)
 
     def __enter__(self) -> LadderClient:
         return self
@@ -152,7 +155,7 @@ class LadderClient:
     def health(self, service: str = "", *, timeout_s: float | None = None) -> str:
         """The grpc.health.v1 status name: "SERVING", "NOT_SERVING", ..."""
         request = health_pb2.HealthCheckRequest(service=service)
-        response = self._health.Check(request, **self._call(timeout_s))
+        response = self._health_check(request, **self._call(timeout_s))
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
     def wait_until_serving(self, timeout_s: float, *, service: str = "", poll_s: float = 0.25) -> str:
