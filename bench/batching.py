@@ -290,7 +290,7 @@ def baseline(args: argparse.Namespace, model: str, vocab: int) -> dict[str, Any]
 def engine_single_stream(model_dir: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     """The engine alone (no gRPC, no scheduler): one session's greedy decode rate, lookahead on and off."""
     from engine.executor import DecodeRow, Engine, EngineOptions
-    from engine.executor.sampling import Sampler, SamplingParams
+    from engine.sampling import Sampler, SamplingParams
 
     out: dict[str, float] = {}
     for lookahead in (True, False, True, False):  # each twice, the best kept
@@ -318,7 +318,7 @@ def numerics(model_dir: Path, args: argparse.Namespace, vocab: int, streams: int
     under a different kernel's rounding), and the largest logits difference at the first decode.
     """
     from engine.executor import DecodeRow, Engine, EngineOptions
-    from engine.executor.sampling import Sampler, SamplingParams
+    from engine.sampling import Sampler, SamplingParams
 
     greedy = Sampler(SamplingParams())
     prompts = [prompt(args.prompt, seed, vocab) for seed in range(streams)]

@@ -33,8 +33,8 @@ from bench.served import machine, resolve_model, server_arguments
 from engine.constrain.compiled import Compiled, compile_constraint
 from engine.constrain.vocabulary import Vocabulary
 from engine.executor import Engine, EngineOptions
-from engine.executor.sampling import Sampler, SamplingParams
 from engine.executor.step import DecodeRow, Step
+from engine.sampling import Sampler, SamplingParams
 
 SCHEMA = {
     "type": "object",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from engine.chat_template import ChatMessage
 from engine.errors import InvalidInput
-from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
+from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from service.errors import TooLarge
 
 MAX_STOPS = 16  # stop strings per request

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:  # imported where it is built: the executor loads onnxruntime, and a bad flag
-    from engine.executor.options import EngineOptions  # is refused before any of that (~0.1 s)
+    from engine.options import EngineOptions  # is refused before any of that (~0.1 s)
 
 PADDING_SWITCH = "ONNX_GENAI_PREFILL_QUERY_PADDING"
 ENV_PREFIX = "LADDER_"
@@ -98,7 +98,7 @@ class Config:
     constraint_cache_mb: int = 256  # compiled structured-output constraints and their masks
 
     def engine_options(self) -> EngineOptions:
-        from engine.executor.options import EngineOptions
+        from engine.options import EngineOptions
 
         return EngineOptions(provider=self.provider, padding=self.padding, chunk_size=self.chunk_size,
                              capacity=self.capacity, variant_capacity=self.variant_capacity,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from engine.executor.sampling import TokenLogprobs
+from engine.sampling import TokenLogprobs
 
 
 class Finish(Enum):

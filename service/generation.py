@@ -19,8 +19,8 @@ import structlog
 
 from engine.errors import InvalidInput, OverCapacity
 from engine.executor import DecodeRow, Engine, Session
-from engine.executor.sampling import Sampler
 from engine.executor.step import Choose, Close, Fork, Open, Prefill, PrefillProgress, Rewind
+from engine.sampling import Sampler
 from engine.tokenizer import Tokenizer
 from service.calls import Prompt, Stopping
 from service.errors import NoTokenizer, OverLimit

@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from engine.executor.sampling import TokenLogprobs
+from engine.sampling import TokenLogprobs
 from service.events import Finish, Finished, ForwardDone, PrefillTally, PromptLogprobs, Started, TokenOut
 from service.metrics import TTFT_METHODS, Metrics
 

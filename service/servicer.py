@@ -24,8 +24,8 @@ import grpc
 from google.protobuf.message import Message
 
 from engine.errors import InvalidInput
-from engine.executor.sampling import Sampler
 from engine.executor.step import Stats
+from engine.sampling import Sampler
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire

@@ -12,7 +12,7 @@ from typing import Any
 
 from engine.chat_template import ChatMessage
 from engine.errors import InvalidInput
-from engine.executor.sampling import SamplingParams, TokenLogprobs
+from engine.sampling import SamplingParams, TokenLogprobs
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.calls import (
     ConstraintSpec,

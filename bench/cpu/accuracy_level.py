@@ -19,7 +19,7 @@ import onnx
 from engine.default_model import prepare
 from engine.executor import Engine, EngineOptions
 from engine.executor.engine import DecodeRow
-from engine.executor.sampling import Sampler, SamplingParams
+from engine.sampling import Sampler, SamplingParams
 
 
 def greedy_tokens(engine: Engine, prompt: list[int], steps: int) -> list[int]:

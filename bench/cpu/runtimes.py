@@ -28,7 +28,7 @@ class Runtime(Protocol):
 class LadderRuntime:
     def __init__(self, model_dir: Path, chunk_size: int | None, padding: bool) -> None:
         from engine.executor import DecodeRow, Engine, EngineOptions
-        from engine.executor.sampling import Sampler, SamplingParams
+        from engine.sampling import Sampler, SamplingParams
 
         self.engine = Engine.load(model_dir, EngineOptions(chunk_size=chunk_size,
                                                            padding=padding, max_sessions=1))

@@ -21,7 +21,7 @@ import numpy as np
 
 from bench.served import machine
 from engine.executor import EngineOptions
-from engine.executor.cuda_runtime import cuda_runtime
+from engine.runtime.cuda_runtime import cuda_runtime
 
 
 def slice_copy(dst: Any, dst_row: int, src: Any, src_row: int, start: int, stop: int) -> None:

@@ -47,7 +47,7 @@ def device_free(provider: str) -> int:
 def measure(model: Path, provider: str, steps: int) -> dict[str, Any]:
     """Load, warm up (every variant prepared: captured on CUDA), then time prefills chunk by chunk."""
     from engine.executor import DecodeRow, Engine, EngineOptions
-    from engine.executor.sampling import Sampler, SamplingParams
+    from engine.sampling import Sampler, SamplingParams
 
     free_start = device_free(provider)
     engine = Engine.load(model, EngineOptions(provider=provider, max_sessions=2, capacity=4096))

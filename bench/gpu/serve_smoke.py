@@ -27,8 +27,8 @@ from bench.gpu.run import SPECS
 from bench.served import free_port
 from clients.python import LadderClient, Stopping
 from engine.executor import DecodeRow, Engine, EngineOptions
-from engine.executor.sampling import Sampler, SamplingParams
 from engine.modelgen.synthetic import build_synthetic
+from engine.sampling import Sampler, SamplingParams
 
 NEW = 24
 

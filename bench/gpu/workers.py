@@ -45,7 +45,7 @@ def ladder_engine(path: str, padding: bool = True) -> Any:
 
 def ladder_generate(engine: Any, tokens: list[int], new: int) -> dict[str, Any]:
     from engine.executor import DecodeRow
-    from engine.executor.sampling import Sampler, SamplingParams
+    from engine.sampling import Sampler, SamplingParams
 
     greedy = Sampler(SamplingParams())
     session = engine.open_session()
@@ -72,7 +72,7 @@ def ladder_ttft_pass(engine: Any, vocab: int, lengths: list[int] = LENGTHS) -> d
 def ladder_interleaved(engine: Any, vocab: int, steps: int = 64) -> dict[str, Any]:
     """Two sessions decoded together: one forward per step for both."""
     from engine.executor import DecodeRow
-    from engine.executor.sampling import Sampler, SamplingParams
+    from engine.sampling import Sampler, SamplingParams
 
     greedy = Sampler(SamplingParams())
     sessions = [engine.open_session() for _ in range(2)]
@@ -93,7 +93,7 @@ def ladder_interleaved(engine: Any, vocab: int, steps: int = 64) -> dict[str, An
 def ladder_profile(engine: Any, vocab: int) -> dict[str, Any]:
     """Decode steps with the time inside onnxruntime's run summed: device time vs wall time per step."""
     from engine.executor import DecodeRow
-    from engine.executor.sampling import Sampler, SamplingParams
+    from engine.sampling import Sampler, SamplingParams
 
     greedy, backend = Sampler(SamplingParams()), engine.backend
     session = engine.open_session()

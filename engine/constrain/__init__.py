@@ -1,7 +1,7 @@
 """Structured output: constraints (JSON Schema, regex, choice, grammar) compiled into automata over
 bytes, and per-row state that says which vocabulary tokens may come next.
 
-The contract the engine relies on (engine/executor/sampling.py applies it):
+The contract the engine relies on (engine/sampling.py applies it):
 
     compiled = compile_constraint(kind, spec, vocabulary)  # cached by (kind, spec); raises InvalidInput
     row = compiled.start()                                 # one per generated sequence

@@ -1,12 +1,16 @@
-"""The executor: the only code that touches onnxruntime (and, on CUDA, cupy)."""
+"""The engine's state machine: one `Engine.step` per scheduler round, its sessions, the prefill and
+decode forwards it plans, rewind and fork, the self-check and the prefix holders.
+
+It runs forwards through a `Backend` (engine/runtime/: the only code that touches onnxruntime and
+cupy) and never imports onnxruntime itself."""
 
 from engine.executor.engine import Engine
-from engine.executor.options import EngineOptions
 from engine.executor.prefill import ForwardReport, PrefillTask
 from engine.executor.session import Session, SessionStats
 from engine.executor.stats import DecodeStats, EngineStats
 from engine.executor.step import DecodeRow, Step, StepResult
-from engine.executor.variants import VariantCache, VariantKey, VariantStats
+from engine.options import EngineOptions
+from engine.runtime.variants import VariantCache, VariantKey, VariantStats
 
 __all__ = [
     "DecodeRow",

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from engine.executor.backend import Backend
-from engine.executor.pool import KvPool
 from engine.executor.session import Session
-from engine.executor.variants import Variant, VariantKey
 from engine.planner import decode_batch_width, ride_along_length
+from engine.runtime.backend import Backend
+from engine.runtime.pool import KvPool
+from engine.runtime.variants import Variant, VariantKey
 
 
 @dataclass

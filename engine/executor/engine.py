@@ -22,18 +22,14 @@ import numpy as np
 import structlog
 
 from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity
-from engine.executor.backend import Backend
-from engine.executor.cpu import CpuBackend, _dtype
 from engine.executor.decode import BatchDecoder
 from engine.executor.facts import EngineFacts
-from engine.executor.options import EngineOptions
 from engine.executor.prefill import (
     ForwardReport,
     check_ids,
 )
 from engine.executor.prefilling import Prefilling, check_length
 from engine.executor.prefix import HeldPrefixes, Hit
-from engine.executor.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from engine.executor.session import Session
 from engine.executor.stats import (
     DecodeStats,
@@ -61,9 +57,13 @@ from engine.executor.step import (
     StepResult,
     _Chosen,
 )
-from engine.executor.variants import VariantCache
 from engine.head import prepared_graph
 from engine.model import ModelInfo, load_model_info
+from engine.options import EngineOptions
+from engine.runtime.backend import Backend
+from engine.runtime.cpu import CpuBackend, _dtype
+from engine.runtime.variants import VariantCache
+from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 
 __all__ = ["DecodeRow", "Engine", "EngineStats", "MemoryUse", "Step", "StepResult", "kv_slot_bytes",
            "variant_bytes_estimate"]
@@ -82,7 +82,7 @@ log = structlog.get_logger("ladder.engine")
 def make_backend(info: ModelInfo, options: EngineOptions) -> Backend[Any]:
     """The backend for `options.provider`; "cuda" falls back to CPU, with a log line, when unusable."""
     if options.provider == "cuda":
-        from engine.executor.cuda import CudaBackend, CudaUnavailable  # imports cupy only when built
+        from engine.runtime.cuda import CudaBackend, CudaUnavailable  # imports cupy only when built
 
         try:
             return CudaBackend(info, options)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import InvalidInput
-from engine.executor.sampling import TokenLogprobs
 from engine.executor.session import Session
 from engine.model import ModelInfo
 from engine.planner import Forward
+from engine.sampling import TokenLogprobs
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,12 @@ import numpy as np
 import structlog
 
 from engine.errors import InvalidInput, OverCapacity
-from engine.executor.backend import Backend, HeadRows
 from engine.executor.decode import BatchDecoder
-from engine.executor.options import EngineOptions
-from engine.executor.pool import KvPool
 from engine.executor.prefill import ForwardReport, PrefillTask, checked_feed, checked_ports, read_index
 from engine.executor.prefix import HeldPrefixes
 from engine.executor.session import Session
-from engine.executor.variants import Variant, VariantCache, VariantKey
 from engine.model import ModelInfo
+from engine.options import EngineOptions
 from engine.planner import (
     CapacityExceeded,
     Forward,
@@ -40,6 +37,9 @@ from engine.planner import (
     plan_prefill,
     recompute_from,
 )
+from engine.runtime.backend import Backend, HeadRows
+from engine.runtime.pool import KvPool
+from engine.runtime.variants import Variant, VariantCache, VariantKey
 
 log = structlog.get_logger("ladder.engine")
 

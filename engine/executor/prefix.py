@@ -29,10 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.executor.backend import Backend
-from engine.executor.pool import KvPool
 from engine.executor.session import Session
 from engine.executor.stats import PrefixStats
+from engine.runtime.backend import Backend
+from engine.runtime.pool import KvPool
 
 
 @dataclass(frozen=True)

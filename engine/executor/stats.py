@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.executor.cpu import _dtype
-from engine.executor.variants import VariantStats
 from engine.model import ModelInfo, decoder_file
+from engine.runtime.cpu import _dtype
+from engine.runtime.variants import VariantStats
 
 
 @dataclass(frozen=True)

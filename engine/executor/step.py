@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.executor.prefill import ForwardReport, PrefillTask
-from engine.executor.sampling import Sampler
 from engine.executor.session import Session
+from engine.sampling import Sampler
 
 
 @dataclass(frozen=True)

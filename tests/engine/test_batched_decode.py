@@ -14,7 +14,7 @@ import pytest
 
 from engine.errors import OverCapacity
 from engine.executor import DecodeRow, Engine, Session
-from engine.executor.sampling import Sampler, SamplingParams
+from engine.sampling import Sampler, SamplingParams
 from tests.support.engines import load
 from tests.support.prompts import prompt_ids
 

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from engine.executor import DecodeRow, Engine, EngineOptions, Session
-from engine.executor.cpu import CpuBackend
-from engine.executor.cuda import CudaBackend, host_runtime
 from engine.executor.engine import make_backend
-from engine.executor.sampling import Sampler, SamplingParams, TokenLogprobs
 from engine.model import load_model_info
 from engine.modelgen.synthetic import TINY, build_synthetic
+from engine.runtime.cpu import CpuBackend
+from engine.runtime.cuda import CudaBackend, host_runtime
+from engine.sampling import Sampler, SamplingParams, TokenLogprobs
 from tests.support.prompts import prompt_ids
 
 GREEDY = Sampler(SamplingParams())
@@ -260,7 +260,7 @@ def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_d
 
 
 def test_a_kv_copy_in_wide_words_moves_exactly_the_positions_asked_and_nothing_else() -> None:
-    from engine.executor.pool import KvPool
+    from engine.runtime.pool import KvPool
 
     for head_size in (8, 3):  # 16 bytes a position: copied as complex128 words; 6 bytes: as they are
         pool = KvPool(np, layers=3, rows=4, kv_heads=2, capacity=16, head_size=head_size, dtype=np.float16)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.executor import DecodeRow, Engine, EngineOptions
-from engine.executor.sampling import Sampler, SamplingParams
+from engine.sampling import Sampler, SamplingParams
 from tests.support.exactness import Fresh, check_fork_and_one_token_part, decode, same
 from tests.support.models import CUDA_SPEC, cuda_model
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from engine.executor import DecodeRow, Engine, EngineOptions
-from engine.executor.sampling import Sampler, SamplingParams
 from engine.model import load_model_info
+from engine.sampling import Sampler, SamplingParams
 from tests.support.models import CUDA_SPEC, cuda_model
 
 pytestmark = pytest.mark.gpu
@@ -31,7 +31,7 @@ def engine_on(path: Path, provider: str, *, graphs: bool = True, **overrides: ob
     options = EngineOptions(provider=provider, capacity=2048, **overrides)  # type: ignore[arg-type]
     if provider == "cpu" or graphs:
         return Engine.load(path, options)
-    from engine.executor.cuda import CudaBackend, cuda_runtime
+    from engine.runtime.cuda import CudaBackend, cuda_runtime
 
     info = load_model_info(path)
     return Engine(info, options, CudaBackend(info, options, cuda_runtime(options, graphs=False)))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.executor import DecodeRow, Engine, EngineOptions
-from engine.executor.sampling import Sampler, SamplingParams, TokenLogprobs
+from engine.sampling import Sampler, SamplingParams, TokenLogprobs
 from tests.support.models import CUDA_SPEC, cuda_model
 
 pytestmark = pytest.mark.gpu

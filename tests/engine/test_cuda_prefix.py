@@ -67,8 +67,8 @@ def test_a_prompt_sharing_a_held_prefix_on_the_device_gives_the_tokens_of_a_full
 
 
 def test_a_kv_copy_on_the_device_moves_exactly_the_positions_asked_and_nothing_else() -> None:
-    from engine.executor.cuda_runtime import cuda_runtime
-    from engine.executor.pool import KvPool
+    from engine.runtime.cuda_runtime import cuda_runtime
+    from engine.runtime.pool import KvPool
 
     rt = cuda_runtime(EngineOptions(provider="cuda"))
     xp = rt.xp

@@ -12,7 +12,6 @@ import pytest
 
 from engine.errors import EngineFault, InvalidInput, OverCapacity
 from engine.executor import Engine, Session
-from engine.executor.sampling import Sampler, SamplingParams
 from engine.executor.step import (
     Choose,
     Close,
@@ -25,6 +24,7 @@ from engine.executor.step import (
     Stats,
     Step,
 )
+from engine.sampling import Sampler, SamplingParams
 from tests.support.engines import load
 from tests.support.prompts import prompt_ids
 

@@ -10,9 +10,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from engine.errors import InvalidInput
-from engine.executor.cpu import CpuVariant
 from engine.executor.prefill import widen
 from engine.planner.padding import PaddingRefusal
+from engine.runtime.cpu import CpuVariant
 from tests.support.engines import greedy, load
 from tests.support.prompts import prompt_ids
 

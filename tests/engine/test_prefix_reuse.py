@@ -234,7 +234,7 @@ def test_the_run_on_ends_exactly_where_the_held_tokens_and_the_prompt_first_diff
 
 
 def test_device_backend_forks_and_shares_exactly_through_the_staging_row(model: Path) -> None:
-    from engine.executor.cuda import CudaBackend, host_runtime
+    from engine.runtime.cuda import CudaBackend, host_runtime
 
     options = EngineOptions(max_sessions=4)
     info = load_model_info(model)

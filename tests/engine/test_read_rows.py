@@ -21,13 +21,13 @@ import onnxruntime as ort
 import pytest
 
 from engine.executor import Engine, EngineOptions
-from engine.executor.backend import HeadRows
-from engine.executor.cuda import CudaBackend, host_runtime
 from engine.executor.prefill import read_index
 from engine.head import CannotRewrite, find_head, gather_read_rows, prepared_graph
 from engine.model import load_model_info
 from engine.modelgen.builder import build_decoder, genai_config, write_model_dir
 from engine.modelgen.synthetic import TINY, VARIANTS, random_weights
+from engine.runtime.backend import HeadRows
+from engine.runtime.cuda import CudaBackend, host_runtime
 from tests.support import engines
 from tests.support.engines import greedy_from_prompt
 from tests.support.prompts import prompt_ids

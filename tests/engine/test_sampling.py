@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from engine.executor.sampling import (
+from engine.sampling import (
     Sampler,
     SamplingParams,
     apply_presence_frequency,

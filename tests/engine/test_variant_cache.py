@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.executor.variants import VariantCache, VariantKey
+from engine.runtime.variants import VariantCache, VariantKey
 from tests.support.engines import greedy, load
 from tests.support.prompts import prompt_ids
 

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from engine.executor.sampling import Sampler, SamplingParams
+from engine.sampling import Sampler, SamplingParams
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.stop_text import StopText
 from tests.support.prompts import greedy_request

@@ -19,7 +19,6 @@ import pytest
 
 from engine.errors import Exhausted, InvalidInput
 from engine.executor.prefill import ForwardReport
-from engine.executor.sampling import Sampler, SamplingParams
 from engine.executor.session import Session
 from engine.executor.step import (
     Choose,
@@ -35,6 +34,7 @@ from engine.executor.step import (
     StepResult,
 )
 from engine.planner import Forward
+from engine.sampling import Sampler, SamplingParams
 from service.calls import Stopping
 from service.events import Finished, PrefillTally, TokenOut
 from service.generation import decode_steps, generate_body

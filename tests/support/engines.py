@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from engine.executor import DecodeRow, Engine, EngineOptions, Session
-from engine.executor.sampling import Sampler, SamplingParams
+from engine.sampling import Sampler, SamplingParams
 
 # Intra-op threads for each onnxruntime session a test makes: the machine's cores shared among
 # pytest-xdist's workers (set once at start-up by the harness; 0 = onnxruntime's own default, as

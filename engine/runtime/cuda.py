@@ -30,13 +30,15 @@ import numpy as np
 import onnxruntime as ort
 import structlog
 
-from engine.executor.backend import HeadRows
-from engine.executor.cpu import _dtype, inference_session, resolve_dims
-from engine.executor.cuda_runtime import CudaUnavailable, Placement, cuda_runtime, host_runtime
-from engine.executor.masks import MASKS_HELD, MaskTable
-from engine.executor.options import EngineOptions
-from engine.executor.pool import KvPool, move_boundary
-from engine.executor.sampling import (
+from engine.model import SEEN_OUTPUT, ModelInfo
+from engine.options import EngineOptions
+from engine.runtime.backend import HeadRows
+from engine.runtime.cpu import _dtype, inference_session, resolve_dims
+from engine.runtime.cuda_runtime import CudaUnavailable, Placement, cuda_runtime, host_runtime
+from engine.runtime.masks import MASKS_HELD, MaskTable
+from engine.runtime.pool import KvPool, move_boundary
+from engine.runtime.variants import VariantKey
+from engine.sampling import (
     Sampler,
     TokenLogprobs,
     apply_presence_frequency,
@@ -44,8 +46,6 @@ from engine.executor.sampling import (
     log_probs,
     token_logprobs,
 )
-from engine.executor.variants import VariantKey
-from engine.model import SEEN_OUTPUT, ModelInfo
 
 log = structlog.get_logger("ladder.engine")
 
@@ -356,7 +356,7 @@ class CudaBackend:
         if not params.greedy:
             # Seeded sampling draws on the host from this one row, exactly as on CPU.
             return sampler(self.row_logits(row), history)
-        # The host's formulas (engine.executor.sampling), run where the logits are.
+        # The host's formulas (engine.sampling), run where the logits are.
         logits = self.store[row]
         if sampler.constraint is not None:
             logits = self.xp.where(self.masks.row(sampler), logits, self.xp.float32(-np.inf))

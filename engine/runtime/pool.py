@@ -15,11 +15,12 @@ moving a row's length is a few host stores.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.executor.session import Session
+if TYPE_CHECKING:  # the engine's sessions; the pool only writes their length
+    from engine.executor.session import Session
 
 
 class KvPool:

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from engine.executor.backend import HeadRows
-from engine.executor.options import EngineOptions
-from engine.executor.pool import KvPool
-from engine.executor.sampling import Sampler, TokenLogprobs, log_probs, token_logprobs
-from engine.executor.variants import VariantKey
 from engine.model import READ_ROWS_DIM, SEEN_OUTPUT, ModelInfo, Port
+from engine.options import EngineOptions
+from engine.runtime.backend import HeadRows
+from engine.runtime.pool import KvPool
+from engine.runtime.variants import VariantKey
+from engine.sampling import Sampler, TokenLogprobs, log_probs, token_logprobs
 
 
 def _dtype(name: str) -> np.dtype:

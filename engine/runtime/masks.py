@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.executor.sampling import Sampler
+from engine.sampling import Sampler
 
 MASKS_HELD = 256  # constraint states whose allowed-token masks stay on the device (a vocabulary byte each)
 

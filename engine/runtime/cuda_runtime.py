@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from engine.executor.options import EngineOptions
+from engine.options import EngineOptions
 
 
 class CudaUnavailable(RuntimeError):

@@ -14,9 +14,9 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from engine.executor.pool import KvPool
-from engine.executor.sampling import Sampler, TokenLogprobs
-from engine.executor.variants import Variant, VariantKey
+from engine.runtime.pool import KvPool
+from engine.runtime.variants import Variant, VariantKey
+from engine.sampling import Sampler, TokenLogprobs
 
 VariantT = TypeVar("VariantT", bound=Variant)
 
