@@ -12,7 +12,6 @@ Not thread-safe by design: the service runs it on one worker thread.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -41,22 +40,12 @@ from engine.executor.stats import (
     variant_bytes_estimate,
 )
 from engine.executor.step import (
-    Choose,
-    Close,
     DecodeRow,
-    Fork,
     Open,
-    Outcome,
-    Prefill,
-    PrefillProgress,
-    Reset,
-    Rewind,
-    SessionOp,
-    Stats,
     Step,
     StepResult,
-    _Chosen,
 )
+from engine.executor.stepping import run_step
 from engine.head import prepared_graph
 from engine.model import ModelInfo, load_model_info
 from engine.options import EngineOptions
@@ -290,30 +279,24 @@ class Engine(Prefilling):
 
     # -- the step: the one way a scheduler drives the engine ---------------------------------
     def step(self, step: Step) -> StepResult:
-        """Run one round's work (engine/executor/step.py says in what order); every item's
-        outcome comes back, each item failing alone."""
-        chosen = _Chosen()
-        ops: list[Outcome] = []
-        op_seconds: list[float] = []
-        for i, op in enumerate(step.ops):
-            started = time.perf_counter()
-            ops.append(self._op(op, i, chosen))
-            op_seconds.append(time.perf_counter() - started)
-        opens = tuple(self._outcome(self._open_sessions, o) for o in step.opens)
-        prefills: list[Outcome] = []
-        seconds: list[float] = []
-        for i, (request, span) in enumerate(step.prefills):
-            started = time.perf_counter()
-            outcome = self._outcome(self._prefill, request, span, i, chosen)
-            prefills.append(outcome)
-            seconds.append(time.perf_counter() - started if outcome.error is None else 0.0)
-        choices = self._choose_first(chosen, ops, prefills)
-        started = time.perf_counter()
-        decode = self._decode_rows(step.decode)
-        batch = self.last_batch if any(o.error is None for o in decode) else 0
+        """Run one round's work (engine/executor/stepping.py runs it, step.py says in what order);
+        every item's outcome comes back, each item failing alone; the bookkeeping is checked after."""
+        result = run_step(self, step)
         self.check_invariants()
-        return StepResult(opens, tuple(ops), tuple(op_seconds), tuple(prefills), decode, batch,
-                          tuple(seconds), time.perf_counter() - started if batch else 0.0, choices)
+        return result
+
+    def open_sessions(self, request: Open) -> list[Session]:
+        """The sessions of one `Open`: all of them or none (Exhausted)."""
+        if request.count > len(self._free):
+            raise Exhausted(f"{request.count} sessions asked for, {len(self._free)} KV slots free")
+        first = self.open_session(request.scope, request.prompt)
+        return [first, *(self.open_session(request.scope) for _ in range(request.count - 1))]
+
+    def check_choose(self, session: Session) -> None:
+        """Raise the request error choosing a session's next token would fail with."""
+        self._check_open(session)
+        if not session.has_logits:
+            raise OverCapacity("the session has no next-token logits (it is empty)")
 
     def check_invariants(self) -> None:
         """Raise EngineFault when the engine's bookkeeping no longer holds (run after every step):
@@ -338,114 +321,6 @@ class Engine(Prefilling):
                          if lengths[r] != s.length]
         if problems:
             raise EngineFault("engine bookkeeping broke: " + "; ".join(problems))
-
-    @staticmethod
-    def _outcome(fn: Any, *args: Any) -> Outcome:
-        try:
-            return Outcome(fn(*args))
-        except Exception as exc:  # noqa: BLE001 — each item fails alone; the scheduler reports faults
-            return Outcome(error=exc)
-
-    def _open_sessions(self, request: Open) -> list[Session]:
-        if request.count > len(self._free):
-            raise Exhausted(f"{request.count} sessions asked for, {len(self._free)} KV slots free")
-        first = self.open_session(request.scope, request.prompt)
-        return [first, *(self.open_session(request.scope) for _ in range(request.count - 1))]
-
-    def _op(self, op: SessionOp, index: int, chosen: _Chosen) -> Outcome:
-        if isinstance(op, Choose):
-            try:
-                self._check_choose(op.session)
-            except Exception as exc:  # noqa: BLE001 — this choice fails alone
-                return Outcome(error=exc)
-            chosen.add(("op", index), [op.session], [op.sampler])
-            return Outcome()  # the token is filled in by the step's batched choice
-        if isinstance(op, Fork):
-            return self._outcome(self.fork, op.source, op.length)
-        if isinstance(op, Rewind):
-            return self._outcome(self._rewind_to, op.session, op.length)
-        if isinstance(op, Reset):
-            return self._outcome(self.reset_to, op.session, op.tokens)
-        if isinstance(op, Close):
-            return self._outcome(self._close, op.session, op.keep)
-        if isinstance(op, Stats):
-            return self._outcome(self.stats)
-        raise TypeError(f"not a session operation: {op!r}")
-
-    def _rewind_to(self, session: Session, length: int) -> int:
-        self.rewind(session, length)
-        return session.length
-
-    def _close(self, session: Session, keep: bool) -> int:
-        length = session.length
-        self.close_session(session, keep)
-        return length
-
-    def _prefill(self, request: Prefill, span: int, index: int, chosen: _Chosen) -> PrefillProgress:
-        task, shared = request.task, 0
-        if task is None:
-            tokens: Sequence[int] = request.tokens
-            if request.share:
-                shared = self.share_prefix(request.session, tokens)
-                tokens = tokens[shared:]
-            task = self.start_prefill(request.session, tokens, logprob_top=request.logprob_top)
-        report = self.prefill_step(task, span) if not task.done else None
-        if not task.done:
-            return PrefillProgress(task, report, shared)
-        for copy in request.copies:
-            self.copy_session(request.session, copy)
-        if request.samplers:
-            sessions = [request.session, *request.copies]
-            if len(request.samplers) != len(sessions):
-                raise InvalidInput(f"{len(request.samplers)} samplers for {len(sessions)} sessions")
-            chosen.add(("prefill", index), sessions, request.samplers)
-        return PrefillProgress(task, report, shared)
-
-    def _choose_first(self, chosen: _Chosen, ops: list[Outcome], prefills: list[Outcome]) -> int:
-        """Choose every first token of the step in one batched choice; the outcomes get them."""
-        if not chosen.sessions:
-            return 0
-        try:
-            tokens: list[int] | None = self._choose(chosen.sessions, chosen.samplers)
-            error: BaseException | None = None
-        except Exception as exc:  # noqa: BLE001 — every choice of the batch fails alike
-            tokens, error = None, exc
-        picked: dict[tuple[str, int], list[int]] = {}
-        for i, owner in enumerate(chosen.owners):
-            picked.setdefault(owner, []).append(tokens[i] if tokens is not None else -1)
-        for (kind, index), mine in picked.items():
-            if kind == "op":
-                ops[index] = Outcome(mine[0], error)
-            else:
-                progress = prefills[index].value
-                prefills[index] = Outcome(replace(progress, tokens=tuple(mine)) if error is None else None,
-                                          error)
-        return 1
-
-    def _check_choose(self, session: Session) -> None:
-        self._check_open(session)
-        if not session.has_logits:
-            raise OverCapacity("the session has no next-token logits (it is empty)")
-
-    def _decode_rows(self, rows: Sequence[DecodeRow]) -> tuple[Outcome, ...]:
-        """One decode forward for the rows that pass `check_decode`; each other row fails alone."""
-        checked: list[Outcome | None] = []
-        for row in rows:
-            try:
-                self.check_decode(row)
-                checked.append(None)
-            except Exception as exc:  # noqa: BLE001 — this row fails alone
-                checked.append(Outcome(error=exc))
-        good = [row for row, c in zip(rows, checked, strict=True) if c is None]
-        if not good:
-            return tuple(c for c in checked if c is not None)
-        try:
-            tokens = iter(self.decode_checked(good))
-            ran = [Outcome(next(tokens)) for _ in good]
-        except Exception as exc:  # noqa: BLE001 — every row of a failed forward fails
-            ran = [Outcome(error=exc) for _ in good]
-        results = iter(ran)
-        return tuple(c if c is not None else next(results) for c in checked)
 
     # -- decode -------------------------------------------------------------------------
     def check_decode(self, row: DecodeRow) -> None:
@@ -473,7 +348,7 @@ class Engine(Prefilling):
 
         def choose() -> list[int]:
             samplers: list[Sampler] = [r.sampler for r in chosen]  # type: ignore[misc]
-            return self._choose([r.session for r in chosen], samplers)
+            return self.choose_rows([r.session for r in chosen], samplers)
 
         if self.unbatched_reason:
             for row in rows:
@@ -507,9 +382,9 @@ class Engine(Prefilling):
         self._check_open(session)
         if not session.has_logits:
             raise OverCapacity("the session has no next-token logits (it is empty)")
-        return self._choose([session], [sampler])[0]
+        return self.choose_rows([session], [sampler])[0]
 
-    def _choose(self, sessions: Sequence[Session], samplers: Sequence[Sampler]) -> list[int]:
+    def choose_rows(self, sessions: Sequence[Session], samplers: Sequence[Sampler]) -> list[int]:
         """Choose each session's next token; tell each sampler its choice and, when it asks, the
         log-probabilities of it (one batched computation on the backend for all that ask)."""
         rows = [s.row for s in sessions]

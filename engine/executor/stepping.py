@@ -1,0 +1,164 @@
+"""Running one `Step`: the order a round's work runs in and how each item fails alone.
+
+`run_step` is `Engine.step`'s body: session ops (Choose only queues its session), then opens, then
+prefill spans, then one batched choice of every first token the step asked for (Choose ops and
+prompts whose last forward ran), then one decode forward for the decode rows. Each item's outcome
+is its value or its error; a failed item costs no other item anything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import InvalidInput
+from engine.executor.session import Session
+from engine.executor.step import (
+    Choose,
+    Close,
+    DecodeRow,
+    Fork,
+    Outcome,
+    Prefill,
+    PrefillProgress,
+    Reset,
+    Rewind,
+    SessionOp,
+    Stats,
+    Step,
+    StepResult,
+    _Chosen,
+)
+
+if TYPE_CHECKING:
+    from engine.executor.engine import Engine
+
+
+def run_step(engine: Engine, step: Step) -> StepResult:
+    """Run one round's work on `engine`; every item's outcome comes back."""
+    chosen = _Chosen()
+    ops: list[Outcome] = []
+    op_seconds: list[float] = []
+    for i, op in enumerate(step.ops):
+        started = time.perf_counter()
+        ops.append(_op(engine, op, i, chosen))
+        op_seconds.append(time.perf_counter() - started)
+    opens = tuple(_outcome(engine.open_sessions, o) for o in step.opens)
+    prefills: list[Outcome] = []
+    seconds: list[float] = []
+    for i, (request, span) in enumerate(step.prefills):
+        started = time.perf_counter()
+        outcome = _outcome(_prefill, engine, request, span, i, chosen)
+        prefills.append(outcome)
+        seconds.append(time.perf_counter() - started if outcome.error is None else 0.0)
+    choices = _choose_first(engine, chosen, ops, prefills)
+    started = time.perf_counter()
+    decode = _decode_rows(engine, step.decode)
+    batch = engine.last_batch if any(o.error is None for o in decode) else 0
+    return StepResult(opens, tuple(ops), tuple(op_seconds), tuple(prefills), decode, batch,
+                      tuple(seconds), time.perf_counter() - started if batch else 0.0, choices)
+
+
+def _outcome(fn: Any, *args: Any) -> Outcome:
+    try:
+        return Outcome(fn(*args))
+    except Exception as exc:  # noqa: BLE001 — each item fails alone; the scheduler reports faults
+        return Outcome(error=exc)
+
+
+def _op(engine: Engine, op: SessionOp, index: int, chosen: _Chosen) -> Outcome:
+    if isinstance(op, Choose):
+        try:
+            engine.check_choose(op.session)
+        except Exception as exc:  # noqa: BLE001 — this choice fails alone
+            return Outcome(error=exc)
+        chosen.add(("op", index), [op.session], [op.sampler])
+        return Outcome()  # the token is filled in by the step's batched choice
+    if isinstance(op, Fork):
+        return _outcome(engine.fork, op.source, op.length)
+    if isinstance(op, Rewind):
+        return _outcome(_rewind_to, engine, op.session, op.length)
+    if isinstance(op, Reset):
+        return _outcome(engine.reset_to, op.session, op.tokens)
+    if isinstance(op, Close):
+        return _outcome(_close, engine, op.session, op.keep)
+    if isinstance(op, Stats):
+        return _outcome(engine.stats)
+    raise TypeError(f"not a session operation: {op!r}")
+
+
+def _rewind_to(engine: Engine, session: Session, length: int) -> int:
+    engine.rewind(session, length)
+    return session.length
+
+
+def _close(engine: Engine, session: Session, keep: bool) -> int:
+    length = session.length
+    engine.close_session(session, keep)
+    return length
+
+
+def _prefill(engine: Engine, request: Prefill, span: int, index: int, chosen: _Chosen) -> PrefillProgress:
+    task, shared = request.task, 0
+    if task is None:
+        tokens: Sequence[int] = request.tokens
+        if request.share:
+            shared = engine.share_prefix(request.session, tokens)
+            tokens = tokens[shared:]
+        task = engine.start_prefill(request.session, tokens, logprob_top=request.logprob_top)
+    report = engine.prefill_step(task, span) if not task.done else None
+    if not task.done:
+        return PrefillProgress(task, report, shared)
+    for copy in request.copies:
+        engine.copy_session(request.session, copy)
+    if request.samplers:
+        sessions = [request.session, *request.copies]
+        if len(request.samplers) != len(sessions):
+            raise InvalidInput(f"{len(request.samplers)} samplers for {len(sessions)} sessions")
+        chosen.add(("prefill", index), sessions, request.samplers)
+    return PrefillProgress(task, report, shared)
+
+
+def _choose_first(engine: Engine, chosen: _Chosen, ops: list[Outcome], prefills: list[Outcome]) -> int:
+    """Choose every first token of the step in one batched choice; the outcomes get them."""
+    if not chosen.sessions:
+        return 0
+    try:
+        tokens: list[int] | None = engine.choose_rows(chosen.sessions, chosen.samplers)
+        error: BaseException | None = None
+    except Exception as exc:  # noqa: BLE001 — every choice of the batch fails alike
+        tokens, error = None, exc
+    picked: dict[tuple[str, int], list[int]] = {}
+    for i, owner in enumerate(chosen.owners):
+        picked.setdefault(owner, []).append(tokens[i] if tokens is not None else -1)
+    for (kind, index), mine in picked.items():
+        if kind == "op":
+            ops[index] = Outcome(mine[0], error)
+        else:
+            progress = prefills[index].value
+            prefills[index] = Outcome(replace(progress, tokens=tuple(mine)) if error is None else None,
+                                      error)
+    return 1
+
+
+def _decode_rows(engine: Engine, rows: Sequence[DecodeRow]) -> tuple[Outcome, ...]:
+    """One decode forward for the rows that pass `check_decode`; each other row fails alone."""
+    checked: list[Outcome | None] = []
+    for row in rows:
+        try:
+            engine.check_decode(row)
+            checked.append(None)
+        except Exception as exc:  # noqa: BLE001 — this row fails alone
+            checked.append(Outcome(error=exc))
+    good = [row for row, c in zip(rows, checked, strict=True) if c is None]
+    if not good:
+        return tuple(c for c in checked if c is not None)
+    try:
+        tokens = iter(engine.decode_checked(good))
+        ran = [Outcome(next(tokens)) for _ in good]
+    except Exception as exc:  # noqa: BLE001 — every row of a failed forward fails
+        ran = [Outcome(error=exc) for _ in good]
+    results = iter(ran)
+    return tuple(c if c is not None else next(results) for c in checked)
