@@ -34,8 +34,8 @@ from service.events import (
     Started,
     TokenOut,
 )
+from service.jobs import Result
 from service.rounds import Lend, Timed, Token, Tokens
-from service.scheduler import Result
 from service.sessions import SessionState
 from service.stop_text import StopText
 

@@ -8,12 +8,14 @@ caller and requests for the engine: the engine's step requests (engine/executor/
 generator. Jobs never touch the engine: `engine.step` is the one way in (`Call`, which runs a
 function on the worker, exists for tests and tools).
 
-Each round: every job that is not waiting runs up to its next request; then one `Step`
-is built and run: the session operations asked for, free slots for the jobs waiting for one,
-oldest first (`slot_grants`: one that cannot start until sessions close does not hold back
-the rest), the prefill forwards (`prefill_plan`), one batched choice of every first token,
-and one decode forward that advances every job waiting on a token, whatever its session's
-length. So a long prompt delays running streams by at most one prefill forward per token,
+Each round: every job that is not waiting runs up to its next request; then two `Step`s run.
+The first: the session operations asked for (Choose ops in one batched choice) and free slots
+for the jobs waiting for one, oldest first (`slot_grants`: one that cannot start until sessions
+close does not hold back the rest). The jobs it answered run up to their next request, and the
+second step runs the prefill forwards (`prefill_plan`, the first tokens of finished prompts in one
+batched choice) and one decode forward that advances every job waiting on a token, whatever its
+session's length: a Decode's first token and its second come in one round. So a long prompt
+delays running streams by at most one prefill forward per token,
 and sixteen streams cost one forward per token, not sixteen. `steps` keeps a log of what each
 round ran. Every forward's duration goes to `on_forward` ("prefill" or "decode", seconds: the
 metrics) and, at debug level, to one log line naming its requests. Sessions lent to a job are
@@ -29,8 +31,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Generator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar
 
 import structlog
@@ -39,6 +40,7 @@ from engine.errors import EngineFault, Exhausted
 from engine.executor import Engine, Session
 from engine.executor.step import Close, Fork, Open, Outcome, Prefill, SessionOp, Stats, Step, StepResult
 from service.errors import Cancelled, QueueFull
+from service.jobs import Body, End, Job, Result, put_all
 from service.rounds import (
     Call,
     Lend,
@@ -55,22 +57,6 @@ from service.rounds import (
 
 log = structlog.get_logger("ladder.scheduler")
 T = TypeVar("T")
-Body = Generator[Any, Any, None]
-
-
-@dataclass(frozen=True)
-class _End:
-    error: BaseException | None = None
-
-
-@dataclass(frozen=True)
-class _Result:
-    """A job's answer to `Scheduler.result`."""
-
-    value: Any
-
-
-Result = _Result
 
 
 def _prefill_detail(job: Job, outcome: Outcome) -> dict[str, Any]:
@@ -80,55 +66,8 @@ def _prefill_detail(job: Job, outcome: Outcome) -> dict[str, Any]:
             "past": report.forward.past}
 
 
-def _put_all(items: list[tuple[Job, Any]]) -> None:
-    for job, item in items:
-        job.events.put_nowait(item)
-
-
 _WAKE = object()
 _STOP = object()
-
-
-class Job:
-    """One request on the worker: its generator and the asyncio queue its events go to."""
-
-    def __init__(self, body: Body, loop: asyncio.AbstractEventLoop, bounded: bool, serial: int,
-                 wake: Callable[[], None], outbox: Callable[[Job, Any], None], hold: bool = False) -> None:
-        self.body = body
-        self.bounded = bounded  # counts toward the queue bound (requests, not internal calls)
-        self.hold = hold  # events wait for the end of the job (a unary call needs them only then)
-        self.held: list[Any] = []
-        self.loop = loop
-        self.serial = serial  # arrival order
-        self.events: asyncio.Queue[Any] = asyncio.Queue()
-        self.abort_error: BaseException | None = None
-        self.want: Any = None  # the request it waits on
-        self.slots = 0  # KV slots lent to it: back in the pool when it ends (service.rounds.slot_grants)
-        self.lent: list[Session] = []  # sessions closed when it ends
-        self.reply: Any = None
-        self.error: BaseException | None = None  # thrown into the body at its next step
-        self.done = False
-        self._wake = wake
-        self._outbox = outbox
-        self.request_id = str(structlog.contextvars.get_contextvars().get("request_id", ""))  # debug lines
-
-    def cancel(self, error: BaseException) -> None:
-        """Stop the job before its next step (thread-safe; a finished job ignores it)."""
-        if self.abort_error is None and not self.done:
-            self.abort_error = error
-            self._wake()
-
-    def deliver(self, item: Any) -> None:
-        if self.hold and not isinstance(item, _End):
-            self.held.append(item)
-            return
-        for held in self.held:
-            self._outbox(self, held)
-        self.held.clear()
-        self._outbox(self, item)
-
-    def answer(self, reply: Any = None, error: BaseException | None = None) -> None:
-        self.want, self.reply, self.error = None, reply, error
 
 
 class Scheduler:
@@ -204,7 +143,7 @@ class Scheduler:
         try:
             while True:
                 item = await job.events.get()
-                if isinstance(item, _End):
+                if isinstance(item, End):
                     if item.error is not None:
                         raise item.error
                     return
@@ -215,7 +154,7 @@ class Scheduler:
     async def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the worker (between two steps) and return its result: for tests and tools."""
         def body() -> Body:
-            yield _Result((yield Call(fn)))
+            yield Result((yield Call(fn)))
 
         return await self.result(body())  # type: ignore[no-any-return]
 
@@ -223,21 +162,21 @@ class Scheduler:
         """A new engine session, once a KV slot is free (waiting in the bounded queue meanwhile)."""
         def body() -> Body:
             sessions = yield Open(scope=scope)
-            yield _Result(sessions[0])
+            yield Result(sessions[0])
 
         return await self.result(body(), bounded=True)
 
     async def run(self, request: Any) -> Any:
         """What the engine answers one request (a session operation) with."""
         def body() -> Body:
-            yield _Result((yield request))
+            yield Result((yield request))
 
         return await self.result(body())
 
     async def result(self, body: Body, *, bounded: bool = False) -> Any:
         """Run `body`, which yields its answer as `Result(value)`, and return that value."""
         async for item in self.stream(body, bounded=bounded):
-            if isinstance(item, _Result):
+            if isinstance(item, Result):
                 return item.value
         raise AssertionError("a call job always yields its result")
 
@@ -270,7 +209,7 @@ class Scheduler:
         posted, self._posted = self._posted, {}
         for loop, items in posted.items():
             try:
-                loop.call_soon_threadsafe(_put_all, items)
+                loop.call_soon_threadsafe(put_all, items)
             except RuntimeError:  # the event loop is gone: nobody is listening any more
                 pass
 
@@ -304,6 +243,10 @@ class Scheduler:
             return True
 
     def _round(self) -> None:
+        """One round, two steps: first the session operations and opens (with the slots those
+        operations free), then — once the jobs they answered ran up to their next request — the
+        prefill forwards and the decode forward. So a Decode's chosen first token joins this
+        round's decode forward, and a session opened this round prefills in it."""
         closed = []
         for job in list(self._active):
             if job.abort_error is not None:
@@ -319,26 +262,34 @@ class Scheduler:
         ops = (*closing, *(session_op(job.want) for job in op_jobs))
         freed = sum(isinstance(op, Close) for op in ops) - sum(isinstance(op, Fork) for op in ops)
         open_jobs = [self._waiting_open()[i] for i in self._grants(freed)[1]]
+        first = Step(opens=tuple(opening(job.want) for job in open_jobs),  # type: ignore[misc]
+                     ops=ops)  # type: ignore[arg-type]
+        choices = 0
+        if first:
+            result = self._step(first)
+            self._ended()
+            self._answer_ops(op_jobs, result, len(closing))
+            self._answer_opens(open_jobs, result)
+            choices = result.choices
+            for job in (*op_jobs, *open_jobs):
+                if job.want is None and not job.done:
+                    self._advance(job)
+            self._flush()
         prefill_jobs = self._waiting_prefill()
         decode_jobs = self._waiting(Token | Tokens)
         spans = prefill_plan(len(prefill_jobs), bool(decode_jobs), self.engine.shared_span)
         prefill_jobs = prefill_jobs[:len(spans)]
         wanted = [decode_rows(job.want) for job in decode_jobs]
-        step = Step(opens=tuple(opening(job.want) for job in open_jobs),  # type: ignore[misc]
-                    ops=ops,  # type: ignore[arg-type]
-                    prefills=tuple((job.want, span) for job, span in zip(prefill_jobs, spans, strict=True)),
-                    decode=tuple(row for rows in wanted for row in rows))
-        if not step and not closed:
+        second = Step(prefills=tuple((job.want, span) for job, span in zip(prefill_jobs, spans, strict=True)),
+                      decode=tuple(row for rows in wanted for row in rows))
+        if not first and not second and not closed:
             return
-        result = self._step(step)
-        self._ended()
-        self._answer_ops(op_jobs, result, len(closing))
-        self._answer_opens(open_jobs, result)
+        result = self._step(second)
         prefill = self._answer_prefills(prefill_jobs, result)
         decode = self._answer_decode(decode_jobs, wanted, result)
         self._rounds += 1
         self.steps.append(StepRecord(self._rounds, tuple(closed), prefill, decode, result.batch,
-                                     len(ops), result.choices))
+                                     len(ops), choices + result.choices))
 
     def _step(self, step: Step) -> StepResult:
         """Run one step on the engine; a failure outside any item (a bug) fails every item."""
@@ -480,7 +431,7 @@ class Scheduler:
             job.lent = []
             self._ending.append((job, error))
         else:
-            job.deliver(_End(error))
+            job.deliver(End(error))
 
     def _take_closing(self) -> tuple[SessionOp, ...]:
         closing, self._closing = self._closing, []
@@ -490,7 +441,7 @@ class Scheduler:
         """Tell the callers of jobs whose lent sessions the step just closed that they ended."""
         ending, self._ending = self._ending, []
         for job, error in ending:
-            job.deliver(_End(error))
+            job.deliver(End(error))
         if ending:
             self._flush()
 

@@ -24,9 +24,10 @@ from service.errors import CallerQuota, Draining, OverLimit
 from service.events import PrefillTally
 from service.generation import ServedModel, close_body
 from service.interceptors.call_context import CALL, CALLER
+from service.jobs import Body
 from service.metrics import Metrics
 from service.progress import Progress, Totals
-from service.scheduler import Body, Scheduler
+from service.scheduler import Scheduler
 from service.sessions import SessionRegistry, SessionState
 
 log = structlog.get_logger("ladder.sessions")

@@ -38,8 +38,9 @@ from engine.sampling import Sampler, SamplingParams
 from service.calls import Stopping
 from service.events import Finished, PrefillTally, TokenOut
 from service.generation import decode_steps, generate_body
+from service.jobs import Result
 from service.rounds import MAX_PREFILLS_PER_ROUND, Lend, Token
-from service.scheduler import Result, Scheduler
+from service.scheduler import Scheduler
 
 CHUNK = 8  # tokens one fake prefill forward takes
 SHARED_SPAN = 3
@@ -216,6 +217,28 @@ def test_the_first_tokens_of_a_sixteen_stream_round_are_chosen_in_one_batched_ch
     assert len(choosing) == 1 and len(choosing[0].ops) == 16
     assert engine.choices[0] == 16  # one choice for all sixteen, not sixteen choices
     assert [len(s.decode) for s in engine.steps if s.decode] == [16]
+
+
+def test_a_decodes_chosen_first_token_joins_the_decode_forward_of_the_same_round(
+        loop: asyncio.AbstractEventLoop) -> None:
+    engine = RecordingEngine(slots=4)
+    session = engine._new()
+    session.length, session.has_logits = 5, True
+    scheduler = Scheduler(engine, max_queue=64)  # type: ignore[arg-type]
+    try:
+        run(loop, scheduler, decode_steps(model(), session, Sampler(SamplingParams()), Stopping(2),
+                                          feed_last=False))
+    finally:
+        scheduler.stop()
+    [round_] = [r for r in scheduler.steps if r.ops]
+    assert round_.ops == 1 and len(round_.decode) == 1  # the choice and the forward: one round
+
+
+def test_a_session_opened_in_a_round_prefills_in_that_round(
+        loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine) -> None:
+    run(loop, scheduler, generate(tokens=4, new=1))
+    first = scheduler.steps[0]
+    assert len(first.prefill) == 1 and first.prefill[0][1] > 0
 
 
 def test_n_samples_get_their_first_tokens_with_the_last_prefill_forward(

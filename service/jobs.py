@@ -1,0 +1,78 @@
+"""A job: one request on the engine worker, its generator and the asyncio queue its events go to.
+
+The scheduler (service/scheduler.py) runs jobs; this module is what a job is and how what it
+yields reaches its caller: events in order, a held unary call's events at its end, and `End` last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from engine.executor import Session
+
+Body = Generator[Any, Any, None]
+
+
+@dataclass(frozen=True)
+class End:
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    """A job's answer to `Scheduler.result`."""
+
+    value: Any
+
+
+
+def put_all(items: list[tuple[Job, Any]]) -> None:
+    for job, item in items:
+        job.events.put_nowait(item)
+
+
+class Job:
+    """One request on the worker: its generator and the asyncio queue its events go to."""
+
+    def __init__(self, body: Body, loop: asyncio.AbstractEventLoop, bounded: bool, serial: int,
+                 wake: Callable[[], None], outbox: Callable[[Job, Any], None], hold: bool = False) -> None:
+        self.body = body
+        self.bounded = bounded  # counts toward the queue bound (requests, not internal calls)
+        self.hold = hold  # events wait for the end of the job (a unary call needs them only then)
+        self.held: list[Any] = []
+        self.loop = loop
+        self.serial = serial  # arrival order
+        self.events: asyncio.Queue[Any] = asyncio.Queue()
+        self.abort_error: BaseException | None = None
+        self.want: Any = None  # the request it waits on
+        self.slots = 0  # KV slots lent to it: back in the pool when it ends (service.rounds.slot_grants)
+        self.lent: list[Session] = []  # sessions closed when it ends
+        self.reply: Any = None
+        self.error: BaseException | None = None  # thrown into the body at its next step
+        self.done = False
+        self._wake = wake
+        self._outbox = outbox
+        self.request_id = str(structlog.contextvars.get_contextvars().get("request_id", ""))  # debug lines
+
+    def cancel(self, error: BaseException) -> None:
+        """Stop the job before its next step (thread-safe; a finished job ignores it)."""
+        if self.abort_error is None and not self.done:
+            self.abort_error = error
+            self._wake()
+
+    def deliver(self, item: Any) -> None:
+        if self.hold and not isinstance(item, End):
+            self.held.append(item)
+            return
+        for held in self.held:
+            self._outbox(self, held)
+        self.held.clear()
+        self._outbox(self, item)
+
+    def answer(self, reply: Any = None, error: BaseException | None = None) -> None:
+        self.want, self.reply, self.error = None, reply, error
