@@ -23,6 +23,8 @@ from engine.errors import InvalidInput
 
 _ids = itertools.count()
 ENDED = -1  # a row's state key after its EOS
+MOVES_HELD = 1 << 16  # memoised (state, token) moves per automaton
+MOVE_BYTES = 100  # what one memoised move costs in a dict of ints (counted in nbytes)
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,10 @@ class Automaton:
         self._flat = dfa.table.ravel()
         self._masks: dict[int, Mask] = {}
         self._lock = threading.Lock()
+        # (state, token) -> the state after it, for allowed tokens already walked: a served schema's
+        # rows take the same transitions over and over, and a hit skips both the allowed check and
+        # the byte walk. Bounded: cleared when full.
+        self._moves: dict[int, int] = {}
         self._ended = self._pack(self._eos_only(), continues=False)
 
     def start(self) -> AutomatonRow:
@@ -49,7 +55,8 @@ class Automaton:
 
     @property
     def nbytes(self) -> int:
-        return self.dfa.nbytes + sum(m.packed.nbytes for m in self._masks.values())
+        return (self.dfa.nbytes + sum(m.packed.nbytes for m in self._masks.values())
+                + len(self._moves) * MOVE_BYTES)
 
     @property
     def masks_cached(self) -> int:
@@ -77,6 +84,23 @@ class Automaton:
                 self.mask(state)
                 computed += 1
         return computed
+
+    def move(self, state: int, token: int) -> int:
+        """The state after `token` from `state`, where the state's mask allows it (InvalidInput
+        otherwise); memoised."""
+        size = self.vocabulary.size
+        if 0 <= token < size:  # first: the key is unique only for ids in the vocabulary
+            found = self._moves.get(state * size + token)
+            if found is not None:
+                return found
+        if not 0 <= token < size or not _bit(self.mask(state).packed, token):
+            raise InvalidInput(f"token {token} is not allowed by the constraint here",
+                               reason="TOKEN_NOT_ALLOWED", field=self.field)
+        after = state if token in self.vocabulary.eos_ids else self.walk(state, token)
+        if len(self._moves) >= MOVES_HELD:
+            self._moves.clear()
+        self._moves[state * size + token] = after
+        return after
 
     def walk(self, state: int, token: int) -> int:
         """The state after `token`'s bytes (dead: 0)."""
@@ -152,14 +176,11 @@ class AutomatonRow:
         return bool(self.automaton.dfa.accepting[self.state])
 
     def advance(self, token: int) -> None:
-        vocabulary = self.automaton.vocabulary
-        if not 0 <= token < vocabulary.size or not _bit(self.automaton.mask(self._key_state).packed, token):
-            raise InvalidInput(f"token {token} is not allowed by the constraint here",
-                               reason="TOKEN_NOT_ALLOWED", field=self.automaton.field)
-        if token in vocabulary.eos_ids:
+        after = self.automaton.move(self._key_state, token)  # raises where the token is not allowed
+        if token in self.automaton.vocabulary.eos_ids:
             self.ended = True
         else:
-            self.state = self.automaton.walk(self.state, token)
+            self.state = after
 
     def copy(self) -> AutomatonRow:
         return AutomatonRow(self.automaton, self.state, self.ended)

@@ -223,6 +223,22 @@ def test_advance_rejects_a_token_the_row_does_not_allow() -> None:
         assert caught.value.reason == "TOKEN_NOT_ALLOWED"
 
 
+def test_a_remembered_move_never_lets_a_token_through_where_its_state_refuses_it() -> None:
+    compiled = compile_constraint("regex", "(ab|c)+", VOCAB)
+    walked = compiled.start()
+    for piece in (b"ab", b"c", b"ab"):  # every move from these states is remembered now
+        walked.advance(PIECES.index(piece))
+    for token in (PIECES.index(b"b"), -1, SIZE, SIZE + PIECES.index(b"c")):
+        row = compiled.start()
+        row.advance(PIECES.index(b"ab"))
+        with pytest.raises(InvalidInput):  # "b" alone cannot follow, nor ids out of the vocabulary
+            row.advance(token)
+    again = compiled.start()
+    for piece in (b"ab", b"c", b"ab"):
+        again.advance(PIECES.index(piece))
+    assert again.state == walked.state and again.accepts
+
+
 def test_special_and_padding_ids_are_never_allowed() -> None:
     allowed = compile_constraint("regex", "[\\x00-\\U0010ffff]*", VOCAB).start().allowed()
     assert allowed[ord("a")] and allowed[EOS] and not allowed[SPECIAL:].any()
