@@ -1,6 +1,7 @@
-"""GBNF grammar constraints (engine/constrain/grammar.py): every walk through allowed tokens ends
-in text an independent parser accepts (lark, or Python's json), on a small synthetic vocabulary
-and on SmolLM2's; EOS only where the grammar accepts; bad grammars rejected with positions."""
+"""GBNF grammar constraints (engine/constrain/gbnf.py parses, grammar.py runs): every walk through
+allowed tokens ends in text an independent parser accepts (lark, or Python's json), on a small
+synthetic vocabulary and on SmolLM2's; EOS only where the grammar accepts; bad grammars rejected
+with positions."""
 
 from __future__ import annotations
 
