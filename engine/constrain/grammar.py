@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +33,8 @@ __all__ = ["CompiledGrammar", "GrammarRow", "compile_grammar"]
 MAX_STACKS = 4096  # stacks in one parser state: the grammar's ambiguity at one byte
 MAX_STATES = 4096  # interned states before the transition table starts again (1 KiB each)
 MAX_STATE_BYTES = 32 << 20  # or before the stacks of those states take this much
-MAX_MASKS = 256  # cached masks per grammar, packed (vocabulary / 8 bytes each)
+MAX_MASKS = 512  # cached masks per grammar, packed (vocabulary / 8 bytes each: 3 MiB at 49k)
+MAX_WARM = 256  # states whose masks `warm` computes ahead: half the cache, room for the rest
 
 UNKNOWN, DEAD = -1, 0  # transition table entries: not computed yet; the state with no stacks
 
@@ -42,7 +43,7 @@ State = frozenset[Stack]
 
 def compile_grammar(text: str, vocabulary: Vocabulary, limits: Any = None) -> CompiledGrammar:
     """Compile GBNF `text` for `vocabulary`; InvalidInput (GRAMMAR_INVALID, CONSTRAINT_TOO_LARGE)
-    says what is wrong and where. `limits` may set max_grammar_{elements,stacks,states,masks}."""
+    says what is wrong and where. `limits` may set max_grammar_{elements,stacks,states,masks,warm}."""
     program = parse(text, getattr(limits, "max_grammar_elements", MAX_ELEMENTS))
     return CompiledGrammar(program, vocabulary, limits)
 
@@ -53,6 +54,7 @@ class _Layout:
     every token longer than d, so those tokens are a prefix of `order`."""
 
     order: npt.NDArray[np.intp]
+    lengths: npt.NDArray[np.int32]
     columns: tuple[npt.NDArray[np.uint8], ...]
 
     @classmethod
@@ -65,7 +67,7 @@ class _Layout:
             width = int(lengths.max(initial=0))
             columns = tuple(np.ascontiguousarray(vocabulary.matrix[order[lengths > d], d])
                             for d in range(width))
-            layout = _LAYOUTS[vocabulary] = cls(order, columns)
+            layout = _LAYOUTS[vocabulary] = cls(order, lengths, columns)
         return layout
 
 
@@ -75,20 +77,20 @@ FINISHED: State = frozenset({()})  # every stack empty: only EOS may follow
 
 
 class CompiledGrammar:
-    """One grammar for one vocabulary: parser states, their byte transitions and token masks,
-    cached and bounded. Safe to share between threads (one lock)."""
+    """One grammar for one vocabulary: the masks of the parser states reached so far, cached and
+    bounded, and the transitions rows walk. Safe to share between threads (one lock)."""
 
     def __init__(self, program: Program, vocabulary: Vocabulary, limits: Any = None) -> None:
         self._program, self._vocabulary, self._layout = program, vocabulary, _Layout.of(vocabulary)
         self._max_stacks = getattr(limits, "max_grammar_stacks", MAX_STACKS)
         self._max_states = getattr(limits, "max_grammar_states", MAX_STATES)
         self._max_masks = getattr(limits, "max_grammar_masks", MAX_MASKS)
+        self._max_warm = getattr(limits, "max_grammar_warm", MAX_WARM)
         self._serial = next(_SERIALS)
         self._lock = threading.Lock()
         self._masks: OrderedDict[State, npt.NDArray[np.uint8]] = OrderedDict()
-        self._reset_table()
-        firsts = program.starts[program.root]
-        self._start = self._expand([(s,) if program.kinds[s] != END else () for s in firsts])
+        self._transitions = self._new_transitions()
+        self._start = self._transitions.start()
 
     def start(self) -> GrammarRow:
         return GrammarRow(self, self._start)
@@ -97,7 +99,11 @@ class CompiledGrammar:
     def nbytes(self) -> int:
         """Memory now: rules, transition table, states and cached masks (it grows, to the bounds)."""
         masks = sum(mask.nbytes for mask in self._masks.values())
-        return self._program.nbytes + int(self._table.nbytes) + self._state_bytes + masks
+        return self._program.nbytes + self._transitions.nbytes + masks
+
+    @property
+    def masks_cached(self) -> int:
+        return len(self._masks)
 
     def key(self, state: State) -> Hashable:
         return (self._serial, state)
@@ -106,12 +112,35 @@ class CompiledGrammar:
         with self._lock:
             packed = self._masks.get(state)
             if packed is None:
-                packed = self._masks[state] = np.packbits(self._walk_vocabulary(state))
-                if len(self._masks) > self._max_masks:
-                    self._masks.popitem(last=False)
+                packed = self._remember(state, self._mask(state, self._transitions.ends(state)))
             else:
                 self._masks.move_to_end(state)
         return np.unpackbits(packed, count=self._vocabulary.size).view(np.bool_)
+
+    def warm(self, stop: threading.Event | None = None) -> int:
+        """Compute ahead the masks of the states rows reach first (the server runs it on a thread
+        of its own after compiling, as for automata): breadth first from the start state, one token
+        at a time, the states most tokens lead to first, at most max_grammar_warm of them. It walks
+        a transition table of its own, so rows never wait for it; `stop` ends it early. The number
+        of masks computed."""
+        transitions, computed = self._new_transitions(), 0
+        frontier, seen = deque([self._start]), {self._start}
+        for _ in range(self._max_warm):
+            if not frontier or stop is not None and stop.is_set():
+                break
+            state = frontier.popleft()
+            try:
+                ends = transitions.ends(state)
+            except InvalidInput:  # past the stack bound: a row that gets here fails on its own
+                continue
+            with self._lock:
+                if state not in self._masks:
+                    self._remember(state, self._mask(state, ends))
+                    computed += 1
+            fresh = [s for s in transitions.successors(ends) if s not in seen]
+            seen.update(fresh)
+            frontier.extend(fresh)
+        return computed
 
     def advance(self, state: State, token: int) -> State:
         """The state after `token`; InvalidInput when the grammar does not allow it here."""
@@ -120,37 +149,91 @@ class CompiledGrammar:
             return FINISHED
         usable = 0 <= token < vocabulary.size and vocabulary.usable[token]
         piece = vocabulary.pieces[token] if usable else None
-        with self._lock:
-            self._reset_if_full()
-            state_id = self._intern(state)
-            for byte in piece or b"":
-                if self._table[state_id, byte] == UNKNOWN:
-                    self._fill(np.array([state_id]), np.array([byte]))
-                state_id = int(self._table[state_id, byte])
-            if piece and state_id != DEAD:
-                return self._states[state_id]
+        if piece:
+            with self._lock:
+                after = self._transitions.after(state, piece)
+            if after:
+                return after
         raise InvalidInput(f"token {token} is not allowed by the grammar here", reason="TOKEN_NOT_ALLOWED",
                            field=FIELD)
 
-    def _walk_vocabulary(self, state: State) -> npt.NDArray[np.bool_]:
-        """Every usable token through the transition table, one byte column at a time."""
+    def _mask(self, state: State, ends: npt.NDArray[np.int32]) -> npt.NDArray[np.uint8]:
+        mask = np.zeros(self._vocabulary.size, np.bool_)
+        mask[self._layout.order] = ends != DEAD
+        mask[list(self._vocabulary.eos_ids)] = () in state
+        return np.packbits(mask)
+
+    def _remember(self, state: State, packed: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+        self._masks[state] = packed
+        if len(self._masks) > self._max_masks:
+            self._masks.popitem(last=False)
+        return packed
+
+    def _new_transitions(self) -> _Transitions:
+        return _Transitions(self._program, self._layout, self._max_stacks, self._max_states)
+
+
+class _Transitions:
+    """Parser states interned by id, and their byte transitions filled in lazily in one table.
+    Ids live within one call, so the table can start again between calls when full. Not
+    thread-safe: its owner holds a lock around each call."""
+
+    def __init__(self, program: Program, layout: _Layout, max_stacks: int, max_states: int) -> None:
+        self._program, self._layout = program, layout
+        self._max_stacks, self._max_states = max_stacks, max_states
+        self._reset_table()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._table.nbytes) + self._state_bytes
+
+    def start(self) -> State:
+        program = self._program
+        return self._expand([(s,) if program.kinds[s] != END else () for s in program.starts[program.root]])
+
+    def after(self, state: State, piece: bytes) -> State:
+        """The state after `piece`'s bytes (DEAD's, empty, when they cannot follow)."""
+        self._reset_if_full()
+        state_id = self._intern(state)
+        for byte in piece:
+            if self._table[state_id, byte] == UNKNOWN:
+                self._fill(np.array([state_id]), np.array([byte]))
+            state_id = int(self._table[state_id, byte])
+        return self._states[state_id]
+
+    def ends(self, state: State) -> npt.NDArray[np.int32]:
+        """Where each usable token (in layout order) leads from `state`: a state id, valid until
+        the next call, or DEAD. The tokens still alive go through the table a byte column at a time."""
         self._reset_if_full()
         layout = self._layout
-        states = np.full(len(layout.columns[0]) if layout.columns else 0, self._intern(state), np.int32)
-        for column in layout.columns:
-            live = states[: len(column)]
-            nxt = self._table[live, column]
-            unknown = nxt == UNKNOWN
-            if unknown.any():
-                self._fill(live[unknown], column[unknown])
-                nxt = self._table[live, column]
-            states[: len(column)] = nxt
-            if not nxt.any():
+        ends = np.zeros(len(layout.order), np.int32)
+        at = np.arange(len(layout.order))
+        current = np.full(len(at), self._intern(state), np.int32)
+        for depth, column in enumerate(layout.columns):
+            # `at` keeps the longest-first order: the tokens that end before this byte are its tail.
+            longer = int(np.count_nonzero(layout.lengths[at] > depth))
+            ends[at[longer:]] = current[longer:]
+            at, current = at[:longer], current[:longer]
+            if not longer:
                 break
-        mask = np.zeros(self._vocabulary.size, np.bool_)
-        mask[layout.order] = states != DEAD
-        mask[list(self._vocabulary.eos_ids)] = () in state
-        return mask
+            current = self._next(current, column[at])
+            alive = np.flatnonzero(current)
+            at, current = at[alive], current[alive]
+        ends[at] = current
+        return ends
+
+    def successors(self, ends: npt.NDArray[np.int32]) -> list[State]:
+        """The states tokens lead to (from `ends` of this call), those most tokens reach first."""
+        ids, counts = np.unique(ends[ends != DEAD], return_counts=True)
+        return [self._states[i] for i in ids[np.argsort(-counts, kind="stable")].tolist()]
+
+    def _next(self, state_ids: npt.NDArray[np.int32], column: npt.NDArray[np.uint8]) -> npt.NDArray[np.int32]:
+        targets = self._table[state_ids, column]
+        unknown = targets == UNKNOWN
+        if unknown.any():
+            self._fill(state_ids[unknown], column[unknown])
+            targets = self._table[state_ids, column]
+        return targets
 
     def _fill(self, state_ids: npt.NDArray[np.int32], column: npt.NDArray[np.uint8]) -> None:
         for pair in np.unique(state_ids.astype(np.int64) * 256 + column).tolist():
