@@ -1,8 +1,8 @@
 """`compile_constraint`: one entry for every constraint kind, and the protocol its result keeps.
 
 Regex, JSON Schema and choice become a syntax tree, a byte NFA, then a DFA (automaton.py); a
-grammar is compiled by engine/constrain/grammar.py into its own pushdown automaton with the
-same RowState protocol. Every failure is InvalidInput naming the request field at fault.
+grammar is parsed by engine/constrain/gbnf.py and run by grammar.py as a pushdown automaton with
+the same RowState protocol. Every failure is InvalidInput naming the request field at fault.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ Choices made for the output (json_values.py has the whitespace policy):
   $ref is entered at most Limits.max_ref_depth times along one path (deeper, it matches nothing,
   so optional recursion stops and required recursion fails the branch).
 - `pattern` matches the decoded string anywhere unless anchored; it cannot be combined with
-  minLength/maxLength or format (SCHEMA_UNSUPPORTED).
+  minLength/maxLength or format (SCHEMA_UNSUPPORTED). minLength/maxLength beside a format hold
+  for all its strings (kept: the format alone) or none (nothing matches); in between, refused.
 """
 
 from __future__ import annotations
@@ -204,17 +205,16 @@ class _Compiler:
         return jv.array(self.node(items, f"{pointer}/items"), lo or 0, hi)
 
     def _string(self, schema: dict[str, Any], pointer: str) -> Node:
-        lo = _count(schema, "minLength", pointer, 0)
+        lo = _count(schema, "minLength", pointer, 0) or 0
         hi = _count(schema, "maxLength", pointer, None)
-        special = [k for k in ("pattern", "format") if k in schema]
-        if special:
-            clash = [k for k in ("minLength", "maxLength", "format") if k in schema and k != special[0]]
+        if "pattern" in schema:
+            clash = [k for k in ("minLength", "maxLength", "format") if k in schema]
             if clash:
-                raise unsupported(f"{pointer}/{clash[0]}", f"{clash[0]!r} beside {special[0]!r}")
-            if special[0] == "pattern":
-                return self._pattern(schema, pointer)
-            return self._format(schema, pointer)
-        return jv.string(lo or 0, hi)
+                raise unsupported(f"{pointer}/{clash[0]}", f"{clash[0]!r} beside 'pattern'")
+            return self._pattern(schema, pointer)
+        if "format" in schema:
+            return self._format(schema, pointer, lo, hi)
+        return jv.string(lo, hi)
 
     def _pattern(self, schema: dict[str, Any], pointer: str) -> Node:
         source = schema["pattern"]
@@ -228,11 +228,21 @@ class _Compiler:
             raise unsupported(f"{pointer}/pattern", str(exc)) from exc
         return seq(jv.QUOTE, regex.search(jv.in_string(parsed), jv.CHAR), jv.QUOTE)
 
-    def _format(self, schema: dict[str, Any], pointer: str) -> Node:
+    def _format(self, schema: dict[str, Any], pointer: str, lo: int, hi: int | None) -> Node:
+        """A format's strings; length bounds hold for all of them, none of them or (refused) some."""
         name = schema["format"]
         if name not in jv.FORMATS:
             raise unsupported(f"{pointer}/format", f"the format {name!r} (only {', '.join(jv.FORMATS)})")
-        return jv.string_format(name)
+        shortest, longest = jv.FORMAT_LENGTHS[name]
+        if lo <= shortest and (hi is None or longest is not None and longest <= hi):
+            return jv.string_format(name)
+        if hi is not None and hi < shortest or longest is not None and lo > longest:
+            return NOTHING  # no string of this format has such a length
+        cuts_longest = hi is not None and (longest is None or hi < longest)
+        key = "maxLength" if cuts_longest else "minLength"
+        lengths = f"{shortest} to {longest}" if longest is not None else f"{shortest} or more"
+        raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'format' {name!r} (whose strings are "
+                          f"{lengths} characters long) where it holds for some of them only")
 
 
 def _integer_bounds(schema: dict[str, Any], pointer: str) -> tuple[int | None, int | None]:

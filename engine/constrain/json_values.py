@@ -6,7 +6,8 @@ loop on whitespace, and `{"a": 1, "b": [1, 2]}` and `{"a":1,"b":[1,2]}` both fit
 JSON strings: any character but `"`, `\\` and controls (U+0000-U+001F) as itself, or an escape
 (\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX, no surrogate halves: one escape is one character, so
 length limits count characters). Numbers are JSON numbers; an `integer` has no fraction or
-exponent.
+exponent. Digits are bounded so a model cannot loop on them: at most 15 integer digits (an integer
+without a bound in the schema: |n| <= 999,999,999,999,999), 15 fraction digits, 3 exponent digits.
 """
 
 from __future__ import annotations
@@ -49,12 +50,16 @@ _NOT_SURROGATE = alt(seq(char_set("0123456789abcABCefEF"), repeat(_HEX, 3, 3)),
 ESCAPE = seq(text("\\"), alt(char_set('"\\/bfnrt'), seq(text("u"), _NOT_SURROGATE)))
 CHAR = alt(UNESCAPED, ESCAPE)
 
+MAX_INTEGER_DIGITS = 15  # what a double holds exactly; an integer bound in the schema may say more
+MAX_FRACTION_DIGITS = 15
+MAX_EXPONENT_DIGITS = 3  # a double's exponent reaches 308
+
 DIGIT = chars([(0x30, 0x39)])
 NONZERO = chars([(0x31, 0x39)])
-NATURAL = alt(text("0"), seq(NONZERO, repeat(DIGIT, 0, None)))
+NATURAL = alt(text("0"), seq(NONZERO, repeat(DIGIT, 0, MAX_INTEGER_DIGITS - 1)))
 INTEGER = seq(optional(text("-")), NATURAL)
-NUMBER = seq(INTEGER, optional(seq(text("."), repeat(DIGIT, 1, None))),
-             optional(seq(char_set("eE"), optional(char_set("+-")), repeat(DIGIT, 1, None))))
+NUMBER = seq(INTEGER, optional(seq(text("."), repeat(DIGIT, 1, MAX_FRACTION_DIGITS))),
+             optional(seq(char_set("eE"), optional(char_set("+-")), repeat(DIGIT, 1, MAX_EXPONENT_DIGITS))))
 BOOLEAN = alt(text("true"), text("false"))
 NULL = text("null")
 
@@ -72,6 +77,17 @@ FORMATS = {
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "email": rf"{_ATOM}(?:\.{_ATOM})*@{_LABEL}(?:\.{_LABEL})+",
     "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
+}
+
+
+# Each format's shortest and longest string in characters (None: no longest); all are ASCII.
+FORMAT_LENGTHS: dict[str, tuple[int, int | None]] = {
+    "date": (10, 10),
+    "time": (9, 21),  # 12:00:00Z .. 12:00:00.123456+01:00
+    "date-time": (20, 32),
+    "uuid": (36, 36),
+    "email": (5, None),  # a@b.c
+    "ipv4": (7, 15),
 }
 
 
@@ -112,30 +128,29 @@ def any_value(depth: int) -> Node:
 
 
 def integer_range(lo: int | None, hi: int | None) -> Node:
-    """Integers in [lo, hi] (None: unbounded), written without leading zeros."""
+    """Integers in [lo, hi], written without leading zeros; a bound left out (None) is the largest
+    of MAX_INTEGER_DIGITS digits (or of as many digits as the other bound, if it has more)."""
+    widest = 10 ** max([MAX_INTEGER_DIGITS, *(len(str(abs(b))) for b in (lo, hi) if b is not None)]) - 1
+    return _integer_range(-widest if lo is None else lo, widest if hi is None else hi)
+
+
+def _integer_range(lo: int, hi: int) -> Node:
     parts = []
-    if lo is None or lo < 0:
-        magnitudes = (1 if hi is None or hi >= 0 else -hi, None if lo is None else -lo)
-        if magnitudes[1] is None or magnitudes[0] <= magnitudes[1]:
-            parts.append(seq(text("-"), natural_range(*magnitudes)))
-    if hi is None or hi >= 0:
-        start = 0 if lo is None or lo < 0 else lo
-        if hi is None or start <= hi:
-            parts.append(natural_range(start, hi))
+    if lo < 0 and min(hi, -1) >= lo:
+        parts.append(seq(text("-"), natural_range(-min(hi, -1), -lo)))
+    if hi >= max(lo, 0):
+        parts.append(natural_range(max(lo, 0), hi))
     return alt(*parts)
 
 
-def natural_range(lo: int, hi: int | None) -> Node:
+def natural_range(lo: int, hi: int) -> Node:
     """Non-negative integers in [lo, hi], one digit count at a time."""
     parts = []
-    longest = len(str(lo)) if hi is None else len(str(hi))
-    for digits in range(len(str(lo)), longest + 1):
+    for digits in range(len(str(lo)), len(str(hi)) + 1):
         low = max(lo, 10 ** (digits - 1) if digits > 1 else 0)
-        high = 10**digits - 1 if hi is None else min(hi, 10**digits - 1)
+        high = min(hi, 10**digits - 1)
         if low <= high:
             parts.append(_same_length(str(low), str(high)))
-    if hi is None:
-        parts.append(seq(NONZERO, repeat(DIGIT, len(str(lo)), None)))
     return alt(*parts)
 
 

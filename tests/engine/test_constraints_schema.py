@@ -260,3 +260,87 @@ def test_the_first_mask_of_a_schema_allows_only_tokens_that_open_an_object(
     pieces = [vocabulary.pieces[t] for t in np.flatnonzero(allowed)]
     assert pieces and all(p is not None and p.startswith(b"{") for p in pieces)
     assert b"{}" in pieces or b"{" in pieces
+
+
+def test_an_integer_without_a_bound_has_at_most_fifteen_digits() -> None:
+    compiled = schema_of({"type": "integer"})
+    assert accepts(compiled, b"999999999999999") and accepts(compiled, b"-999999999999999")
+    assert not accepts(compiled, b"1000000000000000") and not accepts(compiled, b"-1000000000000000")
+    above = schema_of({"type": "integer", "minimum": 5})
+    assert accepts(above, b"999999999999999") and not accepts(above, b"1000000000000000")
+
+
+def test_an_integer_bound_of_more_than_fifteen_digits_is_kept() -> None:
+    compiled = schema_of({"type": "integer", "minimum": 0, "maximum": 10**20})
+    assert accepts(compiled, str(10**20).encode()) and not accepts(compiled, str(10**20 + 1).encode())
+    below = schema_of({"type": "integer", "maximum": -(10**18)})
+    assert accepts(below, str(-(10**19) + 1).encode()) and not accepts(below, str(-(10**19)).encode())
+
+
+def test_a_number_has_at_most_fifteen_integer_fifteen_fraction_and_three_exponent_digits() -> None:
+    compiled = schema_of({"type": "number"})
+    for written in ["9" * 15, "-" + "9" * 15 + "." + "9" * 15, "1e308", "1.5E-324"]:
+        assert accepts(compiled, written.encode()), written
+    for written in ["9" * 16, "0." + "9" * 16, "1e1000"]:
+        assert not accepts(compiled, written.encode()), written
+    open_value = schema_of({})
+    assert accepts(open_value, b"[" + b"9" * 15 + b"]") and not accepts(open_value, b"[" + b"9" * 16 + b"]")
+
+
+def string_lengths(compiled: Any) -> tuple[int, int | None]:
+    """The shortest and longest string (quotes left out) a compiled string schema allows, in
+    bytes, from its DFA: None when some cycle can be repeated."""
+    table, accepting = compiled.dfa.table, compiled.dfa.accepting
+    lengths: dict[int, tuple[int, int | None]] = {}
+
+    def walk(state: int, path: frozenset[int]) -> tuple[int, int | None]:
+        if state not in lengths:
+            ends = [(0, 0)] if accepting[state] else []
+            for nxt in set(table[state].tolist()) - {0}:
+                if nxt in path:
+                    ends.append((10**9, None))
+                    continue
+                low, high = walk(nxt, path | {nxt})
+                ends.append((low + 1, None if high is None else high + 1))
+            lengths[state] = (min(e[0] for e in ends), None if any(e[1] is None for e in ends)
+                              else max(e[1] for e in ends if e[1] is not None))
+        return lengths[state]
+
+    low, high = walk(1, frozenset({1}))
+    return low - 2, None if high is None else high - 2
+
+
+def test_the_format_lengths_are_each_formats_shortest_and_longest_strings() -> None:
+    from engine.constrain.json_values import FORMAT_LENGTHS
+
+    for name, lengths in FORMAT_LENGTHS.items():
+        assert string_lengths(schema_of({"type": "string", "format": name})) == lengths, name
+
+
+UUID = f'"{"0" * 8}-{"a" * 4}-{"B" * 4}-{"1" * 4}-{"2" * 12}"'
+
+
+@pytest.mark.parametrize(("name", "bounds", "written"), [
+    ("date", {"minLength": 10, "maxLength": 10}, '"2024-02-28"'), ("date", {"minLength": 1}, '"2024-02-28"'),
+    ("uuid", {"maxLength": 36}, UUID), ("ipv4", {"minLength": 7, "maxLength": 15}, '"10.0.0.1"')])
+def test_length_bounds_every_string_of_a_format_meets_keep_the_format(name: str, bounds: dict[str, int],
+                                                                     written: str) -> None:
+    compiled = schema_of({"type": "string", "format": name, **bounds})
+    assert accepts(compiled, written.encode()) and not accepts(compiled, b'"2024-02-30"')
+
+
+def test_length_bounds_no_string_of_a_format_meets_leave_nothing_of_that_branch() -> None:
+    refused({"type": "string", "format": "date", "maxLength": 8}, "CONSTRAINT_UNSATISFIABLE")
+    either = schema_of({"anyOf": [{"type": "string", "format": "ipv4", "minLength": 16}, {"type": "null"}]})
+    assert accepts(either, b"null") and not accepts(either, b'"1.2.3.4"')
+
+
+@pytest.mark.parametrize(("name", "bounds", "keyword"), [
+    ("email", {"maxLength": 40}, "maxLength"), ("ipv4", {"minLength": 8}, "minLength"),
+    ("date-time", {"minLength": 25, "maxLength": 30}, "maxLength")])
+def test_length_bounds_that_cut_a_format_are_refused_naming_both_keywords_and_the_pointer(
+        name: str, bounds: dict[str, int], keyword: str) -> None:
+    error = refused({"type": "object", "properties": {"a/b": {"type": "string", "format": name, **bounds}}},
+                    "SCHEMA_UNSUPPORTED")
+    expected = f"/properties/a~1b/{keyword}: '{keyword}' beside 'format' '{name}'"
+    assert str(error).startswith(expected), str(error)

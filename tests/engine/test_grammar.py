@@ -1,11 +1,13 @@
-"""GBNF grammar constraints (engine/constrain/grammar.py): every walk through allowed tokens ends
-in text an independent parser accepts (lark, or Python's json), on a small synthetic vocabulary
-and on SmolLM2's; EOS only where the grammar accepts; bad grammars rejected with positions."""
+"""GBNF grammar constraints (engine/constrain/gbnf.py parses, grammar.py runs): every walk through
+allowed tokens ends in text an independent parser accepts (lark, or Python's json), on a small
+synthetic vocabulary and on SmolLM2's; EOS only where the grammar accepts; bad grammars rejected
+with positions."""
 
 from __future__ import annotations
 
 import json
 import random
+import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -388,3 +390,63 @@ def test_compile_constraint_hands_grammars_to_this_compiler(small: Vocabulary) -
     assert isinstance(compiled, CompiledGrammar) and compiled.nbytes > 0
     row.advance(small.pieces.index(b"ab"))
     assert not row.accepts and row.allowed()[ord("7")]
+
+
+def states_one_token_from_the_start(grammar: CompiledGrammar, vocabulary: Vocabulary) -> list[GrammarRow]:
+    rows = []
+    for token in np.flatnonzero(grammar.start().allowed() & vocabulary.usable).tolist():
+        row = grammar.start()
+        row.advance(token)
+        rows.append(row)
+    return rows
+
+
+def test_a_grammar_warm_up_caches_the_masks_of_the_start_state_and_the_states_one_token_on(
+        small: Vocabulary) -> None:
+    grammar = compile_grammar(gbnf("arithmetic"), small)
+    computed = grammar.warm()
+    assert computed == grammar.masks_cached > 1
+    for row in [grammar.start(), *states_one_token_from_the_start(grammar, small)]:
+        row.allowed()
+    assert grammar.masks_cached == computed, "a row computed a mask the warm-up should have"
+
+
+def test_warmed_masks_are_the_masks_rows_compute_themselves(small: Vocabulary) -> None:
+    warmed, cold = compile_grammar(gbnf("json"), small), compile_grammar(gbnf("json"), small)
+    assert warmed.warm() > 0
+    rng = random.Random(11)
+    one, two = warmed.start(), cold.start()
+    for _ in range(80):
+        mask = two.allowed()
+        assert np.array_equal(one.allowed(), mask)
+        if not (mask & small.usable).any():
+            break
+        token = pick(np.flatnonzero(mask & small.usable), small, rng)
+        one.advance(token)
+        two.advance(token)
+
+
+def test_a_grammar_warm_up_is_bounded_and_stops_when_asked(small: Vocabulary) -> None:
+    bounded = compile_grammar(gbnf("json"), small, SimpleNamespace(max_grammar_warm=5))
+    assert bounded.warm() == bounded.masks_cached == 5
+    assert bounded.warm() == 0  # what is cached is not computed again
+    stopped = threading.Event()
+    stopped.set()
+    assert compile_grammar(gbnf("json"), small).warm(stopped) == 0
+
+
+def test_a_warm_up_beside_rows_on_other_threads_leaves_every_mask_exact(small: Vocabulary) -> None:
+    grammar, reference_grammar = compile_grammar(gbnf("json"), small), compile_grammar(gbnf("json"), small)
+    warming = threading.Thread(target=grammar.warm)
+    warming.start()
+    rng = random.Random(5)
+    row, check = grammar.start(), reference_grammar.start()
+    for _ in range(120):
+        mask = check.allowed()
+        assert np.array_equal(row.allowed(), mask)
+        if not (mask & small.usable).any():
+            break
+        token = pick(np.flatnonzero(mask & small.usable), small, rng)
+        row.advance(token)
+        check.advance(token)
+    warming.join()
