@@ -33,6 +33,7 @@ ENV_PREFIX = "LADDER_"
 _TRUE = ("1", "true", "on", "yes")
 _FALSE = ("0", "false", "off", "no")
 DEFAULT_METRICS_PORT = 9464  # not Prometheus's own 9090
+DEFAULT_HTTP_PORT = 8000  # vLLM's and TGI's port for the OpenAI-compatible API
 
 
 class ConfigError(ValueError):
@@ -64,6 +65,7 @@ class Config:
     host: str = "[::]"
     port: int = 50051
     metrics_port: int = DEFAULT_METRICS_PORT  # 0 = no metrics endpoint
+    http_port: int = DEFAULT_HTTP_PORT  # the OpenAI-compatible HTTP API; 0 = off
     model: str = "default"  # a model directory, or "default" (prepared under model_cache)
     model_cache: str = ""
     model_precision: str = "auto"  # weights of the default model: auto (int4 on CPU, fp16 on CUDA) | fp32
@@ -126,7 +128,8 @@ class Config:
 
 _HELP = {
     "host": "address to listen on", "port": "gRPC port (0 = any free port)",
-    "metrics_port": "Prometheus /metrics port (0 = off)", "model": 'model directory or "default"',
+    "metrics_port": "Prometheus /metrics port (0 = off)",
+    "http_port": "OpenAI-compatible HTTP API port (0 = off)", "model": 'model directory or "default"',
     "model_cache": "cache directory of the default model (and of rewritten copies of model graphs)",
     "model_precision": "weights of the default model: auto (int4 on CPU, fp16 on CUDA), int4, fp16 or fp32",
     "model_read_only": "never rewrite the model's graph: its lm-head then runs on every prefill row",
@@ -165,7 +168,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
 }
 BOUNDS: dict[str, tuple[float, float | None]] = {
-    "port": (0, 65535), "metrics_port": (0, 65535), "chunk_size": (0, None), "capacity": (1, None),
+    "port": (0, 65535), "metrics_port": (0, 65535), "http_port": (0, 65535), "chunk_size": (0, None),
+    "capacity": (1, None),
     "variant_capacity": (0, None), "max_sessions": (1, None), "memory_budget_mb": (0, None),
     "max_queue": (1, None), "session_idle_seconds": (0.001, None), "drain_seconds": (0, None),
     "max_prompt_tokens": (0, None), "max_new_tokens": (1, None), "default_max_new_tokens": (0, None),

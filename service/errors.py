@@ -96,6 +96,10 @@ class Cancelled(ServiceError):
     """The client went away (or its deadline passed) while the engine worked for it."""
 
 
+class ModelNotFound(ServiceError):
+    """The OpenAI-compatible API named a model this server does not serve."""
+
+
 # Most specific first: the first class an exception is an instance of wins.
 STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidInput, grpc.StatusCode.INVALID_ARGUMENT),
@@ -103,6 +107,7 @@ STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (OverCapacity, grpc.StatusCode.OUT_OF_RANGE),
     (OverLimit, grpc.StatusCode.OUT_OF_RANGE),
     (SessionNotFound, grpc.StatusCode.NOT_FOUND),
+    (ModelNotFound, grpc.StatusCode.NOT_FOUND),
     (WrongPod, grpc.StatusCode.FAILED_PRECONDITION),
     (NoTokenizer, grpc.StatusCode.FAILED_PRECONDITION),
     (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
@@ -124,6 +129,7 @@ REASONS: tuple[tuple[type[BaseException], str], ...] = (
     (OverCapacity, "CAPACITY_EXCEEDED"),
     (OverLimit, "LIMIT_EXCEEDED"),
     (SessionNotFound, "SESSION_NOT_FOUND"),
+    (ModelNotFound, "MODEL_NOT_FOUND"),
     (WrongPod, "WRONG_POD"),
     (NoTokenizer, "NO_TOKENIZER"),
     (Unsupported, "CHAT_TEMPLATE_UNSUPPORTED"),
@@ -141,6 +147,16 @@ RETRY_SECONDS: dict[str, float] = {"CALLER_QUOTA": 5.0, "DRAINING": 0.1, "MODEL_
 RETRY_CODES: dict[grpc.StatusCode, float] = {grpc.StatusCode.RESOURCE_EXHAUSTED: 1.0,
                                              grpc.StatusCode.UNAVAILABLE: 1.0}
 FIELD_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
+# The HTTP status of each code (the OpenAI-compatible API, service/http/), and of a reason that
+# needs a more precise one; anything else is 500.
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.ABORTED: 409, grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499, grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+HTTP_REASON_STATUS: dict[str, int] = {"MESSAGE_TOO_LARGE": 413}
 
 
 @dataclass(frozen=True)
@@ -149,6 +165,17 @@ class Status:
     details: str
     trailing_metadata: tuple[tuple[str, str | bytes], ...] = ()
     reason: str = ""
+    field: str = ""  # the request field at fault, "" when none is
+
+    @property
+    def retry_seconds(self) -> float | None:
+        """How long a client should wait before it tries again (RetryInfo, Retry-After); None: no retry."""
+        return RETRY_SECONDS.get(self.reason, RETRY_CODES.get(self.code))
+
+    @property
+    def http_status(self) -> int:
+        """The status of the same failure on the HTTP API."""
+        return HTTP_REASON_STATUS.get(self.reason, HTTP_STATUS.get(self.code, 500))
 
 
 def status_for(error: BaseException) -> Status:
@@ -161,8 +188,9 @@ def status_for(error: BaseException) -> Status:
             metadata: tuple[tuple[str, str | bytes], ...] = ()
             if isinstance(error, WrongPod):
                 metadata, extra = ((OWNER_METADATA, error.owner),), {**extra, "owner_pod": error.owner}
-            rich = _details(code, details, reason, getattr(error, "field", ""), extra)
-            return Status(code, details, (*metadata, (DETAILS_METADATA, rich)), reason)
+            field = getattr(error, "field", "")
+            rich = _details(code, details, reason, field, extra)
+            return Status(code, details, (*metadata, (DETAILS_METADATA, rich)), reason, field)
     details = f"internal error: {type(error).__name__}"
     code = grpc.StatusCode.INTERNAL
     rich = _details(code, details, "INTERNAL", "", {})

@@ -48,7 +48,8 @@ from prometheus_client.registry import Collector
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-TTFT_METHODS = ("Generate", "GenerateStream", "Prefill")  # Decode continues a prompt: no first token
+# Decode continues a prompt: no first token. The HTTP API's methods are its routes.
+TTFT_METHODS = ("Generate", "GenerateStream", "Prefill", "/v1/completions", "/v1/chat/completions")
 
 
 class _EngineCollector(Collector):
@@ -109,10 +110,11 @@ class Metrics:
             r.register(collector)  # process_* (CPU, RSS, open fds), python_info, python_gc_*
         self.model = Info("ladder_model", "The model served and how", registry=r)
         # Calls: every Ladder call ends in exactly one of these, whatever its code.
-        self.calls = Counter("ladder_calls", "Finished calls by method and status code", ["method", "code"],
-                             registry=r)
+        # protocol: grpc, or http (the OpenAI-compatible API: methods named by their routes, codes gRPC's).
+        self.calls = Counter("ladder_calls", "Finished calls by protocol, method and status code",
+                             ["protocol", "method", "code"], registry=r)
         self.call_seconds = Histogram("ladder_call_seconds", "Call duration, arrival to its status",
-                                      ["method"], buckets=_LATENCY_BUCKETS, registry=r)
+                                      ["protocol", "method"], buckets=_LATENCY_BUCKETS, registry=r)
         # Per request.
         self.ttft = Histogram("ladder_time_to_first_token_seconds",
                               "Arrival to the prompt's first token (Prefill: to PrefillDone.next_token)",
@@ -188,9 +190,9 @@ class Metrics:
         self.sessions.set_function(sessions)
         self.kv_usage.set_function(kv_usage)
 
-    def call_done(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
-        self.calls.labels(method, code.name).inc()
-        self.call_seconds.labels(method).observe(seconds)
+    def call_done(self, method: str, code: grpc.StatusCode, seconds: float, protocol: str = "grpc") -> None:
+        self.calls.labels(protocol, method, code.name).inc()
+        self.call_seconds.labels(protocol, method).observe(seconds)
 
     def forward_done(self, kind: str, seconds: float) -> None:
         """One engine forward ("prefill" or "decode") took `seconds` (called on the worker thread)."""

@@ -1,4 +1,5 @@
-"""The server's lifecycle: Ladder, grpc.health.v1 and reflection on one grpc.aio server.
+"""The server's lifecycle: Ladder, grpc.health.v1 and reflection on one grpc.aio server, and the
+OpenAI-compatible HTTP API (service/http/) on the same event loop, through the same door.
 
 Entry points (`ladder serve` and `python -m service` go through `service.entry.main`, which reads the
 Config before this module's imports, then calls `serve`; tests call `create_server`):
@@ -35,9 +36,10 @@ from engine.executor.step import Stats
 from service.config import Config
 from service.constraints import Constraints
 from service.errors import Draining
+from service.http.app import Door, HttpServer, Routes, application
 from service.interceptors import chain
 from service.interceptors.access_log import AccessLog
-from service.interceptors.auth import server_credentials
+from service.interceptors.auth import Authentication, server_credentials
 from service.loading import load_model  # imports engine.tokenizer on the main thread: see loading.py
 from service.logs import configure_logging
 from service.metrics import Metrics
@@ -51,6 +53,7 @@ from service.sessions import SessionRegistry
 
 log = structlog.get_logger("ladder.server")
 HEALTH_NAMES = ("", SERVICE_NAME)
+HTTP_PORT = "HTTP port (--http-port/LADDER_HTTP_PORT; 0 turns it off)"
 
 
 class LadderServer:
@@ -71,10 +74,17 @@ class LadderServer:
         interceptors = chain(self.access_log, self._gate, config.auth_tokens, on_internal=self._fault)
         self.grpc = grpc.aio.server(interceptors=interceptors, options=limits)
         self.port = 0
+        self.http = self._http_api() if config.http_port else None
         self._tasks: list[asyncio.Task[Any]] = []
         self._http: Any = None
         self.fault: BaseException | None = None
         self.stopped = asyncio.Event()
+
+    def _http_api(self) -> HttpServer:
+        """The OpenAI-compatible API over the same servicer, gate, tokens and access log as gRPC."""
+        door = Door(self.access_log, self._gate, Authentication(self.config.auth_tokens), self._fault)
+        routes = Routes(self.servicer, self._serving, lambda: self.serving is not None and not self.draining)
+        return HttpServer(application(routes, door, self.config.max_message_bytes), self.config)
 
     def _gate(self) -> None:
         if self.draining:
@@ -96,6 +106,7 @@ class LadderServer:
         credentials = server_credentials(self.config)
         what = "gRPC port (--port/LADDER_PORT)"
         check_port_free(self.config.host, self.config.port, what)
+        check_port_free(self.config.host, self.config.http_port, HTTP_PORT)
         try:
             self.port = (self.grpc.add_secure_port(address, credentials) if credentials
                          else self.grpc.add_insecure_port(address))
@@ -103,8 +114,23 @@ class LadderServer:
             raise PortInUse(f"{what} {self.config.port} on {self.config.host} could not be bound: "
                             f"{exc}") from None
         await self.grpc.start()
-        log.info("listening", port=self.port, tls=self.config.tls, auth=self.config.auth)
+        if self.http is not None:
+            try:
+                await self._start_http(self.http)
+            except BaseException:
+                await self.grpc.stop(0)
+                raise
+        log.info("listening", port=self.port, http_port=self.config.http_port, tls=self.config.tls,
+                 auth=self.config.auth)
         return self.port
+
+    async def _start_http(self, http: HttpServer) -> None:
+        try:
+            await http.start()
+        except OSError as exc:  # taken between the check and the bind
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(f"{HTTP_PORT} {self.config.http_port} is in use by another process") from None
+            raise
 
     async def load(self) -> None:
         model = await asyncio.to_thread(load_model, self.config)
@@ -187,6 +213,8 @@ class LadderServer:
             if task is not current:
                 task.cancel()
         await self.grpc.stop(grace)
+        if self.http is not None:
+            await self.http.stop()
         if self.serving is not None:
             self.serving.scheduler.stop()
             self.serving.constraints.close()

@@ -29,7 +29,7 @@ from engine.sampling import Sampler
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire
-from service.calls import ConstraintSpec, Prompt, check_response_fits
+from service.calls import ConstraintSpec, GenerateCall, Prompt, check_response_fits
 from service.errors import Cancelled, TooLarge
 from service.events import Finished, ForwardDone, TokenOut
 from service.generation import (
@@ -64,7 +64,15 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     # -- generation ---------------------------------------------------------------
     async def _generate(self, request: pb.GenerateRequest,
                         unary: bool = False) -> AsyncGenerator[tuple[Any, Progress], None]:
-        call, serving = wire.generate_call(request), self.serving
+        async with aclosing(self.generation(wire.generate_call(request), unary)) as steps:
+            async for step in steps:
+                yield step
+
+    async def generation(self, call: GenerateCall,
+                         unary: bool = False) -> AsyncGenerator[tuple[Any, Progress], None]:
+        """A generate call's worker events with its Progress, from the typed call (gRPC's Generate and
+        GenerateStream, and the OpenAI-compatible API, service/http/): every limit is checked here."""
+        serving = self.serving
         tokens = await serving.prompt_ids(call.prompt)
         stopping = serving.model.budget(call.stopping, len(tokens))
         serving.check_samples(call.n)  # before anything is built per sample

@@ -82,6 +82,11 @@ def ending_code(context: Context) -> grpc.StatusCode:
     return grpc.StatusCode.CANCELLED
 
 
+def _protocol(protocol: str) -> dict[str, str]:
+    """The line's `protocol` field: named for HTTP calls only (gRPC's lines are as they were)."""
+    return {} if protocol == "grpc" else {"protocol": protocol}
+
+
 def _access_fields() -> dict[str, Any]:
     record = CALL.get()
     return record.fields() if record is not None else {}
@@ -89,47 +94,57 @@ def _access_fields() -> dict[str, Any]:
 
 def _name_the_call(name: str, context: Context) -> None:
     """Start the call's record and give it its request id (logs, trailers)."""
-    CALL.set(CallRecord(name, time.perf_counter(), peer=context.peer() or ""))
     metadata: Mapping[str, str | bytes] = dict(context.invocation_metadata() or ())
-    asked = str(metadata.get("x-request-id") or "")
+    request_id = start_call(name, context.peer() or "", str(metadata.get("x-request-id") or ""))
+    context.set_trailing_metadata((("x-request-id", request_id),))
+
+
+def start_call(name: str, peer: str, asked: str) -> str:
+    """Start the call's record (gRPC or HTTP) and give it its request id: `asked`, the client's own,
+    when it could name a session, else one of the server's."""
+    CALL.set(CallRecord(name, time.perf_counter(), peer=peer))
     # An id that could not name a session (too long, odd characters) is never echoed into logs
     # and trailers: the call gets one of the server's own instead.
     request_id = asked if asked and plain_id(asked) else uuid.uuid4().hex[:16]
     REQUEST_ID.set(request_id)
     structlog.contextvars.bind_contextvars(request_id=request_id, method=name)
-    context.set_trailing_metadata((("x-request-id", request_id),))
+    return request_id
 
 
 class AccessLog(LadderInterceptor):
     """The outermost interceptor: `in_flight` counts every Ladder call, refused ones included."""
 
-    def __init__(self, on_done: Callable[[str, grpc.StatusCode, float], None]) -> None:
-        self.on_done = on_done  # (method, code, seconds): once per call
-        self.in_flight = 0
+    def __init__(self, on_done: Callable[[str, grpc.StatusCode, float, str], None]) -> None:
+        self.on_done = on_done  # (method, code, seconds, protocol): once per call
+        self.in_flight = 0  # gRPC and HTTP calls: the drain waits for both
         self.failures = FailureLog()
 
-    def failed(self, name: str, status: Status) -> None:
+    def failed(self, name: str, status: Status, protocol: str = "grpc") -> None:
         """The call ends with `status`: count it and write its `rpc_failed` line."""
-        self._done(name, status.code)
+        self._done(name, status.code, protocol)
         self.failures.write("rpc_failed", name, status.code, request_id=REQUEST_ID.get(),
-                            details=status.details, **_access_fields())
+                            details=status.details, **_protocol(protocol), **_access_fields())
 
     def _left(self, name: str, context: Context, request_id: str) -> None:
         """The call stopped under its handler: the client cancelled or went away, or its deadline passed."""
-        code = ending_code(context)
-        self._done(name, code)
-        self.failures.write("rpc_cancelled", name, code, request_id=request_id, **_access_fields())
+        self.left(name, ending_code(context), request_id)
 
-    def _succeeded(self, name: str, request_id: str) -> None:
-        self._done(name, grpc.StatusCode.OK)
-        log.info("rpc", method=name, code="OK", request_id=request_id, **_access_fields())
+    def left(self, name: str, code: grpc.StatusCode, request_id: str, protocol: str = "grpc") -> None:
+        self._done(name, code, protocol)
+        self.failures.write("rpc_cancelled", name, code, request_id=request_id, **_protocol(protocol),
+                            **_access_fields())
 
-    def _done(self, name: str, code: grpc.StatusCode) -> None:
+    def succeeded(self, name: str, request_id: str, protocol: str = "grpc") -> None:
+        self._done(name, grpc.StatusCode.OK, protocol)
+        log.info("rpc", method=name, code="OK", request_id=request_id, **_protocol(protocol),
+                 **_access_fields())
+
+    def _done(self, name: str, code: grpc.StatusCode, protocol: str) -> None:
         record = CALL.get()
         if record is not None and record.progress is not None:
             record.progress.end(code)  # samples the call's ending cut short count with its reason
         now = time.perf_counter()
-        self.on_done(name, code, now - (record.arrived if record is not None else now))
+        self.on_done(name, code, now - (record.arrived if record is not None else now), protocol)
 
     def unary(self, name: str, behavior: Unary) -> Unary:
         async def unary(request: Any, context: Context) -> Any:
@@ -144,7 +159,7 @@ class AccessLog(LadderInterceptor):
                 raise
             finally:
                 self.in_flight -= 1
-            self._succeeded(name, REQUEST_ID.get())
+            self.succeeded(name, REQUEST_ID.get())
             return response
 
         return unary
@@ -166,7 +181,7 @@ class AccessLog(LadderInterceptor):
                 self._left(name, context, request_id)
                 raise
             else:
-                self._succeeded(name, request_id)
+                self.succeeded(name, request_id)
             finally:
                 self.in_flight -= 1
                 await responses.aclose()  # the handler's clean-up runs now, not when it is collected

@@ -54,9 +54,11 @@ class Authentication(LadderInterceptor):
 
     def _name_caller(self, context: Context) -> None:
         metadata: Mapping[str, str | bytes] = dict(context.invocation_metadata() or ())
-        CALLER.set(self._caller(metadata) or _certificate_name(context))
+        CALLER.set(self.caller(metadata) or _certificate_name(context))
 
-    def _caller(self, metadata: Mapping[str, str | bytes]) -> str:
+    def caller(self, metadata: Mapping[str, str | bytes]) -> str:
+        """The caller its `authorization` names ("" without tokens); Unauthenticated when none is known.
+        gRPC's metadata, or the HTTP API's headers."""
         if not self.tokens:
             return ""
         header = str(metadata.get("authorization", ""))

@@ -40,7 +40,7 @@ from deploy_support import (
 )
 
 FLAVOURS = {"cpu": "cpu", "cuda": "gpu"}  # Dockerfile flavour -> k8s overlay
-DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 50051, 9464
+DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT, DEFAULT_HTTP_PORT = 50051, 9464, 8000
 
 
 def image_install(flavour: str) -> PipInstall:
@@ -304,10 +304,10 @@ def test_each_image_runs_as_the_non_root_uid_the_pod_requires(flavour):
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_each_image_exposes_the_default_ports_the_pod_declares(flavour):
-    assert dockerfile(flavour).exposed_ports() == {DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT}
+    assert dockerfile(flavour).exposed_ports() == {DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT, DEFAULT_HTTP_PORT}
     container = main_container(one(overlay(FLAVOURS[flavour]), "Deployment"))
     assert {p["containerPort"] for p in container["ports"]} == {
-        DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT}
+        DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT, DEFAULT_HTTP_PORT}
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

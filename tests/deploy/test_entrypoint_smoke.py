@@ -50,6 +50,7 @@ def pod_environment(tmp_path: Path, model_dir: Path, port: int, metrics_port: in
         "LADDER_HOST": "127.0.0.1",
         "LADDER_PORT": str(port),
         "LADDER_METRICS_PORT": str(metrics_port),
+        "LADDER_HTTP_PORT": str(free_port()),  # the HTTP API starts too, on a port of its own
         "LADDER_MODEL": str(model_dir),
         "LADDER_MODEL_CACHE": str(tmp_path / "cache"),
         "LADDER_DRAIN_SECONDS": str(DRAIN_SECONDS),

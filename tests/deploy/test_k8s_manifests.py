@@ -25,7 +25,7 @@ from deploy_support import (
 )
 
 HEALTH_SERVICE = "ladder.v1.Ladder"
-GRPC_PORT, METRICS_PORT = 50051, 9464
+GRPC_PORT, METRICS_PORT, HTTP_PORT = 50051, 9464, 8000
 
 
 def pod_spec(name: str) -> dict:
@@ -147,6 +147,17 @@ def test_the_cpu_overlay_neither_asks_for_nor_tolerates_gpus():
     assert "tolerations" not in spec
     assert env_of(container)["LADDER_PROVIDER"] == "cpu"
     assert container["resources"]["requests"] == container["resources"]["limits"]
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_the_openai_http_port_is_served_by_the_pod_and_both_services(name):
+    objects = overlay(name)
+    container = main_container(one(objects, "Deployment"))
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LADDER_HTTP_PORT"] == str(HTTP_PORT)
+    assert {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"} in container["ports"]
+    for service in (o for o in objects if o["kind"] == "Service"):
+        assert any(p["targetPort"] == "http" and p["port"] == HTTP_PORT for p in service["spec"]["ports"])
 
 
 @pytest.mark.parametrize("name", OVERLAYS)

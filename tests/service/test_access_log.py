@@ -31,8 +31,8 @@ def serve_and_call(served_model: Path, level: str) -> tuple[list[dict[str, Any]]
     """Run a server at `level`, make one call of each kind, stop it; its log lines and the ids used."""
     port = free_port()
     command = [sys.executable, "-m", "service", "--model", str(served_model), "--host", "127.0.0.1", "--port",
-               str(port), "--metrics-port", "0", "--log-level", level, "--pod-name", "pod-l",
-               "--drain-seconds", "2"]
+               str(port), "--metrics-port", "0", "--http-port", "0", "--log-level", level, "--pod-name",
+               "pod-l", "--drain-seconds", "2"]
     server = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ids: dict[str, str] = {}
     try:

@@ -194,7 +194,7 @@ def test_serve_refuses_a_bad_setting_with_one_line_and_exit_code_2(
 def test_serve_says_in_one_line_why_a_model_directory_cannot_be_served(tmp_path: Path) -> None:
     (tmp_path / "genai_config.json").write_text('{"model": {"decoder": {"filename": "model.onnx"}}}')
     (tmp_path / "model.onnx").write_bytes(b"not a graph")
-    done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0"])
+    done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0", "--http-port", "0"])
     lines = done.stderr.splitlines()
     assert done.returncode == 1 and not any(line.startswith("Traceback") for line in lines)
     assert lines[-1].startswith(f"ladder serve: cannot serve model '{tmp_path}':")
@@ -203,7 +203,7 @@ def test_serve_says_in_one_line_why_a_model_directory_cannot_be_served(tmp_path:
 
 def test_a_model_config_without_its_keys_names_the_file_and_the_key(tmp_path: Path) -> None:
     (tmp_path / "genai_config.json").write_text("{}")
-    done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0"])
+    done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0", "--http-port", "0"])
     assert done.returncode == 2
     assert "genai_config.json has no 'model' object" in done.stderr.splitlines()[-1]
 
@@ -214,7 +214,7 @@ def test_a_graph_that_is_no_decoder_is_a_bad_setting_one_line_and_exit_code_2(tm
                                    [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
     onnx.save(onnx.helper.make_model(graph), str(tmp_path / "model.onnx"))
     (tmp_path / "genai_config.json").write_text('{"model": {"decoder": {"filename": "model.onnx"}}}')
-    done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0"])
+    done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0", "--http-port", "0"])
     lines = done.stderr.splitlines()
     assert done.returncode == 2 and not any(line.startswith("Traceback") for line in lines)
     assert lines[-1] == (f"ladder serve: cannot serve model '{tmp_path}': "
@@ -223,15 +223,16 @@ def test_a_graph_that_is_no_decoder_is_a_bad_setting_one_line_and_exit_code_2(tm
 
 
 @pytest.mark.parametrize(("flag", "named"), [("--port", "gRPC port (--port/LADDER_PORT)"),
-                                             ("--metrics-port", "metrics port (--metrics-port")])
+                                             ("--metrics-port", "metrics port (--metrics-port"),
+                                             ("--http-port", "HTTP port (--http-port/LADDER_HTTP_PORT")])
 def test_serve_names_a_port_another_process_holds_in_one_line(flag: str, named: str, tmp_path: Path) -> None:
     (tmp_path / "genai_config.json").write_text("{}")  # a model directory; ports are bound before it loads
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        other = "--metrics-port" if flag == "--port" else "--port"
-        done = serve(["--model", str(tmp_path), flag, str(port), other, "0"])
+        ports = {"--port": "0", "--metrics-port": "0", "--http-port": "0", flag: str(port)}
+        done = serve(["--model", str(tmp_path), *(part for pair in ports.items() for part in pair)])
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and f"{named}" in done.stderr and str(port) in done.stderr
     assert "in use" in done.stderr and "Traceback" not in done.stderr

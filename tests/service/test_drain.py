@@ -75,7 +75,7 @@ def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(
 def test_sigterm_drains_the_server_process_and_it_exits_cleanly(served_model: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
-    env.update(LADDER_HOST="127.0.0.1", LADDER_PORT=str(port), LADDER_METRICS_PORT="0",
+    env.update(LADDER_HOST="127.0.0.1", LADDER_PORT=str(port), LADDER_METRICS_PORT="0", LADDER_HTTP_PORT="0",
                LADDER_MODEL=str(served_model), LADDER_POD_NAME="pod-s", LADDER_DRAIN_SECONDS="2")
     process = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)

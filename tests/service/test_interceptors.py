@@ -63,7 +63,7 @@ class Chained:
             raise Draining("the server is draining")
 
     async def _start(self) -> int:
-        self.access_log = AccessLog(lambda name, code, _: self.done.append((name, code.name)))
+        self.access_log = AccessLog(lambda name, code, _, __: self.done.append((name, code.name)))
         interceptors = chain(self.access_log, self._gate, ("alice=secret",), self.internal.append)
         self.grpc = grpc.aio.server(interceptors=interceptors)
         health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), self.grpc)

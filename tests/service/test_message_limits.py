@@ -64,7 +64,7 @@ def test_a_request_over_the_limit_is_refused_with_its_reason_logged_and_counted(
     assert not retry, "the same request would fail again"
     assert f"limit of {LIMIT} bytes" in caught.value.details()
     m = served.scrape()
-    assert m("ladder_calls_total", method="Generate", code="INVALID_ARGUMENT") == 1
+    assert m("ladder_calls_total", protocol="grpc", method="Generate", code="INVALID_ARGUMENT") == 1
     assert len(stub.Generate(greedy_request([5, 6], 2)).token_ids) == 2, "the server serves on"
 
 
@@ -95,7 +95,7 @@ def test_a_request_whose_answer_cannot_fit_is_refused_before_any_work(served: En
     assert "n = 4" in caught.value.details() and "max_new_tokens = 200" in caught.value.details()
     m = served.scrape()
     assert m("ladder_prefill_forwards_total") == 0 and m("ladder_generated_tokens_total") == 0
-    assert m("ladder_calls_total", method=method, code="INVALID_ARGUMENT") == 1
+    assert m("ladder_calls_total", protocol="grpc", method=method, code="INVALID_ARGUMENT") == 1
 
 
 def test_an_answer_that_turns_out_too_large_fails_with_its_reason_and_counts_its_work(
@@ -111,6 +111,6 @@ def test_an_answer_that_turns_out_too_large_fails_with_its_reason_and_counts_its
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert details(caught.value)[0].reason == "RESPONSE_TOO_LARGE"
     m = served.scrape()
-    assert m("ladder_calls_total", method="Generate", code="INVALID_ARGUMENT") == 1
-    assert m.get("ladder_calls_total", method="Generate", code="OK") is None
+    assert m("ladder_calls_total", protocol="grpc", method="Generate", code="INVALID_ARGUMENT") == 1
+    assert m.get("ladder_calls_total", protocol="grpc", method="Generate", code="OK") is None
     assert m("ladder_generated_tokens_total") == 420

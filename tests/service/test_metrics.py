@@ -63,8 +63,8 @@ def test_a_generate_call_is_in_every_request_metric_with_its_values(served: Endp
     reply = stub.Generate(greedy_request(prompt_ids(100, seed=40), 8))
     m = served.scrape()
     g = {"method": "Generate"}
-    assert m("ladder_calls_total", method="Generate", code="OK") == 1
-    assert m("ladder_call_seconds_count", **g) == 1
+    assert m("ladder_calls_total", protocol="grpc", method="Generate", code="OK") == 1
+    assert m("ladder_call_seconds_count", protocol="grpc", **g) == 1
     assert m("ladder_time_to_first_token_seconds_count", **g) == 1
     assert m("ladder_inter_token_latency_seconds_count", **g) == 7, "8 tokens have 7 gaps"
     assert m("ladder_request_queue_seconds_count", **g) == 1
@@ -144,13 +144,13 @@ def test_finish_reasons_and_every_status_code_are_counted(served: Endpoint) -> N
     stream = stub.GenerateStream(greedy_request(prompt_ids(20), 200))
     next(stream)
     stream.cancel()
-    wait_for(lambda: served.scrape().get("ladder_calls_total", method="GenerateStream",
+    wait_for(lambda: served.scrape().get("ladder_calls_total", protocol="grpc", method="GenerateStream",
                                          code="CANCELLED") == 1)
     m = served.scrape()
     assert m("ladder_finished_total", method="Generate", reason="length") == 1
     assert m("ladder_finished_total", method="Generate", reason="stop") == 1
-    assert m("ladder_calls_total", method="Generate", code="OK") == 2
-    assert m("ladder_calls_total", method="Generate", code="INVALID_ARGUMENT") == 1
+    assert m("ladder_calls_total", protocol="grpc", method="Generate", code="OK") == 2
+    assert m("ladder_calls_total", protocol="grpc", method="Generate", code="INVALID_ARGUMENT") == 1
     assert m.get("ladder_finished_total", method="GenerateStream", reason="length") is None
 
 
@@ -196,7 +196,7 @@ def test_every_decode_forward_is_timed_while_calls_share_them(served: Endpoint) 
         t.join()
     stub.GetEngineStats(pb.GetEngineStatsRequest())
     m = served.scrape()
-    assert m("ladder_calls_total", method="Generate", code="OK") == 3
+    assert m("ladder_calls_total", protocol="grpc", method="Generate", code="OK") == 3
     assert m("ladder_generated_tokens_total") == 18
     rows = m("ladder_decode_rows_total") - before("ladder_decode_rows_total")
     forwards = m("ladder_decode_forwards_total") - before("ladder_decode_forwards_total")

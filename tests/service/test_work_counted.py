@@ -61,7 +61,7 @@ def settled(served: Endpoint, method: str, reason: str) -> Scraped:
 
 
 def calls(served: Endpoint, method: str, code: str) -> float | None:
-    return served.scrape().get("ladder_calls_total", method=method, code=code)
+    return served.scrape().get("ladder_calls_total", protocol="grpc", method=method, code=code)
 
 
 def test_a_cancelled_stream_counts_the_tokens_and_forwards_it_made(served: Endpoint) -> None:
@@ -121,7 +121,7 @@ def test_every_sample_of_n_counts_once(served: Endpoint) -> None:
     assert m("ladder_request_generated_tokens_count", **g) == 3
     assert m("ladder_request_generated_tokens_sum", **g) == 15
     assert m("ladder_finished_total", method="Generate", reason="length") == 3
-    assert m("ladder_calls_total", method="Generate", code="OK") == 1
+    assert m("ladder_calls_total", protocol="grpc", method="Generate", code="OK") == 1
 
 
 def test_a_refused_call_counts_no_generation(served: Endpoint) -> None:

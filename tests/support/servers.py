@@ -43,7 +43,7 @@ def free_port() -> int:
 def server_config(model: object, **changes: Any) -> Config:
     """Loopback, a free port, no metrics endpoint, the pod "pod-a", this worker's share of the cores
     (tests/support/engines.py); `changes` override any field."""
-    base = Config(host="127.0.0.1", port=0, metrics_port=0, model=str(model), pod_name="pod-a",
+    base = Config(host="127.0.0.1", port=0, metrics_port=0, http_port=0, model=str(model), pod_name="pod-a",
                   max_sessions=12, max_new_tokens=256, drain_seconds=5.0,
                   intra_op_threads=engines.INTRA_OP_THREADS)
     return dataclasses.replace(base, **changes)
@@ -86,7 +86,7 @@ class RunningServer:
 
     def calls(self, method: str, code: str) -> float:
         """How many `method` calls ended with `code` (the ladder_calls_total counter)."""
-        labels = {"method": method, "code": code}
+        labels = {"protocol": "grpc", "method": method, "code": code}
         return self.server.metrics.registry.get_sample_value("ladder_calls_total", labels) or 0.0
 
     def fault(self, error: BaseException) -> None:

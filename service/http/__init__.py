@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API beside gRPC: openai.py converts, app.py serves."""

@@ -1,0 +1,269 @@
+"""The OpenAI-compatible HTTP API: aiohttp routes on the gRPC server's event loop, over the same servicer.
+
+Every call passes what a gRPC call passes, in the same order (`door`): the access log (request id,
+in-flight count, one line and one metric, protocol "http"), the drain gate, the bearer token, and
+each failure answered from the one error table (service/errors.py) as OpenAI's error object with
+its HTTP status and, when a retry may succeed, Retry-After. A stream's failure after its headers
+went out is its last event. `/health` (200 while serving, else 503) passes untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import ssl
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from service.config import Config
+from service.errors import ModelNotFound, Status, TooLarge, status_for
+from service.http import openai
+from service.interceptors.access_log import AccessLog, start_call
+from service.interceptors.auth import Authentication
+from service.interceptors.call_context import CALLER, REQUEST_ID
+from service.progress import Progress
+from service.servicer import LadderServicer
+from service.serving import Serving
+
+log = structlog.get_logger("ladder.http")
+COMPLETIONS, CHAT, MODELS = "/v1/completions", "/v1/chat/completions", "/v1/models"
+ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+STREAM = web.RequestKey("ladder_stream", web.StreamResponse)  # a stream whose headers went out
+
+
+@dataclass
+class Door:
+    """What every HTTP call passes through, shared with gRPC's interceptors."""
+
+    access_log: AccessLog
+    gate: Callable[[], None]  # raises Draining while loading or draining
+    auth: Authentication
+    on_internal: Callable[[BaseException], None]
+
+
+def error_body(status: Status, chat: bool) -> dict[str, Any]:
+    """OpenAI's error object: the message, a type by HTTP status, the parameter at fault, the reason."""
+    kind = ERROR_TYPES.get(status.http_status, "invalid_request_error" if status.http_status < 500
+                           else "server_error")
+    return {"error": {"message": status.details, "type": kind,
+                      "param": openai.param_of(status.field, chat) or None, "code": status.reason.lower()}}
+
+
+def error_response(status: Status, chat: bool) -> web.Response:
+    headers = {}
+    if status.retry_seconds is not None and status.http_status in (429, 503):
+        headers["Retry-After"] = str(max(1, math.ceil(status.retry_seconds)))
+    return web.json_response(error_body(status, chat), status=status.http_status, headers=headers)
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event: `data: <json>` and a blank line."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+def _caller_certificate(request: web.Request) -> str:
+    """Under mutual TLS without tokens, the client certificate's common name is the caller (as on gRPC)."""
+    certificate = request.transport.get_extra_info("peercert") if request.transport is not None else None
+    for part in (certificate or {}).get("subject", ()):
+        for key, value in part:
+            if key == "commonName":
+                return "cn:" + str(value)
+    return ""
+
+
+def make_door(door: Door) -> Middleware:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/health":
+            return await handler(request)
+        name = MODELS if request.path.startswith(MODELS) else request.path
+        request_id = start_call(name, request.remote or "", request.headers.get("x-request-id", ""))
+        door.access_log.in_flight += 1
+        try:
+            return await _answer(door, request, handler, name, request_id)
+        finally:
+            door.access_log.in_flight -= 1
+
+    return middleware
+
+
+async def _answer(door: Door, request: web.Request, handler: Handler, name: str,
+                  request_id: str) -> web.StreamResponse:
+    try:
+        door.gate()
+        CALLER.set(door.auth.caller({"authorization": request.headers.get("Authorization", "")})
+                   or _caller_certificate(request))
+        response = await handler(request)
+    except (asyncio.CancelledError, ConnectionResetError):  # the client went away
+        door.access_log.left(name, grpc.StatusCode.CANCELLED, request_id, "http")
+        raise
+    except Exception as exc:  # noqa: BLE001 — every failure goes through the table
+        return await _failed(door, request, name, exc)
+    door.access_log.succeeded(name, request_id, "http")
+    if not response.prepared:
+        response.headers["x-request-id"] = request_id
+    return response
+
+
+async def _failed(door: Door, request: web.Request, name: str, error: Exception) -> web.StreamResponse:
+    status = status_for(error)
+    if status.code == grpc.StatusCode.INTERNAL:
+        log.error("internal_error", method=name, error=repr(error),
+                  traceback="".join(traceback.format_exception(error)))
+        door.on_internal(error)
+    door.access_log.failed(name, status, "http")
+    chat = request.path == CHAT
+    stream: web.StreamResponse | None = request.get(STREAM)
+    if stream is None:
+        response = error_response(status, chat)
+        response.headers["x-request-id"] = REQUEST_ID.get()
+        return response
+    try:  # the headers went out with 200: the failure is the stream's last event
+        await stream.write(sse(error_body(status, chat)))
+        await stream.write_eof()
+    except ConnectionResetError:
+        pass
+    return stream
+
+
+class Routes:
+    """The handlers, over the servicer's generation (the same limits and scheduler as gRPC)."""
+
+    def __init__(self, servicer: LadderServicer, serving: Callable[[], Serving],
+                 ready: Callable[[], bool]) -> None:
+        self.servicer = servicer
+        self.serving = serving
+        self.ready = ready
+        self.created = int(time.time())
+
+    async def health(self, request: web.Request) -> web.Response:
+        ready = self.ready()
+        return web.json_response({"status": "SERVING" if ready else "NOT_SERVING"},
+                                 status=200 if ready else 503)
+
+    def _model(self) -> dict[str, Any]:
+        model = self.serving().model
+        return {"id": model.name, "object": "model", "created": self.created, "owned_by": "ladder",
+                "max_model_len": model.capacity}
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        found = self._model()
+        if request.match_info["model"] != found["id"]:
+            raise ModelNotFound(f"the model {request.match_info['model']!r} is not served here",
+                                       field="model")
+        return web.json_response(found)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        call = openai.openai_call(openai.read_body(await _body(request)), chat, self.serving().model.name)
+        answer = openai.Answer(call, REQUEST_ID.get(), int(time.time()),
+                               self.serving().model.token_text)
+        if call.stream:
+            return await self._stream(request, answer)
+        progress = None
+        async with aclosing(self.servicer.generation(call.generate, unary=True)) as steps:
+            async for _, found in steps:
+                progress = found
+        assert progress is not None
+        return web.json_response(answer.whole(progress))
+
+    async def _stream(self, request: web.Request, answer: openai.Answer) -> web.StreamResponse:
+        """Server-sent events: chunks as tokens come, the usage when asked, then `data: [DONE]`. A
+        refusal before the first event is an HTTP status; the headers go out with the first event."""
+        chunks = openai.Chunks(answer)
+        async with aclosing(self.servicer.generation(answer.call.generate)) as steps:
+            step = await anext(steps, None)
+            response = web.StreamResponse(headers={**SSE_HEADERS, "x-request-id": answer.request_id})
+            await response.prepare(request)
+            request[STREAM] = response
+            for chunk in chunks.opening():
+                await response.write(sse(chunk))
+            progress: Progress | None = None
+            while step is not None:
+                event, progress = step
+                for chunk in chunks.of(event):
+                    await response.write(sse(chunk))
+                step = await anext(steps, None)
+        if answer.call.include_usage and progress is not None:
+            await response.write(sse(answer.usage_chunk(progress)))
+        await response.write(sse("[DONE]"))
+        await response.write_eof()
+        return response
+
+
+async def _body(request: web.Request) -> bytes:
+    """The request body, or TooLarge (MESSAGE_TOO_LARGE: 413) over the server's message limit."""
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise TooLarge(f"the request body is over the limit of {request.app[LIMIT]} bytes "
+                       "(--max-message-bytes)", reason="MESSAGE_TOO_LARGE") from exc
+
+
+LIMIT = web.AppKey("ladder_max_message_bytes", int)
+
+
+def application(routes: Routes, door: Door, max_bytes: int) -> web.Application:
+    app = web.Application(middlewares=[make_door(door)], client_max_size=max_bytes)
+    app[LIMIT] = max_bytes
+    app.router.add_get("/health", routes.health)
+    app.router.add_get(MODELS, routes.models)
+    app.router.add_get(MODELS + "/{model}", routes.model)
+    app.router.add_post(COMPLETIONS, routes.completions)
+    app.router.add_post(CHAT, routes.chat)
+    return app
+
+
+def ssl_context(config: Config) -> ssl.SSLContext | None:
+    """The gRPC port's TLS (and mutual TLS) for the HTTP port too."""
+    if not config.tls:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    if config.tls_client_ca:
+        context.load_verify_locations(config.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+class HttpServer:
+    """The HTTP API's listener: started beside gRPC, stopped after it."""
+
+    def __init__(self, app: web.Application, config: Config) -> None:
+        self.config = config
+        # handler_cancellation: a client that leaves cancels its call (and its job on the worker).
+        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                                    shutdown_timeout=1.0)
+        self.port = 0
+
+    async def start(self) -> int:
+        await self.runner.setup()
+        host = self.config.host.strip("[]") or None
+        site = web.TCPSite(self.runner, host, self.config.http_port, ssl_context=ssl_context(self.config))
+        await site.start()
+        self.port = self.config.http_port
+        return self.port
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+

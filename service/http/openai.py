@@ -1,0 +1,339 @@
+"""OpenAI's JSON into the typed calls gRPC's requests become (service/calls.py), and results back.
+
+The one conversion layer of the HTTP API: a body is read here into a GenerateCall, checked as every
+call is as it is built; the limits are the servicer's (LadderServicer.generation). A value of the
+wrong JSON type is InvalidInput naming the OpenAI field. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.chat_template import ChatMessage
+from engine.errors import InvalidInput
+from engine.executor.sampling import SamplingParams, TokenLogprobs
+from service.calls import ConstraintSpec, GenerateCall, LogprobRequest, Prompt, Stopping
+from service.errors import ModelNotFound
+from service.events import Finish, Finished, TokenOut
+from service.progress import Progress, SampleRecord
+
+Json = dict[str, Any]
+TextOf = Callable[[int], str]
+FINISH = {Finish.LENGTH: "length", Finish.CAPACITY: "length", Finish.EOS: "stop", Finish.STOP: "stop"}
+# Accepted for compatibility and refused when they ask for something Ladder does not do.
+REFUSED_WHEN_SET = ("tools", "functions", "logit_bias", "suffix")
+GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
+          "guided_grammar": "grammar"}  # vLLM's structured-output extras
+_NUMBER = (int, float)
+
+
+@dataclass(frozen=True)
+class OpenAICall:
+    """A completions or chat completions request: the typed call, and how its answer is written."""
+
+    generate: GenerateCall
+    chat: bool
+    model: str
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _bad(message: str, field: str) -> InvalidInput:
+    return InvalidInput(message, reason="INVALID_FIELD", field=field)
+
+
+def _get(body: Json, name: str, kinds: type | tuple[type, ...], default: Any) -> Any:
+    """body[name] when it is of `kinds` (a bool is no number), `default` when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, kinds) and not (isinstance(value, bool) and bool not in _tuple(kinds)):
+        return value
+    raise _bad(f"{name} is {type(value).__name__}; it takes {_noun(kinds)}", name)
+
+
+def _tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
+
+
+def _noun(kinds: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", bool: "a boolean", str: "a string", list: "an array",
+             dict: "an object"}
+    return " or ".join(names.get(k, k.__name__) for k in _tuple(kinds))
+
+
+def read_body(data: bytes) -> Json:
+    """The request's JSON object, or InvalidInput (MALFORMED_REQUEST)."""
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"the body is not JSON: {exc}", reason="MALFORMED_REQUEST") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("the body is not a JSON object", reason="MALFORMED_REQUEST")
+    return body
+
+
+def openai_call(body: Json, chat: bool, served: str) -> OpenAICall:
+    """The call a /v1/completions (`chat` False) or /v1/chat/completions body asks for."""
+    model = _get(body, "model", str, "")
+    if model != served:
+        raise ModelNotFound(f"the model {model!r} is not served here; this server serves {served!r}",
+                            field="model")
+    for name in REFUSED_WHEN_SET:
+        if body.get(name):
+            raise _bad(f"{name} is not supported by Ladder's OpenAI-compatible API", name)
+    if not chat and body.get("echo"):
+        raise _bad("echo is not supported by Ladder's OpenAI-compatible API", "echo")
+    n = _get(body, "n", int, 1)
+    if n < 1 or _get(body, "best_of", int, n) != n:
+        raise _bad("n must be at least 1 (best_of, when given, equal to n)", "n")
+    prompt = Prompt(chat=chat_messages(body)) if chat else completion_prompt(body.get("prompt"))
+    generate = GenerateCall(prompt, stopping(body, chat), sampling(body), n, logprobs(body, chat),
+                            constraint(body))
+    options = _get(body, "stream_options", dict, {})
+    return OpenAICall(generate, chat, model, _get(body, "stream", bool, False),
+                      _get(options, "include_usage", bool, False))
+
+
+def completion_prompt(value: Any) -> Prompt:
+    """A prompt as text or token ids, alone or as a batch of one (a batch of several is refused)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        return Prompt(text=value)
+    if isinstance(value, list) and value and all(type(t) is int for t in value):
+        return Prompt(ids=tuple(value))
+    raise _bad("prompt takes a string or an array of token ids (one prompt per request)", "prompt")
+
+
+def chat_messages(body: Json) -> tuple[ChatMessage, ...]:
+    messages = _get(body, "messages", list, None)
+    if not messages:
+        raise _bad("messages takes a non-empty array of messages", "messages")
+    return tuple(_message(m, f"messages[{i}]") for i, m in enumerate(messages))
+
+
+def _message(message: Any, field: str) -> ChatMessage:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise _bad(f"{field} takes an object with a role", field)
+    content = message.get("content")
+    if isinstance(content, list):  # parts: only text parts are served
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise _bad(f"{field}.content: only text parts are supported", f"{field}.content")
+        content = "".join(p["text"] for p in content)
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise _bad(f"{field}.content takes a string or an array of text parts", f"{field}.content")
+    return ChatMessage(message["role"], content)
+
+
+def stopping(body: Json, chat: bool) -> Stopping:
+    """max_tokens (chat: max_completion_tokens first; none: the server's default), stop, and vLLM's
+    ignore_eos and stop_token_ids."""
+    names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
+    name = next((k for k in names if body.get(k) is not None), None)
+    wanted = 0 if name is None else _get(body, name, int, 0)
+    if name is not None and wanted < 1:
+        raise _bad(f"{name} must be at least 1", name)
+    stop = _get(body, "stop", (str, list), ())
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) for s in stop):
+        raise _bad("stop takes a string or an array of strings", "stop")
+    ids = _get(body, "stop_token_ids", list, [])
+    if not all(isinstance(t, int) for t in ids):
+        raise _bad("stop_token_ids takes an array of token ids", "stop_token_ids")
+    return Stopping(wanted, tuple(stop), _get(body, "ignore_eos", bool, False), frozenset(ids))
+
+
+def sampling(body: Json) -> SamplingParams:
+    """OpenAI's sampling values (temperature 1 unless given, as OpenAI) and vLLM's extras (top_k -1: off)."""
+    top_k = _get(body, "top_k", int, 0)
+    return SamplingParams(
+        temperature=float(_get(body, "temperature", _NUMBER, 1.0)), top_k=0 if top_k == -1 else top_k,
+        top_p=float(_get(body, "top_p", _NUMBER, 1.0)), min_p=float(_get(body, "min_p", _NUMBER, 0.0)),
+        repetition_penalty=float(_get(body, "repetition_penalty", _NUMBER, 1.0)),
+        seed=_get(body, "seed", int, None),
+        presence_penalty=float(_get(body, "presence_penalty", _NUMBER, 0.0)),
+        frequency_penalty=float(_get(body, "frequency_penalty", _NUMBER, 0.0)))
+
+
+def logprobs(body: Json, chat: bool) -> LogprobRequest | None:
+    """Chat: `logprobs` true, with `top_logprobs` alternatives; completions: `logprobs` alternatives."""
+    if not chat:
+        top = _get(body, "logprobs", int, None)
+        return None if top is None else LogprobRequest(top)
+    if not _get(body, "logprobs", bool, False):
+        if body.get("top_logprobs"):
+            raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    return LogprobRequest(_get(body, "top_logprobs", int, 0))
+
+
+def constraint(body: Json) -> ConstraintSpec | None:
+    """response_format (json_object: any JSON object; json_schema: its schema) or a vLLM guided_* extra."""
+    found = constraint_of_format(_get(body, "response_format", dict, {}))
+    for name, kind in GUIDED.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if found is not None:
+            raise _bad(f"{name} and response_format (or another guided_*) both constrain the output", name)
+        found = _guided(name, kind, value)
+    return found
+
+
+def constraint_of_format(response_format: Json) -> ConstraintSpec | None:
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ConstraintSpec("json_schema", text='{"type": "object"}')
+    if kind == "json_schema":
+        schema = _get(response_format, "json_schema", dict, {}).get("schema")
+        if not isinstance(schema, dict):
+            raise _bad("response_format.json_schema.schema takes a JSON Schema object",
+                       "response_format.json_schema.schema")
+        return ConstraintSpec("json_schema", text=json.dumps(schema))
+    raise _bad(f"response_format.type {kind!r} is not one of text, json_object, json_schema",
+               "response_format.type")
+
+
+def _guided(name: str, kind: str, value: Any) -> ConstraintSpec:
+    if kind == "choice":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise _bad(f"{name} takes an array of strings", name)
+        return ConstraintSpec(kind, options=tuple(value))
+    if kind == "json_schema" and isinstance(value, dict):
+        value = json.dumps(value)
+    if not isinstance(value, str):
+        raise _bad(f"{name} takes a string", name)
+    return ConstraintSpec(kind, text=value)
+
+
+def param_of(field: str, chat: bool) -> str:
+    """The OpenAI parameter a Ladder request field is read from (service/calls.py names its own)."""
+    if field.startswith("sampling."):
+        return field.removeprefix("sampling.")
+    if field.startswith("constraint"):
+        return "response_format"
+    if field.startswith("prompt"):
+        return "messages" if chat else "prompt"
+    if field == "logprobs.top":
+        return "top_logprobs" if chat else "logprobs"
+    return {"stopping.max_new_tokens": "max_tokens", "stopping.stop": "stop"}.get(field, field)
+
+
+# -- answers ------------------------------------------------------------------------------------------
+
+def usage(progress: Progress) -> Json:
+    return {"prompt_tokens": progress.prompt_tokens, "completion_tokens": progress.generated,
+            "total_tokens": progress.prompt_tokens + progress.generated}
+
+
+def _alternative(token: int, logprob: float, text_of: TextOf) -> Json:
+    text = text_of(token)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def chat_logprobs(found: list[TokenLogprobs], text_of: TextOf) -> Json:
+    return {"content": [{**_alternative(t.token, t.logprob, text_of),
+                         "top_logprobs": [_alternative(i, v, text_of) for i, v in t.top]} for t in found]}
+
+
+def completion_logprobs(found: list[TokenLogprobs], text_of: TextOf, offset: int = 0) -> Json:
+    """The legacy layout: tokens, their log-probabilities, the top alternatives, and where each starts."""
+    tokens = [text_of(t.token) for t in found]
+    offsets = []
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": [t.logprob for t in found],
+            "top_logprobs": [{text_of(i): v for i, v in t.top} for t in found], "text_offset": offsets}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How one call's answer is written: its id, creation time and model, chat or not."""
+
+    call: OpenAICall
+    request_id: str
+    created: int
+    text_of: TextOf
+
+    @property
+    def id(self) -> str:
+        return ("chatcmpl-" if self.call.chat else "cmpl-") + self.request_id
+
+    def _head(self, chunk: bool) -> Json:
+        kind = "chat.completion" if self.call.chat else "text_completion"
+        return {"id": self.id, "object": kind + (".chunk" if chunk and self.call.chat else ""),
+                "created": self.created, "model": self.call.model}
+
+    def _logprobs(self, found: list[TokenLogprobs], offset: int = 0) -> Json | None:
+        if self.call.generate.logprobs is None:
+            return None
+        if self.call.chat:
+            return chat_logprobs(found, self.text_of)
+        return completion_logprobs(found, self.text_of, offset)
+
+    def whole(self, progress: Progress) -> Json:
+        """The non-streaming answer: every sample as a choice, and the usage."""
+        choices = [self._choice(i, r) for i, r in enumerate(progress.sample_records())]
+        return {**self._head(False), "choices": choices, "usage": usage(progress)}
+
+    def _choice(self, index: int, record: SampleRecord) -> Json:
+        reason = FINISH[record.finished.reason] if record.finished is not None else None
+        choice: Json = {"index": index, "finish_reason": reason, "logprobs": self._logprobs(record.logprobs)}
+        if self.call.chat:
+            choice["message"] = {"role": "assistant", "content": record.text}
+        else:
+            choice["text"] = record.text
+        return choice
+
+    def chunk(self, index: int, text: str, *, found: list[TokenLogprobs] | None = None,
+              finish: Finish | None = None, offset: int = 0, role: bool = False) -> Json:
+        """One streamed chunk of choice `index`: its next text (a role first, on chat), or its finish."""
+        choice: Json = {"index": index, "logprobs": self._logprobs(found, offset) if found else None,
+                        "finish_reason": FINISH[finish] if finish is not None else None}
+        if self.call.chat:
+            choice["delta"] = {"role": "assistant", "content": text} if role else (
+                {} if finish is not None and not text else {"content": text})
+        else:
+            choice["text"] = text
+        return {**self._head(True), "choices": [choice]}
+
+    def usage_chunk(self, progress: Progress) -> Json:
+        return {**self._head(True), "choices": [], "usage": usage(progress)}
+
+
+class Chunks:
+    """The streamed chunks of one call, event by event: each sample's text, logprobs, finish."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.sent: dict[int, int] = {}  # characters of text sent per sample (completions' text_offset)
+
+    def opening(self) -> list[Json]:
+        """Chat: every choice's role, before any text."""
+        n = self.answer.call.generate.n
+        return [self.answer.chunk(i, "", role=True) for i in range(n)] if self.answer.call.chat else []
+
+    def of(self, event: Any) -> list[Json]:
+        if isinstance(event, TokenOut):
+            offset = self._advance(event.sample, event.text)
+            found = [event.logprobs] if event.logprobs is not None else None
+            return [self.answer.chunk(event.sample, event.text, found=found, offset=offset)]
+        if isinstance(event, Finished):
+            self._advance(event.sample, event.tail)
+            return [self.answer.chunk(event.sample, event.tail, finish=event.reason)]
+        return []
+
+    def _advance(self, sample: int, text: str) -> int:
+        offset = self.sent.get(sample, 0)
+        self.sent[sample] = offset + len(text)
+        return offset
