@@ -112,8 +112,45 @@ class Stream:
     compiled_eos: frozenset[int] = frozenset()
 
 
+class Parts:
+    """Host seconds spent in named methods of the engine's parts (`--time-parts`): each method is
+    wrapped on its instance, so what a step spends where is measured on the real path."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.seconds: dict[str, float] = {}
+        backend = engine.backend
+        targets = [(backend, "run_batch"), (backend, "keep_batch"), (backend, "choose"), (backend, "settle"),
+                   (engine, "choose_rows")]
+        masks = getattr(backend, "masks", None)
+        if masks is not None:
+            targets += [(masks, "slot"), (masks, "gather")]
+        rt = getattr(backend, "rt", None)
+        if rt is not None and hasattr(rt, "to_host"):
+            targets.append((rt, "to_host"))
+        for owner, name in targets:
+            self._wrap(owner, name)
+
+    def _wrap(self, owner: Any, name: str) -> None:
+        inner = getattr(owner, name)
+        label = f"{type(owner).__name__}.{name}"
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - started
+
+        setattr(owner, name, timed)
+
+    def take(self, steps: int) -> dict[str, float]:
+        """Milliseconds per step of each part since the last take."""
+        taken, self.seconds = self.seconds, {}
+        return {label: round(s / steps * 1e3, 4) for label, s in sorted(taken.items())}
+
+
 def run_mode(engine: Engine, streams: int, tokens: int, prompt: int, mode: str, compiled: Compiled,
-             eos: frozenset[int], seed: int) -> dict[str, Any]:
+             eos: frozenset[int], seed: int, parts: Parts | None = None) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     constrained = {"none": 0, "half": streams // 2, "all": streams}[mode]
     group = []
@@ -123,6 +160,8 @@ def run_mode(engine: Engine, streams: int, tokens: int, prompt: int, mode: str, 
         stream.compiled_eos = eos
         group.append(stream)
     try:
+        if parts is not None:
+            parts.take(1)  # what opening and prefilling spent is not the steps'
         started = time.perf_counter()
         mask_seconds = 0.0
         for _ in range(tokens):
@@ -135,10 +174,13 @@ def run_mode(engine: Engine, streams: int, tokens: int, prompt: int, mode: str, 
     finally:
         for stream in group:
             engine.close_session(stream.session, keep=False)
-    return {"mode": mode, "streams": streams, "constrained_rows": constrained, "seconds": seconds,
-            "tok_s": streams * tokens / seconds, "step_ms": seconds / tokens * 1e3,
-            "mask_ms_per_constrained_token": mask_seconds / max(constrained * tokens, 1) * 1e3,
-            "restarts": sum(s.restarts for s in group)}
+    run = {"mode": mode, "streams": streams, "constrained_rows": constrained, "seconds": seconds,
+           "tok_s": streams * tokens / seconds, "step_ms": seconds / tokens * 1e3,
+           "mask_ms_per_constrained_token": mask_seconds / max(constrained * tokens, 1) * 1e3,
+           "restarts": sum(s.restarts for s in group)}
+    if parts is not None:
+        run["parts_ms_per_step"] = parts.take(tokens)
+    return run
 
 
 def main() -> None:
@@ -150,6 +192,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES), help="of none, half, all")
+    parser.add_argument("--time-parts", action="store_true",
+                        help="also report the host ms per step of the backend's parts (run, choose, masks)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -167,10 +211,12 @@ def main() -> None:
     warmed = compiled.warm()  # type: ignore[attr-defined]  # an Automaton's: every state's mask
     report["compile"]["warm_all_masks"] = {"states": warmed, "ms": (time.perf_counter() - started) * 1e3}
     eos = frozenset(engine.facts.eos_ids)
+    parts = Parts(engine) if args.time_parts else None
     for count in streams:
         for repeat in range(args.repeats):
             for mode in args.modes.split(","):
-                run = run_mode(engine, count, args.tokens, args.prompt, mode, compiled, eos, seed=repeat)
+                run = run_mode(engine, count, args.tokens, args.prompt, mode, compiled, eos, seed=repeat,
+                               parts=parts)
                 run["repeat"] = repeat
                 report["runs"].append(run)
                 print(json.dumps(run), flush=True)
