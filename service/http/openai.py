@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.chat_template import ChatMessage
 from engine.errors import InvalidInput
-from engine.executor.sampling import SamplingParams, TokenLogprobs
+from engine.sampling import SamplingParams, TokenLogprobs
 from service.calls import ConstraintSpec, GenerateCall, LogprobRequest, Prompt, Stopping
 from service.errors import ModelNotFound
 from service.events import Finish, Finished, TokenOut
