@@ -41,6 +41,11 @@ class Exhausted(RequestError):
     """No KV slot (session) is free."""
 
 
+class NoFreeRow(Exhausted):
+    """Every KV slot holds a session in use right now: a parked session waits for one (the
+    scheduler retries the request next round instead of failing it)."""
+
+
 class ModelUnreadable(EngineError):
     """The model directory is not one Ladder can serve (no genai_config.json, missing ports)."""
 

@@ -12,6 +12,7 @@ Not thread-safe by design: the service runs it on one worker thread.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity
+from engine.errors import EngineFault, Exhausted, InvalidInput, NoFreeRow, OverCapacity
 from engine.executor.decode import BatchDecoder
 from engine.executor.facts import EngineFacts
 from engine.executor.prefill import (
@@ -34,6 +35,7 @@ from engine.executor.stats import (
     DecodeStats,
     EngineStats,
     MemoryUse,
+    ParkingStats,
     kv_position_bytes,
     kv_slot_bytes,
     model_file_bytes,
@@ -109,7 +111,12 @@ class Engine(Prefilling):
         self.variants: VariantCache[Any] = VariantCache(wanted, evictable=backend.evictable)
         self.pool = backend.allocate(rows, self.capacity)
         self._free = set(range(rows))
-        self._open: dict[int, Session] = {}
+        self._open: dict[int, Session] = {}  # pool row -> the session whose KV it holds
+        self._parked: set[Session] = set()  # open sessions whose KV is off the pool (ParkedRow)
+        self._pinned: set[Session] = set()  # the running step's sessions: never parked to make room
+        self._ticks = 0  # steps run: a session's `used` is the tick it was last touched at
+        self._moves = {"parks": 0, "unparks": 0}
+        self._move_seconds = {"park": 0.0, "unpark": 0.0}
         # Prefix reuse needs token ids, a ladder and KV a rewind can cut: no ports, no state.
         sharing = bool(options.prefix_sharing and self.chunk_size > 0 and not self.unbatched_reason)
         self.prefixes = HeldPrefixes(self.pool, backend, prefix_unit(self.chunk_size), sharing,
@@ -165,18 +172,99 @@ class Engine(Prefilling):
 
     @property
     def free_slots(self) -> int:
-        return len(self._free)
+        """Rows free now, and rows a session nobody is using holds (parked when a row is needed)."""
+        return len(self._free) + len(self._parkable())
 
     @property
     def sessions_open(self) -> int:
-        return len(self._open)
+        return len(self._open) + len(self._parked)
+
+    # -- parking: sessions beyond slots ------------------------------------------------------
+    def park(self, session: Session) -> int:
+        """Move an open session off its pool row: its KV positions [0, length) and next-token logits
+        are copied off the pool, bit for bit, and the row is free. Its next touch brings it back
+        into any free row (`_check_open`). The bytes it holds parked."""
+        self._check_resident_or_parked(session)
+        if session.parked is not None:
+            return int(session.parked.nbytes)
+        if self.info.recurrent_state:
+            raise InvalidInput("a decoder with recurrent state cannot park a session: its state is not KV")
+        self.decoder.settle()
+        started = time.perf_counter()
+        row = session.row
+        session.parked = self.backend.park_row(row, session.length)
+        del self._open[row]
+        self._free.add(row)
+        self.prefixes.index.drop(row)
+        self.pool.set_mask(row, 0)
+        self.backend.release_row(row)
+        session.row = -1
+        self._parked.add(session)
+        self._moves["parks"] += 1
+        self._move_seconds["park"] += time.perf_counter() - started
+        return int(session.parked.nbytes)
+
+    def _unpark(self, session: Session) -> None:
+        """Bring a parked session back into the lowest free row (parking another to make room)."""
+        if not self._free:
+            self._make_room(1)
+        self.decoder.settle()
+        started = time.perf_counter()
+        row = min(self._free)
+        self.prefixes.vacate(row, self._free)
+        self._free.discard(row)
+        self.prefixes.held.pop(row, None)
+        self.prefixes.index.drop(row)
+        parked, session.parked = session.parked, None
+        self.backend.unpark_row(row, parked)
+        session.row = row
+        self._open[row] = session
+        self._parked.discard(session)
+        self.pool.commit(session, session.length)
+        self._moves["unparks"] += 1
+        self._move_seconds["unpark"] += time.perf_counter() - started
+
+    def _parkable(self) -> list[Session]:
+        """Sessions that may leave their row for one who needs it, least recently used first."""
+        if self.info.recurrent_state:
+            return []
+        return sorted((s for s in self._open.values() if s.parkable and s not in self._pinned),
+                      key=lambda s: s.used)
+
+    def _make_room(self, rows: int) -> None:
+        """Park the least recently used parkable sessions until `rows` rows are free (NoFreeRow if
+        every row is held by a session in use)."""
+        for session in self._parkable():
+            if len(self._free) >= rows:
+                break
+            self.park(session)
+        if len(self._free) < rows:
+            raise NoFreeRow(f"all {self.pool.rows} KV slots hold sessions in use ({len(self._free)} free, "
+                            f"{rows} needed)")
+
+    def begin_step(self, step: Step) -> None:
+        self._ticks += 1
+        self._pinned = step.sessions()
+
+    def end_step(self) -> None:
+        self._pinned = set()
+
+    def _check_resident_or_parked(self, session: Session) -> None:
+        super()._check_open(session)
+
+    def _check_open(self, session: Session) -> None:
+        """An open session, on a pool row: a parked one comes back first (the one way back)."""
+        super()._check_open(session)
+        session.used = self._ticks
+        if session.parked is not None:
+            self._unpark(session)
 
     def open_session(self, scope: str = "", prompt: Sequence[int] = ()) -> Session:
         """A session on the lowest free pool row (so decode batches stay narrow). When `prompt` starts
         with a prefix held for `scope` (whole units), the session starts holding it: taken as it is
         when that row keeps it, else copied; `session.length` says how much of the prompt it holds."""
         if not self._free:
-            raise Exhausted(f"all {self.pool.rows} sessions are in use")
+            self._make_room(1)
         self.decoder.settle()
         hit = self._shareable(self.prefixes.lookup(scope, prompt, self._open, -1), len(prompt))
         row = min(self._free)
@@ -217,6 +305,10 @@ class Engine(Prefilling):
         """Return the session's row; with prefix sharing on it keeps the session's KV (prefix.py)."""
         if session.closed:
             return
+        if session.parked is not None:  # no row: its parked copy goes
+            session.closed, session.parked = True, None
+            self._parked.discard(session)
+            return
         self.decoder.settle()
         session.closed = True
         del self._open[session.row]
@@ -224,6 +316,7 @@ class Engine(Prefilling):
         if not (keep and self.prefixes.keep(session)):
             self.prefixes.index.drop(session.row)
             self.pool.set_mask(session.row, 0)
+            self.backend.release_row(session.row)
 
     def share_prefix(self, session: Session, prompt: Sequence[int]) -> int:
         """Start an empty session from the longest prefix of `prompt` another row holds for its scope
@@ -248,7 +341,7 @@ class Engine(Prefilling):
         length = source.length if length is None else length
         check_length(source, length)
         if not self._free:
-            raise Exhausted(f"all {self.pool.rows} sessions are in use")
+            self._make_room(1)
         self.decoder.settle()
         row = min(self._free)
         self.prefixes.vacate(row, self._free)
@@ -287,8 +380,10 @@ class Engine(Prefilling):
 
     def open_sessions(self, request: Open) -> list[Session]:
         """The sessions of one `Open`: all of them or none (Exhausted)."""
+        if request.count > self.free_slots:
+            raise Exhausted(f"{request.count} sessions asked for, {self.free_slots} KV slots free")
         if request.count > len(self._free):
-            raise Exhausted(f"{request.count} sessions asked for, {len(self._free)} KV slots free")
+            self._make_room(request.count)
         first = self.open_session(request.scope, request.prompt)
         return [first, *(self.open_session(request.scope) for _ in range(request.count - 1))]
 
@@ -315,6 +410,10 @@ class Engine(Prefilling):
             if len(s.tokens) > s.length or s.fresh > s.length or s.closed:
                 problems.append(f"row {s.row}: {len(s.tokens)} tokens, {s.fresh} fresh, length "
                                 f"{s.length}, closed {s.closed}")
+        for s in self._parked:
+            if s.parked is None or s.row != -1 or s.closed or int(s.parked.kv.shape[3]) != s.length:
+                problems.append(f"a parked session of length {s.length} holds row {s.row}, closed {s.closed}")
+        problems += [f"row {r} holds a parked session" for r, s in self._open.items() if s.parked is not None]
         if not self.decoder.in_flight:
             lengths = self.pool.mask_lengths
             problems += [f"row {r}: mask {lengths[r]}, length {s.length}" for r, s in self._open.items()
@@ -436,6 +535,8 @@ class Engine(Prefilling):
             self.backend.logprobs([session.row], [0], MAX_TOP_LOGPROBS)
         finally:
             self.close_session(session, keep=False)
+        for row in self._free - self.prefixes.held.keys():  # the decode widths rode every row along
+            self.backend.release_row(row)
         return self.variants.prepared - before
 
     # -- conveniences (tests, benchmarks) ---------------------------------------------------
@@ -463,7 +564,15 @@ class Engine(Prefilling):
             sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,
             slots_allocated=self.pool.rows, slot_bytes=self.slot_bytes, memory=self.memory(),
             decode=decode, batch_widths=self.batch_widths, unbatched_reason=self.unbatched_reason,
-            prefix=self.prefixes.stats())
+            prefix=self.prefixes.stats(), parking=self.parking())
+
+    def parking(self) -> ParkingStats:
+        return ParkingStats(sessions_parked=len(self._parked),
+                            parked_bytes=sum(int(s.parked.nbytes) for s in self._parked),
+                            parks=self._moves["parks"], unparks=self._moves["unparks"],
+                            park_seconds=self._move_seconds["park"],
+                            unpark_seconds=self._move_seconds["unpark"],
+                            released_bytes=int(getattr(self.backend, "released_bytes", 0)))
 
     def close(self) -> None:
         self.decoder.settle()

@@ -1,7 +1,7 @@
 """A session: one sequence's state. The engine carries out every forward; a Session only remembers.
 
-It holds the pool row its KV lives in, the tokens and length the KV holds, how
-many leading rows were computed as a fresh run computes them,
+It holds the pool row its KV lives in (or, parked, its KV off the pool), the tokens and length
+the KV holds, how many leading rows were computed as a fresh run computes them,
 whether its next-token logits are held (in the backend's logits store, row
 `row`), whether padding is still on for it, and its forward counters.
 """
@@ -9,6 +9,7 @@ whether its next-token logits are held (in the backend's logits store, row
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -31,3 +32,9 @@ class Session:
     closed: bool = False
     scope: str = ""  # who may share its prefixes ("" = anyone): the caller when auth keeps them apart
     stats: SessionStats = field(default_factory=SessionStats)
+    # Parking (sessions beyond slots): `parked` holds its KV and logits while it has no pool row
+    # (row -1); `parkable` says nobody is using it, so it may leave its row for one who needs it
+    # (the service sets it between calls); `used` orders the parkable least recently used first.
+    parked: Any = None
+    parkable: bool = False
+    used: int = 0

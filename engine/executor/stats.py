@@ -50,6 +50,19 @@ class PrefixStats:
 
 
 @dataclass(frozen=True)
+class ParkingStats:
+    """Sessions beyond slots: those parked off the pool now, their bytes, and the moves so far."""
+
+    sessions_parked: int = 0
+    parked_bytes: int = 0
+    parks: int = 0
+    unparks: int = 0
+    park_seconds: float = 0.0
+    unpark_seconds: float = 0.0
+    released_bytes: int = 0  # KV pages of free rows handed back to the system (CPU)
+
+
+@dataclass(frozen=True)
 class EngineStats:
     variants: VariantStats
     eager_forwards: int
@@ -62,6 +75,7 @@ class EngineStats:
     batch_widths: tuple[int, ...]
     unbatched_reason: str  # why decode runs one session per forward ("" when it batches)
     prefix: PrefixStats = PrefixStats()
+    parking: ParkingStats = ParkingStats()
 
 
 def kv_slot_bytes(info: ModelInfo, capacity: int) -> int:

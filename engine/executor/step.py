@@ -146,6 +146,19 @@ class Step:
     def __bool__(self) -> bool:
         return bool(self.opens or self.ops or self.prefills or self.decode)
 
+    def sessions(self) -> set[Session]:
+        """Every session an item of the step names (a Fork's source, a Prefill's copies included)."""
+        named: set[Session] = set()
+        for op in self.ops:
+            if isinstance(op, Fork):
+                named.add(op.source)
+            elif not isinstance(op, Stats):
+                named.add(op.session)
+        for request, _ in self.prefills:
+            named.update((request.session, *request.copies))
+        named.update(row.session for row in self.decode)
+        return named
+
 
 @dataclass(frozen=True)
 class Outcome:

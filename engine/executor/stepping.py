@@ -37,7 +37,16 @@ if TYPE_CHECKING:
 
 
 def run_step(engine: Engine, step: Step) -> StepResult:
-    """Run one round's work on `engine`; every item's outcome comes back."""
+    """Run one round's work on `engine`; every item's outcome comes back. The step's sessions are
+    pinned to their rows while it runs: making room for one of them never parks another."""
+    engine.begin_step(step)
+    try:
+        return _run(engine, step)
+    finally:
+        engine.end_step()
+
+
+def _run(engine: Engine, step: Step) -> StepResult:
     chosen = _Chosen()
     ops: list[Outcome] = []
     op_seconds: list[float] = []

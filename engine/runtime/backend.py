@@ -44,6 +44,19 @@ class HeadRows:
         return int(np.argmax(self.seen[:-1] == wanted))
 
 
+@dataclass(frozen=True)
+class ParkedRow:
+    """A session's KV positions [0, length) and its stored next-token logits, off the pool: where
+    the backend keeps them (host memory on CPU, device memory on CUDA), bit for bit."""
+
+    kv: Any  # [layers, 2, kv_heads, length, head_size]
+    logits: Any  # [vocab]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.kv.nbytes) + int(self.logits.nbytes)
+
+
 class Backend(Protocol[VariantT]):
     name: str
     evictable: bool  # False: a prepared variant cannot be released (CUDA graphs)
@@ -118,6 +131,18 @@ class Backend(Protocol[VariantT]):
 
     def clear_state(self, row: int) -> None:
         """Zero a row's recurrent state (no-op without one)."""
+        ...
+
+    def park_row(self, row: int, length: int) -> ParkedRow:
+        """A copy of positions [0, length) of pool row `row`'s KV and of its stored logits."""
+        ...
+
+    def unpark_row(self, row: int, parked: ParkedRow) -> None:
+        """Write a parked copy back into pool row `row` (any row: positions carry no row)."""
+        ...
+
+    def release_row(self, row: int) -> None:
+        """Give a row nobody holds back to the system where memory is committed by touch (CPU)."""
         ...
 
     def memory(self) -> dict[str, int]:

@@ -17,8 +17,8 @@ import onnxruntime as ort
 
 from engine.model import READ_ROWS_DIM, SEEN_OUTPUT, ModelInfo, Port
 from engine.options import EngineOptions
-from engine.runtime.backend import HeadRows
-from engine.runtime.pool import KvPool
+from engine.runtime.backend import HeadRows, ParkedRow
+from engine.runtime.pool import KvPool, release_pages
 from engine.runtime.variants import VariantKey
 from engine.sampling import Sampler, TokenLogprobs, log_probs, token_logprobs
 
@@ -93,6 +93,7 @@ class CpuBackend:
         self.store = np.zeros((0, info.vocab_size), np.float32)
         self.states: list[RowState] = []
         self._row_values: dict[tuple[int, int], list[ort.OrtValue]] = {}  # (first row, rows) -> KV + mask
+        self.released_bytes = 0  # KV pages handed back by release_row
 
     # -- pool -------------------------------------------------------------------------
     def allocate(self, rows: int, capacity: int) -> KvPool:
@@ -137,6 +138,20 @@ class CpuBackend:
     def clear_state(self, row: int) -> None:
         for array in self.states[row].current.values():
             array.fill(0)
+
+    def park_row(self, row: int, length: int) -> ParkedRow:
+        assert self.pool is not None
+        return ParkedRow(self.pool.block[:, :, row, :, :length].copy(), self.store[row].copy())
+
+    def unpark_row(self, row: int, parked: ParkedRow) -> None:
+        assert self.pool is not None
+        self.pool.block[:, :, row, :, :parked.kv.shape[3]] = parked.kv
+        self.store[row] = parked.logits
+
+    def release_row(self, row: int) -> None:
+        """The row's KV pages go back to the system: a free row costs no memory until written."""
+        assert self.pool is not None
+        self.released_bytes += sum(release_pages(slab) for slab in self.pool.row_slabs(row))
 
     # -- variants -----------------------------------------------------------------------
     def prepare(self, key: VariantKey) -> CpuVariant:

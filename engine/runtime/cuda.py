@@ -32,7 +32,7 @@ import structlog
 
 from engine.model import SEEN_OUTPUT, ModelInfo
 from engine.options import EngineOptions
-from engine.runtime.backend import HeadRows
+from engine.runtime.backend import HeadRows, ParkedRow
 from engine.runtime.cpu import _dtype, inference_session, resolve_dims
 from engine.runtime.cuda_runtime import CudaUnavailable, Placement, cuda_runtime, host_runtime
 from engine.runtime.masks import MASKS_HELD, MaskTable
@@ -174,6 +174,26 @@ class CudaBackend:
 
     def clear_state(self, row: int) -> None:
         """No recurrent state on this backend: nothing to clear."""
+
+    def park_row(self, row: int, length: int) -> ParkedRow:
+        """A device copy (device memory first: parking and unparking are one copy kernel each)."""
+        assert self.pool is not None
+        with self.rt.enter():
+            parked = ParkedRow(self.pool.block[:, :, row, :, :length].copy(), self.store[row].copy())
+        self.queued = True
+        return parked
+
+    def unpark_row(self, row: int, parked: ParkedRow) -> None:
+        assert self.pool is not None and self.staging is not None
+        with self.rt.enter():
+            self.pool.block[:, :, row, :, :parked.kv.shape[3]] = parked.kv
+            self.store[row] = parked.logits
+        if self.staging.row == row:
+            self.staging.written(0)  # the staging row's copy of `row` is stale from position 0
+        self.queued = True
+
+    def release_row(self, row: int) -> None:
+        """Device memory is allocated whole: nothing to hand back."""
 
     # -- variants -------------------------------------------------------------------------
     def prepare(self, key: VariantKey) -> DeviceVariant:

@@ -14,6 +14,10 @@ moving a row's length is a few host stores.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import mmap
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +56,10 @@ class KvPool:
         move_boundary(self.mask, row, self.mask_lengths[row], length)
         self.mask_lengths[row] = length
 
+    def row_slabs(self, row: int) -> list[Any]:
+        """Row `row` of every layer's key and value block: each one contiguous slab."""
+        return [self.block[i, w, row] for i in range(self.block.shape[0]) for w in (0, 1)]
+
     def commit(self, session: Session, length: int) -> None:
         """The one writer of a session's length: the tokens its KV holds, and its row's mask with it."""
         session.length = length
@@ -65,3 +73,30 @@ def move_boundary(mask: Any, row: int, old: int, new: int) -> None:
         mask[row, old:new] = 1
     elif new < old:
         mask[row, new:old] = 0
+
+
+_MADV_DONTNEED = 4
+_PAGE = mmap.PAGESIZE
+
+
+@functools.cache
+def _madvise() -> Callable[..., int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.madvise
+    except (OSError, AttributeError):  # not Linux or no libc: rows stay committed
+        return None
+
+
+def release_pages(array: np.ndarray) -> int:
+    """Hand the whole pages inside a contiguous host array back to the system (madvise DONTNEED):
+    they read as zeros after, and cost no memory until written again. Pages shared with the
+    array's neighbours are kept. The bytes released (0 where madvise is missing)."""
+    madvise = _madvise()
+    start, end = array.ctypes.data, array.ctypes.data + array.nbytes
+    first, last = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
+    if madvise is None or last <= first or not array.flags.c_contiguous:
+        return 0
+    if madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED) != 0:
+        return 0
+    return last - first
