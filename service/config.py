@@ -87,6 +87,9 @@ class Config:
     default_max_new_tokens: int = 256  # what a request that names none gets (0 = as many as fit)
     max_message_bytes: int = 4 * 1024 * 1024
     sessions_per_caller: int = 0  # 0 = every KV slot but one (at least one): a fair share
+    # Sessions beyond slots: > 0 lets idle sessions park off their KV slot (KV kept exactly, in up to
+    # this many MB), so sessions open are bounded by memory, slots only the decode batch. 0 = off.
+    session_memory_mb: int = 0
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""  # set: clients must present a certificate it signed (mTLS)
@@ -145,7 +148,10 @@ _HELP = {
     "variant_capacity": "shapes the variant cache holds (0 = the ladder widths + the decode batch widths)",
     "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
     "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",
-    "sessions_per_caller": "sessions one caller may hold, those it waits for too (0 = every KV slot but one)",
+    "sessions_per_caller": "sessions one caller may hold, those it waits for too (0 = every KV slot but one; "
+                           "with --session-memory-mb: no limit but the memory)",
+    "session_memory_mb": "idle sessions park off their KV slot in up to this many MB; open sessions are "
+                         "then bounded by it, not by slots (0 = off: a session holds its slot)",
     "prefix_sharing": "a prompt starting with a prefix the server holds (in ladder steps) copies its KV",
     "prefix_across_callers": "share held prefixes between callers told apart by auth (their timing leaks)",
     "deterministic": "each request's tokens and log-probabilities depend on the request alone, not on the "
@@ -173,7 +179,8 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "variant_capacity": (0, None), "max_sessions": (1, None), "memory_budget_mb": (0, None),
     "max_queue": (1, None), "session_idle_seconds": (0.001, None), "drain_seconds": (0, None),
     "max_prompt_tokens": (0, None), "max_new_tokens": (1, None), "default_max_new_tokens": (0, None),
-    "max_message_bytes": (1, None), "sessions_per_caller": (0, None), "intra_op_threads": (0, None),
+    "max_message_bytes": (1, None), "sessions_per_caller": (0, None), "session_memory_mb": (0, None),
+    "intra_op_threads": (0, None),
     "constraint_cache_mb": (1, None),
 }
 

@@ -170,6 +170,7 @@ class Metrics:
         self.engine = _EngineCollector()
         r.register(self.engine)
         r.register(PrefixCollector(self.engine))
+        r.register(ParkingCollector(self.engine))
         self._methods: dict[str, MethodMetrics] = {}
 
     def for_method(self, method: str) -> MethodMetrics:
@@ -255,3 +256,27 @@ class PrefixCollector(Collector):
                                 value=p.rows_held)
         yield GaugeMetricFamily("ladder_prefix_bytes_held", "KV bytes of the prefixes free slots hold",
                                 value=p.bytes_held)
+
+
+# -- sessions beyond slots ----------------------------------------------------------------------
+class ParkingCollector(Collector):
+    """Sessions parked off their KV slots (EngineStats.parking) from the engine collector's latest
+    snapshot: how many and their bytes now, parks and unparks and the seconds they took."""
+
+    def __init__(self, engine: _EngineCollector) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        if self.engine.stats is None:
+            return
+        p = self.engine.stats.parking
+        yield GaugeMetricFamily("ladder_sessions_parked", "Open sessions parked off their KV slot",
+                                value=p.sessions_parked)
+        yield GaugeMetricFamily("ladder_parked_bytes", "KV and logits bytes parked sessions hold",
+                                value=p.parked_bytes)
+        for name, value, text in (
+                ("parks", p.parks, "Sessions moved off their KV slot"),
+                ("unparks", p.unparks, "Parked sessions brought back into a KV slot"),
+                ("park_seconds", p.park_seconds, "Seconds spent parking sessions"),
+                ("unpark_seconds", p.unpark_seconds, "Seconds spent bringing parked sessions back")):
+            yield CounterMetricFamily(f"ladder_{name}", text, value=value)

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from engine.errors import EngineFault, Exhausted
+from engine.errors import EngineFault, Exhausted, NoFreeRow
 from engine.executor import Engine, Session
 from engine.executor.step import Close, Fork, Open, Outcome, Prefill, SessionOp, Stats, Step, StepResult
 from service.errors import Cancelled, QueueFull
@@ -305,7 +305,14 @@ class Scheduler:
                               prefills=(failed,) * prefills, decode=(failed,) * len(step.decode),
                               prefill_seconds=(0.0,) * prefills)
 
+    @property
+    def parked_bytes(self) -> int:
+        """What sessions parked off their KV slots hold (an int the worker keeps: safe to read)."""
+        return int(getattr(self.engine, "parked_bytes", 0))
+
     def _answer(self, job: Job, outcome: Outcome) -> None:
+        if isinstance(outcome.error, NoFreeRow):
+            return  # its parked session waits for a slot: the request runs again next round
         if outcome.error is not None:
             self._fault(outcome.error)
         job.answer(outcome.value, outcome.error)

@@ -141,7 +141,8 @@ class LadderServer:
 
         scheduler = Scheduler(model.engine, self.config.max_queue, on_fault=on_fault,
                               on_forward=self.metrics.forward_done)
-        sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller)
+        sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller,
+                                   parking=self.config.session_memory_mb > 0)
         constraints = Constraints(model.tokenizer, model.facts, self.config.constraint_cache_mb << 20,
                                   self.metrics)
         self.serving = Serving(self.config, model, scheduler, sessions, self.metrics, constraints)

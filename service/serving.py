@@ -7,6 +7,7 @@ and undoing a Prefill that did not finish (Extension).
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -15,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from engine.errors import InvalidInput
+from engine.errors import Exhausted, InvalidInput
 from engine.executor.step import Reset, Rewind
 from service.calls import Prompt
 from service.config import Config
@@ -108,16 +109,26 @@ class Serving:
         return progress
 
     def held(self, caller: str) -> tuple[int, int]:
-        """The sessions `caller` holds or waits for, and its share of the KV slots."""
-        share = caller_share(self.config.sessions_per_caller, self.model.facts.slots)
+        """The sessions `caller` holds or waits for, and how many it may hold: its share of the KV
+        slots, or, when idle sessions park (--session-memory-mb), `sessions_per_caller` if set."""
+        if self.sessions.parking:
+            share = self.config.sessions_per_caller or sys.maxsize
+        else:
+            share = caller_share(self.config.sessions_per_caller, self.model.facts.slots)
         return sum(1 for s in self.sessions.all() if s.owner == caller) + self.opening[caller], share
 
     def check_share(self, caller: str) -> None:
-        """Refuse a caller who holds (or waits for) its share of the KV slots."""
+        """Refuse a caller who holds (or waits for) its share, and any caller once parked sessions
+        hold the memory --session-memory-mb gives them."""
         held, share = self.held(caller)
         if held >= share:
             raise CallerQuota(f"this caller already holds {held} sessions (the limit is {share}; "
                               "see --sessions-per-caller)")
+        budget = self.config.session_memory_mb << 20
+        parked = self.scheduler.parked_bytes
+        if budget and parked >= budget:
+            raise Exhausted(f"parked sessions hold {parked >> 20} MiB of the {budget >> 20} MiB "
+                            "--session-memory-mb gives them: close sessions or wait for idle ones to expire")
 
     def scope(self, caller: str) -> str:
         """Whose held prefixes a caller's prompts may start from: its own, unless the operator
@@ -134,7 +145,7 @@ class Serving:
         if n > 1 and facts.recurrent:
             raise InvalidInput("n > 1 copies the prompt's KV rows, and this decoder carries "
                                "recurrent state that has none", reason="SAMPLES_UNSUPPORTED", field="n")
-        if n > 1:
+        if n > 1 and not self.sessions.parking:  # parked sessions hold no slot the samples need
             held, share = self.held(CALLER.get())
             if held + n > share:
                 raise CallerQuota(f"n = {n} samples beside the {held} sessions this caller holds are over "

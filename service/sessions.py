@@ -55,12 +55,13 @@ class SessionState:
 
 
 class SessionRegistry:
-    def __init__(self, pod: str, per_caller: int) -> None:
+    def __init__(self, pod: str, per_caller: int, parking: bool = False) -> None:
         if not _SESSION_ID.fullmatch(pod) or "." in pod or len(pod) > MAX_POD_NAME:
             raise ValueError(f"pod name {pod!r} cannot prefix session ids: use 1 to {MAX_POD_NAME} "
                              "characters of A-Z a-z 0-9 _ -")
         self.pod = pod
         self.per_caller = per_caller
+        self.parking = parking  # idle sessions may park off their KV slot (--session-memory-mb)
         self._sessions: dict[str, SessionState] = {}
 
     def __len__(self) -> int:
@@ -71,6 +72,13 @@ class SessionRegistry:
 
     def add(self, state: SessionState) -> None:
         self._sessions[state.id] = state
+        self._idle(state, not state.busy)
+
+    def _idle(self, state: SessionState, idle: bool) -> None:
+        """Tell the engine whether the session may leave its slot for one who needs it (a bool the
+        worker reads: at worst it parks a session a call is about to touch, which brings it back)."""
+        if self.parking and state.session is not None:
+            state.session.parkable = idle
 
     def get(self, session_id: str, caller: str) -> SessionState:
         if not session_id:
@@ -97,10 +105,12 @@ class SessionRegistry:
         if state.busy:
             raise SessionBusy(f"session {state.id} is in use by another call")
         state.busy = True
+        self._idle(state, False)
         try:
             yield state
         finally:
             state.busy = False
+            self._idle(state, True)
             state.last_used = time.monotonic()
 
     def idle(self, seconds: float) -> list[SessionState]:

@@ -1,0 +1,89 @@
+"""Sessions beyond slots through a real server (--session-memory-mb): more sessions stay open than
+the server has KV slots, idle ones park off their slot, and each continues, in any order, with the
+greedy tokens a fresh run of its prompt gives; past the memory budget new sessions are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+
+from proto.ladder.v1 import ladder_pb2 as pb
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
+
+SESSIONS = 7
+SLOTS = 2
+
+
+@pytest.fixture(scope="module")
+def parking(served_model: Path) -> Iterator[RunningServer]:
+    with RunningServer(server_config(served_model, max_sessions=SLOTS, session_memory_mb=64)) as running:
+        yield running
+
+
+def prefill(running: RunningServer, tokens: list[int]) -> str:
+    request = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
+    return list(running.stub.Prefill(iter([request])))[-1].done.session_id
+
+
+def decode(running: RunningServer, session_id: str, n: int) -> list[int]:
+    request = pb.DecodeRequest(session_id=session_id,
+                               stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True))
+    return [e.token.id for e in running.stub.Decode(request) if e.HasField("token")]
+
+
+def metric(running: RunningServer, name: str) -> float:
+    running.stub.GetEngineStats(pb.GetEngineStatsRequest())  # refreshes the engine's counters
+    text = generate_latest(running.server.metrics.registry).decode()
+    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    assert found, f"{name} not exported"
+    return float(found.group(1))
+
+
+def test_more_sessions_than_slots_stay_open_and_each_continues_as_a_fresh_run(parking: RunningServer) -> None:
+    prompts = [prompt_ids(40 + 9 * i, seed=300 + i) for i in range(SESSIONS)]
+    fresh = [[e.token.id for e in parking.stub.GenerateStream(greedy_request(p, 6)) if e.HasField("token")]
+             for p in prompts]
+    ids = [prefill(parking, p) for p in prompts]  # seven sessions on two slots: five park
+    assert metric(parking, "ladder_sessions_parked") >= SESSIONS - SLOTS
+    for i in np.random.default_rng(1).permutation(SESSIONS):
+        assert decode(parking, ids[i], 3) == fresh[i][:3]
+    for i in np.random.default_rng(2).permutation(SESSIONS):  # and again, after more moves
+        assert decode(parking, ids[i], 3) == fresh[i][3:]
+    assert metric(parking, "ladder_unparks_total") >= SESSIONS
+    for session_id in ids:
+        parking.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
+    assert metric(parking, "ladder_parked_bytes") == 0
+
+
+def test_a_generate_beside_parked_sessions_gets_its_slots(parking: RunningServer) -> None:
+    ids = [prefill(parking, prompt_ids(30, seed=400 + i)) for i in range(SESSIONS)]
+    try:
+        request = greedy_request(prompt_ids(20, seed=9), 4)
+        request.n = SLOTS  # every slot at once: idle sessions make room
+        completion = parking.stub.Generate(request)
+        assert len(completion.samples) == SLOTS
+    finally:
+        for session_id in ids:
+            parking.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
+
+
+def test_past_the_memory_budget_a_new_session_is_refused(served_model: Path) -> None:
+    with RunningServer(server_config(served_model, max_sessions=1, session_memory_mb=1)) as running:
+        opened, refused = [], None
+        for i in range(200):
+            try:
+                opened.append(prefill(running, prompt_ids(200, seed=500 + i)))
+            except grpc.RpcError as error:
+                refused = error
+                break
+        assert refused is not None and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "session-memory-mb" in (refused.details() or "")
+        assert len(opened) >= 2  # the budget, not the one slot, was the limit
