@@ -53,7 +53,7 @@ from engine.model import ModelInfo, load_model_info
 from engine.options import EngineOptions
 from engine.runtime.backend import Backend
 from engine.runtime.cpu import CpuBackend, _dtype
-from engine.runtime.variants import VariantCache
+from engine.runtime.variants import VariantCache, VariantKey
 from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 
 __all__ = ["DecodeRow", "Engine", "EngineStats", "MemoryUse", "Step", "StepResult", "kv_slot_bytes",
@@ -116,6 +116,7 @@ class Engine(Prefilling):
         self._pinned: set[Session] = set()  # the running step's sessions: never parked to make room
         self._ticks = 0  # steps run: a session's `used` is the tick it was last touched at
         self._moves = {"parks": 0, "unparks": 0}
+        self.parked_bytes = 0  # what parked sessions hold (an int: read from other threads)
         self._move_seconds = {"park": 0.0, "unpark": 0.0}
         # Prefix reuse needs token ids, a ladder and KV a rewind can cut: no ports, no state.
         sharing = bool(options.prefix_sharing and self.chunk_size > 0 and not self.unbatched_reason)
@@ -200,6 +201,7 @@ class Engine(Prefilling):
         self.backend.release_row(row)
         session.row = -1
         self._parked.add(session)
+        self.parked_bytes += int(session.parked.nbytes)
         self._moves["parks"] += 1
         self._move_seconds["park"] += time.perf_counter() - started
         return int(session.parked.nbytes)
@@ -216,6 +218,7 @@ class Engine(Prefilling):
         self.prefixes.held.pop(row, None)
         self.prefixes.index.drop(row)
         parked, session.parked = session.parked, None
+        self.parked_bytes -= int(parked.nbytes)
         self.backend.unpark_row(row, parked)
         session.row = row
         self._open[row] = session
@@ -306,6 +309,7 @@ class Engine(Prefilling):
         if session.closed:
             return
         if session.parked is not None:  # no row: its parked copy goes
+            self.parked_bytes -= int(session.parked.nbytes)
             session.closed, session.parked = True, None
             self._parked.discard(session)
             return
@@ -525,6 +529,12 @@ class Engine(Prefilling):
                 self.rewind(session, 0)
             self.append(session, [0])
             for batch in self.batch_widths:
+                if self.backend.name == "cpu" and batch > 1:
+                    # Prepared, not run: onnxruntime's CPU attention commits every row a forward
+                    # rides along in full, so running the widest batch would commit the whole pool
+                    # at start (the peak a memory limit sees); a CPU variant has nothing to capture.
+                    self.decoder.variant(VariantKey(1, (), batch))
+                    continue
                 self.decoder.forward({session.row: 0}, least=batch)
             # Choosing compiles its device kernels on first use (cupy): do it now, not in a request.
             self.backend.choose([session.row], [Sampler(SamplingParams())], [[]])
@@ -568,7 +578,7 @@ class Engine(Prefilling):
 
     def parking(self) -> ParkingStats:
         return ParkingStats(sessions_parked=len(self._parked),
-                            parked_bytes=sum(int(s.parked.nbytes) for s in self._parked),
+                            parked_bytes=self.parked_bytes,
                             parks=self._moves["parks"], unparks=self._moves["unparks"],
                             park_seconds=self._move_seconds["park"],
                             unpark_seconds=self._move_seconds["unpark"],

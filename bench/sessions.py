@@ -1,0 +1,141 @@
+"""Memory that follows the tokens held, and sessions beyond slots, measured on a real server process.
+
+    python -m bench.sessions --out $OUT     # default flags: RSS idle, then a 4,000-token prompt's peak
+    python -m bench.sessions --out $OUT --sessions 200 --tokens 500 --server-args "--session-memory-mb 8192"
+
+Starts `python -m service` on the default model (SmolLM2-135M int4, 8 KV slots, capacity 4,096
+unless --server-args says otherwise) and reads the server process's resident memory (VmRSS) and its
+peak (VmHWM) from /proc:
+
+- idle: after the server turns SERVING (the warm-up has run every planned shape);
+- long prompt: the peak across one Generate of a `--long`-token prompt (1 new token);
+- sessions (with `--sessions N`): N sessions opened by Prefill, `--tokens` tokens each, then each
+  continued by one Decode of `--decode` tokens in a seeded random order; every Decode's greedy tokens
+  are compared with a fresh Generate of the same prompt. RSS after all are open is set against
+  idle RSS + held tokens × bytes per token (the engine's KV per position plus each session's
+  next-token logits row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.served import (
+    free_port,
+    machine,
+    prompt,
+    request,
+    resolve_model,
+    server_arguments,
+    stub,
+    wait_serving,
+)
+from engine.executor.stats import kv_position_bytes
+from engine.model import load_model_info
+from proto.ladder.v1 import ladder_pb2 as pb
+
+
+def memory(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of a process, in MiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) // 1024
+    return out
+
+
+def start(args: argparse.Namespace, model: str, port: int) -> Any:
+    import subprocess
+
+    cmd = [sys.executable, "-m", "service", "--model", model, "--provider", args.provider,
+           "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--http-port", "0",
+           "--log-level", "warning", "--model-precision", args.precision, "--max-queue", "1024",
+           *args.server_args.split()]
+    log = open(args.out / "server.log", "ab")  # noqa: SIM115 — the server process owns it
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def tokens_of(events: Any) -> list[int]:
+    return [e.token.id for e in events if e.HasField("token")]
+
+
+def sessions_run(ladder: Any, pid: int, args: argparse.Namespace, vocab: int, idle: int,
+                 model: str) -> dict[str, Any]:
+    prompts = [prompt(args.tokens, 1000 + i, vocab) for i in range(args.sessions)]
+    started = time.perf_counter()
+    ids = []
+    for tokens in prompts:
+        call = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
+        ids.append(list(ladder.Prefill(iter([call])))[-1].done.session_id)
+    opened_s = time.perf_counter() - started
+    after_open = memory(pid)
+    stats = ladder.GetEngineStats(pb.GetEngineStatsRequest())
+    order = np.random.default_rng(0).permutation(args.sessions)
+    equal, resumed = 0, []
+    for i in order:
+        t0 = time.perf_counter()
+        decoded = tokens_of(ladder.Decode(pb.DecodeRequest(
+            session_id=ids[i], stopping=pb.StoppingOptions(max_new_tokens=args.decode, ignore_eos=True))))
+        resumed.append(time.perf_counter() - t0)
+        fresh = tokens_of(ladder.GenerateStream(request(prompts[i], args.decode)))
+        equal += decoded == fresh
+    for session_id in ids:
+        ladder.CloseSession(pb.CloseSessionRequest(session_id=session_id))
+    info = load_model_info(Path(model))
+    held = args.sessions * (args.tokens * kv_position_bytes(info) + info.vocab_size * 4)
+    expected_mib = idle + held / 2**20
+    return {"sessions": args.sessions, "tokens_each": args.tokens, "all_accepted": len(ids) == args.sessions,
+            "open_seconds": round(opened_s, 2), "rss_after_open_mib": after_open["VmRSS"],
+            "rss_expected_mib": round(expected_mib, 1),
+            "rss_over_expected": round(after_open["VmRSS"] / expected_mib, 3),
+            "decode_equal_to_fresh": f"{equal}/{args.sessions}",
+            "resume_decode_ms_p50": round(1e3 * float(np.median(resumed)), 1),
+            "sessions_open_after_open": int(stats.sessions_open)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    server_arguments(parser, provider="cpu", model="default", precision="int4")
+    parser.add_argument("--server-args", default="", help="more `python -m service` flags")
+    parser.add_argument("--long", type=int, default=4000)
+    parser.add_argument("--sessions", type=int, default=0)
+    parser.add_argument("--tokens", type=int, default=500)
+    parser.add_argument("--decode", type=int, default=4)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = resolve_model(args)
+    args.port = free_port()
+    server = start(args, model, args.port)
+    try:
+        address = f"127.0.0.1:{args.port}"
+        wait_serving(address)
+        ladder = stub(address)
+        vocab = int(ladder.GetModelInfo(pb.GetModelInfoRequest()).vocab_size)
+        time.sleep(1.0)
+        idle = memory(server.pid)
+        Path(f"/proc/{server.pid}/clear_refs").write_text("5")  # VmHWM from here: each phase's own peak
+        report: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "model": model,
+                                  "server_args": args.server_args, "idle_mib": idle}
+        if args.long:
+            tokens_of(ladder.GenerateStream(request(prompt(args.long, 7, vocab), 1)))
+            report["long_prompt"] = {"tokens": args.long, **memory(server.pid)}
+        if args.sessions:
+            report["sessions"] = sessions_run(ladder, server.pid, args, vocab, idle["VmRSS"], model)
+        (args.out / "sessions.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=2))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
