@@ -1,0 +1,362 @@
+"""Serving under load: open-loop arrivals against a real server, over gRPC or the OpenAI HTTP API.
+
+Starts `python -m service` (model resolved by bench/served.py) or drives --target/--http-target.
+Per rate: request and output-token throughput, TTFT p50/p90/p99, inter-token p50/p99, end-to-end
+p50/p99, goodput under an SLO and errors. `--concurrency N` keeps N streams in flight instead and
+runs gRPC and HTTP side by side on one server, interleaved, for the HTTP/gRPC tok/s ratio.
+
+Lengths are lognormal. The means are ShareGPT's as the vLLM paper reports them (Kwon et al., SOSP
+2023, Fig. 11: 161 prompt and 338 output tokens; vLLM's benchmark_serving samples the same data);
+sigma 1.0 is ours, not fitted (a long tail like the paper's histograms). `--scale` multiplies both
+means (a small model, a slow machine); `--prompt-len`/`--output-len` fix them instead. Every request
+is greedy with ignore_eos, so its output has the asked length. Arrivals are Poisson at each rate
+(`--burst N`: N at once); everything random comes from `--seed`.
+
+    python -m bench.serving --protocol grpc --rates 0.5,1,2 --scale 0.25 --out $OUT
+    python -m bench.serving --concurrency 16 --repeats 3 --prompt-len 128 --output-len 128 --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import numpy as np
+
+from bench.served import free_port, machine, prompt, resolve_model, server_arguments, wait_serving
+
+SHAREGPT_MEAN_PROMPT, SHAREGPT_MEAN_OUTPUT, SIGMA = 161, 338, 1.0
+MIN_LENGTH = 4
+
+
+@dataclass
+class Record:
+    """One request as the client saw it: when it was sent, when each output token arrived."""
+
+    start: float
+    times: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_ms: float
+    itl_ms: float  # a request's mean inter-token gap (vLLM's TPOT)
+
+
+Request = tuple[list[int], int]  # prompt token ids, output tokens
+Call = Callable[[list[int], int], Awaitable[Record]]
+
+
+# -- the workload ---------------------------------------------------------------------------------
+def lognormal(rng: np.random.Generator, mean: float, n: int, cap: int) -> list[int]:
+    """n lengths with the given mean (mu = ln(mean) - sigma^2 / 2), clipped to [MIN_LENGTH, cap]."""
+    values = rng.lognormal(np.log(mean) - SIGMA**2 / 2, SIGMA, n)
+    return [int(v) for v in np.clip(np.rint(values), MIN_LENGTH, cap)]
+
+
+def workload(args: argparse.Namespace, n: int, seed: int, vocab: int) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    half = args.capacity // 2
+    prompts = ([args.prompt_len] * n if args.prompt_len else
+               lognormal(rng, SHAREGPT_MEAN_PROMPT * args.scale, n, half))
+    outputs = ([args.output_len] * n if args.output_len else
+               lognormal(rng, SHAREGPT_MEAN_OUTPUT * args.scale, n, half))
+    return [(prompt(p, seed * 100_000 + i, vocab), o) for i, (p, o) in enumerate(zip(prompts, outputs,
+                                                                                     strict=True))]
+
+
+def arrivals(n: int, rate: float, rng: np.random.Generator) -> list[float]:
+    """Seconds after the start at which each request is sent: a Poisson process (rate inf: all at 0)."""
+    if rate == float("inf"):
+        return [0.0] * n
+    gaps = rng.exponential(1 / rate, n)
+    return [float(t) for t in np.cumsum(gaps) - gaps[0]]  # the first request goes at once
+
+
+# -- the clients: each returns a Record, never raises for a failed call ------------------------------
+def grpc_caller(address: str) -> Call:
+    from clients.python.async_client import AsyncLadderClient
+    from clients.python.channel import Connection
+    from clients.python.messages import Stopping
+
+    client = AsyncLadderClient(Connection(address, timeout_s=600))
+
+    async def call(tokens: list[int], new: int) -> Record:
+        record = Record(time.perf_counter())
+        try:
+            async for event in client.generate_stream(tokens, stopping=Stopping(new, ignore_eos=True)):
+                if event.HasField("token"):
+                    record.times.append(time.perf_counter())
+        except grpc.aio.AioRpcError as exc:
+            record.error = exc.code().name
+        return record
+
+    return call
+
+
+def http_caller(session: aiohttp.ClientSession, address: str, model: str) -> Call:
+    """Streamed /v1/completions; each SSE chunk is parsed as an OpenAI client would."""
+    url = f"http://{address}/v1/completions"
+
+    async def call(tokens: list[int], new: int) -> Record:
+        body = {"model": model, "prompt": tokens, "max_tokens": new, "ignore_eos": True,
+                "temperature": 0, "stream": True}
+        record = Record(time.perf_counter())
+        try:
+            async with session.post(url, json=body) as response:
+                if response.status != 200:
+                    record.error = f"HTTP {response.status}"
+                    return record
+                async for line in response.content:
+                    _read_event(line, record)
+        except aiohttp.ClientError as exc:
+            record.error = type(exc).__name__
+        return record
+
+    return call
+
+
+def _read_event(line: bytes, record: Record) -> None:
+    """A token's chunk has finish_reason null; the finish chunk carries no new token."""
+    if not line.startswith(b"data: {"):
+        return
+    chunk = json.loads(line[6:])
+    if "error" in chunk:
+        record.error = chunk["error"].get("code") or "stream error"
+    elif chunk["choices"] and chunk["choices"][0]["finish_reason"] is None:
+        record.times.append(time.perf_counter())
+
+
+async def served_model(session: aiohttp.ClientSession, address: str) -> str:
+    async with session.get(f"http://{address}/v1/models") as response:
+        return str((await response.json())["data"][0]["id"])
+
+
+# -- the loads ----------------------------------------------------------------------------------------
+async def open_loop(call: Call, work: Sequence[Request],
+                    offsets: Sequence[float]) -> tuple[list[Record], float]:
+    """Send each request at its offset whatever is still running; the records and the wall time."""
+    began = time.perf_counter()
+
+    async def one(request: Request, at: float) -> Record:
+        await asyncio.sleep(max(0.0, began + at - time.perf_counter()))
+        return await call(*request)
+
+    records = await asyncio.gather(*(one(r, at) for r, at in zip(work, offsets, strict=True)))
+    return list(records), time.perf_counter() - began
+
+
+async def closed_loop(call: Call, work: Sequence[Request], concurrency: int) -> tuple[list[Record], float]:
+    """`concurrency` streams always in flight: each takes the next request as its last one ends."""
+    queue, records = iter(work), []
+    began = time.perf_counter()
+
+    async def stream() -> None:
+        for request in queue:  # one iterator shared by every stream
+            records.append(await call(*request))
+
+    await asyncio.gather(*(stream() for _ in range(concurrency)))
+    return records, time.perf_counter() - began
+
+
+# -- the summary (pure) ---------------------------------------------------------------------------------
+def percentiles(values: Sequence[float], qs: Sequence[int]) -> dict[str, float | None]:
+    """p<q> of the values in ms (values in seconds); None for every q when there are none."""
+    return {f"p{q}": (1e3 * float(np.percentile(values, q)) if len(values) else None) for q in qs}
+
+
+def mean_gap(record: Record) -> float | None:
+    """A request's mean inter-token gap in seconds (None under two tokens)."""
+    if len(record.times) < 2:
+        return None
+    return (record.times[-1] - record.times[0]) / (len(record.times) - 1)
+
+
+def meets(record: Record, slo: Slo) -> bool:
+    """Served, first token within the TTFT objective, mean gap within the inter-token objective."""
+    if record.error or not record.times:
+        return False
+    gap = mean_gap(record)
+    return (record.times[0] - record.start) * 1e3 <= slo.ttft_ms and (gap is None or gap * 1e3 <= slo.itl_ms)
+
+
+def summarize(records: Sequence[Record], duration: float, slo: Slo) -> dict[str, Any]:
+    served = [r for r in records if not r.error and r.times]
+    gaps = [b - a for r in served for a, b in zip(r.times, r.times[1:], strict=False)]
+    good = sum(meets(r, slo) for r in records)
+    return {"requests": len(records), "errors": len(records) - len(served), "duration_s": duration,
+            "request_s": len(served) / duration, "output_tok_s": sum(len(r.times) for r in served) / duration,
+            "ttft_ms": percentiles([r.times[0] - r.start for r in served], (50, 90, 99)),
+            "itl_ms": percentiles(gaps, (50, 99)),
+            "e2e_ms": percentiles([r.times[-1] - r.start for r in served], (50, 99)),
+            "goodput_request_s": good / duration, "good_fraction": good / len(records) if records else None,
+            "slo": asdict(slo)}
+
+
+def ratio(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """HTTP over gRPC output tok/s: per interleaved pair, their median, and the medians' ratio."""
+    by = {p: [r["output_tok_s"] for r in rounds if r["protocol"] == p] for p in ("grpc", "http")}
+    pairs = [h / g for g, h in zip(by["grpc"], by["http"], strict=True)]
+    return {"pairs": pairs, "median_of_pairs": statistics.median(pairs),
+            "of_medians": statistics.median(by["http"]) / statistics.median(by["grpc"]),
+            "grpc_tok_s": by["grpc"], "http_tok_s": by["http"]}
+
+
+# -- the runs -------------------------------------------------------------------------------------------
+@dataclass
+class Clients:
+    """Both protocols' callers against one server, and the HTTP session to close."""
+
+    calls: dict[str, Call]
+    session: aiohttp.ClientSession
+
+    def of(self, protocol: str) -> Call:
+        return self.calls[protocol]
+
+
+async def connect(grpc_address: str, http_address: str) -> Clients:
+    """gRPC always; HTTP when its address is known (a started server, or --http-target)."""
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                    timeout=aiohttp.ClientTimeout(total=600))
+    calls = {"grpc": grpc_caller(grpc_address)}
+    if http_address:
+        calls["http"] = http_caller(session, http_address, await served_model(session, http_address))
+    return Clients(calls, session)
+
+
+async def warm_up(clients: Clients, args: argparse.Namespace, vocab: int) -> None:
+    """Both protocols' connections and the server's first calls, before anything is timed."""
+    work = [(r[0], min(r[1], 8)) for r in workload(args, 2 * args.concurrency_or_16, 7, vocab)]
+    for call in clients.calls.values():
+        await closed_loop(call, work, args.concurrency_or_16)
+
+
+async def sweep(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo) -> dict[str, Any]:
+    """One open-loop run per rate (and the burst), each with its own requests from the seed."""
+    out: dict[str, Any] = {}
+    loads = [(str(rate), rate, args.requests) for rate in args.rates]
+    if args.burst:
+        loads.append((f"burst {args.burst}", float("inf"), args.burst))
+    for i, (name, rate, n) in enumerate(loads):
+        work = workload(args, n, args.seed + i, vocab)
+        records, duration = await open_loop(clients.of(args.protocol), work,
+                                            arrivals(n, rate, np.random.default_rng(args.seed + i)))
+        out[name] = {"rate": rate if rate != float("inf") else None, **summarize(records, duration, slo)}
+        print(name, json.dumps(out[name]), flush=True)
+    return out
+
+
+async def side_by_side(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo) -> dict[str, Any]:
+    """gRPC, HTTP, gRPC, HTTP ...: the same requests each round, on the same server."""
+    work = workload(args, args.requests, args.seed, vocab)
+    rounds = []
+    for i in range(args.repeats):
+        for protocol in ("grpc", "http"):
+            records, duration = await closed_loop(clients.of(protocol), work, args.concurrency)
+            rounds.append({"protocol": protocol, "round": i, **summarize(records, duration, slo)})
+            print(protocol, i, round(rounds[-1]["output_tok_s"], 1), flush=True)
+    return {"concurrency": args.concurrency, "rounds": rounds, "http_over_grpc": ratio(rounds)}
+
+
+async def measure(args: argparse.Namespace, grpc_address: str, http_address: str,
+                  vocab: int) -> dict[str, Any]:
+    slo = Slo(args.slo_ttft_ms, args.slo_itl_ms)
+    clients = await connect(grpc_address, http_address)
+    try:
+        await warm_up(clients, args, vocab)
+        if args.concurrency:
+            return {"side_by_side": await side_by_side(clients, args, vocab, slo)}
+        return {"protocol": args.protocol, "loads": await sweep(clients, args, vocab, slo)}
+    finally:
+        await clients.session.close()
+
+
+def start_server(args: argparse.Namespace, model: str, grpc_port: int,
+                 http_port: int) -> subprocess.Popen[bytes]:
+    slots = str(args.max_sessions)
+    cmd = [sys.executable, *args.server_python.split(), "-m", "service", "--model", model,
+           "--provider", args.provider, "--model-precision", args.precision, "--host", "127.0.0.1",
+           "--port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", "0",
+           "--max-sessions", slots, "--sessions-per-caller", slots, "--max-queue", "4096",
+           "--capacity", str(args.capacity), "--log-level", "warning", *args.server_args.split()]
+    log = open(args.server_log, "ab")  # noqa: SIM115 — the server process owns it
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    server_arguments(parser, provider="cpu", model="default", precision="int4")
+    parser.add_argument("--target", default="", help="a running server's gRPC host:port (none: start one)")
+    parser.add_argument("--http-target", default="", help="its HTTP host:port")
+    parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    parser.add_argument("--rates", default="0.5,1,2", help="requests/s, comma-separated")
+    parser.add_argument("--burst", type=int, default=0, help="also N requests at once")
+    parser.add_argument("--requests", type=int, default=40, help="requests per rate (per round)")
+    parser.add_argument("--concurrency", type=int, default=0, help="closed loop, gRPC vs HTTP side by side")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds per protocol")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies ShareGPT's mean lengths")
+    parser.add_argument("--prompt-len", type=int, default=0, help="fixed prompt tokens (0: lognormal)")
+    parser.add_argument("--output-len", type=int, default=0, help="fixed output tokens (0: lognormal)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slo-ttft-ms", type=float, default=None, help="default 200 on CUDA, 1000 on CPU")
+    parser.add_argument("--slo-itl-ms", type=float, default=None, help="default 50 on CUDA, 100 on CPU")
+    parser.add_argument("--capacity", type=int, default=2048)
+    parser.add_argument("--max-sessions", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=0, help="with --target: the model's vocabulary")
+    parser.add_argument("--server-args", default="", help="more flags for the started server")
+    parser.add_argument("--server-python", default="", help='e.g. "-m cProfile -o /tmp/server.prof"')
+    parser.add_argument("--server-log", type=Path, default=Path("/tmp/ladder-bench-serving.log"))
+    args = parser.parse_args()
+    args.rates = [float(r) for r in args.rates.split(",") if r]
+    cpu = args.provider == "cpu"  # a 2-core decode step of 16 rows is ~50-80 ms: 200/50 fails every request
+    args.slo_ttft_ms = args.slo_ttft_ms or (1000.0 if cpu else 200.0)
+    args.slo_itl_ms = args.slo_itl_ms or (100.0 if cpu else 50.0)
+    args.concurrency_or_16 = args.concurrency or 16
+    return args
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.target:
+        return asyncio.run(measure(args, args.target, args.http_target, args.vocab or 32000))
+    model = resolve_model(args)
+    vocab = json.loads((Path(model) / "genai_config.json").read_text())["model"]["vocab_size"]
+    grpc_port, http_port = free_port(), free_port()
+    server = start_server(args, model, grpc_port, http_port)
+    try:
+        wait_serving(f"127.0.0.1:{grpc_port}")
+        found = asyncio.run(measure(args, f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", vocab))
+    finally:
+        server.terminate()
+        server.wait(120)
+    return {"model": model, **found}
+
+
+def main() -> None:
+    args = parse()
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"machine": machine(), "command": " ".join(["python -m bench.serving", *sys.argv[1:]]),
+              "settings": {k: str(v) for k, v in vars(args).items()}, **run(args)}
+    name = f"side-by-side-{args.concurrency}" if args.concurrency else f"sweep-{args.protocol}"
+    path = args.out / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    if not args.concurrency:
+        from bench.serving_plot import write
+
+        print(write(path))
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""bench/serving.py's pure parts: the workload it draws and the figures it reports."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from bench.serving import Record, Slo, arrivals, lognormal, meets, percentiles, ratio, summarize, workload
+
+SLO = Slo(ttft_ms=100, itl_ms=20)
+
+
+def record(ttft_s: float, gap_s: float, tokens: int, error: str = "") -> Record:
+    return Record(0.0, [ttft_s + i * gap_s for i in range(tokens)], error)
+
+
+def test_goodput_counts_only_requests_within_both_slos() -> None:
+    records = [record(0.05, 0.01, 10), record(0.5, 0.01, 10), record(0.05, 0.5, 10),
+               record(0.05, 0.01, 10, error="RESOURCE_EXHAUSTED")]
+    found = summarize(records, duration=2.0, slo=SLO)
+    assert [meets(r, SLO) for r in records] == [True, False, False, False]
+    assert found["goodput_request_s"] == pytest.approx(0.5)
+    assert found["good_fraction"] == pytest.approx(0.25)
+    assert found["errors"] == 1
+
+
+def test_a_failed_request_adds_no_tokens_and_no_latency() -> None:
+    served = [record(0.05, 0.01, 10)]
+    alone, with_failure = (summarize(r, 1.0, SLO) for r in (served, served + [record(9.0, 9.0, 3, "X")]))
+    for key in ("output_tok_s", "ttft_ms", "itl_ms", "e2e_ms", "request_s"):
+        assert alone[key] == with_failure[key]
+
+
+def test_percentiles_are_ordered_and_in_milliseconds() -> None:
+    found = percentiles(list(np.random.default_rng(0).exponential(0.1, 500)), (50, 90, 99))
+    assert found["p50"] <= found["p90"] <= found["p99"]
+    assert 50 < found["p50"] < 100  # the median of exponential(0.1 s) is 69 ms
+    assert percentiles([], (50,)) == {"p50": None}
+
+
+def test_poisson_arrivals_start_at_zero_and_average_the_rate() -> None:
+    offsets = arrivals(4000, 5.0, np.random.default_rng(1))
+    assert offsets[0] == 0.0 and offsets == sorted(offsets)
+    assert 4000 / offsets[-1] == pytest.approx(5.0, rel=0.05)
+    assert arrivals(3, float("inf"), np.random.default_rng(1)) == [0.0, 0.0, 0.0]
+
+
+def test_lognormal_lengths_keep_their_mean_and_bounds() -> None:
+    lengths = lognormal(np.random.default_rng(2), 161, 20000, cap=100_000)
+    assert np.mean(lengths) == pytest.approx(161, rel=0.05)
+    assert min(lognormal(np.random.default_rng(2), 10, 1000, cap=12)) >= 4
+    assert max(lognormal(np.random.default_rng(2), 10, 1000, cap=12)) <= 12
+
+
+def test_the_same_seed_draws_the_same_requests() -> None:
+    args = argparse.Namespace(capacity=2048, prompt_len=0, output_len=0, scale=0.25)
+    assert workload(args, 20, 3, 49152) == workload(args, 20, 3, 49152)
+    assert workload(args, 20, 3, 49152) != workload(args, 20, 4, 49152)
+
+
+def test_the_protocol_ratio_pairs_rounds_in_order() -> None:
+    rounds = [{"protocol": p, "output_tok_s": v} for p, v in
+              (("grpc", 100), ("http", 90), ("grpc", 200), ("http", 200))]
+    found = ratio(rounds)
+    assert found["pairs"] == [0.9, 1.0]
+    assert found["of_medians"] == pytest.approx(145 / 150)
