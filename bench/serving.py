@@ -380,7 +380,7 @@ def main() -> None:
     name = f"side-by-side-{args.concurrency}" if args.concurrency else f"sweep-{args.protocol}"
     path = args.out / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    if not args.concurrency:
+    if not args.concurrency and args.rates:  # a burst alone has no curve
         from bench.serving_plot import write
 
         print(write(path))
