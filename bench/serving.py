@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -206,12 +207,16 @@ def summarize(records: Sequence[Record], duration: float, slo: Slo) -> dict[str,
 
 
 def ratio(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """HTTP over gRPC output tok/s: per interleaved pair, their median, and the medians' ratio."""
+    """HTTP over gRPC output tok/s: per interleaved pair, their median, and the medians' ratio; the
+    median CPU per token of each side when the rounds measured it."""
     by = {p: [r["output_tok_s"] for r in rounds if r["protocol"] == p] for p in ("grpc", "http")}
     pairs = [h / g for g, h in zip(by["grpc"], by["http"], strict=True)]
+    cpu = {f"{p}_{k}_median": statistics.median(r[k] for r in rounds if r["protocol"] == p)
+           for p in ("grpc", "http") for k in ("server_cpu_ms_per_token", "client_cpu_ms_per_token")
+           if all(k in r for r in rounds)}
     return {"pairs": pairs, "median_of_pairs": statistics.median(pairs),
             "of_medians": statistics.median(by["http"]) / statistics.median(by["grpc"]),
-            "grpc_tok_s": by["grpc"], "http_tok_s": by["http"]}
+            "grpc_tok_s": by["grpc"], "http_tok_s": by["http"], **cpu}
 
 
 # -- the runs -------------------------------------------------------------------------------------------
@@ -258,26 +263,49 @@ async def sweep(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo
     return out
 
 
-async def side_by_side(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo) -> dict[str, Any]:
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU of a process (this one when None), its threads included."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_round(call: Call, work: Sequence[Request], args: argparse.Namespace, slo: Slo,
+                    server: int | None) -> dict[str, Any]:
+    """A closed-loop round, with the CPU the server (when started here) and this client spent per token."""
+    before = cpu_seconds(None), cpu_seconds(server) if server else 0.0
+    records, duration = await closed_loop(call, work, args.concurrency)
+    found = summarize(records, duration, slo)
+    tokens = found["output_tok_s"] * duration
+    found["client_cpu_ms_per_token"] = 1e3 * (cpu_seconds(None) - before[0]) / tokens
+    if server:
+        found["server_cpu_ms_per_token"] = 1e3 * (cpu_seconds(server) - before[1]) / tokens
+    return found
+
+
+async def side_by_side(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo,
+                       server: int | None) -> dict[str, Any]:
     """gRPC, HTTP, gRPC, HTTP ...: the same requests each round, on the same server."""
     work = workload(args, args.requests, args.seed, vocab)
     rounds = []
     for i in range(args.repeats):
         for protocol in ("grpc", "http"):
-            records, duration = await closed_loop(clients.of(protocol), work, args.concurrency)
-            rounds.append({"protocol": protocol, "round": i, **summarize(records, duration, slo)})
-            print(protocol, i, round(rounds[-1]["output_tok_s"], 1), flush=True)
+            found = await one_round(clients.of(protocol), work, args, slo, server)
+            rounds.append({"protocol": protocol, "round": i, **found})
+            print(protocol, i, round(found["output_tok_s"], 1), flush=True)
     return {"concurrency": args.concurrency, "rounds": rounds, "http_over_grpc": ratio(rounds)}
 
 
-async def measure(args: argparse.Namespace, grpc_address: str, http_address: str,
-                  vocab: int) -> dict[str, Any]:
+async def measure(args: argparse.Namespace, grpc_address: str, http_address: str, vocab: int,
+                  server: int | None = None) -> dict[str, Any]:
     slo = Slo(args.slo_ttft_ms, args.slo_itl_ms)
     clients = await connect(grpc_address, http_address)
     try:
         await warm_up(clients, args, vocab)
         if args.concurrency:
-            return {"side_by_side": await side_by_side(clients, args, vocab, slo)}
+            return {"side_by_side": await side_by_side(clients, args, vocab, slo, server)}
         return {"protocol": args.protocol, "loads": await sweep(clients, args, vocab, slo)}
     finally:
         await clients.session.close()
@@ -336,7 +364,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     server = start_server(args, model, grpc_port, http_port)
     try:
         wait_serving(f"127.0.0.1:{grpc_port}")
-        found = asyncio.run(measure(args, f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", vocab))
+        found = asyncio.run(measure(args, f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", vocab,
+                                    server.pid))
     finally:
         server.terminate()
         server.wait(120)
@@ -351,7 +380,7 @@ def main() -> None:
     name = f"side-by-side-{args.concurrency}" if args.concurrency else f"sweep-{args.protocol}"
     path = args.out / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    if not args.concurrency:
+    if not args.concurrency and args.rates:  # a burst alone has no curve
         from bench.serving_plot import write
 
         print(write(path))
