@@ -209,7 +209,7 @@ class Engine(Prefilling):
     def _unpark(self, session: Session) -> None:
         """Bring a parked session back into the lowest free row (parking another to make room)."""
         if not self._free:
-            self._make_room(1)
+            self._make_room(1, NoFreeRow)  # it waits for a row (the scheduler retries it)
         self.decoder.settle()
         started = time.perf_counter()
         row = min(self._free)
@@ -234,15 +234,15 @@ class Engine(Prefilling):
         return sorted((s for s in self._open.values() if s.parkable and s not in self._pinned),
                       key=lambda s: s.used)
 
-    def _make_room(self, rows: int) -> None:
-        """Park the least recently used parkable sessions until `rows` rows are free (NoFreeRow if
-        every row is held by a session in use)."""
+    def _make_room(self, rows: int, error: type[Exhausted] = Exhausted) -> None:
+        """Park the least recently used parkable sessions until `rows` rows are free; `error` if every
+        row is held by a session in use (a new session fails at once, a parked one waits)."""
         for session in self._parkable():
             if len(self._free) >= rows:
                 break
             self.park(session)
         if len(self._free) < rows:
-            raise NoFreeRow(f"all {self.pool.rows} KV slots hold sessions in use ({len(self._free)} free, "
+            raise error(f"all {self.pool.rows} KV slots hold sessions in use ({len(self._free)} free, "
                             f"{rows} needed)")
 
     def begin_step(self, step: Step) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.errors import NoFreeRow
+from engine.errors import Exhausted, NoFreeRow
 from engine.executor import DecodeRow, Engine, Step
 from engine.sampling import Sampler, SamplingParams
 from engine.tokenizer import Tokenizer
@@ -91,8 +91,9 @@ def test_a_session_in_use_is_never_parked_to_make_room(engine: Engine, tokenizer
         for session in busy:
             engine.append(session, tokenizer.encode(PROMPTS[1]))
         assert engine.free_slots == 0
-        with pytest.raises(NoFreeRow):
+        with pytest.raises(Exhausted) as refused:
             engine.open_session()
+        assert not isinstance(refused.value, NoFreeRow)  # a new session fails at once: it does not wait
         assert all(s.row >= 0 for s in busy)
     finally:
         for session in busy:
