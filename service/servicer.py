@@ -289,7 +289,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         serving = self.serving
         stats = await serving.scheduler.run(Stats())
         serving.metrics.engine_stats(stats)
-        return wire.engine_stats(stats, serving.scheduler.depth, serving.scheduler.waiting, serving.totals)
+        return wire.engine_stats(stats, serving.scheduler.depth, serving.scheduler.waiting, serving.totals,
+                                 parking=serving.config.session_memory_mb > 0)
 
 
 async def _check_client_stayed(context: Context) -> None:

@@ -186,7 +186,7 @@ def model_info(model: Any, config: Any) -> pb.ModelInfo:
         batch_widths=list(facts.batch_widths), default_max_new_tokens=model.default_new_tokens)
 
 
-def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any) -> pb.EngineStats:
+def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any, parking: bool = False) -> pb.EngineStats:
     v, m = stats.variants, stats.memory
     held = [pb.VariantEntry(width=e.key.width, ports=e.key.ports, bytes=e.nbytes, hits=e.hits,
                             batch=e.key.batch) for e in v.entries]
@@ -205,7 +205,14 @@ def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any) -> pb.
         sessions_padding_off=stats.sessions_padding_off, slots_allocated=stats.slots_allocated,
         slot_bytes=stats.slot_bytes, queue_depth=queue_depth, prompt_tokens=totals.prompt_tokens,
         generated_tokens=totals.generated_tokens, padded_rows=totals.padded_rows, decode=decode,
-        waiting_for_slot=waiting, prefix=prefix_stats(stats.prefix))
+        waiting_for_slot=waiting, prefix=prefix_stats(stats.prefix),
+        parking=parking_stats(stats.parking, parking))
+
+
+def parking_stats(p: Any, enabled: bool) -> pb.ParkingStats:
+    return pb.ParkingStats(enabled=enabled, sessions_parked=p.sessions_parked, parked_bytes=p.parked_bytes,
+                           parks=p.parks, unparks=p.unparks, park_seconds=p.park_seconds,
+                           unpark_seconds=p.unpark_seconds, released_bytes=p.released_bytes)
 
 
 def prefix_stats(p: Any) -> pb.PrefixStats:

@@ -53,11 +53,16 @@ def test_more_sessions_than_slots_stay_open_and_each_continues_as_a_fresh_run(pa
              for p in prompts]
     ids = [prefill(parking, p) for p in prompts]  # seven sessions on two slots: five park
     assert metric(parking, "ladder_sessions_parked") >= SESSIONS - SLOTS
+    stats = parking.stub.GetEngineStats(pb.GetEngineStatsRequest())
+    assert stats.parking.enabled and stats.sessions_open == SESSIONS
+    assert stats.parking.sessions_parked >= SESSIONS - SLOTS and stats.parking.parked_bytes > 0
     for i in np.random.default_rng(1).permutation(SESSIONS):
         assert decode(parking, ids[i], 3) == fresh[i][:3]
     for i in np.random.default_rng(2).permutation(SESSIONS):  # and again, after more moves
         assert decode(parking, ids[i], 3) == fresh[i][3:]
     assert metric(parking, "ladder_unparks_total") >= SESSIONS
+    moves = parking.stub.GetEngineStats(pb.GetEngineStatsRequest()).parking
+    assert moves.unparks >= SESSIONS and moves.unpark_seconds > 0
     for session_id in ids:
         parking.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
     assert metric(parking, "ladder_parked_bytes") == 0

@@ -467,7 +467,7 @@ class MemoryUse(_message.Message):
     def __init__(self, weights_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., variant_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows", "memory", "decode", "waiting_for_slot", "prefix")
+    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows", "memory", "decode", "waiting_for_slot", "prefix", "parking")
     VARIANTS_FIELD_NUMBER: _ClassVar[int]
     EAGER_FORWARDS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -482,6 +482,7 @@ class EngineStats(_message.Message):
     DECODE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_SLOT_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
+    PARKING_FIELD_NUMBER: _ClassVar[int]
     variants: VariantStats
     eager_forwards: int
     sessions_open: int
@@ -496,7 +497,28 @@ class EngineStats(_message.Message):
     decode: DecodeStats
     waiting_for_slot: int
     prefix: PrefixStats
-    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ..., prefix: _Optional[_Union[PrefixStats, _Mapping]] = ...) -> None: ...
+    parking: ParkingStats
+    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ..., prefix: _Optional[_Union[PrefixStats, _Mapping]] = ..., parking: _Optional[_Union[ParkingStats, _Mapping]] = ...) -> None: ...
+
+class ParkingStats(_message.Message):
+    __slots__ = ("enabled", "sessions_parked", "parked_bytes", "parks", "unparks", "park_seconds", "unpark_seconds", "released_bytes")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_PARKED_FIELD_NUMBER: _ClassVar[int]
+    PARKED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARKS_FIELD_NUMBER: _ClassVar[int]
+    UNPARKS_FIELD_NUMBER: _ClassVar[int]
+    PARK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UNPARK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    sessions_parked: int
+    parked_bytes: int
+    parks: int
+    unparks: int
+    park_seconds: float
+    unpark_seconds: float
+    released_bytes: int
+    def __init__(self, enabled: _Optional[bool] = ..., sessions_parked: _Optional[int] = ..., parked_bytes: _Optional[int] = ..., parks: _Optional[int] = ..., unparks: _Optional[int] = ..., park_seconds: _Optional[float] = ..., unpark_seconds: _Optional[float] = ..., released_bytes: _Optional[int] = ...) -> None: ...
 
 class DecodeStats(_message.Message):
     __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason", "lookahead_hits", "lookahead_misses")
