@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import served
 from bench.served import (
     device_used,
     engine_stats,
@@ -111,16 +112,11 @@ def throughput(streams: list[dict[str, Any]]) -> dict[str, Any]:
 # -- the service ----------------------------------------------------------------------------
 def start_server(args: argparse.Namespace, model: str, port: int,
                  root: Path | None = None) -> subprocess.Popen[bytes]:
-    """`python -m service` from this checkout, or from `root` (another version of Ladder, side by side:
-    run from there, its own packages come first on the path)."""
-    cmd = [sys.executable, "-m", "service", "--model", model, "--provider", args.provider,
-           "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
-           "--max-sessions", str(max(args.streams) + 2), "--max-queue", "1024",
-           "--capacity", str(args.capacity), "--max-new-tokens", str(args.capacity),
-           "--log-level", "warning", "--model-precision", args.precision,
-           *(args.server_args.split() if root is None else [])]
-    log = open(args.out / "server.log", "ab")  # noqa: SIM115 — the server process owns it
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    """`python -m service` from this checkout, or from `root` (another version of Ladder, side by side)."""
+    return served.start_server(args, model, port, "--max-sessions", str(max(args.streams) + 2),
+                               "--max-queue", "1024", "--capacity", str(args.capacity),
+                               "--max-new-tokens", str(args.capacity),
+                               *(args.server_args.split() if root is None else []), root=root)
 
 
 def scaling(address: str, args: argparse.Namespace, vocab: int,

@@ -17,22 +17,19 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from bench import served
 from bench.served import free_port, machine, prompt, resolve_model, server_arguments, stub, wait_serving
 from proto.ladder.v1 import ladder_pb2 as pb
 
 
 def start_server(args: argparse.Namespace, model: str, port: int, root: Path | None) -> Any:
-    cmd = [sys.executable, "-m", "service", "--model", model, "--provider", args.provider,
-           "--model-precision", args.precision, "--host", "127.0.0.1", "--port", str(port),
-           "--metrics-port", "0", "--max-sessions", "4", "--log-level", "warning"]
-    log = open(args.out / f"server-{'baseline' if root else 'this'}.log", "ab")  # noqa: SIM115
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    return served.start_server(args, model, port, "--max-sessions", "4",
+                               log=f"server-{'baseline' if root else 'this'}.log", root=root)
 
 
 def one_request(client: Any, tokens: list[int], new: int) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from bench import served
 from bench.served import free_port, machine, request, resolve_model, server_arguments, stub, wait_serving
 from proto.ladder.v1 import ladder_pb2 as pb
 
@@ -40,11 +40,7 @@ PROMPTS = (
 @contextmanager
 def serving(args: argparse.Namespace, model: str, *flags: str) -> Iterator[Any]:
     port = free_port()
-    cmd = [sys.executable, "-m", "service", "--model", model, "--provider", args.provider,
-           "--model-precision", args.precision, "--host", "127.0.0.1", "--port", str(port),
-           "--metrics-port", "0", "--max-sessions", str(args.slots), "--log-level", "warning", *flags]
-    with open(args.out / "server.log", "ab") as log:
-        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    server = served.start_server(args, model, port, "--max-sessions", str(args.slots), *flags)
     try:
         wait_serving(f"127.0.0.1:{port}")
         yield stub(f"127.0.0.1:{port}")

@@ -23,24 +23,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from bench import served
 from bench.served import free_port, machine, prompt, resolve_model, server_arguments, stub, wait_serving
 from proto.ladder.v1 import ladder_pb2 as pb
 
 
 def start_server(args: argparse.Namespace, model: str, port: int, chunk: int, sharing: bool) -> Any:
-    cmd = [sys.executable, "-m", "service", "--model", model, "--provider", args.provider,
-           "--model-precision", args.precision, "--host", "127.0.0.1", "--port", str(port),
-           "--metrics-port", "0", "--max-sessions", str(args.slots), "--capacity", str(args.capacity),
-           "--max-new-tokens", str(args.capacity), "--chunk-size", str(chunk), "--log-level", "warning",
-           "--prefix-sharing", "true" if sharing else "false", *args.server_args.split()]
-    log = open(args.out / "server.log", "ab")  # noqa: SIM115 — the server process owns it
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    return served.start_server(args, model, port, "--max-sessions", str(args.slots),
+                               "--capacity", str(args.capacity), "--max-new-tokens", str(args.capacity),
+                               "--chunk-size", str(chunk), "--prefix-sharing", "true" if sharing else "false",
+                               *args.server_args.split())
 
 
 def request(tokens: list[int], new: int) -> pb.GenerateRequest:

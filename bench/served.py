@@ -9,6 +9,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,18 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 
 VOCAB_FLOOR = 3
+
+
+def start_server(args: argparse.Namespace, model: str, port: int, *flags: str, log: str = "server.log",
+                 root: Path | None = None, python: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """`python -m service` serving `model` on 127.0.0.1:`port` with the bench's provider and precision,
+    no metrics port, warnings only, then `flags`; its output appended to `args.out / log`. From `root`
+    when given (another version of Ladder, side by side: run from there, its packages come first)."""
+    cmd = [sys.executable, *python, "-m", "service", "--model", model, "--provider", args.provider,
+           "--model-precision", args.precision, "--host", "127.0.0.1", "--port", str(port),
+           "--metrics-port", "0", "--log-level", "warning", *flags]
+    out = open(Path(args.out) / log, "ab")  # noqa: SIM115 — the server process owns it
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root)
 
 
 def free_port() -> int:

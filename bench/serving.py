@@ -35,6 +35,7 @@ import aiohttp
 import grpc
 import numpy as np
 
+from bench import served
 from bench.served import free_port, machine, prompt, resolve_model, server_arguments, wait_serving
 
 SHAREGPT_MEAN_PROMPT, SHAREGPT_MEAN_OUTPUT, SIGMA = 161, 338, 1.0
@@ -314,13 +315,10 @@ async def measure(args: argparse.Namespace, grpc_address: str, http_address: str
 def start_server(args: argparse.Namespace, model: str, grpc_port: int,
                  http_port: int) -> subprocess.Popen[bytes]:
     slots = str(args.max_sessions)
-    cmd = [sys.executable, *args.server_python.split(), "-m", "service", "--model", model,
-           "--provider", args.provider, "--model-precision", args.precision, "--host", "127.0.0.1",
-           "--port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", "0",
-           "--max-sessions", slots, "--sessions-per-caller", slots, "--max-queue", "4096",
-           "--capacity", str(args.capacity), "--log-level", "warning", *args.server_args.split()]
-    log = open(args.server_log, "ab")  # noqa: SIM115 — the server process owns it
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    return served.start_server(args, model, grpc_port, "--http-port", str(http_port), "--max-sessions", slots,
+                               "--sessions-per-caller", slots, "--max-queue", "4096",
+                               "--capacity", str(args.capacity), *args.server_args.split(),
+                               log=str(args.server_log), python=tuple(args.server_python.split()))
 
 
 def parse() -> argparse.Namespace:

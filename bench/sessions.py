@@ -2,6 +2,9 @@
 
     python -m bench.sessions --out $OUT     # default flags: RSS idle, then a 4,000-token prompt's peak
     python -m bench.sessions --out $OUT --sessions 200 --tokens 500 --server-args "--session-memory-mb 8192"
+    python -m bench.sessions --out $OUT --provider cuda --model gpu:16x2048 --precision fp16 --long 0 \
+        --sessions 1000 --tokens 1000 --decode 16 --concurrency 64 \
+        --server-args "--max-sessions 64 --capacity 2048 --session-memory-mb 65536"
 
 Starts `python -m service` on the default model (SmolLM2-135M int4, 8 KV slots, capacity 4,096
 unless --server-args says otherwise) and reads the server process's resident memory (VmRSS) and its
@@ -10,8 +13,10 @@ peak (VmHWM) from /proc:
 - idle: after the server turns SERVING (the warm-up has run every planned shape);
 - long prompt: the peak across one Generate of a `--long`-token prompt (1 new token);
 - sessions (with `--sessions N`): N sessions opened by Prefill, `--tokens` tokens each, then each
-  continued by one Decode of `--decode` tokens in a seeded random order; every Decode's greedy tokens
-  are compared with a fresh Generate of the same prompt. RSS after all are open is set against
+  continued by one Decode of `--decode` tokens in a seeded random order (`--concurrency` calls in
+  flight: aggregate tok/s while resuming, and the engine's unpark time per session from
+  GetEngineStats.parking); every Decode's greedy tokens are compared with a fresh Generate of the
+  same prompt. RSS after all are open is set against
   idle RSS + held tokens × bytes per token (the engine's KV per position plus each session's
   next-token logits row).
 """
@@ -22,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,7 @@ from bench.served import (
     request,
     resolve_model,
     server_arguments,
+    start_server,
     stub,
     wait_serving,
 )
@@ -52,53 +59,64 @@ def memory(pid: int) -> dict[str, int]:
     return out
 
 
-def start(args: argparse.Namespace, model: str, port: int) -> Any:
-    import subprocess
-
-    cmd = [sys.executable, "-m", "service", "--model", model, "--provider", args.provider,
-           "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--http-port", "0",
-           "--log-level", "warning", "--model-precision", args.precision, "--max-queue", "1024",
-           *args.server_args.split()]
-    log = open(args.out / "server.log", "ab")  # noqa: SIM115 — the server process owns it
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-
-
 def tokens_of(events: Any) -> list[int]:
     return [e.token.id for e in events if e.HasField("token")]
 
 
 def sessions_run(ladder: Any, pid: int, args: argparse.Namespace, vocab: int, idle: int,
                  model: str) -> dict[str, Any]:
+    """Open `args.sessions` sessions, resume each by one Decode in a seeded random order
+    (`args.concurrency` at a time), then compare every Decode with a fresh Generate of its prompt."""
     prompts = [prompt(args.tokens, 1000 + i, vocab) for i in range(args.sessions)]
-    started = time.perf_counter()
-    ids = []
-    for tokens in prompts:
+
+    def open_one(tokens: list[int]) -> str:
         call = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
-        ids.append(list(ladder.Prefill(iter([call])))[-1].done.session_id)
-    opened_s = time.perf_counter() - started
-    after_open = memory(pid)
-    stats = ladder.GetEngineStats(pb.GetEngineStatsRequest())
-    order = np.random.default_rng(0).permutation(args.sessions)
-    equal, resumed = 0, []
-    for i in order:
+        return str(list(ladder.Prefill(iter([call])))[-1].done.session_id)
+
+    def resume(i: int) -> tuple[list[int], float]:
         t0 = time.perf_counter()
         decoded = tokens_of(ladder.Decode(pb.DecodeRequest(
             session_id=ids[i], stopping=pb.StoppingOptions(max_new_tokens=args.decode, ignore_eos=True))))
-        resumed.append(time.perf_counter() - t0)
-        fresh = tokens_of(ladder.GenerateStream(request(prompts[i], args.decode)))
-        equal += decoded == fresh
+        return decoded, time.perf_counter() - t0
+
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        started = time.perf_counter()
+        ids = list(pool.map(open_one, prompts))
+        opened_s = time.perf_counter() - started
+        after_open = memory(pid)
+        stats = ladder.GetEngineStats(pb.GetEngineStatsRequest())
+        order = [int(i) for i in np.random.default_rng(0).permutation(args.sessions)]
+        started = time.perf_counter()
+        resumed = dict(zip(order, pool.map(resume, order), strict=True))
+        resume_s = time.perf_counter() - started
+        after = ladder.GetEngineStats(pb.GetEngineStatsRequest())
+        fresh = list(pool.map(lambda tokens: tokens_of(ladder.GenerateStream(request(tokens, args.decode))),
+                              prompts))
+    equal = sum(resumed[i][0] == fresh[i] for i in range(args.sessions))
     for session_id in ids:
         ladder.CloseSession(pb.CloseSessionRequest(session_id=session_id))
     info = load_model_info(Path(model))
     held = args.sessions * (args.tokens * kv_position_bytes(info) + info.vocab_size * 4)
     expected_mib = idle + held / 2**20
+    waits = [r[1] for r in resumed.values()]
+    unparks = after.parking.unparks - stats.parking.unparks
     return {"sessions": args.sessions, "tokens_each": args.tokens, "all_accepted": len(ids) == args.sessions,
-            "open_seconds": round(opened_s, 2), "rss_after_open_mib": after_open["VmRSS"],
-            "rss_expected_mib": round(expected_mib, 1),
+            "concurrency": args.concurrency, "open_seconds": round(opened_s, 2),
+            "rss_after_open_mib": after_open["VmRSS"], "rss_expected_mib": round(expected_mib, 1),
             "rss_over_expected": round(after_open["VmRSS"] / expected_mib, 3),
+            "sessions_open_after_open": int(stats.sessions_open),
+            "sessions_parked_after_open": int(stats.parking.sessions_parked),
+            "parked_mib_after_open": round(stats.parking.parked_bytes / 2**20, 1),
+            "device_kv_and_weights_mib": round(stats.memory.total_bytes / 2**20, 1),
             "decode_equal_to_fresh": f"{equal}/{args.sessions}",
-            "resume_decode_ms_p50": round(1e3 * float(np.median(resumed)), 1),
-            "sessions_open_after_open": int(stats.sessions_open)}
+            "resume_seconds": round(resume_s, 2),
+            "resume_tok_s": round(args.sessions * args.decode / resume_s, 1),
+            "resume_decode_ms_p50": round(1e3 * float(np.percentile(waits, 50)), 1),
+            "resume_decode_ms_p99": round(1e3 * float(np.percentile(waits, 99)), 1),
+            "unparks_while_resuming": unparks,
+            "unpark_ms_per_session": round(1e3 * (after.parking.unpark_seconds - stats.parking.unpark_seconds)
+                                           / max(unparks, 1), 3),
+            "park_ms_per_session": round(1e3 * after.parking.park_seconds / max(after.parking.parks, 1), 3)}
 
 
 def main() -> None:
@@ -110,11 +128,14 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=0)
     parser.add_argument("--tokens", type=int, default=500)
     parser.add_argument("--decode", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="calls in flight while opening and resuming")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = resolve_model(args)
     args.port = free_port()
-    server = start(args, model, args.port)
+    server = start_server(args, model, args.port, "--http-port", "0", "--max-queue", "1024",
+                          *args.server_args.split())
     try:
         address = f"127.0.0.1:{args.port}"
         wait_serving(address)
