@@ -35,6 +35,7 @@ from engine.options import EngineOptions
 from engine.runtime.backend import HeadRows, ParkedRow
 from engine.runtime.cpu import _dtype, inference_session, resolve_dims
 from engine.runtime.cuda_runtime import CudaUnavailable, Placement, cuda_runtime, host_runtime
+from engine.runtime.greedy import GreedyRows
 from engine.runtime.masks import MASKS_HELD, MaskTable
 from engine.runtime.pool import KvPool, move_boundary
 from engine.runtime.variants import VariantKey
@@ -157,6 +158,7 @@ class CudaBackend:
             self.store = self.xp.zeros((rows, info.vocab_size), _dtype(info.logits.dtype))
             # Scratch for gathering rows that are not contiguous: no allocation per step, memory flat.
             self.gathered = self.xp.zeros_like(self.store)
+        self.greedy = GreedyRows(self.rt, rows, self.store.dtype)
         # Structured output: each constraint state's allowed-token mask, uploaded once.
         self.masks = MaskTable(self.xp, int(self.store.shape[-1]), max(MASKS_HELD, 2 * self.pool.rows + 1))
         return self.pool
@@ -357,15 +359,10 @@ class CudaBackend:
         out: dict[int, int] = {}
         plain = [i for i, s in enumerate(samplers) if s.params.greedy and not s.params.penalized]
         with self.rt.enter():
-            if plain:
-                plain.sort(key=lambda i: rows[i])  # in row order, so neighbours are one slice
-                index = self._index([rows[i] for i in plain])
-                logits = self.store[index] if isinstance(index, slice) else self._gather(self.store, index)
-                if any(samplers[i].constrained for i in plain):  # one masked argmax for every row
-                    allowed = self.masks.gather([self.masks.slot(samplers[i]) for i in plain])
-                    logits = self.xp.where(allowed, logits, self.xp.float32(-np.inf))
-                picked = self.rt.to_host(self.xp.argmax(logits, axis=-1))
-                out.update(zip(plain, (int(t) for t in picked), strict=True))
+            if plain:  # one masked argmax for every row, constrained or not
+                slots = [self.masks.slot(samplers[i]) if samplers[i].constrained else -1 for i in plain]
+                picked = self.greedy(self.store, [rows[i] for i in plain], slots, self.masks.table)
+                out.update(zip(plain, picked, strict=True))
             for i, sampler in enumerate(samplers):
                 if i not in out:
                     out[i] = self._choose_one(rows[i], sampler, histories[i])

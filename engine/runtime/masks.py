@@ -1,13 +1,11 @@
 """Structured output on a device: the allowed-token masks of constraint states in one device table,
-so a step's constrained rows take theirs in one gather and only state keys and row numbers cross."""
+so a step's constrained rows read theirs where they lie (engine.runtime.greedy): only slots cross."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from typing import Any
-
-import numpy as np
 
 from engine.sampling import Sampler
 
@@ -17,7 +15,7 @@ MASKS_HELD = 256  # constraint states whose allowed-token masks stay on the devi
 class MaskTable:
     """The allowed-token masks of constraint states, on the device: one row per state (row 0 allows
     every token), filled the first time a state is chosen in and reused, least recently used first
-    out. A step's rows take theirs in one gather: only state keys and row numbers cross."""
+    out. A step's greedy rows read theirs in the one argmax kernel (engine.runtime.greedy)."""
 
     def __init__(self, xp: Any, vocab: int, rows: int) -> None:
         self.xp = xp
@@ -46,11 +44,6 @@ class MaskTable:
         self.table[slot] = self.xp.asarray(allowed)
         self._slots[key] = slot
         return slot
-
-    def gather(self, slots: Sequence[int]) -> Any:
-        """The masks of `slots` (from `slot`, which allocates the table) as one [rows, vocab] array
-        (one indexing kernel)."""
-        return self.table[self.xp.asarray(np.asarray(slots, np.int64))]
 
     def row(self, sampler: Sampler) -> Any:
         slot = self.slot(sampler)  # first: it allocates the table

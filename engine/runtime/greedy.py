@@ -1,0 +1,125 @@
+"""Greedy tokens of a step's rows in one kernel: for each row, the first index of the largest stored
+logit among the tokens its constraint state allows (every token for a row without one).
+
+One launch serves constrained and unconstrained rows alike, so a step costs the same whichever of
+its rows carry a constraint: the row numbers and mask-table slots are host stores into pinned
+memory the device reads in place, the kernel reads each row's logits and mask where they lie (no
+gather, no masked copy of the logits) and writes the chosen ids straight into pinned host memory.
+Ties and NaN go as numpy's argmax takes them (the first largest; a NaN counts as largest), so the
+tokens equal the CPU backend's. On numpy (`host_runtime`, CI) the same values come from numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from engine.runtime.cuda_runtime import Placement
+
+THREADS = 256
+
+_SOURCE = r"""
+__device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float load(const unsigned short* p, long long i) {
+    float f;
+    unsigned short h = p[i];
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// Whether (a, ai) goes before (b, bi) in numpy's argmax order: NaN first, then larger, then earlier.
+__device__ __forceinline__ bool before(float a, long long ai, float b, long long bi) {
+    bool an = a != a, bn = b != b;
+    if (an != bn) return an;
+    if (!an && a != b) return a > b;
+    return ai < bi;
+}
+
+template <typename T>
+__device__ void masked_argmax(const T* logits, long long vocab, const long long* rows,
+                              const long long* slots, const bool* table, long long* out) {
+    __shared__ float value[256];
+    __shared__ long long index[256];
+    const float refused = __int_as_float(0xff800000);  // -inf, as a masked-out logit
+    int t = threadIdx.x;
+    const T* row = logits + rows[blockIdx.x] * vocab;
+    long long slot = slots[blockIdx.x];
+    const bool* allowed = slot >= 0 ? table + slot * vocab : (const bool*)0;
+    float best = refused;
+    long long at = -1;
+    for (long long v = t; v < vocab; v += blockDim.x) {
+        float x = (allowed && !allowed[v]) ? refused : load(row, v);
+        if (at < 0 || before(x, v, best, at)) { best = x; at = v; }
+    }
+    value[t] = best;
+    index[t] = at;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+        if (t < stride && index[t + stride] >= 0
+            && (index[t] < 0 || before(value[t + stride], index[t + stride], value[t], index[t]))) {
+            value[t] = value[t + stride];
+            index[t] = index[t + stride];
+        }
+        __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = index[0];
+}
+
+extern "C" __global__ void masked_argmax_f32(const float* logits, long long vocab, const long long* rows,
+                                             const long long* slots, const bool* table, long long* out) {
+    masked_argmax<float>(logits, vocab, rows, slots, table, out);
+}
+
+extern "C" __global__ void masked_argmax_f16(const unsigned short* logits, long long vocab,
+                                             const long long* rows, const long long* slots,
+                                             const bool* table, long long* out) {
+    masked_argmax<unsigned short>(logits, vocab, rows, slots, table, out);
+}
+"""
+_KERNELS: dict[tuple[int, str], Any] = {}
+
+
+def _kernel(xp: Any, dtype: np.dtype[Any]) -> Any:
+    name = {np.dtype(np.float32): "masked_argmax_f32", np.dtype(np.float16): "masked_argmax_f16"}[dtype]
+    kernel = _KERNELS.get((id(xp), name))
+    if kernel is None:
+        kernel = _KERNELS[(id(xp), name)] = xp.RawKernel(_SOURCE, name)
+    return kernel
+
+
+class GreedyRows:
+    """Chooses greedy tokens for up to `rows` pool rows per call (the pool's rows)."""
+
+    def __init__(self, rt: Placement, rows: int, dtype: Any) -> None:
+        self.rt = rt
+        self.dtype = np.dtype(dtype)
+        self.rows = rt.host_zeros((rows,), np.int64)
+        self.slots = rt.host_zeros((rows,), np.int64)
+        self.out = rt.host_zeros((rows,), np.int64)
+        if rt.device == "cuda":
+            _ = _kernel(rt.xp, self.dtype).kernel  # compiled (or read from disk) now, not mid-step
+
+    def __call__(self, store: Any, rows: Sequence[int], slots: Sequence[int], table: Any) -> list[int]:
+        """Row i's token: the argmax of `store[rows[i]]` over the tokens `table[slots[i]]` allows
+        (every token where `slots[i]` < 0)."""
+        n = len(rows)
+        if self.rt.device != "cuda":
+            logits = store[np.asarray(rows, np.int64)]
+            masked = [i for i, slot in enumerate(slots) if slot >= 0]
+            if masked:
+                logits = logits.copy()
+                allowed = table[np.asarray([slots[i] for i in masked], np.int64)]
+                logits[masked] = np.where(allowed, logits[masked], logits.dtype.type(-np.inf))
+            return [int(t) for t in np.argmax(logits, axis=-1)]
+        self.rows[:n] = rows
+        self.slots[:n] = slots
+        table_ptr = 0 if table is None else self.rt.ptr(table)
+        with self.rt.enter():  # on the backend's stream, after the stores of this step's logits
+            _kernel(self.rt.xp, self.dtype)(
+                (n,), (THREADS,),
+                (store, np.int64(store.shape[-1]), np.uint64(self.rows.ctypes.data),
+                 np.uint64(self.slots.ctypes.data), np.uint64(table_ptr), np.uint64(self.out.ctypes.data)))
+            self.rt.stream.synchronize()
+        return [int(t) for t in self.out[:n]]
