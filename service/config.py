@@ -68,6 +68,7 @@ class Config:
     http_port: int = DEFAULT_HTTP_PORT  # the OpenAI-compatible HTTP API; 0 = off
     model: str = "default"  # a model directory, or "default" (prepared under model_cache)
     model_cache: str = ""
+    served_model_name: str = ""  # the model's id in the OpenAI API; "" = the model directory's name
     model_precision: str = "auto"  # weights of the default model: auto (int4 on CPU, fp16 on CUDA) | fp32
     model_read_only: bool = False  # never rewrite the model's graph (its head then runs on every row)
     provider: str = "cpu"  # cpu | cuda
@@ -133,6 +134,8 @@ _HELP = {
     "host": "address to listen on", "port": "gRPC port (0 = any free port)",
     "metrics_port": "Prometheus /metrics port (0 = off)",
     "http_port": "OpenAI-compatible HTTP API port (0 = off)", "model": 'model directory or "default"',
+    "served_model_name": "the model's id in the OpenAI-compatible API (empty: the model directory's name; "
+                         "requests may also name the directory or what --model says)",
     "model_cache": "cache directory of the default model (and of rewritten copies of model graphs)",
     "model_precision": "weights of the default model: auto (int4 on CPU, fp16 on CUDA), int4, fp16 or fp32",
     "model_read_only": "never rewrite the model's graph: its lm-head then runs on every prefill row",

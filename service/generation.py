@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -48,11 +49,13 @@ class ServedModel:
     """The loaded engine, its tokenizer (or None) and the server's limits."""
 
     def __init__(self, engine: Engine, tokenizer: Tokenizer | None, name: str, max_prompt_tokens: int,
-                 max_new_tokens: int, default_new_tokens: int = 0) -> None:
+                 max_new_tokens: int, default_new_tokens: int = 0, api_names: tuple[str, ...] = ()) -> None:
         self.engine = engine  # driven only through the scheduler's steps
         self.facts = engine.facts
         self.tokenizer = tokenizer
-        self.name = name
+        self.name = name  # the model directory
+        # The OpenAI API's id for it first, then the other names a request may use.
+        self.api_names = api_names or (Path(name).name, name)
         self.capacity = self.facts.capacity
         self.vocab_size = self.facts.vocab_size
         self.eos_ids = frozenset(self.facts.eos_ids)

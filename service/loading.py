@@ -33,8 +33,10 @@ def load_model(config: Config) -> ServedModel:
         started = time.perf_counter()
         prepared = engine.warm_up()
         log.info("warmed_up", variants=prepared, seconds=round(time.perf_counter() - started, 3))
+    names = (config.served_model_name or path.name, str(path), config.model)
     return ServedModel(engine, read_tokenizer(path), str(path), config.max_prompt_tokens,
-                       config.max_new_tokens, config.default_max_new_tokens)
+                       config.max_new_tokens, config.default_max_new_tokens,
+                       tuple(dict.fromkeys(name for name in names if name)))
 
 
 def read_tokenizer(path: Path) -> Tokenizer | None:

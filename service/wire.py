@@ -186,7 +186,8 @@ def model_info(model: Any, config: Any) -> pb.ModelInfo:
         batch_widths=list(facts.batch_widths), default_max_new_tokens=model.default_new_tokens)
 
 
-def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any, parking: bool = False) -> pb.EngineStats:
+def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any,
+                 parking: bool = False) -> pb.EngineStats:
     v, m = stats.variants, stats.memory
     held = [pb.VariantEntry(width=e.key.width, ports=e.key.ports, bytes=e.nbytes, hits=e.hits,
                             batch=e.key.batch) for e in v.entries]

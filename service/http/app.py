@@ -155,7 +155,7 @@ class Routes:
 
     def _model(self) -> dict[str, Any]:
         model = self.serving().model
-        return {"id": model.name, "object": "model", "created": self.created, "owned_by": "ladder",
+        return {"id": model.api_names[0], "object": "model", "created": self.created, "owned_by": "ladder",
                 "max_model_len": model.capacity}
 
     async def models(self, request: web.Request) -> web.Response:
@@ -163,7 +163,7 @@ class Routes:
 
     async def model(self, request: web.Request) -> web.Response:
         found = self._model()
-        if request.match_info["model"] != found["id"]:
+        if request.match_info["model"] not in self.serving().model.api_names:
             raise ModelNotFound(f"the model {request.match_info['model']!r} is not served here",
                                        field="model")
         return web.json_response(found)
@@ -175,7 +175,8 @@ class Routes:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        call = openai.openai_call(openai.read_body(await _body(request)), chat, self.serving().model.name)
+        body = openai.read_body(await _body(request))
+        call = openai.openai_call(body, chat, self.serving().model.api_names)
         answer = openai.Answer(call, REQUEST_ID.get(), int(time.time()),
                                self.serving().model.token_text)
         if call.stream:

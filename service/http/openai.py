@@ -8,7 +8,7 @@ wrong JSON type is InvalidInput naming the OpenAI field. Nothing here touches th
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,12 +76,14 @@ def read_body(data: bytes) -> Json:
     return body
 
 
-def openai_call(body: Json, chat: bool, served: str) -> OpenAICall:
-    """The call a /v1/completions (`chat` False) or /v1/chat/completions body asks for."""
-    model = _get(body, "model", str, "")
-    if model != served:
-        raise ModelNotFound(f"the model {model!r} is not served here; this server serves {served!r}",
+def openai_call(body: Json, chat: bool, served: Sequence[str]) -> OpenAICall:
+    """The call a /v1/completions (`chat` False) or /v1/chat/completions body asks for. `served`:
+    the names of the one model served, its id first; a body that names none means it."""
+    model = _get(body, "model", str, "") or served[0]
+    if model not in served:
+        raise ModelNotFound(f"the model {model!r} is not served here; this server serves {served[0]!r}",
                             field="model")
+    model = served[0]
     for name in REFUSED_WHEN_SET:
         if body.get(name):
             raise _bad(f"{name} is not supported by Ladder's OpenAI-compatible API", name)

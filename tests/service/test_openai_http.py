@@ -75,8 +75,20 @@ def model(sdk: openai.OpenAI) -> str:
 def test_the_models_list_names_the_one_model_served_and_gets_it_by_name(sdk: openai.OpenAI,
                                                                         server: RunningServer) -> None:
     listed = sdk.models.list().data
-    assert [m.id for m in listed] == [server.server.serving.model.name]  # type: ignore[union-attr]
+    directory = server.server.serving.model.name  # type: ignore[union-attr]
+    assert [m.id for m in listed] == [Path(directory).name]  # the directory's name, not its path
     assert sdk.models.retrieve(listed[0].id).id == listed[0].id
+    assert sdk.models.retrieve(directory).id == listed[0].id  # the path names it too
+
+
+def test_a_body_that_names_no_model_or_its_directory_gets_the_one_served(server: RunningServer) -> None:
+    directory = server.server.serving.model.name  # type: ignore[union-attr]
+    for named in ({}, {"model": directory}):
+        response, data = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, **named})
+        assert response.status == 200, data
+        assert json.loads(data)["model"] == Path(directory).name
+    response, data = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "model": "gpt-4"})
+    assert response.status == 404 and json.loads(data)["error"]["code"] == "model_not_found"
 
 
 def test_a_greedy_completion_is_the_grpc_generate_of_the_same_prompt(sdk: openai.OpenAI, model: str,
