@@ -88,9 +88,10 @@ class Config:
     default_max_new_tokens: int = 256  # what a request that names none gets (0 = as many as fit)
     max_message_bytes: int = 4 * 1024 * 1024
     sessions_per_caller: int = 0  # 0 = every KV slot but one (at least one): a fair share
-    # Sessions beyond slots: > 0 lets idle sessions park off their KV slot (KV kept exactly, in up to
-    # this many MB), so sessions open are bounded by memory, slots only the decode batch. 0 = off.
-    session_memory_mb: int = 0
+    # Sessions beyond slots: idle sessions park off their KV slot (KV kept exactly) in up to this many
+    # MB, so sessions open are bounded by memory, slots only the decode batch. None = auto
+    # (half the memory free once the model is loaded: host memory on CPU, device memory on CUDA); 0 = off.
+    session_memory_mb: int | None = None
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""  # set: clients must present a certificate it signed (mTLS)
@@ -151,10 +152,12 @@ _HELP = {
     "variant_capacity": "shapes the variant cache holds (0 = the ladder widths + the decode batch widths)",
     "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
     "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",
-    "sessions_per_caller": "sessions one caller may hold, those it waits for too (0 = every KV slot but one; "
-                           "with --session-memory-mb: no limit but the memory)",
+    "sessions_per_caller": "sessions one caller may hold, those it waits for too (0: no limit but the memory "
+                           "when idle sessions park, as by default; every KV slot but one with "
+                           "--session-memory-mb 0)",
     "session_memory_mb": "idle sessions park off their KV slot in up to this many MB; open sessions are "
-                         "then bounded by it, not by slots (0 = off: a session holds its slot)",
+                         "then bounded by it, not by slots (auto: half the memory free once the model is "
+                         "loaded, on the device on CUDA; 0 = off: a session holds its slot)",
     "prefix_sharing": "a prompt starting with a prefix the server holds (in ladder steps) copies its KV",
     "prefix_across_callers": "share held prefixes between callers told apart by auth (their timing leaks)",
     "deterministic": "each request's tokens and log-probabilities depend on the request alone, not on the "
@@ -186,6 +189,29 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "intra_op_threads": (0, None),
     "constraint_cache_mb": (1, None),
 }
+
+
+def host_memory_free_bytes(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int:
+    """Memory this process may still take: the host's MemAvailable, or less where a cgroup (v2, else
+    v1) limit leaves less (a Kubernetes pod's memory limit). 0 when none of them can be read."""
+    free: list[int] = []
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    root = Path(cgroup)
+    for limit, used in (("memory.max", "memory.current"),
+                        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            cap = (root / limit).read_text().strip()
+            if cap != "max" and int(cap) < 1 << 60:  # v1 writes "no limit" as a huge number
+                free.append(max(0, int(cap) - int((root / used).read_text())))
+                break
+        except (OSError, ValueError):
+            continue
+    return min(free, default=0)
 
 
 def flag_name(name: str) -> str:

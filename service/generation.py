@@ -61,6 +61,7 @@ class ServedModel:
         self.eos_ids = frozenset(self.facts.eos_ids)
         self.max_prompt_tokens = max_prompt_tokens or self.capacity
         self.max_new_tokens = max_new_tokens
+        self.session_memory = 0  # bytes parked sessions may hold (0: parking off), set by loading
         # What a request that names no max_new_tokens gets (0 configured: the limit), never over the limit.
         self.default_new_tokens = min(default_new_tokens or max_new_tokens, max_new_tokens)
 

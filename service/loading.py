@@ -14,7 +14,7 @@ import structlog
 
 from engine.executor import Engine
 from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see above
-from service.config import Config
+from service.config import Config, host_memory_free_bytes
 from service.generation import ServedModel
 
 log = structlog.get_logger("ladder.server")
@@ -34,9 +34,21 @@ def load_model(config: Config) -> ServedModel:
         prepared = engine.warm_up()
         log.info("warmed_up", variants=prepared, seconds=round(time.perf_counter() - started, 3))
     names = (config.served_model_name or path.name, str(path), config.model)
-    return ServedModel(engine, read_tokenizer(path), str(path), config.max_prompt_tokens,
-                       config.max_new_tokens, config.default_max_new_tokens,
-                       tuple(dict.fromkeys(name for name in names if name)))
+    model = ServedModel(engine, read_tokenizer(path), str(path), config.max_prompt_tokens,
+                        config.max_new_tokens, config.default_max_new_tokens,
+                        tuple(dict.fromkeys(name for name in names if name)))
+    model.session_memory = session_memory_bytes(config, engine)
+    return model
+
+
+def session_memory_bytes(config: Config, engine: Engine) -> int:
+    """What parked sessions may hold (--session-memory-mb; 0 = parking off). Auto: half the memory
+    free now that the model is loaded and warm: on the device when parked KV stays there (CUDA),
+    else the host's (within a cgroup's limit)."""
+    if config.session_memory_mb is not None:
+        return config.session_memory_mb << 20
+    device = engine.backend.free_device_bytes()
+    return (host_memory_free_bytes() if device is None else device) // 2
 
 
 def read_tokenizer(path: Path) -> Tokenizer | None:

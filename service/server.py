@@ -142,19 +142,20 @@ class LadderServer:
         scheduler = Scheduler(model.engine, self.config.max_queue, on_fault=on_fault,
                               on_forward=self.metrics.forward_done)
         sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller,
-                                   parking=self.config.session_memory_mb > 0)
+                                   parking=model.session_memory > 0)
         constraints = Constraints(model.tokenizer, model.facts, self.config.constraint_cache_mb << 20,
                                   self.metrics)
         self.serving = Serving(self.config, model, scheduler, sessions, self.metrics, constraints)
         engine = model.engine
         self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting,
-                           lambda: 1.0 - engine.free_slots / max(1, model.facts.slots))
+                           lambda: engine.rows_held / max(1, model.facts.slots))
         self.metrics.describe_model({"model": model.name, "provider": model.facts.provider,
                                      "pod": self.config.pod_name})
         self.metrics.engine_stats(await scheduler.run(Stats()))
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving", model=model.name, capacity=model.capacity, ladder=model.facts.ladder)
+        log.info("serving", model=model.name, capacity=model.capacity, ladder=model.facts.ladder,
+                 slots=model.facts.slots, session_memory_mb=model.session_memory >> 20)
 
     async def _set_health(self, status: Any) -> None:
         for name in HEALTH_NAMES:

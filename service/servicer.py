@@ -290,7 +290,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         stats = await serving.scheduler.run(Stats())
         serving.metrics.engine_stats(stats)
         return wire.engine_stats(stats, serving.scheduler.depth, serving.scheduler.waiting, serving.totals,
-                                 parking=serving.config.session_memory_mb > 0)
+                                 parking=serving.model.session_memory > 0)
 
 
 async def _check_client_stayed(context: Context) -> None:

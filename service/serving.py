@@ -124,7 +124,7 @@ class Serving:
         if held >= share:
             raise CallerQuota(f"this caller already holds {held} sessions (the limit is {share}; "
                               "see --sessions-per-caller)")
-        budget = self.config.session_memory_mb << 20
+        budget = self.model.session_memory
         parked = self.scheduler.parked_bytes
         if budget and parked >= budget:
             raise Exhausted(f"parked sessions hold {parked >> 20} MiB of the {budget >> 20} MiB "

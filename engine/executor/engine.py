@@ -177,6 +177,11 @@ class Engine(Prefilling):
         return len(self._free) + len(self._parkable())
 
     @property
+    def rows_held(self) -> int:
+        """Pool rows sessions hold now, idle ones not yet parked included (an int: safe to read)."""
+        return self.pool.rows - len(self._free)
+
+    @property
     def sessions_open(self) -> int:
         return len(self._open) + len(self._parked)
 

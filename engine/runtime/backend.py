@@ -148,3 +148,7 @@ class Backend(Protocol[VariantT]):
     def memory(self) -> dict[str, int]:
         """Backend-specific counters for stats (bytes by owner, captures, copies)."""
         ...
+
+    def free_device_bytes(self) -> int | None:
+        """Device memory free now, where parked sessions would live; None where that is host memory."""
+        ...

@@ -266,3 +266,6 @@ class CpuBackend:
 
     def memory(self) -> dict[str, int]:
         return {"logits_store": int(self.store.nbytes)}
+
+    def free_device_bytes(self) -> int | None:
+        return None

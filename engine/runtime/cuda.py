@@ -411,6 +411,9 @@ class CudaBackend:
             return self.rt.to_host(self.store[row])
 
     # -- accounting -------------------------------------------------------------------------
+    def free_device_bytes(self) -> int | None:
+        return self.rt.free_bytes() if self.rt.device == "cuda" else None
+
     def memory(self) -> dict[str, int]:
         """Device bytes by owner and the staging copies: what stats report beside the budget."""
         staging = self.staging

@@ -22,7 +22,8 @@ def lines(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
 
 def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_once_each(
         served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=1, max_new_tokens=1000))
+    running = RunningServer(server_config(served_model, max_sessions=1, max_new_tokens=1000,
+                                          session_memory_mb=0))
     try:
         with capture_logs() as logs:
             first = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6])))

@@ -53,7 +53,8 @@ def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(s
 
 
 def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=1, max_new_tokens=1000))
+    running = RunningServer(server_config(served_model, max_sessions=1, max_new_tokens=1000,
+                                          session_memory_mb=0))
     # The one KV slot is held by a session, so the stream waits for it: in flight, and it cannot
     # finish within the grace period however fast the model is.
     opening = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5])))

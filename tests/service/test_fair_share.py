@@ -1,19 +1,27 @@
-"""Fair share of the KV slots: by default no caller can hold them all, and waiting counts as holding."""
+"""Fair share of the KV slots where sessions hold them (--session-memory-mb 0: no parking): no caller can
+hold them all by default, and waiting counts as holding. With parking (the default) memory bounds sessions."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
+from service.config import Config
 from tests.support.prompts import greedy_request
 from tests.support.servers import RunningServer, server_config
 from tests.support.waiting import wait_for
 
 TOKENS = ("alice=token-a", "bob=token-b", "carol=token-c")
+
+
+def slotted(served_model: Path, **settings: Any) -> Config:
+    """A server whose sessions hold their KV slots (no parking)."""
+    return server_config(served_model, session_memory_mb=0, **settings)
 
 
 def bearer(name: str) -> tuple[tuple[str, str], ...]:
@@ -46,7 +54,7 @@ def refused(call: Callable[[], object]) -> grpc.StatusCode:
 
 def test_by_default_a_caller_holds_every_slot_but_one_and_another_caller_still_gets_one(
         served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=3, auth_tokens=TOKENS))
+    running = RunningServer(slotted(served_model, max_sessions=3, auth_tokens=TOKENS))
     try:
         held = [open_session(running, "alice") for _ in range(2)]
         assert refused(lambda: open_session(running, "alice")) == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -61,7 +69,7 @@ def test_by_default_a_caller_holds_every_slot_but_one_and_another_caller_still_g
 
 
 def test_sessions_a_caller_waits_for_count_toward_its_share(served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=3, auth_tokens=TOKENS))
+    running = RunningServer(slotted(served_model, max_sessions=3, auth_tokens=TOKENS))
     try:
         bobs = [open_session(running, "bob") for _ in range(2)]
         carols = open_session(running, "carol")  # every slot is taken
@@ -82,7 +90,7 @@ def test_sessions_a_caller_waits_for_count_toward_its_share(served_model: Path) 
 
 def test_a_caller_without_a_token_is_one_caller_and_generate_still_runs_beside_its_share(
         served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=2))
+    running = RunningServer(slotted(served_model, max_sessions=2))
     try:
         session_id = open_session(running, "anyone")
         assert refused(lambda: open_session(running, "anyone")) == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -93,7 +101,7 @@ def test_a_caller_without_a_token_is_one_caller_and_generate_still_runs_beside_i
 
 
 def test_a_configured_share_lets_one_caller_take_every_slot(served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=3, sessions_per_caller=3))
+    running = RunningServer(slotted(served_model, max_sessions=3, sessions_per_caller=3))
     try:
         held = [open_session(running, "anyone") for _ in range(3)]
         assert stats(running).sessions_open == 3

@@ -116,7 +116,7 @@ def test_sessions_and_kv_usage_follow_open_and_close(served: Endpoint) -> None:
 
 
 def test_a_request_waiting_for_a_slot_is_waiting_not_running(served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=1))
+    running = RunningServer(server_config(served_model, max_sessions=1, session_memory_mb=0))
     endpoint = Endpoint(running)
     try:
         first = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6])))

@@ -1,6 +1,7 @@
-"""Sessions beyond slots through a real server (--session-memory-mb): more sessions stay open than
-the server has KV slots, idle ones park off their slot, and each continues, in any order, with the
-greedy tokens a fresh run of its prompt gives; past the memory budget new sessions are refused.
+"""Sessions beyond slots through a real server (--session-memory-mb, on by default): more sessions
+stay open than the server has KV slots, idle ones park off their slot, and each continues, in any
+order, with the greedy tokens a fresh run of its prompt gives; past the memory budget new sessions
+are refused.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from proto.ladder.v1 import ladder_pb2 as pb
+from service.config import host_memory_free_bytes
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, server_config
 
@@ -92,3 +94,33 @@ def test_past_the_memory_budget_a_new_session_is_refused(served_model: Path) -> 
         assert refused is not None and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "session-memory-mb" in (refused.details() or "")
         assert len(opened) >= 2  # the budget, not the one slot, was the limit
+
+
+def test_by_default_idle_sessions_park_in_half_the_free_memory(served_model: Path) -> None:
+    with RunningServer(server_config(served_model, max_sessions=1)) as running:
+        ids = [prefill(running, prompt_ids(30, seed=700 + i)) for i in range(3)]  # three on one slot
+        stats = running.stub.GetEngineStats(pb.GetEngineStatsRequest())
+        assert stats.parking.enabled and stats.sessions_open == 3 and stats.parking.sessions_parked == 2
+        budget = running.server.serving.model.session_memory  # type: ignore[union-attr]
+        assert 0 < budget <= host_memory_free_bytes() * 0.6
+        for session_id in ids:
+            running.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
+
+
+def test_free_memory_is_the_hosts_or_less_under_a_cgroup_limit(tmp_path: Path) -> None:
+    (tmp_path / "meminfo").write_text("MemTotal: 16000000 kB\nMemAvailable:    8000000 kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    assert host_memory_free_bytes(str(tmp_path / "meminfo"), str(cgroup)) == 8_000_000 * 1024
+    (cgroup / "memory.max").write_text("max\n")  # v2, no limit
+    (cgroup / "memory.current").write_text("1000\n")
+    assert host_memory_free_bytes(str(tmp_path / "meminfo"), str(cgroup)) == 8_000_000 * 1024
+    (cgroup / "memory.max").write_text(f"{4 << 30}\n")  # a pod's 4 GiB limit, 1 GiB used
+    (cgroup / "memory.current").write_text(f"{1 << 30}\n")
+    assert host_memory_free_bytes(str(tmp_path / "meminfo"), str(cgroup)) == 3 << 30
+    (cgroup / "memory.max").unlink()
+    (cgroup / "memory").mkdir()  # v1
+    (cgroup / "memory" / "memory.limit_in_bytes").write_text(f"{2 << 30}\n")
+    (cgroup / "memory" / "memory.usage_in_bytes").write_text(f"{1 << 29}\n")
+    assert host_memory_free_bytes(str(tmp_path / "meminfo"), str(cgroup)) == (2 << 30) - (1 << 29)
+    assert host_memory_free_bytes(str(tmp_path / "none"), str(tmp_path / "none")) == 0

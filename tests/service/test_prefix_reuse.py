@@ -84,7 +84,8 @@ def test_a_forked_session_decodes_what_the_source_and_a_full_prefill_decode(
 
 
 def test_fork_errors_have_their_codes_and_take_no_slot(served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=2, sessions_per_caller=8))
+    running = RunningServer(server_config(served_model, max_sessions=2, sessions_per_caller=8,
+                                          session_memory_mb=0))
     try:
         source = open_session(running, SYSTEM[:20]).session_id
         assert refused(lambda: fork(running, "pod-a.nosuchsession")) == grpc.StatusCode.NOT_FOUND
@@ -97,7 +98,8 @@ def test_fork_errors_have_their_codes_and_take_no_slot(served_model: Path) -> No
 
 
 def test_a_fork_counts_toward_the_callers_share(served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=3, auth_tokens=TOKENS))
+    running = RunningServer(server_config(served_model, max_sessions=3, auth_tokens=TOKENS,
+                                          session_memory_mb=0))
     try:
         source = open_session(running, SYSTEM[:20], "alice").session_id
         request = pb.ForkSessionRequest(session_id=source)

@@ -147,7 +147,8 @@ def test_a_session_id_on_a_later_prefill_message_is_refused_and_the_prefill_undo
 def test_a_full_queue_full_slots_and_a_callers_quota_are_three_reasons_each_with_a_retry_delay(
         served_model: Path) -> None:
     # One slot, one queue place: a session holds the slot, one Generate waits for it in the queue.
-    running = RunningServer(server_config(served_model, max_sessions=1, max_queue=1, sessions_per_caller=1))
+    running = RunningServer(server_config(served_model, max_sessions=1, max_queue=1, sessions_per_caller=1,
+                                          session_memory_mb=0))  # sessions hold their slots
     try:
         held = open_session(running)
         waiting = running.stub.Generate.future(greedy_request([5, 6], 2))

@@ -55,7 +55,8 @@ def running(served_model: Path) -> Iterator[RunningServer]:
 
 
 def test_a_one_sample_generate_passes_an_n_7_one_that_waits_for_idle_sessions(served_model: Path) -> None:
-    config = server_config(served_model, max_sessions=8, auth_tokens=("alice=a", "bob=b", "carol=c"))
+    config = server_config(served_model, max_sessions=8, auth_tokens=("alice=a", "bob=b", "carol=c"),
+                           session_memory_mb=0)
     with RunningServer(config) as running:
         def as_(token: str) -> tuple[tuple[str, str]]:
             return (("authorization", f"Bearer {token}"),)
