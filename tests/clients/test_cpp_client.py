@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from clients.python import Constraint, LadderClient, Stopping
+from tests.support.client_constraints import CONSTRAINT_FLAGS, assert_same_as_python_client
 from tests.support.servers import RunningServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,19 +92,9 @@ def test_the_cpp_client_rejects_bad_arguments_before_calling(cpp_client: Path) -
     assert "usage: ladder-cpp" in done.stderr
 
 
-@pytest.mark.parametrize(("flags", "constraint"), [
-    (["--json-schema", '{"enum": ["red", "green"]}'], Constraint(json_schema='{"enum": ["red", "green"]}')),
-    (["--regex", r"[a-z]{3}-\d{2}"], Constraint(regex=r"[a-z]{3}-\d{2}")),
-    (["--choice", "yes,no,maybe"], Constraint(choice=["yes", "no", "maybe"])),
-    (["--grammar", 'root ::= "(" [0-9]{1,3} ")"'], Constraint(grammar='root ::= "(" [0-9]{1,3} ")"')),
-], ids=["json-schema", "regex", "choice", "grammar"])
+@CONSTRAINT_FLAGS
 def test_the_cpp_client_sends_a_constraint_as_the_python_client_does(
         cpp_client: Path, server: RunningServer, client: LadderClient, flags: list[str],
         constraint: Constraint) -> None:
     done = run_cpp(cpp_client, "--address", server.address, "--max-new-tokens", "20", *flags, "Hello")
-    assert done.returncode == 0, done.stderr
-    expected = client.generate("Hello", stopping=Stopping(max_new_tokens=20), constraint=constraint)
-    assert done.stdout == expected.text + "\n"
-    summary = json.loads(done.stderr.strip().splitlines()[-1])
-    assert summary["token_ids"] == list(expected.token_ids)
-    assert summary["finish_reason"] == "FINISH_REASON_STOP"
+    assert_same_as_python_client(done, client, constraint)

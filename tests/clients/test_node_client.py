@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from clients.python import Constraint, LadderClient, Logprobs, Sampling, Stopping
+from tests.support.client_constraints import CONSTRAINT_FLAGS, assert_same_as_python_client
 from tests.support.servers import RunningServer
 
 pytestmark = pytest.mark.network
@@ -67,21 +68,10 @@ def test_the_node_samples_example_streams_each_samples_tokens_with_logprobs(
             pytest.approx([p.logprob for p in expected.samples[sample].logprobs])
 
 
-@pytest.mark.parametrize(("flags", "constraint"), [
-    (["--json-schema", '{"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 3}'],
-     Constraint(json_schema='{"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 3}')),
-    (["--regex", r"[a-z]{3}-\d{2}"], Constraint(regex=r"[a-z]{3}-\d{2}")),
-    (["--choice", "yes,no,maybe"], Constraint(choice=["yes", "no", "maybe"])),
-    (["--grammar", 'root ::= "(" [0-9]{1,3} ")"'], Constraint(grammar='root ::= "(" [0-9]{1,3} ")"')),
-], ids=["json-schema", "regex", "choice", "grammar"])
+@CONSTRAINT_FLAGS
 def test_the_node_client_sends_a_constraint_as_the_python_client_does(
         node_example: Path, server: RunningServer, client: LadderClient, flags: list[str],
         constraint: Constraint) -> None:
     cmd = ["node", str(node_example), "--address", server.address, "--max-new-tokens", "20", *flags, "Hello"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    expected = client.generate("Hello", stopping=Stopping(max_new_tokens=20), constraint=constraint)
-    assert done.stdout == expected.text + "\n"
-    summary = json.loads(done.stderr.strip().splitlines()[-1])
-    assert summary["token_ids"] == list(expected.token_ids)
-    assert summary["finish_reason"] == "FINISH_REASON_STOP"
+    assert_same_as_python_client(done, client, constraint)
