@@ -192,13 +192,8 @@ class Engine(Prefilling):
             raise InvalidInput("a decoder with recurrent state cannot park a session: its state is not KV")
         self.decoder.settle()
         started = time.perf_counter()
-        row = session.row
-        session.parked = self.backend.park_row(row, session.length)
-        del self._open[row]
-        self._free.add(row)
-        self.prefixes.index.drop(row)
-        self.pool.set_mask(row, 0)
-        self.backend.release_row(row)
+        session.parked = self.backend.park_row(session.row, session.length)
+        self._leave_row(session)
         session.row = -1
         self._parked.add(session)
         self.parked_bytes += int(session.parked.nbytes)
@@ -214,16 +209,11 @@ class Engine(Prefilling):
         started = time.perf_counter()
         row = min(self._free)
         self.prefixes.vacate(row, self._free)
-        self._free.discard(row)
-        self.prefixes.held.pop(row, None)
-        self.prefixes.index.drop(row)
         parked, session.parked = session.parked, None
         self.parked_bytes -= int(parked.nbytes)
         self.backend.unpark_row(row, parked)
-        session.row = row
-        self._open[row] = session
         self._parked.discard(session)
-        self.pool.commit(session, session.length)
+        self._take_row(row, session, session.length)
         self._moves["unparks"] += 1
         self._move_seconds["unpark"] += time.perf_counter() - started
 
@@ -293,16 +283,34 @@ class Engine(Prefilling):
         self.prefixes.copy(source, session, hit.length, tokens, fresh)
 
     def _start(self, row: int, scope: str, tokens: Sequence[int] = (), length: int = 0) -> Session:
-        """Session bookkeeping for a free row that holds `tokens[:length]` (0: nothing)."""
-        self._free.discard(row)
-        self.prefixes.held.pop(row, None)
-        self.prefixes.index.truncate(row, length)
+        """A new session on a free row that holds `tokens[:length]` (0: nothing)."""
         if not length:
             self.backend.clear_state(row)
         # A held prefix is shared only as far as it was written as a fresh run writes it.
-        session = self._open[row] = Session(row, 0, list(tokens[:length]), scope=scope, fresh=length)
-        self.pool.commit(session, length)
+        session = Session(row, 0, list(tokens[:length]), scope=scope, fresh=length)
+        self._take_row(row, session, length, indexed=length)
         return session
+
+    def _take_row(self, row: int, session: Session, length: int, indexed: int = 0) -> None:
+        """Row bookkeeping for `session` taking free `row`, where its KV holds `length` positions. The
+        prefix index keeps the row's first `indexed` tokens (a held prefix taken as it is), no more."""
+        self._free.discard(row)
+        self.prefixes.held.pop(row, None)
+        self.prefixes.index.truncate(row, indexed)
+        session.row = row
+        self._open[row] = session
+        self.pool.commit(session, length)
+
+    def _leave_row(self, session: Session, keep: bool = False) -> None:
+        """Row bookkeeping for a session leaving its row: free again and, unless `keep` and the row keeps
+        the session's prefix (prefix.py), unindexed, unmasked and handed back (`release_row`)."""
+        row = session.row
+        del self._open[row]
+        self._free.add(row)
+        if not (keep and self.prefixes.keep(session)):
+            self.prefixes.index.drop(row)
+            self.pool.set_mask(row, 0)
+            self.backend.release_row(row)
 
     def close_session(self, session: Session, keep: bool = True) -> None:
         """Return the session's row; with prefix sharing on it keeps the session's KV (prefix.py)."""
@@ -315,12 +323,7 @@ class Engine(Prefilling):
             return
         self.decoder.settle()
         session.closed = True
-        del self._open[session.row]
-        self._free.add(session.row)
-        if not (keep and self.prefixes.keep(session)):
-            self.prefixes.index.drop(session.row)
-            self.pool.set_mask(session.row, 0)
-            self.backend.release_row(session.row)
+        self._leave_row(session, keep)
 
     def share_prefix(self, session: Session, prompt: Sequence[int]) -> int:
         """Start an empty session from the longest prefix of `prompt` another row holds for its scope
