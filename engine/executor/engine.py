@@ -482,7 +482,7 @@ class Engine(Prefilling):
                 self.rewind(session, 0)
             self.append(session, [0])
             for batch in self.batch_widths:
-                if self.backend.name == "cpu" and batch > 1:
+                if self.backend.batch_commits_rows and batch > 1:
                     # Prepared, not run: onnxruntime's CPU attention commits every row a forward
                     # rides along in full, so running the widest batch would commit the whole pool
                     # at start (the peak a memory limit sees); a CPU variant has nothing to capture.
