@@ -170,7 +170,7 @@ class Engine(Prefilling):
     @property
     def free_slots(self) -> int:
         """Rows free now, and rows a session nobody is using holds (parked when a row is needed)."""
-        return len(self._free) + len(self._parking.parkable())
+        return len(self._free) + self._parking.parkable_count()
 
     @property
     def sessions_open(self) -> int:

@@ -13,6 +13,7 @@ its one caller, and Parking moves sessions between rows with the engine's own ro
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from engine.errors import Exhausted, InvalidInput, NoFreeRow
@@ -91,10 +92,16 @@ class Parking:
 
     def parkable(self) -> list[Session]:
         """Sessions that may leave their row for one who needs it, least recently used first."""
-        if self.engine.info.recurrent_state:
-            return []
-        return sorted((s for s in self.engine._open.values() if s.parkable and s not in self.pinned),
-                      key=lambda s: s.used)
+        return sorted(self._idle(), key=lambda s: s.used)
+
+    def parkable_count(self) -> int:
+        """How many sessions `parkable` names, without ordering them (free slots, every round)."""
+        return sum(1 for _ in self._idle())
+
+    def _idle(self) -> Iterator[Session]:
+        """Open sessions nobody is using that the running step does not name (none with recurrent state)."""
+        if not self.engine.info.recurrent_state:
+            yield from (s for s in self.engine._open.values() if s.parkable and s not in self.pinned)
 
     def make_room(self, rows: int, error: type[Exhausted] = Exhausted) -> None:
         """Park the least recently used parkable sessions until `rows` rows are free; `error` if every
