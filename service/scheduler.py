@@ -17,15 +17,15 @@ batched choice) and one decode forward that advances every job waiting on a toke
 session's length: a Decode's first token and its second come in one round. So a long prompt
 delays running streams by at most one prefill forward per token,
 and sixteen streams cost one forward per token, not sixteen. `steps` keeps a log of what each
-round ran. Every forward's duration goes to `on_forward` ("prefill" or "decode", seconds: the
-metrics) and, at debug level, to one log line naming its requests. Sessions lent to a job are
-closed in the round after it ends.
+round ran. Each step's outcomes go back to the jobs that asked (service/answers.py). Every
+forward's duration goes to `on_forward` ("prefill" or "decode", seconds: the metrics) and, at
+debug level, to one log line naming its requests. Sessions lent to a job are closed in the round
+after it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import queue
@@ -36,16 +36,16 @@ from typing import Any, TypeVar
 
 import structlog
 
-from engine.errors import EngineFault, Exhausted, NoFreeRow
+from engine.errors import EngineFault
 from engine.executor import Engine, Session
 from engine.executor.step import Close, Fork, Open, Outcome, Prefill, SessionOp, Stats, Step, StepResult
+from service.answers import Answers
 from service.errors import Cancelled, QueueFull
 from service.jobs import Body, End, Job, Result, put_all
 from service.rounds import (
     Call,
     Lend,
     StepRecord,
-    Timed,
     Token,
     Tokens,
     decode_rows,
@@ -57,13 +57,6 @@ from service.rounds import (
 
 log = structlog.get_logger("ladder.scheduler")
 T = TypeVar("T")
-
-
-def _prefill_detail(job: Job, outcome: Outcome) -> dict[str, Any]:
-    """The debug line's detail of the prefill forward `job` just ran."""
-    report = outcome.value.report
-    return {"request_id": job.request_id, "width": report.width, "rows": report.forward.rows,
-            "past": report.forward.past}
 
 
 _WAKE = object()
@@ -90,6 +83,7 @@ class Scheduler:
         self._posted: dict[asyncio.AbstractEventLoop, list[tuple[Job, Any]]] = {}
         self._closing: list[Session] = []  # sessions of ended jobs, closed in the next step
         self._ending: list[tuple[Job, BaseException | None]] = []  # their jobs, told once closed
+        self._answers = Answers(self._fault, self._forward_done)  # a step's outcomes to their jobs
         self._thread = threading.Thread(target=self._run, name="ladder-engine", daemon=True)
         self._thread.start()
 
@@ -268,8 +262,8 @@ class Scheduler:
         if first:
             result = self._step(first)
             self._ended()
-            self._answer_ops(op_jobs, result, len(closing))
-            self._answer_opens(open_jobs, result)
+            self._answers.ops(op_jobs, result, len(closing))
+            self._answers.opens(open_jobs, result)
             choices = result.choices
             for job in (*op_jobs, *open_jobs):
                 if job.want is None and not job.done:
@@ -285,8 +279,8 @@ class Scheduler:
         if not first and not second and not closed:
             return
         result = self._step(second)
-        prefill = self._answer_prefills(prefill_jobs, result)
-        decode = self._answer_decode(decode_jobs, wanted, result)
+        prefill = self._answers.prefills(prefill_jobs, result)
+        decode = self._answers.decode(decode_jobs, wanted, result)
         self._rounds += 1
         self.steps.append(StepRecord(self._rounds, tuple(closed), prefill, decode, result.batch,
                                      len(ops), choices + result.choices))
@@ -309,56 +303,6 @@ class Scheduler:
     def parked_bytes(self) -> int:
         """What sessions parked off their KV slots hold (an int the worker keeps: safe to read)."""
         return int(getattr(self.engine, "parked_bytes", 0))
-
-    def _answer(self, job: Job, outcome: Outcome) -> None:
-        if isinstance(outcome.error, NoFreeRow):
-            return  # its parked session waits for a slot: the request runs again next round
-        if outcome.error is not None:
-            self._fault(outcome.error)
-        job.answer(outcome.value, outcome.error)
-
-    def _answer_ops(self, jobs: list[Job], result: StepResult, skip: int) -> None:
-        for job, outcome, seconds in zip(jobs, result.ops[skip:], result.op_seconds[skip:], strict=True):
-            if isinstance(job.want, Timed) and outcome.error is None:
-                outcome = Outcome((outcome.value, seconds))
-            self._answer(job, outcome)
-
-    def _answer_opens(self, jobs: list[Job], result: StepResult) -> None:
-        for job, outcome in zip(jobs, result.opens, strict=True):
-            if isinstance(outcome.error, Exhausted):
-                continue  # a slot counted as freed this round was not: it waits for the next
-            lend = isinstance(job.want, Lend)
-            self._answer(job, outcome)
-            if outcome.error is None and lend:
-                job.lent = list(outcome.value)
-                job.slots = len(job.lent)
-
-    def _answer_prefills(self, jobs: list[Job], result: StepResult) -> tuple[tuple[int, int], ...]:
-        ran = []
-        for job, outcome, seconds in zip(jobs, result.prefills, result.prefill_seconds, strict=True):
-            self._answer(job, outcome)
-            report = outcome.value.report if outcome.error is None else None
-            if report is not None:
-                self._forward_done("prefill", seconds, functools.partial(_prefill_detail, job, outcome))
-            ran.append((job.serial, report.width if report is not None else 0))
-        return tuple(ran)
-
-    def _answer_decode(self, jobs: list[Job], wanted: list[tuple[Any, ...]],
-                       result: StepResult) -> tuple[tuple[int, int], ...]:
-        outcomes = iter(result.decode)
-        for job, rows in zip(jobs, wanted, strict=True):
-            mine = [next(outcomes) for _ in rows]
-            error = next((o.error for o in mine if o.error is not None), None)
-            if error is not None:
-                self._answer(job, Outcome(error=error))
-            else:
-                tokens = [o.value for o in mine]
-                job.answer(tokens if isinstance(job.want, Tokens) else tokens[0])
-        if result.batch:
-            self._forward_done("decode", result.decode_seconds, lambda: {
-                "rows": len(result.decode), "batch": result.batch,
-                "request_ids": [j.request_id for j in jobs]})
-        return tuple((j.serial, r.session.row) for j, rows in zip(jobs, wanted, strict=True) for r in rows)
 
     def _advance(self, job: Job) -> None:
         """Run the job up to the request it must wait for (events delivered, calls answered)."""

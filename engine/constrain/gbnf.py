@@ -1,5 +1,6 @@
 """GBNF, llama.cpp's grammar notation, parsed and checked into a Program: the rules flattened
-into one array of elements. Every error is InvalidInput with the line and column at fault.
+into one array of elements. Every error is InvalidInput with the line and column at fault. The
+checks on the parsed rules, and the elements rules are made of, are gbnf_rules.py's.
 
 Notation. A grammar is rules `name ::= alternatives`; the start rule is `root`. Names are
 `[A-Za-z0-9_-]+`. Alternatives are separated by `|`; a sequence is items one after another:
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
+from engine.constrain.gbnf_rules import END, REF, TERMINAL, Alternative, checked_bodies
 from engine.constrain.pattern import MAX_CODE_POINT, SURROGATES, complement, normalize, subtract
 from engine.constrain.utf8 import ByteRanges, sequences
 from engine.errors import InvalidInput
@@ -34,10 +36,6 @@ FIELD = "constraint.grammar"
 MAX_ELEMENTS = 1 << 16  # elements of the compiled rules, repetitions expanded
 MAX_NESTING = 64  # parenthesized groups within one another (the parser recurses)
 
-TERMINAL, REF, END = 0, 1, 2  # element kinds; a terminal's value is a 256-bit byte mask
-
-Element = tuple[int, int]
-Alternative = list[Element]
 Stack = tuple[int, ...]
 Ranges = list[tuple[int, int]]
 
@@ -47,7 +45,8 @@ HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 
 def parse(text: str, max_elements: int = MAX_ELEMENTS) -> Program:
     """The checked, flattened rules of GBNF `text`; InvalidInput says what is wrong and where."""
-    return _finish(_Parser(text, max_elements).parse())
+    rules = _Parser(text, max_elements).parse()
+    return _flatten(checked_bodies(rules), rules.ids["root"])
 
 
 def _invalid(text: str, offset: int, message: str, reason: str = "GRAMMAR_INVALID") -> InvalidInput:
@@ -67,6 +66,9 @@ class _Rules:
         self.offsets: list[int] = []
         self.repeats: set[int] = set()  # rules a repetition made
         self.classes: dict[tuple[tuple[int, int], ...], Alternative] = {}
+
+    def invalid(self, offset: int, message: str) -> InvalidInput:
+        return _invalid(self.text, offset, message)
 
     def use(self, name: str, offset: int) -> int:
         if name not in self.ids:
@@ -352,93 +354,6 @@ class Program:
     @property
     def nbytes(self) -> int:
         return 72 * len(self.kinds) + 64 * len(self.starts)  # boxed ints and tuple slots, roughly
-
-
-def _finish(rules: _Rules) -> Program:
-    """Check the parsed rules (defined, root, productive, no left recursion) and flatten them."""
-    for rule, body in enumerate(rules.bodies):
-        if body is None:
-            raise _invalid(rules.text, rules.offsets[rule], f"rule '{rules.names[rule]}' is not defined")
-    if "root" not in rules.ids:
-        raise _invalid(rules.text, 0, "no rule named 'root' (the start rule)")
-    bodies = _productive_bodies(rules, [body or [] for body in rules.bodies])
-    cycle = _left_cycle(bodies, _nullable(bodies))
-    if cycle:
-        _left_recursion(rules, cycle)
-    return _flatten(bodies, rules.ids["root"])
-
-
-def _productive_bodies(rules: _Rules, bodies: list[list[Alternative]]) -> list[list[Alternative]]:
-    """Bodies without the alternatives that can never finish; a named rule left with none is an error."""
-    productive = [False] * len(bodies)
-
-    def finishes(alt: Alternative) -> bool:
-        return all(value != 0 if kind == TERMINAL else productive[value] for kind, value in alt)
-
-    changed = True
-    while changed:
-        changed = False
-        for rule, body in enumerate(bodies):
-            if not productive[rule] and any(finishes(alt) for alt in body):
-                productive[rule] = changed = True
-    for name, rule in rules.ids.items():
-        if not productive[rule]:
-            raise _invalid(rules.text, rules.offsets[rule], f"rule '{name}' matches no finite text")
-    return [[alt for alt in body if finishes(alt)] for body in bodies]
-
-
-def _nullable(bodies: list[list[Alternative]]) -> list[bool]:
-    nullable = [False] * len(bodies)
-    changed = True
-    while changed:
-        changed = False
-        for rule, body in enumerate(bodies):
-            if not nullable[rule] and any(all(k == REF and nullable[v] for k, v in alt) for alt in body):
-                nullable[rule] = changed = True
-    return nullable
-
-
-def _left_cycle(bodies: list[list[Alternative]], nullable: list[bool]) -> list[int]:
-    """A cycle of rules each of which can start with the next, or [] when there is none."""
-    edges: list[list[int]] = []
-    for body in bodies:
-        firsts = []
-        for alt in body:
-            for kind, value in alt:
-                if kind != REF:
-                    break
-                firsts.append(value)
-                if not nullable[value]:
-                    break
-        edges.append(firsts)
-    color = [0] * len(bodies)  # 0 unseen, 1 on the path, 2 done
-    for top in range(len(bodies)):
-        if color[top]:
-            continue
-        path, pending = [top], [iter(edges[top])]
-        color[top] = 1
-        while path:
-            nxt = next(pending[-1], None)
-            if nxt is None:
-                color[path.pop()] = 2
-                pending.pop()
-            elif color[nxt] == 1:
-                return path[path.index(nxt) :]
-            elif color[nxt] == 0:
-                color[nxt] = 1
-                path.append(nxt)
-                pending.append(iter(edges[nxt]))
-    return []
-
-
-def _left_recursion(rules: _Rules, cycle: list[int]) -> NoReturn:
-    if all(rule in rules.repeats for rule in cycle):
-        raise _invalid(rules.text, rules.offsets[cycle[0]], "a repetition of something that can match "
-                       "nothing (left recursion)")
-    named = [rule for rule in cycle if rules.ids.get(rules.names[rule]) == rule] or cycle
-    names = " -> ".join(rules.names[rule] for rule in [*cycle, cycle[0]])
-    raise _invalid(rules.text, rules.offsets[named[0]], f"rule '{rules.names[named[0]]}' is left-recursive "
-                   f"({names}); rewrite it with repetition, as in a ::= b (\"+\" b)*")
 
 
 def _flatten(bodies: list[list[Alternative]], root: int) -> Program:

@@ -4,7 +4,8 @@ It carries out the planner's decisions: a prefill runs one forward at a time
 (plan -> widen -> run -> self-check -> rewind), and a decode step runs one
 forward for every session in it, whatever their lengths, over the first B rows
 of the pool (B on the batch ladder). Every token, the first included, is
-chosen here, from the logits the backend keeps where it computed them.
+chosen here, from the logits the backend keeps where it computed them. More
+sessions than the pool has rows stay open by parking the idle ones off it (parking.py).
 
 Not thread-safe by design: the service runs it on one worker thread.
 """
@@ -12,7 +13,6 @@ Not thread-safe by design: the service runs it on one worker thread.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 import structlog
 
-from engine.errors import EngineFault, Exhausted, InvalidInput, NoFreeRow, OverCapacity
+from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity
 from engine.executor.decode import BatchDecoder
 from engine.executor.facts import EngineFacts
+from engine.executor.parking import Parking
 from engine.executor.prefill import (
     ForwardReport,
     check_ids,
@@ -112,12 +113,7 @@ class Engine(Prefilling):
         self.pool = backend.allocate(rows, self.capacity)
         self._free = set(range(rows))
         self._open: dict[int, Session] = {}  # pool row -> the session whose KV it holds
-        self._parked: set[Session] = set()  # open sessions whose KV is off the pool (ParkedRow)
-        self._pinned: set[Session] = set()  # the running step's sessions: never parked to make room
-        self._ticks = 0  # steps run: a session's `used` is the tick it was last touched at
-        self._moves = {"parks": 0, "unparks": 0}
-        self.parked_bytes = 0  # what parked sessions hold (an int: read from other threads)
-        self._move_seconds = {"park": 0.0, "unpark": 0.0}
+        self._parking = Parking(self)  # sessions beyond slots: parked off the pool (parking.py)
         # Prefix reuse needs token ids, a ladder and KV a rewind can cut: no ports, no state.
         sharing = bool(options.prefix_sharing and self.chunk_size > 0 and not self.unbatched_reason)
         self.prefixes = HeldPrefixes(self.pool, backend, prefix_unit(self.chunk_size), sharing,
@@ -174,7 +170,7 @@ class Engine(Prefilling):
     @property
     def free_slots(self) -> int:
         """Rows free now, and rows a session nobody is using holds (parked when a row is needed)."""
-        return len(self._free) + len(self._parkable())
+        return len(self._free) + self._parking.parkable_count()
 
     @property
     def rows_held(self) -> int:
@@ -183,79 +179,26 @@ class Engine(Prefilling):
 
     @property
     def sessions_open(self) -> int:
-        return len(self._open) + len(self._parked)
+        return len(self._open) + len(self._parking.sessions)
 
-    # -- parking: sessions beyond slots ------------------------------------------------------
+    # -- parking: sessions beyond slots (parking.py) --------------------------------------------
     def park(self, session: Session) -> int:
         """Move an open session off its pool row: its KV positions [0, length) and next-token logits
         are copied off the pool, bit for bit, and the row is free. Its next touch brings it back
         into any free row (`_check_open`). The bytes it holds parked."""
         self._check_resident_or_parked(session)
-        if session.parked is not None:
-            return int(session.parked.nbytes)
-        if self.info.recurrent_state:
-            raise InvalidInput("a decoder with recurrent state cannot park a session: its state is not KV")
-        self.decoder.settle()
-        started = time.perf_counter()
-        row = session.row
-        session.parked = self.backend.park_row(row, session.length)
-        del self._open[row]
-        self._free.add(row)
-        self.prefixes.index.drop(row)
-        self.pool.set_mask(row, 0)
-        self.backend.release_row(row)
-        session.row = -1
-        self._parked.add(session)
-        self.parked_bytes += int(session.parked.nbytes)
-        self._moves["parks"] += 1
-        self._move_seconds["park"] += time.perf_counter() - started
-        return int(session.parked.nbytes)
+        return self._parking.park(session)
 
-    def _unpark(self, session: Session) -> None:
-        """Bring a parked session back into the lowest free row (parking another to make room)."""
-        if not self._free:
-            self._make_room(1, NoFreeRow)  # it waits for a row (the scheduler retries it)
-        self.decoder.settle()
-        started = time.perf_counter()
-        row = min(self._free)
-        self.prefixes.vacate(row, self._free)
-        self._free.discard(row)
-        self.prefixes.held.pop(row, None)
-        self.prefixes.index.drop(row)
-        parked, session.parked = session.parked, None
-        self.parked_bytes -= int(parked.nbytes)
-        self.backend.unpark_row(row, parked)
-        session.row = row
-        self._open[row] = session
-        self._parked.discard(session)
-        self.pool.commit(session, session.length)
-        self._moves["unparks"] += 1
-        self._move_seconds["unpark"] += time.perf_counter() - started
-
-    def _parkable(self) -> list[Session]:
-        """Sessions that may leave their row for one who needs it, least recently used first."""
-        if self.info.recurrent_state:
-            return []
-        return sorted((s for s in self._open.values() if s.parkable and s not in self._pinned),
-                      key=lambda s: s.used)
-
-    def _make_room(self, rows: int, error: type[Exhausted] = Exhausted) -> None:
-        """Park the least recently used parkable sessions until `rows` rows are free; `error` if every
-        row is held by a session in use (a new session fails at once, a parked one waits)."""
-        for session in self._parkable():
-            if len(self._free) >= rows:
-                break
-            self.park(session)
-        if len(self._free) < rows:
-            raise error(f"all {self.pool.rows} KV slots hold sessions in use ({len(self._free)} free, "
-                            f"{rows} needed)")
+    @property
+    def parked_bytes(self) -> int:
+        """What parked sessions hold (an int the worker keeps: safe to read from other threads)."""
+        return self._parking.parked_bytes
 
     def begin_step(self, step: Step) -> None:
-        self._ticks += 1
-        self._pinned = step.sessions()
+        self._parking.begin_step(step.sessions())
 
     def end_step(self) -> None:
-        self._pinned = set()
+        self._parking.end_step()
 
     def _check_resident_or_parked(self, session: Session) -> None:
         super()._check_open(session)
@@ -263,16 +206,14 @@ class Engine(Prefilling):
     def _check_open(self, session: Session) -> None:
         """An open session, on a pool row: a parked one comes back first (the one way back)."""
         super()._check_open(session)
-        session.used = self._ticks
-        if session.parked is not None:
-            self._unpark(session)
+        self._parking.touch(session)
 
     def open_session(self, scope: str = "", prompt: Sequence[int] = ()) -> Session:
         """A session on the lowest free pool row (so decode batches stay narrow). When `prompt` starts
         with a prefix held for `scope` (whole units), the session starts holding it: taken as it is
         when that row keeps it, else copied; `session.length` says how much of the prompt it holds."""
         if not self._free:
-            self._make_room(1)
+            self._parking.make_room(1)
         self.decoder.settle()
         hit = self._shareable(self.prefixes.lookup(scope, prompt, self._open, -1), len(prompt))
         row = min(self._free)
@@ -298,34 +239,46 @@ class Engine(Prefilling):
         self.prefixes.copy(source, session, hit.length, tokens, fresh)
 
     def _start(self, row: int, scope: str, tokens: Sequence[int] = (), length: int = 0) -> Session:
-        """Session bookkeeping for a free row that holds `tokens[:length]` (0: nothing)."""
-        self._free.discard(row)
-        self.prefixes.held.pop(row, None)
-        self.prefixes.index.truncate(row, length)
+        """A new session on a free row that holds `tokens[:length]` (0: nothing)."""
         if not length:
             self.backend.clear_state(row)
         # A held prefix is shared only as far as it was written as a fresh run writes it.
-        session = self._open[row] = Session(row, 0, list(tokens[:length]), scope=scope, fresh=length)
-        self.pool.commit(session, length)
+        session = Session(row, 0, list(tokens[:length]), scope=scope, fresh=length)
+        self._take_row(row, session, length, indexed=length)
         return session
+
+    def _take_row(self, row: int, session: Session, length: int, indexed: int = 0) -> None:
+        """Row bookkeeping for `session` taking free `row`, where its KV holds `length` positions. The
+        prefix index keeps the row's first `indexed` tokens (a held prefix taken as it is), no more."""
+        self._free.discard(row)
+        self.prefixes.held.pop(row, None)
+        self.prefixes.index.truncate(row, indexed)
+        session.row = row
+        self._open[row] = session
+        self.pool.commit(session, length)
+
+    def _leave_row(self, session: Session, keep: bool = False) -> None:
+        """Row bookkeeping for a session leaving its row: free again and, unless `keep` and the row keeps
+        the session's prefix (prefix.py), unindexed, unmasked and handed back (`release_row`)."""
+        row = session.row
+        del self._open[row]
+        self._free.add(row)
+        if not (keep and self.prefixes.keep(session)):
+            self.prefixes.index.drop(row)
+            self.pool.set_mask(row, 0)
+            self.backend.release_row(row)
 
     def close_session(self, session: Session, keep: bool = True) -> None:
         """Return the session's row; with prefix sharing on it keeps the session's KV (prefix.py)."""
         if session.closed:
             return
         if session.parked is not None:  # no row: its parked copy goes
-            self.parked_bytes -= int(session.parked.nbytes)
-            session.closed, session.parked = True, None
-            self._parked.discard(session)
+            self._parking.drop(session)
+            session.closed = True
             return
         self.decoder.settle()
         session.closed = True
-        del self._open[session.row]
-        self._free.add(session.row)
-        if not (keep and self.prefixes.keep(session)):
-            self.prefixes.index.drop(session.row)
-            self.pool.set_mask(session.row, 0)
-            self.backend.release_row(session.row)
+        self._leave_row(session, keep)
 
     def share_prefix(self, session: Session, prompt: Sequence[int]) -> int:
         """Start an empty session from the longest prefix of `prompt` another row holds for its scope
@@ -350,7 +303,7 @@ class Engine(Prefilling):
         length = source.length if length is None else length
         check_length(source, length)
         if not self._free:
-            self._make_room(1)
+            self._parking.make_room(1)
         self.decoder.settle()
         row = min(self._free)
         self.prefixes.vacate(row, self._free)
@@ -392,7 +345,7 @@ class Engine(Prefilling):
         if request.count > self.free_slots:
             raise Exhausted(f"{request.count} sessions asked for, {self.free_slots} KV slots free")
         if request.count > len(self._free):
-            self._make_room(request.count)
+            self._parking.make_room(request.count)
         first = self.open_session(request.scope, request.prompt)
         return [first, *(self.open_session(request.scope) for _ in range(request.count - 1))]
 
@@ -419,7 +372,7 @@ class Engine(Prefilling):
             if len(s.tokens) > s.length or s.fresh > s.length or s.closed:
                 problems.append(f"row {s.row}: {len(s.tokens)} tokens, {s.fresh} fresh, length "
                                 f"{s.length}, closed {s.closed}")
-        for s in self._parked:
+        for s in self._parking.sessions:
             if s.parked is None or s.row != -1 or s.closed or int(s.parked.kv.shape[3]) != s.length:
                 problems.append(f"a parked session of length {s.length} holds row {s.row}, closed {s.closed}")
         problems += [f"row {r} holds a parked session" for r, s in self._open.items() if s.parked is not None]
@@ -534,7 +487,7 @@ class Engine(Prefilling):
                 self.rewind(session, 0)
             self.append(session, [0])
             for batch in self.batch_widths:
-                if self.backend.name == "cpu" and batch > 1:
+                if self.backend.batch_commits_rows and batch > 1:
                     # Prepared, not run: onnxruntime's CPU attention commits every row a forward
                     # rides along in full, so running the widest batch would commit the whole pool
                     # at start (the peak a memory limit sees); a CPU variant has nothing to capture.
@@ -582,12 +535,7 @@ class Engine(Prefilling):
             prefix=self.prefixes.stats(), parking=self.parking())
 
     def parking(self) -> ParkingStats:
-        return ParkingStats(sessions_parked=len(self._parked),
-                            parked_bytes=self.parked_bytes,
-                            parks=self._moves["parks"], unparks=self._moves["unparks"],
-                            park_seconds=self._move_seconds["park"],
-                            unpark_seconds=self._move_seconds["unpark"],
-                            released_bytes=int(getattr(self.backend, "released_bytes", 0)))
+        return self._parking.stats()
 
     def close(self) -> None:
         self.decoder.settle()

@@ -66,6 +66,10 @@ class Backend(Protocol[VariantT]):
     # row count), not only on one row against several (MatMulNBits on CPU): prefill re-runs and
     # shared prefixes then follow a fresh run's own forwards in every mode (engine.planner.restore).
     rows_follow_width: bool
+    # A decode forward over rows [0, B) commits the memory of every one of them, held or free (CPU
+    # attention touches each row it runs over in full): warm-up then prepares a batch wider than
+    # one without running it, so starting does not commit the whole pool.
+    batch_commits_rows: bool
 
     def allocate(self, rows: int, capacity: int) -> KvPool:
         """The KV pool and the logits store, once, before any forward."""

@@ -81,6 +81,7 @@ class CpuBackend:
     weights_bytes = 0
     async_capable = False
     rows_follow_width = False  # MLAS: a row in any multi-row forward is the same row
+    batch_commits_rows = True  # onnxruntime's CPU attention touches every row of the batch
 
     def __init__(self, info: ModelInfo, options: EngineOptions) -> None:
         self.info = info

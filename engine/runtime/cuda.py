@@ -118,6 +118,7 @@ class CudaBackend:
     evictable = False  # onnxruntime cannot release one captured graph
     async_capable = True  # a decode forward can be launched without waiting (see decode.py's lookahead)
     rows_follow_width = True  # cuBLAS and MatMulNBits pick kernels by M: measured on the H200 (issue 22)
+    batch_commits_rows = False  # the pool is device memory, allocated whole up front
 
     def __init__(self, info: ModelInfo, options: EngineOptions, runtime: Placement | None = None) -> None:
         if info.recurrent_state:

@@ -1,0 +1,124 @@
+"""Parking: more sessions open than the KV pool has rows.
+
+An open session nobody is using (`Session.parkable`, which the service sets between calls) may
+leave its pool row for a session that needs one: its KV positions and next-token logits are
+copied off the pool, bit for bit (`Backend.park_row`), and the row is free. Its next touch brings
+it back into any free row. `Parking` holds the parked sessions, the bytes they hold and the
+counts of moves (`ParkingStats`), and picks whom to park: the least recently used parkable
+sessions the running step does not use. The rows stay the engine's: the engine owns one Parking,
+its one caller, and Parking moves sessions between rows with the engine's own row bookkeeping
+(`Engine._take_row`, `Engine._leave_row`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from engine.errors import Exhausted, InvalidInput, NoFreeRow
+from engine.executor.session import Session
+from engine.executor.stats import ParkingStats
+
+if TYPE_CHECKING:
+    from engine.executor.engine import Engine
+
+
+class Parking:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sessions: set[Session] = set()  # open sessions whose KV is off the pool (ParkedRow)
+        self.pinned: set[Session] = set()  # the running step's sessions: never parked to make room
+        self.ticks = 0  # steps run: a session's `used` is the tick it was last touched at
+        self.parked_bytes = 0  # what parked sessions hold (an int: read from other threads)
+        self._moves = {"parks": 0, "unparks": 0}
+        self._seconds = {"park": 0.0, "unpark": 0.0}
+
+    def begin_step(self, sessions: set[Session]) -> None:
+        """A step starts: the clock ticks, and its sessions keep their rows until it ends."""
+        self.ticks += 1
+        self.pinned = sessions
+
+    def end_step(self) -> None:
+        self.pinned = set()
+
+    def touch(self, session: Session) -> None:
+        """An open session is used: it is the most recently used, back on a pool row if it was parked."""
+        session.used = self.ticks
+        if session.parked is not None:
+            self.unpark(session)
+
+    def park(self, session: Session) -> int:
+        """`Engine.park` of an open session: its KV and logits copied off its row, bit for bit, and
+        the row free; its next `touch` brings it back. The bytes it holds parked."""
+        if session.parked is not None:
+            return int(session.parked.nbytes)
+        engine = self.engine
+        if engine.info.recurrent_state:
+            raise InvalidInput("a decoder with recurrent state cannot park a session: its state is not KV")
+        engine.decoder.settle()
+        started = time.perf_counter()
+        session.parked = engine.backend.park_row(session.row, session.length)
+        engine._leave_row(session)
+        session.row = -1
+        self.sessions.add(session)
+        self.parked_bytes += int(session.parked.nbytes)
+        self._moves["parks"] += 1
+        self._seconds["park"] += time.perf_counter() - started
+        return int(session.parked.nbytes)
+
+    def unpark(self, session: Session) -> None:
+        """Bring a parked session back into the lowest free row (parking another to make room)."""
+        engine = self.engine
+        if not engine._free:
+            self.make_room(1, NoFreeRow)  # it waits for a row (the scheduler retries it)
+        engine.decoder.settle()
+        started = time.perf_counter()
+        row = min(engine._free)
+        engine.prefixes.vacate(row, engine._free)
+        parked, session.parked = session.parked, None
+        self.parked_bytes -= int(parked.nbytes)
+        engine.backend.unpark_row(row, parked)
+        self.sessions.discard(session)
+        engine._take_row(row, session, session.length)
+        self._moves["unparks"] += 1
+        self._seconds["unpark"] += time.perf_counter() - started
+
+    def drop(self, session: Session) -> None:
+        """A parked session closes: its parked copy goes."""
+        self.parked_bytes -= int(session.parked.nbytes)
+        session.parked = None
+        self.sessions.discard(session)
+
+    def parkable(self) -> list[Session]:
+        """Sessions that may leave their row for one who needs it, least recently used first."""
+        return sorted(self._idle(), key=lambda s: s.used)
+
+    def parkable_count(self) -> int:
+        """How many sessions `parkable` names, without ordering them (free slots, every round)."""
+        return sum(1 for _ in self._idle())
+
+    def _idle(self) -> Iterator[Session]:
+        """Open sessions nobody is using that the running step does not name (none with recurrent state)."""
+        if not self.engine.info.recurrent_state:
+            yield from (s for s in self.engine._open.values() if s.parkable and s not in self.pinned)
+
+    def make_room(self, rows: int, error: type[Exhausted] = Exhausted) -> None:
+        """Park the least recently used parkable sessions until `rows` rows are free; `error` if every
+        row is held by a session in use (a new session fails at once, a parked one waits)."""
+        free = self.engine._free
+        for session in self.parkable():
+            if len(free) >= rows:
+                break
+            self.park(session)
+        if len(free) < rows:
+            raise error(f"all {self.engine.pool.rows} KV slots hold sessions in use ({len(free)} free, "
+                        f"{rows} needed)")
+
+    def stats(self) -> ParkingStats:
+        return ParkingStats(sessions_parked=len(self.sessions),
+                            parked_bytes=self.parked_bytes,
+                            parks=self._moves["parks"], unparks=self._moves["unparks"],
+                            park_seconds=self._seconds["park"],
+                            unpark_seconds=self._seconds["unpark"],
+                            released_bytes=int(getattr(self.engine.backend, "released_bytes", 0)))

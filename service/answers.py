@@ -1,0 +1,89 @@
+"""Handing a step's results back to the jobs that asked for them.
+
+The scheduler (service/scheduler.py) runs a round's steps; `Answers` reads each `StepResult` and
+answers the jobs waiting on its items, in the order they asked: session operations (with the
+engine's seconds for a `Timed` one), opens (a `Lend`'s sessions stay the job's), prefill forwards
+and decode rows. A parked session waiting for a row, or an open that found no slot, is left
+unanswered: the job asks again next round. A prefill or decode forward that ran is reported
+(`forward_done`: the metrics and a debug line).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from engine.errors import Exhausted, NoFreeRow
+from engine.executor.step import Outcome, StepResult
+from service.jobs import Job
+from service.rounds import Lend, Timed, Tokens
+
+ForwardDone = Callable[[str, float, Callable[[], dict[str, Any]]], None]  # kind, seconds, debug detail
+
+
+def _prefill_detail(job: Job, outcome: Outcome) -> dict[str, Any]:
+    """The debug line's detail of the prefill forward `job` just ran."""
+    report = outcome.value.report
+    return {"request_id": job.request_id, "width": report.width, "rows": report.forward.rows,
+            "past": report.forward.past}
+
+
+class Answers:
+    def __init__(self, fault: Callable[[BaseException], None], forward_done: ForwardDone) -> None:
+        self._fault = fault  # every error answered goes to it (the scheduler reports engine faults)
+        self._forward_done = forward_done
+
+    def answer(self, job: Job, outcome: Outcome) -> None:
+        if isinstance(outcome.error, NoFreeRow):
+            return  # its parked session waits for a slot: the request runs again next round
+        if outcome.error is not None:
+            self._fault(outcome.error)
+        job.answer(outcome.value, outcome.error)
+
+    def ops(self, jobs: list[Job], result: StepResult, skip: int) -> None:
+        """The session operations' jobs (the step's first `skip` ops were closes nobody waits on)."""
+        for job, outcome, seconds in zip(jobs, result.ops[skip:], result.op_seconds[skip:], strict=True):
+            if isinstance(job.want, Timed) and outcome.error is None:
+                outcome = Outcome((outcome.value, seconds))
+            self.answer(job, outcome)
+
+    def opens(self, jobs: list[Job], result: StepResult) -> None:
+        for job, outcome in zip(jobs, result.opens, strict=True):
+            if isinstance(outcome.error, Exhausted):
+                continue  # a slot counted as freed this round was not: it waits for the next
+            lend = isinstance(job.want, Lend)
+            self.answer(job, outcome)
+            if outcome.error is None and lend:
+                job.lent = list(outcome.value)
+                job.slots = len(job.lent)
+
+    def prefills(self, jobs: list[Job], result: StepResult) -> tuple[tuple[int, int], ...]:
+        """Answer the prefill jobs; (job, forward width) of each, 0 where none ran."""
+        ran = []
+        for job, outcome, seconds in zip(jobs, result.prefills, result.prefill_seconds, strict=True):
+            self.answer(job, outcome)
+            report = outcome.value.report if outcome.error is None else None
+            if report is not None:
+                self._forward_done("prefill", seconds, functools.partial(_prefill_detail, job, outcome))
+            ran.append((job.serial, report.width if report is not None else 0))
+        return tuple(ran)
+
+    def decode(self, jobs: list[Job], wanted: list[tuple[Any, ...]],
+               result: StepResult) -> tuple[tuple[int, int], ...]:
+        """Answer the decode jobs (`wanted`: each one's rows, in the step's order); (job, pool row)
+        of each row. A job whose row failed gets that row's error."""
+        outcomes = iter(result.decode)
+        for job, rows in zip(jobs, wanted, strict=True):
+            mine = [next(outcomes) for _ in rows]
+            error = next((o.error for o in mine if o.error is not None), None)
+            if error is not None:
+                self.answer(job, Outcome(error=error))
+            else:
+                tokens = [o.value for o in mine]
+                job.answer(tokens if isinstance(job.want, Tokens) else tokens[0])
+        if result.batch:
+            self._forward_done("decode", result.decode_seconds, lambda: {
+                "rows": len(result.decode), "batch": result.batch,
+                "request_ids": [j.request_id for j in jobs]})
+        return tuple((j.serial, r.session.row) for j, rows in zip(jobs, wanted, strict=True) for r in rows)
