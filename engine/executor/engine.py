@@ -359,7 +359,8 @@ class Engine(Prefilling):
         """Raise EngineFault when the engine's bookkeeping no longer holds (run after every step):
         every pool row is free or owned by one open session, on its own row; a held prefix sits
         on a free row; a session holds no more tokens and fresh rows than its length; and, unless
-        a forward is in flight (a lookahead), each open row's mask says its session's length."""
+        a forward is in flight (a lookahead), each open row's mask says its session's length; a
+        session parked since the last check holds no row and a copy of exactly its length."""
         rows = set(range(self.pool.rows))
         owned = set(self._open)
         problems = []
@@ -372,14 +373,16 @@ class Engine(Prefilling):
             if len(s.tokens) > s.length or s.fresh > s.length or s.closed:
                 problems.append(f"row {s.row}: {len(s.tokens)} tokens, {s.fresh} fresh, length "
                                 f"{s.length}, closed {s.closed}")
-        for s in self._parking.sessions:
-            if s.parked is None or s.row != -1 or s.closed or int(s.parked.kv.shape[3]) != s.length:
+        for s in self._parking.unchecked:
+            if (s not in self._parking.sessions or s.parked is None or s.row != -1 or s.closed
+                    or int(s.parked.kv.shape[3]) != s.length):
                 problems.append(f"a parked session of length {s.length} holds row {s.row}, closed {s.closed}")
         problems += [f"row {r} holds a parked session" for r, s in self._open.items() if s.parked is not None]
         if not self.decoder.in_flight:
             lengths = self.pool.mask_lengths
             problems += [f"row {r}: mask {lengths[r]}, length {s.length}" for r, s in self._open.items()
                          if lengths[r] != s.length]
+        self._parking.unchecked.clear()
         if problems:
             raise EngineFault("engine bookkeeping broke: " + "; ".join(problems))
 

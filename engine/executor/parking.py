@@ -28,6 +28,9 @@ class Parking:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.sessions: set[Session] = set()  # open sessions whose KV is off the pool (ParkedRow)
+        # Parked since the engine last checked its bookkeeping: a parked session cannot change until
+        # its next touch brings it back, so each is checked once, not every step (1,000s may park).
+        self.unchecked: set[Session] = set()
         self.pinned: set[Session] = set()  # the running step's sessions: never parked to make room
         self.ticks = 0  # steps run: a session's `used` is the tick it was last touched at
         self.parked_bytes = 0  # what parked sessions hold (an int: read from other threads)
@@ -62,6 +65,7 @@ class Parking:
         engine._leave_row(session)
         session.row = -1
         self.sessions.add(session)
+        self.unchecked.add(session)
         self.parked_bytes += int(session.parked.nbytes)
         self._moves["parks"] += 1
         self._seconds["park"] += time.perf_counter() - started
@@ -80,6 +84,7 @@ class Parking:
         self.parked_bytes -= int(parked.nbytes)
         engine.backend.unpark_row(row, parked)
         self.sessions.discard(session)
+        self.unchecked.discard(session)
         engine._take_row(row, session, session.length)
         self._moves["unparks"] += 1
         self._seconds["unpark"] += time.perf_counter() - started
@@ -89,6 +94,7 @@ class Parking:
         self.parked_bytes -= int(session.parked.nbytes)
         session.parked = None
         self.sessions.discard(session)
+        self.unchecked.discard(session)
 
     def parkable(self) -> list[Session]:
         """Sessions that may leave their row for one who needs it, least recently used first."""
