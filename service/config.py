@@ -90,8 +90,11 @@ class Config:
     sessions_per_caller: int = 0  # 0 = every KV slot but one (at least one): a fair share
     # Sessions beyond slots: idle sessions park off their KV slot (KV kept exactly) in up to this many
     # MB, so sessions open are bounded by memory, slots only the decode batch. None = auto
-    # (half the memory free once the model is loaded: host memory on CPU, device memory on CUDA); 0 = off.
+    # (half the host memory free once the model is loaded, plus on CUDA the device's share below); 0 = off.
     session_memory_mb: int | None = None
+    # CUDA: of that, parked KV kept in device memory; past it the most idle spill to pinned host
+    # memory. None = auto (half the device memory free once the model is warm).
+    session_device_memory_mb: int | None = None
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""  # set: clients must present a certificate it signed (mTLS)
@@ -155,9 +158,13 @@ _HELP = {
     "sessions_per_caller": "sessions one caller may hold, those it waits for too (0: no limit but the memory "
                            "when idle sessions park, as by default; every KV slot but one with "
                            "--session-memory-mb 0)",
-    "session_memory_mb": "idle sessions park off their KV slot in up to this many MB; open sessions are "
-                         "then bounded by it, not by slots (auto: half the memory free once the model is "
-                         "loaded, on the device on CUDA; 0 = off: a session holds its slot)",
+    "session_memory_mb": "idle sessions park off their KV slot in up to this many MB; open sessions "
+                         "are then bounded by it, not by slots (auto: half the host memory free once "
+                         "the model is loaded, plus on CUDA --session-device-memory-mb; 0 = off: a "
+                         "session holds its slot)",
+    "session_device_memory_mb": "CUDA: parked sessions' KV kept in device memory up to this many MB, "
+                                "the most idle spilling to pinned host memory past it (auto: half the "
+                                "device memory free once the model is loaded)",
     "prefix_sharing": "a prompt starting with a prefix the server holds (in ladder steps) copies its KV",
     "prefix_across_callers": "share held prefixes between callers told apart by auth (their timing leaks)",
     "deterministic": "each request's tokens and log-probabilities depend on the request alone, not on the "
@@ -186,6 +193,7 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "max_queue": (1, None), "session_idle_seconds": (0.001, None), "drain_seconds": (0, None),
     "max_prompt_tokens": (0, None), "max_new_tokens": (1, None), "default_max_new_tokens": (0, None),
     "max_message_bytes": (1, None), "sessions_per_caller": (0, None), "session_memory_mb": (0, None),
+    "session_device_memory_mb": (0, None),
     "intra_op_threads": (0, None),
     "constraint_cache_mb": (1, None),
 }

@@ -42,13 +42,19 @@ def load_model(config: Config) -> ServedModel:
 
 
 def session_memory_bytes(config: Config, engine: Engine) -> int:
-    """What parked sessions may hold (--session-memory-mb; 0 = parking off). Auto: half the memory
-    free now that the model is loaded and warm: on the device when parked KV stays there (CUDA),
-    else the host's (within a cgroup's limit)."""
+    """What parked sessions may hold (--session-memory-mb; 0 = parking off), and on CUDA how much of
+    it stays on the device (--session-device-memory-mb, the rest spilling to pinned host memory).
+    Auto: half the memory free now that the model is loaded and warm: the host's (within a
+    cgroup's limit), plus on CUDA half the device's."""
+    free_device = engine.backend.free_device_bytes()
+    device = None
+    if free_device is not None:
+        auto = free_device // 2
+        device = auto if config.session_device_memory_mb is None else config.session_device_memory_mb << 20
+        engine.limit_parked_on_device(device)
     if config.session_memory_mb is not None:
         return config.session_memory_mb << 20
-    device = engine.backend.free_device_bytes()
-    return (host_memory_free_bytes() if device is None else device) // 2
+    return host_memory_free_bytes() // 2 + (device or 0)
 
 
 def read_tokenizer(path: Path) -> Tokenizer | None:

@@ -274,9 +274,13 @@ class ParkingCollector(Collector):
                                 value=p.sessions_parked)
         yield GaugeMetricFamily("ladder_parked_bytes", "KV and logits bytes parked sessions hold",
                                 value=p.parked_bytes)
+        yield GaugeMetricFamily("ladder_parked_device_bytes",
+                                "Of those, the bytes in device memory (CUDA; the rest is host memory)",
+                                value=p.device_bytes)
         for name, value, text in (
                 ("parks", p.parks, "Sessions moved off their KV slot"),
                 ("unparks", p.unparks, "Parked sessions brought back into a KV slot"),
+                ("parked_spills", p.spills, "Parked sessions moved from device to host memory"),
                 ("park_seconds", p.park_seconds, "Seconds spent parking sessions"),
                 ("unpark_seconds", p.unpark_seconds, "Seconds spent bringing parked sessions back")):
             yield CounterMetricFamily(f"ladder_{name}", text, value=value)

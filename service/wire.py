@@ -213,7 +213,8 @@ def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any,
 def parking_stats(p: Any, enabled: bool) -> pb.ParkingStats:
     return pb.ParkingStats(enabled=enabled, sessions_parked=p.sessions_parked, parked_bytes=p.parked_bytes,
                            parks=p.parks, unparks=p.unparks, park_seconds=p.park_seconds,
-                           unpark_seconds=p.unpark_seconds, released_bytes=p.released_bytes)
+                           unpark_seconds=p.unpark_seconds, released_bytes=p.released_bytes,
+                           device_bytes=p.device_bytes, spills=p.spills)
 
 
 def prefix_stats(p: Any) -> pb.PrefixStats:

@@ -540,6 +540,11 @@ class Engine(Prefilling):
     def parking(self) -> ParkingStats:
         return self._parking.stats()
 
+    def limit_parked_on_device(self, nbytes: int | None) -> None:
+        """Parked copies kept in device memory up to `nbytes`; past it the sessions idle longest
+        spill to host memory (pinned). None: no limit. Only the CUDA backend parks on a device."""
+        self._parking.device_limit = nbytes
+
     def close(self) -> None:
         self.decoder.settle()
         self.variants.clear()

@@ -34,6 +34,11 @@ class Parking:
         self.pinned: set[Session] = set()  # the running step's sessions: never parked to make room
         self.ticks = 0  # steps run: a session's `used` is the tick it was last touched at
         self.parked_bytes = 0  # what parked sessions hold (an int: read from other threads)
+        # Parked copies in device memory, and how many bytes of them it may hold before the most
+        # idle spill to host memory (`limit_device`; None = no limit: nothing spills).
+        self.device_bytes = 0
+        self.device_limit: int | None = None
+        self.spills = 0
         self._moves = {"parks": 0, "unparks": 0}
         self._seconds = {"park": 0.0, "unpark": 0.0}
 
@@ -66,10 +71,28 @@ class Parking:
         session.row = -1
         self.sessions.add(session)
         self.unchecked.add(session)
-        self.parked_bytes += int(session.parked.nbytes)
+        nbytes = int(session.parked.nbytes)
+        self.parked_bytes += nbytes
+        self.device_bytes += nbytes if session.parked.on_device else 0
+        self._spill()
         self._moves["parks"] += 1
         self._seconds["park"] += time.perf_counter() - started
-        return int(session.parked.nbytes)
+        return nbytes
+
+    def _spill(self) -> None:
+        """Past the device limit, the parked sessions idle longest move to host memory, until the
+        device's parked copies fit again (device memory first, then host, by idleness)."""
+        if self.device_limit is None or self.device_bytes <= self.device_limit:
+            return
+        on_device = sorted((s for s in self.sessions if s.parked is not None and s.parked.on_device),
+                           key=lambda s: s.used)
+        for session in on_device:
+            if self.device_bytes <= self.device_limit:
+                break
+            assert session.parked is not None
+            self.device_bytes -= int(session.parked.nbytes)
+            session.parked = self.engine.backend.spill_row(session.parked)
+            self.spills += 1
 
     def unpark(self, session: Session) -> None:
         """Bring a parked session back into the lowest free row (parking another to make room)."""
@@ -82,6 +105,7 @@ class Parking:
         engine.prefixes.vacate(row, engine._free)
         parked, session.parked = session.parked, None
         self.parked_bytes -= int(parked.nbytes)
+        self.device_bytes -= int(parked.nbytes) if parked.on_device else 0
         engine.backend.unpark_row(row, parked)
         self.sessions.discard(session)
         self.unchecked.discard(session)
@@ -92,6 +116,7 @@ class Parking:
     def drop(self, session: Session) -> None:
         """A parked session closes: its parked copy goes."""
         self.parked_bytes -= int(session.parked.nbytes)
+        self.device_bytes -= int(session.parked.nbytes) if session.parked.on_device else 0
         session.parked = None
         self.sessions.discard(session)
         self.unchecked.discard(session)
@@ -127,4 +152,5 @@ class Parking:
                             parks=self._moves["parks"], unparks=self._moves["unparks"],
                             park_seconds=self._seconds["park"],
                             unpark_seconds=self._seconds["unpark"],
+                            device_bytes=self.device_bytes, spills=self.spills,
                             released_bytes=int(getattr(self.engine.backend, "released_bytes", 0)))

@@ -60,6 +60,8 @@ class ParkingStats:
     park_seconds: float = 0.0
     unpark_seconds: float = 0.0
     released_bytes: int = 0  # KV pages of free rows handed back to the system (CPU)
+    device_bytes: int = 0  # of parked_bytes, those in device memory (CUDA; the rest is host memory)
+    spills: int = 0  # parked copies moved from device to host memory
 
 
 @dataclass(frozen=True)

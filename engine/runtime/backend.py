@@ -56,6 +56,11 @@ class ParkedRow:
     def nbytes(self) -> int:
         return int(self.kv.nbytes) + int(self.logits.nbytes)
 
+    @property
+    def on_device(self) -> bool:
+        """Whether the copy is in device memory (host memory is numpy's: pinned on CUDA)."""
+        return not isinstance(self.kv, np.ndarray)
+
 
 class Backend(Protocol[VariantT]):
     name: str
@@ -143,6 +148,11 @@ class Backend(Protocol[VariantT]):
 
     def unpark_row(self, row: int, parked: ParkedRow) -> None:
         """Write a parked copy back into pool row `row` (any row: positions carry no row)."""
+        ...
+
+    def spill_row(self, parked: ParkedRow) -> ParkedRow:
+        """A parked copy in device memory moved to host memory (pinned: unparking is one copy), the
+        device's copy freed once dropped; a copy in host memory already is returned as it is."""
         ...
 
     def release_row(self, row: int) -> None:

@@ -149,6 +149,9 @@ class CpuBackend:
         self.pool.block[:, :, row, :, :parked.kv.shape[3]] = parked.kv
         self.store[row] = parked.logits
 
+    def spill_row(self, parked: ParkedRow) -> ParkedRow:
+        return parked  # host memory already
+
     def release_row(self, row: int) -> None:
         """The row's KV pages go back to the system: a free row costs no memory until written."""
         assert self.pool is not None

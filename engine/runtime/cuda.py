@@ -195,6 +195,17 @@ class CudaBackend:
             self.staging.written(0)  # the staging row's copy of `row` is stale from position 0
         self.queued = True
 
+    def spill_row(self, parked: ParkedRow) -> ParkedRow:
+        if not parked.on_device:
+            return parked
+        with self.rt.enter():
+            kv = self.rt.host_zeros(parked.kv.shape, parked.kv.dtype)
+            logits = self.rt.host_zeros(parked.logits.shape, parked.logits.dtype)
+            parked.kv.get(out=kv, stream=self.rt.stream)
+            parked.logits.get(out=logits, stream=self.rt.stream)
+            self.rt.stream.synchronize()
+        return ParkedRow(kv, logits)
+
     def release_row(self, row: int) -> None:
         """Device memory is allocated whole: nothing to hand back."""
 

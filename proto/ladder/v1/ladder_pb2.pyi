@@ -501,7 +501,7 @@ class EngineStats(_message.Message):
     def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ..., prefix: _Optional[_Union[PrefixStats, _Mapping]] = ..., parking: _Optional[_Union[ParkingStats, _Mapping]] = ...) -> None: ...
 
 class ParkingStats(_message.Message):
-    __slots__ = ("enabled", "sessions_parked", "parked_bytes", "parks", "unparks", "park_seconds", "unpark_seconds", "released_bytes")
+    __slots__ = ("enabled", "sessions_parked", "parked_bytes", "parks", "unparks", "park_seconds", "unpark_seconds", "released_bytes", "device_bytes", "spills")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_PARKED_FIELD_NUMBER: _ClassVar[int]
     PARKED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -510,6 +510,8 @@ class ParkingStats(_message.Message):
     PARK_SECONDS_FIELD_NUMBER: _ClassVar[int]
     UNPARK_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RELEASED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPILLS_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     sessions_parked: int
     parked_bytes: int
@@ -518,7 +520,9 @@ class ParkingStats(_message.Message):
     park_seconds: float
     unpark_seconds: float
     released_bytes: int
-    def __init__(self, enabled: _Optional[bool] = ..., sessions_parked: _Optional[int] = ..., parked_bytes: _Optional[int] = ..., parks: _Optional[int] = ..., unparks: _Optional[int] = ..., park_seconds: _Optional[float] = ..., unpark_seconds: _Optional[float] = ..., released_bytes: _Optional[int] = ...) -> None: ...
+    device_bytes: int
+    spills: int
+    def __init__(self, enabled: _Optional[bool] = ..., sessions_parked: _Optional[int] = ..., parked_bytes: _Optional[int] = ..., parks: _Optional[int] = ..., unparks: _Optional[int] = ..., park_seconds: _Optional[float] = ..., unpark_seconds: _Optional[float] = ..., released_bytes: _Optional[int] = ..., device_bytes: _Optional[int] = ..., spills: _Optional[int] = ...) -> None: ...
 
 class DecodeStats(_message.Message):
     __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason", "lookahead_hits", "lookahead_misses")
