@@ -103,10 +103,12 @@ class Parking:
         started = time.perf_counter()
         row = min(engine._free)
         engine.prefixes.vacate(row, engine._free)
-        parked, session.parked = session.parked, None
+        parked = session.parked
+        assert parked is not None
+        engine.backend.unpark_row(row, parked)  # first: if it fails the session is still parked, whole
+        session.parked = None
         self.parked_bytes -= int(parked.nbytes)
         self.device_bytes -= int(parked.nbytes) if parked.on_device else 0
-        engine.backend.unpark_row(row, parked)
         self.sessions.discard(session)
         self.unchecked.discard(session)
         engine._take_row(row, session, session.length)

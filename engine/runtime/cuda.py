@@ -188,9 +188,11 @@ class CudaBackend:
 
     def unpark_row(self, row: int, parked: ParkedRow) -> None:
         assert self.pool is not None and self.staging is not None
-        with self.rt.enter():
-            self.pool.block[:, :, row, :, :parked.kv.shape[3]] = parked.kv
-            self.store[row] = parked.logits
+        with self.rt.enter():  # a copy spilled to pinned host memory goes up first
+            kv = parked.kv if parked.on_device else self.xp.asarray(parked.kv)
+            logits = parked.logits if parked.on_device else self.xp.asarray(parked.logits)
+            self.pool.block[:, :, row, :, :parked.kv.shape[3]] = kv
+            self.store[row] = logits
         if self.staging.row == row:
             self.staging.written(0)  # the staging row's copy of `row` is stale from position 0
         self.queued = True
