@@ -24,6 +24,7 @@ import structlog
 from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity
 from engine.executor.decode import BatchDecoder
 from engine.executor.facts import EngineFacts
+from engine.executor.invariants import bookkeeping_problems
 from engine.executor.parking import Parking
 from engine.executor.prefill import (
     ForwardReport,
@@ -32,6 +33,7 @@ from engine.executor.prefill import (
 from engine.executor.prefilling import Prefilling, check_length
 from engine.executor.prefix import HeldPrefixes, Hit
 from engine.executor.session import Session
+from engine.executor.sizing import pool_rows, variant_reserve
 from engine.executor.stats import (
     DecodeStats,
     EngineStats,
@@ -49,13 +51,14 @@ from engine.executor.step import (
     StepResult,
 )
 from engine.executor.stepping import run_step
+from engine.executor.warmup import warm_up
 from engine.head import prepared_graph
 from engine.model import ModelInfo, load_model_info
 from engine.options import EngineOptions
 from engine.runtime.backend import Backend
 from engine.runtime.cpu import CpuBackend, _dtype
-from engine.runtime.variants import VariantCache, VariantKey
-from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
+from engine.runtime.variants import VariantCache
+from engine.sampling import Sampler
 
 __all__ = ["DecodeRow", "Engine", "EngineStats", "MemoryUse", "Step", "StepResult", "kv_slot_bytes",
            "variant_bytes_estimate"]
@@ -146,23 +149,12 @@ class Engine(Prefilling):
 
     # -- the pool -----------------------------------------------------------------------
     def _variant_reserve(self, rows: int) -> int:
-        batches = () if self.unbatched_reason else batch_widths(rows)
-        reserve = (sum(variant_bytes_estimate(self.info, w) for w in self.ladder)
-                   + sum(variant_bytes_estimate(self.info, 1, b) for b in batches))
-        return reserve or variant_bytes_estimate(self.info, 1)
+        return variant_reserve(self.info, self.ladder, rows, batched=not self.unbatched_reason)
 
     def _pool_rows(self) -> int:
         """max_sessions rows, or as many as the memory budget holds beside weights and variants."""
-        budget, rows = self.options.memory_budget_bytes, self.options.max_sessions
-        def need(n: int) -> int:
-            return self.weights_bytes + n * self.slot_bytes + self._variant_reserve(n)
-
-        while budget and rows and need(rows) > budget:
-            rows -= 1
-        if rows < 1:
-            raise Exhausted(f"memory budget: {budget >> 20} MiB holds the weights "
-                            f"({self.weights_bytes >> 20} MiB) but not one session's KV "
-                            f"({self.slot_bytes >> 20} MiB) and the variants")
+        rows = pool_rows(self.options.max_sessions, self.options.memory_budget_bytes, self.weights_bytes,
+                         self.slot_bytes, self._variant_reserve)
         if rows < self.options.max_sessions:
             log.warning("memory_budget_limits_sessions", slots=rows, max_sessions=self.options.max_sessions)
         return rows
@@ -171,6 +163,11 @@ class Engine(Prefilling):
     def free_slots(self) -> int:
         """Rows free now, and rows a session nobody is using holds (parked when a row is needed)."""
         return len(self._free) + self._parking.parkable_count()
+
+    @property
+    def free_rows(self) -> set[int]:
+        """The pool rows no session holds (a held prefix may sit on one)."""
+        return self._free
 
     @property
     def rows_held(self) -> int:
@@ -356,33 +353,9 @@ class Engine(Prefilling):
             raise OverCapacity("the session has no next-token logits (it is empty)")
 
     def check_invariants(self) -> None:
-        """Raise EngineFault when the engine's bookkeeping no longer holds (run after every step):
-        every pool row is free or owned by one open session, on its own row; a held prefix sits
-        on a free row; a session holds no more tokens and fresh rows than its length; and, unless
-        a forward is in flight (a lookahead), each open row's mask says its session's length; a
-        session parked since the last check holds no row and a copy of exactly its length."""
-        rows = set(range(self.pool.rows))
-        owned = set(self._open)
-        problems = []
-        if owned & self._free or owned | self._free != rows:
-            problems.append(f"rows owned {sorted(owned)} and free {sorted(self._free)} do not split the pool")
-        problems += [f"row {r} holds a session of row {s.row}" for r, s in self._open.items() if s.row != r]
-        problems += [f"held prefix on row {r}, which a session owns" for r in self.prefixes.held
-                     if r in owned]
-        for s in self._open.values():
-            if len(s.tokens) > s.length or s.fresh > s.length or s.closed:
-                problems.append(f"row {s.row}: {len(s.tokens)} tokens, {s.fresh} fresh, length "
-                                f"{s.length}, closed {s.closed}")
-        for s in self._parking.unchecked:
-            if (s not in self._parking.sessions or s.parked is None or s.row != -1 or s.closed
-                    or int(s.parked.kv.shape[3]) != s.length):
-                problems.append(f"a parked session of length {s.length} holds row {s.row}, closed {s.closed}")
-        problems += [f"row {r} holds a parked session" for r, s in self._open.items() if s.parked is not None]
-        if not self.decoder.in_flight:
-            lengths = self.pool.mask_lengths
-            problems += [f"row {r}: mask {lengths[r]}, length {s.length}" for r, s in self._open.items()
-                         if lengths[r] != s.length]
-        self._parking.unchecked.clear()
+        """Raise EngineFault when the engine's bookkeeping no longer holds (run after every step;
+        what is checked: engine/executor/invariants.py)."""
+        problems = bookkeeping_problems(self, self._open, self._free, self._parking)
         if problems:
             raise EngineFault("engine bookkeeping broke: " + "; ".join(problems))
 
@@ -477,38 +450,9 @@ class Engine(Prefilling):
 
     # -- warm-up --------------------------------------------------------------------------
     def warm_up(self) -> int:
-        """Prepare every shape the engine plans (each ladder width, each batch width) before any request,
-        so no request pays for a preparation (a graph capture on CUDA). Returns the variants prepared."""
-        if self.info.supplied_ports or self.info.feed.name != "input_ids" or not self._free:
-            return 0  # shapes depend on what callers supply: prepared as they come
-        before = self.variants.prepared
-        session = self.open_session()
-        try:
-            widths = [w for w in self.ladder if w <= self.capacity] if self.options.padding else []
-            for width in () if self.info.recurrent_state else widths:
-                self.append(session, [0] * width)
-                self.rewind(session, 0)
-            self.append(session, [0])
-            for batch in self.batch_widths:
-                if self.backend.batch_commits_rows and batch > 1:
-                    # Prepared, not run: onnxruntime's CPU attention commits every row a forward
-                    # rides along in full, so running the widest batch would commit the whole pool
-                    # at start (the peak a memory limit sees); a CPU variant has nothing to capture.
-                    self.decoder.variant(VariantKey(1, (), batch))
-                    continue
-                self.decoder.forward({session.row: 0}, least=batch)
-            # Choosing compiles its device kernels on first use (cupy): do it now, not in a request.
-            self.backend.choose([session.row], [Sampler(SamplingParams())], [[]])
-            self.backend.choose([session.row], [Sampler(SamplingParams(repetition_penalty=1.1))], [[0]])
-            penalized = Sampler(SamplingParams(presence_penalty=0.1, frequency_penalty=0.1))
-            penalized.chose(0)
-            self.backend.choose([session.row], [penalized], [[0]])
-            self.backend.logprobs([session.row], [0], MAX_TOP_LOGPROBS)
-        finally:
-            self.close_session(session, keep=False)
-        for row in self._free - self.prefixes.held.keys():  # the decode widths rode every row along
-            self.backend.release_row(row)
-        return self.variants.prepared - before
+        """Prepare every shape the engine plans before any request (engine/executor/warmup.py).
+        Returns the variants prepared."""
+        return warm_up(self)
 
     # -- conveniences (tests, benchmarks) ---------------------------------------------------
     def prefill(self, session: Session, tokens: Sequence[int] | None = None, *,

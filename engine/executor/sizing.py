@@ -1,0 +1,32 @@
+"""How many KV slots the pool gets: `--max-sessions`, or fewer where a memory budget cannot hold the
+weights, that many slots' KV and the variants the engine plans beside them. Pure values."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from engine.errors import Exhausted
+from engine.executor.stats import variant_bytes_estimate
+from engine.model import ModelInfo
+from engine.planner import batch_widths
+
+
+def variant_reserve(info: ModelInfo, ladder: Sequence[int], rows: int, batched: bool) -> int:
+    """Bytes the planned variants take: each prefill width, and each decode batch width over `rows`."""
+    batches = batch_widths(rows) if batched else ()
+    reserve = (sum(variant_bytes_estimate(info, w) for w in ladder)
+               + sum(variant_bytes_estimate(info, 1, b) for b in batches))
+    return reserve or variant_bytes_estimate(info, 1)
+
+
+def pool_rows(max_sessions: int, budget: int, weights: int, slot_bytes: int,
+              reserve: Callable[[int], int]) -> int:
+    """The most rows up to `max_sessions` whose weights + KV + `reserve(rows)` fit `budget` (0: no
+    budget); Exhausted when not even one does."""
+    rows = max_sessions
+    while budget and rows and weights + rows * slot_bytes + reserve(rows) > budget:
+        rows -= 1
+    if rows < 1:
+        raise Exhausted(f"memory budget: {budget >> 20} MiB holds the weights ({weights >> 20} MiB) but "
+                        f"not one session's KV ({slot_bytes >> 20} MiB) and the variants")
+    return rows

@@ -1,0 +1,48 @@
+"""Warm-up: every shape the engine plans (each ladder width, each batch width) prepared before any
+request, so no request pays for a preparation (a graph capture on CUDA), and the backend's choosing
+kernels built on first use now rather than in a request."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.runtime.variants import VariantKey
+from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
+
+if TYPE_CHECKING:
+    from engine.executor.engine import Engine
+
+
+def warm_up(engine: Engine) -> int:
+    """Prepare the planned shapes on a session of its own; the variants prepared."""
+    info, backend = engine.info, engine.backend
+    if info.supplied_ports or info.feed.name != "input_ids" or not engine.free_rows:
+        return 0  # shapes depend on what callers supply: prepared as they come
+    before = engine.variants.prepared
+    session = engine.open_session()
+    try:
+        widths = [w for w in engine.ladder if w <= engine.capacity] if engine.options.padding else []
+        for width in () if info.recurrent_state else widths:
+            engine.append(session, [0] * width)
+            engine.rewind(session, 0)
+        engine.append(session, [0])
+        for batch in engine.batch_widths:
+            if backend.batch_commits_rows and batch > 1:
+                # Prepared, not run: onnxruntime's CPU attention commits every row a forward
+                # rides along in full, so running the widest batch would commit the whole pool
+                # at start (the peak a memory limit sees); a CPU variant has nothing to capture.
+                engine.decoder.variant(VariantKey(1, (), batch))
+                continue
+            engine.decoder.forward({session.row: 0}, least=batch)
+        # Choosing compiles its device kernels on first use (cupy): do it now, not in a request.
+        backend.choose([session.row], [Sampler(SamplingParams())], [[]])
+        backend.choose([session.row], [Sampler(SamplingParams(repetition_penalty=1.1))], [[0]])
+        penalized = Sampler(SamplingParams(presence_penalty=0.1, frequency_penalty=0.1))
+        penalized.chose(0)
+        backend.choose([session.row], [penalized], [[0]])
+        backend.logprobs([session.row], [0], MAX_TOP_LOGPROBS)
+    finally:
+        engine.close_session(session, keep=False)
+    for row in engine.free_rows - engine.prefixes.held.keys():  # the decode widths rode every row along
+        backend.release_row(row)
+    return engine.variants.prepared - before
