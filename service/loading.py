@@ -37,24 +37,23 @@ def load_model(config: Config) -> ServedModel:
     model = ServedModel(engine, read_tokenizer(path), str(path), config.max_prompt_tokens,
                         config.max_new_tokens, config.default_max_new_tokens,
                         tuple(dict.fromkeys(name for name in names if name)))
-    model.session_memory = session_memory_bytes(config, engine)
+    model.session_memory, on_device = session_memory_bytes(config, engine.backend.free_device_bytes())
+    engine.limit_parked_on_device(on_device)
     return model
 
 
-def session_memory_bytes(config: Config, engine: Engine) -> int:
-    """What parked sessions may hold (--session-memory-mb; 0 = parking off), and on CUDA how much of
-    it stays on the device (--session-device-memory-mb, the rest spilling to pinned host memory).
-    Auto: half the memory free now that the model is loaded and warm: the host's (within a
-    cgroup's limit), plus on CUDA half the device's."""
-    free_device = engine.backend.free_device_bytes()
+def session_memory_bytes(config: Config, free_device: int | None) -> tuple[int, int | None]:
+    """What parked sessions may hold (--session-memory-mb; 0 = parking off), and how much of it stays
+    in device memory (--session-device-memory-mb; None where parked KV lives on the host), the rest
+    spilling to pinned host memory. Auto: half the memory free now that the model is loaded and
+    warm: the host's (within a cgroup's limit), plus half the device's (`free_device`)."""
     device = None
     if free_device is not None:
-        auto = free_device // 2
-        device = auto if config.session_device_memory_mb is None else config.session_device_memory_mb << 20
-        engine.limit_parked_on_device(device)
+        mb = config.session_device_memory_mb
+        device = free_device // 2 if mb is None else mb << 20
     if config.session_memory_mb is not None:
-        return config.session_memory_mb << 20
-    return host_memory_free_bytes() // 2 + (device or 0)
+        return config.session_memory_mb << 20, device
+    return host_memory_free_bytes() // 2 + (device or 0), device
 
 
 def read_tokenizer(path: Path) -> Tokenizer | None:
