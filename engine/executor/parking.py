@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from engine.errors import Exhausted, InvalidInput, NoFreeRow
 from engine.executor.session import Session
 from engine.executor.stats import ParkingStats
+from engine.runtime.backend import ParkedRow
 
 if TYPE_CHECKING:
     from engine.executor.engine import Engine
@@ -35,7 +36,7 @@ class Parking:
         self.ticks = 0  # steps run: a session's `used` is the tick it was last touched at
         self.parked_bytes = 0  # what parked sessions hold (an int: read from other threads)
         # Parked copies in device memory, and how many bytes of them it may hold before the most
-        # idle spill to host memory (`limit_device`; None = no limit: nothing spills).
+        # idle spill to host memory (`Engine.limit_parked_on_device`; None = no limit: nothing spills).
         self.device_bytes = 0
         self.device_limit: int | None = None
         self.spills = 0
@@ -71,12 +72,17 @@ class Parking:
         session.row = -1
         self.sessions.add(session)
         self.unchecked.add(session)
-        nbytes = int(session.parked.nbytes)
-        self.parked_bytes += nbytes
-        self.device_bytes += nbytes if session.parked.on_device else 0
+        nbytes = self._count(session.parked, +1)
         self._spill()
         self._moves["parks"] += 1
         self._seconds["park"] += time.perf_counter() - started
+        return nbytes
+
+    def _count(self, parked: ParkedRow, sign: int) -> int:
+        """Add (+1) or take away (-1) a parked copy's bytes from the totals; its bytes."""
+        nbytes = int(parked.nbytes)
+        self.parked_bytes += sign * nbytes
+        self.device_bytes += sign * nbytes if parked.on_device else 0
         return nbytes
 
     def _spill(self) -> None:
@@ -107,8 +113,7 @@ class Parking:
         assert parked is not None
         engine.backend.unpark_row(row, parked)  # first: if it fails the session is still parked, whole
         session.parked = None
-        self.parked_bytes -= int(parked.nbytes)
-        self.device_bytes -= int(parked.nbytes) if parked.on_device else 0
+        self._count(parked, -1)
         self.sessions.discard(session)
         self.unchecked.discard(session)
         engine._take_row(row, session, session.length)
@@ -117,8 +122,7 @@ class Parking:
 
     def drop(self, session: Session) -> None:
         """A parked session closes: its parked copy goes."""
-        self.parked_bytes -= int(session.parked.nbytes)
-        self.device_bytes -= int(session.parked.nbytes) if session.parked.on_device else 0
+        self._count(session.parked, -1)
         session.parked = None
         self.sessions.discard(session)
         self.unchecked.discard(session)
