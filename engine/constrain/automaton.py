@@ -43,6 +43,7 @@ class Automaton:
         self.uid = next(_ids)
         self._flat = dfa.table.ravel()
         self._masks: dict[int, Mask] = {}
+        self._mask_bytes = 0  # kept as masks are added: other threads read nbytes while rows add them
         self._lock = threading.Lock()
         # (state, token) -> the state after it, for allowed tokens already walked: a served schema's
         # rows take the same transitions over and over, and a hit skips both the allowed check and
@@ -55,8 +56,7 @@ class Automaton:
 
     @property
     def nbytes(self) -> int:
-        return (self.dfa.nbytes + sum(m.packed.nbytes for m in self._masks.values())
-                + len(self._moves) * MOVE_BYTES)
+        return self.dfa.nbytes + self._mask_bytes + len(self._moves) * MOVE_BYTES
 
     @property
     def masks_cached(self) -> int:
@@ -69,7 +69,10 @@ class Automaton:
         if found is None:
             found = self._compute(state)
             with self._lock:
-                found = self._masks.setdefault(state, found)
+                if state not in self._masks:
+                    self._masks[state] = found
+                    self._mask_bytes += found.packed.nbytes
+                found = self._masks[state]
         return found
 
     def warm(self, stop: threading.Event | None = None) -> int:

@@ -89,6 +89,7 @@ class CompiledGrammar:
         self._serial = next(_SERIALS)
         self._lock = threading.Lock()
         self._masks: OrderedDict[State, npt.NDArray[np.uint8]] = OrderedDict()
+        self._mask_bytes = 0  # kept as masks come and go: other threads read nbytes meanwhile
         self._transitions = self._new_transitions()
         self._start = self._transitions.start()
 
@@ -98,8 +99,7 @@ class CompiledGrammar:
     @property
     def nbytes(self) -> int:
         """Memory now: rules, transition table, states and cached masks (it grows, to the bounds)."""
-        masks = sum(mask.nbytes for mask in self._masks.values())
-        return self._program.nbytes + self._transitions.nbytes + masks
+        return self._program.nbytes + self._transitions.nbytes + self._mask_bytes
 
     @property
     def masks_cached(self) -> int:
@@ -165,8 +165,9 @@ class CompiledGrammar:
 
     def _remember(self, state: State, packed: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
         self._masks[state] = packed
+        self._mask_bytes += packed.nbytes
         if len(self._masks) > self._max_masks:
-            self._masks.popitem(last=False)
+            self._mask_bytes -= self._masks.popitem(last=False)[1].nbytes
         return packed
 
     def _new_transitions(self) -> _Transitions:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.constrain import ConstraintCache, Limits, Vocabulary, compile_constraint
-from engine.constrain.automaton import Automaton, AutomatonRow
+from engine.constrain.automaton import MOVE_BYTES, Automaton, AutomatonRow
 from engine.errors import InvalidInput
 
 PIECES = [bytes([b]) for b in range(256)] + [
@@ -374,3 +374,28 @@ def test_a_row_of_an_evicted_constraint_keeps_working() -> None:
     cache.get("regex", "cd")
     row.advance(PIECES.index(b"ab"))
     assert row.accepts and isinstance(row, AutomatonRow)
+
+
+def test_nbytes_can_be_read_from_another_thread_while_rows_add_masks() -> None:
+    """The constraint cache sums nbytes on request threads while the engine's rows reach new states
+    (CI once failed a request with "dictionary changed size during iteration")."""
+    compiled = dfa_of(compile_constraint("regex", "[a-c]{0,40}", VOCAB))
+    stop, errors = threading.Event(), []
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                compiled.nbytes
+        except Exception as exc:  # noqa: BLE001 -- the failure under test
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        compiled.warm()
+    finally:
+        stop.set()
+        reader.join()
+    sizes = sum(compiled.mask(state).packed.nbytes for state in range(1, len(compiled.dfa.accepting)))
+    assert not errors and compiled.masks_cached > 1
+    assert compiled.nbytes == compiled.dfa.nbytes + sizes + len(compiled._moves) * MOVE_BYTES

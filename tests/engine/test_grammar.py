@@ -450,3 +450,16 @@ def test_a_warm_up_beside_rows_on_other_threads_leaves_every_mask_exact(small: V
         row.advance(token)
         check.advance(token)
     warming.join()
+
+
+def test_grammar_nbytes_counts_exactly_the_masks_it_holds_through_evictions(small: Vocabulary) -> None:
+    """nbytes is kept as masks come and go (request threads read it while rows add masks), so it
+    equals the rules, the table and the masks held, also after the oldest masks are dropped."""
+    grammar = compile_grammar(gbnf("json"), small, SimpleNamespace(max_grammar_masks=3))
+    empty = grammar.nbytes
+    rows = states_one_token_from_the_start(grammar, small)
+    for row in rows:
+        row.allowed()
+    held = sum(mask.nbytes for mask in grammar._masks.values())
+    assert len(rows) > 3 and grammar.masks_cached == 3
+    assert grammar.nbytes == grammar._program.nbytes + grammar._transitions.nbytes + held > empty
