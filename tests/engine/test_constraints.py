@@ -380,12 +380,12 @@ def test_nbytes_can_be_read_from_another_thread_while_rows_add_masks() -> None:
     """The constraint cache sums nbytes on request threads while the engine's rows reach new states
     (CI once failed a request with "dictionary changed size during iteration")."""
     compiled = dfa_of(compile_constraint("regex", "[a-c]{0,40}", VOCAB))
-    stop, errors = threading.Event(), []
+    stop, errors, reads = threading.Event(), [], [0]
 
     def read() -> None:
         try:
             while not stop.is_set():
-                compiled.nbytes
+                reads[0] = max(reads[0], compiled.nbytes)
         except Exception as exc:  # noqa: BLE001 -- the failure under test
             errors.append(exc)
 
@@ -397,5 +397,5 @@ def test_nbytes_can_be_read_from_another_thread_while_rows_add_masks() -> None:
         stop.set()
         reader.join()
     sizes = sum(compiled.mask(state).packed.nbytes for state in range(1, len(compiled.dfa.accepting)))
-    assert not errors and compiled.masks_cached > 1
+    assert not errors and compiled.masks_cached > 1 and reads[0] > 0
     assert compiled.nbytes == compiled.dfa.nbytes + sizes + len(compiled._moves) * MOVE_BYTES
