@@ -26,6 +26,10 @@ class EngineOptions:
     # Each row's numerics depend on the request alone: decode forwards at one batch width, prefill
     # forwards a fresh run's own, prefixes shared only where a fresh run's forwards start.
     deterministic: bool = False
+    # New prompts' first chunks of one ladder width prefilled together, up to this many in one
+    # forward (CUDA: one forward of B prompts costs little more than one; 1 = each alone);
+    # 0 = the backend's choice. Never in the deterministic mode: a row's numerics follow the forward.
+    prefill_batch: int = 0
     graph_read_only: bool = False  # never rewrite the model's graph: its head then runs on every row
     # Where rewritten graphs are kept (the server: <model_cache>/graphs); None = a temporary
     # directory of this process, removed at exit: a copy can be as large as the model.

@@ -105,6 +105,7 @@ class Config:
     prefix_sharing: bool = True  # prompts starting with a held prefix (ladder steps) copy it
     prefix_across_callers: bool = False  # share prefixes between callers authenticated apart (leaks timing)
     deterministic: bool = False  # a request's tokens and log-probabilities depend on the request alone
+    prefill_batch: int = 0  # new prompts' first chunks in one prefill forward (0 = the backend's: 8 on CUDA)
     constraint_cache_mb: int = 256  # compiled structured-output constraints and their masks
 
     def engine_options(self) -> EngineOptions:
@@ -115,7 +116,7 @@ class Config:
                              max_sessions=self.max_sessions, intra_op_threads=self.intra_op_threads,
                              memory_budget_bytes=self.memory_budget_mb << 20, lookahead=self.lookahead,
                              prefix_sharing=self.prefix_sharing, graph_read_only=self.model_read_only,
-                             deterministic=self.deterministic,
+                             deterministic=self.deterministic, prefill_batch=self.prefill_batch,
                              graph_cache=Path(self.model_cache) / "graphs" if self.model_cache else None)
 
     @property
@@ -170,6 +171,9 @@ _HELP = {
     "deterministic": "each request's tokens and log-probabilities depend on the request alone, not on the "
                      "load or what the pool holds: decode forwards at the widest batch, prefill forwards a "
                      "fresh run's own (docs/api.md, Exactness)",
+    "prefill_batch": "CUDA: the most new prompts (a Generate's, first chunk, one ladder width) one prefill "
+                     "forward runs together (0 = 8 on CUDA; 1 = each alone; never in the deterministic "
+                     "mode; the CPU prefills each alone)",
     "max_new_tokens": "the most new tokens one request may ask for (more: OUT_OF_RANGE)",
     "constraint_cache_mb": "memory for compiled structured-output constraints and their token masks "
                            "(least recently used go first)",
@@ -194,7 +198,7 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "max_prompt_tokens": (0, None), "max_new_tokens": (1, None), "default_max_new_tokens": (0, None),
     "max_message_bytes": (1, None), "sessions_per_caller": (0, None), "session_memory_mb": (0, None),
     "session_device_memory_mb": (0, None),
-    "intra_op_threads": (0, None),
+    "intra_op_threads": (0, None), "prefill_batch": (0, 64),
     "constraint_cache_mb": (1, None),
 }
 

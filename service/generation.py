@@ -143,14 +143,17 @@ class ServedModel:
 
 def prefill_steps(session: Session, tokens: Sequence[int], tally: PrefillTally, share: bool = True,
                   logprob_top: int | None = None, copies: Sequence[Session] = (),
-                  samplers: Sequence[Sampler] = ()) -> Generator[Any, Any, tuple[int, ...]]:
+                  samplers: Sequence[Sampler] = (),
+                  batchable: bool = False) -> Generator[Any, Any, tuple[int, ...]]:
     """Append the prompt, one forward per round; the session's next-token logits follow it. An empty
     session first takes the longest prefix of the prompt held for its caller (`share`). With
     `logprob_top`, the prompt's log-probabilities follow the last forward (PromptLogprobs): the
     caller then shares nothing, as a shared prefix has no logits rows to score. After the last
     forward the session is copied into `copies`; with `samplers` the first tokens (the session's,
-    then each copy's) are chosen in the round's batched choice and returned."""
-    request = Prefill(session, tuple(tokens), share, logprob_top, tuple(copies), tuple(samplers))
+    then each copy's) are chosen in the round's batched choice and returned. `batchable`: the
+    first chunk may share a forward with other new prompts (a session that ends with the call)."""
+    request = Prefill(session, tuple(tokens), share, logprob_top, tuple(copies), tuple(samplers),
+                      batchable=batchable)
     while True:
         progress: PrefillProgress = yield request
         tally.shared_rows += progress.shared
@@ -226,7 +229,8 @@ def generate_body(model: ServedModel, tokens: list[int], samplers: Sequence[Samp
     first = sessions[0]
     tally.shared_rows += first.length
     firsts = yield from prefill_steps(first, tokens[first.length:], tally, share=False,
-                                      logprob_top=prompt_logprobs, copies=sessions[1:], samplers=samplers)
+                                      logprob_top=prompt_logprobs, copies=sessions[1:], samplers=samplers,
+                                      batchable=True)
     bodies = [decode_steps(model, session, sampler, stopping, feed_last=False, sample=i, first=firsts[i])
               for i, (session, sampler) in enumerate(zip(sessions, samplers, strict=True))]
     yield from bodies[0] if len(bodies) == 1 else side_by_side(bodies)

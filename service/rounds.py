@@ -88,21 +88,23 @@ class StepRecord:
 MAX_PREFILLS_PER_ROUND = 4
 
 
-def prefill_plan(waiting: int, decoding: bool, shared_span: int) -> tuple[int, ...]:
+def prefill_plan(waiting: int, decoding: bool, shared_span: int, prompt_batch: int = 1) -> tuple[int, ...]:
     """The span of each prefill forward a round runs (0 = a whole chunk), for the oldest jobs first.
 
-    Nothing decoding: one whole chunk. Streams decoding and one prompt waiting: one forward
-    of `shared_span` rows (a ladder rung below the chunk), so those streams wait little
-    between tokens. Several prompts waiting (a burst): a whole chunk for each of up to
-    MAX_PREFILLS_PER_ROUND of them, so their first tokens do not queue behind each other.
+    Nothing decoding: a whole chunk for as many prompts as one forward may take (`prompt_batch`,
+    1 where each prefills alone; the engine runs new prompts' first chunks of one width together).
+    Streams decoding and one prompt waiting: one forward of `shared_span` rows (a ladder rung
+    below the chunk), so those streams wait little between tokens. Several prompts waiting (a
+    burst): a whole chunk for each of up to MAX_PREFILLS_PER_ROUND of them, or `prompt_batch`
+    where more share a forward, so their first tokens do not queue behind each other.
     """
     if waiting == 0:
         return ()
     if not decoding:
-        return (0,)
+        return (0,) * min(waiting, max(prompt_batch, 1))
     if waiting == 1:
         return (shared_span,)
-    return (0,) * min(waiting, MAX_PREFILLS_PER_ROUND)
+    return (0,) * min(waiting, max(MAX_PREFILLS_PER_ROUND, prompt_batch))
 
 
 def slot_grants(needs: Sequence[int], free: int, returning: int) -> tuple[int, ...]:

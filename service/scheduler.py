@@ -271,7 +271,8 @@ class Scheduler:
             self._flush()
         prefill_jobs = self._waiting_prefill()
         decode_jobs = self._waiting(Token | Tokens)
-        spans = prefill_plan(len(prefill_jobs), bool(decode_jobs), self.engine.shared_span)
+        spans = prefill_plan(len(prefill_jobs), bool(decode_jobs), self.engine.shared_span,
+                             self.engine.facts.prompt_batch)
         prefill_jobs = prefill_jobs[:len(spans)]
         wanted = [decode_rows(job.want) for job in decode_jobs]
         second = Step(prefills=tuple((job.want, span) for job, span in zip(prefill_jobs, spans, strict=True)),

@@ -68,6 +68,7 @@ from engine.planner import (
     chunk_width,
     ladder_widths,
     prefix_unit,
+    prompt_batches,
     recompute_from,
 )
 
@@ -111,9 +112,14 @@ class Engine(Prefilling):
         self.weights_bytes = backend.weights_bytes or model_file_bytes(info)
         rows = self._pool_rows()
         self.batch_widths = () if self.unbatched_reason else batch_widths(rows)
-        wanted = options.variant_capacity or len(self.ladder) + max(len(self.batch_widths), 1)
+        self.prompt_sizes = self._prompt_sizes(rows)
+        prompt_shapes = len(self.padded_ladder) * len(self.prompt_sizes)
+        wanted = options.variant_capacity or len(self.ladder) + max(len(self.batch_widths), 1) + prompt_shapes
         self.variants: VariantCache[Any] = VariantCache(wanted, evictable=backend.evictable)
         self.pool = backend.allocate(rows, self.capacity)
+        if self.prompt_sizes:
+            backend.allocate_prompts(max(self.prompt_sizes), max(self.padded_ladder))
+        self.prompt_forwards = self.prompts_batched = 0
         self._free = set(range(rows))
         self._open: dict[int, Session] = {}  # pool row -> the session whose KV it holds
         self._parking = Parking(self)  # sessions beyond slots: parked off the pool (parking.py)
@@ -132,7 +138,17 @@ class Engine(Prefilling):
             recurrent=info.recurrent_state,
             token_ids_only=info.feed.name == "input_ids" and not info.supplied_ports,
             unbatched_reason=self.unbatched_reason, vocab_size=info.vocab_size,
-            eos_ids=tuple(info.eos_token_ids), bos_id=info.bos_token_id, layers=info.num_layers)
+            eos_ids=tuple(info.eos_token_ids), bos_id=info.bos_token_id, layers=info.num_layers,
+            prompt_batch=max(self.prompt_sizes, default=1))
+
+    def _prompt_sizes(self, rows: int) -> tuple[int, ...]:
+        """How many new prompts one prefill forward may take (none: each prefills alone): up to the
+        backend's limit on a graph whose head reads chosen rows, never in the deterministic mode
+        (a row's numerics follow the forward) nor without a ladder (widths would be unbounded)."""
+        if (self.options.deterministic or not self.info.logits_rows or self.unbatched_reason
+                or not self.padded_ladder):
+            return ()
+        return prompt_batches(min(self.backend.prompt_batch, rows))
 
     @classmethod
     def load(cls, path: Path | str, options: EngineOptions | None = None) -> Engine:
@@ -479,7 +495,8 @@ class Engine(Prefilling):
             sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,
             slots_allocated=self.pool.rows, slot_bytes=self.slot_bytes, memory=self.memory(),
             decode=decode, batch_widths=self.batch_widths, unbatched_reason=self.unbatched_reason,
-            prefix=self.prefixes.stats(), parking=self.parking())
+            prefix=self.prefixes.stats(), parking=self.parking(),
+            prompt_forwards=self.prompt_forwards, prompts_batched=self.prompts_batched)
 
     def parking(self) -> ParkingStats:
         return self._parking.stats()

@@ -23,3 +23,4 @@ class EngineFacts:
     eos_ids: tuple[int, ...]
     bos_id: int | None
     layers: int
+    prompt_batch: int = 1  # new prompts one prefill forward may take (1: each prefills alone)

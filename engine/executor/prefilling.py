@@ -67,6 +67,9 @@ class Prefilling:
     eager_forwards: int
     sessions_padding_off: int
     prefixes: HeldPrefixes
+    prompt_sizes: tuple[int, ...]  # how many new prompts one prefill forward takes (none: each alone)
+    prompt_forwards: int
+    prompts_batched: int
 
     def _variant(self, key: VariantKey) -> Variant | None:
         variant = self.variants.get(key, self.backend.prepare)
@@ -175,9 +178,68 @@ class Prefilling:
         if span and task.forwards[0].rows > span:
             task.forwards = self._replan(task, span)
         forward = task.forwards.pop(0)
+        self._check_open(task.session)
+        return self._after_forward(task, forward, forward.width,
+                                   self._prefill_forward(task, forward, forward.width))
+
+    def prompt_width(self, task: PrefillTask, span: int = 0) -> int | None:
+        """The width of the task's next forward when it may share a forward with other new prompts
+        (`prefill_prompts`): a first chunk of token ids on the ladder, no past, no ports, no prompt
+        log-probabilities. None otherwise (it runs alone, `prefill_step`)."""
+        if not self.prompt_sizes or task.done:
+            return None
+        if span and task.forwards[0].rows > span:
+            task.forwards = self._replan(task, span)
+        forward, session = task.forwards[0], task.session
+        alone = (forward.past or session.length or task.streamed or task.constants or task.ids is None
+                 or task.logprob_top is not None or session.closed or not session.padding_on
+                 or forward.width not in self.padded_ladder or forward.width < 2)
+        return None if alone else forward.width
+
+    def prefill_prompts(self, tasks: Sequence[PrefillTask], size: int) -> list[ForwardReport]:
+        """Run the next forward of each task, new prompts' first chunks of one width (`prompt_width`),
+        as one forward of `size` prompts (rows past the tasks run empty). Their rows are not those a
+        fresh run computes (the forward is wider), so they are never shared as a held prefix, and
+        a later append re-runs them: the service asks this only for a Generate's own sessions."""
+        self.decoder.settle()
+        forwards = [task.forwards[0] for task in tasks]
+        width = forwards[0].width
+        if len(tasks) > size or any(f.width != width or f.past for f in forwards):
+            raise ValueError(f"not {size} first chunks of one width: {forwards}")
+        for task in tasks:
+            self._check_open(task.session)
+        key = VariantKey(width, prompts=size, reads=size)
+        read = np.asarray([f.rows - 1 for f in forwards] + [0] * (size - len(tasks)), np.int64)
+        feed = np.concatenate([task.chunk(f, width)[0] for task, f in zip(tasks, forwards, strict=True)])
+        rows = [task.session.row for task in tasks]
+        for row in rows:
+            self.pool.set_mask(row, width)
+        try:
+            out = self.backend.run_prompts(self._variant(key), key, rows, feed, read)
+        except BaseException:
+            for task in tasks:
+                self.pool.set_mask(task.session.row, task.session.length)
+            raise
+        self.prompt_forwards += 1
+        self.prompts_batched += len(tasks)
+        reports = []
+        for i, (task, forward) in enumerate(zip(tasks, forwards, strict=True)):
+            task.forwards.pop(0)
+            self.pool.commit(task.session, forward.rows)  # rewind: padded rows are past the length
+            reports.append(self._after_forward(task, forward, width, HeadRows(out.logits[i:i + 1], out.seen)))
+        return reports
+
+    def warm_prompts(self, width: int, size: int) -> None:
+        """Run the shape of `size` prompts at `width` once on empty rows (prepared, captured on CUDA)."""
+        key = VariantKey(width, prompts=size, reads=size)
+        self.backend.run_prompts(self._variant(key), key, [], np.zeros((0, width), self.feed_dtype),
+                                 np.zeros(size, np.int64))
+
+    def _after_forward(self, task: PrefillTask, forward: Forward, width: int,
+                       out: HeadRows | None) -> ForwardReport:
+        """The self-check (a forward whose head missed the last real row runs again unpadded),
+        prompt log-probabilities, the kept logits row and the session's tokens and counters."""
         session = task.session
-        self._check_open(session)
-        width, out = forward.width, self._prefill_forward(task, forward, forward.width)
         if width > forward.rows and out is not None and not out.saw_real_row(forward.rows, width):
             self._trip_self_check(session, forward, width, out)
             width, out = forward.rows, self._prefill_forward(task, forward, forward.rows)

@@ -78,6 +78,8 @@ class EngineStats:
     unbatched_reason: str  # why decode runs one session per forward ("" when it batches)
     prefix: PrefixStats = PrefixStats()
     parking: ParkingStats = ParkingStats()
+    prompt_forwards: int = 0  # prefill forwards that ran several new prompts at once
+    prompts_batched: int = 0  # the prompts they ran
 
 
 def kv_slot_bytes(info: ModelInfo, capacity: int) -> int:

@@ -7,7 +7,8 @@ runs it (`Engine.step`), in this order:
    close frees is free for the opens);
 2. `opens`: sessions on free KV slots, each starting from the longest held prefix of its prompt;
 3. `prefills`: one prefill forward each (the first one of a prompt also takes its shared
-   prefix and plans it); a prompt whose last forward ran is copied into its `copies`;
+   prefix and plans it), batchable new prompts' first chunks of one width in one forward
+   together; a prompt whose last forward ran is copied into its `copies`;
 4. one batched choice of every first token: each `Choose` (from the logits a session holds)
    and each prefill that just finished with samplers (its session's and its copies');
 5. `decode`: one forward for every row, which chooses the next tokens in the same batch.
@@ -52,6 +53,10 @@ class Prefill:
     copies: tuple[Session, ...] = ()
     samplers: tuple[Sampler, ...] = ()
     task: PrefillTask | None = None
+    # The first chunk may run in one forward with other new prompts of the step (a Generate's own
+    # session, which ends with the request): its rows are then not a fresh run's, so they are
+    # never shared as a held prefix and an append to the session would re-run them.
+    batchable: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Running one `Step`: the order a round's work runs in and how each item fails alone.
 
 `run_step` is `Engine.step`'s body: session ops (Choose only queues its session), then opens, then
-prefill spans, then one batched choice of every first token the step asked for (Choose ops and
-prompts whose last forward ran), then one decode forward for the decode rows. Each item's outcome
-is its value or its error; a failed item costs no other item anything.
+prefill spans (new prompts' first chunks of one width together), then one batched choice of every
+first token the step asked for (Choose ops and prompts whose last forward ran), then one decode
+forward for the decode rows. Each item's outcome is its value or its error; a failed item costs
+no other item anything.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import InvalidInput
+from engine.executor.prefill import ForwardReport, PrefillTask
 from engine.executor.session import Session
 from engine.executor.step import (
     Choose,
@@ -31,6 +33,7 @@ from engine.executor.step import (
     StepResult,
     _Chosen,
 )
+from engine.planner import prompt_groups
 
 if TYPE_CHECKING:
     from engine.executor.engine import Engine
@@ -55,13 +58,7 @@ def _run(engine: Engine, step: Step) -> StepResult:
         ops.append(_op(engine, op, i, chosen))
         op_seconds.append(time.perf_counter() - started)
     opens = tuple(_outcome(engine.open_sessions, o) for o in step.opens)
-    prefills: list[Outcome] = []
-    seconds: list[float] = []
-    for i, (request, span) in enumerate(step.prefills):
-        started = time.perf_counter()
-        outcome = _outcome(_prefill, engine, request, span, i, chosen)
-        prefills.append(outcome)
-        seconds.append(time.perf_counter() - started if outcome.error is None else 0.0)
+    prefills, seconds = _prefills(engine, step.prefills, chosen)
     choices = _choose_first(engine, chosen, ops, prefills)
     started = time.perf_counter()
     decode = _decode_rows(engine, step.decode)
@@ -109,15 +106,72 @@ def _close(engine: Engine, session: Session, keep: bool) -> int:
     return length
 
 
-def _prefill(engine: Engine, request: Prefill, span: int, index: int, chosen: _Chosen) -> PrefillProgress:
-    task, shared = request.task, 0
-    if task is None:
-        tokens: Sequence[int] = request.tokens
-        if request.share:
-            shared = engine.share_prefix(request.session, tokens)
-            tokens = tokens[shared:]
-        task = engine.start_prefill(request.session, tokens, logprob_top=request.logprob_top)
+def _prefills(engine: Engine, items: Sequence[tuple[Prefill, int]],
+              chosen: _Chosen) -> tuple[list[Outcome], list[float]]:
+    """Each prefill item's forward: first every new prompt's shared prefix and plan, then the
+    batchable first chunks of one width in one forward each group (engine.planner.prompt_groups),
+    then the rest one by one. Seconds per item (a group's forward split among its prompts)."""
+    outcomes: list[Outcome | None] = [None] * len(items)
+    seconds = [0.0] * len(items)
+    started: list[tuple[PrefillTask, int] | None] = []
+    for i, (request, _) in enumerate(items):
+        began = time.perf_counter()
+        try:
+            started.append(_start(engine, request))
+        except Exception as exc:  # noqa: BLE001 — each item fails alone
+            started.append(None)
+            outcomes[i] = Outcome(error=exc)
+        seconds[i] = time.perf_counter() - began
+    widths = [engine.prompt_width(begun[0], span) if begun is not None and request.batchable else None
+              for begun, (request, span) in zip(started, items, strict=True)]
+    for group in prompt_groups(widths, engine.prompt_sizes):
+        began = time.perf_counter()
+        tasks = [started[i][0] for i in group.items]  # type: ignore[index]
+        try:
+            reports: list[ForwardReport | None] = list(engine.prefill_prompts(tasks, group.size))
+        except Exception as exc:  # noqa: BLE001 — the group's items fail, no other item
+            for i in group.items:
+                outcomes[i] = Outcome(error=exc)
+            continue
+        share = (time.perf_counter() - began) / len(group.items)
+        for i, report in zip(group.items, reports, strict=True):
+            task, shared = started[i]  # type: ignore[misc]
+            outcomes[i] = _outcome(_finish, engine, items[i][0], task, report, shared, i, chosen)
+            seconds[i] += share
+    for i, (request, span) in enumerate(items):
+        begun = started[i]
+        if outcomes[i] is None and begun is not None:
+            began = time.perf_counter()
+            outcomes[i] = _outcome(_step_alone, engine, request, begun, span, i, chosen)
+            seconds[i] += time.perf_counter() - began
+    done = [o if o is not None else Outcome(error=RuntimeError("prefill item not run")) for o in outcomes]
+    return done, [s if o.error is None else 0.0 for s, o in zip(seconds, done, strict=True)]
+
+
+def _start(engine: Engine, request: Prefill) -> tuple[PrefillTask, int]:
+    """The request's task (planned now for a new prompt, after taking its shared prefix) and the
+    prefix rows it shared."""
+    if request.task is not None:
+        return request.task, 0
+    tokens: Sequence[int] = request.tokens
+    shared = 0
+    if request.share:
+        shared = engine.share_prefix(request.session, tokens)
+        tokens = tokens[shared:]
+    return engine.start_prefill(request.session, tokens, logprob_top=request.logprob_top), shared
+
+
+def _step_alone(engine: Engine, request: Prefill, begun: tuple[PrefillTask, int], span: int, index: int,
+                chosen: _Chosen) -> PrefillProgress:
+    task, shared = begun
     report = engine.prefill_step(task, span) if not task.done else None
+    return _finish(engine, request, task, report, shared, index, chosen)
+
+
+def _finish(engine: Engine, request: Prefill, task: PrefillTask, report: ForwardReport | None, shared: int,
+            index: int, chosen: _Chosen) -> PrefillProgress:
+    """After the item's forward: a finished prompt is copied into its copies and its first tokens
+    join the step's batched choice."""
     if not task.done:
         return PrefillProgress(task, report, shared)
     for copy in request.copies:

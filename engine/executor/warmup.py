@@ -1,6 +1,7 @@
-"""Warm-up: every shape the engine plans (each ladder width, each batch width) prepared before any
-request, so no request pays for a preparation (a graph capture on CUDA), and the backend's choosing
-kernels built on first use now rather than in a request."""
+"""Warm-up: every shape the engine plans (each ladder width, each batch width, each number of new
+prompts sharing a prefill forward at each ladder width) prepared before any request, so no request
+pays for a preparation (a graph capture on CUDA), and the backend's choosing kernels built on first
+use now rather than in a request."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ def warm_up(engine: Engine) -> int:
         for width in () if info.recurrent_state else widths:
             engine.append(session, [0] * width)
             engine.rewind(session, 0)
+        for width in widths if engine.prompt_sizes else ():
+            for size in engine.prompt_sizes:
+                engine.warm_prompts(width, size)
         engine.append(session, [0])
         for batch in engine.batch_widths:
             if backend.batch_commits_rows and batch > 1:

@@ -7,7 +7,14 @@ sessions rounds. It imports neither onnxruntime nor numpy nor cupy; every
 decision is a frozen value that the executor carries out and a test asserts.
 """
 
-from engine.planner.batch import batch_widths, decode_batch_width, ride_along_length
+from engine.planner.batch import (
+    PromptGroup,
+    batch_widths,
+    decode_batch_width,
+    prompt_batches,
+    prompt_groups,
+    ride_along_length,
+)
 from engine.planner.ladder import (
     DEFAULT_CHUNK,
     chunk_width,
@@ -47,6 +54,9 @@ __all__ = [
     "decide_padding",
     "is_per_token",
     "batch_widths",
+    "PromptGroup",
+    "prompt_batches",
+    "prompt_groups",
     "decode_batch_width",
     "ladder_widths",
     "plan_prefill",

@@ -75,6 +75,8 @@ class Backend(Protocol[VariantT]):
     # attention touches each row it runs over in full): warm-up then prepares a batch wider than
     # one without running it, so starting does not commit the whole pool.
     batch_commits_rows: bool
+    # The most new prompts one prefill forward can take (`run_prompts`); 1: each prefills alone.
+    prompt_batch: int
 
     def allocate(self, rows: int, capacity: int) -> KvPool:
         """The KV pool and the logits store, once, before any forward."""
@@ -90,6 +92,17 @@ class Backend(Protocol[VariantT]):
         """One forward of `key.width` rows on top of `past` tokens of pool row `row` (its mask says
         past + width); None runs eagerly. `read` [key.reads]: the query rows the head reads, on a
         graph that takes them (else every row reaches it)."""
+        ...
+
+    def allocate_prompts(self, prompts: int, positions: int) -> int:
+        """The staging block `run_prompts` binds, once, after `allocate`: its bytes."""
+        ...
+
+    def run_prompts(self, variant: VariantT | None, key: VariantKey, rows: Sequence[int],
+                    feed: np.ndarray, read: np.ndarray) -> HeadRows:
+        """One forward of the first `key.width` rows of each of several new prompts (no past), prompt
+        i (`feed[i]`) to pool row rows[i]; logits [key.prompts, key.reads, vocab]. Only where
+        `prompt_batch` > 1."""
         ...
 
     def run_batch(self, variant: VariantT | None, key: VariantKey, ids: np.ndarray,

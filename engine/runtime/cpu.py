@@ -82,6 +82,9 @@ class CpuBackend:
     async_capable = False
     rows_follow_width = False  # MLAS: a row in any multi-row forward is the same row
     batch_commits_rows = True  # onnxruntime's CPU attention touches every row of the batch
+    # A CPU prefill is bound by arithmetic per row: prompts sharing a forward would only wait for
+    # each other. Each prefills alone.
+    prompt_batch = 1
 
     def __init__(self, info: ModelInfo, options: EngineOptions) -> None:
         self.info = info
@@ -216,6 +219,13 @@ class CpuBackend:
             variant.binding.bind_ortvalue_output(out_name, spare)
         logits = self._run(variant, state)
         return HeadRows(logits, None if variant.seen is None else variant.seen.copy())
+
+    def allocate_prompts(self, prompts: int, positions: int) -> int:
+        raise NotImplementedError("the CPU backend prefills each prompt alone (prompt_batch 1)")
+
+    def run_prompts(self, variant: CpuVariant | None, key: VariantKey, rows: Sequence[int],
+                    feed: np.ndarray, read: np.ndarray) -> HeadRows:
+        raise NotImplementedError("the CPU backend prefills each prompt alone (prompt_batch 1)")
 
     def run_batch(self, variant: CpuVariant | None, key: VariantKey, ids: np.ndarray,
                   positions: np.ndarray, wait: bool = True) -> np.ndarray:

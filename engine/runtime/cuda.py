@@ -8,6 +8,11 @@ before its forward when the staging row does not hold it yet, and the rows the
 forward wrote are copied back to its pool row after, so a prompt's chunks run
 as graph replays whatever row the session has.
 
+New prompts can share a prefill forward (`run_prompts`): their first chunks run in a staging
+block of P rows of one chunk's positions each, bound by every such variant, and each prompt's
+rows are copied to its pool row after; one forward of P prompts costs the device little more
+than one prompt's (a 512-row forward of a small model is bound by launches, not arithmetic).
+
 The attention masks and the small inputs live in pinned host memory the device
 reads in place (`Placement.host_zeros`): writing them is a host store. Logits stay
 on the device: each row's next-token logits are kept in a device store, greedy
@@ -133,6 +138,9 @@ class CudaBackend:
         self.weights_bytes = max(0, before - self.rt.free_bytes())
         self.pool: KvPool | None = None
         self.staging: Staging | None = None
+        self.prompts: Any = None  # the KV block [layers, 2, P, kv_heads, positions, head] prompts run in
+        # The most new prompts one prefill forward takes (the engine asks for fewer, or none).
+        self.prompt_batch = options.prefill_batch or (8 if self.rt.device == "cuda" else 1)
         self.store: Any = None
         self.gathered: Any = None
         self._graph_ids = itertools.count(1)
@@ -163,6 +171,15 @@ class CudaBackend:
         # Structured output: each constraint state's allowed-token mask, uploaded once.
         self.masks = MaskTable(self.xp, int(self.store.shape[-1]), max(MASKS_HELD, 2 * self.pool.rows + 1))
         return self.pool
+
+    def allocate_prompts(self, prompts: int, positions: int) -> int:
+        """The staging block `run_prompts` binds: `prompts` rows of `positions` each; its bytes."""
+        assert self.pool is not None
+        info = self.info
+        shape = (info.num_layers, 2, prompts, info.num_kv_heads, positions, info.head_size)
+        with self.rt.enter():
+            self.prompts = self.xp.zeros(shape, _dtype(info.kv_dtype))
+        return int(self.prompts.nbytes)
 
     def copy_rows(self, src: int, dst: int, length: int) -> None:
         """A device-to-device copy of the first `length` positions of every layer and of the logits
@@ -216,7 +233,7 @@ class CudaBackend:
         return self._variant(key, next(self._graph_ids) if self.rt.graphs else EAGER)
 
     def _variant(self, key: VariantKey, graph_id: int) -> DeviceVariant:
-        info, w, b = self.info, key.width, max(key.batch, 1)
+        info, w, b = self.info, key.width, max(key.batch, key.prompts, 1)
         assert self.pool is not None and self.staging is not None
         with self.rt.enter():
             # Inputs live in host memory the device reads in place: writing one is a host store.
@@ -243,14 +260,27 @@ class CudaBackend:
         self._bind(binding.bind_output, "logits", logits)
         if seen is not None:
             self._bind(binding.bind_output, SEEN_OUTPUT, seen)
-        rows = slice(0, key.batch)
-        if key.batch:  # a decode variant: the pool's first B rows
+        # A decode variant binds the pool's first B rows, a prompts variant the prompt staging
+        # block's first P (and a mask of ones as wide as the forward: no past, so GroupQueryAttention
+        # takes it as a first prompt, the one case it runs several rows of several sequences in), a
+        # prefill variant the staging row.
+        rows = slice(0, key.batch or key.prompts)
+        if key.batch:
             self._bind(binding.bind_input, info.mask, self.pool.mask[rows])
-        else:  # a prefill variant: the staging row
+        elif key.prompts:
+            if self.prompts is None:
+                raise CudaUnavailable("no prompt staging block: allocate_prompts first")
+            inputs[info.mask] = self.rt.host_zeros((key.prompts, w), np.int64)
+            inputs[info.mask][:] = 1
+            self._bind(binding.bind_input, info.mask, inputs[info.mask])
+        else:
             self._bind(binding.bind_input, info.mask, self.staging.mask)
         for i, (names_in, names_out) in enumerate(zip(info.kv_inputs, info.kv_outputs, strict=True)):
             for which, (name_in, name_out) in enumerate(zip(names_in, names_out, strict=True)):
-                block = self.pool.layer(i, which)[rows] if key.batch else self.staging.block[i, which]
+                if key.batch:
+                    block = self.pool.layer(i, which)[rows]
+                else:
+                    block = self.prompts[i, which, rows] if key.prompts else self.staging.block[i, which]
                 # Past and present share one buffer at capacity: no copy per step.
                 self._bind(binding.bind_input, name_in, block)
                 self._bind(binding.bind_output, name_out, block)
@@ -282,6 +312,32 @@ class CudaBackend:
             # The forward has finished: what its head saw is already in host memory.
             seen = None if variant.seen is None else variant.seen.copy()
             staging.store(self.pool, past, past + width)
+            self.queued = True
+        return HeadRows(variant.logits, seen)
+
+    def run_prompts(self, variant: DeviceVariant | None, key: VariantKey, rows: Sequence[int],
+                    feed: np.ndarray, read: np.ndarray) -> HeadRows:
+        """One forward of `key.width` rows for each of up to `key.prompts` new prompts (no past):
+        `feed` [len(rows), width], prompt i's rows copied to pool row rows[i] after (staging rows
+        past them run zeros and are dropped). `read` [key.reads]: the query rows the head reads,
+        the same for every prompt. Logits [prompts, reads, vocab]."""
+        variant = variant or self._variant(key, EAGER)
+        assert self.pool is not None and self.prompts is not None and variant.binding is not None
+        staging, width, count = self.prompts, key.width, len(rows)
+        with self.rt.enter():
+            ids = np.zeros((key.prompts, width), feed.dtype)
+            ids[:count] = feed
+            self.rt.upload(variant.inputs[self.info.feed.name], ids)
+            if self.info.position_ids:
+                variant.inputs[self.info.position_ids][:] = np.arange(width)
+            if self.info.logits_rows:
+                variant.inputs[self.info.logits_rows][:] = read
+            self._execute(variant)
+            seen = None if variant.seen is None else variant.seen.copy()
+            for i, row in enumerate(rows):
+                self.rt.copy_positions(self.pool.block, row, staging, i, 0, width)
+                if self.staging is not None and self.staging.row == row:
+                    self.staging.written(0)  # the staging row's copy of `row` is stale
             self.queued = True
         return HeadRows(variant.logits, seen)
 
@@ -433,6 +489,7 @@ class CudaBackend:
         staging = self.staging
         return {"weights": self.weights_bytes, "captures": self.captures,
                 "staging_bytes": 0 if staging is None else int(staging.block.nbytes),
+                "prompt_staging_bytes": 0 if self.prompts is None else int(self.prompts.nbytes),
                 "staging_copied_positions": 0 if staging is None else staging.copied_positions,
                 "logits_store": 0 if self.store is None else int(self.store.nbytes),
                 "constraint_masks": self.masks.nbytes if hasattr(self, "masks") else 0}

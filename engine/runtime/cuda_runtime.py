@@ -68,8 +68,8 @@ class Placement:
 
     def copy_positions(self, dst: Any, dst_row: int, src: Any, src_row: int, start: int, stop: int) -> None:
         """dst[:, :, dst_row, :, start:stop] = src[:, :, src_row, :, start:stop] for KV blocks [layers, 2,
-        rows, kv_heads, capacity, head] (the pool, or the staging block of one row), queued on the
-        backend's stream on CUDA.
+        rows, kv_heads, capacity, head] (the pool, or a staging block: their capacities may differ),
+        queued on the backend's stream on CUDA.
 
         On the device a position whose bytes are a multiple of 16 moves as 16-byte words, by one
         kernel launched with the blocks' addresses (`_copy_kernel`). Element by element in fp16 (cupy's
@@ -80,20 +80,23 @@ class Placement:
         if stop <= start or (dst is src and dst_row == src_row):
             return
         position_bytes = src.shape[-1] * src.dtype.itemsize
-        if (self.device != "cuda" or position_bytes % 16 or src.shape[3:] != dst.shape[3:]
-                or src.dtype != dst.dtype or not (src.flags.c_contiguous and dst.flags.c_contiguous)):
+        if (self.device != "cuda" or position_bytes % 16 or src.shape[:2] != dst.shape[:2]
+                or src.shape[3] != dst.shape[3] or src.shape[5] != dst.shape[5] or src.dtype != dst.dtype
+                or not (src.flags.c_contiguous and dst.flags.c_contiguous)):
             dst[:, :, dst_row, :, start:stop] = src[:, :, src_row, :, start:stop]
             return
-        words, (layers, pair, _, heads, capacity) = position_bytes // 16, src.shape[:5]
+        words, (layers, pair, _, heads) = position_bytes // 16, src.shape[:4]
         count = layers * pair * heads * (stop - start) * words
-        row_bytes = heads * capacity * position_bytes
+        src_row_bytes = heads * src.shape[4] * position_bytes
+        dst_row_bytes = heads * dst.shape[4] * position_bytes
         offset = start * position_bytes  # to the first position copied, within a row's first head
         kernel = _copy_kernel(self.xp)
         kernel((min((count + 255) // 256, 65536),), (256,), (
-            np.uint64(src.data.ptr + src_row * row_bytes + offset),
-            np.uint64(dst.data.ptr + dst_row * row_bytes + offset),
-            np.int64(heads), np.int64(stop - start), np.int64(words), np.int64(capacity * words),
-            np.int64(src.shape[2] * row_bytes // 16), np.int64(dst.shape[2] * row_bytes // 16),
+            np.uint64(src.data.ptr + src_row * src_row_bytes + offset),
+            np.uint64(dst.data.ptr + dst_row * dst_row_bytes + offset),
+            np.int64(heads), np.int64(stop - start), np.int64(words),
+            np.int64(src.shape[4] * words), np.int64(dst.shape[4] * words),
+            np.int64(src.shape[2] * src_row_bytes // 16), np.int64(dst.shape[2] * dst_row_bytes // 16),
             np.int64(count)))
 
     def free_bytes(self) -> int:
@@ -146,8 +149,9 @@ def host_runtime() -> Placement:
 
 _COPY_SOURCE = r"""
 extern "C" __global__ void copy_kv(const ulonglong2* src, ulonglong2* dst, long long heads,
-                                   long long positions, long long words, long long head_stride,
-                                   long long src_block_stride, long long dst_block_stride, long long count) {
+                                   long long positions, long long words, long long src_head_stride,
+                                   long long dst_head_stride, long long src_block_stride,
+                                   long long dst_block_stride, long long count) {
     // Element i: block b (a layer's keys or values), head h, position p, word w of the positions copied.
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count;
          i += (long long)gridDim.x * blockDim.x) {
@@ -155,8 +159,9 @@ extern "C" __global__ void copy_kv(const ulonglong2* src, ulonglong2* dst, long 
         long long p = rest % positions;
         rest /= positions;
         long long h = rest % heads, b = rest / heads;
-        long long within = h * head_stride + p * words + w;
-        dst[b * dst_block_stride + within] = src[b * src_block_stride + within];
+        long long within = p * words + w;
+        dst[b * dst_block_stride + h * dst_head_stride + within] =
+            src[b * src_block_stride + h * src_head_stride + within];
     }
 }
 """

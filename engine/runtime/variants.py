@@ -19,14 +19,17 @@ from typing import Generic, Protocol, TypeVar
 @dataclass(frozen=True, order=True)
 class VariantKey:
     """A forward shape: a prefill of `width` rows on one session's row (batch 0),
-    or a decode forward of one row each over pool rows [0, batch). On a graph that gathers
-    the rows it reads before its head, `reads` query rows of each batch row reach the head
-    (1: the last real row; the hook for the real rows of a prefill is `reads=width`)."""
+    or a decode forward of one row each over pool rows [0, batch), or (`prompts` > 0) a prefill of
+    `width` rows for each of that many new prompts at once. On a graph that gathers the rows it
+    reads before its head, `reads` query rows of each batch row reach the head (1: the last real
+    row; the hook for the real rows of a prefill is `reads=width`; `prompts` of them for prompts:
+    each prompt's last real row)."""
 
     width: int
     ports: tuple[str, ...] = ()
     batch: int = 0
     reads: int = 1
+    prompts: int = 0
 
 
 class Variant(Protocol):

@@ -92,3 +92,21 @@ def test_a_kv_copy_on_the_device_moves_exactly_the_positions_asked_and_nothing_e
                 assert got.tobytes() == expected.tobytes()
                 assert got[:, :, 0, :, start:stop].tobytes() == got[:, :, row, :, start:stop].tobytes()
             rt.wait_queue()
+
+
+def test_a_kv_copy_between_blocks_of_other_capacities_moves_exactly_those_positions() -> None:
+    """The prompt staging block holds a chunk of positions, the pool a session's capacity: a
+    batched prefill's rows go from one to the other by the same kernel."""
+    from engine.runtime.cuda_runtime import cuda_runtime
+
+    rt = cuda_runtime(EngineOptions(provider="cuda"))
+    xp, rng = rt.xp, np.random.default_rng(1)
+    with rt.enter():
+        pool = xp.asarray(rng.standard_normal((3, 2, 4, 2, 40, 64)).astype(np.float16))
+        staging = xp.asarray(rng.standard_normal((3, 2, 3, 2, 16, 64)).astype(np.float16))
+        for dst, src, stop in ((1, 2, 16), (3, 0, 5), (0, 1, 1)):
+            expected = xp.asnumpy(pool)
+            expected[:, :, dst, :, :stop] = xp.asnumpy(staging)[:, :, src, :, :stop]
+            rt.copy_positions(pool, dst, staging, src, 0, stop)
+            assert xp.asnumpy(pool).tobytes() == expected.tobytes()
+        rt.wait_queue()

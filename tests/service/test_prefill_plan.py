@@ -21,3 +21,11 @@ def test_a_burst_of_prompts_beside_decoding_streams_runs_whole_chunks_for_the_ol
 
 def test_no_prompt_waiting_runs_no_prefill() -> None:
     assert prefill_plan(0, True, 342) == () == prefill_plan(0, False, 342)
+
+
+def test_an_engine_that_batches_prompts_is_offered_a_forwards_worth_of_them() -> None:
+    assert prefill_plan(12, False, 342, prompt_batch=8) == (0,) * 8  # nothing decoding: one forward's worth
+    assert prefill_plan(3, False, 342, prompt_batch=8) == (0,) * 3
+    assert prefill_plan(12, True, 342, prompt_batch=8) == (0,) * 8
+    assert prefill_plan(1, True, 342, prompt_batch=8) == (342,)  # one prompt beside streams: as before
+    assert prefill_plan(12, True, 342, prompt_batch=2) == (0,) * MAX_PREFILLS_PER_ROUND

@@ -37,10 +37,11 @@ from engine.planner import Forward
 from engine.sampling import Sampler, SamplingParams
 from service.calls import Stopping
 from service.events import Finished, PrefillTally, TokenOut
-from service.generation import decode_steps, generate_body
+from service.generation import decode_steps, generate_body, prefill_body
 from service.jobs import Result
 from service.rounds import MAX_PREFILLS_PER_ROUND, Lend, Token
 from service.scheduler import Scheduler
+from service.sessions import SessionState
 
 CHUNK = 8  # tokens one fake prefill forward takes
 SHARED_SPAN = 3
@@ -61,8 +62,10 @@ class RecordingEngine:
     """Sessions on `slots` rows; a prefill forward takes CHUNK tokens (or the span); a token is its
     session's length; every step and every batched choice is recorded."""
 
-    def __init__(self, slots: int = 4, fail_rows: frozenset[int] = frozenset()) -> None:
+    def __init__(self, slots: int = 4, fail_rows: frozenset[int] = frozenset(),
+                 prompt_batch: int = 1) -> None:
         self.rows = slots
+        self.facts = SimpleNamespace(prompt_batch=prompt_batch)
         self.free = set(range(slots))
         self.open: dict[int, Session] = {}
         self.steps: list[Step] = []
@@ -312,6 +315,27 @@ def test_a_burst_of_prompts_prefills_several_per_round(loop: asyncio.AbstractEve
     finally:
         scheduler.stop()
     assert max(len(s.prefills) for s in engine.steps) == MAX_PREFILLS_PER_ROUND
+
+
+def test_a_burst_on_an_engine_that_batches_prompts_offers_it_a_forwards_worth_each_round(
+        loop: asyncio.AbstractEventLoop) -> None:
+    engine = RecordingEngine(slots=16, prompt_batch=8)
+    scheduler = Scheduler(engine, max_queue=64)  # type: ignore[arg-type]
+    try:
+        run(loop, scheduler, *(generate(tokens=20, new=2) for _ in range(12)))
+    finally:
+        scheduler.stop()
+    rounds = [s.prefills for s in engine.steps if s.prefills]
+    assert len(rounds[0]) == 8  # nothing decodes yet: as many as one forward takes, not one
+    assert all(request.batchable for prefills in rounds for request, _ in prefills)  # a Generate's own
+
+
+def test_a_sessions_prefill_never_shares_a_forward(loop: asyncio.AbstractEventLoop,
+                                                   scheduler: Scheduler, engine: RecordingEngine) -> None:
+    """A session's rows must stay a fresh run's (a later append re-runs only what a Decode wrote)."""
+    session = engine._new()
+    run(loop, scheduler, prefill_body(SessionState("s", "", session), list(range(1, 9)), PrefillTally()))
+    assert [request.batchable for s in engine.steps for request, _ in s.prefills] == [False]
 
 
 def test_a_failing_decode_row_fails_its_job_alone(loop: asyncio.AbstractEventLoop) -> None:
