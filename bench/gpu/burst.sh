@@ -18,7 +18,7 @@ for pb in ${BATCHES:-1 4 8 16}; do
     --out "$OUT/burst-64x512-pb$pb" > "$OUT/burst-64x512-pb$pb.log" 2>&1
   echo "pb $pb exit $?"; grep "^burst" "$OUT/burst-64x512-pb$pb.log" | cut -c1-400
 done
-for pb in 1 8; do
+for pb in ${SHAREGPT_BATCHES-1 8}; do
   timeout 100 python3 -m bench.serving --provider cuda --model gpu:16x2048 --precision fp16 --max-sessions 64 \
     --rates "" --burst 64 --server-args "--prefill-batch $pb" \
     --out "$OUT/burst-64-sharegpt-pb$pb" > "$OUT/burst-64-sharegpt-pb$pb.log" 2>&1
