@@ -38,7 +38,8 @@ def device_engine(path: Path, **overrides: object) -> Engine:
 def burst(engine: Engine, prompts: Sequence[Sequence[int]], new: int) -> list[list[int]]:
     """Every prompt as a Generate's session in the same steps, then `new` greedy tokens each."""
     sessions: list[Session] = engine.step(Step(opens=(Open(count=len(prompts)),))).opens[0].get()
-    requests = [Prefill(s, tuple(p), samplers=(GREEDY,), batchable=True) for s, p in zip(sessions, prompts)]
+    requests = [Prefill(s, tuple(p), samplers=(GREEDY,), batchable=True)
+                for s, p in zip(sessions, prompts, strict=True)]
     firsts: dict[int, int] = {}
     while len(firsts) < len(prompts):
         pending = [(i, r) for i, r in enumerate(requests) if i not in firsts]
@@ -51,7 +52,7 @@ def burst(engine: Engine, prompts: Sequence[Sequence[int]], new: int) -> list[li
                 requests[i] = Prefill(request.session, samplers=(GREEDY,), task=progress.task, batchable=True)
     outputs = [[firsts[i]] for i in range(len(prompts))]
     for _ in range(new - 1):
-        rows = [DecodeRow(s, out[-1], GREEDY) for s, out in zip(sessions, outputs)]
+        rows = [DecodeRow(s, out[-1], GREEDY) for s, out in zip(sessions, outputs, strict=True)]
         for out, token in zip(outputs, engine.decode(rows), strict=True):
             out.append(token)  # type: ignore[arg-type]
     for session in sessions:
@@ -151,10 +152,11 @@ def test_a_closed_session_in_a_group_fails_alone_and_the_others_prefill(model_di
     engine = device_engine(model_dir, prefill_batch=4)
     sessions = engine.open_sessions(Open(count=3))
     prompts = [prompt_ids(30, i) for i in range(3)]
-    tasks = [engine.start_prefill(s, p) for s, p in zip(sessions, prompts)]
+    tasks = [engine.start_prefill(s, p) for s, p in zip(sessions, prompts, strict=True)]
     engine.close_session(sessions[1])
-    result = engine.step(Step(prefills=tuple(
-        (Prefill(s, samplers=(GREEDY,), task=t, batchable=True), 0) for s, t in zip(sessions, tasks))))
+    items = tuple((Prefill(s, samplers=(GREEDY,), task=t, batchable=True), 0)
+                  for s, t in zip(sessions, tasks, strict=True))
+    result = engine.step(Step(prefills=items))
     assert result.prefills[1].error is not None
     tokens = [o.get().tokens[0] for i, o in enumerate(result.prefills) if i != 1]
     single = device_engine(model_dir, prefill_batch=1)
