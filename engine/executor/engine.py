@@ -33,7 +33,7 @@ from engine.executor.prefill import (
 from engine.executor.prefilling import Prefilling, check_length
 from engine.executor.prefix import HeldPrefixes, Hit
 from engine.executor.session import Session
-from engine.executor.sizing import pool_rows, variant_reserve
+from engine.executor.sizing import pool_rows, prompt_sizes, variant_reserve
 from engine.executor.stats import (
     DecodeStats,
     EngineStats,
@@ -68,7 +68,6 @@ from engine.planner import (
     chunk_width,
     ladder_widths,
     prefix_unit,
-    prompt_batches,
     recompute_from,
 )
 
@@ -112,7 +111,8 @@ class Engine(Prefilling):
         self.weights_bytes = backend.weights_bytes or model_file_bytes(info)
         rows = self._pool_rows()
         self.batch_widths = () if self.unbatched_reason else batch_widths(rows)
-        self.prompt_sizes = self._prompt_sizes(rows)
+        batchable = not (options.deterministic or not info.logits_rows or self.unbatched_reason)
+        self.prompt_sizes = prompt_sizes(backend.prompt_batch, rows, self.padded_ladder, batchable)
         prompt_shapes = len(self.padded_ladder) * len(self.prompt_sizes)
         wanted = options.variant_capacity or len(self.ladder) + max(len(self.batch_widths), 1) + prompt_shapes
         self.variants: VariantCache[Any] = VariantCache(wanted, evictable=backend.evictable)
@@ -140,15 +140,6 @@ class Engine(Prefilling):
             unbatched_reason=self.unbatched_reason, vocab_size=info.vocab_size,
             eos_ids=tuple(info.eos_token_ids), bos_id=info.bos_token_id, layers=info.num_layers,
             prompt_batch=max(self.prompt_sizes, default=1))
-
-    def _prompt_sizes(self, rows: int) -> tuple[int, ...]:
-        """How many new prompts one prefill forward may take (none: each prefills alone): up to the
-        backend's limit on a graph whose head reads chosen rows, never in the deterministic mode
-        (a row's numerics follow the forward) nor without a ladder (widths would be unbounded)."""
-        if (self.options.deterministic or not self.info.logits_rows or self.unbatched_reason
-                or not self.padded_ladder):
-            return ()
-        return prompt_batches(min(self.backend.prompt_batch, rows))
 
     @classmethod
     def load(cls, path: Path | str, options: EngineOptions | None = None) -> Engine:

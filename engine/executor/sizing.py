@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from engine.errors import Exhausted
 from engine.executor.stats import variant_bytes_estimate
 from engine.model import ModelInfo
-from engine.planner import batch_widths
+from engine.planner import batch_widths, prompt_batches
 
 
 def variant_reserve(info: ModelInfo, ladder: Sequence[int], rows: int, batched: bool) -> int:
@@ -30,3 +30,13 @@ def pool_rows(max_sessions: int, budget: int, weights: int, slot_bytes: int,
         raise Exhausted(f"memory budget: {budget >> 20} MiB holds the weights ({weights >> 20} MiB) but "
                         f"not one session's KV ({slot_bytes >> 20} MiB) and the variants")
     return rows
+
+
+def prompt_sizes(limit: int, rows: int, ladder: Sequence[int], batchable: bool) -> tuple[int, ...]:
+    """How many new prompts one prefill forward may take (none: each prefills alone): up to the
+    backend's `limit` and the pool's rows, where the model allows it (`batchable`: not the
+    deterministic mode, whose rows follow the forward; a head that reads chosen rows) and padding
+    puts widths on a `ladder` (else widths, and shapes, would be unbounded)."""
+    if not batchable or not ladder:
+        return ()
+    return prompt_batches(min(limit, rows))

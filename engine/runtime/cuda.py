@@ -42,7 +42,8 @@ from engine.runtime.cpu import _dtype, inference_session, resolve_dims
 from engine.runtime.cuda_runtime import CudaUnavailable, Placement, cuda_runtime, host_runtime
 from engine.runtime.greedy import GreedyRows
 from engine.runtime.masks import MASKS_HELD, MaskTable
-from engine.runtime.pool import KvPool, move_boundary
+from engine.runtime.pool import KvPool
+from engine.runtime.staging import Staging
 from engine.runtime.variants import VariantKey
 from engine.sampling import (
     Sampler,
@@ -78,44 +79,6 @@ class DeviceVariant:
     def release(self) -> None:
         # The buffers go; a captured graph stays with the onnxruntime session until it closes.
         self.binding = None
-
-
-class Staging:
-    """The batch-1 KV block and mask prefill variants bind, and which pool row's prefix it holds."""
-
-    def __init__(self, pool: KvPool, host_zeros: Any, copy: Any) -> None:
-        xp = pool.xp
-        self.block = xp.zeros((*pool.block.shape[:2], 1, *pool.block.shape[3:]), pool.block.dtype)
-        self.mask = host_zeros((1, pool.capacity), np.int64)
-        self.mask_len = 0
-        self.row = -1
-        self.valid = 0  # positions [0, valid) equal the pool row's
-        self.copied_positions = 0
-        self.copy = copy  # Placement.copy_positions
-
-    def set_mask(self, length: int) -> None:
-        move_boundary(self.mask, 0, self.mask_len, length)
-        self.mask_len = length
-
-    def load(self, pool: KvPool, row: int, past: int) -> bool:
-        """Bring pool row `row`'s first `past` positions in; True when a copy was queued."""
-        start = min(self.valid, past) if self.row == row else 0
-        self.row, self.valid = row, past
-        if start >= past:
-            return False
-        self.copy(self.block, 0, pool.block, row, start, past)
-        self.copied_positions += past - start
-        return True
-
-    def store(self, pool: KvPool, start: int, stop: int) -> None:
-        """Copy positions [start, stop) the forward wrote back to the pool row."""
-        self.copy(pool.block, self.row, self.block, 0, start, stop)
-        self.valid = stop
-        self.copied_positions += stop - start
-
-    def written(self, position: int) -> None:
-        """The staged pool row changed at `position` (a decode step): the staging copy is good up to it."""
-        self.valid = min(self.valid, position)
 
 
 class CudaBackend:

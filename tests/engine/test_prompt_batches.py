@@ -16,8 +16,8 @@ from engine.model import load_model_info
 from engine.modelgen.synthetic import TINY, build_synthetic
 from engine.planner import PromptGroup, prompt_batches, prompt_groups
 from engine.runtime.cpu import CpuBackend
-from engine.runtime.cuda import CudaBackend, host_runtime
 from engine.sampling import Sampler, SamplingParams
+from tests.support.engines import host_device_engine
 from tests.support.prompts import prompt_ids
 
 GREEDY = Sampler(SamplingParams())
@@ -29,10 +29,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_synthetic(TINY, tmp_path_factory.mktemp("models"))
 
 
-def device_engine(path: Path, **overrides: object) -> Engine:
-    options = EngineOptions(capacity=512, **overrides)  # type: ignore[arg-type]
-    info = load_model_info(path)
-    return Engine(info, options, CudaBackend(info, options, host_runtime()))
+device_engine = host_device_engine
 
 
 def burst(engine: Engine, prompts: Sequence[Sequence[int]], new: int) -> list[list[int]]:

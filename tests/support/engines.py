@@ -22,6 +22,16 @@ def cores_per_worker(cores: int, workers: int) -> int:
     return 0 if workers <= 1 else max(1, cores // workers)
 
 
+def host_device_engine(path: Path, **overrides: object) -> Engine:
+    """The CUDA backend's code on the host (numpy buffers, CPU provider), capacity 512."""
+    from engine.model import load_model_info
+    from engine.runtime.cuda import CudaBackend, host_runtime
+
+    options = EngineOptions(capacity=512, **overrides)  # type: ignore[arg-type]
+    info = load_model_info(path)
+    return Engine(info, options, CudaBackend(info, options, host_runtime()))
+
+
 def load(path: Path, **options: object) -> Engine:
     """Engine.load with `options` (each an EngineOptions field); this worker's share of the cores
     unless `intra_op_threads` is given."""
