@@ -171,6 +171,7 @@ class Metrics:
         r.register(self.engine)
         r.register(PrefixCollector(self.engine))
         r.register(ParkingCollector(self.engine))
+        r.register(PromptBatchCollector(self.engine))
         self._methods: dict[str, MethodMetrics] = {}
 
     def for_method(self, method: str) -> MethodMetrics:
@@ -256,6 +257,24 @@ class PrefixCollector(Collector):
                                 value=p.rows_held)
         yield GaugeMetricFamily("ladder_prefix_bytes_held", "KV bytes of the prefixes free slots hold",
                                 value=p.bytes_held)
+
+
+# -- prompts sharing a prefill forward ----------------------------------------------------------
+class PromptBatchCollector(Collector):
+    """New prompts sharing a prefill forward (EngineStats.prompt_batches) from the engine
+    collector's latest snapshot."""
+
+    def __init__(self, engine: _EngineCollector) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        if self.engine.stats is None:
+            return
+        s = self.engine.stats
+        for name, value, text in (
+                ("forwards", s.prompt_forwards, "Prefill forwards that ran several new prompts at once"),
+                ("prompts", s.prompts_batched, "New prompts those forwards ran")):
+            yield CounterMetricFamily(f"ladder_prompt_batch_{name}", text, value=value)
 
 
 # -- sessions beyond slots ----------------------------------------------------------------------

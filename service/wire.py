@@ -207,7 +207,9 @@ def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any,
         slot_bytes=stats.slot_bytes, queue_depth=queue_depth, prompt_tokens=totals.prompt_tokens,
         generated_tokens=totals.generated_tokens, padded_rows=totals.padded_rows, decode=decode,
         waiting_for_slot=waiting, prefix=prefix_stats(stats.prefix),
-        parking=parking_stats(stats.parking, parking))
+        parking=parking_stats(stats.parking, parking),
+        prompt_batches=pb.PromptBatchStats(max_prompts=stats.prompt_batch, forwards=stats.prompt_forwards,
+                                           prompts=stats.prompts_batched))
 
 
 def parking_stats(p: Any, enabled: bool) -> pb.ParkingStats:

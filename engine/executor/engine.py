@@ -109,16 +109,18 @@ class Engine(Prefilling):
         self.unbatched_reason = unbatched_reason(info)
         self.slot_bytes = kv_slot_bytes(info, self.capacity)
         self.weights_bytes = backend.weights_bytes or model_file_bytes(info)
+        self._prompts_batchable = not (options.deterministic or not info.logits_rows or self.unbatched_reason)
         rows = self._pool_rows()
         self.batch_widths = () if self.unbatched_reason else batch_widths(rows)
-        batchable = not (options.deterministic or not info.logits_rows or self.unbatched_reason)
-        self.prompt_sizes = prompt_sizes(backend.prompt_batch, rows, self.padded_ladder, batchable)
+        self.prompt_sizes = self._prompt_sizes(rows)
         prompt_shapes = len(self.padded_ladder) * len(self.prompt_sizes)
         wanted = options.variant_capacity or len(self.ladder) + max(len(self.batch_widths), 1) + prompt_shapes
         self.variants: VariantCache[Any] = VariantCache(wanted, evictable=backend.evictable)
         self.pool = backend.allocate(rows, self.capacity)
+        # The staging blocks the backend allocates beside the pool: counted with the variants binding them.
+        self.staging_bytes = self._staging_row_bytes
         if self.prompt_sizes:
-            backend.allocate_prompts(max(self.prompt_sizes), max(self.padded_ladder))
+            self.staging_bytes += backend.allocate_prompts(max(self.prompt_sizes), max(self.padded_ladder))
         self.prompt_forwards = self.prompts_batched = 0
         self._free = set(range(rows))
         self._open: dict[int, Session] = {}  # pool row -> the session whose KV it holds
@@ -155,8 +157,18 @@ class Engine(Prefilling):
         return engine
 
     # -- the pool -----------------------------------------------------------------------
+    @property
+    def _staging_row_bytes(self) -> int:
+        return self.backend.staging_rows * self.capacity * kv_position_bytes(self.info)
+
+    def _prompt_sizes(self, rows: int) -> tuple[int, ...]:
+        return prompt_sizes(self.backend.prompt_batch, rows, self.padded_ladder, self._prompts_batchable)
+
     def _variant_reserve(self, rows: int) -> int:
-        return variant_reserve(self.info, self.ladder, rows, batched=not self.unbatched_reason)
+        """Bytes beside weights and KV at `rows` slots: the planned variants and the staging they bind."""
+        planned = variant_reserve(self.info, self.ladder, rows, batched=not self.unbatched_reason,
+                                  prompts=self._prompt_sizes(rows), padded=self.padded_ladder)
+        return self._staging_row_bytes + planned
 
     def _pool_rows(self) -> int:
         """max_sessions rows, or as many as the memory budget holds beside weights and variants."""
@@ -334,7 +346,8 @@ class Engine(Prefilling):
 
     def memory(self) -> MemoryUse:
         return MemoryUse(weights=self.weights_bytes, kv=self.pool.rows * self.slot_bytes,
-                         variants=self.variants.stats().nbytes, budget=self.options.memory_budget_bytes)
+                         variants=self.variants.stats().nbytes + self.staging_bytes,
+                         budget=self.options.memory_budget_bytes)
 
     # -- the step: the one way a scheduler drives the engine ---------------------------------
     def step(self, step: Step) -> StepResult:
@@ -487,7 +500,8 @@ class Engine(Prefilling):
             slots_allocated=self.pool.rows, slot_bytes=self.slot_bytes, memory=self.memory(),
             decode=decode, batch_widths=self.batch_widths, unbatched_reason=self.unbatched_reason,
             prefix=self.prefixes.stats(), parking=self.parking(),
-            prompt_forwards=self.prompt_forwards, prompts_batched=self.prompts_batched)
+            prompt_forwards=self.prompt_forwards, prompts_batched=self.prompts_batched,
+            prompt_batch=max(self.prompt_sizes, default=1))
 
     def parking(self) -> ParkingStats:
         return self._parking.stats()

@@ -6,17 +6,36 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from engine.errors import Exhausted
-from engine.executor.stats import variant_bytes_estimate
+from engine.executor.stats import kv_position_bytes, variant_bytes_estimate
 from engine.model import ModelInfo
 from engine.planner import batch_widths, prompt_batches
 
 
-def variant_reserve(info: ModelInfo, ladder: Sequence[int], rows: int, batched: bool) -> int:
-    """Bytes the planned variants take: each prefill width, and each decode batch width over `rows`."""
+def variant_reserve(info: ModelInfo, ladder: Sequence[int], rows: int, batched: bool,
+                    prompts: Sequence[int] = (), padded: Sequence[int] = ()) -> int:
+    """Bytes the planned variants take: each prefill width, each decode batch width over `rows`,
+    and where new prompts share a prefill forward (`prompts`: how many, at each `padded` width)
+    those variants and the staging block they run in."""
     batches = batch_widths(rows) if batched else ()
     reserve = (sum(variant_bytes_estimate(info, w) for w in ladder)
-               + sum(variant_bytes_estimate(info, 1, b) for b in batches))
+               + sum(variant_bytes_estimate(info, 1, b) for b in batches)
+               + prompt_reserve(info, padded, prompts))
     return reserve or variant_bytes_estimate(info, 1)
+
+
+def prompt_reserve(info: ModelInfo, ladder: Sequence[int], prompts: Sequence[int]) -> int:
+    """Bytes prompts sharing a prefill forward take: a variant for each count of `prompts` at each
+    `ladder` width, and the staging block of the most prompts at the widest width (`run_prompts`
+    writes their KV there before it is copied into their rows)."""
+    if not prompts or not ladder:
+        return 0
+    variants = sum(variant_bytes_estimate(info, w, p) for w in ladder for p in prompts)
+    return variants + prompt_staging_bytes(info, max(prompts), max(ladder))
+
+
+def prompt_staging_bytes(info: ModelInfo, prompts: int, positions: int) -> int:
+    """The staging block of `prompts` rows of `positions` each: every layer's key and value."""
+    return prompts * positions * kv_position_bytes(info)
 
 
 def pool_rows(max_sessions: int, budget: int, weights: int, slot_bytes: int,

@@ -80,6 +80,7 @@ class EngineStats:
     parking: ParkingStats = ParkingStats()
     prompt_forwards: int = 0  # prefill forwards that ran several new prompts at once
     prompts_batched: int = 0  # the prompts they ran
+    prompt_batch: int = 1  # most new prompts one prefill forward takes (1: each prefills alone)
 
 
 def kv_slot_bytes(info: ModelInfo, capacity: int) -> int:

@@ -77,6 +77,9 @@ class Backend(Protocol[VariantT]):
     batch_commits_rows: bool
     # The most new prompts one prefill forward can take (`run_prompts`); 1: each prefills alone.
     prompt_batch: int
+    # KV rows at full capacity the backend allocates beside the pool (CUDA: the staging row prefill
+    # variants bind); the memory budget counts them.
+    staging_rows: int
 
     def allocate(self, rows: int, capacity: int) -> KvPool:
         """The KV pool and the logits store, once, before any forward."""

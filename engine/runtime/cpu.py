@@ -85,6 +85,7 @@ class CpuBackend:
     # A CPU prefill is bound by arithmetic per row: prompts sharing a forward would only wait for
     # each other. Each prefills alone.
     prompt_batch = 1
+    staging_rows = 0  # prefill forwards bind the session's own pool row
 
     def __init__(self, info: ModelInfo, options: EngineOptions) -> None:
         self.info = info

@@ -104,6 +104,7 @@ class CudaBackend:
         self.prompts: Any = None  # the KV block [layers, 2, P, kv_heads, positions, head] prompts run in
         # The most new prompts one prefill forward takes (the engine asks for fewer, or none).
         self.prompt_batch = options.prefill_batch or (8 if self.rt.device == "cuda" else 1)
+        self.staging_rows = 1  # the Staging row prefill variants bind (engine/runtime/staging.py)
         self.store: Any = None
         self.gathered: Any = None
         self._graph_ids = itertools.count(1)

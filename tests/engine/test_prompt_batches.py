@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from engine.executor import DecodeRow, Engine, EngineOptions, Session
+from engine.executor.sizing import prompt_staging_bytes
+from engine.executor.stats import kv_position_bytes
 from engine.executor.step import Open, Prefill, Step, StepResult
 from engine.model import load_model_info
 from engine.modelgen.synthetic import TINY, build_synthetic
@@ -107,6 +109,23 @@ def test_prompts_sharing_a_forward_get_the_tokens_each_gets_alone(model_dir: Pat
     # Rungs 22 (5, 7, 12), 44 (30, 40, 44), 64 (45 and 100's first chunk): three shared forwards.
     assert (stats.prompt_forwards, stats.prompts_batched) == (3, 8)
     assert single.stats().prompt_forwards == 0
+    assert (stats.prompt_batch, single.stats().prompt_batch) == (4, 1)
+
+
+def test_the_memory_budget_counts_the_prompt_variants_and_the_staging_block_they_run_in(
+        model_dir: Path) -> None:
+    batched = device_engine(model_dir, prefill_batch=4)
+    single = device_engine(model_dir, prefill_batch=1)
+    block = prompt_staging_bytes(batched.info, 4, max(batched.padded_ladder))
+    assert batched._variant_reserve(8) - single._variant_reserve(8) > block > 0  # its variants too
+    # The block counted is the block allocated (beside the staging row both bind), and stats say so.
+    assert batched.staging_bytes - single.staging_bytes == block
+    assert single.staging_bytes == single.capacity * kv_position_bytes(single.info)
+    assert batched.memory().variants >= batched.staging_bytes
+    # A budget that holds three slots where prompts prefill alone holds fewer where they share.
+    budget = single.weights_bytes + 3 * single.slot_bytes + single._variant_reserve(3)
+    assert device_engine(model_dir, prefill_batch=1, memory_budget_bytes=budget).pool.rows == 3
+    assert device_engine(model_dir, prefill_batch=4, memory_budget_bytes=budget).pool.rows < 3
 
 
 def test_a_second_burst_of_the_same_widths_prepares_no_new_variant(model_dir: Path) -> None:

@@ -170,6 +170,10 @@ def test_engine_counters_are_counters_mirrored_from_engine_stats(served: Endpoin
     assert m("ladder_memory_bytes", part="weights") == stats.memory.weights_bytes > 0
     assert m("ladder_memory_bytes", part="kv") == stats.memory.kv_bytes > 0
     assert m("ladder_kv_slots") == 4
+    # On CPU every prompt prefills alone: no forward shares prompts, and the stats say why not.
+    assert stats.prompt_batches.max_prompts == 1
+    assert m("ladder_prompt_batch_forwards_total") == stats.prompt_batches.forwards == 0
+    assert m("ladder_prompt_batch_prompts_total") == stats.prompt_batches.prompts == 0
 
 
 def test_the_model_process_and_no_duplicate_series_are_exported(served: Endpoint) -> None:

@@ -467,7 +467,7 @@ class MemoryUse(_message.Message):
     def __init__(self, weights_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., variant_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows", "memory", "decode", "waiting_for_slot", "prefix", "parking")
+    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows", "memory", "decode", "waiting_for_slot", "prefix", "parking", "prompt_batches")
     VARIANTS_FIELD_NUMBER: _ClassVar[int]
     EAGER_FORWARDS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -483,6 +483,7 @@ class EngineStats(_message.Message):
     WAITING_FOR_SLOT_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     PARKING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     variants: VariantStats
     eager_forwards: int
     sessions_open: int
@@ -498,7 +499,18 @@ class EngineStats(_message.Message):
     waiting_for_slot: int
     prefix: PrefixStats
     parking: ParkingStats
-    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ..., prefix: _Optional[_Union[PrefixStats, _Mapping]] = ..., parking: _Optional[_Union[ParkingStats, _Mapping]] = ...) -> None: ...
+    prompt_batches: PromptBatchStats
+    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ..., prefix: _Optional[_Union[PrefixStats, _Mapping]] = ..., parking: _Optional[_Union[ParkingStats, _Mapping]] = ..., prompt_batches: _Optional[_Union[PromptBatchStats, _Mapping]] = ...) -> None: ...
+
+class PromptBatchStats(_message.Message):
+    __slots__ = ("max_prompts", "forwards", "prompts")
+    MAX_PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    max_prompts: int
+    forwards: int
+    prompts: int
+    def __init__(self, max_prompts: _Optional[int] = ..., forwards: _Optional[int] = ..., prompts: _Optional[int] = ...) -> None: ...
 
 class ParkingStats(_message.Message):
     __slots__ = ("enabled", "sessions_parked", "parked_bytes", "parks", "unparks", "park_seconds", "unpark_seconds", "released_bytes", "device_bytes", "spills")
