@@ -266,6 +266,16 @@ def raw_replay(model_dir: Path, batches: list[int], capacity: int, past: int) ->
     return out
 
 
+def floors(name: str, batches: list[int], past: int) -> dict[str, Any]:
+    """The decode step's memory-bandwidth floor at each batch, at the H200's stated bandwidth and at
+    the copy bandwidth measured on this device (bench/gpu/run.py)."""
+    from bench.gpu.run import H200_BANDWIDTH, copy_bandwidth, decode_floors, spec_of
+
+    spec = spec_of(name)
+    return {"stated": decode_floors(spec, batches, past, H200_BANDWIDTH),
+            "measured_copy": decode_floors(spec, batches, past, copy_bandwidth())}
+
+
 def baseline(args: argparse.Namespace, model: str, vocab: int) -> dict[str, Any]:
     """The same scaling run against another version of the service (e.g. the last release)."""
     port = free_port()
@@ -289,18 +299,21 @@ def engine_single_stream(model_dir: Path, args: argparse.Namespace, vocab: int) 
     from engine.sampling import Sampler, SamplingParams
 
     out: dict[str, float] = {}
-    for lookahead in (True, False, True, False):  # each twice, the best kept
+    for lookahead in (True, False):  # one load each (an 8B-class model loads for tens of seconds)
         engine = Engine.load(model_dir, EngineOptions(provider=args.provider, capacity=args.capacity,
                                                       max_sessions=1, lookahead=lookahead))
         engine.warm_up()
-        greedy, session = Sampler(SamplingParams()), engine.open_session()
-        engine.append(session, prompt(args.prompt, 0, vocab))
-        token = engine.choose(session, greedy)
-        start = time.perf_counter()
-        for _ in range(args.new - 1):
-            token = engine.decode([DecodeRow(session, token, greedy)])[0]  # type: ignore[assignment]
-        name = "lookahead" if lookahead else "stepwise"
-        out[name] = max(out.get(name, 0.0), (args.new - 1) / (time.perf_counter() - start))
+        greedy = Sampler(SamplingParams())
+        for _ in range(2):  # twice, the best kept
+            session = engine.open_session()
+            engine.append(session, prompt(args.prompt, 0, vocab))
+            token = engine.choose(session, greedy)
+            start = time.perf_counter()
+            for _ in range(args.new - 1):
+                token = engine.decode([DecodeRow(session, token, greedy)])[0]  # type: ignore[assignment]
+            name = "lookahead" if lookahead else "stepwise"
+            out[name] = max(out.get(name, 0.0), (args.new - 1) / (time.perf_counter() - start))
+            engine.close_session(session, keep=False)
         engine.close()
     return {"decode_tok_s": out}
 
@@ -410,6 +423,8 @@ def main() -> None:
     if args.provider == "cuda" and "raw" not in skip:
         result["raw_replay"] = raw_replay(Path(model), sorted(set([1, *args.streams])), args.capacity,
                                           args.prompt)
+    if args.provider == "cuda" and args.model.startswith("gpu:"):
+        result["floors"] = floors(args.model[4:], sorted(set([1, *args.streams])), args.prompt)
     for part in ("scaling", "scaling_streaming"):
         for row in result.get(part, {}).values():
             row.pop("tokens_by_stream", None)

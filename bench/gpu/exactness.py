@@ -33,8 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bench.batching import agreement, concurrent, throughput
 from bench.prefix import start_server, stream
 from bench.served import (
@@ -53,25 +51,13 @@ BLOCK = 32
 
 
 # -- an int4 copy of the decoder ------------------------------------------------------------
-def int4_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A [K, N] weight as MatMulNBits' B (uint8 [N, K / 32, 16], element 2i in the low nibble) and
-    scales ([N * K / 32], the weight's dtype): symmetric, q = round(w / s) + 8 in 0..15, s = absmax / 7."""
-    k, n = w.shape
-    blocks = w.T.astype(np.float32).reshape(n, k // BLOCK, BLOCK)
-    scale = np.abs(blocks).max(axis=-1, keepdims=True) / 7
-    scale[scale == 0] = 1
-    scale = scale.astype(w.dtype).astype(np.float32)  # quantize against the scale the kernel reads
-    q = (np.clip(np.rint(blocks / scale), -8, 7) + 8).astype(np.uint8)
-    return q[..., 0::2] | (q[..., 1::2] << 4), scale.astype(w.dtype).ravel()
-
-
 def quantize_int4(source: Path, target: Path) -> Path:
     """`target`: `source`'s directory with every `model.layers.*` MatMul weight as MatMulNBits."""
     import onnx
     from onnx import helper, numpy_helper
 
     from engine.model import GRAPH_FILE
-    from engine.modelgen.builder import write_model_dir
+    from engine.modelgen.builder import int4_blocks, write_model_dir
 
     if (target / "genai_config.json").exists():
         return target
@@ -86,7 +72,7 @@ def quantize_int4(source: Path, target: Path) -> Path:
             nodes.append(node)
             continue
         w = numpy_helper.to_array(inits[name])
-        packed, scales = int4_blocks(w)
+        packed, scales = int4_blocks(w, BLOCK)
         graph.initializer.extend([numpy_helper.from_array(packed, f"{name}.q4"),
                                   numpy_helper.from_array(scales, f"{name}.scales")])
         nodes.append(helper.make_node("MatMulNBits", [node.input[0], f"{name}.q4", f"{name}.scales"],

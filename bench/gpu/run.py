@@ -35,14 +35,52 @@ SPECS = {
     # with its rows, unlike the two above, whose forwards are bound by kernel latency on an H200.
     "28x3072": replace(BASE, hidden_size=3072, intermediate_size=8192, num_layers=28,
                        num_heads=24, num_kv_heads=8, head_size=128),
+    # An 8B-class decoder (Llama-3.1-8B's shape and vocabulary): 15 GiB of fp16 weights, where
+    # decode is bound by memory bandwidth. Its layers repeat the first one's weights (drawn in
+    # seconds, not minutes; every layer still reads its own bytes).
+    "8b": replace(BASE, vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                  num_heads=32, num_kv_heads=8, head_size=128),
 }
+REPEATED_LAYERS = {"8b"}
+FLAGS = {"packed": {"packed_projections": True},  # q|k|v and gate|up as one MatMul each
+         "int4": {"int4_block": 32}}  # layer matrices as MatMulNBits, as the builder writes for CUDA
+H200_BANDWIDTH = 4.8e12  # bytes/s, the H200's HBM3e as NVIDIA states it
+
+
+def spec_of(name: str) -> DecoderSpec:
+    """A SPECS key, then any of `-packed` and `-int4` (FLAGS): "8b", "8b-int4", "16x2048-packed-int4"."""
+    base, *flags = name.split("-")
+    spec = SPECS[base]
+    for flag in flags:
+        spec = replace(spec, **FLAGS[flag])  # type: ignore[arg-type]
+    return spec
 
 
 def weight_bytes_per_token(spec: DecoderSpec) -> int:
-    """Bytes of weights a decode step reads: every matrix and norm, the lm head, one embedding row."""
+    """Bytes of weights a decode step reads: every matrix and norm, the lm head, one embedding row
+    (fp16; int4 layer matrices: half a byte a weight and a 2-byte scale per block)."""
     h, q, kv = spec.hidden_size, spec.num_heads * spec.head_size, spec.num_kv_heads * spec.head_size
-    layer = h * q + 2 * h * kv + q * h + 3 * h * spec.intermediate_size + 2 * h
-    return 2 * (spec.num_layers * layer + h + h * spec.vocab_size + h)
+    matrices = h * q + 2 * h * kv + q * h + 3 * h * spec.intermediate_size
+    per_weight = 0.5 + 2 / spec.int4_block if spec.int4_block else 2
+    layer = matrices * per_weight + 2 * 2 * h
+    return int(spec.num_layers * layer + 2 * (h + h * spec.vocab_size + h))
+
+
+def kv_bytes_per_row(spec: DecoderSpec, past: int) -> int:
+    """Bytes of keys and values one row's decode step reads over `past` positions (fp16)."""
+    return 2 * spec.num_layers * spec.num_kv_heads * spec.head_size * past * 2
+
+
+def decode_floors(spec: DecoderSpec, batches: list[int], past: int, bandwidth: float) -> dict[str, Any]:
+    """The memory-bandwidth floor of one decode step of B rows at `past`: the weights once and every
+    row's KV, read at `bandwidth` bytes/s. A step cannot take less; tok/s cannot be more."""
+    weights = weight_bytes_per_token(spec)
+    out: dict[str, Any] = {"bandwidth_bytes_s": bandwidth, "weight_bytes": weights, "past": past}
+    for b in batches:
+        step_bytes = weights + b * kv_bytes_per_row(spec, past)
+        ms = step_bytes / bandwidth * 1e3
+        out[str(b)] = {"step_bytes": step_bytes, "floor_ms": ms, "ceiling_tok_s": b * 1e3 / ms}
+    return out
 
 
 def copy_bandwidth() -> float:
@@ -64,7 +102,8 @@ def copy_bandwidth() -> float:
 
 def build(name: str, root: Path) -> Path:
     """The model directory, with CUDA graphs switched on for onnxruntime-genai (Ladder ignores it)."""
-    path = build_synthetic(SPECS[name], root, seed=0, chunk_size=512, context_length=8192)
+    path = build_synthetic(spec_of(name), root, seed=0, chunk_size=512, context_length=8192,
+                           repeat_layers=name.split("-")[0] in REPEATED_LAYERS)
     config_path = path / "genai_config.json"
     config = json.loads(config_path.read_text())
     config["model"]["decoder"]["session_options"]["provider_options"] = [
@@ -101,7 +140,7 @@ def agreement(a: list[int], b: list[int]) -> dict[str, int]:
 
 def summarize(name: str, runs: dict[str, Any], bandwidth: float) -> dict[str, Any]:
     ladder, genai = runs.get("ladder", {}), runs.get("genai", {})
-    out: dict[str, Any] = {"weight_bytes_per_token": weight_bytes_per_token(SPECS[name])}
+    out: dict[str, Any] = {"weight_bytes_per_token": weight_bytes_per_token(spec_of(name))}
     out["floor_tok_s"] = bandwidth / out["weight_bytes_per_token"]
     if "first" in ladder and "first" in genai:
         for name in ("ttft_pass2", "ttft_fresh"):

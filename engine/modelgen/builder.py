@@ -50,6 +50,10 @@ class DecoderSpec:
     packed_projections: bool = False
     # The head runs only on the query rows `logits_rows` names (engine/head.py); False: every row.
     read_rows: bool = True
+    # 0: float MatMuls. 32: every layer matrix as com.microsoft MatMulNBits, 4 bits in blocks of 32
+    # along the input, symmetric, scales in the model's dtype (as onnxruntime-genai's builder writes
+    # int4); the embedding and the head stay float.
+    int4_block: int = 0
 
     @property
     def np_dtype(self) -> type[np.floating[Any]]:
@@ -98,6 +102,7 @@ class _Graph:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
+        self._converted: dict[tuple[int, ...], tuple[np.ndarray, ...]] = {}
 
     def init(self, name: str, array: np.ndarray) -> str:
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
@@ -105,6 +110,25 @@ class _Graph:
 
     def weight(self, name: str, array: np.ndarray) -> str:
         return self.init(name, array.astype(self.spec.np_dtype))
+
+    def matmul(self, name: str, x: str, *parts: np.ndarray) -> str:
+        """x @ the parts side by side ([in, out] each), as a float MatMul or, with `int4_block`, a
+        MatMulNBits. Layers that share weight arrays (`random_weights(repeat_layers=True)`) are
+        converted once, then stored once per layer."""
+        key = tuple(id(p) for p in parts)
+        if key not in self._converted:
+            w = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+            block = self.spec.int4_block
+            self._converted[key] = int4_blocks(w.astype(self.spec.np_dtype), block) if block else (
+                w.astype(self.spec.np_dtype),)
+        arrays = self._converted[key]
+        if len(arrays) == 1:
+            return self.op1("MatMul", [x, self.init(f"{name}.weight", arrays[0])])
+        packed, scales = arrays
+        k, n = packed.shape[1] * self.spec.int4_block, packed.shape[0]
+        inputs = [x, self.init(f"{name}.weight.q4", packed), self.init(f"{name}.weight.scales", scales)]
+        return self.op1("MatMulNBits", inputs, domain="com.microsoft", K=k, N=n, bits=4,
+                        block_size=self.spec.int4_block, accuracy_level=4)
 
     def op(self, op_type: str, inputs: list[str], outputs: int = 1, domain: str = "",
            **attrs: Any) -> list[str]:
@@ -180,22 +204,18 @@ def _recurrent_mix(g: _Graph, x: str, w: DecoderWeights, inputs: list, outputs: 
 def _qkv(g: _Graph, p: str, h: str, lw: LayerWeights) -> tuple[str, str, str]:
     """GQA's query, key and value inputs; packed: one q|k|v matrix and empty key and value."""
     if g.spec.packed_projections:
-        qkv = np.concatenate([lw.q, lw.k, lw.v], axis=1)
-        return g.op1("MatMul", [h, g.weight(f"{p}.attn.qkv_proj.weight", qkv)]), "", ""
-    return (g.op1("MatMul", [h, g.weight(f"{p}.attn.q_proj.weight", lw.q)]),
-            g.op1("MatMul", [h, g.weight(f"{p}.attn.k_proj.weight", lw.k)]),
-            g.op1("MatMul", [h, g.weight(f"{p}.attn.v_proj.weight", lw.v)]))
+        return g.matmul(f"{p}.attn.qkv_proj", h, lw.q, lw.k, lw.v), "", ""
+    return (g.matmul(f"{p}.attn.q_proj", h, lw.q), g.matmul(f"{p}.attn.k_proj", h, lw.k),
+            g.matmul(f"{p}.attn.v_proj", h, lw.v))
 
 
 def _gate_up(g: _Graph, p: str, h: str, lw: LayerWeights) -> tuple[str, str]:
     if g.spec.packed_projections:
-        both = g.op1("MatMul", [h, g.weight(f"{p}.mlp.gate_up_proj.weight",
-                                            np.concatenate([lw.gate, lw.up], axis=1))])
+        both = g.matmul(f"{p}.mlp.gate_up_proj", h, lw.gate, lw.up)
         sizes = g.init(f"{p}.mlp.split", np.array([lw.gate.shape[1], lw.up.shape[1]], np.int64))
         gate, up = g.op("Split", [both, sizes], 2, axis=-1)
         return gate, up
-    return (g.op1("MatMul", [h, g.weight(f"{p}.mlp.gate_proj.weight", lw.gate)]),
-            g.op1("MatMul", [h, g.weight(f"{p}.mlp.up_proj.weight", lw.up)]))
+    return g.matmul(f"{p}.mlp.gate_proj", h, lw.gate), g.matmul(f"{p}.mlp.up_proj", h, lw.up)
 
 
 def _layer(g: _Graph, i: int, x: str, lw: LayerWeights, seqlens: str, total: str,
@@ -218,11 +238,11 @@ def _layer(g: _Graph, i: int, x: str, lw: LayerWeights, seqlens: str, total: str
         name=f"{p}.GroupQueryAttention", domain="com.microsoft",
         num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, do_rotary=1,
         rotary_interleaved=int(spec.rotary_interleaved), scale=float(spec.head_size ** -0.5)))
-    x = g.op1("Add", [x, g.op1("MatMul", [attn, g.weight(f"{p}.attn.o_proj.weight", lw.o)])])
+    x = g.op1("Add", [x, g.matmul(f"{p}.attn.o_proj", attn, lw.o)])
     h = g.rms_norm(x, g.weight(f"{p}.post_attention_layernorm.weight", lw.mlp_norm))
     gate, up = _gate_up(g, p, h, lw)
     act = g.op1("Mul", [g.op1("Mul", [gate, g.op1("Sigmoid", [gate])]), up])
-    return g.op1("Add", [x, g.op1("MatMul", [act, g.weight(f"{p}.mlp.down_proj.weight", lw.down)])])
+    return g.op1("Add", [x, g.matmul(f"{p}.mlp.down_proj", act, lw.down)])
 
 
 def _lm_head(g: _Graph, x: str, w: DecoderWeights) -> str:
@@ -271,6 +291,21 @@ def build_decoder(spec: DecoderSpec, weights: DecoderWeights) -> onnx.ModelProto
     if spec.read_rows and not spec.last_row_logits:
         gather_read_rows(model)
     return model
+
+
+def int4_blocks(w: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """A [K, N] weight as MatMulNBits' B (uint8 [N, K / block, block / 2], element 2i in the low
+    nibble) and scales ([N * K / block], the weight's dtype): symmetric, q = round(w / s) + 8 in
+    0..15, s = absmax / 7 of the block, so a block's dequantized weights are within s / 2 of w."""
+    k, n = w.shape
+    if k % block:
+        raise ValueError(f"{k} inputs are not whole blocks of {block}")
+    blocks = w.T.astype(np.float32).reshape(n, k // block, block)
+    scale = np.abs(blocks).max(axis=-1, keepdims=True) / 7
+    scale[scale == 0] = 1
+    scale = scale.astype(w.dtype).astype(np.float32)  # quantize against the scale the kernel reads
+    q = (np.clip(np.rint(blocks / scale), -8, 7) + 8).astype(np.uint8)
+    return q[..., 0::2] | (q[..., 1::2] << 4), scale.astype(w.dtype).ravel()
 
 
 def genai_config(spec: DecoderSpec, *, context_length: int, chunk_size: int,

@@ -35,8 +35,10 @@ VARIANTS: dict[str, DecoderSpec] = {
 }
 
 
-def random_weights(spec: DecoderSpec, seed: int = 0) -> DecoderWeights:
-    """Weights scaled so activations stay O(1) and greedy margins stay wide."""
+def random_weights(spec: DecoderSpec, seed: int = 0, repeat_layers: bool = False) -> DecoderWeights:
+    """Weights scaled so activations stay O(1) and greedy margins stay wide. With `repeat_layers`
+    every layer gets the first layer's arrays (each still stored as its own weights): an 8B-class
+    model is drawn in seconds, and bytes and shapes, all a timing reads, are those of distinct ones."""
     rng = np.random.default_rng(seed)
 
     def mat(rows: int, cols: int) -> np.ndarray:
@@ -47,12 +49,12 @@ def random_weights(spec: DecoderSpec, seed: int = 0) -> DecoderWeights:
 
     h, kv = spec.hidden_size, spec.num_kv_heads * spec.head_size
     q = spec.num_heads * spec.head_size
-    layers = [
-        LayerWeights(attn_norm=norm(), q=mat(h, q), k=mat(h, kv), v=mat(h, kv), o=mat(q, h),
-                     mlp_norm=norm(), gate=mat(h, spec.intermediate_size),
-                     up=mat(h, spec.intermediate_size), down=mat(spec.intermediate_size, h))
-        for _ in range(spec.num_layers)
-    ]
+    def layer() -> LayerWeights:
+        return LayerWeights(attn_norm=norm(), q=mat(h, q), k=mat(h, kv), v=mat(h, kv), o=mat(q, h),
+                            mlp_norm=norm(), gate=mat(h, spec.intermediate_size),
+                            up=mat(h, spec.intermediate_size), down=mat(spec.intermediate_size, h))
+
+    layers = [layer()] * spec.num_layers if repeat_layers else [layer() for _ in range(spec.num_layers)]
     extras: dict[str, np.ndarray] = {}
     if spec.per_token_port:
         extras["per_token_proj"] = mat(spec.per_token_port, h)
@@ -69,14 +71,15 @@ def default_cache_dir() -> Path:
 
 
 def build_synthetic(spec: DecoderSpec, root: Path | None = None, *, seed: int = 0,
-                    chunk_size: int = 64, context_length: int = 1024) -> Path:
+                    chunk_size: int = 64, context_length: int = 1024, repeat_layers: bool = False) -> Path:
     """Build (or reuse) the model directory for `spec` and return its path."""
-    key = json.dumps([asdict(spec), seed, chunk_size, context_length], sort_keys=True)
+    identity: list[object] = [asdict(spec), seed, chunk_size, context_length]
+    key = json.dumps(identity + ["repeat_layers"] if repeat_layers else identity, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     path = (root or default_cache_dir()) / digest
     if (path / "genai_config.json").exists() and (path / GRAPH_FILE).exists():
         return path
-    weights = random_weights(spec, seed)
+    weights = random_weights(spec, seed, repeat_layers)
     model = build_decoder(spec, weights)
     tmp = path.with_name(path.name + ".tmp")
     write_model_dir(tmp, model, genai_config(spec, context_length=context_length,
