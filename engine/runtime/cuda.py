@@ -17,7 +17,7 @@ The attention masks and the small inputs live in pinned host memory the device
 reads in place (`Placement.host_zeros`): writing them is a host store. Logits stay
 on the device: each row's next-token logits are kept in a device store, greedy
 tokens (and the repetition penalty) are chosen there, so a decode step moves
-B token ids to the host.
+B token ids to the host (device_logits.py, which `CudaBackend` inherits).
 
 The same code runs on the CPU provider with numpy buffers (`host_runtime`),
 which is how the CPU tests cover staging, batching and eager fallbacks.
@@ -40,19 +40,12 @@ from engine.options import EngineOptions
 from engine.runtime.backend import HeadRows, ParkedRow
 from engine.runtime.cpu import _dtype, inference_session, resolve_dims
 from engine.runtime.cuda_runtime import CudaUnavailable, Placement, cuda_runtime, host_runtime
+from engine.runtime.device_logits import DeviceLogits
 from engine.runtime.greedy import GreedyRows
 from engine.runtime.masks import MASKS_HELD, MaskTable
 from engine.runtime.pool import KvPool
 from engine.runtime.staging import Staging
 from engine.runtime.variants import VariantKey
-from engine.sampling import (
-    Sampler,
-    TokenLogprobs,
-    apply_presence_frequency,
-    apply_repetition_penalty,
-    log_probs,
-    token_logprobs,
-)
 
 log = structlog.get_logger("ladder.engine")
 
@@ -81,7 +74,7 @@ class DeviceVariant:
         self.binding = None
 
 
-class CudaBackend:
+class CudaBackend(DeviceLogits):
     name = "cuda"
     evictable = False  # onnxruntime cannot release one captured graph
     async_capable = True  # a decode forward can be launched without waiting (see decode.py's lookahead)
@@ -362,87 +355,6 @@ class CudaBackend:
             self.captures += 1
             log.info("graph_captured", width=variant.key.width, batch=variant.key.batch,
                      graph_id=variant.graph_id, held_bytes=variant.held_bytes)
-
-    # -- logits -----------------------------------------------------------------------------
-    def keep_row(self, row: int, logits: Any, index: int) -> None:
-        with self.rt.enter():
-            self.store[row] = logits[0, index]
-        self.queued = True
-
-    def keep_batch(self, rows: Sequence[int], logits: Any) -> None:
-        with self.rt.enter():
-            index = self._index(rows)
-            source = logits[index, 0] if isinstance(index, slice) else self._gather(logits[:, 0], index)
-            self.store[index] = source
-        self.queued = True
-
-    def _gather(self, source: Any, index: Any) -> Any:
-        out = self.gathered[:len(index)]
-        self.xp.take(source, index, axis=0, out=out)
-        return out
-
-    def _index(self, rows: Sequence[int]) -> Any:
-        """Rows as a slice when they run in order without gaps (no index upload, no gather)."""
-        if rows and list(rows) == list(range(rows[0], rows[0] + len(rows))):
-            return slice(rows[0], rows[0] + len(rows))
-        return self.xp.asarray(np.asarray(rows, np.int64))
-
-    def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
-               histories: Sequence[Sequence[int]]) -> list[int]:
-        """Greedy rows in one argmax on the device; a penalty is applied there; sampling on the host."""
-        out: dict[int, int] = {}
-        plain = [i for i, s in enumerate(samplers) if s.params.greedy and not s.params.penalized]
-        with self.rt.enter():
-            if plain:  # one masked argmax for every row, constrained or not
-                slots = [self.masks.slot(samplers[i]) if samplers[i].constrained else -1 for i in plain]
-                picked = self.greedy(self.store, [rows[i] for i in plain], slots, self.masks.table)
-                out.update(zip(plain, picked, strict=True))
-            for i, sampler in enumerate(samplers):
-                if i not in out:
-                    out[i] = self._choose_one(rows[i], sampler, histories[i])
-        return [out[i] for i in range(len(rows))]
-
-    def _choose_one(self, row: int, sampler: Sampler, history: Sequence[int]) -> int:
-        params = sampler.params
-        if not params.greedy:
-            # Seeded sampling draws on the host from this one row, exactly as on CPU.
-            return sampler(self.row_logits(row), history)
-        # The host's formulas (engine.sampling), run where the logits are.
-        logits = self.store[row]
-        if sampler.constraint is not None:
-            logits = self.xp.where(self.masks.row(sampler), logits, self.xp.float32(-np.inf))
-        logits = apply_repetition_penalty(logits, history, params.repetition_penalty, self.xp)
-        logits = apply_presence_frequency(logits, sampler.counts, params.presence_penalty,
-                                          params.frequency_penalty, self.xp)
-        return int(self.xp.argmax(logits))
-
-    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int,
-                 allowed: Sequence[np.ndarray | None] = ()) -> list[TokenLogprobs]:
-        """Log-softmax on the device; only each row's chosen value and `top` alternatives reach the host."""
-        with self.rt.enter():
-            index = self._index(rows)
-            logits = self.store[index] if isinstance(index, slice) else self._gather(self.store, index)
-            if any(mask is not None for mask in allowed):
-                logits = logits.copy()
-                for i, mask in enumerate(allowed):
-                    if mask is not None:
-                        logits[i] = self.xp.where(self.xp.asarray(mask), logits[i], self.xp.float32(-np.inf))
-            return self._logprobs_on_device(logits, tokens, top)
-
-    def prompt_logprobs(self, logits: Any, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
-        with self.rt.enter():
-            return self._logprobs_on_device(logits[0, :len(tokens)], tokens, top)
-
-    def _logprobs_on_device(self, logits: Any, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
-        """Inside the runtime's context: log_probs where `logits` live, then only the small arrays move."""
-        picked = self.xp.asarray(np.asarray(tokens, np.int64))
-        chosen, ids, values = log_probs(self.xp, logits, picked, top)
-        host = [None if a is None else self.rt.to_host(a) for a in (ids, values)]
-        return token_logprobs(tokens, self.rt.to_host(chosen), host[0], host[1])
-
-    def row_logits(self, row: int) -> np.ndarray:
-        with self.rt.enter():
-            return self.rt.to_host(self.store[row])
 
     # -- accounting -------------------------------------------------------------------------
     def free_device_bytes(self) -> int | None:
