@@ -234,18 +234,29 @@ class _QuietHandler(WSGIRequestHandler):
         """Scrapes are not logged (the access log is for gRPC calls)."""
 
 
-# -- prefix reuse -------------------------------------------------------------------------------
-class PrefixCollector(Collector):
-    """Prefix reuse (EngineStats.prefix) from the engine collector's latest snapshot: hits, tokens saved,
-    forks, evictions, and the prefixes free KV slots hold."""
+# -- views of the engine collector's snapshot ---------------------------------------------------
+class _SnapshotView(Collector):
+    """Families read from the engine collector's latest stats snapshot (none before the first)."""
 
     def __init__(self, engine: _EngineCollector) -> None:
         self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        if self.engine.stats is None:
-            return
-        p = self.engine.stats.prefix
+        stats = self.engine.stats
+        if stats is not None:
+            yield from self.families(stats)
+
+    def families(self, stats: Any) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+# -- prefix reuse -------------------------------------------------------------------------------
+class PrefixCollector(_SnapshotView):
+    """Prefix reuse (EngineStats.prefix) from the engine collector's latest snapshot: hits, tokens saved,
+    forks, evictions, and the prefixes free KV slots hold."""
+
+    def families(self, stats: Any) -> Iterator[Metric]:
+        p = stats.prefix
         for name, value, text in (
                 ("lookups", p.lookups, "Prompts appended to an empty session, looked up among held prefixes"),
                 ("hits", p.hits, "Prompts that started from a held prefix"),
@@ -260,35 +271,24 @@ class PrefixCollector(Collector):
 
 
 # -- prompts sharing a prefill forward ----------------------------------------------------------
-class PromptBatchCollector(Collector):
+class PromptBatchCollector(_SnapshotView):
     """New prompts sharing a prefill forward (EngineStats.prompt_batches) from the engine
     collector's latest snapshot."""
 
-    def __init__(self, engine: _EngineCollector) -> None:
-        self.engine = engine
-
-    def collect(self) -> Iterator[Metric]:
-        if self.engine.stats is None:
-            return
-        s = self.engine.stats
+    def families(self, stats: Any) -> Iterator[Metric]:
         for name, value, text in (
-                ("forwards", s.prompt_forwards, "Prefill forwards that ran several new prompts at once"),
-                ("prompts", s.prompts_batched, "New prompts those forwards ran")):
+                ("forwards", stats.prompt_forwards, "Prefill forwards that ran several new prompts at once"),
+                ("prompts", stats.prompts_batched, "New prompts those forwards ran")):
             yield CounterMetricFamily(f"ladder_prompt_batch_{name}", text, value=value)
 
 
 # -- sessions beyond slots ----------------------------------------------------------------------
-class ParkingCollector(Collector):
+class ParkingCollector(_SnapshotView):
     """Sessions parked off their KV slots (EngineStats.parking) from the engine collector's latest
     snapshot: how many and their bytes now, parks and unparks and the seconds they took."""
 
-    def __init__(self, engine: _EngineCollector) -> None:
-        self.engine = engine
-
-    def collect(self) -> Iterator[Metric]:
-        if self.engine.stats is None:
-            return
-        p = self.engine.stats.parking
+    def families(self, stats: Any) -> Iterator[Metric]:
+        p = stats.parking
         yield GaugeMetricFamily("ladder_sessions_parked", "Open sessions parked off their KV slot",
                                 value=p.sessions_parked)
         yield GaugeMetricFamily("ladder_parked_bytes", "KV and logits bytes parked sessions hold",

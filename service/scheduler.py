@@ -255,7 +255,8 @@ class Scheduler:
         op_jobs = self._waiting_op()
         ops = (*closing, *(session_op(job.want) for job in op_jobs))
         freed = sum(isinstance(op, Close) for op in ops) - sum(isinstance(op, Fork) for op in ops)
-        open_jobs = [self._waiting_open()[i] for i in self._grants(freed)[1]]
+        waiting, grants = self._grants(freed)
+        open_jobs = [waiting[i] for i in grants]
         first = Step(opens=tuple(opening(job.want) for job in open_jobs),  # type: ignore[misc]
                      ops=ops)  # type: ignore[arg-type]
         choices = 0

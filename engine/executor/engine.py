@@ -217,7 +217,7 @@ class Engine(SessionRows):
         """Raise the request error a decode row would fail with, before it joins a step."""
         session = row.session
         self._check_open(session)
-        if self.info.feed.name != "input_ids" or self.info.supplied_ports:
+        if not self.facts.token_ids_only:
             raise InvalidInput("this model takes inputs besides token ids: decode by appending them")
         check_ids([row.token], self.info.vocab_size)
         if session.length + 1 > self.capacity:

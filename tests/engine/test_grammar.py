@@ -138,6 +138,20 @@ def random_walk(grammar: CompiledGrammar, vocabulary: Vocabulary, rng: random.Ra
     return bytes(out)
 
 
+def walk_side_by_side(row: GrammarRow, check: GrammarRow, vocabulary: Vocabulary, rng: random.Random,
+                      steps: int) -> None:
+    """Advance two rows by the same random allowed tokens; at every step `row` allows exactly what
+    `check` does."""
+    for _ in range(steps):
+        mask = check.allowed()
+        assert np.array_equal(row.allowed(), mask)
+        if not (mask & vocabulary.usable).any():
+            break
+        token = pick(np.flatnonzero(mask & vocabulary.usable), vocabulary, rng)
+        row.advance(token)
+        check.advance(token)
+
+
 def pick(tokens: np.ndarray, vocabulary: Vocabulary, rng: random.Random) -> int:
     """A random first byte among the tokens', then a random token starting with it: walks that
     vary in structure, not only in which of a thousand runs of dashes they take."""
@@ -414,16 +428,7 @@ def test_a_grammar_warm_up_caches_the_masks_of_the_start_state_and_the_states_on
 def test_warmed_masks_are_the_masks_rows_compute_themselves(small: Vocabulary) -> None:
     warmed, cold = compile_grammar(gbnf("json"), small), compile_grammar(gbnf("json"), small)
     assert warmed.warm() > 0
-    rng = random.Random(11)
-    one, two = warmed.start(), cold.start()
-    for _ in range(80):
-        mask = two.allowed()
-        assert np.array_equal(one.allowed(), mask)
-        if not (mask & small.usable).any():
-            break
-        token = pick(np.flatnonzero(mask & small.usable), small, rng)
-        one.advance(token)
-        two.advance(token)
+    walk_side_by_side(warmed.start(), cold.start(), small, random.Random(11), 80)
 
 
 def test_a_grammar_warm_up_is_bounded_and_stops_when_asked(small: Vocabulary) -> None:
@@ -439,16 +444,7 @@ def test_a_warm_up_beside_rows_on_other_threads_leaves_every_mask_exact(small: V
     grammar, reference_grammar = compile_grammar(gbnf("json"), small), compile_grammar(gbnf("json"), small)
     warming = threading.Thread(target=grammar.warm)
     warming.start()
-    rng = random.Random(5)
-    row, check = grammar.start(), reference_grammar.start()
-    for _ in range(120):
-        mask = check.allowed()
-        assert np.array_equal(row.allowed(), mask)
-        if not (mask & small.usable).any():
-            break
-        token = pick(np.flatnonzero(mask & small.usable), small, rng)
-        row.advance(token)
-        check.advance(token)
+    walk_side_by_side(grammar.start(), reference_grammar.start(), small, random.Random(5), 120)
     warming.join()
 
 

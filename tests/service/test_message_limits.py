@@ -10,13 +10,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.calls import LogprobRequest, least_response_bytes
 from tests.service.test_metrics import Endpoint
 from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.rich_errors import Details, status_details
 from tests.support.servers import RunningServer, server_config
 
 LIMIT = 16 * 1024
@@ -32,16 +31,10 @@ def served(served_model: Path) -> Iterator[Endpoint]:
         running.close()
 
 
-def details(error: grpc.RpcError) -> tuple[error_details_pb2.ErrorInfo, bool]:
-    """The ErrorInfo of a failed call, and whether it carries a RetryInfo."""
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    info, retry = error_details_pb2.ErrorInfo(), False
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            detail.Unpack(info)
-        retry |= detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR)
-    return info, retry
+def details(error: grpc.RpcError) -> tuple[Details, bool]:
+    """The status details of a failed call, and whether they carry a RetryInfo."""
+    got = status_details(error)
+    return got, got.retry_seconds is not None
 
 
 def test_the_least_response_size_grows_with_every_field_that_adds_to_the_answer() -> None:

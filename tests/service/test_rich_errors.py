@@ -9,58 +9,29 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.rich_errors import Details
+from tests.support.rich_errors import details_of as shared_details_of
 from tests.support.servers import RunningServer, server_config
 from tests.support.waiting import wait_for
 
 Code = grpc.StatusCode
 
 
-@dataclass
-class Details:
-    code: Code
-    message: str
-    reason: str
-    domain: str
-    metadata: dict[str, str]
-    retry_seconds: float | None
-    fields: list[str]
-
-
 def details_of(call: Callable[[], Any]) -> Details:
-    """Make the call, which must fail; what its status details say."""
-    with pytest.raises(grpc.RpcError) as caught:
-        call()
-    error = caught.value
-    status = rpc_status.from_call(error)
-    assert status is not None, "no grpc-status-details-bin trailer"
-    assert status.code == error.code().value[0] and status.message == error.details()
-    info, retry, bad = error_details_pb2.ErrorInfo(), None, []
-    kinds = []
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            detail.Unpack(info)
-        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            unpacked = error_details_pb2.RetryInfo()
-            detail.Unpack(unpacked)
-            retry = unpacked.retry_delay.ToNanoseconds() / 1e9
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            request = error_details_pb2.BadRequest()
-            detail.Unpack(request)
-            bad = [v.field for v in request.field_violations]
-        kinds.append(detail.type_url.rsplit(".", 1)[-1])
-    assert kinds[0] == "ErrorInfo" and len(kinds) == len(set(kinds))
-    return Details(error.code(), error.details(), info.reason, info.domain, dict(info.metadata), retry, bad)
+    """Make the call, which must fail; what its status details say (the trailer agrees with the
+    call's own code and message, and ErrorInfo comes first, each kind once)."""
+    got = shared_details_of(call)
+    assert got.trailer_code == got.code.value[0] and got.trailer_message == got.message
+    assert got.kinds[0] == "ErrorInfo" and len(got.kinds) == len(set(got.kinds))
+    return got
 
 
 def tokens(ids: list[int]) -> pb.Prompt:

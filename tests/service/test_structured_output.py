@@ -22,12 +22,11 @@ from typing import Any
 import grpc
 import jsonschema
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from tests.engine.test_grammar import gbnf, reference
+from tests.support.rich_errors import details_of
 from tests.support.servers import RunningServer, free_port, server_config
 from tests.support.waiting import wait_for
 
@@ -307,19 +306,8 @@ def test_a_choices_log_probabilities_are_a_distribution_over_the_tokens_it_allow
 
 def refusal(call: Callable[[], object]) -> tuple[grpc.StatusCode, str, str, list[str]]:
     """The call's failure: code, message, ErrorInfo reason and the BadRequest fields."""
-    with pytest.raises(grpc.RpcError) as caught:
-        call()
-    status = rpc_status.from_call(caught.value)
-    assert status is not None, "no grpc-status-details-bin trailer"
-    info, fields = error_details_pb2.ErrorInfo(), []
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            detail.Unpack(info)
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            fields = [v.field for v in bad.field_violations]
-    return caught.value.code(), caught.value.details() or "", info.reason, fields
+    got = details_of(call)
+    return got.code, got.message, got.reason, got.fields
 
 
 MULTIPLE_OF = '{"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 5}}}'
