@@ -21,5 +21,5 @@ for b in ("1", "16", "64"):
     print(f"B={b}: served {served} tok/s, raw {raw.get(b, {}).get('tok_s')}, floor {floor.get(b, {}).get('ceiling_tok_s')}")
 print("engine single stream", r.get("engine_single_stream"))
 PY
-  rm -rf /tmp/ladder-gpu-models  # 64 GiB of disk: one model at a time
+  [ -n "${KEEP_MODELS:-}" ] || rm -rf /tmp/ladder-gpu-models  # 64 GiB of disk: one model at a time
 done

@@ -43,12 +43,13 @@ SPECS = {
 }
 REPEATED_LAYERS = {"8b"}
 FLAGS = {"packed": {"packed_projections": True},  # q|k|v and gate|up as one MatMul each
-         "int4": {"int4_block": 32}}  # layer matrices as MatMulNBits, as the builder writes for CUDA
+         "int4": {"int4_block": 32},  # layer matrices as MatMulNBits, as the builder writes for CUDA
+         "fused": {"fused_norms": True}}  # residual Add + norm as SkipSimplifiedLayerNormalization
 H200_BANDWIDTH = 4.8e12  # bytes/s, the H200's HBM3e as NVIDIA states it
 
 
 def spec_of(name: str) -> DecoderSpec:
-    """A SPECS key, then any of `-packed` and `-int4` (FLAGS): "8b", "8b-int4", "16x2048-packed-int4"."""
+    """A SPECS key, then any of `-packed`, `-int4`, `-fused` (FLAGS): "8b", "8b-int4", "8b-packed-fused"."""
     base, *flags = name.split("-")
     spec = SPECS[base]
     for flag in flags:

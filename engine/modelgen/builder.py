@@ -54,6 +54,9 @@ class DecoderSpec:
     # along the input, symmetric, scales in the model's dtype (as onnxruntime-genai's builder writes
     # int4); the embedding and the head stay float.
     int4_block: int = 0
+    # Each residual Add and the norm after it as one com.microsoft SkipSimplifiedLayerNormalization
+    # (as onnxruntime-genai's builder writes them): two fewer kernels a layer.
+    fused_norms: bool = False
 
     @property
     def np_dtype(self) -> type[np.floating[Any]]:
@@ -147,6 +150,22 @@ class _Graph:
         return self.op1("SimplifiedLayerNormalization", [x, w], axis=-1,
                         epsilon=self.spec.rms_eps, stash_type=1)
 
+    def add_norm(self, x: str, delta: str | None, w: str) -> tuple[str, str]:
+        """(norm(x + delta), x + delta): the residual stream and the normalized input of what
+        follows; `delta` None adds nothing. Fused, one SkipSimplifiedLayerNormalization does both."""
+        if delta is None:
+            return self.rms_norm(x, w), x
+        if not self.spec.fused_norms:
+            total = self.op1("Add", [x, delta])
+            return self.rms_norm(total, w), total
+        self._n += 1
+        normed, total = f"skipnorm_{self._n}_0", f"skipnorm_{self._n}_3"
+        self.nodes.append(helper.make_node(
+            "SkipSimplifiedLayerNormalization", [x, delta, w], [normed, "", "", total],
+            name=f"SkipSimplifiedLayerNormalization_{self._n}", domain="com.microsoft",
+            epsilon=self.spec.rms_eps))
+        return normed, total
+
 
 def _masks(g: _Graph) -> tuple[str, str]:
     """seqlens_k = sum(mask) - 1 (int32), total_sequence_length = mask.shape[1] (int32 scalar)."""
@@ -218,8 +237,10 @@ def _gate_up(g: _Graph, p: str, h: str, lw: LayerWeights) -> tuple[str, str]:
     return g.matmul(f"{p}.mlp.gate_proj", h, lw.gate), g.matmul(f"{p}.mlp.up_proj", h, lw.up)
 
 
-def _layer(g: _Graph, i: int, x: str, lw: LayerWeights, seqlens: str, total: str,
-           inputs: list, outputs: list) -> str:
+def _layer(g: _Graph, i: int, x: str, delta: str | None, lw: LayerWeights, seqlens: str, total: str,
+           inputs: list, outputs: list) -> tuple[str, str]:
+    """Layer i on the residual stream x + delta; returns the stream and the layer's own delta (the
+    MLP's output), which the next norm adds."""
     spec, dt = g.spec, g.spec.onnx_dtype
     p = f"model.layers.{i}"
     kv_shape = ["batch_size", spec.num_kv_heads, "past_sequence_length", spec.head_size]
@@ -227,7 +248,7 @@ def _layer(g: _Graph, i: int, x: str, lw: LayerWeights, seqlens: str, total: str
     for kind in ("key", "value"):
         inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", dt, kv_shape))
         outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", dt, present_shape))
-    h = g.rms_norm(x, g.weight(f"{p}.input_layernorm.weight", lw.attn_norm))
+    h, x = g.add_norm(x, delta, g.weight(f"{p}.input_layernorm.weight", lw.attn_norm))
     q, k, v = _qkv(g, p, h, lw)
     attn = f"{p}.attn.output"
     g.nodes.append(helper.make_node(
@@ -238,11 +259,11 @@ def _layer(g: _Graph, i: int, x: str, lw: LayerWeights, seqlens: str, total: str
         name=f"{p}.GroupQueryAttention", domain="com.microsoft",
         num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, do_rotary=1,
         rotary_interleaved=int(spec.rotary_interleaved), scale=float(spec.head_size ** -0.5)))
-    x = g.op1("Add", [x, g.matmul(f"{p}.attn.o_proj", attn, lw.o)])
-    h = g.rms_norm(x, g.weight(f"{p}.post_attention_layernorm.weight", lw.mlp_norm))
+    h, x = g.add_norm(x, g.matmul(f"{p}.attn.o_proj", attn, lw.o),
+                      g.weight(f"{p}.post_attention_layernorm.weight", lw.mlp_norm))
     gate, up = _gate_up(g, p, h, lw)
     act = g.op1("Mul", [g.op1("Mul", [gate, g.op1("Sigmoid", [gate])]), up])
-    return g.op1("Add", [x, g.matmul(f"{p}.mlp.down_proj", act, lw.down)])
+    return x, g.matmul(f"{p}.mlp.down_proj", act, lw.down)
 
 
 def _lm_head(g: _Graph, x: str, w: DecoderWeights) -> str:
@@ -276,9 +297,10 @@ def build_decoder(spec: DecoderSpec, weights: DecoderWeights) -> onnx.ModelProto
     g.weight("sin_cache", sin)
     if spec.recurrent_state:
         x = _recurrent_mix(g, x, weights, inputs, outputs)
+    delta: str | None = None
     for i, lw in enumerate(weights.layers):
-        x = _layer(g, i, x, lw, seqlens, total, inputs, outputs)
-    x = g.rms_norm(x, g.weight("model.norm.weight", weights.final_norm))
+        x, delta = _layer(g, i, x, delta, lw, seqlens, total, inputs, outputs)
+    x, _ = g.add_norm(x, delta, g.weight("model.norm.weight", weights.final_norm))
     logits = _lm_head(g, x, weights)
     rows = 1 if spec.last_row_logits else "sequence_length"
     g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits_out"))

@@ -1,6 +1,7 @@
 """Synthetic decoders as the benchmarks on the H200 need them (issue 28): int4 layer matrices as
 onnxruntime-genai's builder writes them (MatMulNBits, 4 bits, blocks of 32), and 8B-class models
-drawn in seconds by repeating the first layer's weights."""
+drawn in seconds by repeating the first layer's weights, and residual Adds fused into the norms
+after them."""
 
 from __future__ import annotations
 
@@ -77,3 +78,14 @@ def test_repeated_layers_store_the_first_layers_weights_once_per_layer(tmp_path:
     for name in ("attn.q_proj.weight", "mlp.down_proj.weight"):
         assert np.array_equal(weights[f"model.layers.0.{name}"], weights[f"model.layers.1.{name}"])
     assert path != build_synthetic(TINY, tmp_path)  # another model than the distinct layers' one
+
+
+def test_fused_norms_replace_every_residual_add_and_leave_the_logits_as_they_were(tmp_path: Path) -> None:
+    spec = replace(TINY, num_layers=3)
+    plain, fused = (build_synthetic(replace(spec, fused_norms=f), tmp_path) for f in (False, True))
+    assert not ops(plain, "SkipSimplifiedLayerNormalization")
+    assert len(ops(plain, "Add")) - len(ops(fused, "Add")) == 2 * spec.num_layers
+    # Every norm but the first layer's (nothing to add before it) takes its residual Add in.
+    assert len(ops(fused, "SkipSimplifiedLayerNormalization")) == 2 * spec.num_layers
+    prompt = prompt_ids(37, seed=3, vocab=spec.vocab_size)
+    np.testing.assert_allclose(first_logits(fused, prompt), first_logits(plain, prompt), atol=1e-4)
