@@ -16,7 +16,7 @@ only one position past each row's length, which nothing reads.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +88,11 @@ class BatchDecoder:
             except BaseException:
                 self._restore(batch, lengths)
                 raise
-        self.backend.keep_batch(sorted(feeds), logits)
+        try:
+            self.backend.keep_batch(sorted(feeds), logits)
+        except BaseException:
+            self._restore(batch, lengths)  # a hit's rows still hold the masks it ran with
+            raise
         for row, token in feeds.items():
             session = self.sessions[row]
             self.pool.commit(session, session.length + 1)
@@ -124,27 +128,37 @@ class BatchDecoder:
         if self._ahead is not None:
             self._settle(self._ahead)
 
-    def _settle(self, ahead: Ahead) -> None:
+    def _settle(self, ahead: Ahead, keep: Container[int] = ()) -> None:
+        """Wait for the launched forward and put its rows' masks back, but for the rows in `keep`."""
         if not ahead.settled:
             self.backend.settle()
-            self._restore(ahead.batch, ahead.lengths)  # nothing touched these rows since: committed
+            self._restore(ahead.batch, ahead.lengths, keep)  # nothing touched these rows since: committed
             ahead.settled = True
 
     def _take_ahead(self, batch: int, feeds: dict[int, int]) -> tuple[Any, list[int]]:
         """The launched forward's logits if it is this one, else None; and the rows' committed lengths.
 
         The lengths are read after settling, never taken from the launch: a row outside the
-        step may have been opened, prefilled or rewound since (each settles first)."""
+        step may have been opened, prefilled or rewound since (each settles first). Unless the
+        forward is this one and still in flight: then nothing touched the pool since its launch
+        (anything that does settles first), so the launch's lengths are the committed ones, and
+        the step's rows keep the masks it ran with (one past each length), which is what the step
+        commits them to: moving them back and forth again would change nothing."""
         ahead, self._ahead = self._ahead, None
-        logits = None
-        if ahead is not None:
+        if ahead is None:
+            return None, self.pool.mask_lengths[:batch]
+        hit = ahead.batch == batch and ahead.feeds == feeds
+        if hit and not ahead.settled:
+            self._settle(ahead, keep=feeds)
+            lengths = ahead.lengths
+        else:
             self._settle(ahead)
-            if ahead.batch == batch and ahead.feeds == feeds:
-                self.counters.lookahead_hits += 1
-                logits = ahead.logits
-            else:
-                self.counters.lookahead_misses += 1
-        return logits, self.pool.mask_lengths[:batch]
+            lengths = self.pool.mask_lengths[:batch]
+        if hit:
+            self.counters.lookahead_hits += 1
+        else:
+            self.counters.lookahead_misses += 1
+        return ahead.logits if hit else None, lengths
 
     def _masks(self, batch: int, feeds: dict[int, int], lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and positions of one forward; each row's mask set for it."""
@@ -156,9 +170,11 @@ class BatchDecoder:
         positions = np.asarray(self.pool.mask_lengths[:batch], np.int64).reshape(batch, 1) - 1
         return ids, positions
 
-    def _restore(self, batch: int, lengths: list[int]) -> None:
+    def _restore(self, batch: int, lengths: list[int], keep: Container[int] = ()) -> None:
+        """Put the masks of rows [0, batch) back to `lengths`, but for the rows in `keep`."""
         for row in range(batch):
-            self.pool.set_mask(row, lengths[row])
+            if row not in keep:
+                self.pool.set_mask(row, lengths[row])
 
     def _count(self, batch: int, feeds: dict[int, int]) -> None:
         c = self.counters
