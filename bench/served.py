@@ -26,11 +26,15 @@ VOCAB_FLOOR = 3
 def start_server(args: argparse.Namespace, model: str, port: int, *flags: str, log: str = "server.log",
                  root: Path | None = None, python: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     """`python -m service` serving `model` on 127.0.0.1:`port` with the bench's provider and precision,
-    no metrics port, warnings only, then `flags`; its output appended to `args.out / log`. From `root`
-    when given (another version of Ladder, side by side: run from there, its packages come first)."""
+    no metrics or HTTP port, warnings only, then `flags` (which may open one); its output appended to
+    `args.out / log`. From `root` when given (another version of Ladder, side by side: run from
+    there, its packages come first)."""
+    # No HTTP port unless `flags` ask for one: two bench servers on one host would both take 8000.
+    # (A baseline from `root` may predate the HTTP API and its flag.)
+    http_off = () if root is not None else ("--http-port", "0")
     cmd = [sys.executable, *python, "-m", "service", "--model", model, "--provider", args.provider,
            "--model-precision", args.precision, "--host", "127.0.0.1", "--port", str(port),
-           "--metrics-port", "0", "--log-level", "warning", *flags]
+           "--metrics-port", "0", *http_off, "--log-level", "warning", *flags]
     out = open(Path(args.out) / log, "ab")  # noqa: SIM115 — the server process owns it
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root)
 

@@ -134,7 +134,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model = resolve_model(args)
     args.port = free_port()
-    server = start_server(args, model, args.port, "--http-port", "0", "--max-queue", "1024",
+    server = start_server(args, model, args.port, "--max-queue", "1024",
                           *args.server_args.split())
     try:
         address = f"127.0.0.1:{args.port}"

@@ -142,7 +142,7 @@ def agreement(a: list[int], b: list[int]) -> dict[str, int]:
 def summarize(name: str, runs: dict[str, Any], bandwidth: float) -> dict[str, Any]:
     ladder, genai = runs.get("ladder", {}), runs.get("genai", {})
     out: dict[str, Any] = {"weight_bytes_per_token": weight_bytes_per_token(spec_of(name))}
-    out["floor_tok_s"] = bandwidth / out["weight_bytes_per_token"]
+    out["floor_tok_s"] = decode_floors(spec_of(name), [1], 0, bandwidth)["1"]["ceiling_tok_s"]  # weights only
     if "first" in ladder and "first" in genai:
         for name in ("ttft_pass2", "ttft_fresh"):
             out[f"{name}_median_ms"] = {"ladder": ladder[name]["median_ms"],
