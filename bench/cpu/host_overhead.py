@@ -19,12 +19,13 @@ import datetime as dt
 import json
 import platform
 import time
+from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import onnxruntime as ort
 
+from bench.stages import timed
 from engine.executor import DecodeRow, Engine, EngineOptions
 from engine.executor.step import Open, Prefill, Step
 from engine.model import load_model_info
@@ -44,17 +45,12 @@ class RunClock:
     """Seconds spent inside onnxruntime's run (every InferenceSession, this process)."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
-        run = ort.InferenceSession.run_with_iobinding
+        self._totals: dict[str, float] = defaultdict(float)
+        timed(self._totals, "run", ort.InferenceSession, "run_with_iobinding")
 
-        def timed(session: Any, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return run(session, *args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-
-        ort.InferenceSession.run_with_iobinding = timed  # type: ignore[method-assign]
+    @property
+    def seconds(self) -> float:
+        return self._totals["run"]
 
 
 def host_engine(model: Path, slots: int) -> Engine:

@@ -14,7 +14,6 @@ Beside it, in the same process, onnxruntime's raw replay of one B-row step (benc
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import time
 from collections import defaultdict
@@ -25,23 +24,9 @@ import numpy as np
 
 from bench.batching import raw_replay
 from bench.gpu.run import build
+from bench.stages import timed
 from engine.executor import DecodeRow, Engine, EngineOptions
 from engine.sampling import Sampler, SamplingParams
-
-
-def timed(totals: dict[str, float], name: str, owner: Any, attr: str) -> None:
-    """Replace owner.attr by a wrapper that adds its host time to totals[name]."""
-    inner = getattr(owner, attr)
-
-    @functools.wraps(inner)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            totals[name] += time.perf_counter() - start
-
-    setattr(owner, attr, wrapper)
 
 
 def steady(engine: Engine, rows: int, prompt: int, steps: int, vocab: int) -> dict[str, Any]:

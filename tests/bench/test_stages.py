@@ -1,5 +1,5 @@
-"""bench/gpu/decode_gap.py times each stage of a decode step by wrapping it: the wrapper must add
-the call's host time and change nothing the call does."""
+"""bench/gpu/decode_gap.py and bench/cpu/host_overhead.py time a stage by wrapping it
+(bench/stages.py): the wrapper must add the call's host time and change nothing the call does."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.gpu.decode_gap import timed
+from bench.stages import timed
 
 
 def test_a_timed_stage_adds_its_host_time_and_returns_what_the_stage_returned() -> None:
