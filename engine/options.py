@@ -22,6 +22,9 @@ class EngineOptions:
     intra_op_threads: int = 0  # 0 = onnxruntime's default
     device_id: int = 0
     lookahead: bool = True  # launch the next decode forward before its tokens are read (CUDA)
+    # With lookahead: a greedy step's tokens chosen on the device, the next forward queued behind
+    # them with no host round trip (CUDA; engine/executor/decode.py's chain).
+    decode_chain: bool = True
     prefix_sharing: bool = True  # a prompt starting with a held prefix (ladder steps) copies it
     # Each row's numerics depend on the request alone: decode forwards at one batch width, prefill
     # forwards a fresh run's own, prefixes shared only where a fresh run's forwards start.

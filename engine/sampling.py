@@ -255,6 +255,13 @@ class Sampler:
     def constrained(self) -> bool:
         return self.constraint is not None
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing but the logits to go by (no constraint, penalty or log-probabilities):
+        the device can choose it with no word from the host."""
+        return (self.params.greedy and not self.params.penalized and self.constraint is None
+                and self.top_logprobs is None)
+
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         logits = self.penalize(logits, history)
         if self.params.greedy:

@@ -79,6 +79,7 @@ class Config:
     max_sessions: int = 8
     warm_up: bool = True  # prepare every planned shape (graph captures on CUDA) before serving
     lookahead: bool = True  # CUDA: launch the next decode forward before its tokens are read
+    decode_chain: bool = True  # CUDA, with lookahead: greedy steps chosen and relaunched on the device
     memory_budget_mb: int = 0  # weights + KV + variants; the pool holds as many KV slots as fit
     max_queue: int = 64  # requests the engine worker holds at once
     session_idle_seconds: float = 300.0
@@ -115,6 +116,7 @@ class Config:
                              capacity=self.capacity, variant_capacity=self.variant_capacity,
                              max_sessions=self.max_sessions, intra_op_threads=self.intra_op_threads,
                              memory_budget_bytes=self.memory_budget_mb << 20, lookahead=self.lookahead,
+                             decode_chain=self.decode_chain,
                              prefix_sharing=self.prefix_sharing, graph_read_only=self.model_read_only,
                              deterministic=self.deterministic, prefill_batch=self.prefill_batch,
                              graph_cache=Path(self.model_cache) / "graphs" if self.model_cache else None)
@@ -153,6 +155,8 @@ _HELP = {
     "warm_up": "prepare every ladder and batch width (CUDA graphs) before health turns SERVING",
     "lookahead": "CUDA: launch the next decode forward on the chosen tokens before the host reads them "
                  "(off: run-to-run identical tokens on CUDA, see architecture-cuda.md)",
+    "decode_chain": "CUDA, with lookahead: a greedy decode step's tokens are chosen on the device, which "
+                    "launches the next forward behind them without the host (off: the host chooses first)",
     "variant_capacity": "shapes the variant cache holds (0 = the ladder widths + the decode batch widths)",
     "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
     "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",

@@ -1,11 +1,14 @@
 """Where a steady B-row decode step's time goes on the device, beyond onnxruntime's raw replay.
 
 The engine alone (no gRPC, no scheduler): B sessions prefilled with 512 tokens, then `--steps`
-decode steps of all of them, lookahead on and off. Each of the step's stages is timed on the
-host by wrapping it (time.perf_counter around the call, summed): waiting for the forward in
-flight (`settle`), keeping the rows' logits (`keep_batch`), choosing the tokens (`choose`: the
-device argmax and the copy of B ids to the host), setting the masks and ids of the next forward
-(`masks`), launching it (`run_batch`). What is left of the step is the engine's own bookkeeping.
+decode steps of all of them: chained (the default: a greedy step queues its choice and the next
+forward on the device, decode.py), lookahead without the chain, and neither. Each of the step's
+stages is timed on the host by wrapping it (time.perf_counter around the call, summed): waiting
+for the forward in flight (`settle`), keeping the rows' logits (`keep_batch`), choosing the
+tokens (`choose`: the device argmax and the copy of B ids to the host), setting the masks and ids
+of the next forward (`masks`), launching it (`run_batch`); or, chained, all of that queued at once
+(`chain_batch`, which returns once the tokens are chosen). What is left of the step is the
+engine's own bookkeeping.
 Beside it, in the same process, onnxruntime's raw replay of one B-row step (bench/batching).
 
     python3 -m bench.gpu.decode_gap --model 16x2048 --rows 64 --out $OUT
@@ -41,7 +44,7 @@ def steady(engine: Engine, rows: int, prompt: int, steps: int, vocab: int) -> di
     backend, decoder = engine.backend, engine.decoder
     for name, owner, attr in (("settle", backend, "settle"), ("keep_batch", backend, "keep_batch"),
                               ("choose", backend, "choose"), ("masks", decoder, "_masks"),
-                              ("run_batch", backend, "run_batch")):
+                              ("run_batch", backend, "run_batch"), ("chain_batch", backend, "chain_batch")):
         timed(totals, name, owner, attr)
     for _ in range(10):
         last = engine.decode([DecodeRow(s, t, greedy) for s, t in zip(sessions, last, strict=True)])
@@ -55,7 +58,7 @@ def steady(engine: Engine, rows: int, prompt: int, steps: int, vocab: int) -> di
     stages = {name: seconds / steps * 1e3 for name, seconds in totals.items()}
     return {"step_ms": wall / steps * 1e3, "tok_s": rows * steps / wall, "stages_ms": stages,
             "rest_ms": wall / steps * 1e3 - sum(stages.values()),
-            "lookahead": {"hits": decoder.counters.lookahead_hits,
+            "lookahead": {"hits": decoder.counters.lookahead_hits, "chained": decoder.counters.chained,
                           "launched": decoder.counters.lookahead_launched}}
 
 
@@ -73,16 +76,18 @@ def main() -> None:
     vocab = json.loads((path / "genai_config.json").read_text())["model"]["vocab_size"]
     result: dict[str, Any] = {"model": args.model, "rows": args.rows, "command": (
         f"python3 -m bench.gpu.decode_gap --model {args.model} --rows {args.rows} --steps {args.steps}")}
-    for lookahead in (True, False):
+    modes = (("chained", True, True), ("lookahead", True, False), ("stepwise", False, False))
+    for key, lookahead, chain in modes:
         engine = Engine.load(path, EngineOptions(provider="cuda", capacity=args.capacity,
                                                  max_sessions=args.rows, lookahead=lookahead))
+        engine.backend.chains = chain  # type: ignore[misc]  # the chain off: lookahead as before it
         engine.warm_up()
-        key = "lookahead" if lookahead else "stepwise"
         result[key] = steady(engine, args.rows, args.prompt, args.steps, vocab)
         print(key, json.dumps(result[key]), flush=True)
         engine.close()
     result["raw_replay"] = raw_replay(path, [args.rows], args.capacity, args.prompt)[str(args.rows)]
-    result["engine_over_raw"] = result["raw_replay"]["step_ms"] / result["lookahead"]["step_ms"]
+    result["engine_over_raw"] = {key: result["raw_replay"]["step_ms"] / result[key]["step_ms"]
+                                 for key in ("chained", "lookahead", "stepwise")}
     print("raw", json.dumps(result["raw_replay"]), "engine/raw", result["engine_over_raw"], flush=True)
     (args.out / f"decode-gap-{args.model}-{args.rows}.json").write_text(json.dumps(result, indent=2) + "\n")
 

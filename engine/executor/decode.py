@@ -11,6 +11,13 @@ tokens before the caller has even seen them, so the host's work between two
 steps overlaps the device's. The next step takes it when it feeds exactly
 those tokens to exactly those rows (a hit); otherwise it is dropped: it wrote
 only one position past each row's length, which nothing reads.
+
+Chain (a hit whose rows all choose plain greedy, on a backend that `chains`): the step does not
+wait for the forward in flight at all. It queues behind it on the device the keeping of the
+rows' logits, the argmax that writes each token into the next forward's ids and moves its mask,
+and the next forward itself, then waits only for the tokens, while that next forward runs. The
+device goes from forward to forward without a host round trip (measured on the H200: the host's
+0.5 ms between two forwards was a fifth of a 64-row step of a 0.8 B model).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ class DecodeCounters:
     lookahead_hits: int = 0
     lookahead_misses: int = 0
     lookahead_launched: int = 0
+    chained: int = 0  # lookahead hits whose next forward was queued on the device (the chain)
 
 
 class BatchDecoder:
@@ -68,17 +76,22 @@ class BatchDecoder:
 
     def forward(self, feeds: dict[int, int], least: int = 1) -> None:
         """Advance the rows in `feeds` by their token in one forward of at least `least` rows."""
-        self.step(feeds, lambda: [], ahead=False, least=least)
+        self.step(feeds, lambda _: [], ahead=False, least=least)
 
-    def step(self, feeds: dict[int, int], choose: Callable[[], list[int]], ahead: bool,
-             least: int = 1) -> list[int]:
+    def step(self, feeds: dict[int, int], choose: Callable[[list[int] | None], list[int]], ahead: bool,
+             least: int = 1, greedy: bool = False) -> list[int]:
         """Advance the rows in `feeds` by their token, `choose` the next tokens and, with `ahead`,
-        launch the forward that feeds them before returning.
+        launch the forward that feeds them before returning. `greedy`: every row's choice is
+        plain greedy (the tokens may be chosen on the device, the chain; `choose` then gets them).
 
         The order keeps the device busy: once a forward is done, its logits are kept and the
         next tokens chosen on the device, the next forward is launched, and only then does
         the host do its bookkeeping."""
         batch = self._width[max(max(feeds), least - 1)]
+        if ahead and greedy:
+            tokens = self._chain(batch, feeds)
+            if tokens is not None:
+                return choose(tokens)
         logits, lengths = self._take_ahead(batch, feeds)
         if logits is None:
             ids, positions = self._masks(batch, feeds, lengths)
@@ -99,9 +112,47 @@ class BatchDecoder:
             session.tokens.append(token)
             session.has_logits = True
         committed = [n + (row in feeds) for row, n in enumerate(lengths)]
-        tokens = choose()
+        tokens = choose(None)
         if not (ahead and self._look_ahead(batch, dict(zip(feeds, tokens, strict=True)), committed)):
             self._restore(batch, committed)
+        self._count(batch, feeds)
+        return tokens
+
+    def _chain(self, batch: int, feeds: dict[int, int]) -> list[int] | None:
+        """The chain, when the forward in flight is this step's and the next fits: the step's rows
+        committed, the next forward launched behind the device's choice of their tokens; the
+        tokens. None when it does not apply (nothing was done)."""
+        ahead = self._ahead
+        if not (self.backend.chains and ahead is not None and not ahead.settled and ahead.batch == batch
+                and ahead.feeds == feeds and all(ahead.lengths[row] + 2 <= self.capacity for row in feeds)):
+            return None
+        lengths, rows = ahead.lengths, list(feeds)
+        committed = [n + (row in feeds) for row, n in enumerate(lengths)]
+        key = VariantKey(1, (), batch)
+        try:
+            tokens = self.backend.chain_batch(self.variant(key), key, rows, ahead.logits,
+                                              [committed[row] for row in rows])
+        except BaseException:
+            self.backend.settle()
+            self._ahead = None
+            for row in rows:  # the device may have moved it past what the host mirrors
+                self.pool.mask[row, committed[row]] = 0
+            self._restore(batch, lengths)
+            raise
+        if tokens is None:
+            return None
+        self._ahead = None
+        for row, token in feeds.items():
+            session = self.sessions[row]
+            self.pool.commit(session, session.length + 1)  # its mask was there already: no store
+            session.tokens.append(token)
+            session.has_logits = True
+            self.pool.mask_lengths[row] += 1  # the device moved it for the forward now in flight
+        self._ahead = Ahead(batch, dict(zip(rows, tokens, strict=True)), committed, ahead.logits)
+        c = self.counters
+        c.lookahead_hits += 1
+        c.lookahead_launched += 1
+        c.chained += 1
         self._count(batch, feeds)
         return tokens
 

@@ -237,9 +237,10 @@ class Engine(SessionRows):
             raise InvalidInput("a session appears twice in one decode step")
         chosen = [r for r in rows if r.sampler is not None]
 
-        def choose() -> list[int]:
-            samplers: list[Sampler] = [r.sampler for r in chosen]  # type: ignore[misc]
-            return self.choose_rows([r.session for r in chosen], samplers)
+        samplers: list[Sampler] = [r.sampler for r in chosen]  # type: ignore[misc]
+
+        def choose(picked: list[int] | None = None) -> list[int]:
+            return self.choose_rows([r.session for r in chosen], samplers, picked)
 
         if self.unbatched_reason:
             for row in rows:
@@ -251,7 +252,8 @@ class Engine(SessionRows):
             # The deterministic mode runs every decode forward at the widest batch: a row's
             # numerics then never follow how many other rows decode beside it.
             least = self.pool.rows if self.options.deterministic else 1
-            tokens = self.decoder.step({r.session.row: r.token for r in rows}, choose, ahead, least)
+            greedy = ahead and self.options.decode_chain and all(s.plain_greedy for s in samplers)
+            tokens = self.decoder.step({r.session.row: r.token for r in rows}, choose, ahead, least, greedy)
         else:
             tokens = []
         for row in rows:
@@ -275,11 +277,15 @@ class Engine(SessionRows):
             raise OverCapacity("the session has no next-token logits (it is empty)")
         return self.choose_rows([session], [sampler])[0]
 
-    def choose_rows(self, sessions: Sequence[Session], samplers: Sequence[Sampler]) -> list[int]:
-        """Choose each session's next token; tell each sampler its choice and, when it asks, the
-        log-probabilities of it (one batched computation on the backend for all that ask)."""
+    def choose_rows(self, sessions: Sequence[Session], samplers: Sequence[Sampler],
+                    picked: list[int] | None = None) -> list[int]:
+        """Choose each session's next token (`picked`: already chosen on the device, the decode
+        chain's); tell each sampler its choice and, when it asks, the log-probabilities of it (one
+        batched computation on the backend for all that ask)."""
         rows = [s.row for s in sessions]
-        tokens = self.backend.choose(rows, samplers, [s.tokens for s in sessions])
+        tokens = picked
+        if tokens is None:
+            tokens = self.backend.choose(rows, samplers, [s.tokens for s in sessions])
         asking = [i for i, s in enumerate(samplers) if s.top_logprobs is not None]
         if asking:
             top = max(samplers[i].top_logprobs or 0 for i in asking)
@@ -327,7 +333,7 @@ class Engine(SessionRows):
     def stats(self) -> EngineStats:
         c = self.decoder.counters
         decode = DecodeStats(c.steps, c.rows, c.ride_along_rows, tuple(sorted(c.batch_use.items())),
-                             c.lookahead_hits, c.lookahead_misses, c.lookahead_launched)
+                             c.lookahead_hits, c.lookahead_misses, c.lookahead_launched, c.chained)
         return EngineStats(
             variants=self.variants.stats(), eager_forwards=self.eager_forwards,
             sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,

@@ -32,6 +32,7 @@ class DecodeStats:
     lookahead_hits: int = 0  # forwards launched ahead that the next step took
     lookahead_misses: int = 0  # ... and dropped (rows left, joined, or fed other tokens)
     lookahead_launched: int = 0  # every forward launched ahead (taken, dropped, or still pending)
+    chained: int = 0  # hits whose next forward the device queued behind its own greedy choice
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ class Backend(Protocol[VariantT]):
     evictable: bool  # False: a prepared variant cannot be released (CUDA graphs)
     weights_bytes: int  # 0: unknown, the engine counts the model's files
     async_capable: bool  # run_batch(wait=False) returns before the forward has finished
+    # chain_batch can queue a step's greedy choice and the next forward behind the forward in flight
+    chains: bool
     # A row's arithmetic depends on the forward's exact width (CUDA's GEMMs choose kernels by the
     # row count), not only on one row against several (MatMulNBits on CPU): prefill re-runs and
     # shared prefixes then follow a fresh run's own forwards in every mode (engine.planner.restore).
@@ -113,6 +115,15 @@ class Backend(Protocol[VariantT]):
         """One decode forward over pool rows [0, key.batch) feeding `ids` [B, 1] at `positions`
         [B, 1] (each row's mask says position + 1). Returns logits [B, 1, vocab]; with `wait`
         False they are ready only after `settle`."""
+        ...
+
+    def chain_batch(self, variant: VariantT | None, key: VariantKey, rows: Sequence[int], logits: Any,
+                    grow: Sequence[int]) -> list[int] | None:
+        """Behind the decode forward in flight that computes `logits`, without waiting for it: keep
+        rows' logits, choose each row's greedy token (no constraint, no penalty), feed it to the
+        next forward over rows [0, key.batch) at position grow[i] (row rows[i]'s mask one longer,
+        every other row's as it is) and launch that forward without waiting. The tokens, once
+        chosen; None when the variant cannot be launched so (nothing was done). Only where `chains`."""
         ...
 
     def settle(self) -> None:

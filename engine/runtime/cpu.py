@@ -80,6 +80,7 @@ class CpuBackend:
     evictable = True
     weights_bytes = 0
     async_capable = False
+    chains = False
     rows_follow_width = False  # MLAS: a row in any multi-row forward is the same row
     batch_commits_rows = True  # onnxruntime's CPU attention touches every row of the batch
     # A CPU prefill is bound by arithmetic per row: prompts sharing a forward would only wait for
@@ -235,6 +236,11 @@ class CpuBackend:
         if variant.positions is not None:
             np.copyto(variant.positions, positions)
         return self._run(variant, None)
+
+    def chain_batch(self, variant: CpuVariant | None, key: VariantKey, rows: Sequence[int], logits: Any,
+                    grow: Sequence[int]) -> list[int] | None:
+        """Forwards on the CPU finish before they return: nothing to queue behind."""
+        return None
 
     def settle(self) -> None:
         """Forwards on the CPU always finish before they return: nothing to wait for."""

@@ -78,6 +78,7 @@ class CudaBackend(DeviceLogits):
     name = "cuda"
     evictable = False  # onnxruntime cannot release one captured graph
     async_capable = True  # a decode forward can be launched without waiting (see decode.py's lookahead)
+    chains = True  # onnxruntime runs on the backend's stream: work queued there follows its forwards
     rows_follow_width = True  # cuBLAS and MatMulNBits pick kernels by M: measured on the H200 (issue 22)
     batch_commits_rows = False  # the pool is device memory, allocated whole up front
 
@@ -310,6 +311,30 @@ class CudaBackend(DeviceLogits):
                 self.staging.written(int(positions[self.staging.row, 0]))
             self._execute(variant, wait)
         return variant.logits
+
+    def chain_batch(self, variant: DeviceVariant | None, key: VariantKey, rows: Sequence[int], logits: Any,
+                    grow: Sequence[int]) -> list[int] | None:
+        """Keep, choose (writing the next forward's ids, masks and positions on the device) and launch,
+        all queued on the backend's stream behind the forward in flight: the device goes from one
+        forward to the next through two small kernels, whatever the host is doing. The host waits
+        only for the tokens, while the next forward runs."""
+        assert self.pool is not None and self.staging is not None
+        if variant is None or variant.binding is None or (variant.graph_id != EAGER and not variant.captured):
+            return None  # an uncaptured graph captures on its first run, which waits for everything
+        feed = variant.inputs[self.info.feed.name]
+        positions = variant.inputs[self.info.position_ids] if self.info.position_ids else None
+        if feed.dtype != np.int64:
+            return None
+        self.keep_batch(rows, logits)
+        self.in_flight = True  # from here the device holds work a failure must wait for
+        with self.rt.enter():
+            chosen = self.greedy.chain(self.store, rows, grow, feed, self.pool.mask, positions)
+            staged = self.staging.row
+            if staged in rows:
+                self.staging.written(int(grow[list(rows).index(staged)]))
+            self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id, False))
+        self.queued = False  # what was queued runs before the forward: it is on the same stream
+        return self.greedy.chosen(len(rows), chosen)
 
     def settle(self) -> None:
         if self.in_flight:

@@ -7,6 +7,11 @@ memory the device reads in place, the kernel reads each row's logits and mask wh
 gather, no masked copy of the logits) and writes the chosen ids straight into pinned host memory.
 Ties and NaN go as numpy's argmax takes them (the first largest; a NaN counts as largest), so the
 tokens equal the CPU backend's. On numpy (`host_runtime`, CI) the same values come from numpy.
+
+Chained (`GreedyRows.chain`, decode.py's chain): the same kernel also writes each row's token into
+the next decode forward's input ids, moves the row's mask one position and sets its position id,
+all behind the forward that computed the logits on the backend's stream, so the next forward can be
+queued before any of it has run and the device goes from one forward to the next without the host.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ __device__ __forceinline__ bool before(float a, long long ai, float b, long long
 
 template <typename T>
 __device__ void masked_argmax(const T* logits, long long vocab, const long long* rows,
-                              const long long* slots, const bool* table, long long* out) {
+                              const long long* slots, const bool* table, long long* out,
+                              long long* next_ids, long long* mask, long long mask_width,
+                              const long long* grow, long long* positions) {
     __shared__ float value[256];
     __shared__ long long index[256];
     const float refused = __int_as_float(0xff800000);  // -inf, as a masked-out logit
@@ -64,18 +71,31 @@ __device__ void masked_argmax(const T* logits, long long vocab, const long long*
         }
         __syncthreads();
     }
-    if (t == 0) out[blockIdx.x] = index[0];
+    if (t == 0) {
+        out[blockIdx.x] = index[0];
+        if (next_ids) {  // chained: the next forward feeds this token at position grow[i]
+            long long r = rows[blockIdx.x], p = grow[blockIdx.x];
+            next_ids[r] = index[0];
+            mask[r * mask_width + p] = 1;
+            if (positions) positions[r] = p;
+        }
+    }
 }
 
 extern "C" __global__ void masked_argmax_f32(const float* logits, long long vocab, const long long* rows,
-                                             const long long* slots, const bool* table, long long* out) {
-    masked_argmax<float>(logits, vocab, rows, slots, table, out);
+                                             const long long* slots, const bool* table, long long* out,
+                                             long long* next_ids, long long* mask, long long mask_width,
+                                             const long long* grow, long long* positions) {
+    masked_argmax<float>(logits, vocab, rows, slots, table, out, next_ids, mask, mask_width, grow, positions);
 }
 
 extern "C" __global__ void masked_argmax_f16(const unsigned short* logits, long long vocab,
                                              const long long* rows, const long long* slots,
-                                             const bool* table, long long* out) {
-    masked_argmax<unsigned short>(logits, vocab, rows, slots, table, out);
+                                             const bool* table, long long* out,
+                                             long long* next_ids, long long* mask, long long mask_width,
+                                             const long long* grow, long long* positions) {
+    masked_argmax<unsigned short>(logits, vocab, rows, slots, table, out, next_ids, mask, mask_width, grow,
+                                  positions);
 }
 """
 _KERNELS: dict[tuple[int, str], Any] = {}
@@ -98,6 +118,7 @@ class GreedyRows:
         self.rows = rt.host_zeros((rows,), np.int64)
         self.slots = rt.host_zeros((rows,), np.int64)
         self.out = rt.host_zeros((rows,), np.int64)
+        self.grow = rt.host_zeros((rows,), np.int64)  # a chain's next position per row
         if rt.device == "cuda":
             _ = _kernel(rt.xp, self.dtype).kernel  # compiled (or read from disk) now, not mid-step
 
@@ -115,11 +136,53 @@ class GreedyRows:
             return [int(t) for t in np.argmax(logits, axis=-1)]
         self.rows[:n] = rows
         self.slots[:n] = slots
-        table_ptr = 0 if table is None else self.rt.ptr(table)
-        with self.rt.enter():  # on the backend's stream, after the stores of this step's logits
+        self._launch(store, n, 0 if table is None else self.rt.ptr(table))
+        self.rt.stream.synchronize()
+        return [int(t) for t in self.out[:n]]
+
+    def chain(self, store: Any, rows: Sequence[int], grow: Sequence[int], next_ids: np.ndarray,
+              mask: np.ndarray, positions: np.ndarray | None) -> Any:
+        """Queue row i's greedy token (no constraint) behind what the stream holds, and write it
+        into the next forward's inputs: `next_ids[rows[i]]`, one more mask position
+        (`mask[rows[i], grow[i]]` = 1) and `positions[rows[i]]` = grow[i] (pinned host arrays the
+        device writes in place). Nothing waits: `chosen` reads the tokens once they are there.
+        The previous chain's tokens must have been read (its arrays are reused)."""
+        n = len(rows)
+        if self.rt.device != "cuda":
+            index = np.asarray(rows, np.int64)
+            tokens = np.argmax(store[index], axis=-1)
+            self.out[:n] = tokens
+            next_ids.reshape(-1)[index] = tokens
+            mask[index, np.asarray(grow, np.int64)] = 1
+            if positions is not None:
+                positions.reshape(-1)[index] = grow
+            return None
+        self.rows[:n] = rows
+        self.slots[:n] = -1
+        self.grow[:n] = grow
+        self._launch(store, n, 0, chain=(next_ids, mask, positions))
+        event = self.rt.xp.cuda.Event(block=False, disable_timing=True)
+        event.record(self.rt.stream)
+        return event
+
+    def chosen(self, n: int, event: Any) -> list[int]:
+        """The tokens of the chain `event` marks, once the device has chosen them."""
+        if event is not None:
+            event.synchronize()
+        return [int(t) for t in self.out[:n]]
+
+    def _launch(self, store: Any, n: int, table_ptr: int,
+                chain: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None) -> None:
+        """The kernel over n rows on the backend's stream, after the stores of this step's logits."""
+        extra: tuple[Any, ...] = (np.uint64(0), np.uint64(0), np.int64(0), np.uint64(0), np.uint64(0))
+        if chain is not None:
+            next_ids, mask, positions = chain
+            extra = (np.uint64(next_ids.ctypes.data), np.uint64(mask.ctypes.data), np.int64(mask.shape[-1]),
+                     np.uint64(self.grow.ctypes.data),
+                     np.uint64(0 if positions is None else positions.ctypes.data))
+        with self.rt.enter():
             _kernel(self.rt.xp, self.dtype)(
                 (n,), (THREADS,),
                 (store, np.int64(store.shape[-1]), np.uint64(self.rows.ctypes.data),
-                 np.uint64(self.slots.ctypes.data), np.uint64(table_ptr), np.uint64(self.out.ctypes.data)))
-            self.rt.stream.synchronize()
-        return [int(t) for t in self.out[:n]]
+                 np.uint64(self.slots.ctypes.data), np.uint64(table_ptr), np.uint64(self.out.ctypes.data),
+                 *extra))

@@ -187,6 +187,26 @@ def test_lookahead_gives_the_tokens_of_step_by_step_decode_and_hits_a_stable_bat
     assert decode.lookahead_hits >= 10 and decode.lookahead_misses >= 3
 
 
+def test_a_stable_greedy_batch_chains_its_forwards_and_keeps_the_tokens(model_dir: Path) -> None:
+    device = device_engine(model_dir)
+    assert scenario(device) == scenario(cpu_engine(model_dir))
+    decode = device.stats().decode
+    assert 8 <= decode.chained <= decode.lookahead_hits  # rows leaving, joining, rewinding break a chain
+    device.decoder.settle()
+    device.check_invariants()  # every open row's mask says its session's length again
+
+
+@pytest.mark.parametrize("params, top",
+                         [(SamplingParams(), 2), (SamplingParams(repetition_penalty=1.3), None)])
+def test_a_row_choosing_with_logprobs_or_a_penalty_is_never_chained(model_dir: Path, params: SamplingParams,
+                                                                    top: int | None) -> None:
+    device = device_engine(model_dir)
+    tokens = generate(device, prompt_ids(30, 4), 10, Sampler(params, top_logprobs=top))
+    assert tokens == generate(cpu_engine(model_dir), prompt_ids(30, 4), 10, Sampler(params, top_logprobs=top))
+    decode = device.stats().decode
+    assert decode.lookahead_hits >= 5 and decode.chained == 0
+
+
 def test_with_lookahead_off_nothing_is_launched_ahead(model_dir: Path) -> None:
     device = device_engine(model_dir, lookahead=False)
     assert scenario(device) == scenario(cpu_engine(model_dir))

@@ -84,6 +84,33 @@ def test_sessions_decoded_together_in_one_graph_give_their_tokens_alone(model_di
             out.append(token)
     assert outs == alone
     assert engine.stats().decode.widths == ((8, 15),)
+    assert engine.stats().decode.chained >= 12  # the device chose and launched ahead (decode.py's chain)
+
+
+def test_chained_decode_gives_step_by_step_tokens_as_rows_leave_and_join(model_dir: Path) -> None:
+    def run(engine: Engine) -> list[list[int]]:
+        sessions = [engine.open_session() for _ in LENGTHS]
+        for session, n in zip(sessions, LENGTHS, strict=True):
+            engine.append(session, np.random.default_rng(n).integers(3, CUDA_SPEC.vocab_size, n).tolist())
+        outs = [[engine.choose(s, GREEDY)] for s in sessions]
+        active = list(range(len(sessions)))
+        for step in range(30):
+            if step == 10:  # one leaves: the forward chained ahead is dropped
+                engine.close_session(sessions[2])
+                active.remove(2)
+            if step == 18:  # one joins, in the freed row
+                sessions[2] = engine.open_session()
+                engine.append(sessions[2], list(range(5, 60)))
+                outs[2].append(engine.choose(sessions[2], GREEDY))
+                active.append(2)
+            rows = [DecodeRow(sessions[i], outs[i][-1], GREEDY) for i in active]
+            for i, token in zip(active, engine.decode(rows), strict=True):
+                outs[i].append(token)  # type: ignore[arg-type]
+        return outs
+
+    chained = engine_on(model_dir, "cuda")
+    assert run(chained) == run(engine_on(model_dir, "cuda", lookahead=False))
+    assert chained.stats().decode.chained >= 20
 
 
 def test_padding_off_runs_uncached_widths_eagerly_without_new_captures(model_dir: Path) -> None:
