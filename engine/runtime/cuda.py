@@ -314,20 +314,21 @@ class CudaBackend(DeviceLogits):
 
     def chain_batch(self, variant: DeviceVariant | None, key: VariantKey, rows: Sequence[int], logits: Any,
                     grow: Sequence[int]) -> list[int] | None:
-        """Keep and choose (one kernel, which also writes the next forward's ids, masks and positions)
-        and launch, all queued on the backend's stream behind the forward in flight: the device goes
-        from one forward to the next through one small kernel, whatever the host is doing. The host waits
+        """Keep, choose (writing the next forward's ids, masks and positions on the device) and launch,
+        all queued on the backend's stream behind the forward in flight: the device goes from one
+        forward to the next through two small kernels, whatever the host is doing. The host waits
         only for the tokens, while the next forward runs."""
         assert self.pool is not None and self.staging is not None
         if variant is None or variant.binding is None or (variant.graph_id != EAGER and not variant.captured):
             return None  # an uncaptured graph captures on its first run, which waits for everything
         feed = variant.inputs[self.info.feed.name]
         positions = variant.inputs[self.info.position_ids] if self.info.position_ids else None
-        if feed.dtype != np.int64 or logits.shape[1] != 1 or not logits.flags.c_contiguous:
-            return None  # the kernel writes int64 ids and reads row r's logits at r * vocab
+        if feed.dtype != np.int64:
+            return None
+        self.keep_batch(rows, logits)
         self.in_flight = True  # from here the device holds work a failure must wait for
         with self.rt.enter():
-            chosen = self.greedy.chain(self.store, logits, rows, grow, feed, self.pool.mask, positions)
+            chosen = self.greedy.chain(self.store, rows, grow, feed, self.pool.mask, positions)
             staged = self.staging.row
             if staged in rows:
                 self.staging.written(int(grow[list(rows).index(staged)]))

@@ -8,11 +8,10 @@ gather, no masked copy of the logits) and writes the chosen ids straight into pi
 Ties and NaN go as numpy's argmax takes them (the first largest; a NaN counts as largest), so the
 tokens equal the CPU backend's. On numpy (`host_runtime`, CI) the same values come from numpy.
 
-Chained (`GreedyRows.chain`, decode.py's chain): the same kernel reads each row from the decode
-forward's own logits, keeping it in the store as it goes by, and also writes the row's token into
-the next forward's input ids, moves its mask one position and sets its position id, all behind the
-forward on the backend's stream: the next forward can be queued before any of it has run, and the
-device goes from one forward to the next through this one kernel, without the host.
+Chained (`GreedyRows.chain`, decode.py's chain): the same kernel also writes each row's token into
+the next decode forward's input ids, moves the row's mask one position and sets its position id,
+all behind the forward that computed the logits on the backend's stream, so the next forward can be
+queued before any of it has run and the device goes from one forward to the next without the host.
 """
 
 from __future__ import annotations
@@ -27,9 +26,10 @@ from engine.runtime.cuda_runtime import Placement
 THREADS = 256
 
 _SOURCE = r"""
-__device__ __forceinline__ float widen(float x) { return x; }
-__device__ __forceinline__ float widen(unsigned short h) {
+__device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float load(const unsigned short* p, long long i) {
     float f;
+    unsigned short h = p[i];
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
@@ -44,7 +44,7 @@ __device__ __forceinline__ bool before(float a, long long ai, float b, long long
 
 template <typename T>
 __device__ void masked_argmax(const T* logits, long long vocab, const long long* rows,
-                              const long long* slots, const bool* table, long long* out, const T* fresh,
+                              const long long* slots, const bool* table, long long* out,
                               long long* next_ids, long long* mask, long long mask_width,
                               const long long* grow, long long* positions) {
     __shared__ float value[256];
@@ -52,19 +52,12 @@ __device__ void masked_argmax(const T* logits, long long vocab, const long long*
     const float refused = __int_as_float(0xff800000);  // -inf, as a masked-out logit
     int t = threadIdx.x;
     const T* row = logits + rows[blockIdx.x] * vocab;
-    T* kept = 0;
-    if (fresh) {  // chained: read the forward's row, keeping it in the store as it goes by
-        kept = (T*)row;
-        row = fresh + rows[blockIdx.x] * vocab;
-    }
     long long slot = slots[blockIdx.x];
     const bool* allowed = slot >= 0 ? table + slot * vocab : (const bool*)0;
     float best = refused;
     long long at = -1;
     for (long long v = t; v < vocab; v += blockDim.x) {
-        T raw = row[v];
-        if (kept) kept[v] = raw;
-        float x = (allowed && !allowed[v]) ? refused : widen(raw);
+        float x = (allowed && !allowed[v]) ? refused : load(row, v);
         if (at < 0 || before(x, v, best, at)) { best = x; at = v; }
     }
     value[t] = best;
@@ -91,20 +84,18 @@ __device__ void masked_argmax(const T* logits, long long vocab, const long long*
 
 extern "C" __global__ void masked_argmax_f32(const float* logits, long long vocab, const long long* rows,
                                              const long long* slots, const bool* table, long long* out,
-                                             const float* fresh, long long* next_ids, long long* mask,
-                                             long long mask_width, const long long* grow,
-                                             long long* positions) {
-    masked_argmax<float>(logits, vocab, rows, slots, table, out, fresh, next_ids, mask, mask_width, grow,
-                         positions);
+                                             long long* next_ids, long long* mask, long long mask_width,
+                                             const long long* grow, long long* positions) {
+    masked_argmax<float>(logits, vocab, rows, slots, table, out, next_ids, mask, mask_width, grow, positions);
 }
 
 extern "C" __global__ void masked_argmax_f16(const unsigned short* logits, long long vocab,
                                              const long long* rows, const long long* slots,
-                                             const bool* table, long long* out, const unsigned short* fresh,
+                                             const bool* table, long long* out,
                                              long long* next_ids, long long* mask, long long mask_width,
                                              const long long* grow, long long* positions) {
-    masked_argmax<unsigned short>(logits, vocab, rows, slots, table, out, fresh, next_ids, mask, mask_width,
-                                  grow, positions);
+    masked_argmax<unsigned short>(logits, vocab, rows, slots, table, out, next_ids, mask, mask_width, grow,
+                                  positions);
 }
 """
 _KERNELS: dict[tuple[int, str], Any] = {}
@@ -149,18 +140,16 @@ class GreedyRows:
         self.rt.stream.synchronize()
         return [int(t) for t in self.out[:n]]
 
-    def chain(self, store: Any, fresh: Any, rows: Sequence[int], grow: Sequence[int], next_ids: np.ndarray,
+    def chain(self, store: Any, rows: Sequence[int], grow: Sequence[int], next_ids: np.ndarray,
               mask: np.ndarray, positions: np.ndarray | None) -> Any:
-        """Queue, behind what the stream holds, for each row r = rows[i]: keep the forward's logits
-        `fresh[r, 0]` as `store[r]`, choose its greedy token (no constraint) and write it into the
-        next forward's inputs: `next_ids[r]`, one more mask position (`mask[r, grow[i]]` = 1) and
-        `positions[r]` = grow[i] (pinned host arrays the device writes in place). One kernel;
-        nothing waits: `chosen` reads the tokens once they are there. The previous chain's tokens
-        must have been read (its arrays are reused)."""
+        """Queue row i's greedy token (no constraint) behind what the stream holds, and write it
+        into the next forward's inputs: `next_ids[rows[i]]`, one more mask position
+        (`mask[rows[i], grow[i]]` = 1) and `positions[rows[i]]` = grow[i] (pinned host arrays the
+        device writes in place). Nothing waits: `chosen` reads the tokens once they are there.
+        The previous chain's tokens must have been read (its arrays are reused)."""
         n = len(rows)
         if self.rt.device != "cuda":
             index = np.asarray(rows, np.int64)
-            store[index] = fresh[index, 0]
             tokens = np.argmax(store[index], axis=-1)
             self.out[:n] = tokens
             next_ids.reshape(-1)[index] = tokens
@@ -171,7 +160,7 @@ class GreedyRows:
         self.rows[:n] = rows
         self.slots[:n] = -1
         self.grow[:n] = grow
-        self._launch(store, n, 0, chain=(fresh, next_ids, mask, positions))
+        self._launch(store, n, 0, chain=(next_ids, mask, positions))
         event = self.rt.xp.cuda.Event(block=False, disable_timing=True)
         event.record(self.rt.stream)
         return event
@@ -183,13 +172,13 @@ class GreedyRows:
         return [int(t) for t in self.out[:n]]
 
     def _launch(self, store: Any, n: int, table_ptr: int,
-                chain: tuple[Any, np.ndarray, np.ndarray, np.ndarray | None] | None = None) -> None:
+                chain: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None) -> None:
         """The kernel over n rows on the backend's stream, after the stores of this step's logits."""
-        extra: tuple[Any, ...] = (np.uint64(0),) * 3 + (np.int64(0), np.uint64(0), np.uint64(0))
+        extra: tuple[Any, ...] = (np.uint64(0), np.uint64(0), np.int64(0), np.uint64(0), np.uint64(0))
         if chain is not None:
-            fresh, next_ids, mask, positions = chain
-            extra = (np.uint64(fresh.data.ptr), np.uint64(next_ids.ctypes.data), np.uint64(mask.ctypes.data),
-                     np.int64(mask.shape[-1]), np.uint64(self.grow.ctypes.data),
+            next_ids, mask, positions = chain
+            extra = (np.uint64(next_ids.ctypes.data), np.uint64(mask.ctypes.data), np.int64(mask.shape[-1]),
+                     np.uint64(self.grow.ctypes.data),
                      np.uint64(0 if positions is None else positions.ctypes.data))
         with self.rt.enter():
             _kernel(self.rt.xp, self.dtype)(
