@@ -195,7 +195,8 @@ def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any,
     decode = pb.DecodeStats(steps=d.steps, rows=d.rows, ride_along_rows=d.ride_along_rows,
                             widths=[pb.BatchWidthUse(batch=b, forwards=n) for b, n in d.widths],
                             batch_widths=list(stats.batch_widths), unbatched_reason=stats.unbatched_reason,
-                            lookahead_hits=d.lookahead_hits, lookahead_misses=d.lookahead_misses)
+                            lookahead_hits=d.lookahead_hits, lookahead_misses=d.lookahead_misses,
+                            chained_steps=d.chained)
     return pb.EngineStats(
         variants=pb.VariantStats(entries=len(v.entries), capacity=v.capacity, hits=v.hits, misses=v.misses,
                                  prepared=v.prepared, evictions=v.evictions, refusals=v.refusals,

@@ -1,10 +1,11 @@
 """Where the CUDA backend's buffers live: cupy on one CUDA stream shared with onnxruntime, or numpy.
 
 `cuda_runtime` gives cupy a stream of its own and offers it to onnxruntime's CUDA
-provider (`user_compute_stream`). On the H200 (onnxruntime-gpu 1.31.1) forwards
-were not ordered with that stream, so the backend never relies on it: cupy's
-queue is finished before each forward, and a forward is finished before cupy
-reads what it wrote. Small inputs live in pinned host memory the device reads
+provider (`user_compute_stream`), which runs its forwards on it (measured on the
+H200 with onnxruntime-gpu 1.31.1, graph replays included: bench/gpu/stream_order.py).
+The decode chain relies on that order (CudaBackend.chain_batch); every other path
+finishes cupy's queue before a forward and the forward before cupy reads what it
+wrote, as written before the order was measured. Small inputs live in pinned host memory the device reads
 in place (`host_zeros`), so the hot path writes them with plain host stores;
 `host_runtime` runs the same backend code on numpy and the CPU provider, which
 is how CI tests it.

@@ -537,7 +537,7 @@ class ParkingStats(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., sessions_parked: _Optional[int] = ..., parked_bytes: _Optional[int] = ..., parks: _Optional[int] = ..., unparks: _Optional[int] = ..., park_seconds: _Optional[float] = ..., unpark_seconds: _Optional[float] = ..., released_bytes: _Optional[int] = ..., device_bytes: _Optional[int] = ..., spills: _Optional[int] = ...) -> None: ...
 
 class DecodeStats(_message.Message):
-    __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason", "lookahead_hits", "lookahead_misses")
+    __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason", "lookahead_hits", "lookahead_misses", "chained_steps")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     RIDE_ALONG_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -546,6 +546,7 @@ class DecodeStats(_message.Message):
     UNBATCHED_REASON_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_HITS_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_MISSES_FIELD_NUMBER: _ClassVar[int]
+    CHAINED_STEPS_FIELD_NUMBER: _ClassVar[int]
     steps: int
     rows: int
     ride_along_rows: int
@@ -554,7 +555,8 @@ class DecodeStats(_message.Message):
     unbatched_reason: str
     lookahead_hits: int
     lookahead_misses: int
-    def __init__(self, steps: _Optional[int] = ..., rows: _Optional[int] = ..., ride_along_rows: _Optional[int] = ..., widths: _Optional[_Iterable[_Union[BatchWidthUse, _Mapping]]] = ..., batch_widths: _Optional[_Iterable[int]] = ..., unbatched_reason: _Optional[str] = ..., lookahead_hits: _Optional[int] = ..., lookahead_misses: _Optional[int] = ...) -> None: ...
+    chained_steps: int
+    def __init__(self, steps: _Optional[int] = ..., rows: _Optional[int] = ..., ride_along_rows: _Optional[int] = ..., widths: _Optional[_Iterable[_Union[BatchWidthUse, _Mapping]]] = ..., batch_widths: _Optional[_Iterable[int]] = ..., unbatched_reason: _Optional[str] = ..., lookahead_hits: _Optional[int] = ..., lookahead_misses: _Optional[int] = ..., chained_steps: _Optional[int] = ...) -> None: ...
 
 class BatchWidthUse(_message.Message):
     __slots__ = ("batch", "forwards")
