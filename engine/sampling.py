@@ -131,14 +131,40 @@ def filtered_probabilities(logits: np.ndarray, params: SamplingParams) -> np.nda
         probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
         probs /= probs.sum()
     if params.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        cumulative = np.cumsum(probs[order])
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        keep = order[: int(np.searchsorted(cumulative, params.top_p)) + 1]
+        keep = nucleus(probs, params.top_p)
         mask = np.zeros_like(probs)
         mask[keep] = probs[keep]
         probs = mask / mask.sum()
     return np.asarray(probs, np.float64)
+
+
+NUCLEUS_HEAD = 512  # the most likely tokens sorted first, before more (or all) are
+
+
+def nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """The tokens top-p keeps: the shortest prefix of the tokens by falling probability (ties: the
+    lower id first) whose mass reaches `top_p`, always at least one.
+
+    The same indices, and the same sums on the way, as sorting every token, but only a head of the
+    most likely tokens is sorted while one reaches `top_p` (a stable sort of a 128k vocabulary took
+    ~10 ms a row, the head's partition ~1 ms). Every token at least as likely as the head's last
+    comes before every other in the full order, in the same order among themselves, and a running
+    sum is sequential, so the head's sums are the full order's first sums."""
+    size, head = probs.size, NUCLEUS_HEAD
+    while head < size // 8:
+        least = np.partition(probs, size - head)[size - head]  # the head-th most likely's probability
+        ids = np.flatnonzero(probs >= least)  # ascending: ties keep the lower id first below
+        order = ids[np.argsort(-probs[ids], kind="stable")]
+        cumulative = np.cumsum(probs[order])
+        cut = int(np.searchsorted(cumulative, top_p))
+        if cut < order.size:
+            return order[: cut + 1]
+        # Not reached: a head as dense as this one would need `needed` tokens; a flat distribution
+        # (a random-weight model's) goes straight to the full sort.
+        needed = order.size * top_p / max(float(cumulative[-1]), 1e-300)
+        head = int(max(8 * head, 2 * needed))
+    order = np.argsort(-probs, kind="stable")
+    return order[: int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1]
 
 
 def _one_hot(size: int, index: int) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from engine.sampling import (
     apply_repetition_penalty,
     filtered_probabilities,
     log_probs,
+    nucleus,
     token_logprobs,
 )
 
@@ -122,3 +124,44 @@ def test_each_sample_of_a_seeded_request_gets_the_next_seed() -> None:
     params = SamplingParams(temperature=1.0, seed=2**64 - 1)
     assert [params.for_sample(i).seed for i in range(3)] == [2**64 - 1, 0, 1]
     assert SamplingParams(temperature=1.0).for_sample(3).seed is None
+
+
+def _full_sort_nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Top-p as it was first written: every token sorted (the reference `nucleus` must equal)."""
+    order = np.argsort(-probs, kind="stable")
+    return order[: int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1]
+
+
+def _distributions() -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    out = []
+    for vocab in (50, 3000, 32000, 128256):
+        for scale in (0.1, 1.0, 4.0, 12.0):  # flat (random weights) to peaked (a trained model)
+            logits = rng.standard_normal(vocab) * scale
+            probs = np.exp(logits - logits.max())
+            out.append(probs / probs.sum())
+        tied = np.repeat(rng.random(max(vocab // 40, 1)), 40)[:vocab]  # runs of equal probabilities
+        tied[rng.integers(0, vocab, 5)] = 0.0
+        out.append(tied / tied.sum())
+    return out
+
+
+@pytest.mark.parametrize("top_p", [1e-6, 0.05, 0.5, 0.9, 0.95, 0.999999, 1.0 - 1e-12])
+def test_top_p_keeps_exactly_the_tokens_a_sort_of_every_token_keeps(top_p: float) -> None:
+    for probs in _distributions():
+        np.testing.assert_array_equal(nucleus(probs, top_p), _full_sort_nucleus(probs, top_p))
+
+
+def test_top_p_filtering_gives_bit_for_bit_the_distribution_and_draws_a_full_sort_gave() -> None:
+    rng = np.random.default_rng(3)
+    for scale in (0.5, 3.0, 10.0):
+        logits = (rng.standard_normal(32000) * scale).astype(np.float32)
+        params = SamplingParams(temperature=0.8, top_p=0.9, seed=11)
+        before = filtered_probabilities(logits, replace(params, top_p=1.0))
+        keep = _full_sort_nucleus(before, 0.9)
+        mask = np.zeros_like(before)
+        mask[keep] = before[keep]
+        reference = mask / mask.sum()
+        np.testing.assert_array_equal(filtered_probabilities(logits, params), reference)
+        draws = [Sampler(params)(logits) for _ in range(3)]
+        assert draws == [int(np.random.default_rng(11).choice(reference.size, p=reference))] * 3
