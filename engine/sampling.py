@@ -114,17 +114,22 @@ def filtered_probabilities(logits: np.ndarray, params: SamplingParams) -> np.nda
     Always a distribution (finite, summing to 1): a NaN logit is never drawn, an
     infinite one wins, and a row with nothing finite falls back to its argmax.
     """
+    # In place after the first float64 copy: each fresh 128k-row temporary costs an allocation and
+    # its page faults (the values are those of the same operations on new arrays).
     with np.errstate(over="ignore", invalid="ignore"):
-        scaled = np.nan_to_num(logits.astype(np.float64) / params.temperature,
-                               nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf)
+        scaled = logits.astype(np.float64)
+        scaled /= params.temperature
+        np.nan_to_num(scaled, copy=False, nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf)
     if 0 < params.top_k < scaled.size:
         kth = np.partition(scaled, -params.top_k)[-params.top_k]
         scaled = np.where(scaled >= kth, scaled, -np.inf)
     top = scaled.max()
     if top == -np.inf:
         return _one_hot(scaled.size, int(np.argmax(logits)))
+    probs = scaled
+    probs -= top
     with np.errstate(over="ignore"):
-        probs = np.exp(scaled - top)
+        np.exp(probs, out=probs)
     probs /= probs.sum()
     if params.min_p > 0.0:
         # Relative to the most likely token, after temperature (vLLM's and llama.cpp's order).

@@ -165,3 +165,48 @@ def test_top_p_filtering_gives_bit_for_bit_the_distribution_and_draws_a_full_sor
         np.testing.assert_array_equal(filtered_probabilities(logits, params), reference)
         draws = [Sampler(params)(logits) for _ in range(3)]
         assert draws == [int(np.random.default_rng(11).choice(reference.size, p=reference))] * 3
+
+
+def _filtered_as_first_written(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """filtered_probabilities before it worked in place (the reference it must equal bit for bit)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = np.nan_to_num(logits.astype(np.float64) / params.temperature,
+                               nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf)
+    if 0 < params.top_k < scaled.size:
+        kth = np.partition(scaled, -params.top_k)[-params.top_k]
+        scaled = np.where(scaled >= kth, scaled, -np.inf)
+    top = scaled.max()
+    if top == -np.inf:
+        out = np.zeros(scaled.size, np.float64)
+        out[int(np.argmax(logits))] = 1.0
+        return out
+    with np.errstate(over="ignore"):
+        probs = np.exp(scaled - top)
+    probs /= probs.sum()
+    if params.min_p > 0.0:
+        probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
+        probs /= probs.sum()
+    if params.top_p < 1.0:
+        keep = _full_sort_nucleus(probs, params.top_p)
+        mask = np.zeros_like(probs)
+        mask[keep] = probs[keep]
+        probs = mask / mask.sum()
+    return probs
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7),
+                                    SamplingParams(temperature=1.3, top_k=40),
+                                    SamplingParams(temperature=0.9, min_p=0.05),
+                                    SamplingParams(temperature=0.6, top_p=0.92, top_k=500)])
+def test_the_filtered_distribution_is_bit_for_bit_what_it_was(params: SamplingParams) -> None:
+    rng = np.random.default_rng(5)
+    for dtype in (np.float16, np.float32, np.float64):
+        for vocab in (7, 5000, 128256):
+            logits = (rng.standard_normal(vocab) * 4).astype(dtype)
+            odd = logits.copy()
+            odd[rng.integers(0, vocab, 3)] = [np.nan, np.inf, -np.inf]
+            for row in (logits, odd, np.full(vocab, -np.inf, dtype)):
+                kept = row.copy()
+                np.testing.assert_array_equal(filtered_probabilities(row, params),
+                                              _filtered_as_first_written(row, params))
+                np.testing.assert_array_equal(row, kept)  # the caller's row is left as it was
