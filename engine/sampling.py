@@ -139,7 +139,8 @@ def filtered_probabilities(logits: np.ndarray, params: SamplingParams) -> np.nda
         keep = nucleus(probs, params.top_p)
         mask = np.zeros_like(probs)
         mask[keep] = probs[keep]
-        probs = mask / mask.sum()
+        mask /= mask.sum()
+        probs = mask
     return np.asarray(probs, np.float64)
 
 
