@@ -157,20 +157,21 @@ def nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
     comes before every other in the full order, in the same order among themselves, and a running
     sum is sequential, so the head's sums are the full order's first sums."""
     size, head = probs.size, NUCLEUS_HEAD
-    while head < size // 8:
-        least = np.partition(probs, size - head)[size - head]  # the head-th most likely's probability
-        ids = np.flatnonzero(probs >= least)  # ascending: ties keep the lower id first below
-        order = ids[np.argsort(-probs[ids], kind="stable")]
+    while True:
+        if head < size // 8:
+            least = np.partition(probs, size - head)[size - head]  # the head-th most likely's probability
+            ids = np.flatnonzero(probs >= least)  # ascending: ties keep the lower id first below
+            order = ids[np.argsort(-probs[ids], kind="stable")]
+        else:
+            order = np.argsort(-probs, kind="stable")
         cumulative = np.cumsum(probs[order])
         cut = int(np.searchsorted(cumulative, top_p))
-        if cut < order.size:
+        if cut < order.size or order.size == size:
             return order[: cut + 1]
         # Not reached: a head as dense as this one would need `needed` tokens; a flat distribution
         # (a random-weight model's) goes straight to the full sort.
         needed = order.size * top_p / max(float(cumulative[-1]), 1e-300)
         head = int(max(8 * head, 2 * needed))
-    order = np.argsort(-probs, kind="stable")
-    return order[: int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1]
 
 
 def _one_hot(size: int, index: int) -> np.ndarray:

@@ -46,6 +46,10 @@ class Ahead:
     logits: Any
     settled: bool = False
 
+    def takes(self, batch: int, feeds: dict[int, int]) -> bool:
+        """Whether it is the forward a step of these rows on these tokens runs (a hit)."""
+        return self.batch == batch and self.feeds == feeds
+
 
 @dataclass
 class DecodeCounters:
@@ -106,11 +110,7 @@ class BatchDecoder:
         except BaseException:
             self._restore(batch, lengths)  # a hit's rows still hold the masks it ran with
             raise
-        for row, token in feeds.items():
-            session = self.sessions[row]
-            self.pool.commit(session, session.length + 1)
-            session.tokens.append(token)
-            session.has_logits = True
+        self._commit(feeds)
         committed = [n + (row in feeds) for row, n in enumerate(lengths)]
         tokens = choose(None)
         if not (ahead and self._look_ahead(batch, dict(zip(feeds, tokens, strict=True)), committed)):
@@ -123,8 +123,8 @@ class BatchDecoder:
         committed, the next forward launched behind the device's choice of their tokens; the
         tokens. None when it does not apply (nothing was done)."""
         ahead = self._ahead
-        if not (self.backend.chains and ahead is not None and not ahead.settled and ahead.batch == batch
-                and ahead.feeds == feeds and all(ahead.lengths[row] + 2 <= self.capacity for row in feeds)):
+        if not (self.backend.chains and ahead is not None and not ahead.settled and ahead.takes(batch, feeds)
+                and all(ahead.lengths[row] + 2 <= self.capacity for row in feeds)):
             return None
         lengths, rows = ahead.lengths, list(feeds)
         committed = [n + (row in feeds) for row, n in enumerate(lengths)]
@@ -135,19 +135,15 @@ class BatchDecoder:
         except BaseException:
             self.backend.settle()
             self._ahead = None
-            for row in rows:  # the device may have moved it past what the host mirrors
-                self.pool.mask[row, committed[row]] = 0
+            for row in rows:  # the device may have moved it one further: put back from there
+                self.pool.moved(row, committed[row] + 1)
             self._restore(batch, lengths)
             raise
         if tokens is None:
             return None
-        self._ahead = None
-        for row, token in feeds.items():
-            session = self.sessions[row]
-            self.pool.commit(session, session.length + 1)  # its mask was there already: no store
-            session.tokens.append(token)
-            session.has_logits = True
-            self.pool.mask_lengths[row] += 1  # the device moved it for the forward now in flight
+        self._commit(feeds)  # their masks were there already (the forward in flight ran with them)
+        for row in rows:
+            self.pool.moved(row, committed[row] + 1)  # the device moves it for the forward now in flight
         self._ahead = Ahead(batch, dict(zip(rows, tokens, strict=True)), committed, ahead.logits)
         c = self.counters
         c.lookahead_hits += 1
@@ -155,6 +151,14 @@ class BatchDecoder:
         c.chained += 1
         self._count(batch, feeds)
         return tokens
+
+    def _commit(self, feeds: dict[int, int]) -> None:
+        """The rows in `feeds` now hold their token: one longer, and their logits are the next token's."""
+        for row, token in feeds.items():
+            session = self.sessions[row]
+            self.pool.commit(session, session.length + 1)
+            session.tokens.append(token)
+            session.has_logits = True
 
     def _look_ahead(self, batch: int, feeds: dict[int, int], committed: list[int]) -> bool:
         """Launch the next forward of these rows on these tokens, without waiting; False if not launched."""
@@ -198,7 +202,7 @@ class BatchDecoder:
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None, self.pool.mask_lengths[:batch]
-        hit = ahead.batch == batch and ahead.feeds == feeds
+        hit = ahead.takes(batch, feeds)
         if hit and not ahead.settled:
             self._settle(ahead, keep=feeds)
             lengths = ahead.lengths

@@ -146,8 +146,7 @@ class CudaBackend(DeviceLogits):
         with self.rt.enter():
             self.rt.copy_positions(self.pool.block, dst, self.pool.block, src, 0, length)
             self.store[dst] = self.store[src]
-        if self.staging.row == dst:
-            self.staging.written(0)  # the staging row's copy of `dst` is stale from position 0
+        self.staging.changed(dst)
         self.queued = True
 
     def clear_state(self, row: int) -> None:
@@ -168,8 +167,7 @@ class CudaBackend(DeviceLogits):
             logits = parked.logits if parked.on_device else self.xp.asarray(parked.logits)
             self.pool.block[:, :, row, :, :parked.kv.shape[3]] = kv
             self.store[row] = logits
-        if self.staging.row == row:
-            self.staging.written(0)  # the staging row's copy of `row` is stale from position 0
+        self.staging.changed(row)
         self.queued = True
 
     def spill_row(self, parked: ParkedRow) -> ParkedRow:
@@ -294,8 +292,8 @@ class CudaBackend(DeviceLogits):
             seen = None if variant.seen is None else variant.seen.copy()
             for i, row in enumerate(rows):
                 self.rt.copy_positions(self.pool.block, row, staging, i, 0, width)
-                if self.staging is not None and self.staging.row == row:
-                    self.staging.written(0)  # the staging row's copy of `row` is stale
+                if self.staging is not None:
+                    self.staging.changed(row)
             self.queued = True
         return HeadRows(variant.logits, seen)
 
@@ -329,7 +327,7 @@ class CudaBackend(DeviceLogits):
         self.in_flight = True  # from here the device holds work a failure must wait for
         with self.rt.enter():
             chosen = self.greedy.chain(self.store, rows, grow, feed, self.pool.mask, positions)
-            staged = self.staging.row
+            staged = self.staging.row  # one lookup, not a call per row: this is every decode step
             if staged in rows:
                 self.staging.written(int(grow[list(rows).index(staged)]))
             self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id, False))

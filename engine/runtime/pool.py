@@ -56,6 +56,11 @@ class KvPool:
         move_boundary(self.mask, row, self.mask_lengths[row], length)
         self.mask_lengths[row] = length
 
+    def moved(self, row: int, length: int) -> None:
+        """One row's mask was moved to `length` elsewhere (by the device, behind a forward): the
+        host's record follows, so the next `set_mask` moves the boundary from there."""
+        self.mask_lengths[row] = length
+
     def row_slabs(self, row: int) -> list[Any]:
         """Row `row` of every layer's key and value block: each one contiguous slab."""
         return [self.block[i, w, row] for i in range(self.block.shape[0]) for w in (0, 1)]

@@ -47,3 +47,9 @@ class Staging:
     def written(self, position: int) -> None:
         """The staged pool row changed at `position` (a decode step): the staging copy is good up to it."""
         self.valid = min(self.valid, position)
+
+    def changed(self, row: int, position: int = 0) -> None:
+        """Pool row `row` changed from `position` on (a copy into it, a decode step): if it is the
+        staged row, the staging copy is good only up to there."""
+        if row == self.row:
+            self.written(position)
