@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -147,10 +148,11 @@ async def served_model(session: aiohttp.ClientSession, address: str) -> str:
 
 
 # -- the loads ----------------------------------------------------------------------------------------
-async def open_loop(call: Call, work: Sequence[Request],
-                    offsets: Sequence[float]) -> tuple[list[Record], float]:
-    """Send each request at its offset whatever is still running; the records and the wall time."""
-    began = time.perf_counter()
+async def open_loop(call: Call, work: Sequence[Request], offsets: Sequence[float],
+                    began: float | None = None) -> tuple[list[Record], float]:
+    """Send each request at its offset (after `began` on perf_counter's clock, default now) whatever
+    is still running; the records and the wall time."""
+    began = time.perf_counter() if began is None else began
 
     async def one(request: Request, at: float) -> Record:
         await asyncio.sleep(max(0.0, began + at - time.perf_counter()))
@@ -249,19 +251,87 @@ async def warm_up(clients: Clients, args: argparse.Namespace, vocab: int) -> Non
         await closed_loop(call, work, args.concurrency_or_16)
 
 
-async def sweep(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo) -> dict[str, Any]:
-    """One open-loop run per rate (and the burst), each with its own requests from the seed."""
+async def sweep(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo, address: str,
+                server: int | None) -> dict[str, Any]:
+    """One open-loop run per rate (and the burst), each with its own requests from the seed; with
+    what the server's process and the client's spent of the wall time, and the server's decode steps
+    (its mean rows per step and step time under that load)."""
     out: dict[str, Any] = {}
     loads = [(str(rate), rate, args.requests) for rate in args.rates]
     if args.burst:
         loads.append((f"burst {args.burst}", float("inf"), args.burst))
     for i, (name, rate, n) in enumerate(loads):
         work = workload(args, n, args.seed + i, vocab)
-        records, duration = await open_loop(clients.of(args.protocol), work,
-                                            arrivals(n, rate, np.random.default_rng(args.seed + i)))
-        out[name] = {"rate": rate if rate != float("inf") else None, **summarize(records, duration, slo)}
+        offsets = arrivals(n, rate, np.random.default_rng(args.seed + i))
+        before, helpers = Usage.now(address, server), 0.0
+        if args.client_procs > 1:
+            records, duration, helpers = split_open_loop(args, address, work, offsets)
+        else:
+            records, duration = await open_loop(clients.of(args.protocol), work, offsets)
+        out[name] = {"rate": rate if rate != float("inf") else None, **summarize(records, duration, slo),
+                     **Usage.now(address, server).since(before, duration, helpers)}
         print(name, json.dumps(out[name]), flush=True)
     return out
+
+
+@dataclass(frozen=True)
+class Usage:
+    """CPU seconds of this client's process and of the server, and the server's decode counters, at
+    one moment."""
+
+    client_cpu: float
+    server_cpu: float
+    steps: int
+    rows: int
+
+    @staticmethod
+    def now(address: str, server: int | None) -> Usage:
+        stats = served.engine_stats(address)
+        return Usage(cpu_seconds(None), cpu_seconds(server) if server else 0.0, stats["decode_steps"],
+                     stats["decode_rows"])
+
+    def since(self, before: Usage, wall: float, helpers: float = 0.0) -> dict[str, Any]:
+        """Cores used over `wall` seconds (the client's with its helper processes' `helpers` CPU
+        seconds; the server's None when not started here), decode steps per second and mean rows
+        per step."""
+        steps = self.steps - before.steps
+        return {"client_cores": (self.client_cpu - before.client_cpu + helpers) / wall,
+                "server_cores": (self.server_cpu - before.server_cpu) / wall if self.server_cpu else None,
+                "decode_steps_s": steps / wall,
+                "rows_per_step": (self.rows - before.rows) / steps if steps else None}
+
+
+# -- the open loop split over processes (one asyncio client's CPU must not be what is measured) ------
+def split_open_loop(args: argparse.Namespace, address: str, work: Sequence[Request],
+                    offsets: Sequence[float]) -> tuple[list[Record], float, float]:
+    """The same arrivals, request i sent by process i mod N, all timed on one clock (perf_counter is
+    CLOCK_MONOTONIC, shared by every process on the host): the records back in request order, the
+    wall time, and the CPU seconds the processes spent from the start to their last request's end."""
+    procs = args.client_procs
+    start = time.perf_counter() + 3.0  # every helper has its channel up by then
+    context = multiprocessing.get_context("spawn")  # grpc's state must not be forked
+    with context.Pool(procs) as pool:
+        parts = pool.starmap(_open_loop_part, [(address, list(work[k::procs]), list(offsets[k::procs]), start)
+                                               for k in range(procs)])
+    records: list[Record] = [Record(0.0)] * len(work)
+    for k, (part, _) in enumerate(parts):
+        records[k::procs] = [Record(r["start"], r["times"], r["error"]) for r in part]
+    wall = max((max(r.times, default=r.start) for r in records), default=start) - start
+    return records, wall, sum(cpu for _, cpu in parts)
+
+
+def _open_loop_part(address: str, work: list[Request], offsets: list[float],
+                    start: float) -> tuple[list[dict[str, Any]], float]:
+    async def run() -> tuple[list[Record], float]:
+        call = grpc_caller(address)
+        await call(work[0][0][:4], 1)  # the channel up before the clock starts
+        await asyncio.sleep(max(0.0, start - time.perf_counter()))
+        cpu = cpu_seconds(None)
+        records = (await open_loop(call, work, offsets, start))[0]
+        return records, cpu_seconds(None) - cpu
+
+    records, cpu = asyncio.run(run())
+    return [asdict(r) for r in records], cpu
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -307,7 +377,8 @@ async def measure(args: argparse.Namespace, grpc_address: str, http_address: str
         await warm_up(clients, args, vocab)
         if args.concurrency:
             return {"side_by_side": await side_by_side(clients, args, vocab, slo, server)}
-        return {"protocol": args.protocol, "loads": await sweep(clients, args, vocab, slo)}
+        loads = await sweep(clients, args, vocab, slo, grpc_address, server)
+        return {"protocol": args.protocol, "loads": loads}
     finally:
         await clients.session.close()
 
@@ -331,6 +402,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--burst", type=int, default=0, help="also N requests at once")
     parser.add_argument("--requests", type=int, default=40, help="requests per rate (per round)")
     parser.add_argument("--concurrency", type=int, default=0, help="closed loop, gRPC vs HTTP side by side")
+    parser.add_argument("--client-procs", type=int, default=1,
+                        help="open loop over gRPC from N processes (client_cores: when one is not enough)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds per protocol")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies ShareGPT's mean lengths")
     parser.add_argument("--prompt-len", type=int, default=0, help="fixed prompt tokens (0: lognormal)")

@@ -1,0 +1,40 @@
+"""A markdown table of every open-loop sweep under a folder (bench/serving.py's sweep-*.json), one row
+per run and rate: what the client saw and what the server spent.
+
+Usage: python -m bench.serving_table bench/results/<run>/
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HEADER = ("| run | rate | served req/s | output tok/s | TTFT p50 / p99 ms | inter-token p50 / p99 ms | "
+          "client / server cores | decode steps/s | rows/step |")
+
+
+def cell(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def row(run: str, load: dict[str, Any]) -> str:
+    ttft, itl = load["ttft_ms"], load["itl_ms"]
+    return (f"| {run} | {load['rate'] or 'burst'} | {cell(load['request_s'])} | "
+            f"{cell(load['output_tok_s'], 0)} | "
+            f"{cell(ttft['p50'])} / {cell(ttft['p99'])} | {cell(itl['p50'], 2)} / {cell(itl['p99'], 2)} | "
+            f"{cell(load.get('client_cores'), 2)} / {cell(load.get('server_cores'), 2)} | "
+            f"{cell(load.get('decode_steps_s'), 0)} | {cell(load.get('rows_per_step'))} |")
+
+
+def table(folder: Path) -> str:
+    lines = [HEADER, "|" + " --- |" * HEADER.count(" | ") + " --- |"]
+    for path in sorted(folder.glob("**/sweep-*.json")):
+        run = str(path.parent.relative_to(folder)) if path.parent != folder else path.stem
+        lines += [row(run, load) for load in json.loads(path.read_text())["loads"].values()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table(Path(sys.argv[1])))
