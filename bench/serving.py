@@ -255,11 +255,13 @@ async def sweep(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo
                 server: int | None) -> dict[str, Any]:
     """One open-loop run per rate (and the burst), each with its own requests from the seed; with
     what the server's process and the client's spent of the wall time, and the server's decode steps
-    (its mean rows per step and step time under that load)."""
+    (its mean rows per step and steps per second under that load). `--attach` runs beside the loads."""
     out: dict[str, Any] = {}
     loads = [(str(rate), rate, args.requests) for rate in args.rates]
     if args.burst:
         loads.append((f"burst {args.burst}", float("inf"), args.burst))
+    attached = (subprocess.Popen(args.attach.replace("{pid}", str(server)), shell=True)  # noqa: S602 — the user's own command
+                if args.attach and server else None)
     for i, (name, rate, n) in enumerate(loads):
         work = workload(args, n, args.seed + i, vocab)
         offsets = arrivals(n, rate, np.random.default_rng(args.seed + i))
@@ -271,6 +273,8 @@ async def sweep(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo
         out[name] = {"rate": rate if rate != float("inf") else None, **summarize(records, duration, slo),
                      **Usage.now(address, server).since(before, duration, helpers)}
         print(name, json.dumps(out[name]), flush=True)
+    if attached:
+        attached.wait()
     return out
 
 
@@ -416,6 +420,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=0, help="with --target: the model's vocabulary")
     parser.add_argument("--server-args", default="", help="more flags for the started server")
     parser.add_argument("--server-python", default="", help='e.g. "-m cProfile -o /tmp/server.prof"')
+    parser.add_argument("--attach", default="",
+                        help='a shell command started as the timed loads begin, {pid} the server\'s (a '
+                             'profiler: "py-spy record --pid {pid} -d 20 -o prof.txt -f raw"); waited for')
     parser.add_argument("--server-log", type=Path, default=Path("/tmp/ladder-bench-serving.log"))
     args = parser.parse_args()
     args.rates = [float(r) for r in args.rates.split(",") if r]
