@@ -196,12 +196,23 @@ def meets(record: Record, slo: Slo) -> bool:
     return (record.times[0] - record.start) * 1e3 <= slo.ttft_ms and (gap is None or gap * 1e3 <= slo.itl_ms)
 
 
+def window_rate(records: Sequence[Record]) -> float | None:
+    """Output tokens per second while requests were still arriving (from the first send to the last):
+    the server's throughput under the offered load, without the ramp-down after the last arrival
+    that `output_tok_s` (over the whole run) includes. None for a burst (one instant)."""
+    first, last = min(r.start for r in records), max(r.start for r in records)
+    if last <= first:
+        return None
+    return sum(first <= t <= last for r in records for t in r.times) / (last - first)
+
+
 def summarize(records: Sequence[Record], duration: float, slo: Slo) -> dict[str, Any]:
     served = [r for r in records if not r.error and r.times]
     gaps = [b - a for r in served for a, b in zip(r.times, r.times[1:], strict=False)]
     good = sum(meets(r, slo) for r in records)
     return {"requests": len(records), "errors": len(records) - len(served), "duration_s": duration,
             "request_s": len(served) / duration, "output_tok_s": sum(len(r.times) for r in served) / duration,
+            "window_tok_s": window_rate(records),
             "ttft_ms": percentiles([r.times[0] - r.start for r in served], (50, 90, 99)),
             "itl_ms": percentiles(gaps, (50, 99)),
             "e2e_ms": percentiles([r.times[-1] - r.start for r in served], (50, 99)),
@@ -270,7 +281,9 @@ async def sweep(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo
             records, duration, helpers = split_open_loop(args, address, work, offsets)
         else:
             records, duration = await open_loop(clients.of(args.protocol), work, offsets)
-        out[name] = {"rate": rate if rate != float("inf") else None, **summarize(records, duration, slo),
+        asked = sum(new for _, new in work) / (offsets[-1] - offsets[0]) if offsets[-1] > offsets[0] else None
+        out[name] = {"rate": rate if rate != float("inf") else None, "asked_tok_s": asked,
+                     **summarize(records, duration, slo),
                      **Usage.now(address, server).since(before, duration, helpers)}
         print(name, json.dumps(out[name]), flush=True)
     if attached:

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HEADER = ("| run | rate | served req/s | output tok/s | TTFT p50 / p99 ms | inter-token p50 / p99 ms | "
+HEADER = ("| run | rate | asked tok/s | output tok/s while arriving | all | TTFT p50 / p99 ms | "
+          "inter-token p50 / p99 ms | "
           "client / server cores | decode steps/s | rows/step |")
 
 
@@ -21,8 +22,8 @@ def cell(value: float | None, digits: int = 1) -> str:
 
 def row(run: str, load: dict[str, Any]) -> str:
     ttft, itl = load["ttft_ms"], load["itl_ms"]
-    return (f"| {run} | {load['rate'] or 'burst'} | {cell(load['request_s'])} | "
-            f"{cell(load['output_tok_s'], 0)} | "
+    return (f"| {run} | {load['rate'] or 'burst'} | {cell(load.get('asked_tok_s'), 0)} | "
+            f"{cell(load.get('window_tok_s'), 0)} | {cell(load['output_tok_s'], 0)} | "
             f"{cell(ttft['p50'])} / {cell(ttft['p99'])} | {cell(itl['p50'], 2)} / {cell(itl['p99'], 2)} | "
             f"{cell(load.get('client_cores'), 2)} / {cell(load.get('server_cores'), 2)} | "
             f"{cell(load.get('decode_steps_s'), 0)} | {cell(load.get('rows_per_step'))} |")

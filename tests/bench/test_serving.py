@@ -7,7 +7,18 @@ import argparse
 import numpy as np
 import pytest
 
-from bench.serving import Record, Slo, arrivals, lognormal, meets, percentiles, ratio, summarize, workload
+from bench.serving import (
+    Record,
+    Slo,
+    arrivals,
+    lognormal,
+    meets,
+    percentiles,
+    ratio,
+    summarize,
+    window_rate,
+    workload,
+)
 
 SLO = Slo(ttft_ms=100, itl_ms=20)
 
@@ -66,3 +77,10 @@ def test_the_protocol_ratio_pairs_rounds_in_order() -> None:
     found = ratio(rounds)
     assert found["pairs"] == [0.9, 1.0]
     assert found["of_medians"] == pytest.approx(145 / 150)
+
+
+def test_the_window_rate_counts_only_tokens_while_requests_arrive() -> None:
+    # sent at 0 and 2 s: of the tokens, 0.5 and 1.5 came while requests arrived, 2 over 2 s
+    records = [Record(0.0, [0.5, 1.5, 2.5]), Record(2.0, [2.1, 3.0])]
+    assert window_rate(records) == pytest.approx(1.0)
+    assert window_rate([Record(0.0, [0.5]), Record(0.0, [0.7])]) is None  # a burst has no window
