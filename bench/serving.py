@@ -300,12 +300,13 @@ class Usage:
     server_cpu: float
     steps: int
     rows: int
+    prepared: int  # shape variants prepared so far (one under load is a stall: graph capture)
 
     @staticmethod
     def now(address: str, server: int | None) -> Usage:
         stats = served.engine_stats(address)
         return Usage(cpu_seconds(None), cpu_seconds(server) if server else 0.0, stats["decode_steps"],
-                     stats["decode_rows"])
+                     stats["decode_rows"], stats["prepared"])
 
     def since(self, before: Usage, wall: float, helpers: float = 0.0) -> dict[str, Any]:
         """Cores used over `wall` seconds (the client's with its helper processes' `helpers` CPU
@@ -315,7 +316,8 @@ class Usage:
         return {"client_cores": (self.client_cpu - before.client_cpu + helpers) / wall,
                 "server_cores": (self.server_cpu - before.server_cpu) / wall if self.server_cpu else None,
                 "decode_steps_s": steps / wall,
-                "rows_per_step": (self.rows - before.rows) / steps if steps else None}
+                "rows_per_step": (self.rows - before.rows) / steps if steps else None,
+                "variants_prepared": self.prepared - before.prepared}
 
 
 # -- the open loop split over processes (one asyncio client's CPU must not be what is measured) ------
@@ -406,7 +408,8 @@ def start_server(args: argparse.Namespace, model: str, grpc_port: int,
     return served.start_server(args, model, grpc_port, "--http-port", str(http_port), "--max-sessions", slots,
                                "--sessions-per-caller", slots, "--max-queue", "4096",
                                "--capacity", str(args.capacity), *args.server_args.split(),
-                               log=str(args.server_log), python=tuple(args.server_python.split()))
+                               log=str(args.server_log), python=tuple(args.server_python.split()),
+                               root=args.server_root)
 
 
 def parse() -> argparse.Namespace:
@@ -436,6 +439,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--attach", default="",
                         help='a shell command started as the timed loads begin, {pid} the server\'s (a '
                              'profiler: "py-spy record --pid {pid} -d 20 -o prof.txt -f raw"); waited for')
+    parser.add_argument("--server-root", type=Path, default=None,
+                        help="serve from another tree of Ladder (a baseline, side by side)")
     parser.add_argument("--server-log", type=Path, default=Path("/tmp/ladder-bench-serving.log"))
     args = parser.parse_args()
     args.rates = [float(r) for r in args.rates.split(",") if r]
