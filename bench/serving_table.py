@@ -1,4 +1,4 @@
-"""A markdown table of every open-loop sweep under a folder (bench/serving.py's sweep-*.json), one row
+"""A markdown table of every open-loop sweep under a folder (bench/serving.py's sweep JSON), one row
 per run and rate: what the client saw and what the server spent.
 
 Usage: python -m bench.serving_table bench/results/<run>/
@@ -31,9 +31,12 @@ def row(run: str, load: dict[str, Any]) -> str:
 
 def table(folder: Path) -> str:
     lines = [HEADER, "|" + " --- |" * HEADER.count(" | ") + " --- |"]
-    for path in sorted(folder.glob("**/sweep-*.json")):
-        run = str(path.parent.relative_to(folder)) if path.parent != folder else path.stem
-        lines += [row(run, load) for load in json.loads(path.read_text())["loads"].values()]
+    for path in sorted(folder.glob("**/*.json")):
+        found = json.loads(path.read_text())
+        if not isinstance(found, dict) or "loads" not in found:
+            continue  # not an open-loop sweep
+        run = str(path.parent.relative_to(folder)) if path.name.startswith("sweep-") else path.stem
+        lines += [row(run, load) for load in found["loads"].values()]
     return "\n".join(lines)
 
 

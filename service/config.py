@@ -80,7 +80,6 @@ class Config:
     warm_up: bool = True  # prepare every planned shape (graph captures on CUDA) before serving
     lookahead: bool = True  # CUDA: launch the next decode forward before its tokens are read
     decode_chain: bool = True  # CUDA, with lookahead: greedy steps chosen and relaunched on the device
-    switch_interval_ms: float = 0.0  # the interpreter's thread switch interval (0: Python's own, 5 ms)
     memory_budget_mb: int = 0  # weights + KV + variants; the pool holds as many KV slots as fit
     max_queue: int = 64  # requests the engine worker holds at once
     session_idle_seconds: float = 300.0
@@ -158,9 +157,6 @@ _HELP = {
                  "(off: run-to-run identical tokens on CUDA, see architecture-cuda.md)",
     "decode_chain": "CUDA, with lookahead: a greedy decode step's tokens are chosen on the device, which "
                     "launches the next forward behind them without the host (off: the host chooses first)",
-    "switch_interval_ms": "how long a Python thread may hold the interpreter while another waits for it "
-                          "(sys.setswitchinterval; 0: Python's own 5 ms): the engine worker waits that long "
-                          "for the event loop after each forward at worst",
     "variant_capacity": "shapes the variant cache holds (0 = the ladder widths + the decode batch widths)",
     "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
     "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",
@@ -207,7 +203,7 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "max_message_bytes": (1, None), "sessions_per_caller": (0, None), "session_memory_mb": (0, None),
     "session_device_memory_mb": (0, None),
     "intra_op_threads": (0, None), "prefill_batch": (0, 64),
-    "constraint_cache_mb": (1, None), "switch_interval_ms": (0, 100),
+    "constraint_cache_mb": (1, None),
 }
 
 

@@ -7,7 +7,6 @@ refused at once (exit code 2) instead of after them.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Sequence
 
 from service.config import load_config
@@ -16,8 +15,6 @@ from service.config import load_config
 def main(argv: Sequence[str]) -> int:
     """Serve until SIGTERM; the exit code (1 after an engine fault: Kubernetes must see the pod fail)."""
     config = load_config(argv=argv)
-    if config.switch_interval_ms > 0:
-        sys.setswitchinterval(config.switch_interval_ms / 1e3)
     from service.server import serve
 
     return asyncio.run(serve(config))
