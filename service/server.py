@@ -133,7 +133,9 @@ class LadderServer:
                 raise PortInUse(f"{HTTP_PORT} {self.config.http_port} is in use by another process") from None
             raise
 
-    async def load(self) -> None:
+    async def load(self, freeze: bool = False) -> None:
+        """Load the model, start the engine worker, turn health SERVING. With `freeze` (a process that
+        only serves: `serve`) what start-up built is then kept out of the garbage collector's sight."""
         model = await asyncio.to_thread(load_model, self.config)
         loop = asyncio.get_running_loop()
 
@@ -154,11 +156,14 @@ class LadderServer:
                                      "pod": self.config.pod_name})
         self.metrics.engine_stats(await scheduler.run(Stats()))
         self._tasks.append(asyncio.create_task(self._housekeeping()))
-        # What start-up built (the model, its sessions and shapes, the tokenizer, the imports) lives as
-        # long as the server: out of the collector's sight, a full collection under load walks only
-        # what calls made since (one took 50-60 ms with every thread stopped, bench/results/gc-*).
-        gc.collect()
-        gc.freeze()
+        if freeze:
+            # What start-up built (the model, its sessions and shapes, the tokenizer, the imports) lives
+            # as long as the server: out of the collector's sight, a full collection under load walks
+            # only what calls made since (bench/results/gc-freeze-cpu-2026-12-02: the longest pause,
+            # every thread stopped, 46-67 -> 25-28 ms). Not in a process that also runs other things
+            # (the tests' servers): their cycles would never be collected.
+            gc.collect()
+            gc.freeze()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", model=model.name, capacity=model.capacity, ladder=model.facts.ladder,
                  slots=model.facts.slots, session_memory_mb=model.session_memory >> 20)
@@ -264,7 +269,7 @@ async def serve(config: Config) -> int:
             server._http.shutdown()
         return 1
     try:
-        await server.load()
+        await server.load(freeze=True)
     except Exception as exc:  # noqa: BLE001 — the model directory is not one Ladder can serve
         await server.stop()
         return _cannot_serve(config, exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from pathlib import Path
 
@@ -47,6 +48,28 @@ def test_health_is_not_serving_and_calls_unavailable_until_the_model_is_loaded(s
         run(server.stop())
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_only_a_serving_process_freezes_what_start_up_built(served_model: Path, freeze: bool) -> None:
+    """`serve` (python -m service) loads with freeze: start-up's objects leave the collector's sight.
+    A server started inside another program (these tests) leaves its collector alone."""
+
+    async def start_and_stop() -> int:
+        server = LadderServer(server_config(served_model))
+        await server.start()
+        try:
+            before = gc.get_freeze_count()
+            await server.load(freeze=freeze)
+            return gc.get_freeze_count() - before
+        finally:
+            await server.stop()
+
+    try:
+        frozen = asyncio.run(start_and_stop())
+    finally:
+        gc.unfreeze()  # this test process goes on running other tests
+    assert (frozen > 0) if freeze else (frozen == 0)
 
 
 def test_reflection_lists_the_ladder_health_and_reflection_services(server: RunningServer) -> None:
