@@ -332,11 +332,17 @@ def split_open_loop(args: argparse.Namespace, address: str, work: Sequence[Reque
     with context.Pool(procs) as pool:
         parts = pool.starmap(_open_loop_part, [(address, list(work[k::procs]), list(offsets[k::procs]), start)
                                                for k in range(procs)])
-    records: list[Record] = [Record(0.0)] * len(work)
-    for k, (part, _) in enumerate(parts):
-        records[k::procs] = [Record(r["start"], r["times"], r["error"]) for r in part]
+    records = interleave([[Record(r["start"], r["times"], r["error"]) for r in part] for part, _ in parts])
     wall = max((max(r.times, default=r.start) for r in records), default=start) - start
     return records, wall, sum(cpu for _, cpu in parts)
+
+
+def interleave(parts: Sequence[Sequence[Record]]) -> list[Record]:
+    """Process k's records (requests k, k + N, k + 2N ... of N processes) back in request order."""
+    records: list[Record] = [Record(0.0)] * sum(len(part) for part in parts)
+    for k, part in enumerate(parts):
+        records[k::len(parts)] = part
+    return records
 
 
 def _open_loop_part(address: str, work: list[Request], offsets: list[float],
@@ -444,6 +450,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--server-log", type=Path, default=Path("/tmp/ladder-bench-serving.log"))
     args = parser.parse_args()
     args.rates = [float(r) for r in args.rates.split(",") if r]
+    if args.client_procs > 1 and (args.protocol != "grpc" or args.concurrency):
+        parser.error("--client-procs splits the open loop over gRPC only")
     cpu = args.provider == "cpu"  # a 2-core decode step of 16 rows is ~50-80 ms: 200/50 fails every request
     args.slo_ttft_ms = args.slo_ttft_ms or (1000.0 if cpu else 200.0)
     args.slo_itl_ms = args.slo_itl_ms or (100.0 if cpu else 50.0)

@@ -11,6 +11,7 @@ from bench.serving import (
     Record,
     Slo,
     arrivals,
+    interleave,
     lognormal,
     meets,
     percentiles,
@@ -84,3 +85,9 @@ def test_the_window_rate_counts_only_tokens_while_requests_arrive() -> None:
     records = [Record(0.0, [0.5, 1.5, 2.5]), Record(2.0, [2.1, 3.0])]
     assert window_rate(records) == pytest.approx(1.0)
     assert window_rate([Record(0.0, [0.5]), Record(0.0, [0.7])]) is None  # a burst has no window
+
+
+def test_records_split_over_processes_come_back_in_request_order() -> None:
+    requests = [Record(float(i)) for i in range(7)]
+    parts = [requests[k::3] for k in range(3)]  # what process k of 3 sent
+    assert interleave(parts) == requests
