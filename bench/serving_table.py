@@ -35,7 +35,8 @@ def table(folder: Path) -> str:
         found = json.loads(path.read_text())
         if not isinstance(found, dict) or "loads" not in found:
             continue  # not an open-loop sweep
-        run = str(path.parent.relative_to(folder)) if path.name.startswith("sweep-") else path.stem
+        where = str(path.parent.relative_to(folder))
+        run = where if path.name.startswith("sweep-") and where != "." else path.stem
         lines += [row(run, load) for load in found["loads"].values()]
     return "\n".join(lines)
 
