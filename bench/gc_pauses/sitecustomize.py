@@ -1,9 +1,9 @@
 """Every garbage collection's pause, per generation, in any Python process started with this folder on
-PYTHONPATH and LADDER_BENCH_GC_LOG=<prefix> set (bench-only: the service never reads it). At exit the
-process writes <prefix>.<pid>.json: its argv, the live objects the collector tracks, and per
+PYTHONPATH (that is the opt-in: bench-only, nothing else imports it). At exit the process writes
+/tmp/ladder-gc-pauses.<pid>.json: its argv, the live objects the collector tracks, and per
 generation the number of collections, their total, p99 and longest pause in ms.
 
-    LADDER_BENCH_GC_LOG=/tmp/gc PYTHONPATH=bench/gc_pauses python -m bench.serving ...
+    PYTHONPATH=$PWD/bench/gc_pauses python -m bench.serving ...
 
 (A server exits through atexit after SIGTERM's drain, so its file is written.)
 """
@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-_PREFIX = os.environ.get("LADDER_BENCH_GC_LOG", "")
+PREFIX = "/tmp/ladder-gc-pauses"
 
 
 def _install(prefix: str) -> None:
@@ -39,5 +39,4 @@ def _install(prefix: str) -> None:
     atexit.register(write)
 
 
-if _PREFIX:
-    _install(_PREFIX)
+_install(PREFIX)
