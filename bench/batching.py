@@ -42,6 +42,7 @@ from bench.served import (
     rss,
     server_arguments,
     stub,
+    vocab_of,
     wait_serving,
 )
 
@@ -389,7 +390,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     skip = set(args.skip.split(","))
     model = resolve_model(args)
-    vocab = json.loads((Path(model) / "genai_config.json").read_text())["model"]["vocab_size"]
+    vocab = vocab_of(model)
     result: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "model": model,
                               "settings": {k: str(v) for k, v in vars(args).items()}}
     if args.baseline_root is not None:

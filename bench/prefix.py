@@ -29,7 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from bench import served
-from bench.served import free_port, machine, prompt, resolve_model, server_arguments, stub, wait_serving
+from bench.served import (
+    free_port,
+    machine,
+    prompt,
+    resolve_model,
+    server_arguments,
+    stub,
+    vocab_of,
+    wait_serving,
+)
 from proto.ladder.v1 import ladder_pb2 as pb
 
 
@@ -228,7 +237,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = resolve_model(args)
-    vocab = json.loads((Path(model) / "genai_config.json").read_text())["model"]["vocab_size"]
+    vocab = vocab_of(model)
     result: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "model": model,
                               "settings": {k: str(v) for k, v in vars(args).items()}, "chunks": {}}
     for chunk in (int(c) for c in args.chunk_sizes.split(",")):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import socket
@@ -37,6 +38,11 @@ def start_server(args: argparse.Namespace, model: str, port: int, *flags: str, l
            "--metrics-port", "0", *http_off, "--log-level", "warning", *flags]
     out = open(Path(args.out) / log, "ab")  # noqa: SIM115 — the server process owns it
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root)
+
+
+def vocab_of(model: str | Path) -> int:
+    """The vocabulary size of a model directory, from its genai_config.json."""
+    return int(json.loads((Path(model) / "genai_config.json").read_text())["model"]["vocab_size"])
 
 
 def free_port() -> int:

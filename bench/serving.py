@@ -37,7 +37,7 @@ import grpc
 import numpy as np
 
 from bench import served
-from bench.served import free_port, machine, prompt, resolve_model, server_arguments, wait_serving
+from bench.served import free_port, machine, prompt, resolve_model, server_arguments, vocab_of, wait_serving
 
 SHAREGPT_MEAN_PROMPT, SHAREGPT_MEAN_OUTPUT, SIGMA = 161, 338, 1.0
 MIN_LENGTH = 4
@@ -463,7 +463,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.target:
         return asyncio.run(measure(args, args.target, args.http_target, args.vocab or 32000))
     model = resolve_model(args)
-    vocab = json.loads((Path(model) / "genai_config.json").read_text())["model"]["vocab_size"]
+    vocab = vocab_of(model)
     grpc_port, http_port = free_port(), free_port()
     server = start_server(args, model, grpc_port, http_port)
     try:

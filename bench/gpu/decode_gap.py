@@ -27,6 +27,7 @@ import numpy as np
 
 from bench.batching import raw_replay
 from bench.gpu.run import build
+from bench.served import vocab_of
 from bench.stages import timed
 from engine.executor import DecodeRow, Engine, EngineOptions
 from engine.sampling import Sampler, SamplingParams
@@ -73,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     path = build(args.model, Path("/tmp/ladder-gpu-models"))
-    vocab = json.loads((path / "genai_config.json").read_text())["model"]["vocab_size"]
+    vocab = vocab_of(path)
     result: dict[str, Any] = {"model": args.model, "rows": args.rows, "command": (
         f"python3 -m bench.gpu.decode_gap --model {args.model} --rows {args.rows} --steps {args.steps}")}
     modes = (("chained", True, True), ("lookahead", True, False), ("stepwise", False, False))

@@ -43,6 +43,7 @@ from bench.served import (
     resolve_model,
     server_arguments,
     stub,
+    vocab_of,
     wait_serving,
 )
 
@@ -272,7 +273,7 @@ def main() -> None:
     result: dict[str, Any] = {"machine": machine(), "onnxruntime": onnxruntime.__version__,
                               "command": " ".join(sys.argv), "model": args.model,
                               "build_s": round(time.perf_counter() - t0, 1), "models": {}}
-    vocab = json.loads((Path(model) / "genai_config.json").read_text())["model"]["vocab_size"]
+    vocab = vocab_of(model)
     raw: dict[str, Any] = {}
     result["models"]["fp16"], raw["fp16"] = run_model(args, model, vocab, args.streams, True)
     (args.out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from bench.gpu.run import build
+from bench.served import vocab_of
 from engine.executor import DecodeRow, Engine, EngineOptions
 from engine.runtime.cuda import EAGER
 from engine.runtime.variants import VariantKey
@@ -71,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     path = build(args.model, Path("/tmp/ladder-gpu-models"))
-    vocab = json.loads((path / "genai_config.json").read_text())["model"]["vocab_size"]
+    vocab = vocab_of(path)
     engine = Engine.load(path, EngineOptions(provider="cuda", capacity=2048, max_sessions=args.rows))
     engine.warm_up()
     greedy = Sampler(SamplingParams())

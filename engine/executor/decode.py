@@ -64,6 +64,11 @@ class DecodeCounters:
     chained: int = 0  # lookahead hits whose next forward was queued on the device (the chain)
 
 
+def _committed(lengths: list[int], feeds: Mapping[int, int]) -> list[int]:
+    """Every row's length once the rows in `feeds` hold their token."""
+    return [n + (row in feeds) for row, n in enumerate(lengths)]
+
+
 class BatchDecoder:
     def __init__(self, pool: KvPool, backend: Backend[Any], variant: Callable[[VariantKey], Variant | None],
                  sessions: Mapping[int, Session], capacity: int) -> None:
@@ -111,7 +116,7 @@ class BatchDecoder:
             self._restore(batch, lengths)  # a hit's rows still hold the masks it ran with
             raise
         self._commit(feeds)
-        committed = [n + (row in feeds) for row, n in enumerate(lengths)]
+        committed = _committed(lengths, feeds)
         tokens = choose(None)
         if not (ahead and self._look_ahead(batch, dict(zip(feeds, tokens, strict=True)), committed)):
             self._restore(batch, committed)
@@ -127,7 +132,7 @@ class BatchDecoder:
                 and all(ahead.lengths[row] + 2 <= self.capacity for row in feeds)):
             return None
         lengths, rows = ahead.lengths, list(feeds)
-        committed = [n + (row in feeds) for row, n in enumerate(lengths)]
+        committed = _committed(lengths, feeds)
         key = VariantKey(1, (), batch)
         try:
             tokens = self.backend.chain_batch(self.variant(key), key, rows, ahead.logits,
