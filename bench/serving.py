@@ -89,19 +89,22 @@ def arrivals(n: int, rate: float, rng: np.random.Generator) -> list[float]:
 
 
 # -- the clients: each returns a Record, never raises for a failed call ------------------------------
-def grpc_caller(address: str) -> Call:
+def grpc_caller(address: str, coalesce: bool = False) -> Call:
+    """GenerateStream; with `coalesce` the tokens that are ready together come in one message, and
+    each of them is timed at that message's arrival."""
     from clients.python.async_client import AsyncLadderClient
     from clients.python.channel import Connection
-    from clients.python.messages import Stopping
+    from clients.python.messages import Stopping, tokens_of
 
     client = AsyncLadderClient(Connection(address, timeout_s=600))
 
     async def call(tokens: list[int], new: int) -> Record:
         record = Record(time.perf_counter())
         try:
-            async for event in client.generate_stream(tokens, stopping=Stopping(new, ignore_eos=True)):
-                if event.HasField("token"):
-                    record.times.append(time.perf_counter())
+            async for event in client.generate_stream(tokens, stopping=Stopping(new, ignore_eos=True),
+                                                      coalesce=coalesce):
+                now = time.perf_counter()
+                record.times.extend(now for _ in tokens_of(event))
         except grpc.aio.AioRpcError as exc:
             record.error = exc.code().name
         return record
@@ -188,6 +191,13 @@ def mean_gap(record: Record) -> float | None:
     return (record.times[-1] - record.times[0]) / (len(record.times) - 1)
 
 
+def message_gaps(records: Sequence[Record]) -> list[float]:
+    """The inter-token gaps a reader waits through: between one message and the next. Tokens that
+    came in one message (a coalesced stream) share its arrival time; the zero gaps between them are
+    not waits, so they are left out (one token per message: every gap between tokens)."""
+    return [b - a for r in records for a, b in zip(r.times, r.times[1:], strict=False) if b > a]
+
+
 def meets(record: Record, slo: Slo) -> bool:
     """Served, first token within the TTFT objective, mean gap within the inter-token objective."""
     if record.error or not record.times:
@@ -208,7 +218,7 @@ def window_rate(records: Sequence[Record]) -> float | None:
 
 def summarize(records: Sequence[Record], duration: float, slo: Slo) -> dict[str, Any]:
     served = [r for r in records if not r.error and r.times]
-    gaps = [b - a for r in served for a, b in zip(r.times, r.times[1:], strict=False)]
+    gaps = message_gaps(served)
     good = sum(meets(r, slo) for r in records)
     return {"requests": len(records), "errors": len(records) - len(served), "duration_s": duration,
             "request_s": len(served) / duration, "output_tok_s": sum(len(r.times) for r in served) / duration,
@@ -245,11 +255,11 @@ class Clients:
         return self.calls[protocol]
 
 
-async def connect(grpc_address: str, http_address: str) -> Clients:
+async def connect(grpc_address: str, http_address: str, coalesce: bool = False) -> Clients:
     """gRPC always; HTTP when its address is known (a started server, or --http-target)."""
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                     timeout=aiohttp.ClientTimeout(total=600))
-    calls = {"grpc": grpc_caller(grpc_address)}
+    calls = {"grpc": grpc_caller(grpc_address, coalesce)}
     if http_address:
         calls["http"] = http_caller(session, http_address, await served_model(session, http_address))
     return Clients(calls, session)
@@ -330,8 +340,8 @@ def split_open_loop(args: argparse.Namespace, address: str, work: Sequence[Reque
     start = time.perf_counter() + 3.0  # every helper has its channel up by then
     context = multiprocessing.get_context("spawn")  # grpc's state must not be forked
     with context.Pool(procs) as pool:
-        parts = pool.starmap(_open_loop_part, [(address, list(work[k::procs]), list(offsets[k::procs]), start)
-                                               for k in range(procs)])
+        parts = pool.starmap(_open_loop_part, [(address, list(work[k::procs]), list(offsets[k::procs]), start,
+                                                args.coalesce) for k in range(procs)])
     records = interleave([[Record(r["start"], r["times"], r["error"]) for r in part] for part, _ in parts])
     wall = max((max(r.times, default=r.start) for r in records), default=start) - start
     return records, wall, sum(cpu for _, cpu in parts)
@@ -346,9 +356,9 @@ def interleave(parts: Sequence[Sequence[Record]]) -> list[Record]:
 
 
 def _open_loop_part(address: str, work: list[Request], offsets: list[float],
-                    start: float) -> tuple[list[dict[str, Any]], float]:
+                    start: float, coalesce: bool) -> tuple[list[dict[str, Any]], float]:
     async def run() -> tuple[list[Record], float]:
-        call = grpc_caller(address)
+        call = grpc_caller(address, coalesce)
         await call(work[0][0][:4], 1)  # the channel up before the clock starts
         await asyncio.sleep(max(0.0, start - time.perf_counter()))
         cpu = cpu_seconds(None)
@@ -397,7 +407,7 @@ async def side_by_side(clients: Clients, args: argparse.Namespace, vocab: int, s
 async def measure(args: argparse.Namespace, grpc_address: str, http_address: str, vocab: int,
                   server: int | None = None) -> dict[str, Any]:
     slo = Slo(args.slo_ttft_ms, args.slo_itl_ms)
-    clients = await connect(grpc_address, http_address)
+    clients = await connect(grpc_address, http_address, args.coalesce)
     try:
         await warm_up(clients, args, vocab)
         if args.concurrency:
@@ -435,6 +445,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=0, help="fixed prompt tokens (0: lognormal)")
     parser.add_argument("--output-len", type=int, default=0, help="fixed output tokens (0: lognormal)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--coalesce", action="store_true",
+                        help="gRPC: ask for coalesce_tokens (tokens ready together in one message)")
     parser.add_argument("--slo-ttft-ms", type=float, default=None, help="default 200 on CUDA, 1000 on CPU")
     parser.add_argument("--slo-itl-ms", type=float, default=None, help="default 50 on CUDA, 100 on CPU")
     parser.add_argument("--capacity", type=int, default=2048)

@@ -202,8 +202,9 @@ class Progress:
                 m.finished.labels(method, reason).inc()
 
     def latency_ms(self, event: TokenOut) -> float:
-        """Arrival to the first token, then the gap since the previous token."""
-        previous = self.token_times[-2] if len(self.token_times) > 1 else self.arrived
+        """Arrival to the first token, then the gap since the previous token (sample 0's; `see` has
+        seen it, and maybe tokens after it: its index says which came before)."""
+        previous = self.token_times[event.index - 1] if event.index else self.arrived
         return (event.at - previous) * 1000.0
 
     @property

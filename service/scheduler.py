@@ -32,6 +32,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 import structlog
@@ -133,15 +134,31 @@ class Scheduler:
 
         With `hold` the events arrive together when the job ends: a unary call then costs the
         event loop nothing per token, which is what lets many of them share one decode forward."""
+        async with aclosing(self.batches(body, bounded=bounded, hold=hold)) as batches:
+            async for items in batches:
+                for item in items:
+                    yield item
+
+    async def batches(self, body: Body, *, bounded: bool = True,
+                      hold: bool = False) -> AsyncGenerator[list[Any], None]:
+        """As `stream`, but every event that has arrived by the caller's turn comes in one list (never
+        empty): a caller that answers them with one message costs the event loop one turn for all."""
         job = self.submit(body, bounded=bounded, hold=hold)
+        events = job.events
         try:
             while True:
-                item = await job.events.get()
-                if isinstance(item, End):
-                    if item.error is not None:
-                        raise item.error
-                    return
-                yield item
+                items = [await events.get()]
+                while not events.empty():
+                    items.append(events.get_nowait())
+                end = items[-1]  # End is the last item a job ever delivers
+                if not isinstance(end, End):
+                    yield items
+                    continue
+                if len(items) > 1:
+                    yield items[:-1]
+                if end.error is not None:
+                    raise end.error
+                return
         finally:
             job.cancel(Cancelled("the call ended before its job"))
 

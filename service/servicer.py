@@ -31,7 +31,7 @@ from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire
 from service.calls import ConstraintSpec, GenerateCall, Prompt, check_response_fits
 from service.errors import Cancelled, TooLarge
-from service.events import Finished, ForwardDone, TokenOut
+from service.events import ForwardDone, TokenOut
 from service.generation import (
     close_body,
     decode_body,
@@ -63,15 +63,17 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
     # -- generation ---------------------------------------------------------------
     async def _generate(self, request: pb.GenerateRequest,
-                        unary: bool = False) -> AsyncGenerator[tuple[Any, Progress], None]:
+                        unary: bool = False) -> AsyncGenerator[tuple[list[Any], Progress], None]:
         async with aclosing(self.generation(wire.generate_call(request), unary)) as steps:
             async for step in steps:
                 yield step
 
     async def generation(self, call: GenerateCall,
-                         unary: bool = False) -> AsyncGenerator[tuple[Any, Progress], None]:
+                         unary: bool = False) -> AsyncGenerator[tuple[list[Any], Progress], None]:
         """A generate call's worker events with its Progress, from the typed call (gRPC's Generate and
-        GenerateStream, and the OpenAI-compatible API, service/http/): every limit is checked here."""
+        GenerateStream, and the OpenAI-compatible API, service/http/): every limit is checked here.
+        The events come in lists, every one that had arrived by the caller's turn (Scheduler.batches),
+        and the Progress has seen them all."""
         serving = self.serving
         tokens = await serving.prompt_ids(call.prompt)
         stopping = serving.model.budget(call.stopping, len(tokens))
@@ -84,10 +86,11 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         body = generate_body(serving.model, tokens, samplers, stopping, progress.tally,
                              serving.scope(CALLER.get()), call.prompt_top)
         try:
-            async with aclosing(serving.scheduler.stream(progress.counted(body), hold=unary)) as events:
-                async for event in events:
-                    progress.see(event)
-                    yield event, progress
+            async with aclosing(serving.scheduler.batches(progress.counted(body), hold=unary)) as batches:
+                async for events in batches:
+                    for event in events:
+                        progress.see(event)
+                    yield events, progress
         finally:
             self._constraint_time(samplers)
 
@@ -117,10 +120,10 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: Context) -> AsyncIterator[pb.TokenEvent]:
         async with aclosing(self._generate(request)) as steps:
-            async for event, progress in steps:
-                if isinstance(event, TokenOut):
-                    yield self._token_event(event, progress)
-                elif isinstance(event, Finished) and progress.ended is not None:  # every sample has
+            async for events, progress in steps:
+                for message in self._token_events(events, progress, request.coalesce_tokens):
+                    yield message
+                if progress.ended is not None:  # every sample has finished: nothing comes after
                     yield self._within_limit(pb.TokenEvent(done=wire.completion(
                         progress, REQUEST_ID.get(), text_of=self.serving.model.token_text)))
 
@@ -137,9 +140,14 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                            metadata={"limit_bytes": str(limit), "bytes": str(size)})
         return message
 
-    def _token_event(self, event: TokenOut, progress: Progress) -> pb.TokenEvent:
-        latency = progress.latency_ms(event) if event.sample == 0 else 0.0
-        return wire.token_event(event, latency, self.serving.model.token_text)
+    def _token_events(self, events: list[Any], progress: Progress, coalesce: bool) -> list[pb.TokenEvent]:
+        """The messages that carry these events' tokens: one each, or all in one (coalesce_tokens)."""
+        text_of = self.serving.model.token_text
+        tokens = [wire.token(event, progress.latency_ms(event) if event.sample == 0 else 0.0, text_of)
+                  for event in events if isinstance(event, TokenOut)]
+        if coalesce:
+            return [pb.TokenEvent(tokens=pb.Tokens(tokens=tokens))] if tokens else []
+        return [pb.TokenEvent(token=token) for token in tokens]
 
     # -- sessions -----------------------------------------------------------------------
     async def Prefill(self, request_iterator: AsyncIterator[pb.PrefillRequest],
@@ -206,12 +214,13 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         with serving.sessions.using(state):
             body = decode_body(serving.model, state, sampler, call.stopping)
             progress = serving.progress()
-            async with aclosing(serving.scheduler.stream(progress.counted(body))) as events:
-                async for event in events:
-                    progress.see(event)
-                    if isinstance(event, TokenOut):
-                        yield self._token_event(event, progress)
-                    elif isinstance(event, Finished):
+            async with aclosing(serving.scheduler.batches(progress.counted(body))) as batches:
+                async for events in batches:
+                    for event in events:
+                        progress.see(event)
+                    for message in self._token_events(events, progress, request.coalesce_tokens):
+                        yield message
+                    if progress.ended is not None:
                         done = self._within_limit(pb.TokenEvent(done=wire.completion(
                             progress, REQUEST_ID.get(), state, serving.model.token_text)))
         self._constraint_time([sampler])

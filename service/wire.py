@@ -123,13 +123,13 @@ def alternatives(found: TokenLogprobs, text_of: Callable[[int], str]) -> list[pb
     return [pb.Alternative(id=i, text=text_of(i), logprob=v) for i, v in found.top]
 
 
-def token_event(event: TokenOut, latency_ms: float, text_of: Callable[[int], str]) -> pb.TokenEvent:
+def token(event: TokenOut, latency_ms: float, text_of: Callable[[int], str]) -> pb.Token:
     token = pb.Token(id=event.id, text=event.text, index=event.index, latency_ms=latency_ms,
                      sample=event.sample)
     if event.logprobs is not None:
         token.logprob = event.logprobs.logprob
         token.top_logprobs.extend(alternatives(event.logprobs, text_of))
-    return pb.TokenEvent(token=token)
+    return token
 
 
 def samples(progress: Progress, text_of: Callable[[int], str]) -> list[pb.Sample]:

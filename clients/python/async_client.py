@@ -77,9 +77,13 @@ class AsyncLadderClient:
                               stopping: Stopping | None = None, timeout_s: float | None = None,
                               request_id: str | None = None, n: int = 1,
                               logprobs: Logprobs | None = None,
-                              constraint: Constraint | None = None) -> AsyncIterator[pb.TokenEvent]:
-        """One TokenEvent per token (`event.token.sample`: of which sample), then the final Completion."""
-        request = generate_request(prompt, sampling, stopping, n, logprobs, constraint)
+                              constraint: Constraint | None = None,
+                              coalesce: bool = False) -> AsyncIterator[pb.TokenEvent]:
+        """One TokenEvent per token (`event.token.sample`: of which sample), then the final Completion.
+
+        With `coalesce`, tokens that were ready together share one event (`event.tokens`; read
+        either shape with `messages.tokens_of`)."""
+        request = generate_request(prompt, sampling, stopping, n, logprobs, constraint, coalesce)
         call = self._stub.GenerateStream(request, **self._call(timeout_s, request_id))
         async for event in _cancel_when_dropped(call):
             yield event
@@ -106,10 +110,12 @@ class AsyncLadderClient:
 
     async def decode(self, session_id: str, max_new_tokens: int, *, sampling: Sampling | None = None,
                      stopping: Stopping | None = None, timeout_s: float | None = None,
-                     logprobs: Logprobs | None = None,
-                     constraint: Constraint | None = None) -> AsyncIterator[pb.TokenEvent]:
-        """Continue the session by up to `max_new_tokens` tokens, streamed; ends with a Completion."""
-        request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs, constraint)
+                     logprobs: Logprobs | None = None, constraint: Constraint | None = None,
+                     coalesce: bool = False) -> AsyncIterator[pb.TokenEvent]:
+        """Continue the session by up to `max_new_tokens` tokens, streamed; ends with a Completion
+        (`coalesce`: as generate_stream's)."""
+        request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs, constraint,
+                                 coalesce)
         async for event in _cancel_when_dropped(self._stub.Decode(request, **self._call(timeout_s))):
             yield event
 

@@ -124,9 +124,9 @@ def prompt_proto(prompt: PromptInput) -> pb.Prompt:
 
 def generate_request(prompt: PromptInput, sampling: Sampling | None, stopping: Stopping | None,
                      n: int = 1, logprobs: Logprobs | None = None,
-                     constraint: Constraint | None = None) -> pb.GenerateRequest:
+                     constraint: Constraint | None = None, coalesce: bool = False) -> pb.GenerateRequest:
     request = pb.GenerateRequest(prompt=prompt_proto(prompt), sampling=(sampling or Sampling()).to_proto(),
-                                 stopping=(stopping or Stopping()).to_proto(), n=n)
+                                 stopping=(stopping or Stopping()).to_proto(), n=n, coalesce_tokens=coalesce)
     if logprobs is not None:
         request.logprobs.CopyFrom(logprobs.to_proto())
     if constraint is not None:
@@ -156,12 +156,12 @@ def prefill_requests(parts: Iterable[PromptInput], session_id: str,
 
 def decode_request(session_id: str, max_new_tokens: int, sampling: Sampling | None,
                    stopping: Stopping | None, logprobs: Logprobs | None = None,
-                   constraint: Constraint | None = None) -> pb.DecodeRequest:
+                   constraint: Constraint | None = None, coalesce: bool = False) -> pb.DecodeRequest:
     stop = stopping or Stopping()
     options = stop.to_proto()
     options.max_new_tokens = max_new_tokens
     request = pb.DecodeRequest(session_id=session_id, sampling=(sampling or Sampling()).to_proto(),
-                               stopping=options)
+                               stopping=options, coalesce_tokens=coalesce)
     if logprobs is not None:
         request.logprobs.CopyFrom(logprobs.to_proto())
     if constraint is not None:
@@ -173,6 +173,15 @@ def tokenize_request(source: str | Sequence[Turn]) -> pb.TokenizeRequest:
     if isinstance(source, str):
         return pb.TokenizeRequest(text=source)
     return pb.TokenizeRequest(chat=chat_proto(source))
+
+
+def tokens_of(event: pb.TokenEvent) -> Sequence[pb.Token]:
+    """The tokens one event carries, whichever way the stream sends them: one (`token`), several
+    (`tokens`, when the call asked to coalesce them), none (`done`)."""
+    kind = event.WhichOneof("event")
+    if kind == "token":
+        return (event.token,)
+    return event.tokens.tokens if kind == "tokens" else ()
 
 
 def completion_of(events: Iterable[pb.TokenEvent]) -> pb.Completion:

@@ -78,9 +78,13 @@ class LadderClient:
                         stopping: Stopping | None = None, timeout_s: float | None = None,
                         request_id: str | None = None, n: int = 1,
                         logprobs: Logprobs | None = None,
-                        constraint: Constraint | None = None) -> Iterator[pb.TokenEvent]:
-        """One TokenEvent per token (`event.token.sample`: of which sample), then the final Completion."""
-        request = generate_request(prompt, sampling, stopping, n, logprobs, constraint)
+                        constraint: Constraint | None = None,
+                        coalesce: bool = False) -> Iterator[pb.TokenEvent]:
+        """One TokenEvent per token (`event.token.sample`: of which sample), then the final Completion.
+
+        With `coalesce`, tokens that were ready together share one event (`event.tokens`; read
+        either shape with `messages.tokens_of`)."""
+        request = generate_request(prompt, sampling, stopping, n, logprobs, constraint, coalesce)
         call = self._stub.GenerateStream(request, **self._call(timeout_s, request_id))
         yield from _cancel_when_dropped(call)
 
@@ -109,11 +113,13 @@ class LadderClient:
     def decode(self, session_id: str, max_new_tokens: int, *, sampling: Sampling | None = None,
                stopping: Stopping | None = None, timeout_s: float | None = None,
                logprobs: Logprobs | None = None, on_call: OnCall | None = None,
-               constraint: Constraint | None = None) -> Iterator[pb.TokenEvent]:
-        """Continue the session by up to `max_new_tokens` tokens, streamed; ends with a Completion.
+               constraint: Constraint | None = None, coalesce: bool = False) -> Iterator[pb.TokenEvent]:
+        """Continue the session by up to `max_new_tokens` tokens, streamed; ends with a Completion
+        (`coalesce`: as generate_stream's).
 
         `on_call` gets the gRPC call as it starts: another thread may `cancel()` it."""
-        request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs, constraint)
+        request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs, constraint,
+                                 coalesce)
         call = _started(self._stub.Decode(request, **self._call(timeout_s)), on_call)
         yield from _cancel_when_dropped(call)
 

@@ -201,9 +201,11 @@ class Routes:
                 await response.write(sse(chunk))
             progress: Progress | None = None
             while step is not None:
-                event, progress = step
-                for chunk in chunks.of(event):
-                    await response.write(sse(chunk))
+                events, progress = step
+                # The events that arrived together go out in one write: a chunk each, as OpenAI's are.
+                written = b"".join(sse(chunk) for event in events for chunk in chunks.of(event))
+                if written:
+                    await response.write(written)
                 step = await anext(steps, None)
         if answer.call.include_usage and progress is not None:
             await response.write(sse(answer.usage_chunk(progress)))
