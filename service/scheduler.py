@@ -33,6 +33,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import structlog
@@ -234,7 +235,7 @@ class Scheduler:
                 return True
             if isinstance(want, Prefill | Token | Tokens):
                 return True
-        return bool(self._grants(0)[1])
+        return bool(self._granted(self._wants(), 0))
 
     def _admit(self, block: bool) -> bool:
         """Move new jobs into the round; False when told to stop."""
@@ -269,11 +270,11 @@ class Scheduler:
         # while this round's forwards run: not one forward late.
         self._flush()
         closing = self._take_closing()
-        op_jobs = self._waiting_op()
+        wants = self._wants()
+        op_jobs = wants.ops
         ops = (*closing, *(session_op(job.want) for job in op_jobs))
         freed = sum(isinstance(op, Close) for op in ops) - sum(isinstance(op, Fork) for op in ops)
-        waiting, grants = self._grants(freed)
-        open_jobs = [waiting[i] for i in grants]
+        open_jobs = [wants.opens[i] for i in self._granted(wants, freed)]
         first = Step(opens=tuple(opening(job.want) for job in open_jobs),  # type: ignore[misc]
                      ops=ops)  # type: ignore[arg-type]
         choices = 0
@@ -287,8 +288,9 @@ class Scheduler:
                 if job.want is None and not job.done:
                     self._advance(job)
             self._flush()
-        prefill_jobs = self._waiting_prefill()
-        decode_jobs = self._waiting(Token | Tokens)
+            wants = self._wants()  # the jobs the first step answered have moved on
+        prefill_jobs = wants.prefills
+        decode_jobs = wants.decodes
         spans = prefill_plan(len(prefill_jobs), bool(decode_jobs), self.engine.shared_span,
                              self.engine.facts.prompt_batch)
         prefill_jobs = prefill_jobs[:len(spans)]
@@ -349,26 +351,30 @@ class Scheduler:
             elif item is not None:
                 job.deliver(item)
 
-    def _waiting(self, kind: Any) -> list[Job]:
-        # _active is in arrival order: jobs are appended as they are admitted.
-        return [j for j in self._active if isinstance(j.want, kind)]
+    def _wants(self) -> Wants:
+        """What every job waits on, in one pass over them (a long queue of calls waiting for slots
+        is walked once a step, not once per kind of request)."""
+        wants = Wants()
+        for job in self._active:  # in arrival order: jobs are appended as they are admitted
+            wants.returning += job.slots
+            want = job.want
+            if want is None:
+                continue
+            if isinstance(want, Token | Tokens):
+                wants.decodes.append(job)
+            elif isinstance(want, Prefill):
+                wants.prefills.append(job)
+            elif opening(want) is not None:
+                wants.opens.append(job)
+            elif session_op(want) is not None:
+                wants.ops.append(job)
+        return wants
 
-    def _waiting_op(self) -> list[Job]:
-        return [j for j in self._active if session_op(j.want) is not None]
-
-    def _waiting_open(self) -> list[Job]:
-        return [j for j in self._active if opening(j.want) is not None]
-
-    def _waiting_prefill(self) -> list[Job]:
-        return self._waiting(Prefill)
-
-    def _grants(self, freed: int) -> tuple[list[Job], tuple[int, ...]]:
-        """The jobs waiting for slots, and which of them get them now (service.rounds.slot_grants),
+    def _granted(self, wants: Wants, freed: int) -> tuple[int, ...]:
+        """Which of the jobs waiting for slots (`wants.opens`) get them now (service.rounds.slot_grants),
         with `freed` more slots free once this round's session operations have run."""
-        waiting = self._waiting_open()
-        needs = [opening(job.want).count for job in waiting]  # type: ignore[union-attr]
-        returning = sum(job.slots for job in self._active)
-        return waiting, slot_grants(needs, max(self.engine.free_slots + freed, 0), returning)
+        needs = [opening(job.want).count for job in wants.opens]  # type: ignore[union-attr]
+        return slot_grants(needs, max(self.engine.free_slots + freed, 0), wants.returning)
 
     def _forward_done(self, kind: str, seconds: float, detail: Callable[[], dict[str, Any]]) -> None:
         if self.on_forward is not None:
@@ -417,3 +423,15 @@ class Scheduler:
 
 
 _REQUESTS = (Open, Lend, Prefill, Token, Tokens, Stats)
+
+
+@dataclass
+class Wants:
+    """The jobs waiting on each kind of request, each list in arrival order, and the KV slots
+    running jobs will give back when they end."""
+
+    ops: list[Job] = field(default_factory=list)
+    opens: list[Job] = field(default_factory=list)
+    prefills: list[Job] = field(default_factory=list)
+    decodes: list[Job] = field(default_factory=list)
+    returning: int = 0
