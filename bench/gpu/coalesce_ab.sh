@@ -16,7 +16,8 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     if [ "$mode" = on ]; then rates=${RATES_ON:-36,96}; flag=--coalesce; else rates=${RATES_OFF:-36,96}; flag=; fi
     timeout "${RUN_TIMEOUT:-150}" python3 -m bench.serving --provider cuda --model gpu:16x2048 --precision fp16 \
       --max-sessions "${SLOTS:-128}" --rates "$rates" --requests "${REQUESTS:-500}" \
-      --client-procs "${PROCS:-4}" $flag --out "$OUT/co-$mode-$round" > "$OUT/co-$mode-$round.log" 2>&1
+      --client-procs "${PROCS:-4}" $flag --out "$OUT/co-$mode-$round" --server-log "$OUT/co-$mode-$round.server.log" \
+      > "$OUT/co-$mode-$round.log" 2>&1
     echo "round $round coalesce $mode exit $?"
   done
 done
