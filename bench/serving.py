@@ -307,7 +307,8 @@ class Usage:
     one moment."""
 
     client_cpu: float
-    server_cpu: float
+    server_cpu: float  # its frontend processes included
+    core_cpu: float  # the process that runs the engine alone
     steps: int
     rows: int
     prepared: int  # shape variants prepared so far (one under load is a stall: graph capture)
@@ -315,7 +316,8 @@ class Usage:
     @staticmethod
     def now(address: str, server: int | None) -> Usage:
         stats = served.engine_stats(address)
-        return Usage(cpu_seconds(None), cpu_seconds(server) if server else 0.0, stats["decode_steps"],
+        return Usage(cpu_seconds(None), cpu_seconds(server) if server else 0.0,
+                     cpu_seconds(server, children=False) if server else 0.0, stats["decode_steps"],
                      stats["decode_rows"], stats["prepared"])
 
     def since(self, before: Usage, wall: float, helpers: float = 0.0) -> dict[str, Any]:
@@ -325,6 +327,7 @@ class Usage:
         steps = self.steps - before.steps
         return {"client_cores": (self.client_cpu - before.client_cpu + helpers) / wall,
                 "server_cores": (self.server_cpu - before.server_cpu) / wall if self.server_cpu else None,
+                "core_cores": (self.core_cpu - before.core_cpu) / wall if self.core_cpu else None,
                 "decode_steps_s": steps / wall,
                 "rows_per_step": (self.rows - before.rows) / steps if steps else None,
                 "variants_prepared": self.prepared - before.prepared}
@@ -369,13 +372,27 @@ def _open_loop_part(address: str, work: list[Request], offsets: list[float],
     return [asdict(r) for r in records], cpu
 
 
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU of a process (this one when None), its threads included."""
+def cpu_seconds(pid: int | None, children: bool = True) -> float:
+    """User + system CPU of a process (this one when None), its threads included, and (`children`) of
+    the live processes it started: a server's gRPC frontends (--frontends) are part of the server."""
     if pid is None:
         times = os.times()
         return times.user + times.system
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(cpu_seconds(child, False) for child in child_pids(pid)) if children else own
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live processes whose parent is `pid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 async def one_round(call: Call, work: Sequence[Request], args: argparse.Namespace, slo: Slo,

@@ -13,7 +13,7 @@ from typing import Any
 
 HEADER = ("| run | rate | asked tok/s | output tok/s while arriving | all | TTFT p50 / p99 ms | "
           "inter-token p50 / p99 ms | "
-          "client / server cores | decode steps/s | rows/step |")
+          "client / server (core) cores | decode steps/s | rows/step |")
 
 
 def cell(value: float | None, digits: int = 1) -> str:
@@ -25,8 +25,14 @@ def row(run: str, load: dict[str, Any]) -> str:
     return (f"| {run} | {load['rate'] or 'burst'} | {cell(load.get('asked_tok_s'), 0)} | "
             f"{cell(load.get('window_tok_s'), 0)} | {cell(load['output_tok_s'], 0)} | "
             f"{cell(ttft['p50'])} / {cell(ttft['p99'])} | {cell(itl['p50'], 2)} / {cell(itl['p99'], 2)} | "
-            f"{cell(load.get('client_cores'), 2)} / {cell(load.get('server_cores'), 2)} | "
+            f"{cell(load.get('client_cores'), 2)} / {cell(load.get('server_cores'), 2)}{core(load)} | "
             f"{cell(load.get('decode_steps_s'), 0)} | {cell(load.get('rows_per_step'))} |")
+
+
+def core(load: dict[str, Any]) -> str:
+    """The cores of the engine's process in brackets, where the server ran gRPC frontends besides it."""
+    cores, whole = load.get("core_cores"), load.get("server_cores")
+    return f" ({cores:.2f})" if cores is not None and whole is not None and whole - cores > 0.02 else ""
 
 
 def table(folder: Path) -> str:

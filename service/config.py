@@ -66,6 +66,7 @@ class Config:
     port: int = 50051
     metrics_port: int = DEFAULT_METRICS_PORT  # 0 = no metrics endpoint
     http_port: int = DEFAULT_HTTP_PORT  # the OpenAI-compatible HTTP API; 0 = off
+    frontends: int = 0  # gRPC frontend processes sharing the port (service/relay.py); 0 = in this process
     model: str = "default"  # a model directory, or "default" (prepared under model_cache)
     model_cache: str = ""
     served_model_name: str = ""  # the model's id in the OpenAI API; "" = the model directory's name
@@ -140,7 +141,10 @@ class Config:
 _HELP = {
     "host": "address to listen on", "port": "gRPC port (0 = any free port)",
     "metrics_port": "Prometheus /metrics port (0 = off)",
-    "http_port": "OpenAI-compatible HTTP API port (0 = off)", "model": 'model directory or "default"',
+    "http_port": "OpenAI-compatible HTTP API port (0 = off)",
+    "frontends": "gRPC frontend processes that share the gRPC port and relay every call to this one, which "
+                 "keeps the engine (0 = gRPC served in this process; the HTTP API always is)",
+    "model": 'model directory or "default"',
     "served_model_name": "the model's id in the OpenAI-compatible API (empty: the model directory's name; "
                          "requests may also name the directory or what --model says)",
     "model_cache": "cache directory of the default model (and of rewritten copies of model graphs)",
@@ -196,6 +200,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 BOUNDS: dict[str, tuple[float, float | None]] = {
     "port": (0, 65535), "metrics_port": (0, 65535), "http_port": (0, 65535), "chunk_size": (0, None),
+    "frontends": (0, 64),
     "capacity": (1, None),
     "variant_capacity": (0, None), "max_sessions": (1, None), "memory_budget_mb": (0, None),
     "max_queue": (1, None), "session_idle_seconds": (0.001, None), "drain_seconds": (0, None),

@@ -32,3 +32,13 @@ def check_port_free(host: str, port: int, what: str) -> None:
             if exc.errno == errno.EADDRINUSE:
                 raise PortInUse(f"{what} {port} on {host} is in use by another process") from None
             raise
+
+
+def server_options(max_message_bytes: int, share_port: bool = False) -> list[tuple[str, int]]:
+    """A grpc.aio server's options. gRPC's own receive limit sits above ours, so a request up to twice
+    the limit gets our answer (parsing.py: INVALID_ARGUMENT, MESSAGE_TOO_LARGE, logged and counted);
+    beyond that gRPC's own. SO_REUSEPORT only where frontends share the port on purpose (relay.py):
+    otherwise a port another server holds fails here instead of being shared."""
+    return [("grpc.max_receive_message_length", 2 * max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", int(share_port))]

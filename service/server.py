@@ -40,13 +40,14 @@ from service.errors import Draining
 from service.http.app import Door, HttpServer, Routes, application
 from service.interceptors import chain
 from service.interceptors.access_log import AccessLog
-from service.interceptors.auth import Authentication, server_credentials
+from service.interceptors.auth import Authentication, server_credentials, tls_material
 from service.loading import load_model  # imports engine.tokenizer on the main thread: see loading.py
 from service.logs import configure_logging
 from service.metrics import Metrics
 from service.parsing import SERVICE_NAME, add_ladder_service
-from service.ports import PortInUse, check_port_free
+from service.ports import PortInUse, check_port_free, server_options
 from service.reflection import enable as documented_reflection
+from service.relay import Frontends, Methods
 from service.scheduler import Scheduler
 from service.servicer import LadderServicer
 from service.serving import Serving
@@ -66,14 +67,12 @@ class LadderServer:
         self.servicer = LadderServicer(self._serving)
         self.draining = False
         self.access_log = AccessLog(self.metrics.call_done)
-        # gRPC's own receive limit sits above ours, so a request up to twice the limit gets our
-        # answer (parsing.py: INVALID_ARGUMENT, MESSAGE_TOO_LARGE, logged and counted); beyond
-        # that gRPC's own.
-        limits = [("grpc.max_receive_message_length", 2 * config.max_message_bytes),
-                  ("grpc.max_send_message_length", config.max_message_bytes),
-                  ("grpc.so_reuseport", 0)]  # a port another server holds fails here, not shared
-        interceptors = chain(self.access_log, self._gate, config.auth_tokens, on_internal=self._fault)
-        self.grpc = grpc.aio.server(interceptors=interceptors, options=limits)
+        self.interceptors = chain(self.access_log, self._gate, config.auth_tokens, on_internal=self._fault)
+        # gRPC in this process, or in frontend processes that relay every call here (relay.py).
+        options = server_options(config.max_message_bytes)
+        self.grpc = (None if config.frontends
+                     else grpc.aio.server(interceptors=self.interceptors, options=options))
+        self.frontends: Frontends | None = None
         self.port = 0
         self.http = self._http_api() if config.http_port else None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -99,31 +98,55 @@ class LadderServer:
         return self.serving
 
     async def start(self) -> int:
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        add_ladder_service(self.servicer, self.grpc, self.config.max_message_bytes)
-        documented_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc)
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.config.host}:{self.config.port}"
-        credentials = server_credentials(self.config)
         what = "gRPC port (--port/LADDER_PORT)"
         check_port_free(self.config.host, self.config.port, what)
         check_port_free(self.config.host, self.config.http_port, HTTP_PORT)
-        try:
-            self.port = (self.grpc.add_secure_port(address, credentials) if credentials
-                         else self.grpc.add_insecure_port(address))
-        except RuntimeError as exc:  # taken between the check and the bind
-            raise PortInUse(f"{what} {self.config.port} on {self.config.host} could not be bound: "
-                            f"{exc}") from None
-        await self.grpc.start()
+        if self.grpc is None:
+            self.port = await self._start_frontends()
+        else:
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+            add_ladder_service(self.servicer, self.grpc, self.config.max_message_bytes)
+            documented_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc)
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+            credentials = server_credentials(self.config)
+            try:
+                self.port = (self.grpc.add_secure_port(address, credentials) if credentials
+                             else self.grpc.add_insecure_port(address))
+            except RuntimeError as exc:  # taken between the check and the bind
+                raise PortInUse(f"{what} {self.config.port} on {self.config.host} could not be bound: "
+                                f"{exc}") from None
+            await self.grpc.start()
         if self.http is not None:
             try:
                 await self._start_http(self.http)
             except BaseException:
-                await self.grpc.stop(0)
+                await self._stop_grpc(0)
                 raise
         log.info("listening", port=self.port, http_port=self.config.http_port, tls=self.config.tls,
-                 auth=self.config.auth)
+                 auth=self.config.auth, frontends=self.config.frontends)
         return self.port
+
+    async def _start_frontends(self) -> int:
+        """The gRPC port served by frontend processes that relay every call here (relay.py)."""
+        methods = Methods()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, methods)  # type: ignore[arg-type]
+        add_ladder_service(self.servicer, methods, self.config.max_message_bytes)  # type: ignore[arg-type]
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        settings = {"host": self.config.host, "tls": tls_material(self.config),
+                    "log_level": self.config.log_level, "max_message_bytes": self.config.max_message_bytes}
+        self.frontends = Frontends(self.config.frontends, methods, self.interceptors, settings, self._fault)
+        try:
+            return await self.frontends.start(self.config.port)
+        except BaseException:
+            await self.frontends.stop(0)
+            raise
+
+    async def _stop_grpc(self, grace: float) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop(grace)
+        if self.frontends is not None:
+            await self.frontends.stop(grace)
 
     async def _start_http(self, http: HttpServer) -> None:
         try:
@@ -225,7 +248,7 @@ class LadderServer:
         for task in self._tasks:
             if task is not current:
                 task.cancel()
-        await self.grpc.stop(grace)
+        await self._stop_grpc(grace)
         if self.http is not None:
             await self.http.stop()
         if self.serving is not None:
@@ -235,9 +258,6 @@ class LadderServer:
             self._http.shutdown()
         self.stopped.set()
         log.info("stopped")
-
-    async def wait_for_termination(self) -> None:
-        await self.grpc.wait_for_termination()
 
 
 async def create_server(config: Config) -> tuple[LadderServer, int]:

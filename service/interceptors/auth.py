@@ -33,13 +33,29 @@ def caller_tokens(tokens: tuple[str, ...]) -> dict[str, str]:
     return named
 
 
-def server_credentials(config: Config) -> grpc.ServerCredentials | None:
-    """TLS from the certificate and key; a client CA makes it mutual TLS."""
+TlsMaterial = tuple[bytes, bytes, bytes | None]  # key, certificate, client CA (mutual TLS)
+
+
+def tls_material(config: Config) -> TlsMaterial | None:
+    """The key, certificate and client CA the server's TLS is made of (None without TLS)."""
     if not config.tls:
         return None
-    pair = (Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())
     ca = Path(config.tls_client_ca).read_bytes() if config.tls_client_ca else None
-    return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
+    return Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes(), ca
+
+
+def credentials(material: TlsMaterial | None) -> grpc.ServerCredentials | None:
+    """TLS from the key and certificate; a client CA makes it mutual TLS."""
+    if material is None:
+        return None
+    key, cert, ca = material
+    mutual = ca is not None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=mutual)
+
+
+def server_credentials(config: Config) -> grpc.ServerCredentials | None:
+    """TLS from the certificate and key; a client CA makes it mutual TLS."""
+    return credentials(tls_material(config))
 
 
 def _certificate_name(context: Context) -> str:

@@ -1,4 +1,6 @@
-"""One real server per test module for the service tests (tests/support/servers.py)."""
+"""One real server per test module for the service tests (tests/support/servers.py), twice: gRPC
+served in the server's own process, and by two frontend processes relaying every call to it
+(--frontends, service/relay.py): every test that uses it holds for both."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 from tests.support.servers import RunningServer, server_config
 
 
-@pytest.fixture(scope="module")
-def server(served_model: Path) -> Iterator[RunningServer]:
-    with RunningServer(server_config(served_model)) as running:
+@pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "frontends"])
+def server(served_model: Path, request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with RunningServer(server_config(served_model, frontends=request.param)) as running:
         yield running

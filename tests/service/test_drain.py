@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import queue
 import signal
@@ -24,14 +25,18 @@ from tests.support.waiting import wait_for
 REPO = Path(__file__).resolve().parents[2]
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVING = health_pb2.HealthCheckResponse.SERVING
+# gRPC served in the server's process, and by two frontend processes relaying to it (service/relay.py).
+FRONTENDS = pytest.mark.parametrize("frontends", [0, 2], ids=["in-process", "frontends"])
 
 
 def health_of(channel: grpc.Channel) -> int:
     return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2).status
 
 
-def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(served_model: Path) -> None:
-    running = RunningServer(server_config(served_model))
+@FRONTENDS
+def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(served_model: Path,
+                                                                                frontends: int) -> None:
+    running = RunningServer(server_config(served_model, frontends=frontends))
     parts: queue.Queue[pb.PrefillRequest | None] = queue.Queue()
     parts.put(pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7]))))
     stream = running.stub.Prefill(iter(parts.get, None))
@@ -52,9 +57,11 @@ def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(s
     running.close()
 
 
-def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(served_model: Path) -> None:
+@FRONTENDS
+def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(served_model: Path,
+                                                                                 frontends: int) -> None:
     running = RunningServer(server_config(served_model, max_sessions=1, max_new_tokens=1000,
-                                          session_memory_mb=0))
+                                          session_memory_mb=0, frontends=frontends))
     # The one KV slot is held by a session, so the stream waits for it: in flight, and it cannot
     # finish within the grace period however fast the model is.
     opening = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5])))
@@ -73,11 +80,13 @@ def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(
 
 
 
-def test_sigterm_drains_the_server_process_and_it_exits_cleanly(served_model: Path) -> None:
+@FRONTENDS
+def test_sigterm_drains_the_server_process_and_it_exits_cleanly(served_model: Path, frontends: int) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
     env.update(LADDER_HOST="127.0.0.1", LADDER_PORT=str(port), LADDER_METRICS_PORT="0", LADDER_HTTP_PORT="0",
-               LADDER_MODEL=str(served_model), LADDER_POD_NAME="pod-s", LADDER_DRAIN_SECONDS="2")
+               LADDER_MODEL=str(served_model), LADDER_POD_NAME="pod-s", LADDER_DRAIN_SECONDS="2",
+               LADDER_FRONTENDS=str(frontends))
     process = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -97,12 +106,17 @@ def test_sigterm_drains_the_server_process_and_it_exits_cleanly(served_model: Pa
             process.kill()
     logs = process.stderr.read().decode() if process.stderr else ""
     assert '"event": "draining"' in logs and '"event": "stopped"' in logs
+    started = [json.loads(line) for line in logs.splitlines() if '"frontend_listening"' in line]
+    assert len(started) == frontends
+    for line in started:  # every frontend process has exited too
+        assert not Path(f"/proc/{line['pid']}").exists()
 
 
-def test_an_engine_fault_flips_health_and_drains_the_server(served_model: Path) -> None:
+@FRONTENDS
+def test_an_engine_fault_flips_health_and_drains_the_server(served_model: Path, frontends: int) -> None:
     from engine.errors import EngineFault
 
-    running = RunningServer(server_config(served_model))
+    running = RunningServer(server_config(served_model, frontends=frontends))
     running.fault(EngineFault("a forward failed on the device"))
     running.run(asyncio.wait_for(running.server.stopped.wait(), 10))
     assert running.server.draining and running.server.fault is not None

@@ -49,9 +49,14 @@ def generate_over(channel: grpc.Channel) -> int:
     return len(reply.token_ids)
 
 
-def test_a_tls_server_refuses_plaintext_and_serves_tls(served_model: Path, pki: Path) -> None:
+# gRPC served in the server's process, and by two frontend processes relaying to it (service/relay.py).
+FRONTENDS = pytest.mark.parametrize("frontends", [0, 2], ids=["in-process", "frontends"])
+
+
+@FRONTENDS
+def test_a_tls_server_refuses_plaintext_and_serves_tls(served_model: Path, pki: Path, frontends: int) -> None:
     running = RunningServer(server_config(served_model, tls_cert=str(pki / "server.pem"),
-                                          tls_key=str(pki / "server.key")))
+                                          tls_key=str(pki / "server.key"), frontends=frontends))
     try:
         with pytest.raises(grpc.RpcError) as caught:
             running.stub.Generate(greedy_request([5, 6, 7], 2), timeout=5)
@@ -62,10 +67,11 @@ def test_a_tls_server_refuses_plaintext_and_serves_tls(served_model: Path, pki: 
         running.close()
 
 
+@FRONTENDS
 def test_mutual_tls_refuses_a_client_without_a_certificate_and_binds_sessions_to_it(
-        served_model: Path, pki: Path) -> None:
+        served_model: Path, pki: Path, frontends: int) -> None:
     config = server_config(served_model, tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
-                           tls_client_ca=str(pki / "ca.pem"))
+                           tls_client_ca=str(pki / "ca.pem"), frontends=frontends)
     running = RunningServer(config)
     try:
         with tls_channel(running, pki) as channel, pytest.raises(grpc.RpcError) as caught:
@@ -83,10 +89,10 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_and_binds_sessions_to
         running.close()
 
 
-@pytest.fixture(scope="module")
-def authed(served_model: Path) -> RunningServer:
+@pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "frontends"])
+def authed(served_model: Path, request: pytest.FixtureRequest) -> RunningServer:
     running = RunningServer(server_config(served_model, auth_tokens=("alice=token-a", "bob=token-b"),
-                                          sessions_per_caller=2))
+                                          sessions_per_caller=2, frontends=request.param))
     yield running  # type: ignore[misc]
     running.close()
 

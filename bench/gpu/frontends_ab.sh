@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# gRPC in the engine's process against gRPC frontend processes (--frontends, issue 28), side by side,
+# open loop: on the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts,
+#   bash bench/gpu/frontends_ab.sh   (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+#                                     .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small)
+# ROUNDS times, for each FRONTENDS value in MODES (0: gRPC in the engine's process), the same Poisson
+# sweep (one seed: the same requests) at RATES on the 16x2048 fp16 decoder with SLOTS slots, a fresh
+# server each run, the client split over PROCS processes. Summaries and server logs land in
+# $OUT/fe-<frontends>-<round>/ and, together, in $OUT/frontends.tgz (the device returns few files);
+# the table of every run prints last (server cores: all its processes; in brackets the engine's).
+set -o pipefail
+. bench/gpu/prepare.sh || exit 1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/gpu-info.txt"
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for frontends in ${MODES:-0 2}; do
+    run="fe-$frontends-$round"
+    timeout "${RUN_TIMEOUT:-150}" python3 -m bench.serving --provider cuda --model gpu:16x2048 --precision fp16 \
+      --max-sessions "${SLOTS:-128}" --rates "${RATES:-36,96}" --requests "${REQUESTS:-500}" \
+      --client-procs "${PROCS:-4}" --server-args "--frontends $frontends" --out "$OUT/$run" \
+      --server-log "$OUT/$run.server.log" > "$OUT/$run.log" 2>&1
+    echo "round $round frontends $frontends exit $?"
+  done
+done
+(cd "$OUT" && tar -czf frontends.tgz fe-* gpu-info.txt && rm -rf fe-*)
+mkdir -p /tmp/fe && tar -xzf "$OUT/frontends.tgz" -C /tmp/fe && python3 -m bench.serving_table /tmp/fe

@@ -1,0 +1,420 @@
+"""gRPC frontends in processes of their own: every call relayed to this process, which keeps the engine.
+
+With `--frontends N` the gRPC port is served by N frontend processes (service/frontend.py) that
+share it (SO_REUSEPORT: the kernel spreads connections over them). Each does gRPC's per-call and
+per-message work (HTTP/2, framing, TLS, flow control) in an interpreter of its own and relays
+every call, as raw bytes, over one Unix socket to this process, where the same handlers and
+interceptors run as for a call gRPC hands over itself (`RelayContext` stands in for grpc.aio's
+servicer context). Sessions, the scheduler and the engine stay here, so any frontend serves any
+call. What crosses the socket per event-loop turn is one frame: every item made in that turn, so
+the engine's step costs this process one write for all the streams it fed, not one gRPC message
+each. Reflection is answered by the frontends themselves (it reads only descriptors); health goes
+through the relay, so it says what this process says.
+
+A frame is a length-prefixed `marshal` dump of a list of items (tuples, kind first): a private
+format between processes of one installation, never exposed. Frontend to core: START (method,
+metadata, time remaining, peer, auth context, the request when it is not a stream), MESSAGE,
+HALF_CLOSE, CANCEL and DONE (the call ended at the frontend: delivered or cancelled); core to
+frontend: INITIAL (response headers), MESSAGE and END (status, details, trailers). A frontend
+that exits takes the server down as an engine fault does (health NOT_SERVING, drain, exit 1);
+when this process goes away its frontends end their calls with UNAVAILABLE and exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import marshal
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import grpc
+import structlog
+
+log = structlog.get_logger("ladder.relay")
+
+START, MESSAGE, HALF_CLOSE, CANCEL, DONE, INITIAL, END, HELLO, SETTINGS, READY, STOP = range(11)
+_HEADER = struct.Struct("<I")
+START_TIMEOUT_S = 60.0  # a frontend's start: its interpreter, imports and bind
+CODES = {code.value[0]: code for code in grpc.StatusCode}
+Item = tuple[Any, ...]
+if TYPE_CHECKING:  # types-grpcio's generics; grpc's classes take no parameters at run time
+    Handler = grpc.RpcMethodHandler[Any, Any]
+
+
+class Link:
+    """One end of the relay socket. `send` queues an item; the items of one event-loop turn leave as
+    one frame. `receive` gives the next frame's items (None once the other end has gone)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self._out: list[Item] = []
+        self._loop = asyncio.get_running_loop()
+
+    def send(self, item: Item) -> None:
+        if not self._out:
+            self._loop.call_soon(self.flush)
+        self._out.append(item)
+
+    def flush(self) -> None:
+        items, self._out = self._out, []
+        if items and not self.writer.is_closing():
+            data = marshal.dumps(items)
+            self.writer.writelines((_HEADER.pack(len(data)), data))
+
+    async def receive(self) -> list[Item] | None:
+        try:
+            header = await self.reader.readexactly(_HEADER.size)
+            items: list[Item] = marshal.loads(await self.reader.readexactly(_HEADER.unpack(header)[0]))
+            return items
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+
+
+class Methods:
+    """Stands in for a grpc.aio server to collect the handlers the generated code registers on it."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Handler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[Any]) -> None:
+        pass  # every service registered here also registers its methods by name (below)
+
+    def add_registered_method_handlers(self, service: str, methods: dict[str, Handler]) -> None:
+        self.handlers.update({f"/{service}/{name}": handler for name, handler in methods.items()})
+
+    def table(self) -> list[tuple[str, bool, bool]]:
+        """(method, request streaming, response streaming): what a frontend needs to relay each."""
+        return [(name, h.request_streaming, h.response_streaming) for name, h in self.handlers.items()]
+
+
+class _Details(NamedTuple):
+    """grpc.HandlerCallDetails as grpc.aio hands it to interceptors."""
+
+    method: str
+    invocation_metadata: tuple[tuple[str, str | bytes], ...]
+
+
+class RelayContext:
+    """What a handler and the interceptors see of a relayed call: grpc.aio's servicer context, as far
+    as Ladder, health and the interceptors use it (metadata, peer, auth context, deadline, trailers,
+    abort, response headers, write, done callbacks)."""
+
+    def __init__(self, link: Link, call: int, metadata: tuple[tuple[str, str | bytes], ...],
+                 timeout: float | None, peer: str, auth: dict[str, list[bytes]]) -> None:
+        self._link, self._call = link, call
+        self._metadata, self._peer, self._auth = metadata, peer, auth
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._trailing: tuple[tuple[str, str | bytes], ...] = ()
+        self._code, self._details = grpc.StatusCode.OK, ""
+        self._cancelled = self._ended = self._headers_sent = False
+        self._callbacks: list[Callable[[Any], None]] = []
+        self.serialize: Callable[[Any], bytes] | None = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def done(self) -> bool:
+        return self._ended
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        self._callbacks.append(callback)
+
+    def set_trailing_metadata(self, metadata: Sequence[tuple[str, str | bytes]]) -> None:
+        self._trailing = tuple((k, v) for k, v in metadata)
+
+    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self._trailing
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    async def abort(self, code: grpc.StatusCode, details: str = "",
+                    trailing_metadata: Sequence[tuple[str, str | bytes]] = ()) -> None:
+        if trailing_metadata:
+            self.set_trailing_metadata(trailing_metadata)
+        self._code, self._details = code, details
+        raise grpc.aio.AbortError()
+
+    async def send_initial_metadata(self, metadata: Sequence[tuple[str, str | bytes]]) -> None:
+        if self._cancelled or self._ended:
+            raise RuntimeError("the call has ended")
+        if not self._headers_sent:
+            self._headers_sent = True
+            self._link.send((INITIAL, self._call, tuple((k, v) for k, v in metadata)))
+
+    async def write(self, message: Any) -> None:
+        if self._cancelled or self._ended:
+            raise RuntimeError("the call has ended")
+        self.answer(message)
+
+    def answer(self, message: Any) -> None:
+        self._link.send((MESSAGE, self._call, self.serialize(message) if self.serialize else message))
+
+    def end(self, code: grpc.StatusCode | None = None, details: str | None = None) -> None:
+        """Send the call's status (the one set or aborted with, unless given) and trailers, once."""
+        if not self._ended:
+            self._ended = True
+            code = self._code if code is None else code
+            self._link.send((END, self._call, code.value[0], self._details if details is None else details,
+                             self._trailing))
+
+    def finished(self, cancelled: bool) -> None:
+        """The frontend says the call has ended there: its done callbacks run."""
+        self._cancelled = self._cancelled or cancelled
+        self._ended = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+
+class _Relayed:
+    """A call relayed from a frontend: its context, the task running its handler, its request stream."""
+
+    def __init__(self, context: RelayContext) -> None:
+        self.context = context
+        self.requests: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.task: asyncio.Task[None] | None = None
+
+    async def stream(self, parse: Callable[[bytes], Any]) -> AsyncIterator[Any]:
+        while (data := await self.requests.get()) is not None:
+            yield parse(data)
+
+
+if TYPE_CHECKING:
+    Resolve = Callable[[_Details], Awaitable[Handler | None]]
+
+
+class _Connection:
+    """One frontend's link: the calls it relays, each run as grpc.aio runs a call (a task of its own)."""
+
+    def __init__(self, link: Link, resolve: Resolve) -> None:
+        self.link, self.resolve = link, resolve
+        self.calls: dict[int, _Relayed] = {}
+        self.started = 0  # calls this frontend has relayed
+
+    async def serve(self) -> None:
+        try:
+            while (items := await self.link.receive()) is not None:
+                for item in items:
+                    self._dispatch(item)
+        finally:
+            for relayed in list(self.calls.values()):
+                self._cancel(relayed)
+            self.calls.clear()
+
+    def _dispatch(self, item: Item) -> None:
+        kind, call = item[0], item[1]
+        if kind == START:
+            _, _, method, metadata, timeout, peer, auth, request = item
+            self.started += 1
+            context = RelayContext(self.link, call, metadata, timeout, peer, auth)
+            started = self.calls[call] = _Relayed(context)
+            started.task = asyncio.create_task(self._run(started, method, request))
+            return
+        relayed = self.calls.get(call)
+        if relayed is None:
+            return  # a call that has already ended here
+        if kind == MESSAGE:
+            relayed.requests.put_nowait(item[2])
+        elif kind == HALF_CLOSE:
+            relayed.requests.put_nowait(None)
+        elif kind == CANCEL:
+            self._cancel(relayed)
+        elif kind == DONE:
+            del self.calls[call]
+            if item[2] or not relayed.context.done():
+                self._cancel(relayed)
+            relayed.context.finished(item[2])
+
+    @staticmethod
+    def _cancel(relayed: _Relayed) -> None:
+        """As grpc.aio does when a client cancels or its deadline passes: the handler's task is cancelled."""
+        relayed.context._cancelled = True
+        if relayed.task is not None and not relayed.task.done():
+            relayed.task.cancel()
+
+    async def _run(self, relayed: _Relayed, method: str, request: bytes | None) -> None:
+        context = relayed.context
+        try:
+            handler = await self.resolve(_Details(method, context.invocation_metadata()))
+            if handler is None:
+                context.end(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+                return
+            context.serialize = handler.response_serializer
+            parse: Callable[[bytes], Any] = handler.request_deserializer or (lambda data: data)
+            requests = relayed.stream(parse) if handler.request_streaming else parse(request or b"")
+            behavior: Any = (handler.unary_unary or handler.unary_stream or handler.stream_unary
+                             or handler.stream_stream)
+            answer = behavior(requests, context)
+            if not handler.response_streaming:
+                context.answer(await answer)
+            elif hasattr(answer, "__anext__"):
+                async for response in answer:
+                    context.answer(response)
+            else:
+                await answer  # a streaming handler that writes through the context (health's Watch)
+            context.end()
+        except grpc.aio.AbortError:
+            context.end()
+        except asyncio.CancelledError:
+            context.end(grpc.StatusCode.CANCELLED, "Cancelled")
+        except Exception as exc:  # noqa: BLE001 — as grpc.aio ends a handler's unexpected error
+            log.error("relayed_call_failed", method=method, error=repr(exc))
+            context.end(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
+
+
+# A frontend's interpreter starts from this, with the directory holding the `service` package first
+# on its path (it is not always the working directory) and the socket and its index as arguments.
+_BOOT = "import sys; sys.path.insert(0, {root!r}); from service.frontend import main; main(sys.argv[1:])"
+
+
+class Frontends:
+    """The frontend processes and this process's end of their links: start, watch, stop.
+
+    `settings` is what every frontend is told (service/frontend.py: address, TLS material, message
+    limits, log level); `interceptors` run around every relayed call, outermost first, as grpc.aio
+    runs them; `on_lost` hears of a frontend that exited while the server was serving."""
+
+    def __init__(self, count: int, methods: Methods, interceptors: Sequence[grpc.aio.ServerInterceptor],
+                 settings: dict[str, Any], on_lost: Callable[[BaseException], None]) -> None:
+        self.count, self.methods, self.interceptors = count, methods, tuple(interceptors)
+        self.settings, self.on_lost = settings, on_lost
+        self.processes: list[asyncio.subprocess.Process] = []
+        self._connections: list[_Connection] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: dict[int, tuple[int, asyncio.Future[tuple[int, str]]]] = {}
+        self._dir = ""
+        self._server: asyncio.AbstractServer | None = None
+        self._stopping = False
+
+    async def resolve(self, details: _Details) -> Handler | None:
+        """The handler of a call, wrapped by the interceptors as grpc.aio wraps it."""
+        async def at(index: int, details: Any) -> Handler | None:
+            if index == len(self.interceptors):
+                return self.methods.handlers.get(details.method)
+            handler: Handler | None = await self.interceptors[index].intercept_service(
+                lambda inner: at(index + 1, inner), details)
+            return handler
+
+        return await at(0, details)
+
+    async def start(self, port: int) -> int:
+        """Start the frontends (the first binds `port`, 0: a free one; the others share what it bound);
+        returns the port. PortInUse when the first cannot bind it."""
+        from service.ports import PortInUse
+
+        self._dir = tempfile.mkdtemp(prefix="ladder-relay-")
+        path = str(Path(self._dir) / "relay.sock")
+        self._server = await asyncio.start_unix_server(self._connected, path)
+        for index in range(self.count):
+            bound, error = await self._spawn(path, index, port)
+            if error:
+                raise PortInUse(f"gRPC port (--port/LADDER_PORT) {port} could not be bound by frontend "
+                                f"{index}: {error}")
+            port = bound
+        for index, process in enumerate(self.processes):
+            self._watch(asyncio.create_task(self._exited(index, process)))
+        return port
+
+    async def _spawn(self, path: str, index: int, port: int) -> tuple[int, str]:
+        ready: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        self._waiting[index] = (port, ready)
+        root = str(Path(__file__).resolve().parent.parent)
+        process = await asyncio.create_subprocess_exec(sys.executable, "-c", _BOOT.format(root=root), path,
+                                                       str(index), stdin=asyncio.subprocess.DEVNULL)
+        self.processes.append(process)
+        exited = asyncio.create_task(process.wait())
+        await asyncio.wait((ready, exited), timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+        exited.cancel()
+        if not ready.done():
+            ready.cancel()
+            code = process.returncode
+            state = f"exited with code {code}" if code is not None else "timed out"
+            raise RuntimeError(f"gRPC frontend {index} {state} before it listened")
+        return ready.result()
+
+    def _watch(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        link = Link(reader, writer)
+        hello = await link.receive()
+        if not hello or hello[0][0] != HELLO or hello[0][1] not in self._waiting:
+            link.close()
+            return
+        port, ready = self._waiting.pop(hello[0][1])
+        link.send((SETTINGS, {**self.settings, "port": port, "index": hello[0][1]}, self.methods.table()))
+        answer = await link.receive()
+        bound, error = (answer[0][1], answer[0][2]) if answer else (0, "it closed its link")
+        if not ready.done():
+            ready.set_result((bound, error))
+        if error:
+            link.close()
+            return
+        connection = _Connection(link, self.resolve)
+        self._connections.append(connection)
+        self._watch(asyncio.create_task(connection.serve()))
+
+    def relayed(self) -> list[int]:
+        """How many calls each frontend has relayed so far."""
+        return [connection.started for connection in self._connections]
+
+    async def _exited(self, index: int, process: asyncio.subprocess.Process) -> None:
+        code = await process.wait()
+        if not self._stopping:
+            self.on_lost(RuntimeError(f"gRPC frontend {index} exited with code {code}"))
+
+    async def stop(self, grace: float) -> None:
+        """Tell every frontend to stop (calls there get `grace` seconds), wait for them, then close."""
+        self._stopping = True
+        for connection in self._connections:
+            connection.link.send((STOP, grace))
+            connection.link.flush()
+        waits = [asyncio.create_task(p.wait()) for p in self.processes if p.returncode is None]
+        if waits:
+            await asyncio.wait(waits, timeout=grace + 5.0)
+        for process in self.processes:
+            if process.returncode is None:
+                log.warning("frontend_killed", pid=process.pid)
+                process.kill()
+                await process.wait()
+        for connection in self._connections:
+            connection.link.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,0 +1,105 @@
+"""--frontends: the gRPC port served by frontend processes that relay every call to the server's process.
+
+Every test that uses the service tests' `server` fixture also runs against two frontends
+(tests/service/conftest.py), as do the drain and TLS tests; these are what only frontends have:
+processes of their own that share one port, and what happens when one of them goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from proto.ladder.v1 import ladder_pb2 as pb
+from proto.ladder.v1 import ladder_pb2_grpc
+from service.ports import PortInUse
+from service.server import create_server
+from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.servers import RunningServer, server_config
+from tests.support.waiting import wait_for
+
+CHANNELS = 16  # connections, each to the frontend the kernel picks: all on one of two has odds 2^-15
+
+
+def own_connection(address: str) -> grpc.Channel:
+    """A channel with a connection of its own (not shared with the process's other channels)."""
+    return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def frontends_of(running: RunningServer) -> list[int]:
+    assert running.server.frontends is not None
+    return [p.pid for p in running.server.frontends.processes]
+
+
+def test_frontends_share_one_port_and_any_continues_a_session_another_opened(served_model: Path) -> None:
+    with RunningServer(server_config(served_model, frontends=2)) as running:
+        assert len(set(frontends_of(running))) == 2 and os.getpid() not in frontends_of(running)
+        channels = [own_connection(running.address) for _ in range(CHANNELS)]
+        try:
+            stubs = [ladder_pb2_grpc.LadderStub(channel) for channel in channels]
+            tokens = prompt_ids(40, seed=71)
+            part = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
+            session_id = list(stubs[0].Prefill(iter([part])))[-1].done.session_id
+            continued = []
+            for stub in stubs:  # one token a call, each through its own connection
+                request = pb.DecodeRequest(session_id=session_id, stopping=pb.StoppingOptions(
+                    max_new_tokens=1, ignore_eos=True))
+                continued += [e.token.id for e in stub.Decode(request) if e.HasField("token")]
+            whole = running.stub.Generate(greedy_request(tokens, CHANNELS)).token_ids
+            assert continued == list(whole)
+            stubs[-1].CloseSession(pb.CloseSessionRequest(session_id=session_id))
+            assert running.server.frontends is not None
+            assert all(calls > 0 for calls in running.server.frontends.relayed())
+        finally:
+            for channel in channels:
+                channel.close()
+
+
+def test_a_frontend_that_exits_flips_health_and_drains_the_server(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, frontends=2))
+    try:
+        os.kill(frontends_of(running)[1], signal.SIGKILL)
+        running.run(asyncio.wait_for(running.server.stopped.wait(), 20))
+        assert running.server.draining and "gRPC frontend 1 exited" in str(running.server.fault)
+        for pid in frontends_of(running):  # the other one was told to stop, and has
+            wait_for(lambda pid=pid: not Path(f"/proc/{pid}").exists() or _zombie(pid))
+    finally:
+        running.close()
+
+
+def _zombie(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_port_another_process_holds_is_refused_before_any_frontend_serves(served_model: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        config = server_config(served_model, frontends=2, port=port)
+
+        async def start() -> None:
+            await create_server(config)
+
+        with pytest.raises(PortInUse, match=str(port)):
+            asyncio.run(start())
+
+
+def test_health_watch_through_a_frontend_sees_the_drain(served_model: Path) -> None:
+    running = RunningServer(server_config(served_model, frontends=2, drain_seconds=1.0))
+    try:
+        watch = health_pb2_grpc.HealthStub(running.channel).Watch(health_pb2.HealthCheckRequest())
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        running.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(running.server.drain()))
+        assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        watch.cancel()
+        running.run(asyncio.wait_for(running.server.stopped.wait(), 20))
+    finally:
+        running.close()
