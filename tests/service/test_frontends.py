@@ -8,9 +8,12 @@ processes of their own that share one port, and what happens when one of them go
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -22,9 +25,10 @@ from proto.ladder.v1 import ladder_pb2_grpc
 from service.ports import PortInUse
 from service.server import create_server
 from tests.support.prompts import greedy_request, prompt_ids
-from tests.support.servers import RunningServer, server_config
+from tests.support.servers import RunningServer, free_port, server_config
 from tests.support.waiting import wait_for
 
+REPO = Path(__file__).resolve().parents[2]
 CHANNELS = 16  # connections, each to the frontend the kernel picks: all on one of two has odds 2^-15
 
 
@@ -103,3 +107,35 @@ def test_health_watch_through_a_frontend_sees_the_drain(served_model: Path) -> N
         running.run(asyncio.wait_for(running.server.stopped.wait(), 20))
     finally:
         running.close()
+
+
+def test_frontends_exit_when_the_server_process_is_killed(served_model: Path, tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
+    env.update(LADDER_HOST="127.0.0.1", LADDER_PORT=str(port), LADDER_METRICS_PORT="0", LADDER_HTTP_PORT="0",
+               LADDER_MODEL=str(served_model), LADDER_FRONTENDS="2")
+    log = tmp_path / "server.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stderr=sink)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            wait_for(lambda: _serving(health), what="the server serving")
+        lines = log.read_text().splitlines()
+        pids = [json.loads(line)["pid"] for line in lines if "frontend_listening" in line]
+        assert len(pids) == 2
+        process.kill()  # no drain, no word to the frontends: they see their link close
+        process.wait(timeout=10)
+        for pid in pids:
+            wait_for(lambda pid=pid: not Path(f"/proc/{pid}").exists() or _zombie(pid), what="frontends gone")
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def _serving(health: health_pb2_grpc.HealthStub) -> bool:
+    try:
+        status = health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+    except grpc.RpcError:
+        return False
+    return bool(status == health_pb2.HealthCheckResponse.SERVING)
