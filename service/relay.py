@@ -189,6 +189,10 @@ class RelayContext:
             self._link.send((END, self._call, code.value[0], self._details if details is None else details,
                              self._trailing))
 
+    def cancel(self) -> None:
+        """The call ended at the frontend before its handler did (cancelled, deadline, client gone)."""
+        self._cancelled = True
+
     def finished(self, cancelled: bool) -> None:
         """The frontend says the call has ended there: its done callbacks run."""
         self._cancelled = self._cancelled or cancelled
@@ -260,7 +264,7 @@ class _Connection:
     @staticmethod
     def _cancel(relayed: _Relayed) -> None:
         """As grpc.aio does when a client cancels or its deadline passes: the handler's task is cancelled."""
-        relayed.context._cancelled = True
+        relayed.context.cancel()
         if relayed.task is not None and not relayed.task.done():
             relayed.task.cancel()
 

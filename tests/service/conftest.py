@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.servers import RunningServer, server_config
+from tests.support.servers import FRONTENDS, FRONTENDS_IDS, RunningServer, server_config
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "frontends"])
+@pytest.fixture(scope="module", params=FRONTENDS, ids=FRONTENDS_IDS)
 def server(served_model: Path, request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     with RunningServer(server_config(served_model, frontends=request.param)) as running:
         yield running

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from tests.support.prompts import greedy_request, prompt_ids
-from tests.support.servers import RunningServer, server_config
+from tests.support.servers import RunningServer, both_ways, server_config
 from tests.support.waiting import wait_for
 
 
@@ -20,10 +20,11 @@ def lines(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
     return [entry for entry in logs if entry["event"] == event]
 
 
+@both_ways
 def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_once_each(
-        served_model: Path) -> None:
+        served_model: Path, frontends: int) -> None:
     running = RunningServer(server_config(served_model, max_sessions=1, max_new_tokens=1000,
-                                          session_memory_mb=0))
+                                          session_memory_mb=0, frontends=frontends))
     try:
         with capture_logs() as logs:
             first = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6])))
@@ -49,9 +50,10 @@ def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_
         running.close()
 
 
+@both_ways
 def test_a_prefill_whose_client_leaves_before_its_first_message_is_cancelled_not_invalid(
-        served_model: Path) -> None:
-    running = RunningServer(server_config(served_model))
+        served_model: Path, frontends: int) -> None:
+    running = RunningServer(server_config(served_model, frontends=frontends))
     try:
         release = threading.Event()
 

@@ -19,21 +19,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from tests.support.prompts import greedy_request
-from tests.support.servers import RunningServer, free_port, server_config
+from tests.support.servers import RunningServer, both_ways, free_port, server_config
 from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVING = health_pb2.HealthCheckResponse.SERVING
-# gRPC served in the server's process, and by two frontend processes relaying to it (service/relay.py).
-FRONTENDS = pytest.mark.parametrize("frontends", [0, 2], ids=["in-process", "frontends"])
 
 
 def health_of(channel: grpc.Channel) -> int:
     return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2).status
 
 
-@FRONTENDS
+@both_ways
 def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(served_model: Path,
                                                                                 frontends: int) -> None:
     running = RunningServer(server_config(served_model, frontends=frontends))
@@ -57,7 +55,7 @@ def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(s
     running.close()
 
 
-@FRONTENDS
+@both_ways
 def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(served_model: Path,
                                                                                  frontends: int) -> None:
     running = RunningServer(server_config(served_model, max_sessions=1, max_new_tokens=1000,
@@ -80,7 +78,7 @@ def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(
 
 
 
-@FRONTENDS
+@both_ways
 def test_sigterm_drains_the_server_process_and_it_exits_cleanly(served_model: Path, frontends: int) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
@@ -112,7 +110,7 @@ def test_sigterm_drains_the_server_process_and_it_exits_cleanly(served_model: Pa
         assert not Path(f"/proc/{line['pid']}").exists()
 
 
-@FRONTENDS
+@both_ways
 def test_an_engine_fault_flips_health_and_drains_the_server(served_model: Path, frontends: int) -> None:
     from engine.errors import EngineFault
 

@@ -16,15 +16,15 @@ from service.calls import LogprobRequest, least_response_bytes
 from tests.service.test_metrics import Endpoint
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.rich_errors import Details, status_details
-from tests.support.servers import RunningServer, server_config
+from tests.support.servers import FRONTENDS, FRONTENDS_IDS, RunningServer, server_config
 
 LIMIT = 16 * 1024
 
 
-@pytest.fixture
-def served(served_model: Path) -> Iterator[Endpoint]:
+@pytest.fixture(params=FRONTENDS, ids=FRONTENDS_IDS)
+def served(served_model: Path, request: pytest.FixtureRequest) -> Iterator[Endpoint]:
     running = RunningServer(server_config(served_model, max_message_bytes=LIMIT, max_sessions=8,
-                                          max_new_tokens=1000))
+                                          max_new_tokens=1000, frontends=request.param))
     try:
         yield Endpoint(running)
     finally:

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from tests.support.prompts import greedy_request, prompt_ids
-from tests.support.servers import RunningServer, free_port, server_config
+from tests.support.servers import FRONTENDS, FRONTENDS_IDS, RunningServer, free_port, server_config
 from tests.support.waiting import wait_for
 
 
@@ -49,9 +49,9 @@ class Endpoint:
         return Scraped(body.decode())
 
 
-@pytest.fixture
-def served(served_model: Path) -> Iterator[Endpoint]:
-    running = RunningServer(server_config(served_model, max_sessions=4))
+@pytest.fixture(params=FRONTENDS, ids=FRONTENDS_IDS)
+def served(served_model: Path, request: pytest.FixtureRequest) -> Iterator[Endpoint]:
+    running = RunningServer(server_config(served_model, max_sessions=4, frontends=request.param))
     try:
         yield Endpoint(running)
     finally:

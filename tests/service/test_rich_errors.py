@@ -19,7 +19,7 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.rich_errors import Details
 from tests.support.rich_errors import details_of as shared_details_of
-from tests.support.servers import RunningServer, server_config
+from tests.support.servers import FRONTENDS, FRONTENDS_IDS, RunningServer, server_config
 from tests.support.waiting import wait_for
 
 Code = grpc.StatusCode
@@ -44,9 +44,9 @@ def open_session(running: RunningServer, ids: list[int] | None = None,
     return str(list(running.stub.Prefill(iter([first]), metadata=metadata))[-1].done.session_id)
 
 
-@pytest.fixture(scope="module")
-def plain(served_model: Path) -> Iterator[RunningServer]:
-    running = RunningServer(server_config(served_model, max_sessions=4))
+@pytest.fixture(scope="module", params=FRONTENDS, ids=FRONTENDS_IDS)
+def plain(served_model: Path, request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    running = RunningServer(server_config(served_model, max_sessions=4, frontends=request.param))
     yield running
     running.close()
 

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from tests.support.prompts import greedy_request
-from tests.support.servers import RunningServer, server_config
+from tests.support.servers import FRONTENDS, FRONTENDS_IDS, RunningServer, both_ways, server_config
 
 
 def openssl(*args: str) -> None:
@@ -49,11 +49,7 @@ def generate_over(channel: grpc.Channel) -> int:
     return len(reply.token_ids)
 
 
-# gRPC served in the server's process, and by two frontend processes relaying to it (service/relay.py).
-FRONTENDS = pytest.mark.parametrize("frontends", [0, 2], ids=["in-process", "frontends"])
-
-
-@FRONTENDS
+@both_ways
 def test_a_tls_server_refuses_plaintext_and_serves_tls(served_model: Path, pki: Path, frontends: int) -> None:
     running = RunningServer(server_config(served_model, tls_cert=str(pki / "server.pem"),
                                           tls_key=str(pki / "server.key"), frontends=frontends))
@@ -67,7 +63,7 @@ def test_a_tls_server_refuses_plaintext_and_serves_tls(served_model: Path, pki: 
         running.close()
 
 
-@FRONTENDS
+@both_ways
 def test_mutual_tls_refuses_a_client_without_a_certificate_and_binds_sessions_to_it(
         served_model: Path, pki: Path, frontends: int) -> None:
     config = server_config(served_model, tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
@@ -89,7 +85,7 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_and_binds_sessions_to
         running.close()
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "frontends"])
+@pytest.fixture(scope="module", params=FRONTENDS, ids=FRONTENDS_IDS)
 def authed(served_model: Path, request: pytest.FixtureRequest) -> RunningServer:
     running = RunningServer(server_config(served_model, auth_tokens=("alice=token-a", "bob=token-b"),
                                           sessions_per_caller=2, frontends=request.param))

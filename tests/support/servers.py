@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import grpc
+import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
@@ -29,6 +30,11 @@ from service.server import LadderServer, create_server
 from tests.support import engines
 
 T = TypeVar("T")
+# Both ways gRPC is served: in the server's own process, and by two frontend processes relaying every
+# call to it (--frontends, service/relay.py). A test or fixture parametrized by these holds for both.
+FRONTENDS = (0, 2)
+FRONTENDS_IDS = ("in-process", "frontends")
+both_ways = pytest.mark.parametrize("frontends", FRONTENDS, ids=FRONTENDS_IDS)
 START_TIMEOUT_S = 60.0  # load, warm-up and health SERVING; a bound, not a pace
 
 
