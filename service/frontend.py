@@ -36,7 +36,6 @@ GONE = (relay.END, 0, grpc.StatusCode.UNAVAILABLE.value[0], "the server's core p
 class _Call:
     def __init__(self, call: int) -> None:
         self.id = call
-        self.headers_sent = False
         self.answers: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
 
 
@@ -56,7 +55,7 @@ class Relay(grpc.GenericRpcHandler):
         if streams and answers:
             async def stream_stream(requests: AsyncIterator[bytes], context: Any) -> Any:
                 call = self._open(method, context, None)
-                pump = asyncio.create_task(self._pump(call, requests, context))
+                pump = asyncio.create_task(self._pump(call, requests))
                 try:
                     async for message in self._answers(call, context):
                         yield message
@@ -77,7 +76,7 @@ class Relay(grpc.GenericRpcHandler):
     def _unary_of(self, method: str, streams: bool) -> Any:
         async def unary(request: Any, context: Any) -> bytes | None:
             call = self._open(method, context, None if streams else request)
-            pump = asyncio.create_task(self._pump(call, request, context)) if streams else None
+            pump = asyncio.create_task(self._pump(call, request)) if streams else None
             answer = None
             try:
                 async for message in self._answers(call, context):
@@ -103,21 +102,11 @@ class Relay(grpc.GenericRpcHandler):
         if self.calls.pop(call.id, None) is not None:
             self.link.send((relay.DONE, call.id, bool(context.cancelled())))
 
-    async def _pump(self, call: _Call, requests: AsyncIterator[bytes], context: Any) -> None:
-        """The client's request stream, message by message, then how it ended. gRPC ends the stream
-        alike on half-close, cancel and disconnect, and marks the call cancelled only later: sending
-        the response headers is what fails on a call that has ended (as the servicer's own check)."""
+    async def _pump(self, call: _Call, requests: AsyncIterator[bytes]) -> None:
+        """The client's request stream, message by message, then its end. gRPC ends it alike on
+        half-close, cancel and disconnect; the handler tells them apart as under grpc.aio (headers)."""
         async for request in requests:
             self.link.send((relay.MESSAGE, call.id, request))
-        if call.headers_sent:  # as in-process: the handler reads the end, and is cancelled if it was one
-            self.link.send((relay.HALF_CLOSE, call.id))
-            return
-        call.headers_sent = True  # Ladder's handlers send no headers of their own, only this check
-        try:
-            await context.send_initial_metadata(())
-        except Exception:  # noqa: BLE001 — any failure to write means the call has ended
-            self.link.send((relay.CANCEL, call.id))
-            return
         self.link.send((relay.HALF_CLOSE, call.id))
 
     async def _answers(self, call: _Call, context: Any) -> AsyncIterator[bytes]:
@@ -127,12 +116,14 @@ class Relay(grpc.GenericRpcHandler):
                 item = await call.answers.get()
                 kind = item[0]
                 if kind == relay.MESSAGE:
-                    call.headers_sent = True  # gRPC sends them with the first message
                     yield item[2]
                 elif kind == relay.INITIAL:
-                    if not call.headers_sent:
-                        call.headers_sent = True
+                    try:  # fails on a call that has ended: the handler's test of a client that left
                         await context.send_initial_metadata(item[2])
+                        sent = True
+                    except Exception:  # noqa: BLE001 — any failure to write: the headers did not go out
+                        sent = False
+                    self.link.send((relay.HEADERS, call.id, sent))
                 else:
                     _, _, code, details, trailing = item
                     if trailing:

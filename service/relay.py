@@ -14,10 +14,12 @@ through the relay, so it says what this process says.
 A frame is a length-prefixed `marshal` dump of a list of items (tuples, kind first): a private
 format between processes of one installation, never exposed. Frontend to core: START (method,
 metadata, time remaining, peer, auth context, the request when it is not a stream), MESSAGE,
-HALF_CLOSE, CANCEL and DONE (the call ended at the frontend: delivered or cancelled); core to
-frontend: INITIAL (response headers), MESSAGE and END (status, details, trailers). A frontend
-that exits takes the server down as an engine fault does (health NOT_SERVING, drain, exit 1);
-when this process goes away its frontends end their calls with UNAVAILABLE and exit.
+HALF_CLOSE, CANCEL, DONE (the call ended at the frontend: delivered or cancelled) and HEADERS (whether
+the headers INITIAL asked for went out); core to frontend: INITIAL (response headers), MESSAGE and
+END (status, details, trailers). As under grpc.aio, sending the headers is what fails on a call
+that has already ended (the servicer's own test of a client that left), so INITIAL waits for
+HEADERS. A frontend that exits takes the server down as an engine fault does (health NOT_SERVING,
+drain, exit 1); when this process goes away its frontends end their calls with UNAVAILABLE and exit.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import structlog
 
 log = structlog.get_logger("ladder.relay")
 
-START, MESSAGE, HALF_CLOSE, CANCEL, DONE, INITIAL, END, HELLO, SETTINGS, READY, STOP = range(11)
+START, MESSAGE, HALF_CLOSE, CANCEL, DONE, INITIAL, END, HELLO, SETTINGS, READY, STOP, HEADERS = range(12)
 _HEADER = struct.Struct("<I")
 START_TIMEOUT_S = 60.0  # a frontend's start: its interpreter, imports and bind
 CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -116,7 +118,8 @@ class RelayContext:
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._trailing: tuple[tuple[str, str | bytes], ...] = ()
         self._code, self._details = grpc.StatusCode.OK, ""
-        self._cancelled = self._ended = self._headers_sent = False
+        self._cancelled = self._ended = False
+        self._headers: asyncio.Future[bool] | None = None
         self._callbacks: list[Callable[[Any], None]] = []
         self.serialize: Callable[[Any], bytes] | None = None
 
@@ -167,11 +170,19 @@ class RelayContext:
         raise grpc.aio.AbortError()
 
     async def send_initial_metadata(self, metadata: Sequence[tuple[str, str | bytes]]) -> None:
-        if self._cancelled or self._ended:
+        """Send the response headers through the frontend; raises, as grpc.aio does, when they could
+        not go out (the call has ended, or they were sent already)."""
+        if self._cancelled or self._ended or self._headers is not None:
+            raise RuntimeError("the call has ended or its headers were sent")
+        self._headers = asyncio.get_running_loop().create_future()
+        self._link.send((INITIAL, self._call, tuple((k, v) for k, v in metadata)))
+        if not await self._headers:
             raise RuntimeError("the call has ended")
-        if not self._headers_sent:
-            self._headers_sent = True
-            self._link.send((INITIAL, self._call, tuple((k, v) for k, v in metadata)))
+
+    def headers_sent(self, sent: bool) -> None:
+        """The frontend says whether the headers went out."""
+        if self._headers is not None and not self._headers.done():
+            self._headers.set_result(sent)
 
     async def write(self, message: Any) -> None:
         if self._cancelled or self._ended:
@@ -255,6 +266,8 @@ class _Connection:
             relayed.requests.put_nowait(None)
         elif kind == CANCEL:
             self._cancel(relayed)
+        elif kind == HEADERS:
+            relayed.context.headers_sent(item[2])
         elif kind == DONE:
             del self.calls[call]
             if item[2] or not relayed.context.done():
