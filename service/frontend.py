@@ -58,7 +58,8 @@ class Relay(grpc.GenericRpcHandler):
                 pump = asyncio.create_task(self._pump(call, requests))
                 try:
                     async for message in self._answers(call, context):
-                        yield message
+                        yield message  # resumed once gRPC has written it: the core may go on
+                        self.link.send((relay.DELIVERED, call.id))
                 finally:
                     pump.cancel()
 

@@ -18,7 +18,10 @@ HALF_CLOSE, CANCEL, DONE (the call ended at the frontend: delivered or cancelled
 the headers INITIAL asked for went out); core to frontend: INITIAL (response headers), MESSAGE and
 END (status, details, trailers). As under grpc.aio, sending the headers is what fails on a call
 that has already ended (the servicer's own test of a client that left), so INITIAL waits for
-HEADERS. A frontend that exits takes the server down as an engine fault does (health NOT_SERVING,
+HEADERS. On a call with a request stream, each response message waits for DELIVERED (the frontend
+wrote it to the client), as grpc.aio's handler resumes after its write: so Prefill keeps a
+session only once "done" went through, and a client that cancelled as the stream ended does not
+leave one behind. A frontend that exits takes the server down as an engine fault does (health NOT_SERVING,
 drain, exit 1); when this process goes away its frontends end their calls with UNAVAILABLE and exit.
 """
 
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -40,7 +44,8 @@ import structlog
 
 log = structlog.get_logger("ladder.relay")
 
-START, MESSAGE, HALF_CLOSE, CANCEL, DONE, INITIAL, END, HELLO, SETTINGS, READY, STOP, HEADERS = range(12)
+(START, MESSAGE, HALF_CLOSE, CANCEL, DONE, INITIAL, END, HELLO, SETTINGS, READY, STOP, HEADERS,
+ DELIVERED) = range(13)
 _HEADER = struct.Struct("<I")
 START_TIMEOUT_S = 60.0  # a frontend's start: its interpreter, imports and bind
 CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -120,6 +125,7 @@ class RelayContext:
         self._code, self._details = grpc.StatusCode.OK, ""
         self._cancelled = self._ended = False
         self._headers: asyncio.Future[bool] | None = None
+        self._delivery: asyncio.Future[None] | None = None
         self._callbacks: list[Callable[[Any], None]] = []
         self.serialize: Callable[[Any], bytes] | None = None
 
@@ -191,6 +197,16 @@ class RelayContext:
 
     def answer(self, message: Any) -> None:
         self._link.send((MESSAGE, self._call, self.serialize(message) if self.serialize else message))
+
+    async def answer_delivered(self, message: Any) -> None:
+        """Send `message` and wait until the frontend has written it to the client."""
+        self._delivery = asyncio.get_running_loop().create_future()
+        self.answer(message)
+        await self._delivery
+
+    def delivered(self) -> None:
+        if self._delivery is not None and not self._delivery.done():
+            self._delivery.set_result(None)
 
     def end(self, code: grpc.StatusCode | None = None, details: str | None = None) -> None:
         """Send the call's status (the one set or aborted with, unless given) and trailers, once."""
@@ -268,6 +284,8 @@ class _Connection:
             self._cancel(relayed)
         elif kind == HEADERS:
             relayed.context.headers_sent(item[2])
+        elif kind == DELIVERED:
+            relayed.context.delivered()
         elif kind == DONE:
             del self.calls[call]
             if item[2] or not relayed.context.done():
@@ -297,8 +315,13 @@ class _Connection:
             if not handler.response_streaming:
                 context.answer(await answer)
             elif hasattr(answer, "__anext__"):
-                async for response in answer:
-                    context.answer(response)
+                async with aclosing(answer):  # ended or cancelled: closed at once, its finally run
+                    if handler.request_streaming:
+                        async for response in answer:  # resumed once written, as grpc.aio resumes it
+                            await context.answer_delivered(response)
+                    else:
+                        async for response in answer:
+                            context.answer(response)
             else:
                 await answer  # a streaming handler that writes through the context (health's Watch)
             context.end()
