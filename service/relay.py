@@ -14,29 +14,28 @@ through the relay, so it says what this process says.
 A frame is a length-prefixed `marshal` dump of a list of items (tuples, kind first): a private
 format between processes of one installation, never exposed. Frontend to core: START (method,
 metadata, time remaining, peer, auth context, the request when it is not a stream), MESSAGE,
-HALF_CLOSE, CANCEL, DONE (the call ended at the frontend: delivered or cancelled) and HEADERS (whether
-the headers INITIAL asked for went out); core to frontend: INITIAL (response headers), MESSAGE and
-END (status, details, trailers). As under grpc.aio, sending the headers is what fails on a call
-that has already ended (the servicer's own test of a client that left), so INITIAL waits for
+HALF_CLOSE, CANCEL, DONE (the call ended at the frontend: delivered or cancelled), HEADERS (whether
+the headers INITIAL asked for went out) and DELIVERED; core to frontend: INITIAL (response headers),
+MESSAGE and END (status, details, trailers). As under grpc.aio, sending the headers is what fails on
+a call that has already ended (the servicer's own test of a client that left), so INITIAL waits for
 HEADERS. On a call with a request stream, each response message waits for DELIVERED (the frontend
-wrote it to the client), as grpc.aio's handler resumes after its write: so Prefill keeps a
-session only once "done" went through, and a client that cancelled as the stream ended does not
-leave one behind. A frontend that exits takes the server down as an engine fault does (health NOT_SERVING,
+wrote it to the client), as grpc.aio's handler resumes after its write: so Prefill keeps a session
+only once "done" went through, and a client that cancelled as the stream ended does not leave one
+behind. A frontend that exits takes the server down as an engine fault does (health NOT_SERVING,
 drain, exit 1); when this process goes away its frontends end their calls with UNAVAILABLE and exit.
+
+Here: the wire (`Link`), the stand-in context and the calls of one frontend's link (`Connection`).
+Starting, watching and stopping the processes: service/frontends.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import marshal
-import shutil
 import struct
-import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
@@ -47,7 +46,6 @@ log = structlog.get_logger("ladder.relay")
 (START, MESSAGE, HALF_CLOSE, CANCEL, DONE, INITIAL, END, HELLO, SETTINGS, READY, STOP, HEADERS,
  DELIVERED) = range(13)
 _HEADER = struct.Struct("<I")
-START_TIMEOUT_S = 60.0  # a frontend's start: its interpreter, imports and bind
 CODES = {code.value[0]: code for code in grpc.StatusCode}
 Item = tuple[Any, ...]
 if TYPE_CHECKING:  # types-grpcio's generics; grpc's classes take no parameters at run time
@@ -87,24 +85,7 @@ class Link:
         self.writer.close()
 
 
-class Methods:
-    """Stands in for a grpc.aio server to collect the handlers the generated code registers on it."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, Handler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Sequence[Any]) -> None:
-        pass  # every service registered here also registers its methods by name (below)
-
-    def add_registered_method_handlers(self, service: str, methods: dict[str, Handler]) -> None:
-        self.handlers.update({f"/{service}/{name}": handler for name, handler in methods.items()})
-
-    def table(self) -> list[tuple[str, bool, bool]]:
-        """(method, request streaming, response streaming): what a frontend needs to relay each."""
-        return [(name, h.request_streaming, h.response_streaming) for name, h in self.handlers.items()]
-
-
-class _Details(NamedTuple):
+class Details(NamedTuple):
     """grpc.HandlerCallDetails as grpc.aio hands it to interceptors."""
 
     method: str
@@ -152,21 +133,6 @@ class RelayContext:
 
     def set_trailing_metadata(self, metadata: Sequence[tuple[str, str | bytes]]) -> None:
         self._trailing = tuple((k, v) for k, v in metadata)
-
-    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return self._trailing
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self._code = code
-
-    def set_details(self, details: str) -> None:
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
 
     async def abort(self, code: grpc.StatusCode, details: str = "",
                     trailing_metadata: Sequence[tuple[str, str | bytes]] = ()) -> None:
@@ -243,10 +209,10 @@ class _Relayed:
 
 
 if TYPE_CHECKING:
-    Resolve = Callable[[_Details], Awaitable[Handler | None]]
+    Resolve = Callable[[Details], Awaitable[Handler | None]]
 
 
-class _Connection:
+class Connection:
     """One frontend's link: the calls it relays, each run as grpc.aio runs a call (a task of its own)."""
 
     def __init__(self, link: Link, resolve: Resolve) -> None:
@@ -302,7 +268,7 @@ class _Connection:
     async def _run(self, relayed: _Relayed, method: str, request: bytes | None) -> None:
         context = relayed.context
         try:
-            handler = await self.resolve(_Details(method, context.invocation_metadata()))
+            handler = await self.resolve(Details(method, context.invocation_metadata()))
             if handler is None:
                 context.end(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
                 return
@@ -332,129 +298,3 @@ class _Connection:
         except Exception as exc:  # noqa: BLE001 — as grpc.aio ends a handler's unexpected error
             log.error("relayed_call_failed", method=method, error=repr(exc))
             context.end(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
-
-
-# A frontend's interpreter starts from this, with the directory holding the `service` package first
-# on its path (it is not always the working directory) and the socket and its index as arguments.
-_BOOT = "import sys; sys.path.insert(0, {root!r}); from service.frontend import main; main(sys.argv[1:])"
-
-
-class Frontends:
-    """The frontend processes and this process's end of their links: start, watch, stop.
-
-    `settings` is what every frontend is told (service/frontend.py: address, TLS material, message
-    limits, log level); `interceptors` run around every relayed call, outermost first, as grpc.aio
-    runs them; `on_lost` hears of a frontend that exited while the server was serving."""
-
-    def __init__(self, count: int, methods: Methods, interceptors: Sequence[grpc.aio.ServerInterceptor],
-                 settings: dict[str, Any], on_lost: Callable[[BaseException], None]) -> None:
-        self.count, self.methods, self.interceptors = count, methods, tuple(interceptors)
-        self.settings, self.on_lost = settings, on_lost
-        self.processes: list[asyncio.subprocess.Process] = []
-        self._connections: list[_Connection] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._waiting: dict[int, tuple[int, asyncio.Future[tuple[int, str]]]] = {}
-        self._dir = ""
-        self._server: asyncio.AbstractServer | None = None
-        self._stopping = False
-
-    async def resolve(self, details: _Details) -> Handler | None:
-        """The handler of a call, wrapped by the interceptors as grpc.aio wraps it."""
-        async def at(index: int, details: Any) -> Handler | None:
-            if index == len(self.interceptors):
-                return self.methods.handlers.get(details.method)
-            handler: Handler | None = await self.interceptors[index].intercept_service(
-                lambda inner: at(index + 1, inner), details)
-            return handler
-
-        return await at(0, details)
-
-    async def start(self, port: int) -> int:
-        """Start the frontends (the first binds `port`, 0: a free one; the others share what it bound);
-        returns the port. PortInUse when the first cannot bind it."""
-        from service.ports import PortInUse
-
-        self._dir = tempfile.mkdtemp(prefix="ladder-relay-")
-        path = str(Path(self._dir) / "relay.sock")
-        self._server = await asyncio.start_unix_server(self._connected, path)
-        for index in range(self.count):
-            bound, error = await self._spawn(path, index, port)
-            if error:
-                raise PortInUse(f"gRPC port (--port/LADDER_PORT) {port} could not be bound by frontend "
-                                f"{index}: {error}")
-            port = bound
-        for index, process in enumerate(self.processes):
-            self._watch(asyncio.create_task(self._exited(index, process)))
-        return port
-
-    async def _spawn(self, path: str, index: int, port: int) -> tuple[int, str]:
-        ready: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
-        self._waiting[index] = (port, ready)
-        root = str(Path(__file__).resolve().parent.parent)
-        process = await asyncio.create_subprocess_exec(sys.executable, "-c", _BOOT.format(root=root), path,
-                                                       str(index), stdin=asyncio.subprocess.DEVNULL)
-        self.processes.append(process)
-        exited = asyncio.create_task(process.wait())
-        await asyncio.wait((ready, exited), timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
-        exited.cancel()
-        if not ready.done():
-            ready.cancel()
-            code = process.returncode
-            state = f"exited with code {code}" if code is not None else "timed out"
-            raise RuntimeError(f"gRPC frontend {index} {state} before it listened")
-        return ready.result()
-
-    def _watch(self, task: asyncio.Task[None]) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        link = Link(reader, writer)
-        hello = await link.receive()
-        if not hello or hello[0][0] != HELLO or hello[0][1] not in self._waiting:
-            link.close()
-            return
-        port, ready = self._waiting.pop(hello[0][1])
-        link.send((SETTINGS, {**self.settings, "port": port, "index": hello[0][1]}, self.methods.table()))
-        answer = await link.receive()
-        bound, error = (answer[0][1], answer[0][2]) if answer else (0, "it closed its link")
-        if not ready.done():
-            ready.set_result((bound, error))
-        if error:
-            link.close()
-            return
-        connection = _Connection(link, self.resolve)
-        self._connections.append(connection)
-        self._watch(asyncio.create_task(connection.serve()))
-
-    def relayed(self) -> list[int]:
-        """How many calls each frontend has relayed so far."""
-        return [connection.started for connection in self._connections]
-
-    async def _exited(self, index: int, process: asyncio.subprocess.Process) -> None:
-        code = await process.wait()
-        if not self._stopping:
-            self.on_lost(RuntimeError(f"gRPC frontend {index} exited with code {code}"))
-
-    async def stop(self, grace: float) -> None:
-        """Tell every frontend to stop (calls there get `grace` seconds), wait for them, then close."""
-        self._stopping = True
-        for connection in self._connections:
-            connection.link.send((STOP, grace))
-            connection.link.flush()
-        waits = [asyncio.create_task(p.wait()) for p in self.processes if p.returncode is None]
-        if waits:
-            await asyncio.wait(waits, timeout=grace + 5.0)
-        for process in self.processes:
-            if process.returncode is None:
-                log.warning("frontend_killed", pid=process.pid)
-                process.kill()
-                await process.wait()
-        for connection in self._connections:
-            connection.link.close()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._server is not None:
-            self._server.close()
-        if self._dir:
-            shutil.rmtree(self._dir, ignore_errors=True)

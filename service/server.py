@@ -37,6 +37,7 @@ from engine.executor.step import Stats
 from service.config import Config
 from service.constraints import Constraints
 from service.errors import Draining
+from service.frontends import Frontends, Methods
 from service.http.app import Door, HttpServer, Routes, application
 from service.interceptors import chain
 from service.interceptors.access_log import AccessLog
@@ -47,7 +48,6 @@ from service.metrics import Metrics
 from service.parsing import SERVICE_NAME, add_ladder_service
 from service.ports import PortInUse, check_port_free, server_options
 from service.reflection import enable as documented_reflection
-from service.relay import Frontends, Methods
 from service.scheduler import Scheduler
 from service.servicer import LadderServicer
 from service.serving import Serving
@@ -102,13 +102,15 @@ class LadderServer:
         what = "gRPC port (--port/LADDER_PORT)"
         check_port_free(self.config.host, self.config.port, what)
         check_port_free(self.config.host, self.config.http_port, HTTP_PORT)
+        # The services on this process's gRPC server, or collected for the frontends to relay to.
+        services: Any = self.grpc if self.grpc is not None else Methods()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, services)
+        add_ladder_service(self.servicer, services, self.config.max_message_bytes)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.grpc is None:
-            self.port = await self._start_frontends()
+            self.port = await self._start_frontends(services)
         else:
-            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-            add_ladder_service(self.servicer, self.grpc, self.config.max_message_bytes)
             documented_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc)
-            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
             credentials = server_credentials(self.config)
             try:
                 self.port = (self.grpc.add_secure_port(address, credentials) if credentials
@@ -127,12 +129,8 @@ class LadderServer:
                  auth=self.config.auth, frontends=self.config.frontends)
         return self.port
 
-    async def _start_frontends(self) -> int:
-        """The gRPC port served by frontend processes that relay every call here (relay.py)."""
-        methods = Methods()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, methods)  # type: ignore[arg-type]
-        add_ladder_service(self.servicer, methods, self.config.max_message_bytes)  # type: ignore[arg-type]
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+    async def _start_frontends(self, methods: Methods) -> int:
+        """The gRPC port served by frontend processes that relay every call here (frontends.py)."""
         settings = {"host": self.config.host, "tls": tls_material(self.config),
                     "log_level": self.config.log_level, "max_message_bytes": self.config.max_message_bytes}
         self.frontends = Frontends(self.config.frontends, methods, self.interceptors, settings, self._fault)
