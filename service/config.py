@@ -67,6 +67,12 @@ class Config:
     metrics_port: int = DEFAULT_METRICS_PORT  # 0 = no metrics endpoint
     http_port: int = DEFAULT_HTTP_PORT  # the OpenAI-compatible HTTP API; 0 = off
     frontends: int = 0  # gRPC frontend processes sharing the port (service/relay.py); 0 = in this process
+    # What gRPC connections may hold (service/ports.py): each process serving the port caps its own.
+    grpc_max_connections: int | None = None  # None = auto: half the process's open-file limit
+    grpc_max_concurrent_streams: int = 4096  # calls one connection may have open at once
+    grpc_handshake_timeout_seconds: float = 10.0  # a connection's TCP accept to its HTTP/2 settings
+    grpc_idle_timeout_seconds: float = 120.0  # a connection with no call this long is closed (GOAWAY)
+    max_calls_per_peer: int = 0  # Ladder calls one client address may have open at once; 0 = no limit
     model: str = "default"  # a model directory, or "default" (prepared under model_cache)
     model_cache: str = ""
     served_model_name: str = ""  # the model's id in the OpenAI API; "" = the model directory's name
@@ -144,6 +150,18 @@ _HELP = {
     "http_port": "OpenAI-compatible HTTP API port (0 = off)",
     "frontends": "gRPC frontend processes that share the gRPC port and relay every call to this one, which "
                  "keeps the engine (0 = gRPC served in this process; the HTTP API always is)",
+    "grpc_max_connections": "gRPC connections one process serving the port holds at once; past it a new one "
+                            "is closed as it is accepted (auto: half the process's open-file limit, which "
+                            "is raised to its hard limit at start)",
+    "grpc_max_concurrent_streams": "calls one gRPC connection may have open at once (HTTP/2 "
+                                   "MAX_CONCURRENT_STREAMS; more wait in the client)",
+    "grpc_handshake_timeout_seconds": "a gRPC connection that has not finished its handshake (TLS, the "
+                                      "HTTP/2 preface) this long after it was accepted is closed",
+    "grpc_idle_timeout_seconds": "a gRPC connection with no call this long is closed (GOAWAY; clients "
+                                 "reconnect when they next call)",
+    "max_calls_per_peer": "Ladder calls one client address may have open at once over gRPC (more: "
+                          "RESOURCE_EXHAUSTED, PEER_CALLS; health and reflection never count); 0 = no "
+                          "limit, as behind a proxy every call has its address",
     "model": 'model directory or "default"',
     "served_model_name": "the model's id in the OpenAI-compatible API (empty: the model directory's name; "
                          "requests may also name the directory or what --model says)",
@@ -201,6 +219,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
 BOUNDS: dict[str, tuple[float, float | None]] = {
     "port": (0, 65535), "metrics_port": (0, 65535), "http_port": (0, 65535), "chunk_size": (0, None),
     "frontends": (0, 64),
+    "grpc_max_connections": (1, None), "grpc_max_concurrent_streams": (1, None),
+    "grpc_handshake_timeout_seconds": (0.1, None), "grpc_idle_timeout_seconds": (1, None),
+    "max_calls_per_peer": (0, None),
     "capacity": (1, None),
     "variant_capacity": (0, None), "max_sessions": (1, None), "memory_budget_mb": (0, None),
     "max_queue": (1, None), "session_idle_seconds": (0.001, None), "drain_seconds": (0, None),

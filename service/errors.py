@@ -67,6 +67,10 @@ class CallerQuota(ServiceError):
     """The caller holds (or waits for) its share of the KV slots: `--sessions-per-caller`."""
 
 
+class PeerCalls(ServiceError):
+    """The client's address has `--max-calls-per-peer` Ladder calls open already."""
+
+
 class Draining(ServiceError):
     """The server is shutting down and takes no new work."""
 
@@ -115,6 +119,7 @@ STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (Exhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CallerQuota, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (PeerCalls, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Draining, grpc.StatusCode.UNAVAILABLE),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (Cancelled, grpc.StatusCode.CANCELLED),
@@ -137,6 +142,7 @@ REASONS: tuple[tuple[type[BaseException], str], ...] = (
     (Exhausted, "SESSIONS_FULL"),
     (QueueFull, "QUEUE_FULL"),
     (CallerQuota, "CALLER_QUOTA"),
+    (PeerCalls, "PEER_CALLS"),
     (Draining, "DRAINING"),
     (Unauthenticated, "UNAUTHENTICATED"),
     (Cancelled, "CANCELLED"),

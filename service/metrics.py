@@ -24,11 +24,12 @@ What is observed where:
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import grpc
 from prometheus_client import (
@@ -42,6 +43,7 @@ from prometheus_client import (
     Info,
     make_wsgi_app,
 )
+from service.sockets import listening_socket
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -138,6 +140,10 @@ class Metrics:
                                 ["method", "reason"], registry=r)
         self.prompt_tokens = Counter("ladder_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generated_tokens = Counter("ladder_generated_tokens", "Tokens generated", registry=r)
+        # Connections (and calls) a listener refused before any request: by listener and why.
+        self.connections_refused = Counter("ladder_connections_refused",
+                                           "Connections or calls a listener refused for a connection limit",
+                                           ["listener", "reason"], registry=r)
         self.forwards = Counter("ladder_prefill_forwards", "Prefill forwards", registry=r)
         self.padded_rows = Counter("ladder_prefill_padded_rows", "Padding rows the ladder added", registry=r)
         # Per forward (observed on the worker thread).
@@ -153,6 +159,13 @@ class Metrics:
             "ladder_constraint_compile_seconds",
             "Getting a constraint ready: compiled (or found in the cache) and its first mask", ["cache"],
             buckets=_STEP_BUCKETS, registry=r)
+        # Connections the HTTP listener closed: over a cap as accepted, or headers too slow.
+        self.connections_refused = Counter("ladder_connections_refused",
+                                           "Connections closed as they were accepted, by listener and the "
+                                           "cap they were over", ["listener", "reason"], registry=r)
+        self.connections_timed_out = Counter("ladder_connections_timed_out",
+                                             "Connections closed for sending a request's headers too slowly",
+                                             ["listener"], registry=r)
         self.constraint_mask = Histogram(
             "ladder_constraint_mask_seconds_per_token",
             "Time finding the allowed tokens, per constrained token of a request", buckets=_STEP_BUCKETS,
@@ -196,6 +209,9 @@ class Metrics:
         self.calls.labels(protocol, method, code.name).inc()
         self.call_seconds.labels(protocol, method).observe(seconds)
 
+    def connection_refused(self, listener: str, reason: str) -> None:
+        self.connections_refused.labels(listener, reason).inc()
+
     def forward_done(self, kind: str, seconds: float) -> None:
         """One engine forward ("prefill" or "decode") took `seconds` (called on the worker thread)."""
         (self.prefill_forward if kind == "prefill" else self.decode_step).observe(seconds)
@@ -212,21 +228,36 @@ class Metrics:
         """Mirror the engine's counters from this snapshot."""
         self.engine.stats = stats
 
-    def serve_http(self, port: int) -> Any:
-        """Start the /metrics endpoint (all IPv4 interfaces, a thread per request, as
-        prometheus_client's start_http_server); returns the HTTP server (None when port is 0).
-        Its loop looks for a shutdown every 50 ms, not every 0.5 s: a drain ends that much sooner."""
+    def serve_http(self, port: int, host: str = "[::]") -> Any:
+        """Start the /metrics endpoint on host:port (the any-address: IPv4 and IPv6, service/sockets.py;
+        a thread per request, as prometheus_client's start_http_server); returns the HTTP server (None
+        when port is 0). Its loop looks for a shutdown every 50 ms, not every 0.5 s: a drain ends that
+        much sooner."""
         if not port:
             return None
-        server = make_server("0.0.0.0", port, make_wsgi_app(self.registry), _MetricsHttpServer,
-                             handler_class=_QuietHandler)
+        server = _MetricsHttpServer(listening_socket(host, port))
+        server.set_app(make_wsgi_app(self.registry))
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
                          name="ladder-metrics-http").start()
         return server
 
 
 class _MetricsHttpServer(ThreadingMixIn, WSGIServer):
+    """The stdlib's WSGI server on a socket bound and listening already (of either family)."""
+
     daemon_threads = True
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.address_family = sock.family
+        super().__init__(sock.getsockname()[:2], _QuietHandler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
+        self.server_bind()
+
+    def server_bind(self) -> None:  # bound already: only what HTTPServer.server_bind records
+        self.server_address = self.socket.getsockname()
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+        self.setup_environ()
 
 
 class _QuietHandler(WSGIRequestHandler):
