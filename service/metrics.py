@@ -43,9 +43,10 @@ from prometheus_client import (
     Info,
     make_wsgi_app,
 )
-from service.sockets import listening_socket
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from service.sockets import listening_socket
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -159,10 +160,7 @@ class Metrics:
             "ladder_constraint_compile_seconds",
             "Getting a constraint ready: compiled (or found in the cache) and its first mask", ["cache"],
             buckets=_STEP_BUCKETS, registry=r)
-        # Connections the HTTP listener closed: over a cap as accepted, or headers too slow.
-        self.connections_refused = Counter("ladder_connections_refused",
-                                           "Connections closed as they were accepted, by listener and the "
-                                           "cap they were over", ["listener", "reason"], registry=r)
+        # Connections the HTTP listener closed for sending a request's headers too slowly.
         self.connections_timed_out = Counter("ladder_connections_timed_out",
                                              "Connections closed for sending a request's headers too slowly",
                                              ["listener"], registry=r)
