@@ -1,10 +1,11 @@
 """A gRPC frontend process (`--frontends N`, service/relay.py): serves the gRPC port, relays every call.
 
 Started by the core process with the relay socket's path and its index; told its settings over the
-socket (address, TLS material, message limits, log level, the methods to relay). It binds the port
-with SO_REUSEPORT, answers reflection itself and relays every other call as raw bytes: no message
-is parsed here. Signals are the core's to act on (it drains, then tells the frontends to stop);
-when the core's end of the socket closes, calls in flight end with UNAVAILABLE and the process exits.
+socket (address, TLS material, message and connection limits, log level, the methods to relay); raises
+its own open-file limit (service/limits.py). It binds the port with SO_REUSEPORT, answers reflection
+itself and relays every other call as raw bytes: no message is parsed here. Signals are the core's to
+act on (it drains, then tells the frontends to stop); when the core's end of the socket closes, calls
+in flight end with UNAVAILABLE and the process exits.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from grpc_reflection.v1alpha import reflection
 from proto.ladder.v1 import ladder_pb2
 from service import relay
 from service.interceptors.auth import credentials
+from service.limits import raise_file_limit
 from service.logs import configure_logging
-from service.ports import server_options
+from service.ports import ConnectionLimits, server_options
 from service.reflection import enable as documented_reflection
 from service.relay import Link
 
@@ -174,8 +176,10 @@ async def run(path: str, index: int) -> int:
         return 1
     _, settings, table = items[0]
     configure_logging(settings["log_level"])
+    raise_file_limit()  # before the options: the connection cap's default is half of it
     relaying = Relay(link, table)
-    server = grpc.aio.server(options=server_options(settings["max_message_bytes"], share_port=True))
+    limits = ConnectionLimits(**settings.get("connections", {}))
+    server = grpc.aio.server(options=server_options(settings["max_message_bytes"], limits, share_port=True))
     server.add_generic_rpc_handlers((relaying,))
     names = (ladder_pb2.DESCRIPTOR.services_by_name["Ladder"].full_name, health.SERVICE_NAME,
              reflection.SERVICE_NAME)

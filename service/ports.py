@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import errno
 import socket
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from service.limits import file_limit
 
@@ -61,6 +61,10 @@ class ConnectionLimits:
     def of(cls, config: Config) -> ConnectionLimits:
         return cls(config.grpc_max_connections, config.grpc_max_concurrent_streams,
                    config.grpc_handshake_timeout_seconds, config.grpc_idle_timeout_seconds)
+
+    def settings(self) -> dict[str, Any]:
+        """Its fields as plain values (what a frontend is told)."""
+        return asdict(self)
 
     def connections(self) -> int:
         """The cap on connections open at once: past it gRPC closes a new one as it is accepted."""

@@ -42,11 +42,13 @@ from service.http.app import Door, HttpServer, Routes, application
 from service.interceptors import chain
 from service.interceptors.access_log import AccessLog
 from service.interceptors.auth import Authentication, server_credentials, tls_material
+from service.interceptors.peer_calls import PeerCallLimit
+from service.limits import raise_file_limit
 from service.loading import load_model  # imports engine.tokenizer on the main thread: see loading.py
 from service.logs import configure_logging
 from service.metrics import Metrics
 from service.parsing import SERVICE_NAME, add_ladder_service
-from service.ports import PortInUse, check_port_free, server_options
+from service.ports import ConnectionLimits, PortInUse, check_port_free, server_options
 from service.reflection import enable as documented_reflection
 from service.scheduler import Scheduler
 from service.servicer import LadderServicer
@@ -67,9 +69,11 @@ class LadderServer:
         self.servicer = LadderServicer(self._serving)
         self.draining = False
         self.access_log = AccessLog(self.metrics.call_done)
-        self.interceptors = chain(self.access_log, self._gate, config.auth_tokens, on_internal=self._fault)
+        peer_calls = PeerCallLimit(config.max_calls_per_peer, self._peer_call_refused)
+        self.interceptors = chain(self.access_log, self._gate, config.auth_tokens, on_internal=self._fault,
+                                  peer_calls=peer_calls)
         # gRPC in this process, or in frontend processes that relay every call here (relay.py).
-        options = server_options(config.max_message_bytes)
+        options = server_options(config.max_message_bytes, ConnectionLimits.of(config))
         self.grpc = (None if config.frontends
                      else grpc.aio.server(interceptors=self.interceptors, options=options))
         self.frontends: Frontends | None = None
@@ -85,6 +89,9 @@ class LadderServer:
         door = Door(self.access_log, self._gate, Authentication(self.config.auth_tokens), self._fault)
         routes = Routes(self.servicer, self._serving, lambda: self.serving is not None and not self.draining)
         return HttpServer(application(routes, door, self.config.max_message_bytes), self.config)
+
+    def _peer_call_refused(self) -> None:
+        self.metrics.connection_refused("grpc", "calls_per_peer")
 
     def _gate(self) -> None:
         if self.draining:
@@ -132,7 +139,8 @@ class LadderServer:
     async def _start_frontends(self, methods: Methods) -> int:
         """The gRPC port served by frontend processes that relay every call here (frontends.py)."""
         settings = {"host": self.config.host, "tls": tls_material(self.config),
-                    "log_level": self.config.log_level, "max_message_bytes": self.config.max_message_bytes}
+                    "log_level": self.config.log_level, "max_message_bytes": self.config.max_message_bytes,
+                    "connections": ConnectionLimits.of(self.config).settings()}
         self.frontends = Frontends(self.config.frontends, methods, self.interceptors, settings, self._fault)
         try:
             return await self.frontends.start(self.config.port)
@@ -273,6 +281,7 @@ async def create_server(config: Config) -> tuple[LadderServer, int]:
 async def serve(config: Config) -> int:
     """Serve until SIGTERM or SIGINT (then drain gracefully) or an engine fault; the exit code."""
     configure_logging(config.log_level)
+    raise_file_limit()  # before the gRPC server's options: its connection cap is half of it
     signalled = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
