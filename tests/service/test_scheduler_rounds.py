@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -73,6 +73,7 @@ class RecordingEngine:
         self.shared_span = SHARED_SPAN
         self.fail_rows = fail_rows
         self.lock = threading.Lock()
+        self.on_step: Callable[[Step], None] | None = None  # runs on the worker before each step
 
     @property
     def free_slots(self) -> int:
@@ -87,6 +88,8 @@ class RecordingEngine:
         return session
 
     def step(self, step: Step) -> StepResult:
+        if self.on_step is not None:
+            self.on_step(step)
         with self.lock:
             self.steps.append(step)
         ops = tuple(self._op(op) for op in step.ops)
@@ -159,14 +162,15 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
+async def collect(scheduler: Scheduler, body: Generator[Any, Any, None], hold: bool = True) -> list[Any]:
+    return [event async for event in scheduler.stream(body, hold=hold)]
+
+
 def run(loop: asyncio.AbstractEventLoop, scheduler: Scheduler, *bodies: Generator[Any, Any, None],
         hold: bool = True) -> list[list[Any]]:
     """Submit every body in one go (so they meet in the same rounds) and collect their events."""
-    async def collect(body: Generator[Any, Any, None]) -> list[Any]:
-        return [event async for event in scheduler.stream(body, hold=hold)]
-
     async def together() -> list[list[Any]]:
-        return list(await asyncio.gather(*(collect(b) for b in bodies)))
+        return list(await asyncio.gather(*(collect(scheduler, b, hold) for b in bodies)))
 
     return loop.run_until_complete(together())
 
@@ -302,7 +306,24 @@ def test_a_closed_slot_is_granted_in_the_round_that_closes_it(loop: asyncio.Abst
 
 def test_a_prompt_waiting_beside_decoding_streams_takes_the_shared_span(
         loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine) -> None:
-    run(loop, scheduler, generate(tokens=2, new=12), generate(tokens=30, new=1))
+    decoding, submitted = threading.Event(), threading.Event()
+
+    def hold_the_first_decode(step: Step) -> None:  # the prompt arrives while a stream decodes
+        if step.decode and not decoding.is_set():
+            decoding.set()
+            submitted.wait(10)
+
+    engine.on_step = hold_the_first_decode
+
+    async def prompt_after_decoding_starts() -> None:
+        streaming = asyncio.ensure_future(collect(scheduler, generate(tokens=2, new=12)))
+        await asyncio.to_thread(decoding.wait, 10)
+        prompt = asyncio.ensure_future(collect(scheduler, generate(tokens=30, new=1)))
+        await asyncio.sleep(0.01)  # its first turn submits the job
+        submitted.set()
+        await asyncio.gather(streaming, prompt)
+
+    loop.run_until_complete(prompt_after_decoding_starts())
     spans = [span for s in engine.steps for _, span in s.prefills if s.decode]
     assert spans and set(spans) == {SHARED_SPAN}
 

@@ -427,8 +427,9 @@ def _json_documents(text: str) -> list[str]:
 @contextlib.contextmanager
 def serving(model_dir: Path, threads: int = 0) -> Iterator[Examples]:
     """The server the examples run on: `ladder serve`'s defaults, pod "vm", prefix sharing off."""
-    config = Config(host="127.0.0.1", port=0, metrics_port=0, model=str(model_dir), pod_name=POD,
-                    prefix_sharing=False, intra_op_threads=threads)
+    # No HTTP API: the page's examples are gRPC's, and a fixed port fails beside any other server.
+    config = Config(host="127.0.0.1", port=0, metrics_port=0, http_port=0, model=str(model_dir),
+                    pod_name=POD, prefix_sharing=False, intra_op_threads=threads)
     with RunningServer(config) as server:
         yield Examples(server)
 

@@ -38,10 +38,14 @@ def check_fork_and_one_token_part(engine: Engine, source: Session, ids: list[int
     """A fork of `source` at `ids`' length, and `ids` sent as all but one token then the last one,
     each continue as the fresh run of `ids`."""
     fork = engine.fork(source, len(ids))
-    same(engine, fork, fresh)
-    engine.close_session(fork, keep=False)
+    try:
+        same(engine, fork, fresh)
+    finally:  # a failed check fails this test alone, not every test after it on the engine
+        engine.close_session(fork, keep=False)
     parts = engine.open_session()
-    engine.append(parts, ids[:-1])
-    engine.append(parts, ids[-1:])
-    same(engine, parts, fresh)
-    engine.close_session(parts, keep=False)
+    try:
+        engine.append(parts, ids[:-1])
+        engine.append(parts, ids[-1:])
+        same(engine, parts, fresh)
+    finally:
+        engine.close_session(parts, keep=False)
