@@ -70,8 +70,7 @@ class LadderServer:
         self.draining = False
         self.access_log = AccessLog(self.metrics.call_done)
         peer_calls = PeerCallLimit(config.max_calls_per_peer, self._peer_call_refused)
-        self.interceptors = chain(self.access_log, self._gate, config.auth_tokens, on_internal=self._fault,
-                                  peer_calls=peer_calls)
+        self.interceptors = chain(self.access_log, self._gate, config.auth_tokens, peer_calls=peer_calls)
         # gRPC in this process, or in frontend processes that relay every call here (relay.py).
         options = server_options(config.max_message_bytes, ConnectionLimits.of(config))
         self.grpc = (None if config.frontends
@@ -86,7 +85,7 @@ class LadderServer:
 
     def _http_api(self) -> HttpServer:
         """The OpenAI-compatible API over the same servicer, gate, tokens and access log as gRPC."""
-        door = Door(self.access_log, self._gate, Authentication(self.config.auth_tokens), self._fault)
+        door = Door(self.access_log, self._gate, Authentication(self.config.auth_tokens))
         routes = Routes(self.servicer, self._serving, lambda: self.serving is not None and not self.draining)
         return HttpServer(application(routes, door, self.config.max_message_bytes), self.config)
 
@@ -241,7 +240,7 @@ class LadderServer:
         """Serve /metrics over HTTP on `port` (0: not at all) until the server stops."""
         what = "metrics port (--metrics-port/LADDER_METRICS_PORT; 0 turns it off)"
         try:
-            self._http = self.metrics.serve_http(port)
+            self._http = self.metrics.serve_http(port, self.config.host)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise PortInUse(f"{what} {port} is in use by another process") from None

@@ -32,6 +32,7 @@ from engine.constrain import regex
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
 from engine.constrain.pattern import NOTHING, Node, alt, members, seq, text
 from engine.errors import InvalidInput
+from engine.json_depth import check_json_depth
 
 FIELD = "constraint.json_schema"
 ANNOTATIONS = frozenset({
@@ -53,6 +54,9 @@ KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {
 
 
 def tree(source: str, limits: Limits = DEFAULT_LIMITS) -> Node:
+    # Refused before json.loads recurses per level; a schema level nests JSON two deep at most, so the
+    # compiler's own max_schema_depth (CONSTRAINT_TOO_LARGE) still answers any schema nested less.
+    check_json_depth(source, 4 * limits.max_schema_depth, field=FIELD)
     try:
         root = json.loads(source, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:

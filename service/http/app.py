@@ -49,7 +49,6 @@ class Door:
     access_log: AccessLog
     gate: Callable[[], None]  # raises Draining while loading or draining
     auth: Authentication
-    on_internal: Callable[[BaseException], None]
 
 
 def error_body(status: Status, chat: bool) -> dict[str, Any]:
@@ -120,9 +119,8 @@ async def _answer(door: Door, request: web.Request, handler: Handler, name: str,
 async def _failed(door: Door, request: web.Request, name: str, error: Exception) -> web.StreamResponse:
     status = status_for(error)
     if status.code == grpc.StatusCode.INTERNAL:
-        log.error("internal_error", method=name, error=repr(error),
+        log.error("internal_error", method=name, request_id=REQUEST_ID.get(), error=repr(error),
                   traceback="".join(traceback.format_exception(error)))
-        door.on_internal(error)
     door.access_log.failed(name, status, "http")
     chat = request.path == CHAT
     stream: web.StreamResponse | None = request.get(STREAM)

@@ -25,8 +25,7 @@ from service.interceptors.statuses import StatusTable
 
 
 def chain(access_log: AccessLog, gate: Callable[[], None], tokens: tuple[str, ...],
-          on_internal: Callable[[BaseException], None] | None = None,
           peer_calls: PeerCallLimit | None = None) -> list[grpc.aio.ServerInterceptor]:
     """The interceptors for `grpc.aio.server(interceptors=...)`, which runs the first outermost."""
-    return [access_log, StatusTable(gate, access_log.failed, on_internal), peer_calls or PeerCallLimit(0),
+    return [access_log, StatusTable(gate, access_log.failed), peer_calls or PeerCallLimit(0),
             Authentication(tokens)]

@@ -5,7 +5,8 @@ Whatever a handler, the token check or the gate raises is looked up in the table
 service/errors.py and the call is aborted with that status, its rich details and the request
 id in the trailers. `on_failure` hears of it first, so the call's access line and metric are
 written before the client can see the status. An error no table entry explains (INTERNAL) is
-logged with its traceback and reported to `on_internal`: the server can no longer be trusted.
+logged with its traceback and fails that call alone: only the engine's own faults drain the server
+(the scheduler reports those, service/scheduler.py).
 """
 
 from __future__ import annotations
@@ -25,19 +26,15 @@ log = structlog.get_logger("ladder.rpc")
 
 
 class StatusTable(LadderInterceptor):
-    def __init__(self, gate: Callable[[], None], on_failure: Callable[[str, Status], None],
-                 on_internal: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(self, gate: Callable[[], None], on_failure: Callable[[str, Status], None]) -> None:
         self.gate = gate  # raises (Draining) while the server takes no new work
         self.on_failure = on_failure  # (method, status): before the status is sent
-        self.on_internal = on_internal
 
     async def _fail(self, name: str, context: Context, error: Exception) -> NoReturn:
         status = status_for(error)
         if status.code == grpc.StatusCode.INTERNAL:
             log.error("internal_error", method=name, request_id=REQUEST_ID.get(), error=repr(error),
                       traceback="".join(traceback.format_exception(error)))
-            if self.on_internal is not None:
-                self.on_internal(error)
         self.on_failure(name, status)
         metadata = (("x-request-id", REQUEST_ID.get()), *status.trailing_metadata)
         await context.abort(status.code, status.details, metadata)
