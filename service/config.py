@@ -66,6 +66,13 @@ class Config:
     port: int = 50051
     metrics_port: int = DEFAULT_METRICS_PORT  # 0 = no metrics endpoint
     http_port: int = DEFAULT_HTTP_PORT  # the OpenAI-compatible HTTP API; 0 = off
+    # What HTTP connections may hold (service/http/connections.py), and which origins may call (CORS).
+    http_max_connections: int = 2048  # open at once on the HTTP port; past it a new one is closed
+    http_max_connections_per_peer: int = 256  # open at once from one client address
+    http_header_timeout_seconds: float = 10.0  # a request's headers, from its first byte (or the connection)
+    http_body_timeout_seconds: float = 60.0  # a request's whole body
+    http_idle_timeout_seconds: float = 75.0  # a kept-alive connection with no request this long is closed
+    http_cors_origins: tuple[str, ...] = ()  # origins browsers may call from; "*" any; () = CORS off
     frontends: int = 0  # gRPC frontend processes sharing the port (service/relay.py); 0 = in this process
     # What gRPC connections may hold (service/ports.py): each process serving the port caps its own.
     grpc_max_connections: int | None = None  # None = auto: half the process's open-file limit
@@ -148,6 +155,16 @@ _HELP = {
     "host": "address to listen on", "port": "gRPC port (0 = any free port)",
     "metrics_port": "Prometheus /metrics port (0 = off)",
     "http_port": "OpenAI-compatible HTTP API port (0 = off)",
+    "http_max_connections": "HTTP connections open at once; past it a new one is closed as it is accepted",
+    "http_max_connections_per_peer": "HTTP connections one client address may have open at once; past it "
+                                     "its new ones are closed as they are accepted",
+    "http_header_timeout_seconds": "an HTTP connection whose request headers are not complete this long "
+                                   "after it opened (or after the request's first byte) is closed",
+    "http_body_timeout_seconds": "an HTTP request whose body has not all arrived this long after its "
+                                 "headers gets 408",
+    "http_idle_timeout_seconds": "a kept-alive HTTP connection with no request this long is closed",
+    "http_cors_origins": 'comma-separated origins browsers may call the HTTP API from ("*": any; '
+                         "empty: CORS off)",
     "frontends": "gRPC frontend processes that share the gRPC port and relay every call to this one, which "
                  "keeps the engine (0 = gRPC served in this process; the HTTP API always is)",
     "grpc_max_connections": "gRPC connections one process serving the port holds at once; past it a new one "
@@ -218,6 +235,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 BOUNDS: dict[str, tuple[float, float | None]] = {
     "port": (0, 65535), "metrics_port": (0, 65535), "http_port": (0, 65535), "chunk_size": (0, None),
+    "http_max_connections": (1, None), "http_max_connections_per_peer": (1, None),
+    "http_header_timeout_seconds": (0.1, None), "http_body_timeout_seconds": (0.1, None),
+    "http_idle_timeout_seconds": (1, None),
     "frontends": (0, 64),
     "grpc_max_connections": (1, None), "grpc_max_concurrent_streams": (1, None),
     "grpc_handshake_timeout_seconds": (0.1, None), "grpc_idle_timeout_seconds": (1, None),

@@ -87,7 +87,7 @@ class LadderServer:
         """The OpenAI-compatible API over the same servicer, gate, tokens and access log as gRPC."""
         door = Door(self.access_log, self._gate, Authentication(self.config.auth_tokens))
         routes = Routes(self.servicer, self._serving, lambda: self.serving is not None and not self.draining)
-        return HttpServer(application(routes, door, self.config.max_message_bytes), self.config)
+        return HttpServer(application(routes, door, self.config), self.config, self.metrics)
 
     def _peer_call_refused(self) -> None:
         self.metrics.connection_refused("grpc", "calls_per_peer")

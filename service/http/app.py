@@ -4,7 +4,10 @@ Every call passes what a gRPC call passes, in the same order (`door`): the acces
 in-flight count, one line and one metric, protocol "http"), the drain gate, the bearer token, and
 each failure answered from the one error table (service/errors.py) as OpenAI's error object with
 its HTTP status and, when a retry may succeed, Retry-After. A stream's failure after its headers
-went out is its last event. `/health` (200 while serving, else 503) passes untouched.
+went out is its last event. `/health` (200 while serving, else 503) passes untouched. What aiohttp
+refuses itself (an unknown route: 404, listing the endpoints under /v1; a method a route does not
+serve: 405 with Allow; a body too slow: 408) is answered as the same error object, logged and counted
+as the client's error, never INTERNAL. CORS: cors.py; connection caps and timeouts: connections.py.
 """
 
 from __future__ import annotations
@@ -28,15 +31,25 @@ from aiohttp.typedefs import Handler, Middleware
 from service.config import Config
 from service.errors import ModelNotFound, Status, TooLarge, status_for
 from service.http import openai
+from service.http.connections import Guard, GuardedSite, HttpLimits
+from service.http.cors import Cors
 from service.interceptors.access_log import AccessLog, start_call
 from service.interceptors.auth import Authentication
 from service.interceptors.call_context import CALLER, REQUEST_ID
+from service.metrics import Metrics
 from service.progress import Progress
 from service.servicer import LadderServicer
 from service.serving import Serving
+from service.sockets import listening_socket
 
 log = structlog.get_logger("ladder.http")
 COMPLETIONS, CHAT, MODELS = "/v1/completions", "/v1/chat/completions", "/v1/models"
+ENDPOINTS = f"POST {COMPLETIONS}, POST {CHAT}, GET {MODELS}, GET {MODELS}/{{model}}"
+UNROUTED = "unknown_route"  # the method label of every call to a route that does not exist
+# What a refusal of aiohttp's own is counted as (any other 4xx: INVALID_ARGUMENT).
+REFUSAL_CODES = {404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED,
+                 408: grpc.StatusCode.DEADLINE_EXCEEDED}
+SHOWN_PATH_CHARS = 100
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 STREAM = web.RequestKey("ladder_stream", web.StreamResponse)  # a stream whose headers went out
@@ -82,9 +95,15 @@ def _caller_certificate(request: web.Request) -> str:
     return ""
 
 
-def make_door(door: Door) -> Middleware:
+def make_door(door: Door, cors: Cors) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        missing = request.match_info.http_exception  # no such route, or not with this method
+        preflight = cors.preflight(request, missing)
+        if preflight is not None:
+            return preflight
+        if missing is not None:
+            return _unrouted(door, request, missing)
         if request.path == "/health":
             return await handler(request)
         name = MODELS if request.path.startswith(MODELS) else request.path
@@ -108,12 +127,51 @@ async def _answer(door: Door, request: web.Request, handler: Handler, name: str,
     except (asyncio.CancelledError, ConnectionResetError):  # the client went away
         door.access_log.left(name, grpc.StatusCode.CANCELLED, request_id, "http")
         raise
+    except web.HTTPException as exc:  # aiohttp's own refusals (a body too slow): the client's error
+        if exc.status < 400:
+            raise
+        return _refused(door, request, name, exc)
     except Exception as exc:  # noqa: BLE001 — every failure goes through the table
         return await _failed(door, request, name, exc)
     door.access_log.succeeded(name, request_id, "http")
     if not response.prepared:
         response.headers["x-request-id"] = request_id
     return response
+
+
+def _unrouted(door: Door, request: web.Request, missing: web.HTTPException) -> web.Response:
+    """A route that does not exist (404), or a method it does not serve (405): counted, logged, answered."""
+    name = UNROUTED if missing.status == 404 else MODELS if request.path.startswith(MODELS) else request.path
+    start_call(name, request.remote or "", request.headers.get("x-request-id", ""))
+    return _refused(door, request, name, missing)
+
+
+def _refused(door: Door, request: web.Request, name: str, refusal: web.HTTPException) -> web.Response:
+    """aiohttp's refusal as OpenAI's error object with its own status (and Allow), the client's error."""
+    message = _refusal_message(request, refusal)
+    code = refusal.reason.lower().replace(" ", "_")
+    kind = REFUSAL_CODES.get(refusal.status, grpc.StatusCode.INVALID_ARGUMENT if refusal.status < 500
+                             else grpc.StatusCode.UNAVAILABLE)
+    door.access_log.failed(name, Status(kind, message, reason=code.upper()), "http")
+    headers = {"x-request-id": REQUEST_ID.get()}
+    if "Allow" in refusal.headers:
+        headers["Allow"] = refusal.headers["Allow"]
+    body = {"error": {"message": message, "type": "invalid_request_error" if refusal.status < 500
+                      else "server_error", "param": None, "code": code}}
+    return web.json_response(body, status=refusal.status, headers=headers)
+
+
+def _refusal_message(request: web.Request, refusal: web.HTTPException) -> str:
+    path = request.raw_path  # as sent (percent-encodings kept), cut short
+    shown = path if len(path) <= SHOWN_PATH_CHARS else path[:SHOWN_PATH_CHARS] + "..."
+    if isinstance(refusal, web.HTTPNotFound):
+        if path.startswith("/v1/"):
+            return f"unknown endpoint {request.method} {shown}; this server serves {ENDPOINTS}"
+        return f"no route {request.method} {shown}; the OpenAI-compatible API is {ENDPOINTS}, and GET /health"
+    if isinstance(refusal, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(refusal.allowed_methods))
+        return f"{request.method} is not allowed on {shown}; it takes {allowed}"
+    return refusal.text or refusal.reason
 
 
 async def _failed(door: Door, request: web.Request, name: str, error: Exception) -> web.StreamResponse:
@@ -213,20 +271,30 @@ class Routes:
 
 
 async def _body(request: web.Request) -> bytes:
-    """The request body, or TooLarge (MESSAGE_TOO_LARGE: 413) over the server's message limit."""
+    """The request body, or TooLarge (MESSAGE_TOO_LARGE: 413) over the server's message limit, or 408
+    when it does not arrive within --http-body-timeout-seconds."""
+    seconds = request.app[BODY_SECONDS]
     try:
-        return await request.read()
+        async with asyncio.timeout(seconds):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise TooLarge(f"the request body is over the limit of {request.app[LIMIT]} bytes "
                        "(--max-message-bytes)", reason="MESSAGE_TOO_LARGE") from exc
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"the request body did not arrive within {seconds:g} s "
+                                          "(--http-body-timeout-seconds)") from None
 
 
 LIMIT = web.AppKey("ladder_max_message_bytes", int)
+BODY_SECONDS = web.AppKey("ladder_body_timeout_seconds", float)
 
 
-def application(routes: Routes, door: Door, max_bytes: int) -> web.Application:
-    app = web.Application(middlewares=[make_door(door)], client_max_size=max_bytes)
-    app[LIMIT] = max_bytes
+def application(routes: Routes, door: Door, config: Config) -> web.Application:
+    cors = Cors(config.http_cors_origins)
+    app = web.Application(middlewares=[make_door(door, cors)], client_max_size=config.max_message_bytes)
+    app[LIMIT] = config.max_message_bytes
+    app[BODY_SECONDS] = config.http_body_timeout_seconds
+    app.on_response_prepare.append(cors.on_prepare)
     app.router.add_get("/health", routes.health)
     app.router.add_get(MODELS, routes.models)
     app.router.add_get(MODELS + "/{model}", routes.model)
@@ -248,21 +316,29 @@ def ssl_context(config: Config) -> ssl.SSLContext | None:
 
 
 class HttpServer:
-    """The HTTP API's listener: started beside gRPC, stopped after it."""
+    """The HTTP API's listener: started beside gRPC, stopped after it; on `--host '[::]'` it serves
+    IPv4 and IPv6 (service/sockets.py), its connections capped and timed (connections.py)."""
 
-    def __init__(self, app: web.Application, config: Config) -> None:
+    def __init__(self, app: web.Application, config: Config, metrics: Metrics) -> None:
         self.config = config
         # handler_cancellation: a client that leaves cancels its call (and its job on the worker).
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                     shutdown_timeout=1.0)
+        limits = HttpLimits(config.http_max_connections, config.http_max_connections_per_peer,
+                            config.http_header_timeout_seconds, config.http_idle_timeout_seconds)
+        self.guard = Guard(limits, metrics.connection_refused,
+                           lambda listener: metrics.connections_timed_out.labels(listener).inc())
         self.port = 0
 
     async def start(self) -> int:
         await self.runner.setup()
-        host = self.config.host.strip("[]") or None
-        site = web.TCPSite(self.runner, host, self.config.http_port, ssl_context=ssl_context(self.config))
-        await site.start()
-        self.port = self.config.http_port
+        sock = listening_socket(self.config.host, self.config.http_port)
+        try:
+            await GuardedSite(self.runner, sock, self.guard, ssl_context(self.config)).start()
+        except BaseException:
+            sock.close()
+            raise
+        self.port = int(sock.getsockname()[1])
         return self.port
 
     async def stop(self) -> None:

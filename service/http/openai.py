@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.chat_template import ChatMessage
 from engine.errors import InvalidInput
+from engine.json_depth import MAX_JSON_DEPTH, check_json_depth
 from engine.sampling import SamplingParams, TokenLogprobs
 from service.calls import ConstraintSpec, GenerateCall, LogprobRequest, Prompt, Stopping
 from service.errors import ModelNotFound
@@ -66,7 +67,9 @@ def _noun(kinds: type | tuple[type, ...]) -> str:
 
 
 def read_body(data: bytes) -> Json:
-    """The request's JSON object, or InvalidInput (MALFORMED_REQUEST)."""
+    """The request's JSON object, or InvalidInput (MALFORMED_REQUEST; JSON_TOO_DEEP past MAX_JSON_DEPTH
+    levels, measured before the parser recurses into it)."""
+    check_json_depth(data, MAX_JSON_DEPTH)
     try:
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
