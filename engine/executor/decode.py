@@ -82,6 +82,7 @@ class BatchDecoder:
         self._last_rows: frozenset[int] = frozenset()
         # The batch width that binds each row, looked up rather than planned every step.
         self._width = [decode_batch_width(row, pool.rows) for row in range(pool.rows)]
+        self.least = 1  # the narrowest forward (engine/executor/kernels.py: 2 where one row differs)
 
     def forward(self, feeds: dict[int, int], least: int = 1) -> None:
         """Advance the rows in `feeds` by their token in one forward of at least `least` rows."""
@@ -96,7 +97,7 @@ class BatchDecoder:
         The order keeps the device busy: once a forward is done, its logits are kept and the
         next tokens chosen on the device, the next forward is launched, and only then does
         the host do its bookkeeping."""
-        batch = self._width[max(max(feeds), least - 1)]
+        batch = self._width[max(max(feeds), least - 1, self.least - 1)]
         if ahead and greedy:
             tokens = self._chain(batch, feeds)
             if tokens is not None:

@@ -25,6 +25,7 @@ from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity
 from engine.executor.decode import BatchDecoder
 from engine.executor.facts import EngineFacts
 from engine.executor.invariants import bookkeeping_problems
+from engine.executor.kernels import KernelRules, assumed, measure
 from engine.executor.parking import Parking
 from engine.executor.prefill import (
     ForwardReport,
@@ -131,6 +132,7 @@ class Engine(SessionRows):
         self.eager_forwards = 0
         self.sessions_padding_off = 0
         self.decoder = BatchDecoder(self.pool, backend, self._variant, self._open, self.capacity)
+        self.kernels = assumed(backend.rows_follow_width)
         self.facts = EngineFacts(
             provider=backend.name, capacity=self.capacity, chunk_size=self.chunk_size,
             ladder=self.padded_ladder, slots=rows, batch_widths=self.batch_widths,
@@ -149,11 +151,25 @@ class Engine(SessionRows):
         info = prepared_graph(load_model_info(Path(path)), options.graph_cache_dir, options.graph_read_only,
                               on_device=options.provider == "cuda")
         engine = cls(info, options, make_backend(info, options))
+        if engine.backend.name == "cpu" and not engine.unbatched_reason:
+            engine.follow(measure(engine))
+        log.info("kernel_rules", restore_rule=engine.kernels.restore_rule, measured=engine.kernels.measured,
+                 least_decode_batch=engine.kernels.least_decode_batch,
+                 one_row_gap=engine.kernels.one_row_gap, re_run_gap=engine.kernels.re_run_gap)
         log.info("engine_loaded", model=str(path), provider=engine.backend.name,
                  capacity=engine.capacity, chunk=engine.chunk_size, ladder=engine.ladder,
                  slots=engine.pool.rows, batch_widths=engine.batch_widths, padding=options.padding,
                  recurrent=info.recurrent_state, head_rows="read" if info.logits_rows else "every")
         return engine
+
+    def follow(self, rules: KernelRules) -> None:
+        """Take the exactness rules measured on this machine (engine/executor/kernels.py): decode
+        forwards no narrower than `least_decode_batch` rows (when the pool has them)."""
+        self.kernels = rules
+        if rules.least_decode_batch > 1 and self.pool.rows >= rules.least_decode_batch:
+            self.batch_widths = tuple(w for w in self.batch_widths if w >= rules.least_decode_batch)
+            self.decoder.least = rules.least_decode_batch
+            self.facts = replace(self.facts, batch_widths=self.batch_widths)
 
     # -- the pool -----------------------------------------------------------------------
     @property

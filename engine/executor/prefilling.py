@@ -21,6 +21,7 @@ import structlog
 
 from engine.errors import InvalidInput, OverCapacity
 from engine.executor.decode import BatchDecoder
+from engine.executor.kernels import KernelRules
 from engine.executor.prefill import ForwardReport, PrefillTask, checked_feed, checked_ports, read_index
 from engine.executor.prefix import HeldPrefixes
 from engine.executor.session import Session
@@ -70,6 +71,7 @@ class Prefilling:
     prompt_sizes: tuple[int, ...]  # how many new prompts one prefill forward takes (none: each alone)
     prompt_forwards: int
     prompts_batched: int
+    kernels: KernelRules  # the exactness rules this machine's kernels allow (kernels.py)
 
     def _variant(self, key: VariantKey) -> Variant | None:
         variant = self.variants.get(key, self.backend.prepare)
@@ -161,7 +163,7 @@ class Prefilling:
     def fresh_forwards(self) -> bool:
         """Whether re-runs and shared prefixes keep to a fresh run's own forwards (same past, rows
         and width): the deterministic mode, and every mode on a backend whose rows follow the width."""
-        return self.options.deterministic or self.backend.rows_follow_width
+        return self.options.deterministic or self.kernels.fresh_forwards
 
     @property
     def shared_span(self) -> int:

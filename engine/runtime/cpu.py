@@ -81,7 +81,9 @@ class CpuBackend:
     weights_bytes = 0
     async_capable = False
     chains = False
-    rows_follow_width = False  # MLAS: a row in any multi-row forward is the same row
+    # MLAS: a row in any multi-row forward is the same row on the CPUs measured so far; the engine
+    # measures it on this machine when the model loads (engine/executor/kernels.py).
+    rows_follow_width = False
     batch_commits_rows = True  # onnxruntime's CPU attention touches every row of the batch
     # A CPU prefill is bound by arithmetic per row: prompts sharing a forward would only wait for
     # each other. Each prefills alone.

@@ -1,0 +1,93 @@
+"""What this machine's kernels do with a row, measured when the model loads, and the exactness
+rules chosen from it (docs/api.md "Exactness").
+
+onnxruntime's CPU kernels (MLAS) pick MatMulNBits and GEMM kernels by ISA and by row count, so a
+rule written on one CPU need not hold on another: on an AVX2-only x86 a decode row run alone
+differs from the same row beside another by over a nat, where AVX-512 gives the same row. Two
+facts decide the rules, and both are measured on the loaded model, bit for bit:
+- whether a decode row alone (batch width 1) equals the same row beside another (width 2);
+  where it does not, decode forwards bind two rows at least, so a row's decode logits never
+  depend on how many sessions decode beside it;
+- whether a prompt row computed in one forward equals the same row re-run in a two-row forward
+  over its past (the default restore rule); where it does not, re-runs and shared prefixes follow
+  a fresh run's own forwards (engine.planner.restore, as the deterministic mode does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from engine.executor.engine import Engine
+
+PROBE_ROWS = 24  # a prompt that runs as one forward on every ladder (the narrowest rung is >= 16)
+
+
+@dataclass(frozen=True)
+class KernelRules:
+    """The rules the engine follows, and whether they come from a measurement on this machine."""
+
+    fresh_forwards: bool  # re-runs follow a fresh run's own forwards (else: re-run the last two rows)
+    least_decode_batch: int  # the narrowest decode forward, in pool rows
+    measured: bool  # False: assumed from the backend (CUDA, an unbatched model, a probe not run)
+    one_row_gap: float = 0.0  # the largest logit gap between a decode row alone and beside another
+    re_run_gap: float = 0.0  # the largest logit gap between a prompt row and its two-row re-run
+
+    @property
+    def restore_rule(self) -> str:
+        return "fresh_forwards" if self.fresh_forwards else "two_rows"
+
+
+def assumed(rows_follow_width: bool) -> KernelRules:
+    """The rules a backend states without a measurement."""
+    return KernelRules(fresh_forwards=rows_follow_width, least_decode_batch=1, measured=False)
+
+
+def measure(engine: Engine) -> KernelRules:
+    """Run the probe forwards on a session of the engine's own; it is closed after, nothing kept."""
+    ids = probe_ids(engine.info.vocab_size)
+    reference = _prompt_logits(engine, ids, split=0)
+    re_run = _prompt_logits(engine, ids, split=2)
+    re_run_gap = _gap(reference, re_run)
+    one_row_gap = _one_row_gap(engine, ids) if engine.pool.rows >= 2 else 0.0
+    return KernelRules(fresh_forwards=re_run_gap > 0.0, least_decode_batch=2 if one_row_gap > 0.0 else 1,
+                       measured=True, one_row_gap=one_row_gap, re_run_gap=re_run_gap)
+
+
+def probe_ids(vocab: int) -> list[int]:
+    """Token ids spread over the vocabulary (no tokenizer needed), the same on every load."""
+    return [(7919 * i + 13) % vocab for i in range(PROBE_ROWS)]
+
+
+def _prompt_logits(engine: Engine, ids: list[int], split: int) -> np.ndarray:
+    """The next-token logits of `ids` prefilled whole (split 0) or with its last `split` rows apart."""
+    session = engine.open_session()
+    try:
+        if split:
+            engine.append(session, ids[:-split])
+            return np.array(engine.append(session, ids[-split:]), np.float64)
+        return np.array(engine.append(session, ids), np.float64)
+    finally:
+        engine.close_session(session, keep=False)
+
+
+def _one_row_gap(engine: Engine, ids: list[int]) -> float:
+    """The gap between a decode row's logits in a forward of one row and in one of two."""
+    session = engine.open_session()
+    try:
+        engine.append(session, ids)
+        found = []
+        for least in (1, 2):
+            engine.decoder.forward({session.row: ids[0]}, least=least)
+            found.append(np.array(engine.logits(session), np.float64))
+            engine.rewind(session, len(ids))
+        return _gap(found[0], found[1])
+    finally:
+        engine.close_session(session, keep=False)
+
+
+def _gap(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b)))
