@@ -122,6 +122,7 @@ class Config:
     deterministic: bool = False  # a request's tokens and log-probabilities depend on the request alone
     prefill_batch: int = 0  # new prompts' first chunks in one prefill forward (0 = the backend's: 8 on CUDA)
     constraint_cache_mb: int = 256  # compiled structured-output constraints and their masks
+    constraint_compile_seconds: float = 2.0  # CPU seconds one constraint's compile may take
 
     def engine_options(self) -> EngineOptions:
         from engine.options import EngineOptions
@@ -220,6 +221,8 @@ _HELP = {
     "max_new_tokens": "the most new tokens one request may ask for (more: OUT_OF_RANGE)",
     "constraint_cache_mb": "memory for compiled structured-output constraints and their token masks "
                            "(least recently used go first)",
+    "constraint_compile_seconds": "CPU seconds (the compiling thread's) one structured-output constraint may "
+                                  "take to compile; more: INVALID_ARGUMENT (CONSTRAINT_TOO_LARGE)",
     "default_max_new_tokens": "new tokens for a request that names none (0 = as many as fit, up to "
                               "--max-new-tokens; above it: --max-new-tokens)",
     "capacity": "KV capacity per session in tokens (auto = the model's max length)",
@@ -249,7 +252,7 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "max_message_bytes": (1, None), "sessions_per_caller": (0, None), "session_memory_mb": (0, None),
     "session_device_memory_mb": (0, None),
     "intra_op_threads": (0, None), "prefill_batch": (0, 64),
-    "constraint_cache_mb": (1, None),
+    "constraint_cache_mb": (1, None), "constraint_compile_seconds": (0.01, None),
 }
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,9 @@ from service.scheduler import Scheduler
 from service.sessions import SessionRegistry, SessionState
 
 log = structlog.get_logger("ladder.sessions")
+# Tokenization's own threads (one set for the process): nothing else queued on them can make a
+# prompt wait, as structured-output compiles once did on the event loop's executor (issue #39).
+TOKENIZING = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ladder-tokenize")
 
 
 def note_session(state: SessionState) -> SessionState:
@@ -96,7 +100,7 @@ class Serving:
         """The prompt's token ids, tokenized off the event loop (its size was bounded first)."""
         if prompt.ids is not None:
             return self.model.prompt_ids(prompt)
-        return await asyncio.to_thread(self.model.prompt_ids, prompt)
+        return await asyncio.get_running_loop().run_in_executor(TOKENIZING, self.model.prompt_ids, prompt)
 
     def progress(self, prompt_tokens: int = 0) -> Progress:
         """The call's record of its generation, timed from the call's arrival, in its access-log line."""

@@ -2,7 +2,8 @@
 
 Regex, JSON Schema and choice become a syntax tree, a byte NFA, then a DFA (automaton.py); a
 grammar is parsed by engine/constrain/gbnf.py and run by grammar.py as a pushdown automaton with
-the same RowState protocol. Every failure is InvalidInput naming the request field at fault.
+the same RowState protocol. Every failure is InvalidInput naming the request field at fault; a
+compile past its Budget's CPU time too (CONSTRAINT_TOO_LARGE), one abandoned raises Abandoned.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from engine.constrain import dfa, json_schema, nfa, regex
 from engine.constrain.automaton import Automaton
+from engine.constrain.budget import UNBOUNDED, Budget, OverBudget
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
 from engine.constrain.pattern import Node, alt, text
 from engine.constrain.vocabulary import Vocabulary
@@ -56,27 +58,38 @@ class Compiled(Protocol):
 
 
 def compile_constraint(kind: str, spec: str | Sequence[str], vocabulary: Vocabulary,
-                       limits: Limits = DEFAULT_LIMITS) -> Compiled:
+                       limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDED) -> Compiled:
     if kind not in FIELDS:
         raise InvalidInput(f"unknown constraint kind {kind!r} (one of {', '.join(FIELDS)})",
                            reason="CONSTRAINT_KIND_UNKNOWN", field="constraint")
+    try:
+        return _compile(kind, spec, vocabulary, limits, budget)
+    except OverBudget as exc:
+        raise InvalidInput(f"the constraint is too costly to compile: {exc}", reason="CONSTRAINT_TOO_LARGE",
+                           field=FIELDS[kind]) from exc
+
+
+def _compile(kind: str, spec: str | Sequence[str], vocabulary: Vocabulary, limits: Limits,
+             budget: Budget) -> Compiled:
     field = FIELDS[kind]
     if kind == "choice":
-        return automaton(choice_tree(spec, limits), vocabulary, limits, field)
+        return automaton(choice_tree(spec, limits), vocabulary, limits, field, budget)
     source = _text_spec(spec, limits, field)
     if kind == "grammar":
-        return _grammar(source, vocabulary, limits)
+        return _grammar(source, vocabulary, limits, budget)
     try:
-        tree = regex.whole(source) if kind == "regex" else json_schema.tree(source, limits)
-        return automaton(tree, vocabulary, limits, field)
+        tree = regex.whole(source) if kind == "regex" else json_schema.tree(source, limits, budget)
+        return automaton(tree, vocabulary, limits, field, budget)
     except RecursionError as exc:  # nesting the parsers let through but the tree walks cannot follow
         raise InvalidInput("the constraint nests too deeply", reason="CONSTRAINT_TOO_LARGE",
                            field=field) from exc
 
 
-def automaton(tree: Node, vocabulary: Vocabulary, limits: Limits, field: str) -> Automaton:
+def automaton(tree: Node, vocabulary: Vocabulary, limits: Limits, field: str,
+              budget: Budget = UNBOUNDED) -> Automaton:
     try:
-        table = dfa.determinize(nfa.build(tree, limits.max_nfa_states), limits.max_states)
+        built = nfa.build(tree, limits.max_nfa_states, budget)
+        table = dfa.determinize(built, limits.max_states, limits.max_subset_members)
     except nfa.TooLarge as exc:
         raise InvalidInput(f"the constraint compiles to too large an automaton ({exc})",
                            reason="CONSTRAINT_TOO_LARGE", field=field) from exc
@@ -115,7 +128,10 @@ def _text_spec(spec: str | Sequence[str], limits: Limits, field: str) -> str:
     return spec
 
 
-def _grammar(source: str, vocabulary: Vocabulary, limits: Limits) -> Compiled:
+def _grammar(source: str, vocabulary: Vocabulary, limits: Limits, budget: Budget) -> Compiled:
+    """A grammar's parse is linear in its text and its states are bounded (grammar.py): the budget
+    is checked before it and after."""
+    budget.check()
     try:
         from engine.constrain import grammar  # type: ignore[attr-defined, unused-ignore]
     except ModuleNotFoundError as exc:
@@ -124,4 +140,5 @@ def _grammar(source: str, vocabulary: Vocabulary, limits: Limits) -> Compiled:
         raise InvalidInput("grammar constraints are not available in this build",
                            reason="CONSTRAINT_KIND_UNSUPPORTED", field=FIELDS["grammar"]) from exc
     compiled: Compiled = grammar.compile_grammar(source, vocabulary, limits)
+    budget.check()
     return compiled

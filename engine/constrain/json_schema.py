@@ -29,6 +29,7 @@ from urllib.parse import unquote
 
 from engine.constrain import json_values as jv
 from engine.constrain import regex
+from engine.constrain.budget import UNBOUNDED, Budget
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
 from engine.constrain.pattern import NOTHING, Node, alt, members, seq, text
 from engine.errors import InvalidInput
@@ -53,7 +54,7 @@ KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {
     k for keys in TYPE_KEYWORDS.values() for k in keys}
 
 
-def tree(source: str, limits: Limits = DEFAULT_LIMITS) -> Node:
+def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDED) -> Node:
     # Refused before json.loads recurses per level; a schema level nests JSON two deep at most, so the
     # compiler's own max_schema_depth (CONSTRAINT_TOO_LARGE) still answers any schema nested less.
     check_json_depth(source, 4 * limits.max_schema_depth, field=FIELD)
@@ -62,7 +63,7 @@ def tree(source: str, limits: Limits = DEFAULT_LIMITS) -> Node:
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"the JSON schema is not valid JSON: {exc}", reason="SCHEMA_INVALID",
                            field=FIELD) from exc
-    return _Compiler(root, limits).node(root, "")
+    return _Compiler(root, limits, budget).node(root, "")
 
 
 def unsupported(pointer: str, what: str) -> InvalidInput:
@@ -75,12 +76,15 @@ def invalid(pointer: str, what: str) -> InvalidInput:
 
 
 class _Compiler:
-    def __init__(self, root: Any, limits: Limits) -> None:
+    def __init__(self, root: Any, limits: Limits, budget: Budget) -> None:
         self.root = root
         self.limits = limits
+        self.budget = budget
         self.entered: dict[str, int] = {}  # $ref -> times entered on the current path
+        self.nodes = 0  # subschemas compiled so far
 
     def node(self, schema: Any, pointer: str) -> Node:
+        self._count(pointer)
         if pointer.count("/") > self.limits.max_schema_depth:
             raise InvalidInput(f"{pointer}: the schema nests deeper than {self.limits.max_schema_depth}",
                                reason="CONSTRAINT_TOO_LARGE", field=FIELD)
@@ -97,6 +101,16 @@ class _Compiler:
         if "enum" in schema or "const" in schema:
             return self._values(schema, pointer)
         return alt(*(self._typed(t, schema, pointer) for t in self._types(schema, pointer)))
+
+    def _count(self, pointer: str) -> None:
+        """One more subschema: within the limit and the compile's budget (a leaf may cost ~1 ms)."""
+        self.budget.check()
+        self.nodes += 1
+        if self.nodes > self.limits.max_schema_nodes:
+            raise InvalidInput(f"{pointer or '/'}: the schema expands to more than "
+                               f"{self.limits.max_schema_nodes} subschemas ($refs counted each time "
+                               "they are entered)",
+                               reason="CONSTRAINT_TOO_LARGE", field=FIELD)
 
     def _combinator(self, key: str, schema: dict[str, Any], pointer: str) -> Node:
         for other in schema:

@@ -3,7 +3,8 @@
 Guarantees: a fragment never adds a move into its own entry state (loops run through fresh
 states), so alternatives may share an entry; a character class costs one state per distinct
 UTF-8 suffix; `Members` costs two copies of each member, not a quadratic regex. More than
-`max_states` states raise TooLarge before any more memory is spent.
+`max_states` states raise TooLarge before any more memory is spent; each state ticks the
+compile's Budget, and so does each state an epsilon closure walks.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.constrain import utf8
+from engine.constrain.budget import UNBOUNDED, Budget
 from engine.constrain.pattern import Alt, Anchor, Chars, Members, Node, Repeat, Seq, Text
 
 
@@ -27,8 +29,10 @@ class Nfa:
     eps: list[list[int]] = field(default_factory=list)
     start: int = 0
     final: int = 0
+    budget: Budget = UNBOUNDED
 
     def new(self) -> int:
+        self.budget.tick()
         if len(self.moves) >= self.max_states:
             raise TooLarge(f"more than {self.max_states} NFA states")
         self.moves.append([])
@@ -36,8 +40,8 @@ class Nfa:
         return len(self.moves) - 1
 
 
-def build(node: Node, max_states: int) -> Nfa:
-    nfa = Nfa(max_states)
+def build(node: Node, max_states: int, budget: Budget = UNBOUNDED) -> Nfa:
+    nfa = Nfa(max_states, budget=budget)
     nfa.start = nfa.new()
     nfa.final = _add(nfa, node, nfa.start)
     return nfa
@@ -154,21 +158,25 @@ def _members(nfa: Nfa, node: Members, start: int) -> int:
 
 class Closures:
     """Where each NFA state leads without a byte: the states with a move (or the final one)
-    reachable through epsilon moves alone, computed once per state on demand."""
+    reachable through epsilon moves alone, computed once per state on demand. `members` counts
+    the states they hold together (the caller bounds it: their memory)."""
 
     def __init__(self, nfa: Nfa) -> None:
         self.nfa = nfa
         self._found: dict[int, frozenset[int]] = {}
+        self.members = 0
 
     def of(self, state: int) -> frozenset[int]:
         found = self._found.get(state)
         if found is None:
             found = self._found[state] = frozenset(self._walk(state))
+            self.members += len(found)
         return found
 
     def _walk(self, state: int) -> set[int]:
         nfa, seen, stack, kept = self.nfa, {state}, [state], set()
         while stack:
+            nfa.budget.tick()
             s = stack.pop()
             if nfa.moves[s] or s == nfa.final:
                 kept.add(s)

@@ -1,0 +1,125 @@
+"""A compile's Budget (issue #39): a constraint too costly to compile is refused within about its CPU
+allowance, an abandoned compile stops at its next check and is remembered by nobody (a caller
+still waiting compiles it itself), and the memory of subsets and subschemas is bounded.
+
+The hostile schema is the issue's: 30 levels of definitions in ~3 KB, each naming the next twice
+through $ref, so the language it describes doubles at every level.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from engine.constrain import ConstraintCache, Limits, Vocabulary, compile_constraint
+from engine.constrain.budget import Abandoned, Budget
+from engine.errors import InvalidInput
+
+VOCAB = Vocabulary([bytes([i]) for i in range(256)], 257, [256])
+BUDGET_S = 0.3
+
+
+def fanned_schema(depth: int = 30, title: str = "") -> str:
+    """`depth` levels of objects, each with two members that $ref the next level; `title` (an
+    annotation) makes the text, so the cache key, differ."""
+    defs: dict[str, Any] = {f"n{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/n{i + 1}"},
+                                                                       "b": {"$ref": f"#/$defs/n{i + 1}"}}}
+                            for i in range(depth)}
+    defs[f"n{depth}"] = {"type": "integer"}
+    return json.dumps({"title": title, "$defs": defs, "$ref": "#/$defs/n0"})
+
+
+def test_the_hostile_schema_is_small_and_nested_30_deep() -> None:
+    assert 2_500 < len(fanned_schema()) < 4_000
+
+
+def test_a_schema_over_the_budget_is_refused_within_about_the_budget() -> None:
+    started = time.thread_time()
+    with pytest.raises(InvalidInput) as refused:
+        compile_constraint("json_schema", fanned_schema(), VOCAB, budget=Budget(BUDGET_S))
+    spent = time.thread_time() - started
+    assert refused.value.reason == "CONSTRAINT_TOO_LARGE" and refused.value.field == "constraint.json_schema"
+    assert "0.3 s of CPU time" in str(refused.value)
+    assert BUDGET_S <= spent < BUDGET_S + 0.5
+
+
+def test_a_schema_expanding_past_its_subschema_limit_is_refused_without_a_budget() -> None:
+    with pytest.raises(InvalidInput, match="more than 500 subschemas") as refused:
+        compile_constraint("json_schema", fanned_schema(), VOCAB, Limits(max_schema_nodes=500))
+    assert refused.value.reason == "CONSTRAINT_TOO_LARGE"
+
+
+def test_subsets_past_their_member_limit_are_refused() -> None:
+    with pytest.raises(InvalidInput, match="NFA states held") as refused:
+        compile_constraint("json_schema", fanned_schema(3), VOCAB, Limits(max_subset_members=1_000))
+    assert refused.value.reason == "CONSTRAINT_TOO_LARGE"
+    assert compile_constraint("json_schema", fanned_schema(3), VOCAB) is not None  # within the default
+
+
+def test_a_budget_within_reach_changes_nothing() -> None:
+    within = compile_constraint("regex", "[a-c]{2,5}x", VOCAB, budget=Budget(5.0))
+    plain = compile_constraint("regex", "[a-c]{2,5}x", VOCAB)
+    assert (within.start().allowed() == plain.start().allowed()).all()
+
+
+def test_an_abandoned_compile_stops_at_once_and_is_not_remembered() -> None:
+    cache = ConstraintCache(VOCAB)
+    budget = Budget(None)
+    outcome: list[BaseException] = []
+    compiling = threading.Thread(target=lambda: _get(cache, fanned_schema(), budget, outcome))
+    compiling.start()
+    time.sleep(0.2)
+    abandoned = time.perf_counter()
+    budget.abandon()
+    compiling.join(5)
+    assert not compiling.is_alive() and time.perf_counter() - abandoned < 1.0
+    assert isinstance(outcome[0], Abandoned)
+    with pytest.raises(InvalidInput, match="CPU time"):  # compiled afresh: nothing was remembered
+        cache.get("json_schema", fanned_schema(), Budget(0.05))
+
+
+def test_a_caller_waiting_for_an_abandoned_compile_compiles_the_spec_itself() -> None:
+    cache = ConstraintCache(VOCAB)
+    spec = fanned_schema(5)  # ~1 s of CPU time: long enough to be left midway, short enough to finish
+    first, second = Budget(None), Budget(30.0)
+    outcomes: list[Any] = []
+    leaving = threading.Thread(target=lambda: _get(cache, spec, first, outcomes))
+    leaving.start()
+    time.sleep(0.1)
+    staying = threading.Thread(target=lambda: _get(cache, spec, second, outcomes))
+    staying.start()
+    time.sleep(0.1)
+    first.abandon()
+    leaving.join(5)
+    staying.join(30)
+    assert isinstance(outcomes[0], Abandoned) and not isinstance(outcomes[1], BaseException)
+    stats = cache.stats()
+    assert (stats.misses, stats.hits, stats.entries) == (2, 1, 1)  # claimed, waited, compiled again
+
+
+def test_a_waiting_caller_that_leaves_stops_waiting_and_the_compile_goes_on() -> None:
+    cache = ConstraintCache(VOCAB)
+    spec = fanned_schema(4)
+    outcomes: list[Any] = []
+    compiling = threading.Thread(target=lambda: _get(cache, spec, Budget(30.0), outcomes))
+    compiling.start()
+    time.sleep(0.05)
+    waiting_budget = Budget(30.0)
+    waiting = threading.Thread(target=lambda: _get(cache, spec, waiting_budget, outcomes))
+    waiting.start()
+    waiting_budget.abandon()
+    waiting.join(5)
+    compiling.join(30)
+    assert sorted(type(o).__name__ for o in outcomes) == ["Abandoned", "Automaton"]
+    assert cache.peek("json_schema", spec) is not None
+
+
+def _get(cache: ConstraintCache, spec: str, budget: Budget, outcomes: list[Any]) -> None:
+    try:
+        outcomes.append(cache.get("json_schema", spec, budget))
+    except (Abandoned, InvalidInput) as exc:
+        outcomes.append(exc)
