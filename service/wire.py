@@ -210,7 +210,15 @@ def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any,
         waiting_for_slot=waiting, prefix=prefix_stats(stats.prefix),
         parking=parking_stats(stats.parking, parking),
         prompt_batches=pb.PromptBatchStats(max_prompts=stats.prompt_batch, forwards=stats.prompt_forwards,
-                                           prompts=stats.prompts_batched))
+                                           prompts=stats.prompts_batched),
+        exactness=exactness_rules(stats.kernels))
+
+
+def exactness_rules(k: Any) -> pb.ExactnessRules | None:
+    if k is None:
+        return None
+    return pb.ExactnessRules(restore_rule=k.restore_rule, least_decode_batch=k.least_decode_batch,
+                             measured=k.measured, one_row_gap=k.one_row_gap, re_run_gap=k.re_run_gap)
 
 
 def parking_stats(p: Any, enabled: bool) -> pb.ParkingStats:

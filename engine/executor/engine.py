@@ -25,7 +25,7 @@ from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity
 from engine.executor.decode import BatchDecoder
 from engine.executor.facts import EngineFacts
 from engine.executor.invariants import bookkeeping_problems
-from engine.executor.kernels import KernelRules, assumed, measure
+from engine.executor.kernels import PROBE_ROWS, KernelRules, assumed, measure
 from engine.executor.parking import Parking
 from engine.executor.prefill import (
     ForwardReport,
@@ -151,7 +151,7 @@ class Engine(SessionRows):
         info = prepared_graph(load_model_info(Path(path)), options.graph_cache_dir, options.graph_read_only,
                               on_device=options.provider == "cuda")
         engine = cls(info, options, make_backend(info, options))
-        if engine.backend.name == "cpu" and not engine.unbatched_reason:
+        if engine.backend.name == "cpu" and not engine.unbatched_reason and engine.capacity > PROBE_ROWS:
             engine.follow(measure(engine))
         log.info("kernel_rules", restore_rule=engine.kernels.restore_rule, measured=engine.kernels.measured,
                  least_decode_batch=engine.kernels.least_decode_batch,
@@ -357,7 +357,7 @@ class Engine(SessionRows):
             decode=decode, batch_widths=self.batch_widths, unbatched_reason=self.unbatched_reason,
             prefix=self.prefixes.stats(), parking=self.parking(),
             prompt_forwards=self.prompt_forwards, prompts_batched=self.prompts_batched,
-            prompt_batch=max(self.prompt_sizes, default=1))
+            prompt_batch=max(self.prompt_sizes, default=1), kernels=self.kernels)
 
     def parking(self) -> ParkingStats:
         return self._parking.stats()

@@ -15,6 +15,7 @@ facts decide the rules, and both are measured on the loaded model, bit for bit:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,12 +48,15 @@ def assumed(rows_follow_width: bool) -> KernelRules:
 
 
 def measure(engine: Engine) -> KernelRules:
-    """Run the probe forwards on a session of the engine's own; it is closed after, nothing kept."""
-    ids = probe_ids(engine.info.vocab_size)
-    reference = _prompt_logits(engine, ids, split=0)
-    re_run = _prompt_logits(engine, ids, split=2)
-    re_run_gap = _gap(reference, re_run)
-    one_row_gap = _one_row_gap(engine, ids) if engine.pool.rows >= 2 else 0.0
+    """Run the probe forwards on sessions of the engine's own: they are closed after, and the
+    counters users read (sessions whose padding turned off, eager forwards, decode) left as found."""
+    counters = (engine.sessions_padding_off, engine.eager_forwards, copy.deepcopy(engine.decoder.counters))
+    try:
+        ids = probe_ids(engine.info.vocab_size)
+        re_run_gap = _gap(_prompt_logits(engine, ids, split=0), _prompt_logits(engine, ids, split=2))
+        one_row_gap = _one_row_gap(engine, ids) if engine.pool.rows >= 2 else 0.0
+    finally:
+        engine.sessions_padding_off, engine.eager_forwards, engine.decoder.counters = counters
     return KernelRules(fresh_forwards=re_run_gap > 0.0, least_decode_batch=2 if one_row_gap > 0.0 else 1,
                        measured=True, one_row_gap=one_row_gap, re_run_gap=re_run_gap)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.executor.kernels import KernelRules
 from engine.model import ModelInfo, decoder_file
 from engine.runtime.cpu import _dtype
 from engine.runtime.variants import VariantStats
@@ -82,6 +83,7 @@ class EngineStats:
     prompt_forwards: int = 0  # prefill forwards that ran several new prompts at once
     prompts_batched: int = 0  # the prompts they ran
     prompt_batch: int = 1  # most new prompts one prefill forward takes (1: each prefills alone)
+    kernels: KernelRules | None = None  # the exactness rules measured at load (kernels.py)
 
 
 def kv_slot_bytes(info: ModelInfo, capacity: int) -> int:

@@ -110,3 +110,9 @@ def test_engine_stats_count_sessions_whose_padding_the_self_check_turned_off(tmp
         running.close()
     assert stats.sessions_padding_off == 1
     assert reply.prefill.padded_rows == 0 and list(reply.prefill.widths) == [30]
+
+
+def test_engine_stats_say_which_exactness_rules_this_machine_measured(server: RunningServer) -> None:
+    rules = server.stub.GetEngineStats(pb.GetEngineStatsRequest()).exactness
+    assert rules.measured and rules.restore_rule in ("two_rows", "fresh_forwards")
+    assert rules.least_decode_batch == (2 if rules.one_row_gap > 0 else 1)

@@ -479,7 +479,7 @@ class MemoryUse(_message.Message):
     def __init__(self, weights_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., variant_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows", "memory", "decode", "waiting_for_slot", "prefix", "parking", "prompt_batches")
+    __slots__ = ("variants", "eager_forwards", "sessions_open", "sessions_padding_off", "slots_allocated", "slot_bytes", "queue_depth", "prompt_tokens", "generated_tokens", "padded_rows", "memory", "decode", "waiting_for_slot", "prefix", "parking", "prompt_batches", "exactness")
     VARIANTS_FIELD_NUMBER: _ClassVar[int]
     EAGER_FORWARDS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -496,6 +496,7 @@ class EngineStats(_message.Message):
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     PARKING_FIELD_NUMBER: _ClassVar[int]
     PROMPT_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    EXACTNESS_FIELD_NUMBER: _ClassVar[int]
     variants: VariantStats
     eager_forwards: int
     sessions_open: int
@@ -512,7 +513,22 @@ class EngineStats(_message.Message):
     prefix: PrefixStats
     parking: ParkingStats
     prompt_batches: PromptBatchStats
-    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ..., prefix: _Optional[_Union[PrefixStats, _Mapping]] = ..., parking: _Optional[_Union[ParkingStats, _Mapping]] = ..., prompt_batches: _Optional[_Union[PromptBatchStats, _Mapping]] = ...) -> None: ...
+    exactness: ExactnessRules
+    def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ..., prefix: _Optional[_Union[PrefixStats, _Mapping]] = ..., parking: _Optional[_Union[ParkingStats, _Mapping]] = ..., prompt_batches: _Optional[_Union[PromptBatchStats, _Mapping]] = ..., exactness: _Optional[_Union[ExactnessRules, _Mapping]] = ...) -> None: ...
+
+class ExactnessRules(_message.Message):
+    __slots__ = ("restore_rule", "least_decode_batch", "measured", "one_row_gap", "re_run_gap")
+    RESTORE_RULE_FIELD_NUMBER: _ClassVar[int]
+    LEAST_DECODE_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    ONE_ROW_GAP_FIELD_NUMBER: _ClassVar[int]
+    RE_RUN_GAP_FIELD_NUMBER: _ClassVar[int]
+    restore_rule: str
+    least_decode_batch: int
+    measured: bool
+    one_row_gap: float
+    re_run_gap: float
+    def __init__(self, restore_rule: _Optional[str] = ..., least_decode_batch: _Optional[int] = ..., measured: _Optional[bool] = ..., one_row_gap: _Optional[float] = ..., re_run_gap: _Optional[float] = ...) -> None: ...
 
 class PromptBatchStats(_message.Message):
     __slots__ = ("max_prompts", "forwards", "prompts")
