@@ -23,8 +23,20 @@ MIN_PING_INTERVAL_MS = 10_000  # a client's pings closer than this without calls
 MAX_PING_STRIKES = 2
 
 
+GRPC_PORT = "gRPC port (--port/LADDER_PORT)"
+HTTP_PORT = "HTTP port (--http-port/LADDER_HTTP_PORT; 0 turns it off)"
+METRICS_PORT = "metrics port (--metrics-port/LADDER_METRICS_PORT; 0 turns it off)"
+
+
 class PortInUse(Exception):
     """A port the server must listen on is held by another process."""
+
+
+def check_ports_free(config: Config) -> None:
+    """Raise PortInUse naming the first of the server's ports (gRPC, HTTP, metrics) another process holds."""
+    for port, what in ((config.port, GRPC_PORT), (config.http_port, HTTP_PORT),
+                       (config.metrics_port, METRICS_PORT)):
+        check_port_free(config.host, port, what)
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
