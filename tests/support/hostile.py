@@ -1,9 +1,9 @@
 """Hostile clients for tests: raw sockets that connect and stall, and the checks that a server got over it.
 
 `stalled(port, n)` opens `n` TCP connections (optionally sending a prefix, a byte at a time or all at
-once) and keeps them until the block ends; `closed_by_peer` tells which the server has closed;
-`server_answers` is what every hostile test asks afterwards: gRPC health within a second, a
-Generate, and HTTP /health when the server has the HTTP API.
+once; from one address or several) and keeps them until the block ends; `closed_by_peer` tells
+which the server has closed; `server_answers` is what every hostile test asks afterwards: gRPC
+health within a second, a Generate, and HTTP /health when the server has the HTTP API.
 """
 
 from __future__ import annotations
@@ -34,13 +34,16 @@ def raise_file_limit(at_least: int) -> None:
 
 
 @contextlib.contextmanager
-def stalled(port: int, count: int, sent: bytes = b"") -> Iterator[list[socket.socket]]:
-    """`count` connections to 127.0.0.1:`port` that send `sent` and then nothing; closed at the end."""
+def stalled(port: int, count: int, sent: bytes = b"", peers: int = 1) -> Iterator[list[socket.socket]]:
+    """`count` connections to 127.0.0.1:`port` that send `sent` and then nothing; closed at the end.
+    They come from `peers` addresses other than 127.0.0.1 in turn when `peers` > 1 (127.0.0.2, …:
+    Linux routes all of 127/8 to loopback), so probes from 127.0.0.1 are another client."""
     raise_file_limit(count + 512)
+    sources = [("127.0.0.1", 0)] if peers == 1 else [(f"127.0.0.{2 + i}", 0) for i in range(peers)]
     sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
-            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        for i in range(count):
+            sock = socket.create_connection(("127.0.0.1", port), 10, source_address=sources[i % peers])
             if sent:
                 sock.sendall(sent)
             sockets.append(sock)
