@@ -1,11 +1,12 @@
 """docs/api.md's example outputs are what this build answers (issue 23: they had drifted).
 
 The heavy test renders every `<!-- example: NAME -->` block of the page through a real server on
-the default model in int4 (tests/support/docs_examples.py) and compares: token ids, texts, codes
-and messages exactly, log-probabilities within LOGPROB_TOLERANCE (1e-3). The page keeps them as
-the clients print them, every digit, so what it shows is what a reader's grpcurl prints; int4
-kernels round differently in the last digits on other CPUs, so an exact compare would fail there,
-and rounding them in the page would still flip a digit for a value near a rounding boundary. The
+the default model in fp32 (tests/support/docs_examples.py: int4's answers depend on the CPU's
+kernels, fp32's do not) and compares: token ids, texts, codes and messages exactly,
+log-probabilities within LOGPROB_TOLERANCE (1e-3). The page keeps them as the clients print them,
+every digit, so what it shows is what a reader's grpcurl prints; kernels round differently in the
+last digits on other CPUs, so an exact compare would fail there, and rounding them in the page
+would still flip a digit for a value near a rounding boundary. The
 other tests pin the parts that need no model: the comparison, the console parsing, the printing.
 
 A stale page is fixed with `.venv/bin/python -m tests.support.docs_examples --write`.
@@ -38,7 +39,7 @@ from tests.support.docs_examples import (
 
 @pytest.fixture(scope="module")
 def model_dir(default_model: Callable[..., Path]) -> Path:
-    return default_model("int4")
+    return default_model("fp32")
 
 
 def test_every_example_output_in_docs_api_md_is_what_this_build_answers(model_dir: Path) -> None:

@@ -2,7 +2,7 @@
 
 Every block of docs/api.md between `<!-- example: NAME -->` and `<!-- /example -->` is a console
 block whose outputs this module writes: it starts a real Ladder server in-process on the default
-model in int4 (the model `ladder serve --model default` serves on CPU; the tests' cache,
+model in fp32 (`ladder serve --model default --model-precision fp32`; the tests' cache,
 .pytest_cache/d/ladder-default-model), runs each command the block shows, as the block writes it,
 and renders what came back in the block's trimmed style. The commands are read from the page, so
 the request sent is the request shown:
@@ -35,9 +35,12 @@ request of a fresh server has no held prefix to share), whatever example ran bef
 
 Check, not equality of text: token ids, texts and everything else compare exactly; a number with
 a fraction or an exponent (a log-probability) compares within LOGPROB_TOLERANCE. The page shows
-log-probabilities as the clients print them (float32, all digits), and int4 kernels round
+log-probabilities as the clients print them (float32, all digits), and kernels round
 differently in the last digits from one CPU to another; rounding them in the page instead would
-still flip a shown digit whenever a value sits near a rounding boundary. `--write` rewrites only
+still flip a shown digit whenever a value sits near a rounding boundary. fp32, not the int4 the
+CPU serves by default: int4's MatMulNBits kernels differ by ISA by up to a tenth of a nat (AVX2
+against AVX-512), enough to change a seeded sample or a long greedy reply, so an int4 page holds
+on one kind of CPU only; fp32's answers agree across x86-64 CPUs to ~1e-5. `--write` rewrites only
 the blocks that fail the check, so a rerun elsewhere leaves the page alone.
 
     .venv/bin/python -m tests.support.docs_examples --check   # exit 1 with a diff if the page is stale
@@ -72,7 +75,7 @@ from tests.support.servers import RunningServer
 ROOT = Path(__file__).resolve().parents[2]
 API_MD = ROOT / "docs" / "api.md"
 MODEL_CACHE = ROOT / ".pytest_cache" / "d" / "ladder-default-model"  # the tests' cache (fixtures.py)
-PRECISION = "int4"
+PRECISION = "fp32"
 POD = "vm"  # the page's session ids start with it
 SESSION_IDS = ("vm.VBOz0ncblaXoFqkL95aq4g", "vm.pS1h3V0aQkq2b8Xo3Uu9Zw")
 LOGPROB_TOLERANCE = 1e-3
