@@ -16,6 +16,7 @@ from engine.chat_template import ChatMessage
 from engine.errors import InvalidInput
 from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from service.errors import TooLarge
+from service.sessions import MAX_PLAIN_ID, plain_id
 
 MAX_STOPS = 16  # stop strings per request
 MAX_STOP_CHARS = 512  # characters per stop string
@@ -205,3 +206,19 @@ class PrefillCall:
 
     def sampler(self) -> Sampler:
         return Sampler(self.sampling)
+
+
+@dataclass(frozen=True)
+class ForkCall:
+    """ForkSession: copy the caller's session `session_id` up to `length` tokens (None: all), as the
+    fork the client names `fork_id` ("": a fork with a random id)."""
+
+    session_id: str
+    length: int | None = None
+    fork_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.fork_id and not plain_id(self.fork_id):
+            # Not repeated back: the client's bytes stay out of the status, as a malformed session id does.
+            raise InvalidInput(f"fork_id must be 1 to {MAX_PLAIN_ID} characters of A-Z a-z 0-9 . _ - "
+                               f"(it has {len(self.fork_id)})", reason="INVALID_FORK_ID", field="fork_id")

@@ -59,6 +59,10 @@ class SessionBusy(ServiceError):
     """Another call is using the session right now."""
 
 
+class ForkExists(ServiceError):
+    """The caller's fork of this fork_id exists and was forked from another session or to another length."""
+
+
 class QueueFull(ServiceError):
     """The engine worker holds as many requests as it may (SESSIONS_FULL when they wait for a KV slot)."""
 
@@ -116,6 +120,7 @@ STATUS_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (NoTokenizer, grpc.StatusCode.FAILED_PRECONDITION),
     (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
     (SessionBusy, grpc.StatusCode.ABORTED),
+    (ForkExists, grpc.StatusCode.ALREADY_EXISTS),
     (Exhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CallerQuota, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -139,6 +144,7 @@ REASONS: tuple[tuple[type[BaseException], str], ...] = (
     (NoTokenizer, "NO_TOKENIZER"),
     (Unsupported, "CHAT_TEMPLATE_UNSUPPORTED"),
     (SessionBusy, "SESSION_BUSY"),
+    (ForkExists, "FORK_EXISTS"),
     (Exhausted, "SESSIONS_FULL"),
     (QueueFull, "QUEUE_FULL"),
     (CallerQuota, "CALLER_QUOTA"),
@@ -158,7 +164,8 @@ FIELD_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
 HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.OUT_OF_RANGE: 400,
     grpc.StatusCode.FAILED_PRECONDITION: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.ABORTED: 409, grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.ABORTED: 409, grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.CANCELLED: 499, grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }

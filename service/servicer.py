@@ -29,7 +29,7 @@ from engine.sampling import Sampler
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire
-from service.calls import ConstraintSpec, GenerateCall, Prompt, check_response_fits
+from service.calls import ConstraintSpec, ForkCall, GenerateCall, Prompt, check_response_fits
 from service.errors import Cancelled, TooLarge
 from service.events import ForwardDone, TokenOut
 from service.generation import (
@@ -44,6 +44,7 @@ from service.generation import (
 from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
 from service.progress import Progress
 from service.serving import Extension, Serving, note_session
+from service.sessions import ForkOrigin, SessionState
 
 # Handlers never read or write messages through the context, so its message types stay open.
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -247,38 +248,61 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         return pb.CloseSessionResponse(session_id=state.id, length=length)
 
     async def ForkSession(self, request: pb.ForkSessionRequest, context: Context) -> pb.ForkSessionResponse:
+        call, sessions, caller = wire.fork_call(request), self.serving.sessions, CALLER.get()
+        named = sessions.fork_session_id(call.fork_id) if call.fork_id else ""
+        if named and (made := sessions.made_fork(named, caller, call.session_id, call.length)) is not None:
+            _note_source(call.session_id)  # a retry whose answer was lost: the fork made then, not another
+            return _fork_answer(note_session(made), call.session_id, 0.0)
+        if named:
+            sessions.start_fork(named, caller)
+        try:
+            state, ms = await self._fork(call, named)
+            await self._fork_taken(state, context, named)
+        except BaseException:
+            sessions.end_fork(named, caller)
+            raise
+        return _fork_answer(note_session(state), call.session_id, ms)
+
+    async def _fork(self, call: ForkCall, session_id: str) -> tuple[SessionState, float]:
+        """A new session of the caller's holding its session's first `call.length` tokens, named
+        `session_id` ("": a random id), and the time the worker spent on it."""
         serving = self.serving
-        source = serving.sessions.get(request.session_id, CALLER.get())
-        record = CALL.get()
-        if record is not None:
-            record.source_session = source.id
-        length = request.length if request.HasField("length") else None
+        source = serving.sessions.get(call.session_id, CALLER.get())
+        _note_source(source.id)
         spent: list[float] = []
         generated: list[int] = []  # the source's Decode-chosen positions the fork holds
 
         async def forking(caller: str) -> Any:
-            forked = await serving.scheduler.result(fork_body(source, length))
+            forked = await serving.scheduler.result(fork_body(source, call.length))
             spent.append(forked.ms)
             generated.extend(p for p in source.generated if p < forked.session.length)
             return forked.session
 
         with serving.sessions.using(source):
-            state = await serving.claim(forking)
+            state = await serving.claim(forking, session_id)
         state.generated = generated
-        # All or nothing: a fork whose call already ended (deadline, cancel, client gone) is closed.
-        # The handler can finish after its deadline without gRPC cancelling it (the event loop was
-        # busy), and then nothing marks the call cancelled: writing the headers is the test that is.
+        if session_id:
+            state.fork_of = ForkOrigin(source.id, call.length, state.session.length)
+        return state, spent[0]
+
+    async def _fork_taken(self, state: SessionState, context: Context, named: str) -> None:
+        """All or nothing: a fork whose call already ended (deadline, cancel, client gone) is closed.
+        The handler can finish after its deadline without gRPC cancelling it (the event loop was
+        busy), and then nothing marks the call cancelled: writing the headers is the test that is."""
+        serving = self.serving
         try:
             await _check_client_stayed(context)
         except BaseException:
             serving.close_soon(state, "fork_not_taken")
             raise
+
+        def ended(call: Any) -> None:
+            if call.cancelled():
+                serving.close_soon(state, "fork_not_taken")
+            serving.sessions.end_fork(named, state.owner)  # a retry may be answered from now on
+
         # types-grpcio declares the callback's type as a plain class, not a Protocol: no function fits it.
-        context.add_done_callback(lambda call: serving.close_soon(state, "fork_not_taken")  # type: ignore[arg-type]
-                                  if call.cancelled() else None)
-        note_session(state)
-        return pb.ForkSessionResponse(session_id=state.id, length=state.session.length,
-                                      source_session_id=source.id, server_ms=spent[0])
+        context.add_done_callback(ended)  # type: ignore[arg-type]
 
     # -- tokenizer and introspection ------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: Context) -> pb.TokenizeResponse:
@@ -300,6 +324,20 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         serving.metrics.engine_stats(stats)
         return wire.engine_stats(stats, serving.scheduler.depth, serving.scheduler.waiting, serving.totals,
                                  parking=serving.model.session_memory > 0)
+
+
+def _note_source(source_id: str) -> None:
+    """Name the session forked in the call's access-log line."""
+    record = CALL.get()
+    if record is not None:
+        record.source_session = source_id
+
+
+def _fork_answer(state: SessionState, source_id: str, ms: float) -> pb.ForkSessionResponse:
+    """The answer of a ForkSession; a retry's is its first call's (the length the fork was made with)."""
+    length = state.fork_of.length if state.fork_of is not None else state.session.length
+    return pb.ForkSessionResponse(session_id=state.id, length=length, source_session_id=source_id,
+                                  server_ms=ms)
 
 
 async def _check_client_stayed(context: Context) -> None:

@@ -158,8 +158,9 @@ class Serving:
     async def open_session(self) -> SessionState:
         return await self.claim(lambda caller: self.scheduler.open_session(self.scope(caller)))
 
-    async def claim(self, opening: Callable[[str], Awaitable[Any]]) -> SessionState:
-        """A new session for the caller, within its share, from `opening(caller)` (an engine Session)."""
+    async def claim(self, opening: Callable[[str], Awaitable[Any]], session_id: str = "") -> SessionState:
+        """A new session for the caller, within its share, from `opening(caller)` (an engine Session),
+        with the id `session_id` (a named fork's), or a random one."""
         caller = CALLER.get()
         self.check_share(caller)
         self.opening[caller] += 1
@@ -173,7 +174,7 @@ class Serving:
                 raise
         finally:
             self.opening[caller] -= 1
-        state = SessionState(self.sessions.new_id(), caller, session)
+        state = SessionState(session_id or self.sessions.new_id(), caller, session)
         self.sessions.add(state)
         log.info("session_opened", session=state.id, caller=caller, sessions_open=len(self.sessions))
         return state

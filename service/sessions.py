@@ -1,13 +1,15 @@
 """Server-side sessions: ids, owners, the logits they continue from, and idle expiry.
 
 A session id is `<pod>.<token_urlsafe(16)>`: the pod that holds the KV, then
-128 random bits, so ids route and cannot be guessed. An id a client sends is
-checked before anything reads or echoes it: at most 128 characters of
-[A-Za-z0-9._-], else NOT_FOUND with a message that does not repeat it (so the
-owner trailer of WrongPod only ever carries a well-formed pod name). When auth
-is on a session belongs to its opener; to anyone else it does not exist. The
-registry lives on the event loop; the engine session inside is only touched on
-the worker.
+128 random bits, so ids route and cannot be guessed; a fork the client named is
+`<pod>.f.<fork_id>` (a token has no dot, so the two never meet). An id a client
+sends is checked before anything reads or echoes it: at most MAX_SESSION_ID
+characters of [A-Za-z0-9._-], else NOT_FOUND with a message that does not
+repeat it (so the owner trailer of WrongPod only ever carries a well-formed pod
+name). Sessions are keyed by owner and id: to any caller but its opener a
+session does not exist, and two callers' forks of one fork_id are two sessions.
+The registry lives on the event loop; the engine session inside is only touched
+on the worker.
 """
 
 from __future__ import annotations
@@ -20,19 +22,35 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.errors import SessionBusy, SessionNotFound, WrongPod
+from service.errors import ForkExists, SessionBusy, SessionNotFound, WrongPod
 
-MAX_SESSION_ID = 128
+MAX_PLAIN_ID = 128  # a request id, a fork_id, a pod's random session id
 _SESSION_ID = re.compile(r"[A-Za-z0-9._-]+")
 _TOKEN_BYTES = 16  # 128 random bits, as token_urlsafe characters of A-Z a-z 0-9 _ -
+_FORK_MARK = ".f."  # between the pod and a fork_id
 
 
 def plain_id(text: str) -> bool:
-    """Whether `text` may name a session or a request: at most 128 characters of A-Z a-z 0-9 . _ -."""
-    return len(text) <= MAX_SESSION_ID and _SESSION_ID.fullmatch(text) is not None
+    """Whether `text` may name a request or a fork: 1 to 128 characters of A-Z a-z 0-9 . _ -."""
+    return len(text) <= MAX_PLAIN_ID and _SESSION_ID.fullmatch(text) is not None
 
 
-MAX_POD_NAME = MAX_SESSION_ID - 1 - len(secrets.token_urlsafe(_TOKEN_BYTES))
+MAX_POD_NAME = MAX_PLAIN_ID - 1 - len(secrets.token_urlsafe(_TOKEN_BYTES))
+# The longest id a session may have: a fork named by a 128-character fork_id on the longest pod.
+MAX_SESSION_ID = MAX_POD_NAME + len(_FORK_MARK) + MAX_PLAIN_ID
+
+
+@dataclass(frozen=True)
+class ForkOrigin:
+    """What a named fork was made from, so a retry of its ForkSession can be told from another fork."""
+
+    source: str  # the source's session id
+    asked: int | None  # the request's length (None: all)
+    length: int  # tokens the fork held when made
+
+    def matches(self, source: str, asked: int | None) -> bool:
+        """Whether a ForkSession of `source` to `asked` tokens asks for this fork again."""
+        return source == self.source and asked in (self.asked, self.length)
 
 
 @dataclass(eq=False)
@@ -45,6 +63,7 @@ class SessionState:
     # Positions whose tokens a Decode chose (worker-side, like `session`): presence and frequency
     # penalties count them in every later Decode, so Decode(n) + Decode(m) = Decode(n + m).
     generated: list[int] = field(default_factory=list)
+    fork_of: ForkOrigin | None = None  # a fork named by the client (ForkSessionRequest.fork_id)
 
     def generated_tokens(self) -> list[int]:
         """The tokens Decode chose that the session still holds (a Rewind drops the rest)."""
@@ -62,7 +81,8 @@ class SessionRegistry:
         self.pod = pod
         self.per_caller = per_caller
         self.parking = parking  # idle sessions may park off their KV slot (--session-memory-mb)
-        self._sessions: dict[str, SessionState] = {}
+        self._sessions: dict[tuple[str, str], SessionState] = {}  # by (owner, id)
+        self._forking: set[tuple[str, str]] = set()  # (owner, id) of named forks a call is making
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -70,8 +90,12 @@ class SessionRegistry:
     def new_id(self) -> str:
         return f"{self.pod}.{secrets.token_urlsafe(_TOKEN_BYTES)}"
 
+    def fork_session_id(self, fork_id: str) -> str:
+        """The session id of the fork the client names `fork_id` (a plain id, checked before)."""
+        return f"{self.pod}{_FORK_MARK}{fork_id}"
+
     def add(self, state: SessionState) -> None:
-        self._sessions[state.id] = state
+        self._sessions[state.owner, state.id] = state
         self._idle(state, not state.busy)
 
     def _idle(self, state: SessionState, idle: bool) -> None:
@@ -91,13 +115,36 @@ class SessionRegistry:
             raise SessionNotFound("malformed session id: ids are <pod>.<token>")
         if pod != self.pod:
             raise WrongPod(session_id, pod)
-        state = self._sessions.get(session_id)
-        if state is None or state.owner != caller:
+        state = self._sessions.get((caller, session_id))
+        if state is None:
             raise SessionNotFound(f"no session {session_id}")  # well-formed: safe to repeat
         return state
 
     def remove(self, state: SessionState) -> None:
-        self._sessions.pop(state.id, None)
+        if self._sessions.get((state.owner, state.id)) is state:  # not a later fork of the same fork_id
+            del self._sessions[state.owner, state.id]
+
+    def made_fork(self, session_id: str, caller: str, source: str, asked: int | None) -> SessionState | None:
+        """The caller's named fork `session_id` when a ForkSession of `source` to `asked` tokens asks
+        for it again (None: there is none); ForkExists when it is a fork of another source or length,
+        SessionBusy while a call is making it (that call may yet close it: its answer not taken)."""
+        if (caller, session_id) in self._forking:
+            raise SessionBusy(f"fork {session_id} is being made by another call")
+        state = self._sessions.get((caller, session_id))
+        if state is None:
+            return None
+        if state.fork_of is None or not state.fork_of.matches(source, asked):
+            raise ForkExists(f"fork {session_id} exists, forked from another session or to another length")
+        return state
+
+    def start_fork(self, session_id: str, caller: str) -> None:
+        """Mark the caller's named fork as being made until `end_fork` (once its call has ended): a
+        second call for it meanwhile is refused (made_fork), never answered with a fork the first
+        call may yet close."""
+        self._forking.add((caller, session_id))
+
+    def end_fork(self, session_id: str, caller: str) -> None:
+        self._forking.discard((caller, session_id))
 
     @contextmanager
     def using(self, state: SessionState) -> Iterator[SessionState]:

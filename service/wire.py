@@ -17,6 +17,7 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from service.calls import (
     ConstraintSpec,
     DecodeCall,
+    ForkCall,
     GenerateCall,
     LogprobRequest,
     PrefillCall,
@@ -40,6 +41,11 @@ def generate_call(request: pb.GenerateRequest) -> GenerateCall:
 def decode_call(request: pb.DecodeRequest) -> DecodeCall:
     return DecodeCall(request.session_id, stopping(request.stopping), sampling(request.sampling),
                       logprob_request(request), constraint(request))
+
+
+def fork_call(request: pb.ForkSessionRequest) -> ForkCall:
+    return ForkCall(request.session_id, request.length if request.HasField("length") else None,
+                    request.fork_id)
 
 
 def constraint(request: pb.GenerateRequest | pb.DecodeRequest) -> ConstraintSpec | None:

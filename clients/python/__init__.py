@@ -8,8 +8,16 @@
 from clients.python.async_client import AsyncLadderClient
 from clients.python.channel import Connection
 from clients.python.chat import ChatSession
-from clients.python.messages import Constraint, Logprobs, Sampling, Stopping, Turn, completion_of
+from clients.python.messages import (
+    Constraint,
+    Logprobs,
+    Sampling,
+    Stopping,
+    Turn,
+    completion_of,
+    fork_session_id,
+)
 from clients.python.sync_client import LadderClient
 
 __all__ = ["AsyncLadderClient", "ChatSession", "Connection", "Constraint", "LadderClient", "Logprobs",
-           "Sampling", "Stopping", "Turn", "completion_of"]
+           "Sampling", "Stopping", "Turn", "completion_of", "fork_session_id"]

@@ -175,6 +175,12 @@ def tokenize_request(source: str | Sequence[Turn]) -> pb.TokenizeRequest:
     return pb.TokenizeRequest(chat=chat_proto(source))
 
 
+def fork_session_id(source_session_id: str, fork_id: str) -> str:
+    """The session id ForkSession gives the fork of `source_session_id` named `fork_id`: known before
+    the call, so a client that never hears the answer can still close the fork."""
+    return f"{source_session_id.partition('.')[0]}.f.{fork_id}"
+
+
 def tokens_of(event: pb.TokenEvent) -> Sequence[pb.Token]:
     """The tokens one event carries, whichever way the stream sends them: one (`token`), several
     (`tokens`, when the call asked to coalesce them), none (`done`)."""

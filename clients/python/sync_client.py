@@ -134,10 +134,14 @@ class LadderClient:
         result: pb.CloseSessionResponse = self._stub.CloseSession(request, **self._call(timeout_s))
         return result
 
-    def fork_session(self, session_id: str, length: int | None = None, *,
+    def fork_session(self, session_id: str, length: int | None = None, *, fork_id: str = "",
                      timeout_s: float | None = None) -> pb.ForkSessionResponse:
-        """A new session holding a copy of the first `length` tokens (None: all) of `session_id`."""
-        request = pb.ForkSessionRequest(session_id=session_id, length=length)
+        """A new session holding a copy of the first `length` tokens (None: all) of `session_id`.
+
+        With a `fork_id` (chosen, and kept, before the call: a UUID) the fork's id is
+        `fork_session_id(session_id, fork_id)` whether or not the answer arrives: retry with the
+        same arguments (the fork already made answers) or close that id."""
+        request = pb.ForkSessionRequest(session_id=session_id, length=length, fork_id=fork_id)
         result: pb.ForkSessionResponse = self._stub.ForkSession(request, **self._call(timeout_s))
         return result
 

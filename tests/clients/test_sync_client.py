@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from clients.python import LadderClient, Logprobs, Sampling, completion_of
+from clients.python import LadderClient, Logprobs, Sampling, completion_of, fork_session_id
 from proto.ladder.v1 import ladder_pb2 as pb
 from tests.support.prompts import PROMPT_IDS, greedy_stopping
 
@@ -76,6 +76,18 @@ def test_a_forked_session_continues_like_its_source(client: LadderClient) -> Non
         assert list(forked.token_ids) == list(source.token_ids)
     finally:
         for session_id in (done.session_id, fork.session_id, shorter.session_id):
+            client.close_session(session_id)
+
+
+def test_a_named_fork_has_the_id_the_client_computes_and_a_retry_answers_it(client: LadderClient) -> None:
+    _, done = client.prefill([PROMPT_IDS])
+    fork = client.fork_session(done.session_id, 40, fork_id="retry-me")
+    try:
+        assert fork.session_id == fork_session_id(done.session_id, "retry-me")
+        assert client.fork_session(done.session_id, 40, fork_id="retry-me") == \
+            pb.ForkSessionResponse(session_id=fork.session_id, length=40, source_session_id=done.session_id)
+    finally:
+        for session_id in (done.session_id, fork.session_id):
             client.close_session(session_id)
 
 

@@ -3,7 +3,7 @@
 Bytes that are not the RPC's message (a corrupt wire format, a string that is not
 UTF-8) are INVALID_ARGUMENT on every RPC, unary, server-streaming and Prefill
 alike, after the same checks as any call (bearer token, request id). A session
-id that is not at most 128 characters of [A-Za-z0-9._-] is NOT_FOUND, and
+id that is not at most 236 characters of [A-Za-z0-9._-] is NOT_FOUND, and
 neither the id nor anything taken from it comes back.
 """
 
@@ -75,7 +75,7 @@ def test_bytes_that_do_not_parse_still_need_a_bearer_token(served_model: Path) -
 MALFORMED_IDS = {
     "20 kB": "pod-a." + "a" * 20_000,
     "20 kB on another pod": "pod-b." + "b" * 20_000,
-    "129 characters": "pod-a." + "x" * 123,
+    "237 characters": "pod-a." + "x" * 231,  # one past the longest id, a 128-character fork_id's
     "control characters": "pod-a.\x00\x01\x1b[2J",
     "not ASCII": "pod-a.é",
     "a path in the pod": "pod-a/../etc.abc",

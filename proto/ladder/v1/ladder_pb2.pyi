@@ -595,12 +595,14 @@ class BatchWidthUse(_message.Message):
     def __init__(self, batch: _Optional[int] = ..., forwards: _Optional[int] = ...) -> None: ...
 
 class ForkSessionRequest(_message.Message):
-    __slots__ = ("session_id", "length")
+    __slots__ = ("session_id", "length", "fork_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    FORK_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     length: int
-    def __init__(self, session_id: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
+    fork_id: str
+    def __init__(self, session_id: _Optional[str] = ..., length: _Optional[int] = ..., fork_id: _Optional[str] = ...) -> None: ...
 
 class ForkSessionResponse(_message.Message):
     __slots__ = ("session_id", "length", "source_session_id", "server_ms")
