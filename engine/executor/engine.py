@@ -166,10 +166,11 @@ class Engine(SessionRows):
         """Take the exactness rules measured on this machine (engine/executor/kernels.py): decode
         forwards no narrower than `least_decode_batch` rows (when the pool has them)."""
         self.kernels = rules
-        if rules.least_decode_batch > 1 and self.pool.rows >= rules.least_decode_batch:
-            self.batch_widths = tuple(w for w in self.batch_widths if w >= rules.least_decode_batch)
-            self.decoder.least = rules.least_decode_batch
-            self.facts = replace(self.facts, batch_widths=self.batch_widths)
+        least = rules.least_decode_batch if self.pool.rows >= rules.least_decode_batch else 1
+        if not self.unbatched_reason:
+            self.batch_widths = tuple(w for w in batch_widths(self.pool.rows) if w >= least)
+        self.decoder.least = least
+        self.facts = replace(self.facts, batch_widths=self.batch_widths)
 
     # -- the pool -----------------------------------------------------------------------
     @property

@@ -48,8 +48,9 @@ def assumed(rows_follow_width: bool) -> KernelRules:
 
 
 def measure(engine: Engine) -> KernelRules:
-    """Run the probe forwards on sessions of the engine's own: they are closed after, and the
-    counters users read (sessions whose padding turned off, eager forwards, decode) left as found."""
+    """Run the probe forwards on sessions of an engine fresh from construction, and leave it as it
+    was: the sessions closed, no variant prepared, no row's memory kept, the counters users read
+    (sessions whose padding turned off, eager forwards, decode) as found."""
     counters = (engine.sessions_padding_off, engine.eager_forwards, copy.deepcopy(engine.decoder.counters))
     try:
         ids = probe_ids(engine.info.vocab_size)
@@ -57,6 +58,9 @@ def measure(engine: Engine) -> KernelRules:
         one_row_gap = _one_row_gap(engine, ids) if engine.pool.rows >= 2 else 0.0
     finally:
         engine.sessions_padding_off, engine.eager_forwards, engine.decoder.counters = counters
+        engine.variants.reset()
+        for row in engine.free_rows - engine.prefixes.held.keys():
+            engine.backend.release_row(row)
     return KernelRules(fresh_forwards=re_run_gap > 0.0, least_decode_batch=2 if one_row_gap > 0.0 else 1,
                        measured=True, one_row_gap=one_row_gap, re_run_gap=re_run_gap)
 

@@ -101,6 +101,11 @@ class VariantCache(Generic[V]):
         self._items.clear()
         self._hits.clear()
 
+    def reset(self) -> None:
+        """Release every variant and zero the counters: the cache as it was built."""
+        self.clear()
+        self.hits = self.misses = self.prepared = self.evictions = self.refusals = 0
+
     def stats(self) -> VariantStats:
         entries = tuple(VariantEntry(k, v.nbytes, self._hits[k]) for k, v in self._items.items())
         return VariantStats(entries, self.capacity, self.hits, self.misses, self.prepared,
