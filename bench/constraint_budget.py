@@ -9,7 +9,6 @@ to refusal), and the process's RSS sampled for `--watch` seconds.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import tempfile
 import threading
@@ -21,16 +20,9 @@ from typing import Any
 import grpc
 
 from proto.ladder.v1 import ladder_pb2 as pb
+from tests.support.hostile import fanned_schema
 from tests.support.models import model_with_tokenizer
 from tests.support.servers import RunningServer, server_config
-
-
-def fanned_schema(depth: int = 30, title: str = "") -> str:
-    defs: dict[str, Any] = {f"n{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/n{i + 1}"},
-                                                                       "b": {"$ref": f"#/$defs/n{i + 1}"}}}
-                            for i in range(depth)}
-    defs[f"n{depth}"] = {"type": "integer"}
-    return json.dumps({"title": title, "$defs": defs, "$ref": "#/$defs/n0"})
 
 
 def rss_mb() -> float:

@@ -8,7 +8,6 @@ through $ref, so the language it describes doubles at every level.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any
@@ -18,19 +17,10 @@ import pytest
 from engine.constrain import ConstraintCache, Limits, Vocabulary, compile_constraint
 from engine.constrain.budget import Abandoned, Budget
 from engine.errors import InvalidInput
+from tests.support.hostile import fanned_schema
 
 VOCAB = Vocabulary([bytes([i]) for i in range(256)], 257, [256])
 BUDGET_S = 0.3
-
-
-def fanned_schema(depth: int = 30, title: str = "") -> str:
-    """`depth` levels of objects, each with two members that $ref the next level; `title` (an
-    annotation) makes the text, so the cache key, differ."""
-    defs: dict[str, Any] = {f"n{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/n{i + 1}"},
-                                                                       "b": {"$ref": f"#/$defs/n{i + 1}"}}}
-                            for i in range(depth)}
-    defs[f"n{depth}"] = {"type": "integer"}
-    return json.dumps({"title": title, "$defs": defs, "$ref": "#/$defs/n0"})
 
 
 def test_the_hostile_schema_is_small_and_nested_30_deep() -> None:

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from tests.engine.test_constraint_budget import fanned_schema
+from tests.support.hostile import fanned_schema
 from tests.support.rich_errors import details_of
 from tests.support.servers import RunningServer, server_config
 from tests.support.waiting import wait_for

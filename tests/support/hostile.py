@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import resource
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -113,3 +115,13 @@ def server_answers(address: str, http_port: int = 0) -> None:
         assert len(answer.token_ids) == 3
     if http_port:
         assert http_status(http_port, "GET", "/health") == 200
+
+
+def fanned_schema(depth: int = 30, title: str = "") -> str:
+    """`depth` levels of objects, each with two members that $ref the next level; `title` (an
+    annotation) makes the text, so the cache key, differ."""
+    defs: dict[str, Any] = {f"n{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/n{i + 1}"},
+                                                                       "b": {"$ref": f"#/$defs/n{i + 1}"}}}
+                            for i in range(depth)}
+    defs[f"n{depth}"] = {"type": "integer"}
+    return json.dumps({"title": title, "$defs": defs, "$ref": "#/$defs/n0"})
