@@ -57,7 +57,7 @@ class ConstraintCache:
         self._compile = compile
         self._lock = threading.Lock()
         self._entries: OrderedDict[Key, Compiled] = OrderedDict()
-        self._errors: OrderedDict[Key, InvalidInput] = OrderedDict()
+        self._errors: OrderedDict[Key, Refusal] = OrderedDict()
         self._pending: dict[Key, _Pending] = {}
         self._hits = self._misses = self._evictions = 0
         self._compile_seconds = 0.0
@@ -105,7 +105,7 @@ class ConstraintCache:
     def _lookup(self, key: Key) -> Compiled | None:
         if key in self._errors:
             self._hits += 1
-            raise self._errors[key]
+            raise self._errors[key].error()
         found = self._entries.get(key)
         if found is not None:
             self._entries.move_to_end(key)
@@ -136,7 +136,7 @@ class ConstraintCache:
 
     def _store(self, key: Key, pending: _Pending) -> None:
         if pending.error is not None:
-            self._errors[key] = pending.error
+            self._errors[key] = Refusal.of(pending.error)
             while len(self._errors) > self.max_errors:
                 self._errors.popitem(last=False)
         if pending.result is not None:
@@ -152,6 +152,24 @@ class ConstraintCache:
 
     def _nbytes(self) -> int:
         return sum(c.nbytes for c in self._entries.values())
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refused compile as remembered: its message, reason and field, never the exception itself,
+    whose traceback holds the failed compile's frames and automata (hundreds of MB apiece)."""
+
+    message: str
+    reason: str
+    field: str
+
+    @classmethod
+    def of(cls, error: InvalidInput) -> Refusal:
+        return cls(str(error), error.reason, error.field)
+
+    def error(self) -> InvalidInput:
+        """A fresh exception each time: raising a stored one would attach (and keep) a traceback."""
+        return InvalidInput(self.message, reason=self.reason, field=self.field)
 
 
 def _wait(pending: _Pending, budget: Budget) -> Compiled | None:
