@@ -75,6 +75,22 @@ def test_a_shorter_fork_and_a_one_token_part_continue_as_a_fresh_run(
         engine.close_session(source, keep=False)
 
 
+@pytest.mark.parametrize("text", PROMPTS)
+def test_a_first_part_of_one_token_then_the_rest_continues_as_a_fresh_run(
+        engine: Engine, tokenizer: Tokenizer, text: str) -> None:
+    """A client streaming its prompt token by token: the first row, run alone, is run again with
+    what follows it (issue #46: it was kept, and every later row followed it)."""
+    ids = tokenizer.encode(text)
+    fresh = Fresh(engine, ids)
+    session = engine.open_session()
+    try:
+        engine.append(session, ids[:1])
+        engine.append(session, ids[1:])
+        same(engine, session, fresh)
+    finally:
+        engine.close_session(session, keep=False)
+
+
 def test_a_rewind_into_a_decoded_reply_continues_as_a_fresh_run_of_the_tokens_kept(
         engine: Engine, tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode(PROMPTS[0])
