@@ -8,6 +8,7 @@ wrong JSON type is InvalidInput naming the OpenAI field. Nothing here touches th
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,10 @@ class OpenAICall:
     model: str
     stream: bool = False
     include_usage: bool = False
+
+
+MAX_EXACT_INT = 2**53  # the integers a double holds exactly (what every OpenAI client's JSON can carry)
+INT32_MAX = 2**31 - 1  # token ids on the wire (the .proto's int32)
 
 
 def _bad(message: str, field: str) -> InvalidInput:
@@ -76,7 +81,36 @@ def read_body(data: bytes) -> Json:
         raise InvalidInput(f"the body is not JSON: {exc}", reason="MALFORMED_REQUEST") from None
     if not isinstance(body, dict):
         raise InvalidInput("the body is not a JSON object", reason="MALFORMED_REQUEST")
+    check_values(body, "")
     return body
+
+
+def check_values(value: Any, where: str) -> None:
+    """Every number in the body is finite and within a double's exact integers (json accepts NaN,
+    Infinity and 400-digit integers, which later fail float() or int32), every string is Unicode a
+    tokenizer can encode (json accepts lone surrogates such as \\ud800): else a 400 naming the field."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_values(item, f"{where}.{key}" if where else key)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_values(item, f"{where}[{i}]")
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int) and abs(value) > MAX_EXACT_INT:
+        raise _bad(f"{where} is out of range (at most {MAX_EXACT_INT} in magnitude)", where)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise _bad(f"{where} is not a finite number", where)
+    elif isinstance(value, str) and not _encodable(value):
+        raise _bad(f"{where} holds a lone UTF-16 surrogate, which is not a Unicode character", where)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def openai_call(body: Json, chat: bool, served: Sequence[str]) -> OpenAICall:
@@ -150,8 +184,8 @@ def stopping(body: Json, chat: bool) -> Stopping:
     if not all(isinstance(s, str) for s in stop):
         raise _bad("stop takes a string or an array of strings", "stop")
     ids = _get(body, "stop_token_ids", list, [])
-    if not all(isinstance(t, int) for t in ids):
-        raise _bad("stop_token_ids takes an array of token ids", "stop_token_ids")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in ids):
+        raise _bad("stop_token_ids takes an array of token ids (integers from 0)", "stop_token_ids")
     return Stopping(wanted, tuple(stop), _get(body, "ignore_eos", bool, False), frozenset(ids))
 
 

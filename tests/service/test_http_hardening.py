@@ -116,6 +116,37 @@ def test_a_body_that_is_not_a_shallow_json_object_is_a_400(running: RunningServe
     still_serving(running)
 
 
+HUGE = "1" + "0" * 310  # past a double: float() overflows on it
+FIELDS_OUT_OF_RANGE = [
+    (b'{"prompt": "x", "temperature": %s}' % HUGE.encode(), "/v1/completions", "temperature"),
+    (b'{"prompt": "x", "top_p": %s}' % HUGE.encode(), "/v1/completions", "top_p"),
+    (b'{"prompt": "x", "min_p": -%s}' % HUGE.encode(), "/v1/completions", "min_p"),
+    (b'{"prompt": "x", "frequency_penalty": NaN}', "/v1/completions", "frequency_penalty"),
+    (b'{"prompt": "x", "presence_penalty": Infinity}', "/v1/completions", "presence_penalty"),
+    (b'{"prompt": "\\ud800"}', "/v1/completions", "prompt"),
+    (b'{"prompt": ["ok", "\\udfff"]}', "/v1/completions", "prompt[1]"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "/v1/chat/completions",
+     "messages[0].content"),
+    (b'{"messages": [{"role": "\\ud800", "content": "hi"}]}', "/v1/chat/completions", "messages[0].role"),
+    (b'{"prompt": "x", "guided_regex": "\\ud800"}', "/v1/completions", "guided_regex"),
+    (b'{"prompt": "x", "guided_choice": ["\\ud800"]}', "/v1/completions", "guided_choice[0]"),
+    (b'{"prompt": "x", "stop_token_ids": [1000000000000000000000000000000]}', "/v1/completions",
+     "stop_token_ids[0]"),
+    (b'{"prompt": "x", "stop_token_ids": [-1]}', "/v1/completions", "stop_token_ids"),
+]
+
+
+@pytest.mark.parametrize("body, path, field", FIELDS_OUT_OF_RANGE)
+def test_a_number_out_of_range_or_a_lone_surrogate_is_a_400_naming_its_field(
+        running: RunningServer, body: bytes, path: str, field: str) -> None:
+    response, data = ask(running, "POST", path, body, {"Content-Type": "application/json"})
+    error = error_of(data)
+    # The message names the value's place in the body; param is OpenAI's parameter it belongs to.
+    assert response.status == 400 and error["message"].startswith(field), error
+    assert error["param"] in (field, field.split("[")[0]), error
+    still_serving(running)
+
+
 def test_a_preflight_from_an_allowed_origin_is_answered_and_responses_carry_the_origin(
         guarded: RunningServer) -> None:
     asked = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
