@@ -41,6 +41,11 @@ class Exhausted(RequestError):
     """No KV slot (session) is free."""
 
 
+class ParkingFull(Exhausted):
+    """Every KV slot is taken and parking a session off one would put the parked sessions past the
+    memory they may hold (`Engine.limit_parked`)."""
+
+
 class NoFreeRow(Exhausted):
     """Every KV slot holds a session in use right now: a parked session waits for one (the
     scheduler retries the request next round instead of failing it)."""

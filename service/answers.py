@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from engine.errors import Exhausted, NoFreeRow
+from engine.errors import Exhausted, NoFreeRow, ParkingFull
 from engine.executor.step import Outcome, StepResult
 from service.jobs import Job
 from service.rounds import Lend, Timed, Tokens
@@ -50,7 +50,7 @@ class Answers:
 
     def opens(self, jobs: list[Job], result: StepResult) -> None:
         for job, outcome in zip(jobs, result.opens, strict=True):
-            if isinstance(outcome.error, Exhausted):
+            if isinstance(outcome.error, Exhausted) and not isinstance(outcome.error, ParkingFull):
                 continue  # a slot counted as freed this round was not: it waits for the next
             lend = isinstance(job.want, Lend)
             self.answer(job, outcome)

@@ -107,6 +107,9 @@ class Config:
     # MB, so sessions open are bounded by memory, slots only the decode batch. None = auto
     # (half the host memory free once the model is loaded, plus on CUDA the device's share below); 0 = off.
     session_memory_mb: int | None = None
+    # Of that, what one caller's open sessions may hold (counted as if all parked), so no caller can
+    # take it all. None = auto (half of it when auth tells callers apart, else no limit); 0 = no limit.
+    session_memory_per_caller_mb: int | None = None
     # CUDA: of that, parked KV kept in device memory; past it the most idle spill to pinned host
     # memory. None = auto (half the device memory free once the model is warm).
     session_device_memory_mb: int | None = None
@@ -207,6 +210,10 @@ _HELP = {
                          "are then bounded by it, not by slots (auto: half the host memory free once "
                          "the model is loaded, plus on CUDA --session-device-memory-mb; 0 = off: a "
                          "session holds its slot)",
+    "session_memory_per_caller_mb": "of --session-memory-mb, what one caller's open sessions may hold, "
+                                    "each counted at its parked size, parked or not (more: "
+                                    "RESOURCE_EXHAUSTED, CALLER_QUOTA; auto: half of it when tokens or "
+                                    "client certificates tell callers apart, else no limit; 0 = no limit)",
     "session_device_memory_mb": "CUDA: parked sessions' KV kept in device memory up to this many MB, "
                                 "the most idle spilling to pinned host memory past it (auto: half the "
                                 "device memory free once the model is loaded)",
@@ -250,7 +257,7 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "max_queue": (1, None), "session_idle_seconds": (0.001, None), "drain_seconds": (0, None),
     "max_prompt_tokens": (0, None), "max_new_tokens": (1, None), "default_max_new_tokens": (0, None),
     "max_message_bytes": (1, None), "sessions_per_caller": (0, None), "session_memory_mb": (0, None),
-    "session_device_memory_mb": (0, None),
+    "session_device_memory_mb": (0, None), "session_memory_per_caller_mb": (0, None),
     "intra_op_threads": (0, None), "prefill_batch": (0, 64),
     "constraint_cache_mb": (1, None), "constraint_compile_seconds": (0.01, None),
 }

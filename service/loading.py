@@ -39,6 +39,7 @@ def load_model(config: Config) -> ServedModel:
                         tuple(dict.fromkeys(name for name in names if name)))
     model.session_memory, on_device = session_memory_bytes(config, engine.backend.free_device_bytes())
     engine.limit_parked_on_device(on_device)
+    engine.limit_parked(model.session_memory or None)
     return model
 
 

@@ -1,7 +1,7 @@
 """What every call of a serving server shares (Serving): the config, the model, the worker's scheduler,
 the sessions and what each caller holds, with the rules that span calls: a caller's share of the
-KV slots, whose held prefixes a prompt may start from, opening and closing sessions on the worker,
-and undoing a Prefill that did not finish (Extension).
+KV slots and of the session memory, whose held prefixes a prompt may start from, opening and
+closing sessions on the worker, and undoing a Prefill that did not finish (Extension).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from engine.errors import Exhausted, InvalidInput
+from engine.errors import Exhausted, InvalidInput, ParkingFull
 from engine.executor.step import Reset, Rewind
 from service.calls import Prompt
 from service.config import Config
@@ -49,6 +49,17 @@ def note_session(state: SessionState) -> SessionState:
 def caller_share(configured: int, slots: int) -> int:
     """Sessions one caller may hold: `sessions_per_caller` when set, else every KV slot but one."""
     return configured or max(1, slots - 1)
+
+
+def caller_memory_share(config: Config, budget: int) -> int:
+    """Bytes one caller's open sessions may hold of the session memory `budget` (0: no limit):
+    --session-memory-per-caller-mb when set, else half the budget when auth tells callers apart
+    (one caller leaves the other half to the rest), else none (every client is the one caller)."""
+    if not budget:
+        return 0
+    if config.session_memory_per_caller_mb is not None:
+        return config.session_memory_per_caller_mb << 20
+    return budget // 2 if config.auth_tokens or config.tls_client_ca else 0
 
 
 @dataclass(eq=False)
@@ -122,17 +133,25 @@ class Serving:
         return sum(1 for s in self.sessions.all() if s.owner == caller) + self.opening[caller], share
 
     def check_share(self, caller: str) -> None:
-        """Refuse a caller who holds (or waits for) its share, and any caller once parked sessions
-        hold the memory --session-memory-mb gives them."""
+        """Refuse a caller who holds (or waits for) its share of the sessions, or whose open sessions
+        hold its share of the session memory. The memory itself the engine keeps: a new session
+        that would park another past it fails there (ParkingFull), one that takes a free slot opens."""
         held, share = self.held(caller)
         if held >= share:
             raise CallerQuota(f"this caller already holds {held} sessions (the limit is {share}; "
                               "see --sessions-per-caller)")
-        budget = self.model.session_memory
-        parked = self.scheduler.parked_bytes
-        if budget and parked >= budget:
-            raise Exhausted(f"parked sessions hold {parked >> 20} MiB of the {budget >> 20} MiB "
-                            "--session-memory-mb gives them: close sessions or wait for idle ones to expire")
+        memory_share = caller_memory_share(self.config, self.model.session_memory)
+        holds = self.held_memory(caller) if memory_share else 0
+        if memory_share and holds >= memory_share:
+            raise CallerQuota(f"this caller's sessions hold {holds >> 10} KiB, its share of the session "
+                              f"memory is {memory_share >> 10} KiB (see --session-memory-per-caller-mb)")
+
+    def held_memory(self, caller: str) -> int:
+        """What the caller's open sessions hold or would hold parked (a length read off the worker:
+        an int, at worst a call behind)."""
+        size = self.model.engine.parked_size
+        return sum(size(s.session.length) for s in self.sessions.all()
+                   if s.owner == caller and s.session is not None)
 
     def scope(self, caller: str) -> str:
         """Whose held prefixes a caller's prompts may start from: its own, unless the operator
@@ -172,6 +191,9 @@ class Serving:
             except asyncio.CancelledError:  # the caller left while the slot was being taken: give it back
                 task.add_done_callback(self._close_orphan)
                 raise
+            except ParkingFull as full:
+                raise Exhausted(f"{full}: the memory --session-memory-mb gives parked sessions is full; "
+                                "close sessions or wait for idle ones to expire") from full
         finally:
             self.opening[caller] -= 1
         state = SessionState(session_id or self.sessions.new_id(), caller, session)

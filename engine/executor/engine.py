@@ -368,6 +368,18 @@ class Engine(SessionRows):
         spill to host memory (pinned). None: no limit. Only the CUDA backend parks on a device."""
         self._parking.device_limit = nbytes
 
+    def limit_parked(self, nbytes: int | None) -> None:
+        """Parked copies may hold `nbytes` in all (None: no limit): a session that would take them
+        past it does not park (ParkingFull: a new session needing its row fails; a parked one coming
+        back waits, or fails when every row holds an idle session and waiting would free none)."""
+        self._parking.limit = nbytes
+
+    def parked_size(self, length: int) -> int:
+        """What a session holding `length` tokens holds parked: its KV positions and its logits row."""
+        block = self.pool.block
+        per_position = int(block.nbytes) // (int(block.shape[2]) * int(block.shape[4]))
+        return per_position * length + self.info.vocab_size * _dtype(self.info.logits.dtype).itemsize
+
     def close(self) -> None:
         self.decoder.settle()
         self.variants.clear()

@@ -5,7 +5,9 @@ leave its pool row for a session that needs one: its KV positions and next-token
 copied off the pool, bit for bit (`Backend.park_row`), and the row is free. Its next touch brings
 it back into any free row. `Parking` holds the parked sessions, the bytes they hold and the
 counts of moves (`ParkingStats`), and picks whom to park: the least recently used parkable
-sessions the running step does not use. The rows stay the engine's: the engine owns one Parking,
+sessions the running step does not use whose copy fits the memory parked sessions may hold
+(`limit`): parked bytes never exceed it, a swap (park one to unpark another) counting the one
+leaving the park first. The rows stay the engine's: the engine owns one Parking,
 its one caller, and Parking moves sessions between rows with the engine's own row bookkeeping
 (`Engine._take_row`, `Engine._leave_row`).
 """
@@ -16,7 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from engine.errors import Exhausted, InvalidInput, NoFreeRow
+from engine.errors import Exhausted, InvalidInput, NoFreeRow, ParkingFull
 from engine.executor.session import Session
 from engine.executor.stats import ParkingStats
 from engine.runtime.backend import ParkedRow
@@ -39,6 +41,7 @@ class Parking:
         # idle spill to host memory (`Engine.limit_parked_on_device`; None = no limit: nothing spills).
         self.device_bytes = 0
         self.device_limit: int | None = None
+        self.limit: int | None = None  # bytes parked copies may hold in all (None = no limit)
         self.spills = 0
         self._moves = {"parks": 0, "unparks": 0}
         self._seconds = {"park": 0.0, "unpark": 0.0}
@@ -67,7 +70,11 @@ class Parking:
             raise InvalidInput("a decoder with recurrent state cannot park a session: its state is not KV")
         engine.decoder.settle()
         started = time.perf_counter()
-        session.parked = engine.backend.park_row(session.row, session.length)
+        parked = engine.backend.park_row(session.row, session.length)
+        if self.limit is not None and self.parked_bytes + int(parked.nbytes) > self.limit:
+            raise ParkingFull(f"parked sessions hold {self.parked_bytes} of the {self.limit} bytes they "
+                              f"may; parking one more would take {int(parked.nbytes)}")
+        session.parked = parked
         engine._leave_row(session)
         session.row = -1
         self.sessions.add(session)
@@ -103,22 +110,36 @@ class Parking:
     def unpark(self, session: Session) -> None:
         """Bring a parked session back into the lowest free row (parking another to make room)."""
         engine = self.engine
-        if not engine._free:
-            self.make_room(1, NoFreeRow)  # it waits for a row (the scheduler retries it)
-        engine.decoder.settle()
-        started = time.perf_counter()
-        row = min(engine._free)
-        engine.prefixes.vacate(row, engine._free)
-        parked = session.parked
-        assert parked is not None
-        engine.backend.unpark_row(row, parked)  # first: if it fails the session is still parked, whole
+        assert session.parked is not None
+        nbytes = int(session.parked.nbytes)
+        self.parked_bytes -= nbytes  # first: a swap fits the limit whenever its outcome does
+        try:
+            started = time.perf_counter()
+            row = self._free_row()
+            parked = session.parked  # read after: making room may have spilled it to host memory
+            assert parked is not None
+            engine.backend.unpark_row(row, parked)  # first: if it fails the session is still parked, whole
+        except BaseException:
+            self.parked_bytes += nbytes
+            raise
+        self.device_bytes -= nbytes if parked.on_device else 0
         session.parked = None
-        self._count(parked, -1)
         self.sessions.discard(session)
         self.unchecked.discard(session)
         engine._take_row(row, session, session.length)
         self._moves["unparks"] += 1
         self._seconds["unpark"] += time.perf_counter() - started
+
+    def _free_row(self) -> int:
+        """The lowest free row, parking another session to make one (it waits for a row: the
+        scheduler retries it), vacated of any prefix it kept."""
+        engine = self.engine
+        if not engine._free:
+            self.make_room(1, NoFreeRow)
+        engine.decoder.settle()
+        row = min(engine._free)
+        engine.prefixes.vacate(row, engine._free)
+        return row
 
     def drop(self, session: Session) -> None:
         """A parked session closes: its parked copy goes."""
@@ -141,16 +162,27 @@ class Parking:
             yield from (s for s in self.engine._open.values() if s.parkable and s not in self.pinned)
 
     def make_room(self, rows: int, error: type[Exhausted] = Exhausted) -> None:
-        """Park the least recently used parkable sessions until `rows` rows are free; `error` if every
-        row is held by a session in use (a new session fails at once, a parked one waits)."""
-        free = self.engine._free
+        """Park the least recently used parkable sessions that fit the limit until `rows` rows are
+        free; `error` if every row is held by a session in use (a new session fails at once, a parked
+        one waits), ParkingFull if the limit stood in the way (a parked one fails too when every row
+        holds an idle session: waiting would free none)."""
+        free, full = self.engine._free, None
         for session in self.parkable():
             if len(free) >= rows:
                 break
-            self.park(session)
+            try:
+                self.park(session)
+            except ParkingFull as refused:  # a shorter session may still fit
+                full = refused
         if len(free) < rows:
+            if full is not None and (error is not NoFreeRow or self._only_idle_rows()):
+                raise full  # waiting frees nothing: every row holds an idle session too big to park
             raise error(f"all {self.engine.pool.rows} KV slots hold sessions in use ({len(free)} free, "
                         f"{rows} needed)")
+
+    def _only_idle_rows(self) -> bool:
+        """Whether every row is free or holds a session nobody uses (none will end a call soon)."""
+        return len(self.engine._free) + self.parkable_count() >= self.engine.pool.rows
 
     def stats(self) -> ParkingStats:
         return ParkingStats(sessions_parked=len(self.sessions),

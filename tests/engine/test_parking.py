@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.errors import Exhausted, NoFreeRow
+from engine.errors import Exhausted, NoFreeRow, ParkingFull
 from engine.executor import DecodeRow, Engine, Step
 from engine.sampling import Sampler, SamplingParams
 from engine.tokenizer import Tokenizer
@@ -132,3 +132,20 @@ def test_a_closed_parked_session_frees_its_parked_bytes(engine: Engine, tokenize
     engine.close_session(session)
     assert engine.stats().parking.parked_bytes == 0 and engine.sessions_open == 0
     engine.check_invariants()
+
+
+def test_a_session_parks_only_within_the_limit_at_the_size_known_before_it_parks(
+        engine: Engine, tokenizer: Tokenizer) -> None:
+    session = engine.open_session()
+    try:
+        greedy(engine, session, 2, tokenizer.encode(PROMPTS[1]))
+        size = engine.parked_size(session.length)
+        engine.limit_parked(size - 1)
+        with pytest.raises(ParkingFull):
+            engine.park(session)
+        assert session.row >= 0 and engine.parking().parked_bytes == 0  # untouched, still in its row
+        engine.limit_parked(size)
+        assert engine.park(session) == size and engine.parking().parked_bytes == size
+    finally:
+        engine.limit_parked(None)
+        engine.close_session(session, keep=False)

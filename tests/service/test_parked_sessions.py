@@ -1,7 +1,8 @@
 """Sessions beyond slots through a real server (--session-memory-mb, on by default): more sessions
 stay open than the server has KV slots, idle ones park off their slot, and each continues, in any
 order, with the greedy tokens a fresh run of its prompt gives; past the memory budget new sessions
-are refused.
+are refused, parked bytes never pass it, closing any session makes room, and with callers told
+apart none can take the whole budget.
 """
 
 from __future__ import annotations
@@ -124,3 +125,71 @@ def test_free_memory_is_the_hosts_or_less_under_a_cgroup_limit(tmp_path: Path) -
     (cgroup / "memory" / "memory.usage_in_bytes").write_text(f"{1 << 29}\n")
     assert host_memory_free_bytes(str(tmp_path / "meminfo"), str(cgroup)) == (2 << 30) - (1 << 29)
     assert host_memory_free_bytes(str(tmp_path / "none"), str(tmp_path / "none")) == 0
+
+
+TOKENS = ("alice=token-a", "bob=token-b")
+
+
+def bearer(caller: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer token-{caller[0]}"),)
+
+
+def open_as(running: RunningServer, caller: str, tokens: list[int]) -> str:
+    request = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
+    return list(running.stub.Prefill(iter([request]), metadata=bearer(caller)))[-1].done.session_id
+
+
+def parked_bytes(running: RunningServer) -> int:
+    stats = running.stub.GetEngineStats(pb.GetEngineStatsRequest(), metadata=bearer("alice"))
+    return int(stats.parking.parked_bytes)
+
+
+def open_until_refused(running: RunningServer, caller: str, seed: int) -> tuple[list[str], grpc.RpcError]:
+    """The caller's sessions opened until one is refused, parked bytes checked against the budget
+    after each; the refusal."""
+    budget = running.server.serving.model.session_memory  # type: ignore[union-attr]
+    opened: list[str] = []
+    for i in range(200):
+        try:
+            opened.append(open_as(running, caller, prompt_ids(200, seed=seed + i)))
+        except grpc.RpcError as error:
+            return opened, error
+        assert parked_bytes(running) <= budget
+    raise AssertionError(f"{caller} was never refused")
+
+
+def test_a_caller_past_its_share_of_session_memory_is_refused_while_another_still_opens(
+        served_model: Path) -> None:
+    config = server_config(served_model, max_sessions=1, session_memory_mb=1, auth_tokens=TOKENS)
+    with RunningServer(config) as running:
+        alice, refused = open_until_refused(running, "alice", seed=800)
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "session-memory-per-caller-mb" in (refused.details() or "")
+        assert len(alice) >= 2  # her share, not the one slot, was the limit
+        bob = [open_as(running, "bob", prompt_ids(200, seed=900 + i)) for i in range(2)]
+        assert len(bob) == 2 and parked_bytes(running) <= (1 << 20)
+
+
+def test_at_the_budget_closing_a_session_in_a_slot_lets_a_new_one_open(served_model: Path) -> None:
+    with RunningServer(server_config(served_model, max_sessions=1, session_memory_mb=1)) as running:
+        opened, refused = open_until_refused(running, "anyone", seed=1000)
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "session-memory-mb" in (refused.details() or "")
+        stats = running.stub.GetEngineStats(pb.GetEngineStatsRequest())
+        assert stats.parking.sessions_parked == len(opened) - 1  # the last opened holds the slot
+        running.stub.CloseSession(pb.CloseSessionRequest(session_id=opened.pop()))
+        opened.append(prefill(running, prompt_ids(200, seed=1100)))  # takes the freed slot, parks none
+        assert parked_bytes(running) <= 1 << 20
+
+
+def test_parked_bytes_never_exceed_the_budget_as_sessions_swap_and_grow(served_model: Path) -> None:
+    with RunningServer(server_config(served_model, max_sessions=1, session_memory_mb=1)) as running:
+        opened, _ = open_until_refused(running, "anyone", seed=1200)
+        for i in np.random.default_rng(3).permutation(len(opened)):
+            try:
+                decode(running, opened[int(i)], 4)  # grows the session: the next swap may not fit
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert parked_bytes(running) <= 1 << 20
+        running.stub.CloseSession(pb.CloseSessionRequest(session_id=opened[0]))
+        assert decode(running, opened[1], 1)  # a close makes room for the swap again
