@@ -9,7 +9,8 @@ Config before this module's imports, then calls `serve`; tests call `create_serv
   and a graceful drain on SIGTERM/SIGINT. A gRPC or metrics port another process
   holds is one line on stderr naming it, and exit code 1 (before the model loads); so is a
   model directory that cannot be served (exit code 2 when it is not one Ladder reads, as for
-  a bad flag; 1 for an unexpected failure).
+  a bad flag; 1 for an unexpected failure). From SIGTERM the process ends within the drain grace
+  + 5 s (exiting.py: a watchdog, and no interpreter teardown).
 Drain: health flips to NOT_SERVING at once and new calls get UNAVAILABLE; calls
 in flight get `drain_seconds` to finish, then end with UNAVAILABLE.
 Around it: ports.py (ports held elsewhere), parsing.py (the service's handlers), loading.py
@@ -37,6 +38,7 @@ from engine.executor.step import Stats
 from service.config import Config
 from service.constraints import Constraints
 from service.errors import Draining
+from service.exiting import watchdog
 from service.frontends import Frontends, Methods
 from service.http.app import Door, HttpServer, Routes, application
 from service.interceptors import chain
@@ -307,6 +309,7 @@ async def serve(config: Config) -> int:
     for task in waits:
         task.cancel()
     log.info("shutting_down", port=port, signal=signalled.is_set(), fault=repr(server.fault))
+    watchdog(config.drain_seconds)  # a drain that hangs still ends: the process's end is bounded
     await server.drain()
     return 1 if server.fault is not None else 0
 
