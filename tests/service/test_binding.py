@@ -12,15 +12,34 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.config import Config
+from service.ports import PortInUse
 from tests.support.servers import RunningServer, free_port, server_config
 
 LOOPBACKS = ("127.0.0.1", "::1")
+ATTEMPTS = 5
+
+
+def on_free_ports(served_model: Path) -> RunningServer:
+    """A server on the default host with HTTP and /metrics on ports free a moment ago. A port another
+    test's client takes as its own end in between (the hostile-client tests open thousands) is
+    tried again on another port, a few times."""
+    for _ in range(ATTEMPTS):
+        try:
+            server = RunningServer(server_config(served_model, host=Config().host, http_port=free_port()))
+        except PortInUse:
+            continue
+        try:
+            server.server.start_metrics(free_port())
+        except PortInUse:
+            server.close()
+            continue
+        return server
+    raise AssertionError(f"no free ports in {ATTEMPTS} attempts")
 
 
 @pytest.fixture(scope="module")
 def running(served_model: Path) -> Iterator[RunningServer]:
-    with RunningServer(server_config(served_model, host=Config().host, http_port=free_port())) as server:
-        server.server.start_metrics(free_port())
+    with on_free_ports(served_model) as server:
         yield server
 
 

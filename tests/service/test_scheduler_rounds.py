@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -39,7 +40,7 @@ from service.calls import Stopping
 from service.events import Finished, PrefillTally, TokenOut
 from service.generation import decode_steps, generate_body, prefill_body
 from service.jobs import Result
-from service.rounds import MAX_PREFILLS_PER_ROUND, Lend, Token
+from service.rounds import MAX_PREFILLS_PER_ROUND, Call, Lend, Token
 from service.scheduler import Scheduler
 from service.sessions import SessionState
 
@@ -175,6 +176,28 @@ def run(loop: asyncio.AbstractEventLoop, scheduler: Scheduler, *bodies: Generato
     return loop.run_until_complete(together())
 
 
+@contextmanager
+def held_worker(loop: asyncio.AbstractEventLoop, scheduler: Scheduler) -> Iterator[None]:
+    """Hold the scheduler's worker inside a call until the block ends: jobs submitted meanwhile
+    meet in its next round, however slowly they arrive (a loaded CI machine split them)."""
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        inside.set()
+        release.wait(10)
+
+    def body() -> Iterator[Any]:
+        yield Call(hold)
+
+    holder = asyncio.ensure_future(collect(scheduler, body()), loop=loop)  # type: ignore[arg-type]
+    loop.run_until_complete(asyncio.to_thread(inside.wait, 10))
+    try:
+        yield
+    finally:
+        release.set()
+        loop.run_until_complete(holder)
+
+
 def model(capacity: int = 1000) -> Any:
     return SimpleNamespace(tokenizer=None, capacity=capacity, eos_ids=frozenset())
 
@@ -217,7 +240,10 @@ def test_the_first_tokens_of_a_sixteen_stream_round_are_chosen_in_one_batched_ch
     try:
         bodies = [decode_steps(model(), s, Sampler(SamplingParams()), Stopping(2), feed_last=False)
                   for s in sessions]
-        run(loop, scheduler, *bodies)
+        with held_worker(loop, scheduler):  # all sixteen arrive before the first round starts
+            streams = [asyncio.ensure_future(collect(scheduler, body), loop=loop) for body in bodies]
+            loop.run_until_complete(asyncio.sleep(0.01))  # their first turns submit the jobs
+        loop.run_until_complete(asyncio.gather(*streams))
     finally:
         scheduler.stop()
     choosing = [s for s in engine.steps if any(isinstance(op, Choose) for op in s.ops)]
