@@ -14,8 +14,9 @@ import structlog
 
 from engine.executor import Engine
 from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see above
-from service.config import Config, host_memory_free_bytes
+from service.config import Config
 from service.generation import ServedModel
+from service.limits import host_memory_free_bytes
 
 log = structlog.get_logger("ladder.server")
 

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.config import host_memory_free_bytes
+from service.limits import host_memory_free_bytes
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, server_config
 
