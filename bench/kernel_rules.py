@@ -13,6 +13,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from engine.executor import DecodeRow, Engine, EngineOptions
@@ -24,7 +25,7 @@ DEFAULT = Path(".pytest_cache/d/ladder-default-model/models/smollm2-135m-instruc
 
 def decode_rate(engine: Engine, least: int, tokens: int) -> float:
     """Greedy tokens per second of one stream, every forward at least `least` rows wide."""
-    engine.decoder.least = least
+    engine.follow(replace(engine.kernels, least_decode_batch=least))
     session = engine.open_session()
     try:
         engine.append(session, probe_ids(engine.info.vocab_size))
@@ -55,7 +56,6 @@ def main() -> None:
         ratios.append(two / one)
         print(json.dumps({"round": round_, "one_row_tok_s": round(one, 1), "two_rows_tok_s": round(two, 1)}))
     print(json.dumps({"median_two_over_one": round(statistics.median(ratios), 3)}))
-    engine.decoder.least = rules.least_decode_batch
     engine.close()
 
 

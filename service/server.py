@@ -50,7 +50,15 @@ from service.loading import load_model  # imports engine.tokenizer on the main t
 from service.logs import configure_logging
 from service.metrics import Metrics
 from service.parsing import SERVICE_NAME, add_ladder_service
-from service.ports import ConnectionLimits, PortInUse, check_port_free, server_options
+from service.ports import (
+    GRPC_PORT,
+    HTTP_PORT,
+    METRICS_PORT,
+    ConnectionLimits,
+    PortInUse,
+    check_port_free,
+    server_options,
+)
 from service.reflection import enable as documented_reflection
 from service.scheduler import Scheduler
 from service.servicer import LadderServicer
@@ -59,7 +67,6 @@ from service.sessions import SessionRegistry
 
 log = structlog.get_logger("ladder.server")
 HEALTH_NAMES = ("", SERVICE_NAME)
-HTTP_PORT = "HTTP port (--http-port/LADDER_HTTP_PORT; 0 turns it off)"
 
 
 class LadderServer:
@@ -107,7 +114,7 @@ class LadderServer:
 
     async def start(self) -> int:
         address = f"{self.config.host}:{self.config.port}"
-        what = "gRPC port (--port/LADDER_PORT)"
+        what = GRPC_PORT
         check_port_free(self.config.host, self.config.port, what)
         check_port_free(self.config.host, self.config.http_port, HTTP_PORT)
         # The services on this process's gRPC server, or collected for the frontends to relay to.
@@ -240,7 +247,7 @@ class LadderServer:
 
     def start_metrics(self, port: int) -> None:
         """Serve /metrics over HTTP on `port` (0: not at all) until the server stops."""
-        what = "metrics port (--metrics-port/LADDER_METRICS_PORT; 0 turns it off)"
+        what = METRICS_PORT
         try:
             self._http = self.metrics.serve_http(port, self.config.host)
         except OSError as exc:
