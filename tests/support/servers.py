@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import os
+import random
 import socket
 import threading
 from collections.abc import Coroutine, Iterator
@@ -39,11 +42,47 @@ START_TIMEOUT_S = 60.0  # load, warm-up and health SERVING; a bound, not a pace
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on now (for a server in another process, which must be
-    told its port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, on loopback and the wildcard address (for a server that must
+    be told its port). Chosen below the kernel's ephemeral range, in a slice of its own for this
+    xdist worker: a port from the ephemeral range can be taken, between choosing and binding, as the
+    local end of any outgoing connection (the hostile-client tests open thousands)."""
+    low = _ephemeral_low()
+    width = (low - PORTS_FROM) // PORT_SLICES
+    start = PORTS_FROM + _worker_index() % PORT_SLICES * width
+    for _ in range(200):
+        port = random.randrange(start, start + width)
+        if _bindable(port):
+            return port
+    raise RuntimeError(f"no free port in {start}..{start + width - 1}")
+
+
+PORTS_FROM = 10_000  # above the well-known and registered ports most hosts run services on
+PORT_SLICES = 16  # xdist workers get slices of their own, so two never pick the same port
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return max(int(f.read().split()[0]), PORTS_FROM + PORT_SLICES * 100)
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) if worker[2:].isdigit() else 0
+
+
+def _bindable(port: int) -> bool:
+    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((address, port))
+        except OSError as exc:
+            if family == socket.AF_INET6 and exc.errno == errno.EADDRNOTAVAIL:
+                continue  # a host without IPv6
+            return False
+    return True
 
 
 def server_config(model: object, **changes: Any) -> Config:
