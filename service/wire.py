@@ -202,7 +202,7 @@ def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any,
                             widths=[pb.BatchWidthUse(batch=b, forwards=n) for b, n in d.widths],
                             batch_widths=list(stats.batch_widths), unbatched_reason=stats.unbatched_reason,
                             lookahead_hits=d.lookahead_hits, lookahead_misses=d.lookahead_misses,
-                            chained_steps=d.chained)
+                            chained_steps=d.chained, rows_moved=d.rows_moved)
     return pb.EngineStats(
         variants=pb.VariantStats(entries=len(v.entries), capacity=v.capacity, hits=v.hits, misses=v.misses,
                                  prepared=v.prepared, evictions=v.evictions, refusals=v.refusals,

@@ -62,6 +62,7 @@ class DecodeCounters:
     lookahead_misses: int = 0
     lookahead_launched: int = 0
     chained: int = 0  # lookahead hits whose next forward was queued on the device (the chain)
+    rows_moved: int = 0  # sessions moved to a lower row so the forward stays narrow (Engine.compact)
 
 
 def _committed(lengths: list[int], feeds: Mapping[int, int]) -> list[int]:
@@ -83,6 +84,10 @@ class BatchDecoder:
         # The batch width that binds each row, looked up rather than planned every step.
         self._width = [decode_batch_width(row, pool.rows) for row in range(pool.rows)]
         self.least = 1  # the narrowest forward (engine/executor/kernels.py: 2 where one row differs)
+
+    def width(self, rows: int, least: int = 1) -> int:
+        """The batch width of a forward of `rows` rows, at least `least` wide (pool rows [0, width))."""
+        return self._width[min(max(rows, least, self.least), len(self._width)) - 1]
 
     def forward(self, feeds: dict[int, int], least: int = 1) -> None:
         """Advance the rows in `feeds` by their token in one forward of at least `least` rows."""

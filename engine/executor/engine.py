@@ -270,6 +270,7 @@ class Engine(SessionRows):
             # numerics then never follow how many other rows decode beside it.
             least = self.pool.rows if self.options.deterministic else 1
             greedy = ahead and self.options.decode_chain and all(s.plain_greedy for s in samplers)
+            self.compact([r.session for r in rows], self.decoder.width(len(rows), least))
             tokens = self.decoder.step({r.session.row: r.token for r in rows}, choose, ahead, least, greedy)
         else:
             tokens = []
@@ -350,7 +351,8 @@ class Engine(SessionRows):
     def stats(self) -> EngineStats:
         c = self.decoder.counters
         decode = DecodeStats(c.steps, c.rows, c.ride_along_rows, tuple(sorted(c.batch_use.items())),
-                             c.lookahead_hits, c.lookahead_misses, c.lookahead_launched, c.chained)
+                             c.lookahead_hits, c.lookahead_misses, c.lookahead_launched, c.chained,
+                             c.rows_moved)
         return EngineStats(
             variants=self.variants.stats(), eager_forwards=self.eager_forwards,
             sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,

@@ -131,6 +131,52 @@ class SessionRows(Prefilling):
             self.pool.set_mask(row, 0)
             self.backend.release_row(row)
 
+    def compact(self, sessions: Sequence[Session], width: int) -> int:
+        """Put the open `sessions` (those about to decode together) on rows below `width`, the
+        narrowest decode forward that holds them, so a forward's width follows how many rows decode
+        and never which rows idle sessions of other callers hold (docs/api.md, Exactness). A
+        session above moves onto a row below no decoding session holds: a free row first, then
+        the row of the session used least recently, which takes its place. The moves made."""
+        if self.info.recurrent_state or all(s.row < width for s in sessions):
+            return 0
+        decoding = {s.row for s in sessions}
+        targets = sorted((r for r in range(width) if r not in decoding),
+                         key=lambda r: (r in self._open, r in self.prefixes.held,
+                                        self._open[r].used if r in self._open else 0, r))
+        movers = sorted((s for s in sessions if s.row >= width), key=lambda s: s.row)
+        self.decoder.settle()
+        for session, target in zip(movers, targets, strict=False):
+            self._swap_rows(session, target)
+        self.decoder.counters.rows_moved += len(movers)
+        return len(movers)
+
+    def _swap_rows(self, session: Session, target: int) -> None:
+        """Move `session` onto pool row `target`, KV and next-token logits bit for bit; the session
+        holding `target`, if any, takes `session`'s row, and a prefix held on it moves (prefix.py)."""
+        source, other = session.row, self._open.get(target)
+        if other is None:
+            self.prefixes.vacate(target, self._free, (source,))
+            saved = None
+        else:
+            saved = self.backend.park_row(target, other.length)
+        self.backend.copy_rows(source, target, session.length)
+        del self._open[source]
+        self.prefixes.index.drop(source)
+        self.prefixes.index.drop(target)  # both re-indexed from their tokens when next looked up
+        self._free.discard(target)
+        session.row = target
+        self._open[target] = session
+        self.pool.commit(session, session.length)
+        if other is None or saved is None:
+            self._free.add(source)
+            self.pool.set_mask(source, 0)
+            self.backend.release_row(source)
+            return
+        self.backend.unpark_row(source, saved)
+        other.row = source
+        self._open[source] = other
+        self.pool.commit(other, other.length)
+
     def close_session(self, session: Session, keep: bool = True) -> None:
         """Return the session's row; with prefix sharing on it keeps the session's KV (prefix.py)."""
         if session.closed:

@@ -34,6 +34,7 @@ class DecodeStats:
     lookahead_misses: int = 0  # ... and dropped (rows left, joined, or fed other tokens)
     lookahead_launched: int = 0  # every forward launched ahead (taken, dropped, or still pending)
     chained: int = 0  # hits whose next forward the device queued behind its own greedy choice
+    rows_moved: int = 0  # sessions moved to a lower row so a forward's width follows the rows decoding
 
 
 @dataclass(frozen=True)

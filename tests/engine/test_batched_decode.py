@@ -101,18 +101,19 @@ def test_sessions_joining_and_leaving_between_steps_decode_as_each_would_alone(m
     for length in (30, 100, 7):
         batch.join(f"a{length}", prompt_ids(length, seed=length))  # rows 0, 1, 2
     batch.step(4)
-    batch.leave("a30")  # row 0 becomes a hole
-    batch.step(3)
-    assert batch.join("b250", prompt_ids(250, seed=250)).row == 0  # joins into the hole
+    batch.leave("a30")  # row 0 becomes a hole; two rows decode in a forward of two:
+    batch.step(3)  # a7 moves down from row 2 into it (Engine.compact)
+    assert batch.join("b250", prompt_ids(250, seed=250)).row == 2  # joins the lowest free row
     batch.step(2)
     assert batch.join("b1", prompt_ids(1, seed=1)).row == 3  # a one-token prompt: itself a decode forward
     batch.step(3)
     batch.leave("a100")
-    batch.leave("a7")  # only rows 0 and 3 remain, 1 and 2 ride along
+    batch.leave("a7")  # only rows 2 and 3 remain: both move down into rows 0 and 1
     batch.step(4)
-    assert batch.join("c60", prompt_ids(60, seed=60)).row == 1
+    assert batch.join("c60", prompt_ids(60, seed=60)).row == 2
     batch.step(3)
     assert {w for w, _ in engine.stats().decode.widths} <= set(engine.batch_widths)
+    assert engine.stats().decode.rows_moved == 3
     batch.expect_alone(model_dir())
 
 

@@ -250,10 +250,8 @@ def test_rows_with_a_hole_decoded_in_any_order_match_the_cpu_backend(model_dir: 
 def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_dir: Path) -> None:
     """A launched step holds the other rows' lengths from before: a prefill in between is not undone."""
     def run(engine: Engine) -> list[list[int]]:
-        first, gap, last = (engine.open_session() for _ in range(3))
-        engine.close_session(gap)  # rows 0 and 2 decode in a batch of 4: rows 1 and 3 ride along
-        running = [first, last]
-        for s, n in zip(running, (20, 33), strict=True):
+        running = [engine.open_session() for _ in range(3)]  # rows 0-2 in a batch of 4: row 3 rides along
+        for s, n in zip(running, (20, 33, 27), strict=True):
             engine.append(s, prompt_ids(n, n))
         outs = [[engine.choose(s, GREEDY)] for s in running]
 
@@ -265,11 +263,11 @@ def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_d
 
         for _ in range(3):
             step(running, outs)  # the row set is stable: a step is launched ahead
-        joining = engine.open_session()  # row 1: rode along in that launched step
-        assert joining.row == 1
+        joining = engine.open_session()  # row 3: rode along in that launched step
+        assert joining.row == 3
         engine.append(joining, prompt_ids(40, 40))
         outs.append([engine.choose(joining, GREEDY)])
-        step(running, outs[:2])  # the launched step is taken, and the next one launched
+        step(running, outs[:3])  # the launched step is taken, and the next one launched
         for _ in range(6):
             step([*running, joining], outs)
         return outs

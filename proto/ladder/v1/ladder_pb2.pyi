@@ -565,7 +565,7 @@ class ParkingStats(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., sessions_parked: _Optional[int] = ..., parked_bytes: _Optional[int] = ..., parks: _Optional[int] = ..., unparks: _Optional[int] = ..., park_seconds: _Optional[float] = ..., unpark_seconds: _Optional[float] = ..., released_bytes: _Optional[int] = ..., device_bytes: _Optional[int] = ..., spills: _Optional[int] = ...) -> None: ...
 
 class DecodeStats(_message.Message):
-    __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason", "lookahead_hits", "lookahead_misses", "chained_steps")
+    __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason", "lookahead_hits", "lookahead_misses", "chained_steps", "rows_moved")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     RIDE_ALONG_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -575,6 +575,7 @@ class DecodeStats(_message.Message):
     LOOKAHEAD_HITS_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_MISSES_FIELD_NUMBER: _ClassVar[int]
     CHAINED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_MOVED_FIELD_NUMBER: _ClassVar[int]
     steps: int
     rows: int
     ride_along_rows: int
@@ -584,7 +585,8 @@ class DecodeStats(_message.Message):
     lookahead_hits: int
     lookahead_misses: int
     chained_steps: int
-    def __init__(self, steps: _Optional[int] = ..., rows: _Optional[int] = ..., ride_along_rows: _Optional[int] = ..., widths: _Optional[_Iterable[_Union[BatchWidthUse, _Mapping]]] = ..., batch_widths: _Optional[_Iterable[int]] = ..., unbatched_reason: _Optional[str] = ..., lookahead_hits: _Optional[int] = ..., lookahead_misses: _Optional[int] = ..., chained_steps: _Optional[int] = ...) -> None: ...
+    rows_moved: int
+    def __init__(self, steps: _Optional[int] = ..., rows: _Optional[int] = ..., ride_along_rows: _Optional[int] = ..., widths: _Optional[_Iterable[_Union[BatchWidthUse, _Mapping]]] = ..., batch_widths: _Optional[_Iterable[int]] = ..., unbatched_reason: _Optional[str] = ..., lookahead_hits: _Optional[int] = ..., lookahead_misses: _Optional[int] = ..., chained_steps: _Optional[int] = ..., rows_moved: _Optional[int] = ...) -> None: ...
 
 class BatchWidthUse(_message.Message):
     __slots__ = ("batch", "forwards")
