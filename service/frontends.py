@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
+from service.exiting import EXIT_WITHIN_S
 from service.relay import HELLO, SETTINGS, STOP, Connection, Details, Link
 
 if TYPE_CHECKING:
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("ladder.relay")
 START_TIMEOUT_S = 60.0  # a frontend's start: its interpreter, imports and bind
+# A stopping frontend gets its calls' grace and this much more, then is killed: well inside the
+# serve process's own bound (the watchdog ends it at grace + EXIT_WITHIN_S - its margin).
+STOP_AFTER_GRACE_S = EXIT_WITHIN_S - 3.0
 
 
 class Methods:
@@ -156,7 +160,7 @@ class Frontends:
             connection.link.flush()
         waits = [asyncio.create_task(p.wait()) for p in self.processes if p.returncode is None]
         if waits:
-            await asyncio.wait(waits, timeout=grace + 5.0)
+            await asyncio.wait(waits, timeout=grace + STOP_AFTER_GRACE_S)
         for process in self.processes:
             if process.returncode is None:
                 log.warning("frontend_killed", pid=process.pid)

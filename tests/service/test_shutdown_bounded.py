@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto.ladder.v1 import ladder_pb2 as pb
@@ -36,6 +38,9 @@ DRAIN_S = 2.0
 LONG_SCHEMA = pb.Constraint(json_schema=fanned_schema(title="long"))
 REFUSED = 3  # enough: before the fix, teardown after the first took ~2 s, flat to 50 (19c3de5)
 IDLE_EXIT_S = 1.0  # nothing in flight, nothing to drain: ~0.1 s (a bound, not a pace)
+MANY_REFUSED = 200  # issue #46's count: RSS within +200 MB after them, +100 MB once idle
+IDLE_S = 2.0
+MB = 1 << 20
 REFUSED_REGEX = ".{20000}x"  # over the default 2 s budget (~2.5 s of CPU time to its DFA's size limit)
 
 
@@ -77,13 +82,19 @@ def served(model: Path, *flags: str) -> Iterator[Served]:
     command = [sys.executable, "-m", "service", "--model", str(model), "--host", "127.0.0.1",
                "--port", str(port), "--metrics-port", str(metrics_port), "--http-port", "0",
                "--drain-seconds", str(DRAIN_S), *flags]
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Its log goes to a file: a pipe nobody reads fills after 64 KiB of access-log lines (200 refused
+    # calls), and the server's next log write then blocks its event loop.
+    log = tempfile.TemporaryFile()
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log)
     server = Served(process, port, metrics_port)
     try:
         wait_for(lambda: server.serving() or process.poll() is not None, 60, "the server to serve")
-        assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+        if process.poll() is not None:
+            log.seek(0)
+            pytest.fail(f"the server exited: {log.read().decode(errors='replace')}")
         yield server
     finally:
+        log.close()
         server.channel.close()
         if process.poll() is None:
             process.kill()
@@ -126,6 +137,37 @@ def test_sigterm_after_refused_constraints_ends_an_idle_process_within_a_second(
         seconds, code = server.seconds_to_exit_after_sigterm()
     assert code == 0
     assert seconds <= IDLE_EXIT_S
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_two_hundred_refused_constraints_keep_no_memory_and_the_process_still_ends_at_once(
+        served_model: Path) -> None:
+    """Issue #46's done-when on a real server: 200 distinct regexes, each refused at a 0.1 s budget
+    (each held megabytes of automata as it was refused; before the fix every one stayed alive in
+    the failure cache: 9.5 GB from ~50 at the 2 s default)."""
+    with served(served_model, "--constraint-compile-seconds", "0.1") as server:
+        pid = server.process.pid
+
+        def refuse(k: int) -> None:
+            assert code_of(server.stub.Generate, constrained(pb.Constraint(regex=f"{REFUSED_REGEX}{k}"))) == \
+                grpc.StatusCode.INVALID_ARGUMENT
+
+        refuse(-1)  # the compiler's first-use allocations, out of the measure
+        before = rss_bytes(pid)
+        for k in range(MANY_REFUSED):
+            refuse(k)
+        grown = rss_bytes(pid) - before
+        time.sleep(IDLE_S)
+        idle = rss_bytes(pid) - before
+        seconds, code = server.seconds_to_exit_after_sigterm()
+    assert grown <= 200 * MB, f"{grown / MB:.0f} MB more after {MANY_REFUSED} refused constraints"
+    assert idle <= 100 * MB, f"{idle / MB:.0f} MB more after {IDLE_S} s idle"
+    assert code == 0 and seconds <= IDLE_EXIT_S
 
 
 def run_python(code: str) -> tuple[float, subprocess.CompletedProcess[str]]:
