@@ -139,3 +139,56 @@ def test_a_client_that_disconnects_mid_body_costs_nothing(running: RunningServer
         with socket.create_connection(("127.0.0.1", running.config.http_port), timeout=10) as sock:
             sock.sendall(head + b"[" * sent)
     got_over_it(running)
+
+
+HUGE = "1" + "0" * 310  # past a double: float() overflowed on it, int32 fields took it silently
+SURROGATE = '"\\ud800"'  # a lone UTF-16 surrogate: valid JSON, not Unicode; encoding it raised
+COMPLETION, CHAT = '"prompt": "Hi"', '"messages": [{"role": "user", "content": "Hi"}]'
+ROUTES_AND_BASES = (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT))
+# Every field of the two POST routes that takes a number: a JSON object's members, @ the value.
+NUMBER_FIELDS = [
+    (route, f'{base}, "{name}": @') for route, base in ROUTES_AND_BASES
+    for name in ("temperature", "top_p", "min_p", "top_k", "max_tokens", "n", "seed", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty")
+] + [
+    ("/v1/completions", f'{COMPLETION}, "logprobs": @'), ("/v1/completions", f'{COMPLETION}, "best_of": @'),
+    ("/v1/chat/completions", f'{CHAT}, "max_completion_tokens": @'),
+    ("/v1/chat/completions", f'{CHAT}, "logprobs": true, "top_logprobs": @'),
+    ("/v1/completions", f'{COMPLETION}, "stop_token_ids": [@]'),
+]
+# ... and every field that takes a string (or strings).
+STRING_FIELDS = [
+    ("/v1/completions", '"prompt": @'), ("/v1/completions", '"prompt": ["Hi", @]'),
+    ("/v1/chat/completions", '"messages": [{"role": "user", "content": @}]'),
+    ("/v1/chat/completions", '"messages": [{"role": @, "content": "Hi"}]'),
+    ("/v1/chat/completions", '"messages": [{"role": "user", "content": [{"type": "text", "text": @}]}]'),
+    ("/v1/chat/completions", '"messages": [{"role": "user", "content": "Hi", "name": @}]'),
+    *((route, f'{base}, "{name}": @') for route, base in ROUTES_AND_BASES
+      for name in ("model", "stop", "user", "guided_regex", "guided_grammar", "guided_json")),
+    ("/v1/completions", f'{COMPLETION}, "stop": ["x", @]'),
+    ("/v1/completions", f'{COMPLETION}, "guided_choice": ["a", @]'),
+    ("/v1/chat/completions", f'{CHAT}, "response_format": {{"type": @}}'),
+    ("/v1/chat/completions", f'{CHAT}, "response_format": {{"type": "json_schema", '
+                             f'"json_schema": {{"name": @, "schema": {{"type": "object"}}}}}}'),
+]
+
+
+def post(running: RunningServer, route: str, members: str, value: str) -> int:
+    body = "{" + members.replace("@", value) + "}"
+    return http_status(running.config.http_port, "POST", route, body.encode(),
+                       {"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize(("route", "members"), NUMBER_FIELDS)
+def test_every_number_field_fed_a_310_digit_number_is_a_400_and_the_server_serves(
+        running: RunningServer, route: str, members: str) -> None:
+    for value in (HUGE, "-" + HUGE):
+        assert post(running, route, members, value) == 400, (members, value[:5])
+    got_over_it(running)
+
+
+@pytest.mark.parametrize(("route", "members"), STRING_FIELDS)
+def test_every_string_field_fed_a_lone_surrogate_is_a_400_and_the_server_serves(
+        running: RunningServer, route: str, members: str) -> None:
+    assert post(running, route, members, SURROGATE) == 400, members
+    got_over_it(running)
