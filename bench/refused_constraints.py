@@ -11,7 +11,6 @@ interpreter, to measure before and after side by side.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -44,13 +43,12 @@ def main() -> None:
     parser.add_argument("--repo", default=str(REPO))
     args = parser.parse_args()
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "service", "--model", args.model, "--host", "127.0.0.1",
              "--port", str(port), "--metrics-port", "0", "--http-port", "0",
              "--constraint-compile-seconds", str(args.budget)],
-            cwd=args.repo, env=env, stdout=subprocess.DEVNULL, stderr=log)
+            cwd=args.repo, stdout=subprocess.DEVNULL, stderr=log)
         try:
             channel = grpc.insecure_channel(f"127.0.0.1:{port}")
             grpc.channel_ready_future(channel).result(timeout=120)
