@@ -144,34 +144,49 @@ def filtered_probabilities(logits: np.ndarray, params: SamplingParams) -> np.nda
     return np.asarray(probs, np.float64)
 
 
-NUCLEUS_HEAD = 512  # the most likely tokens sorted first, before more (or all) are
+NUCLEUS_HEAD = 512  # the most likely tokens sorted first, before every value is
 
 
 def nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
     """The tokens top-p keeps: the shortest prefix of the tokens by falling probability (ties: the
-    lower id first) whose mass reaches `top_p`, always at least one.
+    lower id first) whose mass reaches `top_p`, always at least one, in that order.
 
-    The same indices, and the same sums on the way, as sorting every token, but only a head of the
-    most likely tokens is sorted while one reaches `top_p` (a stable sort of a 128k vocabulary took
-    ~10 ms a row, the head's partition ~1 ms). Every token at least as likely as the head's last
-    comes before every other in the full order, in the same order among themselves, and a running
-    sum is sequential, so the head's sums are the full order's first sums."""
-    size, head = probs.size, NUCLEUS_HEAD
-    while True:
-        if head < size // 8:
-            least = np.partition(probs, size - head)[size - head]  # the head-th most likely's probability
-            ids = np.flatnonzero(probs >= least)  # ascending: ties keep the lower id first below
-            order = ids[np.argsort(-probs[ids], kind="stable")]
-        else:
-            order = np.argsort(-probs, kind="stable")
-        cumulative = np.cumsum(probs[order])
-        cut = int(np.searchsorted(cumulative, top_p))
-        if cut < order.size or order.size == size:
+    The same indices, and the same sums on the way, as sorting every token, at a fraction of the
+    cost (a stable argsort of a 49k vocabulary took ~6 ms a row, a 128k one ~10 ms):
+    - Peaked rows: only a head of the most likely tokens is sorted (a partition, ~0.1 ms). Every
+      token at least as likely as the head's last comes before every other in the full order, in
+      the same order among themselves, and a running sum is sequential, so the head's sums are
+      the full order's first sums.
+    - Flat rows (a head does not reach `top_p`): the cut comes from the sorted values alone (a
+      value sort, no index: ~1 ms on 49k). The running sums depend only on the sequence of values,
+      which is the same for every order that ties may take, so the cut is the full sort's; the
+      kept tokens are those above the cut's value and, of those equal to it, the lowest ids."""
+    size = probs.size
+    if NUCLEUS_HEAD < size // 8:
+        least = np.partition(probs, size - NUCLEUS_HEAD)[size - NUCLEUS_HEAD]  # the head-th largest
+        ids = np.flatnonzero(probs >= least)  # ascending: ties keep the lower id first below
+        order = ids[np.argsort(-probs[ids], kind="stable")]
+        cut = int(np.searchsorted(np.cumsum(probs[order]), top_p))
+        if cut < order.size:
             return order[: cut + 1]
-        # Not reached: a head as dense as this one would need `needed` tokens; a flat distribution
-        # (a random-weight model's) goes straight to the full sort.
-        needed = order.size * top_p / max(float(cumulative[-1]), 1e-300)
-        head = int(max(8 * head, 2 * needed))
+    falling = np.sort(probs)[::-1]
+    cut = min(int(np.searchsorted(np.cumsum(falling), top_p)), size - 1)
+    edge = falling[cut]
+    above = np.flatnonzero(probs > edge)
+    kept = np.concatenate([above, np.flatnonzero(probs == edge)[: cut + 1 - above.size]])
+    return kept[np.argsort(-probs[kept], kind="stable")]
+
+
+def draw(rng: np.random.Generator, probs: np.ndarray) -> int:
+    """`rng.choice(probs.size, p=probs)`: the same token from the same generator state, which moves
+    on by the same one double. numpy's choice takes the first index whose normalised running sum
+    exceeds one uniform draw; zero-probability tokens leave the running sum exactly as it was, so
+    the sums over the nonzero tokens alone give the same index without its validation passes and
+    full-vocabulary temporaries (~0.5 ms a row on 49k)."""
+    ids = np.flatnonzero(probs)
+    cdf = np.cumsum(probs[ids])
+    cdf /= cdf[-1]
+    return int(ids[np.searchsorted(cdf, rng.random(), side="right")])
 
 
 def _one_hot(size: int, index: int) -> np.ndarray:
@@ -300,4 +315,4 @@ class Sampler:
         if self.params.greedy:
             return int(np.argmax(logits))
         probs = filtered_probabilities(logits, self.params)
-        return int(self.rng.choice(probs.size, p=probs))
+        return draw(self.rng, probs)

@@ -13,6 +13,7 @@ from engine.sampling import (
     SamplingParams,
     apply_presence_frequency,
     apply_repetition_penalty,
+    draw,
     filtered_probabilities,
     log_probs,
     nucleus,
@@ -210,3 +211,16 @@ def test_the_filtered_distribution_is_bit_for_bit_what_it_was(params: SamplingPa
                 np.testing.assert_array_equal(filtered_probabilities(row, params),
                                               _filtered_as_first_written(row, params))
                 np.testing.assert_array_equal(row, kept)  # the caller's row is left as it was
+
+
+def test_a_draw_is_numpy_s_choice_token_for_token_and_leaves_the_generator_where_choice_does() -> None:
+    for k, probs in enumerate(_distributions()):
+        for top_p in (0.5, 0.95, 1.0):
+            kept = np.zeros_like(probs)
+            keep = nucleus(probs, top_p)
+            kept[keep] = probs[keep]
+            kept /= kept.sum()
+            for seed in range(25):
+                ours, numpy_s = np.random.default_rng((k, seed)), np.random.default_rng((k, seed))
+                assert draw(ours, kept) == int(numpy_s.choice(kept.size, p=kept))
+                assert ours.random() == numpy_s.random()
