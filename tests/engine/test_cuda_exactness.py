@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.executor import DecodeRow, Engine, EngineOptions
+from engine.executor import DecodeRow, Engine, EngineOptions, Session
 from engine.sampling import Sampler, SamplingParams
 from tests.support.exactness import Fresh, check_fork_and_one_token_part, decode, same
 from tests.support.models import CUDA_SPEC, cuda_model
@@ -93,3 +93,45 @@ def test_deterministic_decode_rows_do_not_depend_on_the_rows_beside_them(engine:
     finally:
         for session in sessions:
             engine.close_session(session, keep=False)
+
+
+def greedy_with_logits(engine: Engine, session: Session,
+                       steps: int = 10) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy tokens, each fed back in one decode step, and the next-token logits before each."""
+    sampler = Sampler(SamplingParams())
+    logits, out = [engine.logits(session)], [engine.choose(session, sampler)]
+    while len(out) < steps:
+        chosen = engine.decode([DecodeRow(session, out[-1], sampler)])[0]
+        assert chosen is not None
+        out.append(chosen)
+        logits.append(engine.logits(session))
+    return out, logits
+
+
+@pytest.mark.parametrize("held", [1, 3])
+def test_a_greedy_answer_is_bit_equal_while_other_sessions_idle(engine: Engine, held: int) -> None:
+    """A decode forward's width follows the rows that decode: a session above it moves down
+    (Engine.compact), so idle sessions below it never change its answer (issue #46)."""
+    ids = tokens(60, 60)
+    alone = engine.open_session()
+    try:
+        engine.append(alone, ids)
+        expected = greedy_with_logits(engine, alone)
+    finally:
+        engine.close_session(alone, keep=False)
+    idle = [engine.open_session() for _ in range(held)]
+    session = engine.open_session()
+    try:
+        for i, s in enumerate(idle):
+            engine.append(s, tokens(20 + i, i))
+        engine.append(session, ids)
+        assert session.row == held
+        out, logits = greedy_with_logits(engine, session)
+        assert out == expected[0]
+        for mine, theirs in zip(logits, expected[1], strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+        if not engine.options.deterministic:  # (the deterministic mode's forwards bind every row)
+            assert engine.stats().decode.rows_moved > 0 and session.row < engine.decoder.width(1)
+    finally:
+        for s in [*idle, session]:
+            engine.close_session(s, keep=False)
