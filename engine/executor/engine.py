@@ -270,8 +270,12 @@ class Engine(SessionRows):
             # numerics then never follow how many other rows decode beside it.
             least = self.pool.rows if self.options.deterministic else 1
             greedy = ahead and self.options.decode_chain and all(s.plain_greedy for s in samplers)
-            self.compact([r.session for r in rows], self.decoder.width(len(rows), least))
-            tokens = self.decoder.step({r.session.row: r.token for r in rows}, choose, ahead, least, greedy)
+            feeds = {r.session.row: r.token for r in rows}
+            width = self.decoder.width(len(rows), least)
+            if max(feeds) >= width:  # a hole below a decoding row: rarely, and never in steady decode
+                self.compact([r.session for r in rows], width)
+                feeds = {r.session.row: r.token for r in rows}
+            tokens = self.decoder.step(feeds, choose, ahead, least, greedy)
         else:
             tokens = []
         for row in rows:

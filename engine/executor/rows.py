@@ -137,13 +137,15 @@ class SessionRows(Prefilling):
         and never which rows idle sessions of other callers hold (docs/api.md, Exactness). A
         session above moves onto a row below no decoding session holds: a free row first, then
         the row of the session used least recently, which takes its place. The moves made."""
-        if self.info.recurrent_state or all(s.row < width for s in sessions):
+        if self.info.recurrent_state:
             return 0
         decoding = {s.row for s in sessions}
         targets = sorted((r for r in range(width) if r not in decoding),
                          key=lambda r: (r in self._open, r in self.prefixes.held,
                                         self._open[r].used if r in self._open else 0, r))
         movers = sorted((s for s in sessions if s.row >= width), key=lambda s: s.row)
+        if not movers:
+            return 0
         self.decoder.settle()
         for session, target in zip(movers, targets, strict=False):
             self._swap_rows(session, target)
@@ -152,30 +154,20 @@ class SessionRows(Prefilling):
 
     def _swap_rows(self, session: Session, target: int) -> None:
         """Move `session` onto pool row `target`, KV and next-token logits bit for bit; the session
-        holding `target`, if any, takes `session`'s row, and a prefix held on it moves (prefix.py)."""
+        holding `target`, if any, takes `session`'s row, and a prefix held on it moves (prefix.py).
+        The rows change hands through the table's own `_leave_row`/`_take_row`."""
         source, other = session.row, self._open.get(target)
         if other is None:
             self.prefixes.vacate(target, self._free, (source,))
-            saved = None
         else:
             saved = self.backend.park_row(target, other.length)
+            self._leave_row(other)
         self.backend.copy_rows(source, target, session.length)
-        del self._open[source]
-        self.prefixes.index.drop(source)
-        self.prefixes.index.drop(target)  # both re-indexed from their tokens when next looked up
-        self._free.discard(target)
-        session.row = target
-        self._open[target] = session
-        self.pool.commit(session, session.length)
-        if other is None or saved is None:
-            self._free.add(source)
-            self.pool.set_mask(source, 0)
-            self.backend.release_row(source)
-            return
-        self.backend.unpark_row(source, saved)
-        other.row = source
-        self._open[source] = other
-        self.pool.commit(other, other.length)
+        self._leave_row(session)
+        self._take_row(target, session, session.length)
+        if other is not None:
+            self.backend.unpark_row(source, saved)
+            self._take_row(source, other, other.length)
 
     def close_session(self, session: Session, keep: bool = True) -> None:
         """Return the session's row; with prefix sharing on it keeps the session's KV (prefix.py)."""
