@@ -41,6 +41,8 @@ def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_
             stream.cancel()
             wait_for(lambda: running.calls("GenerateStream", "CANCELLED") == 1)
             wait_for(lambda: running.calls("Generate", "DEADLINE_EXCEEDED") == 1)
+            # The call is counted a moment before its log line is written: wait for both lines.
+            wait_for(lambda: len(lines(logs, "rpc_cancelled")) >= 2)
         ended = sorted((e["method"], e["request_id"], e["code"], e["log_level"])
                        for e in lines(logs, "rpc_cancelled"))
         assert ended == [("Generate", "unary-1", "DEADLINE_EXCEEDED", "info"),
