@@ -1,7 +1,13 @@
 """Choosing the next token from logits: greedy, temperature, top-k, top-p, min-p and penalties.
 
 Pure numpy and seeded: the same logits, history and seed always give the same
-token. Greedy is temperature 0 (or top_k 1) and never touches the generator.
+token. Greedy is temperature 0 (or top_k 1) and draws nothing.
+
+Draws are counter-based (`uniform`): Philox4x64-10 keyed by the request's seed (or a random key
+when it has none) with the token's position in the sequence as the counter, so a draw depends on
+nothing but (seed, sample, position) and the row's logits: not on which rows share a step, how many
+there are, or what was drawn before. The CUDA backend computes the same uniform on the device
+(engine/runtime/sampled.py).
 
 Order, as in vLLM: penalties (repetition over the whole sequence, presence and
 frequency over the tokens this sampler chose), then temperature, then top-k,
@@ -11,6 +17,7 @@ any of these: the distribution the model gave.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
@@ -177,16 +184,53 @@ def nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
     return kept[np.argsort(-probs[kept], kind="stable")]
 
 
-def draw(rng: np.random.Generator, probs: np.ndarray) -> int:
-    """`rng.choice(probs.size, p=probs)`: the same token from the same generator state, which moves
-    on by the same one double. numpy's choice takes the first index whose normalised running sum
-    exceeds one uniform draw; zero-probability tokens leave the running sum exactly as it was, so
-    the sums over the nonzero tokens alone give the same index without its validation passes and
-    full-vocabulary temporaries (~0.5 ms a row on 49k)."""
+def draw(u: float, probs: np.ndarray) -> int:
+    """The token at `u` (in [0, 1)) of the distribution's inverse CDF in id order: the first index
+    whose normalised running sum exceeds `u`, as numpy's `choice` takes it from its one double.
+    Zero-probability tokens leave the running sum as it was, so the sums over the nonzero tokens
+    alone give the same index without full-vocabulary temporaries (~0.5 ms a row on 49k)."""
     ids = np.flatnonzero(probs)
     cdf = np.cumsum(probs[ids])
     cdf /= cdf[-1]
-    return int(ids[np.searchsorted(cdf, rng.random(), side="right")])
+    return int(ids[min(int(np.searchsorted(cdf, u, side="right")), ids.size - 1)])
+
+
+# Philox4x64-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), the
+# generator numpy's `Philox` bit generator implements: its multipliers and Weyl key increments.
+_PHILOX_M = (np.uint64(0xD2E7470EE14C6C93), np.uint64(0xCA5A826395121157))
+_PHILOX_W = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBB67AE8584CAA73B))
+_LOW32, _32 = np.uint64(0xFFFFFFFF), np.uint64(32)
+
+
+def _mulhilo(a: np.ndarray, b: np.uint64) -> tuple[np.ndarray, np.ndarray]:
+    """The high and low 64 bits of a * b, from 32-bit halves (numpy has no 128-bit product)."""
+    al, ah, bl, bh = a & _LOW32, a >> _32, b & _LOW32, b >> _32
+    ll, lh, hl = al * bl, al * bh, ah * bl
+    mid = (ll >> _32) + (lh & _LOW32) + (hl & _LOW32)
+    return ah * bh + (lh >> _32) + (hl >> _32) + (mid >> _32), a * b
+
+
+def philox(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """Philox4x64-10's first output word for each (key, counter): key (k, 0), counter (c, 0, 0, 0).
+    Equal to numpy's `Philox(key=[k, 0], counter=[c - 1, 0, 0, 0]).random_raw()` (it counts first)."""
+    k0 = np.asarray(keys, np.uint64).copy()
+    c0 = np.asarray(counters, np.uint64).copy()
+    k1, c1, c2, c3 = (np.zeros_like(c0) for _ in range(4))
+    with np.errstate(over="ignore"):
+        for round_ in range(10):
+            if round_:
+                k0 += _PHILOX_W[0]
+                k1 += _PHILOX_W[1]
+            hi0, lo0 = _mulhilo(c0, _PHILOX_M[0])
+            hi1, lo1 = _mulhilo(c2, _PHILOX_M[1])
+            c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0
+
+
+def uniform(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """One double in [0, 1) per (key, counter): the top 53 bits of `philox`, as numpy's
+    `Generator.random` makes a double of a 64-bit word."""
+    return (philox(keys, counters) >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def _one_hot(size: int, index: int) -> np.ndarray:
@@ -257,7 +301,8 @@ class Sampler:
         if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}")
         self.params = params
-        self._rng: np.random.Generator | None = None
+        # The generator's key: the seed, else a random one of this sampler's own.
+        self.key = params.seed if params.seed is not None else secrets.randbits(64)
         self.counts: Counter[int] = Counter()
         self.top_logprobs = top_logprobs
         self.last: TokenLogprobs | None = None  # set by the engine after each choice when asked
@@ -274,13 +319,9 @@ class Sampler:
         self.constraint_seconds += time.perf_counter() - started
         return allowed
 
-    @property
-    def rng(self) -> np.random.Generator:
-        """The seeded generator, made on the first draw: a greedy request never pays for one (numpy
-        builds it through a SeedSequence, ~0.1-0.2 ms on a request's way to the worker)."""
-        if self._rng is None:
-            self._rng = np.random.default_rng(self.params.seed)
-        return self._rng
+    def uniform(self, position: int) -> float:
+        """The draw for the token at `position` of the sequence (counter-based: any order, any load)."""
+        return float(uniform(np.array([self.key], np.uint64), np.array([position], np.uint64))[0])
 
     def penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         p = self.params
@@ -304,15 +345,14 @@ class Sampler:
         return self.constraint is not None
 
     @property
-    def plain_greedy(self) -> bool:
-        """Greedy with nothing but the logits to go by (no constraint, penalty or log-probabilities):
-        the device can choose it with no word from the host."""
-        return (self.params.greedy and not self.params.penalized and self.constraint is None
-                and self.top_logprobs is None)
+    def plain(self) -> bool:
+        """Nothing but the logits and the parameters to go by (no constraint, penalty or
+        log-probabilities): the device can choose it, greedy or sampled, with no word from the host."""
+        return not self.params.penalized and self.constraint is None and self.top_logprobs is None
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         logits = self.penalize(logits, history)
         if self.params.greedy:
             return int(np.argmax(logits))
         probs = filtered_probabilities(logits, self.params)
-        return draw(self.rng, probs)
+        return draw(self.uniform(len(history)), probs)

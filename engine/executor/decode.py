@@ -12,9 +12,10 @@ steps overlaps the device's. The next step takes it when it feeds exactly
 those tokens to exactly those rows (a hit); otherwise it is dropped: it wrote
 only one position past each row's length, which nothing reads.
 
-Chain (a hit whose rows all choose plain greedy, on a backend that `chains`): the step does not
-wait for the forward in flight at all. It queues behind it on the device the keeping of the
-rows' logits, the argmax that writes each token into the next forward's ids and moves its mask,
+Chain (a hit whose rows all choose with nothing but their logits and parameters, greedy or
+sampled, on a backend that `chains`): the step does not wait for the forward in flight at all. It
+queues behind it on the device the keeping of the rows' logits, the choice (an argmax or a seeded
+draw) that writes each token into the next forward's ids and moves its mask,
 and the next forward itself, then waits only for the tokens, while that next forward runs. The
 device goes from forward to forward without a host round trip (measured on the H200: the host's
 0.5 ms between two forwards was a fifth of a 64-row step of a 0.8 B model).
@@ -23,7 +24,7 @@ device goes from forward to forward without a host round trip (measured on the H
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ from engine.planner import decode_batch_width, ride_along_length
 from engine.runtime.backend import Backend
 from engine.runtime.pool import KvPool
 from engine.runtime.variants import Variant, VariantKey
+from engine.sampling import Sampler
 
 
 @dataclass
@@ -94,17 +96,18 @@ class BatchDecoder:
         self.step(feeds, lambda _: [], ahead=False, least=least)
 
     def step(self, feeds: dict[int, int], choose: Callable[[list[int] | None], list[int]], ahead: bool,
-             least: int = 1, greedy: bool = False) -> list[int]:
+             least: int = 1, plain: Sequence[Sampler] | None = None) -> list[int]:
         """Advance the rows in `feeds` by their token, `choose` the next tokens and, with `ahead`,
-        launch the forward that feeds them before returning. `greedy`: every row's choice is
-        plain greedy (the tokens may be chosen on the device, the chain; `choose` then gets them).
+        launch the forward that feeds them before returning. `plain`: the rows' samplers, in the
+        order of `feeds`, when every one is `Sampler.plain` (the tokens may then be chosen on the
+        device, the chain; `choose` then gets them).
 
         The order keeps the device busy: once a forward is done, its logits are kept and the
         next tokens chosen on the device, the next forward is launched, and only then does
         the host do its bookkeeping."""
         batch = self._width[max(max(feeds), least - 1, self.least - 1)]
-        if ahead and greedy:
-            tokens = self._chain(batch, feeds)
+        if ahead and plain is not None:
+            tokens = self._chain(batch, feeds, plain)
             if tokens is not None:
                 return choose(tokens)
         logits, lengths = self._take_ahead(batch, feeds)
@@ -129,7 +132,7 @@ class BatchDecoder:
         self._count(batch, feeds)
         return tokens
 
-    def _chain(self, batch: int, feeds: dict[int, int]) -> list[int] | None:
+    def _chain(self, batch: int, feeds: dict[int, int], samplers: Sequence[Sampler]) -> list[int] | None:
         """The chain, when the forward in flight is this step's and the next fits: the step's rows
         committed, the next forward launched behind the device's choice of their tokens; the
         tokens. None when it does not apply (nothing was done)."""
@@ -142,7 +145,7 @@ class BatchDecoder:
         key = VariantKey(1, (), batch)
         try:
             tokens = self.backend.chain_batch(self.variant(key), key, rows, ahead.logits,
-                                              [committed[row] for row in rows])
+                                              [committed[row] for row in rows], samplers)
         except BaseException:
             self.backend.settle()
             self._ahead = None

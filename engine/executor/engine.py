@@ -269,13 +269,14 @@ class Engine(SessionRows):
             # The deterministic mode runs every decode forward at the widest batch: a row's
             # numerics then never follow how many other rows decode beside it.
             least = self.pool.rows if self.options.deterministic else 1
-            greedy = ahead and self.options.decode_chain and all(s.plain_greedy for s in samplers)
+            chainable = ahead and self.options.decode_chain and all(s.plain for s in samplers)
+            plain = samplers if chainable else None
             feeds = {r.session.row: r.token for r in rows}
             width = self.decoder.width(len(rows), least)
             if max(feeds) >= width:  # a hole below a decoding row: rarely, and never in steady decode
                 self.compact([r.session for r in rows], width)
                 feeds = {r.session.row: r.token for r in rows}
-            tokens = self.decoder.step(feeds, choose, ahead, least, greedy)
+            tokens = self.decoder.step(feeds, choose, ahead, least, plain)
         else:
             tokens = []
         for row in rows:

@@ -5,6 +5,7 @@ use now rather than in a request."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from engine.runtime.variants import VariantKey
@@ -44,6 +45,9 @@ def warm_up(engine: Engine) -> int:
         penalized = Sampler(SamplingParams(presence_penalty=0.1, frequency_penalty=0.1))
         penalized.chose(0)
         backend.choose([session.row], [penalized], [[0]])
+        sampled = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.01, seed=0)
+        backend.choose([session.row], [Sampler(sampled), Sampler(replace(sampled, repetition_penalty=1.1))],
+                       [[0], [0]])
         backend.logprobs([session.row], [0], MAX_TOP_LOGPROBS)
     finally:
         engine.close_session(session, keep=False)

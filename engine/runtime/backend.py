@@ -118,9 +118,10 @@ class Backend(Protocol[VariantT]):
         ...
 
     def chain_batch(self, variant: VariantT | None, key: VariantKey, rows: Sequence[int], logits: Any,
-                    grow: Sequence[int]) -> list[int] | None:
+                    grow: Sequence[int], samplers: Sequence[Sampler]) -> list[int] | None:
         """Behind the decode forward in flight that computes `logits`, without waiting for it: keep
-        rows' logits, choose each row's greedy token (no constraint, no penalty), feed it to the
+        rows' logits, choose each row's token with its sampler (`Sampler.plain`: no constraint,
+        penalty or log-probabilities; greedy or drawn at position grow[i]), feed it to the
         next forward over rows [0, key.batch) at position grow[i] (row rows[i]'s mask one longer,
         every other row's as it is) and launch that forward without waiting. The tokens, once
         chosen; None when the variant cannot be launched so (nothing was done). Only where `chains`."""

@@ -240,7 +240,7 @@ class CpuBackend:
         return self._run(variant, None)
 
     def chain_batch(self, variant: CpuVariant | None, key: VariantKey, rows: Sequence[int], logits: Any,
-                    grow: Sequence[int]) -> list[int] | None:
+                    grow: Sequence[int], samplers: Sequence[Sampler]) -> list[int] | None:
         """Forwards on the CPU finish before they return: nothing to queue behind."""
         return None
 

@@ -44,8 +44,10 @@ from engine.runtime.device_logits import DeviceLogits
 from engine.runtime.greedy import GreedyRows
 from engine.runtime.masks import MASKS_HELD, MaskTable
 from engine.runtime.pool import KvPool
+from engine.runtime.sampled import SampledRows
 from engine.runtime.staging import Staging
 from engine.runtime.variants import VariantKey
+from engine.sampling import Sampler
 
 log = structlog.get_logger("ladder.engine")
 
@@ -126,6 +128,9 @@ class CudaBackend(DeviceLogits):
             # Scratch for gathering rows that are not contiguous: no allocation per step, memory flat.
             self.gathered = self.xp.zeros_like(self.store)
         self.greedy = GreedyRows(self.rt, rows, self.store.dtype)
+        # Sampled rows are drawn on the device (host_runtime draws them on the host, as the CPU does).
+        self.sampled = SampledRows(self.rt, rows, self.store.dtype, info.vocab_size) \
+            if self.rt.device == "cuda" else None
         # Structured output: each constraint state's allowed-token mask, uploaded once.
         self.masks = MaskTable(self.xp, int(self.store.shape[-1]), max(MASKS_HELD, 2 * self.pool.rows + 1))
         return self.pool
@@ -311,7 +316,7 @@ class CudaBackend(DeviceLogits):
         return variant.logits
 
     def chain_batch(self, variant: DeviceVariant | None, key: VariantKey, rows: Sequence[int], logits: Any,
-                    grow: Sequence[int]) -> list[int] | None:
+                    grow: Sequence[int], samplers: Sequence[Sampler]) -> list[int] | None:
         """Keep, choose (writing the next forward's ids, masks and positions on the device) and launch,
         all queued on the backend's stream behind the forward in flight: the device goes from one
         forward to the next through two small kernels, whatever the host is doing. The host waits
@@ -323,15 +328,27 @@ class CudaBackend(DeviceLogits):
         positions = variant.inputs[self.info.position_ids] if self.info.position_ids else None
         if feed.dtype != np.int64:
             return None
+        sampled = not all(s.params.greedy for s in samplers)
+        if sampled and self.sampled is None:
+            return None  # host_runtime: sampled rows draw on the host
         self.keep_batch(rows, logits)
         self.in_flight = True  # from here the device holds work a failure must wait for
         with self.rt.enter():
-            chosen = self.greedy.chain(self.store, rows, grow, feed, self.pool.mask, positions)
+            if sampled:
+                assert self.sampled is not None
+                for i, (row, sampler) in enumerate(zip(rows, samplers, strict=True)):
+                    self.sampled.set(i, self.store[row], sampler.params, sampler.key, int(grow[i]))
+                chosen = self.sampled.launch(len(rows), chain=(rows, grow, feed, self.pool.mask, positions))
+            else:
+                chosen = self.greedy.chain(self.store, rows, grow, feed, self.pool.mask, positions)
             staged = self.staging.row  # one lookup, not a call per row: this is every decode step
             if staged in rows:
                 self.staging.written(int(grow[list(rows).index(staged)]))
             self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id, False))
         self.queued = False  # what was queued runs before the forward: it is on the same stream
+        if sampled:
+            assert self.sampled is not None
+            return self.sampled.chosen(len(rows), chosen)
         return self.greedy.chosen(len(rows), chosen)
 
     def settle(self) -> None:

@@ -2,9 +2,10 @@
 
 Each pool row's logits are kept in a device store where the forward computed them; greedy tokens
 (with a constraint's mask and the penalties) are chosen there in one argmax for every row, and
-log-probabilities are computed there, so only token ids and a few values reach the host. Seeded
-sampling reads its one row back and draws on the host, exactly as on CPU. `CudaBackend` inherits
-this; the attributes below are set when it allocates the pool.
+log-probabilities are computed there, and sampled rows are drawn there in one kernel for every row
+(engine.runtime.sampled), so only token ids and a few values reach the host. On numpy
+(`host_runtime`) a sampled row is drawn on the host, as on CPU. `CudaBackend` inherits this; the
+attributes below are set when it allocates the pool.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from engine.runtime.cuda_runtime import Placement
 from engine.runtime.greedy import GreedyRows
 from engine.runtime.masks import MaskTable
+from engine.runtime.sampled import SampledRows
 from engine.sampling import (
     Sampler,
     TokenLogprobs,
@@ -33,6 +35,7 @@ class DeviceLogits:
     store: Any  # [rows, vocab]: each pool row's next-token logits
     gathered: Any  # scratch of the store's shape for gathered rows
     greedy: GreedyRows
+    sampled: SampledRows | None  # None on numpy: sampled rows draw on the host
     masks: MaskTable
     queued: bool  # device work is queued that the next forward must wait for
 
@@ -61,32 +64,58 @@ class DeviceLogits:
 
     def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
                histories: Sequence[Sequence[int]]) -> list[int]:
-        """Greedy rows in one argmax on the device; a penalty is applied there; sampling on the host."""
+        """Greedy rows in one argmax on the device, sampled rows in one draw there (penalties applied
+        there first); greedy rows with a penalty one at a time, on the device too."""
         out: dict[int, int] = {}
         plain = [i for i, s in enumerate(samplers) if s.params.greedy and not s.params.penalized]
+        drawn = [i for i, s in enumerate(samplers) if not s.params.greedy] if self.sampled is not None else []
         with self.rt.enter():
             if plain:  # one masked argmax for every row, constrained or not
                 slots = [self.masks.slot(samplers[i]) if samplers[i].constrained else -1 for i in plain]
                 picked = self.greedy(self.store, [rows[i] for i in plain], slots, self.masks.table)
                 out.update(zip(plain, picked, strict=True))
+            if drawn:
+                out.update(zip(drawn, self._draw([rows[i] for i in drawn], [samplers[i] for i in drawn],
+                                                 [histories[i] for i in drawn]), strict=True))
             for i, sampler in enumerate(samplers):
                 if i not in out:
                     out[i] = self._choose_one(rows[i], sampler, histories[i])
         return [out[i] for i in range(len(rows))]
 
+    def _draw(self, rows: Sequence[int], samplers: Sequence[Sampler],
+              histories: Sequence[Sequence[int]]) -> list[int]:
+        """One kernel for every sampled row; a penalized row is first made as a float32 row of its
+        own (the host's formulas, run where the logits are; the constraint's mask then applies in
+        the kernel, which leaves the same tokens out as masking first would)."""
+        assert self.sampled is not None
+        made = []  # penalized rows, alive until the kernel has read them
+        for i, (row, sampler, history) in enumerate(zip(rows, samplers, histories, strict=True)):
+            logits = self.store[row]
+            if sampler.params.penalized:
+                logits = self._penalized(logits, sampler, history)
+                made.append(logits)
+            slot = self.masks.slot(sampler) if sampler.constrained else -1
+            self.sampled.set(i, logits, sampler.params, sampler.key, len(history), slot)
+        tokens = self.sampled.chosen(len(rows), self.sampled.launch(len(rows), self.masks.table))
+        del made
+        return tokens
+
+    def _penalized(self, logits: Any, sampler: Sampler, history: Sequence[int]) -> Any:
+        params = sampler.params
+        logits = apply_repetition_penalty(logits, history, params.repetition_penalty, self.xp)
+        return apply_presence_frequency(logits, sampler.counts, params.presence_penalty,
+                                        params.frequency_penalty, self.xp)
+
     def _choose_one(self, row: int, sampler: Sampler, history: Sequence[int]) -> int:
         params = sampler.params
         if not params.greedy:
-            # Seeded sampling draws on the host from this one row, exactly as on CPU.
+            # On numpy (host_runtime): drawn on the host from this one row, exactly as on CPU.
             return sampler(self.row_logits(row), history)
         # The host's formulas (engine.sampling), run where the logits are.
         logits = self.store[row]
         if sampler.constraint is not None:
             logits = self.xp.where(self.masks.row(sampler), logits, self.xp.float32(-np.inf))
-        logits = apply_repetition_penalty(logits, history, params.repetition_penalty, self.xp)
-        logits = apply_presence_frequency(logits, sampler.counts, params.presence_penalty,
-                                          params.frequency_penalty, self.xp)
-        return int(self.xp.argmax(logits))
+        return int(self.xp.argmax(self._penalized(logits, sampler, history)))
 
     def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int,
                  allowed: Sequence[np.ndarray | None] = ()) -> list[TokenLogprobs]:

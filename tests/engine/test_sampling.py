@@ -17,15 +17,17 @@ from engine.sampling import (
     filtered_probabilities,
     log_probs,
     nucleus,
+    philox,
     token_logprobs,
+    uniform,
 )
 
 LOGITS = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05], np.float32))
 
 
 def _histogram(params: SamplingParams, draws: int = 20000) -> np.ndarray:
-    sampler = Sampler(params)
-    counts = np.bincount([sampler(LOGITS) for _ in range(draws)], minlength=LOGITS.size)
+    sampler = Sampler(params)  # draw i is the one for position i of a sequence
+    counts = np.bincount([sampler(LOGITS, range(i)) for i in range(draws)], minlength=LOGITS.size)
     return counts / draws
 
 
@@ -61,7 +63,34 @@ def test_top_p_keeps_the_smallest_prefix_reaching_the_mass() -> None:
 def test_the_same_seed_gives_the_same_draws() -> None:
     a = Sampler(SamplingParams(temperature=1.0, seed=7))
     b = Sampler(SamplingParams(temperature=1.0, seed=7))
-    assert [a(LOGITS) for _ in range(50)] == [b(LOGITS) for _ in range(50)]
+    assert [a(LOGITS, range(i)) for i in range(50)] == [b(LOGITS, range(i)) for i in range(50)]
+    assert len({a(LOGITS, range(i)) for i in range(50)}) > 1
+
+
+def test_a_draw_depends_only_on_the_key_and_the_position_not_on_earlier_draws() -> None:
+    a = Sampler(SamplingParams(temperature=1.0, seed=7))
+    forward = [a(LOGITS, range(i)) for i in range(40)]
+    backward = [a(LOGITS, range(i)) for i in reversed(range(40))][::-1]
+    assert forward == backward
+
+
+def test_unseeded_samplers_draw_from_keys_of_their_own() -> None:
+    one, two = Sampler(SamplingParams(temperature=1.0)), Sampler(SamplingParams(temperature=1.0))
+    assert one.key != two.key
+    assert [one(LOGITS, range(i)) for i in range(64)] != [two(LOGITS, range(i)) for i in range(64)]
+
+
+def test_the_generator_is_numpy_s_philox_4x64_10() -> None:
+    keys = np.array([0, 7, 2**63 + 5, 2**64 - 1], np.uint64)
+    for position in (1, 2, 1000, 2**40 + 3):
+        counters = np.full(keys.size, position, np.uint64)
+        words, doubles = philox(keys, counters), uniform(keys, counters)
+        for i, key in enumerate(keys):
+            def made(key: np.uint64 = key, position: int = position) -> np.random.Philox:
+                return np.random.Philox(key=np.array([key, 0], np.uint64),
+                                        counter=np.array([position - 1, 0, 0, 0], np.uint64))
+            assert int(words[i]) == int(made().random_raw())
+            assert doubles[i] == np.random.Generator(made()).random()
 
 
 def test_repetition_penalty_lowers_seen_tokens_either_sign() -> None:
@@ -164,8 +193,8 @@ def test_top_p_filtering_gives_bit_for_bit_the_distribution_and_draws_a_full_sor
         mask[keep] = before[keep]
         reference = mask / mask.sum()
         np.testing.assert_array_equal(filtered_probabilities(logits, params), reference)
-        draws = [Sampler(params)(logits) for _ in range(3)]
-        assert draws == [int(np.random.default_rng(11).choice(reference.size, p=reference))] * 3
+        u = float(uniform(np.array([11], np.uint64), np.array([0], np.uint64))[0])
+        assert Sampler(params)(logits) == _choice_at(u, reference)
 
 
 def _filtered_as_first_written(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -213,7 +242,15 @@ def test_the_filtered_distribution_is_bit_for_bit_what_it_was(params: SamplingPa
                 np.testing.assert_array_equal(row, kept)  # the caller's row is left as it was
 
 
-def test_a_draw_is_numpy_s_choice_token_for_token_and_leaves_the_generator_where_choice_does() -> None:
+def _choice_at(u: float, probs: np.ndarray) -> int:
+    """numpy's `choice` for the generator state whose next double is `u`, written out: the first
+    index whose normalised running sum exceeds it."""
+    cdf = np.cumsum(probs)
+    cdf /= cdf[-1]
+    return int(np.searchsorted(cdf, u, side="right"))
+
+
+def test_a_draw_is_numpy_s_choice_token_for_token() -> None:
     for k, probs in enumerate(_distributions()):
         for top_p in (0.5, 0.95, 1.0):
             kept = np.zeros_like(probs)
@@ -222,5 +259,4 @@ def test_a_draw_is_numpy_s_choice_token_for_token_and_leaves_the_generator_where
             kept /= kept.sum()
             for seed in range(25):
                 ours, numpy_s = np.random.default_rng((k, seed)), np.random.default_rng((k, seed))
-                assert draw(ours, kept) == int(numpy_s.choice(kept.size, p=kept))
-                assert ours.random() == numpy_s.random()
+                assert draw(ours.random(), kept) == int(numpy_s.choice(kept.size, p=kept))
