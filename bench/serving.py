@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing
 import os
@@ -89,19 +90,23 @@ def arrivals(n: int, rate: float, rng: np.random.Generator) -> list[float]:
 
 
 # -- the clients: each returns a Record, never raises for a failed call ------------------------------
-def grpc_caller(address: str, coalesce: bool = False) -> Call:
+def grpc_caller(address: str, coalesce: bool = False, temperature: float = 0.0, top_p: float = 1.0) -> Call:
     """GenerateStream; with `coalesce` the tokens that are ready together come in one message, and
-    each of them is timed at that message's arrival."""
+    each of them is timed at that message's arrival. A `temperature` above 0 samples (with `top_p`),
+    each call with a seed of its own."""
     from clients.python.async_client import AsyncLadderClient
     from clients.python.channel import Connection
-    from clients.python.messages import Stopping, tokens_of
+    from clients.python.messages import Sampling, Stopping, tokens_of
 
     client = AsyncLadderClient(Connection(address, timeout_s=600))
+    seeds = itertools.count(int(time.time_ns() % 2**32))
 
     async def call(tokens: list[int], new: int) -> Record:
         record = Record(time.perf_counter())
         try:
-            async for event in client.generate_stream(tokens, stopping=Stopping(new, ignore_eos=True),
+            sampling = Sampling(temperature, top_p=top_p, seed=next(seeds)) if temperature else None
+            stopping = Stopping(new, ignore_eos=True)
+            async for event in client.generate_stream(tokens, sampling=sampling, stopping=stopping,
                                                       coalesce=coalesce):
                 now = time.perf_counter()
                 record.times.extend(now for _ in tokens_of(event))
@@ -255,11 +260,12 @@ class Clients:
         return self.calls[protocol]
 
 
-async def connect(grpc_address: str, http_address: str, coalesce: bool = False) -> Clients:
+async def connect(grpc_address: str, http_address: str, coalesce: bool = False, temperature: float = 0.0,
+                  top_p: float = 1.0) -> Clients:
     """gRPC always; HTTP when its address is known (a started server, or --http-target)."""
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                     timeout=aiohttp.ClientTimeout(total=600))
-    calls = {"grpc": grpc_caller(grpc_address, coalesce)}
+    calls = {"grpc": grpc_caller(grpc_address, coalesce, temperature, top_p)}
     if http_address:
         calls["http"] = http_caller(session, http_address, await served_model(session, http_address))
     return Clients(calls, session)
@@ -344,7 +350,8 @@ def split_open_loop(args: argparse.Namespace, address: str, work: Sequence[Reque
     context = multiprocessing.get_context("spawn")  # grpc's state must not be forked
     with context.Pool(procs) as pool:
         parts = pool.starmap(_open_loop_part, [(address, list(work[k::procs]), list(offsets[k::procs]), start,
-                                                args.coalesce) for k in range(procs)])
+                                                args.coalesce, args.temperature, args.top_p)
+                                               for k in range(procs)])
     records = interleave([[Record(r["start"], r["times"], r["error"]) for r in part] for part, _ in parts])
     wall = max((max(r.times, default=r.start) for r in records), default=start) - start
     return records, wall, sum(cpu for _, cpu in parts)
@@ -358,10 +365,10 @@ def interleave(parts: Sequence[Sequence[Record]]) -> list[Record]:
     return records
 
 
-def _open_loop_part(address: str, work: list[Request], offsets: list[float],
-                    start: float, coalesce: bool) -> tuple[list[dict[str, Any]], float]:
+def _open_loop_part(address: str, work: list[Request], offsets: list[float], start: float, coalesce: bool,
+                    temperature: float, top_p: float) -> tuple[list[dict[str, Any]], float]:
     async def run() -> tuple[list[Record], float]:
-        call = grpc_caller(address, coalesce)
+        call = grpc_caller(address, coalesce, temperature, top_p)
         await call(work[0][0][:4], 1)  # the channel up before the clock starts
         await asyncio.sleep(max(0.0, start - time.perf_counter()))
         cpu = cpu_seconds(None)
@@ -424,7 +431,7 @@ async def side_by_side(clients: Clients, args: argparse.Namespace, vocab: int, s
 async def measure(args: argparse.Namespace, grpc_address: str, http_address: str, vocab: int,
                   server: int | None = None) -> dict[str, Any]:
     slo = Slo(args.slo_ttft_ms, args.slo_itl_ms)
-    clients = await connect(grpc_address, http_address, args.coalesce)
+    clients = await connect(grpc_address, http_address, args.coalesce, args.temperature, args.top_p)
     try:
         await warm_up(clients, args, vocab)
         if args.concurrency:
@@ -462,6 +469,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=0, help="fixed prompt tokens (0: lognormal)")
     parser.add_argument("--output-len", type=int, default=0, help="fixed output tokens (0: lognormal)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=0.0, help="gRPC calls sample above 0 (seeded)")
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--coalesce", action="store_true",
                         help="gRPC: ask for coalesce_tokens (tokens ready together in one message)")
     parser.add_argument("--slo-ttft-ms", type=float, default=None, help="default 200 on CUDA, 1000 on CPU")

@@ -46,8 +46,8 @@ def warm_up(engine: Engine) -> int:
         penalized.chose(0)
         backend.choose([session.row], [penalized], [[0]])
         sampled = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.01, seed=0)
-        backend.choose([session.row], [Sampler(sampled), Sampler(replace(sampled, repetition_penalty=1.1))],
-                       [[0], [0]])
+        drawn = [Sampler(sampled), Sampler(replace(sampled, repetition_penalty=1.1))]
+        backend.choose([session.row] * 2, drawn, [[0], [0]])
         backend.logprobs([session.row], [0], MAX_TOP_LOGPROBS)
     finally:
         engine.close_session(session, keep=False)

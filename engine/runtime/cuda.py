@@ -336,8 +336,8 @@ class CudaBackend(DeviceLogits):
         with self.rt.enter():
             if sampled:
                 assert self.sampled is not None
-                for i, (row, sampler) in enumerate(zip(rows, samplers, strict=True)):
-                    self.sampled.set(i, self.store[row], sampler.params, sampler.key, int(grow[i]))
+                self.sampled.fill(0, self.row_addresses(rows), [self.store.dtype == np.float32] * len(rows),
+                                  [s.params for s in samplers], [s.key for s in samplers], grow)
                 chosen = self.sampled.launch(len(rows), chain=(rows, grow, feed, self.pool.mask, positions))
             else:
                 chosen = self.greedy.chain(self.store, rows, grow, feed, self.pool.mask, positions)

@@ -88,17 +88,25 @@ class DeviceLogits:
         own (the host's formulas, run where the logits are; the constraint's mask then applies in
         the kernel, which leaves the same tokens out as masking first would)."""
         assert self.sampled is not None
+        addresses = self.row_addresses(rows)
+        wide = [self.store.dtype == np.float32] * len(rows)
         made = []  # penalized rows, alive until the kernel has read them
-        for i, (row, sampler, history) in enumerate(zip(rows, samplers, histories, strict=True)):
-            logits = self.store[row]
+        for i, (sampler, history) in enumerate(zip(samplers, histories, strict=True)):
             if sampler.params.penalized:
-                logits = self._penalized(logits, sampler, history)
+                logits = self._penalized(self.store[rows[i]], sampler, history)
                 made.append(logits)
-            slot = self.masks.slot(sampler) if sampler.constrained else -1
-            self.sampled.set(i, logits, sampler.params, sampler.key, len(history), slot)
+                addresses[i], wide[i] = logits.data.ptr, logits.dtype == np.float32
+        slots = [self.masks.slot(s) if s.constrained else -1 for s in samplers]
+        self.sampled.fill(0, addresses, wide, [s.params for s in samplers], [s.key for s in samplers],
+                          [len(h) for h in histories], slots)
         tokens = self.sampled.chosen(len(rows), self.sampled.launch(len(rows), self.masks.table))
         del made
         return tokens
+
+    def row_addresses(self, rows: Sequence[int]) -> list[int]:
+        """The device address of each pool row's stored logits (no array made per row)."""
+        base, stride = self.store.data.ptr, self.store.strides[0]
+        return [base + row * stride for row in rows]
 
     def _penalized(self, logits: Any, sampler: Sampler, history: Sequence[int]) -> Any:
         params = sampler.params

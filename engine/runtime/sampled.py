@@ -370,15 +370,24 @@ class SampledRows:
     def set(self, i: int, logits: Any, params: Any, key: int, position: int, slot: int = -1) -> None:
         """Row i of the next launch: its logits (a device row), parameters (SamplingParams), key,
         the position of the token it chooses, and its constraint's mask-table slot (-1: none)."""
-        self.pointers[i] = logits.data.ptr
-        self.f32[i] = logits.dtype == np.float32
-        self.slots[i] = slot
-        self.temperature[i] = params.temperature
-        self.top_k[i] = params.top_k
-        self.top_p[i] = params.top_p
-        self.min_p[i] = params.min_p
-        self.keys[i] = key
-        self.counters[i] = position
+        self.fill(i, [logits.data.ptr], [logits.dtype == np.float32], [params], [key], [position], [slot])
+
+    def fill(self, start: int, pointers: Sequence[int], wide: Sequence[bool], params: Sequence[Any],
+             keys: Sequence[int], positions: Sequence[int], slots: Sequence[int] | None = None) -> None:
+        """Rows start, start + 1, ... of the next launch at once (one store per field, not per row
+        and field: a 64-row step's parameters cost ~30 us here, not ~0.5 ms): each row's logits
+        address, whether they are float32 (else float16), SamplingParams, key, the position of the
+        token it chooses, and its mask-table slot (None: no row constrained)."""
+        end = start + len(pointers)
+        self.pointers[start:end] = pointers
+        self.f32[start:end] = wide
+        self.slots[start:end] = -1 if slots is None else slots
+        self.temperature[start:end] = [p.temperature for p in params]
+        self.top_k[start:end] = [p.top_k for p in params]
+        self.top_p[start:end] = [p.top_p for p in params]
+        self.min_p[start:end] = [p.min_p for p in params]
+        self.keys[start:end] = keys
+        self.counters[start:end] = positions
 
     def launch(self, n: int, table: Any = None, chain: Chain | None = None) -> Any:
         """Queue the kernel over the n rows set, on the backend's stream. With `chain` (pool rows,

@@ -139,3 +139,70 @@ def test_captured_prefill_forwards_run_the_head_on_the_last_real_row_only(model_
     assert any(width > rows for rows, width, _, _ in forwards), "the prompts include padded forwards"
     for rows, width, logits_rows, seen in forwards:
         assert logits_rows == 1 and seen == [rows - 1, width - 1]
+
+
+def _seeded(i: int) -> Sampler:
+    """Session i's sampler: seeded top-p sampling for most, greedy for every third."""
+    if i % 3 == 2:
+        return Sampler(SamplingParams())
+    return Sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=100 + i))
+
+
+def test_chained_sampled_decode_gives_the_step_by_step_tokens_as_rows_leave_and_join(model_dir: Path) -> None:
+    def run(engine: Engine) -> list[list[int]]:
+        sessions = [engine.open_session() for _ in LENGTHS]
+        samplers = [_seeded(i) for i in range(len(LENGTHS))]
+        for session, n in zip(sessions, LENGTHS, strict=True):
+            engine.append(session, np.random.default_rng(n).integers(3, CUDA_SPEC.vocab_size, n).tolist())
+        outs = [[engine.choose(s, samplers[i])] for i, s in enumerate(sessions)]
+        active = list(range(len(sessions)))
+        for step in range(30):
+            if step == 10:
+                engine.close_session(sessions[1])
+                active.remove(1)
+            if step == 18:
+                sessions[1] = engine.open_session()
+                engine.append(sessions[1], list(range(5, 60)))
+                outs[1].append(engine.choose(sessions[1], samplers[1]))
+                active.append(1)
+            rows = [DecodeRow(sessions[i], outs[i][-1], samplers[i]) for i in active]
+            for i, token in zip(active, engine.decode(rows), strict=True):
+                outs[i].append(token)  # type: ignore[arg-type]
+        return outs
+
+    chained = engine_on(model_dir, "cuda")
+    outs = run(chained)
+    assert outs == run(engine_on(model_dir, "cuda", lookahead=False))
+    assert chained.stats().decode.chained >= 20  # sampled rows chained too
+    greedy = [generate(engine_on(model_dir, "cuda"), n, 31)[0] for n in LENGTHS[:1]]
+    assert outs[0] != greedy[0], "the sampler really samples"
+
+
+def test_a_seeded_session_draws_the_same_tokens_alone_beside_63_others_and_beside_different_ones(
+        model_dir: Path) -> None:
+    def tokens_of(engine: Engine, others: list[tuple[int, Sampler]]) -> list[int]:
+        mine = engine.open_session()
+        engine.append(mine, np.random.default_rng(1).integers(3, CUDA_SPEC.vocab_size, 50).tolist())
+        sampler = Sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=42))
+        rest = [engine.open_session() for _ in others]
+        for session, (n, _) in zip(rest, others, strict=True):
+            engine.append(session, np.random.default_rng(n).integers(3, CUDA_SPEC.vocab_size, n).tolist())
+        out = [engine.choose(mine, sampler)]
+        theirs = [[engine.choose(s, o)] for s, (_, o) in zip(rest, others, strict=True)]
+        for _ in range(20):
+            rows = [DecodeRow(mine, out[-1], sampler)]
+            rows += [DecodeRow(s, t[-1], o) for s, t, (_, o) in zip(rest, theirs, others, strict=True)]
+            chosen = engine.decode(rows)
+            out.append(chosen[0])  # type: ignore[arg-type]
+            for t, token in zip(theirs, chosen[1:], strict=True):
+                t.append(token)  # type: ignore[arg-type]
+        for session in (mine, *rest):
+            engine.close_session(session, keep=False)
+        return out
+
+    engine = engine_on(model_dir, "cuda", max_sessions=64)
+    alone = tokens_of(engine, [])
+    beside = tokens_of(engine, [(10 + i, _seeded(i)) for i in range(63)])
+    different = tokens_of(engine, [(300 + i, Sampler(SamplingParams(temperature=1.5, top_k=5, seed=i)))
+                                   for i in range(9)])
+    assert alone == beside == different
