@@ -402,10 +402,11 @@ class CudaBackend(DeviceLogits):
 
     def memory(self) -> dict[str, int]:
         """Device bytes by owner and the staging copies: what stats report beside the budget."""
-        staging = self.staging
+        staging, sampled = self.staging, getattr(self, "sampled", None)
         return {"weights": self.weights_bytes, "captures": self.captures,
                 "staging_bytes": 0 if staging is None else int(staging.block.nbytes),
                 "prompt_staging_bytes": 0 if self.prompts is None else int(self.prompts.nbytes),
                 "staging_copied_positions": 0 if staging is None else staging.copied_positions,
                 "logits_store": 0 if self.store is None else int(self.store.nbytes),
+                "sampling_scratch": 0 if sampled is None else int(sampled.scratch.nbytes),
                 "constraint_masks": self.masks.nbytes if hasattr(self, "masks") else 0}

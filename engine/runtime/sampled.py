@@ -13,7 +13,8 @@ The semantics are engine.sampling's, computed another way:
 - min-p keeps the tokens whose weight is at least min_p (the most likely token's weight is 1);
 - top-p keeps the shortest prefix of the kept tokens by falling weight (ties: the lower id first)
   whose mass reaches top_p of theirs. The cut is found by a radix select over the weights' bits
-  (four passes of 256-bin histograms of mass), not by a sort;
+  (four passes of 256-bin histograms of mass, each warp's own, equal bins summed in the warp
+  before one write: no atomics), not by a sort;
 - the draw is the inverse CDF in id order at the row's uniform, as the host's `draw`.
 So the host and the device draw the same token except where float32 and float64 round a weight, a
 cut or the draw's edge differently: the same seed gives the same tokens on one backend at any
@@ -44,6 +45,7 @@ _SOURCE = r"""
 typedef unsigned long long u64;
 #define THREADS 512
 #define WARPS (THREADS / 32)
+#define UNROLL 4  // tiles of 32 ids a warp loads before using them (loads in flight per lane)
 
 __device__ __forceinline__ float load(const void* p, int f32, long long i) {
     if (f32) return ((const float*)p)[i];
@@ -73,15 +75,71 @@ __device__ u64 philox(u64 key, u64 counter) {
     return c0;
 }
 
-// A float's bits as an unsigned key in the float's order (no NaN reaches it).
+// A float's bits as an unsigned key in the float's order (no NaN reaches it), and back.
 __device__ __forceinline__ unsigned int order_key(float f) {
     unsigned int b = __float_as_uint(f);
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
+__device__ __forceinline__ float key_value(unsigned int key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// Each warp's own 256 bins, cleared before a histogram.
+__device__ __forceinline__ void clear_bins(u64* warp_bins, int t) {
+    for (int i = t; i < WARPS * 256; i += THREADS) warp_bins[i] = 0;
+    __syncthreads();
+}
+
+// Add `amount` to this warp's bin `bin` for every lane that `takes` part (the whole warp calls it).
+// Lanes with the same bin are summed first (__match_any_sync, then three 21-bit slices summed by
+// __reduce_add_sync: exact for 32 amounts below 2^63) and one lane writes: a flat row, whose
+// tokens crowd into a few bins, costs no contention and needs no atomics.
+__device__ __forceinline__ void add_to_bins(u64* mine, bool takes, unsigned int bin, u64 amount) {
+    unsigned int peers = __match_any_sync(0xffffffffu, takes ? bin : 0xffffffffu);
+    if (takes) {
+        const u64 slice = (1ULL << 21) - 1;
+        u64 low = __reduce_add_sync(peers, (unsigned int)(amount & slice));
+        u64 mid = __reduce_add_sync(peers, (unsigned int)((amount >> 21) & slice));
+        u64 top = __reduce_add_sync(peers, (unsigned int)(amount >> 42));
+        if ((threadIdx.x & 31) == __ffs(peers) - 1) mine[bin] += low + (mid << 21) + (top << 42);
+    }
+    __syncwarp();
+}
+
+// The warps' bins summed into `bins` (after a __syncthreads).
+__device__ __forceinline__ void merge_bins(const u64* warp_bins, u64* bins, int t) {
+    for (int i = t; i < 256; i += THREADS) {
+        u64 sum = 0;
+        for (int w = 0; w < WARPS; ++w) sum += warp_bins[w * 256 + i];
+        bins[i] = sum;
+    }
+    __syncthreads();
+}
+
+// Warp 0: from bin 255 down, the first bin where base + the running total reaches `target` (bin 0
+// when none does), and the total of the bins above it. Lane l holds bins 255 - 8l down to 248 - 8l.
+__device__ void select_bin(const u64* bins, u64 base, double target, int lane, int* chosen, u64* above) {
+    u64 own[8], sum = 0;
+    for (int j = 0; j < 8; ++j) { own[j] = bins[255 - 8 * lane - j]; sum += own[j]; }
+    u64 inclusive = sum;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        u64 other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) inclusive += other;
+    }
+    unsigned int reach = __ballot_sync(0xffffffffu, (double)(base + inclusive) >= target);
+    int first = reach ? __ffs(reach) - 1 : 31;
+    if (lane == first) {
+        u64 acc = inclusive - sum;
+        for (int j = 0; j < 8; ++j) {
+            int bin = 255 - 8 * lane - j;
+            if (bin == 0 || (double)(base + acc + own[j]) >= target) { *chosen = bin; *above = acc; break; }
+            acc += own[j];
+        }
+    }
+}
 
 struct Row {
-    const void* logits; int f32; const bool* allowed; float temp; float peak; int infinite;
-    int topk; unsigned int kth; double min_p; double scale;
+    const void* logits; int f32; const bool* allowed; float temp;
 };
 
 __device__ __forceinline__ float raw(const Row& r, long long v) {
@@ -92,36 +150,75 @@ __device__ __forceinline__ float scaled(const Row& r, float x) {
     return x != x ? __int_as_float(0xff800000) : x / r.temp;
 }
 
-__device__ __forceinline__ float weight(const Row& r, float s) {
-    if (r.infinite) return s == __int_as_float(0x7f800000) ? 1.0f : 0.0f;
-    return expf(s - r.peak);
+// A kept weight's fixed-point mass (0: not kept).
+__device__ __forceinline__ u64 mass_of(unsigned int bits, double scale) {
+    return (u64)((double)__uint_as_float(bits) * scale);
 }
 
-// The kept weight of token v in fixed point (top-p aside), and its weight's bits.
-__device__ __forceinline__ u64 kept(const Row& r, long long v, unsigned int* bits) {
-    float s = scaled(r, raw(r, v));
-    if (r.topk && order_key(s) < r.kth) return 0;
-    float w = weight(r, s);
-    if ((double)w < r.min_p) return 0;
-    *bits = __float_as_uint(w);
-    return (u64)((double)w * r.scale);
+// Radix select over the keys in `scratch` (this warp's ids [first, last)), most significant byte
+// first: the key at which the running total of `amount`s from the largest key down reaches
+// `target` (counts for top-k, masses for top-p). *above: the total of the larger keys.
+// `mass`: amounts are the keys' masses (keys are weight bits), else 1 each. `total`: with `mass`,
+// gets the total mass of every key and `target` is taken as a fraction of it.
+__device__ unsigned int radix_select(const unsigned int* scratch, long long first, long long last, int lane,
+                                     int warp, int t, bool mass, double scale, double target, u64* above,
+                                     u64* warp_bins, u64* bins, int* chosen_bin, u64* chosen_above,
+                                     double* shared_target) {
+    unsigned int prefix = 0, high = 0;
+    u64 sum_above = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        clear_bins(warp_bins, t);
+        for (long long base = first; base < last; base += 32 * UNROLL) {
+            unsigned int keys[UNROLL];
+            #pragma unroll
+            for (int j = 0; j < UNROLL; ++j) {
+                long long v = base + 32 * j + lane;
+                keys[j] = v < last ? scratch[v] : 0;
+            }
+            #pragma unroll
+            for (int j = 0; j < UNROLL; ++j) {
+                bool inside = base + 32 * j + lane < last;
+                u64 amount = mass ? mass_of(keys[j], scale) : 1;
+                add_to_bins(warp_bins + warp * 256, inside && amount && (keys[j] & high) == prefix,
+                            (keys[j] >> shift) & 255, amount);
+            }
+        }
+        __syncthreads();
+        merge_bins(warp_bins, bins, t);
+        if (mass && shift == 24 && t == 0) {
+            u64 total = 0;
+            for (int i = 0; i < 256; ++i) total += bins[i];
+            *shared_target = target * (double)total;
+        }
+        __syncthreads();
+        double goal = mass ? *shared_target : target;
+        if (warp == 0) select_bin(bins, sum_above, goal, lane, chosen_bin, chosen_above);
+        __syncthreads();
+        sum_above += *chosen_above;
+        prefix |= (unsigned int)*chosen_bin << shift;
+        high |= 255u << shift;
+        __syncthreads();
+    }
+    *above = sum_above;
+    return prefix;
 }
 
 extern "C" __global__ void sample_rows(
         const u64* pointers, const int* f32, long long vocab, const long long* slots, const bool* table,
         const float* temperature, const long long* top_k, const double* top_p, const double* min_p,
-        const u64* keys, const u64* counters, double scale, long long* out,
+        const u64* keys, const u64* counters, double scale, long long* out, unsigned int* scratch_rows,
         const long long* rows, long long* next_ids, long long* mask, long long mask_width,
         const long long* grow, long long* positions) {
     __shared__ float best_value[THREADS];
     __shared__ long long best_index[THREADS];
     __shared__ float peak_value[THREADS];
     __shared__ u64 bins[256];
+    __shared__ u64 warp_bins[WARPS * 256];
     __shared__ u64 warp_mass[WARPS];
     __shared__ unsigned int warp_ties[WARPS];
     __shared__ int chosen_bin;
-    __shared__ double mass_target;
     __shared__ u64 chosen_above;
+    __shared__ double mass_target;
     __shared__ long long token;
     __shared__ int draw_warp;
     __shared__ u64 draw_rest;
@@ -131,6 +228,9 @@ extern "C" __global__ void sample_rows(
     const int b = blockIdx.x;
     const long long chunk = ((vocab + WARPS - 1) / WARPS + 31) / 32 * 32;
     const long long first = warp * chunk, last = min(vocab, first + chunk);
+    // This row's scratch: first each token's scaled logit as an order key, then its kept weight's
+    // bits (0: not kept). Each warp writes and reads only its own ids.
+    unsigned int* scratch = scratch_rows + (long long)b * vocab;
     long long slot = slots[b];
     Row r;
     r.logits = (const void*)pointers[b];
@@ -140,16 +240,17 @@ extern "C" __global__ void sample_rows(
     long long k = top_k[b];
     bool greedy = temp == 0.0f || k == 1;
     r.temp = greedy ? 1.0f : temp;
-    r.peak = 0.0f; r.infinite = 0; r.topk = 0; r.kth = 0; r.min_p = min_p[b]; r.scale = scale;
 
-    // Pass 1: the argmax (greedy, or the fallback of a row with nothing finite) and the largest
-    // scaled logit.
+    // Pass 1: the argmax (greedy, or the fallback of a row with nothing finite), the largest scaled
+    // logit, and each token's scaled logit into the scratch.
     float best = __int_as_float(0xff800000), peak = best;
     long long at = -1;
     for (long long v = first + lane; v < last; v += 32) {
         float x = raw(r, v);
         if (at < 0 || before(x, v, best, at)) { best = x; at = v; }
-        peak = fmaxf(peak, scaled(r, x));
+        float s = scaled(r, x);
+        peak = fmaxf(peak, s);
+        if (!greedy) scratch[v] = order_key(s);
     }
     best_value[t] = best; best_index[t] = at; peak_value[t] = peak;
     __syncthreads();
@@ -169,92 +270,55 @@ extern "C" __global__ void sample_rows(
     if (greedy || peak == __int_as_float(0xff800000)) {
         if (t == 0) token = best_index[0];
     } else {
-        r.peak = peak;
-        r.infinite = peak == __int_as_float(0x7f800000);
-        // Top-k: the k-th largest scaled logit, by counts.
-        if (k > 0 && k < vocab) {
-            unsigned int prefix = 0, high = 0;
-            long long rest = k;
-            for (int shift = 24; shift >= 0; shift -= 8) {
-                for (int i = t; i < 256; i += THREADS) bins[i] = 0;
-                __syncthreads();
-                for (long long v = first + lane; v < last; v += 32) {
-                    unsigned int key = order_key(scaled(r, raw(r, v)));
-                    if ((key & high) == prefix) atomicAdd(&bins[(key >> shift) & 255], 1ULL);
-                }
-                __syncthreads();
-                if (t == 0) {
-                    long long acc = 0;
-                    int bin = 255;
-                    for (; bin > 0; --bin) {
-                        if (acc + (long long)bins[bin] >= rest) break;
-                        acc += (long long)bins[bin];
-                    }
-                    chosen_bin = bin;
-                    chosen_above = (u64)acc;
-                }
-                __syncthreads();
-                rest -= (long long)chosen_above;
-                prefix |= (unsigned int)chosen_bin << shift;
-                high |= 255u << shift;
-                __syncthreads();
+        const bool infinite = peak == __int_as_float(0x7f800000);
+        // Top-k: the k-th largest scaled logit's key, by counts.
+        unsigned int kth = 0;
+        u64 unused = 0;
+        if (k > 0 && k < vocab)
+            kth = radix_select(scratch, first, last, lane, warp, t, false, scale, (double)k, &unused,
+                               warp_bins, bins, &chosen_bin, &chosen_above, &mass_target);
+        // The weights: exp(scaled - peak) of the tokens top-k and min-p keep (an infinite peak: 1 for
+        // the infinite tokens, 0 for the rest), as bits; 0 for the others.
+        double least = min_p[b];
+        for (long long v = first + lane; v < last; v += 32) {
+            unsigned int key = scratch[v];
+            float w = 0.0f;
+            if (key >= kth) {
+                float s = key_value(key);
+                w = infinite ? (s == peak ? 1.0f : 0.0f) : expf(s - peak);
+                if ((double)w < least) w = 0.0f;
             }
-            r.topk = 1;
-            r.kth = prefix;
+            scratch[v] = __float_as_uint(w);
         }
-        // Top-p: the weight at the cut, by mass, over the tokens top-k and min-p kept.
+        __syncwarp();
+        // Top-p: the weight at the cut, by mass, over the kept tokens.
         double p = top_p[b];
         unsigned int edge = 0xffffffffu;  // no cut: every kept token
         u64 above = 0, edge_q = 0, ties_needed = 0;
         if (p < 1.0) {
-            unsigned int prefix = 0, high = 0;
-            double target = 0.0;
-            for (int shift = 24; shift >= 0; shift -= 8) {
-                for (int i = t; i < 256; i += THREADS) bins[i] = 0;
-                __syncthreads();
-                for (long long v = first + lane; v < last; v += 32) {
-                    unsigned int bits = 0;
-                    u64 q = kept(r, v, &bits);
-                    if (q && (bits & high) == prefix) atomicAdd(&bins[(bits >> shift) & 255], q);
-                }
-                __syncthreads();
-                if (t == 0) {
-                    if (shift == 24) {
-                        u64 total = 0;
-                        for (int i = 0; i < 256; ++i) total += bins[i];
-                        mass_target = p * (double)total;
-                    }
-                    target = mass_target;
-                    u64 acc = 0;
-                    int bin = 255;
-                    for (; bin > 0; --bin) {
-                        if ((double)(above + acc + bins[bin]) >= target) break;
-                        acc += bins[bin];
-                    }
-                    chosen_bin = bin;
-                    chosen_above = above + acc;
-                }
-                __syncthreads();
-                above = chosen_above;
-                target = mass_target;
-                prefix |= (unsigned int)chosen_bin << shift;
-                high |= 255u << shift;
-                __syncthreads();
-            }
-            edge = prefix;
-            edge_q = (u64)((double)__uint_as_float(edge) * scale);
-            double need = (target - (double)above) / (double)(edge_q ? edge_q : 1);
+            edge = radix_select(scratch, first, last, lane, warp, t, true, scale, p, &above,
+                                warp_bins, bins, &chosen_bin, &chosen_above, &mass_target);
+            edge_q = mass_of(edge, scale);
+            double need = (mass_target - (double)above) / (double)(edge_q ? edge_q : 1);
             ties_needed = need <= 1.0 ? 1 : (u64)ceil(need);
         }
         // The draw, phase 1: each warp's kept mass, its ties at the cut, in id order.
         u64 mass = 0;
         unsigned int ties = 0;
-        for (long long v = first + lane; v < last; v += 32) {
-            unsigned int bits = 0;
-            u64 q = kept(r, v, &bits);
-            if (!q) continue;
-            if (edge == 0xffffffffu || bits > edge) mass += q;
-            else if (bits == edge) ties += 1;
+        for (long long base = first; base < last; base += 32 * UNROLL) {
+            unsigned int bits[UNROLL];
+            #pragma unroll
+            for (int j = 0; j < UNROLL; ++j) {
+                long long v = base + 32 * j + lane;
+                bits[j] = v < last ? scratch[v] : 0;
+            }
+            #pragma unroll
+            for (int j = 0; j < UNROLL; ++j) {
+                u64 q = mass_of(bits[j], scale);
+                if (!q) continue;
+                if (edge == 0xffffffffu || bits[j] > edge) mass += q;
+                else if (bits[j] == edge) ties += 1;
+            }
         }
         for (int offset = 16; offset > 0; offset >>= 1) {
             mass += __shfl_down_sync(0xffffffffu, mass, offset);
@@ -293,8 +357,8 @@ extern "C" __global__ void sample_rows(
             long long found = -1;
             for (long long base = first; base < last && found < 0; base += 32) {
                 long long v = base + lane;
-                unsigned int bits = 0;
-                u64 q = v < last ? kept(r, v, &bits) : 0;
+                unsigned int bits = v < last ? scratch[v] : 0;
+                u64 q = mass_of(bits, scale);
                 bool tie = q && edge != 0xffffffffu && bits == edge;
                 unsigned int tie_mask = __ballot_sync(0xffffffffu, tie);
                 if (edge != 0xffffffffu && q && bits < edge) q = 0;
@@ -365,6 +429,10 @@ class SampledRows:
         self.out = zeros((rows,), np.int64)
         self.rows = zeros((rows,), np.int64)
         self.grow = zeros((rows,), np.int64)
+        # Each row's per-token scratch on the device (a scaled logit's key, then a kept weight's bits):
+        # the kernel computes a token's weight once, not in each of its ~10 passes.
+        with rt.enter():
+            self.scratch = rt.xp.zeros((rows, vocab), np.uint32)
         _ = _kernel(rt.xp).kernel  # compiled (or read from disk) now, not mid-step
 
     def set(self, i: int, logits: Any, params: Any, key: int, position: int, slot: int = -1) -> None:
@@ -411,7 +479,7 @@ class SampledRows:
                  np.uint64(self.temperature.ctypes.data), np.uint64(self.top_k.ctypes.data),
                  np.uint64(self.top_p.ctypes.data), np.uint64(self.min_p.ctypes.data),
                  np.uint64(self.keys.ctypes.data), np.uint64(self.counters.ctypes.data),
-                 np.float64(self.scale), np.uint64(self.out.ctypes.data), *tail))
+                 np.float64(self.scale), np.uint64(self.out.ctypes.data), self.scratch, *tail))
             event = self.rt.xp.cuda.Event(block=False, disable_timing=True)
             event.record(self.rt.stream)
         return event
