@@ -143,11 +143,8 @@ def filtered_probabilities(logits: np.ndarray, params: SamplingParams) -> np.nda
         probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
         probs /= probs.sum()
     if params.top_p < 1.0:
-        keep = nucleus(probs, params.top_p)
-        mask = np.zeros_like(probs)
-        mask[keep] = probs[keep]
-        mask /= mask.sum()
-        probs = mask
+        probs = np.where(nucleus_mask(probs, params.top_p), probs, 0.0)
+        probs /= probs.sum()
     return np.asarray(probs, np.float64)
 
 
@@ -156,43 +153,54 @@ NUCLEUS_HEAD = 512  # the most likely tokens sorted first, before every value is
 
 def nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
     """The tokens top-p keeps: the shortest prefix of the tokens by falling probability (ties: the
-    lower id first) whose mass reaches `top_p`, always at least one, in that order.
+    lower id first) whose mass reaches `top_p`, always at least one, in that order."""
+    ids = np.flatnonzero(nucleus_mask(probs, top_p))  # ascending: ties keep the lower id first below
+    return ids[np.argsort(-probs[ids], kind="stable")]
 
-    The same indices, and the same sums on the way, as sorting every token, at a fraction of the
+
+def nucleus_mask(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Which tokens top-p keeps (`nucleus`'s tokens, as a mask: a flat row keeps tens of thousands,
+    and neither their order nor their indices are needed to filter).
+
+    The same tokens, and the same sums on the way, as sorting every token, at a fraction of the
     cost (a stable argsort of a 49k vocabulary took ~6 ms a row, a 128k one ~10 ms):
     - Peaked rows: only a head of the most likely tokens is sorted (a partition, ~0.1 ms). Every
       token at least as likely as the head's last comes before every other in the full order, in
       the same order among themselves, and a running sum is sequential, so the head's sums are
-      the full order's first sums.
+      the full order's first sums. The head's mass is at most NUCLEUS_HEAD times the largest
+      probability: when that cannot reach top_p, the head is not tried.
     - Flat rows (a head does not reach `top_p`): the cut comes from the sorted values alone (a
-      value sort, no index: ~1 ms on 49k). The running sums depend only on the sequence of values,
-      which is the same for every order that ties may take, so the cut is the full sort's; the
-      kept tokens are those above the cut's value and, of those equal to it, the lowest ids."""
+      value sort, no index: ~0.4 ms on 49k). The running sums depend only on the sequence of
+      values, which is the same for every order that ties may take, so the cut is the full sort's;
+      the kept tokens are those above the cut's value and, of those equal to it, the lowest ids."""
     size = probs.size
-    if NUCLEUS_HEAD < size // 8:
+    if NUCLEUS_HEAD < size // 8 and NUCLEUS_HEAD * float(probs.max()) >= top_p:
         least = np.partition(probs, size - NUCLEUS_HEAD)[size - NUCLEUS_HEAD]  # the head-th largest
-        ids = np.flatnonzero(probs >= least)  # ascending: ties keep the lower id first below
+        ids = np.flatnonzero(probs >= least)
         order = ids[np.argsort(-probs[ids], kind="stable")]
         cut = int(np.searchsorted(np.cumsum(probs[order]), top_p))
         if cut < order.size:
-            return order[: cut + 1]
+            keep = np.zeros(size, bool)
+            keep[order[: cut + 1]] = True
+            return keep
     falling = np.sort(probs)[::-1]
     cut = min(int(np.searchsorted(np.cumsum(falling), top_p)), size - 1)
     edge = falling[cut]
-    above = np.flatnonzero(probs > edge)
-    kept = np.concatenate([above, np.flatnonzero(probs == edge)[: cut + 1 - above.size]])
-    return kept[np.argsort(-probs[kept], kind="stable")]
+    keep = probs > edge
+    keep[np.flatnonzero(probs == edge)[: cut + 1 - int(np.count_nonzero(keep))]] = True
+    return keep
 
 
 def draw(u: float, probs: np.ndarray) -> int:
     """The token at `u` (in [0, 1)) of the distribution's inverse CDF in id order: the first index
     whose normalised running sum exceeds `u`, as numpy's `choice` takes it from its one double.
-    Zero-probability tokens leave the running sum as it was, so the sums over the nonzero tokens
-    alone give the same index without full-vocabulary temporaries (~0.5 ms a row on 49k)."""
-    ids = np.flatnonzero(probs)
-    cdf = np.cumsum(probs[ids])
+    Zero-probability tokens leave the running sum exactly as it was (x + 0.0 == x), so the first
+    sum above `u` is always at a token with a probability, and sums over the nonzero tokens alone
+    would give the same index."""
+    cdf = np.cumsum(probs)
     cdf /= cdf[-1]
-    return int(ids[min(int(np.searchsorted(cdf, u, side="right")), ids.size - 1)])
+    index = int(np.searchsorted(cdf, u, side="right"))
+    return index if index < probs.size else int(np.flatnonzero(probs)[-1])
 
 
 # Philox4x64-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), the
@@ -224,6 +232,22 @@ def philox(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
             hi0, lo0 = _mulhilo(c0, _PHILOX_M[0])
             hi1, lo1 = _mulhilo(c2, _PHILOX_M[1])
             c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0
+
+
+_MASK64 = (1 << 64) - 1
+_M0, _M1, _W0, _W1 = (int(c) for c in (*_PHILOX_M, *_PHILOX_W))
+
+
+def philox_one(key: int, counter: int) -> int:
+    """`philox` of one (key, counter) in Python integers: ~20 us, where numpy's per-call overhead on
+    one-element arrays costs ~0.7 ms (a sampled row draws one number per token)."""
+    c0, c1, c2, c3, k0, k1 = counter & _MASK64, 0, 0, 0, key & _MASK64, 0
+    for round_ in range(10):
+        if round_:
+            k0, k1 = (k0 + _W0) & _MASK64, (k1 + _W1) & _MASK64
+        p0, p1 = _M0 * c0, _M1 * c2
+        c0, c1, c2, c3 = (p1 >> 64) ^ c1 ^ k0, p1 & _MASK64, (p0 >> 64) ^ c3 ^ k1, p0 & _MASK64
     return c0
 
 
@@ -321,7 +345,7 @@ class Sampler:
 
     def uniform(self, position: int) -> float:
         """The draw for the token at `position` of the sequence (counter-based: any order, any load)."""
-        return float(uniform(np.array([self.key], np.uint64), np.array([position], np.uint64))[0])
+        return (philox_one(self.key, position) >> 11) * 2.0**-53
 
     def penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         p = self.params

@@ -291,3 +291,28 @@ def test_a_prompt_prefilled_in_smaller_spans_gives_the_logits_of_whole_chunks(
     assert set(widths) <= set(engine.ladder) and len(widths) == -(-300 // span)
     assert np.abs(engine.logits(spanned) - reference).max() <= 1e-5
     assert spanned.tokens == whole.tokens == tokens
+
+
+def test_a_seeded_session_draws_the_same_tokens_alone_beside_63_others_and_beside_different_ones(
+        model_dir) -> None:
+    """Draws are counter-based (engine.sampling): keyed by the seed, counted by position. What shares
+    the step, and how many rows do, changes no seeded session's tokens."""
+    mine = prompt_ids(40, seed=1)
+
+    def tokens_beside(others: list[tuple[list[int], SamplingParams]]) -> list[int]:
+        engine = load(model_dir(), max_sessions=64)
+        batch = Batch(engine, SEEDED)
+        batch.join("mine", mine)
+        for i, (prompt, params) in enumerate(others):
+            batch.params = params
+            batch.join(f"other{i}", prompt)
+        batch.step(12)
+        return batch.tokens["mine"]
+
+    alone = tokens_beside([])
+    mixed = [SEEDED, GREEDY, SamplingParams(temperature=1.3, top_p=0.8, seed=3)]
+    beside = tokens_beside([(prompt_ids(5 + i, seed=100 + i), mixed[i % 3]) for i in range(63)])
+    cold = SamplingParams(temperature=0.5, min_p=0.1, seed=9)
+    different = tokens_beside([(prompt_ids(30, seed=7), cold)] * 4)
+    assert alone == beside == different
+    assert alone != decode_alone(model_dir(), mine, 13), "the sampler really samples"

@@ -6,8 +6,6 @@ differently. Run on the H200 (`-m gpu`); CI deselects them."""
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -25,6 +23,7 @@ from engine.sampling import (
     apply_repetition_penalty,
     filtered_probabilities,
 )
+from tests.support.draws import COMBINATIONS, assert_drawn_from, named, row_logits
 
 pytestmark = pytest.mark.gpu
 
@@ -45,12 +44,6 @@ def rt() -> Placement:
         return Placement(cp, "cuda", 0, [], False, cp.cuda.Stream(non_blocking=True))
     except Exception as exc:  # ImportError, or no device
         pytest.fail(f"the gpu tests need CUDA: {exc}")
-
-
-def chi_squared_limit(degrees: int, z: float = 4.75) -> float:
-    """The chi-squared value a correct sampler exceeds with probability ~1e-6 (Wilson-Hilferty)."""
-    k = max(degrees, 1)
-    return float(k * (1 - 2 / (9 * k) + z * math.sqrt(2 / (9 * k))) ** 3)
 
 
 def launch(rt: Placement, rows: list[tuple[Any, SamplingParams, int, int]], slot: int = -1,
@@ -81,29 +74,7 @@ def many(rt: Placement, logits: Any, params: SamplingParams, key: int = 5, draws
     return np.bincount(tokens, minlength=int(logits.shape[-1]))
 
 
-def assert_drawn_from(counts: np.ndarray, expected: np.ndarray) -> None:
-    """No draw outside the distribution's support, and chi-squared within a 1e-6 tail inside it."""
-    outside = counts[expected == 0]
-    assert outside.sum() == 0, f"drawn outside the kept: {np.flatnonzero((expected == 0) & (counts > 0))}"
-    support = expected > 0
-    want = expected[support] * counts.sum()
-    stat = float(((counts[support] - want) ** 2 / want).sum())
-    assert stat < chi_squared_limit(int(support.sum()) - 1), (stat, counts[support], want)
-
-
-COMBINATIONS = [SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m, seed=1)
-                for t, k, p, m in itertools.product((0.5, 1.0, 1.7), (0, 7), (1.0, 0.7), (0.0, 0.05))]
-
-
-def row_logits(seed: int, vocab: int = VOCAB) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal(vocab) * 2).astype(np.float32)
-
-
-def _named(p: SamplingParams) -> str:
-    return f"t{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}"
-
-
-@pytest.mark.parametrize("params", COMBINATIONS, ids=_named)
+@pytest.mark.parametrize("params", COMBINATIONS, ids=named)
 def test_draws_follow_the_host_s_filtered_distribution_for_every_filter_combination(rt, params) -> None:
     for dtype in (np.float16, np.float32):
         host = row_logits(1).astype(dtype)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -17,10 +18,13 @@ from engine.sampling import (
     filtered_probabilities,
     log_probs,
     nucleus,
+    nucleus_mask,
     philox,
+    philox_one,
     token_logprobs,
     uniform,
 )
+from tests.support.draws import COMBINATIONS, assert_drawn_from, named, row_logits
 
 LOGITS = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05], np.float32))
 
@@ -89,7 +93,7 @@ def test_the_generator_is_numpy_s_philox_4x64_10() -> None:
             def made(key: np.uint64 = key, position: int = position) -> np.random.Philox:
                 return np.random.Philox(key=np.array([key, 0], np.uint64),
                                         counter=np.array([position - 1, 0, 0, 0], np.uint64))
-            assert int(words[i]) == int(made().random_raw())
+            assert int(words[i]) == int(made().random_raw()) == philox_one(int(key), position)
             assert doubles[i] == np.random.Generator(made()).random()
 
 
@@ -180,6 +184,8 @@ def _distributions() -> list[np.ndarray]:
 def test_top_p_keeps_exactly_the_tokens_a_sort_of_every_token_keeps(top_p: float) -> None:
     for probs in _distributions():
         np.testing.assert_array_equal(nucleus(probs, top_p), _full_sort_nucleus(probs, top_p))
+        np.testing.assert_array_equal(np.flatnonzero(nucleus_mask(probs, top_p)),
+                                      np.sort(_full_sort_nucleus(probs, top_p)))
 
 
 def test_top_p_filtering_gives_bit_for_bit_the_distribution_and_draws_a_full_sort_gave() -> None:
@@ -260,3 +266,31 @@ def test_a_draw_is_numpy_s_choice_token_for_token() -> None:
             for seed in range(25):
                 ours, numpy_s = np.random.default_rng((k, seed)), np.random.default_rng((k, seed))
                 assert draw(ours.random(), kept) == int(numpy_s.choice(kept.size, p=kept))
+
+
+def _host_draws(params: SamplingParams, logits: np.ndarray, draws: int, history: Sequence[int] = (),
+                counts: Counter[int] | None = None) -> np.ndarray:
+    """The host sampler's tokens at positions len(history), len(history) + 1, ...: their histogram."""
+    sampler = Sampler(params)
+    sampler.counts = counts or Counter()
+    prefix = list(history)  # with a history: draw i's history is it and i + 1 zeros (token 0 always seen)
+    tokens = [sampler(logits, prefix + [0] * (i + 1) if prefix else range(i)) for i in range(draws)]
+    return np.bincount(tokens, minlength=logits.size)
+
+
+@pytest.mark.parametrize("params", COMBINATIONS, ids=named)
+def test_host_draws_follow_the_filtered_distribution_for_every_filter_combination(params) -> None:
+    logits = row_logits(1)
+    assert_drawn_from(_host_draws(params, logits, 6000), filtered_probabilities(logits, params))
+
+
+@pytest.mark.parametrize("penalties", [
+    dict(repetition_penalty=1.3), dict(presence_penalty=0.8),
+    dict(frequency_penalty=0.5, presence_penalty=-0.4, repetition_penalty=0.8)])
+def test_host_draws_with_penalties_follow_the_penalized_distribution(penalties) -> None:
+    params = replace(SamplingParams(temperature=0.9, top_p=0.9, top_k=20, seed=3), **penalties)
+    logits, history, counts = row_logits(2), [1, 2, 3, 5, 8, 13], Counter({1: 3, 8: 1, 21: 2})
+    seen = apply_repetition_penalty(logits, [*history, 0], params.repetition_penalty)
+    penalized = apply_presence_frequency(seen, counts, params.presence_penalty, params.frequency_penalty)
+    assert_drawn_from(_host_draws(params, logits, 4000, history, counts),
+                      filtered_probabilities(penalized, params))

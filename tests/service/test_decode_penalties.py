@@ -26,9 +26,10 @@ def server(default_model: Callable[..., Path]) -> Iterator[RunningServer]:
         yield running
 
 
-def decode(server: RunningServer, session_id: str, n: int) -> list[int]:
+def decode(server: RunningServer, session_id: str, n: int,
+           sampling: pb.SamplingOptions = PENALTIES) -> list[int]:
     stopping = pb.StoppingOptions(max_new_tokens=n, ignore_eos=True)
-    request = pb.DecodeRequest(session_id=session_id, sampling=PENALTIES, stopping=stopping)
+    request = pb.DecodeRequest(session_id=session_id, sampling=sampling, stopping=stopping)
     return [e.token.id for e in server.stub.Decode(request) if e.HasField("token")]
 
 
@@ -58,6 +59,22 @@ def test_decode_n_then_m_equals_decode_n_plus_m_with_penalties(server: RunningSe
         in_parts = decode(server, parts, 6) + decode(server, parts, 8) + decode(server, parts, 10)
         assert in_parts == at_once, text
         close(server, whole, parts)
+
+
+def test_a_seeded_decode_in_parts_draws_what_one_decode_draws(server: RunningServer) -> None:
+    """Draws are keyed by the seed and counted by position (docs/api.md, Seeds): no generator state
+    starts over with each call."""
+    seeded = pb.SamplingOptions(temperature=1.1, top_p=0.95, seed=5, frequency_penalty=0.3)
+    for text in PROMPTS:
+        whole = opened(server, ids_of(server, text))
+        parts = fork(server, whole)
+        at_once = decode(server, whole, 24, seeded)
+        in_parts = [t for n in (6, 8, 10) for t in decode(server, parts, n, seeded)]
+        assert in_parts == at_once, text
+        close(server, whole, parts)
+    greedy = opened(server, ids_of(server, PROMPTS[-1]))
+    assert decode(server, greedy, 24, pb.SamplingOptions(frequency_penalty=0.3)) != at_once, "it samples"
+    close(server, greedy)
 
 
 def test_a_rewind_forgets_the_penalties_of_the_tokens_it_drops(server: RunningServer) -> None:
