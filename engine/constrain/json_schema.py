@@ -1,11 +1,15 @@
 """JSON Schema (a subset) as a syntax tree: every output parses as JSON and validates.
 
 Supported: type (one or a list), properties, required, additionalProperties, items, minItems,
-maxItems, enum, const, anyOf, oneOf (as anyOf: write disjoint alternatives), allOf of one
-member, local $ref (#, #/$defs/..., #/definitions/..., any #/pointer), minLength, maxLength,
-pattern, format (date, time, date-time, uuid, email, ipv4), and integer minimum, maximum,
-exclusiveMinimum, exclusiveMaximum. Annotations (title, description, default, ...) are ignored;
-any other keyword raises InvalidInput (SCHEMA_UNSUPPORTED) naming its JSON pointer.
+maxItems, enum, const, anyOf, oneOf (as anyOf: write disjoint alternatives), allOf (its members
+merged into one schema: _merge_into), local $ref (#, #/$defs/..., #/definitions/..., any
+#/pointer), minLength, maxLength, pattern, format (date, time, date-time, uuid, email, ipv4,
+hostname, uri, uri-reference; any other format is an annotation, as JSON Schema 2020-12 has it by default: any string), and integer
+minimum, maximum, exclusiveMinimum, exclusiveMaximum. Every other keyword that constrains an
+instance in some draft (ASSERTIONS) raises InvalidInput (SCHEMA_UNSUPPORTED) naming its JSON
+pointer: never a silently unconstrained run. Any keyword that constrains nothing (title,
+description, examples, $id, id, readOnly, x-..., vendor keywords) is ignored, as the drafts say
+unknown keywords are.
 
 Choices made for the output (json_values.py has the whitespace policy):
 - An object holds only its declared properties (then undeclared required ones), in declared
@@ -52,6 +56,16 @@ TYPE_KEYWORDS = {
 COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {
     k for keys in TYPE_KEYWORDS.values() for k in keys}
+# The keywords of drafts 4 to 2020-12 that constrain an instance (assertions and applicators).
+# Those not KNOWN are refused; a keyword outside this set constrains nothing and is ignored.
+ASSERTIONS = frozenset({
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "format", "items", "prefixItems", "additionalItems", "contains",
+    "minContains", "maxContains", "maxItems", "minItems", "uniqueItems", "maxProperties", "minProperties",
+    "required", "properties", "patternProperties", "additionalProperties", "dependencies",
+    "dependentRequired", "dependentSchemas", "propertyNames", "allOf", "anyOf", "oneOf", "not", "if",
+    "then", "else", "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
+})
 
 
 def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDED) -> Node:
@@ -93,7 +107,7 @@ class _Compiler:
         if not isinstance(schema, dict):
             raise invalid(pointer, "a schema must be an object or a boolean")
         for key in schema:
-            if key not in KNOWN:
+            if key in ASSERTIONS and key not in KNOWN:
                 raise unsupported(f"{pointer}/{_escape(key)}", f"the keyword {key!r}")
         for key in COMBINATORS:
             if key in schema:
@@ -113,17 +127,65 @@ class _Compiler:
                                reason="CONSTRAINT_TOO_LARGE", field=FIELD)
 
     def _combinator(self, key: str, schema: dict[str, Any], pointer: str) -> Node:
+        if key == "allOf":
+            return self._all_of(schema, pointer)
         for other in schema:
-            if other != key and other not in ANNOTATIONS:
+            if other != key and other in ASSERTIONS:
                 raise unsupported(f"{pointer}/{_escape(other)}", f"{other!r} beside {key!r}")
         value = schema[key]
         if key == "$ref":
             return self._ref(value, pointer)
         if not isinstance(value, list) or not value:
             raise invalid(f"{pointer}/{key}", f"{key} must be a non-empty list of schemas")
-        if key == "allOf" and len(value) > 1:
-            raise unsupported(f"{pointer}/allOf", "allOf with more than one member")
         return alt(*(self.node(s, f"{pointer}/{key}/{i}") for i, s in enumerate(value)))
+
+    def _all_of(self, schema: dict[str, Any], pointer: str) -> Node:
+        """allOf as one schema: its members (and the keywords beside it, one more member) merged,
+        each keyword once. Members that are local $refs are merged as their targets."""
+        value = schema["allOf"]
+        if not isinstance(value, list) or not value:
+            raise invalid(f"{pointer}/allOf", "allOf must be a non-empty list of schemas")
+        beside = {k: v for k, v in schema.items() if k != "allOf"}
+        members = [(m, f"{pointer}/allOf/{i}") for i, m in enumerate(value)] + [(beside, pointer)]
+        merged: dict[str, Any] = {}
+        for member, at in members:
+            flat = self._flattened(member, at, 0)
+            if flat is None:
+                return NOTHING
+            _merge_into(merged, flat, at)
+        return self.node(merged, pointer)
+
+    def _flattened(self, member: Any, pointer: str, depth: int) -> dict[str, Any] | None:
+        """A member's assertion keywords as one dict (None: it admits nothing), a $ref member
+        followed and a nested allOf merged in."""
+        if isinstance(member, bool):
+            return {} if member else None
+        if not isinstance(member, dict):
+            raise invalid(pointer, "a schema must be an object or a boolean")
+        if depth > self.limits.max_ref_depth + self.limits.max_schema_depth:
+            raise InvalidInput(f"{pointer}: allOf and $ref nest too deep to merge",
+                               reason="CONSTRAINT_TOO_LARGE", field=FIELD)
+        self._count(pointer)
+        own = {k: v for k, v in member.items() if k in ASSERTIONS}
+        merged: dict[str, Any] = {}
+        ref = own.pop("$ref", None)
+        nested = own.pop("allOf", None)
+        parts: list[tuple[Any, str]] = []
+        if ref is not None:
+            if not isinstance(ref, str) or not ref.startswith("#"):
+                raise unsupported(f"{pointer}/$ref", f"the reference {ref!r} (only local ones, #/...)")
+            parts.append((self._resolve(unquote(ref[1:]), f"{pointer}/$ref"), unquote(ref[1:])))
+        if nested is not None:
+            if not isinstance(nested, list) or not nested:
+                raise invalid(f"{pointer}/allOf", "allOf must be a non-empty list of schemas")
+            parts += [(m, f"{pointer}/allOf/{i}") for i, m in enumerate(nested)]
+        for part, at in parts:
+            flat = self._flattened(part, at, depth + 1)
+            if flat is None:
+                return None
+            _merge_into(merged, flat, at)
+        _merge_into(merged, own, pointer)
+        return merged
 
     def _ref(self, ref: Any, pointer: str) -> Node:
         if not isinstance(ref, str) or not ref.startswith("#"):
@@ -156,7 +218,7 @@ class _Compiler:
         if not isinstance(values, list) or not values:
             raise invalid(f"{pointer}/enum", "enum must be a non-empty list")
         for other in schema:
-            if other not in (key, "type") and other not in ANNOTATIONS:
+            if other not in (key, "type") and other in ASSERTIONS:
                 raise unsupported(f"{pointer}/{_escape(other)}", f"{other!r} beside {key!r}")
         types = self._types(schema, pointer) if "type" in schema else list(TYPE_KEYWORDS)
         return alt(*(jv.literal(v) for v in values if any(_is_type(v, t) for t in types)))
@@ -226,7 +288,8 @@ class _Compiler:
         lo = _count(schema, "minLength", pointer, 0) or 0
         hi = _count(schema, "maxLength", pointer, None)
         if "pattern" in schema:
-            clash = [k for k in ("minLength", "maxLength", "format") if k in schema]
+            clash: list[str] = [k for k in ("minLength", "maxLength") if k in schema]
+            clash += ["format"] if schema.get("format") in jv.FORMATS else []  # others are annotations
             if clash:
                 raise unsupported(f"{pointer}/{clash[0]}", f"{clash[0]!r} beside 'pattern'")
             return self._pattern(schema, pointer)
@@ -249,8 +312,10 @@ class _Compiler:
     def _format(self, schema: dict[str, Any], pointer: str, lo: int, hi: int | None) -> Node:
         """A format's strings; length bounds hold for all of them, none of them or (refused) some."""
         name = schema["format"]
-        if name not in jv.FORMATS:
-            raise unsupported(f"{pointer}/format", f"the format {name!r} (only {', '.join(jv.FORMATS)})")
+        if not isinstance(name, str):
+            raise invalid(f"{pointer}/format", "format must be a string")
+        if name not in jv.FORMATS:  # an annotation (2020-12's default): the lengths alone hold
+            return jv.string(lo, hi)
         shortest, longest = jv.FORMAT_LENGTHS[name]
         if lo <= shortest and (hi is None or longest is not None and longest <= hi):
             return jv.string_format(name)
@@ -261,6 +326,47 @@ class _Compiler:
         lengths = f"{shortest} to {longest}" if longest is not None else f"{shortest} or more"
         raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'format' {name!r} (whose strings are "
                           f"{lengths} characters long) where it holds for some of them only")
+
+
+def _merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> None:
+    """Add one allOf member's assertion keywords to `merged`: properties of both (a property in
+    both: allOf of its two schemas), required of both, the types both allow; any other keyword
+    must be absent from one or equal in both (SCHEMA_UNSUPPORTED naming it otherwise). A member's
+    additionalProperties sees its own properties alone, so where one side has one, the other side
+    may declare no property it does not (refused otherwise: the merge would admit them)."""
+    for closed, other in ((merged, schema), (schema, merged)):
+        if closed.get("additionalProperties", True) is not True:
+            extra = set(other.get("properties", {})) - set(closed.get("properties", {}))
+            if extra:
+                raise unsupported(f"{pointer}/additionalProperties",
+                                  f"allOf members where additionalProperties rules out {sorted(extra)[0]!r}, "
+                                  "a property another member declares")
+    for key, value in schema.items():
+        if key not in merged:
+            merged[key] = value
+        elif key == "properties" and isinstance(value, dict) and isinstance(merged[key], dict):
+            both = dict(merged[key])
+            for name, sub in value.items():
+                both[name] = sub if name not in both or both[name] == sub else {"allOf": [both[name], sub]}
+            merged[key] = both
+        elif key == "required" and isinstance(value, list) and isinstance(merged[key], list):
+            merged[key] = list(dict.fromkeys([*merged[key], *value]))
+        elif key == "type":
+            merged[key] = _types_in_both(merged[key], value, pointer)
+        elif merged[key] != value:
+            raise unsupported(f"{pointer}/{_escape(key)}",
+                              f"{key!r} in more than one allOf member with different values")
+
+
+def _types_in_both(a: Any, b: Any, pointer: str) -> list[str]:
+    first: list[str] = [a] if isinstance(a, str) else list(a)
+    second: list[str] = [b] if isinstance(b, str) else list(b)
+    both = [t for t in first if t in second or (t == "integer" and "number" in second)]
+    both += [t for t in second if t == "integer" and "number" in first and t not in both]
+    if not both:
+        raise InvalidInput(f"{pointer}/type: allOf members allow no type in common",
+                           reason="CONSTRAINT_UNSATISFIABLE", field=FIELD)
+    return both
 
 
 def _integer_bounds(schema: dict[str, Any], pointer: str) -> tuple[int | None, int | None]:

@@ -69,6 +69,10 @@ _TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-
 _ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+# RFC 3986: a scheme, then the characters a URI is written in (unreserved, reserved, %HH); the
+# parts' own grammar (authority, path, query) is not checked.
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*"
+_URI_CHARS = r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})*"
 # February stops at the 28th and seconds at 59: every date written is a real one, in any year.
 FORMATS = {
     "date": _DATE,
@@ -77,6 +81,9 @@ FORMATS = {
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "email": rf"{_ATOM}(?:\.{_ATOM})*@{_LABEL}(?:\.{_LABEL})+",
     "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
+    "hostname": rf"{_LABEL}(?:\.{_LABEL})*",
+    "uri": rf"{_SCHEME}:{_URI_CHARS}",
+    "uri-reference": rf"(?:{_SCHEME}:)?{_URI_CHARS}",
 }
 
 
@@ -88,6 +95,9 @@ FORMAT_LENGTHS: dict[str, tuple[int, int | None]] = {
     "uuid": (36, 36),
     "email": (5, None),  # a@b.c
     "ipv4": (7, 15),
+    "hostname": (1, None),
+    "uri": (2, None),  # a:
+    "uri-reference": (0, None),
 }
 
 
@@ -101,12 +111,25 @@ def string_format(name: str) -> Node:
 
 
 def literal(value: Any) -> Node:
-    """`value` written compactly (what an enum or const allows)."""
-    written = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """`value` (what an enum or const allows) with the whitespace any value may have: an object or
+    an array takes one optional space after its `:` and `,` as everywhere else."""
+    if isinstance(value, dict):
+        members = [seq(literal(k), COLON, literal(v)) for k, v in value.items()]
+        return seq(text("{"), *_joined(members), text("}"))
+    if isinstance(value, list):
+        return seq(text("["), *_joined([literal(v) for v in value]), text("]"))
+    written = json.dumps(value, ensure_ascii=False)
     try:
         return text(written)
     except UnicodeEncodeError:  # a lone surrogate: keep it as its escape
-        return text(json.dumps(value, separators=(",", ":")))
+        return text(json.dumps(value))
+
+
+def _joined(items: list[Node]) -> list[Node]:
+    out: list[Node] = []
+    for i, item in enumerate(items):
+        out += [COMMA, item] if i else [item]
+    return out
 
 
 def array(item: Node, lo: int = 0, hi: int | None = None) -> Node:

@@ -82,15 +82,17 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "object", "minProperties": 1}, "/minProperties"),
     ({"$defs": {"a": {"type": "string", "contains": {}}}, "$ref": "#/$defs/a"}, "/$defs/a/contains"),
     ({"$ref": "https://example.com/schema.json"}, "/$ref"),
-    ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "/allOf"),
+    ({"allOf": [{"type": "string", "maxLength": 4}, {"maxLength": 3}]}, "/allOf/1/maxLength"),
+    ({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]},
+     "/allOf/1/additionalProperties"),
     ({"type": "object", "anyOf": [{"required": ["a"]}]}, "/type"),
-    ({"type": "string", "format": "hostname"}, "/format"),
     ({"type": "number", "minimum": 0}, "/minimum"),
     ({"type": "string", "pattern": "^a$", "maxLength": 3}, "/maxLength"),
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
     ({"type": "array", "items": [{"type": "string"}]}, "/items"),
     ({"enum": ["a", "b"], "maxLength": 1}, "/maxLength"),
-    ({"type": "object", "properties": {"a/b": {"nullable": True}}}, "/properties/a~1b/nullable"),
+    ({"type": "object", "properties": {"a/b": {"dependentRequired": {}}}},
+     "/properties/a~1b/dependentRequired"),
 ])
 def test_an_unsupported_keyword_is_refused_naming_its_json_pointer(schema: Any, pointer: str) -> None:
     assert str(refused(schema, "SCHEMA_UNSUPPORTED")).startswith(f"{pointer}: ")
@@ -344,3 +346,89 @@ def test_length_bounds_that_cut_a_format_are_refused_naming_both_keywords_and_th
                     "SCHEMA_UNSUPPORTED")
     expected = f"/properties/a~1b/{keyword}: '{keyword}' beside 'format' '{name}'"
     assert str(error).startswith(expected), str(error)
+
+
+def test_every_keyword_that_constrains_an_instance_is_enforced_or_refused_naming_its_pointer() -> None:
+    from engine.constrain.json_schema import ASSERTIONS, KNOWN
+
+    for keyword in sorted(ASSERTIONS - KNOWN):
+        error = refused({"type": "object", "properties": {"a": {keyword: {}}}}, "SCHEMA_UNSUPPORTED")
+        assert str(error).startswith(f"/properties/a/{keyword}: "), keyword
+
+
+def test_keywords_that_constrain_nothing_are_ignored() -> None:
+    """Annotations of any draft, OpenAPI's and Kubernetes' vendor keywords, and unknown ones: the
+    schema compiles to what it compiles to without them."""
+    plain = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                              "port": {"type": "integer", "minimum": 1}},
+             "required": ["name"]}
+    noted = {"id": "http://example.com/s", "name": "service", "links": [{"rel": "self"}], "example": {},
+             "x-kubernetes-preserve-unknown-fields": True, "readonly": True, "self": {"ref": "x"},
+             "type": "object", "$comment": "c", "nullable": False,
+             "properties": {"name": {"type": "string", "maxLength": 8, "x-order": 1, "example": "web"},
+                            "port": {"type": "integer", "minimum": 1, "x-kubernetes-int-or-string": True,
+                                     "deprecated": True, "examples": [80]}},
+             "required": ["name"]}
+    texts = [b'{"name": "web", "port": 80}', b'{"name":"web"}', b'{"name": "toolongname"}', b'{"port": 80}',
+             b'{"name": "web", "port": 0}', b'{"name": "web", "other": 1}']
+    expected = [accepts(schema_of(plain), t) for t in texts]
+    assert expected == [True, True, False, False, False, False]
+    assert [accepts(schema_of(noted), t) for t in texts] == expected
+
+
+@pytest.mark.parametrize(("name", "good", "bad"), [
+    ("hostname", ['"example.com"', '"a"', '"my-host.internal"'], ['"-bad.com"', '"a..b"', '"a b"']),
+    ("uri", ['"https://example.com/a?b=1#c"', '"urn:isbn:0451450523"', '"mailto:a@b.c"', '"a:%20"'],
+     ['"no scheme"', '"/relative"', '"http://a b"', '"a:%zz"']),
+    ("uri-reference", ['"/relative/path?x=1"', '"https://example.com"', '""', '"#frag"'],
+     ['"a b"', '"%g0"'])])
+def test_hostname_and_uri_formats_are_enforced(name: str, good: list[str], bad: list[str]) -> None:
+    compiled = schema_of({"type": "string", "format": name})
+    assert all(accepts(compiled, text.encode()) for text in good)
+    assert not any(accepts(compiled, text.encode()) for text in bad)
+
+
+def test_formats_that_are_not_enforced_are_annotations_any_string_within_the_lengths() -> None:
+    compiled = schema_of({"type": "string", "format": "ipv6", "maxLength": 5})
+    assert accepts(compiled, b'"::1"') and accepts(compiled, b'"hello"')
+    assert not accepts(compiled, b'"toolong"')
+    beside = schema_of({"type": "string", "format": "duration", "pattern": "^P"})
+    assert accepts(beside, b'"P1D"') and not accepts(beside, b'"1D"')
+
+
+def test_enum_and_const_objects_and_arrays_take_the_whitespace_any_value_may_have() -> None:
+    compiled = schema_of({"enum": [{"a": 1, "b": [1, 2]}, [True, None], "x y"]})
+    for text in (b'{"a": 1, "b": [1, 2]}', b'{"a":1,"b":[1,2]}', b'{"a":1, "b":[1, 2]}', b'[true, null]',
+                 b'"x y"'):
+        assert accepts(compiled, text), text
+    for text in (b'{ "a": 1, "b": [1, 2]}', b'{"a":  1,"b":[1,2]}', b'{"b": [1, 2], "a": 1}', b'"x  y"'):
+        assert not accepts(compiled, text), text
+    assert accepts(schema_of({"const": {"k": "v"}}), b'{"k": "v"}')
+
+
+BASE = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}}, "required": ["id"]}
+
+
+def test_all_of_merges_its_members_and_the_keywords_beside_it() -> None:
+    schema = {"$defs": {"base": BASE}, "type": "object", "description": "a pet",
+              "allOf": [{"$ref": "#/$defs/base"},
+                        {"properties": {"name": {"type": "string", "maxLength": 5}}, "required": ["name"]}]}
+    compiled = schema_of(schema)
+    assert accepts(compiled, b'{"id": 3, "name": "rex"}')
+    for text in (b'{"id": 3}', b'{"name": "rex"}', b'{"id": 0, "name": "rex"}',
+                 b'{"id": 3, "name": "toolong"}'):
+        assert not accepts(compiled, text), text
+    check_walks(schema, compiled, range(20))
+
+
+def test_a_property_in_two_all_of_members_takes_both_schemas() -> None:
+    low = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 2}}}
+    compiled = schema_of({"allOf": [low, {"properties": {"n": {"maximum": 4}}, "required": ["n"]}]})
+    found = [accepts(compiled, f'{{"n": {n}}}'.encode()) for n in range(1, 6)]
+    assert found == [False, True, True, True, False]
+
+
+def test_all_of_members_with_no_type_in_common_are_unsatisfiable() -> None:
+    refused({"allOf": [{"type": "string"}, {"type": ["object", "null"]}]}, "CONSTRAINT_UNSATISFIABLE")
+    integers = schema_of({"allOf": [{"type": ["number", "string"]}, {"type": "integer"}]})
+    assert accepts(integers, b"7") and not accepts(integers, b"7.5") and not accepts(integers, b'"7"')
