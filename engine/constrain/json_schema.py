@@ -4,12 +4,13 @@ Supported: type (one or a list), properties, required, additionalProperties, ite
 maxItems, enum, const, anyOf, oneOf (as anyOf: write disjoint alternatives), allOf (its members
 merged into one schema: _merge_into), local $ref (#, #/$defs/..., #/definitions/..., any
 #/pointer), minLength, maxLength, pattern, format (date, time, date-time, uuid, email, ipv4,
-hostname, uri, uri-reference; any other format is an annotation, as JSON Schema 2020-12 has it by default: any string), and integer
-minimum, maximum, exclusiveMinimum, exclusiveMaximum. Every other keyword that constrains an
-instance in some draft (ASSERTIONS) raises InvalidInput (SCHEMA_UNSUPPORTED) naming its JSON
-pointer: never a silently unconstrained run. Any keyword that constrains nothing (title,
-description, examples, $id, id, readOnly, x-..., vendor keywords) is ignored, as the drafts say
-unknown keywords are.
+hostname, uri, uri-reference; any other format is an annotation, as JSON Schema 2020-12 has it
+by default: any string), and integer minimum, maximum, exclusiveMinimum, exclusiveMaximum.
+Keywords beside a combinator hold too (merged with a $ref, joined to every anyOf alternative).
+Every other keyword that constrains an instance in some draft (ASSERTIONS) raises InvalidInput
+(SCHEMA_UNSUPPORTED) naming its JSON pointer: never a silently unconstrained run. Any keyword
+that constrains nothing (title, description, examples, $id, id, readOnly, x-..., vendor
+keywords) is ignored, as the drafts say unknown keywords are.
 
 Choices made for the output (json_values.py has the whitespace policy):
 - An object holds only its declared properties (then undeclared required ones), in declared
@@ -127,16 +128,20 @@ class _Compiler:
                                reason="CONSTRAINT_TOO_LARGE", field=FIELD)
 
     def _combinator(self, key: str, schema: dict[str, Any], pointer: str) -> Node:
-        if key == "allOf":
+        """A combinator; assertion keywords beside it hold too: beside allOf they are one more
+        member, beside $ref the two are merged as an allOf, beside anyOf/oneOf they join every
+        alternative (S and (A or B) is (S and A) or (S and B))."""
+        if key == "allOf" or "allOf" in schema:
             return self._all_of(schema, pointer)
-        for other in schema:
-            if other != key and other in ASSERTIONS:
-                raise unsupported(f"{pointer}/{_escape(other)}", f"{other!r} beside {key!r}")
+        beside = {k: v for k, v in schema.items() if k != key and k in ASSERTIONS}
         value = schema[key]
         if key == "$ref":
-            return self._ref(value, pointer)
+            return self._ref(value, pointer, beside)
         if not isinstance(value, list) or not value:
             raise invalid(f"{pointer}/{key}", f"{key} must be a non-empty list of schemas")
+        if beside:
+            return alt(*(self._all_of({"allOf": [s], **beside}, f"{pointer}/{key}/{i}")
+                         for i, s in enumerate(value)))
         return alt(*(self.node(s, f"{pointer}/{key}/{i}") for i, s in enumerate(value)))
 
     def _all_of(self, schema: dict[str, Any], pointer: str) -> Node:
@@ -187,7 +192,9 @@ class _Compiler:
         _merge_into(merged, own, pointer)
         return merged
 
-    def _ref(self, ref: Any, pointer: str) -> Node:
+    def _ref(self, ref: Any, pointer: str, beside: dict[str, Any] | None = None) -> Node:
+        """The target's schema (with `beside`, the keywords next to the $ref: merged with it), each
+        target entered at most max_ref_depth times along one path."""
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise unsupported(f"{pointer}/$ref", f"the reference {ref!r} (only local ones, #/...)")
         target = unquote(ref[1:])
@@ -196,6 +203,8 @@ class _Compiler:
         schema = self._resolve(target, f"{pointer}/$ref")
         self.entered[target] = self.entered.get(target, 0) + 1
         try:
+            if beside:
+                return self._all_of({"allOf": [schema], **beside}, pointer)
             return self.node(schema, target)
         finally:
             self.entered[target] -= 1

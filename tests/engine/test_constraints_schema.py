@@ -85,7 +85,6 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"allOf": [{"type": "string", "maxLength": 4}, {"maxLength": 3}]}, "/allOf/1/maxLength"),
     ({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]},
      "/allOf/1/additionalProperties"),
-    ({"type": "object", "anyOf": [{"required": ["a"]}]}, "/type"),
     ({"type": "number", "minimum": 0}, "/minimum"),
     ({"type": "string", "pattern": "^a$", "maxLength": 3}, "/maxLength"),
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
@@ -432,3 +431,23 @@ def test_all_of_members_with_no_type_in_common_are_unsatisfiable() -> None:
     refused({"allOf": [{"type": "string"}, {"type": ["object", "null"]}]}, "CONSTRAINT_UNSATISFIABLE")
     integers = schema_of({"allOf": [{"type": ["number", "string"]}, {"type": "integer"}]})
     assert accepts(integers, b"7") and not accepts(integers, b"7.5") and not accepts(integers, b'"7"')
+
+
+def test_keywords_beside_a_ref_or_an_any_of_hold_too() -> None:
+    point = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    typed_ref = schema_of({"$defs": {"p": point}, "$ref": "#/$defs/p", "type": "object",
+                           "properties": {"x": {"maximum": 9}}})
+    assert accepts(typed_ref, b'{"x": 9}') and not accepts(typed_ref, b'{"x": 10}')
+    nullable = schema_of({"type": ["string", "null"], "anyOf": [{"maxLength": 2}, {"const": None}]})
+    assert [accepts(nullable, t) for t in (b'"ab"', b"null", b'"abc"', b"3")] == [True, True, False, False]
+    kinds = [{"properties": {"kind": {"const": k}}} for k in "ab"]
+    either = schema_of({"type": "object", "required": ["kind"], "oneOf": kinds})
+    assert accepts(either, b'{"kind": "a"}') and accepts(either, b'{"kind": "b"}')
+    assert not accepts(either, b'{"kind": "c"}') and not accepts(either, b"{}")
+
+
+def test_a_recursive_ref_with_keywords_beside_it_stops_at_the_documented_depth() -> None:
+    node = {"type": "object", "properties": {"next": {"$ref": "#/$defs/node", "type": "object"}}}
+    compiled = schema_of({"$defs": {"node": node}, "$ref": "#/$defs/node"})
+    assert accepts(compiled, b'{"next": {"next": {}}}')
+    assert not accepts(compiled, b'{"next": {"next": {"next": {"next": {}}}}}')
