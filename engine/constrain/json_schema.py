@@ -46,8 +46,8 @@ ANNOTATIONS = frozenset({
     "writeOnly", "deprecated", "$defs", "definitions", "contentMediaType", "contentEncoding",
 })
 TYPE_KEYWORDS = {
-    "object": ("properties", "required", "additionalProperties"),
-    "array": ("items", "minItems", "maxItems"),
+    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties"),
+    "array": ("items", "minItems", "maxItems", "uniqueItems"),
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
     "integer": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
@@ -268,8 +268,20 @@ class _Compiler:
         if not isinstance(required, list) or any(not isinstance(r, str) for r in required):
             raise invalid(f"{pointer}/required", "required must be a list of names")
         additional = schema.get("additionalProperties", True)
+        least = _count(schema, "minProperties", pointer, 0) or 0
+        most = _count(schema, "maxProperties", pointer, None)
         if not properties and not required:
-            return self._map(additional, pointer)
+            if least > 1:  # a map's keys are not kept apart: a key written twice would count once
+                raise unsupported(f"{pointer}/minProperties", "minProperties above 1 on a map")
+            return self._map(additional, pointer, least, most)
+        # Declared members only: what the counts ask must hold for every object they make.
+        names = dict.fromkeys([*properties, *required])
+        if least > len(set(required)):
+            raise unsupported(f"{pointer}/minProperties", "minProperties above the number of required "
+                              "properties (an object of declared properties may leave the others out)")
+        if most is not None and most < len(names):
+            raise unsupported(f"{pointer}/maxProperties", "maxProperties below the number of declared "
+                              "properties")
         items = [(self._member(name, subschema, f"{pointer}/properties/{_escape(name)}"), name in required)
                  for name, subschema in properties.items()]
         # A required name not among properties takes additionalProperties' schema (false: none fits).
@@ -280,10 +292,10 @@ class _Compiler:
     def _member(self, name: str, schema: Any, pointer: str) -> Node:
         return seq(jv.literal(name), jv.COLON, self.node(schema, pointer))
 
-    def _map(self, additional: Any, pointer: str) -> Node:
+    def _map(self, additional: Any, pointer: str, least: int = 0, most: int | None = None) -> Node:
         if additional is False:
-            return text("{}")
-        return jv.object_map(self.node(additional, f"{pointer}/additionalProperties"))
+            return text("{}") if least == 0 else NOTHING
+        return jv.object_map(self.node(additional, f"{pointer}/additionalProperties"), least, most)
 
     def _array(self, schema: dict[str, Any], pointer: str) -> Node:
         items = schema.get("items", True)
@@ -291,6 +303,11 @@ class _Compiler:
             raise unsupported(f"{pointer}/items", "items as a list (tuple validation)")
         lo = _count(schema, "minItems", pointer, 0)
         hi = _count(schema, "maxItems", pointer, None)
+        unique = schema.get("uniqueItems", False)
+        if not isinstance(unique, bool):
+            raise invalid(f"{pointer}/uniqueItems", "uniqueItems must be a boolean")
+        if unique and (hi is None or hi > 1):  # at most one item: unique whatever it is
+            raise unsupported(f"{pointer}/uniqueItems", "'uniqueItems' true on more than one item")
         return jv.array(self.node(items, f"{pointer}/items"), lo or 0, hi)
 
     def _string(self, schema: dict[str, Any], pointer: str) -> Node:

@@ -136,9 +136,10 @@ def array(item: Node, lo: int = 0, hi: int | None = None) -> Node:
     return seq(text("["), repeat(item, lo, hi, COMMA), text("]"))
 
 
-def object_map(value: Node) -> Node:
-    """An object whose keys are any strings, each with `value`."""
-    return seq(text("{"), repeat(seq(string(), COLON, value), 0, None, COMMA), text("}"))
+def object_map(value: Node, lo: int = 0, hi: int | None = None) -> Node:
+    """An object whose keys are any strings, each with `value`, `lo` to `hi` of them (keys are not
+    kept apart: a key written twice is one property to a parser, so `lo` above 1 is not a bound)."""
+    return seq(text("{"), repeat(seq(string(), COLON, value), lo, hi, COMMA), text("}"))
 
 
 def any_value(depth: int) -> Node:

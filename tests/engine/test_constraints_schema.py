@@ -79,7 +79,10 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"if": {}, "then": {}}, "/if"),
     ({"type": "object", "patternProperties": {"^x": {}}}, "/patternProperties"),
     ({"type": "array", "prefixItems": [{"type": "string"}]}, "/prefixItems"),
-    ({"type": "object", "minProperties": 1}, "/minProperties"),
+    ({"type": "object", "minProperties": 2}, "/minProperties"),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"], "minProperties": 2},
+     "/minProperties"),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "maxProperties": 1}, "/maxProperties"),
     ({"$defs": {"a": {"type": "string", "contains": {}}}, "$ref": "#/$defs/a"}, "/$defs/a/contains"),
     ({"$ref": "https://example.com/schema.json"}, "/$ref"),
     ({"allOf": [{"type": "string", "maxLength": 4}, {"maxLength": 3}]}, "/allOf/1/maxLength"),
@@ -451,3 +454,20 @@ def test_a_recursive_ref_with_keywords_beside_it_stops_at_the_documented_depth()
     compiled = schema_of({"$defs": {"node": node}, "$ref": "#/$defs/node"})
     assert accepts(compiled, b'{"next": {"next": {}}}')
     assert not accepts(compiled, b'{"next": {"next": {"next": {"next": {}}}}}')
+
+
+def test_property_counts_hold_on_maps_and_where_declared_properties_always_meet_them() -> None:
+    some = schema_of({"type": "object", "additionalProperties": {"type": "integer"},
+                      "minProperties": 1, "maxProperties": 2})
+    found = [accepts(some, t) for t in (b"{}", b'{"a": 1}', b'{"a": 1, "b": 2}', b'{"a": 1, "b": 2, "c": 3}')]
+    assert found == [False, True, True, False]
+    declared = schema_of({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"],
+                          "minProperties": 1, "maxProperties": 2})
+    assert accepts(declared, b'{"a": 1}') and accepts(declared, b'{"a": 1, "b": 2}')
+
+
+def test_unique_items_holds_where_an_array_has_at_most_one_item_and_false_asks_nothing() -> None:
+    one = schema_of({"type": "array", "items": {"type": "integer"}, "maxItems": 1, "uniqueItems": True})
+    assert accepts(one, b"[3]") and not accepts(one, b"[3, 4]")
+    many = schema_of({"type": "array", "items": {"type": "integer"}, "uniqueItems": False})
+    assert accepts(many, b"[3, 3]")
