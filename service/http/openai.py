@@ -281,7 +281,8 @@ def _alternative(token: int, logprob: float, text_of: TextOf) -> Json:
 
 def chat_logprobs(found: list[TokenLogprobs], text_of: TextOf) -> Json:
     return {"content": [{**_alternative(t.token, t.logprob, text_of),
-                         "top_logprobs": [_alternative(i, v, text_of) for i, v in t.top]} for t in found]}
+                         "top_logprobs": [_alternative(i, v, text_of) for i, v in t.top]} for t in found],
+            "refusal": None}  # OpenAI's schema requires it (the model never refuses by a field here)
 
 
 def completion_logprobs(found: list[TokenLogprobs], text_of: TextOf, offset: int = 0) -> Json:
@@ -329,7 +330,7 @@ class Answer:
         reason = FINISH[record.finished.reason] if record.finished is not None else None
         choice: Json = {"index": index, "finish_reason": reason, "logprobs": self._logprobs(record.logprobs)}
         if self.call.chat:
-            choice["message"] = {"role": "assistant", "content": record.text}
+            choice["message"] = {"role": "assistant", "content": record.text, "refusal": None}
         else:
             choice["text"] = record.text
         return choice

@@ -261,3 +261,15 @@ def test_a_draining_server_is_503_with_retry_after_and_its_health_says_so(served
         draining.result(timeout=30)
     assert response.status == 503 and response.getheader("Retry-After") == "1"
     assert json.loads(body)["error"]["code"] == "draining" and healthy == 503
+
+
+def test_a_chat_answer_carries_refusal_null_on_its_message_and_its_logprobs(server: RunningServer,
+                                                                          model: str) -> None:
+    """OpenAI's schema requires `refusal` (nullable) on a chat message and on its logprobs."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+            "logprobs": True, "top_logprobs": 1}
+    response, answer = post(server, "/v1/chat/completions", body)
+    assert response.status == 200
+    choice = json.loads(answer)["choices"][0]
+    assert choice["message"]["refusal"] is None and "refusal" in choice["message"]
+    assert choice["logprobs"]["refusal"] is None and len(choice["logprobs"]["content"]) == 3
