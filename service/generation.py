@@ -75,6 +75,13 @@ class ServedModel:
                               "(see the server's start-up log); send token ids")
         return self.tokenizer
 
+    def detokenize(self, ids: list[int], field: str) -> str:
+        """The text of token ids through the streaming decoder (special tokens left out), so it is
+        exactly the text Generate streamed for them; Detokenize on gRPC and /detokenize on HTTP."""
+        tokenizer = self.need_tokenizer("Detokenize")
+        ids = self.check_ids(ids, field=field) if ids else []
+        return "".join(tokenizer.stream(skip_special=True).pieces(ids))
+
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt given as text, chat messages or ids; checked against the limits.
 

@@ -309,11 +309,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         return pb.TokenizeResponse(ids=await self.serving.prompt_ids(wire.tokenize_prompt(request)))
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context: Context) -> pb.DetokenizeResponse:
-        model = self.serving.model
-        tokenizer = model.need_tokenizer("Detokenize")
-        ids = model.check_ids(list(request.ids), field="ids") if request.ids else []
-        # The streaming decoder, so Detokenize(ids) is exactly the text Generate streamed for them.
-        return pb.DetokenizeResponse(text="".join(tokenizer.stream(skip_special=True).pieces(ids)))
+        return pb.DetokenizeResponse(text=self.serving.model.detokenize(list(request.ids), field="ids"))
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.ModelInfo:
         return wire.model_info(self.serving.model, self.serving.config)

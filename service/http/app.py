@@ -224,6 +224,19 @@ class Routes:
                                        field="model")
         return web.json_response(found)
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: a prompt's (or chat's, templated) token ids and their count."""
+        serving = self.serving()
+        prompt = openai.tokenize_prompt(openai.read_body(await _body(request)), serving.model.api_names)
+        ids = await serving.prompt_ids(prompt)
+        return web.json_response({"count": len(ids), "max_model_len": serving.model.capacity, "tokens": ids})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /detokenize: the text of token ids, as Detokenize answers on gRPC."""
+        serving = self.serving()
+        ids = openai.detokenize_ids(openai.read_body(await _body(request)), serving.model.api_names)
+        return web.json_response({"prompt": serving.model.detokenize(ids, field="tokens")})
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
@@ -300,6 +313,8 @@ def application(routes: Routes, door: Door, config: Config) -> web.Application:
     app.router.add_get(MODELS + "/{model}", routes.model)
     app.router.add_post(COMPLETIONS, routes.completions)
     app.router.add_post(CHAT, routes.chat)
+    app.router.add_post("/tokenize", routes.tokenize)
+    app.router.add_post("/detokenize", routes.detokenize)
     return app
 
 

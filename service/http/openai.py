@@ -116,11 +116,7 @@ def _encodable(text: str) -> bool:
 def openai_call(body: Json, chat: bool, served: Sequence[str]) -> OpenAICall:
     """The call a /v1/completions (`chat` False) or /v1/chat/completions body asks for. `served`:
     the names of the one model served, its id first; a body that names none means it."""
-    model = _get(body, "model", str, "") or served[0]
-    if model not in served:
-        raise ModelNotFound(f"the model {model!r} is not served here; this server serves {served[0]!r}",
-                            field="model")
-    model = served[0]
+    model = served_model(body, served)
     for name in REFUSED_WHEN_SET:
         if body.get(name):
             raise _bad(f"{name} is not supported by Ladder's OpenAI-compatible API", name)
@@ -135,6 +131,35 @@ def openai_call(body: Json, chat: bool, served: Sequence[str]) -> OpenAICall:
     options = _get(body, "stream_options", dict, {})
     return OpenAICall(generate, chat, model, _get(body, "stream", bool, False),
                       _get(options, "include_usage", bool, False))
+
+
+def served_model(body: Json, served: Sequence[str]) -> str:
+    """The model a body names (none: the one served), or ModelNotFound."""
+    model = _get(body, "model", str, "") or served[0]
+    if model not in served:
+        raise ModelNotFound(f"the model {model!r} is not served here; this server serves {served[0]!r}",
+                            field="model")
+    return served[0]
+
+
+def tokenize_prompt(body: Json, served: Sequence[str]) -> Prompt:
+    """vLLM's /tokenize body: `prompt` (text), or chat `messages` through the chat template."""
+    served_model(body, served)
+    if "messages" in body:
+        return Prompt(chat=chat_messages(body))
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise _bad("prompt takes a string (or send messages)", "prompt")
+    return Prompt(text=prompt)
+
+
+def detokenize_ids(body: Json, served: Sequence[str]) -> list[int]:
+    """vLLM's /detokenize body: `tokens`, a list of token ids."""
+    served_model(body, served)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+        raise _bad("tokens takes an array of token ids", "tokens")
+    return tokens
 
 
 def completion_prompt(value: Any) -> Prompt:

@@ -273,3 +273,25 @@ def test_a_chat_answer_carries_refusal_null_on_its_message_and_its_logprobs(serv
     choice = json.loads(answer)["choices"][0]
     assert choice["message"]["refusal"] is None and "refusal" in choice["message"]
     assert choice["logprobs"]["refusal"] is None and len(choice["logprobs"]["content"]) == 3
+
+
+def test_tokenize_and_detokenize_answer_as_the_grpc_calls_in_vllm_s_shapes(server: RunningServer,
+                                                                           model: str) -> None:
+    text = "The capital of France is"
+    ids = list(server.stub.Tokenize(pb.TokenizeRequest(text=text)).ids)
+    response, body = post(server, "/tokenize", {"model": model, "prompt": text})
+    assert response.status == 200
+    answer = json.loads(body)
+    assert answer["tokens"] == ids and answer["count"] == len(ids) and answer["max_model_len"] > 0
+    response, body = post(server, "/detokenize", {"model": model, "tokens": ids})
+    assert response.status == 200 and json.loads(body) == {"prompt": text}
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = json.loads(post(server, "/tokenize", {"messages": messages})[1])
+    grpc_chat = server.stub.Tokenize(pb.TokenizeRequest(chat=pb.Chat(
+        messages=[pb.ChatMessage(role="user", content="Hi")])))
+    assert chat["tokens"] == list(grpc_chat.ids)
+    refused = (("/tokenize", {"prompt": 3}, "prompt"), ("/detokenize", {"tokens": ["a"]}, "tokens"),
+               ("/detokenize", {"tokens": [10**9]}, "tokens"))
+    for path, bad, field in refused:
+        response, body = post(server, path, bad)
+        assert response.status == 400 and json.loads(body)["error"]["param"] == field, (path, body)
