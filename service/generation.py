@@ -69,6 +69,11 @@ class ServedModel:
         """One token's own text, special tokens written out ("" without a tokenizer)."""
         return "" if self.tokenizer is None else str(self.tokenizer.decode([token], skip_special=False))
 
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes one token stands for (a piece of a multi-byte character as it is; b"" without
+        a tokenizer)."""
+        return b"" if self.tokenizer is None else bytes(self.tokenizer.token_bytes(token))
+
     def need_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:
             raise NoTokenizer(f"{what} needs a tokenizer and this model has none Ladder can read "

@@ -246,8 +246,7 @@ class Routes:
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = openai.read_body(await _body(request))
         call = openai.openai_call(body, chat, self.serving().model.api_names)
-        answer = openai.Answer(call, REQUEST_ID.get(), int(time.time()),
-                               self.serving().model.token_text)
+        answer = openai.Answer(call, REQUEST_ID.get(), int(time.time()), self.serving().model)
         if call.stream:
             return await self._stream(request, answer)
         progress = None

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from engine.chat_template import ChatMessage
 from engine.errors import InvalidInput
@@ -23,7 +23,12 @@ from service.events import Finish, Finished, TokenOut
 from service.progress import Progress, SampleRecord
 
 Json = dict[str, Any]
-TextOf = Callable[[int], str]
+class TokenText(Protocol):
+    """A token's own text (special tokens written out) and the raw bytes it stands for."""
+
+    def token_text(self, token: int) -> str: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
 FINISH = {Finish.LENGTH: "length", Finish.CAPACITY: "length", Finish.EOS: "stop", Finish.STOP: "stop"}
 # Accepted for compatibility and refused when they ask for something Ladder does not do.
 REFUSED_WHEN_SET = ("tools", "functions", "logit_bias", "suffix")
@@ -299,26 +304,28 @@ def usage(progress: Progress) -> Json:
             "total_tokens": progress.prompt_tokens + progress.generated}
 
 
-def _alternative(token: int, logprob: float, text_of: TextOf) -> Json:
-    text = text_of(token)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+def _alternative(token: int, logprob: float, tokens: TokenText) -> Json:
+    """OpenAI's token entry: `bytes` are the token's own bytes (a piece of a multi-byte character
+    included, whose text alone is U+FFFD), so a reply's tokens' bytes join to its text's."""
+    return {"token": tokens.token_text(token), "logprob": logprob, "bytes": list(tokens.token_bytes(token))}
 
 
-def chat_logprobs(found: list[TokenLogprobs], text_of: TextOf) -> Json:
-    return {"content": [{**_alternative(t.token, t.logprob, text_of),
-                         "top_logprobs": [_alternative(i, v, text_of) for i, v in t.top]} for t in found],
+def chat_logprobs(found: list[TokenLogprobs], tokens: TokenText) -> Json:
+    return {"content": [{**_alternative(t.token, t.logprob, tokens),
+                         "top_logprobs": [_alternative(i, v, tokens) for i, v in t.top]} for t in found],
             "refusal": None}  # OpenAI's schema requires it (the model never refuses by a field here)
 
 
-def completion_logprobs(found: list[TokenLogprobs], text_of: TextOf, offset: int = 0) -> Json:
+def completion_logprobs(found: list[TokenLogprobs], tokens: TokenText, offset: int = 0) -> Json:
     """The legacy layout: tokens, their log-probabilities, the top alternatives, and where each starts."""
-    tokens = [text_of(t.token) for t in found]
+    texts = [tokens.token_text(t.token) for t in found]
     offsets = []
-    for text in tokens:
+    for text in texts:
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": [t.logprob for t in found],
-            "top_logprobs": [{text_of(i): v for i, v in t.top} for t in found], "text_offset": offsets}
+    return {"tokens": texts, "token_logprobs": [t.logprob for t in found],
+            "top_logprobs": [{tokens.token_text(i): v for i, v in t.top} for t in found],
+            "text_offset": offsets}
 
 
 @dataclass(frozen=True)
@@ -328,7 +335,7 @@ class Answer:
     call: OpenAICall
     request_id: str
     created: int
-    text_of: TextOf
+    tokens: TokenText
 
     @property
     def id(self) -> str:
@@ -343,8 +350,8 @@ class Answer:
         if self.call.generate.logprobs is None:
             return None
         if self.call.chat:
-            return chat_logprobs(found, self.text_of)
-        return completion_logprobs(found, self.text_of, offset)
+            return chat_logprobs(found, self.tokens)
+        return completion_logprobs(found, self.tokens, offset)
 
     def whole(self, progress: Progress) -> Json:
         """The non-streaming answer: every sample as a choice, and the usage."""

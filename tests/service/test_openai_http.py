@@ -295,3 +295,19 @@ def test_tokenize_and_detokenize_answer_as_the_grpc_calls_in_vllm_s_shapes(serve
     for path, bad, field in refused:
         response, body = post(server, path, bad)
         assert response.status == 400 and json.loads(body)["error"]["param"] == field, (path, body)
+
+
+def test_logprob_bytes_are_each_token_s_own_so_they_join_to_the_reply_s_text(server: RunningServer,
+                                                                            model: str) -> None:
+    """A token that is a piece of a multi-byte character has U+FFFD for its own text, and its real
+    bytes in `bytes` (they were the replacement character's)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "请用中文回答：你好吗？"}],
+            "max_tokens": 12, "logprobs": True}
+    response, answer = post(server, "/v1/chat/completions", body)
+    assert response.status == 200
+    choice = json.loads(answer)["choices"][0]
+    content = choice["logprobs"]["content"]
+    joined = b"".join(bytes(entry["bytes"]) for entry in content)
+    assert joined.decode("utf-8", errors="replace").startswith(choice["message"]["content"])
+    assert any(entry["token"] == "\ufffd" for entry in content), "the reply has a piece of a character"
+    assert all(entry["bytes"] != list("\ufffd".encode()) for entry in content)
