@@ -253,7 +253,36 @@ def constraint(body: Json) -> ConstraintSpec | None:
         if found is not None:
             raise _bad(f"{name} and response_format (or another guided_*) both constrain the output", name)
         found = _guided(name, kind, value)
+    outputs = body.get("structured_outputs")
+    if outputs is not None:
+        if found is not None:
+            raise _bad("structured_outputs and response_format (or a guided_*) both constrain the output",
+                       "structured_outputs")
+        found = structured_outputs(outputs)
     return found
+
+
+# vLLM's current request field (its guided_* extras' successor): one of these keys.
+STRUCTURED = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+
+
+def structured_outputs(value: Any) -> ConstraintSpec:
+    """vLLM's `structured_outputs`: exactly one of json (a schema), regex, choice, grammar, or
+    json_object true; any other key set is refused (it would constrain in a way not honoured)."""
+    if not isinstance(value, dict):
+        raise _bad("structured_outputs takes an object", "structured_outputs")
+    given = {k: v for k, v in value.items() if v is not None and v is not False}
+    unknown = sorted(set(given) - set(STRUCTURED) - {"json_object"})
+    if unknown:
+        raise _bad(f"structured_outputs.{unknown[0]} is not supported (json, regex, choice, grammar, "
+                   "json_object)", f"structured_outputs.{unknown[0]}")
+    if len(given) != 1:
+        raise _bad("structured_outputs takes exactly one of json, regex, choice, grammar, json_object",
+                   "structured_outputs")
+    (key, item), = given.items()
+    if key == "json_object":
+        return ConstraintSpec("json_schema", text='{"type": "object"}')
+    return _guided(f"structured_outputs.{key}", STRUCTURED[key], item)
 
 
 def constraint_of_format(response_format: Json) -> ConstraintSpec | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -311,3 +312,25 @@ def test_logprob_bytes_are_each_token_s_own_so_they_join_to_the_reply_s_text(ser
     assert joined.decode("utf-8", errors="replace").startswith(choice["message"]["content"])
     assert any(entry["token"] == "\ufffd" for entry in content), "the reply has a piece of a character"
     assert all(entry["bytes"] != list("\ufffd".encode()) for entry in content)
+
+
+def test_vllm_s_structured_outputs_field_constrains_as_its_guided_extras_do(server: RunningServer,
+                                                                           model: str) -> None:
+    def text_of(extra: dict[str, Any]) -> str:
+        body = {"model": model, "prompt": "The answer is", "max_tokens": 12, "temperature": 0, **extra}
+        response, answer = post(server, "/v1/completions", body)
+        assert response.status == 200, answer
+        return str(json.loads(answer)["choices"][0]["text"])
+
+    assert text_of({"structured_outputs": {"choice": ["yes", "no"]}}) in ("yes", "no")
+    assert re.fullmatch(r"[0-9]{3}", text_of({"structured_outputs": {"regex": "[0-9]{3}"}}))
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    parsed = json.loads(text_of({"structured_outputs": {"json": schema}, "max_tokens": 40}))
+    assert isinstance(parsed["n"], int)
+    assert text_of({"structured_outputs": {"choice": ["a", "b"]}}) == text_of({"guided_choice": ["a", "b"]})
+    refused = (({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
+               ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+               ({"structured_outputs": {"regex": "a"}, "guided_regex": "a"}, "structured_outputs"))
+    for extra, param in refused:
+        response, answer = post(server, "/v1/completions", {"model": model, "prompt": "x", **extra})
+        assert response.status == 400 and json.loads(answer)["error"]["param"] == param, answer
