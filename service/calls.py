@@ -37,6 +37,7 @@ class Stopping:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] = frozenset()
+    include_stop: bool = False  # a stop string that ends the text is part of it (HTTP: vLLM's extra)
 
     def __post_init__(self) -> None:
         """Bounded work per token: a few stop strings of bounded length."""

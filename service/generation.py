@@ -148,7 +148,7 @@ class ServedModel:
                                f"capacity of {self.capacity}: at most {room} new tokens do")
         if stopping.stop:
             self.need_tokenizer("stop sequences")
-        return Stopping(wanted, stopping.stop, stopping.ignore_eos, stopping.stop_token_ids)
+        return replace(stopping, max_new_tokens=wanted)
 
 
 # -- worker-side bodies: they ask the scheduler for engine work and never call the engine themselves --
@@ -195,7 +195,7 @@ def decode_steps(model: ServedModel, session: Session, sampler: Sampler, stoppin
     session left mid-way holds the tokens fed so far and their logits, so it stays usable.
     """
     stream = model.tokenizer.stream(skip_special=True) if model.tokenizer is not None else None
-    stop_text = StopText(stopping.stop)
+    stop_text = StopText(stopping.stop, stopping.include_stop)
     reason = Finish.LENGTH
     token = first if first is not None else (yield Choose(session, sampler))
     for index in range(stopping.max_new_tokens):

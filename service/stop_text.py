@@ -12,8 +12,9 @@ class StopText:
     the text so far that is a proper prefix of it, advanced by each new piece only.
     """
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], include: bool = False) -> None:
         self.stops = [s for s in stops if s]
+        self.include = include  # the stop string itself is sent too (vLLM's include_stop_str_in_output)
         self._failure = [_failure(s) for s in self.stops]
         self._matched = [0] * len(self.stops)
         self.held = ""
@@ -25,7 +26,7 @@ class StopText:
             if (cut := text.find(stop)) >= 0:
                 self.held, self.stopped = "", True
                 self._matched = [0] * len(self.stops)
-                return text[:cut]
+                return text[:cut + len(stop)] if self.include else text[:cut]
         matchers = zip(self.stops, self._failure, self._matched, strict=True)
         self._matched = [_advance(stop, failure, matched, piece) for stop, failure, matched in matchers]
         keep = max(self._matched, default=0)  # never more than `text` holds: see _advance

@@ -203,7 +203,7 @@ def _message(message: Any, field: str) -> ChatMessage:
 
 def stopping(body: Json, chat: bool) -> Stopping:
     """max_tokens (chat: max_completion_tokens first; none: the server's default), stop, and vLLM's
-    ignore_eos and stop_token_ids."""
+    ignore_eos, stop_token_ids and include_stop_str_in_output."""
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     name = next((k for k in names if body.get(k) is not None), None)
     wanted = 0 if name is None else _get(body, name, int, 0)
@@ -216,7 +216,8 @@ def stopping(body: Json, chat: bool) -> Stopping:
     ids = _get(body, "stop_token_ids", list, [])
     if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in ids):
         raise _bad("stop_token_ids takes an array of token ids (integers from 0)", "stop_token_ids")
-    return Stopping(wanted, tuple(stop), _get(body, "ignore_eos", bool, False), frozenset(ids))
+    return Stopping(wanted, tuple(stop), _get(body, "ignore_eos", bool, False), frozenset(ids),
+                    _get(body, "include_stop_str_in_output", bool, False))
 
 
 def sampling(body: Json) -> SamplingParams:

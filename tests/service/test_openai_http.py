@@ -139,11 +139,17 @@ def test_a_seed_gives_the_same_sampled_text_every_time(sdk: openai.OpenAI, model
     assert len(texts) == 1
 
 
-def test_a_stop_string_ends_the_text_before_it(sdk: openai.OpenAI, model: str) -> None:
+def test_a_stop_string_ends_the_text_before_it_or_after_it_when_asked(sdk: openai.OpenAI, model: str) -> None:
     free = sdk.completions.create(model=model, prompt=PROMPT, **GREEDY).choices[0].text  # type: ignore[arg-type]
     stop = free[5:7]
     got = sdk.completions.create(model=model, prompt=PROMPT, stop=[stop], **GREEDY)  # type: ignore[arg-type]
     assert got.choices[0].text == free[:free.index(stop)] and got.choices[0].finish_reason == "stop"
+    including = {**GREEDY, "extra_body": {**GREEDY.get("extra_body", {}), "include_stop_str_in_output": True}}
+    kept = sdk.completions.create(model=model, prompt=PROMPT, stop=[stop], **including)  # type: ignore[arg-type]
+    assert kept.choices[0].text == free[:free.index(stop) + len(stop)]
+    streamed = "".join(c.choices[0].text for c in sdk.completions.create(
+        model=model, prompt=PROMPT, stop=[stop], stream=True, **including) if c.choices)  # type: ignore[arg-type]
+    assert streamed == kept.choices[0].text
 
 
 def test_chat_logprobs_name_each_token_with_its_top_alternatives_most_likely_first(
