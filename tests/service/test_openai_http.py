@@ -309,7 +309,7 @@ def test_logprob_bytes_are_each_token_s_own_so_they_join_to_the_reply_s_text(ser
     """A token that is a piece of a multi-byte character has U+FFFD for its own text, and its real
     bytes in `bytes` (they were the replacement character's)."""
     body = {"model": model, "messages": [{"role": "user", "content": "请用中文回答：你好吗？"}],
-            "max_tokens": 12, "logprobs": True}
+            "max_tokens": 12, "logprobs": True, "temperature": 0}
     response, answer = post(server, "/v1/chat/completions", body)
     assert response.status == 200
     choice = json.loads(answer)["choices"][0]
