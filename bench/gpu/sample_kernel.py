@@ -1,5 +1,6 @@
 """The sampling kernel's device time (engine/runtime/sampled.py) against the greedy argmax's
-(engine/runtime/greedy.py), per launch, for 1/16/64 rows of 32k and 128k fp16 logits, and the host's
+(engine/runtime/greedy.py), per launch, for 1/16/64 rows of 32k and 128k fp16 logits, with the
+cluster size the kernel chooses and, for top-p, each cluster size (blocks per row); and the host's
 time to fill a launch's parameters. cupy events around 200 launches each, after 20 unmeasured.
 
     python3 -m bench.gpu.sample_kernel --out $OUT/sample-kernel.json
@@ -18,7 +19,7 @@ import numpy as np
 from bench.served import machine
 from engine.runtime.cuda_runtime import Placement
 from engine.runtime.greedy import GreedyRows
-from engine.runtime.sampled import SampledRows
+from engine.runtime.sampled import SampledRows, cluster_size
 from engine.sampling import SamplingParams
 
 LAUNCHES = 200
@@ -70,7 +71,14 @@ def main() -> None:
                     for _ in range(100):
                         sampled.fill(0, addresses, [False] * n, [params] * n, [1] * n, list(range(n)))
                     entry[f"fill_us {name}"] = (time.perf_counter() - started) / 100 * 1e6
+                    sampled.cluster = None
                     entry[f"sample_ms {name}"] = timed(rt, lambda s=sampled, n=n: s.launch(n))
+                    if name.startswith("top_p 0.95"):
+                        for size in sampled.sizes:
+                            sampled.cluster = size
+                            entry[f"cluster {size} ms {name}"] = timed(rt, lambda s=sampled, n=n: s.launch(n))
+                        sampled.cluster = None
+                entry["cluster"] = cluster_size(n, sampled.processors, sampled.sizes)
                 rows_out.append(entry)
                 print(json.dumps(entry), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,8 @@
 """Sampled tokens of a step's rows in one kernel on the device: for each row, its constraint's mask,
 temperature, top-k, min-p and top-p, then a draw from a counter-based generator (engine.sampling's
-Philox4x64-10, keyed by the row's seed, counted by the token's position), one block per row.
+Philox4x64-10, keyed by the row's seed, counted by the token's position), a cluster of blocks per
+row: up to 8 when few rows leave processors idle (compute capability 9.0+), so one row's passes over
+its vocabulary run on 8 processors, not 1 (the kernel is on a one-stream step's critical path).
 
 Only token ids cross to the host. A row's token depends on nothing but its own logits, parameters,
 key and position: no other row, no batch width, no thread timing. Every sum a choice depends on is
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import structlog
 
 from engine.runtime.cuda_runtime import Placement
 from engine.runtime.sampled_source import SOURCE
@@ -40,21 +43,54 @@ from engine.runtime.sampled_source import SOURCE
 # A chained launch's pool rows, their next positions, and the next forward's ids, mask and positions.
 Chain = tuple[Sequence[int], Sequence[int], np.ndarray, np.ndarray, "np.ndarray | None"]
 
-THREADS = 512  # 16 warps; warp w owns the w-th sixteenth of the vocabulary (ids in order)
+THREADS = 512  # 16 warps per block; warp w of block r owns the (16r + w)-th chunk of a row's ids
+CLUSTERS = (8, 4, 2, 1)  # blocks per row the kernel is built for (8: the portable cluster limit)
 
-_KERNELS: dict[int, Any] = {}
+_KERNELS: dict[tuple[int, int], Any] = {}
+log = structlog.get_logger("ladder.engine")
 
 
-def _kernel(xp: Any) -> Any:
-    kernel = _KERNELS.get(id(xp))
+def _kernel(xp: Any, cluster: int = 1) -> Any:
+    kernel = _KERNELS.get((id(xp), cluster))
     if kernel is None:
-        kernel = _KERNELS[id(xp)] = xp.RawKernel(SOURCE, "sample_rows")
+        kernel = _KERNELS[(id(xp), cluster)] = xp.RawKernel(f"#define CLUSTER {cluster}\n{SOURCE}",
+                                                            "sample_rows")
     return kernel
+
+
+def cluster_size(rows: int, processors: int, sizes: Sequence[int] = CLUSTERS) -> int:
+    """Blocks per row for a launch of `rows` rows: the largest of `sizes` whose blocks all fit the
+    device's processors at once (one row: 8), else the smallest (many rows fill the device alone)."""
+    for size in sorted(sizes, reverse=True):
+        if rows * size <= processors:
+            return size
+    return min(sizes)
+
+
+def cluster_sizes(xp: Any) -> tuple[int, ...]:
+    """The cluster sizes this device can launch: 8, 4, 2 and 1 from compute capability 9.0 (thread
+    block clusters with distributed shared memory), else 1."""
+    return CLUSTERS if int(xp.cuda.Device().compute_capability) >= 90 else (1,)
 
 
 def fixed_point_scale(vocab: int) -> float:
     """Units per weight 1.0: the whole vocabulary's weights sum below 2^62 (no u64 overflow)."""
     return math.ldexp(1.0, 62 - max(1, math.ceil(math.log2(max(vocab, 2)))))
+
+
+def built(xp: Any, sizes: Sequence[int]) -> tuple[int, ...]:
+    """The kernels of `sizes` blocks per row, compiled: those NVRTC builds (a cluster kernel a
+    toolkit cannot build leaves the launches to one block per row, as before clusters, and says so)."""
+    made = []
+    for size in sizes:
+        try:
+            _ = _kernel(xp, size).kernel
+            made.append(size)
+        except Exception as exc:  # NVRTC's CompileException, or a driver without clusters
+            if size == 1:
+                raise
+            log.warning("sampling_cluster_unavailable", blocks_per_row=size, error=str(exc)[:200])
+    return tuple(made)
 
 
 class SampledRows:
@@ -84,7 +120,9 @@ class SampledRows:
         # the kernel computes a token's weight once, not in each of its ~10 passes.
         with rt.enter():
             self.scratch = rt.xp.zeros((rows, vocab), np.uint32)
-        _ = _kernel(rt.xp).kernel  # compiled (or read from disk) now, not mid-step
+            self.processors = int(rt.xp.cuda.Device().attributes["MultiProcessorCount"])
+        self.sizes = built(rt.xp, cluster_sizes(rt.xp))  # compiled (or read from disk) now, not mid-step
+        self.cluster: int | None = None  # None: chosen per launch by cluster_size; else this one
 
     def set(self, i: int, logits: Any, params: Any, key: int, position: int, slot: int = -1) -> None:
         """Row i of the next launch: its logits (a device row), parameters (SamplingParams), key,
@@ -122,9 +160,10 @@ class SampledRows:
                     np.uint64(mask.ctypes.data), np.int64(mask.shape[-1]), np.uint64(self.grow.ctypes.data),
                     np.uint64(0 if positions is None else positions.ctypes.data))
         ptr = self.rt.ptr
+        cluster = self.cluster or cluster_size(n, self.processors, self.sizes)
         with self.rt.enter():
-            _kernel(self.rt.xp)(
-                (n,), (THREADS,),
+            _kernel(self.rt.xp, cluster)(
+                (n * cluster,), (THREADS,),
                 (np.uint64(self.pointers.ctypes.data), np.uint64(self.f32.ctypes.data), np.int64(self.vocab),
                  np.uint64(self.slots.ctypes.data), np.uint64(0 if table is None else ptr(table)),
                  np.uint64(self.temperature.ctypes.data), np.uint64(self.top_k.ctypes.data),

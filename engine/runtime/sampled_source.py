@@ -1,7 +1,11 @@
 """The CUDA C++ of the sampling kernel (engine/runtime/sampled.py), compiled by NVRTC through cupy:
-one block per row; the mask, temperature, top-k and top-p by radix select, min-p, the draw."""
+a cluster of CLUSTER blocks per row (1, or up to 8 on compute capability 9.0+, whose blocks read one
+another's shared memory); the mask, temperature, top-k and top-p by radix select, min-p, the draw."""
 
 SOURCE = r"""
+// CLUSTER (defined before this source): blocks per row. Block r of a row's cluster owns the r-th
+// CLUSTER-th of its ids; each block's counts and masses are summed over the cluster through
+// distributed shared memory, in rank order, so every block takes the same decisions.
 typedef unsigned long long u64;
 #define THREADS 512
 #define WARPS (THREADS / 32)
@@ -13,6 +17,40 @@ __device__ __forceinline__ float load(const void* p, int f32, long long i) {
     unsigned short h = ((const unsigned short*)p)[i];
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+}
+
+// This block's rank in its row's cluster.
+__device__ __forceinline__ unsigned int cluster_rank() {
+#if CLUSTER > 1
+    unsigned int rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    return rank;
+#else
+    return 0;
+#endif
+}
+
+// Every thread of the row's blocks arrives before any goes on (release, then acquire: what a block
+// wrote to its shared memory before is visible to the others after). A block reads another's
+// shared memory only between two of these, and no block leaves before the last one.
+__device__ __forceinline__ void cluster_sync() {
+#if CLUSTER > 1
+    asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+// The same shared variable in block `rank` of this cluster.
+template <typename T>
+__device__ __forceinline__ const T* of_block(const T* p, unsigned int rank) {
+#if CLUSTER > 1
+    u64 there;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(there) : "l"((u64)p), "r"(rank));
+    return (const T*)there;
+#else
+    return p;
+#endif
 }
 
 // numpy's argmax order: NaN first, then larger, then earlier.
@@ -122,8 +160,8 @@ __device__ __forceinline__ u64 mass_of(unsigned int bits, double scale) {
 // gets the total mass of every key and `target` is taken as a fraction of it.
 __device__ unsigned int radix_select(const unsigned int* scratch, long long first, long long last, int lane,
                                      int warp, int t, bool mass, double scale, double target, u64* above,
-                                     u64* warp_bins, u64* bins, int* chosen_bin, u64* chosen_above,
-                                     double* shared_target) {
+                                     u64* warp_bins, u64* bins, u64* row_bins, int* chosen_bin,
+                                     u64* chosen_above, double* shared_target) {
     unsigned int prefix = 0, high = 0;
     u64 sum_above = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -145,25 +183,38 @@ __device__ unsigned int radix_select(const unsigned int* scratch, long long firs
         }
         __syncthreads();
         merge_bins(warp_bins, bins, t);
+        cluster_sync();
+        for (int i = t; i < 256; i += THREADS) {  // the row's bins: the cluster's blocks', in rank order
+            u64 sum = 0;
+            for (unsigned int q = 0; q < CLUSTER; ++q) sum += *of_block(bins + i, q);
+            row_bins[i] = sum;
+        }
+        __syncthreads();
         if (mass && shift == 24 && t == 0) {
             u64 total = 0;
-            for (int i = 0; i < 256; ++i) total += bins[i];
+            for (int i = 0; i < 256; ++i) total += row_bins[i];
             *shared_target = target * (double)total;
         }
         __syncthreads();
         double goal = mass ? *shared_target : target;
-        if (warp == 0) select_bin(bins, sum_above, goal, lane, chosen_bin, chosen_above);
+        if (warp == 0) select_bin(row_bins, sum_above, goal, lane, chosen_bin, chosen_above);
         __syncthreads();
         sum_above += *chosen_above;
         prefix |= (unsigned int)*chosen_bin << shift;
         high |= 255u << shift;
-        __syncthreads();
+        cluster_sync();  // every block has read this one's bins before the next level rewrites them
     }
     *above = sum_above;
     return prefix;
 }
 
-extern "C" __global__ void sample_rows(
+#if CLUSTER > 1
+#define ROW_BLOCKS __cluster_dims__(CLUSTER, 1, 1)
+#else
+#define ROW_BLOCKS
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS) ROW_BLOCKS sample_rows(
         const u64* pointers, const int* f32, long long vocab, const long long* slots, const bool* table,
         const float* temperature, const long long* top_k, const double* top_p, const double* min_p,
         const u64* keys, const u64* counters, double scale, long long* out, unsigned int* scratch_rows,
@@ -173,6 +224,7 @@ extern "C" __global__ void sample_rows(
     __shared__ long long best_index[THREADS];
     __shared__ float peak_value[THREADS];
     __shared__ u64 bins[256];
+    __shared__ u64 row_bins[256];
     __shared__ u64 warp_bins[WARPS * 256];
     __shared__ u64 warp_mass[WARPS];
     __shared__ unsigned int warp_ties[WARPS];
@@ -183,11 +235,15 @@ extern "C" __global__ void sample_rows(
     __shared__ int draw_warp;
     __shared__ u64 draw_rest;
     __shared__ unsigned int draw_ties;
+    __shared__ int owner;  // this block chose the row's token (it writes it)
 
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const int b = blockIdx.x;
-    const long long chunk = ((vocab + WARPS - 1) / WARPS + 31) / 32 * 32;
-    const long long first = warp * chunk, last = min(vocab, first + chunk);
+    const unsigned int rank = cluster_rank();
+    const int b = blockIdx.x / CLUSTER;  // the row
+    // Warp `warp` of block `rank` owns the row's (rank * WARPS + warp)-th chunk of ids, in id order.
+    const long long chunk = ((vocab + WARPS * CLUSTER - 1) / (WARPS * CLUSTER) + 31) / 32 * 32;
+    const long long first = min(vocab, (rank * WARPS + warp) * chunk), last = min(vocab, first + chunk);
+    if (t == 0) owner = 0;
     // This row's scratch: first each token's scaled logit as an order key, then its kept weight's
     // bits (0: not kept). Each warp writes and reads only its own ids.
     unsigned int* scratch = scratch_rows + (long long)b * vocab;
@@ -226,9 +282,22 @@ extern "C" __global__ void sample_rows(
         }
         __syncthreads();
     }
-    peak = peak_value[0];
+    // The row's argmax and peak: the cluster's blocks', in rank (id) order.
+    cluster_sync();
+    float row_best_value = __int_as_float(0xff800000);
+    long long row_best = -1;
+    peak = __int_as_float(0xff800000);
+    for (unsigned int q = 0; q < CLUSTER; ++q) {
+        float value = *of_block(best_value, q);
+        long long index = *of_block(best_index, q);
+        if (index >= 0 && (row_best < 0 || before(value, index, row_best_value, row_best))) {
+            row_best_value = value;
+            row_best = index;
+        }
+        peak = fmaxf(peak, *of_block(peak_value, q));
+    }
     if (greedy || peak == __int_as_float(0xff800000)) {
-        if (t == 0) token = best_index[0];
+        if (t == 0 && rank == 0) { token = row_best; owner = 1; }
     } else {
         const bool infinite = peak == __int_as_float(0x7f800000);
         // Top-k: the k-th largest scaled logit's key, by counts.
@@ -236,7 +305,7 @@ extern "C" __global__ void sample_rows(
         u64 unused = 0;
         if (k > 0 && k < vocab)
             kth = radix_select(scratch, first, last, lane, warp, t, false, scale, (double)k, &unused,
-                               warp_bins, bins, &chosen_bin, &chosen_above, &mass_target);
+                               warp_bins, bins, row_bins, &chosen_bin, &chosen_above, &mass_target);
         // The weights: exp(scaled - peak) of the tokens top-k and min-p keep (an infinite peak: 1 for
         // the infinite tokens, 0 for the rest), as bits; 0 for the others.
         double least = min_p[b];
@@ -257,7 +326,7 @@ extern "C" __global__ void sample_rows(
         u64 above = 0, edge_q = 0, ties_needed = 0;
         if (p < 1.0) {
             edge = radix_select(scratch, first, last, lane, warp, t, true, scale, p, &above,
-                                warp_bins, bins, &chosen_bin, &chosen_above, &mass_target);
+                                warp_bins, bins, row_bins, &chosen_bin, &chosen_above, &mass_target);
             edge_q = mass_of(edge, scale);
             double need = (mass_target - (double)above) / (double)(edge_q ? edge_q : 1);
             ties_needed = need <= 1.0 ? 1 : (u64)ceil(need);
@@ -285,16 +354,18 @@ extern "C" __global__ void sample_rows(
             ties += __shfl_down_sync(0xffffffffu, ties, offset);
         }
         if (lane == 0) { warp_mass[warp] = mass; warp_ties[warp] = ties; }
-        __syncthreads();
-        if (t == 0) {
-            u64 chunk_mass[WARPS], total = 0;
-            unsigned int before_ties = 0;
-            for (int w = 0; w < WARPS; ++w) {
+        cluster_sync();
+        if (t == 0) {  // the same walk in every block of the row: the chunks of all its warps, in id order
+            u64 chunk_mass[WARPS * CLUSTER], total = 0;
+            unsigned int chunk_ties[WARPS * CLUSTER], before_ties = 0;
+            #pragma unroll 1
+            for (int w = 0; w < WARPS * CLUSTER; ++w) {
+                chunk_ties[w] = *of_block(warp_ties + w % WARPS, w / WARPS);
                 u64 taken = 0;
                 if (before_ties < ties_needed)
-                    taken = min((u64)warp_ties[w], ties_needed - before_ties);
-                chunk_mass[w] = warp_mass[w] + taken * edge_q;
-                before_ties += warp_ties[w];
+                    taken = min((u64)chunk_ties[w], ties_needed - before_ties);
+                chunk_mass[w] = *of_block(warp_mass + w % WARPS, w / WARPS) + taken * edge_q;
+                before_ties += chunk_ties[w];
                 total += chunk_mass[w];
             }
             double u = (double)(philox(keys[b], counters[b]) >> 11) * 1.1102230246251565e-16;
@@ -302,12 +373,14 @@ extern "C" __global__ void sample_rows(
             if (x >= total) x = total - 1;
             unsigned int ties_so_far = 0;
             int w = 0;
-            for (; w < WARPS - 1; ++w) {
+            #pragma unroll 1
+            for (; w < WARPS * CLUSTER - 1; ++w) {
                 if (x < chunk_mass[w]) break;
                 x -= chunk_mass[w];
-                ties_so_far += warp_ties[w];
+                ties_so_far += chunk_ties[w];
             }
-            draw_warp = w; draw_rest = x; draw_ties = ties_so_far;
+            draw_warp = w / WARPS == (int)rank ? w % WARPS : -1;  // -1: another block's warp draws
+            draw_rest = x; draw_ties = ties_so_far;
         }
         __syncthreads();
         // Phase 2: the drawn warp walks its ids 32 at a time to the token at the draw.
@@ -336,11 +409,11 @@ extern "C" __global__ void sample_rows(
                     tied += __popc(tie_mask);
                 }
             }
-            if (lane == 0) token = found >= 0 ? found : best_index[0];
+            if (lane == 0) { token = found >= 0 ? found : row_best; owner = 1; }
         }
     }
     __syncthreads();
-    if (t == 0) {
+    if (t == 0 && owner) {
         out[b] = token;
         if (next_ids) {  // chained: the next forward feeds this token at position grow[b]
             long long row = rows[b], position = grow[b];
@@ -349,5 +422,6 @@ extern "C" __global__ void sample_rows(
             if (positions) positions[row] = position;
         }
     }
+    cluster_sync();  // no block leaves while another may still read its shared memory
 }
 """

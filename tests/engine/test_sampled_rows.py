@@ -1,8 +1,9 @@
 """The device's sampling kernel (engine.runtime.sampled) draws from exactly the distribution the host's
 sampler filters (engine.sampling): chi-squared over many draws for every combination of temperature,
 top-k, top-p, min-p and penalties, nothing outside the kept tokens ever; the same tokens whichever
-rows share a launch; the host's tokens at the same uniforms but where float32 and float64 round
-differently. Run on the H200 (`-m gpu`); CI deselects them."""
+rows share a launch and however many blocks draw a row (a cluster of 1 to 8); the host's tokens at
+the same uniforms but where float32 and float64 round differently. Run on the H200 (`-m gpu`); CI
+deselects them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from engine.options import EngineOptions
 from engine.runtime.cuda_runtime import CudaUnavailable, Placement, cuda_runtime
-from engine.runtime.sampled import SampledRows
+from engine.runtime.sampled import CLUSTERS, SampledRows, cluster_size
 from engine.sampling import (
     Sampler,
     SamplingParams,
@@ -47,9 +48,11 @@ def rt() -> Placement:
 
 
 def launch(rt: Placement, rows: list[tuple[Any, SamplingParams, int, int]], slot: int = -1,
-           table: Any = None) -> list[int]:
-    """One kernel over the rows (device logits row, parameters, key, position)."""
+           table: Any = None, cluster: int | None = None) -> list[int]:
+    """One kernel over the rows (device logits row, parameters, key, position); `cluster` blocks
+    per row (None: as the kernel chooses for that many rows)."""
     sampled = SampledRows(rt, len(rows), np.float16, int(rows[0][0].shape[-1]))
+    sampled.cluster = cluster
     for i, (logits, params, key, position) in enumerate(rows):
         sampled.set(i, logits, params, key, position, slot)
     with rt.enter():
@@ -57,9 +60,10 @@ def launch(rt: Placement, rows: list[tuple[Any, SamplingParams, int, int]], slot
 
 
 def many(rt: Placement, logits: Any, params: SamplingParams, key: int = 5, draws: int = DRAWS,
-         slot: int = -1, table: Any = None) -> np.ndarray:
+         slot: int = -1, table: Any = None, cluster: int | None = None) -> np.ndarray:
     """`draws` tokens of one row at positions 0..draws-1, in one launch: their histogram."""
     sampled = SampledRows(rt, draws, logits.dtype, int(logits.shape[-1]))
+    sampled.cluster = cluster
     sampled.pointers[:draws] = logits.data.ptr
     sampled.f32[:draws] = logits.dtype == np.float32
     sampled.slots[:draws] = slot
@@ -74,13 +78,50 @@ def many(rt: Placement, logits: Any, params: SamplingParams, key: int = 5, draws
     return np.bincount(tokens, minlength=int(logits.shape[-1]))
 
 
+@pytest.mark.parametrize("cluster", [1, 8])
 @pytest.mark.parametrize("params", COMBINATIONS, ids=named)
-def test_draws_follow_the_host_s_filtered_distribution_for_every_filter_combination(rt, params) -> None:
+def test_draws_follow_the_host_s_filtered_distribution_for_every_filter_combination(rt, params,
+                                                                                     cluster) -> None:
     for dtype in (np.float16, np.float32):
         host = row_logits(1).astype(dtype)
         with rt.enter():
             device = rt.xp.asarray(host)
-        assert_drawn_from(many(rt, device, params), filtered_probabilities(host, params))
+        assert_drawn_from(many(rt, device, params, cluster=cluster), filtered_probabilities(host, params))
+
+
+def test_one_row_is_drawn_by_a_cluster_of_eight_blocks_and_many_rows_by_one_each() -> None:
+    assert cluster_size(1, 132) == 8
+    assert cluster_size(16, 132) == 8
+    assert cluster_size(64, 132) == 2
+    assert cluster_size(200, 132) == 1
+    assert cluster_size(1, 132, (1,)) == 1
+
+
+@pytest.mark.parametrize("vocab", [40, 1000, 32000, 128256])
+def test_a_row_s_token_is_the_same_whichever_cluster_size_draws_it(rt, vocab) -> None:
+    """Every block count splits the ids into chunks in id order and sums integers in rank order:
+    the same token from 1, 2, 4 or 8 blocks, for every filter, ties at the top-p cut, a constraint,
+    float32 rows, greedy rows and rows with nothing finite."""
+    rng = np.random.default_rng(vocab)
+    flat = (rng.standard_normal(vocab) * 1.0).astype(np.float16)
+    peaked = (rng.standard_normal(vocab) * 6.0).astype(np.float16)
+    tied = np.zeros(vocab, np.float16)
+    tied[rng.choice(vocab, min(vocab, 12), replace=False)] = 3.0
+    wide = (rng.standard_normal(vocab) * 2.0).astype(np.float32)
+    empty = np.full(vocab, -np.inf, np.float16)
+    table = np.ones((2, vocab), bool)
+    table[1] = rng.random(vocab) < 0.3
+    with rt.enter():
+        devices = [rt.xp.asarray(a) for a in (flat, peaked, tied, wide, empty)]
+        device_table = rt.xp.asarray(table)
+    kinds = [SamplingParams(temperature=0.8, top_p=0.95, seed=1), SamplingParams(temperature=1.0, seed=1),
+             SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=1),
+             SamplingParams(temperature=1.0, top_p=0.5, seed=1), SamplingParams()]
+    rows = [(devices[(i // len(kinds)) % len(devices)], kinds[i % len(kinds)], 7, i) for i in range(150)]
+    for slot in (-1, 1):
+        tokens = {c: launch(rt, rows, slot, device_table, cluster=c) for c in CLUSTERS}
+        for c in CLUSTERS:
+            assert tokens[c] == tokens[1], (vocab, slot, c)
 
 
 @pytest.mark.parametrize("penalties", [
