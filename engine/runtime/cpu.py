@@ -18,6 +18,7 @@ import onnxruntime as ort
 from engine.model import READ_ROWS_DIM, SEEN_OUTPUT, ModelInfo, Port
 from engine.options import EngineOptions
 from engine.runtime.backend import HeadRows, ParkedRow
+from engine.runtime.host_draws import HostDraws, host_cores
 from engine.runtime.pool import KvPool, release_pages
 from engine.runtime.variants import VariantKey
 from engine.sampling import Sampler, TokenLogprobs, log_probs, token_logprobs
@@ -102,6 +103,7 @@ class CpuBackend:
         self.states: list[RowState] = []
         self._row_values: dict[tuple[int, int], list[ort.OrtValue]] = {}  # (first row, rows) -> KV + mask
         self.released_bytes = 0  # KV pages handed back by release_row
+        self.draws = HostDraws(host_cores(options.intra_op_threads))  # a step's sampled rows, on every core
 
     # -- pool -------------------------------------------------------------------------
     def allocate(self, rows: int, capacity: int) -> KvPool:
@@ -269,7 +271,9 @@ class CpuBackend:
 
     def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
                histories: Sequence[Sequence[int]]) -> list[int]:
-        return [s(self.store[r], h) for r, s, h in zip(rows, samplers, histories, strict=True)]
+        if not len(rows) == len(samplers) == len(histories):
+            raise ValueError(f"{len(rows)} rows, {len(samplers)} samplers, {len(histories)} histories")
+        return self.draws.choose(lambda i: self.store[rows[i]], samplers, histories)
 
     def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int,
                  allowed: Sequence[np.ndarray | None] = ()) -> list[TokenLogprobs]:
