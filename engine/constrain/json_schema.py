@@ -5,7 +5,9 @@ maxItems, enum, const, anyOf, oneOf (as anyOf: write disjoint alternatives), all
 merged into one schema: _merge_into), local $ref (#, #/$defs/..., #/definitions/..., any
 #/pointer), minLength, maxLength, pattern, format (date, time, date-time, uuid, email, ipv4,
 hostname, uri, uri-reference; any other format is an annotation, as JSON Schema 2020-12 has it
-by default: any string), and integer minimum, maximum, exclusiveMinimum, exclusiveMaximum.
+by default: any string), minimum, maximum, exclusiveMinimum, exclusiveMaximum (any on an integer;
+whole-number ones on a number, then written without an exponent), patternProperties (patterns of
+one schema: _patterned).
 Keywords beside a combinator hold too (merged with a $ref, joined to every anyOf alternative).
 Every other keyword that constrains an instance in some draft (ASSERTIONS) raises InvalidInput
 (SCHEMA_UNSUPPORTED) naming its JSON pointer: never a silently unconstrained run. Any keyword
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 from urllib.parse import unquote
 
@@ -36,7 +39,7 @@ from engine.constrain import json_values as jv
 from engine.constrain import regex
 from engine.constrain.budget import UNBOUNDED, Budget
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
-from engine.constrain.pattern import NOTHING, Node, alt, members, seq, text
+from engine.constrain.pattern import NOTHING, Node, alt, members, repeat, seq, text
 from engine.errors import InvalidInput
 from engine.json_depth import check_json_depth
 
@@ -46,7 +49,8 @@ ANNOTATIONS = frozenset({
     "writeOnly", "deprecated", "$defs", "definitions", "contentMediaType", "contentEncoding",
 })
 TYPE_KEYWORDS = {
-    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties"),
+    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
+               "patternProperties"),
     "array": ("items", "minItems", "maxItems", "uniqueItems"),
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
@@ -254,11 +258,24 @@ class _Compiler:
         if name == "integer":
             return jv.integer_range(*_integer_bounds(schema, pointer))
         if name == "number":
-            for key in TYPE_KEYWORDS["number"]:
-                if key in schema:
-                    raise unsupported(f"{pointer}/{key}", f"{key!r} on a number (integers take bounds)")
-            return jv.NUMBER
+            return self._number(schema, pointer)
         return jv.BOOLEAN if name == "boolean" else jv.NULL
+
+    def _number(self, schema: dict[str, Any], pointer: str) -> Node:
+        """A number; bounds that are whole numbers give jv.number_range (no exponent), others are
+        refused (a decimal bound's forms are not written yet)."""
+        bounds = _bounds(schema, pointer)
+        if not bounds:
+            return jv.NUMBER
+        for key, (value, _) in bounds.items():
+            if not float(value).is_integer():
+                raise unsupported(f"{pointer}/{key}", f"{key!r} {value} on a number (whole bounds only)")
+        # (value, exclusive): the tightest of each side (at equal values, the exclusive one).
+        low = max([(int(v), o) for k, (v, o) in bounds.items() if k in _LOWER], default=None)
+        high = min([(int(v), o) for k, (v, o) in bounds.items() if k not in _LOWER], default=None,
+                   key=lambda b: (b[0], not b[1]))
+        return jv.number_range(None if low is None else low[0], None if high is None else high[0],
+                               low is not None and low[1], high is not None and high[1])
 
     def _object(self, schema: dict[str, Any], pointer: str) -> Node:
         properties = schema.get("properties", {})
@@ -270,6 +287,8 @@ class _Compiler:
         additional = schema.get("additionalProperties", True)
         least = _count(schema, "minProperties", pointer, 0) or 0
         most = _count(schema, "maxProperties", pointer, None)
+        if schema.get("patternProperties"):
+            return self._patterned(schema, properties, required, additional, pointer)
         if not properties and not required:
             if least > 1:  # a map's keys are not kept apart: a key written twice would count once
                 raise unsupported(f"{pointer}/minProperties", "minProperties above 1 on a map")
@@ -288,6 +307,53 @@ class _Compiler:
         items += [(self._member(name, additional, f"{pointer}/additionalProperties"), True)
                   for name in dict.fromkeys(required) if name not in properties]
         return seq(text("{"), members(items, jv.COMMA), text("}"))
+
+    def _patterned(self, schema: dict[str, Any], properties: dict[str, Any], required: list[str],
+                   additional: Any, pointer: str) -> Node:
+        """An object with patternProperties: its declared properties as any object's (a declared
+        name a pattern also finds must have that pattern's schema, or it is refused), then any
+        number of members whose keys a pattern finds, with that pattern's schema. Keys no pattern
+        finds are not written (additionalProperties' keys are left out, as for declared objects).
+        Patterns with different schemas are refused: a key both find would need both schemas."""
+        at = f"{pointer}/patternProperties"
+        patterns = schema["patternProperties"]
+        if not isinstance(patterns, dict):
+            raise invalid(at, "patternProperties must be an object")
+        for key in ("minProperties", "maxProperties"):
+            if key in schema:
+                raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'patternProperties'")
+        values = {json.dumps(v, sort_keys=True) for v in patterns.values()}
+        if len(values) > 1:
+            raise unsupported(at, "patterns with different schemas (a key two of them find needs both)")
+        value_schema = next(iter(patterns.values()))
+        keys = alt(*(seq(jv.QUOTE, self._regex(source, f"{at}/{_escape(source)}"), jv.QUOTE)
+                     for source in patterns))
+        found = [name for name in dict.fromkeys([*properties, *required])
+                 if any(_finds(source, name) for source in patterns)]
+        for name in found:
+            if name in properties and json.dumps(properties[name], sort_keys=True) not in values:
+                raise unsupported(f"{pointer}/properties/{_escape(name)}",
+                                  "a declared property a pattern of patternProperties also finds")
+        items = [(self._member(name, subschema, f"{pointer}/properties/{_escape(name)}"), name in required)
+                 for name, subschema in properties.items()]
+        items += [(self._member(name, value_schema if name in found else additional,
+                                f"{pointer}/additionalProperties"), True)
+                  for name in dict.fromkeys(required) if name not in properties]
+        member = seq(keys, jv.COLON, self.node(value_schema, f"{at}/{_escape(next(iter(patterns)))}"))
+        items.append((repeat(member, 1, None, jv.COMMA), False))
+        return seq(text("{"), members(items, jv.COMMA), text("}"))
+
+    def _regex(self, source: Any, pointer: str) -> Node:
+        """A pattern's strings as a JSON string's inside: found anywhere unless anchored."""
+        if not isinstance(source, str):
+            raise invalid(pointer, "pattern must be a string")
+        try:
+            parsed = regex.parse(source, FIELD)
+        except InvalidInput as exc:
+            if exc.reason == "REGEX_INVALID":
+                raise invalid(pointer, str(exc)) from exc
+            raise unsupported(pointer, str(exc)) from exc
+        return regex.search(jv.in_string(parsed), jv.CHAR)
 
     def _member(self, name: str, schema: Any, pointer: str) -> Node:
         return seq(jv.literal(name), jv.COLON, self.node(schema, pointer))
@@ -324,16 +390,7 @@ class _Compiler:
         return jv.string(lo, hi)
 
     def _pattern(self, schema: dict[str, Any], pointer: str) -> Node:
-        source = schema["pattern"]
-        if not isinstance(source, str):
-            raise invalid(f"{pointer}/pattern", "pattern must be a string")
-        try:
-            parsed = regex.parse(source, FIELD)
-        except InvalidInput as exc:
-            if exc.reason == "REGEX_INVALID":
-                raise invalid(f"{pointer}/pattern", str(exc)) from exc
-            raise unsupported(f"{pointer}/pattern", str(exc)) from exc
-        return seq(jv.QUOTE, regex.search(jv.in_string(parsed), jv.CHAR), jv.QUOTE)
+        return seq(jv.QUOTE, self._regex(schema["pattern"], f"{pointer}/pattern"), jv.QUOTE)
 
     def _format(self, schema: dict[str, Any], pointer: str, lo: int, hi: int | None) -> Node:
         """A format's strings; length bounds hold for all of them, none of them or (refused) some."""
@@ -395,19 +452,33 @@ def _types_in_both(a: Any, b: Any, pointer: str) -> list[str]:
     return both
 
 
+_LOWER = ("minimum", "exclusiveMinimum")
+
+
+def _bounds(schema: dict[str, Any], pointer: str) -> dict[str, tuple[int | float, bool]]:
+    """Each bound keyword present: (its value, whether it is exclusive). Draft 4's boolean
+    exclusiveMinimum/exclusiveMaximum make minimum/maximum exclusive instead."""
+    found: dict[str, tuple[int | float, bool]] = {}
+    for key, exclusive in (("minimum", False), ("exclusiveMinimum", True), ("maximum", False),
+                           ("exclusiveMaximum", True)):
+        value = schema.get(key)
+        if value is None or isinstance(value, bool) and exclusive:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise invalid(f"{pointer}/{key}", f"{key} must be a number")
+        draft4 = {"minimum": "exclusiveMinimum", "maximum": "exclusiveMaximum"}.get(key)
+        found[key] = (value, exclusive or bool(draft4 and schema.get(draft4) is True))
+    return found
+
+
 def _integer_bounds(schema: dict[str, Any], pointer: str) -> tuple[int | None, int | None]:
     lows: list[int] = []
     highs: list[int] = []
-    for key, exclusive, bounds in (("minimum", False, lows), ("exclusiveMinimum", True, lows),
-                                   ("maximum", False, highs), ("exclusiveMaximum", True, highs)):
-        if key in schema:
-            value = schema[key]
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise invalid(f"{pointer}/{key}", f"{key} must be a number")
-            low = bounds is lows
-            edge = math.floor(value) + 1 if exclusive and low else math.ceil(value) if low else (
-                math.ceil(value) - 1 if exclusive else math.floor(value))
-            bounds.append(int(edge))
+    for key, (value, exclusive) in _bounds(schema, pointer).items():
+        low = key in _LOWER
+        edge = math.floor(value) + 1 if exclusive and low else math.ceil(value) if low else (
+            math.ceil(value) - 1 if exclusive else math.floor(value))
+        (lows if low else highs).append(int(edge))
     return (max(lows) if lows else None), (min(highs) if highs else None)
 
 
@@ -429,6 +500,15 @@ def _is_type(value: Any, name: str) -> bool:
         return name == "number" or isinstance(value, int) or value.is_integer()
     kinds = {"string": str, "boolean": bool, "object": dict, "array": list}
     return value is None if name == "null" else isinstance(value, kinds[name])
+
+
+def _finds(source: str, name: str) -> bool:
+    """Whether the pattern finds a match in `name` (Python's re for the check; a pattern it cannot
+    read counts as finding one: the caller then asks the stricter question)."""
+    try:
+        return re.search(source, name) is not None
+    except re.error:
+        return True
 
 
 def _escape(key: str) -> str:

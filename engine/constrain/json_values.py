@@ -19,6 +19,7 @@ from typing import Any
 from engine.constrain import regex
 from engine.constrain.pattern import (
     EMPTY,
+    NOTHING,
     Alt,
     Chars,
     Members,
@@ -164,6 +165,33 @@ def _integer_range(lo: int, hi: int) -> Node:
         parts.append(seq(text("-"), natural_range(-min(hi, -1), -lo)))
     if hi >= max(lo, 0):
         parts.append(natural_range(max(lo, 0), hi))
+    return alt(*parts)
+
+
+ZERO_FRACTION = seq(text("."), repeat(text("0"), 1, MAX_FRACTION_DIGITS))
+# A fraction with a nonzero digit: the first one after k zeros, then up to the digit limit.
+NONZERO_FRACTION = alt(*(seq(text("."), repeat(text("0"), k, k), NONZERO,
+                             repeat(DIGIT, 0, MAX_FRACTION_DIGITS - k - 1))
+                         for k in range(MAX_FRACTION_DIGITS)))
+
+
+def number_range(lo: int | None, hi: int | None, lo_open: bool = False, hi_open: bool = False) -> Node:
+    """Numbers x with lo <= x <= hi (lo < x, x < hi where open), integer bounds, written without an
+    exponent (a bounded number's forms; `1e2` is 100 to a parser but is not among them).
+
+    A number is its integer part and a fraction: "n.f" lies in [n, n + 1) and "-n.f" in
+    (-(n + 1), -n], at the integer itself when the fraction is absent or all zeros. So the bounded
+    numbers are the integers in range (with or without a zero fraction), and, for each integer m
+    with lo <= m and m + 1 <= hi, the open interval (m, m + 1): m's integer part, or -(m + 1)'s for
+    a negative m, with a nonzero fraction."""
+    widest = 10 ** max([MAX_INTEGER_DIGITS, *(len(str(abs(b))) for b in (lo, hi) if b is not None)]) - 1
+    low, high = -widest if lo is None else lo, widest if hi is None else hi
+    whole = _integer_range(low + (lo_open and lo is not None), high - (hi_open and hi is not None))
+    parts = [seq(whole, optional(ZERO_FRACTION))] if whole != NOTHING else []
+    if high - 1 >= max(low, 0):  # (m, m + 1) for m >= 0: "m.f"
+        parts.append(seq(natural_range(max(low, 0), high - 1), NONZERO_FRACTION))
+    if low <= min(high - 1, -1):  # (m, m + 1) for m < 0: "-(-m - 1).f"
+        parts.append(seq(text("-"), natural_range(-min(high - 1, -1) - 1, -low - 1), NONZERO_FRACTION))
     return alt(*parts)
 
 

@@ -9,6 +9,7 @@ import itertools
 import json
 import re
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,10 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems"),
     ({"not": {"type": "string"}}, "/not"),
     ({"if": {}, "then": {}}, "/if"),
-    ({"type": "object", "patternProperties": {"^x": {}}}, "/patternProperties"),
+    ({"type": "object", "patternProperties": {"^x": {}, "^y": {"type": "string"}}}, "/patternProperties"),
+    ({"type": "object", "properties": {"xa": {"type": "string"}}, "patternProperties": {"^x": {}}},
+     "/properties/xa"),
+    ({"type": "object", "patternProperties": {"^x": {}}, "maxProperties": 3}, "/maxProperties"),
     ({"type": "array", "prefixItems": [{"type": "string"}]}, "/prefixItems"),
     ({"type": "object", "minProperties": 2}, "/minProperties"),
     ({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"], "minProperties": 2},
@@ -88,7 +92,7 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"allOf": [{"type": "string", "maxLength": 4}, {"maxLength": 3}]}, "/allOf/1/maxLength"),
     ({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]},
      "/allOf/1/additionalProperties"),
-    ({"type": "number", "minimum": 0}, "/minimum"),
+    ({"type": "number", "minimum": 0.5}, "/minimum"),
     ({"type": "string", "pattern": "^a$", "maxLength": 3}, "/maxLength"),
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
     ({"type": "array", "items": [{"type": "string"}]}, "/items"),
@@ -145,6 +149,47 @@ def test_integer_bounds_admit_exactly_the_integers_between_them(bounds: dict[str
         inside = (low is None or value >= low) and (high is None or value <= high)
         assert accepts(compiled, str(value).encode()) == inside, value
     assert not accepts(compiled, b"007") and not accepts(compiled, b"1.0")
+
+
+@pytest.mark.parametrize("bounds", [
+    {"minimum": 0}, {"minimum": -2, "exclusiveMaximum": 3}, {"exclusiveMinimum": -90, "maximum": 90},
+    {"minimum": 0, "maximum": 1}, {"maximum": -1}, {"minimum": 0.0, "maximum": 100.0},
+    {"minimum": 5, "exclusiveMinimum": True},  # draft 4: a boolean makes minimum exclusive
+])
+def test_whole_bounds_on_a_number_admit_exactly_the_decimals_between_them(bounds: dict[str, Any]) -> None:
+    """Bounded numbers are written without an exponent; every plain decimal is judged by its value."""
+    compiled = schema_of({"type": "number", **bounds})
+    validator = jsonschema.Draft4Validator if isinstance(bounds.get("exclusiveMinimum"), bool) else \
+        jsonschema.Draft202012Validator
+    check = validator({"type": "number", **bounds})
+    fractions = ["", ".0", ".00", ".5", ".05", ".999", ".001"]
+    for whole in range(-100, 102):
+        for fraction in fractions:
+            text = f"{whole}{fraction}"
+            assert accepts(compiled, text.encode()) == check.is_valid(Decimal(text)), text
+    for text in ["-0.5", "-0.001", "0.25"]:
+        assert accepts(compiled, text.encode()) == check.is_valid(Decimal(text)), text
+    assert not accepts(compiled, b"1e1") and not accepts(compiled, b"01.5")
+    check_walks({"type": "number", **bounds} if validator is jsonschema.Draft202012Validator
+                else {"type": "number", "minimum": 5}, compiled, range(20))
+
+
+def test_pattern_properties_add_members_whose_keys_a_pattern_finds() -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+              "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False}
+    compiled = schema_of(schema)
+    for text in ['{"name":"a"}', '{"name":"a","x-b":1}', '{"name":"a", "x-b":1, "x-":-2}']:
+        assert accepts(compiled, text.encode()), text
+    for text in ['{"name":"a","y":1}', '{"name":"a","x-b":"s"}', '{"x-b":1}', '{"name":"a",}',
+                 '{"x-b":1,"name":"a"}', '{"name":"a","ax-":1}']:
+        assert not accepts(compiled, text.encode()), text
+    check_walks(schema, compiled, range(30))
+    a_map = {"type": "object", "patternProperties": {"^[a-z]+$": {"type": "boolean"}}}
+    compiled = schema_of(a_map)
+    for text in ["{}", '{"on":true}', '{"on":true,"off":false}']:
+        assert accepts(compiled, text.encode()), text
+    assert not accepts(compiled, b'{"On":true}')
+    check_walks(a_map, compiled, range(30))
 
 
 def test_numbers_are_json_numbers() -> None:
