@@ -22,9 +22,10 @@ Choices made for the output (json_values.py has the whitespace policy):
 - An open value ({}, true, items absent) nests containers at most Limits.max_json_depth deep; a
   $ref is entered at most Limits.max_ref_depth times along one path (deeper, it matches nothing,
   so optional recursion stops and required recursion fails the branch).
-- `pattern` matches the decoded string anywhere unless anchored; it cannot be combined with
-  minLength/maxLength or format (SCHEMA_UNSUPPORTED). minLength/maxLength beside a format hold
-  for all its strings (kept: the format alone) or none (nothing matches); in between, refused.
+- `pattern` matches the decoded string anywhere unless anchored; it cannot be combined with an
+  enforced format (SCHEMA_UNSUPPORTED); minLength/maxLength beside it: _pattern_lengths.
+  minLength/maxLength beside a format hold for all its strings (kept: the format alone) or none
+  (nothing matches); in between, refused.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from engine.constrain import json_values as jv
 from engine.constrain import regex
 from engine.constrain.budget import UNBOUNDED, Budget
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
-from engine.constrain.pattern import NOTHING, Node, alt, members, repeat, seq, text
+from engine.constrain.pattern import NOTHING, Node, alt, chars, members, repeat, seq, text
 from engine.errors import InvalidInput
 from engine.json_depth import check_json_depth
 
@@ -345,15 +346,26 @@ class _Compiler:
 
     def _regex(self, source: Any, pointer: str) -> Node:
         """A pattern's strings as a JSON string's inside: found anywhere unless anchored."""
-        if not isinstance(source, str):
-            raise invalid(pointer, "pattern must be a string")
-        try:
-            parsed = regex.parse(source, FIELD)
-        except InvalidInput as exc:
-            if exc.reason == "REGEX_INVALID":
-                raise invalid(pointer, str(exc)) from exc
-            raise unsupported(pointer, str(exc)) from exc
-        return regex.search(jv.in_string(parsed), jv.CHAR)
+        return regex.search(jv.in_string(_parsed(source, pointer)), jv.CHAR)
+
+    def _pattern_lengths(self, schema: dict[str, Any], pointer: str, lo: int, hi: int | None) -> Node:
+        """A pattern with minLength/maxLength: its strings (decoded characters) where every one
+        meets the lengths, none where none does; else the lengths cut the one part that varies
+        (regex.within); else refused. The filler around an unanchored pattern is any character
+        but a control one (those are written as escapes only in the pattern itself)."""
+        found = regex.search(_parsed(schema["pattern"], f"{pointer}/pattern"), chars(regex.ANY))
+        least, most = regex.lengths(found)
+        if lo <= least and (hi is None or most is not None and most <= hi):
+            kept: Node | None = found
+        elif hi is not None and hi < least or most is not None and lo > most:
+            return NOTHING
+        else:
+            kept = regex.within(found, lo, hi)
+        if kept is None:
+            key = "maxLength" if "maxLength" in schema else "minLength"
+            raise unsupported(f"{pointer}/{key}", f"{key!r} beside a 'pattern' where it cuts more than one "
+                              "part of the pattern that varies in length")
+        return seq(jv.QUOTE, jv.in_string(kept), jv.QUOTE)
 
     def _member(self, name: str, schema: Any, pointer: str) -> Node:
         return seq(jv.literal(name), jv.COLON, self.node(schema, pointer))
@@ -380,10 +392,10 @@ class _Compiler:
         lo = _count(schema, "minLength", pointer, 0) or 0
         hi = _count(schema, "maxLength", pointer, None)
         if "pattern" in schema:
-            clash: list[str] = [k for k in ("minLength", "maxLength") if k in schema]
-            clash += ["format"] if schema.get("format") in jv.FORMATS else []  # others are annotations
-            if clash:
-                raise unsupported(f"{pointer}/{clash[0]}", f"{clash[0]!r} beside 'pattern'")
+            if schema.get("format") in jv.FORMATS:  # other formats are annotations
+                raise unsupported(f"{pointer}/format", "'format' beside 'pattern'")
+            if "minLength" in schema or "maxLength" in schema:
+                return self._pattern_lengths(schema, pointer, lo, hi)
             return self._pattern(schema, pointer)
         if "format" in schema:
             return self._format(schema, pointer, lo, hi)
@@ -500,6 +512,17 @@ def _is_type(value: Any, name: str) -> bool:
         return name == "number" or isinstance(value, int) or value.is_integer()
     kinds = {"string": str, "boolean": bool, "object": dict, "array": list}
     return value is None if name == "null" else isinstance(value, kinds[name])
+
+
+def _parsed(source: Any, pointer: str) -> Node:
+    if not isinstance(source, str):
+        raise invalid(pointer, "pattern must be a string")
+    try:
+        return regex.parse(source, FIELD)
+    except InvalidInput as exc:
+        if exc.reason == "REGEX_INVALID":
+            raise invalid(pointer, str(exc)) from exc
+        raise unsupported(pointer, str(exc)) from exc
 
 
 def _finds(source: str, name: str) -> bool:

@@ -20,9 +20,12 @@ from engine.constrain.pattern import (
     SURROGATES,
     Alt,
     Anchor,
+    Chars,
     Node,
     Ranges,
+    Repeat,
     Seq,
+    Text,
     alt,
     chars,
     complement,
@@ -167,3 +170,53 @@ def _edge(node: Node, wrap: Any, at_end: bool) -> Node:
         items[i] = _edge(items[i], wrap, at_end)
         return seq(*items)
     return wrap(node)  # type: ignore[no-any-return]
+
+
+def lengths(node: Node) -> tuple[int, int | None]:
+    """The fewest and most characters a (decoded, anchor-free) tree matches (None: no most)."""
+    if isinstance(node, Text):
+        size = len(node.data.decode("utf-8"))
+        return size, size
+    if isinstance(node, Chars):
+        return 1, 1
+    if isinstance(node, Seq | Alt):
+        parts = [lengths(item) for item in node.items]
+        lows = [lo for lo, _ in parts]
+        highs = [h for _, h in parts if h is not None]
+        bounded = len(highs) == len(parts)
+        if isinstance(node, Alt):
+            return (min(lows), max(highs) if bounded else None) if parts else (0, 0)
+        return sum(lows), sum(highs) if bounded else None
+    if isinstance(node, Repeat) and node.separator is None:
+        least, most_item = lengths(node.item)
+        if node.hi is None:
+            return node.lo * least, (0 if most_item == 0 else None)
+        return node.lo * least, None if most_item is None else node.hi * most_item
+    raise ValueError(f"no length for {type(node).__name__}")
+
+
+def within(node: Node, lo: int, hi: int | None) -> Node | None:
+    """`node`'s strings of lo to hi characters, where one part of it varies in length: a sequence
+    of fixed-length parts and one repeat of a fixed-length item, whose count the bounds then cut
+    (`^[a-z]+$` with maxLength 8 is `[a-z]{1,8}`). None where more than that varies."""
+    items: list[Node] = list(node.items) if isinstance(node, Seq) else [node]
+    spans = [lengths(item) for item in items]
+    varying = [i for i, (least, most) in enumerate(spans) if least != most]
+    if len(varying) != 1:
+        return None
+    k = varying[0]
+    part = items[k]
+    if not isinstance(part, Repeat) or part.separator is not None:
+        return None
+    each, most_each = lengths(part.item)
+    if each != most_each or each == 0:
+        return None
+    fixed = sum(least for i, (least, _) in enumerate(spans) if i != k)
+    fewest = max(part.lo, -(-(lo - fixed) // each))
+    most = part.hi
+    if hi is not None:
+        most = (hi - fixed) // each if most is None else min(most, (hi - fixed) // each)
+    if most is not None and fewest > most:
+        return alt()
+    items[k] = repeat(part.item, fewest, most)
+    return seq(*items)

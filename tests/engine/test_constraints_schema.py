@@ -93,7 +93,7 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]},
      "/allOf/1/additionalProperties"),
     ({"type": "number", "minimum": 0.5}, "/minimum"),
-    ({"type": "string", "pattern": "^a$", "maxLength": 3}, "/maxLength"),
+    ({"type": "string", "pattern": "^[a-z]+-[0-9]+$", "maxLength": 4}, "/maxLength"),
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
     ({"type": "array", "items": [{"type": "string"}]}, "/items"),
     ({"enum": ["a", "b"], "maxLength": 1}, "/maxLength"),
@@ -190,6 +190,27 @@ def test_pattern_properties_add_members_whose_keys_a_pattern_finds() -> None:
         assert accepts(compiled, text.encode()), text
     assert not accepts(compiled, b'{"On":true}')
     check_walks(a_map, compiled, range(30))
+
+
+@pytest.mark.parametrize(("pattern", "lengths"), [
+    ("^[ab]+$", {"maxLength": 4}), ("^[ab]+$", {"minLength": 2, "maxLength": 3}), ("^a", {"maxLength": 3}),
+    ("b$", {"minLength": 2, "maxLength": 4}), ("^a[ab]*1$", {"minLength": 3, "maxLength": 5}),
+    ("^(ab|1)$", {"maxLength": 5}), ("^[ab]{2}$", {"minLength": 3}),
+])
+def test_lengths_beside_a_pattern_admit_exactly_the_strings_that_meet_both(pattern: str,
+                                                                          lengths: dict[str, int]) -> None:
+    schema = {"type": "string", "pattern": pattern, **lengths}
+    lo, hi = lengths.get("minLength", 0), lengths.get("maxLength", 99)
+    expected = [w for n in range(7) for w in map("".join, itertools.product("ab1", repeat=n))
+                if re.search(pattern, w) and lo <= len(w) <= hi]
+    if not expected:
+        refused(schema, "CONSTRAINT_UNSATISFIABLE")
+        return
+    compiled = schema_of(schema)
+    for n in range(7):
+        for word in map("".join, itertools.product("ab1", repeat=n)):
+            assert accepts(compiled, json.dumps(word).encode()) == (word in expected), word
+    check_walks(schema, compiled, range(20))
 
 
 def test_numbers_are_json_numbers() -> None:
