@@ -7,7 +7,9 @@ merged into one schema: _merge_into), local $ref (#, #/$defs/..., #/definitions/
 hostname, uri, uri-reference; any other format is an annotation, as JSON Schema 2020-12 has it
 by default: any string), minimum, maximum, exclusiveMinimum, exclusiveMaximum (any on an integer;
 whole-number ones on a number, then written without an exponent), patternProperties (patterns of
-one schema: _patterned).
+one schema: _patterned), and if/then/else, not (of required lists or types), dependencies,
+dependentRequired and dependentSchemas written as the others (_Compiler._lowered: all or part of
+what they allow, never an output they reject).
 Keywords beside a combinator hold too (merged with a $ref, joined to every anyOf alternative).
 Every other keyword that constrains an instance in some draft (ASSERTIONS) raises InvalidInput
 (SCHEMA_UNSUPPORTED) naming its JSON pointer: never a silently unconstrained run. Any keyword
@@ -60,6 +62,8 @@ TYPE_KEYWORDS = {
     "null": (),
 }
 COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
+# Keywords rewritten into the others (_Compiler._lowered) before a schema is compiled.
+LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
 KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {
     k for keys in TYPE_KEYWORDS.values() for k in keys}
 # The keywords of drafts 4 to 2020-12 that constrain an instance (assertions and applicators).
@@ -112,6 +116,8 @@ class _Compiler:
             return jv.any_value(self.limits.max_json_depth) if schema else NOTHING
         if not isinstance(schema, dict):
             raise invalid(pointer, "a schema must be an object or a boolean")
+        if LOWERED & schema.keys():
+            return self._lowered(schema, pointer)
         for key in schema:
             if key in ASSERTIONS and key not in KNOWN:
                 raise unsupported(f"{pointer}/{_escape(key)}", f"the keyword {key!r}")
@@ -121,6 +127,114 @@ class _Compiler:
         if "enum" in schema or "const" in schema:
             return self._values(schema, pointer)
         return alt(*(self._typed(t, schema, pointer) for t in self._types(schema, pointer)))
+
+    def _lowered(self, schema: dict[str, Any], pointer: str) -> Node:
+        """if/then/else, not, dependencies and dependentRequired/dependentSchemas as schemas of the
+        other keywords, each admitting every output it makes or a part of them (never one the
+        original rejects), or refused naming the keyword:
+        - if/then/else: `then` held always (if no else), else the union of "then and else both"
+          and "if and then" (the alternatives that compile);
+        - not: of `required` lists (or an anyOf of them), the last name of each list that is not
+          required is left out (a declared property, never written); of `type`, those types
+          removed;
+        - dependencies: a property's dependent names required whenever it is declared; a required
+          property's dependent schema held, an optional one with a dependent schema left out."""
+        base: Any = {k: v for k, v in schema.items() if k not in LOWERED}
+        if "if" in schema or "then" in schema or "else" in schema:
+            return self._conditional(schema, base, pointer)
+        if "not" in schema:
+            kept = self._without(schema["not"], base, f"{pointer}/not")
+            if kept is None:
+                return NOTHING
+            base = kept
+        schemas: list[tuple[Any, str]] = []
+        for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+            if key in schema:
+                base, more = self._dependent(schema[key], base, f"{pointer}/{key}")
+                schemas += more
+        return self._merged([(base, pointer), *schemas], pointer) if schemas else self.node(base, pointer)
+
+    def _conditional(self, schema: dict[str, Any], base: dict[str, Any], pointer: str) -> Node:
+        rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+        then, otherwise = schema.get("then", True), schema.get("else")
+        if otherwise is None:
+            return self._merged([(rest, pointer), (then, f"{pointer}/then")], pointer)
+        options = [[(rest, pointer), (then, f"{pointer}/then"), (otherwise, f"{pointer}/else")],
+                   [(rest, pointer), (schema.get("if", True), f"{pointer}/if"), (then, f"{pointer}/then")]]
+        nodes, refusal = [], None
+        for option in options:
+            try:
+                nodes.append(self._merged(option, pointer))
+            except InvalidInput as exc:
+                if exc.reason != "SCHEMA_UNSUPPORTED":
+                    raise
+                refusal = refusal or exc
+        if not nodes and refusal is not None:
+            raise refusal
+        return alt(*nodes)
+
+    def _without(self, negated: Any, base: dict[str, Any], pointer: str) -> dict[str, Any] | None:
+        """`base` and `not: negated` (None: nothing can meet both), for the forms _lowered names."""
+        if isinstance(negated, bool):
+            return None if negated else base
+        if "$ref" in base or "allOf" in base:  # the properties a $ref or allOf brings, in view
+            flat = self._flattened(base, pointer, 0)
+            if flat is None:
+                return None
+            base = {**{k: v for k, v in base.items() if k not in ASSERTIONS}, **flat}
+        shape = {k: v for k, v in negated.items() if k in ASSERTIONS} if isinstance(negated, dict) else None
+        if shape is not None and set(shape) == {"type"}:
+            types = self._types(base, pointer)
+            types = list(TYPE_KEYWORDS) if types == ["any"] else types
+            out = shape["type"] if isinstance(shape["type"], list) else [shape["type"]]
+            if "integer" in out and "number" not in out and "number" in types:
+                raise unsupported(f"{pointer}/type", "'not' of 'integer' beside 'number'")
+            left = [t for t in types if t not in out and not (t == "integer" and "number" in out)]
+            return {**base, "type": left} if left else None
+        lists = [shape["required"]] if shape is not None and set(shape) == {"required"} else None
+        if shape is not None and set(shape) == {"anyOf"} and isinstance(shape["anyOf"], list):
+            members = [m for m in shape["anyOf"] if isinstance(m, dict)]
+            if all(set(k for k in m if k in ASSERTIONS) == {"required"} for m in members):
+                lists = [m["required"] for m in members]
+        if lists is None or not all(isinstance(names, list) and names for names in lists):
+            raise unsupported(pointer, "'not' other than of 'required' lists or of 'type'")
+        properties = dict(base.get("properties", {}))
+        required = base.get("required", [])
+        if not properties and not required or base.get("patternProperties"):
+            raise unsupported(pointer, "'not' of 'required' on a map or beside 'patternProperties'")
+        for names in lists:
+            free = [n for n in names if n not in required]
+            if not free:
+                return None  # every name required: no object meets both
+            if free[-1] in properties:
+                properties[free[-1]] = False
+        return {**base, "properties": properties}
+
+    def _dependent(self, value: Any, base: dict[str, Any],
+                   pointer: str) -> tuple[dict[str, Any], list[tuple[Any, str]]]:
+        """`base` with the dependencies' names required, and the dependent schemas (held always)."""
+        if not isinstance(value, dict):
+            raise invalid(pointer, "dependencies must be an object")
+        required = list(base.get("required", []))
+        declared = {*base.get("properties", {}), *required}
+        schemas = []
+        properties = dict(base.get("properties", {}))
+        for name, dependent in value.items():
+            if isinstance(dependent, list):
+                if name in declared:
+                    required += [d for d in dependent if isinstance(d, str)]
+            elif dependent is True:
+                continue
+            elif name in required:  # present in every output: its dependent schema holds
+                schemas.append((dependent, f"{pointer}/{_escape(name)}"))
+            elif name in properties:  # optional: left out (never written), its dependent schema moot
+                properties[name] = False
+        merged = dict(base)
+        if required:
+            merged["required"] = list(dict.fromkeys(required))
+        if properties:
+            merged["properties"] = properties
+        return merged, schemas
 
     def _count(self, pointer: str) -> None:
         """One more subschema: within the limit and the compile's budget (a leaf may cost ~1 ms)."""
@@ -156,7 +270,11 @@ class _Compiler:
         if not isinstance(value, list) or not value:
             raise invalid(f"{pointer}/allOf", "allOf must be a non-empty list of schemas")
         beside = {k: v for k, v in schema.items() if k != "allOf"}
-        members = [(m, f"{pointer}/allOf/{i}") for i, m in enumerate(value)] + [(beside, pointer)]
+        return self._merged([(m, f"{pointer}/allOf/{i}") for i, m in enumerate(value)] + [(beside, pointer)],
+                            pointer)
+
+    def _merged(self, members: list[tuple[Any, str]], pointer: str) -> Node:
+        """The schemas (each with its own pointer) merged into one, as allOf's members are."""
         merged: dict[str, Any] = {}
         for member, at in members:
             flat = self._flattened(member, at, 0)

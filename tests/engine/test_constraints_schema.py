@@ -76,8 +76,9 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 5}}},
      "/properties/age/multipleOf"),
     ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems"),
-    ({"not": {"type": "string"}}, "/not"),
-    ({"if": {}, "then": {}}, "/if"),
+    ({"type": "string", "not": {"pattern": "^a"}}, "/not"),
+    ({"type": "object", "not": {"required": ["a"]}}, "/not"),
+    ({"type": "integer", "if": {}, "then": {"multipleOf": 2}, "else": {"multipleOf": 3}}, "/else/multipleOf"),
     ({"type": "object", "patternProperties": {"^x": {}, "^y": {"type": "string"}}}, "/patternProperties"),
     ({"type": "object", "properties": {"xa": {"type": "string"}}, "patternProperties": {"^x": {}}},
      "/properties/xa"),
@@ -97,8 +98,8 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
     ({"type": "array", "items": [{"type": "string"}]}, "/items"),
     ({"enum": ["a", "b"], "maxLength": 1}, "/maxLength"),
-    ({"type": "object", "properties": {"a/b": {"dependentRequired": {}}}},
-     "/properties/a~1b/dependentRequired"),
+    ({"type": "object", "properties": {"a/b": {"propertyNames": {}}}},
+     "/properties/a~1b/propertyNames"),
 ])
 def test_an_unsupported_keyword_is_refused_naming_its_json_pointer(schema: Any, pointer: str) -> None:
     assert str(refused(schema, "SCHEMA_UNSUPPORTED")).startswith(f"{pointer}: ")
@@ -211,6 +212,50 @@ def test_lengths_beside_a_pattern_admit_exactly_the_strings_that_meet_both(patte
         for word in map("".join, itertools.product("ab1", repeat=n)):
             assert accepts(compiled, json.dumps(word).encode()) == (word in expected), word
     check_walks(schema, compiled, range(20))
+
+
+PAIR = {"a": {"type": "integer"}, "b": {"type": "integer"}}
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": PAIR, "not": {"required": ["a", "b"]}},
+    {"type": "object", "properties": PAIR, "required": ["a"], "not": {"anyOf": [{"required": ["b"]}]}},
+    {"type": ["string", "null"], "not": {"type": "null"}},
+    {"properties": PAIR, "not": {"type": ["array", "string"]}},
+    {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "x": {"type": "integer"}},
+     "if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["x"]}},
+    {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "x": {"type": "integer"}},
+     "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+     "then": {"required": ["x"]}, "else": {"properties": {"x": {"maximum": 0}}}},
+    {"type": "object", "properties": PAIR, "dependencies": {"a": ["b"]}},
+    {"type": "object", "properties": PAIR, "required": ["a"],
+     "dependencies": {"a": {"properties": {"b": {"minimum": 0}}}, "b": False}},
+    {"type": "object", "properties": PAIR, "dependentRequired": {"b": ["a"]}},
+    {"$defs": {"p": {"type": "object", "properties": PAIR}}, "$ref": "#/$defs/p", "not": {"required": ["a"]}},
+])
+def test_conditions_negations_and_dependencies_admit_only_outputs_that_validate(schema: Any) -> None:
+    """if/then/else, not and dependencies are written as the other keywords, keeping all or part of
+    what they allow: every walk validates (draft 7 and 2020-12 agree on these schemas)."""
+    compiled = schema_of(schema)
+    values = check_walks(schema, compiled, range(40))
+    assert jsonschema.Draft7Validator(schema).is_valid(values[0]) or "dependentRequired" in schema
+    assert len({json.dumps(v) for v in values}) > 1
+
+
+def test_not_of_required_leaves_the_last_optional_name_out() -> None:
+    compiled = schema_of({"type": "object", "properties": PAIR, "not": {"required": ["a", "b"]}})
+    for text in ['{}', '{"a":1}']:
+        assert accepts(compiled, text.encode()), text
+    for text in ['{"a":1,"b":2}', '{"b":2}']:
+        assert not accepts(compiled, text.encode()), text
+    refused({"type": "object", "properties": PAIR, "required": ["a", "b"], "not": {"required": ["a", "b"]}},
+            "CONSTRAINT_UNSATISFIABLE")
+
+
+def test_then_holds_always_when_there_is_no_else() -> None:
+    compiled = schema_of({"type": "object", "properties": {"x": {"type": "integer"}},
+                          "if": {"required": ["y"]}, "then": {"required": ["x"]}})
+    assert accepts(compiled, b'{"x":1}') and not accepts(compiled, b"{}")
 
 
 def test_numbers_are_json_numbers() -> None:
@@ -417,9 +462,9 @@ def test_length_bounds_that_cut_a_format_are_refused_naming_both_keywords_and_th
 
 
 def test_every_keyword_that_constrains_an_instance_is_enforced_or_refused_naming_its_pointer() -> None:
-    from engine.constrain.json_schema import ASSERTIONS, KNOWN
+    from engine.constrain.json_schema import ASSERTIONS, KNOWN, LOWERED
 
-    for keyword in sorted(ASSERTIONS - KNOWN):
+    for keyword in sorted(ASSERTIONS - KNOWN - LOWERED):  # LOWERED: written as the others (above)
         error = refused({"type": "object", "properties": {"a": {keyword: {}}}}, "SCHEMA_UNSUPPORTED")
         assert str(error).startswith(f"/properties/a/{keyword}: "), keyword
 
