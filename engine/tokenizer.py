@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from onnxruntime_extensions import pp_api
 
-from engine.chat_template import ChatMessage, ChatTemplate, TemplateUnusable, token_text
+from engine.chat_template import ChatMessage, ChatTemplate, FunctionTool, TemplateUnusable, token_text
 from engine.convert.tokenizer_json import bytes_to_unicode
 from engine.errors import Unsupported
 
@@ -79,16 +79,19 @@ class Tokenizer:
         """A fresh incremental decoder for one generation."""
         return StreamDecoder(self, skip_special=skip_special)
 
-    def render_chat(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True) -> str:
-        """The prompt the model's own chat template makes of `messages` (ChatML when it has none)."""
+    def render_chat(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True,
+                    tools: Sequence[FunctionTool] = ()) -> str:
+        """The prompt the model's own chat template makes of `messages` and `tools` (ChatML when it
+        has none)."""
         if self.chat_template is None:
             raise Unsupported(f"the model's chat template cannot be used ({self.chat_problem}); "
                               "send a text prompt with the turns written out")
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
-    def encode_chat(self, messages: Iterable[ChatMessage], *,
-                    add_generation_prompt: bool = True) -> list[int]:
-        ids = self.encode(self.render_chat(messages, add_generation_prompt=add_generation_prompt))
+    def encode_chat(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True,
+                    tools: Sequence[FunctionTool] = ()) -> list[int]:
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        ids = self.encode(text)
         # A tokenizer that adds BOS itself, under a template that writes it too: keep one.
         bos = self.bos_token_id
         return ids[1:] if bos is not None and ids[:2] == [bos, bos] else ids
