@@ -143,7 +143,8 @@ class Delta:
 class ToolStream:
     """One sample's streamed reply read for calls, piece by piece. A named call streams its arguments
     as they come; a required reply is held until it ends (it is read whole: one call or several);
-    an auto reply streams as text until it may start a call (the format's hold_from), then holds."""
+    an auto reply streams as text until it may start a call (the format's hold_from), then holds
+    (trailing whitespace is held too)."""
 
     request: ToolRequest
     text: str = ""  # the reply so far
@@ -158,7 +159,9 @@ class ToolStream:
             return list(self._named_pieces())
         if mode == AUTO:
             held = self.request.format.hold_from(self.text)
-            return self._content(len(self.text) if held is None else max(held, self.sent))
+            # Trailing whitespace waits too: before a call it is not content (the unstreamed reply's isn't).
+            upto = len(self.text[:len(self.text) if held is None else held].rstrip())
+            return self._content(max(upto, self.sent))
         return []
 
     def finish(self) -> list[Delta]:

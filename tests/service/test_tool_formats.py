@@ -149,8 +149,8 @@ def test_an_auto_reply_streams_its_text_and_holds_a_call_until_it_ends() -> None
     stream = ToolStream(request(AUTO))
     pieces = ["I will ", "check <tool", '_call>\n{"name": "get_weather", ',
               '"arguments": {"city": "Paris"}}\n</tool_call>']
-    assert stream.feed(pieces[0]) == [Delta(content="I will ")]
-    assert stream.feed(pieces[1]) == [Delta(content="check ")]
+    assert stream.feed(pieces[0]) == [Delta(content="I will")]  # a space may come before a call: held
+    assert stream.feed(pieces[1]) == [Delta(content=" check")]
     assert stream.feed(pieces[2]) == [] and stream.feed(pieces[3]) == []
     end = stream.finish()
     assert end[0].call == 0 and end[0].name == "get_weather" and end[0].id.startswith("call_")

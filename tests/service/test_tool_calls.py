@@ -1,0 +1,306 @@
+"""Tool calling on /v1/chat/completions through a real server on the default model (int4), driven
+by the official openai SDK (and LangChain's ChatOpenAI where installed): tool_choice required and
+named give well-formed calls of declared tools every time, streamed and not, whose arguments
+validate against the tool's parameters; pydantic_function_tool's strict tools parse back into their
+models; a history of calls and results reaches the prompt; "auto" reads calls from the model's own
+text (forced here with a one-option constraint, so the text is known); bad tools are 400s naming
+the field."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pydantic
+import pytest
+
+from tests.support.servers import RunningServer, free_port, server_config
+
+WEATHER_PARAMETERS = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}
+NUMBER = {"type": "integer", "minimum": 0, "maximum": 1000}
+ADD_PARAMETERS = {"type": "object", "properties": {"a": NUMBER, "b": NUMBER}, "required": ["a", "b"],
+                  "additionalProperties": False}
+TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+                                      "parameters": WEATHER_PARAMETERS}},
+    {"type": "function", "function": {"name": "add", "description": "Add two whole numbers",
+                                      "parameters": ADD_PARAMETERS}}]
+PARAMETERS = {"get_weather": WEATHER_PARAMETERS, "add": ADD_PARAMETERS}
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+SUM = [{"role": "user", "content": "What is 12 plus 30?"}]
+NAMED_ADD = {"type": "function", "function": {"name": "add"}}
+MAX_NEW = 120
+HISTORY: list[Any] = [
+    *ASK,
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_abc", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+    {"role": "tool", "tool_call_id": "call_abc", "content": "18 degrees and sunny"}]
+
+
+@pytest.fixture(scope="module")
+def server(default_model: Callable[..., Path]) -> Iterator[RunningServer]:
+    config = server_config(default_model("int4"), http_port=free_port(), max_sessions=4, capacity=2048,
+                           chunk_size=64)
+    with RunningServer(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def sdk(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server.config.http_port}/v1", api_key="none",
+                         max_retries=0, timeout=120)
+
+
+def post(server: RunningServer, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    connection = http.client.HTTPConnection("127.0.0.1", server.config.http_port, timeout=120)
+    connection.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def create(sdk: openai.OpenAI, **asked: Any) -> Any:
+    return sdk.chat.completions.create(model="", **{"max_tokens": MAX_NEW, **asked})
+
+
+def assert_valid_call(name: str, arguments: str, call_id: str | None = "call_") -> None:
+    assert name in PARAMETERS
+    jsonschema.validate(json.loads(arguments), PARAMETERS[name])
+    assert call_id is None or call_id.startswith("call_")
+
+
+def streamed_calls(stream: Any) -> tuple[list[dict[str, str]], str | None, str]:
+    """The calls a stream's chunks accumulate to (by index, as the SDKs do), its finish and its text."""
+    calls: dict[int, dict[str, str]] = {}
+    finish, text = None, ""
+    for chunk in stream:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            for part in choice.delta.tool_calls or ():
+                call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+                if part.id:
+                    assert not call["id"] and part.type == "function"  # the id comes once, on the first
+                    call["id"] = part.id
+                call["name"] += part.function.name or ""
+                call["arguments"] += part.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish, text
+
+
+@pytest.mark.parametrize("messages", [ASK, SUM], ids=["weather", "sum"])
+@pytest.mark.parametrize("choice", ["required", NAMED_ADD], ids=["required", "named"])
+def test_required_and_named_choices_give_valid_calls_unstreamed(sdk: openai.OpenAI, choice: Any,
+                                                                 messages: Any) -> None:
+    got = create(sdk, messages=messages, tools=TOOLS, tool_choice=choice, temperature=0)
+    message = got.choices[0].message
+    assert got.choices[0].finish_reason == "tool_calls" and message.content is None
+    assert message.tool_calls, message
+    for call in message.tool_calls:
+        assert call.type == "function"
+        assert_valid_call(call.function.name, call.function.arguments, call.id)
+    if choice == NAMED_ADD:
+        assert [c.function.name for c in message.tool_calls] == ["add"]
+    assert got.usage is not None and got.usage.completion_tokens > 0 and got.usage.prompt_tokens > 0
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED_ADD], ids=["required", "named"])
+def test_required_and_named_choices_stream_calls_the_sdk_accumulates(sdk: openai.OpenAI, choice: Any) -> None:
+    stream = create(sdk, messages=SUM, tools=TOOLS, tool_choice=choice, temperature=0, stream=True)
+    calls, finish, text = streamed_calls(stream)
+    assert finish == "tool_calls" and text == "" and calls
+    for call in calls:
+        assert_valid_call(call["name"], call["arguments"], call["id"])
+    unstreamed = create(sdk, messages=SUM, tools=TOOLS, tool_choice=choice, temperature=0).choices[0].message
+    assert [(c["name"], c["arguments"]) for c in calls] == [
+        (c.function.name, c.function.arguments) for c in unstreamed.tool_calls]  # greedy: the same calls
+
+
+def test_sampled_choices_each_get_calls_of_their_own_with_logprobs(sdk: openai.OpenAI) -> None:
+    got = create(sdk, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, n=3,
+                 temperature=1.0, seed=7, logprobs=True)
+    ids = []
+    for choice in got.choices:
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1  # not parallel
+        call = choice.message.tool_calls[0]
+        assert_valid_call(call.function.name, call.function.arguments, call.id)
+        ids.append(call.id)
+        assert choice.logprobs is not None and choice.logprobs.content  # the reply's tokens, as for text
+    assert len(set(ids)) == 3
+
+
+class Weather(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=30)
+    unit: str = pydantic.Field(pattern="^(celsius|fahrenheit)$")
+
+
+class Order(pydantic.BaseModel):
+    """An order of a few items: nested models, so the schema holds $defs and $refs."""
+
+    class Item(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=20)
+        quantity: int = pydantic.Field(ge=1, le=9)
+
+    items: list[Item] = pydantic.Field(min_length=1, max_length=2)
+
+
+@pytest.mark.parametrize("model", [Weather, Order])
+def test_pydantic_function_tools_parse_back_into_their_models(sdk: openai.OpenAI,
+                                                              model: type[pydantic.BaseModel]) -> None:
+    tool = openai.pydantic_function_tool(model)
+    name = tool["function"]["name"]
+    named: Any = {"type": "function", "function": {"name": name}}
+    for choice in (named, "required"):
+        got = sdk.chat.completions.parse(model="", messages=ASK, tools=[tool], tool_choice=choice,
+                                         temperature=0, max_tokens=200)
+        call = got.choices[0].message.tool_calls[0]
+        assert call.function.name == name and isinstance(call.function.parsed_arguments, model)
+    with sdk.chat.completions.stream(model="", messages=ASK, tools=[tool], tool_choice=named, temperature=0,
+                                     max_tokens=200) as stream:
+        final = stream.get_final_completion()
+    assert isinstance(final.choices[0].message.tool_calls[0].function.parsed_arguments, model)
+
+
+def test_a_history_of_calls_and_results_reaches_the_prompt(server: RunningServer, sdk: openai.OpenAI) -> None:
+    status, tokenized = post(server, "/tokenize", {"messages": HISTORY})
+    assert status == 200
+    status, detokenized = post(server, "/detokenize", {"tokens": tokenized["tokens"]})
+    prompt = detokenized["prompt"]
+    assert '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}' in prompt
+    assert "<tool_response>\n18 degrees and sunny\n</tool_response>" in prompt
+    _, without = post(server, "/tokenize", {"messages": HISTORY[:1]})
+    assert tokenized["count"] > without["count"] + 20
+    got = create(sdk, messages=HISTORY, tools=TOOLS, temperature=0, max_tokens=8)
+    assert got.usage is not None and got.usage.prompt_tokens > tokenized["count"]  # and the tools' block
+
+
+def test_the_tools_reach_the_prompt_as_the_default_block_on_a_template_without_tools(
+        server: RunningServer, sdk: openai.OpenAI) -> None:
+    _, tokenized = post(server, "/tokenize", {"messages": ASK, "tools": TOOLS})
+    _, detokenized = post(server, "/detokenize", {"tokens": tokenized["tokens"]})
+    prompt = detokenized["prompt"]
+    assert "You are provided with function signatures within <tools></tools> XML tags" in prompt
+    assert '"name": "get_weather", "description": "The current weather in a city"' in prompt
+    for choice in ("none", "auto", NAMED_ADD):
+        got = create(sdk, messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=1)
+        assert got.usage is not None and got.usage.prompt_tokens == tokenized["count"]
+
+
+def hermes_text(calls: list[tuple[str, dict[str, Any]]], before: str = "") -> str:
+    written = [f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in calls]
+    return before + "\n".join(written)
+
+
+FORCED = hermes_text([("get_weather", {"city": "Paris", "unit": "celsius"}), ("add", {"a": 2, "b": 3})],
+                     before="Let me check both.\n")
+
+
+def forced(text: str) -> dict[str, Any]:
+    """A one-option constraint: the model writes exactly `text` (an auto reply whose text is known)."""
+    return {"structured_outputs": {"choice": [text]}}
+
+
+def test_auto_reads_the_models_own_call_format_from_its_reply(sdk: openai.OpenAI) -> None:
+    got = create(sdk, messages=ASK, tools=TOOLS, temperature=0, extra_body=forced(FORCED))
+    message = got.choices[0].message
+    assert got.choices[0].finish_reason == "tool_calls" and message.content == "Let me check both."
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("get_weather", {"city": "Paris", "unit": "celsius"}), ("add", {"a": 2, "b": 3})]
+    assert len({c.id for c in message.tool_calls}) == 2
+    plain = create(sdk, messages=ASK, tools=TOOLS, temperature=0, extra_body=forced("It is sunny."))
+    assert plain.choices[0].message.content == "It is sunny." and not plain.choices[0].message.tool_calls
+    assert plain.choices[0].finish_reason == "stop"
+
+
+def test_auto_streams_text_then_the_calls_it_held_back(sdk: openai.OpenAI) -> None:
+    stream = create(sdk, messages=ASK, tools=TOOLS, temperature=0, stream=True, extra_body=forced(FORCED))
+    calls, finish, text = streamed_calls(stream)
+    assert finish == "tool_calls" and text == "Let me check both."
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris", "unit": "celsius"}), ("add", {"a": 2, "b": 3})]
+    stream = create(sdk, messages=ASK, tools=TOOLS, temperature=0, stream=True,
+                    extra_body=forced("See <tool_call> in the docs."))  # not a call: all text
+    calls, finish, text = streamed_calls(stream)
+    assert (calls, finish, text) == ([], "stop", "See <tool_call> in the docs.")
+
+
+def test_tool_choice_none_answers_in_text_even_when_the_reply_looks_like_a_call(sdk: openai.OpenAI) -> None:
+    got = create(sdk, messages=ASK, tools=TOOLS, tool_choice="none", temperature=0, extra_body=forced(FORCED))
+    assert got.choices[0].message.content == FORCED and not got.choices[0].message.tool_calls
+
+
+BAD_FUNCTION = {"type": "function", "function": {"name": "has space"}}
+TEXT_PARAMETERS = {"type": "function", "function": {"name": "f", "parameters": "{}"}}
+NOT_SERVED = {"type": "function", "function": {"name": "f", "parameters": {  # a schema Ladder does not serve
+    "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}
+REFUSED = [
+    ({"tools": [BAD_FUNCTION]}, "tools[0].function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function"),
+    ({"tools": [TEXT_PARAMETERS]}, "tools[0].function.parameters"),
+    ({"tools": [TOOLS[0], TOOLS[0]]}, "tools[1].function.name"),
+    ({"tools": {"get_weather": {}}}, "tools"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "launch"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"tools": [NOT_SERVED], "tool_choice": "required"}, "tools"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": 3}}]}]},
+     "messages[0].tool_calls[0]"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+]
+
+
+@pytest.mark.parametrize(("changes", "param"), REFUSED, ids=[p for _, p in REFUSED])
+def test_bad_tools_are_refused_with_400_naming_the_field(server: RunningServer, changes: dict[str, Any],
+                                                         param: str) -> None:
+    status, body = post(server, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4, **changes})
+    assert status == 400, body
+    assert body["error"]["param"] == param and body["error"]["type"] == "invalid_request_error", body
+
+
+def test_tools_on_completions_are_refused(server: RunningServer) -> None:
+    status, body = post(server, "/v1/completions", {"prompt": "Hi", "tools": TOOLS})
+    assert status == 400 and body["error"]["param"] == "tools"
+
+
+# -- LangChain (when installed: pyproject's dev extra) -------------------------------------------------
+
+class GetWeather(pydantic.BaseModel):
+    """The current weather in a city."""
+
+    city: str = pydantic.Field(max_length=30)
+
+
+@pytest.fixture(scope="module")
+def chat_model(server: RunningServer) -> Any:
+    langchain_openai = pytest.importorskip("langchain_openai")
+    return langchain_openai.ChatOpenAI(base_url=f"http://127.0.0.1:{server.config.http_port}/v1",
+                                       api_key="none", model=Path(server.config.model).name, temperature=0,
+                                       max_tokens=MAX_NEW, max_retries=0)
+
+
+@pytest.mark.parametrize("tool_choice", ["GetWeather", "any"])
+def test_langchain_bind_tools_gets_tool_calls(chat_model: Any, tool_choice: str) -> None:
+    bound = chat_model.bind_tools([GetWeather], tool_choice=tool_choice)
+    reply = bound.invoke("What is the weather in Paris?")
+    assert [c["name"] for c in reply.tool_calls] == ["GetWeather"]
+    GetWeather.model_validate(reply.tool_calls[0]["args"])
+    chunks = list(bound.stream("What is the weather in Rome?"))
+    whole = chunks[0]
+    for chunk in chunks[1:]:
+        whole = whole + chunk
+    assert [c["name"] for c in whole.tool_calls] == ["GetWeather"]
+    GetWeather.model_validate(whole.tool_calls[0]["args"])
+
+
+def test_langchain_structured_output_by_function_calling(chat_model: Any) -> None:
+    structured = chat_model.with_structured_output(GetWeather, method="function_calling")
+    assert isinstance(structured.invoke("What is the weather in Oslo?"), GetWeather)
