@@ -95,8 +95,7 @@ class LadderServer:
     def _http_api(self) -> HttpServer:
         """The OpenAI-compatible API over the same servicer, gate, tokens and access log as gRPC."""
         door = Door(self.access_log, self._gate, Authentication(self.config.auth_tokens))
-        routes = Routes(self.servicer, self._serving, lambda: self.serving is not None and not self.draining,
-                        self.config.tool_call_format)
+        routes = Routes(self.servicer, self._serving, lambda: self.serving is not None and not self.draining)
         return HttpServer(application(routes, door, self.config), self.config, self.metrics)
 
     def _peer_call_refused(self) -> None:

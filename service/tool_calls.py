@@ -15,16 +15,20 @@ Nothing here knows HTTP: service/http/tools.py reads OpenAI's fields and writes 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.chat_template import FunctionTool
+from engine.errors import RequestError
 from service.calls import ConstraintSpec
 from service.tool_formats import Parsed, ParsedCall, ToolFormat
 
 NONE, AUTO, REQUIRED, NAMED = "none", "auto", "required", "named"
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
@@ -72,6 +76,18 @@ class ToolRequest:
         if self.choice.mode == AUTO:
             return self.format.parse(text, self.names)
         return None
+
+
+@contextmanager
+def tools_at_fault(tools: ToolRequest | None, field: str) -> Iterator[None]:
+    """A constraint a tool_choice made that cannot be compiled (a parameters schema outside the
+    engine's subset) is the fault of the tools (`field`), not of a constraint the caller never set."""
+    try:
+        yield
+    except RequestError as exc:
+        if tools is not None and tools.constraint() is not None and exc.field.startswith("constraint"):
+            exc.field = field
+        raise
 
 
 def call_id() -> str:

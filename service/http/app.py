@@ -18,8 +18,8 @@ import math
 import ssl
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import aclosing, contextmanager
+from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,6 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from engine.errors import RequestError
 from service.config import Config
 from service.errors import ModelNotFound, Status, TooLarge, status_for
 from service.http import openai
@@ -42,7 +41,7 @@ from service.progress import Progress
 from service.servicer import LadderServicer
 from service.serving import Serving
 from service.sockets import listening_socket
-from service.tool_formats import AUTO, ToolFormat, format_for
+from service.tool_calls import tools_at_fault
 
 log = structlog.get_logger("ladder.http")
 COMPLETIONS, CHAT, MODELS = "/v1/completions", "/v1/chat/completions", "/v1/models"
@@ -200,18 +199,11 @@ class Routes:
     """The handlers, over the servicer's generation (the same limits and scheduler as gRPC)."""
 
     def __init__(self, servicer: LadderServicer, serving: Callable[[], Serving],
-                 ready: Callable[[], bool], tool_call_format: str = AUTO) -> None:
+                 ready: Callable[[], bool]) -> None:
         self.servicer = servicer
         self.serving = serving
         self.ready = ready
         self.created = int(time.time())
-        self.tool_call_format = tool_call_format
-
-    def tool_format(self) -> ToolFormat:
-        """How the served model writes tool calls: as configured, else read from its chat template."""
-        tokenizer = self.serving().model.tokenizer
-        template = tokenizer.chat_template if tokenizer is not None else None
-        return format_for(template.source if template is not None else None, self.tool_call_format)
 
     async def health(self, request: web.Request) -> web.Response:
         ready = self.ready()
@@ -254,9 +246,10 @@ class Routes:
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = openai.read_body(await _body(request))
-        call = openai.openai_call(body, chat, self.serving().model.api_names, self.tool_format())
+        serving = self.serving()
+        call = openai.openai_call(body, chat, serving.model.api_names, serving.tool_format())
         answer = openai.Answer(call, REQUEST_ID.get(), int(time.time()), self.serving().model)
-        with tools_named_at_fault(call):
+        with tools_at_fault(call.tools, "tools"):
             if call.stream:
                 return await self._stream(request, answer)
             progress = None
@@ -290,19 +283,6 @@ class Routes:
         await response.write(sse("[DONE]"))
         await response.write_eof()
         return response
-
-
-@contextmanager
-def tools_named_at_fault(call: openai.OpenAICall) -> Iterator[None]:
-    """A constraint a tool_choice made that cannot be compiled is the fault of `tools` (its
-    parameters), not of response_format."""
-    try:
-        yield
-    except RequestError as exc:
-        constrained = call.tools is not None and call.tools.constraint() is not None
-        if constrained and exc.field.startswith("constraint"):
-            exc.field = "tools"
-        raise
 
 
 async def _body(request: web.Request) -> bytes:

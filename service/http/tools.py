@@ -10,16 +10,14 @@ InvalidInput (INVALID_FIELD) naming the field, as the rest of the OpenAI layer's
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from engine.chat_template import FunctionTool, ToolCall
 from engine.errors import InvalidInput
-from service.tool_calls import AUTO, NAMED, NONE, REQUIRED, Delta, ToolChoice, ToolRequest
+from service.tool_calls import AUTO, NAMED, NONE, REQUIRED, TOOL_NAME, Delta, ToolChoice, ToolRequest
 from service.tool_formats import Parsed, ToolFormat
 
 Json = dict[str, Any]
-TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 CHOICES = (NONE, AUTO, REQUIRED)
 
 

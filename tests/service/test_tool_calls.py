@@ -14,11 +14,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import jsonschema
 import openai
 import pydantic
 import pytest
 
+from proto.ladder.v1 import ladder_pb2 as pb
+from tests.support.rich_errors import details_of
 from tests.support.servers import RunningServer, free_port, server_config
 
 WEATHER_PARAMETERS = {"type": "object", "properties": {
@@ -304,3 +307,76 @@ def test_langchain_bind_tools_gets_tool_calls(chat_model: Any, tool_choice: str)
 def test_langchain_structured_output_by_function_calling(chat_model: Any) -> None:
     structured = chat_model.with_structured_output(GetWeather, method="function_calling")
     assert isinstance(structured.invoke("What is the weather in Oslo?"), GetWeather)
+
+
+# -- gRPC: the same tools on GenerateRequest ------------------------------------------------------------
+
+def grpc_tools() -> list[Any]:
+    return [pb.Tool(name=t["function"]["name"], description=t["function"]["description"],
+                    parameters=json.dumps(t["function"]["parameters"])) for t in TOOLS]
+
+
+def grpc_request(choice: pb.ToolChoice, text: str = SUM[0]["content"], n: int = 1,
+                 **changes: Any) -> pb.GenerateRequest:
+    chat = pb.Chat(messages=[pb.ChatMessage(role="user", content=text)], tools=grpc_tools())
+    return pb.GenerateRequest(prompt=pb.Prompt(chat=chat), tool_choice=choice, n=n,
+                              stopping=pb.StoppingOptions(max_new_tokens=MAX_NEW), **changes)
+
+
+MODE = pb.ToolChoice
+
+
+def grpc_chat(tools: list[pb.Tool]) -> pb.GenerateRequest:
+    chat = pb.Chat(messages=[pb.ChatMessage(role="user", content="Hi")], tools=tools)
+    return pb.GenerateRequest(prompt=pb.Prompt(chat=chat))
+
+
+@pytest.mark.parametrize("choice", [MODE(mode=MODE.TOOL_CHOICE_MODE_REQUIRED),
+                                    MODE(mode=MODE.TOOL_CHOICE_MODE_FUNCTION, function="add")],
+                         ids=["required", "function"])
+def test_grpc_generate_reads_constrained_calls_into_the_completion(server: RunningServer,
+                                                                    choice: pb.ToolChoice) -> None:
+    sampled = pb.SamplingOptions(temperature=1.0, seed=3)
+    reply = server.stub.Generate(grpc_request(choice, n=2, sampling=sampled))
+    for sample in reply.samples:
+        assert sample.tool_calls and sample.content == ""
+        for call in sample.tool_calls:
+            assert_valid_call(call.name, call.arguments, call.id)
+    assert list(reply.tool_calls) == list(reply.samples[0].tool_calls)
+    events = list(server.stub.GenerateStream(grpc_request(choice)))
+    done = events[-1].done
+    assert "".join(e.token.text for e in events[:-1]) == done.text  # the reply streams as tokens
+    assert done.tool_calls and all(c.id.startswith("call_") for c in done.tool_calls)
+
+
+def test_grpc_auto_reads_the_models_format_and_history_reaches_the_prompt(server: RunningServer) -> None:
+    forced_reply = pb.Constraint(choice=pb.Choices(options=[FORCED]))
+    reply = server.stub.Generate(grpc_request(MODE(), constraint=forced_reply))  # unset mode: auto
+    assert reply.content == "Let me check both." and reply.text == FORCED
+    assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [
+        ("get_weather", {"city": "Paris", "unit": "celsius"}), ("add", {"a": 2, "b": 3})]
+    history = pb.Chat(messages=[
+        pb.ChatMessage(role="user", content=ASK[0]["content"]),
+        pb.ChatMessage(role="assistant", tool_calls=[pb.ToolCall(id="call_abc", name="get_weather",
+                                                                 arguments='{"city": "Paris"}')]),
+        pb.ChatMessage(role="tool", tool_call_id="call_abc", content="18 degrees and sunny")])
+    ids = server.stub.Tokenize(pb.TokenizeRequest(chat=history)).ids
+    prompt = server.stub.Detokenize(pb.DetokenizeRequest(ids=ids)).text
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt and "18 degrees" in prompt
+
+
+@pytest.mark.parametrize(("request_", "field"), [
+    (grpc_request(MODE(mode=MODE.TOOL_CHOICE_MODE_FUNCTION, function="launch")), "tool_choice.function"),
+    (pb.GenerateRequest(prompt=pb.Prompt(text="Hi"), tool_choice=MODE(mode=MODE.TOOL_CHOICE_MODE_REQUIRED)),
+     "tool_choice"),
+    (grpc_request(MODE(mode=MODE.TOOL_CHOICE_MODE_REQUIRED), constraint=pb.Constraint(regex="a")),
+     "tool_choice"),
+    (grpc_chat([pb.Tool(name="bad name")]), "prompt.chat.tools[0].name"),
+    (grpc_chat([pb.Tool(name="f"), pb.Tool(name="f")]), "prompt.chat.tools[1].name"),
+    (grpc_chat([pb.Tool(name="f", parameters="[]")]), "prompt.chat.tools[0].parameters"),
+], ids=["unknown-function", "no-tools", "beside-constraint", "bad-name", "twice", "bad-parameters"])
+def test_grpc_bad_tools_are_invalid_argument_naming_the_field(
+        server: RunningServer, request_: pb.GenerateRequest, field: str) -> None:
+    details = details_of(lambda: server.stub.Generate(request_))
+    assert details.code == grpc.StatusCode.INVALID_ARGUMENT and details.reason == "INVALID_TOOLS"
+    assert details.fields == [field]
