@@ -210,11 +210,11 @@ def _message(message: Any, field: str) -> ChatMessage:
         content = ""
     if not isinstance(content, str):
         raise _bad(f"{field}.content takes a string or an array of text parts", f"{field}.content")
-    call_id = message.get("tool_call_id") or ""
+    answers = message.get("tool_call_id") or ""  # a tool message: the call whose result it is
     name = message.get("name") or ""
-    if not isinstance(call_id, str) or not isinstance(name, str):
+    if not isinstance(answers, str) or not isinstance(name, str):
         raise _bad(f"{field}.tool_call_id and {field}.name take strings", f"{field}.tool_call_id")
-    return ChatMessage(message["role"], content, http_tools.message_calls(message, field), call_id, name)
+    return ChatMessage(message["role"], content, http_tools.message_calls(message, field), answers, name)
 
 
 def stopping(body: Json, chat: bool) -> Stopping:
