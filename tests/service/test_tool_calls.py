@@ -138,6 +138,34 @@ def test_sampled_choices_each_get_calls_of_their_own_with_logprobs(sdk: openai.O
     assert len(set(ids)) == 3
 
 
+def test_streamed_choices_each_get_calls_and_every_tokens_logprob(server: RunningServer) -> None:
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "n": 2, "temperature": 1.0,
+            "seed": 5, "logprobs": True, "max_tokens": MAX_NEW, "stream": True,
+            "stream_options": {"include_usage": True}}
+    connection = http.client.HTTPConnection("127.0.0.1", server.config.http_port, timeout=120)
+    connection.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+                       {"Content-Type": "application/json"})
+    data = connection.getresponse().read().decode()
+    chunks = [json.loads(line[6:]) for line in data.split("\n\n") if line.startswith("data: {")]
+    calls: dict[int, dict[int, dict[str, str]]] = {}
+    logprobs = 0
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            logprobs += len((choice["logprobs"] or {}).get("content") or [])
+            for part in choice["delta"].get("tool_calls", []):
+                made = calls.setdefault(choice["index"], {})
+                call = made.setdefault(part["index"], {"name": "", "arguments": ""})
+                call["name"] += part["function"].get("name") or ""
+                call["arguments"] += part["function"]["arguments"]
+    assert sorted(calls) == [0, 1]
+    for made in calls.values():
+        for call in made.values():
+            assert_valid_call(call["name"], call["arguments"], None)
+    assert logprobs == chunks[-1]["usage"]["completion_tokens"]  # every token's, held ones too
+    finishes = [c["finish_reason"] for chunk in chunks for c in chunk["choices"] if c["finish_reason"]]
+    assert finishes == ["tool_calls", "tool_calls"]
+
+
 class Weather(pydantic.BaseModel):
     city: str = pydantic.Field(max_length=30)
     unit: str = pydantic.Field(pattern="^(celsius|fahrenheit)$")
@@ -272,6 +300,24 @@ def test_bad_tools_are_refused_with_400_naming_the_field(server: RunningServer, 
 def test_tools_on_completions_are_refused(server: RunningServer) -> None:
     status, body = post(server, "/v1/completions", {"prompt": "Hi", "tools": TOOLS})
     assert status == 400 and body["error"]["param"] == "tools"
+
+
+def test_a_server_set_to_llama3_json_reads_that_format(default_model: Callable[..., Path]) -> None:
+    config = server_config(default_model("int4"), http_port=free_port(), max_sessions=2, capacity=1024,
+                           chunk_size=64, tool_call_format="llama3_json")
+    reply = '{"name": "add", "parameters": {"a": 2, "b": 3}}'
+    with RunningServer(config) as running:
+        status, body = post(running, "/v1/chat/completions", {
+            "messages": SUM, "tools": TOOLS, "temperature": 0, "max_tokens": 40, **forced(reply)})
+        assert status == 200, body
+        message = body["choices"][0]["message"]
+        assert message["content"] is None and body["choices"][0]["finish_reason"] == "tool_calls"
+        called = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                  for c in message["tool_calls"]]
+        assert called == [("add", {"a": 2, "b": 3})]
+        _, hermes = post(running, "/v1/chat/completions", {
+            "messages": SUM, "tools": TOOLS, "temperature": 0, "max_tokens": MAX_NEW, **forced(FORCED)})
+        assert hermes["choices"][0]["message"]["content"] == FORCED  # not this server's format: text
 
 
 # -- LangChain (when installed: pyproject's dev extra) -------------------------------------------------
