@@ -56,6 +56,11 @@ class ToolRequest:
         """Whether the reply is read for calls (any choice but "none")."""
         return self.choice.mode != NONE
 
+    @property
+    def constrained(self) -> bool:
+        """Whether the choice constrains the reply (required and named)."""
+        return self.choice.mode in (REQUIRED, NAMED)
+
     def constraint(self) -> ConstraintSpec | None:
         """The constraint a named or required choice puts on the reply; None for none and auto."""
         if self.choice.mode == NAMED:
@@ -85,7 +90,7 @@ def tools_at_fault(tools: ToolRequest | None, field: str) -> Iterator[None]:
     try:
         yield
     except RequestError as exc:
-        if tools is not None and tools.constraint() is not None and exc.field.startswith("constraint"):
+        if tools is not None and tools.constrained and exc.field.startswith("constraint"):
             exc.field = field
         raise
 

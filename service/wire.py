@@ -28,7 +28,17 @@ from service.calls import (
 )
 from service.events import Finish, ForwardDone, PrefillFinished, PrefillTally, TokenOut
 from service.progress import Progress
-from service.tool_calls import AUTO, NAMED, NONE, REQUIRED, TOOL_NAME, ToolChoice, ToolRequest, call_id
+from service.tool_calls import (
+    AUTO,
+    NAMED,
+    NONE,
+    REQUIRED,
+    TOOL_NAME,
+    ToolChoice,
+    ToolRequest,
+    call_id,
+    tools_at_fault,
+)
 from service.tool_formats import ToolFormat
 
 _FINISH = {
@@ -57,7 +67,8 @@ def generate_with_tools(request: pb.GenerateRequest,
     becomes the call's (beside `constraint`: refused)."""
     call = generate_call(request)
     tools = tool_request(request, call.prompt.tools, tool_format)
-    called = tools.constraint() if tools is not None else None
+    with tools_at_fault(tools, "prompt.chat.tools"):  # a call schema over the constraint limit
+        called = tools.constraint() if tools is not None else None
     if called is None:
         return call, tools
     if call.constraint is not None:

@@ -22,7 +22,7 @@ from service.errors import ModelNotFound
 from service.events import Finish, Finished, TokenOut
 from service.http import tools as http_tools
 from service.progress import Progress, SampleRecord
-from service.tool_calls import ToolRequest, ToolStream, call_id
+from service.tool_calls import ToolRequest, ToolStream, call_id, tools_at_fault
 from service.tool_formats import DEFAULT, FORMATS, ToolFormat
 
 Json = dict[str, Any]
@@ -143,8 +143,10 @@ def openai_call(body: Json, chat: bool, served: Sequence[str],
         prompt = Prompt(chat=chat_messages(body), tools=tools.tools if tools is not None else ())
     else:
         prompt = completion_prompt(body.get("prompt"))
+    with tools_at_fault(tools, "tools"):  # a call schema over the constraint limit
+        constrained = constraint(body, tools)
     generate = GenerateCall(prompt, stopping(body, chat), sampling(body), n, logprobs(body, chat),
-                            constraint(body, tools))
+                            constrained)
     options = _get(body, "stream_options", dict, {})
     return OpenAICall(generate, chat, model, _get(body, "stream", bool, False),
                       _get(options, "include_usage", bool, False), tools)

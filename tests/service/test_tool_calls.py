@@ -270,6 +270,8 @@ BAD_FUNCTION = {"type": "function", "function": {"name": "has space"}}
 TEXT_PARAMETERS = {"type": "function", "function": {"name": "f", "parameters": "{}"}}
 NOT_SERVED = {"type": "function", "function": {"name": "f", "parameters": {  # a schema Ladder does not serve
     "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}
+HUGE = {"type": "function", "function": {"name": "f", "parameters": {  # over the 64 KiB constraint limit
+    "type": "object", "properties": {"x": {"enum": [f"value {i:05d}" for i in range(8000)]}}}}}
 REFUSED = [
     ({"tools": [BAD_FUNCTION]}, "tools[0].function.name"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
@@ -283,6 +285,7 @@ REFUSED = [
     ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"tools": [NOT_SERVED], "tool_choice": "required"}, "tools"),
+    ({"tools": [HUGE], "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": 3}}]}]},
      "messages[0].tool_calls[0]"),
     ({"functions": [{"name": "f"}]}, "functions"),
