@@ -1,5 +1,6 @@
 """Tool calling on /v1/chat/completions through a real server on the default model (int4), driven
-by the official openai SDK (and LangChain's ChatOpenAI where installed): tool_choice required and
+by the official openai SDK (and LangChain's ChatOpenAI and instructor where importable; gRPC's
+Generate too): tool_choice required and
 named give well-formed calls of declared tools every time, streamed and not, whose arguments
 validate against the tool's parameters; pydantic_function_tool's strict tools parse back into their
 models; a history of calls and results reaches the prompt; "auto" reads calls from the model's own
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -429,3 +430,37 @@ def test_grpc_bad_tools_are_invalid_argument_naming_the_field(
     details = details_of(lambda: server.stub.Generate(request_))
     assert details.code == grpc.StatusCode.INVALID_ARGUMENT and details.reason == "INVALID_TOOLS"
     assert details.fields == [field]
+
+
+# -- instructor (when importable: it pins jiter<0.15, which the openai SDK in the dev venv cannot share,
+# so it is no dev dependency; run these with it on PYTHONPATH) ------------------------------------------
+
+class Forecast(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=30)
+    unit: str = pydantic.Field(pattern="^(celsius|fahrenheit)$")
+
+
+@pytest.fixture(scope="module")
+def instructor_module() -> Any:
+    return pytest.importorskip("instructor")
+
+
+@pytest.mark.parametrize("mode", ["TOOLS", "TOOLS_STRICT"])
+def test_instructor_tool_modes_fill_their_model(instructor_module: Any, sdk: openai.OpenAI,
+                                                mode: str) -> None:
+    client = instructor_module.from_openai(sdk, mode=getattr(instructor_module.Mode, mode))
+    asked: dict[str, Any] = {"model": "", "response_model": Forecast, "messages": ASK, "max_retries": 0,
+                             "max_tokens": MAX_NEW, "temperature": 0}
+    assert isinstance(client.chat.completions.create(**asked), Forecast)
+    partials = list(client.chat.completions.create_partial(**asked))  # streamed: delta.tool_calls
+    assert Forecast.model_validate(partials[-1].model_dump())
+
+
+def test_instructor_parallel_tools_reads_every_call_of_an_auto_reply(instructor_module: Any,
+                                                                       sdk: openai.OpenAI) -> None:
+    client = instructor_module.from_openai(sdk, mode=instructor_module.Mode.PARALLEL_TOOLS)
+    calls = [("Forecast", {"city": city, "unit": "celsius"}) for city in ("Paris", "Rome")]
+    got = client.chat.completions.create(  # PARALLEL_TOOLS asks tool_choice auto: the reply is forced
+        model="", response_model=Iterable[Forecast], messages=ASK, max_retries=0, max_tokens=MAX_NEW,
+        temperature=0, extra_body=forced(hermes_text(calls)))
+    assert [f.city for f in got] == ["Paris", "Rome"]
