@@ -86,8 +86,8 @@ HELP = {
     "max_prompt_tokens": "the longest prompt in tokens (0 = the KV capacity)",
     "log_level": "log level",
     "tool_call_format": "how the model writes a tool call, read back under tool_choice auto: hermes "
-                        "(<tool_call>{json}</tool_call>), llama3_json, or auto (by the chat template; "
-                        "hermes when it shows none)",
+                        "(<tool_call>{json}</tool_call>), llama3_json, mistral, or auto (by the chat "
+                        "template; hermes when it shows none)",
 }
 
 

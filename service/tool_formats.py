@@ -10,6 +10,10 @@ Formats here:
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one or more, after optional text.
 - "llama3_json": Llama 3.1-3.3's JSON form: the whole reply is `{"name": ..., "parameters": {...}}`
   (or "arguments"), optionally after `<|python_tag|>`, several separated by ";".
+- "mistral": Mistral's `[TOOL_CALLS]` followed by a JSON array of {"name", "arguments"} (the marker
+  is a special token, left out of the text: then the reply is the array alone).
+Special tokens are left out of a reply's text (`<|python_tag|>`, `[TOOL_CALLS]`), so each format
+also reads its calls without its marker.
 
 Adding one: write a class with `name`, `detects(template)`, `hold_from(text)` and `parse(text, names)`
 (the ToolFormat protocol), and `register()` it; `--tool-call-format NAME` then selects it, and
@@ -138,6 +142,32 @@ class Llama3Json:
         return Parsed("", tuple(calls)) if calls else None
 
 
+class Mistral:
+    name = "mistral"
+    TAG = "[TOOL_CALLS]"
+
+    def detects(self, template: str) -> bool:
+        return self.TAG in template
+
+    def hold_from(self, text: str) -> int | None:
+        head = text.lstrip()
+        if not head or head.startswith("[{") or self.TAG.startswith(head[:len(self.TAG)]):
+            return 0
+        return None
+
+    def parse(self, text: str, names: Collection[str]) -> Parsed | None:
+        body = text.strip().removeprefix(self.TAG).strip()
+        try:
+            values = json.loads(body)
+        except ValueError:
+            return None
+        if not isinstance(values, list):
+            return None
+        calls = [call_of(v, names, ("arguments", "parameters")) for v in values]
+        found = tuple(c for c in calls if c is not None)
+        return Parsed("", found) if found and len(found) == len(calls) else None
+
+
 FORMATS: dict[str, ToolFormat] = {}
 
 
@@ -148,6 +178,7 @@ def register(tool_format: ToolFormat) -> ToolFormat:
 
 register(Hermes())
 register(Llama3Json())
+register(Mistral())
 DEFAULT = "hermes"  # the format the default tools block asks for (a template with no tools of its own)
 AUTO = "auto"
 

@@ -25,7 +25,7 @@ from service.tool_calls import (
     ToolStream,
     required_schema,
 )
-from service.tool_formats import FORMATS, Hermes, Llama3Json, Parsed, ParsedCall, format_for
+from service.tool_formats import FORMATS, Hermes, Llama3Json, Mistral, Parsed, ParsedCall, format_for
 
 WEATHER = FunctionTool("get_weather", "The weather in a city", json.dumps({
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))
@@ -86,6 +86,20 @@ def test_llama3_json_reads_no_call_from_text(text: str) -> None:
     assert Llama3Json().parse(text, NAMES) is None
 
 
+@pytest.mark.parametrize("text", [
+    '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    '[{"name": "get_weather", "arguments": {"city": "Paris"}}]',  # the marker, a special token, left out
+])
+def test_mistral_reads_its_array_of_calls(text: str) -> None:
+    assert Mistral().parse(text, NAMES) == Parsed("", (PARIS,))
+    assert Mistral().hold_from(text[:3]) == 0
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '[{"name": "nope", "arguments": {}}]', "[]", "Sunny."])
+def test_mistral_reads_no_call_from_text(text: str) -> None:
+    assert Mistral().parse(text, NAMES) is None
+
+
 def test_streaming_holds_back_from_where_a_call_may_begin() -> None:
     hermes, llama = Hermes(), Llama3Json()
     assert hermes.hold_from("Hello") is None
@@ -94,11 +108,13 @@ def test_streaming_holds_back_from_where_a_call_may_begin() -> None:
     assert hermes.hold_from("a <b") is None
     assert llama.hold_from(' {"name"') == 0 and llama.hold_from("<|python") == 0
     assert llama.hold_from("Paris") is None
+    assert Mistral().hold_from("[1, 2]") is None and Mistral().hold_from("Sunny") is None
 
 
 def test_the_format_is_the_configured_one_else_the_templates_else_hermes() -> None:
     assert format_for("{{ '<tool_call>' }}").name == "hermes"
     assert format_for("{{ '<|python_tag|>' }}").name == "llama3_json"
+    assert format_for("{{ '[TOOL_CALLS]' }}").name == "mistral"
     assert format_for(CHATML).name == "hermes" and format_for(None).name == "hermes"
     assert format_for(CHATML, "llama3_json").name == "llama3_json"
 
