@@ -52,6 +52,9 @@ class Tokenizer:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise TokenizerUnreadable(f"tokenizer.json has no vocabulary Ladder can read ({exc!r})") from exc
         self.special_ids = frozenset(t["id"] for t in doc.get("added_tokens", []))
+        # What skip_special leaves out of text: added tokens marked special, as transformers and the C++
+        # tokenizer's decode do; an added token that is not (Qwen's <tool_call>) is text.
+        self.skipped_ids = frozenset(t["id"] for t in doc.get("added_tokens", []) if t.get("special", True))
         self.bos_token_id = vocab.get(token_text(config.get("bos_token")) or "")
         self.eos_token_id = vocab.get(token_text(config.get("eos_token")) or "")
         self.vocab_size = len(self._token_bytes)
@@ -163,7 +166,7 @@ class StreamDecoder:
 
     def push(self, token_id: int) -> str:
         """The text that `token_id` completes ("" while a character is still partial)."""
-        if self._skip_special and token_id in self._tokenizer.special_ids:
+        if self._skip_special and token_id in self._tokenizer.skipped_ids:
             return ""
         self._pending += self._tokenizer.token_bytes(token_id)
         cut = _complete_prefix_length(self._pending)
