@@ -180,9 +180,9 @@ class ToolStream:
             return list(self._named_pieces())
         if mode == AUTO:
             held = self.request.format.hold_from(self.text)
+            end = len(self.text) if held is None else max(held, self.sent)
             # Trailing whitespace waits too: before a call it is not content (the unstreamed reply's isn't).
-            upto = len(self.text[:len(self.text) if held is None else held].rstrip())
-            return self._content(max(upto, self.sent))
+            return self._content(self.sent + len(self.text[self.sent:end].rstrip()))
         return []
 
     def finish(self) -> list[Delta]:

@@ -28,6 +28,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+HEAD_CHARS = 256  # of a reply, what a format whose calls are the whole reply looks at while it streams
+
 
 @dataclass(frozen=True)
 class ParsedCall:
@@ -120,7 +122,7 @@ class Llama3Json:
         return self.TAG in template or ("<|start_header_id|>" in template and "tools" in template)
 
     def hold_from(self, text: str) -> int | None:
-        head = text.lstrip()
+        head = text[:HEAD_CHARS].lstrip()  # a reply's start: not the whole reply again at every token
         if not head or head.startswith("{") or self.TAG.startswith(head[:len(self.TAG)]):
             return 0
         return None
@@ -150,7 +152,7 @@ class Mistral:
         return self.TAG in template
 
     def hold_from(self, text: str) -> int | None:
-        head = text.lstrip()
+        head = text[:HEAD_CHARS].lstrip()
         if not head or head.startswith("[{") or self.TAG.startswith(head[:len(self.TAG)]):
             return 0
         return None
