@@ -37,8 +37,8 @@ TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "add", "description": "Add two whole numbers",
                                       "parameters": ADD_PARAMETERS}}]
 PARAMETERS = {"get_weather": WEATHER_PARAMETERS, "add": ADD_PARAMETERS}
-ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-SUM = [{"role": "user", "content": "What is 12 plus 30?"}]
+ASK: list[Any] = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+SUM: list[Any] = [{"role": "user", "content": "What is 12 plus 30?"}]
 NAMED_ADD = {"type": "function", "function": {"name": "add"}}
 MAX_NEW = 120
 HISTORY: list[Any] = [
@@ -191,12 +191,14 @@ def test_pydantic_function_tools_parse_back_into_their_models(sdk: openai.OpenAI
     for choice in (named, "required"):
         got = sdk.chat.completions.parse(model="", messages=ASK, tools=[tool], tool_choice=choice,
                                          temperature=0, max_tokens=200)
-        call = got.choices[0].message.tool_calls[0]
-        assert call.function.name == name and isinstance(call.function.parsed_arguments, model)
+        calls = got.choices[0].message.tool_calls
+        assert calls is not None and calls[0].function.name == name
+        assert isinstance(calls[0].function.parsed_arguments, model)
     with sdk.chat.completions.stream(model="", messages=ASK, tools=[tool], tool_choice=named, temperature=0,
                                      max_tokens=200) as stream:
         final = stream.get_final_completion()
-    assert isinstance(final.choices[0].message.tool_calls[0].function.parsed_arguments, model)
+    calls = final.choices[0].message.tool_calls
+    assert calls is not None and isinstance(calls[0].function.parsed_arguments, model)
 
 
 def test_a_history_of_calls_and_results_reaches_the_prompt(server: RunningServer, sdk: openai.OpenAI) -> None:
