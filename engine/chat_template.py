@@ -5,7 +5,10 @@ tokenizer_config.json: a string, or a list of named templates of which
 "default" is taken), rendering it in jinja2's immutable sandbox with the names
 transformers provides (`messages`, `add_generation_prompt`, `bos_token`,
 `eos_token`, `raise_exception`, `strftime_now`, `tools`, a `tojson` that keeps
-non-ASCII), and ChatML when the model has no template at all.
+non-ASCII), and ChatML when the model has no template at all. Tools
+(engine/chat_tools.py): a template that reads `tools` gets them; one that does
+not gets them as a default system block, and assistant tool calls and `tool`
+results as text, so a conversation with tools is never rendered without them.
 Guarantees: a template that raises (`raise_exception`, an undefined name, a
 sandbox refusal) or that leaves a message out of the prompt (a role it has no
 place for) is the request's fault: InvalidInput, never a wrong
@@ -15,7 +18,7 @@ prompt sent on silently. A template that does not compile fails at load.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +28,7 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine import chat_tools
 from engine.errors import InvalidInput
 
 CHATML = (
@@ -36,9 +40,42 @@ SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call an assistant turn made: its id, the function's name, its arguments (JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    """A function the model may call: name, description and parameters (JSON Schema text; "" none)."""
+
+    name: str
+    description: str = ""
+    parameters: str = ""
+    strict: bool = False
+
+    def template_value(self) -> dict[str, Any]:
+        """What transformers passes a template for it (OpenAI's tool object)."""
+        function: dict[str, Any] = {"name": self.name}
+        if self.description:
+            function["description"] = self.description
+        function["parameters"] = json.loads(self.parameters) if self.parameters else {
+            "type": "object", "properties": {}}
+        return {"type": "function", "function": function}
+
+
+@dataclass(frozen=True)
 class ChatMessage:
+    """One turn. An assistant's may hold the tool calls it made; a `tool` turn answers `tool_call_id`."""
+
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
 
 
 class TemplateUnusable(Exception):
@@ -70,6 +107,7 @@ class ChatTemplate:
     def __init__(self, source: str | None, config: Mapping[str, Any]) -> None:
         self.own = source is not None
         self.source = source if source is not None else CHATML
+        self.tool_support = chat_tools.ToolSupport.of(self.source)
         self.specials = {name: token_text(config.get(name)) or "" for name in SPECIAL_NAMES}
         try:
             self._template = _environment().from_string(self.source)
@@ -80,34 +118,38 @@ class ChatTemplate:
     def of(cls, model_dir: Path, config: Mapping[str, Any]) -> ChatTemplate:
         return cls(template_source(model_dir, config), config)
 
-    def render(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text; InvalidInput when the template refuses the conversation."""
-        turns = [{"role": m.role, "content": m.content} for m in messages]
-        text = self._render(turns, add_generation_prompt)
+    def render(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True,
+               tools: Sequence[FunctionTool] = ()) -> str:
+        """The prompt text; InvalidInput when the template refuses the conversation. `tools` reach
+        the template's `tools` (or, when it has none, a default system block: engine/chat_tools.py)."""
+        turns = chat_tools.turns(list(messages), tools, self.tool_support)
+        values = [t.template_value() for t in tools] if tools and self.tool_support.tools else None
+        text = self._render(turns, add_generation_prompt, values)
         for index, turn in enumerate(turns):
-            if self._dropped(text, turns, index, add_generation_prompt):
+            if self._dropped(text, turns, index, add_generation_prompt, values):
                 raise InvalidInput(f"the model's chat template has no place for a message of role "
                                    f"{turn['role']!r}")
         return text
 
-    def _render(self, turns: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    def _render(self, turns: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None = None) -> str:
         try:
             return self._template.render(messages=turns, add_generation_prompt=add_generation_prompt,
-                                         tools=None, documents=None, **self.specials)
+                                         tools=tools, documents=None, **self.specials)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
             raise InvalidInput(f"the model's chat template refused the conversation: {exc}") from exc
 
-    def _dropped(self, text: str, turns: list[dict[str, str]], index: int,
-                 add_generation_prompt: bool) -> bool:
+    def _dropped(self, text: str, turns: list[dict[str, Any]], index: int,
+                 add_generation_prompt: bool, tools: list[dict[str, Any]] | None) -> bool:
         """Whether the template left turn `index` out (it has no branch for its role): dropping a
         message silently would change the conversation. A content found in the prompt is kept;
         one that is not (a template may trim or rewrite it) is dropped only if the prompt
         renders the same without it."""
-        content = turns[index]["content"].strip()
+        content = str(turns[index]["content"] or "").strip()
         if not content or content in text:
             return False
         try:
-            return self._render(turns[:index] + turns[index + 1:], add_generation_prompt) == text
+            return self._render(turns[:index] + turns[index + 1:], add_generation_prompt, tools) == text
         except InvalidInput:  # without it the template refuses: it mattered
             return False
 

@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from onnxruntime_extensions import pp_api
 
-from engine.chat_template import ChatMessage, ChatTemplate, TemplateUnusable, token_text
+from engine.chat_template import ChatMessage, ChatTemplate, FunctionTool, TemplateUnusable, token_text
 from engine.convert.tokenizer_json import bytes_to_unicode
 from engine.errors import Unsupported
 
@@ -52,6 +52,9 @@ class Tokenizer:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise TokenizerUnreadable(f"tokenizer.json has no vocabulary Ladder can read ({exc!r})") from exc
         self.special_ids = frozenset(t["id"] for t in doc.get("added_tokens", []))
+        # What skip_special leaves out of text: added tokens marked special, as transformers and the C++
+        # tokenizer's decode do; an added token that is not (Qwen's <tool_call>) is text.
+        self.skipped_ids = frozenset(t["id"] for t in doc.get("added_tokens", []) if t.get("special", True))
         self.bos_token_id = vocab.get(token_text(config.get("bos_token")) or "")
         self.eos_token_id = vocab.get(token_text(config.get("eos_token")) or "")
         self.vocab_size = len(self._token_bytes)
@@ -79,16 +82,19 @@ class Tokenizer:
         """A fresh incremental decoder for one generation."""
         return StreamDecoder(self, skip_special=skip_special)
 
-    def render_chat(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True) -> str:
-        """The prompt the model's own chat template makes of `messages` (ChatML when it has none)."""
+    def render_chat(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True,
+                    tools: Sequence[FunctionTool] = ()) -> str:
+        """The prompt the model's own chat template makes of `messages` and `tools` (ChatML when it
+        has none)."""
         if self.chat_template is None:
             raise Unsupported(f"the model's chat template cannot be used ({self.chat_problem}); "
                               "send a text prompt with the turns written out")
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
-    def encode_chat(self, messages: Iterable[ChatMessage], *,
-                    add_generation_prompt: bool = True) -> list[int]:
-        ids = self.encode(self.render_chat(messages, add_generation_prompt=add_generation_prompt))
+    def encode_chat(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True,
+                    tools: Sequence[FunctionTool] = ()) -> list[int]:
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        ids = self.encode(text)
         # A tokenizer that adds BOS itself, under a template that writes it too: keep one.
         bos = self.bos_token_id
         return ids[1:] if bos is not None and ids[:2] == [bos, bos] else ids
@@ -160,7 +166,7 @@ class StreamDecoder:
 
     def push(self, token_id: int) -> str:
         """The text that `token_id` completes ("" while a character is still partial)."""
-        if self._skip_special and token_id in self._tokenizer.special_ids:
+        if self._skip_special and token_id in self._tokenizer.skipped_ids:
             return ""
         self._pending += self._tokenizer.token_bytes(token_id)
         cut = _complete_prefix_length(self._pending)

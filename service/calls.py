@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.chat_template import ChatMessage
+from engine.chat_template import ChatMessage, FunctionTool
 from engine.errors import InvalidInput
 from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from service.errors import TooLarge
@@ -24,11 +24,13 @@ MAX_STOP_CHARS = 512  # characters per stop string
 
 @dataclass(frozen=True)
 class Prompt:
-    """A prompt as the client sent it: text, chat messages or token ids (exactly one is set)."""
+    """A prompt as the client sent it: text, chat messages or token ids (exactly one is set); a chat
+    may come with the tools its template is given."""
 
     text: str | None = None
     chat: tuple[ChatMessage, ...] | None = None
     ids: tuple[int, ...] | None = None
+    tools: tuple[FunctionTool, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,18 @@ PROMPT_BYTES_PER_TOKEN = 32  # text and chat prompts: UTF-8 bytes allowed per al
 CHAT_MESSAGE_BYTES = 32  # what each chat message counts beyond its role and content (the template's markup)
 
 
+def chat_bytes(prompt: Prompt) -> int:
+    """What a chat prompt counts against the prompt's byte limit: every message's role, content and
+    tool calls, its markup (CHAT_MESSAGE_BYTES), and its tools' definitions."""
+    chat = prompt.chat or ()
+    messages = sum(len(m.role.encode()) + len(m.content.encode()) + CHAT_MESSAGE_BYTES
+                   + sum(len(c.name.encode()) + len(c.arguments.encode()) for c in m.tool_calls)
+                   for m in chat)
+    tools = sum(len(t.name.encode()) + len(t.description.encode()) + len(t.parameters.encode())
+                for t in prompt.tools)
+    return messages + tools
+
+
 class ServedModel:
     """The loaded engine, its tokenizer (or None) and the server's limits."""
 
@@ -102,9 +114,8 @@ class ServedModel:
             if not prompt.chat:
                 raise InvalidInput("a chat prompt needs at least one message", reason="EMPTY_PROMPT",
                                    field="prompt.chat.messages")
-            self._check_text_size(sum(len(m.role.encode()) + len(m.content.encode()) + CHAT_MESSAGE_BYTES
-                                      for m in prompt.chat), "prompt.chat.messages")
-            tokens = [int(t) for t in tokenizer.encode_chat(prompt.chat)]
+            self._check_text_size(chat_bytes(prompt), "prompt.chat.messages")
+            tokens = [int(t) for t in tokenizer.encode_chat(prompt.chat, tools=prompt.tools)]
         else:
             tokens = list(prompt.ids or ())  # Python ints already (the wire's repeated int32)
         return self.check_ids(tokens)

@@ -45,6 +45,7 @@ from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
 from service.progress import Progress
 from service.serving import Extension, Serving, note_session
 from service.sessions import ForkOrigin, SessionState
+from service.tool_calls import ToolRequest, tools_at_fault
 
 # Handlers never read or write messages through the context, so its message types stay open.
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -63,11 +64,12 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         return self._serving()
 
     # -- generation ---------------------------------------------------------------
-    async def _generate(self, request: pb.GenerateRequest,
+    async def _generate(self, call: GenerateCall, tools: ToolRequest | None,
                         unary: bool = False) -> AsyncGenerator[tuple[list[Any], Progress], None]:
-        async with aclosing(self.generation(wire.generate_call(request), unary)) as steps:
-            async for step in steps:
-                yield step
+        with tools_at_fault(tools, "prompt.chat.tools"):
+            async with aclosing(self.generation(call, unary)) as steps:
+                async for step in steps:
+                    yield step
 
     async def generation(self, call: GenerateCall,
                          unary: bool = False) -> AsyncGenerator[tuple[list[Any], Progress], None]:
@@ -111,22 +113,24 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: Context) -> pb.Completion:
         progress = None
-        async with aclosing(self._generate(request, unary=True)) as steps:
+        call, tools = wire.generate_with_tools(request, self.serving.tool_format())
+        async with aclosing(self._generate(call, tools, unary=True)) as steps:
             async for step in steps:
                 progress = step[1]
         assert progress is not None
         return self._within_limit(wire.completion(progress, REQUEST_ID.get(),
-                                                  text_of=self.serving.model.token_text))
+                                                  text_of=self.serving.model.token_text, tools=tools))
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: Context) -> AsyncIterator[pb.TokenEvent]:
-        async with aclosing(self._generate(request)) as steps:
+        call, tools = wire.generate_with_tools(request, self.serving.tool_format())
+        async with aclosing(self._generate(call, tools)) as steps:
             async for events, progress in steps:
                 for message in self._token_events(events, progress, request.coalesce_tokens):
                     yield message
                 if progress.ended is not None:  # every sample has finished: nothing comes after
                     yield self._within_limit(pb.TokenEvent(done=wire.completion(
-                        progress, REQUEST_ID.get(), text_of=self.serving.model.token_text)))
+                        progress, REQUEST_ID.get(), text_of=self.serving.model.token_text, tools=tools)))
 
     def _within_limit(self, message: M) -> M:
         """`message`, or TooLarge when it is over the message limit (the request's smallest answer

@@ -31,6 +31,7 @@ from service.metrics import Metrics
 from service.progress import Progress, Totals
 from service.scheduler import Scheduler
 from service.sessions import SessionRegistry, SessionState
+from service.tool_formats import ToolFormat, format_for
 
 log = structlog.get_logger("ladder.sessions")
 # Tokenization's own threads (one set for the process): nothing else queued on them can make a
@@ -112,6 +113,12 @@ class Serving:
         if prompt.ids is not None:
             return self.model.prompt_ids(prompt)
         return await asyncio.get_running_loop().run_in_executor(TOKENIZING, self.model.prompt_ids, prompt)
+
+    def tool_format(self) -> ToolFormat:
+        """How the served model writes tool calls: --tool-call-format, else read from its chat template."""
+        tokenizer = self.model.tokenizer
+        template = tokenizer.chat_template if tokenizer is not None else None
+        return format_for(template.source if template is not None else None, self.config.tool_call_format)
 
     def progress(self, prompt_tokens: int = 0) -> Progress:
         """The call's record of its generation, timed from the call's arrival, in its access-log line."""

@@ -3,6 +3,8 @@ choices and its bounds. Pure tables: config.py reads them when it parses, checks
 
 from __future__ import annotations
 
+from service.tool_formats import AUTO, FORMATS
+
 HELP = {
     "host": "address to listen on", "port": "gRPC port (0 = any free port)",
     "metrics_port": "Prometheus /metrics port (0 = off)",
@@ -83,6 +85,9 @@ HELP = {
     "capacity": "KV capacity per session in tokens (auto = the model's max length)",
     "max_prompt_tokens": "the longest prompt in tokens (0 = the KV capacity)",
     "log_level": "log level",
+    "tool_call_format": "how the model writes a tool call, read back under tool_choice auto: hermes "
+                        "(<tool_call>{json}</tool_call>), llama3_json, mistral, or auto (by the chat "
+                        "template; hermes when it shows none)",
 }
 
 
@@ -90,6 +95,7 @@ HELP = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "provider": ("cpu", "cuda"), "model_precision": ("auto", "int4", "fp16", "fp32"),
     "log_level": ("debug", "info", "warning", "error"),
+    "tool_call_format": (AUTO, *FORMATS),
 }
 BOUNDS: dict[str, tuple[float, float | None]] = {
     "port": (0, 65535), "metrics_port": (0, 65535), "http_port": (0, 65535), "chunk_size": (0, None),

@@ -7,10 +7,12 @@ rest of the service works on the typed value.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
-from engine.chat_template import ChatMessage
+from engine.chat_template import ChatMessage, FunctionTool, ToolCall
 from engine.errors import InvalidInput
 from engine.sampling import SamplingParams, TokenLogprobs
 from proto.ladder.v1 import ladder_pb2 as pb
@@ -26,6 +28,18 @@ from service.calls import (
 )
 from service.events import Finish, ForwardDone, PrefillFinished, PrefillTally, TokenOut
 from service.progress import Progress
+from service.tool_calls import (
+    AUTO,
+    NAMED,
+    NONE,
+    REQUIRED,
+    TOOL_NAME,
+    ToolChoice,
+    ToolRequest,
+    call_id,
+    tools_at_fault,
+)
+from service.tool_formats import ToolFormat
 
 _FINISH = {
     Finish.LENGTH: pb.FINISH_REASON_LENGTH, Finish.EOS: pb.FINISH_REASON_EOS,
@@ -36,6 +50,48 @@ _FINISH = {
 def generate_call(request: pb.GenerateRequest) -> GenerateCall:
     return GenerateCall(prompt(request.prompt), stopping(request.stopping), sampling(request.sampling),
                         max(request.n, 1), logprob_request(request), constraint(request))
+
+
+_MODE = pb.ToolChoice
+TOOL_MODES = {_MODE.TOOL_CHOICE_MODE_NONE: NONE, _MODE.TOOL_CHOICE_MODE_AUTO: AUTO,
+              _MODE.TOOL_CHOICE_MODE_REQUIRED: REQUIRED, _MODE.TOOL_CHOICE_MODE_FUNCTION: NAMED}
+
+
+def _tools_refused(message: str, field: str) -> InvalidInput:
+    return InvalidInput(message, reason="INVALID_TOOLS", field=field)
+
+
+def generate_with_tools(request: pb.GenerateRequest,
+                        tool_format: ToolFormat) -> tuple[GenerateCall, ToolRequest | None]:
+    """The call, and its tools when its chat has some: a REQUIRED or FUNCTION choice's constraint
+    becomes the call's (beside `constraint`: refused)."""
+    call = generate_call(request)
+    tools = tool_request(request, call.prompt.tools, tool_format)
+    with tools_at_fault(tools, "prompt.chat.tools"):  # a call schema over the constraint limit
+        called = tools.constraint() if tools is not None else None
+    if called is None:
+        return call, tools
+    if call.constraint is not None:
+        raise _tools_refused("tool_choice REQUIRED or FUNCTION constrains the reply, and so does "
+                             "constraint: set one", "tool_choice")
+    return dataclasses.replace(call, constraint=called), tools
+
+
+def tool_request(request: pb.GenerateRequest, tools: tuple[FunctionTool, ...],
+                 tool_format: ToolFormat) -> ToolRequest | None:
+    """The request's tool_choice over its chat's tools (unset: AUTO with tools, NONE without)."""
+    message = request.tool_choice
+    mode = TOOL_MODES.get(message.mode, AUTO if tools else NONE)
+    if mode == NAMED and message.function not in {t.name for t in tools}:
+        raise _tools_refused(f"tool_choice.function {message.function!r} names no tool of the chat",
+                             "tool_choice.function")
+    if mode != NONE and not tools:
+        raise _tools_refused(f"tool_choice {mode} needs tools in prompt.chat.tools", "tool_choice")
+    if not tools:
+        return None
+    parallel = message.parallel if message.HasField("parallel") else True
+    choice = ToolChoice(mode, message.function if mode == NAMED else "")
+    return ToolRequest(tools, choice, parallel, tool_format)
 
 
 def decode_call(request: pb.DecodeRequest) -> DecodeCall:
@@ -79,7 +135,9 @@ def tokenize_prompt(request: pb.TokenizeRequest) -> Prompt:
     kind = request.WhichOneof("input")
     if kind is None:
         raise InvalidInput("Tokenize needs text or chat messages", reason="PROMPT_REQUIRED", field="text")
-    return Prompt(text=request.text) if kind == "text" else Prompt(chat=chat(request.chat))
+    if kind == "text":
+        return Prompt(text=request.text)
+    return Prompt(chat=chat(request.chat), tools=tools(request.chat))
 
 
 def prompt(message: pb.Prompt) -> Prompt:
@@ -87,12 +145,35 @@ def prompt(message: pb.Prompt) -> Prompt:
     if kind == "text":
         return Prompt(text=message.text)
     if kind == "chat":
-        return Prompt(chat=chat(message.chat))
+        return Prompt(chat=chat(message.chat), tools=tools(message.chat))
     return Prompt(ids=tuple(message.tokens.ids))
 
 
 def chat(message: pb.Chat) -> tuple[ChatMessage, ...]:
-    return tuple(ChatMessage(m.role, m.content) for m in message.messages)
+    return tuple(ChatMessage(m.role, m.content, tuple(ToolCall(c.id, c.name, c.arguments)
+                                                      for c in m.tool_calls), m.tool_call_id, m.name)
+                 for m in message.messages)
+
+
+def tools(message: pb.Chat) -> tuple[FunctionTool, ...]:
+    """The chat's tools: each name 1 to 64 of a-z A-Z 0-9 _ -, unique; parameters a JSON object or empty."""
+    found: list[FunctionTool] = []
+    for i, tool in enumerate(message.tools):
+        field = f"prompt.chat.tools[{i}]"
+        if not TOOL_NAME.fullmatch(tool.name) or tool.name in {t.name for t in found}:
+            raise _tools_refused(f"{field}.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -, unique in the "
+                                 "chat", f"{field}.name")
+        if tool.parameters and not _json_object(tool.parameters):
+            raise _tools_refused(f"{field}.parameters is not a JSON object's text", f"{field}.parameters")
+        found.append(FunctionTool(tool.name, tool.description, tool.parameters, tool.strict))
+    return tuple(found)
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def sampling(message: pb.SamplingOptions) -> SamplingParams:
@@ -138,16 +219,31 @@ def token(event: TokenOut, latency_ms: float, text_of: Callable[[int], str]) -> 
     return token
 
 
-def samples(progress: Progress, text_of: Callable[[int], str]) -> list[pb.Sample]:
+def samples(progress: Progress, text_of: Callable[[int], str],
+            tools: ToolRequest | None = None) -> list[pb.Sample]:
     unfinished = pb.FINISH_REASON_UNSPECIFIED
-    return [pb.Sample(index=i, text=r.text, token_ids=r.token_ids,
-                      finish_reason=_FINISH[r.finished.reason] if r.finished else unfinished,
-                      logprobs=[token_logprobs(t, text_of) for t in r.logprobs])
-            for i, r in enumerate(progress.sample_records())]
+    found = [pb.Sample(index=i, text=r.text, token_ids=r.token_ids,
+                       finish_reason=_FINISH[r.finished.reason] if r.finished else unfinished,
+                       logprobs=[token_logprobs(t, text_of) for t in r.logprobs])
+             for i, r in enumerate(progress.sample_records())]
+    for sample in found:
+        _read_calls(sample, tools)
+    return found
+
+
+def _read_calls(answer: pb.Completion | pb.Sample, tools: ToolRequest | None) -> None:
+    """The calls `tools` read from the answer's text, and the text before them."""
+    parsed = tools.read(answer.text) if tools is not None else None
+    if parsed is None or not parsed.calls:
+        return
+    answer.content = parsed.content
+    answer.tool_calls.extend(pb.ToolCall(id=call_id(), name=c.name, arguments=c.arguments)
+                             for c in parsed.calls)
 
 
 def completion(progress: Progress, request_id: str, session: Any | None = None,
-               text_of: Callable[[int], str] = lambda _: "") -> pb.Completion:
+               text_of: Callable[[int], str] = lambda _: "",
+               tools: ToolRequest | None = None) -> pb.Completion:
     timing = pb.Timing(queue_ms=progress.queue_ms, ttft_ms=progress.ttft_ms, total_ms=progress.total_ms,
                        inter_token_ms=progress.inter_token_ms)
     reason = _FINISH[progress.reason] if progress.reason else pb.FINISH_REASON_UNSPECIFIED
@@ -157,7 +253,11 @@ def completion(progress: Progress, request_id: str, session: Any | None = None,
         request_id=request_id, logprobs=[token_logprobs(t, text_of) for t in progress.logprobs],
         prompt_logprobs=[token_logprobs(t, text_of) for t in progress.prompt_logprobs])
     if progress.samples > 1:
-        done.samples.extend(samples(progress, text_of))
+        done.samples.extend(samples(progress, text_of, tools))
+        done.tool_calls.extend(done.samples[0].tool_calls)
+        done.content = done.samples[0].content
+    else:
+        _read_calls(done, tools)
     if session is not None:
         done.session_id = session.id
         done.session_length = progress.finished.session_length if progress.finished else 0

@@ -41,6 +41,7 @@ from service.progress import Progress
 from service.servicer import LadderServicer
 from service.serving import Serving
 from service.sockets import listening_socket
+from service.tool_calls import tools_at_fault
 
 log = structlog.get_logger("ladder.http")
 COMPLETIONS, CHAT, MODELS = "/v1/completions", "/v1/chat/completions", "/v1/models"
@@ -245,14 +246,16 @@ class Routes:
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = openai.read_body(await _body(request))
-        call = openai.openai_call(body, chat, self.serving().model.api_names)
+        serving = self.serving()
+        call = openai.openai_call(body, chat, serving.model.api_names, serving.tool_format())
         answer = openai.Answer(call, REQUEST_ID.get(), int(time.time()), self.serving().model)
-        if call.stream:
-            return await self._stream(request, answer)
-        progress = None
-        async with aclosing(self.servicer.generation(call.generate, unary=True)) as steps:
-            async for _, found in steps:
-                progress = found
+        with tools_at_fault(call.tools, "tools"):
+            if call.stream:
+                return await self._stream(request, answer)
+            progress = None
+            async with aclosing(self.servicer.generation(call.generate, unary=True)) as steps:
+                async for _, found in steps:
+                    progress = found
         assert progress is not None
         return web.json_response(answer.whole(progress))
 

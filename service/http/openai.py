@@ -20,7 +20,10 @@ from engine.sampling import SamplingParams, TokenLogprobs
 from service.calls import ConstraintSpec, GenerateCall, LogprobRequest, Prompt, Stopping
 from service.errors import ModelNotFound
 from service.events import Finish, Finished, TokenOut
+from service.http import tools as http_tools
 from service.progress import Progress, SampleRecord
+from service.tool_calls import ToolRequest, ToolStream, call_id, tools_at_fault
+from service.tool_formats import DEFAULT, FORMATS, ToolFormat
 
 Json = dict[str, Any]
 class TokenText(Protocol):
@@ -31,7 +34,7 @@ class TokenText(Protocol):
     def token_bytes(self, token: int) -> bytes: ...
 FINISH = {Finish.LENGTH: "length", Finish.CAPACITY: "length", Finish.EOS: "stop", Finish.STOP: "stop"}
 # Accepted for compatibility and refused when they ask for something Ladder does not do.
-REFUSED_WHEN_SET = ("tools", "functions", "logit_bias", "suffix")
+REFUSED_WHEN_SET = ("functions", "logit_bias", "suffix")  # functions: the legacy form of tools
 GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
           "guided_grammar": "grammar"}  # vLLM's structured-output extras
 _NUMBER = (int, float)
@@ -46,6 +49,7 @@ class OpenAICall:
     model: str
     stream: bool = False
     include_usage: bool = False
+    tools: ToolRequest | None = None  # chat with tools: the reply is read for calls (tool_choice)
 
 
 MAX_EXACT_INT = 2**53  # the integers a double holds exactly (what every OpenAI client's JSON can carry)
@@ -118,10 +122,14 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def openai_call(body: Json, chat: bool, served: Sequence[str]) -> OpenAICall:
+def openai_call(body: Json, chat: bool, served: Sequence[str],
+                tool_format: ToolFormat = FORMATS[DEFAULT]) -> OpenAICall:
     """The call a /v1/completions (`chat` False) or /v1/chat/completions body asks for. `served`:
-    the names of the one model served, its id first; a body that names none means it."""
+    the names of the one model served, its id first; a body that names none means it. `tool_format`:
+    how the model writes tool calls (tool_choice "auto")."""
     model = served_model(body, served)
+    if not chat and body.get("tools"):
+        raise _bad("tools are served on /v1/chat/completions", "tools")
     for name in REFUSED_WHEN_SET:
         if body.get(name):
             raise _bad(f"{name} is not supported by Ladder's OpenAI-compatible API", name)
@@ -130,12 +138,18 @@ def openai_call(body: Json, chat: bool, served: Sequence[str]) -> OpenAICall:
     n = _get(body, "n", int, 1)
     if n < 1 or _get(body, "best_of", int, n) != n:
         raise _bad("n must be at least 1 (best_of, when given, equal to n)", "n")
-    prompt = Prompt(chat=chat_messages(body)) if chat else completion_prompt(body.get("prompt"))
+    tools = http_tools.tool_request(body, tool_format) if chat else None
+    if chat:
+        prompt = Prompt(chat=chat_messages(body), tools=tools.tools if tools is not None else ())
+    else:
+        prompt = completion_prompt(body.get("prompt"))
+    with tools_at_fault(tools, "tools"):  # a call schema over the constraint limit
+        constrained = constraint(body, tools)
     generate = GenerateCall(prompt, stopping(body, chat), sampling(body), n, logprobs(body, chat),
-                            constraint(body))
+                            constrained)
     options = _get(body, "stream_options", dict, {})
     return OpenAICall(generate, chat, model, _get(body, "stream", bool, False),
-                      _get(options, "include_usage", bool, False))
+                      _get(options, "include_usage", bool, False), tools)
 
 
 def served_model(body: Json, served: Sequence[str]) -> str:
@@ -151,7 +165,7 @@ def tokenize_prompt(body: Json, served: Sequence[str]) -> Prompt:
     """vLLM's /tokenize body: `prompt` (text), or chat `messages` through the chat template."""
     served_model(body, served)
     if "messages" in body:
-        return Prompt(chat=chat_messages(body))
+        return Prompt(chat=chat_messages(body), tools=http_tools.read_tools(body.get("tools")))
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise _bad("prompt takes a string (or send messages)", "prompt")
@@ -198,7 +212,11 @@ def _message(message: Any, field: str) -> ChatMessage:
         content = ""
     if not isinstance(content, str):
         raise _bad(f"{field}.content takes a string or an array of text parts", f"{field}.content")
-    return ChatMessage(message["role"], content)
+    answers = message.get("tool_call_id") or ""  # a tool message: the call whose result it is
+    name = message.get("name") or ""
+    if not isinstance(answers, str) or not isinstance(name, str):
+        raise _bad(f"{field}.tool_call_id and {field}.name take strings", f"{field}.tool_call_id")
+    return ChatMessage(message["role"], content, http_tools.message_calls(message, field), answers, name)
 
 
 def stopping(body: Json, chat: bool) -> Stopping:
@@ -244,9 +262,16 @@ def logprobs(body: Json, chat: bool) -> LogprobRequest | None:
     return LogprobRequest(_get(body, "top_logprobs", int, 0))
 
 
-def constraint(body: Json) -> ConstraintSpec | None:
-    """response_format (json_object: any JSON object; json_schema: its schema) or a vLLM guided_* extra."""
+def constraint(body: Json, tools: ToolRequest | None = None) -> ConstraintSpec | None:
+    """response_format (json_object: any JSON object; json_schema: its schema), a vLLM guided_* extra,
+    or the calls a required or named tool_choice asks for (one of them at most)."""
     found = constraint_of_format(_get(body, "response_format", dict, {}))
+    called = tools.constraint() if tools is not None else None
+    if called is not None:
+        if found is not None or any(body.get(k) is not None for k in (*GUIDED, "structured_outputs")):
+            raise _bad("tool_choice (required or a named function) and response_format (or guided_*, "
+                       "structured_outputs) both constrain the output", "tool_choice")
+        return called
     for name, kind in GUIDED.items():
         value = body.get(name)
         if value is None:
@@ -393,9 +418,20 @@ class Answer:
         choice: Json = {"index": index, "finish_reason": reason, "logprobs": self._logprobs(record.logprobs)}
         if self.call.chat:
             choice["message"] = {"role": "assistant", "content": record.text, "refusal": None}
+            parsed = self.call.tools.read(record.text) if self.call.tools is not None else None
+            if parsed is not None and parsed.calls:
+                choice["message"] = http_tools.message_of(parsed, [call_id() for _ in parsed.calls])
+                choice["finish_reason"] = "tool_calls" if reason == "stop" else reason
         else:
             choice["text"] = record.text
         return choice
+
+    def delta_chunk(self, index: int, delta: Json, found: list[TokenLogprobs] | None = None,
+                    finish_reason: str | None = None) -> Json:
+        """A chat chunk of choice `index` carrying `delta` (content or a tool call's part)."""
+        choice: Json = {"index": index, "logprobs": self._logprobs(found) if found else None,
+                        "finish_reason": finish_reason, "delta": delta}
+        return {**self._head(True), "choices": [choice]}
 
     def chunk(self, index: int, text: str, *, found: list[TokenLogprobs] | None = None,
               finish: Finish | None = None, offset: int = 0, role: bool = False) -> Json:
@@ -419,6 +455,8 @@ class Chunks:
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
         self.sent: dict[int, int] = {}  # characters of text sent per sample (completions' text_offset)
+        tools = answer.call.tools
+        self.tools = ToolChunks(answer) if tools is not None and tools.active else None
 
     def opening(self) -> list[Json]:
         """Chat: every choice's role, before any text."""
@@ -426,6 +464,8 @@ class Chunks:
         return [self.answer.chunk(i, "", role=True) for i in range(n)] if self.answer.call.chat else []
 
     def of(self, event: Any) -> list[Json]:
+        if self.tools is not None:
+            return self.tools.of(event)
         if isinstance(event, TokenOut):
             offset = self._advance(event.sample, event.text)
             found = [event.logprobs] if event.logprobs is not None else None
@@ -439,3 +479,42 @@ class Chunks:
         offset = self.sent.get(sample, 0)
         self.sent[sample] = offset + len(text)
         return offset
+
+
+class ToolChunks:
+    """The streamed chunks of a chat call read for tool calls: each sample's reply through a ToolStream
+    (service/tool_calls.py), as content and `delta.tool_calls` chunks the SDKs accumulate. The
+    log-probabilities of text held back go out with the next chunk of that sample."""
+
+    def __init__(self, answer: Answer) -> None:
+        assert answer.call.tools is not None
+        self.answer = answer
+        self.request = answer.call.tools
+        self.streams: dict[int, ToolStream] = {}
+        self.pending: dict[int, list[TokenLogprobs]] = {}
+
+    def of(self, event: Any) -> list[Json]:
+        if isinstance(event, TokenOut):
+            if event.logprobs is not None:
+                self.pending.setdefault(event.sample, []).append(event.logprobs)
+            return self._chunks(event.sample, self._stream(event.sample).feed(event.text))
+        if isinstance(event, Finished):
+            stream = self._stream(event.sample)
+            chunks = self._chunks(event.sample, stream.feed(event.tail) + stream.finish())
+            reason = FINISH[event.reason]
+            if stream.calls and reason == "stop":
+                reason = "tool_calls"
+            found = self.pending.pop(event.sample, None)
+            chunks.append(self.answer.delta_chunk(event.sample, {}, found, reason))
+            return chunks
+        return []
+
+    def _stream(self, sample: int) -> ToolStream:
+        return self.streams.setdefault(sample, ToolStream(self.request))
+
+    def _chunks(self, sample: int, deltas: list[Any]) -> list[Json]:
+        chunks = []
+        for delta in deltas:
+            found = self.pending.pop(sample, None)
+            chunks.append(self.answer.delta_chunk(sample, http_tools.delta_of(delta), found))
+        return chunks

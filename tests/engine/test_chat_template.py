@@ -31,9 +31,12 @@ def test_each_public_template_renders_its_models_expected_prompt(case: dict[str,
 
 
 def test_a_role_the_template_has_no_place_for_is_refused_not_dropped() -> None:
-    phi3 = template_of("Phi-3-mini-4k-instruct")  # renders nothing for a "tool" turn
-    with pytest.raises(InvalidInput, match="role 'tool'"):
-        phi3.render([ChatMessage("user", "Hi"), ChatMessage("tool", "42")])
+    phi3 = template_of("Phi-3-mini-4k-instruct")  # renders nothing for a "function" turn
+    with pytest.raises(InvalidInput, match="role 'function'"):
+        phi3.render([ChatMessage("user", "Hi"), ChatMessage("function", "42")])
+    # A "tool" turn, which it never names either, is written as a user turn (engine/chat_tools.py).
+    assert "<tool_response>\n42\n</tool_response>" in phi3.render([ChatMessage("user", "Hi"),
+                                                                    ChatMessage("tool", "42")])
 
 
 def test_raise_exception_in_a_template_is_the_requests_fault() -> None:

@@ -180,3 +180,21 @@ def test_a_tokenizer_nothing_reads_is_unreadable_not_a_crash(tmp_path: Path) -> 
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerUnreadable, match="tokenizer.json"):
         Tokenizer(tmp_path)
+
+
+def test_an_added_token_not_marked_special_is_text_when_specials_are_skipped(tmp_path: Path) -> None:
+    """Qwen's <tool_call> is an added token with "special": false: a reply keeps it, as decode does,
+    so tool calls written with it can be read back (service/tool_formats.py)."""
+    write_byte_level_tokenizer(tmp_path, 512)
+    doc = json.loads((tmp_path / "tokenizer.json").read_text())
+    added = [("<tool_call>", False), ("<|tag|>", True)]
+    free = len(doc["model"]["vocab"])  # past the vocabulary, as added tokens are
+    doc["added_tokens"] += [{"id": free + i, "content": content, "single_word": False, "lstrip": False,
+                             "rstrip": False, "normalized": False, "special": special}
+                            for i, (content, special) in enumerate(added)]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(doc))
+    tok = Tokenizer(tmp_path)
+    ids = tok.encode("<|tag|><tool_call>{}")
+    assert ids[:2] == [free + 1, free]
+    assert tok.decode(ids) == "<tool_call>{}"
+    assert "".join(tok.stream(skip_special=True).pieces(ids)) == "<tool_call>{}"
