@@ -111,7 +111,8 @@ def test_a_role_the_template_drops_or_refuses_is_invalid_argument(builder_dir: P
         "{% endfor %}")
     running = RunningServer(server_config(phi3_dir, warm_up=False))
     try:
-        for role, says in (("tool", "no place for a message of role 'tool'"), ("system", "no system turns")):
+        for role, says in (("function", "no place for a message of role 'function'"),
+                           ("system", "no system turns")):
             chat = pb.Chat(messages=[pb.ChatMessage(role=role, content="42"),
                                      pb.ChatMessage(role="user", content="Hi")])
             with pytest.raises(grpc.RpcError) as err:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -389,6 +390,9 @@ def test_a_sessions_prefill_never_shares_a_forward(loop: asyncio.AbstractEventLo
 
 def test_a_failing_decode_row_fails_its_job_alone(loop: asyncio.AbstractEventLoop) -> None:
     engine = RecordingEngine(slots=2, fail_rows=frozenset({1}))
+    # Steps wait a little while one session is open: on a loaded machine the first job could
+    # otherwise finish on row 0 before the second is admitted, and row 1 would never decode.
+    engine.on_step = lambda step: time.sleep(0.05) if len(engine.open) < 2 else None
     scheduler = Scheduler(engine, max_queue=64)  # type: ignore[arg-type]
 
     async def both() -> list[Any]:
