@@ -307,6 +307,9 @@ class _Compiler:
             if not isinstance(nested, list) or not nested:
                 raise invalid(f"{pointer}/allOf", "allOf must be a non-empty list of schemas")
             parts += [(m, f"{pointer}/allOf/{i}") for i, m in enumerate(nested)]
+        if ("if" in own or "then" in own) and "else" not in own:  # then holds always (_lowered): merge it
+            own.pop("if", None)
+            parts.append((own.pop("then", True), f"{pointer}/then"))
         for part, at in parts:
             flat = self._flattened(part, at, depth + 1)
             if flat is None:

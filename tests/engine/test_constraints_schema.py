@@ -252,6 +252,15 @@ def test_not_of_required_leaves_the_last_optional_name_out() -> None:
             "CONSTRAINT_UNSATISFIABLE")
 
 
+def test_conditions_in_several_all_of_members_each_hold_their_then() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+              "allOf": [{"if": {"required": ["a"]}, "then": {"required": ["x"]}},
+                        {"if": {"required": ["b"]}, "then": {"required": ["y"]}}]}
+    compiled = schema_of(schema)
+    assert accepts(compiled, b'{"x":1,"y":2}') and not accepts(compiled, b'{"x":1}')
+    check_walks(schema, compiled, range(10))
+
+
 def test_then_holds_always_when_there_is_no_else() -> None:
     compiled = schema_of({"type": "object", "properties": {"x": {"type": "integer"}},
                           "if": {"required": ["y"]}, "then": {"required": ["x"]}})
