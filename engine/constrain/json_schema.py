@@ -42,7 +42,7 @@ from engine.constrain import json_values as jv
 from engine.constrain import regex
 from engine.constrain.budget import UNBOUNDED, Budget
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
-from engine.constrain.pattern import NOTHING, Node, alt, chars, members, repeat, seq, text
+from engine.constrain.pattern import EMPTY, NOTHING, Node, alt, chars, members, repeat, seq, text
 from engine.errors import InvalidInput
 from engine.json_depth import check_json_depth
 
@@ -62,6 +62,7 @@ TYPE_KEYWORDS = {
     "null": (),
 }
 COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
+MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
 # Keywords rewritten into the others (_Compiler._lowered) before a schema is compiled.
 LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
 KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {
@@ -506,8 +507,31 @@ class _Compiler:
         if not isinstance(unique, bool):
             raise invalid(f"{pointer}/uniqueItems", "uniqueItems must be a boolean")
         if unique and (hi is None or hi > 1):  # at most one item: unique whatever it is
-            raise unsupported(f"{pointer}/uniqueItems", "'uniqueItems' true on more than one item")
+            return self._unique_values(items, lo or 0, hi, pointer)
         return jv.array(self.node(items, f"{pointer}/items"), lo or 0, hi)
+
+    def _unique_values(self, items: Any, lo: int, hi: int | None, pointer: str) -> Node:
+        """uniqueItems over items that are an enum (or const) of at most MAX_UNIQUE_VALUES values:
+        each value at most once, in the enum's order (so no two equal); minItems at most 1 and a
+        maxItems no lower than the number of values. Any other uniqueItems is refused."""
+        own = {k: v for k, v in items.items() if k in ASSERTIONS} if isinstance(items, dict) else {}
+        key = "const" if "const" in own else "enum"
+        values = [own["const"]] if key == "const" else own.get("enum")
+        if not isinstance(values, list) or not own.keys() <= {key, "type"} or not values:
+            raise unsupported(f"{pointer}/uniqueItems", "'uniqueItems' true on more than one item, "
+                              "other than of an enum's values")
+        types = self._types(own, f"{pointer}/items") if "type" in own else list(TYPE_KEYWORDS)
+        kept = list({json.dumps(v, sort_keys=True): v for v in values
+                     if any(_is_type(v, t) for t in types)}.values())
+        if len(kept) > MAX_UNIQUE_VALUES or lo > 1 or hi is not None and hi < len(kept):
+            raise unsupported(f"{pointer}/uniqueItems", f"'uniqueItems' over more than {MAX_UNIQUE_VALUES} "
+                              "values, or beside a minItems above 1 or a maxItems below their number")
+        literals = [jv.literal(v) for v in kept]
+        # Non-empty: the first value written is i-th, then any of the later ones, in order.
+        filled = alt(*(members([(literals[i], True), *((v, False) for v in literals[i + 1:])], jv.COMMA)
+                       for i in range(len(literals))))
+        body = filled if lo == 1 else alt(filled, EMPTY)
+        return seq(text("["), body, text("]"))
 
     def _string(self, schema: dict[str, Any], pointer: str) -> Node:
         lo = _count(schema, "minLength", pointer, 0) or 0

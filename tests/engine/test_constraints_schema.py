@@ -76,6 +76,7 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 5}}},
      "/properties/age/multipleOf"),
     ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems"),
+    ({"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True, "minItems": 2}, "/uniqueItems"),
     ({"type": "string", "not": {"pattern": "^a"}}, "/not"),
     ({"type": "object", "not": {"required": ["a"]}}, "/not"),
     ({"type": "integer", "if": {}, "then": {"multipleOf": 2}, "else": {"multipleOf": 3}}, "/else/multipleOf"),
@@ -259,6 +260,18 @@ def test_conditions_in_several_all_of_members_each_hold_their_then() -> None:
     compiled = schema_of(schema)
     assert accepts(compiled, b'{"x":1,"y":2}') and not accepts(compiled, b'{"x":1}')
     check_walks(schema, compiled, range(10))
+
+
+def test_unique_items_over_an_enum_choose_each_value_at_most_once_in_the_enum_s_order() -> None:
+    schema = {"type": "array", "items": {"enum": ["a", "b", 3, "a"]}, "uniqueItems": True}
+    compiled = schema_of(schema)
+    for text in ["[]", '["a"]', '["a",3]', '["a", "b", 3]', "[3]"]:
+        assert accepts(compiled, text.encode()), text
+    for text in ['["b","a"]', '["a","a"]', "[3,3]", '["c"]']:
+        assert not accepts(compiled, text.encode()), text
+    check_walks(schema, compiled, range(20))
+    non_empty = schema_of({**schema, "minItems": 1})
+    assert not accepts(non_empty, b"[]") and accepts(non_empty, b'["b"]')
 
 
 def test_then_holds_always_when_there_is_no_else() -> None:
