@@ -60,6 +60,14 @@ def last_json_line(stderr: str) -> dict[str, object]:
     return json.loads(stderr.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def assert_printed_as_the_docs_show(stderr: str, keys: list[str]) -> None:
+    """The JSON line is compact, its keys in the order docs/api.md shows (tests/support/docs_examples.py
+    renders the page's example with the same json.dumps)."""
+    line = stderr.strip().splitlines()[-1]
+    assert list(json.loads(line)) == keys
+    assert line == json.dumps(json.loads(line), separators=(",", ":"), ensure_ascii=False)
+
+
 def test_the_committed_go_stubs_are_what_the_generator_makes_of_the_proto(go_client: Path,
                                                                           tmp_path: Path) -> None:
     build("--generate", str(tmp_path))
@@ -81,6 +89,7 @@ def test_the_go_client_gets_the_python_client_s_greedy_tokens(
     assert summary["token_ids"] == list(expected.token_ids)
     assert summary["finish_reason"] == "FINISH_REASON_LENGTH"
     assert summary["completion_tokens"] == 7
+    assert_printed_as_the_docs_show(done.stderr, ["token_ids", "finish_reason", "completion_tokens"])
 
 
 def test_a_go_session_s_prefill_and_two_decodes_give_the_tokens_of_one_generate(
@@ -117,6 +126,7 @@ def test_the_go_client_reads_a_bad_request_s_reason_and_field(go_client: Path, s
     [violation] = details["field_violations"]  # type: ignore[misc]
     assert violation["field"] == "prompt.tokens.ids"
     assert "70000" in violation["description"]
+    assert_printed_as_the_docs_show(done.stderr, ["code", "domain", "reason", "field_violations"])
 
 
 def test_the_go_client_reads_an_out_of_range_request_s_field(go_client: Path, server: RunningServer) -> None:

@@ -57,6 +57,14 @@ def last_json_line(stderr: str) -> dict[str, object]:
     return json.loads(stderr.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def assert_printed_as_the_docs_show(stderr: str, keys: list[str]) -> None:
+    """The JSON line is compact, its keys in the order docs/api.md shows (tests/support/docs_examples.py
+    renders the page's example with the same json.dumps)."""
+    line = stderr.strip().splitlines()[-1]
+    assert list(json.loads(line)) == keys
+    assert line == json.dumps(json.loads(line), separators=(",", ":"), ensure_ascii=False)
+
+
 @pytest.mark.parametrize("rpc_flag", [[], ["--stream"]], ids=["Generate", "GenerateStream"])
 def test_the_java_client_gets_the_python_client_s_greedy_tokens(
         java_client: Path, server: RunningServer, client: LadderClient, rpc_flag: list[str]) -> None:
@@ -69,6 +77,7 @@ def test_the_java_client_gets_the_python_client_s_greedy_tokens(
     assert summary["token_ids"] == list(expected.token_ids)
     assert summary["finish_reason"] == "FINISH_REASON_LENGTH"
     assert summary["completion_tokens"] == 7
+    assert_printed_as_the_docs_show(done.stderr, ["token_ids", "finish_reason", "completion_tokens"])
 
 
 def test_a_java_session_s_prefill_and_two_decodes_give_the_tokens_of_one_generate(
@@ -103,6 +112,7 @@ def test_the_java_client_reads_a_bad_request_s_reason_and_field(java_client: Pat
     [violation] = details["field_violations"]  # type: ignore[misc]
     assert violation["field"] == "prompt.tokens.ids"
     assert "70000" in violation["description"]
+    assert_printed_as_the_docs_show(done.stderr, ["code", "domain", "reason", "field_violations"])
 
 
 def test_the_java_client_rejects_bad_arguments_before_calling(java_client: Path) -> None:

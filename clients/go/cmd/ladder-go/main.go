@@ -105,8 +105,14 @@ func report(failed *callFailed) {
 			out.RetryDelayS = &seconds
 		}
 	}
-	line, _ := json.Marshal(out)
-	fmt.Fprintln(os.Stderr, string(line))
+	printJSON(out)
+}
+
+// printJSON writes one JSON line on stderr, "<" and ">" as they are (json.Marshal escapes them).
+func printJSON(value interface{}) {
+	encoder := json.NewEncoder(os.Stderr)
+	encoder.SetEscapeHTML(false)
+	_ = encoder.Encode(value)
 }
 
 func prompt(text string, tokens bool) (*ladderv1.Prompt, error) {
@@ -134,7 +140,7 @@ func generate(ctx context.Context, client ladderv1.LadderClient, request *ladder
 }
 
 func completionSummary(c *ladderv1.Completion) *summary {
-	return &summary{TokenIDs: c.GetTokenIds(), FinishReason: c.GetFinishReason().String(),
+	return &summary{TokenIDs: append([]int32{}, c.GetTokenIds()...), FinishReason: c.GetFinishReason().String(),
 		CompletionTokens: c.GetUsage().GetCompletionTokens()}
 }
 
@@ -201,7 +207,7 @@ func session(ctx context.Context, client ladderv1.LadderClient, p *ladderv1.Prom
 	}
 	id := done.GetSessionId()
 	next := done.GetNextToken()
-	out := &summary{SessionID: id, PrefillNextToken: &next}
+	out := &summary{TokenIDs: []int32{}, SessionID: id, PrefillNextToken: &next}
 	closeSession := func() {
 		closed, err := client.CloseSession(ctx, &ladderv1.CloseSessionRequest{SessionId: id})
 		if err == nil {
@@ -321,8 +327,7 @@ func run() int {
 		report(failed)
 		return 1
 	}
-	line, _ := json.Marshal(result)
-	fmt.Fprintln(os.Stderr, string(line))
+	printJSON(result)
 	return 0
 }
 

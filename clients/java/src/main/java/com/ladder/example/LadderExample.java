@@ -429,8 +429,8 @@ public final class LadderExample {
    */
   private static void errorInfo(ByteString value, StringBuilder json) throws InvalidProtocolBufferException {
     UnknownFieldSet fields = UnknownFieldSet.parseFrom(value);
-    json.append(",\"reason\":").append(quote(text(fields, 1)));
     json.append(",\"domain\":").append(quote(text(fields, 2)));
+    json.append(",\"reason\":").append(quote(text(fields, 1)));
     if (fields.hasField(3)) {
       json.append(",\"metadata\":{");
       List<ByteString> entries = fields.getField(3).getLengthDelimitedList();
