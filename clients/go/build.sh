@@ -75,7 +75,7 @@ unpack_packages() {
   (cd "$DEPS/debs" && apt-get "${APT_OPTS[@]}" -qq download $missing >&2) \
     || unobtainable "apt-get download failed (no network?)"
   for deb in "$DEPS"/debs/*.deb; do dpkg -x "$deb" "$DEPS/root"; done
-  touch "$DEPS/root/.complete"
+  echo "${PACKAGES[*]}" > "$DEPS/root/.complete"  # what was fetched: another list fetches again
 }
 
 # A tool from the prefix, or the system's when dpkg had it installed already (so it was not fetched).
@@ -84,7 +84,7 @@ tool() {
 }
 
 if ! have_system_packages; then
-  [ -f "$DEPS/root/.complete" ] || unpack_packages
+  [ "$(cat "$DEPS/root/.complete" 2>/dev/null)" = "${PACKAGES[*]}" ] || unpack_packages
   export LD_LIBRARY_PATH="$DEPS/root/usr/lib/$(uname -m)-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 

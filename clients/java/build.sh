@@ -17,14 +17,17 @@ BUILD="$(mkdir -p "${1:-$HERE/build}" && cd "${1:-$HERE/build}" && pwd)"
 DEPS="${LADDER_JAVA_DEPS:-$HOME/.cache/ladder/java-deps}"
 # grpc-java 1.41 with its netty transport (libnetty-java) and perfmark, which libgrpc-java does not
 # pull in; geronimo-annotation for javax.annotation.Generated (gone from JDK 11+), which the
-# generated stub is annotated with.
+# generated stub is annotated with; netty-tcnative (OpenSSL) for TLS: Debian's netty-handler has no
+# JDK ALPN negotiator ("JDK provider does not support ALPN protocol"), and gRPC needs ALPN.
 PACKAGES=(libgrpc-java protobuf-compiler-grpc-java-plugin libprotobuf-java libgoogle-common-protos-java
-          libnetty-java libperfmark-java libguava-java libgeronimo-annotation-1.3-spec-java protobuf-compiler)
+          libnetty-java libperfmark-java libguava-java libgeronimo-annotation-1.3-spec-java protobuf-compiler
+          libnetty-tcnative-java libnetty-tcnative-jni)
 # The jars of the classpath (from /usr/share/java, the prefix's first).
 JARS=(grpc-api grpc-core grpc-context grpc-netty grpc-protobuf grpc-protobuf-lite grpc-stub protobuf
       proto-google-common-protos guava failureaccess perfmark-api geronimo-annotation-1.3-spec
       netty-buffer netty-codec netty-codec-http netty-codec-http2 netty-codec-socks netty-common
-      netty-handler netty-handler-proxy netty-resolver netty-transport netty-transport-native-unix-common)
+      netty-handler netty-handler-proxy netty-resolver netty-transport netty-transport-native-unix-common
+      netty-tcnative)
 APT_OPTS=()
 
 unobtainable() {
@@ -36,7 +39,8 @@ unobtainable() {
 have_system_packages() {
   command -v javac >/dev/null && command -v protoc >/dev/null && command -v grpc_java_plugin >/dev/null \
     && [ -f /usr/share/java/grpc-netty.jar ] && [ -f /usr/share/java/perfmark-api.jar ] \
-    && [ -f /usr/share/java/geronimo-annotation-1.3-spec.jar ]
+    && [ -f /usr/share/java/geronimo-annotation-1.3-spec.jar ] && [ -f /usr/share/java/netty-tcnative.jar ] \
+    && [ -f "/usr/lib/$(uname -m)-linux-gnu/jni/libnetty-tcnative.so" ]
 }
 
 # Apt's package lists may be absent (slim images clear them): then read our own copy, fetched without root.
@@ -79,7 +83,7 @@ unpack_packages() {
     target="$(readlink "$link")"
     case "$target" in /*) if [ -e "$DEPS/root$target" ]; then ln -sfn "$DEPS/root$target" "$link"; fi ;; esac
   done
-  touch "$DEPS/root/.complete"
+  echo "${PACKAGES[*]}" > "$DEPS/root/.complete"  # what was fetched: another list fetches again
 }
 
 # A tool from the prefix, or the system's when dpkg had it installed already (so it was not fetched).
@@ -96,7 +100,7 @@ jdk_tool() {
 }
 
 if ! have_system_packages; then
-  [ -f "$DEPS/root/.complete" ] || unpack_packages
+  [ "$(cat "$DEPS/root/.complete" 2>/dev/null)" = "${PACKAGES[*]}" ] || unpack_packages
   export LD_LIBRARY_PATH="$DEPS/root/usr/lib/$(uname -m)-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 classpath=""
@@ -106,15 +110,22 @@ for jar in "${JARS[@]}"; do
   done
 done
 
-rm -rf "$BUILD/gen" "$BUILD/classes"
-mkdir -p "$BUILD/gen" "$BUILD/classes"
+rm -rf "$BUILD/gen" "$BUILD/classes" "$BUILD/jni"
+mkdir -p "$BUILD/gen" "$BUILD/classes" "$BUILD/jni"
+# netty loads libnetty_tcnative.so from java.library.path and the library checks its own file name:
+# Debian's is libnetty-tcnative.so, so a copy under the name netty wants.
+for dir in "$DEPS/root/usr/lib/$(uname -m)-linux-gnu/jni" "/usr/lib/$(uname -m)-linux-gnu/jni"; do
+  if [ -f "$dir/libnetty-tcnative.so" ]; then cp "$dir/libnetty-tcnative.so" "$BUILD/jni/libnetty_tcnative.so"; break; fi
+done
 "$(tool protoc)" -I "$PROTO_ROOT" --plugin=protoc-gen-grpc-java="$(tool grpc_java_plugin)" \
   --java_out="$BUILD/gen" --grpc-java_out="$BUILD/gen" ladder/v1/ladder.proto
 find "$BUILD/gen" "$HERE/src/main/java" -name '*.java' > "$BUILD/sources.txt"
 "$(jdk_tool javac)" -nowarn -encoding UTF-8 --release 17 -cp "$classpath" -d "$BUILD/classes" @"$BUILD/sources.txt" >&2
 cat > "$BUILD/ladder-java" <<LAUNCHER
 #!/bin/sh
-exec "$(jdk_tool java)" -cp "$BUILD/classes:$classpath" com.ladder.example.LadderExample "\$@"
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
+exec "$(jdk_tool java)" -Djava.library.path="$BUILD/jni" -cp "$BUILD/classes:$classpath" \\
+  com.ladder.example.LadderExample "\$@"
 LAUNCHER
 chmod +x "$BUILD/ladder-java"
 echo "$BUILD/ladder-java"

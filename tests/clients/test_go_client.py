@@ -149,3 +149,23 @@ def test_the_go_client_rejects_bad_arguments_before_calling(go_client: Path) -> 
     done = run_go(go_client, "--tokens", "one two")
     assert done.returncode == 2
     assert "--tokens wants space-separated token ids" in done.stderr
+
+
+def test_the_go_client_generates_over_tls_with_a_bearer_token(
+        go_client: Path, tls_token_server: tuple[RunningServer, Path]) -> None:
+    server, ca = tls_token_server
+    done = run_go(go_client, "--address", server.address, "--tls-ca", str(ca), "--token", "tok-alice",
+                  "--max-new-tokens", "3", "--ignore-eos", "Hello over TLS")
+    assert done.returncode == 0, done.stderr
+    assert last_json_line(done.stderr)["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize("token", [[], ["--token", "tok-mallory"]], ids=["missing", "unknown"])
+def test_the_go_client_without_a_known_token_is_unauthenticated_with_its_reason(
+        go_client: Path, tls_token_server: tuple[RunningServer, Path], token: list[str]) -> None:
+    server, ca = tls_token_server
+    done = run_go(go_client, "--address", server.address, "--tls-ca", str(ca), *token, "Hello")
+    assert done.returncode == 1
+    details = last_json_line(done.stderr)
+    reason = "TOKEN_UNKNOWN" if token else "TOKEN_MISSING"
+    assert (details["code"], details["reason"]) == ("UNAUTHENTICATED", reason)
