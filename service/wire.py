@@ -53,8 +53,8 @@ def generate_call(request: pb.GenerateRequest) -> GenerateCall:
 
 
 _MODE = pb.ToolChoice
-TOOL_MODES = {_MODE.TOOL_CHOICE_MODE_NONE: NONE, _MODE.TOOL_CHOICE_MODE_AUTO: AUTO,
-              _MODE.TOOL_CHOICE_MODE_REQUIRED: REQUIRED, _MODE.TOOL_CHOICE_MODE_FUNCTION: NAMED}
+TOOL_MODES = {_MODE.MODE_NONE: NONE, _MODE.MODE_AUTO: AUTO,
+              _MODE.MODE_REQUIRED: REQUIRED, _MODE.MODE_FUNCTION: NAMED}
 
 
 def _tools_refused(message: str, field: str) -> InvalidInput:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,31 +10,13 @@ import pytest
 
 from clients.python import Connection, LadderClient, Stopping, completion_of
 from clients.python.cli import main
+from tests.support.pki import make_pki
 from tests.support.servers import RunningServer, server_config
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _signed_pair(name: str, extensions: str, cwd: Path) -> None:
-    """name.key and name.pem, an EC key and a certificate the test CA signed."""
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-             f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=cwd)
-    (cwd / f"{name}.ext").write_text(extensions + "\n")
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=cwd)
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is not installed")
-    cwd = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ladder-test-ca", cwd=cwd)
-    _signed_pair("server", "subjectAltName=IP:127.0.0.1,DNS:localhost", cwd)
-    _signed_pair("client", "extendedKeyUsage=clientAuth", cwd)
+    cwd = make_pki(tmp_path_factory.mktemp("pki"))
     (cwd / "alice.token").write_text("tok-alice\n")
     return cwd
 

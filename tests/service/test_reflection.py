@@ -53,7 +53,7 @@ def test_the_served_file_carries_source_info_and_the_language_package_options(se
     assert isinstance(served, descriptor_pb2.FileDescriptorProto)
     assert len(served.source_code_info.location) > 100
     options = served.options
-    assert options.go_package == "ladder/gen/go/ladder/v1;ladderv1"
+    assert options.go_package == "github.com/ladder-serve/ladder/clients/go/ladder/v1;ladderv1"
     assert (options.java_package, options.java_multiple_files) == ("com.ladder.v1", True)
     assert options.csharp_namespace == "Ladder.V1"
 

@@ -383,8 +383,8 @@ def grpc_chat(tools: list[pb.Tool]) -> pb.GenerateRequest:
     return pb.GenerateRequest(prompt=pb.Prompt(chat=chat))
 
 
-@pytest.mark.parametrize("choice", [MODE(mode=MODE.TOOL_CHOICE_MODE_REQUIRED),
-                                    MODE(mode=MODE.TOOL_CHOICE_MODE_FUNCTION, function="add")],
+@pytest.mark.parametrize("choice", [MODE(mode=MODE.MODE_REQUIRED),
+                                    MODE(mode=MODE.MODE_FUNCTION, function="add")],
                          ids=["required", "function"])
 def test_grpc_generate_reads_constrained_calls_into_the_completion(server: RunningServer,
                                                                     choice: pb.ToolChoice) -> None:
@@ -418,10 +418,10 @@ def test_grpc_auto_reads_the_models_format_and_history_reaches_the_prompt(server
 
 
 @pytest.mark.parametrize(("request_", "field"), [
-    (grpc_request(MODE(mode=MODE.TOOL_CHOICE_MODE_FUNCTION, function="launch")), "tool_choice.function"),
-    (pb.GenerateRequest(prompt=pb.Prompt(text="Hi"), tool_choice=MODE(mode=MODE.TOOL_CHOICE_MODE_REQUIRED)),
+    (grpc_request(MODE(mode=MODE.MODE_FUNCTION, function="launch")), "tool_choice.function"),
+    (pb.GenerateRequest(prompt=pb.Prompt(text="Hi"), tool_choice=MODE(mode=MODE.MODE_REQUIRED)),
      "tool_choice"),
-    (grpc_request(MODE(mode=MODE.TOOL_CHOICE_MODE_REQUIRED), constraint=pb.Constraint(regex="a")),
+    (grpc_request(MODE(mode=MODE.MODE_REQUIRED), constraint=pb.Constraint(regex="a")),
      "tool_choice"),
     (grpc_chat([pb.Tool(name="bad name")]), "prompt.chat.tools[0].name"),
     (grpc_chat([pb.Tool(name="f"), pb.Tool(name="f")]), "prompt.chat.tools[1].name"),

@@ -15,10 +15,10 @@ the request sent is the request shown:
 - `ladder generate` runs the CLI (clients/python) in-process; the `ladder chat` transcript asks
   its questions through the same ChatSession, with the CLI's defaults, and a reply the page shows
   as `[stopped]` is stopped (as Ctrl-C does) after STOPPED_AFTER pieces;
-- the Node (clients/node/samples.js, generate.js) and C++ (clients/cpp) commands send, through the
-  Python stub, the request those programs build from the same arguments, printed as they print it
-  (the real programs printed the same lines; tests/clients/test_node_client.py and
-  test_cpp_client.py run them).
+- the Node (clients/node/samples.js, generate.js), C++ (clients/cpp), Go (clients/go) and Java
+  (clients/java) commands send, through the Python stub, the request those programs build from the
+  same arguments, printed as they print it (the real programs printed the same lines;
+  tests/clients/test_{node,cpp,go,java}_client.py run them).
 
 The grpcurl commands shown without an answer run too (a Decode, Rewind or CloseSession the next
 example depends on); the other commands shown without output (installing, building, `ladder
@@ -662,6 +662,55 @@ def cpp_client(ex: Examples, steps: list[Step]) -> list[str]:
     return outputs
 
 
+def go_java_client(ex: Examples, steps: list[Step]) -> list[str]:
+    """clients/go's ladder-go and clients/java's ladder-java (the same flags, the same output): text on
+    stdout and the summary on stderr, or "Generate failed: ..." and the status's details as JSON."""
+    outputs = []
+    for step in steps:
+        if not step.argv[0].endswith(("/ladder-go", "/ladder-java")):
+            raise ExampleError(f"not ladder-go or ladder-java: {step.command!r}")
+        if "--stream" in step.argv or "--session" in step.argv:  # shown without their output
+            outputs.append("")
+            continue
+        done = ex.generate(_client_request(step, default_max_new_tokens=32))
+        if isinstance(done, grpc.RpcError):
+            outputs.append(f"Generate failed: {done.code().name}: {done.details()}\n"
+                           + _compact_json(_error_details(done)))
+            continue
+        summary = {"token_ids": list(done.token_ids),
+                   "finish_reason": pb.FinishReason.Name(done.finish_reason),
+                   "completion_tokens": done.usage.completion_tokens}
+        outputs.append(f"{done.text}\n{_compact_json(summary)}")
+    return outputs
+
+
+def _compact_json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _error_details(error: grpc.RpcError) -> dict[str, Any]:
+    """The status details as ladder-go and ladder-java print them: code, ErrorInfo's domain,
+    reason and metadata, BadRequest's field violations, RetryInfo's delay in seconds."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    shown: dict[str, Any] = {"code": error.code().name}
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    for detail in status.details if status is not None else []:
+        info, bad, retry = (error_details_pb2.ErrorInfo(), error_details_pb2.BadRequest(),
+                            error_details_pb2.RetryInfo())
+        if detail.Unpack(info):
+            shown.update(domain=info.domain, reason=info.reason)
+            if info.metadata:
+                shown["metadata"] = dict(info.metadata)
+        elif detail.Unpack(bad):
+            shown["field_violations"] = [{"field": v.field, "description": v.description}
+                                         for v in bad.field_violations]
+        elif detail.Unpack(retry):
+            shown["retry_delay_s"] = retry.retry_delay.ToNanoseconds() / 1e9
+    return shown
+
+
 def _client_request(step: Step, default_max_new_tokens: int) -> pb.GenerateRequest:
     """The greedy Generate the Node and C++ clients send for a command line: --max-new-tokens, the
     prompt (--tokens: ids) and a constraint flag (--json-schema JSON, --regex, --choice A,B, --grammar)."""
@@ -707,6 +756,8 @@ RENDERERS: dict[str, Callable[[Examples, list[Step]], list[str]]] = {
     "cli-chat": cli_chat,
     "node-generate": node_generate,
     "cpp-client": cpp_client,
+    "go-client": go_java_client,
+    "java-client": go_java_client,
 }
 
 

@@ -74,16 +74,16 @@ class ToolChoice(_message.Message):
     __slots__ = ("mode", "function", "parallel")
     class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
-        TOOL_CHOICE_MODE_UNSPECIFIED: _ClassVar[ToolChoice.Mode]
-        TOOL_CHOICE_MODE_NONE: _ClassVar[ToolChoice.Mode]
-        TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoice.Mode]
-        TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoice.Mode]
-        TOOL_CHOICE_MODE_FUNCTION: _ClassVar[ToolChoice.Mode]
-    TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoice.Mode
-    TOOL_CHOICE_MODE_NONE: ToolChoice.Mode
-    TOOL_CHOICE_MODE_AUTO: ToolChoice.Mode
-    TOOL_CHOICE_MODE_REQUIRED: ToolChoice.Mode
-    TOOL_CHOICE_MODE_FUNCTION: ToolChoice.Mode
+        MODE_UNSPECIFIED: _ClassVar[ToolChoice.Mode]
+        MODE_NONE: _ClassVar[ToolChoice.Mode]
+        MODE_AUTO: _ClassVar[ToolChoice.Mode]
+        MODE_REQUIRED: _ClassVar[ToolChoice.Mode]
+        MODE_FUNCTION: _ClassVar[ToolChoice.Mode]
+    MODE_UNSPECIFIED: ToolChoice.Mode
+    MODE_NONE: ToolChoice.Mode
+    MODE_AUTO: ToolChoice.Mode
+    MODE_REQUIRED: ToolChoice.Mode
+    MODE_FUNCTION: ToolChoice.Mode
     MODE_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_FIELD_NUMBER: _ClassVar[int]
