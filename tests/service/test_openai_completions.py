@@ -6,6 +6,7 @@ finish reason goes in a stream, and text_offset.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import openai
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
+from service.stop_text import StopText
 from tests.service.test_openai_http import client, events, http_server, post
 from tests.support.servers import RunningServer
 
@@ -231,3 +233,28 @@ def test_text_offset_is_where_each_token_s_text_starts_in_the_choice_s_text(serv
     chunks = streamed(server, prompt=prompt, logprobs=0, temperature=0, max_tokens=12, ignore_eos=True)
     assert [o for c in chunks if c["choices"][0]["logprobs"]
             for o in c["choices"][0]["logprobs"]["text_offset"]] == want
+
+
+def test_an_unarmed_stop_text_passes_whole_stops_over_and_finds_one_that_ends_once_armed() -> None:
+    """min_tokens' stop strings (service/stop_text.py): before the sample is long enough no stop
+    ends it, text that could begin one is still held, and once armed a stop that ends in the next
+    piece is found (one that began before) while one wholly passed over is not."""
+    rng = random.Random(11)
+    for _ in range(2000):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 4)))
+                 for _ in range(rng.randint(1, 3))]
+        stop_text = StopText(stops, armed=False)
+        for _ in range(rng.randint(0, 6)):
+            piece = "".join(rng.choice("abc") for _ in range(rng.randint(0, 3)))
+            before = stop_text.held + piece
+            out = stop_text.push(piece)
+            assert not stop_text.stopped and out + stop_text.held == before
+        stop_text.armed = True
+        held = stop_text.held
+        piece = "".join(rng.choice("abc") for _ in range(rng.randint(1, 4)))
+        out = stop_text.push(piece)
+        text = held + piece
+        ends_in_piece = any(text[:k].endswith(s) for s in stops for k in range(len(held) + 1, len(text) + 1))
+        assert stop_text.stopped == ends_in_piece
+        if not ends_in_piece:
+            assert out + stop_text.held == text
