@@ -5,6 +5,7 @@ finish reason goes in a stream, and text_offset.
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from service.stop_text import StopText
 from tests.service.test_openai_http import client, events, http_server, post
 from tests.support.servers import RunningServer
+from tests.support.waiting import wait_for
 
 PROMPT = "The quick brown fox"
 OTHER = "Count:"
@@ -26,7 +28,7 @@ GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 8, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def server(served_model: Path) -> Iterator[RunningServer]:
-    with http_server(served_model) as running:
+    with http_server(served_model, max_new_tokens=1000) as running:  # a stream long enough to leave
         yield running
 
 
@@ -258,3 +260,24 @@ def test_an_unarmed_stop_text_passes_whole_stops_over_and_finds_one_that_ends_on
         assert stop_text.stopped == ends_in_piece
         if not ends_in_piece:
             assert out + stop_text.held == text
+
+
+def finished(server: RunningServer, reason: str) -> float:
+    labels = {"method": "/v1/completions", "reason": reason}
+    return server.server.metrics.registry.get_sample_value("ladder_finished_total", labels) or 0.0
+
+
+def test_every_prompt_s_samples_are_counted_however_the_call_ends(server: RunningServer) -> None:
+    """Each prompt is a generation of its own: each sample's finish counts, and a client that leaves
+    a stream of several prompts mid-way cuts every prompt's samples short (counted as cancelled)."""
+    before = finished(server, "length")
+    complete(server, prompt=[PROMPT, OTHER], n=2, **GREEDY)
+    assert finished(server, "length") - before == 4
+    cancelled = finished(server, "cancelled")
+    connection = http.client.HTTPConnection("127.0.0.1", server.config.http_port, timeout=30)
+    body = {"prompt": [PROMPT, OTHER], "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.read1(64)
+    connection.close()
+    wait_for(lambda: finished(server, "cancelled") - cancelled == 2, what="both prompts' samples cancelled")
