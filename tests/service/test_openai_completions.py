@@ -204,6 +204,21 @@ def test_streamed_echo_with_logprobs_sends_the_prompt_s_scores_before_the_reply(
     assert texts_of(chunks)[0] == whole["text"]
 
 
+def test_the_openai_sdk_reads_a_batch_with_echo_and_logprobs_as_lm_eval_sends_it(
+        sdk: openai.OpenAI, server: RunningServer) -> None:
+    """lm-eval's local-completions loglikelihood: a batch of prompts, echo, max_tokens 1, logprobs 1."""
+    got = sdk.completions.create(model="", prompt=[PROMPT, OTHER], echo=True, max_tokens=1, logprobs=1,
+                                 temperature=0)
+    assert [c.index for c in got.choices] == [0, 1]
+    for prompt, choice in zip((PROMPT, OTHER), got.choices, strict=True):
+        ids = list(server.stub.Tokenize(pb.TokenizeRequest(text=prompt)).ids)
+        found = choice.logprobs
+        assert choice.text.startswith(prompt) and found is not None and found.token_logprobs is not None
+        assert found.token_logprobs[0] is None and len(found.token_logprobs) == len(ids) + 1
+        assert all(isinstance(v, float) and v <= 0 for v in found.token_logprobs[1:])
+    assert got.usage is not None and got.usage.completion_tokens == 2
+
+
 # -- the finish reason of a stream, text_offset --------------------------------------------------------
 
 def test_each_streamed_choice_has_its_finish_reason_on_its_last_chunk_and_on_no_other(
