@@ -313,9 +313,9 @@ async def first_failure(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
     tasks = [asyncio.ensure_future(c) for c in calls]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in tasks:
-            if task in done and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+        failures = [error for task in tasks if task in done and (error := task.exception()) is not None]
+        if failures:
+            raise failures[0]
         return [task.result() for task in tasks]
     finally:
         for task in tasks:
