@@ -85,6 +85,19 @@ def test_min_tokens_holds_end_of_sequence_back_until_the_sample_has_that_many_to
     assert held["choices"][0]["finish_reason"] == "stop"
 
 
+def test_min_tokens_holds_end_of_sequence_back_on_a_free_sample_and_changes_nothing_before(
+        server: RunningServer) -> None:
+    """This prompt's greedy reply ends with end-of-sequence as its 12th token; with min_tokens 16 it
+    is the same reply up to there (masking the end changes no earlier choice) and goes on."""
+    body = {"prompt": [31] + [2] * 8, "temperature": 0, "max_tokens": 20}
+    free = complete(server, **body)
+    assert free["usage"]["completion_tokens"] == 12 and free["choices"][0]["finish_reason"] == "stop"
+    held = complete(server, **body, min_tokens=16)
+    assert held["usage"]["completion_tokens"] >= 16
+    assert held["choices"][0]["text"].startswith(free["choices"][0]["text"])
+    assert len(held["choices"][0]["text"]) > len(free["choices"][0]["text"])
+
+
 def test_min_tokens_holds_stop_token_ids_back_and_lets_them_end_the_sample_after(
         server: RunningServer) -> None:
     free = server.stub.Generate(pb.GenerateRequest(prompt=pb.Prompt(text=PROMPT), stopping=pb.StoppingOptions(
