@@ -1,8 +1,10 @@
 """OpenAI's JSON into the typed calls gRPC's requests become (service/calls.py), and results back.
 
-The one conversion layer of the HTTP API: a body is read here into a GenerateCall, checked as every
-call is as it is built; the limits are the servicer's (LadderServicer.generation). A value of the
-wrong JSON type is InvalidInput naming the OpenAI field. Nothing here touches the network.
+The one conversion layer of the HTTP API: a body is read here into a GenerateCall per prompt (a
+completions body may hold several), checked as every call is as it is built; the limits are the
+servicer's (LadderServicer.generation). A value of the wrong JSON type is InvalidInput naming the
+OpenAI field. Answers are written back in OpenAI's shapes: a choice per sample of each prompt,
+echoed prompts and their log-probabilities, streamed chunks. Nothing here touches the network.
 """
 
 from __future__ import annotations
