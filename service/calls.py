@@ -40,9 +40,14 @@ class Stopping:
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] = frozenset()
     include_stop: bool = False  # a stop string that ends the text is part of it (HTTP: vLLM's extra)
+    min_new_tokens: int = 0  # no end-of-sequence, stop token or stop string before (HTTP: min_tokens)
 
     def __post_init__(self) -> None:
-        """Bounded work per token: a few stop strings of bounded length."""
+        """Bounded work per token: a few stop strings of bounded length; min_new_tokens within max."""
+        if not 0 <= self.min_new_tokens <= (self.max_new_tokens or self.min_new_tokens):
+            raise InvalidInput(f"min_new_tokens is {self.min_new_tokens}; it takes 0 to max_new_tokens "
+                               f"({self.max_new_tokens})", reason="INVALID_MIN_TOKENS",
+                               field="stopping.min_new_tokens")
         if len(self.stop) > MAX_STOPS:
             raise InvalidInput(f"{len(self.stop)} stop strings; at most {MAX_STOPS} are allowed",
                                reason="TOO_MANY_STOPS", field="stopping.stop")

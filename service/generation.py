@@ -36,6 +36,7 @@ from service.events import (
     TokenOut,
 )
 from service.jobs import Result
+from service.min_tokens import released, structured
 from service.rounds import Lend, Timed, Token, Tokens
 from service.sessions import SessionState
 from service.stop_text import StopText
@@ -85,6 +86,11 @@ class ServedModel:
         """The raw bytes one token stands for (a piece of a multi-byte character as it is; b"" without
         a tokenizer)."""
         return b"" if self.tokenizer is None else bytes(self.tokenizer.token_bytes(token))
+
+    def text_decoder(self) -> Any:
+        """A fresh streaming decoder of generated ids (special tokens left out), as the text is made;
+        None without a tokenizer."""
+        return None if self.tokenizer is None else self.tokenizer.stream(skip_special=True)
 
     def need_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:
@@ -157,6 +163,9 @@ class ServedModel:
         if wanted > room:
             raise OverCapacity(f"{held} {past} tokens + {wanted} new tokens do not fit in the KV "
                                f"capacity of {self.capacity}: at most {room} new tokens do")
+        if stopping.min_new_tokens > wanted:
+            raise InvalidInput(f"min_new_tokens is {stopping.min_new_tokens}, over the {wanted} new tokens "
+                               "this call gets", reason="INVALID_MIN_TOKENS", field="stopping.min_new_tokens")
         if stopping.stop:
             self.need_tokenizer("stop sequences")
         return replace(stopping, max_new_tokens=wanted)
@@ -206,10 +215,13 @@ def decode_steps(model: ServedModel, session: Session, sampler: Sampler, stoppin
     session left mid-way holds the tokens fed so far and their logits, so it stays usable.
     """
     stream = model.tokenizer.stream(skip_special=True) if model.tokenizer is not None else None
-    stop_text = StopText(stopping.stop, stopping.include_stop)
+    stop_text = StopText(stopping.stop, stopping.include_stop, armed=stopping.min_new_tokens <= 1)
     reason = Finish.LENGTH
     token = first if first is not None else (yield Choose(session, sampler))
     for index in range(stopping.max_new_tokens):
+        if index + 1 >= stopping.min_new_tokens:  # this token makes min_tokens: it may end the sample
+            stop_text.armed = True
+            released(sampler)  # and so may the next choice
         piece = stop_text.push(stream.push(token)) if stream is not None else ""
         yield TokenOut(token, piece, index, time.perf_counter(), sampler.last, sample)
         stopped = _stop_reason(model, stopping, token, stop_text, sampler)
@@ -228,7 +240,7 @@ def decode_steps(model: ServedModel, session: Session, sampler: Sampler, stoppin
 
 def _stop_reason(model: ServedModel, stopping: Stopping, token: int, stop_text: StopText,
                  sampler: Sampler) -> Finish | None:
-    constraint = sampler.constraint
+    constraint = structured(sampler)
     if token in model.eos_ids and (constraint is not None or not stopping.ignore_eos):
         return Finish.EOS  # a constraint allows end-of-sequence only where the output is complete
     if token in stopping.stop_token_ids or stop_text.stopped:

@@ -42,6 +42,7 @@ from service.generation import (
     rewind_body,
 )
 from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
+from service.min_tokens import ending_tokens, hold_ends
 from service.progress import Progress
 from service.serving import Extension, Serving, note_session
 from service.sessions import ForkOrigin, SessionState
@@ -84,6 +85,9 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         check_response_fits(stopping.max_new_tokens, call.n, call.logprobs, len(tokens),
                             serving.config.max_message_bytes)
         samplers = await self._samplers(call.samplers(), call.constraint)
+        hold_ends(samplers, stopping.min_new_tokens, ending_tokens(serving.model.eos_ids, stopping,
+                                                                   call.constraint is not None),
+                  serving.model.vocab_size)
         progress = serving.progress(len(tokens))
         progress.samples = call.n
         body = generate_body(serving.model, tokens, samplers, stopping, progress.tally,

@@ -127,7 +127,7 @@ class Serving:
         method = record.method if record is not None else ""
         progress = Progress(arrived, prompt_tokens, PrefillTally(), self.metrics, self.totals, method=method)
         if record is not None:
-            record.progress = progress
+            record.add_progress(progress)
         return progress
 
     def held(self, caller: str) -> tuple[int, int]:

@@ -12,9 +12,12 @@ class StopText:
     the text so far that is a proper prefix of it, advanced by each new piece only.
     """
 
-    def __init__(self, stops: Sequence[str], include: bool = False) -> None:
+    def __init__(self, stops: Sequence[str], include: bool = False, armed: bool = True) -> None:
         self.stops = [s for s in stops if s]
         self.include = include  # the stop string itself is sent too (vLLM's include_stop_str_in_output)
+        # False while the sample is shorter than min_tokens: no stop string ends it yet (text that may
+        # begin one is still held, so one that ends after min_tokens is found whole).
+        self.armed = armed
         self._failure = [_failure(s) for s in self.stops]
         self._matched = [0] * len(self.stops)
         self.held = ""
@@ -22,8 +25,10 @@ class StopText:
 
     def push(self, piece: str) -> str:
         text = self.held + piece
-        for stop in self.stops:
-            if (cut := text.find(stop)) >= 0:
+        for stop in self.stops if self.armed else ():
+            # Only a match that ends in the new piece: one wholly in the held text was passed over
+            # while unarmed (armed, any match is cut as soon as it is whole).
+            if (cut := text.find(stop, max(0, len(self.held) - len(stop) + 1))) >= 0:
                 self.held, self.stopped = "", True
                 self._matched = [0] * len(self.stops)
                 return text[:cut + len(stop)] if self.include else text[:cut]

@@ -1,8 +1,10 @@
 """OpenAI's JSON into the typed calls gRPC's requests become (service/calls.py), and results back.
 
-The one conversion layer of the HTTP API: a body is read here into a GenerateCall, checked as every
-call is as it is built; the limits are the servicer's (LadderServicer.generation). A value of the
-wrong JSON type is InvalidInput naming the OpenAI field. Nothing here touches the network.
+The one conversion layer of the HTTP API: a body is read here into a GenerateCall per prompt (a
+completions body may hold several), checked as every call is as it is built; the limits are the
+servicer's (LadderServicer.generation). A value of the wrong JSON type is InvalidInput naming the
+OpenAI field. Answers are written back in OpenAI's shapes: a choice per sample of each prompt,
+echoed prompts and their log-probabilities, streamed chunks. Nothing here touches the network.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from engine.json_depth import MAX_JSON_DEPTH, check_json_depth
 from engine.sampling import SamplingParams, TokenLogprobs
 from service.calls import ConstraintSpec, GenerateCall, LogprobRequest, Prompt, Stopping
 from service.errors import ModelNotFound
-from service.events import Finish, Finished, TokenOut
+from service.events import Finish, Finished, PromptLogprobs, TokenOut
 from service.http import tools as http_tools
 from service.progress import Progress, SampleRecord
 from service.tool_calls import ToolRequest, ToolStream, call_id, tools_at_fault
@@ -27,11 +29,14 @@ from service.tool_formats import DEFAULT, FORMATS, ToolFormat
 
 Json = dict[str, Any]
 class TokenText(Protocol):
-    """A token's own text (special tokens written out) and the raw bytes it stands for."""
+    """A token's own text (special tokens written out), the raw bytes it stands for, and a decoder of
+    ids into the text they make (ServedModel's)."""
 
     def token_text(self, token: int) -> str: ...
 
     def token_bytes(self, token: int) -> bytes: ...
+
+    def text_decoder(self) -> Any: ...
 FINISH = {Finish.LENGTH: "length", Finish.CAPACITY: "length", Finish.EOS: "stop", Finish.STOP: "stop"}
 # Accepted for compatibility and refused when they ask for something Ladder does not do.
 REFUSED_WHEN_SET = ("functions", "logit_bias", "suffix")  # functions: the legacy form of tools
@@ -42,14 +47,25 @@ _NUMBER = (int, float)
 
 @dataclass(frozen=True)
 class OpenAICall:
-    """A completions or chat completions request: the typed call, and how its answer is written."""
+    """A completions or chat completions request: the typed calls (one per prompt: a completions
+    `prompt` may be a list), and how their answer is written."""
 
-    generate: GenerateCall
+    generates: tuple[GenerateCall, ...]
     chat: bool
     model: str
     stream: bool = False
     include_usage: bool = False
     tools: ToolRequest | None = None  # chat with tools: the reply is read for calls (tool_choice)
+    echo: bool = False  # completions: each choice's text starts with its prompt's
+
+    @property
+    def generate(self) -> GenerateCall:
+        """The first prompt's call (every prompt's asks for the same n, logprobs, stopping)."""
+        return self.generates[0]
+
+    @property
+    def n(self) -> int:
+        return self.generate.n
 
 
 MAX_EXACT_INT = 2**53  # the integers a double holds exactly (what every OpenAI client's JSON can carry)
@@ -133,23 +149,22 @@ def openai_call(body: Json, chat: bool, served: Sequence[str],
     for name in REFUSED_WHEN_SET:
         if body.get(name):
             raise _bad(f"{name} is not supported by Ladder's OpenAI-compatible API", name)
-    if not chat and body.get("echo"):
-        raise _bad("echo is not supported by Ladder's OpenAI-compatible API", "echo")
+    echo = not chat and _get(body, "echo", bool, False)
     n = _get(body, "n", int, 1)
     if n < 1 or _get(body, "best_of", int, n) != n:
         raise _bad("n must be at least 1 (best_of, when given, equal to n)", "n")
     tools = http_tools.tool_request(body, tool_format) if chat else None
     if chat:
-        prompt = Prompt(chat=chat_messages(body), tools=tools.tools if tools is not None else ())
+        prompts = [Prompt(chat=chat_messages(body), tools=tools.tools if tools is not None else ())]
     else:
-        prompt = completion_prompt(body.get("prompt"))
+        prompts = completion_prompts(body.get("prompt"))
     with tools_at_fault(tools, "tools"):  # a call schema over the constraint limit
         constrained = constraint(body, tools)
-    generate = GenerateCall(prompt, stopping(body, chat), sampling(body), n, logprobs(body, chat),
-                            constrained)
+    ending, chosen, scored = stopping(body, chat), sampling(body), logprobs(body, chat, echo)
+    generates = tuple(GenerateCall(p, ending, chosen, n, scored, constrained) for p in prompts)
     options = _get(body, "stream_options", dict, {})
-    return OpenAICall(generate, chat, model, _get(body, "stream", bool, False),
-                      _get(options, "include_usage", bool, False), tools)
+    return OpenAICall(generates, chat, model, _get(body, "stream", bool, False),
+                      _get(options, "include_usage", bool, False), tools, echo)
 
 
 def served_model(body: Json, served: Sequence[str]) -> str:
@@ -181,15 +196,33 @@ def detokenize_ids(body: Json, served: Sequence[str]) -> list[int]:
     return tokens
 
 
-def completion_prompt(value: Any) -> Prompt:
-    """A prompt as text or token ids, alone or as a batch of one (a batch of several is refused)."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]
+MAX_PROMPTS = 64  # prompts of one completions request (each its own call; the worker holds 64 by default)
+
+
+def completion_prompts(value: Any) -> list[Prompt]:
+    """The prompts of a completions body: a string, an array of token ids, or an array of either
+    (a batch: one call per prompt, choices in the batch's order)."""
+    one = _one_prompt(value)
+    if one is not None:
+        return [one]
+    if not isinstance(value, list) or not value:
+        raise _bad("prompt takes a string, an array of token ids, or an array of those", "prompt")
+    if len(value) > MAX_PROMPTS:
+        raise _bad(f"prompt holds {len(value)} prompts; at most {MAX_PROMPTS} are taken at once", "prompt")
+    prompts = [_one_prompt(item) for item in value]
+    bad = next((i for i, p in enumerate(prompts) if p is None), None)
+    if bad is not None:
+        raise _bad(f"prompt[{bad}] takes a string or an array of token ids", f"prompt[{bad}]")
+    return [p for p in prompts if p is not None]
+
+
+def _one_prompt(value: Any) -> Prompt | None:
+    """A prompt as text or (a non-empty array of) token ids; None for anything else."""
     if isinstance(value, str):
         return Prompt(text=value)
     if isinstance(value, list) and value and all(type(t) is int for t in value):
         return Prompt(ids=tuple(value))
-    raise _bad("prompt takes a string or an array of token ids (one prompt per request)", "prompt")
+    return None
 
 
 def chat_messages(body: Json) -> tuple[ChatMessage, ...]:
@@ -234,8 +267,12 @@ def stopping(body: Json, chat: bool) -> Stopping:
     ids = _get(body, "stop_token_ids", list, [])
     if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in ids):
         raise _bad("stop_token_ids takes an array of token ids (integers from 0)", "stop_token_ids")
+    least = _get(body, "min_tokens", int, 0)
+    if least < 0 or (wanted and least > wanted):
+        raise _bad(f"min_tokens is {least}; it takes an integer from 0 to max_tokens"
+                   + (f" ({wanted})" if wanted else ""), "min_tokens")
     return Stopping(wanted, tuple(stop), _get(body, "ignore_eos", bool, False), frozenset(ids),
-                    _get(body, "include_stop_str_in_output", bool, False))
+                    _get(body, "include_stop_str_in_output", bool, False), least)
 
 
 def sampling(body: Json) -> SamplingParams:
@@ -250,11 +287,12 @@ def sampling(body: Json) -> SamplingParams:
         frequency_penalty=float(_get(body, "frequency_penalty", _NUMBER, 0.0)))
 
 
-def logprobs(body: Json, chat: bool) -> LogprobRequest | None:
-    """Chat: `logprobs` true, with `top_logprobs` alternatives; completions: `logprobs` alternatives."""
+def logprobs(body: Json, chat: bool, echo: bool = False) -> LogprobRequest | None:
+    """Chat: `logprobs` true, with `top_logprobs` alternatives; completions: `logprobs` alternatives
+    (with `echo`, the prompt's tokens' too)."""
     if not chat:
         top = _get(body, "logprobs", int, None)
-        return None if top is None else LogprobRequest(top)
+        return None if top is None else LogprobRequest(top, prompt=echo)
     if not _get(body, "logprobs", bool, False):
         if body.get("top_logprobs"):
             raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
@@ -349,14 +387,17 @@ def param_of(field: str, chat: bool) -> str:
         return "messages" if chat else "prompt"
     if field == "logprobs.top":
         return "top_logprobs" if chat else "logprobs"
-    return {"stopping.max_new_tokens": "max_tokens", "stopping.stop": "stop"}.get(field, field)
+    return {"stopping.max_new_tokens": "max_tokens", "stopping.stop": "stop",
+            "stopping.min_new_tokens": "min_tokens"}.get(field, field)
 
 
 # -- answers ------------------------------------------------------------------------------------------
 
-def usage(progress: Progress) -> Json:
-    return {"prompt_tokens": progress.prompt_tokens, "completion_tokens": progress.generated,
-            "total_tokens": progress.prompt_tokens + progress.generated}
+def usage(progresses: Sequence[Progress]) -> Json:
+    """Tokens over every prompt of the call and every sample of each."""
+    prompt = sum(p.prompt_tokens for p in progresses)
+    completion = sum(p.generated for p in progresses)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _alternative(token: int, logprob: float, tokens: TokenText) -> Json:
@@ -371,26 +412,72 @@ def chat_logprobs(found: list[TokenLogprobs], tokens: TokenText) -> Json:
             "refusal": None}  # OpenAI's schema requires it (the model never refuses by a field here)
 
 
-def completion_logprobs(found: list[TokenLogprobs], tokens: TokenText, offset: int = 0) -> Json:
-    """The legacy layout: tokens, their log-probabilities, the top alternatives, and where each starts."""
-    texts = [tokens.token_text(t.token) for t in found]
-    offsets = []
-    for text in texts:
-        offsets.append(offset)
-        offset += len(text)
-    return {"tokens": texts, "token_logprobs": [t.logprob for t in found],
-            "top_logprobs": [{tokens.token_text(i): v for i, v in t.top} for t in found],
-            "text_offset": offsets}
+@dataclass(frozen=True)
+class Echo:
+    """A prompt as a completions choice echoes it: its text (as sent, or its token ids' text) and
+    its token ids."""
+
+    text: str
+    ids: tuple[int, ...]
+
+
+# One token of the legacy logprobs layout: its id, log-probability and alternatives (None for
+# none: the first token of an echoed prompt, which nothing before it predicts).
+Entry = tuple[int, float | None, tuple[tuple[int, float], ...] | None]
+
+
+def entries_of(found: Sequence[TokenLogprobs]) -> list[Entry]:
+    return [(t.token, t.logprob, t.top) for t in found]
+
+
+def prompt_entries(echo: Echo, found: Sequence[TokenLogprobs]) -> list[Entry]:
+    """An echoed prompt's tokens: the first with no log-probability (OpenAI's and vLLM's null), then
+    the prefill's log-probabilities of the others (PromptLogprobs)."""
+    return [(echo.ids[0], None, None), *entries_of(found)]
+
+
+def legacy_logprobs(entries: Sequence[Entry], offsets: Sequence[int], tokens: TokenText) -> Json:
+    """The completions layout: tokens, their log-probabilities, the top alternatives, and where
+    each token's text starts in the choice's text (`offsets`)."""
+    return {"tokens": [tokens.token_text(token) for token, _, _ in entries],
+            "token_logprobs": [logprob for _, logprob, _ in entries],
+            "top_logprobs": [None if top is None else {tokens.token_text(i): v for i, v in top}
+                             for _, _, top in entries],
+            "text_offset": list(offsets)}
+
+
+class Offsets:
+    """Where each token's text starts in a choice's text: the characters its earlier tokens
+    decoded to (the streaming decoder's text, a character split over tokens starting where its
+    first byte's token does), after `start` (an echoed prompt), never past `end` (a stop string cut
+    the text short)."""
+
+    def __init__(self, tokens: TokenText, start: int = 0, end: int | None = None) -> None:
+        self.decoder = tokens.text_decoder()
+        self.at = start
+        self.end = end
+
+    def of(self, token: int) -> int:
+        """The offset of `token`, the next one; the decoder moves past it."""
+        offset = self.at if self.end is None else min(self.at, self.end)
+        if self.decoder is not None:
+            self.at += len(self.decoder.push(token))
+        return offset
+
+    def all(self, ids: Sequence[int]) -> list[int]:
+        return [self.of(token) for token in ids]
 
 
 @dataclass(frozen=True)
 class Answer:
-    """How one call's answer is written: its id, creation time and model, chat or not."""
+    """How one call's answer is written: its id, creation time and model, chat or not, and each
+    prompt as echoed (completions with echo)."""
 
     call: OpenAICall
     request_id: str
     created: int
     tokens: TokenText
+    echoes: tuple[Echo, ...] = ()
 
     @property
     def id(self) -> str:
@@ -401,42 +488,58 @@ class Answer:
         return {"id": self.id, "object": kind + (".chunk" if chunk and self.call.chat else ""),
                 "created": self.created, "model": self.call.model}
 
-    def _logprobs(self, found: list[TokenLogprobs], offset: int = 0) -> Json | None:
-        if self.call.generate.logprobs is None:
-            return None
-        if self.call.chat:
-            return chat_logprobs(found, self.tokens)
-        return completion_logprobs(found, self.tokens, offset)
+    def echoed(self, prompt: int) -> str:
+        """The text a choice of prompt `prompt` starts with: the prompt's with echo, else none."""
+        return self.echoes[prompt].text if self.call.echo else ""
 
-    def whole(self, progress: Progress) -> Json:
-        """The non-streaming answer: every sample as a choice, and the usage."""
-        choices = [self._choice(i, r) for i, r in enumerate(progress.sample_records())]
-        return {**self._head(False), "choices": choices, "usage": usage(progress)}
+    def whole(self, progresses: Sequence[Progress]) -> Json:
+        """The non-streaming answer: every sample of every prompt as a choice (indexed prompt * n +
+        sample, as OpenAI's), and the usage of them all."""
+        n = self.call.n
+        choices = [self._choice(p * n + i, record, p, progress.prompt_logprobs)
+                   for p, progress in enumerate(progresses)
+                   for i, record in enumerate(progress.sample_records())]
+        return {**self._head(False), "choices": choices, "usage": usage(progresses)}
 
-    def _choice(self, index: int, record: SampleRecord) -> Json:
+    def _choice(self, index: int, record: SampleRecord, prompt: int,
+                prompt_found: Sequence[TokenLogprobs]) -> Json:
         reason = FINISH[record.finished.reason] if record.finished is not None else None
-        choice: Json = {"index": index, "finish_reason": reason, "logprobs": self._logprobs(record.logprobs)}
+        choice: Json = {"index": index, "finish_reason": reason, "logprobs": None}
         if self.call.chat:
+            if self.call.generate.logprobs is not None:
+                choice["logprobs"] = chat_logprobs(record.logprobs, self.tokens)
             choice["message"] = {"role": "assistant", "content": record.text, "refusal": None}
             parsed = self.call.tools.read(record.text) if self.call.tools is not None else None
             if parsed is not None and parsed.calls:
                 choice["message"] = http_tools.message_of(parsed, [call_id() for _ in parsed.calls])
                 choice["finish_reason"] = "tool_calls" if reason == "stop" else reason
-        else:
-            choice["text"] = record.text
+            return choice
+        echoed = self.echoed(prompt)
+        choice["text"] = echoed + record.text
+        if self.call.generate.logprobs is not None:
+            entries, offsets = [], []
+            if self.call.echo:
+                echo = self.echoes[prompt]
+                entries = prompt_entries(echo, prompt_found)
+                offsets = Offsets(self.tokens, 0, len(echo.text)).all(echo.ids)
+            entries += entries_of(record.logprobs)
+            offsets += Offsets(self.tokens, len(echoed), len(choice["text"])).all(
+                [t.token for t in record.logprobs])
+            choice["logprobs"] = legacy_logprobs(entries, offsets, self.tokens)
         return choice
 
     def delta_chunk(self, index: int, delta: Json, found: list[TokenLogprobs] | None = None,
                     finish_reason: str | None = None) -> Json:
         """A chat chunk of choice `index` carrying `delta` (content or a tool call's part)."""
-        choice: Json = {"index": index, "logprobs": self._logprobs(found) if found else None,
+        choice: Json = {"index": index, "logprobs": chat_logprobs(found, self.tokens) if found else None,
                         "finish_reason": finish_reason, "delta": delta}
         return {**self._head(True), "choices": [choice]}
 
-    def chunk(self, index: int, text: str, *, found: list[TokenLogprobs] | None = None,
-              finish: Finish | None = None, offset: int = 0, role: bool = False) -> Json:
-        """One streamed chunk of choice `index`: its next text (a role first, on chat), or its finish."""
-        choice: Json = {"index": index, "logprobs": self._logprobs(found, offset) if found else None,
+    def chunk(self, index: int, text: str, *, logprobs: Json | None = None, finish: Finish | None = None,
+              role: bool = False) -> Json:
+        """One streamed chunk of choice `index`: its next text (a role first, on chat), or its finish
+        (the chunk of its last text, or one with none, and no chunk after it)."""
+        choice: Json = {"index": index, "logprobs": logprobs,
                         "finish_reason": FINISH[finish] if finish is not None else None}
         if self.call.chat:
             choice["delta"] = {"role": "assistant", "content": text} if role else (
@@ -445,40 +548,67 @@ class Answer:
             choice["text"] = text
         return {**self._head(True), "choices": [choice]}
 
-    def usage_chunk(self, progress: Progress) -> Json:
-        return {**self._head(True), "choices": [], "usage": usage(progress)}
+    def usage_chunk(self, progresses: Sequence[Progress]) -> Json:
+        return {**self._head(True), "choices": [], "usage": usage(progresses)}
 
 
 class Chunks:
-    """The streamed chunks of one call, event by event: each sample's text, logprobs, finish."""
+    """The streamed chunks of one call, event by event: each sample's text, logprobs, finish. Events
+    come tagged with their prompt: a choice is prompt * n + sample."""
 
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
-        self.sent: dict[int, int] = {}  # characters of text sent per sample (completions' text_offset)
+        self.offsets: dict[int, Offsets] = {}  # per choice: completions' text_offset
         tools = answer.call.tools
         self.tools = ToolChunks(answer) if tools is not None and tools.active else None
 
     def opening(self) -> list[Json]:
-        """Chat: every choice's role, before any text."""
-        n = self.answer.call.generate.n
-        return [self.answer.chunk(i, "", role=True) for i in range(n)] if self.answer.call.chat else []
-
-    def of(self, event: Any) -> list[Json]:
-        if self.tools is not None:
-            return self.tools.of(event)
-        if isinstance(event, TokenOut):
-            offset = self._advance(event.sample, event.text)
-            found = [event.logprobs] if event.logprobs is not None else None
-            return [self.answer.chunk(event.sample, event.text, found=found, offset=offset)]
-        if isinstance(event, Finished):
-            self._advance(event.sample, event.tail)
-            return [self.answer.chunk(event.sample, event.tail, finish=event.reason)]
+        """Chat: every choice's role, before any text; completions with echo (and no logprobs, whose
+        prompt part comes with the prompt's log-probabilities): every choice's prompt."""
+        call = self.answer.call
+        if call.chat:
+            return [self.answer.chunk(i, "", role=True) for i in range(call.n)]
+        if call.echo and call.generate.logprobs is None:
+            return [chunk for p in range(len(call.generates)) for chunk in self._echo(p, ())]
         return []
 
-    def _advance(self, sample: int, text: str) -> int:
-        offset = self.sent.get(sample, 0)
-        self.sent[sample] = offset + len(text)
-        return offset
+    def of(self, event: Any, prompt: int = 0) -> list[Json]:
+        if self.tools is not None:
+            return self.tools.of(event)
+        answer, n = self.answer, self.answer.call.n
+        if isinstance(event, PromptLogprobs) and answer.call.echo:
+            return self._echo(prompt, event.logprobs)
+        if isinstance(event, TokenOut):
+            index = prompt * n + event.sample
+            logprobs = None
+            if event.logprobs is not None:
+                offset = self._offsets(index, prompt).of(event.id)
+                logprobs = self._logprobs([event.logprobs], [offset])
+            return [answer.chunk(index, event.text, logprobs=logprobs)]
+        if isinstance(event, Finished):
+            return [answer.chunk(prompt * n + event.sample, event.tail, finish=event.reason)]
+        return []
+
+    def _logprobs(self, found: list[TokenLogprobs], offsets: list[int]) -> Json:
+        if self.answer.call.chat:
+            return chat_logprobs(found, self.answer.tokens)
+        return legacy_logprobs(entries_of(found), offsets, self.answer.tokens)
+
+    def _offsets(self, index: int, prompt: int) -> Offsets:
+        found = self.offsets.get(index)
+        if found is None:
+            found = self.offsets[index] = Offsets(self.answer.tokens, len(self.answer.echoed(prompt)))
+        return found
+
+    def _echo(self, prompt: int, found: Sequence[TokenLogprobs]) -> list[Json]:
+        """Each choice of `prompt`'s first chunk: the prompt's text (and its tokens' log-probabilities)."""
+        answer, n = self.answer, self.answer.call.n
+        echo = answer.echoes[prompt]
+        logprobs = None
+        if answer.call.generate.logprobs is not None:
+            offsets = Offsets(answer.tokens, 0, len(echo.text)).all(echo.ids)
+            logprobs = legacy_logprobs(prompt_entries(echo, found), offsets, answer.tokens)
+        return [answer.chunk(prompt * n + i, echo.text, logprobs=logprobs) for i in range(n)]
 
 
 class ToolChunks:

@@ -141,8 +141,8 @@ class AccessLog(LadderInterceptor):
 
     def _done(self, name: str, code: grpc.StatusCode, protocol: str) -> None:
         record = CALL.get()
-        if record is not None and record.progress is not None:
-            record.progress.end(code)  # samples the call's ending cut short count with its reason
+        for progress in record.progresses if record is not None else ():
+            progress.end(code)  # samples the call's ending cut short count with its reason
         now = time.perf_counter()
         self.on_done(name, code, now - (record.arrived if record is not None else now), protocol)
 

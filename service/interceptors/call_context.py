@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("ladder_caller", default="")
@@ -26,6 +26,19 @@ class CallRecord:
     session: str = ""
     source_session: str = ""  # ForkSession: the session forked
     progress: Any = None  # service.progress.Progress of a generation or prefill
+    # The Progress of each further prompt of the call (an HTTP completions request with several).
+    more: list[Any] = field(default_factory=list)
+
+    def add_progress(self, progress: Any) -> None:
+        """The call's (first) generation's Progress, or one more prompt's."""
+        if self.progress is None:
+            self.progress = progress
+        else:
+            self.more.append(progress)
+
+    @property
+    def progresses(self) -> list[Any]:
+        return ([] if self.progress is None else [self.progress]) + self.more
 
     def fields(self) -> dict[str, Any]:
         """The access-log fields beyond method, code and request id."""
@@ -37,7 +50,10 @@ class CallRecord:
             done["source_session"] = self.source_session
         progress = self.progress
         if progress is not None:
-            done.update(prompt_tokens=progress.prompt_tokens, completion_tokens=progress.generated)
+            done.update(prompt_tokens=sum(p.prompt_tokens for p in self.progresses),
+                        completion_tokens=sum(p.generated for p in self.progresses))
+            if self.more:
+                done["prompts"] = 1 + len(self.more)
             if progress.started is not None:
                 done["queue_ms"] = round(progress.queue_ms, 3)
             if progress.token_times:
