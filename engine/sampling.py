@@ -182,9 +182,12 @@ def nucleus_mask(probs: np.ndarray, top_p: float) -> np.ndarray:
     from the values alone: the running sums depend only on the sequence of values by falling
     probability, which is the same for every order that ties may take, so the cut is the full
     sort's; the kept tokens are those above the cut's value and, of those equal to it, the lowest
-    ids. Only a head of the largest values is sorted: 512 first, then 8x more while its sums stop
-    short of `top_p` (a partition picks a head, ~0.1 ms on 49k; a running sum is sequential, so a
-    head's sums are the full order's first sums), every value once the head would be half the row.
+    ids. Only a head of the largest values is sorted: 512 first, then, while its sums stop short of
+    `top_p`, a head grown by three times the fewest values that could make up the rest (each is at
+    most the head's smallest) and at least doubled (a partition picks a head, ~0.1 ms on 49k; a
+    running sum is sequential, so a head's sums are the full order's first sums), every value once
+    the head would be half the row. The default model's rows keep ~2k tokens at top_p 0.95 (10 %
+    keep over 10k): 0.75 -> 0.37 ms a row against growing 8x.
     A head whose largest possible mass (its size times the largest probability) cannot reach
     `top_p` is not tried."""
     size = probs.size
@@ -201,10 +204,14 @@ def nucleus_mask(probs: np.ndarray, top_p: float) -> np.ndarray:
         np.negative(probs if head == size else np.partition(probs, size - head)[size - head:], out=values)
         values.sort()
         np.negative(values, out=values)  # contiguous: a running sum over a reversed view is ~3x slower
-        cut = int(np.searchsorted(np.cumsum(values, out=sums[:head]), top_p))
+        running = np.cumsum(values, out=sums[:head])
+        cut = int(np.searchsorted(running, top_p))
         if cut < head or head == size:
             break
-        head *= 8
+        # Every value left is at most the head's last: at least (top_p - sum) / last more are
+        # needed; try three times that (a 10k-token tail, where 8x would sort the whole row).
+        least = (top_p - float(running[-1])) / max(float(values[-1]), 1e-300)
+        head = max(head * 2, head + int(3 * least) + 1)
     cut = min(cut, size - 1)
     edge = values[cut]
     kept: np.ndarray = probs > edge

@@ -97,6 +97,11 @@ class CpuBackend:
         if options.intra_op_threads:
             so.intra_op_num_threads = options.intra_op_threads
         so.log_severity_level = 3
+        # onnxruntime's threads spin inside a forward (its parallel sections), not after it: between
+        # two forwards the cores are the host draws' (engine/runtime/host_draws.py). With the
+        # default residual spinning, a step's 8 sampled rows took ~10 ms on 2 threads as on one;
+        # stopped, ~6 ms, and a greedy step is as fast (bench/results/sampled-cpu-2026-12-03c).
+        so.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = inference_session(info, so, ["CPUExecutionProvider"])
         self.pool: KvPool | None = None
         self.store = np.zeros((0, info.vocab_size), np.float32)
