@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -53,8 +54,8 @@ ANNOTATIONS = frozenset({
 })
 TYPE_KEYWORDS = {
     "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
-               "patternProperties"),
-    "array": ("items", "minItems", "maxItems", "uniqueItems"),
+               "patternProperties", "unevaluatedProperties", "propertyNames"),
+    "array": ("items", "minItems", "maxItems", "uniqueItems", "unevaluatedItems"),
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
     "integer": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
@@ -62,6 +63,7 @@ TYPE_KEYWORDS = {
     "null": (),
 }
 COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
+_MERGED = "$merged"  # set by allOf's merge: an enum it emptied admits nothing (not SCHEMA_INVALID)
 MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
 # Keywords rewritten into the others (_Compiler._lowered) before a schema is compiled.
 LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
@@ -351,10 +353,14 @@ class _Compiler:
     def _values(self, schema: dict[str, Any], pointer: str) -> Node:
         key = "const" if "const" in schema else "enum"
         values = [schema["const"]] if key == "const" else schema["enum"]
-        if not isinstance(values, list) or not values:
+        if not isinstance(values, list) or not values and not schema.get(_MERGED):
             raise invalid(f"{pointer}/enum", "enum must be a non-empty list")
+        if key == "const" and "enum" in schema:  # both: the const, if the enum holds it
+            if not isinstance(schema["enum"], list):
+                raise invalid(f"{pointer}/enum", "enum must be a non-empty list")
+            values = [v for v in values if _json_key(v) in {_json_key(e) for e in schema["enum"]}]
         for other in schema:
-            if other not in (key, "type") and other in ASSERTIONS:
+            if other not in ("const", "enum", "type", _MERGED) and other in ASSERTIONS:
                 raise unsupported(f"{pointer}/{_escape(other)}", f"{other!r} beside {key!r}")
         types = self._types(schema, pointer) if "type" in schema else list(TYPE_KEYWORDS)
         return alt(*(jv.literal(v) for v in values if any(_is_type(v, t) for t in types)))
@@ -407,15 +413,26 @@ class _Compiler:
             raise invalid(f"{pointer}/properties", "properties must be an object")
         if not isinstance(required, list) or any(not isinstance(r, str) for r in required):
             raise invalid(f"{pointer}/required", "required must be a list of names")
-        additional = schema.get("additionalProperties", True)
+        # The only members written that no properties/patternProperties keyword evaluates are a map's
+        # keys and undeclared required names: additionalProperties' (else unevaluatedProperties').
+        additional = schema.get("additionalProperties", schema.get("unevaluatedProperties", True))
         least = _count(schema, "minProperties", pointer, 0) or 0
         most = _count(schema, "maxProperties", pointer, None)
+        names = schema.get("propertyNames")
+        if names is not None:
+            if schema.get("patternProperties"):
+                raise unsupported(f"{pointer}/propertyNames", "'propertyNames' beside 'patternProperties'")
+            properties, required = self._named(names, properties, required, f"{pointer}/propertyNames")
+            if required is None:
+                return NOTHING  # a required name propertyNames rules out
         if schema.get("patternProperties"):
             return self._patterned(schema, properties, required, additional, pointer)
         if not properties and not required:
             if least > 1:  # a map's keys are not kept apart: a key written twice would count once
                 raise unsupported(f"{pointer}/minProperties", "minProperties above 1 on a map")
-            return self._map(additional, pointer, least, most)
+            at = f"{pointer}/propertyNames"
+            key = None if names is None else self._merged([(names, at), ({"type": "string"}, pointer)], at)
+            return self._map(additional, pointer, least, most, key)
         # Declared members only: what the counts ask must hold for every object they make.
         names = dict.fromkeys([*properties, *required])
         if least > len(set(required)):
@@ -492,13 +509,58 @@ class _Compiler:
     def _member(self, name: str, schema: Any, pointer: str) -> Node:
         return seq(jv.literal(name), jv.COLON, self.node(schema, pointer))
 
-    def _map(self, additional: Any, pointer: str, least: int = 0, most: int | None = None) -> Node:
+    def _map(self, additional: Any, pointer: str, least: int = 0, most: int | None = None,
+             key: Node | None = None) -> Node:
         if additional is False:
             return text("{}") if least == 0 else NOTHING
-        return jv.object_map(self.node(additional, f"{pointer}/additionalProperties"), least, most)
+        return jv.object_map(self.node(additional, f"{pointer}/additionalProperties"), least, most, key)
+
+    def _named(self, names: Any, properties: dict[str, Any], required: list[str],
+               pointer: str) -> tuple[dict[str, Any], list[str] | None]:
+        """The declared properties propertyNames leaves (one it rules out is never written) and the
+        required names (None: one of them is ruled out, so nothing fits)."""
+        kept = dict(properties)
+        for name in dict.fromkeys([*properties, *required]):
+            if not self._name_fits(names, name, pointer, 0):
+                if name in required:
+                    return kept, None
+                kept[name] = False
+        return kept, required
+
+    def _name_fits(self, names: Any, name: str, pointer: str, depth: int) -> bool:
+        """Whether a property name meets a propertyNames schema: its string keywords, enum, const,
+        local $refs and allOf; anything else is refused."""
+        if isinstance(names, bool):
+            return names
+        if not isinstance(names, dict):
+            raise invalid(pointer, "a schema must be an object or a boolean")
+        if depth > self.limits.max_ref_depth + self.limits.max_schema_depth:
+            raise InvalidInput(f"{pointer}: propertyNames' $refs nest too deep",
+                               reason="CONSTRAINT_TOO_LARGE", field=FIELD)
+        checks: dict[str, Callable[[Any], bool]] = {
+            "type": lambda v: v == "string" or isinstance(v, list) and "string" in v,
+            "pattern": lambda v: _search(v, name, f"{pointer}/pattern"),
+            "minLength": lambda v: len(name) >= v, "maxLength": lambda v: len(name) <= v,
+            "enum": lambda v: isinstance(v, list) and name in v, "const": lambda v: v == name,
+            "format": lambda v: True,  # checked only where the value's format is enforced
+        }
+        for key, value in names.items():
+            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+                target = self._resolve(unquote(value[1:]), f"{pointer}/$ref")
+                if not self._name_fits(target, name, pointer, depth + 1):
+                    return False
+            elif key == "allOf" and isinstance(value, list):
+                if not all(self._name_fits(m, name, f"{pointer}/allOf", depth + 1) for m in value):
+                    return False
+            elif key in checks:
+                if not checks[key](value):
+                    return False
+            elif key in ASSERTIONS:
+                raise unsupported(f"{pointer}/{_escape(key)}", f"{key!r} in propertyNames")
+        return True
 
     def _array(self, schema: dict[str, Any], pointer: str) -> Node:
-        items = schema.get("items", True)
+        items = schema.get("items", schema.get("unevaluatedItems", True))  # no items: none evaluated
         if isinstance(items, list):
             raise unsupported(f"{pointer}/items", "items as a list (tuple validation)")
         lo = _count(schema, "minItems", pointer, 0)
@@ -593,6 +655,10 @@ def _merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) ->
             merged[key] = list(dict.fromkeys([*merged[key], *value]))
         elif key == "type":
             merged[key] = _types_in_both(merged[key], value, pointer)
+        elif key == "enum" and isinstance(value, list) and isinstance(merged[key], list):
+            theirs = {_json_key(v) for v in value}  # both: the values in both (none: nothing fits)
+            merged[key] = [v for v in merged[key] if _json_key(v) in theirs]
+            merged[_MERGED] = True
         elif merged[key] != value:
             raise unsupported(f"{pointer}/{_escape(key)}",
                               f"{key!r} in more than one allOf member with different values")
@@ -670,6 +736,16 @@ def _parsed(source: Any, pointer: str) -> Node:
         raise unsupported(pointer, str(exc)) from exc
 
 
+def _search(source: Any, name: str, pointer: str) -> bool:
+    """Whether a propertyNames pattern finds a match in a declared name (Python's re reads it)."""
+    if not isinstance(source, str):
+        raise invalid(pointer, "pattern must be a string")
+    try:
+        return re.search(source, name) is not None
+    except re.error as exc:
+        raise unsupported(pointer, f"the pattern {source!r} ({exc})") from exc
+
+
 def _finds(source: str, name: str) -> bool:
     """Whether the pattern finds a match in `name` (Python's re for the check; a pattern it cannot
     read counts as finding one: the caller then asks the stricter question)."""
@@ -677,6 +753,12 @@ def _finds(source: str, name: str) -> bool:
         return re.search(source, name) is not None
     except re.error:
         return True
+
+
+def _json_key(value: Any) -> str:
+    """A JSON value's identity for enum and const (1 and 1.0 are one number, as JSON Schema has it)."""
+    return json.dumps(value, sort_keys=True) if not isinstance(value, float) or not value.is_integer() \
+        else json.dumps(int(value))
 
 
 def _escape(key: str) -> str:

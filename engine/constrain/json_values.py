@@ -137,10 +137,12 @@ def array(item: Node, lo: int = 0, hi: int | None = None) -> Node:
     return seq(text("["), repeat(item, lo, hi, COMMA), text("]"))
 
 
-def object_map(value: Node, lo: int = 0, hi: int | None = None) -> Node:
-    """An object whose keys are any strings, each with `value`, `lo` to `hi` of them (keys are not
-    kept apart: a key written twice is one property to a parser, so `lo` above 1 is not a bound)."""
-    return seq(text("{"), repeat(seq(string(), COLON, value), lo, hi, COMMA), text("}"))
+def object_map(value: Node, lo: int = 0, hi: int | None = None, key: Node | None = None) -> Node:
+    """An object whose keys are any strings (or `key`'s), each with `value`, `lo` to `hi` of them
+    (keys are not kept apart: a key written twice is one property to a parser, so `lo` above 1 is
+    not a bound)."""
+    return seq(text("{"), repeat(seq(string() if key is None else key, COLON, value), lo, hi, COMMA),
+               text("}"))
 
 
 def any_value(depth: int) -> Node:

@@ -90,6 +90,8 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
      "/minProperties"),
     ({"type": "object", "properties": {"a": {}, "b": {}}, "maxProperties": 1}, "/maxProperties"),
     ({"$defs": {"a": {"type": "string", "contains": {}}}, "$ref": "#/$defs/a"}, "/$defs/a/contains"),
+    ({"type": "object", "propertyNames": {"maxLength": 3}, "patternProperties": {"^x": {}}},
+     "/propertyNames"),
     ({"$ref": "https://example.com/schema.json"}, "/$ref"),
     ({"allOf": [{"type": "string", "maxLength": 4}, {"maxLength": 3}]}, "/allOf/1/maxLength"),
     ({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]},
@@ -99,8 +101,8 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
     ({"type": "array", "items": [{"type": "string"}]}, "/items"),
     ({"enum": ["a", "b"], "maxLength": 1}, "/maxLength"),
-    ({"type": "object", "properties": {"a/b": {"propertyNames": {}}}},
-     "/properties/a~1b/propertyNames"),
+    ({"type": "object", "properties": {"a/b": {"contains": {}}}},
+     "/properties/a~1b/contains"),
 ])
 def test_an_unsupported_keyword_is_refused_naming_its_json_pointer(schema: Any, pointer: str) -> None:
     assert str(refused(schema, "SCHEMA_UNSUPPORTED")).startswith(f"{pointer}: ")
@@ -272,6 +274,38 @@ def test_unique_items_over_an_enum_choose_each_value_at_most_once_in_the_enum_s_
     check_walks(schema, compiled, range(20))
     non_empty = schema_of({**schema, "minItems": 1})
     assert not accepts(non_empty, b"[]") and accepts(non_empty, b'["b"]')
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}, "additionalProperties": {"type": "integer"}},
+    {"type": "object", "properties": {"ab": {"type": "integer"}, "Cd": {"type": "integer"}},
+     "propertyNames": {"$ref": "#/$defs/lower"}, "$defs": {"lower": {"pattern": "^[a-z]+$", "maxLength": 3}}},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"],
+     "unevaluatedProperties": {"type": "boolean"}},
+    {"type": "object", "unevaluatedProperties": False},
+    {"type": "array", "unevaluatedItems": {"type": "integer"}, "maxItems": 3},
+    {"allOf": [{"enum": [1, 2, 3, "x"]}, {"enum": [2.0, 3, "y"]}]},
+    {"enum": [1, 2], "const": 2},
+])
+def test_property_names_unevaluated_keywords_and_enums_of_several_members_hold(schema: Any) -> None:
+    compiled = schema_of(schema)
+    check_walks(schema, compiled, range(30))
+
+
+def test_property_names_leave_out_the_declared_names_they_rule_out() -> None:
+    schema = {"type": "object", "properties": {"ab": {"const": 1}, "Cd": {"const": 2}},
+              "propertyNames": {"pattern": "^[a-z]+$"}}
+    compiled = schema_of(schema)
+    assert accepts(compiled, b'{"ab":1}') and not accepts(compiled, b'{"ab":1,"Cd":2}')
+    refused({**schema, "required": ["Cd"]}, "CONSTRAINT_UNSATISFIABLE")
+    refused({**schema, "propertyNames": {"minProperties": 1}}, "SCHEMA_UNSUPPORTED")
+
+
+def test_enums_of_two_all_of_members_keep_the_values_in_both() -> None:
+    compiled = schema_of({"allOf": [{"enum": [1, 2, 3]}, {"enum": [2, 3, 4]}]})
+    assert [accepts(compiled, str(v).encode()) for v in (1, 2, 3, 4)] == [False, True, True, False]
+    refused({"allOf": [{"enum": [1]}, {"enum": [2]}]}, "CONSTRAINT_UNSATISFIABLE")
+    refused({"enum": [1, 2], "const": 3}, "CONSTRAINT_UNSATISFIABLE")
 
 
 def test_then_holds_always_when_there_is_no_else() -> None:
