@@ -300,6 +300,11 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         serving = self.serving
         try:
             await _check_client_stayed(context)
+            remaining = context.time_remaining()
+            # A deadline that passed while the loop was held need not have ended the call yet (the
+            # headers then go out): its client has given up all the same, so nobody takes the fork.
+            if remaining is not None and remaining <= 0:
+                raise Cancelled("the call's deadline passed before its answer")
         except BaseException:
             serving.close_soon(state, "fork_not_taken")
             raise
