@@ -280,10 +280,15 @@ class _Compiler:
         """The schemas (each with its own pointer) merged into one, as allOf's members are."""
         merged: dict[str, Any] = {}
         for member, at in members:
-            flat = self._flattened(member, at, 0)
-            if flat is None:
+            try:
+                flat = self._flattened(member, at, 0)
+                if flat is None:
+                    return NOTHING
+                _merge_into(merged, flat, at)
+            except InvalidInput as exc:  # members with no type in common: this branch admits nothing
+                if exc.reason != "CONSTRAINT_UNSATISFIABLE":
+                    raise
                 return NOTHING
-            _merge_into(merged, flat, at)
         return self.node(merged, pointer)
 
     def _flattened(self, member: Any, pointer: str, depth: int) -> dict[str, Any] | None:

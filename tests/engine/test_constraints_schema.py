@@ -603,6 +603,16 @@ def test_all_of_members_with_no_type_in_common_are_unsatisfiable() -> None:
     assert accepts(integers, b"7") and not accepts(integers, b"7.5") and not accepts(integers, b'"7"')
 
 
+def test_an_alternative_whose_merged_members_share_no_type_drops_out_alone() -> None:
+    """A condition's then merged into a property whose oneOf has a branch of another type: that
+    branch admits nothing, the others stay (Schema Store's abc-supply-plan)."""
+    schema = {"type": "object", "required": ["q"],
+              "properties": {"q": {"oneOf": [{"type": "string", "enum": ["a"]}, {"type": "null"}]}},
+              "if": {"properties": {"k": {"const": 1}}}, "then": {"properties": {"q": {"type": "null"}}}}
+    compiled = schema_of(schema)
+    assert accepts(compiled, b'{"q":null}') and not accepts(compiled, b'{"q":"a"}')
+
+
 def test_keywords_beside_a_ref_or_an_any_of_hold_too() -> None:
     point = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
     typed_ref = schema_of({"$defs": {"p": point}, "$ref": "#/$defs/p", "type": "object",
