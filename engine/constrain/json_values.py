@@ -145,10 +145,11 @@ def object_map(value: Node, lo: int = 0, hi: int | None = None, key: Node | None
                text("}"))
 
 
-def any_value(depth: int) -> Node:
-    """Any JSON value with containers nested at most `depth` deep."""
-    value = alt(string(), NUMBER, BOOLEAN, NULL)
-    scalar = value
+def any_value(depth: int, inner: Node | None = None) -> Node:
+    """Any JSON value with containers nested at most `depth` deep, the innermost containers
+    holding `inner` (a reference to this value itself: any depth) or scalars."""
+    scalar = alt(string(), NUMBER, BOOLEAN, NULL)
+    value = scalar if inner is None else inner
     for _ in range(depth):
         value = alt(scalar, array(value), object_map(value))
     return value

@@ -15,6 +15,7 @@ import pytest
 
 from engine.constrain import ConstraintCache, Limits, Vocabulary, compile_constraint
 from engine.constrain.automaton import MOVE_BYTES, Automaton, AutomatonRow
+from engine.constrain.grammar import CompiledGrammar
 from engine.errors import InvalidInput
 
 PIECES = [bytes([b]) for b in range(256)] + [
@@ -67,7 +68,10 @@ def end_states(automaton: Automaton, state: int, ids: np.ndarray) -> np.ndarray:
 
 def random_walk(compiled: object, seed: int, greed: float = 0.5,
                 max_steps: int = 5000) -> tuple[bytes, list[int]]:
-    """Allowed tokens to EOS: half the time one that gets nearest to a match, else any."""
+    """Allowed tokens to EOS: half the time one that gets nearest to a match, else any. Nearest on
+    a DFA: fewest bytes to an accepting state; on the pushdown engine: the shallowest parse."""
+    if isinstance(compiled, CompiledGrammar):
+        return _random_parse(compiled, seed, greed, max_steps)
     automaton = dfa_of(compiled)
     far = distances(automaton)
     rng, row, out, taken = np.random.default_rng(seed), automaton.start(), b"", []
@@ -88,12 +92,31 @@ def random_walk(compiled: object, seed: int, greed: float = 0.5,
     raise AssertionError(f"no EOS after {max_steps} tokens: {out[:200]!r}")
 
 
+def _random_parse(grammar: CompiledGrammar, seed: int, greed: float,
+                  max_steps: int) -> tuple[bytes, list[int]]:
+    rng, row, out, taken = np.random.default_rng(seed), grammar.start(), b"", []
+    eos_ids = grammar._vocabulary.eos_ids
+    for _ in range(max_steps):
+        allowed = np.flatnonzero(row.allowed())
+        eos = [t for t in allowed if t in eos_ids]
+        if eos and (row.done or rng.random() < 0.25):
+            row.advance(int(eos[0]))
+            return out, taken
+        tokens = np.array([t for t in allowed if t not in eos_ids])
+        if rng.random() < greed:
+            depth = np.array([min(map(len, grammar.advance(row.state, int(t)))) for t in tokens])
+            tokens = tokens[depth == depth.min()]
+        token = int(rng.choice(tokens))
+        row.advance(token)
+        out += grammar._vocabulary.pieces[token] or b""
+        taken.append(token)
+    raise AssertionError(f"no EOS after {max_steps} tokens: {out[:200]!r}")
+
+
 def accepts(compiled: object, data: bytes) -> bool:
-    automaton = dfa_of(compiled)
-    state = 1
-    for byte in data:
-        state = int(automaton.dfa.table[state, byte])
-    return bool(automaton.dfa.accepting[state])
+    """Whether `data` is a whole match, on either engine (a DFA or the pushdown one)."""
+    assert isinstance(compiled, Automaton | CompiledGrammar), type(compiled)
+    return compiled.matches(data)
 
 
 def raises(kind: str, spec: str | list[str], reason: str, limits: Limits | None = None) -> InvalidInput:

@@ -349,13 +349,23 @@ def test_a_string_pattern_admits_exactly_the_strings_python_re_search_finds_it_i
             assert accepts(compiled, json.dumps(word).encode()) == found, word
 
 
-def test_recursion_through_a_ref_stops_at_the_documented_depth() -> None:
+def test_recursion_through_a_ref_alone_reaches_any_depth() -> None:
     node = {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}}
+    compiled = schema_of({"$defs": {"n": node}, "$ref": "#/$defs/n"})
+    nested = "{}"
+    for _ in range(40):
+        assert accepts(compiled, nested.encode()), nested
+        nested = '{"c":' + nested + "}"
+    assert not accepts(compiled, b'{"c":{"c":1}}') and not accepts(compiled, b'{"c":{"d":{}}}')
+
+
+def test_a_ref_with_keywords_beside_it_is_entered_at_most_max_ref_depth_times_along_a_path() -> None:
+    node = {"type": "object", "properties": {"c": {"$ref": "#/$defs/n", "minProperties": 0}}}
     schema = {"$defs": {"n": node}, "$ref": "#/$defs/n"}
     nested = ["{}", '{"c":{}}', '{"c":{"c":{}}}', '{"c":{"c":{"c":{}}}}']
     for depth in (1, 2, 3):
         compiled = compile_constraint("json_schema", json.dumps(schema), VOCAB, Limits(max_ref_depth=depth))
-        assert [accepts(compiled, t.encode()) for t in nested] == [i < depth for i in range(4)]
+        assert [accepts(compiled, t.encode()) for t in nested] == [i <= depth for i in range(4)]
 
 
 def test_an_open_value_nests_containers_at_most_max_json_depth() -> None:
@@ -366,11 +376,18 @@ def test_an_open_value_nests_containers_at_most_max_json_depth() -> None:
         assert not accepts(compiled, text.encode()), text
 
 
-def test_required_recursion_past_the_depth_leaves_only_the_branches_that_end() -> None:
+def test_recursion_that_may_end_admits_every_depth_and_one_that_cannot_is_unsatisfiable() -> None:
     wrapped = {"type": "array", "items": {"$ref": "#/$defs/l"}, "minItems": 1, "maxItems": 1}
-    schema = {"$defs": {"l": {"anyOf": [{"type": "null"}, wrapped]}}, "$ref": "#/$defs/l"}
-    compiled = schema_of(schema)
-    assert accepts(compiled, b"[[null]]") and not accepts(compiled, b"[[[[null]]]]")
+    compiled = schema_of({"$defs": {"l": {"anyOf": [{"type": "null"}, wrapped]}}, "$ref": "#/$defs/l"})
+    assert accepts(compiled, b"[[null]]") and accepts(compiled, b"[" * 30 + b"null" + b"]" * 30)
+    assert not accepts(compiled, b"[[]]") and not accepts(compiled, b"[null,null]")
+    endless = {"type": "array", "items": {"$ref": "#/$defs/l"}, "minItems": 1}
+    refused({"$defs": {"l": endless}, "$ref": "#/$defs/l"}, "CONSTRAINT_UNSATISFIABLE")
+
+
+def test_a_ref_that_leads_back_to_itself_before_any_output_is_unsupported() -> None:
+    looped = {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}
+    refused({"$defs": {"a": looped}, "$ref": "#/$defs/a"}, "SCHEMA_UNSUPPORTED")
 
 
 def test_a_schema_nested_past_the_limit_is_constraint_too_large() -> None:
@@ -378,7 +395,8 @@ def test_a_schema_nested_past_the_limit_is_constraint_too_large() -> None:
     for _ in range(70):
         schema = {"type": "array", "items": schema}
     refused(schema, "CONSTRAINT_TOO_LARGE")
-    refused(corpus("ten properties"), "CONSTRAINT_TOO_LARGE", Limits(max_states=100))
+    refused(corpus("ten properties"), "CONSTRAINT_TOO_LARGE",
+            Limits(max_schema_dfa_states=100, max_schema_elements=100))
 
 
 def test_a_schema_that_admits_nothing_is_unsatisfiable() -> None:
