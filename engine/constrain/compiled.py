@@ -24,8 +24,10 @@ from engine.constrain.pattern import Node, alt, text
 from engine.constrain.vocabulary import Vocabulary
 from engine.errors import InvalidInput
 
+JSON_SCHEMA_STRICT = "json_schema_strict"  # a JSON schema read as OpenAI's strict mode does
 FIELDS = {
     "json_schema": "constraint.json_schema",
+    JSON_SCHEMA_STRICT: "constraint.json_schema",
     "regex": "constraint.regex",
     "choice": "constraint.choice.options",
     "grammar": "constraint.grammar",
@@ -83,19 +85,20 @@ def _compile(kind: str, spec: str | Sequence[str], vocabulary: Vocabulary, limit
     try:
         if kind == "regex":
             return automaton(regex.whole(source), vocabulary, limits, field, budget)
-        return _json_schema(source, vocabulary, limits, budget)
+        return _json_schema(source, vocabulary, limits, budget, strict=kind == JSON_SCHEMA_STRICT)
     except RecursionError as exc:  # nesting the parsers let through but the tree walks cannot follow
         raise InvalidInput("the constraint nests too deeply", reason="CONSTRAINT_TOO_LARGE",
                            field=field) from exc
 
 
-def _json_schema(source: str, vocabulary: Vocabulary, limits: Limits, budget: Budget) -> Compiled:
+def _json_schema(source: str, vocabulary: Vocabulary, limits: Limits, budget: Budget,
+                 strict: bool) -> Compiled:
     """A DFA where the schema fits one (every mask can be computed ahead, an open value nests
     max_json_depth deep); the pushdown engine where it recurses through a $ref or its DFA would
     pass max_schema_dfa_states, or its NFA max_schema_nfa_states (lazy: the parser states rows
     reach, open values at any depth)."""
     field = FIELDS["json_schema"]
-    found = json_schema.tree(source, limits, budget, open_depth=limits.max_json_depth)
+    found = json_schema.tree(source, limits, budget, open_depth=limits.max_json_depth, strict=strict)
     if not found.rules and nfa.size(found.root) <= limits.max_schema_nfa_states:
         try:
             return automaton(found.root, vocabulary, replace(limits, max_states=limits.max_schema_dfa_states),
@@ -104,7 +107,7 @@ def _json_schema(source: str, vocabulary: Vocabulary, limits: Limits, budget: Bu
             if exc.reason != "CONSTRAINT_TOO_LARGE":
                 raise
     if found.opened:  # again, with open values at any depth
-        found = json_schema.tree(source, limits, budget, open_depth=None)
+        found = json_schema.tree(source, limits, budget, open_depth=None, strict=strict)
     program = tree_grammar.program(found.root, found.rules, field, limits.max_schema_elements)
     budget.check()
     return grammar.CompiledGrammar(program, vocabulary, limits, field)

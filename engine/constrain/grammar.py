@@ -99,6 +99,14 @@ class CompiledGrammar:
         return GrammarRow(self, self._start)
 
     @property
+    def program(self) -> Program:
+        return self._program
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        return self._vocabulary
+
+    @property
     def nbytes(self) -> int:
         """Memory now: rules, transition table, states and cached masks (it grows, to the bounds)."""
         return self._program.nbytes + self._transitions.nbytes + self._mask_bytes

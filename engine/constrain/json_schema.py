@@ -97,9 +97,11 @@ class Tree:
 
 
 def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDED, *,
-         open_depth: int | None = None) -> Tree:
+         open_depth: int | None = None, strict: bool = False) -> Tree:
     """The schema's tree. A recursive $ref is a `Ref` to the rule of its target. An open value
-    nests containers at most `open_depth` deep (None: any depth, through a rule of its own)."""
+    nests containers at most `open_depth` deep (None: any depth, through a rule of its own).
+    `strict`: the reading of OpenAI's strict mode, where an object with declared properties and
+    no additionalProperties holds no others (the spec's reading allows any others)."""
     # Refused before json.loads recurses per level; a schema level nests JSON two deep at most, so the
     # compiler's own max_schema_depth (CONSTRAINT_TOO_LARGE) still answers any schema nested less.
     check_json_depth(source, 4 * limits.max_schema_depth, field=FIELD)
@@ -108,7 +110,7 @@ def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDE
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"the JSON schema is not valid JSON: {exc}", reason="SCHEMA_INVALID",
                            field=FIELD) from exc
-    compiler = _Compiler(root, limits, budget, open_depth)
+    compiler = _Compiler(root, limits, budget, open_depth, strict)
     return Tree(compiler.node(root, ""), compiler.rules, compiler.opened)
 
 
@@ -122,8 +124,10 @@ def invalid(pointer: str, what: str) -> InvalidInput:
 
 
 class _Compiler:
-    def __init__(self, root: Any, limits: Limits, budget: Budget, open_depth: int | None) -> None:
+    def __init__(self, root: Any, limits: Limits, budget: Budget, open_depth: int | None,
+                 strict: bool) -> None:
         self.root = root
+        self.strict = strict
         self.limits = limits
         self.budget = budget
         self.open_depth = open_depth
@@ -426,9 +430,9 @@ class _Compiler:
 
     def _types(self, schema: dict[str, Any], pointer: str) -> list[str]:
         declared = schema.get("type")
-        if declared is None:
-            implied = [t for t, keys in TYPE_KEYWORDS.items() if t != "integer" and set(keys) & set(schema)]
-            return implied or ["any"]
+        if declared is None:  # every type; the keywords of one hold for its values only
+            keyed = any(set(keys) & set(schema) for keys in TYPE_KEYWORDS.values())
+            return [t for t in TYPE_KEYWORDS if t != "integer"] if keyed else ["any"]
         names = [declared] if isinstance(declared, str) else declared
         if not isinstance(names, list) or not names or any(n not in TYPE_KEYWORDS for n in names):
             raise invalid(f"{pointer}/type", f"unknown type {declared!r}")
@@ -472,9 +476,11 @@ class _Compiler:
             raise invalid(f"{pointer}/properties", "properties must be an object")
         if not isinstance(required, list) or any(not isinstance(r, str) for r in required):
             raise invalid(f"{pointer}/required", "required must be a list of names")
-        # The only members written that no properties/patternProperties keyword evaluates are a map's
-        # keys and undeclared required names: additionalProperties' (else unevaluatedProperties').
-        additional = schema.get("additionalProperties", schema.get("unevaluatedProperties", True))
+        # Members no properties/patternProperties keyword evaluates (a map's keys, undeclared required
+        # names, others after the declared ones) take additionalProperties' schema (else
+        # unevaluatedProperties'); absent, any value, and the strict reading writes no others.
+        given = schema.get("additionalProperties", schema.get("unevaluatedProperties"))
+        additional = True if given is None else given
         least = _count(schema, "minProperties", pointer, 0) or 0
         most = _count(schema, "maxProperties", pointer, None)
         names = schema.get("propertyNames")
@@ -492,12 +498,12 @@ class _Compiler:
             at = f"{pointer}/propertyNames"
             key = None if names is None else self._merged([(names, at), ({"type": "string"}, pointer)], at)
             return self._map(additional, pointer, least, most, key)
-        # Declared members only: what the counts ask must hold for every object they make.
-        names = dict.fromkeys([*properties, *required])
+        # What the counts ask must hold for every object made (no others beside maxProperties).
+        declared = dict.fromkeys([*properties, *required])
         if least > len(set(required)):
             raise unsupported(f"{pointer}/minProperties", "minProperties above the number of required "
                               "properties (an object of declared properties may leave the others out)")
-        if most is not None and most < len(names):
+        if most is not None and most < len(declared):
             raise unsupported(f"{pointer}/maxProperties", "maxProperties below the number of declared "
                               "properties")
         items = [(self._member(name, subschema, f"{pointer}/properties/{_escape(name)}"), name in required)
@@ -505,6 +511,12 @@ class _Compiler:
         # A required name not among properties takes additionalProperties' schema (false: none fits).
         items += [(self._member(name, additional, f"{pointer}/additionalProperties"), True)
                   for name in dict.fromkeys(required) if name not in properties]
+        others = given is not None or not self.strict  # explicit, or the spec's reading of absent
+        if others and additional is not False and names is None and most is None:
+            # Others after the declared ones, keys written plainly (no escape can spell a declared name).
+            key = seq(jv.QUOTE, jv.plain_other_than(list(declared)), jv.QUOTE)
+            other = seq(key, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
+            items.append((repeat(other, 1, None, jv.COMMA), False))
         return seq(text("{"), members(items, jv.COMMA), text("}"))
 
     def _patterned(self, schema: dict[str, Any], properties: dict[str, Any], required: list[str],

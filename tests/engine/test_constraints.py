@@ -15,6 +15,7 @@ import pytest
 
 from engine.constrain import ConstraintCache, Limits, Vocabulary, compile_constraint
 from engine.constrain.automaton import MOVE_BYTES, Automaton, AutomatonRow
+from engine.constrain.gbnf import END, TERMINAL, Program
 from engine.constrain.grammar import CompiledGrammar
 from engine.errors import InvalidInput
 
@@ -92,10 +93,32 @@ def random_walk(compiled: object, seed: int, greed: float = 0.5,
     raise AssertionError(f"no EOS after {max_steps} tokens: {out[:200]!r}")
 
 
+def completions(program: Program) -> list[int]:
+    """Per grammar position, the fewest bytes that finish its alternative (a fixed point)."""
+    far = 1 << 30
+    rest, rule = [far] * len(program.kinds), [far] * len(program.starts)
+    changed = True
+    while changed:
+        changed = False
+        for p in reversed(range(len(program.kinds))):
+            kind, value = program.kinds[p], program.values[p]
+            after = rest[p + 1] if p + 1 < len(rest) else 0
+            found = 0 if kind == END else min(far, (1 if kind == TERMINAL else rule[value]) + after)
+            if found < rest[p]:
+                rest[p], changed = found, True
+        for r, starts in enumerate(program.starts):
+            best = min((rest[s] for s in starts), default=far)
+            if best < rule[r]:
+                rule[r], changed = best, True
+    return rest
+
+
 def _random_parse(grammar: CompiledGrammar, seed: int, greed: float,
                   max_steps: int) -> tuple[bytes, list[int]]:
+    """As random_walk, nearest by the fewest bytes that finish some parse (its stack's rests)."""
+    rest = completions(grammar.program)
     rng, row, out, taken = np.random.default_rng(seed), grammar.start(), b"", []
-    eos_ids = grammar._vocabulary.eos_ids
+    eos_ids = grammar.vocabulary.eos_ids
     for _ in range(max_steps):
         allowed = np.flatnonzero(row.allowed())
         eos = [t for t in allowed if t in eos_ids]
@@ -104,11 +127,12 @@ def _random_parse(grammar: CompiledGrammar, seed: int, greed: float,
             return out, taken
         tokens = np.array([t for t in allowed if t not in eos_ids])
         if rng.random() < greed:
-            depth = np.array([min(map(len, grammar.advance(row.state, int(t)))) for t in tokens])
-            tokens = tokens[depth == depth.min()]
+            reach = np.array([min(sum(rest[p] for p in stack) for stack in grammar.advance(row.state, int(t)))
+                              for t in tokens])
+            tokens = tokens[reach == reach.min()]
         token = int(rng.choice(tokens))
         row.advance(token)
-        out += grammar._vocabulary.pieces[token] or b""
+        out += grammar.vocabulary.pieces[token] or b""
         taken.append(token)
     raise AssertionError(f"no EOS after {max_steps} tokens: {out[:200]!r}")
 

@@ -43,10 +43,10 @@ def test_a_regex_on_the_pushdown_engine_admits_exactly_what_its_dfa_admits(patte
 def test_a_schema_on_the_pushdown_engine_admits_exactly_what_its_dfa_admits(entry: dict[str, Any]) -> None:
     tree = json_schema.tree(json.dumps(entry["schema"]), open_depth=Limits().max_json_depth).root
     dfa, grammar = automaton(tree, VOCAB, Limits(), FIELD), pushed(tree)
-    for seed in range(8):
+    for seed in range(4):
         out, _ = random_walk(dfa, seed)
         assert grammar.matches(out), out
-        for cut in range(0, len(out), max(1, len(out) // 7)):  # every prefix and one-byte change
+        for cut in range(0, len(out), max(1, len(out) // 5)):  # every prefix and one-byte change
             for changed in (out[:cut], out[:cut] + b"x" + out[cut + 1 :], out[:cut] + b'"' + out[cut:]):
                 assert dfa.matches(changed) == grammar.matches(changed), changed
 

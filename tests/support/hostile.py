@@ -130,7 +130,7 @@ def fanned_schema(depth: int = 30, title: str = "", beside: bool = True, width: 
     it is used."""
     more = {"minProperties": 0} if beside else {}
     defs: dict[str, Any] = {
-        f"n{i}": {"type": "object",
+        f"n{i}": {"type": "object", "additionalProperties": False,
                   "properties": {**{chr(97 + k): {"$ref": f"#/$defs/n{i + 1}", **more} for k in range(width)},
                                  "p": {"$ref": "#/$defs/words", "type": "string"}}}
         for i in range(depth)}
