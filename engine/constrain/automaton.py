@@ -105,12 +105,25 @@ class Automaton:
         self._moves[state * size + token] = after
         return after
 
-    def matches(self, data: bytes) -> bool:
-        """Whether `data` is a whole match (the bytes alone, whatever tokens would write them)."""
-        state, table = 1, self.dfa.table
+    @property
+    def initial(self) -> int:
+        """The start state, for `after_bytes` (a walk by bytes, whatever tokens would write them)."""
+        return 1
+
+    def after_bytes(self, state: int, data: bytes) -> int | None:
+        """The state after `data`'s bytes from `state`; None where they cannot follow."""
+        table = self.dfa.table
         for byte in data:
             state = int(table[state, byte])
+        return state or None
+
+    def final(self, state: int) -> bool:
         return bool(self.dfa.accepting[state])
+
+    def matches(self, data: bytes) -> bool:
+        """Whether `data` is a whole match (the bytes alone, whatever tokens would write them)."""
+        state = self.after_bytes(self.initial, data)
+        return state is not None and self.final(state)
 
     def walk(self, state: int, token: int) -> int:
         """The state after `token`'s bytes (dead: 0)."""

@@ -93,12 +93,12 @@ def _compile(kind: str, spec: str | Sequence[str], vocabulary: Vocabulary, limit
 
 def _json_schema(source: str, vocabulary: Vocabulary, limits: Limits, budget: Budget,
                  strict: bool) -> Compiled:
-    """A DFA where the schema fits one (every mask can be computed ahead, an open value nests
-    max_json_depth deep); the pushdown engine where it recurses through a $ref or its DFA would
-    pass max_schema_dfa_states, or its NFA max_schema_nfa_states (lazy: the parser states rows
-    reach, open values at any depth)."""
+    """A DFA where the schema fits one (every mask can be computed ahead); the pushdown engine
+    (lazy: the parser states rows reach) where it recurses through a $ref, holds an open value
+    (any JSON value, at any depth: its DFA would be large and cut at some depth) or its NFA
+    would pass max_schema_nfa_states, or its DFA max_schema_dfa_states."""
     field = FIELDS["json_schema"]
-    found = json_schema.tree(source, limits, budget, open_depth=limits.max_json_depth, strict=strict)
+    found = json_schema.tree(source, limits, budget, strict=strict)
     if not found.rules and nfa.size(found.root) <= limits.max_schema_nfa_states:
         try:
             return automaton(found.root, vocabulary, replace(limits, max_states=limits.max_schema_dfa_states),
@@ -106,8 +106,6 @@ def _json_schema(source: str, vocabulary: Vocabulary, limits: Limits, budget: Bu
         except InvalidInput as exc:
             if exc.reason != "CONSTRAINT_TOO_LARGE":
                 raise
-    if found.opened:  # again, with open values at any depth
-        found = json_schema.tree(source, limits, budget, open_depth=None, strict=strict)
     program = tree_grammar.program(found.root, found.rules, field, limits.max_schema_elements)
     budget.check()
     return grammar.CompiledGrammar(program, vocabulary, limits, field)

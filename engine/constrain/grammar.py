@@ -167,10 +167,23 @@ class CompiledGrammar:
         raise InvalidInput(f"token {token} is not allowed by the constraint here", reason="TOKEN_NOT_ALLOWED",
                            field=self._field)
 
+    @property
+    def initial(self) -> State:
+        """The start state, for `after_bytes` (a walk by bytes, whatever tokens would write them)."""
+        return self._start
+
+    def after_bytes(self, state: State, data: bytes) -> State | None:
+        """The state after `data`'s bytes from `state`; None where they cannot follow."""
+        with self._lock:
+            return self._transitions.after(state, data) or None
+
+    def final(self, state: State) -> bool:
+        return () in state
+
     def matches(self, data: bytes) -> bool:
         """Whether `data` is a whole match (the bytes alone, whatever tokens would write them)."""
-        with self._lock:
-            return () in self._transitions.after(self._start, data)
+        state = self.after_bytes(self._start, data)
+        return state is not None and self.final(state)
 
     def _mask(self, state: State, ends: npt.NDArray[np.int32]) -> npt.NDArray[np.uint8]:
         mask = np.zeros(self._vocabulary.size, np.bool_)

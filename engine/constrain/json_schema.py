@@ -26,8 +26,8 @@ Choices made for the output (json_values.py has the whitespace policy):
   is merged with them at each use, entered at most Limits.max_ref_depth times along one path
   (deeper, it matches nothing, so optional recursion stops and required recursion fails the
   branch).
-- An open value ({}, true, items absent) nests containers at most Limits.max_json_depth deep in
-  a schema run as a DFA, at any depth in one run on the pushdown engine.
+- An open value ({}, true, items absent) is any JSON value, at any depth: a `Ref` to the rule
+  OPEN, so the schema runs on the pushdown engine.
 - `pattern` matches the decoded string anywhere unless anchored; it cannot be combined with an
   enforced format (SCHEMA_UNSUPPORTED); minLength/maxLength beside it: _pattern_lengths.
   minLength/maxLength beside a format hold for all its strings (kept: the format alone) or none
@@ -93,13 +93,12 @@ class Tree:
 
     root: Node
     rules: dict[str, Node]
-    opened: bool  # whether it holds an open value (so its depth bound matters)
 
 
 def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDED, *,
-         open_depth: int | None = None, strict: bool = False) -> Tree:
-    """The schema's tree. A recursive $ref is a `Ref` to the rule of its target. An open value
-    nests containers at most `open_depth` deep (None: any depth, through a rule of its own).
+         strict: bool = False) -> Tree:
+    """The schema's tree. A recursive $ref is a `Ref` to the rule of its target, and an open value
+    (any JSON value, at any depth) a `Ref` to the rule OPEN.
     `strict`: the reading of OpenAI's strict mode, where an object with declared properties and
     no additionalProperties holds no others (the spec's reading allows any others)."""
     # Refused before json.loads recurses per level; a schema level nests JSON two deep at most, so the
@@ -110,8 +109,8 @@ def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDE
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"the JSON schema is not valid JSON: {exc}", reason="SCHEMA_INVALID",
                            field=FIELD) from exc
-    compiler = _Compiler(root, limits, budget, open_depth, strict)
-    return Tree(compiler.node(root, ""), compiler.rules, compiler.opened)
+    compiler = _Compiler(root, limits, budget, strict)
+    return Tree(compiler.node(root, ""), compiler.rules)
 
 
 def unsupported(pointer: str, what: str) -> InvalidInput:
@@ -124,27 +123,21 @@ def invalid(pointer: str, what: str) -> InvalidInput:
 
 
 class _Compiler:
-    def __init__(self, root: Any, limits: Limits, budget: Budget, open_depth: int | None,
-                 strict: bool) -> None:
+    def __init__(self, root: Any, limits: Limits, budget: Budget, strict: bool) -> None:
         self.root = root
         self.strict = strict
         self.limits = limits
         self.budget = budget
-        self.open_depth = open_depth
         self.entered: dict[str, int] = {}  # $ref -> times entered on the current path (merged ones)
         self.nodes = 0  # subschemas compiled so far
         self.targets: dict[str, Node] = {}  # a $ref's target compiled: once per schema
         self.on_path: set[str] = set()  # $ref targets being compiled (a $ref to one recurses)
         self.rules: dict[str, Node] = {}  # the targets a recursive $ref refers to
-        self.opened = False
 
     def open_value(self) -> Node:
-        """Any JSON value: nested at most open_depth deep, or through the rule OPEN (any depth)."""
-        self.opened = True
-        if self.open_depth is not None:
-            return jv.any_value(self.open_depth)
+        """Any JSON value, at any depth: the rule OPEN."""
         if OPEN not in self.rules:
-            self.rules[OPEN] = jv.any_value(1, inner=Ref(OPEN))
+            self.rules[OPEN] = jv.any_value(Ref(OPEN))
         return Ref(OPEN)
 
     def node(self, schema: Any, pointer: str) -> Node:

@@ -146,14 +146,9 @@ def object_map(value: Node, lo: int = 0, hi: int | None = None, key: Node | None
                text("}"))
 
 
-def any_value(depth: int, inner: Node | None = None) -> Node:
-    """Any JSON value with containers nested at most `depth` deep, the innermost containers
-    holding `inner` (a reference to this value itself: any depth) or scalars."""
-    scalar = alt(string(), NUMBER, BOOLEAN, NULL)
-    value = scalar if inner is None else inner
-    for _ in range(depth):
-        value = alt(scalar, array(value), object_map(value))
-    return value
+def any_value(inner: Node) -> Node:
+    """Any JSON value whose containers hold `inner` (a reference to this value itself: any depth)."""
+    return alt(string(), NUMBER, BOOLEAN, NULL, array(inner), object_map(inner))
 
 
 def integer_range(lo: int | None, hi: int | None) -> Node:

@@ -23,8 +23,6 @@ class Limits:
     # A choice: how many options, and their UTF-8 bytes together.
     max_choices: int = 4_096
     max_choice_bytes: int = 65_536
-    # Containers nested inside a value a schema leaves open ({}, "type": "object" alone).
-    max_json_depth: int = 3
     # Times a $ref with keywords beside it may be entered along one path through the schema (a $ref
     # alone recurses to any depth, through the pushdown engine).
     max_ref_depth: int = 3

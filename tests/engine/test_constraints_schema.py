@@ -401,11 +401,12 @@ def test_a_ref_with_keywords_beside_it_is_entered_at_most_max_ref_depth_times_al
         assert [accepts(compiled, t.encode()) for t in nested] == [i <= depth for i in range(4)]
 
 
-def test_an_open_value_nests_containers_at_most_max_json_depth() -> None:
-    compiled = compile_constraint("json_schema", "{}", VOCAB, Limits(max_json_depth=2))
-    for text in ['"x"', '[{"a": 1}]', '{"a": [1, 2], "b": null}', "[[]]"]:
+def test_an_open_value_nests_containers_at_any_depth() -> None:
+    compiled = schema_of({})
+    for text in ['"x"', '[{"a": 1}]', '{"a": [1, 2], "b": null}', "[[]]", "[" * 40 + "1" + "]" * 40,
+                 '{"a":{"b":{"c":{"d":{"e":[{}]}}}}}']:
         assert accepts(compiled, text.encode()), text
-    for text in ["[[[1]]]", '{"a":{"b":{}}}', '[{"a": [1]}]']:
+    for text in ["[[1]", '{"a":}', "[1,]", "{1:2}"]:
         assert not accepts(compiled, text.encode()), text
 
 

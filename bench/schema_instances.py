@@ -1,0 +1,122 @@
+"""Real-world JSON Schemas handled correctly (issue #41): each schema of JSON Schema Store that has
+test instances, compiled as a `json_schema` constraint on the default model's vocabulary (its first
+mask computed, as the server does before a request runs), then every valid instance (src/test) and
+every invalid one (src/negative_test) walked through it (bench/instance_walk.py: written as the
+engine writes JSON, members in any order). A schema is handled correctly when it compiles, every
+valid instance is admitted and every invalid one refused.
+
+    git -C <schemastore> archive HEAD src/schemas/json src/test src/negative_test | tar -x -C /tmp/ss
+    python -m bench.schema_instances /tmp/ss/src --out bench/results/<dir>/instances.json
+
+Prints the summary: shares, valid instances refused, invalid ones admitted (each a finding: a
+bug, or where the engine's output policy cannot write a valid instance), compile + first mask
+CPU time p50/p99/max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.instance_walk import admits
+from engine.constrain import Vocabulary, compile_constraint
+from engine.constrain.budget import Budget
+from engine.errors import InvalidInput
+
+MAX_SCHEMA_BYTES = 64 * 1024
+DEFAULT_MODEL = Path(".pytest_cache/d/ladder-default-model/models/smollm2-135m-instruct-int4-ctx4096")
+
+
+def vocabulary(model_dir: Path) -> Vocabulary:
+    from engine.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(model_dir)
+    config = json.loads((model_dir / "genai_config.json").read_text())["model"]
+    eos = config["eos_token_id"]
+    return Vocabulary.from_tokenizer(tokenizer, config["vocab_size"], eos if isinstance(eos, list) else [eos])
+
+
+def instances(root: Path, kind: str, name: str) -> list[Any]:
+    found = []
+    for path in sorted((root / kind / name).glob("*.json")):
+        try:
+            found.append(json.loads(path.read_text(encoding="utf-8")))
+        except (ValueError, UnicodeDecodeError):
+            continue
+    return found
+
+
+def check(text: str, valid: list[Any], invalid: list[Any], vocab: Vocabulary, seconds: float) -> dict[str, Any]:
+    budget = Budget(seconds)
+    budget.start()
+    started = time.thread_time()
+    try:
+        compiled = compile_constraint("json_schema", text, vocab, budget=budget)
+        compiled.start().allowed()
+    except InvalidInput as exc:
+        found = re.search(r"'([^']+)'", str(exc))
+        return {"compiled": False, "reason": exc.reason, "keyword": found.group(1) if found else "",
+                "cpu_s": round(time.thread_time() - started, 4)}
+    result: dict[str, Any] = {"compiled": True, "engine": type(compiled).__name__,
+                              "cpu_s": round(time.thread_time() - started, 4)}
+    walked_valid = [admits(compiled, v) for v in valid]
+    walked_invalid = [admits(compiled, v) for v in invalid]
+    result["valid_refused"] = [i for i, ok in enumerate(walked_valid) if ok is False]
+    result["invalid_admitted"] = [i for i, ok in enumerate(walked_invalid) if ok is True]
+    result["undecided"] = sum(ok is None for ok in walked_valid + walked_invalid)
+    result["handled"] = not result["valid_refused"] and not result["invalid_admitted"] and not result["undecided"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("src", type=Path, help="Schema Store's src/ (schemas/json, test, negative_test)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--seconds", type=float, default=2.0, help="CPU allowance per compile (the server's)")
+    parser.add_argument("--limit", type=int, default=0)
+    args = parser.parse_args()
+    vocab = vocabulary(args.model_dir)
+    results: dict[str, Any] = {}
+    names = sorted(p.name for p in (args.src / "test").iterdir() if p.is_dir())
+    for name in names[:args.limit] if args.limit else names:
+        path = args.src / "schemas" / "json" / f"{name}.json"
+        if not path.exists() or path.stat().st_size > MAX_SCHEMA_BYTES:
+            continue
+        valid, invalid = instances(args.src, "test", name), instances(args.src, "negative_test", name)
+        if not valid and not invalid:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        results[name] = check(text, valid, invalid, vocab, args.seconds)
+        results[name].update(valid=len(valid), invalid=len(invalid))
+    compiled = [r for r in results.values() if r["compiled"]]
+    times = np.array([r["cpu_s"] for r in compiled]) if compiled else np.zeros(1)
+    summary = {
+        "schemas": len(results), "compiled": len(compiled),
+        "handled": sum(r.get("handled", False) for r in results.values()),
+        "handled_share": round(sum(r.get("handled", False) for r in results.values()) / max(len(results), 1), 3),
+        "valid_instances": sum(r["valid"] for r in results.values()),
+        "invalid_instances": sum(r["invalid"] for r in results.values()),
+        "valid_refused_by_compiled": sum(len(r["valid_refused"]) for r in compiled),
+        "invalid_admitted": sum(len(r["invalid_admitted"]) for r in compiled),
+        "undecided": sum(r["undecided"] for r in compiled),
+        "compile_first_mask_cpu_s": {"p50": round(float(np.percentile(times, 50)), 4),
+                                     "p99": round(float(np.percentile(times, 99)), 4),
+                                     "max": round(float(times.max()), 4)},
+        "refused_by_reason": dict(collections.Counter(r["reason"] for r in results.values()
+                                                      if not r["compiled"]).most_common()),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
