@@ -34,7 +34,8 @@ def _written(compiled: Any, state: Any, value: Any, steps: list[int]) -> Iterato
     """Every state (alive) after writing `value` from `state`, one per order of members that fits."""
     if isinstance(value, dict):
         members = list(value.items())
-        yield from _members(compiled, compiled.after_bytes(state, b"{"), members, frozenset(range(len(members))),
+        everything = frozenset(range(len(members)))
+        yield from _members(compiled, compiled.after_bytes(state, b"{"), members, everything,
                             True, steps, set())
     elif isinstance(value, list):
         yield from _items(compiled, compiled.after_bytes(state, b"["), value, True, steps)
@@ -72,15 +73,16 @@ def _members(compiled: Any, state: Any, members: list[tuple[str, Any]], left: fr
         writings = _written(compiled, keyed, members[i][1], steps)
         found = next(writings, None)
         if found is not None:
-            tries.append((-_followers(compiled, found, members, left - {i}), i, itertools.chain([found], writings)))
+            followers = _followers(compiled, found, members, left - {i})
+            tries.append((-followers, i, itertools.chain([found], writings)))
     for _, i, writings in sorted(tries, key=lambda t: t[:2]):
         for written in writings:
             yield from _members(compiled, written, members, left - {i}, False, steps, seen)
 
 
 def _followers(compiled: Any, state: Any, members: list[tuple[str, Any]], left: frozenset[int]) -> int:
-    return sum(compiled.after_bytes(state, b"," + json.dumps(members[j][0], ensure_ascii=False).encode() + b":")
-               is not None for j in left)
+    heads = (b"," + json.dumps(members[j][0], ensure_ascii=False).encode() + b":" for j in left)
+    return sum(compiled.after_bytes(state, head) is not None for head in heads)
 
 
 def _items(compiled: Any, state: Any, left: list[Any], first: bool, steps: list[int]) -> Iterator[Any]:

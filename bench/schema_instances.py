@@ -53,7 +53,8 @@ def instances(root: Path, kind: str, name: str) -> list[Any]:
     return found
 
 
-def check(text: str, valid: list[Any], invalid: list[Any], vocab: Vocabulary, seconds: float) -> dict[str, Any]:
+def check(text: str, valid: list[Any], invalid: list[Any], vocab: Vocabulary,
+          seconds: float) -> dict[str, Any]:
     budget = Budget(seconds)
     budget.start()
     started = time.thread_time()
@@ -71,7 +72,7 @@ def check(text: str, valid: list[Any], invalid: list[Any], vocab: Vocabulary, se
     result["valid_refused"] = [i for i, ok in enumerate(walked_valid) if ok is False]
     result["invalid_admitted"] = [i for i, ok in enumerate(walked_invalid) if ok is True]
     result["undecided"] = sum(ok is None for ok in walked_valid + walked_invalid)
-    result["handled"] = not result["valid_refused"] and not result["invalid_admitted"] and not result["undecided"]
+    result["handled"] = not (result["valid_refused"] or result["invalid_admitted"] or result["undecided"])
     return result
 
 
@@ -101,7 +102,8 @@ def main() -> None:
     summary = {
         "schemas": len(results), "compiled": len(compiled),
         "handled": sum(r.get("handled", False) for r in results.values()),
-        "handled_share": round(sum(r.get("handled", False) for r in results.values()) / max(len(results), 1), 3),
+        "handled_share": round(sum(r.get("handled", False) for r in results.values())
+                               / max(len(results), 1), 3),
         "valid_instances": sum(r["valid"] for r in results.values()),
         "invalid_instances": sum(r["invalid"] for r in results.values()),
         "valid_refused_by_compiled": sum(len(r["valid_refused"]) for r in compiled),
