@@ -22,6 +22,7 @@ import pydantic
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
+from service.config import Config
 from tests.support.rich_errors import details_of
 from tests.support.servers import RunningServer, free_port, server_config
 
@@ -49,11 +50,16 @@ HISTORY: list[Any] = [
     {"role": "tool", "tool_call_id": "call_abc", "content": "18 degrees and sunny"}]
 
 
+def tools_config(default_model: Callable[..., Path]) -> Config:
+    """The tool tests' server (tests/clients/test_node_openai_sdk.py's too): the default model (int4),
+    HTTP on, a few sessions."""
+    return server_config(default_model("int4"), http_port=free_port(), max_sessions=4, capacity=2048,
+                         chunk_size=64)
+
+
 @pytest.fixture(scope="module")
 def server(default_model: Callable[..., Path]) -> Iterator[RunningServer]:
-    config = server_config(default_model("int4"), http_port=free_port(), max_sessions=4, capacity=2048,
-                           chunk_size=64)
-    with RunningServer(config) as running:
+    with RunningServer(tools_config(default_model)) as running:
         yield running
 
 
