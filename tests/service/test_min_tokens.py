@@ -12,7 +12,7 @@ from tests.support.rich_errors import details_of
 from tests.support.servers import RunningServer
 from tests.support.sessions import part, prefill
 
-# The default model's greedy reply to this prompt ends with end-of-sequence as its 12th token.
+# The served test model's greedy reply to this prompt ends with end-of-sequence as its 12th token.
 ENDS_AT_12 = [31] + [2] * 8
 FIELD = "stopping.min_new_tokens"
 
