@@ -29,7 +29,7 @@ from engine.sampling import Sampler
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire
-from service.calls import ConstraintSpec, ForkCall, GenerateCall, Prompt, check_response_fits
+from service.calls import ConstraintSpec, ForkCall, GenerateCall, Prompt, Stopping, check_response_fits
 from service.errors import Cancelled, TooLarge
 from service.events import ForwardDone, TokenOut
 from service.generation import (
@@ -85,9 +85,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         check_response_fits(stopping.max_new_tokens, call.n, call.logprobs, len(tokens),
                             serving.config.max_message_bytes)
         samplers = await self._samplers(call.samplers(), call.constraint)
-        hold_ends(samplers, stopping.min_new_tokens, ending_tokens(serving.model.eos_ids, stopping,
-                                                                   call.constraint is not None),
-                  serving.model.vocab_size)
+        self._hold_ends(samplers, stopping, call.constraint)
         progress = serving.progress(len(tokens))
         progress.samples = call.n
         body = generate_body(serving.model, tokens, samplers, stopping, progress.tally,
@@ -108,6 +106,12 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                                 strict=True):
             sampler.constraint = row
         return samplers
+
+    def _hold_ends(self, samplers: list[Sampler], stopping: Stopping,
+                   constraint: ConstraintSpec | None) -> None:
+        """min_new_tokens: the tokens that would end a sample are masked out of its first choices."""
+        ends = ending_tokens(self.serving.model.eos_ids, stopping, constraint is not None)
+        hold_ends(samplers, stopping.min_new_tokens, ends, self.serving.model.vocab_size)
 
     def _constraint_time(self, samplers: list[Sampler]) -> None:
         for sampler in samplers:
@@ -220,6 +224,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         wanted = call.stopping.max_new_tokens or serving.config.default_max_new_tokens
         check_response_fits(wanted, 1, call.logprobs, 0, serving.config.max_message_bytes)
         [sampler] = await self._samplers([call.sampler()], call.constraint)
+        self._hold_ends([sampler], call.stopping, call.constraint)
         with serving.sessions.using(state):
             body = decode_body(serving.model, state, sampler, call.stopping)
             progress = serving.progress()

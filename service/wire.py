@@ -188,7 +188,7 @@ def sampling(message: pb.SamplingOptions) -> SamplingParams:
 
 def stopping(message: pb.StoppingOptions) -> Stopping:
     return Stopping(message.max_new_tokens, tuple(message.stop), message.ignore_eos,
-                    frozenset(message.stop_token_ids))
+                    frozenset(message.stop_token_ids), min_new_tokens=message.min_new_tokens)
 
 
 def summary(tally: PrefillTally) -> pb.PrefillSummary:

@@ -2,8 +2,8 @@
 # Builds ladder-go (the Go example client) without root and without the Go module proxy: uses the
 # system's Go and Debian's packaged Go sources (/usr/share/gocode) when they are installed, otherwise
 # downloads Debian's packages with `apt-get download`, unpacks them with `dpkg -x` under a cache
-# directory and builds in GOPATH mode against that prefix (GO111MODULE=off: Debian packages Go
-# libraries as GOPATH sources, not as modules).
+# directory (scripts/debian-fetch.sh) and builds in GOPATH mode against that prefix (GO111MODULE=off:
+# Debian packages Go libraries as GOPATH sources, not as modules).
 #
 #   clients/go/build.sh [BUILD_DIR]          # default clients/go/build; prints the binary's path
 #   clients/go/build.sh --generate [OUT]     # regenerates ladder/v1/*.pb.go into OUT (default clients/go)
@@ -20,7 +20,11 @@ DEPS="${LADDER_GO_DEPS:-$HOME/.cache/ladder/go-deps}"
 # proto3 `optional`; golang-goprotobuf-dev's 1.3 refuses the file); protoc-gen-go-grpc is grpc-go's.
 PACKAGES=(golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-google-genproto-dev
           protobuf-compiler protoc-gen-go protoc-gen-go-grpc)
-APT_OPTS=()
+# shellcheck source=../../scripts/debian-fetch.sh
+source "$HERE/../../scripts/debian-fetch.sh"
+# Of a dependency's alternatives apt-cache lists them all: github.com/golang/protobuf 1.3 and 1.5
+# share a directory (dpkg would refuse the pair), and grpc-go 1.33 wants 1.5 (APIv2-backed), so 1.3 goes.
+DEBIAN_EXCLUDE=(golang-github-golang-protobuf-1-3-dev golang-goprotobuf-dev)
 GENERATE=""
 if [ "${1:-}" = "--generate" ]; then
   GENERATE="$(mkdir -p "${2:-$HERE}" && cd "${2:-$HERE}" && pwd)"
@@ -42,49 +46,13 @@ have_system_packages() {
     && [ -d /usr/share/gocode/src/google.golang.org/protobuf ]
 }
 
-# Apt's package lists may be absent (slim images clear them): then read our own copy, fetched without root.
-use_private_lists_if_needed() {
-  apt-cache show golang-google-grpc-dev >/dev/null 2>&1 && return 0
-  mkdir -p "$DEPS/apt/lists/partial" "$DEPS/apt/cache/archives/partial"
-  APT_OPTS=(-o "Dir::State::Lists=$DEPS/apt/lists" -o "Dir::Cache=$DEPS/apt/cache" -o Debug::NoLocking=1)
-  echo "build.sh: no apt package lists here; fetching a private copy into $DEPS/apt" >&2
-  apt-get "${APT_OPTS[@]}" -qq update >&2 || unobtainable "apt-get update failed (no network?)"
-}
-
-# The packages and everything they depend on that dpkg does not already have installed. Of a
-# dependency's alternatives apt-cache lists them all: github.com/golang/protobuf 1.3 and 1.5 share
-# a directory (dpkg would refuse the pair), and grpc-go 1.33 wants 1.5 (APIv2-backed), so 1.3 goes.
-missing_packages() {
-  local name
-  apt-cache "${APT_OPTS[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
-      --no-replaces --no-enhances "$@" | grep -v -e '^ ' -e '^<' -e ':' | sort -u |
-    while read -r name; do
-      dpkg-query -W -f='${Status}' "$name" 2>/dev/null | grep -q 'ok installed' || echo "$name"
-    done | { grep -v -x -e golang-github-golang-protobuf-1-3-dev -e golang-goprotobuf-dev || true; }
-}
-
 unpack_packages() {
-  command -v apt-get >/dev/null && command -v dpkg >/dev/null || unobtainable "no apt-get/dpkg (not Debian)"
-  use_private_lists_if_needed
-  local missing
-  missing="$(missing_packages "${PACKAGES[@]}")" || unobtainable "apt-cache cannot resolve ${PACKAGES[*]}"
-  rm -rf "$DEPS/debs" "$DEPS/root"
-  mkdir -p "$DEPS/debs" "$DEPS/root"
-  echo "build.sh: downloading $(echo "$missing" | wc -l) Debian packages into $DEPS/debs" >&2
-  # shellcheck disable=SC2086  # one package name per word
-  (cd "$DEPS/debs" && apt-get "${APT_OPTS[@]}" -qq download $missing >&2) \
-    || unobtainable "apt-get download failed (no network?)"
-  for deb in "$DEPS"/debs/*.deb; do dpkg -x "$deb" "$DEPS/root"; done
-  echo "${PACKAGES[*]}" > "$DEPS/root/.complete"  # what was fetched: another list fetches again
-}
-
-# A tool from the prefix, or the system's when dpkg had it installed already (so it was not fetched).
-tool() {
-  if [ -x "$DEPS/root/usr/bin/$1" ]; then echo "$DEPS/root/usr/bin/$1"; else command -v "$1"; fi
+  debian_fetch "${PACKAGES[@]}"
+  debian_mark_fetched "${PACKAGES[@]}"
 }
 
 if ! have_system_packages; then
-  [ "$(cat "$DEPS/root/.complete" 2>/dev/null)" = "${PACKAGES[*]}" ] || unpack_packages
+  debian_fetched "${PACKAGES[@]}" || unpack_packages
   export LD_LIBRARY_PATH="$DEPS/root/usr/lib/$(uname -m)-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 

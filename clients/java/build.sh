@@ -3,7 +3,8 @@
 # classes from proto/ladder/v1/ladder.proto with protoc and grpc-java's plugin, compiles them and the
 # example with javac against Debian's grpc-java jars, and writes a launcher script. Uses the system's
 # packages when they are installed, otherwise downloads them with `apt-get download` and unpacks them
-# with `dpkg -x` under a cache directory. (Users build with Maven instead: clients/java/pom.xml.)
+# with `dpkg -x` under a cache directory (scripts/debian-fetch.sh). (Users build with Maven instead:
+# clients/java/pom.xml.)
 #
 #   clients/java/build.sh [BUILD_DIR]      # default clients/java/build; prints the launcher's path
 #
@@ -28,7 +29,8 @@ JARS=(grpc-api grpc-core grpc-context grpc-netty grpc-protobuf grpc-protobuf-lit
       netty-buffer netty-codec netty-codec-http netty-codec-http2 netty-codec-socks netty-common
       netty-handler netty-handler-proxy netty-resolver netty-transport netty-transport-native-unix-common
       netty-tcnative)
-APT_OPTS=()
+# shellcheck source=../../scripts/debian-fetch.sh
+source "$HERE/../../scripts/debian-fetch.sh"
 
 unobtainable() {
   echo "build.sh: cannot obtain grpc-java: $*" >&2
@@ -43,52 +45,12 @@ have_system_packages() {
     && [ -f "/usr/lib/$(uname -m)-linux-gnu/jni/libnetty-tcnative.so" ]
 }
 
-# Apt's package lists may be absent (slim images clear them): then read our own copy, fetched without root.
-use_private_lists_if_needed() {
-  apt-cache show libgrpc-java >/dev/null 2>&1 && return 0
-  mkdir -p "$DEPS/apt/lists/partial" "$DEPS/apt/cache/archives/partial"
-  APT_OPTS=(-o "Dir::State::Lists=$DEPS/apt/lists" -o "Dir::Cache=$DEPS/apt/cache" -o Debug::NoLocking=1)
-  echo "build.sh: no apt package lists here; fetching a private copy into $DEPS/apt" >&2
-  apt-get "${APT_OPTS[@]}" -qq update >&2 || unobtainable "apt-get update failed (no network?)"
-}
-
-# The packages and everything they depend on that dpkg does not already have installed.
-missing_packages() {
-  local name
-  apt-cache "${APT_OPTS[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
-      --no-replaces --no-enhances "$@" | grep -v -e '^ ' -e '^<' -e ':' | sort -u |
-    while read -r name; do
-      dpkg-query -W -f='${Status}' "$name" 2>/dev/null | grep -q 'ok installed' || echo "$name"
-    done
-}
-
 unpack_packages() {
-  command -v apt-get >/dev/null && command -v dpkg >/dev/null || unobtainable "no apt-get/dpkg (not Debian)"
-  use_private_lists_if_needed
   local wanted=("${PACKAGES[@]}")
   command -v javac >/dev/null || wanted+=(openjdk-17-jdk-headless)
-  local missing
-  missing="$(missing_packages "${wanted[@]}")" || unobtainable "apt-cache cannot resolve ${wanted[*]}"
-  rm -rf "$DEPS/debs" "$DEPS/root"
-  mkdir -p "$DEPS/debs" "$DEPS/root"
-  echo "build.sh: downloading $(echo "$missing" | wc -l) Debian packages into $DEPS/debs" >&2
-  # shellcheck disable=SC2086  # one package name per word
-  (cd "$DEPS/debs" && apt-get "${APT_OPTS[@]}" -qq download $missing >&2) \
-    || unobtainable "apt-get download failed (no network?)"
-  for deb in "$DEPS"/debs/*.deb; do dpkg -x "$deb" "$DEPS/root"; done
-  # Absolute links (the JDK's conf/ and security/ point into /etc/java-17-openjdk) to their copy in
-  # the prefix: a system without the packages has nothing at the absolute path.
-  local link target
-  find "$DEPS/root" -type l | while read -r link; do
-    target="$(readlink "$link")"
-    case "$target" in /*) if [ -e "$DEPS/root$target" ]; then ln -sfn "$DEPS/root$target" "$link"; fi ;; esac
-  done
-  echo "${PACKAGES[*]}" > "$DEPS/root/.complete"  # what was fetched: another list fetches again
-}
-
-# A tool from the prefix, or the system's when dpkg had it installed already (so it was not fetched).
-tool() {
-  if [ -x "$DEPS/root/usr/bin/$1" ]; then echo "$DEPS/root/usr/bin/$1"; else command -v "$1"; fi
+  debian_fetch "${wanted[@]}"
+  debian_relink_absolute  # the JDK's conf/ and security/ point into /etc/java-17-openjdk
+  debian_mark_fetched "${PACKAGES[@]}"
 }
 
 jdk_tool() {
@@ -100,7 +62,7 @@ jdk_tool() {
 }
 
 if ! have_system_packages; then
-  [ "$(cat "$DEPS/root/.complete" 2>/dev/null)" = "${PACKAGES[*]}" ] || unpack_packages
+  debian_fetched "${PACKAGES[@]}" || unpack_packages
   export LD_LIBRARY_PATH="$DEPS/root/usr/lib/$(uname -m)-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 classpath=""

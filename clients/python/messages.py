@@ -60,10 +60,12 @@ class Stopping:
     stop: Sequence[str] = field(default_factory=tuple)
     ignore_eos: bool = False
     stop_token_ids: Sequence[int] = field(default_factory=tuple)
+    min_new_tokens: int = 0  # no end-of-sequence, stop token or stop string before this many tokens
 
     def to_proto(self) -> pb.StoppingOptions:
         return pb.StoppingOptions(max_new_tokens=self.max_new_tokens, stop=list(self.stop),
-                                  ignore_eos=self.ignore_eos, stop_token_ids=list(self.stop_token_ids))
+                                  ignore_eos=self.ignore_eos, stop_token_ids=list(self.stop_token_ids),
+                                  min_new_tokens=self.min_new_tokens)
 
 
 @dataclass(frozen=True)

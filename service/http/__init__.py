@@ -1,1 +1,2 @@
-"""The OpenAI-compatible HTTP API beside gRPC: openai.py converts, app.py serves."""
+"""The OpenAI-compatible HTTP API beside gRPC: openai.py converts, answers.py answers, app.py serves
+(completions.py: what only /v1/completions has)."""

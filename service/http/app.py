@@ -18,10 +18,10 @@ import math
 import ssl
 import time
 import traceback
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import structlog
@@ -31,7 +31,7 @@ from aiohttp.typedefs import Handler, Middleware
 from service.calls import GenerateCall
 from service.config import Config
 from service.errors import ModelNotFound, Status, TooLarge, status_for
-from service.http import openai
+from service.http import answers, completions, openai
 from service.http.connections import Guard, GuardedSite, HttpLimits
 from service.http.cors import Cors
 from service.interceptors.access_log import AccessLog, start_call
@@ -54,7 +54,6 @@ REFUSAL_CODES = {404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMEN
 SHOWN_PATH_CHARS = 100
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-T = TypeVar("T")
 STREAM = web.RequestKey("ladder_stream", web.StreamResponse)  # a stream whose headers went out
 
 
@@ -250,24 +249,13 @@ class Routes:
         body = openai.read_body(await _body(request))
         serving = self.serving()
         call = openai.openai_call(body, chat, serving.model.api_names, serving.tool_format())
-        echoes = await self._echoes(call) if call.echo else ()
-        answer = openai.Answer(call, REQUEST_ID.get(), int(time.time()), serving.model, echoes)
+        echoes = await completions.echoes(serving, call.generates) if call.echo else ()
+        answer = answers.Answer(call, REQUEST_ID.get(), int(time.time()), serving.model, echoes)
         with tools_at_fault(call.tools, "tools"):
             if call.stream:
                 return await self._stream(request, answer)
-            progresses = await first_failure([self._whole(generate) for generate in call.generates])
+            progresses = await completions.first_failure([self._whole(g) for g in call.generates])
         return web.json_response(answer.whole(progresses))
-
-    async def _echoes(self, call: openai.OpenAICall) -> tuple[openai.Echo, ...]:
-        """Each prompt as its choices echo it: text as sent (ids: their text), and its token ids."""
-        serving = self.serving()
-        echoes = []
-        for generate in call.generates:
-            prompt = generate.prompt
-            ids = tuple(await serving.prompt_ids(prompt))
-            text = prompt.text if prompt.text is not None else serving.model.detokenize(list(ids), "prompt")
-            echoes.append(openai.Echo(text, ids))
-        return tuple(echoes)
 
     async def _whole(self, call: GenerateCall) -> Progress:
         """One prompt's generation, to its end."""
@@ -278,20 +266,21 @@ class Routes:
         assert progress is not None
         return progress
 
-    async def _stream(self, request: web.Request, answer: openai.Answer) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, answer: answers.Answer) -> web.StreamResponse:
         """Server-sent events: chunks as tokens come, the usage when asked, then `data: [DONE]`. A
         refusal before every prompt's first event is an HTTP status; the headers go out then."""
-        chunks = openai.Chunks(answer)
+        chunks = answers.Chunks(answer)
         prompts = len(answer.call.generates)
         progresses: dict[int, Progress] = {}
-        async with aclosing(merged([self.servicer.generation(g) for g in answer.call.generates])) as steps:
-            waiting = [step async for step in _until_each_began(steps, prompts)]
+        generations = [self.servicer.generation(g) for g in answer.call.generates]
+        async with aclosing(completions.merged(generations)) as steps:
+            waiting = [step async for step in completions.until_each_began(steps, prompts)]
             response = web.StreamResponse(headers={**SSE_HEADERS, "x-request-id": answer.request_id})
             await response.prepare(request)
             request[STREAM] = response
             for chunk in chunks.opening():
                 await response.write(sse(chunk))
-            async for prompt, (events, progress) in _chained(waiting, steps):
+            async for prompt, (events, progress) in completions.chained(waiting, steps):
                 progresses[prompt] = progress
                 # The events that arrived together go out in one write: a chunk each, as OpenAI's are.
                 written = b"".join(sse(chunk) for event in events for chunk in chunks.of(event, prompt))
@@ -302,77 +291,6 @@ class Routes:
         await response.write(sse("[DONE]"))
         await response.write_eof()
         return response
-
-
-Step = tuple[int, tuple[list[Any], Progress]]  # a prompt's index, and a step of its generation
-
-
-async def first_failure(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
-    """Every call's result, run at once; the first failure cancels the others and is raised as it is
-    (no ExceptionGroup: it goes through the one error table)."""
-    tasks = [asyncio.ensure_future(c) for c in calls]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        failures = [error for task in tasks if task in done and (error := task.exception()) is not None]
-        if failures:
-            raise failures[0]
-        return [task.result() for task in tasks]
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def merged(generations: list[AsyncGenerator[tuple[list[Any], Progress], None]],
-                 ) -> AsyncGenerator[Step, None]:
-    """The steps of several generations (one per prompt) as they come, each tagged with its prompt;
-    the first failure is raised and ends them all (each is closed: its job cancelled)."""
-    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-    done = object()
-
-    async def run(prompt: int, steps: AsyncGenerator[tuple[list[Any], Progress], None]) -> None:
-        try:
-            async with aclosing(steps):
-                async for step in steps:
-                    await queue.put((prompt, step))
-        except Exception as exc:  # noqa: BLE001 — handed to the reader, which raises it
-            await queue.put((prompt, exc))
-        else:
-            await queue.put((prompt, done))
-
-    tasks = [asyncio.ensure_future(run(p, g)) for p, g in enumerate(generations)]
-    try:
-        live = len(tasks)
-        while live:
-            prompt, item = await queue.get()
-            if item is done:
-                live -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield prompt, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _until_each_began(steps: AsyncIterator[Step], prompts: int) -> AsyncIterator[Step]:
-    """The steps up to the one by which every prompt has had its first (a refusal comes first)."""
-    began: set[int] = set()
-    while len(began) < prompts:
-        step = await anext(steps, None)
-        if step is None:
-            return
-        began.add(step[0])
-        yield step
-
-
-async def _chained(first: list[Step], rest: AsyncIterator[Step]) -> AsyncIterator[Step]:
-    for step in first:
-        yield step
-    async for step in rest:
-        yield step
 
 
 async def _body(request: web.Request) -> bytes:

@@ -1,10 +1,10 @@
-"""OpenAI's JSON into the typed calls gRPC's requests become (service/calls.py), and results back.
+"""OpenAI's JSON into the typed calls gRPC's requests become (service/calls.py).
 
-The one conversion layer of the HTTP API: a body is read here into a GenerateCall per prompt (a
-completions body may hold several), checked as every call is as it is built; the limits are the
-servicer's (LadderServicer.generation). A value of the wrong JSON type is InvalidInput naming the
-OpenAI field. Answers are written back in OpenAI's shapes: a choice per sample of each prompt,
-echoed prompts and their log-probabilities, streamed chunks. Nothing here touches the network.
+The one conversion layer of the HTTP API's requests: a body is read here into a GenerateCall per
+prompt (a completions body may hold several: completions.py), checked as every call is as it is
+built; the limits are the servicer's (LadderServicer.generation). A value of the wrong JSON type is
+InvalidInput naming the OpenAI field. Answers are written back by answers.py. Nothing here touches
+the network.
 """
 
 from __future__ import annotations
@@ -13,31 +13,20 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from engine.chat_template import ChatMessage
 from engine.errors import InvalidInput
 from engine.json_depth import MAX_JSON_DEPTH, check_json_depth
-from engine.sampling import SamplingParams, TokenLogprobs
+from engine.sampling import SamplingParams
 from service.calls import ConstraintSpec, GenerateCall, LogprobRequest, Prompt, Stopping
 from service.errors import ModelNotFound
-from service.events import Finish, Finished, PromptLogprobs, TokenOut
 from service.http import tools as http_tools
-from service.progress import Progress, SampleRecord
-from service.tool_calls import ToolRequest, ToolStream, call_id, tools_at_fault
+from service.http.completions import completion_prompts
+from service.tool_calls import ToolRequest, tools_at_fault
 from service.tool_formats import DEFAULT, FORMATS, ToolFormat
 
 Json = dict[str, Any]
-class TokenText(Protocol):
-    """A token's own text (special tokens written out), the raw bytes it stands for, and a decoder of
-    ids into the text they make (ServedModel's)."""
-
-    def token_text(self, token: int) -> str: ...
-
-    def token_bytes(self, token: int) -> bytes: ...
-
-    def text_decoder(self) -> Any: ...
-FINISH = {Finish.LENGTH: "length", Finish.CAPACITY: "length", Finish.EOS: "stop", Finish.STOP: "stop"}
 # Accepted for compatibility and refused when they ask for something Ladder does not do.
 REFUSED_WHEN_SET = ("functions", "logit_bias", "suffix")  # functions: the legacy form of tools
 GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
@@ -194,35 +183,6 @@ def detokenize_ids(body: Json, served: Sequence[str]) -> list[int]:
     if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
         raise _bad("tokens takes an array of token ids", "tokens")
     return tokens
-
-
-MAX_PROMPTS = 64  # prompts of one completions request (each its own call; the worker holds 64 by default)
-
-
-def completion_prompts(value: Any) -> list[Prompt]:
-    """The prompts of a completions body: a string, an array of token ids, or an array of either
-    (a batch: one call per prompt, choices in the batch's order)."""
-    one = _one_prompt(value)
-    if one is not None:
-        return [one]
-    if not isinstance(value, list) or not value:
-        raise _bad("prompt takes a string, an array of token ids, or an array of those", "prompt")
-    if len(value) > MAX_PROMPTS:
-        raise _bad(f"prompt holds {len(value)} prompts; at most {MAX_PROMPTS} are taken at once", "prompt")
-    prompts = [_one_prompt(item) for item in value]
-    bad = next((i for i, p in enumerate(prompts) if p is None), None)
-    if bad is not None:
-        raise _bad(f"prompt[{bad}] takes a string or an array of token ids", f"prompt[{bad}]")
-    return [p for p in prompts if p is not None]
-
-
-def _one_prompt(value: Any) -> Prompt | None:
-    """A prompt as text or (a non-empty array of) token ids; None for anything else."""
-    if isinstance(value, str):
-        return Prompt(text=value)
-    if isinstance(value, list) and value and all(type(t) is int for t in value):
-        return Prompt(ids=tuple(value))
-    return None
 
 
 def chat_messages(body: Json) -> tuple[ChatMessage, ...]:
@@ -393,262 +353,3 @@ def param_of(field: str, chat: bool) -> str:
         return "top_logprobs" if chat else "logprobs"
     return {"stopping.max_new_tokens": "max_tokens", "stopping.stop": "stop",
             "stopping.min_new_tokens": "min_tokens"}.get(field, field)
-
-
-# -- answers ------------------------------------------------------------------------------------------
-
-def usage(progresses: Sequence[Progress]) -> Json:
-    """Tokens over every prompt of the call and every sample of each."""
-    prompt = sum(p.prompt_tokens for p in progresses)
-    completion = sum(p.generated for p in progresses)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _alternative(token: int, logprob: float, tokens: TokenText) -> Json:
-    """OpenAI's token entry: `bytes` are the token's own bytes (a piece of a multi-byte character
-    included, whose text alone is U+FFFD), so a reply's tokens' bytes join to its text's."""
-    return {"token": tokens.token_text(token), "logprob": logprob, "bytes": list(tokens.token_bytes(token))}
-
-
-def chat_logprobs(found: list[TokenLogprobs], tokens: TokenText) -> Json:
-    return {"content": [{**_alternative(t.token, t.logprob, tokens),
-                         "top_logprobs": [_alternative(i, v, tokens) for i, v in t.top]} for t in found],
-            "refusal": None}  # OpenAI's schema requires it (the model never refuses by a field here)
-
-
-@dataclass(frozen=True)
-class Echo:
-    """A prompt as a completions choice echoes it: its text (as sent, or its token ids' text) and
-    its token ids."""
-
-    text: str
-    ids: tuple[int, ...]
-
-
-# One token of the legacy logprobs layout: its id, log-probability and alternatives (None for
-# none: the first token of an echoed prompt, which nothing before it predicts).
-Entry = tuple[int, float | None, tuple[tuple[int, float], ...] | None]
-
-
-def entries_of(found: Sequence[TokenLogprobs]) -> list[Entry]:
-    return [(t.token, t.logprob, t.top) for t in found]
-
-
-def prompt_entries(echo: Echo, found: Sequence[TokenLogprobs]) -> list[Entry]:
-    """An echoed prompt's tokens: the first with no log-probability (OpenAI's and vLLM's null), then
-    the prefill's log-probabilities of the others (PromptLogprobs)."""
-    return [(echo.ids[0], None, None), *entries_of(found)]
-
-
-def legacy_logprobs(entries: Sequence[Entry], offsets: Sequence[int], tokens: TokenText) -> Json:
-    """The completions layout: tokens, their log-probabilities, the top alternatives, and where
-    each token's text starts in the choice's text (`offsets`)."""
-    return {"tokens": [tokens.token_text(token) for token, _, _ in entries],
-            "token_logprobs": [logprob for _, logprob, _ in entries],
-            "top_logprobs": [None if top is None else {tokens.token_text(i): v for i, v in top}
-                             for _, _, top in entries],
-            "text_offset": list(offsets)}
-
-
-class Offsets:
-    """Where each token's text starts in a choice's text: the characters its earlier tokens
-    decoded to (the streaming decoder's text, a character split over tokens starting where its
-    first byte's token does), after `start` (an echoed prompt), never past `end` (a stop string cut
-    the text short)."""
-
-    def __init__(self, tokens: TokenText, start: int = 0, end: int | None = None) -> None:
-        self.decoder = tokens.text_decoder()
-        self.at = start
-        self.end = end
-
-    def of(self, token: int) -> int:
-        """The offset of `token`, the next one; the decoder moves past it."""
-        offset = self.at if self.end is None else min(self.at, self.end)
-        if self.decoder is not None:
-            self.at += len(self.decoder.push(token))
-        return offset
-
-    def all(self, ids: Sequence[int]) -> list[int]:
-        return [self.of(token) for token in ids]
-
-
-@dataclass(frozen=True)
-class Answer:
-    """How one call's answer is written: its id, creation time and model, chat or not, and each
-    prompt as echoed (completions with echo)."""
-
-    call: OpenAICall
-    request_id: str
-    created: int
-    tokens: TokenText
-    echoes: tuple[Echo, ...] = ()
-
-    @property
-    def id(self) -> str:
-        return ("chatcmpl-" if self.call.chat else "cmpl-") + self.request_id
-
-    def _head(self, chunk: bool) -> Json:
-        kind = "chat.completion" if self.call.chat else "text_completion"
-        return {"id": self.id, "object": kind + (".chunk" if chunk and self.call.chat else ""),
-                "created": self.created, "model": self.call.model}
-
-    def echoed(self, prompt: int) -> str:
-        """The text a choice of prompt `prompt` starts with: the prompt's with echo, else none."""
-        return self.echoes[prompt].text if self.call.echo else ""
-
-    def whole(self, progresses: Sequence[Progress]) -> Json:
-        """The non-streaming answer: every sample of every prompt as a choice (indexed prompt * n +
-        sample, as OpenAI's), and the usage of them all."""
-        n = self.call.n
-        choices = [self._choice(p * n + i, record, p, progress.prompt_logprobs)
-                   for p, progress in enumerate(progresses)
-                   for i, record in enumerate(progress.sample_records())]
-        return {**self._head(False), "choices": choices, "usage": usage(progresses)}
-
-    def _choice(self, index: int, record: SampleRecord, prompt: int,
-                prompt_found: Sequence[TokenLogprobs]) -> Json:
-        reason = FINISH[record.finished.reason] if record.finished is not None else None
-        choice: Json = {"index": index, "finish_reason": reason, "logprobs": None}
-        if self.call.chat:
-            if self.call.generate.logprobs is not None:
-                choice["logprobs"] = chat_logprobs(record.logprobs, self.tokens)
-            choice["message"] = {"role": "assistant", "content": record.text, "refusal": None}
-            parsed = self.call.tools.read(record.text) if self.call.tools is not None else None
-            if parsed is not None and parsed.calls:
-                choice["message"] = http_tools.message_of(parsed, [call_id() for _ in parsed.calls])
-                choice["finish_reason"] = "tool_calls" if reason == "stop" else reason
-            return choice
-        echoed = self.echoed(prompt)
-        choice["text"] = echoed + record.text
-        if self.call.generate.logprobs is not None:
-            entries, offsets = [], []
-            if self.call.echo:
-                echo = self.echoes[prompt]
-                entries = prompt_entries(echo, prompt_found)
-                offsets = Offsets(self.tokens, 0, len(echo.text)).all(echo.ids)
-            entries += entries_of(record.logprobs)
-            offsets += Offsets(self.tokens, len(echoed), len(choice["text"])).all(
-                [t.token for t in record.logprobs])
-            choice["logprobs"] = legacy_logprobs(entries, offsets, self.tokens)
-        return choice
-
-    def delta_chunk(self, index: int, delta: Json, found: list[TokenLogprobs] | None = None,
-                    finish_reason: str | None = None) -> Json:
-        """A chat chunk of choice `index` carrying `delta` (content or a tool call's part)."""
-        choice: Json = {"index": index, "logprobs": chat_logprobs(found, self.tokens) if found else None,
-                        "finish_reason": finish_reason, "delta": delta}
-        return {**self._head(True), "choices": [choice]}
-
-    def chunk(self, index: int, text: str, *, logprobs: Json | None = None, finish: Finish | None = None,
-              role: bool = False) -> Json:
-        """One streamed chunk of choice `index`: its next text (a role first, on chat), or its finish
-        (the chunk of its last text, or one with none, and no chunk after it)."""
-        choice: Json = {"index": index, "logprobs": logprobs,
-                        "finish_reason": FINISH[finish] if finish is not None else None}
-        if self.call.chat:
-            choice["delta"] = {"role": "assistant", "content": text} if role else (
-                {} if finish is not None and not text else {"content": text})
-        else:
-            choice["text"] = text
-        return {**self._head(True), "choices": [choice]}
-
-    def usage_chunk(self, progresses: Sequence[Progress]) -> Json:
-        return {**self._head(True), "choices": [], "usage": usage(progresses)}
-
-
-class Chunks:
-    """The streamed chunks of one call, event by event: each sample's text, logprobs, finish. Events
-    come tagged with their prompt: a choice is prompt * n + sample."""
-
-    def __init__(self, answer: Answer) -> None:
-        self.answer = answer
-        self.offsets: dict[int, Offsets] = {}  # per choice: completions' text_offset
-        tools = answer.call.tools
-        self.tools = ToolChunks(answer) if tools is not None and tools.active else None
-
-    def opening(self) -> list[Json]:
-        """Chat: every choice's role, before any text; completions with echo (and no logprobs, whose
-        prompt part comes with the prompt's log-probabilities): every choice's prompt."""
-        call = self.answer.call
-        if call.chat:
-            return [self.answer.chunk(i, "", role=True) for i in range(call.n)]
-        if call.echo and call.generate.logprobs is None:
-            return [chunk for p in range(len(call.generates)) for chunk in self._echo(p, ())]
-        return []
-
-    def of(self, event: Any, prompt: int = 0) -> list[Json]:
-        if self.tools is not None:
-            return self.tools.of(event)
-        answer, n = self.answer, self.answer.call.n
-        if isinstance(event, PromptLogprobs) and answer.call.echo:
-            return self._echo(prompt, event.logprobs)
-        if isinstance(event, TokenOut):
-            index = prompt * n + event.sample
-            logprobs = None
-            if event.logprobs is not None:
-                offset = self._offsets(index, prompt).of(event.id)
-                logprobs = self._logprobs([event.logprobs], [offset])
-            return [answer.chunk(index, event.text, logprobs=logprobs)]
-        if isinstance(event, Finished):
-            return [answer.chunk(prompt * n + event.sample, event.tail, finish=event.reason)]
-        return []
-
-    def _logprobs(self, found: list[TokenLogprobs], offsets: list[int]) -> Json:
-        if self.answer.call.chat:
-            return chat_logprobs(found, self.answer.tokens)
-        return legacy_logprobs(entries_of(found), offsets, self.answer.tokens)
-
-    def _offsets(self, index: int, prompt: int) -> Offsets:
-        found = self.offsets.get(index)
-        if found is None:
-            found = self.offsets[index] = Offsets(self.answer.tokens, len(self.answer.echoed(prompt)))
-        return found
-
-    def _echo(self, prompt: int, found: Sequence[TokenLogprobs]) -> list[Json]:
-        """Each choice of `prompt`'s first chunk: the prompt's text (and its tokens' log-probabilities)."""
-        answer, n = self.answer, self.answer.call.n
-        echo = answer.echoes[prompt]
-        logprobs = None
-        if answer.call.generate.logprobs is not None:
-            offsets = Offsets(answer.tokens, 0, len(echo.text)).all(echo.ids)
-            logprobs = legacy_logprobs(prompt_entries(echo, found), offsets, answer.tokens)
-        return [answer.chunk(prompt * n + i, echo.text, logprobs=logprobs) for i in range(n)]
-
-
-class ToolChunks:
-    """The streamed chunks of a chat call read for tool calls: each sample's reply through a ToolStream
-    (service/tool_calls.py), as content and `delta.tool_calls` chunks the SDKs accumulate. The
-    log-probabilities of text held back go out with the next chunk of that sample."""
-
-    def __init__(self, answer: Answer) -> None:
-        assert answer.call.tools is not None
-        self.answer = answer
-        self.request = answer.call.tools
-        self.streams: dict[int, ToolStream] = {}
-        self.pending: dict[int, list[TokenLogprobs]] = {}
-
-    def of(self, event: Any) -> list[Json]:
-        if isinstance(event, TokenOut):
-            if event.logprobs is not None:
-                self.pending.setdefault(event.sample, []).append(event.logprobs)
-            return self._chunks(event.sample, self._stream(event.sample).feed(event.text))
-        if isinstance(event, Finished):
-            stream = self._stream(event.sample)
-            chunks = self._chunks(event.sample, stream.feed(event.tail) + stream.finish())
-            reason = FINISH[event.reason]
-            if stream.calls and reason == "stop":
-                reason = "tool_calls"
-            found = self.pending.pop(event.sample, None)
-            chunks.append(self.answer.delta_chunk(event.sample, {}, found, reason))
-            return chunks
-        return []
-
-    def _stream(self, sample: int) -> ToolStream:
-        return self.streams.setdefault(sample, ToolStream(self.request))
-
-    def _chunks(self, sample: int, deltas: list[Any]) -> list[Json]:
-        chunks = []
-        for delta in deltas:
-            found = self.pending.pop(sample, None)
-            chunks.append(self.answer.delta_chunk(sample, http_tools.delta_of(delta), found))
-        return chunks

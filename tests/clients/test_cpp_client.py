@@ -8,54 +8,26 @@ packages' path its rpath names>.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from clients.python import Constraint, LadderClient, Stopping
+from tests.support.client_builds import ROOT, built_client
 from tests.support.client_constraints import CONSTRAINT_FLAGS, assert_same_as_python_client
 from tests.support.servers import RunningServer
 
-ROOT = Path(__file__).resolve().parents[2]
 CPP_DIR = ROOT / "clients" / "cpp"
-SOURCES = [CPP_DIR / "ladder_client.cc", CPP_DIR / "Makefile", CPP_DIR / "build.sh",
-           ROOT / "proto" / "ladder" / "v1" / "ladder.proto"]
-CACHE = ROOT / ".pytest_cache" / "d"
-UNOBTAINABLE = 3  # build.sh's exit status when the gRPC C++ packages cannot be had
+SOURCES = [CPP_DIR / "ladder_client.cc", CPP_DIR / "Makefile", CPP_DIR / "build.sh"]
 
 pytestmark = pytest.mark.network
 
 
-DEPS = CACHE / "ladder-cpp-deps"
-
-
-def sources_key() -> str:
-    """The sources, and where the binary's rpath points (a build from a checkout elsewhere, sharing
-    this cache, points at libraries that may be gone)."""
-    digest = hashlib.sha256(str(DEPS).encode())
-    for source in SOURCES:
-        digest.update(source.read_bytes())
-    return digest.hexdigest()[:16]
-
-
 @pytest.fixture(scope="module")
 def cpp_client() -> Path:
-    build_dir = CACHE / "ladder-cpp-client" / sources_key()
-    for stale in build_dir.parent.glob("*"):  # builds of earlier sources
-        if stale != build_dir:
-            shutil.rmtree(stale, ignore_errors=True)
-    env = {**os.environ, "LADDER_CPP_DEPS": str(DEPS)}
-    done = subprocess.run([str(CPP_DIR / "build.sh"), str(build_dir)], capture_output=True, text=True,
-                          env=env, timeout=1200, check=False)
-    if done.returncode == UNOBTAINABLE:
-        pytest.skip(f"the gRPC C++ packages cannot be obtained here: {done.stderr.strip()}")
-    assert done.returncode == 0, done.stderr
-    return Path(done.stdout.strip())
+    return built_client("cpp", SOURCES, "the gRPC C++ packages")
 
 
 def run_cpp(binary: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -9,64 +9,36 @@ sources when they are installed, otherwise with Debian's packages fetched withou
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from clients.python import LadderClient, Stopping
+from tests.support.client_builds import (
+    ROOT,
+    assert_printed_as_the_docs_show,
+    built_client,
+    last_json_line,
+    run_build,
+)
 from tests.support.servers import RunningServer
 
-ROOT = Path(__file__).resolve().parents[2]
 GO_DIR = ROOT / "clients" / "go"
 SOURCES = sorted(p for p in GO_DIR.rglob("*") if p.is_file() and "build" not in p.relative_to(GO_DIR).parts)
-CACHE = ROOT / ".pytest_cache" / "d"
-DEPS = CACHE / "ladder-go-deps"
-UNOBTAINABLE = 3  # build.sh's exit status when Go and grpc-go cannot be had
+WHAT = "Go and grpc-go (Debian's packages)"
 
 pytestmark = pytest.mark.network
 
 
-def build(*args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([str(GO_DIR / "build.sh"), *args], capture_output=True, text=True,
-                          env={**os.environ, "LADDER_GO_DEPS": str(DEPS)}, timeout=1200, check=False)
-    if done.returncode == UNOBTAINABLE:
-        pytest.skip(f"Go and grpc-go (Debian's packages) cannot be obtained here: {done.stderr.strip()}")
-    assert done.returncode == 0, done.stderr
-    return done
-
-
 @pytest.fixture(scope="module")
 def go_client() -> Path:
-    digest = hashlib.sha256(str(DEPS).encode())
-    for source in [*SOURCES, ROOT / "proto" / "ladder" / "v1" / "ladder.proto"]:
-        digest.update(source.read_bytes())
-    build_dir = CACHE / "ladder-go-client" / digest.hexdigest()[:16]
-    for stale in build_dir.parent.glob("*"):  # builds of earlier sources
-        if stale != build_dir:
-            shutil.rmtree(stale, ignore_errors=True)
-    return Path(build(str(build_dir)).stdout.strip())
+    return built_client("go", SOURCES, WHAT)
 
 
 def run_go(binary: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=60, check=False)
-
-
-def last_json_line(stderr: str) -> dict[str, object]:
-    return json.loads(stderr.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
-def assert_printed_as_the_docs_show(stderr: str, keys: list[str]) -> None:
-    """The JSON line is compact, its keys in the order docs/api.md shows (tests/support/docs_examples.py
-    renders the page's example with the same json.dumps)."""
-    line = stderr.strip().splitlines()[-1]
-    assert list(json.loads(line)) == keys
-    assert line == json.dumps(json.loads(line), separators=(",", ":"), ensure_ascii=False)
 
 
 def without_tool_versions(source: str) -> str:
@@ -77,7 +49,7 @@ def without_tool_versions(source: str) -> str:
 
 def test_the_committed_go_stubs_are_what_the_generator_makes_of_the_proto(go_client: Path,
                                                                           tmp_path: Path) -> None:
-    build("--generate", str(tmp_path))
+    run_build("go", "--generate", str(tmp_path), what=WHAT)
     for name in ("ladder.pb.go", "ladder_grpc.pb.go"):
         committed = GO_DIR / "ladder" / "v1" / name
         fresh = tmp_path / "ladder" / "v1" / name

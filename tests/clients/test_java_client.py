@@ -9,60 +9,28 @@ root into .pytest_cache/d/ladder-java-deps. The build is cached under
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from clients.python import LadderClient, Stopping
+from tests.support.client_builds import ROOT, assert_printed_as_the_docs_show, built_client, last_json_line
 from tests.support.servers import RunningServer
 
-ROOT = Path(__file__).resolve().parents[2]
 JAVA_DIR = ROOT / "clients" / "java"
-CACHE = ROOT / ".pytest_cache" / "d"
-DEPS = CACHE / "ladder-java-deps"
-UNOBTAINABLE = 3  # build.sh's exit status when grpc-java cannot be had
 
 pytestmark = pytest.mark.network
 
 
 @pytest.fixture(scope="module")
 def java_client() -> Path:
-    sources = [JAVA_DIR / "build.sh", *sorted((JAVA_DIR / "src").rglob("*.java")),
-               ROOT / "proto" / "ladder" / "v1" / "ladder.proto"]
-    digest = hashlib.sha256(str(DEPS).encode())
-    for source in sources:
-        digest.update(source.read_bytes())
-    build_dir = CACHE / "ladder-java-client" / digest.hexdigest()[:16]
-    for stale in build_dir.parent.glob("*"):  # builds of earlier sources
-        if stale != build_dir:
-            shutil.rmtree(stale, ignore_errors=True)
-    done = subprocess.run([str(JAVA_DIR / "build.sh"), str(build_dir)], capture_output=True, text=True,
-                          env={**os.environ, "LADDER_JAVA_DEPS": str(DEPS)}, timeout=1200, check=False)
-    if done.returncode == UNOBTAINABLE:
-        pytest.skip(f"grpc-java (Debian's packages) cannot be obtained here: {done.stderr.strip()}")
-    assert done.returncode == 0, done.stderr
-    return Path(done.stdout.strip())
+    sources = [JAVA_DIR / "build.sh", *sorted((JAVA_DIR / "src").rglob("*.java"))]
+    return built_client("java", sources, "grpc-java (Debian's packages)")
 
 
 def run_java(launcher: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(launcher), *args], capture_output=True, text=True, timeout=120, check=False)
-
-
-def last_json_line(stderr: str) -> dict[str, object]:
-    return json.loads(stderr.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
-def assert_printed_as_the_docs_show(stderr: str, keys: list[str]) -> None:
-    """The JSON line is compact, its keys in the order docs/api.md shows (tests/support/docs_examples.py
-    renders the page's example with the same json.dumps)."""
-    line = stderr.strip().splitlines()[-1]
-    assert list(json.loads(line)) == keys
-    assert line == json.dumps(json.loads(line), separators=(",", ":"), ensure_ascii=False)
 
 
 @pytest.mark.parametrize("rpc_flag", [[], ["--stream"]], ids=["Generate", "GenerateStream"])

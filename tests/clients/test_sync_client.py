@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from clients.python import LadderClient, Logprobs, Sampling, completion_of, fork_session_id
+from clients.python import LadderClient, Logprobs, Sampling, Stopping, completion_of, fork_session_id
 from proto.ladder.v1 import ladder_pb2 as pb
 from tests.support.prompts import PROMPT_IDS, greedy_stopping
 
@@ -152,3 +152,11 @@ def test_samples_logprobs_and_the_new_sampling_options_reach_the_server(client: 
         assert [len(e.token.top_logprobs) for e in events if e.WhichOneof("event") == "token"] == [1, 1, 1]
     finally:
         client.close_session(done.session_id)
+
+
+def test_min_new_tokens_reaches_the_server(client: LadderClient) -> None:
+    """This prompt's greedy reply ends with end-of-sequence as its 12th token."""
+    ids = [31] + [2] * 8
+    assert len(client.generate(ids, stopping=Stopping(max_new_tokens=20)).token_ids) == 12
+    held = client.generate(ids, stopping=Stopping(max_new_tokens=20, min_new_tokens=16))
+    assert len(held.token_ids) >= 16

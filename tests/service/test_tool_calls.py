@@ -1,6 +1,6 @@
 """Tool calling on /v1/chat/completions through a real server on the default model (int4), driven
-by the official openai SDK (and LangChain's ChatOpenAI and instructor where importable; gRPC's
-Generate too): tool_choice required and
+by the official openai SDK (and LangChain's ChatOpenAI and instructor's TOOLS, TOOLS_STRICT and
+PARALLEL_TOOLS modes, from the dev extra; gRPC's Generate too): tool_choice required and
 named give well-formed calls of declared tools every time, streamed and not, whose arguments
 validate against the tool's parameters; pydantic_function_tool's strict tools parse back into their
 models; a history of calls and results reaches the prompt; "auto" reads calls from the model's own
@@ -22,6 +22,7 @@ import pydantic
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
+from service.config import Config
 from tests.support.rich_errors import details_of
 from tests.support.servers import RunningServer, free_port, server_config
 
@@ -49,11 +50,16 @@ HISTORY: list[Any] = [
     {"role": "tool", "tool_call_id": "call_abc", "content": "18 degrees and sunny"}]
 
 
+def tools_config(default_model: Callable[..., Path]) -> Config:
+    """The tool tests' server (tests/clients/test_node_openai_sdk.py's too): the default model (int4),
+    HTTP on, a few sessions."""
+    return server_config(default_model("int4"), http_port=free_port(), max_sessions=4, capacity=2048,
+                         chunk_size=64)
+
+
 @pytest.fixture(scope="module")
 def server(default_model: Callable[..., Path]) -> Iterator[RunningServer]:
-    config = server_config(default_model("int4"), http_port=free_port(), max_sessions=4, capacity=2048,
-                           chunk_size=64)
-    with RunningServer(config) as running:
+    with RunningServer(tools_config(default_model)) as running:
         yield running
 
 
@@ -434,12 +440,16 @@ def test_grpc_bad_tools_are_invalid_argument_naming_the_field(
     assert details.fields == [field]
 
 
-# -- instructor (when importable: it pins jiter<0.15, which the openai SDK in the dev venv cannot share,
-# so it is no dev dependency; run these with it on PYTHONPATH) ------------------------------------------
+# -- instructor (pyproject's dev extra: instructor 1.17 caps jiter <0.15, which holds openai at 3.3.0) ----
 
 class Forecast(pydantic.BaseModel):
     city: str = pydantic.Field(max_length=30)
     unit: str = pydantic.Field(pattern="^(celsius|fahrenheit)$")
+
+
+class Sum(pydantic.BaseModel):
+    a: int = pydantic.Field(ge=0, le=1000)
+    b: int = pydantic.Field(ge=0, le=1000)
 
 
 @pytest.fixture(scope="module")
@@ -447,22 +457,35 @@ def instructor_module() -> Any:
     return pytest.importorskip("instructor")
 
 
-@pytest.mark.parametrize("mode", ["TOOLS", "TOOLS_STRICT"])
-def test_instructor_tool_modes_fill_their_model(instructor_module: Any, sdk: openai.OpenAI,
-                                                mode: str) -> None:
+# TOOLS names the model's one tool in tool_choice (constrained); `strict` puts strict: true on it.
+# TOOLS_STRICT is the older spelling of TOOLS with strict=True (deprecated since instructor 1.15).
+@pytest.mark.filterwarnings("ignore:Mode.TOOLS_STRICT is deprecated:DeprecationWarning")
+@pytest.mark.parametrize(("mode", "strict"), [("TOOLS", False), ("TOOLS", True), ("TOOLS_STRICT", True)],
+                         ids=["TOOLS", "TOOLS-strict", "TOOLS_STRICT"])
+def test_instructor_tool_modes_fill_their_model(instructor_module: Any, sdk: openai.OpenAI, mode: str,
+                                                strict: bool) -> None:
     client = instructor_module.from_openai(sdk, mode=getattr(instructor_module.Mode, mode))
     asked: dict[str, Any] = {"model": "", "response_model": Forecast, "messages": ASK, "max_retries": 0,
-                             "max_tokens": MAX_NEW, "temperature": 0}
-    assert isinstance(client.chat.completions.create(**asked), Forecast)
+                             "max_tokens": MAX_NEW, "temperature": 0, "strict": strict}
+    got = client.chat.completions.create(**asked)
+    assert isinstance(got, Forecast)
+    completion = got._raw_response  # what the server answered: one call of the named tool
+    assert completion.choices[0].finish_reason == "tool_calls"
+    assert [c.function.name for c in completion.choices[0].message.tool_calls] == ["Forecast"]
     partials = list(client.chat.completions.create_partial(**asked))  # streamed: delta.tool_calls
-    assert Forecast.model_validate(partials[-1].model_dump())
+    assert len(partials) > 1 and partials[-1].model_dump() == got.model_dump()  # greedy: the same call
 
 
 def test_instructor_parallel_tools_reads_every_call_of_an_auto_reply(instructor_module: Any,
                                                                        sdk: openai.OpenAI) -> None:
+    """PARALLEL_TOOLS asks tool_choice "auto", which the default model (135M parameters) answers in text:
+    its reply is scripted here with a one-option constraint (as the auto tests above), so it is the
+    model's own call format, read back by the server into calls of both tools, which instructor
+    turns into one model per call, in order."""
     client = instructor_module.from_openai(sdk, mode=instructor_module.Mode.PARALLEL_TOOLS)
-    calls = [("Forecast", {"city": city, "unit": "celsius"}) for city in ("Paris", "Rome")]
-    got = client.chat.completions.create(  # PARALLEL_TOOLS asks tool_choice auto: the reply is forced
-        model="", response_model=Iterable[Forecast], messages=ASK, max_retries=0, max_tokens=MAX_NEW,
-        temperature=0, extra_body=forced(hermes_text(calls)))
-    assert [f.city for f in got] == ["Paris", "Rome"]
+    calls = [("Forecast", {"city": "Paris", "unit": "celsius"}), ("Sum", {"a": 12, "b": 30}),
+             ("Forecast", {"city": "Rome", "unit": "fahrenheit"})]
+    got = list(client.chat.completions.create(
+        model="", response_model=Iterable[Forecast | Sum], messages=ASK, max_retries=0, max_tokens=256,
+        temperature=0, extra_body=forced(hermes_text(calls, before="Checking.\n"))))
+    assert [(type(m).__name__, m.model_dump()) for m in got] == [(n, a) for n, a in calls]

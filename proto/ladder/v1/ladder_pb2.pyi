@@ -131,16 +131,18 @@ class LogprobOptions(_message.Message):
     def __init__(self, top: _Optional[int] = ..., prompt: _Optional[bool] = ...) -> None: ...
 
 class StoppingOptions(_message.Message):
-    __slots__ = ("max_new_tokens", "stop", "ignore_eos", "stop_token_ids")
+    __slots__ = ("max_new_tokens", "stop", "ignore_eos", "stop_token_ids", "min_new_tokens")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     stop: _containers.RepeatedScalarFieldContainer[str]
     ignore_eos: bool
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    min_new_tokens: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., min_new_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "sampling", "stopping", "n", "logprobs", "constraint", "coalesce_tokens", "tool_choice")
