@@ -70,6 +70,8 @@ TYPE_KEYWORDS = {
 }
 COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 _MERGED = "$merged"  # set by allOf's merge: an enum it emptied admits nothing (not SCHEMA_INVALID)
+_EXCLUDED = "$excluded"  # values a condition's negation rules out (_discriminated): none of them fits
+INTERNAL = frozenset({_MERGED, _EXCLUDED})
 MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
 # Keywords rewritten into the others (_Compiler._lowered) before a schema is compiled.
 LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
@@ -165,7 +167,9 @@ class _Compiler:
         """if/then/else, not, dependencies and dependentRequired/dependentSchemas as schemas of the
         other keywords, each admitting every output it makes or a part of them (never one the
         original rejects), or refused naming the keyword:
-        - if/then/else: `then` held always (if no else), else the union of "then and else both"
+        - if/then/else on an object schema whose conditions (its own and its allOf members')
+          test one property's value against a const or enum: exactly (_discriminated); other
+          conditions: `then` held always (if no else), else the union of "then and else both"
           and "if and then" (the alternatives that compile);
         - not: of `required` lists (or an anyOf of them), the last name of each list that is not
           required is left out (a declared property, never written); of `type`, those types
@@ -189,6 +193,10 @@ class _Compiler:
 
     def _conditional(self, schema: dict[str, Any], base: dict[str, Any], pointer: str) -> Node:
         rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+        exact = self._exactly(rest, [(schema.get("if", True), schema.get("then", True),
+                                      schema.get("else", True), pointer)], pointer)
+        if exact is not None:
+            return exact
         then, otherwise = schema.get("then", True), schema.get("else")
         if otherwise is None:
             return self._merged([(rest, pointer), (then, f"{pointer}/then")], pointer)
@@ -205,6 +213,59 @@ class _Compiler:
         if not nodes and refusal is not None:
             raise refusal
         return alt(*nodes)
+
+    def _exactly(self, base: dict[str, Any], conditions: list[tuple[Any, Any, Any, str]],
+                 pointer: str) -> Node | None:
+        """The conditions, with those of base's allOf members that hold only if/then/else, written
+        exactly (_discriminated) on an object schema; None where they cannot be."""
+        members = base.get("allOf")
+        if isinstance(members, list):
+            pure = [i for i, m in enumerate(members) if isinstance(m, dict) and "if" in m
+                    and not {k for k in m if k in ASSERTIONS} - {"if", "then", "else"}]
+            conditions = conditions + [(members[i]["if"], members[i].get("then", True),
+                                        members[i].get("else", True), f"{pointer}/allOf/{i}") for i in pure]
+            left = [m for i, m in enumerate(members) if i not in pure]
+            base = {k: v for k, v in base.items() if k != "allOf"} | ({"allOf": left} if left else {})
+        if base.get("type") not in ("object", ["object"]) or not conditions:
+            return None
+        try:
+            return self._discriminated(base, conditions, pointer)
+        except InvalidInput as exc:
+            if exc.reason != "SCHEMA_UNSUPPORTED":
+                raise
+            return None
+
+    def _discriminated(self, base: dict[str, Any], conditions: list[tuple[Any, Any, Any, str]],
+                       pointer: str) -> Node | None:
+        """if/then/else conditions (if, then, else, pointer) that all test one property's value
+        against a const or enum (`{"properties": {"kind": {"const": "a"}}}`, with or without
+        `"required": ["kind"]`), written exactly: one alternative per value named (the thens of
+        the conditions it meets, the elses of the others), one for every other value (the elses)
+        and one for the property absent (an if without `required` holds there: its then). None
+        where the conditions are not of that form (_conditional's approximation then)."""
+        tested: list[tuple[set[str], bool, Any, Any, str]] = []
+        name = None
+        for condition, then, otherwise, at in conditions:
+            found = _tested(condition)
+            if found is None or name is not None and found[0] != name:
+                return None
+            name = found[0]
+            tested.append(({_json_key(v) for v in found[1]}, found[2], then, otherwise, at))
+        if name is None:
+            return None
+        values: dict[str, Any] = {}
+        for condition, *_ in conditions:
+            values.update((_json_key(v), v) for v in _tested(condition)[1])  # type: ignore[index]
+        branches: list[list[tuple[Any, str]]] = []
+        for key, value in values.items():
+            kept = [(t, f"{at}/then") if key in keys else (e, f"{at}/else") for keys, _, t, e, at in tested]
+            branches.append([({"properties": {name: {"const": value}}, "required": [name]}, pointer), *kept])
+        others = {"properties": {name: {_EXCLUDED: list(values.values())}}, "required": [name]}
+        branches.append([(others, pointer), *((e, f"{at}/else") for _, _, _, e, at in tested)])
+        absent = {"properties": {name: False}}
+        branches.append([(absent, pointer), *((e, f"{at}/else") if needed else (t, f"{at}/then")
+                                              for _, needed, t, e, at in tested)])
+        return alt(*(self._merged([(base, pointer), *branch], pointer) for branch in branches))
 
     def _without(self, negated: Any, base: dict[str, Any], pointer: str) -> dict[str, Any] | None:
         """`base` and `not: negated` (None: nothing can meet both), for the forms _lowered names."""
@@ -298,10 +359,14 @@ class _Compiler:
 
     def _all_of(self, schema: dict[str, Any], pointer: str) -> Node:
         """allOf as one schema: its members (and the keywords beside it, one more member) merged,
-        each keyword once. Members that are local $refs are merged as their targets."""
+        each keyword once. Members that are local $refs are merged as their targets; members of
+        if/then/else alone on one property's value, exactly (_exactly)."""
         value = schema["allOf"]
         if not isinstance(value, list) or not value:
             raise invalid(f"{pointer}/allOf", "allOf must be a non-empty list of schemas")
+        exact = self._exactly(schema, [], pointer)
+        if exact is not None:
+            return exact
         beside = {k: v for k, v in schema.items() if k != "allOf"}
         return self._merged([(m, f"{pointer}/allOf/{i}") for i, m in enumerate(value)] + [(beside, pointer)],
                             pointer)
@@ -332,7 +397,7 @@ class _Compiler:
             raise InvalidInput(f"{pointer}: allOf and $ref nest too deep to merge",
                                reason="CONSTRAINT_TOO_LARGE", field=FIELD)
         self._count(pointer)
-        own = {k: v for k, v in member.items() if k in ASSERTIONS}
+        own = {k: v for k, v in member.items() if k in ASSERTIONS or k in INTERNAL}
         merged: dict[str, Any] = {}
         ref = own.pop("$ref", None)
         nested = own.pop("allOf", None)
@@ -416,10 +481,12 @@ class _Compiler:
                 raise invalid(f"{pointer}/enum", "enum must be a non-empty list")
             values = [v for v in values if _json_key(v) in {_json_key(e) for e in schema["enum"]}]
         for other in schema:
-            if other not in ("const", "enum", "type", _MERGED) and other in ASSERTIONS:
+            if other not in ("const", "enum", "type", *INTERNAL) and other in ASSERTIONS:
                 raise unsupported(f"{pointer}/{_escape(other)}", f"{other!r} beside {key!r}")
         types = self._types(schema, pointer) if "type" in schema else list(TYPE_KEYWORDS)
-        return alt(*(jv.literal(v) for v in values if any(_is_type(v, t) for t in types)))
+        excluded = {_json_key(v) for v in schema.get(_EXCLUDED, [])}
+        return alt(*(jv.literal(v) for v in values
+                     if any(_is_type(v, t) for t in types) and _json_key(v) not in excluded))
 
     def _types(self, schema: dict[str, Any], pointer: str) -> list[str]:
         declared = schema.get("type")
@@ -432,6 +499,9 @@ class _Compiler:
         return list(dict.fromkeys(names))
 
     def _typed(self, name: str, schema: dict[str, Any], pointer: str) -> Node:
+        excluded = [v for v in schema.get(_EXCLUDED, []) if _is_type(v, name if name != "any" else "string")]
+        if excluded or name == "any" and _EXCLUDED in schema:
+            return self._excluding(name, schema, schema[_EXCLUDED], pointer)
         if name == "any":
             return self.open_value()
         if name == "object":
@@ -445,6 +515,21 @@ class _Compiler:
         if name == "number":
             return self._number(schema, pointer)
         return jv.BOOLEAN if name == "boolean" else jv.NULL
+
+    def _excluding(self, name: str, schema: dict[str, Any], excluded: list[Any], pointer: str) -> Node:
+        """Values of type `name` but those `excluded` (a condition's negation: _discriminated):
+        strings (plain: no escapes, no other string keyword), booleans and null; any other type
+        with a value to exclude is refused."""
+        if name == "any":
+            return alt(*(self._typed(t, schema, pointer) for t in TYPE_KEYWORDS if t != "integer"))
+        if name == "boolean":
+            return alt(*(jv.literal(b) for b in (True, False) if b not in excluded))
+        if name == "null":
+            return NOTHING
+        if name == "string" and not set(TYPE_KEYWORDS["string"]) & set(schema):
+            return seq(jv.QUOTE, jv.plain_other_than([v for v in excluded if isinstance(v, str)]), jv.QUOTE)
+        raise unsupported(pointer, f"a condition ('if') on a {name} value other than the strings, booleans "
+                          "and null its negation can write")
 
     def _number(self, schema: dict[str, Any], pointer: str) -> Node:
         """A number; bounds that are whole numbers give jv.number_range (no exponent), others are
@@ -719,6 +804,8 @@ def _merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) ->
             merged[key] = list(dict.fromkeys([*merged[key], *value]))
         elif key == "type":
             merged[key] = _types_in_both(merged[key], value, pointer)
+        elif key == _EXCLUDED:
+            merged[key] = [*merged[key], *value]
         elif key == "enum" and isinstance(value, list) and isinstance(merged[key], list):
             theirs = {_json_key(v) for v in value}  # both: the values in both (none: nothing fits)
             merged[key] = [v for v in merged[key] if _json_key(v) in theirs]
@@ -726,6 +813,28 @@ def _merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) ->
         elif merged[key] != value:
             raise unsupported(f"{pointer}/{_escape(key)}",
                               f"{key!r} in more than one allOf member with different values")
+
+
+def _tested(condition: Any) -> tuple[str, list[Any], bool] | None:
+    """(property, the values it must have, whether the condition requires it) for a condition of
+    the form {"properties": {p: {"const": v} or {"enum": [...]}}} with an optional "required": [p];
+    None for any other condition."""
+    if not isinstance(condition, dict):
+        return None
+    own = {k: v for k, v in condition.items() if k in ASSERTIONS}
+    properties, required = own.pop("properties", None), own.pop("required", [])
+    own.pop("type", None) if own.get("type") == "object" else None
+    if own or not isinstance(properties, dict) or len(properties) != 1:
+        return None
+    (name, test), = properties.items()
+    if not isinstance(test, dict) or required not in ([], [name]):
+        return None
+    asserted = {k: v for k, v in test.items() if k in ASSERTIONS}
+    if set(asserted) == {"const"}:
+        return name, [asserted["const"]], bool(required)
+    if set(asserted) == {"enum"} and isinstance(asserted["enum"], list) and asserted["enum"]:
+        return name, list(asserted["enum"]), bool(required)
+    return None
 
 
 def _types_in_both(a: Any, b: Any, pointer: str) -> list[str]:

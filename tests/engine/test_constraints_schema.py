@@ -401,6 +401,33 @@ def test_a_ref_with_keywords_beside_it_is_entered_at_most_max_ref_depth_times_al
         assert [accepts(compiled, t.encode()) for t in nested] == [i <= depth for i in range(4)]
 
 
+DISCRIMINATED = [
+    {"type": "object", "required": ["kind"],
+     "properties": {"kind": {"type": "string"}, "n": {"type": "integer"}, "m": {"type": "string"}},
+     "allOf": [{"if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["n"]}},
+               {"if": {"properties": {"kind": {"const": "b"}}}, "then": {"required": ["m"]},
+                "else": {"properties": {"m": False}}}]},
+    {"type": "object", "properties": {"kind": {"enum": ["a", "b", "c"]}, "n": {"type": "integer"}},
+     "if": {"properties": {"kind": {"enum": ["a", "b"]}}, "required": ["kind"]},
+     "then": {"properties": {"n": {"minimum": 5}}}, "else": {"properties": {"n": {"maximum": 0}}}},
+    {"type": "object", "properties": {"on": {"type": "boolean"}, "m": {"type": "string"}},
+     "if": {"properties": {"on": {"const": True}}}, "then": {"required": ["m"]}},
+]
+
+
+@pytest.mark.parametrize("schema", DISCRIMINATED)
+def test_conditions_on_one_property_s_value_admit_exactly_what_the_schema_validates(schema: Any) -> None:
+    compiled = schema_of(schema)
+    names = list(schema["properties"])
+    choices = {"kind": [None, "a", "b", "c", "ab", ""], "on": [None, True, False], "n": [None, 1, 7, -3],
+               "m": [None, "x"]}
+    for values in itertools.product(*(choices[name] for name in names)):
+        instance = {name: value for name, value in zip(names, values, strict=True) if value is not None}
+        valid = jsonschema.Draft7Validator(schema).is_valid(instance)
+        text = json.dumps(instance, separators=(",", ":")).encode()
+        assert accepts(compiled, text) == valid, text
+
+
 def test_an_open_value_nests_containers_at_any_depth() -> None:
     compiled = schema_of({})
     for text in ['"x"', '[{"a": 1}]', '{"a": [1, 2], "b": null}', "[[]]", "[" * 40 + "1" + "]" * 40,
