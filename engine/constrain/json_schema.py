@@ -344,6 +344,9 @@ class _Compiler:
             self.entered[target] -= 1
 
     def _resolve(self, target: str, pointer: str) -> Any:
+        if target and not target.startswith("/"):  # "#foo" names an $anchor (or an $id), not a path
+            raise unsupported(pointer, f"the reference {'#' + target!r} (a plain-name fragment; only "
+                              "JSON pointers, #/...)")
         found = self.root
         for part in target.split("/")[1:] if target else []:
             part = part.replace("~1", "/").replace("~0", "~")
