@@ -215,19 +215,33 @@ class _Compiler:
 
     def _dependent(self, value: Any, base: dict[str, Any],
                    pointer: str) -> tuple[dict[str, Any], list[tuple[Any, str]]]:
-        """`base` with the dependencies' names required, and the dependent schemas (held always)."""
+        """`base` with the dependencies' names required, and the dependent schemas (held always); a
+        dependency on a name written undeclared (a map's key, a key a pattern finds) is refused."""
         if not isinstance(value, dict):
             raise invalid(pointer, "dependencies must be an object")
+        if "$ref" in base or "allOf" in base:  # the properties a $ref or allOf brings, in view
+            flat = self._flattened(base, pointer, 0)
+            if flat is None:
+                return base, []
+            base = {**{k: v for k, v in base.items() if k not in ASSERTIONS}, **flat}
         required = list(base.get("required", []))
         declared = {*base.get("properties", {}), *required}
         schemas = []
         properties = dict(base.get("properties", {}))
+        # An undeclared name is written as a key a pattern finds, or as a map's key (no pattern and
+        # nothing declared): a dependency on it cannot be kept (it may be written without its dependents).
+        patterns = base.get("patternProperties") or {}
+        objects = {"object", "any"} & set(self._types(base, pointer))
         for name, dependent in value.items():
+            if dependent is True or dependent == [] or dependent == {}:
+                continue
+            if objects and name not in declared and (
+                    any(_finds(p, name) for p in patterns) if patterns else not declared):
+                raise unsupported(f"{pointer}/{_escape(name)}", "a dependency on a name an object may "
+                                  "hold undeclared (a map's key, or a key patternProperties finds)")
             if isinstance(dependent, list):
                 if name in declared:
                     required += [d for d in dependent if isinstance(d, str)]
-            elif dependent is True:
-                continue
             elif name in required:  # present in every output: its dependent schema holds
                 schemas.append((dependent, f"{pointer}/{_escape(name)}"))
             elif name in properties:  # optional: left out (never written), its dependent schema moot

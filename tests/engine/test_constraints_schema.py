@@ -93,6 +93,9 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "object", "propertyNames": {"maxLength": 3}, "patternProperties": {"^x": {}}},
      "/propertyNames"),
     ({"$ref": "https://example.com/schema.json"}, "/$ref"),
+    ({"dependentRequired": {"bar": ["foo"]}}, "/dependentRequired/bar"),
+    ({"type": "object", "properties": {"a": {}}, "patternProperties": {"^b": {}},
+      "dependentSchemas": {"bar": {"required": ["a"]}}}, "/dependentSchemas/bar"),
     ({"$ref": "#foo", "$defs": {"a": {"$anchor": "foo", "type": "integer"}}}, "/$ref"),
     ({"allOf": [{"$ref": "#foo"}], "definitions": {"a": {"$id": "#foo", "type": "integer"}}},
      "/allOf/0/$ref"),
@@ -237,6 +240,7 @@ PAIR = {"a": {"type": "integer"}, "b": {"type": "integer"}}
     {"type": "object", "properties": PAIR, "required": ["a"],
      "dependencies": {"a": {"properties": {"b": {"minimum": 0}}}, "b": False}},
     {"type": "object", "properties": PAIR, "dependentRequired": {"b": ["a"]}},
+    {"allOf": [{"type": "object", "properties": PAIR}], "dependentRequired": {"b": ["a"]}},
     {"$defs": {"p": {"type": "object", "properties": PAIR}}, "$ref": "#/$defs/p", "not": {"required": ["a"]}},
 ])
 def test_conditions_negations_and_dependencies_admit_only_outputs_that_validate(schema: Any) -> None:
