@@ -64,6 +64,7 @@ TYPE_KEYWORDS = {
 }
 COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 _MERGED = "$merged"  # set by allOf's merge: an enum it emptied admits nothing (not SCHEMA_INVALID)
+_ALONE = "$alone"  # set by _alone: additionalProperties was a member's own unevaluatedProperties
 MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
 # Keywords rewritten into the others (_Compiler._lowered) before a schema is compiled.
 LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
@@ -298,7 +299,7 @@ class _Compiler:
                 flat = self._flattened(member, at, 0)
                 if flat is None:
                     return NOTHING
-                _merge_into(merged, flat, at)
+                _merge_into(merged, flat if at == pointer else _alone(flat), at)  # at == pointer: its own
             except InvalidInput as exc:  # members with no type in common: this branch admits nothing
                 if exc.reason != "CONSTRAINT_UNSATISFIABLE":
                     raise
@@ -336,7 +337,7 @@ class _Compiler:
             flat = self._flattened(part, at, depth + 1)
             if flat is None:
                 return None
-            _merge_into(merged, flat, at)
+            _merge_into(merged, _alone(flat), at)
         _merge_into(merged, own, pointer)
         return merged
 
@@ -661,9 +662,10 @@ def _merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) ->
     for closed, other in ((merged, schema), (schema, merged)):
         if closed.get("additionalProperties", True) is not True:
             extra = set(other.get("properties", {})) - set(closed.get("properties", {}))
+            key = "unevaluatedProperties" if closed.get(_ALONE) else "additionalProperties"
             if extra:
-                raise unsupported(f"{pointer}/additionalProperties",
-                                  f"allOf members where additionalProperties rules out {sorted(extra)[0]!r}, "
+                raise unsupported(f"{pointer}/{key}",
+                                  f"allOf members where {key} rules out {sorted(extra)[0]!r}, "
                                   "a property another member declares")
     for key, value in schema.items():
         if key not in merged:
@@ -684,6 +686,21 @@ def _merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) ->
         elif merged[key] != value:
             raise unsupported(f"{pointer}/{_escape(key)}",
                               f"{key!r} in more than one allOf member with different values")
+
+
+def _alone(member: dict[str, Any]) -> dict[str, Any]:
+    """A merged member's keywords as the merge sees them: the member's own unevaluatedProperties
+    (unevaluatedItems) saw only the properties (items) the member evaluates, so beside the other
+    members it is the member's additionalProperties (items), and moot beside one it has."""
+    out = dict(member)
+    for unevaluated, additional in (("unevaluatedProperties", "additionalProperties"),
+                                    ("unevaluatedItems", "items")):
+        if unevaluated in out:
+            value = out.pop(unevaluated)
+            if additional not in out:
+                out[additional] = value
+                out[_ALONE] = out.get(_ALONE, False) or unevaluated == "unevaluatedProperties"
+    return out
 
 
 def _types_in_both(a: Any, b: Any, pointer: str) -> list[str]:
