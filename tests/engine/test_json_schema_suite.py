@@ -1,0 +1,150 @@
+"""The official JSON-Schema-Test-Suite (draft2020-12 and draft7, vendored under
+tests/engine/data/json-schema-test-suite) against the JSON Schema constraint, one test per group.
+
+A group's schema either compiles or is refused. A refusal must be one of the documented reasons,
+and SCHEMA_UNSUPPORTED must name the keyword at fault. A compiled schema must accept every valid
+instance, written as the output policy writes JSON, and reject every invalid one in every
+writing (tests/support/schema_suite.py: both spacings, every member order, each number form).
+CONSTRAINT_UNSATISFIABLE says nothing fits: the group's valid instances count as rejected.
+
+What the documented policy does not write (a subset of what a schema allows, never an output it
+rejects), and what this policy lets through (oneOf written as anyOf), is listed in EXCLUDED, each
+with its reason. The table is kept honest both ways: a test it names that passes fails too
+(remove it), and every entry must name some test. KNOWN_GAPS are temporary: the work on absent
+additionalProperties and on `type` left out (issue 41) removes them.
+
+    python -m bench.schema_suite_table   # the per-file table of docs/api.md
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+import pytest
+
+from tests.support.schema_suite import REFUSALS, Case, cases, compiled, names_keyword, outcome
+
+ONE_OF = "policy: oneOf is written as anyOf (docs/api.md: write disjoint alternatives)"
+CONDITIONAL = ("policy: if/then/else keep part of what they allow (docs/api.md: then held always "
+               "without else; with else, then and else both, or if and then)")
+DEPENDENT = "policy: an optional property with a dependent schema is left out (docs/api.md)"
+ONE_ALTERNATIVE = ("policy: an anyOf is written one alternative at a time (docs/api.md), so members "
+                   "that only two alternatives together evaluate are not written")
+FORMATS = ("policy: date, time, date-time, uuid, email, ipv4, hostname, uri and uri-reference are "
+           "enforced (docs/api.md), not annotations")
+
+EXCLUDED: dict[str, str] = {
+    "*/oneOf/0/2": ONE_OF,
+    "*/oneOf/1/2": ONE_OF,
+    "*/oneOf/2/0": ONE_OF,
+    "*/oneOf/4/0": ONE_OF,
+    "*/oneOf/7/1": ONE_OF,
+    "*/if-then-else/1/1": CONDITIONAL,
+    "*/if-then-else/4/1": CONDITIONAL,
+    "*/if-then-else/5/2": CONDITIONAL,
+    "*/if-then-else/6/0": CONDITIONAL,
+    "*/if-then-else/8/1": CONDITIONAL,
+    "*/if-then-else/10/1": CONDITIONAL,
+    "draft2020-12/unevaluatedItems/23/[123]": CONDITIONAL,
+    "draft2020-12/unevaluatedItems/27/0": CONDITIONAL,
+    "draft2020-12/unevaluatedProperties/14/2": CONDITIONAL,
+    "draft2020-12/unevaluatedProperties/16/0": CONDITIONAL,
+    "draft2020-12/unevaluatedProperties/39/0": CONDITIONAL,
+    "draft2020-12/unevaluatedProperties/17/0": DEPENDENT,
+    "draft2020-12/unevaluatedProperties/40/2": DEPENDENT,
+    "draft2020-12/unevaluatedProperties/11/2": ONE_ALTERNATIVE,
+    "draft2020-12/format/[036789]/6": FORMATS,  # email, ipv4, hostname, date, date-time, time
+    "draft2020-12/format/1[457]/6": FORMATS,  # uri, uri-reference, uuid
+    "draft7/ref/5/1": ("policy: keywords beside a $ref are merged with its target (docs/api.md), as "
+                       "2019-09 on has it; draft 7 ignored them"),
+    "draft2020-12/vocabulary/0/2": ("policy: $schema is an annotation (docs/api.md): a meta-schema "
+                                    "without the validation vocabulary does not turn validation off"),
+}
+
+# Temporary: what the work in progress on issue 41 changes (json_schema.py); remove these entries
+# as this module reports them passing.
+TYPE_INFERRED = "known gap: type inferred from keywords (a schema without `type` admits any type)"
+EXTRA_PROPERTIES = "known gap: extra properties rejected (additionalProperties absent or true allows them)"
+KNOWN_GAPS: dict[str, str] = {
+    "*/additionalProperties/0/[234]": TYPE_INFERRED,
+    "*/exclusiveMaximum/0/3": TYPE_INFERRED,
+    "*/format/*/[0-5]": TYPE_INFERRED,
+    "*/items/0/[23]": TYPE_INFERRED,
+    "*/maxItems/0/3": TYPE_INFERRED,
+    "*/maxLength/0/3": TYPE_INFERRED,
+    "*/maxProperties/0/[345]": TYPE_INFERRED,
+    "*/maximum/0/3": TYPE_INFERRED,
+    "*/minItems/0/3": TYPE_INFERRED,
+    "*/minLength/0/3": TYPE_INFERRED,
+    "*/minProperties/0/[34567]": TYPE_INFERRED,
+    "*/minimum/1/6": TYPE_INFERRED,
+    "*/pattern/0/[234567]": TYPE_INFERRED,
+    "*/patternProperties/0/[456]": TYPE_INFERRED,
+    "*/properties/0/[45]": TYPE_INFERRED,
+    "*/properties/5/[01]": TYPE_INFERRED,
+    "*/propertyNames/0/[34567]": TYPE_INFERRED,
+    "*/ref/0/[01]": TYPE_INFERRED,
+    "*/required/0/[23456]": TYPE_INFERRED,
+    "*/required/4/[01]": TYPE_INFERRED,
+    "draft2020-12/unevaluatedItems/25/*": TYPE_INFERRED,
+    "draft2020-12/unevaluatedProperties/36/*": TYPE_INFERRED,
+    "*/additionalProperties/2/1": EXTRA_PROPERTIES,
+    "*/additionalProperties/4/0": EXTRA_PROPERTIES,
+    "*/anyOf/5/2": EXTRA_PROPERTIES,
+    "*/properties/0/3": EXTRA_PROPERTIES,
+    "draft2020-12/dependentSchemas/3/[13]": EXTRA_PROPERTIES,
+    "draft7/dependencies/6/[13]": EXTRA_PROPERTIES,
+    "draft2020-12/unevaluatedProperties/5/1": EXTRA_PROPERTIES,
+    "draft2020-12/unevaluatedProperties/6/1": EXTRA_PROPERTIES,
+    "draft2020-12/unevaluatedProperties/9/1": EXTRA_PROPERTIES,
+    "draft2020-12/unevaluatedProperties/10/1": EXTRA_PROPERTIES,
+    "draft2020-12/unevaluatedProperties/24/1": EXTRA_PROPERTIES,
+    "draft2020-12/unevaluatedProperties/25/1": EXTRA_PROPERTIES,
+    "draft2020-12/unevaluatedProperties/35/19": EXTRA_PROPERTIES,
+}
+ALL_EXCLUDED = {**EXCLUDED, **KNOWN_GAPS}
+
+CASES = cases()
+
+
+def excluded(test_id: str) -> str | None:
+    return next((reason for pattern, reason in ALL_EXCLUDED.items() if fnmatch.fnmatchcase(test_id, pattern)),
+                None)
+
+
+def results(case: Case) -> dict[str, bool]:
+    """Each test's id and whether the constraint does as the suite says."""
+    result = compiled(case)
+    out = {}
+    for i, (_, instance, valid) in enumerate(case.tests):
+        if result.compiled is not None:
+            out[f"{case.id}/{i}"] = outcome(case, result.compiled, instance, valid)
+        else:  # refused: nothing is written; only CONSTRAINT_UNSATISFIABLE claims no valid instance exists
+            assert result.refusal is not None
+            out[f"{case.id}/{i}"] = not valid or result.refusal.reason != "CONSTRAINT_UNSATISFIABLE"
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_each_suite_group_compiles_and_decides_as_the_suite_says_or_is_refused(case: Case) -> None:
+    refusal = compiled(case).refusal
+    if refusal is not None:
+        assert refusal.reason in REFUSALS, str(refusal)
+        assert refusal.reason != "SCHEMA_UNSUPPORTED" or names_keyword(refusal), str(refusal)
+    found = results(case)
+    failed = [f"{test_id} ({'valid' if case.tests[int(test_id.rsplit('/', 1)[1])][2] else 'invalid'}: "
+              f"{case.tests[int(test_id.rsplit('/', 1)[1])][0]})"
+              for test_id, ok in found.items() if not ok and excluded(test_id) is None]
+    passing = [test_id for test_id, ok in found.items() if ok and excluded(test_id) is not None]
+    assert not failed, f"{case.description}: {failed}"
+    assert not passing, f"excluded but passing now, remove from the table: {passing}"
+
+
+def test_every_exclusion_names_a_test_of_the_suite() -> None:
+    ids = [f"{c.id}/{i}" for c in CASES for i in range(len(c.tests))]
+    assert [p for p in ALL_EXCLUDED if not fnmatch.filter(ids, p)] == []
+
+
+def test_the_suite_is_the_vendored_draft2020_12_and_draft7_files() -> None:
+    drafts = {c.draft for c in CASES}
+    assert drafts == {"draft2020-12", "draft7"} and len(CASES) > 600
