@@ -770,6 +770,8 @@ def _parsed(source: Any, pointer: str) -> Node:
     try:
         return regex.parse(source, FIELD)
     except InvalidInput as exc:
+        if exc.reason == "REGEX_INVALID" and re.search(r"\\[pP]\{", source):  # ECMA-262's, not Python's
+            raise unsupported(pointer, "a Unicode property escape (\\p{...})") from exc
         if exc.reason == "REGEX_INVALID":
             raise invalid(pointer, str(exc)) from exc
         raise unsupported(pointer, str(exc)) from exc

@@ -111,6 +111,7 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "number", "minimum": 0.5}, "/minimum"),
     ({"type": "string", "pattern": "^[a-z]+-[0-9]+$", "maxLength": 4}, "/maxLength"),
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
+    ({"type": "string", "pattern": "^\\p{Letter}+$"}, "/pattern"),
     ({"type": "array", "items": [{"type": "string"}]}, "/items"),
     ({"enum": ["a", "b"], "maxLength": 1}, "/maxLength"),
     ({"type": "object", "properties": {"a/b": {"contains": {}}}},
