@@ -560,7 +560,8 @@ def test_keywords_that_constrain_nothing_are_ignored() -> None:
 
 
 @pytest.mark.parametrize(("name", "good", "bad"), [
-    ("hostname", ['"example.com"', '"a"', '"my-host.internal"'], ['"-bad.com"', '"a..b"', '"a b"']),
+    ("hostname", ['"example.com"', '"a"', '"my-host.internal"', f'"{"a" * 63}.com"', '"a-b--c.d"'],
+     ['"-bad.com"', '"a..b"', '"a b"', f'"{"a" * 64}.com"', '"xn--X"', '"ab--c.com"']),
     ("uri", ['"https://example.com/a?b=1#c"', '"urn:isbn:0451450523"', '"mailto:a@b.c"', '"a:%20"'],
      ['"no scheme"', '"/relative"', '"http://a b"', '"a:%zz"']),
     ("uri-reference", ['"/relative/path?x=1"', '"https://example.com"', '""', '"#frag"'],
