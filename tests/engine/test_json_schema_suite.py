@@ -1,5 +1,6 @@
-"""The official JSON-Schema-Test-Suite (draft2020-12 and draft7, vendored under
-tests/engine/data/json-schema-test-suite) against the JSON Schema constraint, one test per group.
+"""The official JSON-Schema-Test-Suite (draft2020-12 and draft7, and draft2020-12's optional/format
+files of the formats Ladder enforces; vendored under tests/engine/data/json-schema-test-suite)
+against the JSON Schema constraint, one test per group.
 
 A group's schema either compiles or is refused. A refusal must be one of the documented reasons,
 and SCHEMA_UNSUPPORTED must name the keyword at fault. A compiled schema must accept every valid
@@ -8,8 +9,9 @@ writing (tests/support/schema_suite.py: both spacings, every member order, each 
 CONSTRAINT_UNSATISFIABLE says nothing fits: the group's valid instances count as rejected.
 
 What the documented policy does not write (a subset of what a schema allows, never an output it
-rejects), and what this policy lets through (oneOf written as anyOf), is listed in EXCLUDED, each
-with its reason. The table is kept honest both ways: a test it names that passes fails too
+rejects), what it lets through (oneOf written as anyOf; a uri's parts unchecked) and the bugs not
+fixed yet ("BUG: ...") are listed in EXCLUDED, each with its reason. The table is kept honest both
+ways: a test it names that passes fails too
 (remove it), and every entry must name some test. KNOWN_GAPS are temporary: the work on absent
 additionalProperties and on `type` left out (issue 41) removes them.
 
@@ -32,6 +34,16 @@ ONE_ALTERNATIVE = ("policy: an anyOf is written one alternative at a time (docs/
                    "that only two alternatives together evaluate are not written")
 FORMATS = ("policy: date, time, date-time, uuid, email, ipv4, hostname, uri and uri-reference are "
            "enforced (docs/api.md), not annotations")
+REAL_DATES = ("policy: February stops at the 28th and seconds at 59, so every date and time written is "
+              "a real one in any year (json_values.py)")
+URI_PARTS = ("policy: a uri is a scheme, `:` and the characters RFC 3986 writes URIs in; the parts' own "
+             "grammar (authority, port, path) is not checked (docs/api.md)")
+UPPER_CASE = "policy: date-time and time write `T` and `Z` upper-case (docs/api.md)"
+FRACTION = "policy: a time's fraction has at most 6 digits (time is 9–21 characters, docs/api.md)"
+EMAIL = "policy: email is dot-atoms @ a hostname, no quoted local part or address literal (docs/api.md)"
+HOSTNAME_LENGTH = ("BUG: a hostname's total length (253 at most) is not bounded (json_values.py FORMATS; "
+                   "docs/api.md says so)")
+A_LABELS = "policy: no hostname label has hyphens 3rd and 4th, so no xn-- A-label is written (docs/api.md)"
 
 EXCLUDED: dict[str, str] = {
     "*/oneOf/0/2": ONE_OF,
@@ -55,6 +67,23 @@ EXCLUDED: dict[str, str] = {
     "draft2020-12/unevaluatedProperties/11/2": ONE_ALTERNATIVE,
     "draft2020-12/format/[036789]/6": FORMATS,  # email, ipv4, hostname, date, date-time, time
     "draft2020-12/format/1[457]/6": FORMATS,  # uri, uri-reference, uuid
+    "draft2020-12/optional/format/date/0/37": REAL_DATES,
+    "draft2020-12/optional/format/date/0/46": REAL_DATES,
+    "draft2020-12/optional/format/date-time/0/1[01]": REAL_DATES,
+    "draft2020-12/optional/format/time/0/1[0367]": REAL_DATES,
+    "draft2020-12/optional/format/time/0/2[01]": REAL_DATES,
+    "draft2020-12/optional/format/date-time/0/22": UPPER_CASE,
+    "draft2020-12/optional/format/time/0/30": UPPER_CASE,
+    "draft2020-12/optional/format/date-time/0/31": FRACTION,
+    "draft2020-12/optional/format/email/0/1[12345]": EMAIL,
+    "draft2020-12/optional/format/hostname/1/[167]": A_LABELS,
+    "draft2020-12/optional/format/hostname/1/1[47]": A_LABELS,
+    "draft2020-12/optional/format/hostname/1/2[03678]": A_LABELS,
+    "draft2020-12/optional/format/hostname/1/3[01456]": A_LABELS,
+    "draft2020-12/optional/format/uri/0/26": URI_PARTS,
+    "draft2020-12/optional/format/uri/0/4[345]": URI_PARTS,
+    "draft2020-12/optional/format/uri-reference/0/2[23456]": URI_PARTS,
+    "draft2020-12/optional/format/hostname/0/20": HOSTNAME_LENGTH,
     "draft7/ref/5/1": ("policy: keywords beside a $ref are merged with its target (docs/api.md), as "
                        "2019-09 on has it; draft 7 ignored them"),
     "draft2020-12/vocabulary/0/2": ("policy: $schema is an annotation (docs/api.md): a meta-schema "
@@ -88,6 +117,7 @@ KNOWN_GAPS: dict[str, str] = {
     "*/required/4/[01]": TYPE_INFERRED,
     "draft2020-12/unevaluatedItems/25/*": TYPE_INFERRED,
     "draft2020-12/unevaluatedProperties/36/*": TYPE_INFERRED,
+    "draft2020-12/optional/format/*/0/[0-5]": TYPE_INFERRED,
     "*/additionalProperties/2/1": EXTRA_PROPERTIES,
     "*/additionalProperties/4/0": EXTRA_PROPERTIES,
     "*/anyOf/5/2": EXTRA_PROPERTIES,
@@ -107,9 +137,14 @@ ALL_EXCLUDED = {**EXCLUDED, **KNOWN_GAPS}
 CASES = cases()
 
 
+def matches(test_id: str, pattern: str) -> bool:
+    """fnmatch, one /-separated part at a time (a `*` never spans a `/`)."""
+    parts, wanted = test_id.split("/"), pattern.split("/")
+    return len(parts) == len(wanted) and all(map(fnmatch.fnmatchcase, parts, wanted))
+
+
 def excluded(test_id: str) -> str | None:
-    return next((reason for pattern, reason in ALL_EXCLUDED.items() if fnmatch.fnmatchcase(test_id, pattern)),
-                None)
+    return next((reason for pattern, reason in ALL_EXCLUDED.items() if matches(test_id, pattern)), None)
 
 
 def results(case: Case) -> dict[str, bool]:
@@ -142,7 +177,7 @@ def test_each_suite_group_compiles_and_decides_as_the_suite_says_or_is_refused(c
 
 def test_every_exclusion_names_a_test_of_the_suite() -> None:
     ids = [f"{c.id}/{i}" for c in CASES for i in range(len(c.tests))]
-    assert [p for p in ALL_EXCLUDED if not fnmatch.filter(ids, p)] == []
+    assert [p for p in ALL_EXCLUDED if not any(matches(i, p) for i in ids)] == []
 
 
 def test_the_suite_is_the_vendored_draft2020_12_and_draft7_files() -> None:

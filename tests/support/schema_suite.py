@@ -43,6 +43,7 @@ from tests.support.vocabularies import EOS, VOCAB
 
 SUITE = Path(__file__).parents[1] / "engine" / "data" / "json-schema-test-suite"
 DRAFTS = ("draft2020-12", "draft7")
+FORMATS = "optional/format/*.json"  # of the formats the engine enforces (draft2020-12's, vendored)
 SECONDS = 2.0  # CPU allowance of one compile
 REFUSALS = ("SCHEMA_UNSUPPORTED", "CONSTRAINT_TOO_LARGE", "CONSTRAINT_UNSATISFIABLE", "SCHEMA_INVALID")
 MAX_VARIANTS = 16  # writings of one member or item
@@ -65,7 +66,7 @@ class Case:
     """One test group of the suite: a schema and its instances."""
 
     draft: str
-    file: str  # the file's stem: the keyword it tests, mostly
+    file: str  # the file's path in its draft, less .json: the keyword it tests, mostly
     index: int
     description: str
     schema: Any
@@ -80,10 +81,11 @@ class Case:
 def cases() -> tuple[Case, ...]:
     found = []
     for draft in DRAFTS:
-        for path in sorted((SUITE / draft).glob("*.json")):
+        for path in [*sorted((SUITE / draft).glob("*.json")), *sorted((SUITE / draft).glob(FORMATS))]:
+            name = path.relative_to(SUITE / draft).with_suffix("").as_posix()  # optional/format/date
             for index, group in enumerate(json.loads(path.read_text())):
                 tests = tuple((t["description"], t["data"], t["valid"]) for t in group["tests"])
-                found.append(Case(draft, path.stem, index, group["description"], group["schema"], tests))
+                found.append(Case(draft, name, index, group["description"], group["schema"], tests))
     return tuple(found)
 
 
