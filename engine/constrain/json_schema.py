@@ -161,7 +161,12 @@ class _Compiler:
     def _conditional(self, schema: dict[str, Any], base: dict[str, Any], pointer: str) -> Node:
         rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
         then, otherwise = schema.get("then", True), schema.get("else")
-        if otherwise is None:
+        if "if" not in schema:  # then and else assert nothing without an if
+            return self.node(rest, pointer)
+        if schema["if"] is False:  # else alone holds
+            otherwise = True if otherwise is None else otherwise
+            return self._merged([(rest, pointer), (otherwise, f"{pointer}/else")], pointer)
+        if otherwise is None or schema["if"] is True:
             return self._merged([(rest, pointer), (then, f"{pointer}/then")], pointer)
         options = [[(rest, pointer), (then, f"{pointer}/then"), (otherwise, f"{pointer}/else")],
                    [(rest, pointer), (schema.get("if", True), f"{pointer}/if"), (then, f"{pointer}/then")]]
@@ -330,8 +335,11 @@ class _Compiler:
             if not isinstance(nested, list) or not nested:
                 raise invalid(f"{pointer}/allOf", "allOf must be a non-empty list of schemas")
             parts += [(m, f"{pointer}/allOf/{i}") for i, m in enumerate(nested)]
-        if ("if" in own or "then" in own) and "else" not in own:  # then holds always (_lowered): merge it
-            own.pop("if", None)
+        if "if" not in own:  # then and else assert nothing without an if
+            own.pop("then", None)
+            own.pop("else", None)
+        if "if" in own and "else" not in own:  # then holds always (_lowered): merge it
+            own.pop("if")
             parts.append((own.pop("then", True), f"{pointer}/then"))
         for part, at in parts:
             flat = self._flattened(part, at, depth + 1)

@@ -322,6 +322,17 @@ def test_enums_of_two_all_of_members_keep_the_values_in_both() -> None:
     refused({"enum": [1, 2], "const": 3}, "CONSTRAINT_UNSATISFIABLE")
 
 
+def test_then_and_else_without_an_if_assert_nothing_and_a_boolean_if_picks_one() -> None:
+    compiled = schema_of({"type": "string", "maxLength": 3, "then": {"const": "yes"}, "else": {"const": "n"}})
+    assert accepts(compiled, b'"abc"') and accepts(compiled, b'"yes"')
+    picked = schema_of({"if": False, "then": {"const": "a"}, "else": {"const": "b"}})
+    assert accepts(picked, b'"b"') and not accepts(picked, b'"a"')
+    picked = schema_of({"if": True, "then": {"const": "a"}, "else": {"const": "b"}})
+    assert accepts(picked, b'"a"') and not accepts(picked, b'"b"')
+    member = schema_of({"allOf": [{"type": "integer"}, {"then": {"const": 1}}]})
+    assert accepts(member, b"2")
+
+
 def test_then_holds_always_when_there_is_no_else() -> None:
     compiled = schema_of({"type": "object", "properties": {"x": {"type": "integer"}},
                           "if": {"required": ["y"]}, "then": {"required": ["x"]}})
