@@ -24,7 +24,7 @@ import fnmatch
 
 import pytest
 
-from tests.support.schema_suite import REFUSALS, Case, cases, compiled, names_keyword, outcome
+from tests.support.schema_suite import REFUSALS, Case, cases, compiled, names_keyword, outcome, writings
 
 ONE_OF = "policy: oneOf is written as anyOf (docs/api.md: write disjoint alternatives)"
 CONDITIONAL = ("policy: if/then/else keep part of what they allow (docs/api.md: then held always "
@@ -180,3 +180,13 @@ def test_every_exclusion_names_a_test_of_the_suite() -> None:
 def test_the_suite_is_the_vendored_draft2020_12_and_draft7_files() -> None:
     drafts = {c.draft for c in CASES}
     assert drafts == {"draft2020-12", "draft7"} and len(CASES) > 600
+
+
+def test_instances_are_written_in_declared_order_first_then_in_other_orders_and_number_forms() -> None:
+    schema = {"properties": {"b": {}, "a": {}}, "required": ["c"]}
+    case = Case("draft2020-12", "example", 0, "", schema, ())
+    compact, spaced = writings(case, {"x": [1.5e-05], "a": 1, "c": True, "b": 2.0})
+    assert compact[0] == b'{"b":2.0,"a":1,"c":true,"x":[1.5e-05]}'
+    assert spaced[0] == b'{"b": 2.0, "a": 1, "c": true, "x": [1.5e-05]}'
+    others = {b'{"b":2,"a":1.0,"c":true,"x":[0.000015]}', b'{"x":[1.5e-05],"c":true,"a":1,"b":2.0}'}
+    assert others <= set(compact)
