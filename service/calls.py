@@ -97,6 +97,7 @@ class ConstraintSpec:
     kind: str
     text: str = ""
     options: tuple[str, ...] = ()
+    strict: bool | None = None  # json_schema read as OpenAI's strict mode does (None: --json-schema-strict)
 
     def __post_init__(self) -> None:
         field = f"constraint.{self.kind}" + (".options" if self.kind == "choice" else "")

@@ -128,6 +128,7 @@ class Config:
     prefill_batch: int = 0  # new prompts' first chunks in one prefill forward (0 = the backend's: 8 on CUDA)
     constraint_cache_mb: int = 256  # compiled structured-output constraints and their masks
     constraint_compile_seconds: float = 2.0  # CPU seconds one constraint's compile may take
+    json_schema_strict: bool = False  # read JSON schemas as OpenAI's strict mode does (no undeclared members)
     tool_call_format: str = "auto"  # the model's tool-call format (service/tool_formats.py)
 
     def engine_options(self) -> EngineOptions:

@@ -26,7 +26,7 @@ from typing import Any
 
 from engine.constrain.budget import Budget
 from engine.constrain.cache import ConstraintCache
-from engine.constrain.compiled import Compiled, RowState
+from engine.constrain.compiled import JSON_SCHEMA_STRICT, Compiled, RowState
 from engine.constrain.vocabulary import Vocabulary
 from engine.errors import Exhausted
 from engine.executor.facts import EngineFacts
@@ -39,12 +39,13 @@ QUEUED_COMPILES = 16  # compiles waiting for a worker beyond those running; more
 
 class Constraints:
     def __init__(self, tokenizer: Any | None, facts: EngineFacts, max_bytes: int,
-                 metrics: Any = None, compile_seconds: float | None = 2.0) -> None:
+                 metrics: Any = None, compile_seconds: float | None = 2.0, strict: bool = False) -> None:
         self._tokenizer = tokenizer
         self._facts = facts
         self._max_bytes = max_bytes
         self._metrics = metrics
         self.compile_seconds = compile_seconds
+        self.strict = strict  # a JSON schema's reading where the request does not say
         self._cache: ConstraintCache | None = None
         self._lock = threading.Lock()
         self._compiling = ThreadPoolExecutor(max_workers=COMPILE_WORKERS, thread_name_prefix="ladder-compile")
@@ -87,7 +88,7 @@ class Constraints:
         cache = self.cache()
         before = cache.stats()
         started = time.perf_counter()
-        compiled = cache.get(spec.kind, spec.spec, budget)
+        compiled = cache.get(self._kind(spec), spec.spec, budget)
         budget.check()  # the first mask: one vectorized walk of the vocabulary
         compiled.start().allowed()
         warm = getattr(compiled, "warm", None)
@@ -137,10 +138,15 @@ class Constraints:
         if self._cache is None:
             return None
         started = time.perf_counter()
-        found = self._cache.peek(spec.kind, spec.spec)
+        found = self._cache.peek(self._kind(spec), spec.spec)
         if found is not None and self._metrics is not None:
             self._metrics.constraint_compiled(spec.kind, time.perf_counter() - started, True)
         return found
+
+    def _kind(self, spec: ConstraintSpec) -> str:
+        """The engine's kind: a JSON schema read strictly is one of its own (cached apart)."""
+        strict = self.strict if spec.strict is None else spec.strict
+        return JSON_SCHEMA_STRICT if spec.kind == "json_schema" and strict else spec.kind
 
     def close(self) -> None:
         """Stop compiling and computing masks ahead (the server is stopping)."""

@@ -184,7 +184,8 @@ class LadderServer:
         sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller,
                                    parking=model.session_memory > 0)
         constraints = Constraints(model.tokenizer, model.facts, self.config.constraint_cache_mb << 20,
-                                  self.metrics, self.config.constraint_compile_seconds)
+                                  self.metrics, self.config.constraint_compile_seconds,
+                                  self.config.json_schema_strict)
         self.serving = Serving(self.config, model, scheduler, sessions, self.metrics, constraints)
         engine = model.engine
         self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting,

@@ -80,6 +80,9 @@ HELP = {
                            "(least recently used go first)",
     "constraint_compile_seconds": "CPU seconds (the compiling thread's) one structured-output constraint may "
                                   "take to compile; more: INVALID_ARGUMENT (CONSTRAINT_TOO_LARGE)",
+    "json_schema_strict": "read every JSON schema constraint as OpenAI's strict mode does unless the "
+                          "request says: an object with declared properties and no additionalProperties "
+                          "holds only those (the spec's reading, the default, allows others after them)",
     "default_max_new_tokens": "new tokens for a request that names none (0 = as many as fit, up to "
                               "--max-new-tokens; above it: --max-new-tokens)",
     "capacity": "KV capacity per session in tokens (auto = the model's max length)",

@@ -63,10 +63,14 @@ class ToolRequest:
 
     def constraint(self) -> ConstraintSpec | None:
         """The constraint a named or required choice puts on the reply; None for none and auto."""
+        # Read as strict mode reads a schema (no arguments the tool does not declare, unless its
+        # schema says additionalProperties), as vLLM's structured-output engines read tools' schemas.
         if self.choice.mode == NAMED:
-            return ConstraintSpec("json_schema", text=json.dumps(parameters_of(self.tool(self.choice.name))))
+            schema = parameters_of(self.tool(self.choice.name))
+            return ConstraintSpec("json_schema", text=json.dumps(schema), strict=True)
         if self.choice.mode == REQUIRED:
-            return ConstraintSpec("json_schema", text=json.dumps(required_schema(self.tools, self.parallel)))
+            schema = required_schema(self.tools, self.parallel)
+            return ConstraintSpec("json_schema", text=json.dumps(schema), strict=True)
         return None
 
     def tool(self, name: str) -> FunctionTool:

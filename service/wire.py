@@ -112,7 +112,8 @@ def constraint(request: pb.GenerateRequest | pb.DecodeRequest) -> ConstraintSpec
     kind = message.WhichOneof("kind") or ""
     if kind == "choice":
         return ConstraintSpec(kind, options=tuple(message.choice.options))
-    return ConstraintSpec(kind, text=getattr(message, kind) if kind else "")
+    strict = message.strict if message.HasField("strict") else None
+    return ConstraintSpec(kind, text=getattr(message, kind) if kind else "", strict=strict)
 
 
 def prefill_call(first: pb.PrefillRequest) -> PrefillCall:

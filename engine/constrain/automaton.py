@@ -105,6 +105,13 @@ class Automaton:
         self._moves[state * size + token] = after
         return after
 
+    def matches(self, data: bytes) -> bool:
+        """Whether `data` is a whole match (the bytes alone, whatever tokens would write them)."""
+        state, table = 1, self.dfa.table
+        for byte in data:
+            state = int(table[state, byte])
+        return bool(self.dfa.accepting[state])
+
     def walk(self, state: int, token: int) -> int:
         """The state after `token`'s bytes (dead: 0)."""
         table = self.dfa.table

@@ -1,19 +1,22 @@
 """`compile_constraint`: one entry for every constraint kind, and the protocol its result keeps.
 
 Regex, JSON Schema and choice become a syntax tree, a byte NFA, then a DFA (automaton.py); a
-grammar is parsed by engine/constrain/gbnf.py and run by grammar.py as a pushdown automaton with
-the same RowState protocol. Every failure is InvalidInput naming the request field at fault; a
-compile past its Budget's CPU time too (CONSTRAINT_TOO_LARGE), one abandoned raises Abandoned.
+grammar is parsed by engine/constrain/gbnf.py and run by grammar.py as a pushdown automaton
+with the same RowState protocol, and so is a JSON Schema that recurses or is too large for a
+DFA (its tree made a grammar by tree_grammar.py). Every failure is InvalidInput naming the
+request field at fault; a compile past its Budget's CPU time too (CONSTRAINT_TOO_LARGE), one
+abandoned raises Abandoned.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
-from engine.constrain import dfa, json_schema, nfa, regex
+from engine.constrain import dfa, grammar, json_schema, nfa, regex, tree_grammar
 from engine.constrain.automaton import Automaton
 from engine.constrain.budget import UNBOUNDED, Budget, OverBudget
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
@@ -21,8 +24,10 @@ from engine.constrain.pattern import Node, alt, text
 from engine.constrain.vocabulary import Vocabulary
 from engine.errors import InvalidInput
 
+JSON_SCHEMA_STRICT = "json_schema_strict"  # a JSON schema read as OpenAI's strict mode does
 FIELDS = {
     "json_schema": "constraint.json_schema",
+    JSON_SCHEMA_STRICT: "constraint.json_schema",
     "regex": "constraint.regex",
     "choice": "constraint.choice.options",
     "grammar": "constraint.grammar",
@@ -78,11 +83,34 @@ def _compile(kind: str, spec: str | Sequence[str], vocabulary: Vocabulary, limit
     if kind == "grammar":
         return _grammar(source, vocabulary, limits, budget)
     try:
-        tree = regex.whole(source) if kind == "regex" else json_schema.tree(source, limits, budget)
-        return automaton(tree, vocabulary, limits, field, budget)
+        if kind == "regex":
+            return automaton(regex.whole(source), vocabulary, limits, field, budget)
+        return _json_schema(source, vocabulary, limits, budget, strict=kind == JSON_SCHEMA_STRICT)
     except RecursionError as exc:  # nesting the parsers let through but the tree walks cannot follow
         raise InvalidInput("the constraint nests too deeply", reason="CONSTRAINT_TOO_LARGE",
                            field=field) from exc
+
+
+def _json_schema(source: str, vocabulary: Vocabulary, limits: Limits, budget: Budget,
+                 strict: bool) -> Compiled:
+    """A DFA where the schema fits one (every mask can be computed ahead, an open value nests
+    max_json_depth deep); the pushdown engine where it recurses through a $ref or its DFA would
+    pass max_schema_dfa_states, or its NFA max_schema_nfa_states (lazy: the parser states rows
+    reach, open values at any depth)."""
+    field = FIELDS["json_schema"]
+    found = json_schema.tree(source, limits, budget, open_depth=limits.max_json_depth, strict=strict)
+    if not found.rules and nfa.size(found.root) <= limits.max_schema_nfa_states:
+        try:
+            return automaton(found.root, vocabulary, replace(limits, max_states=limits.max_schema_dfa_states),
+                             field, budget)
+        except InvalidInput as exc:
+            if exc.reason != "CONSTRAINT_TOO_LARGE":
+                raise
+    if found.opened:  # again, with open values at any depth
+        found = json_schema.tree(source, limits, budget, open_depth=None, strict=strict)
+    program = tree_grammar.program(found.root, found.rules, field, limits.max_schema_elements)
+    budget.check()
+    return grammar.CompiledGrammar(program, vocabulary, limits, field)
 
 
 def automaton(tree: Node, vocabulary: Vocabulary, limits: Limits, field: str,
@@ -132,13 +160,6 @@ def _grammar(source: str, vocabulary: Vocabulary, limits: Limits, budget: Budget
     """A grammar's parse is linear in its text and its states are bounded (grammar.py): the budget
     is checked before it and after."""
     budget.check()
-    try:
-        from engine.constrain import grammar  # type: ignore[attr-defined, unused-ignore]
-    except ModuleNotFoundError as exc:
-        if exc.name != "engine.constrain.grammar":
-            raise
-        raise InvalidInput("grammar constraints are not available in this build",
-                           reason="CONSTRAINT_KIND_UNSUPPORTED", field=FIELDS["grammar"]) from exc
     compiled: Compiled = grammar.compile_grammar(source, vocabulary, limits)
     budget.check()
     return compiled

@@ -30,7 +30,8 @@ from engine.constrain.pattern import MAX_CODE_POINT, SURROGATES, complement, nor
 from engine.constrain.utf8 import ByteRanges, sequences
 from engine.errors import InvalidInput
 
-__all__ = ["END", "FIELD", "MAX_ELEMENTS", "REF", "TERMINAL", "Program", "Stack", "parse"]
+__all__ = ["END", "FIELD", "MAX_ELEMENTS", "REF", "TERMINAL", "Program", "Stack", "byte_alternatives",
+           "flatten", "parse"]
 
 FIELD = "constraint.grammar"
 MAX_ELEMENTS = 1 << 16  # elements of the compiled rules, repetitions expanded
@@ -46,7 +47,7 @@ HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 def parse(text: str, max_elements: int = MAX_ELEMENTS) -> Program:
     """The checked, flattened rules of GBNF `text`; InvalidInput says what is wrong and where."""
     rules = _Parser(text, max_elements).parse()
-    return _flatten(checked_bodies(rules), rules.ids["root"])
+    return flatten(checked_bodies(rules), rules.ids["root"])
 
 
 def _invalid(text: str, offset: int, message: str, reason: str = "GRAMMAR_INVALID") -> InvalidInput:
@@ -120,7 +121,7 @@ class _Rules:
         """A set of code points as UTF-8 byte sequences: one element, or a rule of alternatives."""
         key = subtract(normalize(ranges), (SURROGATES,))
         if key not in self.classes:
-            alts = _byte_alternatives(sequences(key), lambda body: self.synthetic(parent, body, offset))
+            alts = byte_alternatives(sequences(key), lambda body: self.synthetic(parent, body, offset))
             self.classes[key] = alts[0] if len(alts) == 1 else [(REF, self.synthetic(parent, alts, offset))]
         return self.classes[key]
 
@@ -319,7 +320,7 @@ def _is_name_char(char: str) -> bool:
     return bool(char) and char.isascii() and (char.isalnum() or char in "_-")
 
 
-def _byte_alternatives(byte_sequences: Iterable[ByteRanges],
+def byte_alternatives(byte_sequences: Iterable[ByteRanges],
                        new_rule: Callable[[list[Alternative]], int]) -> list[Alternative]:
     """Byte-range sequences as alternatives that share first bytes: sequences with one tail merge
     their first bytes into one mask, and those with one first mask share a rule of their tails."""
@@ -356,7 +357,7 @@ class Program:
         return 72 * len(self.kinds) + 64 * len(self.starts)  # boxed ints and tuple slots, roughly
 
 
-def _flatten(bodies: list[list[Alternative]], root: int) -> Program:
+def flatten(bodies: list[list[Alternative]], root: int) -> Program:
     kinds: list[int] = []
     values: list[int] = []
     starts: list[tuple[int, ...]] = []

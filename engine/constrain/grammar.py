@@ -80,8 +80,10 @@ class CompiledGrammar:
     """One grammar for one vocabulary: the masks of the parser states reached so far, cached and
     bounded, and the transitions rows walk. Safe to share between threads (one lock)."""
 
-    def __init__(self, program: Program, vocabulary: Vocabulary, limits: Any = None) -> None:
+    def __init__(self, program: Program, vocabulary: Vocabulary, limits: Any = None,
+                 field: str = FIELD) -> None:
         self._program, self._vocabulary, self._layout = program, vocabulary, _Layout.of(vocabulary)
+        self._field = field
         self._max_stacks = getattr(limits, "max_grammar_stacks", MAX_STACKS)
         self._max_states = getattr(limits, "max_grammar_states", MAX_STATES)
         self._max_masks = getattr(limits, "max_grammar_masks", MAX_MASKS)
@@ -95,6 +97,14 @@ class CompiledGrammar:
 
     def start(self) -> GrammarRow:
         return GrammarRow(self, self._start)
+
+    @property
+    def program(self) -> Program:
+        return self._program
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        return self._vocabulary
 
     @property
     def nbytes(self) -> int:
@@ -154,8 +164,13 @@ class CompiledGrammar:
                 after = self._transitions.after(state, piece)
             if after:
                 return after
-        raise InvalidInput(f"token {token} is not allowed by the grammar here", reason="TOKEN_NOT_ALLOWED",
-                           field=FIELD)
+        raise InvalidInput(f"token {token} is not allowed by the constraint here", reason="TOKEN_NOT_ALLOWED",
+                           field=self._field)
+
+    def matches(self, data: bytes) -> bool:
+        """Whether `data` is a whole match (the bytes alone, whatever tokens would write them)."""
+        with self._lock:
+            return () in self._transitions.after(self._start, data)
 
     def _mask(self, state: State, ends: npt.NDArray[np.int32]) -> npt.NDArray[np.uint8]:
         mask = np.zeros(self._vocabulary.size, np.bool_)
@@ -171,7 +186,7 @@ class CompiledGrammar:
         return packed
 
     def _new_transitions(self) -> _Transitions:
-        return _Transitions(self._program, self._layout, self._max_stacks, self._max_states)
+        return _Transitions(self._program, self._layout, self._max_stacks, self._max_states, self._field)
 
 
 class _Transitions:
@@ -179,8 +194,9 @@ class _Transitions:
     Ids live within one call, so the table can start again between calls when full. Not
     thread-safe: its owner holds a lock around each call."""
 
-    def __init__(self, program: Program, layout: _Layout, max_stacks: int, max_states: int) -> None:
-        self._program, self._layout = program, layout
+    def __init__(self, program: Program, layout: _Layout, max_stacks: int, max_states: int,
+                 field: str) -> None:
+        self._program, self._layout, self._field = program, layout, field
         self._max_stacks, self._max_states = max_stacks, max_states
         self._reset_table()
 
@@ -285,8 +301,8 @@ class _Transitions:
             if not stack or kinds[stack[-1]] == TERMINAL:
                 out.add(stack)
                 if len(out) > self._max_stacks:
-                    raise InvalidInput(f"grammar: more than {self._max_stacks} parses at once (an ambiguous "
-                                       "grammar)", reason="CONSTRAINT_TOO_LARGE", field=FIELD)
+                    raise InvalidInput(f"more than {self._max_stacks} parses at once (an ambiguous grammar "
+                                       "or schema)", reason="CONSTRAINT_TOO_LARGE", field=self._field)
                 continue
             rest = stack[:-1] + after[stack[-1]]
             work.extend(rest + (s,) if kinds[s] != END else rest for s in starts[values[stack[-1]]])
@@ -304,6 +320,11 @@ class GrammarRow:
     def allowed(self) -> npt.NDArray[np.bool_]:
         """Token i is allowed iff all its bytes can follow; EOS ids iff the text may end here."""
         return self._grammar.allowed(self._state)
+
+    @property
+    def state(self) -> State:
+        """The parser state: its stacks of rule positions."""
+        return self._state
 
     @property
     def state_key(self) -> Hashable:

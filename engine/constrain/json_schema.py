@@ -21,9 +21,13 @@ Choices made for the output (json_values.py has the whitespace policy):
   order; optional ones may be left out. An object with neither properties nor required is a
   map: any keys, values as additionalProperties says (absent or true: any value).
 - A schema without `type` takes the types its keywords imply (`properties` → object); none: any.
-- An open value ({}, true, items absent) nests containers at most Limits.max_json_depth deep; a
-  $ref is entered at most Limits.max_ref_depth times along one path (deeper, it matches nothing,
-  so optional recursion stops and required recursion fails the branch).
+- A $ref alone is compiled once; where it recurses it is a `Ref` to its target's rule, and the
+  schema runs on the pushdown engine (compiled.py), at any depth. A $ref with keywords beside it
+  is merged with them at each use, entered at most Limits.max_ref_depth times along one path
+  (deeper, it matches nothing, so optional recursion stops and required recursion fails the
+  branch).
+- An open value ({}, true, items absent) nests containers at most Limits.max_json_depth deep in
+  a schema run as a DFA, at any depth in one run on the pushdown engine.
 - `pattern` matches the decoded string anywhere unless anchored; it cannot be combined with an
   enforced format (SCHEMA_UNSUPPORTED); minLength/maxLength beside it: _pattern_lengths.
   minLength/maxLength beside a format hold for all its strings (kept: the format alone) or none
@@ -36,6 +40,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -43,11 +48,12 @@ from engine.constrain import json_values as jv
 from engine.constrain import regex
 from engine.constrain.budget import UNBOUNDED, Budget
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
-from engine.constrain.pattern import EMPTY, NOTHING, Node, alt, chars, members, repeat, seq, text
+from engine.constrain.pattern import EMPTY, NOTHING, Node, Ref, alt, chars, members, repeat, seq, text
 from engine.errors import InvalidInput
 from engine.json_depth import check_json_depth
 
 FIELD = "constraint.json_schema"
+OPEN = "$open"  # the rule of an open value at any depth ($ref targets start with "/" or are "")
 ANNOTATIONS = frozenset({
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "readOnly",
     "writeOnly", "deprecated", "$defs", "definitions", "contentMediaType", "contentEncoding",
@@ -82,7 +88,21 @@ ASSERTIONS = frozenset({
 })
 
 
-def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDED) -> Node:
+@dataclass(frozen=True)
+class Tree:
+    """A schema's syntax tree and the rules its `Ref` nodes name (none: a DFA can run it)."""
+
+    root: Node
+    rules: dict[str, Node]
+    opened: bool  # whether it holds an open value (so its depth bound matters)
+
+
+def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDED, *,
+         open_depth: int | None = None, strict: bool = False) -> Tree:
+    """The schema's tree. A recursive $ref is a `Ref` to the rule of its target. An open value
+    nests containers at most `open_depth` deep (None: any depth, through a rule of its own).
+    `strict`: the reading of OpenAI's strict mode, where an object with declared properties and
+    no additionalProperties holds no others (the spec's reading allows any others)."""
     # Refused before json.loads recurses per level; a schema level nests JSON two deep at most, so the
     # compiler's own max_schema_depth (CONSTRAINT_TOO_LARGE) still answers any schema nested less.
     check_json_depth(source, 4 * limits.max_schema_depth, field=FIELD)
@@ -91,7 +111,8 @@ def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDE
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"the JSON schema is not valid JSON: {exc}", reason="SCHEMA_INVALID",
                            field=FIELD) from exc
-    return _Compiler(root, limits, budget).node(root, "")
+    compiler = _Compiler(root, limits, budget, open_depth, strict)
+    return Tree(compiler.node(root, ""), compiler.rules, compiler.opened)
 
 
 def unsupported(pointer: str, what: str) -> InvalidInput:
@@ -104,12 +125,28 @@ def invalid(pointer: str, what: str) -> InvalidInput:
 
 
 class _Compiler:
-    def __init__(self, root: Any, limits: Limits, budget: Budget) -> None:
+    def __init__(self, root: Any, limits: Limits, budget: Budget, open_depth: int | None,
+                 strict: bool) -> None:
         self.root = root
+        self.strict = strict
         self.limits = limits
         self.budget = budget
-        self.entered: dict[str, int] = {}  # $ref -> times entered on the current path
+        self.open_depth = open_depth
+        self.entered: dict[str, int] = {}  # $ref -> times entered on the current path (merged ones)
         self.nodes = 0  # subschemas compiled so far
+        self.targets: dict[str, Node] = {}  # a $ref's target compiled: once per schema
+        self.on_path: set[str] = set()  # $ref targets being compiled (a $ref to one recurses)
+        self.rules: dict[str, Node] = {}  # the targets a recursive $ref refers to
+        self.opened = False
+
+    def open_value(self) -> Node:
+        """Any JSON value: nested at most open_depth deep, or through the rule OPEN (any depth)."""
+        self.opened = True
+        if self.open_depth is not None:
+            return jv.any_value(self.open_depth)
+        if OPEN not in self.rules:
+            self.rules[OPEN] = jv.any_value(1, inner=Ref(OPEN))
+        return Ref(OPEN)
 
     def node(self, schema: Any, pointer: str) -> Node:
         self._count(pointer)
@@ -117,7 +154,7 @@ class _Compiler:
             raise InvalidInput(f"{pointer}: the schema nests deeper than {self.limits.max_schema_depth}",
                                reason="CONSTRAINT_TOO_LARGE", field=FIELD)
         if isinstance(schema, bool):
-            return jv.any_value(self.limits.max_json_depth) if schema else NOTHING
+            return self.open_value() if schema else NOTHING
         if not isinstance(schema, dict):
             raise invalid(pointer, "a schema must be an object or a boolean")
         if LOWERED & schema.keys():
@@ -355,6 +392,8 @@ class _Compiler:
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise unsupported(f"{pointer}/$ref", f"the reference {ref!r} (only local ones, #/...)")
         target = unquote(ref[1:])
+        if not beside:
+            return self._target(target, pointer)
         if self.entered.get(target, 0) >= self.limits.max_ref_depth:
             return NOTHING
         schema = self._resolve(target, f"{pointer}/$ref")
@@ -365,6 +404,25 @@ class _Compiler:
             return self.node(schema, target)
         finally:
             self.entered[target] -= 1
+
+    def _target(self, target: str, pointer: str) -> Node:
+        """A $ref alone: its target compiled once; referred to (a `Ref`) where it recurses."""
+        found = self.targets.get(target)
+        if found is not None:
+            return found
+        if target in self.on_path:
+            self.rules[target] = NOTHING  # filled in once the target is compiled
+            return Ref(target)
+        schema = self._resolve(target, f"{pointer}/$ref")
+        self.on_path.add(target)
+        try:
+            node = self.node(schema, target)
+        finally:
+            self.on_path.discard(target)
+        if target in self.rules:
+            self.rules[target] = node
+        self.targets[target] = node
+        return node
 
     def _resolve(self, target: str, pointer: str) -> Any:
         if target and not target.startswith("/"):  # "#foo" names an $anchor (or an $id), not a path
@@ -398,9 +456,9 @@ class _Compiler:
 
     def _types(self, schema: dict[str, Any], pointer: str) -> list[str]:
         declared = schema.get("type")
-        if declared is None:
-            implied = [t for t, keys in TYPE_KEYWORDS.items() if t != "integer" and set(keys) & set(schema)]
-            return implied or ["any"]
+        if declared is None:  # every type; the keywords of one hold for its values only
+            keyed = any(set(keys) & set(schema) for keys in TYPE_KEYWORDS.values())
+            return [t for t in TYPE_KEYWORDS if t != "integer"] if keyed else ["any"]
         names = [declared] if isinstance(declared, str) else declared
         if not isinstance(names, list) or not names or any(n not in TYPE_KEYWORDS for n in names):
             raise invalid(f"{pointer}/type", f"unknown type {declared!r}")
@@ -408,7 +466,7 @@ class _Compiler:
 
     def _typed(self, name: str, schema: dict[str, Any], pointer: str) -> Node:
         if name == "any":
-            return jv.any_value(self.limits.max_json_depth)
+            return self.open_value()
         if name == "object":
             return self._object(schema, pointer)
         if name == "array":
@@ -444,9 +502,11 @@ class _Compiler:
             raise invalid(f"{pointer}/properties", "properties must be an object")
         if not isinstance(required, list) or any(not isinstance(r, str) for r in required):
             raise invalid(f"{pointer}/required", "required must be a list of names")
-        # The only members written that no properties/patternProperties keyword evaluates are a map's
-        # keys and undeclared required names: additionalProperties' (else unevaluatedProperties').
-        additional = schema.get("additionalProperties", schema.get("unevaluatedProperties", True))
+        # Members no properties/patternProperties keyword evaluates (a map's keys, undeclared required
+        # names, others after the declared ones) take additionalProperties' schema (else
+        # unevaluatedProperties'); absent, any value, and the strict reading writes no others.
+        given = schema.get("additionalProperties", schema.get("unevaluatedProperties"))
+        additional = True if given is None else given
         least = _count(schema, "minProperties", pointer, 0) or 0
         most = _count(schema, "maxProperties", pointer, None)
         names = schema.get("propertyNames")
@@ -464,12 +524,12 @@ class _Compiler:
             at = f"{pointer}/propertyNames"
             key = None if names is None else self._merged([(names, at), ({"type": "string"}, pointer)], at)
             return self._map(additional, pointer, least, most, key)
-        # Declared members only: what the counts ask must hold for every object they make.
-        names = dict.fromkeys([*properties, *required])
+        # What the counts ask must hold for every object made (no others beside maxProperties).
+        declared = dict.fromkeys([*properties, *required])
         if least > len(set(required)):
             raise unsupported(f"{pointer}/minProperties", "minProperties above the number of required "
                               "properties (an object of declared properties may leave the others out)")
-        if most is not None and most < len(names):
+        if most is not None and most < len(declared):
             raise unsupported(f"{pointer}/maxProperties", "maxProperties below the number of declared "
                               "properties")
         items = [(self._member(name, subschema, f"{pointer}/properties/{_escape(name)}"), name in required)
@@ -477,6 +537,12 @@ class _Compiler:
         # A required name not among properties takes additionalProperties' schema (false: none fits).
         items += [(self._member(name, additional, f"{pointer}/additionalProperties"), True)
                   for name in dict.fromkeys(required) if name not in properties]
+        others = given is not None or not self.strict  # explicit, or the spec's reading of absent
+        if others and additional is not False and names is None and most is None:
+            # Others after the declared ones, keys written plainly (no escape can spell a declared name).
+            key = seq(jv.QUOTE, jv.plain_other_than(list(declared)), jv.QUOTE)
+            other = seq(key, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
+            items.append((repeat(other, 1, None, jv.COMMA), False))
         return seq(text("{"), members(items, jv.COMMA), text("}"))
 
     def _patterned(self, schema: dict[str, Any], properties: dict[str, Any], required: list[str],

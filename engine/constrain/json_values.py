@@ -35,6 +35,7 @@ from engine.constrain.pattern import (
     optional,
     repeat,
     seq,
+    subtract,
     text,
 )
 
@@ -44,7 +45,7 @@ COLON = seq(text(":"), SPACE)
 QUOTE = text('"')
 
 NEEDS_ESCAPE = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
-UNESCAPED = chars(complement(NEEDS_ESCAPE))
+UNESCAPED = chars(complement(NEEDS_ESCAPE))  # the characters a string holds as themselves
 _HEX = char_set("0123456789abcdefABCDEF")
 _NOT_SURROGATE = alt(seq(char_set("0123456789abcABCefEF"), repeat(_HEX, 3, 3)),
                      seq(char_set("dD"), char_set("01234567"), repeat(_HEX, 2, 2)))
@@ -149,10 +150,11 @@ def object_map(value: Node, lo: int = 0, hi: int | None = None, key: Node | None
                text("}"))
 
 
-def any_value(depth: int) -> Node:
-    """Any JSON value with containers nested at most `depth` deep."""
-    value = alt(string(), NUMBER, BOOLEAN, NULL)
-    scalar = value
+def any_value(depth: int, inner: Node | None = None) -> Node:
+    """Any JSON value with containers nested at most `depth` deep, the innermost containers
+    holding `inner` (a reference to this value itself: any depth) or scalars."""
+    scalar = alt(string(), NUMBER, BOOLEAN, NULL)
+    value = scalar if inner is None else inner
     for _ in range(depth):
         value = alt(scalar, array(value), object_map(value))
     return value
@@ -229,6 +231,29 @@ def _same_length(lo: str, hi: str) -> Node:
 
 def _digits(first: str, last: str) -> Node:
     return chars([(ord(first), ord(last))])
+
+
+
+
+def plain_other_than(names: list[str]) -> Node:
+    """A string's inside written without escapes (any character but `"`, `\\` and controls),
+    spelling none of `names`: the complement of their trie, walked from the root."""
+    trie: dict[str, Any] = {}
+    for name in names:
+        node = trie
+        for char in name:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a name ends here
+
+    def other(node: dict[str, Any]) -> Node:
+        following = [c for c in node if c]
+        left = chars(subtract(complement(NEEDS_ESCAPE), tuple((ord(c), ord(c)) for c in following)))
+        parts = [seq(left, repeat(UNESCAPED, 0, None)), *(seq(text(c), other(node[c])) for c in following)]
+        if "" not in node:
+            parts.append(EMPTY)
+        return alt(*parts)
+
+    return other(trie)
 
 
 def in_string(node: Node) -> Node:

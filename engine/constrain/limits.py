@@ -25,8 +25,21 @@ class Limits:
     max_choice_bytes: int = 65_536
     # Containers nested inside a value a schema leaves open ({}, "type": "object" alone).
     max_json_depth: int = 3
-    # Times one $ref may be entered along one path through the schema (recursion's bound).
+    # Times a $ref with keywords beside it may be entered along one path through the schema (a $ref
+    # alone recurses to any depth, through the pushdown engine).
     max_ref_depth: int = 3
+    # DFA states of a JSON schema's automaton, and NFA states (about) it is built from; past either,
+    # the schema runs on the pushdown engine.
+    max_schema_dfa_states: int = 4_000
+    max_schema_nfa_states: int = 100_000
+    # Grammar elements a JSON schema run on the pushdown engine may compile to (~72 bytes each).
+    max_schema_elements: int = 1 << 18
+    # Grammar limits (grammar.py's and gbnf.py's bounds; a JSON schema run on the pushdown engine too).
+    max_grammar_elements: int = 1 << 16
+    max_grammar_stacks: int = 4_096
+    max_grammar_states: int = 4_096
+    max_grammar_masks: int = 512
+    max_grammar_warm: int = 256
     # Subschemas nested in a schema (guards the compiler's own recursion).
     max_schema_depth: int = 64
     # Subschemas compiled, each $ref entered counting again: a schema whose references fan out

@@ -67,6 +67,32 @@ def _add(nfa: Nfa, node: Node, start: int) -> int:
     return start
 
 
+def size(node: Node, found: dict[int, int] | None = None) -> int:
+    """About how many states `build` would make of `node` (each shared subtree counted at each
+    use, as build copies it), found in time linear in the distinct subtrees: a tree that shares
+    parts can describe an NFA far larger than itself."""
+    found = {} if found is None else found
+    known = found.get(id(node))
+    if known is not None:
+        return known
+    if isinstance(node, Text):
+        count = len(node.data)
+    elif isinstance(node, Chars):
+        count = 1 if node.ranges[-1][1] < 0x80 else 1 + sum(len(s) - 1 for s in utf8.sequences(node.ranges))
+    elif isinstance(node, Seq | Alt):
+        count = isinstance(node, Alt) + sum(size(item, found) for item in node.items)
+    elif isinstance(node, Repeat):
+        copies = node.hi if node.hi is not None else max(node.lo, 1)
+        each = size(node.item, found) + (0 if node.separator is None else size(node.separator, found))
+        count = 2 + copies * each
+    elif isinstance(node, Members):
+        count = 1 + sum(2 * size(item, found) + size(node.separator, found) + 1 for item in node.items)
+    else:
+        count = 1
+    found[id(node)] = count
+    return count
+
+
 def _text(nfa: Nfa, data: bytes, state: int) -> int:
     for byte in data:
         target = nfa.new()

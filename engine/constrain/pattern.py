@@ -69,7 +69,15 @@ class Anchor:
     end: bool
 
 
-Node = Chars | Text | Seq | Alt | Repeat | Members | Anchor
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """The tree of rule `name` (a table beside the tree holds it): how a recursive JSON Schema $ref
+    is written. Only the pushdown engine (tree_grammar.py) runs trees with references."""
+
+    name: str
+
+
+Node = Chars | Text | Seq | Alt | Repeat | Members | Anchor | Ref
 
 EMPTY = Seq(())
 NOTHING = Alt(())

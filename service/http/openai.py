@@ -356,11 +356,15 @@ def constraint_of_format(response_format: Json) -> ConstraintSpec | None:
     if kind == "json_object":
         return ConstraintSpec("json_schema", text='{"type": "object"}')
     if kind == "json_schema":
-        schema = _get(response_format, "json_schema", dict, {}).get("schema")
+        named = _get(response_format, "json_schema", dict, {})
+        schema, strict = named.get("schema"), named.get("strict")
         if not isinstance(schema, dict):
             raise _bad("response_format.json_schema.schema takes a JSON Schema object",
                        "response_format.json_schema.schema")
-        return ConstraintSpec("json_schema", text=json.dumps(schema))
+        if strict is not None and not isinstance(strict, bool):
+            raise _bad("response_format.json_schema.strict takes a boolean",
+                       "response_format.json_schema.strict")
+        return ConstraintSpec("json_schema", text=json.dumps(schema), strict=strict)
     raise _bad(f"response_format.type {kind!r} is not one of text, json_object, json_schema",
                "response_format.type")
 

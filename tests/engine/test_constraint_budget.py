@@ -2,8 +2,9 @@
 allowance, an abandoned compile stops at its next check and is remembered by nobody (a caller
 still waiting compiles it itself), and the memory of subsets and subschemas is bounded.
 
-The hostile schema is the issue's: 30 levels of definitions in ~3 KB, each naming the next twice
-through $ref, so the language it describes doubles at every level.
+The hostile schema is the issue's: 30 levels of definitions in ~9 KB, each naming the next twice
+through $ref (with a keyword beside it, so each use is compiled apart), so the language it
+describes doubles at every level.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ BUDGET_S = 0.3
 
 
 def test_the_hostile_schema_is_small_and_nested_30_deep() -> None:
-    assert 2_500 < len(fanned_schema()) < 4_000
+    assert 5_000 < len(fanned_schema()) < 10_000
 
 
 def test_a_schema_over_the_budget_is_refused_within_about_the_budget() -> None:
@@ -45,9 +46,33 @@ def test_a_schema_expanding_past_its_subschema_limit_is_refused_without_a_budget
 
 def test_subsets_past_their_member_limit_are_refused() -> None:
     with pytest.raises(InvalidInput, match="NFA states held") as refused:
-        compile_constraint("json_schema", fanned_schema(3), VOCAB, Limits(max_subset_members=1_000))
+        compile_constraint("regex", "(a|ab|abc|b|bc)*[abc]{9}", VOCAB, Limits(max_subset_members=200))
     assert refused.value.reason == "CONSTRAINT_TOO_LARGE"
-    assert compile_constraint("json_schema", fanned_schema(3), VOCAB) is not None  # within the default
+    assert compile_constraint("regex", "(a|ab|abc|b|bc)*[abc]{9}", VOCAB) is not None  # within the default
+
+
+def test_a_schema_past_the_dfa_limits_runs_on_the_pushdown_engine_admitting_the_same() -> None:
+    spec = fanned_schema(2, width=3, words=40)
+    small = compile_constraint("json_schema", spec, VOCAB)
+    pushed = compile_constraint("json_schema", spec, VOCAB, Limits(max_subset_members=1_000))
+    assert type(small).__name__ == "Automaton" and type(pushed).__name__ == "CompiledGrammar"
+    texts = [b'{"a":{"a":1,"c":2},"b":{"b":3,"p":"w7"},"c":{}}', b"{}", b'{"a":{"b":{}}}', b'{"p":"w39"}',
+             b'{"p":"w40"}', b'{"c":1}', b'{"a":1}', b'{"b":{},"a":{}}']
+    for text in texts:
+        assert small.matches(text) == pushed.matches(text), text  # type: ignore[attr-defined]
+    assert sum(small.matches(t) for t in texts) == 3  # type: ignore[attr-defined]
+
+
+def test_a_schema_whose_refs_fan_out_but_stand_alone_compiles_within_the_budget() -> None:
+    started = time.thread_time()
+    spec = fanned_schema(beside=False, words=3)
+    compiled = compile_constraint("json_schema", spec, VOCAB, budget=Budget(BUDGET_S))
+    assert time.thread_time() - started < BUDGET_S
+    leaf = b'{"a":7,"b":8}'
+    for _ in range(29):
+        leaf = b'{"a":' + leaf + b',"b":{}}'
+    matches = compiled.matches  # type: ignore[attr-defined]
+    assert matches(leaf) and not matches(leaf.replace(b"7", b'"7"'))
 
 
 def test_a_budget_within_reach_changes_nothing() -> None:
@@ -74,7 +99,7 @@ def test_an_abandoned_compile_stops_at_once_and_is_not_remembered() -> None:
 
 def test_a_caller_waiting_for_an_abandoned_compile_compiles_the_spec_itself() -> None:
     cache = ConstraintCache(VOCAB)
-    spec = fanned_schema(5)  # ~1 s of CPU time: long enough to be left midway, short enough to finish
+    spec = fanned_schema(6)  # ~1 s of CPU time: long enough to be left midway, short enough to finish
     first, second = Budget(None), Budget(30.0)
     outcomes: list[Any] = []
     leaving = threading.Thread(target=lambda: _get(cache, spec, first, outcomes))
@@ -93,7 +118,7 @@ def test_a_caller_waiting_for_an_abandoned_compile_compiles_the_spec_itself() ->
 
 def test_a_waiting_caller_that_leaves_stops_waiting_and_the_compile_goes_on() -> None:
     cache = ConstraintCache(VOCAB)
-    spec = fanned_schema(4)
+    spec = fanned_schema(5)
     outcomes: list[Any] = []
     compiling = threading.Thread(target=lambda: _get(cache, spec, Budget(30.0), outcomes))
     compiling.start()
@@ -104,7 +129,7 @@ def test_a_waiting_caller_that_leaves_stops_waiting_and_the_compile_goes_on() ->
     waiting_budget.abandon()
     waiting.join(5)
     compiling.join(30)
-    assert sorted(type(o).__name__ for o in outcomes) == ["Abandoned", "Automaton"]
+    assert sorted(type(o).__name__ for o in outcomes) == ["Abandoned", "CompiledGrammar"]
     assert cache.peek("json_schema", spec) is not None
 
 

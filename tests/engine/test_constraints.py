@@ -14,6 +14,8 @@ import pytest
 
 from engine.constrain import ConstraintCache, Limits, Vocabulary, compile_constraint
 from engine.constrain.automaton import MOVE_BYTES, Automaton, AutomatonRow
+from engine.constrain.gbnf import END, TERMINAL, Program
+from engine.constrain.grammar import CompiledGrammar
 from engine.errors import InvalidInput
 from tests.support.vocabularies import EOS, PIECES, SIZE, SPECIAL, VOCAB, synthetic
 
@@ -53,7 +55,10 @@ def end_states(automaton: Automaton, state: int, ids: np.ndarray) -> np.ndarray:
 
 def random_walk(compiled: object, seed: int, greed: float = 0.5,
                 max_steps: int = 5000) -> tuple[bytes, list[int]]:
-    """Allowed tokens to EOS: half the time one that gets nearest to a match, else any."""
+    """Allowed tokens to EOS: half the time one that gets nearest to a match, else any. Nearest on
+    a DFA: fewest bytes to an accepting state; on the pushdown engine: the shallowest parse."""
+    if isinstance(compiled, CompiledGrammar):
+        return _random_parse(compiled, seed, greed, max_steps)
     automaton = dfa_of(compiled)
     far = distances(automaton)
     rng, row, out, taken = np.random.default_rng(seed), automaton.start(), b"", []
@@ -74,12 +79,54 @@ def random_walk(compiled: object, seed: int, greed: float = 0.5,
     raise AssertionError(f"no EOS after {max_steps} tokens: {out[:200]!r}")
 
 
+def completions(program: Program) -> list[int]:
+    """Per grammar position, the fewest bytes that finish its alternative (a fixed point)."""
+    far = 1 << 30
+    rest, rule = [far] * len(program.kinds), [far] * len(program.starts)
+    changed = True
+    while changed:
+        changed = False
+        for p in reversed(range(len(program.kinds))):
+            kind, value = program.kinds[p], program.values[p]
+            after = rest[p + 1] if p + 1 < len(rest) else 0
+            found = 0 if kind == END else min(far, (1 if kind == TERMINAL else rule[value]) + after)
+            if found < rest[p]:
+                rest[p], changed = found, True
+        for r, starts in enumerate(program.starts):
+            best = min((rest[s] for s in starts), default=far)
+            if best < rule[r]:
+                rule[r], changed = best, True
+    return rest
+
+
+def _random_parse(grammar: CompiledGrammar, seed: int, greed: float,
+                  max_steps: int) -> tuple[bytes, list[int]]:
+    """As random_walk, nearest by the fewest bytes that finish some parse (its stack's rests)."""
+    rest = completions(grammar.program)
+    rng, row, out, taken = np.random.default_rng(seed), grammar.start(), b"", []
+    eos_ids = grammar.vocabulary.eos_ids
+    for _ in range(max_steps):
+        allowed = np.flatnonzero(row.allowed())
+        eos = [t for t in allowed if t in eos_ids]
+        if eos and (row.done or rng.random() < 0.25):
+            row.advance(int(eos[0]))
+            return out, taken
+        tokens = np.array([t for t in allowed if t not in eos_ids])
+        if rng.random() < greed:
+            reach = np.array([min(sum(rest[p] for p in stack) for stack in grammar.advance(row.state, int(t)))
+                              for t in tokens])
+            tokens = tokens[reach == reach.min()]
+        token = int(rng.choice(tokens))
+        row.advance(token)
+        out += grammar.vocabulary.pieces[token] or b""
+        taken.append(token)
+    raise AssertionError(f"no EOS after {max_steps} tokens: {out[:200]!r}")
+
+
 def accepts(compiled: object, data: bytes) -> bool:
-    automaton = dfa_of(compiled)
-    state = 1
-    for byte in data:
-        state = int(automaton.dfa.table[state, byte])
-    return bool(automaton.dfa.accepting[state])
+    """Whether `data` is a whole match, on either engine (a DFA or the pushdown one)."""
+    assert isinstance(compiled, Automaton | CompiledGrammar), type(compiled)
+    return compiled.matches(data)
 
 
 def raises(kind: str, spec: str | list[str], reason: str, limits: Limits | None = None) -> InvalidInput:

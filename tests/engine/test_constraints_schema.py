@@ -143,10 +143,43 @@ def test_whitespace_is_at_most_one_space_after_a_colon_or_a_comma() -> None:
 
 def test_optional_properties_may_be_left_out_but_keep_their_declared_order() -> None:
     compiled = schema_of({"properties": {"a": {"const": 1}, "b": {"const": 2}, "c": {"const": 3}},
-                          "required": ["b"]})
+                          "required": ["b"], "additionalProperties": False})
     for text in ['{"b":2}', '{"a":1,"b":2}', '{"b":2,"c":3}', '{"a":1,"b":2,"c":3}']:
         assert accepts(compiled, text.encode()), text
     for text in ["{}", '{"a":1}', '{"b":2,"a":1}', '{"c":3,"b":2}', '{"b":2,}', '{,"b":2}', '{"b":2,"d":4}']:
+        assert not accepts(compiled, text.encode()), text
+
+
+def test_absent_additional_properties_admits_others_after_the_declared_ones_as_the_spec_reads_it() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "string"}},
+              "required": ["a"]}
+    spec, strict = schema_of(schema), compile_constraint("json_schema_strict", json.dumps(schema), VOCAB)
+    for text in ['{"a":1}', '{"a":1,"ab":"x"}']:
+        assert accepts(spec, text.encode()) and accepts(strict, text.encode()), text
+    for text in ['{"a":1,"b":[{"c":null}]}', '{"a":1,"ab":"x","abc":2,"é":{}}', '{"a": 1, "x": "y", "": 0}']:
+        assert accepts(spec, text.encode()) and not accepts(strict, text.encode()), text
+    # Others come after the declared ones, with plain keys: none can spell (or escape) a declared name.
+    for text in ['{"x":1,"a":1}', '{"a":1,"a":2}', '{"a":1,"ab":3}', '{"a":1,"\\u0061b":3}',
+                 '{"a":1,"x":1,"ab":"y"}']:
+        assert not accepts(spec, text.encode()), text
+
+
+def test_an_explicit_additional_properties_holds_in_either_reading() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}},
+              "additionalProperties": {"type": "null"}}
+    for kind in ("json_schema", "json_schema_strict"):
+        compiled = compile_constraint(kind, json.dumps(schema), VOCAB)
+        assert accepts(compiled, b'{"a":1,"b":null}') and not accepts(compiled, b'{"a":1,"b":1}'), kind
+    closed = schema_of({**schema, "additionalProperties": False})
+    assert accepts(closed, b'{"a":1}') and not accepts(closed, b'{"a":1,"b":null}')
+
+
+def test_a_schema_without_type_admits_every_type_its_keywords_do_not_restrict() -> None:
+    compiled = schema_of({"properties": {"a": {"type": "integer"}}, "required": ["a"], "minLength": 2,
+                          "minimum": 3, "additionalProperties": False})
+    for text in ['{"a":1}', '"ab"', "3", "4.5", "true", "null", "[1,{}]"]:
+        assert accepts(compiled, text.encode()), text
+    for text in ['{"a":"1"}', "{}", '"a"', "2", "-4.5"]:
         assert not accepts(compiled, text.encode()), text
 
 
@@ -374,13 +407,23 @@ def test_a_string_pattern_admits_exactly_the_strings_python_re_search_finds_it_i
             assert accepts(compiled, json.dumps(word).encode()) == found, word
 
 
-def test_recursion_through_a_ref_stops_at_the_documented_depth() -> None:
-    node = {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}}
+def test_recursion_through_a_ref_alone_reaches_any_depth() -> None:
+    node = {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "additionalProperties": False}
+    compiled = schema_of({"$defs": {"n": node}, "$ref": "#/$defs/n"})
+    nested = "{}"
+    for _ in range(40):
+        assert accepts(compiled, nested.encode()), nested
+        nested = '{"c":' + nested + "}"
+    assert not accepts(compiled, b'{"c":{"c":1}}') and not accepts(compiled, b'{"c":{"d":{}}}')
+
+
+def test_a_ref_with_keywords_beside_it_is_entered_at_most_max_ref_depth_times_along_a_path() -> None:
+    node = {"type": "object", "properties": {"c": {"$ref": "#/$defs/n", "minProperties": 0}}}
     schema = {"$defs": {"n": node}, "$ref": "#/$defs/n"}
     nested = ["{}", '{"c":{}}', '{"c":{"c":{}}}', '{"c":{"c":{"c":{}}}}']
     for depth in (1, 2, 3):
         compiled = compile_constraint("json_schema", json.dumps(schema), VOCAB, Limits(max_ref_depth=depth))
-        assert [accepts(compiled, t.encode()) for t in nested] == [i < depth for i in range(4)]
+        assert [accepts(compiled, t.encode()) for t in nested] == [i <= depth for i in range(4)]
 
 
 def test_an_open_value_nests_containers_at_most_max_json_depth() -> None:
@@ -391,11 +434,18 @@ def test_an_open_value_nests_containers_at_most_max_json_depth() -> None:
         assert not accepts(compiled, text.encode()), text
 
 
-def test_required_recursion_past_the_depth_leaves_only_the_branches_that_end() -> None:
+def test_recursion_that_may_end_admits_every_depth_and_one_that_cannot_is_unsatisfiable() -> None:
     wrapped = {"type": "array", "items": {"$ref": "#/$defs/l"}, "minItems": 1, "maxItems": 1}
-    schema = {"$defs": {"l": {"anyOf": [{"type": "null"}, wrapped]}}, "$ref": "#/$defs/l"}
-    compiled = schema_of(schema)
-    assert accepts(compiled, b"[[null]]") and not accepts(compiled, b"[[[[null]]]]")
+    compiled = schema_of({"$defs": {"l": {"anyOf": [{"type": "null"}, wrapped]}}, "$ref": "#/$defs/l"})
+    assert accepts(compiled, b"[[null]]") and accepts(compiled, b"[" * 30 + b"null" + b"]" * 30)
+    assert not accepts(compiled, b"[[]]") and not accepts(compiled, b"[null,null]")
+    endless = {"type": "array", "items": {"$ref": "#/$defs/l"}, "minItems": 1}
+    refused({"$defs": {"l": endless}, "$ref": "#/$defs/l"}, "CONSTRAINT_UNSATISFIABLE")
+
+
+def test_a_ref_that_leads_back_to_itself_before_any_output_is_unsupported() -> None:
+    looped = {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}
+    refused({"$defs": {"a": looped}, "$ref": "#/$defs/a"}, "SCHEMA_UNSUPPORTED")
 
 
 def test_a_schema_nested_past_the_limit_is_constraint_too_large() -> None:
@@ -403,13 +453,14 @@ def test_a_schema_nested_past_the_limit_is_constraint_too_large() -> None:
     for _ in range(70):
         schema = {"type": "array", "items": schema}
     refused(schema, "CONSTRAINT_TOO_LARGE")
-    refused(corpus("ten properties"), "CONSTRAINT_TOO_LARGE", Limits(max_states=100))
+    refused(corpus("ten properties"), "CONSTRAINT_TOO_LARGE",
+            Limits(max_schema_dfa_states=100, max_schema_elements=100))
 
 
 def test_a_schema_that_admits_nothing_is_unsatisfiable() -> None:
     refused({"type": "string", "enum": [1, 2]}, "CONSTRAINT_UNSATISFIABLE")
     refused(False, "CONSTRAINT_UNSATISFIABLE")
-    refused({"required": ["a"], "additionalProperties": False}, "CONSTRAINT_UNSATISFIABLE")
+    refused({"type": "object", "required": ["a"], "additionalProperties": False}, "CONSTRAINT_UNSATISFIABLE")
 
 
 def test_a_required_name_missing_from_properties_takes_additional_properties() -> None:
@@ -566,7 +617,7 @@ def test_keywords_that_constrain_nothing_are_ignored() -> None:
     texts = [b'{"name": "web", "port": 80}', b'{"name":"web"}', b'{"name": "toolongname"}', b'{"port": 80}',
              b'{"name": "web", "port": 0}', b'{"name": "web", "other": 1}']
     expected = [accepts(schema_of(plain), t) for t in texts]
-    assert expected == [True, True, False, False, False, False]
+    assert expected == [True, True, False, False, False, True]  # others: the spec's reading
     assert [accepts(schema_of(noted), t) for t in texts] == expected
 
 

@@ -76,7 +76,7 @@ def test_a_burst_of_hostile_schemas_leaves_tokenization_answering(server: Runnin
 
 def test_one_schema_asked_twice_compiles_for_the_caller_who_stays_when_the_other_leaves(
         server: RunningServer) -> None:
-    schema = fanned_schema(5, title="shared")  # ~1 s of CPU time: within the budget
+    schema = fanned_schema(6, title="shared")  # ~1 s of CPU time: within the budget
     wait_for(lambda: compiles_running(server) == 0, what="no compile running")
     misses = server.server.serving.constraints.stats().misses
     with ThreadPoolExecutor(2) as pool:

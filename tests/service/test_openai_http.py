@@ -187,6 +187,24 @@ def test_a_json_schema_response_format_gives_json_the_schema_accepts(sdk: openai
         jsonschema.validate(json.loads(choice.message.content or ""), SCHEMA)
 
 
+def test_a_strict_json_schema_response_format_is_read_strictly_and_strict_takes_a_boolean(
+        sdk: openai.OpenAI, model: str) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    got = sdk.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "ok?"}], max_tokens=40, seed=3,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "ok", "schema": schema, "strict": True}})
+    assert got.choices[0].finish_reason == "stop"
+    assert json.loads(got.choices[0].message.content or "").keys() == {"ok"}  # no other member, strictly
+    with pytest.raises(openai.BadRequestError) as raised:
+        sdk.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "ok?"}], max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "ok", "schema": schema,
+                                                                     "strict": "yes"}})  # type: ignore[typeddict-item]
+    body = raised.value.body
+    assert isinstance(body, dict) and body["param"] == "response_format.json_schema.strict"
+
+
 def test_a_bad_value_is_400_with_the_error_object_naming_the_parameter(sdk: openai.OpenAI,
                                                                        model: str) -> None:
     with pytest.raises(openai.BadRequestError) as raised:

@@ -131,8 +131,32 @@ def schema_prompt(schema: Any) -> list[tuple[str, str]]:
 
 
 def test_every_finished_output_of_fifty_json_schemas_parses_and_validates(server: RunningServer) -> None:
+    """Read as strict mode does (no undeclared members): the default model, left free to add
+    members after the declared ones, often does until MAX_NEW (the next test)."""
     assert len(SERVED) == 50
     schemas = {entry["name"]: entry["schema"] for entry in SERVED}
+    outputs = in_parallel(server, [
+        (name, schema_prompt(schema), pb.Constraint(json_schema=json.dumps(schema), strict=True), MAX_NEW)
+        for name, schema in schemas.items()])
+
+    def validate(name: str, text: str) -> None:
+        jsonschema.Draft202012Validator(schemas[name], format_checker=FORMATS).validate(json.loads(text))
+
+    assert failures(outputs, validate) == []
+    unfinished = [(o.mode, o.name) for o in outputs if o.sample.finish_reason == LENGTH]
+    # Recursive schemas nest as deep as the model goes (no depth cut since the pushdown engine runs
+    # them): greedy, the default model keeps nesting "recursive tree" and "recursive linked list"
+    # past MAX_NEW (0.90 finished, was 0.96 with recursion cut at depth 3). At temperature 1 it also
+    # runs past MAX_NEW on ~5 % of the others. What must hold for every finished output is above:
+    # it parses and validates.
+    assert finished_share(outputs, "greedy") >= 0.85, unfinished
+    assert finished_share(outputs, "sampled") >= 0.85, unfinished
+
+
+def test_every_finished_output_read_as_the_spec_reads_a_schema_validates(server: RunningServer) -> None:
+    """JSON Schema's reading (the default): members a schema does not declare may follow the
+    declared ones, with any value; every output that finishes validates."""
+    schemas = {entry["name"]: entry["schema"] for entry in SERVED[:12]}
     outputs = in_parallel(server, [
         (name, schema_prompt(schema), pb.Constraint(json_schema=json.dumps(schema)), MAX_NEW)
         for name, schema in schemas.items()])
@@ -141,13 +165,28 @@ def test_every_finished_output_of_fifty_json_schemas_parses_and_validates(server
         jsonschema.Draft202012Validator(schemas[name], format_checker=FORMATS).validate(json.loads(text))
 
     assert failures(outputs, validate) == []
-    unfinished = [(o.mode, o.name) for o in outputs if o.sample.finish_reason == LENGTH]
-    assert finished_share(outputs, "greedy") >= 0.95, unfinished
-    # At temperature 1 the default model runs past MAX_NEW on ~5 % of these outputs: over 100
-    # sampled outputs a 0.95 floor fails about one draw of the seeds in four (the seeds' draws
-    # changed with the counter-based generator: 0.93 there). What must hold for every finished
-    # one is above: it parses and validates.
-    assert finished_share(outputs, "sampled") >= 0.90, unfinished
+    assert finished_share(outputs, "greedy") >= 0.75
+
+
+def test_the_strict_reading_is_asked_per_request_and_leaves_no_member_after_the_declared_ones(
+        server: RunningServer) -> None:
+    """After the last declared member's value, the spec's reading lets `,` follow (another member),
+    the strict one only `}`: seen in the constrained alternatives of that token. Cached apart."""
+    schema = json.dumps({"type": "object", "properties": {"a": {"enum": [1]}}, "required": ["a"]})
+    top = pb.LogprobOptions(top=20)
+    server.server.serving.constraints.cache()  # made on first use
+    misses = server.server.serving.constraints.stats().misses
+    after: dict[bool, set[str]] = {}
+    for strict in (False, True):
+        constraint = pb.Constraint(json_schema=schema, strict=strict)
+        reply = server.stub.Generate(request(schema_prompt(json.loads(schema)), constraint, 12, logprobs=top))
+        assert json.loads(reply.text) == {"a": 1} and reply.finish_reason in FINISHED
+        texts = [server.stub.Detokenize(pb.DetokenizeRequest(ids=[t.id])).text for t in reply.logprobs]
+        closing = next(i for i, text in enumerate(texts) if text.startswith("}"))
+        after[strict] = {a.text for a in reply.logprobs[closing].top if a.logprob > -math.inf}
+    assert any(text.startswith(",") for text in after[False]), after
+    assert all(text.startswith("}") for text in after[True]), after
+    assert server.server.serving.constraints.stats().misses == misses + 2
 
 
 REGEXES = {
@@ -216,7 +255,8 @@ def test_unconstrained_rows_decoded_beside_constrained_ones_get_their_tokens_alo
     # A string of 12 characters at most: the object always closes within its 40 tokens, whatever
     # the CPU's numerics choose (with 40 characters one reply ran out of tokens inside the string).
     schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 12}}, "required": ["a"]}
-    constrained = [request(prompt, pb.Constraint(json_schema=json.dumps(schema)), 40) for prompt in PROMPTS]
+    constrained = [request(prompt, pb.Constraint(json_schema=json.dumps(schema), strict=True), 40)
+                   for prompt in PROMPTS]
     before = server.stats().decode
     with ThreadPoolExecutor(12) as pool:
         replies = list(pool.map(server.stub.Generate, [*free, *constrained]))

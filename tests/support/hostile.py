@@ -117,11 +117,23 @@ def server_answers(address: str, http_port: int = 0) -> None:
         assert http_status(http_port, "GET", "/health") == 200
 
 
-def fanned_schema(depth: int = 30, title: str = "") -> str:
-    """`depth` levels of objects, each with two members that $ref the next level; `title` (an
-    annotation) makes the text, so the cache key, differ."""
-    defs: dict[str, Any] = {f"n{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/n{i + 1}"},
-                                                                       "b": {"$ref": f"#/$defs/n{i + 1}"}}}
-                            for i in range(depth)}
+WORDS = 400  # an enum each level's "p" merges with a type: each use costs ~2 ms to compile
+
+
+def fanned_schema(depth: int = 30, title: str = "", beside: bool = True, width: int = 2,
+                  words: int = WORDS) -> str:
+    """`depth` levels of objects, each with `width` members ("a", "b", ...) that $ref the next
+    level, and a member "p" (one of `words` strings) that costs a little to compile; `title` (an
+    annotation) makes the text, so the cache key, differ. A keyword `beside`
+    each $ref (one that holds for every object) makes each use a schema of its own, merged with its
+    target, so the subschemas multiply at every level; a $ref alone is compiled once however often
+    it is used."""
+    more = {"minProperties": 0} if beside else {}
+    defs: dict[str, Any] = {
+        f"n{i}": {"type": "object", "additionalProperties": False,
+                  "properties": {**{chr(97 + k): {"$ref": f"#/$defs/n{i + 1}", **more} for k in range(width)},
+                                 "p": {"$ref": "#/$defs/words", "type": "string"}}}
+        for i in range(depth)}
     defs[f"n{depth}"] = {"type": "integer"}
+    defs["words"] = {"enum": [f"w{i}" for i in range(words)]}
     return json.dumps({"title": title, "$defs": defs, "$ref": "#/$defs/n0"})
