@@ -252,8 +252,7 @@ class _Compiler:
             free = [n for n in names if n not in required]
             if not free:
                 return None  # every name required: no object meets both
-            if free[-1] in properties:
-                properties[free[-1]] = False
+            properties[free[-1]] = False  # declared never written: not as another member either
         return {**base, "properties": properties}
 
     def _dependent(self, value: Any, base: dict[str, Any],
@@ -278,11 +277,12 @@ class _Compiler:
         for name, dependent in value.items():
             if dependent is True or dependent == [] or dependent == {}:
                 continue
-            if objects and name not in declared and (
-                    any(_finds(p, name) for p in patterns) if patterns else not declared):
-                raise unsupported(f"{pointer}/{_escape(name)}", "a dependency on a name an object may "
-                                  "hold undeclared (a map's key, or a key patternProperties finds)")
-            if isinstance(dependent, list):
+            if objects and name not in declared:
+                if any(_finds(p, name) for p in patterns) if patterns else not declared:
+                    raise unsupported(f"{pointer}/{_escape(name)}", "a dependency on a name an object may "
+                                      "hold undeclared (a map's key, or a key patternProperties finds)")
+                properties[name] = False  # declared never written: not as another member either
+            elif isinstance(dependent, list):
                 if name in declared:
                     required += [d for d in dependent if isinstance(d, str)]
             elif name in required:  # present in every output: its dependent schema holds

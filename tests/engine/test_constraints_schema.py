@@ -355,6 +355,18 @@ def test_enums_of_two_all_of_members_keep_the_values_in_both() -> None:
     refused({"enum": [1, 2], "const": 3}, "CONSTRAINT_UNSATISFIABLE")
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {}}, "dependentRequired": {"b": ["a"]}},
+    {"type": "object", "properties": {"a": {}}, "dependentSchemas": {"b": {"required": ["a"]}}},
+    {"type": "object", "properties": {"a": {}}, "dependencies": {"b": ["a"]}},
+    {"type": "object", "properties": {"a": {}}, "not": {"required": ["b"]}},
+])
+def test_a_name_a_dependency_or_not_rules_out_is_not_written_as_another_member(schema: Any) -> None:
+    compiled = schema_of(schema)
+    assert accepts(compiled, b'{"a":1,"c":2}') and accepts(compiled, b'{"c":2}')
+    assert not accepts(compiled, b'{"b":1}') and not accepts(compiled, b'{"a":1,"b":1}')
+
+
 def test_then_and_else_without_an_if_assert_nothing_and_a_boolean_if_picks_one() -> None:
     compiled = schema_of({"type": "string", "maxLength": 3, "then": {"const": "yes"}, "else": {"const": "n"}})
     assert accepts(compiled, b'"abc"') and accepts(compiled, b'"yes"')
