@@ -96,14 +96,25 @@ class Compiledcase:
     cpu_s: float
 
 
-@functools.cache
 def compiled(case: Case) -> Compiledcase:
-    """The case's schema compiled within SECONDS of CPU time, or its refusal (cached per case)."""
+    """The case's schema compiled within SECONDS of CPU time, or its refusal. Cached by the schema
+    less its `$schema` (an annotation to the engine): draft7 and draft2020-12 share most schemas,
+    and a schema the drafts share is compiled once, as its first group (draft2020-12's) writes it."""
+    key = json.dumps({k: v for k, v in case.schema.items() if k != "$schema"}
+                     if isinstance(case.schema, dict) else case.schema, sort_keys=True)
+    return _compile(_first.setdefault(key, json.dumps(case.schema)))
+
+
+_first: dict[str, str] = {}  # a schema less its $schema -> the text compiled for it
+
+
+@functools.cache
+def _compile(source: str) -> Compiledcase:
     budget = Budget(SECONDS)
     budget.start()
     started = time.thread_time()
     try:
-        result = compile_constraint("json_schema", json.dumps(case.schema), VOCAB, budget=budget)
+        result = compile_constraint("json_schema", source, VOCAB, budget=budget)
     except InvalidInput as exc:
         return Compiledcase(None, exc, time.thread_time() - started)
     return Compiledcase(result, None, time.thread_time() - started)
