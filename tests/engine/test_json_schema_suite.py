@@ -11,8 +11,7 @@ CONSTRAINT_UNSATISFIABLE says nothing fits: the group's valid instances count as
 What the documented policy does not write (a subset of what a schema allows, never an output it
 rejects), what it lets through (oneOf written as anyOf; a uri's parts unchecked) and the bugs not
 fixed yet ("BUG: ...") are listed in EXCLUDED, each with its reason. The table is kept honest both
-ways: a test it names that passes fails too
-(remove it), and every entry must name some test.
+ways: a test it names that passes fails too (remove it), and every entry must name some test.
 
     python -m bench.schema_suite_table   # the per-file table of docs/api.md
 """
