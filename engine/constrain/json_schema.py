@@ -72,6 +72,7 @@ COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 _MERGED = "$merged"  # set by allOf's merge: an enum it emptied admits nothing (not SCHEMA_INVALID)
 _EXCLUDED = "$excluded"  # values a condition's negation rules out (_discriminated): none of them fits
 INTERNAL = frozenset({_MERGED, _EXCLUDED})
+_ALONE = "$alone"  # set by _alone: additionalProperties was a member's own unevaluatedProperties
 MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
 # Keywords rewritten into the others (_Compiler._lowered) before a schema is compiled.
 LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
@@ -198,7 +199,12 @@ class _Compiler:
         if exact is not None:
             return exact
         then, otherwise = schema.get("then", True), schema.get("else")
-        if otherwise is None:
+        if "if" not in schema:  # then and else assert nothing without an if
+            return self.node(rest, pointer)
+        if schema["if"] is False:  # else alone holds
+            otherwise = True if otherwise is None else otherwise
+            return self._merged([(rest, pointer), (otherwise, f"{pointer}/else")], pointer)
+        if otherwise is None or schema["if"] is True:
             return self._merged([(rest, pointer), (then, f"{pointer}/then")], pointer)
         options = [[(rest, pointer), (then, f"{pointer}/then"), (otherwise, f"{pointer}/else")],
                    [(rest, pointer), (schema.get("if", True), f"{pointer}/if"), (then, f"{pointer}/then")]]
@@ -300,25 +306,39 @@ class _Compiler:
             free = [n for n in names if n not in required]
             if not free:
                 return None  # every name required: no object meets both
-            if free[-1] in properties:
-                properties[free[-1]] = False
+            properties[free[-1]] = False  # declared never written: not as another member either
         return {**base, "properties": properties}
 
     def _dependent(self, value: Any, base: dict[str, Any],
                    pointer: str) -> tuple[dict[str, Any], list[tuple[Any, str]]]:
-        """`base` with the dependencies' names required, and the dependent schemas (held always)."""
+        """`base` with the dependencies' names required, and the dependent schemas (held always); a
+        dependency on a name written undeclared (a map's key, a key a pattern finds) is refused."""
         if not isinstance(value, dict):
             raise invalid(pointer, "dependencies must be an object")
+        if "$ref" in base or "allOf" in base:  # the properties a $ref or allOf brings, in view
+            flat = self._flattened(base, pointer, 0)
+            if flat is None:
+                return base, []
+            base = {**{k: v for k, v in base.items() if k not in ASSERTIONS}, **flat}
         required = list(base.get("required", []))
         declared = {*base.get("properties", {}), *required}
         schemas = []
         properties = dict(base.get("properties", {}))
+        # An undeclared name is written as a key a pattern finds, or as a map's key (no pattern and
+        # nothing declared): a dependency on it cannot be kept (it may be written without its dependents).
+        patterns = base.get("patternProperties") or {}
+        objects = {"object", "any"} & set(self._types(base, pointer))
         for name, dependent in value.items():
-            if isinstance(dependent, list):
+            if dependent is True or dependent == [] or dependent == {}:
+                continue
+            if objects and name not in declared:
+                if any(_finds(p, name) for p in patterns) if patterns else not declared:
+                    raise unsupported(f"{pointer}/{_escape(name)}", "a dependency on a name an object may "
+                                      "hold undeclared (a map's key, or a key patternProperties finds)")
+                properties[name] = False  # declared never written: not as another member either
+            elif isinstance(dependent, list):
                 if name in declared:
                     required += [d for d in dependent if isinstance(d, str)]
-            elif dependent is True:
-                continue
             elif name in required:  # present in every output: its dependent schema holds
                 schemas.append((dependent, f"{pointer}/{_escape(name)}"))
             elif name in properties:  # optional: left out (never written), its dependent schema moot
@@ -379,7 +399,7 @@ class _Compiler:
                 flat = self._flattened(member, at, 0)
                 if flat is None:
                     return NOTHING
-                _merge_into(merged, flat, at)
+                _merge_into(merged, flat if at == pointer else _alone(flat), at)  # at == pointer: its own
             except InvalidInput as exc:  # members with no type in common: this branch admits nothing
                 if exc.reason != "CONSTRAINT_UNSATISFIABLE":
                     raise
@@ -410,14 +430,17 @@ class _Compiler:
             if not isinstance(nested, list) or not nested:
                 raise invalid(f"{pointer}/allOf", "allOf must be a non-empty list of schemas")
             parts += [(m, f"{pointer}/allOf/{i}") for i, m in enumerate(nested)]
-        if ("if" in own or "then" in own) and "else" not in own:  # then holds always (_lowered): merge it
-            own.pop("if", None)
+        if "if" not in own:  # then and else assert nothing without an if
+            own.pop("then", None)
+            own.pop("else", None)
+        if "if" in own and "else" not in own:  # then holds always (_lowered): merge it
+            own.pop("if")
             parts.append((own.pop("then", True), f"{pointer}/then"))
         for part, at in parts:
             flat = self._flattened(part, at, depth + 1)
             if flat is None:
                 return None
-            _merge_into(merged, flat, at)
+            _merge_into(merged, _alone(flat), at)
         _merge_into(merged, own, pointer)
         return merged
 
@@ -460,6 +483,9 @@ class _Compiler:
         return node
 
     def _resolve(self, target: str, pointer: str) -> Any:
+        if target and not target.startswith("/"):  # "#foo" names an $anchor (or an $id), not a path
+            raise unsupported(pointer, f"the reference {'#' + target!r} (a plain-name fragment; only "
+                              "JSON pointers, #/...)")
         found = self.root
         for part in target.split("/")[1:] if target else []:
             part = part.replace("~1", "/").replace("~0", "~")
@@ -788,9 +814,10 @@ def _merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) ->
     for closed, other in ((merged, schema), (schema, merged)):
         if closed.get("additionalProperties", True) is not True:
             extra = set(other.get("properties", {})) - set(closed.get("properties", {}))
+            key = "unevaluatedProperties" if closed.get(_ALONE) else "additionalProperties"
             if extra:
-                raise unsupported(f"{pointer}/additionalProperties",
-                                  f"allOf members where additionalProperties rules out {sorted(extra)[0]!r}, "
+                raise unsupported(f"{pointer}/{key}",
+                                  f"allOf members where {key} rules out {sorted(extra)[0]!r}, "
                                   "a property another member declares")
     for key, value in schema.items():
         if key not in merged:
@@ -835,6 +862,19 @@ def _tested(condition: Any) -> tuple[str, list[Any], bool] | None:
     if set(asserted) == {"enum"} and isinstance(asserted["enum"], list) and asserted["enum"]:
         return name, list(asserted["enum"]), bool(required)
     return None
+def _alone(member: dict[str, Any]) -> dict[str, Any]:
+    """A merged member's keywords as the merge sees them: the member's own unevaluatedProperties
+    (unevaluatedItems) saw only the properties (items) the member evaluates, so beside the other
+    members it is the member's additionalProperties (items), and moot beside one it has."""
+    out = dict(member)
+    for unevaluated, additional in (("unevaluatedProperties", "additionalProperties"),
+                                    ("unevaluatedItems", "items")):
+        if unevaluated in out:
+            value = out.pop(unevaluated)
+            if additional not in out:
+                out[additional] = value
+                out[_ALONE] = out.get(_ALONE, False) or unevaluated == "unevaluatedProperties"
+    return out
 
 
 def _types_in_both(a: Any, b: Any, pointer: str) -> list[str]:
@@ -904,6 +944,8 @@ def _parsed(source: Any, pointer: str) -> Node:
     try:
         return regex.parse(source, FIELD)
     except InvalidInput as exc:
+        if exc.reason == "REGEX_INVALID" and re.search(r"\\[pP]\{", source):  # ECMA-262's, not Python's
+            raise unsupported(pointer, "a Unicode property escape (\\p{...})") from exc
         if exc.reason == "REGEX_INVALID":
             raise invalid(pointer, str(exc)) from exc
         raise unsupported(pointer, str(exc)) from exc

@@ -8,7 +8,6 @@ import itertools
 import re
 import threading
 import time
-from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -18,20 +17,7 @@ from engine.constrain.automaton import MOVE_BYTES, Automaton, AutomatonRow
 from engine.constrain.gbnf import END, TERMINAL, Program
 from engine.constrain.grammar import CompiledGrammar
 from engine.errors import InvalidInput
-
-PIECES = [bytes([b]) for b in range(256)] + [
-    b"ab", b"abc", b"caf", "é".encode(), b"\xc3", b"\xa9", "日".encode()[:2], "日".encode()[2:],
-    "本".encode(), b'{"', b'":', b'", "', b'"}', b"true", b"null", b"12", b"-0", b" the", b"\\u00",
-]
-EOS, SPECIAL = len(PIECES), len(PIECES) + 1
-SIZE = len(PIECES) + 4  # two padding ids past the tokenizer's table
-
-
-def synthetic(pieces: Sequence[bytes | None] = PIECES) -> Vocabulary:
-    return Vocabulary([*pieces, b"</s>", None], len(pieces) + 4, [len(pieces)])
-
-
-VOCAB = synthetic()
+from tests.support.vocabularies import EOS, PIECES, SIZE, SPECIAL, VOCAB, synthetic
 
 REGEXES = [
     r"abc", r"(ab|c)+[0-9]{2,3}é?", r"[a-c]*d", r"\d{3}-\d{4}", r"(?:yes|no|maybe)", r"x{2,}y?",

@@ -93,12 +93,25 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "object", "propertyNames": {"maxLength": 3}, "patternProperties": {"^x": {}}},
      "/propertyNames"),
     ({"$ref": "https://example.com/schema.json"}, "/$ref"),
+    ({"dependentRequired": {"bar": ["foo"]}}, "/dependentRequired/bar"),
+    ({"allOf": [{"properties": {"foo": {}}}, {"unevaluatedProperties": False}]},
+     "/allOf/1/unevaluatedProperties"),
+    ({"$defs": {"a": {"unevaluatedProperties": False}}, "properties": {"p": {}}, "$ref": "#/$defs/a"},
+     "/unevaluatedProperties"),
+    ({"type": "array", "allOf": [{"items": {"type": "string"}}, {"unevaluatedItems": False}]},
+     "/allOf/1/items"),
+    ({"type": "object", "properties": {"a": {}}, "patternProperties": {"^b": {}},
+      "dependentSchemas": {"bar": {"required": ["a"]}}}, "/dependentSchemas/bar"),
+    ({"$ref": "#foo", "$defs": {"a": {"$anchor": "foo", "type": "integer"}}}, "/$ref"),
+    ({"allOf": [{"$ref": "#foo"}], "definitions": {"a": {"$id": "#foo", "type": "integer"}}},
+     "/allOf/0/$ref"),
     ({"allOf": [{"type": "string", "maxLength": 4}, {"maxLength": 3}]}, "/allOf/1/maxLength"),
     ({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]},
      "/allOf/1/additionalProperties"),
     ({"type": "number", "minimum": 0.5}, "/minimum"),
     ({"type": "string", "pattern": "^[a-z]+-[0-9]+$", "maxLength": 4}, "/maxLength"),
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
+    ({"type": "string", "pattern": "^\\p{Letter}+$"}, "/pattern"),
     ({"type": "array", "items": [{"type": "string"}]}, "/items"),
     ({"enum": ["a", "b"], "maxLength": 1}, "/maxLength"),
     ({"type": "object", "properties": {"a/b": {"contains": {}}}},
@@ -267,6 +280,7 @@ PAIR = {"a": {"type": "integer"}, "b": {"type": "integer"}}
     {"type": "object", "properties": PAIR, "required": ["a"],
      "dependencies": {"a": {"properties": {"b": {"minimum": 0}}}, "b": False}},
     {"type": "object", "properties": PAIR, "dependentRequired": {"b": ["a"]}},
+    {"allOf": [{"type": "object", "properties": PAIR}], "dependentRequired": {"b": ["a"]}},
     {"$defs": {"p": {"type": "object", "properties": PAIR}}, "$ref": "#/$defs/p", "not": {"required": ["a"]}},
 ])
 def test_conditions_negations_and_dependencies_admit_only_outputs_that_validate(schema: Any) -> None:
@@ -339,6 +353,29 @@ def test_enums_of_two_all_of_members_keep_the_values_in_both() -> None:
     assert [accepts(compiled, str(v).encode()) for v in (1, 2, 3, 4)] == [False, True, True, False]
     refused({"allOf": [{"enum": [1]}, {"enum": [2]}]}, "CONSTRAINT_UNSATISFIABLE")
     refused({"enum": [1, 2], "const": 3}, "CONSTRAINT_UNSATISFIABLE")
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {}}, "dependentRequired": {"b": ["a"]}},
+    {"type": "object", "properties": {"a": {}}, "dependentSchemas": {"b": {"required": ["a"]}}},
+    {"type": "object", "properties": {"a": {}}, "dependencies": {"b": ["a"]}},
+    {"type": "object", "properties": {"a": {}}, "not": {"required": ["b"]}},
+])
+def test_a_name_a_dependency_or_not_rules_out_is_not_written_as_another_member(schema: Any) -> None:
+    compiled = schema_of(schema)
+    assert accepts(compiled, b'{"a":1,"c":2}') and accepts(compiled, b'{"c":2}')
+    assert not accepts(compiled, b'{"b":1}') and not accepts(compiled, b'{"a":1,"b":1}')
+
+
+def test_then_and_else_without_an_if_assert_nothing_and_a_boolean_if_picks_one() -> None:
+    compiled = schema_of({"type": "string", "maxLength": 3, "then": {"const": "yes"}, "else": {"const": "n"}})
+    assert accepts(compiled, b'"abc"') and accepts(compiled, b'"yes"')
+    picked = schema_of({"if": False, "then": {"const": "a"}, "else": {"const": "b"}})
+    assert accepts(picked, b'"b"') and not accepts(picked, b'"a"')
+    picked = schema_of({"if": True, "then": {"const": "a"}, "else": {"const": "b"}})
+    assert accepts(picked, b'"a"') and not accepts(picked, b'"b"')
+    member = schema_of({"allOf": [{"type": "integer"}, {"then": {"const": 1}}]})
+    assert accepts(member, b"2")
 
 
 def test_then_holds_always_when_there_is_no_else() -> None:
@@ -625,7 +662,8 @@ def test_keywords_that_constrain_nothing_are_ignored() -> None:
 
 
 @pytest.mark.parametrize(("name", "good", "bad"), [
-    ("hostname", ['"example.com"', '"a"', '"my-host.internal"'], ['"-bad.com"', '"a..b"', '"a b"']),
+    ("hostname", ['"example.com"', '"a"', '"my-host.internal"', f'"{"a" * 63}.com"', '"a-b--c.d"'],
+     ['"-bad.com"', '"a..b"', '"a b"', f'"{"a" * 64}.com"', '"xn--X"', '"ab--c.com"']),
     ("uri", ['"https://example.com/a?b=1#c"', '"urn:isbn:0451450523"', '"mailto:a@b.c"', '"a:%20"'],
      ['"no scheme"', '"/relative"', '"http://a b"', '"a:%zz"']),
     ("uri-reference", ['"/relative/path?x=1"', '"https://example.com"', '""', '"#frag"'],
