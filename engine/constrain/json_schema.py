@@ -827,6 +827,8 @@ def _merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) ->
             for name, sub in value.items():
                 both[name] = sub if name not in both or both[name] == sub else {"allOf": [both[name], sub]}
             merged[key] = both
+        elif key == "items" and isinstance(value, dict | bool) and isinstance(merged[key], dict | bool):
+            merged[key] = {"allOf": [merged[key], value]}  # every item meets both
         elif key == "required" and isinstance(value, list) and isinstance(merged[key], list):
             merged[key] = list(dict.fromkeys([*merged[key], *value]))
         elif key == "type":
