@@ -467,7 +467,8 @@ def test_items_of_two_all_of_members_hold_both() -> None:
     both = schema_of({"type": "array", "allOf": [{"items": {"type": "integer"}}, {"items": {"minimum": 2}}]})
     assert accepts(both, b"[2,3]") and not accepts(both, b"[1]") and not accepts(both, b'["x"]')
     # unevaluatedItems sees only its own member's items (none): every item is unevaluated there.
-    alone = schema_of({"type": "array", "allOf": [{"items": {"type": "string"}}, {"unevaluatedItems": False}]})
+    alone = schema_of({"type": "array",
+                       "allOf": [{"items": {"type": "string"}}, {"unevaluatedItems": False}]})
     assert accepts(alone, b"[]") and not accepts(alone, b'["a"]')
 
 
