@@ -13,6 +13,7 @@ grammar, however many tokens share it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import weakref
@@ -35,6 +36,10 @@ MAX_STATES = 4096  # interned states before the transition table starts again (1
 MAX_STATE_BYTES = 32 << 20  # or before the stacks of those states take this much
 MAX_MASKS = 512  # cached masks per grammar, packed (vocabulary / 8 bytes each: 3 MiB at 49k)
 MAX_WARM = 256  # states whose masks `warm` computes ahead: half the cache, room for the rest
+# A state's mask is first computed on its stacks' top MASK_DEPTH frames (a byte pops at most one
+# frame, so most tokens never look deeper): states that differ only below them, the same value
+# nested at another depth, share that work; the few tokens that reach below are walked alone.
+MASK_DEPTH = 2
 
 UNKNOWN, DEAD = -1, 0  # transition table entries: not computed yet; the state with no stacks
 
@@ -92,6 +97,10 @@ class CompiledGrammar:
         self._lock = threading.Lock()
         self._masks: OrderedDict[State, npt.NDArray[np.uint8]] = OrderedDict()
         self._mask_bytes = 0  # kept as masks come and go: other threads read nbytes meanwhile
+        self._mark = len(program.kinds)  # a frame standing for those below MASK_DEPTH: any byte
+        self._marked = Program(program.kinds + (TERMINAL,), program.values + ((1 << 256) - 1,),
+                               program.starts, program.after + ((self._mark,),), program.root)
+        self._shallow: OrderedDict[State, tuple[npt.NDArray[np.bool_], list[int]]] = OrderedDict()
         self._transitions = self._new_transitions()
         self._start = self._transitions.start()
 
@@ -122,7 +131,7 @@ class CompiledGrammar:
         with self._lock:
             packed = self._masks.get(state)
             if packed is None:
-                packed = self._remember(state, self._mask(state, self._transitions.ends(state)))
+                packed = self._remember(state, self._mask(state, self._transitions, held=True))
             else:
                 self._masks.move_to_end(state)
         return np.unpackbits(packed, count=self._vocabulary.size).view(np.bool_)
@@ -144,9 +153,12 @@ class CompiledGrammar:
             except InvalidInput:  # past the stack bound: a row that gets here fails on its own
                 continue
             with self._lock:
-                if state not in self._masks:
-                    self._remember(state, self._mask(state, ends))
-                    computed += 1
+                known = state in self._masks
+            if not known:
+                packed = self._mask(state, transitions, held=False)
+                with self._lock:
+                    self._remember(state, packed)
+                computed += 1
             fresh = [s for s in transitions.successors(ends) if s not in seen]
             seen.update(fresh)
             frontier.extend(fresh)
@@ -185,9 +197,32 @@ class CompiledGrammar:
         state = self.after_bytes(self._start, data)
         return state is not None and self.final(state)
 
-    def _mask(self, state: State, ends: npt.NDArray[np.int32]) -> npt.NDArray[np.uint8]:
+    def _mask(self, state: State, transitions: _Transitions, held: bool) -> npt.NDArray[np.uint8]:
+        """The state's mask: its shallow form's (the tokens alive whatever lies below its top
+        frames), then the tokens alive only through the frames below walked on the state itself.
+        `held`: the caller holds the lock (rows, with the shared transitions); else (warm, with
+        its own) the lock is taken for the shallow cache alone."""
+        shallow = frozenset(s if len(s) <= MASK_DEPTH else (self._mark, *s[-MASK_DEPTH:]) for s in state)
+        with contextlib.nullcontext() if held else self._lock:
+            found = self._shallow.get(shallow)
+            if found is not None:
+                self._shallow.move_to_end(shallow)
+        if found is None:
+            ends = transitions.ends(shallow)
+            alive = ends != DEAD
+            deeper = np.flatnonzero(alive & transitions.through(ends, self._mark))
+            alive[deeper] = False
+            found = (alive, deeper.tolist())
+            with contextlib.nullcontext() if held else self._lock:
+                self._shallow[shallow] = found
+                if len(self._shallow) > self._max_masks:
+                    self._shallow.popitem(last=False)
+        alive, below = found
         mask = np.zeros(self._vocabulary.size, np.bool_)
-        mask[self._layout.order] = ends != DEAD
+        mask[self._layout.order] = alive
+        for i in below:
+            token = int(self._layout.order[i])
+            mask[token] = bool(transitions.after(state, self._vocabulary.pieces[token] or b""))
         mask[list(self._vocabulary.eos_ids)] = () in state
         return np.packbits(mask)
 
@@ -199,7 +234,7 @@ class CompiledGrammar:
         return packed
 
     def _new_transitions(self) -> _Transitions:
-        return _Transitions(self._program, self._layout, self._max_stacks, self._max_states, self._field)
+        return _Transitions(self._marked, self._layout, self._max_stacks, self._max_states, self._field)
 
 
 class _Transitions:
@@ -251,6 +286,14 @@ class _Transitions:
             at, current = at[alive], current[alive]
         ends[at] = current
         return ends
+
+    def through(self, ends: npt.NDArray[np.int32], mark: int) -> npt.NDArray[np.bool_]:
+        """Per token (from `ends` of this call): whether it is alive only through `mark` (every
+        stack it leaves has the mark on top: the frames below decide)."""
+        marked = np.zeros(len(self._states), np.bool_)
+        for i in np.unique(ends[ends != DEAD]).tolist():
+            marked[i] = all(stack and stack[-1] == mark for stack in self._states[i])
+        return marked[ends]
 
     def successors(self, ends: npt.NDArray[np.int32]) -> list[State]:
         """The states tokens lead to (from `ends` of this call), those most tokens reach first."""

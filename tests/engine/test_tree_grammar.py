@@ -7,11 +7,12 @@ import itertools
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 
 from engine.constrain import Limits, compile_constraint, json_schema, regex, tree_grammar
 from engine.constrain.compiled import automaton
-from engine.constrain.grammar import CompiledGrammar
+from engine.constrain.grammar import MASK_DEPTH, CompiledGrammar
 from engine.constrain.pattern import Ref, alt, seq, text
 from engine.errors import InvalidInput
 from tests.engine.test_constraints import REGEXES, VOCAB, random_walk
@@ -76,3 +77,28 @@ def test_a_tree_past_the_element_limit_is_constraint_too_large() -> None:
         compile_constraint("json_schema", json.dumps({"$defs": {"n": listed}, "$ref": "#/$defs/n"}),
                            VOCAB, Limits(max_schema_elements=10))
     assert refused.value.reason == "CONSTRAINT_TOO_LARGE"
+
+
+@pytest.mark.parametrize(("schema", "document"), [
+    ({"type": "object"}, '{"a":[{"b":[[{"c":{"d":[1,{"e":"x"}]}}]]}],"f":null}'),
+    ({"$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {
+        "type": "array", "items": {"$ref": "#/$defs/n"}}}, "required": ["v"]}}, "$ref": "#/$defs/n"},
+     '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[{"v":4}]}]}]}'),
+    ({"type": "array", "items": {"type": "object", "properties": {"a": {"type": "array", "items": {}}}}},
+     '[{"a":[[[{"q":[1,"]}"]}]]]},{}]'),
+])
+def test_a_mask_computed_on_a_state_s_top_frames_is_the_state_s_own(schema: Any, document: str) -> None:
+    """Masks start from the stacks' top frames (grammar.MASK_DEPTH) and walk the tokens that reach
+    below on the whole state: equal to every token walked alone, at every byte of a nested document."""
+    compiled = compile_constraint("json_schema", json.dumps(schema), VOCAB)
+    assert isinstance(compiled, CompiledGrammar)
+    usable = [t for t in range(VOCAB.size) if VOCAB.usable[t]]
+    row, deepest = compiled.start(), 0
+    for byte in [*document.encode(), None]:
+        state = row.state
+        deepest = max(deepest, *map(len, state))
+        exact = {t for t in usable if compiled.after_bytes(state, VOCAB.pieces[t] or b"") is not None}
+        assert set(np.flatnonzero(row.allowed()).tolist()) - set(VOCAB.eos_ids) == exact, byte
+        if byte is not None:
+            row.advance(byte)  # the synthetic vocabulary's token b is the byte b
+    assert row.accepts and deepest > MASK_DEPTH + 2  # the document went below the frames masks start from
