@@ -91,13 +91,12 @@ class Constraints:
         compiled = cache.get(self._kind(spec), spec.spec, budget)
         budget.check()  # the first mask: one vectorized walk of the vocabulary
         compiled.start().allowed()
-        warm = getattr(compiled, "warm", None)
         with self._lock:
-            fresh = warm is not None and compiled not in self._warmed
+            fresh = compiled not in self._warmed
             if fresh:
                 self._warmed.add(compiled)
-        if warm is not None and fresh:
-            self._warming.submit(warm, self.stopping)
+        if fresh:
+            self._warming.submit(compiled.warm, self.stopping)
         if self._metrics is not None:
             hit = cache.stats().hits > before.hits
             self._metrics.constraint_compiled(spec.kind, time.perf_counter() - started, hit)

@@ -10,6 +10,7 @@ abandoned raises Abandoned.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import Protocol
@@ -57,6 +58,10 @@ class Compiled(Protocol):
     """A compiled constraint, shared by every row that generates under it."""
 
     def start(self) -> RowState: ...
+
+    def warm(self, stop: threading.Event | None = None) -> int:
+        """Compute masks ahead (a thread of its own runs it after the compile); how many."""
+        ...
 
     @property
     def nbytes(self) -> int: ...

@@ -20,22 +20,18 @@ import weakref
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from engine.constrain.gbnf import END, FIELD, MAX_ELEMENTS, TERMINAL, Program, Stack, parse
+from engine.constrain.gbnf import END, FIELD, TERMINAL, Program, Stack, parse
+from engine.constrain.limits import DEFAULT_LIMITS, Limits
 from engine.constrain.vocabulary import Vocabulary
 from engine.errors import InvalidInput
 
 __all__ = ["CompiledGrammar", "GrammarRow", "compile_grammar"]
 
-MAX_STACKS = 4096  # stacks in one parser state: the grammar's ambiguity at one byte
-MAX_STATES = 4096  # interned states before the transition table starts again (1 KiB each)
 MAX_STATE_BYTES = 32 << 20  # or before the stacks of those states take this much
-MAX_MASKS = 512  # cached masks per grammar, packed (vocabulary / 8 bytes each: 3 MiB at 49k)
-MAX_WARM = 256  # states whose masks `warm` computes ahead: half the cache, room for the rest
 # A state's mask is first computed on its stacks' top MASK_DEPTH frames (a byte pops at most one
 # frame, so most tokens never look deeper): states that differ only below them, the same value
 # nested at another depth, share that work; the few tokens that reach below are walked alone.
@@ -46,10 +42,10 @@ UNKNOWN, DEAD = -1, 0  # transition table entries: not computed yet; the state w
 State = frozenset[Stack]
 
 
-def compile_grammar(text: str, vocabulary: Vocabulary, limits: Any = None) -> CompiledGrammar:
+def compile_grammar(text: str, vocabulary: Vocabulary, limits: Limits = DEFAULT_LIMITS) -> CompiledGrammar:
     """Compile GBNF `text` for `vocabulary`; InvalidInput (GRAMMAR_INVALID, CONSTRAINT_TOO_LARGE)
-    says what is wrong and where. `limits` may set max_grammar_{elements,stacks,states,masks,warm}."""
-    program = parse(text, getattr(limits, "max_grammar_elements", MAX_ELEMENTS))
+    says what is wrong and where. Bounded by limits.max_grammar_{elements,stacks,states,masks,warm}."""
+    program = parse(text, limits.max_grammar_elements)
     return CompiledGrammar(program, vocabulary, limits)
 
 
@@ -85,14 +81,12 @@ class CompiledGrammar:
     """One grammar for one vocabulary: the masks of the parser states reached so far, cached and
     bounded, and the transitions rows walk. Safe to share between threads (one lock)."""
 
-    def __init__(self, program: Program, vocabulary: Vocabulary, limits: Any = None,
+    def __init__(self, program: Program, vocabulary: Vocabulary, limits: Limits = DEFAULT_LIMITS,
                  field: str = FIELD) -> None:
         self._program, self._vocabulary, self._layout = program, vocabulary, _Layout.of(vocabulary)
         self._field = field
-        self._max_stacks = getattr(limits, "max_grammar_stacks", MAX_STACKS)
-        self._max_states = getattr(limits, "max_grammar_states", MAX_STATES)
-        self._max_masks = getattr(limits, "max_grammar_masks", MAX_MASKS)
-        self._max_warm = getattr(limits, "max_grammar_warm", MAX_WARM)
+        self._max_stacks, self._max_states = limits.max_grammar_stacks, limits.max_grammar_states
+        self._max_masks, self._max_warm = limits.max_grammar_masks, limits.max_grammar_warm
         self._serial = next(_SERIALS)
         self._lock = threading.Lock()
         self._masks: OrderedDict[State, npt.NDArray[np.uint8]] = OrderedDict()

@@ -32,7 +32,11 @@ class Limits:
     max_schema_nfa_states: int = 100_000
     # Grammar elements a JSON schema run on the pushdown engine may compile to (~72 bytes each).
     max_schema_elements: int = 1 << 18
-    # Grammar limits (grammar.py's and gbnf.py's bounds; a JSON schema run on the pushdown engine too).
+    # The pushdown engine (grammar.py; grammars, and JSON schemas run there): elements of a GBNF
+    # grammar's rules, repetitions expanded; stacks in one parser state (its ambiguity at one byte;
+    # more: CONSTRAINT_TOO_LARGE, also mid-generation); interned states before the transition table
+    # starts again (1 KiB each); masks cached per grammar, packed (vocabulary / 8 bytes each: 3 MiB
+    # at 49k); states whose masks `warm` computes ahead (half the cache, room for the rest).
     max_grammar_elements: int = 1 << 16
     max_grammar_stacks: int = 4_096
     max_grammar_states: int = 4_096

@@ -11,13 +11,13 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import lark
 import numpy as np
 import pytest
 
 from engine.constrain.grammar import CompiledGrammar, GrammarRow, compile_grammar
+from engine.constrain.limits import Limits
 from engine.constrain.vocabulary import Vocabulary
 from engine.errors import InvalidInput
 from engine.tokenizer import Tokenizer
@@ -353,7 +353,7 @@ def test_ambiguity_past_the_stack_bound_is_too_large(bytewise: Vocabulary) -> No
     row = compile_grammar(text, bytewise).start()
     for _ in range(12):
         row.advance(ord("a"))
-    row = compile_grammar(text, bytewise, SimpleNamespace(max_grammar_stacks=8)).start()
+    row = compile_grammar(text, bytewise, Limits(max_grammar_stacks=8)).start()
     with pytest.raises(InvalidInput) as caught:
         for _ in range(12):
             row.advance(ord("a"))
@@ -385,7 +385,7 @@ def test_masks_are_fresh_arrays_and_their_cache_is_counted(small: Vocabulary) ->
 
 
 def test_masks_stay_exact_when_the_transition_table_starts_again(small: Vocabulary) -> None:
-    tight = compile_grammar(gbnf("json"), small, SimpleNamespace(max_grammar_states=3, max_grammar_masks=2))
+    tight = compile_grammar(gbnf("json"), small, Limits(max_grammar_states=3, max_grammar_masks=2))
     roomy, rng = compile_grammar(gbnf("json"), small), random.Random(3)
     one, two = tight.start(), roomy.start()
     for _ in range(60):
@@ -432,7 +432,7 @@ def test_warmed_masks_are_the_masks_rows_compute_themselves(small: Vocabulary) -
 
 
 def test_a_grammar_warm_up_is_bounded_and_stops_when_asked(small: Vocabulary) -> None:
-    bounded = compile_grammar(gbnf("json"), small, SimpleNamespace(max_grammar_warm=5))
+    bounded = compile_grammar(gbnf("json"), small, Limits(max_grammar_warm=5))
     assert bounded.warm() == bounded.masks_cached == 5
     assert bounded.warm() == 0  # what is cached is not computed again
     stopped = threading.Event()
@@ -451,7 +451,7 @@ def test_a_warm_up_beside_rows_on_other_threads_leaves_every_mask_exact(small: V
 def test_grammar_nbytes_counts_exactly_the_masks_it_holds_through_evictions(small: Vocabulary) -> None:
     """nbytes is kept as masks come and go (request threads read it while rows add masks), so it
     equals the rules, the table and the masks held, also after the oldest masks are dropped."""
-    grammar = compile_grammar(gbnf("json"), small, SimpleNamespace(max_grammar_masks=3))
+    grammar = compile_grammar(gbnf("json"), small, Limits(max_grammar_masks=3))
     empty = grammar.nbytes
     rows = states_one_token_from_the_start(grammar, small)
     for row in rows:
