@@ -2,7 +2,7 @@
 
 Supported: type (one or a list), properties, required, additionalProperties, items, minItems,
 maxItems, enum, const, anyOf, oneOf (as anyOf: write disjoint alternatives), allOf (its members
-merged into one schema: _merge_into), local $ref (#, #/$defs/..., #/definitions/..., any
+merged into one schema: json_keywords.merge_into), local $ref (#, #/$defs/..., #/definitions/..., any
 #/pointer), minLength, maxLength, pattern, format (date, time, date-time, uuid, email, ipv4,
 hostname, uri, uri-reference; any other format is an annotation, as JSON Schema 2020-12 has it
 by default: any string), minimum, maximum, exclusiveMinimum, exclusiveMaximum (any on an integer;
@@ -12,7 +12,8 @@ dependentRequired and dependentSchemas written as the others (_Compiler._lowered
 what they allow, never an output they reject).
 Keywords beside a combinator hold too (merged with a $ref, joined to every anyOf alternative).
 Every other keyword that constrains an instance in some draft (ASSERTIONS) raises InvalidInput
-(SCHEMA_UNSUPPORTED) naming its JSON pointer: never a silently unconstrained run. Any keyword
+(SCHEMA_UNSUPPORTED) naming its JSON pointer: never a silently unconstrained run (the keywords
+and what one schema says taken alone: json_keywords.py). Any keyword
 that constrains nothing (title, description, examples, $id, id, readOnly, x-..., vendor
 keywords) is ignored, as the drafts say unknown keywords are.
 
@@ -37,57 +38,35 @@ Choices made for the output (json_values.py has the whitespace policy):
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from engine.constrain import json_keywords as kw
 from engine.constrain import json_values as jv
 from engine.constrain import regex
 from engine.constrain.budget import UNBOUNDED, Budget
+from engine.constrain.json_keywords import (
+    ASSERTIONS,
+    COMBINATORS,
+    EXCLUDED,
+    FIELD,
+    INTERNAL,
+    KNOWN,
+    LOWER_BOUNDS,
+    LOWERED,
+    MAX_UNIQUE_VALUES,
+    MERGED,
+    OPEN,
+    TYPE_KEYWORDS,
+    invalid,
+    unsupported,
+)
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
 from engine.constrain.pattern import EMPTY, NOTHING, Node, Ref, alt, chars, members, repeat, seq, text
 from engine.errors import InvalidInput
 from engine.json_depth import check_json_depth
-
-FIELD = "constraint.json_schema"
-OPEN = "$open"  # the rule of an open value at any depth ($ref targets start with "/" or are "")
-ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "readOnly",
-    "writeOnly", "deprecated", "$defs", "definitions", "contentMediaType", "contentEncoding",
-})
-TYPE_KEYWORDS = {
-    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
-               "patternProperties", "unevaluatedProperties", "propertyNames"),
-    "array": ("items", "minItems", "maxItems", "uniqueItems", "unevaluatedItems"),
-    "string": ("minLength", "maxLength", "pattern", "format"),
-    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
-    "integer": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
-    "boolean": (),
-    "null": (),
-}
-COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
-_MERGED = "$merged"  # set by allOf's merge: an enum it emptied admits nothing (not SCHEMA_INVALID)
-_EXCLUDED = "$excluded"  # values a condition's negation rules out (_discriminated): none of them fits
-INTERNAL = frozenset({_MERGED, _EXCLUDED})
-_ALONE = "$alone"  # set by _alone: additionalProperties was a member's own unevaluatedProperties
-MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
-# Keywords rewritten into the others (_Compiler._lowered) before a schema is compiled.
-LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
-KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {
-    k for keys in TYPE_KEYWORDS.values() for k in keys}
-# The keywords of drafts 4 to 2020-12 that constrain an instance (assertions and applicators).
-# Those not KNOWN are refused; a keyword outside this set constrains nothing and is ignored.
-ASSERTIONS = frozenset({
-    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
-    "maxLength", "minLength", "pattern", "format", "items", "prefixItems", "additionalItems", "contains",
-    "minContains", "maxContains", "maxItems", "minItems", "uniqueItems", "maxProperties", "minProperties",
-    "required", "properties", "patternProperties", "additionalProperties", "dependencies",
-    "dependentRequired", "dependentSchemas", "propertyNames", "allOf", "anyOf", "oneOf", "not", "if",
-    "then", "else", "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
-})
 
 
 @dataclass(frozen=True)
@@ -114,15 +93,6 @@ def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDE
                            field=FIELD) from exc
     compiler = _Compiler(root, limits, budget, strict)
     return Tree(compiler.node(root, ""), compiler.rules)
-
-
-def unsupported(pointer: str, what: str) -> InvalidInput:
-    return InvalidInput(f"{pointer or '/'}: {what} is not supported in JSON schema constraints",
-                        reason="SCHEMA_UNSUPPORTED", field=FIELD)
-
-
-def invalid(pointer: str, what: str) -> InvalidInput:
-    return InvalidInput(f"{pointer or '/'}: {what}", reason="SCHEMA_INVALID", field=FIELD)
 
 
 class _Compiler:
@@ -156,7 +126,7 @@ class _Compiler:
             return self._lowered(schema, pointer)
         for key in schema:
             if key in ASSERTIONS and key not in KNOWN:
-                raise unsupported(f"{pointer}/{_escape(key)}", f"the keyword {key!r}")
+                raise unsupported(f"{pointer}/{kw.escape(key)}", f"the keyword {key!r}")
         for key in COMBINATORS:
             if key in schema:
                 return self._combinator(key, schema, pointer)
@@ -252,21 +222,21 @@ class _Compiler:
         tested: list[tuple[set[str], bool, Any, Any, str]] = []
         name = None
         for condition, then, otherwise, at in conditions:
-            found = _tested(condition)
+            found = kw.tested(condition)
             if found is None or name is not None and found[0] != name:
                 return None
             name = found[0]
-            tested.append(({_json_key(v) for v in found[1]}, found[2], then, otherwise, at))
+            tested.append(({kw.json_key(v) for v in found[1]}, found[2], then, otherwise, at))
         if name is None:
             return None
         values: dict[str, Any] = {}
         for condition, *_ in conditions:
-            values.update((_json_key(v), v) for v in _tested(condition)[1])  # type: ignore[index]
+            values.update((kw.json_key(v), v) for v in kw.tested(condition)[1])  # type: ignore[index]
         branches: list[list[tuple[Any, str]]] = []
         for key, value in values.items():
             kept = [(t, f"{at}/then") if key in keys else (e, f"{at}/else") for keys, _, t, e, at in tested]
             branches.append([({"properties": {name: {"const": value}}, "required": [name]}, pointer), *kept])
-        others = {"properties": {name: {_EXCLUDED: list(values.values())}}, "required": [name]}
+        others = {"properties": {name: {EXCLUDED: list(values.values())}}, "required": [name]}
         branches.append([(others, pointer), *((e, f"{at}/else") for _, _, _, e, at in tested)])
         absent = {"properties": {name: False}}
         branches.append([(absent, pointer), *((e, f"{at}/else") if needed else (t, f"{at}/then")
@@ -332,15 +302,15 @@ class _Compiler:
             if dependent is True or dependent == [] or dependent == {}:
                 continue
             if objects and name not in declared:
-                if any(_finds(p, name) for p in patterns) if patterns else not declared:
-                    raise unsupported(f"{pointer}/{_escape(name)}", "a dependency on a name an object may "
+                if any(kw.finds(p, name) for p in patterns) if patterns else not declared:
+                    raise unsupported(f"{pointer}/{kw.escape(name)}", "a dependency on a name an object may "
                                       "hold undeclared (a map's key, or a key patternProperties finds)")
                 properties[name] = False  # declared never written: not as another member either
             elif isinstance(dependent, list):
                 if name in declared:
                     required += [d for d in dependent if isinstance(d, str)]
             elif name in required:  # present in every output: its dependent schema holds
-                schemas.append((dependent, f"{pointer}/{_escape(name)}"))
+                schemas.append((dependent, f"{pointer}/{kw.escape(name)}"))
             elif name in properties:  # optional: left out (never written), its dependent schema moot
                 properties[name] = False
         merged = dict(base)
@@ -399,7 +369,7 @@ class _Compiler:
                 flat = self._flattened(member, at, 0)
                 if flat is None:
                     return NOTHING
-                _merge_into(merged, flat if at == pointer else _alone(flat), at)  # at == pointer: its own
+                kw.merge_into(merged, flat if at == pointer else kw.alone(flat), at)  # at == pointer: its own
             except InvalidInput as exc:  # members with no type in common: this branch admits nothing
                 if exc.reason != "CONSTRAINT_UNSATISFIABLE":
                     raise
@@ -440,8 +410,8 @@ class _Compiler:
             flat = self._flattened(part, at, depth + 1)
             if flat is None:
                 return None
-            _merge_into(merged, _alone(flat), at)
-        _merge_into(merged, own, pointer)
+            kw.merge_into(merged, kw.alone(flat), at)
+        kw.merge_into(merged, own, pointer)
         return merged
 
     def _ref(self, ref: Any, pointer: str, beside: dict[str, Any] | None = None) -> Node:
@@ -500,19 +470,19 @@ class _Compiler:
     def _values(self, schema: dict[str, Any], pointer: str) -> Node:
         key = "const" if "const" in schema else "enum"
         values = [schema["const"]] if key == "const" else schema["enum"]
-        if not isinstance(values, list) or not values and not schema.get(_MERGED):
+        if not isinstance(values, list) or not values and not schema.get(MERGED):
             raise invalid(f"{pointer}/enum", "enum must be a non-empty list")
         if key == "const" and "enum" in schema:  # both: the const, if the enum holds it
             if not isinstance(schema["enum"], list):
                 raise invalid(f"{pointer}/enum", "enum must be a non-empty list")
-            values = [v for v in values if _json_key(v) in {_json_key(e) for e in schema["enum"]}]
+            values = [v for v in values if kw.json_key(v) in {kw.json_key(e) for e in schema["enum"]}]
         for other in schema:
             if other not in ("const", "enum", "type", *INTERNAL) and other in ASSERTIONS:
-                raise unsupported(f"{pointer}/{_escape(other)}", f"{other!r} beside {key!r}")
+                raise unsupported(f"{pointer}/{kw.escape(other)}", f"{other!r} beside {key!r}")
         types = self._types(schema, pointer) if "type" in schema else list(TYPE_KEYWORDS)
-        excluded = {_json_key(v) for v in schema.get(_EXCLUDED, [])}
+        excluded = {kw.json_key(v) for v in schema.get(EXCLUDED, [])}
         return alt(*(jv.literal(v) for v in values
-                     if any(_is_type(v, t) for t in types) and _json_key(v) not in excluded))
+                     if any(kw.is_type(v, t) for t in types) and kw.json_key(v) not in excluded))
 
     def _types(self, schema: dict[str, Any], pointer: str) -> list[str]:
         declared = schema.get("type")
@@ -525,9 +495,9 @@ class _Compiler:
         return list(dict.fromkeys(names))
 
     def _typed(self, name: str, schema: dict[str, Any], pointer: str) -> Node:
-        excluded = [v for v in schema.get(_EXCLUDED, []) if _is_type(v, name if name != "any" else "string")]
-        if excluded or name == "any" and _EXCLUDED in schema:
-            return self._excluding(name, schema, schema[_EXCLUDED], pointer)
+        excluded = [v for v in schema.get(EXCLUDED, []) if kw.is_type(v, name if name != "any" else "string")]
+        if excluded or name == "any" and EXCLUDED in schema:
+            return self._excluding(name, schema, schema[EXCLUDED], pointer)
         if name == "any":
             return self.open_value()
         if name == "object":
@@ -537,7 +507,7 @@ class _Compiler:
         if name == "string":
             return self._string(schema, pointer)
         if name == "integer":
-            return jv.integer_range(*_integer_bounds(schema, pointer))
+            return jv.integer_range(*kw.integer_bounds(schema, pointer))
         if name == "number":
             return self._number(schema, pointer)
         return jv.BOOLEAN if name == "boolean" else jv.NULL
@@ -560,15 +530,15 @@ class _Compiler:
     def _number(self, schema: dict[str, Any], pointer: str) -> Node:
         """A number; bounds that are whole numbers give jv.number_range (no exponent), others are
         refused (a decimal bound's forms are not written yet)."""
-        bounds = _bounds(schema, pointer)
+        bounds = kw.bounds(schema, pointer)
         if not bounds:
             return jv.NUMBER
         for key, (value, _) in bounds.items():
             if not float(value).is_integer():
                 raise unsupported(f"{pointer}/{key}", f"{key!r} {value} on a number (whole bounds only)")
         # (value, exclusive): the tightest of each side (at equal values, the exclusive one).
-        low = max([(int(v), o) for k, (v, o) in bounds.items() if k in _LOWER], default=None)
-        high = min([(int(v), o) for k, (v, o) in bounds.items() if k not in _LOWER], default=None,
+        low = max([(int(v), o) for k, (v, o) in bounds.items() if k in LOWER_BOUNDS], default=None)
+        high = min([(int(v), o) for k, (v, o) in bounds.items() if k not in LOWER_BOUNDS], default=None,
                    key=lambda b: (b[0], not b[1]))
         return jv.number_range(None if low is None else low[0], None if high is None else high[0],
                                low is not None and low[1], high is not None and high[1])
@@ -585,8 +555,8 @@ class _Compiler:
         # unevaluatedProperties'); absent, any value, and the strict reading writes no others.
         given = schema.get("additionalProperties", schema.get("unevaluatedProperties"))
         additional = True if given is None else given
-        least = _count(schema, "minProperties", pointer, 0) or 0
-        most = _count(schema, "maxProperties", pointer, None)
+        least = kw.count(schema, "minProperties", pointer, 0) or 0
+        most = kw.count(schema, "maxProperties", pointer, None)
         names = schema.get("propertyNames")
         if names is not None:
             if schema.get("patternProperties"):
@@ -610,7 +580,7 @@ class _Compiler:
         if most is not None and most < len(declared):
             raise unsupported(f"{pointer}/maxProperties", "maxProperties below the number of declared "
                               "properties")
-        items = [(self._member(name, subschema, f"{pointer}/properties/{_escape(name)}"), name in required)
+        items = [(self._member(name, subschema, f"{pointer}/properties/{kw.escape(name)}"), name in required)
                  for name, subschema in properties.items()]
         # A required name not among properties takes additionalProperties' schema (false: none fits).
         items += [(self._member(name, additional, f"{pointer}/additionalProperties"), True)
@@ -641,33 +611,33 @@ class _Compiler:
         if len(values) > 1:
             raise unsupported(at, "patterns with different schemas (a key two of them find needs both)")
         value_schema = next(iter(patterns.values()))
-        keys = alt(*(seq(jv.QUOTE, self._regex(source, f"{at}/{_escape(source)}"), jv.QUOTE)
+        keys = alt(*(seq(jv.QUOTE, self._regex(source, f"{at}/{kw.escape(source)}"), jv.QUOTE)
                      for source in patterns))
         found = [name for name in dict.fromkeys([*properties, *required])
-                 if any(_finds(source, name) for source in patterns)]
+                 if any(kw.finds(source, name) for source in patterns)]
         for name in found:
             if name in properties and json.dumps(properties[name], sort_keys=True) not in values:
-                raise unsupported(f"{pointer}/properties/{_escape(name)}",
+                raise unsupported(f"{pointer}/properties/{kw.escape(name)}",
                                   "a declared property a pattern of patternProperties also finds")
-        items = [(self._member(name, subschema, f"{pointer}/properties/{_escape(name)}"), name in required)
+        items = [(self._member(name, subschema, f"{pointer}/properties/{kw.escape(name)}"), name in required)
                  for name, subschema in properties.items()]
         items += [(self._member(name, value_schema if name in found else additional,
                                 f"{pointer}/additionalProperties"), True)
                   for name in dict.fromkeys(required) if name not in properties]
-        member = seq(keys, jv.COLON, self.node(value_schema, f"{at}/{_escape(next(iter(patterns)))}"))
+        member = seq(keys, jv.COLON, self.node(value_schema, f"{at}/{kw.escape(next(iter(patterns)))}"))
         items.append((repeat(member, 1, None, jv.COMMA), False))
         return seq(text("{"), members(items, jv.COMMA), text("}"))
 
     def _regex(self, source: Any, pointer: str) -> Node:
         """A pattern's strings as a JSON string's inside: found anywhere unless anchored."""
-        return regex.search(jv.in_string(_parsed(source, pointer)), jv.CHAR)
+        return regex.search(jv.in_string(kw.parsed(source, pointer)), jv.CHAR)
 
     def _pattern_lengths(self, schema: dict[str, Any], pointer: str, lo: int, hi: int | None) -> Node:
         """A pattern with minLength/maxLength: its strings (decoded characters) where every one
         meets the lengths, none where none does; else the lengths cut the one part that varies
         (regex.within); else refused. The filler around an unanchored pattern is any character
         but a control one (those are written as escapes only in the pattern itself)."""
-        found = regex.search(_parsed(schema["pattern"], f"{pointer}/pattern"), chars(regex.ANY))
+        found = regex.search(kw.parsed(schema["pattern"], f"{pointer}/pattern"), chars(regex.ANY))
         least, most = regex.lengths(found)
         if lo <= least and (hi is None or most is not None and most <= hi):
             kept: Node | None = found
@@ -714,7 +684,7 @@ class _Compiler:
                                reason="CONSTRAINT_TOO_LARGE", field=FIELD)
         checks: dict[str, Callable[[Any], bool]] = {
             "type": lambda v: v == "string" or isinstance(v, list) and "string" in v,
-            "pattern": lambda v: _search(v, name, f"{pointer}/pattern"),
+            "pattern": lambda v: kw.search(v, name, f"{pointer}/pattern"),
             "minLength": lambda v: len(name) >= v, "maxLength": lambda v: len(name) <= v,
             "enum": lambda v: isinstance(v, list) and name in v, "const": lambda v: v == name,
             "format": lambda v: True,  # checked only where the value's format is enforced
@@ -731,15 +701,15 @@ class _Compiler:
                 if not checks[key](value):
                     return False
             elif key in ASSERTIONS:
-                raise unsupported(f"{pointer}/{_escape(key)}", f"{key!r} in propertyNames")
+                raise unsupported(f"{pointer}/{kw.escape(key)}", f"{key!r} in propertyNames")
         return True
 
     def _array(self, schema: dict[str, Any], pointer: str) -> Node:
         items = schema.get("items", schema.get("unevaluatedItems", True))  # no items: none evaluated
         if isinstance(items, list):
             raise unsupported(f"{pointer}/items", "items as a list (tuple validation)")
-        lo = _count(schema, "minItems", pointer, 0)
-        hi = _count(schema, "maxItems", pointer, None)
+        lo = kw.count(schema, "minItems", pointer, 0)
+        hi = kw.count(schema, "maxItems", pointer, None)
         unique = schema.get("uniqueItems", False)
         if not isinstance(unique, bool):
             raise invalid(f"{pointer}/uniqueItems", "uniqueItems must be a boolean")
@@ -759,7 +729,7 @@ class _Compiler:
                               "other than of an enum's values")
         types = self._types(own, f"{pointer}/items") if "type" in own else list(TYPE_KEYWORDS)
         kept = list({json.dumps(v, sort_keys=True): v for v in values
-                     if any(_is_type(v, t) for t in types)}.values())
+                     if any(kw.is_type(v, t) for t in types)}.values())
         if len(kept) > MAX_UNIQUE_VALUES or lo > 1 or hi is not None and hi < len(kept):
             raise unsupported(f"{pointer}/uniqueItems", f"'uniqueItems' over more than {MAX_UNIQUE_VALUES} "
                               "values, or beside a minItems above 1 or a maxItems below their number")
@@ -771,8 +741,8 @@ class _Compiler:
         return seq(text("["), body, text("]"))
 
     def _string(self, schema: dict[str, Any], pointer: str) -> Node:
-        lo = _count(schema, "minLength", pointer, 0) or 0
-        hi = _count(schema, "maxLength", pointer, None)
+        lo = kw.count(schema, "minLength", pointer, 0) or 0
+        hi = kw.count(schema, "maxLength", pointer, None)
         if "pattern" in schema:
             if schema.get("format") in jv.FORMATS:  # other formats are annotations
                 raise unsupported(f"{pointer}/format", "'format' beside 'pattern'")
@@ -803,183 +773,6 @@ class _Compiler:
         lengths = f"{shortest} to {longest}" if longest is not None else f"{shortest} or more"
         raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'format' {name!r} (whose strings are "
                           f"{lengths} characters long) where it holds for some of them only")
-
-
-def _merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> None:
-    """Add one allOf member's assertion keywords to `merged`: properties of both (a property in
-    both: allOf of its two schemas), required of both, the types both allow; any other keyword
-    must be absent from one or equal in both (SCHEMA_UNSUPPORTED naming it otherwise). A member's
-    additionalProperties sees its own properties alone, so where one side has one, the other side
-    may declare no property it does not (refused otherwise: the merge would admit them)."""
-    for closed, other in ((merged, schema), (schema, merged)):
-        if closed.get("additionalProperties", True) is not True:
-            extra = set(other.get("properties", {})) - set(closed.get("properties", {}))
-            key = "unevaluatedProperties" if closed.get(_ALONE) else "additionalProperties"
-            if extra:
-                raise unsupported(f"{pointer}/{key}",
-                                  f"allOf members where {key} rules out {sorted(extra)[0]!r}, "
-                                  "a property another member declares")
-    for key, value in schema.items():
-        if key not in merged:
-            merged[key] = value
-        elif key == "properties" and isinstance(value, dict) and isinstance(merged[key], dict):
-            both = dict(merged[key])
-            for name, sub in value.items():
-                both[name] = sub if name not in both or both[name] == sub else {"allOf": [both[name], sub]}
-            merged[key] = both
-        elif key == "items" and isinstance(value, dict | bool) and isinstance(merged[key], dict | bool):
-            merged[key] = {"allOf": [merged[key], value]}  # every item meets both
-        elif key == "required" and isinstance(value, list) and isinstance(merged[key], list):
-            merged[key] = list(dict.fromkeys([*merged[key], *value]))
-        elif key == "type":
-            merged[key] = _types_in_both(merged[key], value, pointer)
-        elif key == _EXCLUDED:
-            merged[key] = [*merged[key], *value]
-        elif key == "enum" and isinstance(value, list) and isinstance(merged[key], list):
-            theirs = {_json_key(v) for v in value}  # both: the values in both (none: nothing fits)
-            merged[key] = [v for v in merged[key] if _json_key(v) in theirs]
-            merged[_MERGED] = True
-        elif merged[key] != value:
-            raise unsupported(f"{pointer}/{_escape(key)}",
-                              f"{key!r} in more than one allOf member with different values")
-
-
-def _tested(condition: Any) -> tuple[str, list[Any], bool] | None:
-    """(property, the values it must have, whether the condition requires it) for a condition of
-    the form {"properties": {p: {"const": v} or {"enum": [...]}}} with an optional "required": [p];
-    None for any other condition."""
-    if not isinstance(condition, dict):
-        return None
-    own = {k: v for k, v in condition.items() if k in ASSERTIONS}
-    properties, required = own.pop("properties", None), own.pop("required", [])
-    own.pop("type", None) if own.get("type") == "object" else None
-    if own or not isinstance(properties, dict) or len(properties) != 1:
-        return None
-    (name, test), = properties.items()
-    if not isinstance(test, dict) or required not in ([], [name]):
-        return None
-    asserted = {k: v for k, v in test.items() if k in ASSERTIONS}
-    if set(asserted) == {"const"}:
-        return name, [asserted["const"]], bool(required)
-    if set(asserted) == {"enum"} and isinstance(asserted["enum"], list) and asserted["enum"]:
-        return name, list(asserted["enum"]), bool(required)
-    return None
-def _alone(member: dict[str, Any]) -> dict[str, Any]:
-    """A merged member's keywords as the merge sees them: the member's own unevaluatedProperties
-    (unevaluatedItems) saw only the properties (items) the member evaluates, so beside the other
-    members it is the member's additionalProperties (items), and moot beside one it has."""
-    out = dict(member)
-    for unevaluated, additional in (("unevaluatedProperties", "additionalProperties"),
-                                    ("unevaluatedItems", "items")):
-        if unevaluated in out:
-            value = out.pop(unevaluated)
-            if additional not in out:
-                out[additional] = value
-                out[_ALONE] = out.get(_ALONE, False) or unevaluated == "unevaluatedProperties"
-    return out
-
-
-def _types_in_both(a: Any, b: Any, pointer: str) -> list[str]:
-    first: list[str] = [a] if isinstance(a, str) else list(a)
-    second: list[str] = [b] if isinstance(b, str) else list(b)
-    both = [t for t in first if t in second or (t == "integer" and "number" in second)]
-    both += [t for t in second if t == "integer" and "number" in first and t not in both]
-    if not both:
-        raise InvalidInput(f"{pointer}/type: allOf members allow no type in common",
-                           reason="CONSTRAINT_UNSATISFIABLE", field=FIELD)
-    return both
-
-
-_LOWER = ("minimum", "exclusiveMinimum")
-
-
-def _bounds(schema: dict[str, Any], pointer: str) -> dict[str, tuple[int | float, bool]]:
-    """Each bound keyword present: (its value, whether it is exclusive). Draft 4's boolean
-    exclusiveMinimum/exclusiveMaximum make minimum/maximum exclusive instead."""
-    found: dict[str, tuple[int | float, bool]] = {}
-    for key, exclusive in (("minimum", False), ("exclusiveMinimum", True), ("maximum", False),
-                           ("exclusiveMaximum", True)):
-        value = schema.get(key)
-        if value is None or isinstance(value, bool) and exclusive:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise invalid(f"{pointer}/{key}", f"{key} must be a number")
-        draft4 = {"minimum": "exclusiveMinimum", "maximum": "exclusiveMaximum"}.get(key)
-        found[key] = (value, exclusive or bool(draft4 and schema.get(draft4) is True))
-    return found
-
-
-def _integer_bounds(schema: dict[str, Any], pointer: str) -> tuple[int | None, int | None]:
-    lows: list[int] = []
-    highs: list[int] = []
-    for key, (value, exclusive) in _bounds(schema, pointer).items():
-        low = key in _LOWER
-        edge = math.floor(value) + 1 if exclusive and low else math.ceil(value) if low else (
-            math.ceil(value) - 1 if exclusive else math.floor(value))
-        (lows if low else highs).append(int(edge))
-    return (max(lows) if lows else None), (min(highs) if highs else None)
-
-
-def _count(schema: dict[str, Any], key: str, pointer: str, default: int | None) -> int | None:
-    if key not in schema:
-        return default
-    value = schema[key]
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise invalid(f"{pointer}/{key}", f"{key} must be a non-negative integer")
-    return value
-
-
-def _is_type(value: Any, name: str) -> bool:
-    if name in ("integer", "number"):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return False
-        return name == "number" or isinstance(value, int) or value.is_integer()
-    kinds = {"string": str, "boolean": bool, "object": dict, "array": list}
-    return value is None if name == "null" else isinstance(value, kinds[name])
-
-
-def _parsed(source: Any, pointer: str) -> Node:
-    if not isinstance(source, str):
-        raise invalid(pointer, "pattern must be a string")
-    try:
-        return regex.parse(source, FIELD)
-    except InvalidInput as exc:
-        if exc.reason == "REGEX_INVALID" and re.search(r"\\[pP]\{", source):  # ECMA-262's, not Python's
-            raise unsupported(pointer, "a Unicode property escape (\\p{...})") from exc
-        if exc.reason == "REGEX_INVALID":
-            raise invalid(pointer, str(exc)) from exc
-        raise unsupported(pointer, str(exc)) from exc
-
-
-def _search(source: Any, name: str, pointer: str) -> bool:
-    """Whether a propertyNames pattern finds a match in a declared name (Python's re reads it)."""
-    if not isinstance(source, str):
-        raise invalid(pointer, "pattern must be a string")
-    try:
-        return re.search(source, name) is not None
-    except re.error as exc:
-        raise unsupported(pointer, f"the pattern {source!r} ({exc})") from exc
-
-
-def _finds(source: str, name: str) -> bool:
-    """Whether the pattern finds a match in `name` (Python's re for the check; a pattern it cannot
-    read counts as finding one: the caller then asks the stricter question)."""
-    try:
-        return re.search(source, name) is not None
-    except re.error:
-        return True
-
-
-def _json_key(value: Any) -> str:
-    """A JSON value's identity for enum and const (1 and 1.0 are one number, as JSON Schema has it)."""
-    return json.dumps(value, sort_keys=True) if not isinstance(value, float) or not value.is_integer() \
-        else json.dumps(int(value))
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _no_constant(name: str) -> Any:

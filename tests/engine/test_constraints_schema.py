@@ -641,7 +641,7 @@ def test_length_bounds_that_cut_a_format_are_refused_naming_both_keywords_and_th
 
 
 def test_every_keyword_that_constrains_an_instance_is_enforced_or_refused_naming_its_pointer() -> None:
-    from engine.constrain.json_schema import ASSERTIONS, KNOWN, LOWERED
+    from engine.constrain.json_keywords import ASSERTIONS, KNOWN, LOWERED
 
     for keyword in sorted(ASSERTIONS - KNOWN - LOWERED):  # LOWERED: written as the others (above)
         error = refused({"type": "object", "properties": {"a": {keyword: {}}}}, "SCHEMA_UNSUPPORTED")

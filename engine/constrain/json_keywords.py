@@ -1,0 +1,239 @@
+"""The keywords of JSON Schema as the compiler (json_schema.py) reads them: which constrain an
+instance and which only annotate, the errors that name a keyword's pointer, and what one schema's
+keywords say taken alone: allOf members merged into one schema (merge_into), numeric bounds,
+counts, types, patterns, and the form of condition written exactly (tested).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from engine.constrain import regex
+from engine.constrain.pattern import Node
+from engine.errors import InvalidInput
+
+FIELD = "constraint.json_schema"
+OPEN = "$open"  # the rule of an open value at any depth ($ref targets start with "/" or are "")
+ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "readOnly",
+    "writeOnly", "deprecated", "$defs", "definitions", "contentMediaType", "contentEncoding",
+})
+TYPE_KEYWORDS = {
+    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
+               "patternProperties", "unevaluatedProperties", "propertyNames"),
+    "array": ("items", "minItems", "maxItems", "uniqueItems", "unevaluatedItems"),
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
+    "integer": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
+    "boolean": (),
+    "null": (),
+}
+COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
+MERGED = "$merged"  # set by allOf's merge: an enum it emptied admits nothing (not SCHEMA_INVALID)
+EXCLUDED = "$excluded"  # values a condition's negation rules out (_discriminated): none of them fits
+INTERNAL = frozenset({MERGED, EXCLUDED})
+ALONE = "$alone"  # set by alone: additionalProperties was a member's own unevaluatedProperties
+MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
+# Keywords rewritten into the others (json_schema.py, _Compiler._lowered) before a schema is compiled.
+LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
+KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {
+    k for keys in TYPE_KEYWORDS.values() for k in keys}
+# The keywords of drafts 4 to 2020-12 that constrain an instance (assertions and applicators).
+# Those not KNOWN are refused; a keyword outside this set constrains nothing and is ignored.
+ASSERTIONS = frozenset({
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "format", "items", "prefixItems", "additionalItems", "contains",
+    "minContains", "maxContains", "maxItems", "minItems", "uniqueItems", "maxProperties", "minProperties",
+    "required", "properties", "patternProperties", "additionalProperties", "dependencies",
+    "dependentRequired", "dependentSchemas", "propertyNames", "allOf", "anyOf", "oneOf", "not", "if",
+    "then", "else", "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
+})
+
+
+def unsupported(pointer: str, what: str) -> InvalidInput:
+    return InvalidInput(f"{pointer or '/'}: {what} is not supported in JSON schema constraints",
+                        reason="SCHEMA_UNSUPPORTED", field=FIELD)
+
+
+def invalid(pointer: str, what: str) -> InvalidInput:
+    return InvalidInput(f"{pointer or '/'}: {what}", reason="SCHEMA_INVALID", field=FIELD)
+
+
+def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> None:
+    """Add one allOf member's assertion keywords to `merged`: properties of both (a property in
+    both: allOf of its two schemas), required of both, the types both allow; any other keyword
+    must be absent from one or equal in both (SCHEMA_UNSUPPORTED naming it otherwise). A member's
+    additionalProperties sees its own properties alone, so where one side has one, the other side
+    may declare no property it does not (refused otherwise: the merge would admit them)."""
+    for closed, other in ((merged, schema), (schema, merged)):
+        if closed.get("additionalProperties", True) is not True:
+            extra = set(other.get("properties", {})) - set(closed.get("properties", {}))
+            key = "unevaluatedProperties" if closed.get(ALONE) else "additionalProperties"
+            if extra:
+                raise unsupported(f"{pointer}/{key}",
+                                  f"allOf members where {key} rules out {sorted(extra)[0]!r}, "
+                                  "a property another member declares")
+    for key, value in schema.items():
+        if key not in merged:
+            merged[key] = value
+        elif key == "properties" and isinstance(value, dict) and isinstance(merged[key], dict):
+            both = dict(merged[key])
+            for name, sub in value.items():
+                both[name] = sub if name not in both or both[name] == sub else {"allOf": [both[name], sub]}
+            merged[key] = both
+        elif key == "items" and isinstance(value, dict | bool) and isinstance(merged[key], dict | bool):
+            merged[key] = {"allOf": [merged[key], value]}  # every item meets both
+        elif key == "required" and isinstance(value, list) and isinstance(merged[key], list):
+            merged[key] = list(dict.fromkeys([*merged[key], *value]))
+        elif key == "type":
+            merged[key] = types_in_both(merged[key], value, pointer)
+        elif key == EXCLUDED:
+            merged[key] = [*merged[key], *value]
+        elif key == "enum" and isinstance(value, list) and isinstance(merged[key], list):
+            theirs = {json_key(v) for v in value}  # both: the values in both (none: nothing fits)
+            merged[key] = [v for v in merged[key] if json_key(v) in theirs]
+            merged[MERGED] = True
+        elif merged[key] != value:
+            raise unsupported(f"{pointer}/{escape(key)}",
+                              f"{key!r} in more than one allOf member with different values")
+
+
+def tested(condition: Any) -> tuple[str, list[Any], bool] | None:
+    """(property, the values it must have, whether the condition requires it) for a condition of
+    the form {"properties": {p: {"const": v} or {"enum": [...]}}} with an optional "required": [p];
+    None for any other condition."""
+    if not isinstance(condition, dict):
+        return None
+    own = {k: v for k, v in condition.items() if k in ASSERTIONS}
+    properties, required = own.pop("properties", None), own.pop("required", [])
+    own.pop("type", None) if own.get("type") == "object" else None
+    if own or not isinstance(properties, dict) or len(properties) != 1:
+        return None
+    (name, test), = properties.items()
+    if not isinstance(test, dict) or required not in ([], [name]):
+        return None
+    asserted = {k: v for k, v in test.items() if k in ASSERTIONS}
+    if set(asserted) == {"const"}:
+        return name, [asserted["const"]], bool(required)
+    if set(asserted) == {"enum"} and isinstance(asserted["enum"], list) and asserted["enum"]:
+        return name, list(asserted["enum"]), bool(required)
+    return None
+def alone(member: dict[str, Any]) -> dict[str, Any]:
+    """A merged member's keywords as the merge sees them: the member's own unevaluatedProperties
+    (unevaluatedItems) saw only the properties (items) the member evaluates, so beside the other
+    members it is the member's additionalProperties (items), and moot beside one it has."""
+    out = dict(member)
+    for unevaluated, additional in (("unevaluatedProperties", "additionalProperties"),
+                                    ("unevaluatedItems", "items")):
+        if unevaluated in out:
+            value = out.pop(unevaluated)
+            if additional not in out:
+                out[additional] = value
+                out[ALONE] = out.get(ALONE, False) or unevaluated == "unevaluatedProperties"
+    return out
+
+
+def types_in_both(a: Any, b: Any, pointer: str) -> list[str]:
+    first: list[str] = [a] if isinstance(a, str) else list(a)
+    second: list[str] = [b] if isinstance(b, str) else list(b)
+    both = [t for t in first if t in second or (t == "integer" and "number" in second)]
+    both += [t for t in second if t == "integer" and "number" in first and t not in both]
+    if not both:
+        raise InvalidInput(f"{pointer}/type: allOf members allow no type in common",
+                           reason="CONSTRAINT_UNSATISFIABLE", field=FIELD)
+    return both
+
+
+LOWER_BOUNDS = ("minimum", "exclusiveMinimum")
+
+
+def bounds(schema: dict[str, Any], pointer: str) -> dict[str, tuple[int | float, bool]]:
+    """Each bound keyword present: (its value, whether it is exclusive). Draft 4's boolean
+    exclusiveMinimum/exclusiveMaximum make minimum/maximum exclusive instead."""
+    found: dict[str, tuple[int | float, bool]] = {}
+    for key, exclusive in (("minimum", False), ("exclusiveMinimum", True), ("maximum", False),
+                           ("exclusiveMaximum", True)):
+        value = schema.get(key)
+        if value is None or isinstance(value, bool) and exclusive:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise invalid(f"{pointer}/{key}", f"{key} must be a number")
+        draft4 = {"minimum": "exclusiveMinimum", "maximum": "exclusiveMaximum"}.get(key)
+        found[key] = (value, exclusive or bool(draft4 and schema.get(draft4) is True))
+    return found
+
+
+def integer_bounds(schema: dict[str, Any], pointer: str) -> tuple[int | None, int | None]:
+    lows: list[int] = []
+    highs: list[int] = []
+    for key, (value, exclusive) in bounds(schema, pointer).items():
+        low = key in LOWER_BOUNDS
+        edge = math.floor(value) + 1 if exclusive and low else math.ceil(value) if low else (
+            math.ceil(value) - 1 if exclusive else math.floor(value))
+        (lows if low else highs).append(int(edge))
+    return (max(lows) if lows else None), (min(highs) if highs else None)
+
+
+def count(schema: dict[str, Any], key: str, pointer: str, default: int | None) -> int | None:
+    if key not in schema:
+        return default
+    value = schema[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid(f"{pointer}/{key}", f"{key} must be a non-negative integer")
+    return value
+
+
+def is_type(value: Any, name: str) -> bool:
+    if name in ("integer", "number"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        return name == "number" or isinstance(value, int) or value.is_integer()
+    kinds = {"string": str, "boolean": bool, "object": dict, "array": list}
+    return value is None if name == "null" else isinstance(value, kinds[name])
+
+
+def parsed(source: Any, pointer: str) -> Node:
+    if not isinstance(source, str):
+        raise invalid(pointer, "pattern must be a string")
+    try:
+        return regex.parse(source, FIELD)
+    except InvalidInput as exc:
+        if exc.reason == "REGEX_INVALID" and re.search(r"\\[pP]\{", source):  # ECMA-262's, not Python's
+            raise unsupported(pointer, "a Unicode property escape (\\p{...})") from exc
+        if exc.reason == "REGEX_INVALID":
+            raise invalid(pointer, str(exc)) from exc
+        raise unsupported(pointer, str(exc)) from exc
+
+
+def search(source: Any, name: str, pointer: str) -> bool:
+    """Whether a propertyNames pattern finds a match in a declared name (Python's re reads it)."""
+    if not isinstance(source, str):
+        raise invalid(pointer, "pattern must be a string")
+    try:
+        return re.search(source, name) is not None
+    except re.error as exc:
+        raise unsupported(pointer, f"the pattern {source!r} ({exc})") from exc
+
+
+def finds(source: str, name: str) -> bool:
+    """Whether the pattern finds a match in `name` (Python's re for the check; a pattern it cannot
+    read counts as finding one: the caller then asks the stricter question)."""
+    try:
+        return re.search(source, name) is not None
+    except re.error:
+        return True
+
+
+def json_key(value: Any) -> str:
+    """A JSON value's identity for enum and const (1 and 1.0 are one number, as JSON Schema has it)."""
+    return json.dumps(value, sort_keys=True) if not isinstance(value, float) or not value.is_integer() \
+        else json.dumps(int(value))
+
+
+def escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
