@@ -37,6 +37,7 @@ EXCLUDED = "$excluded"  # values a condition's negation rules out (_discriminate
 INTERNAL = frozenset({MERGED, EXCLUDED})
 ALONE = "$alone"  # set by alone: additionalProperties was a member's own unevaluatedProperties
 MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
+MAX_NOT_BRANCHES = 16  # not of required lists: the choices of names left out written exactly
 # Keywords rewritten into the others (json_schema.py, _Compiler._lowered) before a schema is compiled.
 LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
 KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {

@@ -37,6 +37,7 @@ Choices made for the output (json_values.py has the whitespace policy):
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from engine.constrain.json_keywords import (
     KNOWN,
     LOWER_BOUNDS,
     LOWERED,
+    MAX_NOT_BRANCHES,
     MAX_UNIQUE_VALUES,
     MERGED,
     OPEN,
@@ -142,19 +144,21 @@ class _Compiler:
           test one property's value against a const or enum: exactly (_discriminated); other
           conditions: `then` held always (if no else), else the union of "then and else both"
           and "if and then" (the alternatives that compile);
-        - not: of `required` lists (or an anyOf of them), the last name of each list that is not
-          required is left out (a declared property, never written); of `type`, those types
-          removed;
+        - not: of `required` lists (or an anyOf of them), one name of each list that is not
+          required left out (a declared property, never written): every choice of names, one
+          alternative each, up to MAX_NOT_BRANCHES (exact), else the last of each; of `type`,
+          those types removed;
         - dependencies: a property's dependent names required whenever it is declared; a required
           property's dependent schema held, an optional one with a dependent schema left out."""
         base: Any = {k: v for k, v in schema.items() if k not in LOWERED}
         if "if" in schema or "then" in schema or "else" in schema:
             return self._conditional(schema, base, pointer)
+        bases = [base]
         if "not" in schema:
-            kept = self._without(schema["not"], base, f"{pointer}/not")
-            if kept is None:
-                return NOTHING
-            base = kept
+            bases = self._without(schema["not"], base, f"{pointer}/not")
+        return alt(*(self._dependents(schema, b, pointer) for b in bases))
+
+    def _dependents(self, schema: dict[str, Any], base: dict[str, Any], pointer: str) -> Node:
         schemas: list[tuple[Any, str]] = []
         for key in ("dependencies", "dependentRequired", "dependentSchemas"):
             if key in schema:
@@ -243,14 +247,15 @@ class _Compiler:
                                               for _, needed, t, e, at in tested)])
         return alt(*(self._merged([(base, pointer), *branch], pointer) for branch in branches))
 
-    def _without(self, negated: Any, base: dict[str, Any], pointer: str) -> dict[str, Any] | None:
-        """`base` and `not: negated` (None: nothing can meet both), for the forms _lowered names."""
+    def _without(self, negated: Any, base: dict[str, Any], pointer: str) -> list[dict[str, Any]]:
+        """`base` and `not: negated` as alternatives (none: nothing can meet both), for the forms
+        _lowered names."""
         if isinstance(negated, bool):
-            return None if negated else base
+            return [] if negated else [base]
         if "$ref" in base or "allOf" in base:  # the properties a $ref or allOf brings, in view
             flat = self._flattened(base, pointer, 0)
             if flat is None:
-                return None
+                return []
             base = {**{k: v for k, v in base.items() if k not in ASSERTIONS}, **flat}
         shape = {k: v for k, v in negated.items() if k in ASSERTIONS} if isinstance(negated, dict) else None
         if shape is not None and set(shape) == {"type"}:
@@ -260,7 +265,7 @@ class _Compiler:
             if "integer" in out and "number" not in out and "number" in types:
                 raise unsupported(f"{pointer}/type", "'not' of 'integer' beside 'number'")
             left = [t for t in types if t not in out and not (t == "integer" and "number" in out)]
-            return {**base, "type": left} if left else None
+            return [{**base, "type": left}] if left else []
         lists = [shape["required"]] if shape is not None and set(shape) == {"required"} else None
         if shape is not None and set(shape) == {"anyOf"} and isinstance(shape["anyOf"], list):
             members = [m for m in shape["anyOf"] if isinstance(m, dict)]
@@ -272,12 +277,17 @@ class _Compiler:
         required = base.get("required", [])
         if not properties and not required or base.get("patternProperties"):
             raise unsupported(pointer, "'not' of 'required' on a map or beside 'patternProperties'")
+        choices = []
         for names in lists:
             free = [n for n in names if n not in required]
             if not free:
-                return None  # every name required: no object meets both
-            properties[free[-1]] = False  # declared never written: not as another member either
-        return {**base, "properties": properties}
+                return []  # every name required: no object meets both
+            choices.append(list(dict.fromkeys(free)))
+        combos = list(itertools.islice(itertools.product(*choices), MAX_NOT_BRANCHES + 1))
+        if len(combos) > MAX_NOT_BRANCHES:  # too many: the last name of each list, a part of what it allows
+            combos = [tuple(free[-1] for free in choices)]
+        # A name left out is declared never written: not as another member either.
+        return [{**base, "properties": {**properties, **dict.fromkeys(combo, False)}} for combo in combos]
 
     def _dependent(self, value: Any, base: dict[str, Any],
                    pointer: str) -> tuple[dict[str, Any], list[tuple[Any, str]]]:
