@@ -104,8 +104,8 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
 
 def tested(condition: Any) -> tuple[str, list[Any], bool] | None:
     """(property, the values it must have, whether the condition requires it) for a condition of
-    the form {"properties": {p: {"const": v} or {"enum": [...]}}} with an optional "required": [p];
-    None for any other condition."""
+    the form {"properties": {p: {"const": v} or {"enum": [...]} or an anyOf of those (or of
+    {"type": "null"})}} with an optional "required": [p]; None for any other condition."""
     if not isinstance(condition, dict):
         return None
     own = {k: v for k, v in condition.items() if k in ASSERTIONS}
@@ -116,11 +116,23 @@ def tested(condition: Any) -> tuple[str, list[Any], bool] | None:
     (name, test), = properties.items()
     if not isinstance(test, dict) or required not in ([], [name]):
         return None
-    asserted = {k: v for k, v in test.items() if k in ASSERTIONS}
+    values = _values_of(test)
+    return None if values is None else (name, values, bool(required))
+
+
+def _values_of(test: Any) -> list[Any] | None:
+    """The values a test admits when it is a const, an enum, `{"type": "null"}` or an anyOf of
+    those; None otherwise."""
+    asserted = {k: v for k, v in test.items() if k in ASSERTIONS} if isinstance(test, dict) else {}
     if set(asserted) == {"const"}:
-        return name, [asserted["const"]], bool(required)
+        return [asserted["const"]]
     if set(asserted) == {"enum"} and isinstance(asserted["enum"], list) and asserted["enum"]:
-        return name, list(asserted["enum"]), bool(required)
+        return list(asserted["enum"])
+    if asserted == {"type": "null"}:
+        return [None]
+    if set(asserted) == {"anyOf"} and isinstance(asserted["anyOf"], list) and asserted["anyOf"]:
+        found = [_values_of(member) for member in asserted["anyOf"]]
+        return None if any(f is None for f in found) else [v for f in found for v in f or []]
     return None
 def alone(member: dict[str, Any]) -> dict[str, Any]:
     """A merged member's keywords as the merge sees them: the member's own unevaluatedProperties
