@@ -148,8 +148,10 @@ class _Compiler:
           required left out (a declared property, never written): every choice of names, one
           alternative each, up to MAX_NOT_BRANCHES (exact), else the last of each; of `type`,
           those types removed;
-        - dependencies: a property's dependent names required whenever it is declared; a required
-          property's dependent schema held, an optional one with a dependent schema left out."""
+        - dependencies: an optional declared property present with what it asks, or absent, one
+          alternative per choice (_dependent: up to MAX_NOT_BRANCHES, else its names required
+          whenever it is declared and, with a dependent schema, the property left out); a
+          required property's dependent schema held."""
         base: Any = {k: v for k, v in schema.items() if k not in LOWERED}
         if "if" in schema or "then" in schema or "else" in schema:
             return self._conditional(schema, base, pointer)
@@ -159,12 +161,23 @@ class _Compiler:
         return alt(*(self._dependents(schema, b, pointer) for b in bases))
 
     def _dependents(self, schema: dict[str, Any], base: dict[str, Any], pointer: str) -> Node:
-        schemas: list[tuple[Any, str]] = []
+        options: list[tuple[dict[str, Any], list[tuple[Any, str]]]] = [(base, [])]
         for key in ("dependencies", "dependentRequired", "dependentSchemas"):
             if key in schema:
-                base, more = self._dependent(schema[key], base, f"{pointer}/{key}")
-                schemas += more
-        return self._merged([(base, pointer), *schemas], pointer) if schemas else self.node(base, pointer)
+                options = [(after, schemas + more) for before, schemas in options
+                           for after, more in self._dependent(schema[key], before, f"{pointer}/{key}")]
+        nodes, refusal = [], None
+        for option, schemas in options:  # the alternatives that compile (all: exact)
+            try:
+                nodes.append(self._merged([(option, pointer), *schemas], pointer) if schemas
+                             else self.node(option, pointer))
+            except InvalidInput as exc:
+                if exc.reason != "SCHEMA_UNSUPPORTED" or len(options) == 1:
+                    raise
+                refusal = refusal or exc
+        if not nodes and refusal is not None:
+            raise refusal
+        return alt(*nodes)
 
     def _conditional(self, schema: dict[str, Any], base: dict[str, Any], pointer: str) -> Node:
         rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
@@ -290,16 +303,37 @@ class _Compiler:
         return [{**base, "properties": {**properties, **dict.fromkeys(combo, False)}} for combo in combos]
 
     def _dependent(self, value: Any, base: dict[str, Any],
-                   pointer: str) -> tuple[dict[str, Any], list[tuple[Any, str]]]:
-        """`base` with the dependencies' names required, and the dependent schemas (held always); a
-        dependency on a name written undeclared (a map's key, a key a pattern finds) is refused."""
+                   pointer: str) -> list[tuple[dict[str, Any], list[tuple[Any, str]]]]:
+        """Alternatives of `base` with the dependencies' names required and the dependent schemas
+        to hold. A declared optional property with a dependency: present with it or absent, one
+        alternative per choice (exact) up to MAX_NOT_BRANCHES of them; past them its names are
+        required always and a property with a dependent schema is left out (a part of what they
+        allow). A dependency on a name written undeclared (a map's key, a key a pattern finds) is
+        refused."""
         if not isinstance(value, dict):
             raise invalid(pointer, "dependencies must be an object")
         if "$ref" in base or "allOf" in base:  # the properties a $ref or allOf brings, in view
             flat = self._flattened(base, pointer, 0)
             if flat is None:
-                return base, []
+                return [(base, [])]
             base = {**{k: v for k, v in base.items() if k not in ASSERTIONS}, **flat}
+        given = set(base.get("required", []))
+        optional = [name for name, dependent in value.items()
+                    if name in base.get("properties", {}) and name not in given
+                    and not (dependent is True or dependent == [] or dependent == {})]
+        if optional and 2 ** len(optional) <= MAX_NOT_BRANCHES:
+            options = []
+            for present in itertools.product((True, False), repeat=len(optional)):
+                chosen = dict(base)
+                pairs = list(zip(optional, present, strict=True))
+                chosen["required"] = [*base.get("required", []), *(n for n, p in pairs if p)]
+                chosen["properties"] = {**base.get("properties", {}), **{n: False for n, p in pairs if not p}}
+                options.append(self._dependent_of(value, chosen, pointer))
+            return options
+        return [self._dependent_of(value, base, pointer)]
+
+    def _dependent_of(self, value: dict[str, Any], base: dict[str, Any],
+                      pointer: str) -> tuple[dict[str, Any], list[tuple[Any, str]]]:
         required = list(base.get("required", []))
         declared = {*base.get("properties", {}), *required}
         schemas = []
@@ -309,8 +343,8 @@ class _Compiler:
         patterns = base.get("patternProperties") or {}
         objects = {"object", "any"} & set(self._types(base, pointer))
         for name, dependent in value.items():
-            if dependent is True or dependent == [] or dependent == {}:
-                continue
+            if dependent is True or dependent == [] or dependent == {} or properties.get(name) is False:
+                continue  # nothing asked, or the name is never written: its dependency holds
             if objects and name not in declared:
                 if any(kw.finds(p, name) for p in patterns) if patterns else not declared:
                     raise unsupported(f"{pointer}/{kw.escape(name)}", "a dependency on a name an object may "

@@ -487,11 +487,27 @@ def test_items_of_two_all_of_members_hold_both() -> None:
                                  {"not": {"anyOf": [{"required": ["a", "b"]}]}}]},
 ])
 def test_not_of_required_lists_admits_exactly_what_the_schema_validates(schema: Any) -> None:
+    check_combinations(schema)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "dependencies": {"a": ["b"], "c": {"required": ["a"]}},
+     "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}},
+    {"type": "object", "additionalProperties": False,
+     "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+     "dependentRequired": {"a": ["b"]}, "dependentSchemas": {"b": {"properties": {"c": {"minimum": 3}}}}},
+])
+def test_dependencies_of_optional_properties_admit_exactly_what_the_schema_validates(schema: Any) -> None:
+    check_combinations(schema)
+
+
+def check_combinations(schema: Any) -> None:
     compiled = schema_of(schema)
-    for values in itertools.product([None, 1], [None, 2], [None, 3]):
+    for values in itertools.product([None, 1], [None, 2], [None, 3, 1]):
         instance = {name: value for name, value in zip("abc", values, strict=True) if value is not None}
         text = json.dumps(instance, separators=(",", ":")).encode()
-        assert accepts(compiled, text) == jsonschema.Draft7Validator(schema).is_valid(instance), text
+        draft = jsonschema.Draft7Validator if "dependencies" in schema else jsonschema.Draft202012Validator
+        assert accepts(compiled, text) == draft(schema).is_valid(instance), text
 
 
 def test_an_open_value_nests_containers_at_any_depth() -> None:
