@@ -56,25 +56,35 @@ def end_states(automaton: Automaton, state: int, ids: np.ndarray) -> np.ndarray:
 def random_walk(compiled: object, seed: int, greed: float = 0.5,
                 max_steps: int = 5000) -> tuple[bytes, list[int]]:
     """Allowed tokens to EOS: half the time one that gets nearest to a match, else any. Nearest on
-    a DFA: fewest bytes to an accepting state; on the pushdown engine: the shallowest parse."""
+    a DFA: fewest bytes to an accepting state; on the pushdown engine: the fewest bytes that finish
+    some parse (its stacks' rests)."""
     if isinstance(compiled, CompiledGrammar):
-        return _random_parse(compiled, seed, greed, max_steps)
-    automaton = dfa_of(compiled)
-    far = distances(automaton)
-    rng, row, out, taken = np.random.default_rng(seed), automaton.start(), b"", []
+        rest = completions(compiled.program)
+        vocabulary = compiled.vocabulary
+
+        def reach(state: object, tokens: np.ndarray) -> np.ndarray:
+            return np.array([min(sum(rest[p] for p in stack) for stack in compiled.advance(state, int(t)))
+                             for t in tokens])
+    else:
+        automaton = dfa_of(compiled)
+        far, vocabulary = distances(automaton), automaton.vocabulary
+
+        def reach(state: object, tokens: np.ndarray) -> np.ndarray:
+            return far[end_states(automaton, state, tokens)]  # type: ignore[arg-type]
+    rng, row, out, taken = np.random.default_rng(seed), compiled.start(), b"", []  # type: ignore[attr-defined]
     for _ in range(max_steps):
         allowed = np.flatnonzero(row.allowed())
-        eos = [t for t in allowed if t in automaton.vocabulary.eos_ids]
+        eos = [t for t in allowed if t in vocabulary.eos_ids]
         if eos and (row.done or rng.random() < 0.25):
             row.advance(int(eos[0]))
             return out, taken
-        tokens = np.array([t for t in allowed if t not in automaton.vocabulary.eos_ids])
+        tokens = np.array([t for t in allowed if t not in vocabulary.eos_ids])
         if rng.random() < greed:
-            reach = far[end_states(automaton, row.state, tokens)]
-            tokens = tokens[reach == reach.min()]
+            near = reach(row.state, tokens)
+            tokens = tokens[near == near.min()]
         token = int(rng.choice(tokens))
         row.advance(token)
-        out += automaton.vocabulary.pieces[token] or b""
+        out += vocabulary.pieces[token] or b""
         taken.append(token)
     raise AssertionError(f"no EOS after {max_steps} tokens: {out[:200]!r}")
 
@@ -97,30 +107,6 @@ def completions(program: Program) -> list[int]:
             if best < rule[r]:
                 rule[r], changed = best, True
     return rest
-
-
-def _random_parse(grammar: CompiledGrammar, seed: int, greed: float,
-                  max_steps: int) -> tuple[bytes, list[int]]:
-    """As random_walk, nearest by the fewest bytes that finish some parse (its stack's rests)."""
-    rest = completions(grammar.program)
-    rng, row, out, taken = np.random.default_rng(seed), grammar.start(), b"", []
-    eos_ids = grammar.vocabulary.eos_ids
-    for _ in range(max_steps):
-        allowed = np.flatnonzero(row.allowed())
-        eos = [t for t in allowed if t in eos_ids]
-        if eos and (row.done or rng.random() < 0.25):
-            row.advance(int(eos[0]))
-            return out, taken
-        tokens = np.array([t for t in allowed if t not in eos_ids])
-        if rng.random() < greed:
-            reach = np.array([min(sum(rest[p] for p in stack) for stack in grammar.advance(row.state, int(t)))
-                              for t in tokens])
-            tokens = tokens[reach == reach.min()]
-        token = int(rng.choice(tokens))
-        row.advance(token)
-        out += grammar.vocabulary.pieces[token] or b""
-        taken.append(token)
-    raise AssertionError(f"no EOS after {max_steps} tokens: {out[:200]!r}")
 
 
 def accepts(compiled: object, data: bytes) -> bool:

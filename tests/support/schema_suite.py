@@ -38,6 +38,7 @@ from typing import Any
 from engine.constrain import compile_constraint
 from engine.constrain.budget import Budget
 from engine.constrain.compiled import Compiled
+from engine.constrain.json_keywords import ASSERTIONS
 from engine.errors import InvalidInput
 from tests.support.vocabularies import EOS, VOCAB
 
@@ -49,14 +50,9 @@ REFUSALS = ("SCHEMA_UNSUPPORTED", "CONSTRAINT_TOO_LARGE", "CONSTRAINT_UNSATISFIA
 MAX_VARIANTS = 16  # writings of one member or item
 MAX_MEMBERS = 5  # an object of more members is written in its declared order alone
 MAX_WRITINGS = 256  # writings of one instance per spacing
-# Every keyword of drafts 7 to 2020-12 a refusal may name.
-KEYWORDS = frozenset({
-    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
-    "maxLength", "minLength", "pattern", "format", "items", "prefixItems", "additionalItems", "contains",
-    "minContains", "maxContains", "maxItems", "minItems", "uniqueItems", "maxProperties", "minProperties",
-    "required", "properties", "patternProperties", "additionalProperties", "dependencies",
-    "dependentRequired", "dependentSchemas", "propertyNames", "allOf", "anyOf", "oneOf", "not", "if",
-    "then", "else", "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
+# Every keyword of drafts 7 to 2020-12 a refusal may name: the assertions, and the keywords that
+# name or hold subschemas.
+KEYWORDS = ASSERTIONS | frozenset({
     "$anchor", "$dynamicAnchor", "$id", "$defs", "definitions",
 })
 
