@@ -8,6 +8,11 @@ valid instance is admitted and every invalid one refused.
     git -C <schemastore> archive HEAD src/schemas/json src/test src/negative_test | tar -x -C /tmp/ss
     python -m bench.schema_instances /tmp/ss/src --out bench/results/<dir>/instances.json
 
+`--maskbench DIR` reads JSONSchemaBench's MaskBench instead (guidance-ai/jsonschemabench,
+`maskbench/data/*.json`: a schema and its `tests`, each `{"data", "valid"}`; ~11k schemas from
+GitHub, Kubernetes, Snowplow, Schema Store, function calls, API specs); schemas without tests
+count as handled when they compile (MaskBench's own reading). Work spreads over `--jobs` processes.
+
 Prints the summary: shares, valid instances refused, invalid ones admitted (each a finding: a
 bug, or where the engine's output policy cannot write a valid instance), compile + first mask
 CPU time p50/p99/max.
@@ -76,27 +81,74 @@ def check(text: str, valid: list[Any], invalid: list[Any], vocab: Vocabulary,
     return result
 
 
+def split_of(name: str) -> str:
+    """MaskBench's split of a file name: `Github_easy---o1.json` is Github_easy, `BFCL_java_3` BFCL_java."""
+    stem = name.removesuffix(".json")
+    return stem.split("---")[0] if "---" in stem else stem.rsplit("_", 1)[0]
+
+
+_VOCAB: list[Vocabulary] = []
+
+
+def _maskbench_one(job: tuple[str, Path, float]) -> tuple[str, dict[str, Any]]:
+    name, model_dir, seconds = job
+    if not _VOCAB:
+        _VOCAB.append(vocabulary(model_dir))
+    case = json.loads(Path(name).read_text(encoding="utf-8"))
+    tests = case.get("tests", [])
+    valid = [t["data"] for t in tests if t["valid"]]
+    invalid = [t["data"] for t in tests if not t["valid"]]
+    result = check(json.dumps(case["schema"]), valid, invalid, _VOCAB[0], seconds)
+    result.update(valid=len(valid), invalid=len(invalid), split=split_of(Path(name).name))
+    return Path(name).name, result
+
+
+def maskbench(folder: Path, model_dir: Path, seconds: float, limit: int, jobs: int) -> dict[str, Any]:
+    import multiprocessing
+
+    names = sorted(str(p) for p in folder.glob("*.json"))
+    names = names[:limit] if limit else names
+    work = [(name, model_dir, seconds) for name in names]
+    with multiprocessing.get_context("fork").Pool(jobs, maxtasksperchild=200) as pool:
+        return dict(pool.imap_unordered(_maskbench_one, work, chunksize=4))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("src", type=Path, help="Schema Store's src/ (schemas/json, test, negative_test)")
+    parser.add_argument("src", type=Path, help="Schema Store's src/ (schemas/json, test, negative_test),"
+                        " or MaskBench's data/ with --maskbench")
+    parser.add_argument("--maskbench", action="store_true", help="src is MaskBench's data/")
+    parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--seconds", type=float, default=2.0, help="CPU allowance per compile (the server's)")
     parser.add_argument("--limit", type=int, default=0)
     args = parser.parse_args()
-    vocab = vocabulary(args.model_dir)
+    if args.maskbench:
+        results = maskbench(args.src, args.model_dir, args.seconds, args.limit, args.jobs)
+    else:
+        results = schema_store(args.src, args.model_dir, args.seconds, args.limit)
+    write(results, args.out)
+
+
+def schema_store(src: Path, model_dir: Path, seconds: float, limit: int) -> dict[str, Any]:
+    vocab = vocabulary(model_dir)
     results: dict[str, Any] = {}
-    names = sorted(p.name for p in (args.src / "test").iterdir() if p.is_dir())
-    for name in names[:args.limit] if args.limit else names:
-        path = args.src / "schemas" / "json" / f"{name}.json"
+    names = sorted(p.name for p in (src / "test").iterdir() if p.is_dir())
+    for name in names[:limit] if limit else names:
+        path = src / "schemas" / "json" / f"{name}.json"
         if not path.exists() or path.stat().st_size > MAX_SCHEMA_BYTES:
             continue
-        valid, invalid = instances(args.src, "test", name), instances(args.src, "negative_test", name)
+        valid, invalid = instances(src, "test", name), instances(src, "negative_test", name)
         if not valid and not invalid:
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
-        results[name] = check(text, valid, invalid, vocab, args.seconds)
+        results[name] = check(text, valid, invalid, vocab, seconds)
         results[name].update(valid=len(valid), invalid=len(invalid))
+    return results
+
+
+def summarise(results: dict[str, Any]) -> dict[str, Any]:
     compiled = [r for r in results.values() if r["compiled"]]
     times = np.array([r["cpu_s"] for r in compiled]) if compiled else np.zeros(1)
     summary = {
@@ -115,8 +167,20 @@ def main() -> None:
         "refused_by_reason": dict(collections.Counter(r["reason"] for r in results.values()
                                                       if not r["compiled"]).most_common()),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
+    return summary
+
+
+def write(results: dict[str, Any], out: Path) -> None:
+    summary = summarise(results)
+    splits = sorted({r["split"] for r in results.values() if "split" in r})
+    if splits:
+        keys = ("schemas", "compiled", "handled", "handled_share")
+        summary["splits"] = {}
+        for split in splits:
+            part = summarise({n: r for n, r in results.items() if r["split"] == split})
+            summary["splits"][split] = {k: part[k] for k in keys}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"summary": summary, "results": dict(sorted(results.items()))}, indent=1))
     print(json.dumps(summary, indent=1))
 
 

@@ -24,7 +24,8 @@ ANNOTATIONS = frozenset({
 TYPE_KEYWORDS = {
     "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
                "patternProperties", "unevaluatedProperties", "propertyNames"),
-    "array": ("items", "minItems", "maxItems", "uniqueItems", "unevaluatedItems"),
+    "array": ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
+              "unevaluatedItems"),
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
     "integer": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
@@ -77,6 +78,10 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
                 raise unsupported(f"{pointer}/{key}",
                                   f"allOf members where {key} rules out {sorted(extra)[0]!r}, "
                                   "a property another member declares")
+    positional = [_item_keywords(side) for side in (merged, schema)]
+    if (by_position(merged) or by_position(schema)) and all(positional) and positional[0] != positional[1]:
+        raise unsupported(f"{pointer}/{next(iter(positional[1]))}",
+                          "allOf members with items by position and other item keywords")
     for key, value in schema.items():
         if key not in merged:
             merged[key] = value
@@ -100,6 +105,18 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
         elif merged[key] != value:
             raise unsupported(f"{pointer}/{escape(key)}",
                               f"{key!r} in more than one allOf member with different values")
+
+
+ITEM_KEYWORDS = ("prefixItems", "items", "additionalItems", "unevaluatedItems")
+
+
+def _item_keywords(schema: dict[str, Any]) -> dict[str, Any]:
+    return {k: schema[k] for k in ITEM_KEYWORDS if k in schema}
+
+
+def by_position(schema: dict[str, Any]) -> bool:
+    """Whether a schema gives its first items schemas of their own (prefixItems, items as a list)."""
+    return "prefixItems" in schema or isinstance(schema.get("items"), list)
 
 
 def tested(condition: Any) -> tuple[str, list[Any], bool] | None:

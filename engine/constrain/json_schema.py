@@ -749,17 +749,42 @@ class _Compiler:
         return True
 
     def _array(self, schema: dict[str, Any], pointer: str) -> Node:
-        items = schema.get("items", schema.get("unevaluatedItems", True))  # no items: none evaluated
-        if isinstance(items, list):
-            raise unsupported(f"{pointer}/items", "items as a list (tuple validation)")
+        prefix, (items, at) = self._positions(schema, pointer)
         lo = kw.count(schema, "minItems", pointer, 0)
         hi = kw.count(schema, "maxItems", pointer, None)
         unique = schema.get("uniqueItems", False)
         if not isinstance(unique, bool):
             raise invalid(f"{pointer}/uniqueItems", "uniqueItems must be a boolean")
         if unique and (hi is None or hi > 1):  # at most one item: unique whatever it is
+            if prefix:
+                raise unsupported(f"{pointer}/uniqueItems", "'uniqueItems' beside items by position")
             return self._unique_values(items, lo or 0, hi, pointer)
-        return jv.array(self.node(items, f"{pointer}/items"), lo or 0, hi)
+        rest = self.node(items, at)
+        if not prefix:
+            return jv.array(rest, lo or 0, hi)
+        return jv.positional_array([self.node(s, p) for s, p in prefix], rest, lo or 0, hi)
+
+    def _positions(self, schema: dict[str, Any],
+                   pointer: str) -> tuple[list[tuple[Any, str]], tuple[Any, str]]:
+        """The schemas of the first items, each with its pointer (2020-12's prefixItems, or items as
+        a list in the drafts before it), and the schema of every later item (items beside
+        prefixItems, additionalItems beside a list; none of them: unevaluatedItems, else any)."""
+        unevaluated = (schema.get("unevaluatedItems", True), f"{pointer}/unevaluatedItems")
+        items = schema.get("items")
+        if "prefixItems" in schema:
+            if isinstance(items, list):
+                raise invalid(f"{pointer}/items", "items must be a schema beside prefixItems")
+            listed, key = schema["prefixItems"], "prefixItems"
+            rest = (items, f"{pointer}/items") if "items" in schema else unevaluated
+        elif isinstance(items, list):
+            listed, key = items, "items"
+            rest = ((schema["additionalItems"], f"{pointer}/additionalItems") if "additionalItems" in schema
+                    else unevaluated)
+        else:  # additionalItems beside no list of items evaluates nothing
+            return [], ((items, f"{pointer}/items") if "items" in schema else unevaluated)
+        if not isinstance(listed, list):
+            raise invalid(f"{pointer}/{key}", f"{key} must be a list of schemas")
+        return [(s, f"{pointer}/{key}/{i}") for i, s in enumerate(listed)], rest
 
     def _unique_values(self, items: Any, lo: int, hi: int | None, pointer: str) -> Node:
         """uniqueItems over items that are an enum (or const) of at most MAX_UNIQUE_VALUES values:

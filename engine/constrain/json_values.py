@@ -142,6 +142,17 @@ def array(item: Node, lo: int = 0, hi: int | None = None) -> Node:
     return seq(text("["), repeat(item, lo, hi, COMMA), text("]"))
 
 
+def positional_array(prefix: list[Node], rest: Node, lo: int = 0, hi: int | None = None) -> Node:
+    """An array whose i-th item is `prefix[i]` and every later one `rest`, `lo` to `hi` items (an
+    array may stop before the prefix ends)."""
+    tail = seq(repeat(seq(COMMA, rest), max(lo - len(prefix), 0),
+                      None if hi is None else hi - len(prefix)), text("]"))
+    for i in reversed(range(len(prefix))):
+        more = seq(COMMA if i else EMPTY, prefix[i], tail) if hi is None or i < hi else NOTHING
+        tail = alt(text("]"), more) if i >= lo else more
+    return seq(text("["), tail)
+
+
 def object_map(value: Node, lo: int = 0, hi: int | None = None, key: Node | None = None) -> Node:
     """An object whose keys are any strings (or `key`'s), each with `value`, `lo` to `hi` of them
     (keys are not kept apart: a key written twice is one property to a parser, so `lo` above 1 is

@@ -84,7 +84,7 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "object", "properties": {"xa": {"type": "string"}}, "patternProperties": {"^x": {}}},
      "/properties/xa"),
     ({"type": "object", "patternProperties": {"^x": {}}, "maxProperties": 3}, "/maxProperties"),
-    ({"type": "array", "prefixItems": [{"type": "string"}]}, "/prefixItems"),
+    ({"type": "array", "prefixItems": [{"type": "string"}], "uniqueItems": True}, "/uniqueItems"),
     ({"type": "object", "minProperties": 2}, "/minProperties"),
     ({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"], "minProperties": 2},
      "/minProperties"),
@@ -110,7 +110,7 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "string", "pattern": "^[a-z]+-[0-9]+$", "maxLength": 4}, "/maxLength"),
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
     ({"type": "string", "pattern": "^\\p{Letter}+$"}, "/pattern"),
-    ({"type": "array", "items": [{"type": "string"}]}, "/items"),
+    ({"allOf": [{"items": [{"type": "string"}]}, {"items": {"type": "string"}}]}, "/allOf/1/items"),
     ({"enum": ["a", "b"], "maxLength": 1}, "/maxLength"),
     ({"type": "object", "properties": {"a/b": {"contains": {}}}},
      "/properties/a~1b/contains"),
@@ -476,6 +476,25 @@ def test_items_of_two_all_of_members_hold_both() -> None:
     alone = schema_of({"type": "array",
                        "allOf": [{"items": {"type": "string"}}, {"unevaluatedItems": False}]})
     assert accepts(alone, b"[]") and not accepts(alone, b'["a"]')
+
+
+@pytest.mark.parametrize(("schema", "draft"), [
+    ({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False},
+     jsonschema.Draft202012Validator),
+    ({"prefixItems": [{"const": 1}], "items": {"type": "boolean"}, "minItems": 2, "maxItems": 3},
+     jsonschema.Draft202012Validator),
+    ({"type": "array", "items": [{"type": "integer"}, {"type": "string"}]}, jsonschema.Draft7Validator),
+    ({"items": [{"const": 1}, {"type": "string"}], "additionalItems": {"type": "null"}, "maxItems": 1},
+     jsonschema.Draft7Validator),
+    ({"items": [{"const": 1}], "additionalItems": False, "minItems": 2}, jsonschema.Draft7Validator),
+])
+def test_items_by_position_admit_exactly_the_arrays_the_schema_validates(schema: Any, draft: Any) -> None:
+    compiled = schema_of(schema)
+    pool: list[Any] = [1, 2, "a", True, None]
+    for length in range(5):
+        for instance in itertools.product(pool, repeat=length):
+            text = json.dumps(list(instance), separators=(",", ":")).encode()
+            assert accepts(compiled, text) == draft(schema).is_valid(list(instance)), text
 
 
 @pytest.mark.parametrize("schema", [
