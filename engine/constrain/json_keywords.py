@@ -27,8 +27,8 @@ TYPE_KEYWORDS = {
     "array": ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
               "unevaluatedItems"),
     "string": ("minLength", "maxLength", "pattern", "format"),
-    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
-    "integer": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+    "integer": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
     "boolean": (),
     "null": (),
 }

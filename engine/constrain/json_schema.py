@@ -41,12 +41,13 @@ import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 from urllib.parse import unquote
 
 from engine.constrain import json_keywords as kw
 from engine.constrain import json_values as jv
-from engine.constrain import regex
+from engine.constrain import nfa, regex
 from engine.constrain.budget import UNBOUNDED, Budget
 from engine.constrain.json_keywords import (
     ASSERTIONS,
@@ -551,9 +552,10 @@ class _Compiler:
         if name == "string":
             return self._string(schema, pointer)
         if name == "integer":
-            return jv.integer_range(*kw.integer_bounds(schema, pointer))
+            return self._multiples(jv.integer_range(*kw.integer_bounds(schema, pointer)), schema, pointer,
+                                   whole=True)
         if name == "number":
-            return self._number(schema, pointer)
+            return self._multiples(self._number(schema, pointer), schema, pointer, whole=False)
         return jv.BOOLEAN if name == "boolean" else jv.NULL
 
     def _excluding(self, name: str, schema: dict[str, Any], excluded: list[Any], pointer: str) -> Node:
@@ -571,12 +573,40 @@ class _Compiler:
         raise unsupported(pointer, f"a condition ('if') on a {name} value other than the strings, booleans "
                           "and null its negation can write")
 
+    def _multiples(self, number: Node, schema: dict[str, Any], pointer: str, whole: bool) -> Node:
+        """`number`'s values that are multiples of multipleOf (absent: all of them). An integer is a
+        multiple of p/q (lowest terms) when p divides it; a decimal, of p/q where q divides a power
+        of ten (0.01, 2.5, 0.25), when its digits, fraction padded, are a multiple of p*10**n/q.
+        Other divisors of a number (1/3) are SCHEMA_UNSUPPORTED, and so is a machine past
+        jv.MAX_MULTIPLE_STATES states."""
+        if "multipleOf" not in schema:
+            return number
+        value = schema["multipleOf"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise invalid(f"{pointer}/multipleOf", "multipleOf must be a number above 0")
+        step = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+        places = 0
+        if not whole:
+            while places <= jv.MAX_FRACTION_DIGITS and 10**places % step.denominator:
+                places += 1
+            if places > jv.MAX_FRACTION_DIGITS:
+                raise unsupported(f"{pointer}/multipleOf", f"'multipleOf' {value} on a number (a divisor "
+                                  "whose multiples have no finite decimals)")
+        numerator = step.numerator * 10**places // step.denominator if not whole else step.numerator
+        if whole and numerator == 1:  # every integer
+            return number
+        try:
+            return jv.multiples(number, numerator, places)
+        except nfa.TooLarge as exc:
+            raise unsupported(f"{pointer}/multipleOf", f"'multipleOf' {value} here ({exc})") from exc
+
     def _number(self, schema: dict[str, Any], pointer: str) -> Node:
         """A number; bounds that are whole numbers give jv.number_range (no exponent), others are
-        refused (a decimal bound's forms are not written yet)."""
+        refused (a decimal bound's forms are not written yet). With multipleOf, written without an
+        exponent too."""
         bounds = kw.bounds(schema, pointer)
         if not bounds:
-            return jv.NUMBER
+            return jv.number_range(None, None) if "multipleOf" in schema else jv.NUMBER
         for key, (value, _) in bounds.items():
             if not float(value).is_integer():
                 raise unsupported(f"{pointer}/{key}", f"{key!r} {value} on a number (whole bounds only)")

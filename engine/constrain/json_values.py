@@ -16,12 +16,13 @@ import json
 from functools import cache
 from typing import Any
 
-from engine.constrain import regex
+from engine.constrain import dfa, nfa, regex
 from engine.constrain.pattern import (
     EMPTY,
     NOTHING,
     Alt,
     Chars,
+    Machine,
     Members,
     Node,
     Repeat,
@@ -283,3 +284,74 @@ def in_string(node: Node) -> Node:
 
 def _holds(node: Chars, code: int) -> bool:
     return any(lo <= code <= hi for lo, hi in node.ranges)
+
+
+MAX_MULTIPLE_STATES = 20_000  # a multipleOf's machine: the number's states times the remainders
+
+
+def multiples(number: Node, numerator: int, places: int) -> Node:
+    """The strings of `number` (digits, at most one `.`, an optional `-`; no exponent) whose value
+    is a multiple of numerator / 10**places: the number's DFA walked beside the remainder, mod
+    `numerator`, of its digits read as one integer with the fraction padded to `places` digits.
+    Past `places` fraction digits only zeros are written. nfa.TooLarge past MAX_MULTIPLE_STATES."""
+    table = dfa.determinize(nfa.build(number, MAX_MULTIPLE_STATES), MAX_MULTIPLE_STATES)
+    moves = [[(byte, target) for byte, target in enumerate(row) if target != dfa.DEAD]
+             for row in table.table.tolist()]
+    ends = table.accepting.tolist()
+    start = (dfa.START, 0, -1)  # (number's state, remainder, fraction digits so far: -1 before ".")
+    ids, order = {start: 0}, [start]
+    edges: list[list[tuple[int, int]]] = []  # per state: (byte, target)
+    while len(edges) < len(order):
+        state, rest, fraction = order[len(edges)]
+        out = []
+        for byte, target in moves[state]:
+            if 0x30 <= byte <= 0x39 and fraction < places:
+                after = (target, (rest * 10 + byte - 0x30) % numerator, fraction + (fraction >= 0))
+            elif 0x30 <= byte <= 0x39:
+                if byte != 0x30:
+                    continue
+                after = (target, rest, fraction)
+            else:
+                after = (target, rest, 0 if byte == ord(".") else fraction)
+            if after not in ids:
+                if len(order) >= MAX_MULTIPLE_STATES:
+                    raise nfa.TooLarge(f"more than {MAX_MULTIPLE_STATES} states for a multipleOf")
+                ids[after] = len(order)
+                order.append(after)
+            out.append((byte, ids[after]))
+        edges.append(out)
+    accepting = [ends[state] and rest * pow(10, places - max(fraction, 0), numerator) % numerator == 0
+                 for state, rest, fraction in order]
+    return machine(edges, accepting)
+
+
+def machine(edges: list[list[tuple[int, int]]], accepting: list[bool]) -> Node:
+    """A Machine of the states that can reach an accepting one (state 0 the start; NOTHING where it
+    cannot), runs of bytes with one target as one range."""
+    before: list[list[int]] = [[] for _ in edges]
+    for state, out in enumerate(edges):
+        for _, target in out:
+            before[target].append(state)
+    live = list(accepting)
+    stack = [state for state, ends in enumerate(accepting) if ends]
+    while stack:
+        for state in before[stack.pop()]:
+            if not live[state]:
+                live[state] = True
+                stack.append(state)
+    if not live[0]:
+        return NOTHING
+    kept = [state for state in range(len(edges)) if live[state]]
+    index = {state: i for i, state in enumerate(kept)}
+    moves = []
+    for state in kept:
+        ranges: list[tuple[int, int, int]] = []
+        for byte, target in edges[state]:
+            if not live[target]:
+                continue
+            if ranges and ranges[-1][1] == byte - 1 and ranges[-1][2] == index[target]:
+                ranges[-1] = (ranges[-1][0], byte, index[target])
+            else:
+                ranges.append((byte, byte, index[target]))
+        moves.append(tuple(ranges))
+    return Machine(tuple(moves), tuple(accepting[state] for state in kept))

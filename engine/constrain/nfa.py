@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from engine.constrain import utf8
 from engine.constrain.budget import UNBOUNDED, Budget
-from engine.constrain.pattern import Alt, Anchor, Chars, Members, Node, Repeat, Seq, Text
+from engine.constrain.pattern import Alt, Anchor, Chars, Machine, Members, Node, Repeat, Seq, Text
 
 
 class TooLarge(Exception):
@@ -63,6 +63,8 @@ def _add(nfa: Nfa, node: Node, start: int) -> int:
         return _repeat(nfa, node, start)
     if isinstance(node, Members):
         return _members(nfa, node, start)
+    if isinstance(node, Machine):
+        return _machine(nfa, node, start)
     assert isinstance(node, Anchor), node
     return start
 
@@ -87,6 +89,8 @@ def size(node: Node, found: dict[int, int] | None = None) -> int:
         count = 2 + copies * each
     elif isinstance(node, Members):
         count = 1 + sum(2 * size(item, found) + size(node.separator, found) + 1 for item in node.items)
+    elif isinstance(node, Machine):
+        count = len(node.accepting) + 1
     else:
         count = 1
     found[id(node)] = count
@@ -154,6 +158,18 @@ def _one(nfa: Nfa, node: Repeat, state: int, first: bool) -> int:
     if not first and node.separator is not None:
         state = _add(nfa, node.separator, state)
     return _add(nfa, node.item, state)
+
+
+def _machine(nfa: Nfa, node: Machine, start: int) -> int:
+    """Fresh states for the machine's (none is the entry: its start may be moved into)."""
+    states = [nfa.new() for _ in node.accepting]
+    end = nfa.new()
+    nfa.eps[start].append(states[0])
+    for state, moves, accepting in zip(states, node.moves, node.accepting, strict=True):
+        nfa.moves[state].extend((lo, hi, states[target]) for lo, hi, target in moves)
+        if accepting:
+            nfa.eps[state].append(end)
+    return end
 
 
 def _members(nfa: Nfa, node: Members, start: int) -> int:

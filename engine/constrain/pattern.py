@@ -77,7 +77,18 @@ class Ref:
     name: str
 
 
-Node = Chars | Text | Seq | Alt | Repeat | Members | Anchor | Ref
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """A small DFA over bytes, for languages a tree writes only at great size (the decimals a
+    multipleOf admits: a state per remainder). `moves[s]`: (first byte, last byte, target) of state
+    s; 0 is the start; `accepting[s]`: whether a match may end in s. Every state can reach an
+    accepting one."""
+
+    moves: tuple[tuple[tuple[int, int, int], ...], ...]
+    accepting: tuple[bool, ...]
+
+
+Node = Chars | Text | Seq | Alt | Repeat | Members | Anchor | Ref | Machine
 
 EMPTY = Seq(())
 NOTHING = Alt(())

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from engine.constrain import utf8
 from engine.constrain.gbnf import MAX_ELEMENTS, Program, byte_alternatives, flatten
 from engine.constrain.gbnf_rules import REF, TERMINAL, Alternative, checked_bodies
-from engine.constrain.pattern import Alt, Anchor, Chars, Members, Node, Ref, Repeat, Seq, Text
+from engine.constrain.pattern import Alt, Anchor, Chars, Machine, Members, Node, Ref, Repeat, Seq, Text
 from engine.errors import InvalidInput
 
 __all__ = ["program"]
@@ -90,7 +90,22 @@ class _Rules:
             return self._chars(node)
         if isinstance(node, Ref):
             return [(REF, self._ref(node.name))]
+        if isinstance(node, Machine):
+            return [(REF, self._machine(node))]
         return [(REF, self._rule(node))]
+
+    def _machine(self, node: Machine) -> int:
+        """A rule per state: a byte then the target's rule, or nothing where the state accepts."""
+        made = self._made.get(id(node))
+        if made is not None:
+            return made[1]
+        rules = [self.new(f"machine_{len(self.names)}") for _ in node.accepting]
+        self._made[id(node)] = (node, rules[0])
+        for rule, moves, accepting in zip(rules, node.moves, node.accepting, strict=True):
+            body: list[Alternative] = [[(TERMINAL, (1 << (hi + 1)) - (1 << lo)), (REF, rules[target])]
+                                       for lo, hi, target in moves]
+            self.define(rule, body + ([[]] if accepting else []))
+        return rules[0]
 
     def _ref(self, name: str) -> int:
         rule = self._refs.get(name)

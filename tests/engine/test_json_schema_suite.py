@@ -52,8 +52,6 @@ EXCLUDED: dict[str, str] = {
     "*/oneOf/8/3": ONE_OF,
     "*/oneOf/9/2": ONE_OF,
     "draft2020-12/unevaluatedProperties/35/20": ONE_OF,
-    "*/if-then-else/4/1": CONDITIONAL,
-    "*/if-then-else/5/2": CONDITIONAL,
     "*/if-then-else/10/1": CONDITIONAL,
     "draft2020-12/unevaluatedItems/23/[123]": CONDITIONAL,
     "draft2020-12/unevaluatedItems/27/0": CONDITIONAL,
