@@ -601,21 +601,29 @@ class _Compiler:
             raise unsupported(f"{pointer}/multipleOf", f"'multipleOf' {value} here ({exc})") from exc
 
     def _number(self, schema: dict[str, Any], pointer: str) -> Node:
-        """A number; bounds that are whole numbers give jv.number_range (no exponent), others are
-        refused (a decimal bound's forms are not written yet). With multipleOf, written without an
-        exponent too."""
+        """A number; bounds that are whole numbers give jv.number_range, decimal ones (`0.5`)
+        jv.decimal_range, both without an exponent (as with multipleOf). A bound with more than
+        MAX_FRACTION_DIGITS fraction digits, or whose automaton passes jv.MAX_MULTIPLE_STATES
+        states, is SCHEMA_UNSUPPORTED."""
         bounds = kw.bounds(schema, pointer)
         if not bounds:
             return jv.number_range(None, None) if "multipleOf" in schema else jv.NUMBER
-        for key, (value, _) in bounds.items():
-            if not float(value).is_integer():
-                raise unsupported(f"{pointer}/{key}", f"{key!r} {value} on a number (whole bounds only)")
         # (value, exclusive): the tightest of each side (at equal values, the exclusive one).
-        low = max([(int(v), o) for k, (v, o) in bounds.items() if k in LOWER_BOUNDS], default=None)
-        high = min([(int(v), o) for k, (v, o) in bounds.items() if k not in LOWER_BOUNDS], default=None,
+        exact = {k: (Fraction(repr(v)) if isinstance(v, float) else Fraction(v), o)
+                 for k, (v, o) in bounds.items()}
+        low = max([b for k, b in exact.items() if k in LOWER_BOUNDS], default=None)
+        high = min([b for k, b in exact.items() if k not in LOWER_BOUNDS], default=None,
                    key=lambda b: (b[0], not b[1]))
-        return jv.number_range(None if low is None else low[0], None if high is None else high[0],
-                               low is not None and low[1], high is not None and high[1])
+        if all(b is None or b[0].denominator == 1 for b in (low, high)):
+            return jv.number_range(None if low is None else int(low[0]),
+                                   None if high is None else int(high[0]),
+                                   low is not None and low[1], high is not None and high[1])
+        key = next(k for k, b in exact.items() if b[0].denominator != 1)
+        try:
+            return jv.decimal_range(None if low is None else low[0], None if high is None else high[0],
+                                    low is not None and low[1], high is not None and high[1])
+        except (ValueError, nfa.TooLarge) as exc:
+            raise unsupported(f"{pointer}/{key}", f"{key!r} {bounds[key][0]} on a number ({exc})") from exc
 
     def _object(self, schema: dict[str, Any], pointer: str) -> Node:
         properties = schema.get("properties", {})

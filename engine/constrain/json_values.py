@@ -13,6 +13,7 @@ without a bound in the schema: |n| <= 999,999,999,999,999), 15 fraction digits, 
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from functools import cache
 from typing import Any
 
@@ -355,3 +356,104 @@ def machine(edges: list[list[tuple[int, int]]], accepting: list[bool]) -> Node:
                 ranges.append((byte, byte, index[target]))
         moves.append(tuple(ranges))
     return Machine(tuple(moves), tuple(accepting[state] for state in kept))
+
+
+_ANY_FRACTION = optional(seq(text("."), repeat(DIGIT, 1, MAX_FRACTION_DIGITS)))
+
+
+def decimal_range(lo: Fraction | None, hi: Fraction | None, lo_open: bool = False,
+                  hi_open: bool = False) -> Node:
+    """Numbers between decimal bounds (each a finite decimal of at most MAX_FRACTION_DIGITS fraction
+    digits; None: unbounded), written without an exponent: each bound as the numbers on its side
+    of it, compared digit by digit (_beyond), the two sides intersected as automata."""
+    widest = 10 ** max([MAX_INTEGER_DIGITS, *(len(str(abs(int(b)))) for b in (lo, hi) if b is not None)]) - 1
+    any_natural = natural_range(0, widest)
+    sides = []
+    if lo is not None:  # x >= lo: from a non-negative bound, its side; else every x >= 0 and -y, y <= -lo
+        sides.append(_beyond(lo, above=True, open_=lo_open, widest=widest) if lo >= 0 else
+                     alt(seq(any_natural, _ANY_FRACTION),
+                         seq(text("-"), _beyond(-lo, above=False, open_=lo_open, widest=widest))))
+    if hi is not None:
+        negative = (_beyond(Fraction(0), above=True, open_=True, widest=widest) if hi == 0 and hi_open
+                    else seq(any_natural, _ANY_FRACTION))  # below an open 0: not "-0"
+        sides.append(alt(seq(text("-"), negative), _beyond(hi, above=False, open_=hi_open, widest=widest))
+                     if hi >= 0 else
+                     seq(text("-"), _beyond(-hi, above=True, open_=hi_open, widest=widest)))
+    if not sides:
+        return seq(optional(text("-")), any_natural, _ANY_FRACTION)
+    return sides[0] if len(sides) == 1 else intersection(sides[0], sides[1])
+
+
+def _beyond(bound: Fraction, above: bool, open_: bool, widest: int) -> Node:
+    """Non-negative numbers "I" or "I.F" above (or below) the non-negative `bound`, or equal to it
+    unless `open_`: a larger (smaller) integer part with any fraction, or the bound's own integer
+    part and a fraction beyond the bound's, compared digit by digit."""
+    whole = int(bound)
+    digits = _fraction_digits(bound - whole)
+    beyond = (natural_range(whole + 1, widest) if above else
+              natural_range(0, whole - 1) if whole > 0 else NOTHING)
+    return alt(seq(beyond, _ANY_FRACTION), seq(text(str(whole)), _fraction_beyond(digits, above, open_)))
+
+
+def _fraction_digits(fraction: Fraction) -> str:
+    """The digits of a fraction in [0, 1) that is a finite decimal, without trailing zeros."""
+    places = 0
+    while fraction * 10**places % 1:
+        places += 1
+        if places > MAX_FRACTION_DIGITS:
+            raise ValueError(f"a bound with more than {MAX_FRACTION_DIGITS} fraction digits")
+    return str(int(fraction * 10**places)).rjust(places, "0") if places else ""
+
+
+def _fraction_beyond(digits: str, above: bool, open_: bool) -> Node:
+    """A number's fraction (absent, or "." and 1 to MAX_FRACTION_DIGITS digits) above (below) the
+    fraction `digits` (no trailing zeros; "" is zero), or equal unless `open_`. Each form: the
+    first place where the two differ, with a larger (smaller) digit there and any after; equal
+    ones are `digits` followed by zeros (or nothing)."""
+    zeros = repeat(text("0"), 0, MAX_FRACTION_DIGITS - max(len(digits), 1))
+    equal = seq(text("."), text(digits), zeros) if digits else alt(EMPTY, seq(text("."), text("0"), zeros))
+    forms: list[Node] = [] if open_ else [equal]
+    for i in range(max(len(digits), 1) if not above else len(digits) + 1):
+        head = seq(text("."), text(digits[:i]))
+        rest = repeat(DIGIT, 0, MAX_FRACTION_DIGITS - i - 1)
+        mine = int(digits[i]) if i < len(digits) else 0
+        if above and i < len(digits) and mine < 9:
+            forms.append(seq(head, _digits(str(mine + 1), "9"), rest))
+        elif above and i == len(digits):  # past the bound's digits: zeros, then a nonzero one
+            forms.append(seq(head, zeros, NONZERO, rest))
+        if not above and i < len(digits) and mine > 0:
+            forms.append(seq(head, _digits("0", str(mine - 1)), rest))
+    if not above and digits:  # the fraction absent, or a proper prefix of the bound's digits
+        forms.append(EMPTY)
+        forms.extend(seq(text("."), text(digits[:i])) for i in range(1, len(digits)))
+    return alt(*forms)
+
+
+def intersection(first: Node, second: Node) -> Node:
+    """The strings both nodes match, as a Machine: their DFAs walked side by side.
+    nfa.TooLarge past MAX_MULTIPLE_STATES states."""
+    tables = [dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES), MAX_MULTIPLE_STATES)
+              for node in (first, second)]
+    moves = [[[(b, t) for b, t in enumerate(row) if t != dfa.DEAD] for row in table.table.tolist()]
+             for table in tables]
+    start = (dfa.START, dfa.START)
+    ids, order = {start: 0}, [start]
+    edges: list[list[tuple[int, int]]] = []
+    while len(edges) < len(order):
+        a, b = order[len(edges)]
+        row_b = tables[1].table[b]
+        out = []
+        for byte, target in moves[0][a]:
+            other = int(row_b[byte])
+            if other == dfa.DEAD:
+                continue
+            pair = (target, other)
+            if pair not in ids:
+                if len(order) >= MAX_MULTIPLE_STATES:
+                    raise nfa.TooLarge(f"more than {MAX_MULTIPLE_STATES} states for an intersection")
+                ids[pair] = len(order)
+                order.append(pair)
+            out.append((byte, ids[pair]))
+        edges.append(out)
+    ends = [table.accepting.tolist() for table in tables]
+    return machine(edges, [ends[0][a] and ends[1][b] for a, b in order])

@@ -105,7 +105,7 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"allOf": [{"type": "string", "maxLength": 4}, {"maxLength": 3}]}, "/allOf/1/maxLength"),
     ({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]},
      "/allOf/1/additionalProperties"),
-    ({"type": "number", "minimum": 0.5}, "/minimum"),
+    ({"type": "number", "minimum": 0.1234567890123456789}, "/minimum"),
     ({"type": "string", "pattern": "^[a-z]+-[0-9]+$", "maxLength": 4}, "/maxLength"),
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
     ({"type": "string", "pattern": "^\\p{Letter}+$"}, "/pattern"),
@@ -490,6 +490,22 @@ def test_multiple_of_admits_exactly_the_multiples(schema: Any) -> None:
     validator = jsonschema.Draft202012Validator(schema)
     for text in ["0", "3", "-3", "7", "14", "-21", "10", "15", "55", "60", "65", "1.0", "2.5", "-2.5",
                  "-1.75", "0.25", "7.5", "1.5", "0.1", "2.50", "2.51", "100000000000005", '"x"']:
+        assert accepts(compiled, text.encode()) == validator.is_valid(json.loads(text)), (schema, text)
+
+
+@pytest.mark.parametrize("bounds", [
+    {"minimum": 0.5}, {"exclusiveMinimum": 0.05, "maximum": 100}, {"exclusiveMaximum": -0.25},
+    {"minimum": -1.5, "maximum": 2.25}, {"exclusiveMinimum": -0.75, "exclusiveMaximum": 0},
+    {"minimum": -3.1416, "exclusiveMaximum": -3}, {"maximum": 0.1, "multipleOf": 0.05},
+])
+def test_decimal_bounds_on_a_number_admit_exactly_the_numbers_between_them(bounds: dict[str, float]) -> None:
+    schema = {"type": "number", **bounds}
+    compiled = schema_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    texts = """0 -0 1 -1 0.5 0.49 0.500 0.5001 0.05 0.0500 0.04999 100 100.0 100.01 -0.25 -0.2500 -0.2499
+               -0.75 -0.7501 2.25 2.2500001 -1.5 -1.50 -3.1416 -3.14159 -3.14161 -3 -3.0 -2.99 0.1 0.10 0.15
+               12345.678""".split()
+    for text in texts:
         assert accepts(compiled, text.encode()) == validator.is_valid(json.loads(text)), (schema, text)
 
 
