@@ -6,6 +6,9 @@ walk (`initial`, `after_bytes`, `final` of engine/constrain's Automaton and Comp
 with the orders searched depth first, dead prefixes pruned at once.
 
     admits(compiled, value) -> True | False | None (None: the search passed its step budget)
+
+`admits_as_written(compiled, value)` walks one writing only, MaskBench's: `json.dumps(value,
+ensure_ascii=False)` (one space after `:` and `,`, members in the instance's own order).
 """
 
 from __future__ import annotations
@@ -28,6 +31,15 @@ def admits(compiled: Any, value: Any, max_steps: int = MAX_STEPS) -> bool | None
         return any(compiled.final(state) for state in _written(compiled, compiled.initial, value, steps))
     except OverSteps:
         return None
+
+
+def admits_as_written(compiled: Any, value: Any) -> bool:
+    try:
+        text = json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate: its escape
+        text = json.dumps(value).encode()
+    state = compiled.after_bytes(compiled.initial, text)
+    return state is not None and bool(compiled.final(state))
 
 
 def _written(compiled: Any, state: Any, value: Any, steps: list[int]) -> Iterator[Any]:

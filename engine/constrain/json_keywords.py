@@ -259,6 +259,50 @@ def finds(source: str, name: str) -> bool:
         return True
 
 
+def disjoint(first: Any, second: Any) -> bool:
+    """Whether no instance can meet both schemas, as far as their own keywords show: types with
+    none in common, const/enum values with none in common, or a property one of them requires
+    whose const/enum values in the two have none in common (a discriminator)."""
+    if first is False or second is False:
+        return True
+    if not isinstance(first, dict) or not isinstance(second, dict):
+        return False
+    types = [_declared_types(s) for s in (first, second)]
+    if types[0] is not None and types[1] is not None and not _types_meet(types[0], types[1]):
+        return True
+    if _apart(_fixed_values(first), _fixed_values(second)):
+        return True
+    own: list[dict[str, Any]] = [s["properties"] if isinstance(s.get("properties"), dict) else {}
+                                 for s in (first, second)]
+    needed = {n for s in (first, second) if isinstance(s.get("required"), list) for n in s["required"]}
+    return any(_apart(_fixed_values(own[0][name]), _fixed_values(own[1][name]))
+               for name in set(own[0]) & set(own[1]) & needed)
+
+
+def _declared_types(schema: dict[str, Any]) -> list[str] | None:
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        return [declared]
+    return declared if isinstance(declared, list) and all(isinstance(t, str) for t in declared) else None
+
+
+def _types_meet(first: list[str], second: list[str]) -> bool:
+    return any(t in second or {t, u} == {"integer", "number"} for t in first for u in second)
+
+
+def _fixed_values(schema: Any) -> list[Any] | None:
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return [schema["const"]]
+    return schema["enum"] if isinstance(schema.get("enum"), list) else None
+
+
+def _apart(first: list[Any] | None, second: list[Any] | None) -> bool:
+    return (first is not None and second is not None
+            and not {json_key(v) for v in first} & {json_key(v) for v in second})
+
+
 def json_key(value: Any) -> str:
     """A JSON value's identity for enum and const (1 and 1.0 are one number, as JSON Schema has it)."""
     return json.dumps(value, sort_keys=True) if not isinstance(value, float) or not value.is_integer() \

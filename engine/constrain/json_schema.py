@@ -387,10 +387,54 @@ class _Compiler:
             return self._ref(value, pointer, beside)
         if not isinstance(value, list) or not value:
             raise invalid(f"{pointer}/{key}", f"{key} must be a non-empty list of schemas")
-        if beside:
-            return alt(*(self._all_of({"allOf": [s], **beside}, f"{pointer}/{key}/{i}")
-                         for i, s in enumerate(value)))
-        return alt(*(self.node(s, f"{pointer}/{key}/{i}") for i, s in enumerate(value)))
+        parts = []
+        for i, member in enumerate(value):
+            at = f"{pointer}/{key}/{i}"
+            plain = {"allOf": [member], **beside} if beside else member
+            others = value[:i] + value[i + 1:]
+            exclusive = self._exclusive(member, others, plain, at) if key == "oneOf" else None
+            if exclusive is not None:
+                parts.append(exclusive)
+            else:
+                parts.append(self._all_of(plain, at) if beside else self.node(member, at))
+        return alt(*parts)
+
+    def _exclusive(self, member: Any, others: list[Any], plain: Any, pointer: str) -> Node | None:
+        """A oneOf member and none of the others: each other member it may overlap (kw.disjoint
+        cannot tell them apart) that requires names is ruled out by leaving one of its names out
+        (`not` of required lists: a part of "not that member", never more). None where no other
+        member needs ruling out or it cannot be written so (the member alone then: anyOf's
+        reading, which admits a value two members both meet)."""
+        mine = self._in_view(member)
+        lists = []
+        for other in others:
+            theirs = self._in_view(other)
+            names = theirs.get("required") if isinstance(theirs, dict) else None
+            if (isinstance(names, list) and names and all(isinstance(n, str) for n in names)
+                    and not kw.disjoint(mine, theirs)):
+                lists.append(names)
+        if not lists:
+            return None
+        try:
+            return self.node({"allOf": [plain], "not": {"anyOf": [{"required": n} for n in lists]}}, pointer)
+        except InvalidInput as exc:
+            if exc.reason != "SCHEMA_UNSUPPORTED":
+                raise
+            return None
+
+    def _in_view(self, schema: Any) -> Any:
+        """A schema as its keywords show it: a local $ref alone, its target."""
+        seen = 0
+        while isinstance(schema, dict) and set(schema) & ASSERTIONS == {"$ref"} and seen < 8:
+            ref = schema["$ref"]
+            if not isinstance(ref, str) or not ref.startswith("#"):
+                break
+            try:
+                schema = self._resolve(unquote(ref[1:]), "")
+            except InvalidInput:
+                break
+            seen += 1
+        return schema
 
     def _all_of(self, schema: dict[str, Any], pointer: str) -> Node:
         """allOf as one schema: its members (and the keywords beside it, one more member) merged,
@@ -662,18 +706,24 @@ class _Compiler:
         if most is not None and most < len(declared):
             raise unsupported(f"{pointer}/maxProperties", "maxProperties below the number of declared "
                               "properties")
-        items = [(self._member(name, subschema, f"{pointer}/properties/{kw.escape(name)}"), name in required)
-                 for name, subschema in properties.items()]
+        named = {name: self._member(name, subschema, f"{pointer}/properties/{kw.escape(name)}")
+                 for name, subschema in properties.items()}
         # A required name not among properties takes additionalProperties' schema (false: none fits).
-        items += [(self._member(name, additional, f"{pointer}/additionalProperties"), True)
-                  for name in dict.fromkeys(required) if name not in properties]
+        named.update({name: self._member(name, additional, f"{pointer}/additionalProperties")
+                      for name in dict.fromkeys(required) if name not in properties})
+        tail = []
         others = given is not None or not self.strict  # explicit, or the spec's reading of absent
         if others and additional is not False and names is None and most is None:
             # Others after the declared ones, keys written plainly (no escape can spell a declared name).
             key = seq(jv.QUOTE, jv.plain_other_than(list(declared)), jv.QUOTE)
             other = seq(key, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
-            items.append((repeat(other, 1, None, jv.COMMA), False))
-        return seq(text("{"), members(items, jv.COMMA), text("}"))
+            tail.append((repeat(other, 1, None, jv.COMMA), False))
+        # Declared order, or (where it differs) the required ones first, in `required`'s order.
+        orders = [list(named), [*dict.fromkeys(n for n in required if n in named),
+                                *(n for n in named if n not in required)]]
+        return alt(*(seq(text("{"), members([*((named[n], n in required) for n in order), *tail], jv.COMMA),
+                         text("}"))
+                     for order in (orders[:1] if orders[0] == orders[1] else orders)))
 
     def _patterned(self, schema: dict[str, Any], properties: dict[str, Any], required: list[str],
                    additional: Any, pointer: str) -> Node:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from engine.constrain import Limits, Vocabulary, compile_constraint
+from engine.constrain import json_keywords as kw
 from engine.errors import InvalidInput
 from engine.tokenizer import Tokenizer
 from tests.engine.test_constraints import VOCAB, accepts, random_walk
@@ -138,12 +139,14 @@ def test_whitespace_is_at_most_one_space_after_a_colon_or_a_comma() -> None:
         assert not accepts(compiled, text.encode()), text
 
 
-def test_optional_properties_may_be_left_out_but_keep_their_declared_order() -> None:
+def test_properties_come_in_declared_order_or_with_the_required_ones_first() -> None:
     compiled = schema_of({"properties": {"a": {"const": 1}, "b": {"const": 2}, "c": {"const": 3}},
                           "required": ["b"], "additionalProperties": False})
-    for text in ['{"b":2}', '{"a":1,"b":2}', '{"b":2,"c":3}', '{"a":1,"b":2,"c":3}']:
+    for text in ['{"b":2}', '{"a":1,"b":2}', '{"b":2,"c":3}', '{"a":1,"b":2,"c":3}', '{"b":2,"a":1}',
+                 '{"b":2,"a":1,"c":3}']:
         assert accepts(compiled, text.encode()), text
-    for text in ["{}", '{"a":1}', '{"b":2,"a":1}', '{"c":3,"b":2}', '{"b":2,}', '{,"b":2}', '{"b":2,"d":4}']:
+    for text in ["{}", '{"a":1}', '{"c":3,"b":2}', '{"b":2,"c":3,"a":1}', '{"b":2,}', '{,"b":2}',
+                 '{"b":2,"d":4}']:
         assert not accepts(compiled, text.encode()), text
 
 
@@ -557,6 +560,29 @@ def test_not_of_required_lists_admits_exactly_what_the_schema_validates(schema: 
 ])
 def test_dependencies_of_optional_properties_admit_exactly_what_the_schema_validates(schema: Any) -> None:
     check_combinations(schema)
+
+
+THREE = {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": THREE, "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+    {"type": "object", "properties": THREE,
+     "additionalProperties": False, "required": ["c"], "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+    {"$defs": {"x": {"type": "object", "required": ["a", "c"]}}, "type": "object", "properties": THREE,
+     "oneOf": [{"$ref": "#/$defs/x"}, {"required": ["b"]}]},
+])
+def test_one_of_members_that_require_names_are_kept_apart_exactly(schema: Any) -> None:
+    check_combinations(schema)
+
+
+def test_one_of_members_apart_by_type_values_or_a_discriminator_need_nothing_more() -> None:
+    assert kw.disjoint({"type": "string"}, {"type": ["object", "null"]})
+    assert not kw.disjoint({"type": "integer"}, {"type": "number"})
+    assert kw.disjoint({"enum": ["a", 1]}, {"const": "b"}) and not kw.disjoint({"enum": [1]}, {"const": 1.0})
+    tagged = [{"properties": {"kind": {"const": k}}, "required": ["kind"]} for k in ("a", "b")]
+    assert kw.disjoint(*tagged)
+    assert not kw.disjoint({"properties": {"kind": {"const": "a"}}}, {"properties": {"kind": {"const": "b"}}})
 
 
 def check_combinations(schema: Any) -> None:
