@@ -35,7 +35,8 @@ TYPE_KEYWORDS = {
 COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 MERGED = "$merged"  # set by allOf's merge: an enum it emptied admits nothing (not SCHEMA_INVALID)
 EXCLUDED = "$excluded"  # values a condition's negation rules out (_discriminated): none of them fits
-INTERNAL = frozenset({MERGED, EXCLUDED})
+UNMATCHED = "$unmatched"  # patterns a `not` rules out: a string matches none of them
+INTERNAL = frozenset({MERGED, EXCLUDED, UNMATCHED})
 ALONE = "$alone"  # set by alone: additionalProperties was a member's own unevaluatedProperties
 MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
 MAX_NOT_BRANCHES = 16  # not of required lists: the choices of names left out written exactly
@@ -96,7 +97,7 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
             merged[key] = list(dict.fromkeys([*merged[key], *value]))
         elif key == "type":
             merged[key] = types_in_both(merged[key], value, pointer)
-        elif key == EXCLUDED:
+        elif key in (EXCLUDED, UNMATCHED):
             merged[key] = [*merged[key], *value]
         elif key == "enum" and isinstance(value, list) and isinstance(merged[key], list):
             theirs = {json_key(v) for v in value}  # both: the values in both (none: nothing fits)

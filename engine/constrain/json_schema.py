@@ -63,6 +63,7 @@ from engine.constrain.json_keywords import (
     MERGED,
     OPEN,
     TYPE_KEYWORDS,
+    UNMATCHED,
     invalid,
     unsupported,
 )
@@ -272,6 +273,24 @@ class _Compiler:
                 return []
             base = {**{k: v for k, v in base.items() if k not in ASSERTIONS}, **flat}
         shape = {k: v for k, v in negated.items() if k in ASSERTIONS} if isinstance(negated, dict) else None
+        if shape == {}:  # not of any value
+            return []
+        if shape is not None and set(shape) == {"not"}:  # not of not: the schema itself
+            return [{"allOf": [base, shape["not"]]}]
+        if shape is not None and set(shape) <= {"enum", "const"}:  # values ruled out ($excluded)
+            values = [shape["const"]] if "const" in shape else shape["enum"]
+            if not isinstance(values, list):
+                raise invalid(f"{pointer}/enum", "enum must be a list")
+            if "const" in shape and "enum" in shape:  # both: the const, if the enum holds it
+                values = [v for v in values if isinstance(shape["enum"], list)
+                          and kw.json_key(v) in {kw.json_key(e) for e in shape["enum"]}]
+            return [{**base, EXCLUDED: [*base.get(EXCLUDED, []), *values]}]
+        if shape is not None and set(shape) == {"pattern"}:  # every non-string meets a pattern: strings only
+            if not {"string", "any"} & set(self._types(base, pointer)):
+                return []
+            return [{**base, "type": "string", UNMATCHED: [*base.get(UNMATCHED, []), shape["pattern"]]}]
+        if shape is not None and set(shape) == {"allOf"} and _all_required(shape["allOf"]):
+            shape = {"required": [n for m in shape["allOf"] for n in m["required"]]}  # one list of them all
         if shape is not None and set(shape) == {"type"}:
             types = self._types(base, pointer)
             types = list(TYPE_KEYWORDS) if types == ["any"] else types
@@ -603,19 +622,35 @@ class _Compiler:
         return jv.BOOLEAN if name == "boolean" else jv.NULL
 
     def _excluding(self, name: str, schema: dict[str, Any], excluded: list[Any], pointer: str) -> Node:
-        """Values of type `name` but those `excluded` (a condition's negation: _discriminated):
-        strings (plain: no escapes, no other string keyword), booleans and null; any other type
-        with a value to exclude is refused."""
+        """Values of type `name` but those `excluded` (a condition's or a `not`'s): booleans and
+        null by value; plain strings by their trie (jv.plain_other_than); other strings, integers
+        and numbers as automata with the excluded values' writings taken out (strings as
+        CANONICAL_STRING writes them, numbers without an exponent); objects and arrays with a
+        value to exclude are refused."""
         if name == "any":
             return alt(*(self._typed(t, schema, pointer) for t in TYPE_KEYWORDS if t != "integer"))
         if name == "boolean":
             return alt(*(jv.literal(b) for b in (True, False) if b not in excluded))
         if name == "null":
             return NOTHING
-        if name == "string" and not set(TYPE_KEYWORDS["string"]) & set(schema):
+        if name == "string" and not set(TYPE_KEYWORDS["string"]) & set(schema) and UNMATCHED not in schema:
             return seq(jv.QUOTE, jv.plain_other_than([v for v in excluded if isinstance(v, str)]), jv.QUOTE)
-        raise unsupported(pointer, f"a condition ('if') on a {name} value other than the strings, booleans "
-                          "and null its negation can write")
+        rest = {k: v for k, v in schema.items() if k != EXCLUDED}
+        try:
+            if name == "string":
+                node = jv.intersection(self._string(rest, pointer), jv.CANONICAL_STRING)
+                out = [jv.string_literal(v) for v in excluded if isinstance(v, str)]
+                return jv.difference(node, alt(*out))
+            if name in ("integer", "number"):
+                whole = name == "integer"
+                node = self._typed(name, rest, pointer) if whole else self._multiples(
+                    self._number(rest, pointer, plain=True), rest, pointer, whole=False)
+                out = [jv.decimal_literal(v) for v in excluded if kw.is_type(v, name)]
+                return jv.difference(node, alt(*out))
+        except nfa.TooLarge as exc:
+            raise unsupported(pointer, f"values ruled out of a {name} here ({exc})") from exc
+        raise unsupported(pointer, f"a condition ('if') or 'not' ruling out {name} values (only strings, "
+                          "numbers, booleans and null)")
 
     def _multiples(self, number: Node, schema: dict[str, Any], pointer: str, whole: bool) -> Node:
         """`number`'s values that are multiples of multipleOf (absent: all of them). An integer is a
@@ -644,14 +679,14 @@ class _Compiler:
         except nfa.TooLarge as exc:
             raise unsupported(f"{pointer}/multipleOf", f"'multipleOf' {value} here ({exc})") from exc
 
-    def _number(self, schema: dict[str, Any], pointer: str) -> Node:
+    def _number(self, schema: dict[str, Any], pointer: str, plain: bool = False) -> Node:
         """A number; bounds that are whole numbers give jv.number_range, decimal ones (`0.5`)
         jv.decimal_range, both without an exponent (as with multipleOf). A bound with more than
         MAX_FRACTION_DIGITS fraction digits, or whose automaton passes jv.MAX_MULTIPLE_STATES
         states, is SCHEMA_UNSUPPORTED."""
         bounds = kw.bounds(schema, pointer)
         if not bounds:
-            return jv.number_range(None, None) if "multipleOf" in schema else jv.NUMBER
+            return jv.number_range(None, None) if plain or "multipleOf" in schema else jv.NUMBER
         # (value, exclusive): the tightest of each side (at equal values, the exclusive one).
         exact = {k: (Fraction(repr(v)) if isinstance(v, float) else Fraction(v), o)
                  for k, (v, o) in bounds.items()}
@@ -898,17 +933,47 @@ class _Compiler:
         return seq(text("["), body, text("]"))
 
     def _string(self, schema: dict[str, Any], pointer: str) -> Node:
+        """A string: its pattern, format and lengths; where not written as one tree, their automata
+        intersected (jv.intersection). Patterns a `not` rules out (UNMATCHED) are taken out of the
+        strings as CANONICAL_STRING writes them (so no escape can spell a match)."""
+        node = self._string_alone(schema, pointer)
+        unmatched = schema.get(UNMATCHED)
+        if not unmatched:
+            return node
+        try:
+            return jv.difference(jv.intersection(node, jv.CANONICAL_STRING),
+                                 alt(*(self._pattern({"pattern": p}, f"{pointer}/not") for p in unmatched)))
+        except nfa.TooLarge as exc:
+            raise unsupported(f"{pointer}/not", f"'not' of a pattern here ({exc})") from exc
+
+    def _string_alone(self, schema: dict[str, Any], pointer: str) -> Node:
         lo = kw.count(schema, "minLength", pointer, 0) or 0
         hi = kw.count(schema, "maxLength", pointer, None)
         if "pattern" in schema:
             if schema.get("format") in jv.FORMATS:  # other formats are annotations
                 raise unsupported(f"{pointer}/format", "'format' beside 'pattern'")
             if "minLength" in schema or "maxLength" in schema:
-                return self._pattern_lengths(schema, pointer, lo, hi)
+                return self._with_lengths(lambda: self._pattern_lengths(schema, pointer, lo, hi),
+                                          lambda: self._pattern(schema, pointer), lo, hi)
             return self._pattern(schema, pointer)
         if "format" in schema:
-            return self._format(schema, pointer, lo, hi)
+            return self._with_lengths(lambda: self._format(schema, pointer, lo, hi),
+                                      lambda: jv.string_format(schema["format"]), lo, hi)
         return jv.string(lo, hi)
+
+    @staticmethod
+    def _with_lengths(exact: Callable[[], Node], alone: Callable[[], Node], lo: int, hi: int | None) -> Node:
+        """`exact()` (a tree), or where it is refused, `alone()`'s automaton intersected with the
+        strings of lo to hi characters (refused as it was past jv.MAX_MULTIPLE_STATES states)."""
+        try:
+            return exact()
+        except InvalidInput as exc:
+            if exc.reason != "SCHEMA_UNSUPPORTED":
+                raise
+            try:
+                return jv.intersection(alone(), jv.string(lo, hi))
+            except nfa.TooLarge:
+                raise exc from None
 
     def _pattern(self, schema: dict[str, Any], pointer: str) -> Node:
         return seq(jv.QUOTE, self._regex(schema["pattern"], f"{pointer}/pattern"), jv.QUOTE)
@@ -930,6 +995,13 @@ class _Compiler:
         lengths = f"{shortest} to {longest}" if longest is not None else f"{shortest} or more"
         raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'format' {name!r} (whose strings are "
                           f"{lengths} characters long) where it holds for some of them only")
+
+
+def _all_required(members: Any) -> bool:
+    """Whether an allOf's members are each a `required` list alone."""
+    return isinstance(members, list) and all(
+        isinstance(m, dict) and {k for k in m if k in ASSERTIONS} == {"required"}
+        and isinstance(m["required"], list) for m in members)
 
 
 def _no_constant(name: str) -> Any:

@@ -429,9 +429,44 @@ def _fraction_beyond(digits: str, above: bool, open_: bool) -> Node:
     return alt(*forms)
 
 
+# A string written one way per value: characters as themselves, `"` and `\\` escaped, no control
+# character (in_string's writing of a pattern): where values are ruled out by their writing.
+CANONICAL_STRING = seq(QUOTE, repeat(alt(UNESCAPED, text('\\"'), text("\\\\")), 0, None), QUOTE)
+
+
+def string_literal(value: str) -> Node:
+    """`value` as CANONICAL_STRING writes it."""
+    return seq(QUOTE, text(value.replace("\\", "\\\\").replace('"', '\\"')), QUOTE)
+
+
+def decimal_literal(value: int | float) -> Node:
+    """A number's writings without an exponent (`1`, `1.0`, `1.50`); NOTHING past the digit limits."""
+    exact = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+    whole = abs(exact) // 1
+    try:
+        digits = _fraction_digits(abs(exact) - whole)
+    except ValueError:
+        return NOTHING
+    sign = text("-") if exact < 0 else EMPTY
+    zeros = repeat(text("0"), 0, MAX_FRACTION_DIGITS - len(digits))
+    tail = seq(text("." + digits), zeros) if digits else optional(seq(text("."), text("0"), zeros))
+    return seq(sign, text(str(whole)), tail)
+
+
+def difference(first: Node, second: Node) -> Node:
+    """The strings `first` matches and `second` does not, as a Machine."""
+    return _product(first, second, keep_dead=True, accepts=lambda a, b: a and not b)
+
+
 def intersection(first: Node, second: Node) -> Node:
     """The strings both nodes match, as a Machine: their DFAs walked side by side.
     nfa.TooLarge past MAX_MULTIPLE_STATES states."""
+    return _product(first, second, keep_dead=False, accepts=lambda a, b: a and b)
+
+
+def _product(first: Node, second: Node, keep_dead: bool, accepts: Any) -> Node:
+    """Both DFAs walked side by side (the second's dead state kept where `keep_dead`), a pair
+    accepting as `accepts(first accepts, second accepts)` says."""
     tables = [dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES), MAX_MULTIPLE_STATES)
               for node in (first, second)]
     moves = [[[(b, t) for b, t in enumerate(row) if t != dfa.DEAD] for row in table.table.tolist()]
@@ -445,7 +480,7 @@ def intersection(first: Node, second: Node) -> Node:
         out = []
         for byte, target in moves[0][a]:
             other = int(row_b[byte])
-            if other == dfa.DEAD:
+            if other == dfa.DEAD and not keep_dead:
                 continue
             pair = (target, other)
             if pair not in ids:
@@ -456,4 +491,4 @@ def intersection(first: Node, second: Node) -> Node:
             out.append((byte, ids[pair]))
         edges.append(out)
     ends = [table.accepting.tolist() for table in tables]
-    return machine(edges, [ends[0][a] and ends[1][b] for a, b in order])
+    return machine(edges, [accepts(ends[0][a], ends[1][b]) for a, b in order])

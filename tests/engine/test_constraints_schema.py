@@ -78,7 +78,7 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
      "/properties/x/multipleOf"),
     ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems"),
     ({"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True, "minItems": 2}, "/uniqueItems"),
-    ({"type": "string", "not": {"pattern": "^a"}}, "/not"),
+    ({"type": "string", "not": {"minLength": 3}}, "/not"),
     ({"type": "object", "not": {"required": ["a"]}}, "/not"),
     ({"type": "object", "patternProperties": {"^x": {}, "^y": {"type": "string"}}}, "/patternProperties"),
     ({"type": "object", "properties": {"xa": {"type": "string"}}, "patternProperties": {"^x": {}}},
@@ -107,7 +107,7 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]},
      "/allOf/1/additionalProperties"),
     ({"type": "number", "minimum": 0.1234567890123456789}, "/minimum"),
-    ({"type": "string", "pattern": "^[a-z]+-[0-9]+$", "maxLength": 4}, "/maxLength"),
+    ({"type": "string", "pattern": "^[a-z]+-[0-9]+$", "maxLength": 30_000}, "/maxLength"),
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
     ({"type": "string", "pattern": "^\\p{Letter}+$"}, "/pattern"),
     ({"allOf": [{"items": [{"type": "string"}]}, {"items": {"type": "string"}}]}, "/allOf/1/items"),
@@ -512,6 +512,25 @@ def test_decimal_bounds_on_a_number_admit_exactly_the_numbers_between_them(bound
         assert accepts(compiled, text.encode()) == validator.is_valid(json.loads(text)), (schema, text)
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "not": {"pattern": "^a"}},
+    {"type": ["string", "integer"], "maxLength": 3, "not": {"pattern": "b$"}},
+    {"type": "integer", "not": {"enum": [1, 5]}},
+    {"type": "number", "not": {"const": 1.5}},
+    {"type": "string", "minLength": 2, "not": {"enum": ["ab", 'x"y']}},
+    {"not": {"not": {"type": "integer", "minimum": 2}}},
+    {"anyOf": [{"type": "integer", "not": {}}, {"type": "string", "maxLength": 1}]},
+])
+def test_not_of_patterns_values_and_not_admits_exactly_what_the_schema_validates(schema: Any) -> None:
+    compiled = schema_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in ['"abc"', '"bac"', '""', '"ab"', '"b"', '"x\\"y"', '"\\u0061b"', '"ba"', "1", "2", "5", "-1",
+                 "1.5", "1.50", "1.55", "15", "null", "true"]:
+        assert accepts(compiled, text.encode()) <= validator.is_valid(json.loads(text)), (schema, text)
+        if "\\u" not in text:  # an escape that spells a value ruled out is not written
+            assert accepts(compiled, text.encode()) == validator.is_valid(json.loads(text)), (schema, text)
+
+
 def test_multiple_of_a_decimal_step_bounds_the_fraction_digits() -> None:
     cents = schema_of({"type": "number", "multipleOf": 0.01, "minimum": 0})
     for text in ["0", "12", "12.3", "12.34", "0.05", "12.340"]:
@@ -751,14 +770,25 @@ def test_length_bounds_no_string_of_a_format_meets_leave_nothing_of_that_branch(
     assert accepts(either, b"null") and not accepts(either, b'"1.2.3.4"')
 
 
-@pytest.mark.parametrize(("name", "bounds", "keyword"), [
-    ("email", {"maxLength": 40}, "maxLength"), ("ipv4", {"minLength": 8}, "minLength"),
-    ("date-time", {"minLength": 25, "maxLength": 30}, "maxLength")])
-def test_length_bounds_that_cut_a_format_are_refused_naming_both_keywords_and_the_pointer(
-        name: str, bounds: dict[str, int], keyword: str) -> None:
-    error = refused({"type": "object", "properties": {"a/b": {"type": "string", "format": name, **bounds}}},
-                    "SCHEMA_UNSUPPORTED")
-    expected = f"/properties/a~1b/{keyword}: '{keyword}' beside 'format' '{name}'"
+@pytest.mark.parametrize(("name", "bounds", "texts"), [
+    ("email", {"maxLength": 8}, ["a@b.cd", "ab@cd.ef", "abcd@ef.gh", "a@bcdefgh.ij"]),
+    ("ipv4", {"minLength": 8}, ["1.2.3.4", "10.2.3.4", "255.255.255.255"]),
+    ("date-time", {"minLength": 22, "maxLength": 24},
+     ["2024-01-02T03:04:05Z", "2024-01-02T03:04:05.5Z", "2024-01-02T03:04:05.123Z",
+      "2024-01-02T03:04:05.1234Z"])])
+def test_length_bounds_that_cut_a_format_admit_exactly_its_strings_of_those_lengths(
+        name: str, bounds: dict[str, int], texts: list[str]) -> None:
+    schema = {"type": "string", "format": name, **bounds}
+    compiled = schema_of(schema)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=FORMATS)
+    for value in texts:
+        assert accepts(compiled, json.dumps(value).encode()) == validator.is_valid(value), value
+
+
+def test_a_length_that_cuts_a_format_past_the_automaton_limit_is_refused_naming_both_keywords() -> None:
+    error = refused({"type": "object", "properties": {"a/b": {"type": "string", "format": "email",
+                                                              "maxLength": 30_000}}}, "SCHEMA_UNSUPPORTED")
+    expected = "/properties/a~1b/maxLength: 'maxLength' beside 'format' 'email'"
     assert str(error).startswith(expected), str(error)
 
 
