@@ -84,7 +84,8 @@ def _compile(kind: str, spec: str | Sequence[str], vocabulary: Vocabulary, limit
     field = FIELDS[kind]
     if kind == "choice":
         return automaton(choice_tree(spec, limits), vocabulary, limits, field, budget)
-    source = _text_spec(spec, limits, field)
+    cap = limits.max_spec_bytes if kind in ("grammar", "regex") else limits.max_schema_bytes
+    source = _text_spec(spec, cap, field)
     if kind == "grammar":
         return _grammar(source, vocabulary, limits, budget)
     try:
@@ -149,12 +150,12 @@ def choice_tree(options: str | Sequence[str], limits: Limits) -> Node:
                            reason="CHOICE_INVALID", field=field) from exc
 
 
-def _text_spec(spec: str | Sequence[str], limits: Limits, field: str) -> str:
+def _text_spec(spec: str | Sequence[str], cap: int, field: str) -> str:
     if not isinstance(spec, str):
         raise InvalidInput("this constraint kind takes one text", reason="CONSTRAINT_INVALID", field=field)
     size = len(spec.encode("utf-8", "surrogatepass"))
-    if size > limits.max_spec_bytes:
-        raise InvalidInput(f"the constraint's text is {size} bytes, over the {limits.max_spec_bytes} limit",
+    if size > cap:
+        raise InvalidInput(f"the constraint's text is {size} bytes, over the {cap} limit",
                            reason="CONSTRAINT_TOO_LARGE", field=field)
     return spec
 

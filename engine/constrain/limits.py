@@ -18,8 +18,10 @@ class Limits:
     # NFA state ids held in the DFA's subsets and epsilon closures together (~30 bytes each: their
     # memory, which the state counts alone do not bound, stays under ~150 MiB).
     max_subset_members: int = 5_000_000
-    # Text of a regex, a JSON schema or a grammar, in UTF-8 bytes.
+    # Text of a regex or a grammar, in UTF-8 bytes; of a JSON schema (real-world ones, Kubernetes'
+    # among them, pass 64 KiB; the compile's Budget and max_schema_nodes bound the work).
     max_spec_bytes: int = 65_536
+    max_schema_bytes: int = 1 << 20
     # A choice: how many options, and their UTF-8 bytes together.
     max_choices: int = 4_096
     max_choice_bytes: int = 65_536

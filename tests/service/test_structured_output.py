@@ -358,10 +358,10 @@ def refusal(call: Callable[[], object]) -> tuple[grpc.StatusCode, str, str, list
     return got.code, got.message, got.reason, got.fields
 
 
-MULTIPLE_OF = '{"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 5}}}'
+CONTAINS = '{"type": "object", "properties": {"tags": {"type": "array", "contains": {"type": "string"}}}}'
 BAD = [
-    (pb.Constraint(json_schema=MULTIPLE_OF), "SCHEMA_UNSUPPORTED", "constraint.json_schema",
-     "/properties/age/multipleOf"),
+    (pb.Constraint(json_schema=CONTAINS), "SCHEMA_UNSUPPORTED", "constraint.json_schema",
+     "/properties/tags/contains"),
     (pb.Constraint(json_schema='{"type": "object",'), "SCHEMA_INVALID", "constraint.json_schema",
      "not valid JSON"),
     (pb.Constraint(regex="(a"), "REGEX_INVALID", "constraint.regex", "does not parse"),

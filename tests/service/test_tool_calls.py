@@ -278,9 +278,9 @@ def test_tool_choice_none_answers_in_text_even_when_the_reply_looks_like_a_call(
 BAD_FUNCTION = {"type": "function", "function": {"name": "has space"}}
 TEXT_PARAMETERS = {"type": "function", "function": {"name": "f", "parameters": "{}"}}
 NOT_SERVED = {"type": "function", "function": {"name": "f", "parameters": {  # a schema Ladder does not serve
-    "type": "object", "properties": {"x": {"type": "string", "not": {"pattern": "^a"}}}}}}
-HUGE = {"type": "function", "function": {"name": "f", "parameters": {  # over the 64 KiB constraint limit
-    "type": "object", "properties": {"x": {"enum": [f"value {i:05d}" for i in range(8000)]}}}}}
+    "type": "object", "properties": {"x": {"type": "array", "contains": {"type": "string"}}}}}}
+HUGE = {"type": "function", "function": {"name": "f", "parameters": {  # over the 1 MiB schema limit
+    "type": "object", "properties": {"x": {"enum": [f"value {i:06d}" for i in range(80_000)]}}}}}
 REFUSED = [
     ({"tools": [BAD_FUNCTION]}, "tools[0].function.name"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
