@@ -77,10 +77,46 @@ _LABEL = (r"[A-Za-z0-9](?:[A-Za-z0-9-]?[A-Za-z0-9])?"
           r"|[A-Za-z0-9][A-Za-z0-9-](?:[A-Za-z0-9][A-Za-z0-9-]{0,59}[A-Za-z0-9]|-[A-Za-z0-9](?:[A-Za-z0-9-]{0,58}[A-Za-z0-9])?)")
 _LABEL = f"(?:{_LABEL})"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-# RFC 3986: a scheme, then the characters a URI is written in (unreserved, reserved, %HH); the
-# parts' own grammar (authority, path, query) is not checked.
+# RFC 3986's grammar: scheme, authority (userinfo, host, port), path, query and fragment, each of
+# the characters it may hold (%HH escapes well formed), an IP literal an IPv6 address (or IPvFuture).
+# An IRI (RFC 3987) adds the non-ASCII characters it allows.
 _SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*"
-_URI_CHARS = r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})*"
+_H16 = r"[0-9A-Fa-f]{1,4}"
+_IPV4 = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?:\.(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}"
+_LS32 = f"(?:{_H16}:{_H16}|{_IPV4})"
+_IPV6 = "|".join([
+    f"(?:{_H16}:){{6}}{_LS32}", f"::(?:{_H16}:){{5}}{_LS32}", f"(?:{_H16})?::(?:{_H16}:){{4}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,1}}{_H16})?::(?:{_H16}:){{3}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,2}}{_H16})?::(?:{_H16}:){{2}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}", f"(?:(?:{_H16}:){{0,4}}{_H16})?::{_LS32}",
+    f"(?:(?:{_H16}:){{0,5}}{_H16})?::{_H16}", f"(?:(?:{_H16}:){{0,6}}{_H16})?::"])
+_UCS = "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef"
+
+
+def _uri(reference: bool, iri: bool) -> str:
+    unreserved = "A-Za-z0-9\\-._~" + (_UCS if iri else "")
+    plain = f"(?:[{unreserved}!$&'()*+,;=]|%[0-9A-Fa-f]{{2}})"  # unreserved, sub-delims, %HH
+    pchar = f"(?:{plain}|[:@])"
+    segment, nonempty = f"{pchar}*", f"{pchar}+"
+    literal = f"\\[(?:{_IPV6}|v[0-9A-Fa-f]+\\.(?:{plain}|:)+)\\]"  # an IP literal: IPv6 or IPvFuture
+    authority = f"(?:(?:{plain}|:)*@)?(?:{literal}|{plain}*)(?::\\d*)?"
+    after = f"(?:\\?(?:{pchar}|[/?])*)?(?:#(?:{pchar}|[/?])*)?"
+    hier = f"(?://{authority}(?:/{segment})*|/(?:{nonempty}(?:/{segment})*)?|{nonempty}(?:/{segment})*|)"
+    absolute = f"{_SCHEME}:{hier}{after}"
+    if not reference:
+        return absolute
+    no_colon = f"(?:{plain}|@)+"  # a relative path's first segment holds no ":" (it would be a scheme)
+    relative = f"(?://{authority}(?:/{segment})*|/(?:{nonempty}(?:/{segment})*)?|{no_colon}(?:/{segment})*|){after}"
+    return f"(?:{absolute}|{relative})"
+
+
+# RFC 6570: literal characters and {expressions} of an optional operator and variables.
+_VARNAME = r"(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})(?:\.?(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2}))*"
+_VARSPEC = f"{_VARNAME}(?::[1-9]\\d{{0,3}}|\\*)?"
+_URI_TEMPLATE = (f"(?:[!#$&()*+,\\-./0-9:;=?@A-Z\\[\\]_a-z~{_UCS}]|%[0-9A-Fa-f]{{2}}"
+                 f"|\\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*")
+_DURATION_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
+_DURATION = rf"P(?:(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)(?:{_DURATION_TIME})?|{_DURATION_TIME}|\d+W)"
 # February stops at the 28th and seconds at 59: every date written is a real one, in any year.
 FORMATS = {
     "date": _DATE,
@@ -90,8 +126,13 @@ FORMATS = {
     "email": rf"{_ATOM}(?:\.{_ATOM})*@{_LABEL}(?:\.{_LABEL})+",
     "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
     "hostname": rf"{_LABEL}(?:\.{_LABEL})*",
-    "uri": rf"{_SCHEME}:{_URI_CHARS}",
-    "uri-reference": rf"(?:{_SCHEME}:)?{_URI_CHARS}",
+    "ipv6": _IPV6,
+    "uri": _uri(reference=False, iri=False),
+    "uri-reference": _uri(reference=True, iri=False),
+    "iri": _uri(reference=False, iri=True),
+    "iri-reference": _uri(reference=True, iri=True),
+    "uri-template": _URI_TEMPLATE,
+    "duration": _DURATION,
 }
 
 
@@ -104,8 +145,13 @@ FORMAT_LENGTHS: dict[str, tuple[int, int | None]] = {
     "email": (5, None),  # a@b.c
     "ipv4": (7, 15),
     "hostname": (1, None),
+    "ipv6": (2, 45),  # :: .. ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255
     "uri": (2, None),  # a:
     "uri-reference": (0, None),
+    "iri": (2, None),
+    "iri-reference": (0, None),
+    "uri-template": (0, None),
+    "duration": (3, None),  # P1D
 }
 
 

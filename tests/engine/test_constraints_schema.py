@@ -834,11 +834,30 @@ def test_hostname_and_uri_formats_are_enforced(name: str, good: list[str], bad: 
 
 
 def test_formats_that_are_not_enforced_are_annotations_any_string_within_the_lengths() -> None:
-    compiled = schema_of({"type": "string", "format": "ipv6", "maxLength": 5})
-    assert accepts(compiled, b'"::1"') and accepts(compiled, b'"hello"')
+    compiled = schema_of({"type": "string", "format": "json-pointer", "maxLength": 5})
+    assert accepts(compiled, b'"/a/b"') and accepts(compiled, b'"hello"')
     assert not accepts(compiled, b'"toolong"')
-    beside = schema_of({"type": "string", "format": "duration", "pattern": "^P"})
+    beside = schema_of({"type": "string", "format": "regex", "pattern": "^P"})
     assert accepts(beside, b'"P1D"') and not accepts(beside, b'"1D"')
+
+
+@pytest.mark.parametrize(("name", "good", "bad"), [
+    ("ipv6", ["::1", "::", "2001:db8::8a2e:370:7334", "::ffff:192.168.1.1"], ["1::2::3", ":::", "12345::"]),
+    ("uri", ["http://example.com", "urn:isbn:0451450523", "http://[::1]:80/x?q#f"],
+     ["://", "http://example.com:abc/path", "http://[::ffff:01.2.3.4]"]),
+    ("uri-reference", ["/a/b", "a/b", "", "?x", "#f", "//host/p"], ["://", ":a", "a b"]),
+    ("iri", ["http://ex.com/\u015d", "http://\u4f8b\u5b50.\u6d4b\u8bd5"], ["not-an-iri", "://"]),
+    ("uri-template", ["http://example.com/r/{id}", "/{+path}/x{?q,lang}", "{var:30}", "a{list*}"],
+     ["http://example.com/r/{", "{}", "{a b}"]),
+    ("duration", ["P1D", "PT1H30M", "P1Y2M3DT4H5M6S", "P4W"], ["P", "PT", "P1D2Y", "1D"]),
+])
+def test_uris_templates_ipv6_and_durations_admit_their_rfc_grammar(name: str, good: list[str],
+                                                                   bad: list[str]) -> None:
+    compiled = schema_of({"type": "string", "format": name})
+    for value in good:
+        assert accepts(compiled, json.dumps(json.loads(f'"{value}"'), ensure_ascii=False).encode()), value
+    for value in bad:
+        assert not accepts(compiled, json.dumps(value).encode()), value
 
 
 def test_enum_and_const_objects_and_arrays_take_the_whitespace_any_value_may_have() -> None:
