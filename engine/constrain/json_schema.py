@@ -584,13 +584,38 @@ class _Compiler:
             if not isinstance(schema["enum"], list):
                 raise invalid(f"{pointer}/enum", "enum must be a non-empty list")
             values = [v for v in values if kw.json_key(v) in {kw.json_key(e) for e in schema["enum"]}]
-        for other in schema:
-            if other not in ("const", "enum", "type", *INTERNAL) and other in ASSERTIONS:
-                raise unsupported(f"{pointer}/{kw.escape(other)}", f"{other!r} beside {key!r}")
         types = self._types(schema, pointer) if "type" in schema else list(TYPE_KEYWORDS)
         excluded = {kw.json_key(v) for v in schema.get(EXCLUDED, [])}
-        return alt(*(jv.literal(v) for v in values
-                     if any(kw.is_type(v, t) for t in types) and kw.json_key(v) not in excluded))
+        values = [v for v in values
+                  if any(kw.is_type(v, t) for t in types) and kw.json_key(v) not in excluded]
+        others = [k for k in schema if k not in ("const", "enum", "type", *INTERNAL) and k in ASSERTIONS]
+        if others and values:
+            values = self._values_meeting(values, {k: schema[k] for k in others}, key, pointer)
+        return alt(*(jv.literal(v) for v in values))
+
+    def _values_meeting(self, values: list[Any], rest: dict[str, Any], key: str, pointer: str) -> list[Any]:
+        """The enum's (const's) values the schema's other keywords admit: each walked, compact,
+        through their automaton, read strictly (an object in its own member order and without
+        undeclared members: one the rest admits otherwise is left out, never an output the schema
+        rejects). Keywords whose automaton cannot be built here (recursion, an open value, past
+        the state limit) are refused, naming the first."""
+        first = next(iter(rest))
+        refusal = unsupported(f"{pointer}/{kw.escape(first)}", f"{first!r} beside {key!r}")
+        kinds = {next(t for t in TYPE_KEYWORDS if t != "integer" and kw.is_type(v, t)) for v in values}
+        # No undeclared members: no open value (a part, as above); $ref targets compiled so are
+        # not kept for the schema's own use.
+        saved = self.strict, dict(self.targets), dict(self.rules)
+        self.strict = True
+        try:
+            node = self.node({**rest, "type": sorted(kinds)}, pointer)  # the values' types only
+        finally:
+            self.strict, self.targets, self.rules = saved
+        if jv.refers(node):
+            raise refusal
+        try:
+            return [v for v in values if jv.matches(node, _compact(v))]
+        except nfa.TooLarge:
+            raise refusal from None
 
     def _types(self, schema: dict[str, Any], pointer: str) -> list[str]:
         declared = schema.get("type")
@@ -995,6 +1020,10 @@ class _Compiler:
         lengths = f"{shortest} to {longest}" if longest is not None else f"{shortest} or more"
         raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'format' {name!r} (whose strings are "
                           f"{lengths} characters long) where it holds for some of them only")
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
 
 
 def _all_required(members: Any) -> bool:

@@ -26,6 +26,7 @@ from engine.constrain.pattern import (
     Machine,
     Members,
     Node,
+    Ref,
     Repeat,
     Seq,
     Text,
@@ -538,3 +539,31 @@ def _product(first: Node, second: Node, keep_dead: bool, accepts: Any) -> Node:
         edges.append(out)
     ends = [table.accepting.tolist() for table in tables]
     return machine(edges, [accepts(ends[0][a], ends[1][b]) for a, b in order])
+
+
+def matches(node: Node, data: bytes) -> bool:
+    """Whether `node` (a tree without Ref: one automaton) matches `data`, by its DFA (nfa.TooLarge
+    past MAX_MULTIPLE_STATES states)."""
+    table = dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES), MAX_MULTIPLE_STATES)
+    state = dfa.START
+    for byte in data:
+        state = int(table.table[state, byte])
+        if state == dfa.DEAD:
+            return False
+    return bool(table.accepting[state])
+
+
+def refers(node: Node, seen: set[int] | None = None) -> bool:
+    """Whether a tree holds a Ref (then only the pushdown engine runs it)."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return False
+    seen.add(id(node))
+    if isinstance(node, Ref):
+        return True
+    if isinstance(node, Seq | Alt | Members):
+        return any(refers(item, seen) for item in node.items) or (
+            isinstance(node, Members) and refers(node.separator, seen))
+    if isinstance(node, Repeat):
+        return refers(node.item, seen) or node.separator is not None and refers(node.separator, seen)
+    return False

@@ -111,7 +111,7 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
     ({"type": "string", "pattern": "^\\p{Letter}+$"}, "/pattern"),
     ({"allOf": [{"items": [{"type": "string"}]}, {"items": {"type": "string"}}]}, "/allOf/1/items"),
-    ({"enum": ["a", "b"], "maxLength": 1}, "/maxLength"),
+    ({"enum": [{"a": 1}], "properties": {"a": {}}}, "/properties"),
     ({"type": "object", "properties": {"a/b": {"contains": {}}}},
      "/properties/a~1b/contains"),
 ])
@@ -529,6 +529,19 @@ def test_not_of_patterns_values_and_not_admits_exactly_what_the_schema_validates
         assert accepts(compiled, text.encode()) <= validator.is_valid(json.loads(text)), (schema, text)
         if "\\u" not in text:  # an escape that spells a value ruled out is not written
             assert accepts(compiled, text.encode()) == validator.is_valid(json.loads(text)), (schema, text)
+
+
+@pytest.mark.parametrize("schema", [
+    {"enum": ["a", "bbb", 3, 10, None], "maxLength": 2, "maximum": 5},
+    {"enum": [{"a": 1}, {"a": "x"}, {"b": 2}], "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {"type": "string", "enum": ["ab", "xyz"], "pattern": "^a"},
+])
+def test_enum_values_beside_other_keywords_are_those_the_keywords_admit(schema: Any) -> None:
+    compiled = schema_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in schema["enum"]:
+        written = json.dumps(value, separators=(",", ":")).encode()
+        assert accepts(compiled, written) == validator.is_valid(value), value
 
 
 def test_multiple_of_a_decimal_step_bounds_the_fraction_digits() -> None:
