@@ -17,6 +17,8 @@ from fractions import Fraction
 from functools import cache
 from typing import Any
 
+import numpy as np
+
 from engine.constrain import dfa, nfa, regex
 from engine.constrain.pattern import (
     EMPTY,
@@ -348,7 +350,7 @@ def multiples(number: Node, numerator: int, places: int) -> Node:
     ends = table.accepting.tolist()
     start = (dfa.START, 0, -1)  # (number's state, remainder, fraction digits so far: -1 before ".")
     ids, order = {start: 0}, [start]
-    edges: list[list[tuple[int, int]]] = []  # per state: (byte, target)
+    edges: list[list[tuple[int, int, int]]] = []  # per state: (byte, byte, target)
     while len(edges) < len(order):
         state, rest, fraction = order[len(edges)]
         out = []
@@ -366,19 +368,19 @@ def multiples(number: Node, numerator: int, places: int) -> Node:
                     raise nfa.TooLarge(f"more than {MAX_MULTIPLE_STATES} states for a multipleOf")
                 ids[after] = len(order)
                 order.append(after)
-            out.append((byte, ids[after]))
+            out.append((byte, byte, ids[after]))
         edges.append(out)
     accepting = [ends[state] and rest * pow(10, places - max(fraction, 0), numerator) % numerator == 0
                  for state, rest, fraction in order]
     return machine(edges, accepting)
 
 
-def machine(edges: list[list[tuple[int, int]]], accepting: list[bool]) -> Node:
+def machine(edges: list[list[tuple[int, int, int]]], accepting: list[bool]) -> Node:
     """A Machine of the states that can reach an accepting one (state 0 the start; NOTHING where it
-    cannot), runs of bytes with one target as one range."""
+    cannot); `edges[s]`: (first byte, last byte, target), adjacent ranges to one target joined."""
     before: list[list[int]] = [[] for _ in edges]
     for state, out in enumerate(edges):
-        for _, target in out:
+        for _, _, target in out:
             before[target].append(state)
     live = list(accepting)
     stack = [state for state, ends in enumerate(accepting) if ends]
@@ -394,13 +396,13 @@ def machine(edges: list[list[tuple[int, int]]], accepting: list[bool]) -> Node:
     moves = []
     for state in kept:
         ranges: list[tuple[int, int, int]] = []
-        for byte, target in edges[state]:
+        for lo, hi, target in sorted(edges[state]):
             if not live[target]:
                 continue
-            if ranges and ranges[-1][1] == byte - 1 and ranges[-1][2] == index[target]:
-                ranges[-1] = (ranges[-1][0], byte, index[target])
+            if ranges and ranges[-1][1] == lo - 1 and ranges[-1][2] == index[target]:
+                ranges[-1] = (ranges[-1][0], hi, index[target])
             else:
-                ranges.append((byte, byte, index[target]))
+                ranges.append((lo, hi, index[target]))
         moves.append(tuple(ranges))
     return Machine(tuple(moves), tuple(accepting[state] for state in kept))
 
@@ -513,21 +515,28 @@ def intersection(first: Node, second: Node) -> Node:
 
 def _product(first: Node, second: Node, keep_dead: bool, accepts: Any) -> Node:
     """Both DFAs walked side by side (the second's dead state kept where `keep_dead`), a pair
-    accepting as `accepts(first accepts, second accepts)` says."""
+    accepting as `accepts(first accepts, second accepts)` says; bytes that neither DFA tells
+    apart are walked once, as one class."""
     tables = [dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES), MAX_MULTIPLE_STATES)
               for node in (first, second)]
-    moves = [[[(b, t) for b, t in enumerate(row) if t != dfa.DEAD] for row in table.table.tolist()]
-             for table in tables]
+    kinds = [np.unique(t.table.T, axis=0, return_inverse=True)[1].ravel() for t in tables]
+    joint, representative, of_byte = np.unique(kinds[0] * (int(kinds[1].max()) + 1) + kinds[1],
+                                               return_index=True, return_inverse=True)
+    ranges: list[list[tuple[int, int]]] = [[] for _ in joint]  # each class's bytes, as ranges
+    for byte, kind in enumerate(of_byte.ravel().tolist()):
+        if ranges[kind] and ranges[kind][-1][1] == byte - 1:
+            ranges[kind][-1] = (ranges[kind][-1][0], byte)
+        else:
+            ranges[kind].append((byte, byte))
+    columns = [t.table[:, representative].tolist() for t in tables]  # [state][class] -> next
     start = (dfa.START, dfa.START)
     ids, order = {start: 0}, [start]
-    edges: list[list[tuple[int, int]]] = []
+    edges: list[list[tuple[int, int, int]]] = []
     while len(edges) < len(order):
         a, b = order[len(edges)]
-        row_b = tables[1].table[b]
-        out = []
-        for byte, target in moves[0][a]:
-            other = int(row_b[byte])
-            if other == dfa.DEAD and not keep_dead:
+        out: list[tuple[int, int, int]] = []
+        for kind, (target, other) in enumerate(zip(columns[0][a], columns[1][b], strict=True)):
+            if target == dfa.DEAD or other == dfa.DEAD and not keep_dead:
                 continue
             pair = (target, other)
             if pair not in ids:
@@ -535,7 +544,7 @@ def _product(first: Node, second: Node, keep_dead: bool, accepts: Any) -> Node:
                     raise nfa.TooLarge(f"more than {MAX_MULTIPLE_STATES} states for an intersection")
                 ids[pair] = len(order)
                 order.append(pair)
-            out.append((byte, ids[pair]))
+            out.extend((lo, hi, ids[pair]) for lo, hi in ranges[kind])
         edges.append(out)
     ends = [table.accepting.tolist() for table in tables]
     return machine(edges, [accepts(ends[0][a], ends[1][b]) for a, b in order])
