@@ -411,26 +411,34 @@ class _Compiler:
             at = f"{pointer}/{key}/{i}"
             plain = {"allOf": [member], **beside} if beside else member
             others = value[:i] + value[i + 1:]
-            exclusive = self._exclusive(member, others, plain, at) if key == "oneOf" else None
+            exclusive = self._exclusive(member, others, plain, beside, at) if key == "oneOf" else None
             if exclusive is not None:
                 parts.append(exclusive)
             else:
                 parts.append(self._all_of(plain, at) if beside else self.node(member, at))
         return alt(*parts)
 
-    def _exclusive(self, member: Any, others: list[Any], plain: Any, pointer: str) -> Node | None:
-        """A oneOf member and none of the others: each other member it may overlap (kw.disjoint
-        cannot tell them apart) that requires names is ruled out by leaving one of its names out
-        (`not` of required lists: a part of "not that member", never more). None where no other
-        member needs ruling out or it cannot be written so (the member alone then: anyOf's
-        reading, which admits a value two members both meet)."""
+    def _exclusive(self, member: Any, others: list[Any], plain: Any, beside: dict[str, Any],
+                   pointer: str) -> Node | None:
+        """A oneOf member and none of the others: each other member it may overlap (neither
+        kw.disjoint nor _apart_by_values tells them apart) that requires a name the member does not
+        is ruled out by leaving one such name out (`not` of required lists: a part of "not that
+        member", never more). None where no other member needs ruling out or it cannot be written
+        so (the member alone then: anyOf's reading, which admits a value two members both meet)."""
         mine = self._in_view(member)
+        given = [n for s in (mine, beside) if isinstance(s, dict) and isinstance(s.get("required"), list)
+                 for n in s["required"]]
         lists = []
         for other in others:
             theirs = self._in_view(other)
             names = theirs.get("required") if isinstance(theirs, dict) else None
-            if (isinstance(names, list) and names and all(isinstance(n, str) for n in names)
-                    and not kw.disjoint(mine, theirs)):
+            if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+                continue
+            if kw.disjoint(_requiring(mine, given), _requiring(theirs, given)):
+                continue
+            if self._apart_by_values(mine, theirs, given, pointer):
+                continue
+            if set(names) - set(given):
                 lists.append(names)
         if not lists:
             return None
@@ -440,6 +448,27 @@ class _Compiler:
             if exc.reason != "SCHEMA_UNSUPPORTED":
                 raise
             return None
+
+    def _apart_by_values(self, first: Any, second: Any, given: list[str], pointer: str) -> bool:
+        """Whether a property one of two members requires (or `given` requires) has schemas in the
+        two whose values have none in common, as their automata show (a pattern `^success$`
+        against `^fail$`); False where they cannot be built as automata."""
+        if not isinstance(first, dict) or not isinstance(second, dict):
+            return False
+        own = [s["properties"] if isinstance(s.get("properties"), dict) else {} for s in (first, second)]
+        needed = set(given) | {n for s in (first, second) if isinstance(s.get("required"), list)
+                               for n in s["required"] if isinstance(n, str)}
+        for name in set(own[0]) & set(own[1]) & needed:
+            saved = dict(self.targets), dict(self.rules)
+            try:
+                nodes = [self.node(side[name], f"{pointer}/properties/{kw.escape(name)}") for side in own]
+                if not any(jv.refers(n) for n in nodes) and jv.intersection(*nodes) == NOTHING:
+                    return True
+            except (InvalidInput, nfa.TooLarge):
+                continue
+            finally:
+                self.targets, self.rules = saved
+        return False
 
     def _in_view(self, schema: Any) -> Any:
         """A schema as its keywords show it: a local $ref alone, its target."""
@@ -1020,6 +1049,14 @@ class _Compiler:
         lengths = f"{shortest} to {longest}" if longest is not None else f"{shortest} or more"
         raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'format' {name!r} (whose strings are "
                           f"{lengths} characters long) where it holds for some of them only")
+
+
+def _requiring(schema: Any, names: list[str]) -> Any:
+    """A schema with `names` required too (the keywords beside a oneOf hold for each member)."""
+    if not isinstance(schema, dict) or not names:
+        return schema
+    own = schema.get("required")
+    return {**schema, "required": [*(own if isinstance(own, list) else []), *names]}
 
 
 def _compact(value: Any) -> bytes:

@@ -608,6 +608,20 @@ def test_one_of_members_that_require_names_are_kept_apart_exactly(schema: Any) -
     check_combinations(schema)
 
 
+def test_one_of_members_whose_required_values_cannot_meet_are_written_whole() -> None:
+    status = {"type": "object", "oneOf": [
+        {"required": ["status", "data"], "properties": {"status": {"pattern": "^success$"}, "data": {}}},
+        {"required": ["status", "data"], "properties": {"status": {"pattern": "^fail$"}, "data": {}}}]}
+    compiled = schema_of(status)
+    for text in ['{"status":"success","data":1}', '{"status":"fail","data":null}']:
+        assert accepts(compiled, text.encode()), text
+    assert not accepts(compiled, b'{"status":"other","data":1}')
+    tagged = schema_of({"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}},
+                        "oneOf": [{"properties": {"type": {"enum": ["Point"]}, "x": {}}, "required": ["x"]},
+                                  {"properties": {"type": {"enum": ["Line"]}, "y": {}}, "required": ["y"]}]})
+    assert accepts(tagged, b'{"type":"Point","x":1}') and not accepts(tagged, b'{"type":"Line","x":1}')
+
+
 def test_one_of_members_apart_by_type_values_or_a_discriminator_need_nothing_more() -> None:
     assert kw.disjoint({"type": "string"}, {"type": ["object", "null"]})
     assert not kw.disjoint({"type": "integer"}, {"type": "number"})
