@@ -62,6 +62,7 @@ from engine.constrain.json_keywords import (
     MAX_UNIQUE_VALUES,
     MERGED,
     OPEN,
+    OWN_FIRST,
     TYPE_KEYWORDS,
     UNMATCHED,
     invalid,
@@ -409,7 +410,8 @@ class _Compiler:
         parts = []
         for i, member in enumerate(value):
             at = f"{pointer}/{key}/{i}"
-            plain = {"allOf": [member], **beside} if beside else member
+            # The keywords beside first: their properties' order leads.
+            plain = {"allOf": [member], **beside, OWN_FIRST: True} if beside else member
             others = value[:i] + value[i + 1:]
             exclusive = self._exclusive(member, others, plain, beside, at) if key == "oneOf" else None
             if exclusive is not None:
@@ -494,9 +496,10 @@ class _Compiler:
         exact = self._exactly(schema, [], pointer)
         if exact is not None:
             return exact
-        beside = {k: v for k, v in schema.items() if k != "allOf"}
-        return self._merged([(m, f"{pointer}/allOf/{i}") for i, m in enumerate(value)] + [(beside, pointer)],
-                            pointer)
+        beside = {k: v for k, v in schema.items() if k not in ("allOf", OWN_FIRST)}
+        members = [(m, f"{pointer}/allOf/{i}") for i, m in enumerate(value)]
+        ordered = [(beside, pointer), *members] if schema.get(OWN_FIRST) else [*members, (beside, pointer)]
+        return self._merged(ordered, pointer)
 
     def _merged(self, members: list[tuple[Any, str]], pointer: str) -> Node:
         """The schemas (each with its own pointer) merged into one, as allOf's members are."""
@@ -525,6 +528,7 @@ class _Compiler:
                                reason="CONSTRAINT_TOO_LARGE", field=FIELD)
         self._count(pointer)
         own = {k: v for k, v in member.items() if k in ASSERTIONS or k in INTERNAL}
+        own_first = own.pop(OWN_FIRST, False)
         merged: dict[str, Any] = {}
         ref = own.pop("$ref", None)
         nested = own.pop("allOf", None)
@@ -543,12 +547,15 @@ class _Compiler:
         if "if" in own and "else" not in own:  # then holds always (_lowered): merge it
             own.pop("if")
             parts.append((own.pop("then", True), f"{pointer}/then"))
+        if own_first:
+            kw.merge_into(merged, own, pointer)
         for part, at in parts:
             flat = self._flattened(part, at, depth + 1)
             if flat is None:
                 return None
             kw.merge_into(merged, kw.alone(flat), at)
-        kw.merge_into(merged, own, pointer)
+        if not own_first:
+            kw.merge_into(merged, own, pointer)
         return merged
 
     def _ref(self, ref: Any, pointer: str, beside: dict[str, Any] | None = None) -> Node:

@@ -622,6 +622,13 @@ def test_one_of_members_whose_required_values_cannot_meet_are_written_whole() ->
     assert accepts(tagged, b'{"type":"Point","x":1}') and not accepts(tagged, b'{"type":"Line","x":1}')
 
 
+def test_properties_beside_an_any_of_keep_their_order_ahead_of_a_member_s() -> None:
+    compiled = schema_of({"type": "object", "additionalProperties": False,
+                          "properties": {"a": {"type": "string"}, "b": {}, "c": {}},
+                          "anyOf": [{"properties": {"c": {"const": 1}, "a": {"const": "x"}}}]})
+    assert accepts(compiled, b'{"a":"x","b":2,"c":1}') and not accepts(compiled, b'{"c":1,"a":"x","b":2}')
+
+
 def test_one_of_members_apart_by_type_values_or_a_discriminator_need_nothing_more() -> None:
     assert kw.disjoint({"type": "string"}, {"type": ["object", "null"]})
     assert not kw.disjoint({"type": "integer"}, {"type": "number"})
