@@ -810,15 +810,16 @@ class _Compiler:
         tail = []
         others = given is not None or not self.strict  # explicit, or the spec's reading of absent
         if others and additional is not False and names is None and most is None:
-            # Others after the declared ones, keys written plainly (no escape can spell a declared name).
+            # Others around the declared ones, keys written plainly (no escape can spell a declared name).
             key = seq(jv.QUOTE, jv.plain_other_than(list(declared)), jv.QUOTE)
             other = seq(key, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
             tail.append((repeat(other, 1, None, jv.COMMA), False))
         # Declared order, or (where it differs) the required ones first, in `required`'s order.
         orders = [list(named), [*dict.fromkeys(n for n in required if n in named),
                                 *(n for n in named if n not in required)]]
-        return alt(*(seq(text("{"), members([*((named[n], n in required) for n in order), *tail], jv.COMMA),
-                         text("}"))
+        # Others before the declared ones too (a config file's "$schema" first).
+        return alt(*(seq(text("{"), members([*tail, *((named[n], n in required) for n in order), *tail],
+                                            jv.COMMA), text("}"))
                      for order in (orders[:1] if orders[0] == orders[1] else orders)))
 
     def _patterned(self, schema: dict[str, Any], properties: dict[str, Any], required: list[str],

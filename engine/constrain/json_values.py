@@ -303,7 +303,8 @@ def plain_other_than(names: list[str]) -> Node:
         node[""] = {}  # a name ends here
 
     def other(node: dict[str, Any]) -> Node:
-        following = [c for c in node if c]
+        # A character written escaped in a name never follows plainly: no plain string spells it.
+        following = [c for c in node if c and not any(lo <= ord(c) <= hi for lo, hi in NEEDS_ESCAPE)]
         left = chars(subtract(complement(NEEDS_ESCAPE), tuple((ord(c), ord(c)) for c in following)))
         parts = [seq(left, repeat(UNESCAPED, 0, None)), *(seq(text(c), other(node[c])) for c in following)]
         if "" not in node:
