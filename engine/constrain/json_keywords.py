@@ -25,7 +25,7 @@ TYPE_KEYWORDS = {
     "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
                "patternProperties", "unevaluatedProperties", "propertyNames"),
     "array": ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
-              "unevaluatedItems"),
+              "unevaluatedItems", "contains", "minContains", "maxContains"),
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
     "integer": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),

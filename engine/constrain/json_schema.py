@@ -810,16 +810,17 @@ class _Compiler:
         tail = []
         others = given is not None or not self.strict  # explicit, or the spec's reading of absent
         if others and additional is not False and names is None and most is None:
-            # Others around the declared ones, keys written plainly (no escape can spell a declared name).
+            # Others after the declared ones, keys written plainly (no escape can spell a declared name).
             key = seq(jv.QUOTE, jv.plain_other_than(list(declared)), jv.QUOTE)
             other = seq(key, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
             tail.append((repeat(other, 1, None, jv.COMMA), False))
         # Declared order, or (where it differs) the required ones first, in `required`'s order.
         orders = [list(named), [*dict.fromkeys(n for n in required if n in named),
                                 *(n for n in named if n not in required)]]
-        # Others before the declared ones too (a config file's "$schema" first).
-        return alt(*(seq(text("{"), members([*tail, *((named[n], n in required) for n in order), *tail],
-                                            jv.COMMA), text("}"))
+        # Others after the declared ones only: a model given them first writes them before the
+        # properties asked for (a small one runs out of tokens there).
+        return alt(*(seq(text("{"), members([*((named[n], n in required) for n in order), *tail], jv.COMMA),
+                         text("}"))
                      for order in (orders[:1] if orders[0] == orders[1] else orders)))
 
     def _patterned(self, schema: dict[str, Any], properties: dict[str, Any], required: list[str],
@@ -944,10 +945,33 @@ class _Compiler:
             if prefix:
                 raise unsupported(f"{pointer}/uniqueItems", "'uniqueItems' beside items by position")
             return self._unique_values(items, lo or 0, hi, pointer)
+        if "contains" in schema:
+            for key in ("maxContains", "unevaluatedItems"):  # counts; items contains evaluates
+                if key in schema:
+                    raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'contains'")
+            if kw.count(schema, "minContains", pointer, 1) != 0:
+                return self._containing(schema, items, at, bool(prefix), lo or 0, hi, pointer)
         rest = self.node(items, at)
         if not prefix:
             return jv.array(rest, lo or 0, hi)
         return jv.positional_array([self.node(s, p) for s, p in prefix], rest, lo or 0, hi)
+
+    def _containing(self, schema: dict[str, Any], items: Any, at: str, by_position: bool, lo: int,
+                    hi: int | None, pointer: str) -> Node:
+        """contains (minContains 1, no maxContains): one item meets both items and contains, the
+        others items alone, any number before and after it, within minItems at most 1 and no
+        maxItems; any other count is SCHEMA_UNSUPPORTED."""
+        for key in ("prefixItems", "maxItems"):
+            if key in schema or key == "prefixItems" and by_position:
+                raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'contains'")
+        if kw.count(schema, "minContains", pointer, 1) != 1 or lo > 1:
+            key = "minContains" if "minContains" in schema else "minItems"
+            raise unsupported(f"{pointer}/{key}", f"{key!r} above 1 beside 'contains'")
+        other = self.node(items, at)
+        where = f"{pointer}/contains"
+        found = self._merged([(items, at), (schema["contains"], where)], where)
+        return seq(text("["), repeat(seq(other, jv.COMMA), 0, None), found,
+                   repeat(seq(jv.COMMA, other), 0, None), text("]"))
 
     def _positions(self, schema: dict[str, Any],
                    pointer: str) -> tuple[list[tuple[Any, str]], tuple[Any, str]]:

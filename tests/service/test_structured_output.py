@@ -358,10 +358,11 @@ def refusal(call: Callable[[], object]) -> tuple[grpc.StatusCode, str, str, list
     return got.code, got.message, got.reason, got.fields
 
 
-CONTAINS = '{"type": "object", "properties": {"tags": {"type": "array", "contains": {"type": "string"}}}}'
+UNIQUE = ('{"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, '
+          '"uniqueItems": true}}}')
 BAD = [
-    (pb.Constraint(json_schema=CONTAINS), "SCHEMA_UNSUPPORTED", "constraint.json_schema",
-     "/properties/tags/contains"),
+    (pb.Constraint(json_schema=UNIQUE), "SCHEMA_UNSUPPORTED", "constraint.json_schema",
+     "/properties/tags/uniqueItems"),
     (pb.Constraint(json_schema='{"type": "object",'), "SCHEMA_INVALID", "constraint.json_schema",
      "not valid JSON"),
     (pb.Constraint(regex="(a"), "REGEX_INVALID", "constraint.regex", "does not parse"),

@@ -278,7 +278,8 @@ def test_tool_choice_none_answers_in_text_even_when_the_reply_looks_like_a_call(
 BAD_FUNCTION = {"type": "function", "function": {"name": "has space"}}
 TEXT_PARAMETERS = {"type": "function", "function": {"name": "f", "parameters": "{}"}}
 NOT_SERVED = {"type": "function", "function": {"name": "f", "parameters": {  # a schema Ladder does not serve
-    "type": "object", "properties": {"x": {"type": "array", "contains": {"type": "string"}}}}}}
+    "type": "object", "properties": {"x": {"type": "array", "items": {"type": "string"},
+                                           "uniqueItems": True}}}}}
 HUGE = {"type": "function", "function": {"name": "f", "parameters": {  # over the 1 MiB schema limit
     "type": "object", "properties": {"x": {"enum": [f"value {i:06d}" for i in range(80_000)]}}}}}
 REFUSED = [
