@@ -85,7 +85,7 @@ _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 # An IRI (RFC 3987) adds the non-ASCII characters it allows.
 _SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*"
 _H16 = r"[0-9A-Fa-f]{1,4}"
-_IPV4 = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?:\.(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}"
+_IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
 _LS32 = f"(?:{_H16}:{_H16}|{_IPV4})"
 _IPV6 = "|".join([
     f"(?:{_H16}:){{6}}{_LS32}", f"::(?:{_H16}:){{5}}{_LS32}", f"(?:{_H16})?::(?:{_H16}:){{4}}{_LS32}",
@@ -127,7 +127,7 @@ FORMATS = {
     "date-time": f"{_DATE}T{_TIME}",
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "email": rf"{_ATOM}(?:\.{_ATOM})*@{_LABEL}(?:\.{_LABEL})+",
-    "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
+    "ipv4": _IPV4,
     "hostname": rf"{_LABEL}(?:\.{_LABEL})*",
     "ipv6": _IPV6,
     "uri": _uri(reference=False, iri=False),
