@@ -463,8 +463,10 @@ class _Compiler:
         for name in set(own[0]) & set(own[1]) & needed:
             saved = dict(self.targets), dict(self.rules)
             try:
-                nodes = [self.node(side[name], f"{pointer}/properties/{kw.escape(name)}") for side in own]
-                if not any(jv.refers(n) for n in nodes) and jv.intersection(*nodes) == NOTHING:
+                at = f"{pointer}/properties/{kw.escape(name)}"
+                one, two = self.node(own[0][name], at), self.node(own[1][name], at)
+                automata = not jv.refers(one) and not jv.refers(two)
+                if automata and jv.intersection(one, two, self.budget) == NOTHING:
                     return True
             except (InvalidInput, nfa.TooLarge):
                 continue
@@ -649,7 +651,7 @@ class _Compiler:
         if jv.refers(node):
             raise refusal
         try:
-            return [v for v in values if jv.matches(node, _compact(v))]
+            return [v for v in values if jv.matches(node, _compact(v), self.budget)]
         except nfa.TooLarge:
             raise refusal from None
 
@@ -699,15 +701,15 @@ class _Compiler:
         rest = {k: v for k, v in schema.items() if k != EXCLUDED}
         try:
             if name == "string":
-                node = jv.intersection(self._string(rest, pointer), jv.CANONICAL_STRING)
+                node = jv.intersection(self._string(rest, pointer), jv.CANONICAL_STRING, self.budget)
                 out = [jv.string_literal(v) for v in excluded if isinstance(v, str)]
-                return jv.difference(node, alt(*out))
+                return jv.difference(node, alt(*out), self.budget)
             if name in ("integer", "number"):
                 whole = name == "integer"
                 node = self._typed(name, rest, pointer) if whole else self._multiples(
                     self._number(rest, pointer, plain=True), rest, pointer, whole=False)
                 out = [jv.decimal_literal(v) for v in excluded if kw.is_type(v, name)]
-                return jv.difference(node, alt(*out))
+                return jv.difference(node, alt(*out), self.budget)
         except nfa.TooLarge as exc:
             raise unsupported(pointer, f"values ruled out of a {name} here ({exc})") from exc
         raise unsupported(pointer, f"a condition ('if') or 'not' ruling out {name} values (only strings, "
@@ -736,7 +738,7 @@ class _Compiler:
         if whole and numerator == 1:  # every integer
             return number
         try:
-            return jv.multiples(number, numerator, places)
+            return jv.multiples(number, numerator, places, self.budget)
         except nfa.TooLarge as exc:
             raise unsupported(f"{pointer}/multipleOf", f"'multipleOf' {value} here ({exc})") from exc
 
@@ -1027,8 +1029,9 @@ class _Compiler:
         if not unmatched:
             return node
         try:
-            return jv.difference(jv.intersection(node, jv.CANONICAL_STRING),
-                                 alt(*(self._pattern({"pattern": p}, f"{pointer}/not") for p in unmatched)))
+            return jv.difference(jv.intersection(node, jv.CANONICAL_STRING, self.budget),
+                                 alt(*(self._pattern({"pattern": p}, f"{pointer}/not") for p in unmatched)),
+                                 self.budget)
         except nfa.TooLarge as exc:
             raise unsupported(f"{pointer}/not", f"'not' of a pattern here ({exc})") from exc
 
@@ -1047,8 +1050,8 @@ class _Compiler:
                                       lambda: jv.string_format(schema["format"]), lo, hi)
         return jv.string(lo, hi)
 
-    @staticmethod
-    def _with_lengths(exact: Callable[[], Node], alone: Callable[[], Node], lo: int, hi: int | None) -> Node:
+    def _with_lengths(self, exact: Callable[[], Node], alone: Callable[[], Node], lo: int,
+                      hi: int | None) -> Node:
         """`exact()` (a tree), or where it is refused, `alone()`'s automaton intersected with the
         strings of lo to hi characters (refused as it was past jv.MAX_MULTIPLE_STATES states)."""
         try:
@@ -1057,7 +1060,7 @@ class _Compiler:
             if exc.reason != "SCHEMA_UNSUPPORTED":
                 raise
             try:
-                return jv.intersection(alone(), jv.string(lo, hi))
+                return jv.intersection(alone(), jv.string(lo, hi), self.budget)
             except nfa.TooLarge:
                 raise exc from None
 

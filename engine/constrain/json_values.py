@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from engine.constrain import dfa, nfa, regex
+from engine.constrain.budget import UNBOUNDED, Budget
 from engine.constrain.pattern import (
     EMPTY,
     NOTHING,
@@ -340,12 +341,12 @@ def _holds(node: Chars, code: int) -> bool:
 MAX_MULTIPLE_STATES = 20_000  # a multipleOf's machine: the number's states times the remainders
 
 
-def multiples(number: Node, numerator: int, places: int) -> Node:
+def multiples(number: Node, numerator: int, places: int, budget: Budget = UNBOUNDED) -> Node:
     """The strings of `number` (digits, at most one `.`, an optional `-`; no exponent) whose value
     is a multiple of numerator / 10**places: the number's DFA walked beside the remainder, mod
     `numerator`, of its digits read as one integer with the fraction padded to `places` digits.
     Past `places` fraction digits only zeros are written. nfa.TooLarge past MAX_MULTIPLE_STATES."""
-    table = dfa.determinize(nfa.build(number, MAX_MULTIPLE_STATES), MAX_MULTIPLE_STATES)
+    table = dfa.determinize(nfa.build(number, MAX_MULTIPLE_STATES, budget), MAX_MULTIPLE_STATES)
     moves = [[(byte, target) for byte, target in enumerate(row) if target != dfa.DEAD]
              for row in table.table.tolist()]
     ends = table.accepting.tolist()
@@ -353,6 +354,7 @@ def multiples(number: Node, numerator: int, places: int) -> Node:
     ids, order = {start: 0}, [start]
     edges: list[list[tuple[int, int, int]]] = []  # per state: (byte, byte, target)
     while len(edges) < len(order):
+        budget.tick()
         state, rest, fraction = order[len(edges)]
         out = []
         for byte, target in moves[state]:
@@ -503,22 +505,22 @@ def decimal_literal(value: int | float) -> Node:
     return seq(sign, text(str(whole)), tail)
 
 
-def difference(first: Node, second: Node) -> Node:
+def difference(first: Node, second: Node, budget: Budget = UNBOUNDED) -> Node:
     """The strings `first` matches and `second` does not, as a Machine."""
-    return _product(first, second, keep_dead=True, accepts=lambda a, b: a and not b)
+    return _product(first, second, budget, keep_dead=True, accepts=lambda a, b: a and not b)
 
 
-def intersection(first: Node, second: Node) -> Node:
+def intersection(first: Node, second: Node, budget: Budget = UNBOUNDED) -> Node:
     """The strings both nodes match, as a Machine: their DFAs walked side by side.
     nfa.TooLarge past MAX_MULTIPLE_STATES states."""
-    return _product(first, second, keep_dead=False, accepts=lambda a, b: a and b)
+    return _product(first, second, budget, keep_dead=False, accepts=lambda a, b: a and b)
 
 
-def _product(first: Node, second: Node, keep_dead: bool, accepts: Any) -> Node:
+def _product(first: Node, second: Node, budget: Budget, keep_dead: bool, accepts: Any) -> Node:
     """Both DFAs walked side by side (the second's dead state kept where `keep_dead`), a pair
     accepting as `accepts(first accepts, second accepts)` says; bytes that neither DFA tells
     apart are walked once, as one class."""
-    tables = [dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES), MAX_MULTIPLE_STATES)
+    tables = [dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES, budget), MAX_MULTIPLE_STATES)
               for node in (first, second)]
     kinds = [np.unique(t.table.T, axis=0, return_inverse=True)[1].ravel() for t in tables]
     joint, representative, of_byte = np.unique(kinds[0] * (int(kinds[1].max()) + 1) + kinds[1],
@@ -534,6 +536,7 @@ def _product(first: Node, second: Node, keep_dead: bool, accepts: Any) -> Node:
     ids, order = {start: 0}, [start]
     edges: list[list[tuple[int, int, int]]] = []
     while len(edges) < len(order):
+        budget.tick()
         a, b = order[len(edges)]
         out: list[tuple[int, int, int]] = []
         for kind, (target, other) in enumerate(zip(columns[0][a], columns[1][b], strict=True)):
@@ -551,10 +554,10 @@ def _product(first: Node, second: Node, keep_dead: bool, accepts: Any) -> Node:
     return machine(edges, [accepts(ends[0][a], ends[1][b]) for a, b in order])
 
 
-def matches(node: Node, data: bytes) -> bool:
+def matches(node: Node, data: bytes, budget: Budget = UNBOUNDED) -> bool:
     """Whether `node` (a tree without Ref: one automaton) matches `data`, by its DFA (nfa.TooLarge
     past MAX_MULTIPLE_STATES states)."""
-    table = dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES), MAX_MULTIPLE_STATES)
+    table = dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES, budget), MAX_MULTIPLE_STATES)
     state = dfa.START
     for byte in data:
         state = int(table.table[state, byte])

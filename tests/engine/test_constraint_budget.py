@@ -9,6 +9,7 @@ describes doubles at every level.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -35,6 +36,19 @@ def test_a_schema_over_the_budget_is_refused_within_about_the_budget() -> None:
     spent = time.thread_time() - started
     assert refused.value.reason == "CONSTRAINT_TOO_LARGE" and refused.value.field == "constraint.json_schema"
     assert "0.3 s of CPU time" in str(refused.value)
+    assert BUDGET_S <= spent < BUDGET_S + 0.5
+
+
+def test_automata_products_are_refused_within_about_the_budget() -> None:
+    """Lengths that cut a format, decimal bounds and multipleOf are automata walked side by side:
+    their work counts against the budget like the rest of the compile."""
+    properties = {f"p{i}": {"type": "string", "format": "email", "maxLength": 30 + i} for i in range(60)}
+    started = time.thread_time()
+    with pytest.raises(InvalidInput) as refused:
+        compile_constraint("json_schema", json.dumps({"type": "object", "properties": properties}), VOCAB,
+                           budget=Budget(BUDGET_S))
+    spent = time.thread_time() - started
+    assert refused.value.reason == "CONSTRAINT_TOO_LARGE", str(refused.value)
     assert BUDGET_S <= spent < BUDGET_S + 0.5
 
 
