@@ -47,8 +47,10 @@ from urllib.parse import unquote
 
 from engine.constrain import json_keywords as kw
 from engine.constrain import json_values as jv
+from engine.constrain import machines as mx
 from engine.constrain import nfa, regex
 from engine.constrain.budget import UNBOUNDED, Budget
+from engine.constrain.formats import FORMAT_LENGTHS, FORMATS
 from engine.constrain.json_keywords import (
     ASSERTIONS,
     COMBINATORS,
@@ -465,8 +467,8 @@ class _Compiler:
             try:
                 at = f"{pointer}/properties/{kw.escape(name)}"
                 one, two = self.node(own[0][name], at), self.node(own[1][name], at)
-                automata = not jv.refers(one) and not jv.refers(two)
-                if automata and jv.intersection(one, two, self.budget) == NOTHING:
+                automata = not mx.refers(one) and not mx.refers(two)
+                if automata and mx.intersection(one, two, self.budget) == NOTHING:
                     return True
             except (InvalidInput, nfa.TooLarge):
                 continue
@@ -648,10 +650,10 @@ class _Compiler:
             node = self.node({**rest, "type": sorted(kinds)}, pointer)  # the values' types only
         finally:
             self.strict, self.targets, self.rules = saved
-        if jv.refers(node):
+        if mx.refers(node):
             raise refusal
         try:
-            return [v for v in values if jv.matches(node, _compact(v), self.budget)]
+            return [v for v in values if mx.matches(node, _compact(v), self.budget)]
         except nfa.TooLarge:
             raise refusal from None
 
@@ -701,15 +703,15 @@ class _Compiler:
         rest = {k: v for k, v in schema.items() if k != EXCLUDED}
         try:
             if name == "string":
-                node = jv.intersection(self._string(rest, pointer), jv.CANONICAL_STRING, self.budget)
+                node = mx.intersection(self._string(rest, pointer), jv.CANONICAL_STRING, self.budget)
                 out = [jv.string_literal(v) for v in excluded if isinstance(v, str)]
-                return jv.difference(node, alt(*out), self.budget)
+                return mx.difference(node, alt(*out), self.budget)
             if name in ("integer", "number"):
                 whole = name == "integer"
                 node = self._typed(name, rest, pointer) if whole else self._multiples(
                     self._number(rest, pointer, plain=True), rest, pointer, whole=False)
                 out = [jv.decimal_literal(v) for v in excluded if kw.is_type(v, name)]
-                return jv.difference(node, alt(*out), self.budget)
+                return mx.difference(node, alt(*out), self.budget)
         except nfa.TooLarge as exc:
             raise unsupported(pointer, f"values ruled out of a {name} here ({exc})") from exc
         raise unsupported(pointer, f"a condition ('if') or 'not' ruling out {name} values (only strings, "
@@ -720,7 +722,7 @@ class _Compiler:
         multiple of p/q (lowest terms) when p divides it; a decimal, of p/q where q divides a power
         of ten (0.01, 2.5, 0.25), when its digits, fraction padded, are a multiple of p*10**n/q.
         Other divisors of a number (1/3) are SCHEMA_UNSUPPORTED, and so is a machine past
-        jv.MAX_MULTIPLE_STATES states."""
+        mx.MAX_MULTIPLE_STATES states."""
         if "multipleOf" not in schema:
             return number
         value = schema["multipleOf"]
@@ -738,14 +740,14 @@ class _Compiler:
         if whole and numerator == 1:  # every integer
             return number
         try:
-            return jv.multiples(number, numerator, places, self.budget)
+            return mx.multiples(number, numerator, places, self.budget)
         except nfa.TooLarge as exc:
             raise unsupported(f"{pointer}/multipleOf", f"'multipleOf' {value} here ({exc})") from exc
 
     def _number(self, schema: dict[str, Any], pointer: str, plain: bool = False) -> Node:
         """A number; bounds that are whole numbers give jv.number_range, decimal ones (`0.5`)
         jv.decimal_range, both without an exponent (as with multipleOf). A bound with more than
-        MAX_FRACTION_DIGITS fraction digits, or whose automaton passes jv.MAX_MULTIPLE_STATES
+        MAX_FRACTION_DIGITS fraction digits, or whose automaton passes mx.MAX_MULTIPLE_STATES
         states, is SCHEMA_UNSUPPORTED."""
         bounds = kw.bounds(schema, pointer)
         if not bounds:
@@ -1022,14 +1024,14 @@ class _Compiler:
 
     def _string(self, schema: dict[str, Any], pointer: str) -> Node:
         """A string: its pattern, format and lengths; where not written as one tree, their automata
-        intersected (jv.intersection). Patterns a `not` rules out (UNMATCHED) are taken out of the
+        intersected (mx.intersection). Patterns a `not` rules out (UNMATCHED) are taken out of the
         strings as CANONICAL_STRING writes them (so no escape can spell a match)."""
         node = self._string_alone(schema, pointer)
         unmatched = schema.get(UNMATCHED)
         if not unmatched:
             return node
         try:
-            return jv.difference(jv.intersection(node, jv.CANONICAL_STRING, self.budget),
+            return mx.difference(mx.intersection(node, jv.CANONICAL_STRING, self.budget),
                                  alt(*(self._pattern({"pattern": p}, f"{pointer}/not") for p in unmatched)),
                                  self.budget)
         except nfa.TooLarge as exc:
@@ -1039,7 +1041,7 @@ class _Compiler:
         lo = kw.count(schema, "minLength", pointer, 0) or 0
         hi = kw.count(schema, "maxLength", pointer, None)
         if "pattern" in schema:
-            if schema.get("format") in jv.FORMATS:  # other formats are annotations
+            if schema.get("format") in FORMATS:  # other formats are annotations
                 raise unsupported(f"{pointer}/format", "'format' beside 'pattern'")
             if "minLength" in schema or "maxLength" in schema:
                 return self._with_lengths(lambda: self._pattern_lengths(schema, pointer, lo, hi),
@@ -1053,14 +1055,14 @@ class _Compiler:
     def _with_lengths(self, exact: Callable[[], Node], alone: Callable[[], Node], lo: int,
                       hi: int | None) -> Node:
         """`exact()` (a tree), or where it is refused, `alone()`'s automaton intersected with the
-        strings of lo to hi characters (refused as it was past jv.MAX_MULTIPLE_STATES states)."""
+        strings of lo to hi characters (refused as it was past mx.MAX_MULTIPLE_STATES states)."""
         try:
             return exact()
         except InvalidInput as exc:
             if exc.reason != "SCHEMA_UNSUPPORTED":
                 raise
             try:
-                return jv.intersection(alone(), jv.string(lo, hi), self.budget)
+                return mx.intersection(alone(), jv.string(lo, hi), self.budget)
             except nfa.TooLarge:
                 raise exc from None
 
@@ -1072,9 +1074,9 @@ class _Compiler:
         name = schema["format"]
         if not isinstance(name, str):
             raise invalid(f"{pointer}/format", "format must be a string")
-        if name not in jv.FORMATS:  # an annotation (2020-12's default): the lengths alone hold
+        if name not in FORMATS:  # an annotation (2020-12's default): the lengths alone hold
             return jv.string(lo, hi)
-        shortest, longest = jv.FORMAT_LENGTHS[name]
+        shortest, longest = FORMAT_LENGTHS[name]
         if lo <= shortest and (hi is None or longest is not None and longest <= hi):
             return jv.string_format(name)
         if hi is not None and hi < shortest or longest is not None and lo > longest:

@@ -17,19 +17,16 @@ from fractions import Fraction
 from functools import cache
 from typing import Any
 
-import numpy as np
-
-from engine.constrain import dfa, nfa, regex
-from engine.constrain.budget import UNBOUNDED, Budget
+from engine.constrain import regex
+from engine.constrain.formats import FORMATS
+from engine.constrain.machines import intersection
 from engine.constrain.pattern import (
     EMPTY,
     NOTHING,
     Alt,
     Chars,
-    Machine,
     Members,
     Node,
-    Ref,
     Repeat,
     Seq,
     Text,
@@ -70,94 +67,6 @@ NUMBER = seq(INTEGER, optional(seq(text("."), repeat(DIGIT, 1, MAX_FRACTION_DIGI
              optional(seq(char_set("eE"), optional(char_set("+-")), repeat(DIGIT, 1, MAX_EXPONENT_DIGITS))))
 BOOLEAN = alt(text("true"), text("false"))
 NULL = text("null")
-
-_DATE = (r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
-         r"|02-(?:0[1-9]|1\d|2[0-8]))")
-_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
-_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
-# A DNS label (RFC 1123): letters, digits and inner hyphens, 63 at most; none with hyphens 3rd and 4th
-# (RFC 5891: "xn--" starts an A-label, whose Punycode a regex cannot check; the others are reserved).
-_LABEL = (r"[A-Za-z0-9](?:[A-Za-z0-9-]?[A-Za-z0-9])?"
-          r"|[A-Za-z0-9][A-Za-z0-9-](?:[A-Za-z0-9][A-Za-z0-9-]{0,59}[A-Za-z0-9]|-[A-Za-z0-9](?:[A-Za-z0-9-]{0,58}[A-Za-z0-9])?)")
-_LABEL = f"(?:{_LABEL})"
-_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-# RFC 3986's grammar: scheme, authority (userinfo, host, port), path, query and fragment, each of
-# the characters it may hold (%HH escapes well formed), an IP literal an IPv6 address (or IPvFuture).
-# An IRI (RFC 3987) adds the non-ASCII characters it allows.
-_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*"
-_H16 = r"[0-9A-Fa-f]{1,4}"
-_IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
-_LS32 = f"(?:{_H16}:{_H16}|{_IPV4})"
-_IPV6 = "|".join([
-    f"(?:{_H16}:){{6}}{_LS32}", f"::(?:{_H16}:){{5}}{_LS32}", f"(?:{_H16})?::(?:{_H16}:){{4}}{_LS32}",
-    f"(?:(?:{_H16}:){{0,1}}{_H16})?::(?:{_H16}:){{3}}{_LS32}",
-    f"(?:(?:{_H16}:){{0,2}}{_H16})?::(?:{_H16}:){{2}}{_LS32}",
-    f"(?:(?:{_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}", f"(?:(?:{_H16}:){{0,4}}{_H16})?::{_LS32}",
-    f"(?:(?:{_H16}:){{0,5}}{_H16})?::{_H16}", f"(?:(?:{_H16}:){{0,6}}{_H16})?::"])
-_UCS = "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef"
-
-
-def _uri(reference: bool, iri: bool) -> str:
-    unreserved = "A-Za-z0-9\\-._~" + (_UCS if iri else "")
-    plain = f"(?:[{unreserved}!$&'()*+,;=]|%[0-9A-Fa-f]{{2}})"  # unreserved, sub-delims, %HH
-    pchar = f"(?:{plain}|[:@])"
-    segment, nonempty = f"{pchar}*", f"{pchar}+"
-    literal = f"\\[(?:{_IPV6}|v[0-9A-Fa-f]+\\.(?:{plain}|:)+)\\]"  # an IP literal: IPv6 or IPvFuture
-    authority = f"(?:(?:{plain}|:)*@)?(?:{literal}|{plain}*)(?::\\d*)?"
-    after = f"(?:\\?(?:{pchar}|[/?])*)?(?:#(?:{pchar}|[/?])*)?"
-    hier = f"(?://{authority}(?:/{segment})*|/(?:{nonempty}(?:/{segment})*)?|{nonempty}(?:/{segment})*|)"
-    absolute = f"{_SCHEME}:{hier}{after}"
-    if not reference:
-        return absolute
-    no_colon = f"(?:{plain}|@)+"  # a relative path's first segment holds no ":" (it would be a scheme)
-    relative = f"(?://{authority}(?:/{segment})*|/(?:{nonempty}(?:/{segment})*)?|{no_colon}(?:/{segment})*|){after}"
-    return f"(?:{absolute}|{relative})"
-
-
-# RFC 6570: literal characters and {expressions} of an optional operator and variables.
-_VARNAME = r"(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})(?:\.?(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2}))*"
-_VARSPEC = f"{_VARNAME}(?::[1-9]\\d{{0,3}}|\\*)?"
-_URI_TEMPLATE = (f"(?:[!#$&()*+,\\-./0-9:;=?@A-Z\\[\\]_a-z~{_UCS}]|%[0-9A-Fa-f]{{2}}"
-                 f"|\\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*")
-_DURATION_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
-_DURATION = rf"P(?:(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)(?:{_DURATION_TIME})?|{_DURATION_TIME}|\d+W)"
-# February stops at the 28th and seconds at 59: every date written is a real one, in any year.
-FORMATS = {
-    "date": _DATE,
-    "time": _TIME,
-    "date-time": f"{_DATE}T{_TIME}",
-    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "email": rf"{_ATOM}(?:\.{_ATOM})*@{_LABEL}(?:\.{_LABEL})+",
-    "ipv4": _IPV4,
-    "hostname": rf"{_LABEL}(?:\.{_LABEL})*",
-    "ipv6": _IPV6,
-    "uri": _uri(reference=False, iri=False),
-    "uri-reference": _uri(reference=True, iri=False),
-    "iri": _uri(reference=False, iri=True),
-    "iri-reference": _uri(reference=True, iri=True),
-    "uri-template": _URI_TEMPLATE,
-    "duration": _DURATION,
-}
-
-
-# Each format's shortest and longest string in characters (None: no longest); all are ASCII.
-FORMAT_LENGTHS: dict[str, tuple[int, int | None]] = {
-    "date": (10, 10),
-    "time": (9, 21),  # 12:00:00Z .. 12:00:00.123456+01:00
-    "date-time": (20, 32),
-    "uuid": (36, 36),
-    "email": (5, None),  # a@b.c
-    "ipv4": (7, 15),
-    "hostname": (1, None),
-    "ipv6": (2, 45),  # :: .. ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255
-    "uri": (2, None),  # a:
-    "uri-reference": (0, None),
-    "iri": (2, None),
-    "iri-reference": (0, None),
-    "uri-template": (0, None),
-    "duration": (3, None),  # P1D
-}
-
 
 def string(lo: int = 0, hi: int | None = None) -> Node:
     return seq(QUOTE, repeat(CHAR, lo, hi), QUOTE)
@@ -338,78 +247,6 @@ def _holds(node: Chars, code: int) -> bool:
     return any(lo <= code <= hi for lo, hi in node.ranges)
 
 
-MAX_MULTIPLE_STATES = 20_000  # a multipleOf's machine: the number's states times the remainders
-
-
-def multiples(number: Node, numerator: int, places: int, budget: Budget = UNBOUNDED) -> Node:
-    """The strings of `number` (digits, at most one `.`, an optional `-`; no exponent) whose value
-    is a multiple of numerator / 10**places: the number's DFA walked beside the remainder, mod
-    `numerator`, of its digits read as one integer with the fraction padded to `places` digits.
-    Past `places` fraction digits only zeros are written. nfa.TooLarge past MAX_MULTIPLE_STATES."""
-    table = dfa.determinize(nfa.build(number, MAX_MULTIPLE_STATES, budget), MAX_MULTIPLE_STATES)
-    moves = [[(byte, target) for byte, target in enumerate(row) if target != dfa.DEAD]
-             for row in table.table.tolist()]
-    ends = table.accepting.tolist()
-    start = (dfa.START, 0, -1)  # (number's state, remainder, fraction digits so far: -1 before ".")
-    ids, order = {start: 0}, [start]
-    edges: list[list[tuple[int, int, int]]] = []  # per state: (byte, byte, target)
-    while len(edges) < len(order):
-        budget.tick()
-        state, rest, fraction = order[len(edges)]
-        out = []
-        for byte, target in moves[state]:
-            if 0x30 <= byte <= 0x39 and fraction < places:
-                after = (target, (rest * 10 + byte - 0x30) % numerator, fraction + (fraction >= 0))
-            elif 0x30 <= byte <= 0x39:
-                if byte != 0x30:
-                    continue
-                after = (target, rest, fraction)
-            else:
-                after = (target, rest, 0 if byte == ord(".") else fraction)
-            if after not in ids:
-                if len(order) >= MAX_MULTIPLE_STATES:
-                    raise nfa.TooLarge(f"more than {MAX_MULTIPLE_STATES} states for a multipleOf")
-                ids[after] = len(order)
-                order.append(after)
-            out.append((byte, byte, ids[after]))
-        edges.append(out)
-    accepting = [ends[state] and rest * pow(10, places - max(fraction, 0), numerator) % numerator == 0
-                 for state, rest, fraction in order]
-    return machine(edges, accepting)
-
-
-def machine(edges: list[list[tuple[int, int, int]]], accepting: list[bool]) -> Node:
-    """A Machine of the states that can reach an accepting one (state 0 the start; NOTHING where it
-    cannot); `edges[s]`: (first byte, last byte, target), adjacent ranges to one target joined."""
-    before: list[list[int]] = [[] for _ in edges]
-    for state, out in enumerate(edges):
-        for _, _, target in out:
-            before[target].append(state)
-    live = list(accepting)
-    stack = [state for state, ends in enumerate(accepting) if ends]
-    while stack:
-        for state in before[stack.pop()]:
-            if not live[state]:
-                live[state] = True
-                stack.append(state)
-    if not live[0]:
-        return NOTHING
-    kept = [state for state in range(len(edges)) if live[state]]
-    index = {state: i for i, state in enumerate(kept)}
-    moves = []
-    for state in kept:
-        ranges: list[tuple[int, int, int]] = []
-        for lo, hi, target in sorted(edges[state]):
-            if not live[target]:
-                continue
-            if ranges and ranges[-1][1] == lo - 1 and ranges[-1][2] == index[target]:
-                ranges[-1] = (ranges[-1][0], hi, index[target])
-            else:
-                ranges.append((lo, hi, index[target]))
-        moves.append(tuple(ranges))
-    return Machine(tuple(moves), tuple(accepting[state] for state in kept))
-
-
 _ANY_FRACTION = optional(seq(text("."), repeat(DIGIT, 1, MAX_FRACTION_DIGITS)))
 
 
@@ -503,80 +340,3 @@ def decimal_literal(value: int | float) -> Node:
     zeros = repeat(text("0"), 0, MAX_FRACTION_DIGITS - len(digits))
     tail = seq(text("." + digits), zeros) if digits else optional(seq(text("."), text("0"), zeros))
     return seq(sign, text(str(whole)), tail)
-
-
-def difference(first: Node, second: Node, budget: Budget = UNBOUNDED) -> Node:
-    """The strings `first` matches and `second` does not, as a Machine."""
-    return _product(first, second, budget, keep_dead=True, accepts=lambda a, b: a and not b)
-
-
-def intersection(first: Node, second: Node, budget: Budget = UNBOUNDED) -> Node:
-    """The strings both nodes match, as a Machine: their DFAs walked side by side.
-    nfa.TooLarge past MAX_MULTIPLE_STATES states."""
-    return _product(first, second, budget, keep_dead=False, accepts=lambda a, b: a and b)
-
-
-def _product(first: Node, second: Node, budget: Budget, keep_dead: bool, accepts: Any) -> Node:
-    """Both DFAs walked side by side (the second's dead state kept where `keep_dead`), a pair
-    accepting as `accepts(first accepts, second accepts)` says; bytes that neither DFA tells
-    apart are walked once, as one class."""
-    tables = [dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES, budget), MAX_MULTIPLE_STATES)
-              for node in (first, second)]
-    kinds = [np.unique(t.table.T, axis=0, return_inverse=True)[1].ravel() for t in tables]
-    joint, representative, of_byte = np.unique(kinds[0] * (int(kinds[1].max()) + 1) + kinds[1],
-                                               return_index=True, return_inverse=True)
-    ranges: list[list[tuple[int, int]]] = [[] for _ in joint]  # each class's bytes, as ranges
-    for byte, kind in enumerate(of_byte.ravel().tolist()):
-        if ranges[kind] and ranges[kind][-1][1] == byte - 1:
-            ranges[kind][-1] = (ranges[kind][-1][0], byte)
-        else:
-            ranges[kind].append((byte, byte))
-    columns = [t.table[:, representative].tolist() for t in tables]  # [state][class] -> next
-    start = (dfa.START, dfa.START)
-    ids, order = {start: 0}, [start]
-    edges: list[list[tuple[int, int, int]]] = []
-    while len(edges) < len(order):
-        budget.tick()
-        a, b = order[len(edges)]
-        out: list[tuple[int, int, int]] = []
-        for kind, (target, other) in enumerate(zip(columns[0][a], columns[1][b], strict=True)):
-            if target == dfa.DEAD or other == dfa.DEAD and not keep_dead:
-                continue
-            pair = (target, other)
-            if pair not in ids:
-                if len(order) >= MAX_MULTIPLE_STATES:
-                    raise nfa.TooLarge(f"more than {MAX_MULTIPLE_STATES} states for an intersection")
-                ids[pair] = len(order)
-                order.append(pair)
-            out.extend((lo, hi, ids[pair]) for lo, hi in ranges[kind])
-        edges.append(out)
-    ends = [table.accepting.tolist() for table in tables]
-    return machine(edges, [accepts(ends[0][a], ends[1][b]) for a, b in order])
-
-
-def matches(node: Node, data: bytes, budget: Budget = UNBOUNDED) -> bool:
-    """Whether `node` (a tree without Ref: one automaton) matches `data`, by its DFA (nfa.TooLarge
-    past MAX_MULTIPLE_STATES states)."""
-    table = dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES, budget), MAX_MULTIPLE_STATES)
-    state = dfa.START
-    for byte in data:
-        state = int(table.table[state, byte])
-        if state == dfa.DEAD:
-            return False
-    return bool(table.accepting[state])
-
-
-def refers(node: Node, seen: set[int] | None = None) -> bool:
-    """Whether a tree holds a Ref (then only the pushdown engine runs it)."""
-    seen = set() if seen is None else seen
-    if id(node) in seen:
-        return False
-    seen.add(id(node))
-    if isinstance(node, Ref):
-        return True
-    if isinstance(node, Seq | Alt | Members):
-        return any(refers(item, seen) for item in node.items) or (
-            isinstance(node, Members) and refers(node.separator, seen))
-    if isinstance(node, Repeat):
-        return refers(node.item, seen) or node.separator is not None and refers(node.separator, seen)
-    return False

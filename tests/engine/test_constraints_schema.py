@@ -795,7 +795,7 @@ def string_lengths(compiled: Any) -> tuple[int, int | None]:
 
 
 def test_the_format_lengths_are_each_formats_shortest_and_longest_strings() -> None:
-    from engine.constrain.json_values import FORMAT_LENGTHS
+    from engine.constrain.formats import FORMAT_LENGTHS
 
     for name, lengths in FORMAT_LENGTHS.items():
         assert string_lengths(schema_of({"type": "string", "format": name})) == lengths, name

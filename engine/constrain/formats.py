@@ -1,0 +1,94 @@
+"""The string formats JSON Schema constraints enforce, as regexes over a string's characters
+(regex.py's syntax), with each format's shortest and longest string: json_values.string_format
+compiles them, json_schema.py weighs length bounds against FORMAT_LENGTHS. Any other format is an
+annotation.
+"""
+
+from __future__ import annotations
+
+_DATE = (r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+         r"|02-(?:0[1-9]|1\d|2[0-8]))")
+_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+# A DNS label (RFC 1123): letters, digits and inner hyphens, 63 at most; none with hyphens 3rd and 4th
+# (RFC 5891: "xn--" starts an A-label, whose Punycode a regex cannot check; the others are reserved).
+_LABEL = (r"[A-Za-z0-9](?:[A-Za-z0-9-]?[A-Za-z0-9])?"
+          r"|[A-Za-z0-9][A-Za-z0-9-](?:[A-Za-z0-9][A-Za-z0-9-]{0,59}[A-Za-z0-9]|-[A-Za-z0-9](?:[A-Za-z0-9-]{0,58}[A-Za-z0-9])?)")
+_LABEL = f"(?:{_LABEL})"
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+# RFC 3986's grammar: scheme, authority (userinfo, host, port), path, query and fragment, each of
+# the characters it may hold (%HH escapes well formed), an IP literal an IPv6 address (or IPvFuture).
+# An IRI (RFC 3987) adds the non-ASCII characters it allows.
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*"
+_H16 = r"[0-9A-Fa-f]{1,4}"
+_IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
+_LS32 = f"(?:{_H16}:{_H16}|{_IPV4})"
+_IPV6 = "|".join([
+    f"(?:{_H16}:){{6}}{_LS32}", f"::(?:{_H16}:){{5}}{_LS32}", f"(?:{_H16})?::(?:{_H16}:){{4}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,1}}{_H16})?::(?:{_H16}:){{3}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,2}}{_H16})?::(?:{_H16}:){{2}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}", f"(?:(?:{_H16}:){{0,4}}{_H16})?::{_LS32}",
+    f"(?:(?:{_H16}:){{0,5}}{_H16})?::{_H16}", f"(?:(?:{_H16}:){{0,6}}{_H16})?::"])
+_UCS = "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef"
+
+
+def _uri(reference: bool, iri: bool) -> str:
+    unreserved = "A-Za-z0-9\\-._~" + (_UCS if iri else "")
+    plain = f"(?:[{unreserved}!$&'()*+,;=]|%[0-9A-Fa-f]{{2}})"  # unreserved, sub-delims, %HH
+    pchar = f"(?:{plain}|[:@])"
+    segment, nonempty = f"{pchar}*", f"{pchar}+"
+    literal = f"\\[(?:{_IPV6}|v[0-9A-Fa-f]+\\.(?:{plain}|:)+)\\]"  # an IP literal: IPv6 or IPvFuture
+    authority = f"(?:(?:{plain}|:)*@)?(?:{literal}|{plain}*)(?::\\d*)?"
+    after = f"(?:\\?(?:{pchar}|[/?])*)?(?:#(?:{pchar}|[/?])*)?"
+    hier = f"(?://{authority}(?:/{segment})*|/(?:{nonempty}(?:/{segment})*)?|{nonempty}(?:/{segment})*|)"
+    absolute = f"{_SCHEME}:{hier}{after}"
+    if not reference:
+        return absolute
+    no_colon = f"(?:{plain}|@)+"  # a relative path's first segment holds no ":" (it would be a scheme)
+    relative = f"(?://{authority}(?:/{segment})*|/(?:{nonempty}(?:/{segment})*)?|{no_colon}(?:/{segment})*|){after}"
+    return f"(?:{absolute}|{relative})"
+
+
+# RFC 6570: literal characters and {expressions} of an optional operator and variables.
+_VARNAME = r"(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})(?:\.?(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2}))*"
+_VARSPEC = f"{_VARNAME}(?::[1-9]\\d{{0,3}}|\\*)?"
+_URI_TEMPLATE = (f"(?:[!#$&()*+,\\-./0-9:;=?@A-Z\\[\\]_a-z~{_UCS}]|%[0-9A-Fa-f]{{2}}"
+                 f"|\\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*")
+_DURATION_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
+_DURATION = rf"P(?:(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)(?:{_DURATION_TIME})?|{_DURATION_TIME}|\d+W)"
+# February stops at the 28th and seconds at 59: every date written is a real one, in any year.
+FORMATS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": f"{_DATE}T{_TIME}",
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "email": rf"{_ATOM}(?:\.{_ATOM})*@{_LABEL}(?:\.{_LABEL})+",
+    "ipv4": _IPV4,
+    "hostname": rf"{_LABEL}(?:\.{_LABEL})*",
+    "ipv6": _IPV6,
+    "uri": _uri(reference=False, iri=False),
+    "uri-reference": _uri(reference=True, iri=False),
+    "iri": _uri(reference=False, iri=True),
+    "iri-reference": _uri(reference=True, iri=True),
+    "uri-template": _URI_TEMPLATE,
+    "duration": _DURATION,
+}
+
+
+# Each format's shortest and longest string in characters (None: no longest); all are ASCII.
+FORMAT_LENGTHS: dict[str, tuple[int, int | None]] = {
+    "date": (10, 10),
+    "time": (9, 21),  # 12:00:00Z .. 12:00:00.123456+01:00
+    "date-time": (20, 32),
+    "uuid": (36, 36),
+    "email": (5, None),  # a@b.c
+    "ipv4": (7, 15),
+    "hostname": (1, None),
+    "ipv6": (2, 45),  # :: .. ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255
+    "uri": (2, None),  # a:
+    "uri-reference": (0, None),
+    "iri": (2, None),
+    "iri-reference": (0, None),
+    "uri-template": (0, None),
+    "duration": (3, None),  # P1D
+}
