@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -463,18 +464,27 @@ class _Compiler:
         needed = set(given) | {n for s in (first, second) if isinstance(s.get("required"), list)
                                for n in s["required"] if isinstance(n, str)}
         for name in set(own[0]) & set(own[1]) & needed:
-            saved = dict(self.targets), dict(self.rules)
             try:
                 at = f"{pointer}/properties/{kw.escape(name)}"
-                one, two = self.node(own[0][name], at), self.node(own[1][name], at)
+                with self._aside(self.strict):
+                    one, two = self.node(own[0][name], at), self.node(own[1][name], at)
                 automata = not mx.refers(one) and not mx.refers(two)
                 if automata and mx.intersection(one, two, self.budget) == NOTHING:
                     return True
             except (InvalidInput, nfa.TooLarge):
                 continue
-            finally:
-                self.targets, self.rules = saved
         return False
+
+    @contextmanager
+    def _aside(self, strict: bool) -> Iterator[None]:
+        """Compile a part for a question about it, not for the schema's output: read `strict` or
+        not, and the $ref targets and rules it compiles not kept for the schema's own use."""
+        saved = self.strict, dict(self.targets), dict(self.rules)
+        self.strict = strict
+        try:
+            yield
+        finally:
+            self.strict, self.targets, self.rules = saved
 
     def _in_view(self, schema: Any) -> Any:
         """A schema as its keywords show it: a local $ref alone, its target."""
@@ -642,20 +652,15 @@ class _Compiler:
         first = next(iter(rest))
         refusal = unsupported(f"{pointer}/{kw.escape(first)}", f"{first!r} beside {key!r}")
         kinds = {next(t for t in TYPE_KEYWORDS if t != "integer" and kw.is_type(v, t)) for v in values}
-        # No undeclared members: no open value (a part, as above); $ref targets compiled so are
-        # not kept for the schema's own use.
-        saved = self.strict, dict(self.targets), dict(self.rules)
-        self.strict = True
-        try:
+        with self._aside(strict=True):  # no undeclared members: no open value (a part, as above)
             node = self.node({**rest, "type": sorted(kinds)}, pointer)  # the values' types only
-        finally:
-            self.strict, self.targets, self.rules = saved
         if mx.refers(node):
             raise refusal
         try:
-            return [v for v in values if mx.matches(node, _compact(v), self.budget)]
+            admits = mx.matcher(node, self.budget)
         except nfa.TooLarge:
             raise refusal from None
+        return [v for v in values if admits(_compact(v))]
 
     def _types(self, schema: dict[str, Any], pointer: str) -> list[str]:
         declared = schema.get("type")

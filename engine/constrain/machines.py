@@ -1,12 +1,14 @@
 """Languages a syntax tree writes only at great size, built as small DFAs (pattern.Machine): the
 decimals a multipleOf admits (a state per remainder), and the intersection or difference of two
-trees' automata (lengths that cut a pattern, values a `not` rules out, bounds on both sides).
+trees' automata (lengths that cut a pattern, values a `not` rules out, bounds on both sides),
+and a tree's matcher of given texts.
 Each walks the trees' DFAs side by side over byte classes, refused (nfa.TooLarge) past
 MAX_MULTIPLE_STATES states, its work counted against the compile's Budget.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -136,16 +138,20 @@ def _product(first: Node, second: Node, budget: Budget, keep_dead: bool, accepts
     return machine(edges, [accepts(ends[0][a], ends[1][b]) for a, b in order])
 
 
-def matches(node: Node, data: bytes, budget: Budget = UNBOUNDED) -> bool:
-    """Whether `node` (a tree without Ref: one automaton) matches `data`, by its DFA (nfa.TooLarge
-    past MAX_MULTIPLE_STATES states)."""
+def matcher(node: Node, budget: Budget = UNBOUNDED) -> Callable[[bytes], bool]:
+    """Whether `node` (a tree without Ref: one automaton) matches a text: its DFA built once, each
+    text walked through it (nfa.TooLarge past MAX_MULTIPLE_STATES states)."""
     table = dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES, budget), MAX_MULTIPLE_STATES)
-    state = dfa.START
-    for byte in data:
-        state = int(table.table[state, byte])
-        if state == dfa.DEAD:
-            return False
-    return bool(table.accepting[state])
+
+    def matches(data: bytes) -> bool:
+        state = dfa.START
+        for byte in data:
+            state = int(table.table[state, byte])
+            if state == dfa.DEAD:
+                return False
+        return bool(table.accepting[state])
+
+    return matches
 
 
 def refers(node: Node, seen: set[int] | None = None) -> bool:
