@@ -6,8 +6,10 @@ loop on whitespace, and `{"a": 1, "b": [1, 2]}` and `{"a":1,"b":[1,2]}` both fit
 JSON strings: any character but `"`, `\\` and controls (U+0000-U+001F) as itself, or an escape
 (\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX, no surrogate halves: one escape is one character, so
 length limits count characters). Numbers are JSON numbers; an `integer` has no fraction or
-exponent. Digits are bounded so a model cannot loop on them: at most 15 integer digits (an integer
-without a bound in the schema: |n| <= 999,999,999,999,999), 15 fraction digits, 3 exponent digits.
+exponent. Digits are bounded so a model cannot loop on them: at most 20 integer digits (an integer
+without a bound in the schema: |n| < 10**20, past an unsigned 64-bit one), 20 fraction digits (a
+double as Python's repr or JavaScript writes it without an exponent: 17 significant digits after
+up to 4 zeros, 0.00012345678901234567), 3 exponent digits.
 """
 
 from __future__ import annotations
@@ -55,8 +57,11 @@ _NOT_SURROGATE = alt(seq(char_set("0123456789abcABCefEF"), repeat(_HEX, 3, 3)),
 ESCAPE = seq(text("\\"), alt(char_set('"\\/bfnrt'), seq(text("u"), _NOT_SURROGATE)))
 CHAR = alt(UNESCAPED, ESCAPE)
 
-MAX_INTEGER_DIGITS = 15  # what a double holds exactly; an integer bound in the schema may say more
-MAX_FRACTION_DIGITS = 15
+MAX_INTEGER_DIGITS = 20  # an unsigned 64-bit integer's; an integer bound in the schema may say more
+# Numbers with a bound or a multipleOf keep a double's exact integers (15 digits) on an open side: their
+# automata grow with the width, and multipleOf's passes the grammar's limits at 20.
+MAX_RANGE_DIGITS = 15
+MAX_FRACTION_DIGITS = 20
 MAX_EXPONENT_DIGITS = 3  # a double's exponent reaches 308
 
 DIGIT = chars([(0x30, 0x39)])
@@ -129,8 +134,10 @@ def any_value(inner: Node) -> Node:
 
 def integer_range(lo: int | None, hi: int | None) -> Node:
     """Integers in [lo, hi], written without leading zeros; a bound left out (None) is the largest
-    of MAX_INTEGER_DIGITS digits (or of as many digits as the other bound, if it has more)."""
-    widest = 10 ** max([MAX_INTEGER_DIGITS, *(len(str(abs(b))) for b in (lo, hi) if b is not None)]) - 1
+    of MAX_RANGE_DIGITS digits (or of as many digits as the other bound, if it has more), of
+    MAX_INTEGER_DIGITS where both are."""
+    least = MAX_INTEGER_DIGITS if lo is None and hi is None else MAX_RANGE_DIGITS
+    widest = 10 ** max([least, *(len(str(abs(b))) for b in (lo, hi) if b is not None)]) - 1
     return _integer_range(-widest if lo is None else lo, widest if hi is None else hi)
 
 
@@ -159,7 +166,7 @@ def number_range(lo: int | None, hi: int | None, lo_open: bool = False, hi_open:
     numbers are the integers in range (with or without a zero fraction), and, for each integer m
     with lo <= m and m + 1 <= hi, the open interval (m, m + 1): m's integer part, or -(m + 1)'s for
     a negative m, with a nonzero fraction."""
-    widest = 10 ** max([MAX_INTEGER_DIGITS, *(len(str(abs(b))) for b in (lo, hi) if b is not None)]) - 1
+    widest = 10 ** max([MAX_RANGE_DIGITS, *(len(str(abs(b))) for b in (lo, hi) if b is not None)]) - 1
     low, high = -widest if lo is None else lo, widest if hi is None else hi
     whole = _integer_range(low + (lo_open and lo is not None), high - (hi_open and hi is not None))
     parts = [seq(whole, optional(ZERO_FRACTION))] if whole != NOTHING else []
@@ -255,7 +262,7 @@ def decimal_range(lo: Fraction | None, hi: Fraction | None, lo_open: bool = Fals
     """Numbers between decimal bounds (each a finite decimal of at most MAX_FRACTION_DIGITS fraction
     digits; None: unbounded), written without an exponent: each bound as the numbers on its side
     of it, compared digit by digit (_beyond), the two sides intersected as automata."""
-    widest = 10 ** max([MAX_INTEGER_DIGITS, *(len(str(abs(int(b)))) for b in (lo, hi) if b is not None)]) - 1
+    widest = 10 ** max([MAX_RANGE_DIGITS, *(len(str(abs(int(b)))) for b in (lo, hi) if b is not None)]) - 1
     any_natural = natural_range(0, widest)
     sides = []
     if lo is not None:  # x >= lo: from a non-negative bound, its side; else every x >= 0 and -y, y <= -lo
