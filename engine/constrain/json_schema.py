@@ -803,9 +803,20 @@ class _Compiler:
             at = f"{pointer}/propertyNames"
             key = None if names is None else self._merged([(names, at), ({"type": "string"}, pointer)], at)
             return self._map(additional, pointer, least, most, key)
-        # What the counts ask must hold for every object made (no others beside maxProperties).
+        # What the counts ask must hold for every object made (no others beside maxProperties), or,
+        # where every declared property is required, they count the others.
         declared = dict.fromkeys([*properties, *required])
-        if least > len(set(required)):
+        others = given is not None or not self.strict  # explicit, or the spec's reading of absent
+        counted = (others and additional is not False and names is None and set(declared) <= set(required)
+                   and (least > len(declared) or most is not None))
+        if counted:
+            if most is not None and most < max(least, len(declared)):
+                return NOTHING
+            least, most = max(least - len(declared), 0), None if most is None else most - len(declared)
+            if least > 1:  # as on a map: the others' keys are not kept apart
+                raise unsupported(f"{pointer}/minProperties", "minProperties above the declared properties "
+                                  "and one other (the others' keys are not kept apart)")
+        elif least > len(set(required)):
             raise unsupported(f"{pointer}/minProperties", "minProperties above the number of required "
                               "properties (an object of declared properties may leave the others out)")
         if most is not None and most < len(declared):
@@ -817,12 +828,14 @@ class _Compiler:
         named.update({name: self._member(name, additional, f"{pointer}/additionalProperties")
                       for name in dict.fromkeys(required) if name not in properties})
         tail = []
-        others = given is not None or not self.strict  # explicit, or the spec's reading of absent
-        if others and additional is not False and names is None and most is None:
+        if others and additional is not False and names is None and (counted or most is None):
             # Others after the declared ones, keys written plainly (no escape can spell a declared name).
             key = seq(jv.QUOTE, jv.plain_other_than(list(declared)), jv.QUOTE)
             other = seq(key, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
-            tail.append((repeat(other, 1, None, jv.COMMA), False))
+            if not counted:
+                tail.append((repeat(other, 1, None, jv.COMMA), False))
+            elif most != 0:
+                tail.append((repeat(other, max(least, 1), most, jv.COMMA), least > 0))
         # Declared order, or (where it differs) the required ones first, in `required`'s order.
         orders = [list(named), [*dict.fromkeys(n for n in required if n in named),
                                 *(n for n in named if n not in required)]]

@@ -994,6 +994,17 @@ def test_property_counts_hold_on_maps_and_where_declared_properties_always_meet_
     assert accepts(declared, b'{"a": 1}') and accepts(declared, b'{"a": 1, "b": 2}')
 
 
+
+def test_property_counts_beside_required_properties_count_the_others() -> None:
+    contacts = schema_of({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+                          "minProperties": 2, "maxProperties": 3, "additionalProperties": {"type": "string"}})
+    found = [accepts(contacts, t) for t in (b'{"name": "a"}', b'{"name": "a", "b": "c"}',
+                                            b'{"name": "a", "b": "c", "d": "e"}',
+                                            b'{"name": "a", "b": "c", "d": "e", "f": "g"}')]
+    assert found == [False, True, True, False]
+    refused({"type": "object", "required": ["a"], "minProperties": 3}, "SCHEMA_UNSUPPORTED")
+    refused({"type": "object", "required": ["a", "b"], "maxProperties": 1}, "CONSTRAINT_UNSATISFIABLE")
+
 def test_unique_items_holds_where_an_array_has_at_most_one_item_and_false_asks_nothing() -> None:
     one = schema_of({"type": "array", "items": {"type": "integer"}, "maxItems": 1, "uniqueItems": True})
     assert accepts(one, b"[3]") and not accepts(one, b"[3, 4]")
