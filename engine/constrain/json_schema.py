@@ -849,8 +849,10 @@ class _Compiler:
                    additional: Any, pointer: str) -> Node:
         """An object with patternProperties: its declared properties as any object's (a declared
         name a pattern also finds must have that pattern's schema, or it is refused), then any
-        number of members whose keys a pattern finds, with that pattern's schema. Keys no pattern
-        finds are not written (additionalProperties' keys are left out, as for declared objects).
+        number of members whose keys a pattern finds, with that pattern's schema, then (where
+        others are allowed, as for declared objects) members whose plain keys no pattern finds,
+        with additionalProperties' schema: the keys' automata's difference (past its state limit,
+        none written).
         Patterns with different schemas are refused: a key both find would need both schemas."""
         at = f"{pointer}/patternProperties"
         patterns = schema["patternProperties"]
@@ -878,6 +880,18 @@ class _Compiler:
                   for name in dict.fromkeys(required) if name not in properties]
         member = seq(keys, jv.COLON, self.node(value_schema, f"{at}/{kw.escape(next(iter(patterns)))}"))
         items.append((repeat(member, 1, None, jv.COMMA), False))
+        given = schema.get("additionalProperties", schema.get("unevaluatedProperties"))
+        if additional is not False and (given is not None or not self.strict):
+            # Then others: keys written plainly that no pattern finds and no declared name spells.
+            declared = list(dict.fromkeys([*properties, *required]))
+            plain = seq(jv.QUOTE, jv.plain_other_than(declared), jv.QUOTE)
+            try:
+                key = mx.difference(plain, keys, self.budget)
+            except nfa.TooLarge:
+                key = NOTHING  # as under the strict reading: no others written
+            if key != NOTHING:
+                other = seq(key, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
+                items.append((repeat(other, 1, None, jv.COMMA), False))
         return seq(text("{"), members(items, jv.COMMA), text("}"))
 
     def _regex(self, source: Any, pointer: str) -> Node:

@@ -241,8 +241,13 @@ def test_pattern_properties_add_members_whose_keys_a_pattern_finds() -> None:
     compiled = schema_of(a_map)
     for text in ["{}", '{"on":true}', '{"on":true,"off":false}']:
         assert accepts(compiled, text.encode()), text
-    assert not accepts(compiled, b'{"On":true}')
+    assert accepts(compiled, b'{"on":true,"On":1}')  # others: additionalProperties is absent
+    assert not accepts(compiled, b'{"on":1}')  # a key a pattern finds takes that pattern's schema
     check_walks(a_map, compiled, range(30))
+    closed = schema_of({**a_map, "additionalProperties": False})
+    assert accepts(closed, b'{"on":true}') and not accepts(closed, b'{"On":true}')
+    typed = schema_of({**a_map, "additionalProperties": {"type": "string"}})
+    assert accepts(typed, b'{"on":true,"On":"s"}') and not accepts(typed, b'{"On":true}')
 
 
 @pytest.mark.parametrize(("pattern", "lengths"), [
