@@ -886,11 +886,11 @@ class _Compiler:
             declared = list(dict.fromkeys([*properties, *required]))
             plain = seq(jv.QUOTE, jv.plain_other_than(declared), jv.QUOTE)
             try:
-                key = mx.difference(plain, keys, self.budget)
+                unfound = mx.difference(plain, keys, self.budget)
             except nfa.TooLarge:
-                key = NOTHING  # as under the strict reading: no others written
-            if key != NOTHING:
-                other = seq(key, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
+                unfound = NOTHING  # as under the strict reading: no others written
+            if unfound != NOTHING:
+                other = seq(unfound, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
                 items.append((repeat(other, 1, None, jv.COMMA), False))
         return seq(text("{"), members(items, jv.COMMA), text("}"))
 
