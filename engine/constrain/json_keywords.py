@@ -264,7 +264,8 @@ def finds(source: str, name: str) -> bool:
 def disjoint(first: Any, second: Any) -> bool:
     """Whether no instance can meet both schemas, as far as their own keywords show: types with
     none in common, const/enum values with none in common, or a property one of them requires
-    whose const/enum values in the two have none in common (a discriminator)."""
+    whose const/enum values, or item counts or lengths, in the two have none in common (a
+    discriminator; `from` with one item against `from` with two or more)."""
     if first is False or second is False:
         return True
     if not isinstance(first, dict) or not isinstance(second, dict):
@@ -272,13 +273,39 @@ def disjoint(first: Any, second: Any) -> bool:
     types = [_declared_types(s) for s in (first, second)]
     if types[0] is not None and types[1] is not None and not _types_meet(types[0], types[1]):
         return True
-    if _apart(_fixed_values(first), _fixed_values(second)):
+    if _apart(_fixed_values(first), _fixed_values(second)) or _counts_apart(first, second):
         return True
     own: list[dict[str, Any]] = [s["properties"] if isinstance(s.get("properties"), dict) else {}
                                  for s in (first, second)]
     needed = {n for s in (first, second) if isinstance(s.get("required"), list) for n in s["required"]}
     return any(_apart(_fixed_values(own[0][name]), _fixed_values(own[1][name]))
+               or _counts_apart(own[0][name], own[1][name])
                for name in set(own[0]) & set(own[1]) & needed)
+
+
+_COUNTS = (("array", "minItems", "maxItems"), ("string", "minLength", "maxLength"))
+
+
+def _counts_apart(first: Any, second: Any) -> bool:
+    """Whether two schemas, one of which admits only arrays (strings), give item counts (lengths)
+    with none in common: whatever meets both is an array (a string) neither count allows."""
+    if not isinstance(first, dict) or not isinstance(second, dict):
+        return False
+    for kind, low, high in _COUNTS:
+        if [kind] not in (_declared_types(first), _declared_types(second)):
+            continue
+        spans = []
+        for schema in (first, second):
+            lo, hi = schema.get(low, 0), schema.get(high)
+            if not isinstance(lo, int) or isinstance(lo, bool) or hi is not None and (
+                    not isinstance(hi, int) or isinstance(hi, bool)):
+                break
+            spans.append((lo, hi))
+        else:
+            (lo1, hi1), (lo2, hi2) = spans
+            if hi1 is not None and hi1 < lo2 or hi2 is not None and hi2 < lo1:
+                return True
+    return False
 
 
 def _declared_types(schema: dict[str, Any]) -> list[str] | None:

@@ -656,6 +656,26 @@ def test_one_of_members_apart_by_type_values_or_a_discriminator_need_nothing_mor
     tagged = [{"properties": {"kind": {"const": k}}, "required": ["kind"]} for k in ("a", "b")]
     assert kw.disjoint(*tagged)
     assert not kw.disjoint({"properties": {"kind": {"const": "a"}}}, {"properties": {"kind": {"const": "b"}}})
+    one, more = {"type": "array", "minItems": 1, "maxItems": 1}, {"type": "array", "minItems": 2}
+    assert kw.disjoint(one, more) and kw.disjoint(one, {"minItems": 2})
+    assert not kw.disjoint({"maxItems": 1}, {"minItems": 2})  # a string meets both
+    assert kw.disjoint({"type": "string", "maxLength": 3}, {"minLength": 4, "type": "string"})
+
+
+def test_one_of_members_apart_by_item_counts_are_written_whole() -> None:
+    contact = {"type": "object", "properties": {"email": {"type": "string"}}, "required": ["email"]}
+    email = {"type": "object", "oneOf": [
+        {"properties": {"from": {"type": "array", "items": contact, "minItems": 1, "maxItems": 1},
+                        "sender": {"oneOf": [{"type": "null"}, contact]}}, "required": ["from"]},
+        {"properties": {"from": {"type": "array", "items": contact, "minItems": 2}, "sender": contact},
+         "required": ["from", "sender"]}]}
+    compiled = schema_of(email)
+    validator = jsonschema.Draft202012Validator(email)
+    for instance in [{"from": [{"email": "a"}], "sender": None}, {"from": [{"email": "a"}]},
+                     {"from": [{"email": "a"}, {"email": "b"}], "sender": {"email": "c"}},
+                     {"from": [{"email": "a"}, {"email": "b"}], "sender": None}, {"from": []}]:
+        text = json.dumps(instance, separators=(",", ":")).encode()
+        assert accepts(compiled, text) == validator.is_valid(instance), text
 
 
 def check_combinations(schema: Any) -> None:
