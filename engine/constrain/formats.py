@@ -56,6 +56,28 @@ _URI_TEMPLATE = (f"(?:[!#$&()*+,\\-./0-9:;=?@A-Z\\[\\]_a-z~{_UCS}]|%[0-9A-Fa-f]{
                  f"|\\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*")
 _DURATION_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
 _DURATION = rf"P(?:(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)(?:{_DURATION_TIME})?|{_DURATION_TIME}|\d+W)"
+
+
+def _regex_syntax(depth: int) -> str:
+    """A regex's syntax as every dialect JSON Schema users write (ECMA-262, Python, PCRE) shares
+    it, read leniently: alternatives of pieces, a piece an atom (a character, an escape, a class,
+    a group) with a quantifier (`*` `+` `?` `{n}` `{n,}` `{n,m}`, then `?` or `+`), a group's
+    opening `(?...` prefix (`(?:`, `(?=`, `(?<name>`, flags) taken as it comes. Refused: a
+    quantifier with nothing before it (`*`, `a|+`, `a**`), a `\\` at the end, `(` or `[` left
+    open, a `)` with none open. Groups nest `depth` deep (a regular language counts that far)."""
+    char = r"[^\\()\[|*+?]"  # `]`, `{`, `}` and anchors are atoms of their own
+    escape = r"\\[\s\S]"
+    klass = r"\[\^?\]?(?:[^\\\]]|\\[\s\S])*\]"
+    quantifier = r"(?:[*+?]|\{\d+(?:,\d*)?\})[?+]?"
+    sequence = rf"(?:(?:{char}|{escape}|{klass})(?:{quantifier})?|\|)*"  # alternatives: pieces and `|`s
+    for _ in range(depth):
+        group = rf"\((?:\?[:=!<>A-Za-z0-9_'-]*)?{sequence}\)"
+        sequence = rf"(?:(?:{char}|{escape}|{klass}|{group})(?:{quantifier})?|\|)*"
+    return sequence
+
+
+MAX_REGEX_GROUP_DEPTH = 6
+
 # February stops at the 28th and seconds at 59: every date written is a real one, in any year.
 FORMATS = {
     "date": _DATE,
@@ -72,6 +94,7 @@ FORMATS = {
     "iri-reference": _uri(reference=True, iri=True),
     "uri-template": _URI_TEMPLATE,
     "duration": _DURATION,
+    "regex": _regex_syntax(MAX_REGEX_GROUP_DEPTH),
 }
 
 
@@ -91,4 +114,5 @@ FORMAT_LENGTHS: dict[str, tuple[int, int | None]] = {
     "iri-reference": (0, None),
     "uri-template": (0, None),
     "duration": (3, None),  # P1D
+    "regex": (0, None),
 }

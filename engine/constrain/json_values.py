@@ -79,7 +79,7 @@ def string(lo: int = 0, hi: int | None = None) -> Node:
 
 @cache
 def string_format(name: str) -> Node:
-    return seq(QUOTE, regex.whole(FORMATS[name]), QUOTE)
+    return seq(QUOTE, in_string(regex.whole(FORMATS[name])), QUOTE)
 
 
 def literal(value: Any) -> Node:
