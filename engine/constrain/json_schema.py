@@ -433,7 +433,7 @@ class _Compiler:
         mine = self._in_view(member)
         given = [n for s in (mine, beside) if isinstance(s, dict) and isinstance(s.get("required"), list)
                  for n in s["required"]]
-        lists = []
+        lists, deeper = [], []
         for other in others:
             theirs = self._in_view(other)
             names = theirs.get("required") if isinstance(theirs, dict) else None
@@ -445,14 +445,36 @@ class _Compiler:
                 continue
             if set(names) - set(given):
                 lists.append(names)
-        if not lists:
+            elif (inner := self._required_inside(mine, theirs, names)) is not None:
+                deeper.append({"properties": {inner[0]: {"not": {"required": inner[1]}}}})
+        if not lists and not deeper:
             return None
+        parts = [{"not": {"anyOf": [{"required": n} for n in lists]}}] if lists else []
         try:
-            return self.node({"allOf": [plain], "not": {"anyOf": [{"required": n} for n in lists]}}, pointer)
+            return self.node({"allOf": [plain, *parts, *deeper]}, pointer)
         except InvalidInput as exc:
             if exc.reason != "SCHEMA_UNSUPPORTED":
                 raise
             return None
+
+    def _required_inside(self, mine: Any, theirs: Any, names: list[str]) -> tuple[str, list[str]] | None:
+        """A property the other member requires whose object there requires names this member's
+        does not (a oneOf whose members differ one level down: `content` with `src` or with
+        `background-image`): leaving one of those out of it rules the other member out."""
+        own = mine.get("properties") if isinstance(mine, dict) else None
+        their_own = theirs.get("properties")
+        if not isinstance(their_own, dict):
+            return None
+        for name in names:
+            inner = self._in_view(their_own.get(name))
+            needed = inner.get("required") if isinstance(inner, dict) else None
+            if not (isinstance(needed, list) and needed and all(isinstance(n, str) for n in needed)):
+                continue
+            ours = self._in_view(own.get(name)) if isinstance(own, dict) else None
+            have = ours.get("required") if isinstance(ours, dict) else None
+            if set(needed) - set(have if isinstance(have, list) else []):
+                return name, needed
+        return None
 
     def _apart_by_values(self, first: Any, second: Any, given: list[str], pointer: str) -> bool:
         """Whether a property one of two members requires (or `given` requires) has schemas in the

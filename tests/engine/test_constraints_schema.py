@@ -662,6 +662,21 @@ def test_one_of_members_apart_by_type_values_or_a_discriminator_need_nothing_mor
     assert kw.disjoint({"type": "string", "maxLength": 3}, {"minLength": 4, "type": "string"})
 
 
+
+def test_one_of_members_that_differ_one_level_down_are_kept_apart_there() -> None:
+    image = {"properties": {"content": {"properties": {"alt": {}, "src": {}}, "required": ["src", "alt"]}},
+             "required": ["content"], "type": "object"}
+    picture = {"properties": {"content": {"properties": {"bg": {"type": "object"}}, "required": ["bg"]}},
+               "required": ["content"], "type": "object"}
+    schema = {"$defs": {"image": image, "picture": picture}, "type": "object",
+              "oneOf": [{"$ref": "#/$defs/picture"}, {"$ref": "#/$defs/image"}]}
+    compiled = schema_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for instance in [{"content": {"bg": {}}}, {"content": {"alt": "a", "src": "s"}},  # (in written order)
+                     {"content": {"bg": {}, "src": "s", "alt": "a"}}, {"content": {"bg": {}, "alt": "a"}}]:
+        text = json.dumps(instance, separators=(",", ":")).encode()
+        assert accepts(compiled, text) == validator.is_valid(instance), instance
+
 def test_one_of_members_apart_by_item_counts_are_written_whole() -> None:
     contact = {"type": "object", "properties": {"email": {"type": "string"}}, "required": ["email"]}
     email = {"type": "object", "oneOf": [
