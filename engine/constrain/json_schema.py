@@ -851,8 +851,8 @@ class _Compiler:
                       for name in dict.fromkeys(required) if name not in properties})
         tail = []
         if others and additional is not False and names is None and (counted or most is None):
-            # Others after the declared ones, keys written plainly (no escape can spell a declared name).
-            key = seq(jv.QUOTE, jv.plain_other_than(list(declared)), jv.QUOTE)
+            # Others after the declared ones, keys spelling no declared name (jv.other_than).
+            key = seq(jv.QUOTE, jv.other_than(list(declared)), jv.QUOTE)
             other = seq(key, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
             if not counted:
                 tail.append((repeat(other, 1, None, jv.COMMA), False))
@@ -904,9 +904,9 @@ class _Compiler:
         items.append((repeat(member, 1, None, jv.COMMA), False))
         given = schema.get("additionalProperties", schema.get("unevaluatedProperties"))
         if additional is not False and (given is not None or not self.strict):
-            # Then others: keys written plainly that no pattern finds and no declared name spells.
+            # Then others: keys that no pattern finds and no declared name spells.
             declared = list(dict.fromkeys([*properties, *required]))
-            plain = seq(jv.QUOTE, jv.plain_other_than(declared), jv.QUOTE)
+            plain = seq(jv.QUOTE, jv.other_than(declared), jv.QUOTE)
             try:
                 unfound = mx.difference(plain, keys, self.budget)
             except nfa.TooLarge:

@@ -231,6 +231,21 @@ def plain_other_than(names: list[str]) -> Node:
     return other(trie)
 
 
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f", "\n": "\\n",
+                  "\r": "\\r", "\t": "\\t"}
+
+
+def other_than(names: list[str]) -> Node:
+    """A string's inside spelling none of `names`: plain_other_than's, or any string with a short
+    escape (`\\"`, `\\n`, ...) of a character none of the names holds (a key json.dumps writes
+    as `"a\\"b"`). `\\uXXXX` escapes are left out of such keys (one may spell a name's character)."""
+    held = set("".join(names))
+    escapes = [text(e) for c, e in _SHORT_ESCAPES.items() if c not in held]
+    if not escapes:
+        return plain_other_than(names)
+    return alt(plain_other_than(names), seq(repeat(CHAR, 0, None), alt(*escapes), repeat(CHAR, 0, None)))
+
+
 def in_string(node: Node) -> Node:
     """A regex tree over a string's decoded characters as a tree over its JSON-escaped text:
     `"` and `\\` are written escaped; control characters in a class are left out."""

@@ -1046,6 +1046,14 @@ def test_a_regex_format_admits_regexes_and_refuses_what_no_dialect_parses() -> N
     for bad in ["*", "\\", "a\\", "a**", "(a", "a)", "[a-z", "|+", "(*)", "(((((((a)))))))"]:
         assert not accepts(compiled, json.dumps(bad).encode()), bad
 
+
+def test_other_members_keys_may_hold_escapes_of_characters_no_declared_name_holds() -> None:
+    compiled = schema_of({"type": "object", "properties": {"_uid": {"type": "number"}}, "required": ["_uid"]})
+    for key in ['a\\": ', "x\\ny", "tab\\there", "ok"]:
+        assert accepts(compiled, b'{"_uid": 1, "' + key.encode() + b'": 2}'), key
+    assert not accepts(compiled, b'{"_uid": 1, "\\u005fuid": 2}')  # spells _uid: no \\u escape
+    assert not accepts(compiled, b'{"_uid": 1, "_uid": 2}')
+
 def test_property_counts_beside_required_properties_count_the_others() -> None:
     contacts = schema_of({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
                           "minProperties": 2, "maxProperties": 3, "additionalProperties": {"type": "string"}})
