@@ -841,7 +841,7 @@ class _Compiler:
         elif least > len(set(required)):
             raise unsupported(f"{pointer}/minProperties", "minProperties above the number of required "
                               "properties (an object of declared properties may leave the others out)")
-        if most is not None and most < len(declared):
+        if not counted and most is not None and most < len(declared):
             raise unsupported(f"{pointer}/maxProperties", "maxProperties below the number of declared "
                               "properties")
         named = {name: self._member(name, subschema, f"{pointer}/properties/{kw.escape(name)}")

@@ -1061,6 +1061,9 @@ def test_property_counts_beside_required_properties_count_the_others() -> None:
                                             b'{"name": "a", "b": "c", "d": "e"}',
                                             b'{"name": "a", "b": "c", "d": "e", "f": "g"}')]
     assert found == [False, True, True, False]
+    exact = schema_of({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a", "b"],
+                       "maxProperties": 2})
+    assert accepts(exact, b'{"a": 1, "b": 2}') and not accepts(exact, b'{"a": 1, "b": 2, "c": 3}')
     refused({"type": "object", "required": ["a"], "minProperties": 3}, "SCHEMA_UNSUPPORTED")
     refused({"type": "object", "required": ["a", "b"], "maxProperties": 1}, "CONSTRAINT_UNSATISFIABLE")
 
