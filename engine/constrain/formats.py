@@ -64,10 +64,14 @@ def _regex_syntax(depth: int) -> str:
     a group) with a quantifier (`*` `+` `?` `{n}` `{n,}` `{n,m}`, then `?` or `+`), a group's
     opening `(?...` prefix (`(?:`, `(?=`, `(?<name>`, flags) taken as it comes. Refused: a
     quantifier with nothing before it (`*`, `a|+`, `a**`), a `\\` at the end, `(` or `[` left
-    open, a `)` with none open. Groups nest `depth` deep (a regular language counts that far)."""
+    open, a `)` with none open, an empty class. Groups nest `depth` deep (a regular language
+    counts that far)."""
     char = r"[^\\()\[|*+?]"  # `]`, `{`, `}` and anchors are atoms of their own
     escape = r"\\[\s\S]"
-    klass = r"\[\^?\]?(?:[^\\\]]|\\[\s\S])*\]"
+    # A class: `[`, `^`, a `]` taken as itself right after them, then anything but an unescaped `]`:
+    # one reading of each class (two would have the automaton follow two depths at once).
+    inside, first = r"(?:[^\\\]]|\\[\s\S])", r"(?:[^\\\]^]|\\[\s\S])"
+    klass = rf"\[(?:\^(?:\]|{inside})|\]|{first}){inside}*\]"  # never empty: `[]` is not a class
     quantifier = r"(?:[*+?]|\{\d+(?:,\d*)?\})[?+]?"
     sequence = rf"(?:(?:{char}|{escape}|{klass})(?:{quantifier})?|\|)*"  # alternatives: pieces and `|`s
     for _ in range(depth):
@@ -76,7 +80,7 @@ def _regex_syntax(depth: int) -> str:
     return sequence
 
 
-MAX_REGEX_GROUP_DEPTH = 6
+MAX_REGEX_GROUP_DEPTH = 10
 
 # February stops at the 28th and seconds at 59: every date written is a real one, in any year.
 FORMATS = {

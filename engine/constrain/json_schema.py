@@ -1095,12 +1095,17 @@ class _Compiler:
         lo = kw.count(schema, "minLength", pointer, 0) or 0
         hi = kw.count(schema, "maxLength", pointer, None)
         if "pattern" in schema:
-            if schema.get("format") in FORMATS:  # other formats are annotations
-                raise unsupported(f"{pointer}/format", "'format' beside 'pattern'")
             if "minLength" in schema or "maxLength" in schema:
-                return self._with_lengths(lambda: self._pattern_lengths(schema, pointer, lo, hi),
-                                          lambda: self._pattern(schema, pointer), lo, hi)
-            return self._pattern(schema, pointer)
+                found = self._with_lengths(lambda: self._pattern_lengths(schema, pointer, lo, hi),
+                                           lambda: self._pattern(schema, pointer), lo, hi)
+            else:
+                found = self._pattern(schema, pointer)
+            if schema.get("format") not in FORMATS:  # other formats are annotations
+                return found
+            try:  # an enforced format beside: both automata at once
+                return mx.intersection(found, jv.string_format(schema["format"]), self.budget)
+            except nfa.TooLarge as exc:
+                raise unsupported(f"{pointer}/format", f"'format' beside 'pattern' ({exc})") from exc
         if "format" in schema:
             return self._with_lengths(lambda: self._format(schema, pointer, lo, hi),
                                       lambda: jv.string_format(schema["format"]), lo, hi)

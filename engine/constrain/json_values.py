@@ -240,10 +240,15 @@ def other_than(names: list[str]) -> Node:
     escape (`\\"`, `\\n`, ...) of a character none of the names holds (a key json.dumps writes
     as `"a\\"b"`). `\\uXXXX` escapes are left out of such keys (one may spell a name's character)."""
     held = set("".join(names))
-    escapes = [text(e) for c, e in _SHORT_ESCAPES.items() if c not in held]
-    if not escapes:
-        return plain_other_than(names)
-    return alt(plain_other_than(names), seq(repeat(CHAR, 0, None), alt(*escapes), repeat(CHAR, 0, None)))
+    free = "".join(c for c in _SHORT_ESCAPES if c not in held)
+    return alt(plain_other_than(names), _escaped(free)) if free else plain_other_than(names)
+
+
+@cache
+def _escaped(free: str) -> Node:
+    """Strings with a short escape of one of `free`'s characters: one node per set, so a grammar
+    writes it once however many objects use it."""
+    return seq(repeat(CHAR, 0, None), alt(*(text(_SHORT_ESCAPES[c]) for c in free)), repeat(CHAR, 0, None))
 
 
 def in_string(node: Node) -> Node:
