@@ -99,8 +99,35 @@ def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDE
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"the JSON schema is not valid JSON: {exc}", reason="SCHEMA_INVALID",
                            field=FIELD) from exc
+    if _refs_stand_alone(root):
+        root = _without_ref_siblings(root)
     compiler = _Compiler(root, limits, budget, strict)
     return Tree(compiler.node(root, ""), compiler.rules)
+
+
+_DRAFTS_REF_ALONE = ("draft-03/", "draft-04/", "draft-06/", "draft-07/")
+
+
+def _refs_stand_alone(root: Any) -> bool:
+    """Whether the schema names a draft (3 to 7) in which a $ref's sibling keywords are ignored;
+    in 2019-09 and later (and without a `$schema`, as validators read it) they hold beside it."""
+    declared = root.get("$schema") if isinstance(root, dict) else None
+    return isinstance(declared, str) and any(d in declared for d in _DRAFTS_REF_ALONE)
+
+
+def _without_ref_siblings(schema: Any) -> Any:
+    """The schema with the assertion keywords beside each $ref left out (definitions stay; values
+    of enum, const, default and examples are data, left as they are)."""
+    if isinstance(schema, list):
+        return [_without_ref_siblings(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = isinstance(schema.get("$ref"), str)
+    return {k: v if k in _DATA else _without_ref_siblings(v) for k, v in schema.items()
+            if not (ref and k != "$ref" and k in ASSERTIONS)}
+
+
+_DATA = frozenset({"enum", "const", "default", "examples"})
 
 
 class _Compiler:

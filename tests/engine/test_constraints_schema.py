@@ -1052,6 +1052,21 @@ def test_other_members_keys_may_hold_escapes_of_characters_no_declared_name_hold
     assert not accepts(compiled, b'{"_uid": 1, "\\u005fuid": 2}')  # spells _uid: no \\u escape
     assert not accepts(compiled, b'{"_uid": 1, "_uid": 2}')
 
+
+def test_keywords_beside_a_ref_are_ignored_in_the_drafts_that_say_so() -> None:
+    for draft, merged in [("http://json-schema.org/draft-04/schema#", False),
+                          ("http://json-schema.org/draft-07/schema#", False),
+                          ("https://json-schema.org/draft/2020-12/schema", True), (None, True)]:
+        schema = {"$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+                  "type": "object", "properties": {"p": {"$ref": "#/$defs/point", "type": "string"}}}
+        if draft:
+            schema["$schema"] = draft
+        compiled = schema_of(schema)
+        assert accepts(compiled, b'{"p": {"x": 1}}') != merged, draft  # merged: an object and a string
+    data = schema_of({"$schema": "http://json-schema.org/draft-04/schema#",
+                      "enum": [{"$ref": "#", "type": "string"}]})  # enum values are data, kept whole
+    assert accepts(data, b'{"$ref": "#", "type": "string"}') and not accepts(data, b'{"$ref": "#"}')
+
 def test_property_counts_beside_required_properties_count_the_others() -> None:
     contacts = schema_of({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
                           "minProperties": 2, "maxProperties": 3, "additionalProperties": {"type": "string"}})
