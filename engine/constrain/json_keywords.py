@@ -36,8 +36,9 @@ COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 MERGED = "$merged"  # set by allOf's merge: an enum it emptied admits nothing (not SCHEMA_INVALID)
 EXCLUDED = "$excluded"  # values a condition's negation rules out (_discriminated): none of them fits
 UNMATCHED = "$unmatched"  # patterns a `not` rules out: a string matches none of them
+MATCHED = "$matched"  # patterns of other allOf members beside `pattern`: a string matches all of them
 OWN_FIRST = "$ownFirst"  # set beside an anyOf/oneOf member: the keywords beside it merge first (their order)
-INTERNAL = frozenset({MERGED, EXCLUDED, UNMATCHED, OWN_FIRST})
+INTERNAL = frozenset({MERGED, EXCLUDED, UNMATCHED, MATCHED, OWN_FIRST})
 ALONE = "$alone"  # set by alone: additionalProperties was a member's own unevaluatedProperties
 MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
 MAX_NOT_BRANCHES = 16  # not of required lists: the choices of names left out written exactly
@@ -98,8 +99,10 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
             merged[key] = list(dict.fromkeys([*merged[key], *value]))
         elif key == "type":
             merged[key] = types_in_both(merged[key], value, pointer)
-        elif key in (EXCLUDED, UNMATCHED):
+        elif key in (EXCLUDED, UNMATCHED, MATCHED):
             merged[key] = [*merged[key], *value]
+        elif key == "pattern" and merged[key] != value:  # both hold: their automata intersected
+            merged[MATCHED] = [*merged.get(MATCHED, []), value]
         elif key == "enum" and isinstance(value, list) and isinstance(merged[key], list):
             theirs = {json_key(v) for v in value}  # both: the values in both (none: nothing fits)
             merged[key] = [v for v in merged[key] if json_key(v) in theirs]

@@ -61,6 +61,7 @@ from engine.constrain.json_keywords import (
     KNOWN,
     LOWER_BOUNDS,
     LOWERED,
+    MATCHED,
     MAX_NOT_BRANCHES,
     MAX_UNIQUE_VALUES,
     MERGED,
@@ -1105,9 +1106,15 @@ class _Compiler:
 
     def _string(self, schema: dict[str, Any], pointer: str) -> Node:
         """A string: its pattern, format and lengths; where not written as one tree, their automata
-        intersected (mx.intersection). Patterns a `not` rules out (UNMATCHED) are taken out of the
+        intersected (mx.intersection), as are the patterns of other allOf members (MATCHED).
+        Patterns a `not` rules out (UNMATCHED) are taken out of the
         strings as CANONICAL_STRING writes them (so no escape can spell a match)."""
         node = self._string_alone(schema, pointer)
+        for source in schema.get(MATCHED, []):
+            try:
+                node = mx.intersection(node, self._pattern({"pattern": source}, pointer), self.budget)
+            except nfa.TooLarge as exc:
+                raise unsupported(f"{pointer}/pattern", f"'pattern' in two allOf members ({exc})") from exc
         unmatched = schema.get(UNMATCHED)
         if not unmatched:
             return node

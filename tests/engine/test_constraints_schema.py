@@ -1067,6 +1067,12 @@ def test_keywords_beside_a_ref_are_ignored_in_the_drafts_that_say_so() -> None:
                       "enum": [{"$ref": "#", "type": "string"}]})  # enum values are data, kept whole
     assert accepts(data, b'{"$ref": "#", "type": "string"}') and not accepts(data, b'{"$ref": "#"}')
 
+
+def test_patterns_of_two_all_of_members_both_hold() -> None:
+    compiled = schema_of({"allOf": [{"type": "string", "pattern": "^[a-z]+/"}, {"pattern": "csv$"}]})
+    assert accepts(compiled, b'"text/csv"') and not accepts(compiled, b'"text/html"')
+    assert not accepts(compiled, b'"Text/csv"')
+
 def test_property_counts_beside_required_properties_count_the_others() -> None:
     contacts = schema_of({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
                           "minProperties": 2, "maxProperties": 3, "additionalProperties": {"type": "string"}})
