@@ -100,34 +100,59 @@ def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDE
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"the JSON schema is not valid JSON: {exc}", reason="SCHEMA_INVALID",
                            field=FIELD) from exc
-    if _refs_stand_alone(root):
-        root = _without_ref_siblings(root)
+    unknown = _unknown_to_draft(root)
+    if unknown is not None:
+        root = _as_draft(root, unknown)
     compiler = _Compiler(root, limits, budget, strict)
     return Tree(compiler.node(root, ""), compiler.rules)
 
 
-_DRAFTS_REF_ALONE = ("draft-03/", "draft-04/", "draft-06/", "draft-07/")
+# Keywords a draft does not define, so its validators ignore them (2019-09's in drafts 3 to 7, draft
+# 7's conditionals in 3 to 6, draft 6's const/contains/propertyNames in 3 and 4).
+_LATER = frozenset({"dependentRequired", "dependentSchemas", "prefixItems", "unevaluatedProperties",
+                    "unevaluatedItems", "minContains", "maxContains"})
+_DRAFTS: dict[str, frozenset[str]] = {
+    "draft-03/": _LATER | {"if", "then", "else", "const", "contains", "propertyNames"},
+    "draft-04/": _LATER | {"if", "then", "else", "const", "contains", "propertyNames"},
+    "draft-06/": _LATER | {"if", "then", "else"},
+    "draft-07/": _LATER,
+}
 
 
-def _refs_stand_alone(root: Any) -> bool:
-    """Whether the schema names a draft (3 to 7) in which a $ref's sibling keywords are ignored;
-    in 2019-09 and later (and without a `$schema`, as validators read it) they hold beside it."""
+def _unknown_to_draft(root: Any) -> frozenset[str] | None:
+    """The keywords the draft the schema names (`$schema`, drafts 3 to 7) does not define; None
+    for 2019-09 and later, and without a `$schema` (read as the latest, as validators do)."""
     declared = root.get("$schema") if isinstance(root, dict) else None
-    return isinstance(declared, str) and any(d in declared for d in _DRAFTS_REF_ALONE)
+    if not isinstance(declared, str):
+        return None
+    return next((unknown for draft, unknown in _DRAFTS.items() if draft in declared), None)
 
 
-def _without_ref_siblings(schema: Any) -> Any:
-    """The schema with the assertion keywords beside each $ref left out (definitions stay; values
-    of enum, const, default and examples are data, left as they are)."""
+def _as_draft(schema: Any, unknown: frozenset[str]) -> Any:
+    """The schema as a draft 3 to 7 validator reads it: keywords that draft does not define left
+    out, and the assertion keywords beside a $ref too (those drafts ignore a $ref's siblings).
+    Values of enum, const, default and examples are data, and the keys of properties-like maps
+    names: both kept as they are."""
     if isinstance(schema, list):
-        return [_without_ref_siblings(item) for item in schema]
+        return [_as_draft(item, unknown) for item in schema]
     if not isinstance(schema, dict):
         return schema
     ref = isinstance(schema.get("$ref"), str)
-    return {k: v if k in _DATA else _without_ref_siblings(v) for k, v in schema.items()
-            if not (ref and k != "$ref" and k in ASSERTIONS)}
+    kept: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in unknown or ref and key != "$ref" and key in ASSERTIONS:
+            continue
+        if key in _DATA:
+            kept[key] = value
+        elif key in _NAME_MAPS and isinstance(value, dict):
+            kept[key] = {name: _as_draft(sub, unknown) for name, sub in value.items()}
+        else:
+            kept[key] = _as_draft(value, unknown)
+    return kept
 
 
+_NAME_MAPS = frozenset({"properties", "patternProperties", "definitions", "$defs", "dependencies",
+                        "dependentSchemas"})
 _DATA = frozenset({"enum", "const", "default", "examples"})
 
 

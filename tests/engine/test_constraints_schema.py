@@ -1073,6 +1073,18 @@ def test_patterns_of_two_all_of_members_both_hold() -> None:
     assert accepts(compiled, b'"text/csv"') and not accepts(compiled, b'"text/html"')
     assert not accepts(compiled, b'"Text/csv"')
 
+
+def test_keywords_a_named_draft_does_not_define_are_ignored_as_its_validators_do() -> None:
+    draft4 = "http://json-schema.org/draft-04/schema#"
+    conditional = {"type": "object", "properties": {"if": {"type": "integer"}, "kind": {}, "key": {}},
+                   "if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["key"]}}
+    ignored = schema_of({**conditional, "$schema": draft4})  # draft 4 has no if/then: never required
+    assert accepts(ignored, b'{"kind": "a"}') and not accepts(ignored, b'{"if": "x"}')  # a name kept
+    assert not accepts(schema_of(conditional), b'{"kind": "a"}')  # 2020-12's reading
+    closed = {"type": "object", "properties": {"a": {}}, "unevaluatedProperties": False}
+    assert accepts(schema_of({**closed, "$schema": "http://json-schema.org/draft-07/schema#"}), b'{"b": 1}')
+    assert not accepts(schema_of(closed), b'{"b": 1}')
+
 def test_property_counts_beside_required_properties_count_the_others() -> None:
     contacts = schema_of({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
                           "minProperties": 2, "maxProperties": 3, "additionalProperties": {"type": "string"}})
