@@ -84,12 +84,15 @@ def string_format(name: str) -> Node:
 
 def literal(value: Any) -> Node:
     """`value` (what an enum or const allows) with the whitespace any value may have: an object or
-    an array takes one optional space after its `:` and `,` as everywhere else."""
+    an array takes one optional space after its `:` and `,` as everywhere else. A number is any
+    writing of its value, as JSON Schema compares numbers (2, 2.0, 2.50 for 2.5; its exponent form)."""
     if isinstance(value, dict):
         members = [seq(literal(k), COLON, literal(v)) for k, v in value.items()]
         return seq(text("{"), *_joined(members), text("}"))
     if isinstance(value, list):
         return seq(text("["), *_joined([literal(v) for v in value]), text("]"))
+    if isinstance(value, int | float) and not isinstance(value, bool):  # 2 is 2.0: equal numbers
+        return alt(text(json.dumps(value)), decimal_literal(value))
     written = json.dumps(value, ensure_ascii=False)
     try:
         return text(written)

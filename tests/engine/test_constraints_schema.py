@@ -1085,6 +1085,17 @@ def test_keywords_a_named_draft_does_not_define_are_ignored_as_its_validators_do
     assert accepts(schema_of({**closed, "$schema": "http://json-schema.org/draft-07/schema#"}), b'{"b": 1}')
     assert not accepts(schema_of(closed), b'{"b": 1}')
 
+
+def test_an_enum_number_admits_every_writing_of_its_value() -> None:
+    for schema in ({"enum": [2.0, "x"]}, {"const": 2}, {"const": [2.0]}):
+        compiled = schema_of(schema)
+        inside = (lambda t: b"[" + t + b"]") if isinstance(schema.get("const"), list) else (lambda t: t)
+        assert all(accepts(compiled, inside(t)) for t in (b"2", b"2.0", b"2.00")), schema
+        assert not accepts(compiled, inside(b"2.5")) and not accepts(compiled, inside(b"20")), schema
+    tiny = schema_of({"const": 1e-07})
+    assert accepts(tiny, b"1e-07") and accepts(tiny, b"0.0000001")
+
+
 def test_property_counts_beside_required_properties_count_the_others() -> None:
     contacts = schema_of({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
                           "minProperties": 2, "maxProperties": 3, "additionalProperties": {"type": "string"}})
