@@ -52,6 +52,7 @@ from engine.constrain import machines as mx
 from engine.constrain import nfa, regex
 from engine.constrain.budget import UNBOUNDED, Budget
 from engine.constrain.formats import FORMAT_LENGTHS, FORMATS
+from engine.constrain.json_drafts import as_named_draft
 from engine.constrain.json_keywords import (
     ASSERTIONS,
     COMBINATORS,
@@ -100,60 +101,11 @@ def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDE
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"the JSON schema is not valid JSON: {exc}", reason="SCHEMA_INVALID",
                            field=FIELD) from exc
-    unknown = _unknown_to_draft(root)
-    if unknown is not None:
-        root = _as_draft(root, unknown)
+    root = as_named_draft(root)
     compiler = _Compiler(root, limits, budget, strict)
     return Tree(compiler.node(root, ""), compiler.rules)
 
 
-# Keywords a draft does not define, so its validators ignore them (2019-09's in drafts 3 to 7, draft
-# 7's conditionals in 3 to 6, draft 6's const/contains/propertyNames in 3 and 4).
-_LATER = frozenset({"dependentRequired", "dependentSchemas", "prefixItems", "unevaluatedProperties",
-                    "unevaluatedItems", "minContains", "maxContains"})
-_DRAFTS: dict[str, frozenset[str]] = {
-    "draft-03/": _LATER | {"if", "then", "else", "const", "contains", "propertyNames"},
-    "draft-04/": _LATER | {"if", "then", "else", "const", "contains", "propertyNames"},
-    "draft-06/": _LATER | {"if", "then", "else"},
-    "draft-07/": _LATER,
-}
-
-
-def _unknown_to_draft(root: Any) -> frozenset[str] | None:
-    """The keywords the draft the schema names (`$schema`, drafts 3 to 7) does not define; None
-    for 2019-09 and later, and without a `$schema` (read as the latest, as validators do)."""
-    declared = root.get("$schema") if isinstance(root, dict) else None
-    if not isinstance(declared, str):
-        return None
-    return next((unknown for draft, unknown in _DRAFTS.items() if draft in declared), None)
-
-
-def _as_draft(schema: Any, unknown: frozenset[str]) -> Any:
-    """The schema as a draft 3 to 7 validator reads it: keywords that draft does not define left
-    out, and the assertion keywords beside a $ref too (those drafts ignore a $ref's siblings).
-    Values of enum, const, default and examples are data, and the keys of properties-like maps
-    names: both kept as they are."""
-    if isinstance(schema, list):
-        return [_as_draft(item, unknown) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    ref = isinstance(schema.get("$ref"), str)
-    kept: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in unknown or ref and key != "$ref" and key in ASSERTIONS:
-            continue
-        if key in _DATA:
-            kept[key] = value
-        elif key in _NAME_MAPS and isinstance(value, dict):
-            kept[key] = {name: _as_draft(sub, unknown) for name, sub in value.items()}
-        else:
-            kept[key] = _as_draft(value, unknown)
-    return kept
-
-
-_NAME_MAPS = frozenset({"properties", "patternProperties", "definitions", "$defs", "dependencies",
-                        "dependentSchemas"})
-_DATA = frozenset({"enum", "const", "default", "examples"})
 
 
 class _Compiler:
@@ -871,7 +823,7 @@ class _Compiler:
             if required is None:
                 return NOTHING  # a required name propertyNames rules out
         if schema.get("patternProperties"):
-            return self._patterned(schema, properties, required, additional, pointer)
+            return self._patterned(schema, properties, required, additional, given is not None, pointer)
         if not properties and not required:
             if least > 1:  # a map's keys are not kept apart: a key written twice would count once
                 raise unsupported(f"{pointer}/minProperties", "minProperties above 1 on a map")
@@ -921,7 +873,7 @@ class _Compiler:
                      for order in (orders[:1] if orders[0] == orders[1] else orders)))
 
     def _patterned(self, schema: dict[str, Any], properties: dict[str, Any], required: list[str],
-                   additional: Any, pointer: str) -> Node:
+                   additional: Any, explicit: bool, pointer: str) -> Node:
         """An object with patternProperties: its declared properties as any object's (a declared
         name a pattern also finds must have that pattern's schema, or it is refused), then any
         number of members whose keys a pattern finds, with that pattern's schema, then (where
@@ -955,8 +907,7 @@ class _Compiler:
                   for name in dict.fromkeys(required) if name not in properties]
         member = seq(keys, jv.COLON, self.node(value_schema, f"{at}/{kw.escape(next(iter(patterns)))}"))
         items.append((repeat(member, 1, None, jv.COMMA), False))
-        given = schema.get("additionalProperties", schema.get("unevaluatedProperties"))
-        if additional is not False and (given is not None or not self.strict):
+        if additional is not False and (explicit or not self.strict):
             # Then others: keys that no pattern finds and no declared name spells.
             declared = list(dict.fromkeys([*properties, *required]))
             plain = seq(jv.QUOTE, jv.other_than(declared), jv.QUOTE)
