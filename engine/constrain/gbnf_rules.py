@@ -53,32 +53,48 @@ def checked_bodies(rules: Rules) -> list[list[Alternative]]:
 
 def _productive_bodies(rules: Rules, bodies: list[list[Alternative]]) -> list[list[Alternative]]:
     """Bodies without the alternatives that can never finish; a named rule left with none is an error."""
-    productive = [False] * len(bodies)
-
-    def finishes(alt: Alternative) -> bool:
-        return all(value != 0 if kind == TERMINAL else productive[value] for kind, value in alt)
-
-    changed = True
-    while changed:
-        changed = False
-        for rule, body in enumerate(bodies):
-            if not productive[rule] and any(finishes(alt) for alt in body):
-                productive[rule] = changed = True
+    productive = _closure(bodies, terminals=True)
     for name, rule in rules.ids.items():
         if not productive[rule]:
             raise rules.invalid(rules.offsets[rule], f"rule '{name}' matches no finite text")
-    return [[alt for alt in body if finishes(alt)] for body in bodies]
+    return [[alt for alt in body
+             if all(value != 0 if kind == TERMINAL else productive[value] for kind, value in alt)]
+            for body in bodies]
 
 
 def _nullable(bodies: list[list[Alternative]]) -> list[bool]:
-    nullable = [False] * len(bodies)
-    changed = True
-    while changed:
-        changed = False
-        for rule, body in enumerate(bodies):
-            if not nullable[rule] and any(all(k == REF and nullable[v] for k, v in alt) for alt in body):
-                nullable[rule] = changed = True
-    return nullable
+    return _closure(bodies, terminals=False)
+
+
+def _closure(bodies: list[list[Alternative]], terminals: bool) -> list[bool]:
+    """The rules with an alternative whose references all lead to such rules and whose terminals
+    match a byte (`terminals`; else that holds no terminal): which rules finish, or can match
+    nothing. Worked from the rules found, each reference visited once (linear in the grammar: a
+    DFA of thousands of states is a chain of thousands of rules)."""
+    found = [False] * len(bodies)
+    waiting: list[list[int]] = []  # per alternative: [its rule, the references not found yet]
+    users: list[list[int]] = [[] for _ in bodies]  # per rule: the alternatives referring to it
+    ready = []
+    for rule, body in enumerate(bodies):
+        for alt in body:
+            if any(kind == TERMINAL and (not terminals or value == 0) for kind, value in alt):
+                continue
+            refs = [value for kind, value in alt if kind != TERMINAL]
+            for value in refs:
+                users[value].append(len(waiting))
+            waiting.append([rule, len(refs)])
+            if not refs:
+                ready.append(rule)
+    while ready:
+        rule = ready.pop()
+        if found[rule]:
+            continue
+        found[rule] = True
+        for alt in users[rule]:
+            waiting[alt][1] -= 1
+            if waiting[alt][1] == 0:
+                ready.append(waiting[alt][0])
+    return found
 
 
 def _left_cycle(bodies: list[list[Alternative]], nullable: list[bool]) -> list[int]:
