@@ -1,7 +1,8 @@
 """JSON Schema (a subset) as a syntax tree: every output parses as JSON and validates.
 
 Supported: type (one or a list), properties, required, additionalProperties, items, minItems,
-maxItems, enum, const, anyOf, oneOf (as anyOf: write disjoint alternatives), allOf (its members
+maxItems, enum, const, anyOf, oneOf (exactly one member where kw.disjoint, the required lists
+or the automata's differences show it: _exclusive, _one_only; else as anyOf), allOf (its members
 merged into one schema: json_keywords.merge_into), local $ref (#, #/$defs/..., #/definitions/..., any
 #/pointer), minLength, maxLength, pattern, format (date, time, date-time, uuid, email, ipv4,
 hostname, uri, uri-reference; any other format is an annotation, as JSON Schema 2020-12 has it
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,7 +52,7 @@ from engine.constrain import json_keywords as kw
 from engine.constrain import json_values as jv
 from engine.constrain import machines as mx
 from engine.constrain import nfa, regex
-from engine.constrain.budget import UNBOUNDED, Budget
+from engine.constrain.budget import UNBOUNDED, Budget, OverBudget
 from engine.constrain.formats import FORMAT_LENGTHS, FORMATS
 from engine.constrain.json_drafts import as_named_draft
 from engine.constrain.json_keywords import (
@@ -74,9 +76,12 @@ from engine.constrain.json_keywords import (
     unsupported,
 )
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
-from engine.constrain.pattern import EMPTY, NOTHING, Node, Ref, alt, chars, members, repeat, seq, text
+from engine.constrain.pattern import EMPTY, NOTHING, Alt, Node, Ref, alt, chars, members, repeat, seq, text
 from engine.errors import InvalidInput
 from engine.json_depth import check_json_depth
+
+ONE_OF_STATES = 4_000  # a oneOf alternative less the others: its DFAs' and the difference's states
+ONE_OF_SECONDS = 0.2  # CPU time all of a compile's oneOf differences may take
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,7 @@ class _Compiler:
         self.targets: dict[str, Node] = {}  # a $ref's target compiled: once per schema
         self.on_path: set[str] = set()  # $ref targets being compiled (a $ref to one recurses)
         self.rules: dict[str, Node] = {}  # the targets a recursive $ref refers to
+        self.one_of_spent = 0.0  # CPU seconds the oneOf differences took (_difference)
 
     def open_value(self) -> Node:
         """Any JSON value, at any depth: the rule OPEN."""
@@ -426,7 +432,47 @@ class _Compiler:
                 parts.append(exclusive)
             else:
                 parts.append(self._all_of(plain, at) if beside else self.node(member, at))
-        return alt(*parts)
+        return alt(*(self._one_only(value, parts) if key == "oneOf" else parts))
+
+    def _one_only(self, members: list[Any], parts: list[Node]) -> list[Node]:
+        """oneOf's alternatives as exactly one member: each alternative's values less the other
+        alternatives' values of the same JSON type (where kw.disjoint cannot tell the members
+        apart), as automata within ONE_OF_STATES states and ONE_OF_SECONDS in all; parts holding
+        an open value or recursion, and past those bounds: as they are (anyOf's reading: a value
+        two members meet is admitted). No value only one member meets is lost; a value two meet
+        stays where they write it differently (`3.0` against an integer's `3`), or where
+        _exclusive wrote the other without it."""
+        views = [self._in_view(m) for m in members]
+        seen: dict[str, int] = {}
+        for i, view in enumerate(views):  # a member twice: what meets it meets two, so none does
+            same = "true" if view is True or view == {} else json.dumps(view, sort_keys=True)
+            if seen.setdefault(same, i) != i:
+                if same == "true":
+                    return [NOTHING] * len(parts)
+                parts[i] = parts[seen[same]] = NOTHING
+        split = [[(item, mx.first_bytes(item)) for item in self._alternatives(part)] for part in parts]
+        exact = []
+        for i, part in enumerate(parts):
+            others = [pair for j in range(len(members)) if j != i and not kw.disjoint(views[i], views[j])
+                      for pair in split[j]]
+            kept: list[Node] = []
+            cut: list[Node] = []
+            near: list[Node] = []
+            for item in self._alternatives(part):
+                leads = mx.first_bytes(item)
+                meets = [o for o, theirs in others
+                         if leads is None or theirs is None or not leads.isdisjoint(theirs)]
+                if (meets and leads is not None and self.one_of_spent < ONE_OF_SECONDS
+                        and not mx.refers(item) and not any(mx.refers(o) for o in meets)):
+                    cut.append(item)
+                    near.extend(o for o in meets if all(o is not n for n in near))
+                else:
+                    kept.append(item)  # apart from every other member's value, or anyOf's reading
+            if cut:
+                fewer = self._difference(alt(*cut), alt(*near))
+                kept.extend(cut if fewer is None else [fewer])
+            exact.append(alt(*kept))
+        return exact
 
     def _exclusive(self, member: Any, others: list[Any], plain: Any, beside: dict[str, Any],
                    pointer: str) -> Node | None:
@@ -501,6 +547,28 @@ class _Compiler:
             except (InvalidInput, nfa.TooLarge):
                 continue
         return False
+
+    def _difference(self, first: Node, second: Node) -> Node | None:
+        """`first` less `second` as automata, None past ONE_OF_STATES states or once the compile's
+        differences took ONE_OF_SECONDS of CPU time in all (they are worth that much only)."""
+        left = ONE_OF_SECONDS - self.one_of_spent
+        if left <= 0:
+            return None
+        allowance, began = Budget(left), time.thread_time()
+        allowance.start()
+        try:
+            return mx.difference(first, second, allowance, ONE_OF_STATES)
+        except (nfa.TooLarge, OverBudget):
+            return None
+        finally:
+            self.one_of_spent += time.thread_time() - began
+            self.budget.check()
+
+    def _alternatives(self, node: Node) -> tuple[Node, ...]:
+        """A node's alternatives, an open value's as its rule's (a $ref's rule may be unfinished)."""
+        if node == Ref(OPEN):
+            node = self.rules[OPEN]
+        return node.items if isinstance(node, Alt) else (node,)
 
     @contextmanager
     def _aside(self, strict: bool) -> Iterator[None]:

@@ -15,7 +15,19 @@ import numpy as np
 
 from engine.constrain import dfa, nfa
 from engine.constrain.budget import UNBOUNDED, Budget
-from engine.constrain.pattern import NOTHING, Alt, Machine, Members, Node, Ref, Repeat, Seq
+from engine.constrain.pattern import (
+    NOTHING,
+    Alt,
+    Anchor,
+    Chars,
+    Machine,
+    Members,
+    Node,
+    Ref,
+    Repeat,
+    Seq,
+    Text,
+)
 
 MAX_MULTIPLE_STATES = 20_000  # a multipleOf's machine: the number's states times the remainders
 
@@ -89,9 +101,11 @@ def machine(edges: list[list[tuple[int, int, int]]], accepting: list[bool]) -> N
     return Machine(tuple(moves), tuple(accepting[state] for state in kept))
 
 
-def difference(first: Node, second: Node, budget: Budget = UNBOUNDED) -> Node:
-    """The strings `first` matches and `second` does not, as a Machine."""
-    return _product(first, second, budget, keep_dead=True, accepts=lambda a, b: a and not b)
+def difference(first: Node, second: Node, budget: Budget = UNBOUNDED,
+               limit: int = MAX_MULTIPLE_STATES) -> Node:
+    """The strings `first` matches and `second` does not, as a Machine (nfa.TooLarge past `limit`
+    states, the operands' DFAs' or the product's)."""
+    return _product(first, second, budget, keep_dead=True, accepts=lambda a, b: a and not b, limit=limit)
 
 
 def intersection(first: Node, second: Node, budget: Budget = UNBOUNDED) -> Node:
@@ -100,12 +114,12 @@ def intersection(first: Node, second: Node, budget: Budget = UNBOUNDED) -> Node:
     return _product(first, second, budget, keep_dead=False, accepts=lambda a, b: a and b)
 
 
-def _product(first: Node, second: Node, budget: Budget, keep_dead: bool, accepts: Any) -> Node:
+def _product(first: Node, second: Node, budget: Budget, keep_dead: bool, accepts: Any,
+             limit: int = MAX_MULTIPLE_STATES) -> Node:
     """Both DFAs walked side by side (the second's dead state kept where `keep_dead`), a pair
     accepting as `accepts(first accepts, second accepts)` says; bytes that neither DFA tells
     apart are walked once, as one class."""
-    tables = [dfa.determinize(nfa.build(node, MAX_MULTIPLE_STATES, budget), MAX_MULTIPLE_STATES)
-              for node in (first, second)]
+    tables = [dfa.determinize(nfa.build(node, limit, budget), limit) for node in (first, second)]
     kinds = [np.unique(t.table.T, axis=0, return_inverse=True)[1].ravel() for t in tables]
     joint, representative, of_byte = np.unique(kinds[0] * (int(kinds[1].max()) + 1) + kinds[1],
                                                return_index=True, return_inverse=True)
@@ -128,8 +142,8 @@ def _product(first: Node, second: Node, budget: Budget, keep_dead: bool, accepts
                 continue
             pair = (target, other)
             if pair not in ids:
-                if len(order) >= MAX_MULTIPLE_STATES:
-                    raise nfa.TooLarge(f"more than {MAX_MULTIPLE_STATES} states for an intersection")
+                if len(order) >= limit:
+                    raise nfa.TooLarge(f"more than {limit} states for an intersection or difference")
                 ids[pair] = len(order)
                 order.append(pair)
             out.extend((lo, hi, ids[pair]) for lo, hi in ranges[kind])
@@ -168,3 +182,53 @@ def refers(node: Node, seen: set[int] | None = None) -> bool:
     if isinstance(node, Repeat):
         return refers(node.item, seen) or node.separator is not None and refers(node.separator, seen)
     return False
+
+
+UTF8_LEADS = frozenset(range(0xC2, 0xF5))  # the first byte of any character past U+007F
+
+
+def first_bytes(node: Node) -> frozenset[int] | None:
+    """The bytes a match of `node` may start with (a superset where characters past U+007F are
+    met), or None where a match may be empty or a Ref hides what it starts with."""
+    found = _leads(node)
+    return None if found is None or found[1] else found[0]
+
+
+def _leads(node: Node) -> tuple[frozenset[int], bool] | None:
+    """(bytes a match may start with, whether it may be empty); None: unknown (a Ref)."""
+    if isinstance(node, Text):
+        return (frozenset(node.data[:1]), not node.data)
+    if isinstance(node, Chars):
+        low = {c for lo, hi in node.ranges for c in range(lo, min(hi, 0x7F) + 1)}
+        return (frozenset(low) | (UTF8_LEADS if node.ranges and node.ranges[-1][1] > 0x7F else frozenset()),
+                False)
+    if isinstance(node, Anchor):
+        return (frozenset(), True)
+    if isinstance(node, Machine):
+        return (frozenset(b for lo, hi, _ in node.moves[0] for b in range(lo, hi + 1)), node.accepting[0])
+    if isinstance(node, Repeat):
+        once = _leads(node.item)
+        return None if once is None else (once[0], once[1] or node.lo == 0)
+    if isinstance(node, Alt):
+        parts = [_leads(item) for item in node.items]
+        if any(p is None for p in parts):
+            return None
+        return (frozenset().union(*(p[0] for p in parts if p)), any(p[1] for p in parts if p))
+    if isinstance(node, Members):
+        # The first member written is one up to the first required one (or any, none required).
+        last = node.required.index(True) if True in node.required else len(node.items) - 1
+        found = [_leads(item) for item in node.items[:last + 1]]
+        if any(f is None or f[1] for f in found):
+            return None  # a member that may be empty: the separator may lead
+        return (frozenset().union(*(f[0] for f in found if f)), True not in node.required)
+    if isinstance(node, Seq):
+        leads: frozenset[int] = frozenset()
+        for item in node.items:
+            step = _leads(item)
+            if step is None:
+                return None
+            leads |= step[0]
+            if not step[1]:
+                return (leads, False)
+        return (leads, True)
+    return None

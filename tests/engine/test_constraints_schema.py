@@ -663,6 +663,43 @@ def test_one_of_members_apart_by_type_values_or_a_discriminator_need_nothing_mor
 
 
 
+@pytest.mark.parametrize(("schema", "instances"), [
+    ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, [1, 2, 3, 25, -4, 2.5, 1.5, "x", {"a": 1}, [1], None]),
+    ({"type": "string", "oneOf": [{"minLength": 2}, {"maxLength": 4}]}, ["", "a", "ab", "abcd", "abcde"]),
+    ({"oneOf": [{"type": "number"}, {}]}, [123, 1.5, "foo", None, True, [], {}]),
+    ({"oneOf": [{"type": "integer", "maximum": 10}, {"type": "integer", "minimum": 5}]}, [-3, 4, 5, 10, 11, 99]),
+    ({"oneOf": [{"pattern": "^a"}, {"pattern": "b$"}, {"type": "integer"}]}, ["a", "b", "ab", "ba", "c", 7]),
+])
+def test_one_of_members_that_overlap_as_automata_admit_exactly_one_member_s_values(
+        schema: Any, instances: list[Any]) -> None:
+    compiled = schema_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for instance in instances:
+        text = json.dumps(instance, separators=(",", ":")).encode()
+        assert accepts(compiled, text) == validator.is_valid(instance), text
+
+
+def test_a_one_of_member_written_twice_admits_nothing_either_meets() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        schema_of({"oneOf": [True, {}, {"type": "string"}]})
+    assert caught.value.reason == "CONSTRAINT_UNSATISFIABLE"
+    twice = schema_of({"oneOf": [{"type": "string"}, {"type": "integer"}, {"type": "string"}]})
+    assert accepts(twice, b"3") and not accepts(twice, b'"x"')
+
+
+def test_first_bytes_are_what_a_match_may_start_with() -> None:
+    from engine.constrain import machines as mx
+    from engine.constrain.pattern import EMPTY, Ref, alt, chars, members, repeat, seq, text
+    assert mx.first_bytes(seq(text("{"), Ref("x"))) == {ord("{")}
+    assert mx.first_bytes(alt(text("true"), chars(((0x30, 0x39),)))) == {ord("t"), *range(0x30, 0x3A)}
+    assert mx.first_bytes(seq(repeat(text("a"), 0, None), text("b"))) == {ord("a"), ord("b")}
+    assert mx.first_bytes(repeat(text("a"), 0, None)) is None  # may be empty
+    assert mx.first_bytes(Ref("x")) is None and mx.first_bytes(EMPTY) is None
+    assert 0xC3 in (mx.first_bytes(chars(((0xE9, 0xE9),))) or set())
+    assert mx.first_bytes(members([(text("a"), False), (text("b"), True), (text("c"), True)], text(","))) \
+        == {ord("a"), ord("b")}
+
+
 def test_one_of_members_that_differ_one_level_down_are_kept_apart_there() -> None:
     image = {"properties": {"content": {"properties": {"alt": {}, "src": {}}, "required": ["src", "alt"]}},
              "required": ["content"], "type": "object"}
