@@ -80,6 +80,9 @@ from engine.constrain.pattern import EMPTY, NOTHING, Alt, Node, Ref, alt, chars,
 from engine.errors import InvalidInput
 from engine.json_depth import check_json_depth
 
+# A maxLength above this writes strings of at most this many characters (a subset, never a string
+# the schema rejects): a bound is a rule (a state) per character, and 32,767 pass the grammar's limit.
+MAX_STRING_BOUND = 4096
 ONE_OF_STATES = 4_000  # a oneOf alternative less the others: its DFAs' and the difference's states
 ONE_OF_SECONDS = 0.2  # CPU time all of a compile's oneOf differences may take
 
@@ -1172,6 +1175,8 @@ class _Compiler:
     def _string_alone(self, schema: dict[str, Any], pointer: str) -> Node:
         lo = kw.count(schema, "minLength", pointer, 0) or 0
         hi = kw.count(schema, "maxLength", pointer, None)
+        if hi is not None and hi > MAX_STRING_BOUND >= lo:  # a column's 32767 or 65535: a subset
+            hi = MAX_STRING_BOUND
         if "pattern" in schema:
             if "minLength" in schema or "maxLength" in schema:
                 found = self._with_lengths(lambda: self._pattern_lengths(schema, pointer, lo, hi),

@@ -73,7 +73,10 @@ NUMBER = seq(INTEGER, optional(seq(text("."), repeat(DIGIT, 1, MAX_FRACTION_DIGI
 BOOLEAN = alt(text("true"), text("false"))
 NULL = text("null")
 
+@cache
 def string(lo: int = 0, hi: int | None = None) -> Node:
+    """Strings of lo to hi characters: one node per bounds, so the pushdown engine makes the rules
+    of a bound once however many properties it holds (tree_grammar.py shares a node's rules)."""
     return seq(QUOTE, repeat(CHAR, lo, hi), QUOTE)
 
 

@@ -400,6 +400,17 @@ def test_numbers_are_json_numbers() -> None:
         assert not accepts(compiled, text.encode()), text
 
 
+def test_a_column_sized_max_length_writes_strings_up_to_the_string_bound() -> None:
+    from engine.constrain.json_schema import MAX_STRING_BOUND
+    columns = schema_of({"type": "object", "additionalProperties": False,
+                         "properties": {name: {"type": "string", "maxLength": 65535, "minLength": 2}
+                                        for name in "abcdefgh"}})
+    longest = "x" * MAX_STRING_BOUND
+    assert accepts(columns, json.dumps({"a": longest, "h": "yz"}, separators=(",", ":")).encode())
+    assert not accepts(columns, json.dumps({"a": longest + "x"}, separators=(",", ":")).encode())
+    assert not accepts(columns, b'{"a":"x"}')  # minLength still holds
+
+
 def test_string_lengths_count_characters_and_escapes_count_once() -> None:
     compiled = schema_of({"type": "string", "minLength": 2, "maxLength": 2})
     for text in ['"ab"', '"é日"', '"\\n\\u00e9"', '"😀x"', '"\\"\\\\"']:
@@ -667,7 +678,8 @@ def test_one_of_members_apart_by_type_values_or_a_discriminator_need_nothing_mor
     ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, [1, 2, 3, 25, -4, 2.5, 1.5, "x", {"a": 1}, [1], None]),
     ({"type": "string", "oneOf": [{"minLength": 2}, {"maxLength": 4}]}, ["", "a", "ab", "abcd", "abcde"]),
     ({"oneOf": [{"type": "number"}, {}]}, [123, 1.5, "foo", None, True, [], {}]),
-    ({"oneOf": [{"type": "integer", "maximum": 10}, {"type": "integer", "minimum": 5}]}, [-3, 4, 5, 10, 11, 99]),
+    ({"oneOf": [{"type": "integer", "maximum": 10}, {"type": "integer", "minimum": 5}]},
+     [-3, 4, 5, 10, 11, 99]),
     ({"oneOf": [{"pattern": "^a"}, {"pattern": "b$"}, {"type": "integer"}]}, ["a", "b", "ab", "ba", "c", 7]),
 ])
 def test_one_of_members_that_overlap_as_automata_admit_exactly_one_member_s_values(
