@@ -90,10 +90,10 @@ def _closure(bodies: list[list[Alternative]], terminals: bool) -> list[bool]:
         if found[rule]:
             continue
         found[rule] = True
-        for alt in users[rule]:
-            waiting[alt][1] -= 1
-            if waiting[alt][1] == 0:
-                ready.append(waiting[alt][0])
+        for user in users[rule]:
+            waiting[user][1] -= 1
+            if waiting[user][1] == 0:
+                ready.append(waiting[user][0])
     return found
 
 
