@@ -65,4 +65,18 @@ class Budget:
                              "constraint may take (--constraint-compile-seconds)")
 
 
+class Steps(Budget):
+    """At most `steps` ticks: a count, not a clock, so a part of a compile that may give up (and
+    take a fallback) gives up alike on every machine and under any load."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.left = steps
+
+    def tick(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise OverBudget("past its steps")
+
+
 UNBOUNDED = Budget()  # never started, never abandoned: what a compile without a caller's budget gets

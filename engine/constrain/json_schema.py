@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from engine.constrain import json_keywords as kw
 from engine.constrain import json_values as jv
 from engine.constrain import machines as mx
 from engine.constrain import nfa, regex
-from engine.constrain.budget import UNBOUNDED, Budget, OverBudget
+from engine.constrain.budget import UNBOUNDED, Budget, OverBudget, Steps
 from engine.constrain.formats import FORMAT_LENGTHS, FORMATS
 from engine.constrain.json_drafts import as_named_draft
 from engine.constrain.json_keywords import (
@@ -84,7 +83,7 @@ from engine.json_depth import check_json_depth
 # the schema rejects): a bound is a rule (a state) per character, and 32,767 pass the grammar's limit.
 MAX_STRING_BOUND = 4096
 ONE_OF_STATES = 4_000  # a oneOf alternative less the others: its DFAs' and the difference's states
-ONE_OF_SECONDS = 0.2  # CPU time all of a compile's oneOf differences may take
+ONE_OF_STEPS = 20_000  # states built and walked by all of a compile's oneOf differences (~0.2 s)
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ class _Compiler:
         self.targets: dict[str, Node] = {}  # a $ref's target compiled: once per schema
         self.on_path: set[str] = set()  # $ref targets being compiled (a $ref to one recurses)
         self.rules: dict[str, Node] = {}  # the targets a recursive $ref refers to
-        self.one_of_spent = 0.0  # CPU seconds the oneOf differences took (_difference)
+        self.one_of_left = ONE_OF_STEPS  # the steps left to oneOf differences (_difference)
 
     def open_value(self) -> Node:
         """Any JSON value, at any depth: the rule OPEN."""
@@ -440,7 +439,7 @@ class _Compiler:
     def _one_only(self, members: list[Any], parts: list[Node]) -> list[Node]:
         """oneOf's alternatives as exactly one member: each alternative's values less the other
         alternatives' values of the same JSON type (where kw.disjoint cannot tell the members
-        apart), as automata within ONE_OF_STATES states and ONE_OF_SECONDS in all; parts holding
+        apart), as automata within ONE_OF_STATES states and ONE_OF_STEPS in all; parts holding
         an open value or recursion, and past those bounds: as they are (anyOf's reading: a value
         two members meet is admitted). No value only one member meets is lost; a value two meet
         stays where they write it differently (`3.0` against an integer's `3`), or where
@@ -465,7 +464,7 @@ class _Compiler:
                 leads = mx.first_bytes(item)
                 meets = [o for o, theirs in others
                          if leads is None or theirs is None or not leads.isdisjoint(theirs)]
-                if (meets and leads is not None and self.one_of_spent < ONE_OF_SECONDS
+                if (meets and leads is not None and self.one_of_left > 0
                         and not mx.refers(item) and not any(mx.refers(o) for o in meets)):
                     cut.append(item)
                     near.extend(o for o in meets if all(o is not n for n in near))
@@ -553,18 +552,17 @@ class _Compiler:
 
     def _difference(self, first: Node, second: Node) -> Node | None:
         """`first` less `second` as automata, None past ONE_OF_STATES states or once the compile's
-        differences took ONE_OF_SECONDS of CPU time in all (they are worth that much only)."""
-        left = ONE_OF_SECONDS - self.one_of_spent
-        if left <= 0:
+        differences took ONE_OF_STEPS in all (they are worth that much only; steps, not seconds,
+        so every machine writes the same oneOf)."""
+        if self.one_of_left <= 0:
             return None
-        allowance, began = Budget(left), time.thread_time()
-        allowance.start()
+        allowance = Steps(self.one_of_left)
         try:
             return mx.difference(first, second, allowance, ONE_OF_STATES)
         except (nfa.TooLarge, OverBudget):
             return None
         finally:
-            self.one_of_spent += time.thread_time() - began
+            self.one_of_left = allowance.left
             self.budget.check()
 
     def _alternatives(self, node: Node) -> tuple[Node, ...]:
@@ -849,7 +847,8 @@ class _Compiler:
 
     def _number(self, schema: dict[str, Any], pointer: str, plain: bool = False) -> Node:
         """A number; bounds that are whole numbers give jv.number_range, decimal ones (`0.5`)
-        jv.decimal_range, both without an exponent (as with multipleOf). A bound with more than
+        jv.decimal_range, both without an exponent (as with multipleOf), beside the exponent
+        writings every one of which the bounds admit (jv.BELOW_ONE, jv.FROM_ONE). A bound with more than
         MAX_FRACTION_DIGITS fraction digits, or whose automaton passes mx.MAX_MULTIPLE_STATES
         states, is SCHEMA_UNSUPPORTED."""
         bounds = kw.bounds(schema, pointer)
@@ -861,14 +860,19 @@ class _Compiler:
         low = max([b for k, b in exact.items() if k in LOWER_BOUNDS], default=None)
         high = min([b for k, b in exact.items() if k not in LOWER_BOUNDS], default=None,
                    key=lambda b: (b[0], not b[1]))
+        # Exponent writings where the bounds hold for every one (none beside multipleOf: its digits).
+        from_one = low is None or low[0] < 1 or low == (Fraction(1), False)
+        exponents = [] if plain or "multipleOf" in schema else [
+            *([jv.BELOW_ONE] if (low is None or low[0] <= 0) and (high is None or high[0] >= 1) else []),
+            *([jv.FROM_ONE] if high is None and from_one else [])]
         if all(b is None or b[0].denominator == 1 for b in (low, high)):
-            return jv.number_range(None if low is None else int(low[0]),
-                                   None if high is None else int(high[0]),
-                                   low is not None and low[1], high is not None and high[1])
+            return alt(jv.number_range(None if low is None else int(low[0]),
+                                       None if high is None else int(high[0]),
+                                       low is not None and low[1], high is not None and high[1]), *exponents)
         key = next(k for k, b in exact.items() if b[0].denominator != 1)
         try:
-            return jv.decimal_range(None if low is None else low[0], None if high is None else high[0],
-                                    low is not None and low[1], high is not None and high[1])
+            return alt(jv.decimal_range(None if low is None else low[0], None if high is None else high[0],
+                                        low is not None and low[1], high is not None and high[1]), *exponents)
         except (ValueError, nfa.TooLarge) as exc:
             raise unsupported(f"{pointer}/{key}", f"{key!r} {bounds[key][0]} on a number ({exc})") from exc
 

@@ -163,6 +163,15 @@ NONZERO_FRACTION = alt(*(seq(text("."), repeat(text("0"), k, k), NONZERO,
                          for k in range(MAX_FRACTION_DIGITS)))
 
 
+# Exponent writings a bounded number admits where its bounds hold for all of them (json.dumps writes
+# 1e-06 for 0.000001): a mantissa from 1 to below 10, times 10 to -1..-99 (a value in (0, 1)) or to
+# 0..99 (from 1 up); two exponent digits at most, so no double underflows to 0 or overflows.
+_MANTISSA = seq(NONZERO, optional(seq(text("."), repeat(DIGIT, 1, MAX_FRACTION_DIGITS))))
+_ONE_TO_99 = alt(seq(NONZERO, optional(DIGIT)), seq(text("0"), NONZERO))
+BELOW_ONE = seq(_MANTISSA, char_set("eE"), text("-"), _ONE_TO_99)
+FROM_ONE = seq(_MANTISSA, char_set("eE"), optional(text("+")), repeat(DIGIT, 1, 2))
+
+
 def number_range(lo: int | None, hi: int | None, lo_open: bool = False, hi_open: bool = False) -> Node:
     """Numbers x with lo <= x <= hi (lo < x, x < hi where open), integer bounds, written without an
     exponent (a bounded number's forms; `1e2` is 100 to a parser but is not among them).

@@ -152,3 +152,14 @@ def _get(cache: ConstraintCache, spec: str, budget: Budget, outcomes: list[Any])
         outcomes.append(cache.get("json_schema", spec, budget))
     except (Abandoned, InvalidInput) as exc:
         outcomes.append(exc)
+
+
+def test_a_steps_allowance_gives_up_after_its_count_of_ticks_whatever_the_clock() -> None:
+    from engine.constrain.budget import OverBudget, Steps
+
+    allowance = Steps(3)
+    for _ in range(3):
+        allowance.tick()
+    assert allowance.left == 0
+    with pytest.raises(OverBudget):
+        allowance.tick()

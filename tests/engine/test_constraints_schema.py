@@ -210,7 +210,7 @@ def test_integer_bounds_admit_exactly_the_integers_between_them(bounds: dict[str
     {"minimum": 5, "exclusiveMinimum": True},  # draft 4: a boolean makes minimum exclusive
 ])
 def test_whole_bounds_on_a_number_admit_exactly_the_decimals_between_them(bounds: dict[str, Any]) -> None:
-    """Bounded numbers are written without an exponent; every plain decimal is judged by its value."""
+    """Every plain decimal is judged by its value; an exponent writing is admitted only where valid."""
     compiled = schema_of({"type": "number", **bounds})
     validator = jsonschema.Draft4Validator if isinstance(bounds.get("exclusiveMinimum"), bool) else \
         jsonschema.Draft202012Validator
@@ -222,7 +222,8 @@ def test_whole_bounds_on_a_number_admit_exactly_the_decimals_between_them(bounds
             assert accepts(compiled, text.encode()) == check.is_valid(Decimal(text)), text
     for text in ["-0.5", "-0.001", "0.25"]:
         assert accepts(compiled, text.encode()) == check.is_valid(Decimal(text)), text
-    assert not accepts(compiled, b"1e1") and not accepts(compiled, b"01.5")
+    assert not accepts(compiled, b"1e1") or check.is_valid(10)
+    assert not accepts(compiled, b"01.5")
     check_walks({"type": "number", **bounds} if validator is jsonschema.Draft202012Validator
                 else {"type": "number", "minimum": 5}, compiled, range(20))
 
@@ -398,6 +399,25 @@ def test_numbers_are_json_numbers() -> None:
         assert accepts(compiled, text.encode()), text
     for text in ["01", "1.", ".5", "+1", "1e", "--1", "NaN", "Infinity", "0x1"]:
         assert not accepts(compiled, text.encode()), text
+
+
+@pytest.mark.parametrize(("schema", "written"), [
+    ({"type": "number", "minimum": 0, "maximum": 1}, ["1e-06", "5e-1", "9.99e-1"]),
+    ({"type": "number", "minimum": 0}, ["1e-06", "1e0", "1e+20", "1.5E3"]),
+    ({"type": "number", "exclusiveMinimum": 0}, ["1e-06", "1e+20"]),
+    ({"type": "number", "minimum": 0.5}, ["1e0", "1e+20"]),
+    ({"type": "number", "maximum": 1}, ["1e-06"]),
+    ({"type": "number", "exclusiveMinimum": 1}, []),
+    ({"type": "number", "minimum": -3, "maximum": 2.5}, ["1e-06"]),
+    ({"type": "number", "exclusiveMaximum": 1, "minimum": 0}, ["9.99e-1"]),
+])
+def test_a_bounded_number_admits_the_exponent_writings_its_bounds_hold_for_and_no_other(
+        schema: Any, written: list[str]) -> None:
+    compiled = schema_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in ["1e-06", "5e-1", "9.99e-1", "1e0", "1e+20", "1.5E3", "-1e-06", "1e-0", "1e-00", "1e-99"]:
+        assert not accepts(compiled, text.encode()) or validator.is_valid(json.loads(text)), text
+    assert all(accepts(compiled, text.encode()) for text in written)
 
 
 def test_a_column_sized_max_length_writes_strings_up_to_the_string_bound() -> None:
