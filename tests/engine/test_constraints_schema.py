@@ -421,7 +421,7 @@ def test_a_bounded_number_admits_the_exponent_writings_its_bounds_hold_for_and_n
 
 
 def test_a_column_sized_max_length_writes_strings_up_to_the_string_bound() -> None:
-    from engine.constrain.json_schema import MAX_STRING_BOUND
+    from engine.constrain.json_scalars import MAX_STRING_BOUND
     columns = schema_of({"type": "object", "additionalProperties": False,
                          "properties": {name: {"type": "string", "maxLength": 65535, "minLength": 2}
                                         for name in "abcdefgh"}})
