@@ -34,7 +34,7 @@ TYPE_KEYWORDS = {
 }
 COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 MERGED = "$merged"  # set by allOf's merge: an enum it emptied admits nothing (not SCHEMA_INVALID)
-EXCLUDED = "$excluded"  # values a condition's negation rules out (_discriminated): none of them fits
+EXCLUDED = "$excluded"  # values a condition's negation rules out (json_lowering): none fits
 UNMATCHED = "$unmatched"  # patterns a `not` rules out: a string matches none of them
 MATCHED = "$matched"  # patterns of other allOf members beside `pattern`: a string matches all of them
 OWN_FIRST = "$ownFirst"  # set beside an anyOf/oneOf member: the keywords beside it merge first (their order)
@@ -42,7 +42,7 @@ INTERNAL = frozenset({MERGED, EXCLUDED, UNMATCHED, MATCHED, OWN_FIRST})
 ALONE = "$alone"  # set by alone: additionalProperties was a member's own unevaluatedProperties
 MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
 MAX_NOT_BRANCHES = 16  # not of required lists: the choices of names left out written exactly
-# Keywords rewritten into the others (json_schema.py, _Compiler._lowered) before a schema is compiled.
+# Keywords rewritten into the others (json_lowering.py) before a schema is compiled.
 LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
 KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {
     k for keys in TYPE_KEYWORDS.values() for k in keys}

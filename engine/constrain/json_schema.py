@@ -9,7 +9,7 @@ hostname, uri, uri-reference; any other format is an annotation, as JSON Schema 
 by default: any string), minimum, maximum, exclusiveMinimum, exclusiveMaximum (any on an integer;
 whole-number ones on a number, then written without an exponent), patternProperties (patterns of
 one schema: _patterned), and if/then/else, not (of required lists or types), dependencies,
-dependentRequired and dependentSchemas written as the others (_Compiler._lowered: all or part of
+dependentRequired and dependentSchemas written as the others (json_lowering.py: all or part of
 what they allow, never an output they reject).
 Keywords beside a combinator hold too (merged with a $ref, joined to every anyOf alternative).
 Every other keyword that constrains an instance in some draft (ASSERTIONS) raises InvalidInput
@@ -35,7 +35,6 @@ Choices made for the output (json_values.py has the whitespace policy):
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,6 +43,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from engine.constrain import json_keywords as kw
+from engine.constrain import json_lowering as lowering
 from engine.constrain import json_scalars as scalars
 from engine.constrain import json_values as jv
 from engine.constrain import machines as mx
@@ -58,7 +58,6 @@ from engine.constrain.json_keywords import (
     INTERNAL,
     KNOWN,
     LOWERED,
-    MAX_NOT_BRANCHES,
     MAX_UNIQUE_VALUES,
     MERGED,
     OPEN,
@@ -135,7 +134,7 @@ class _Compiler:
         if not isinstance(schema, dict):
             raise invalid(pointer, "a schema must be an object or a boolean")
         if LOWERED & schema.keys():
-            return self._lowered(schema, pointer)
+            return lowering.lowered(self, schema, pointer)
         for key in schema:
             if key in ASSERTIONS and key not in KNOWN:
                 raise unsupported(f"{pointer}/{kw.escape(key)}", f"the keyword {key!r}")
@@ -144,253 +143,7 @@ class _Compiler:
                 return self._combinator(key, schema, pointer)
         if "enum" in schema or "const" in schema:
             return self._values(schema, pointer)
-        return alt(*(self._typed(t, schema, pointer) for t in self._types(schema, pointer)))
-
-    def _lowered(self, schema: dict[str, Any], pointer: str) -> Node:
-        """if/then/else, not, dependencies and dependentRequired/dependentSchemas as schemas of the
-        other keywords, each admitting every output it makes or a part of them (never one the
-        original rejects), or refused naming the keyword:
-        - if/then/else on an object schema whose conditions (its own and its allOf members')
-          test one property's value against a const or enum: exactly (_discriminated); other
-          conditions: `then` held always (if no else), else the union of "then and else both"
-          and "if and then" (the alternatives that compile);
-        - not: of `required` lists (or an anyOf of them), one name of each list that is not
-          required left out (a declared property, never written): every choice of names, one
-          alternative each, up to MAX_NOT_BRANCHES (exact), else the last of each; of `type`,
-          those types removed;
-        - dependencies: an optional declared property present with what it asks, or absent, one
-          alternative per choice (_dependent: up to MAX_NOT_BRANCHES, else its names required
-          whenever it is declared and, with a dependent schema, the property left out); a
-          required property's dependent schema held."""
-        base: Any = {k: v for k, v in schema.items() if k not in LOWERED}
-        if "if" in schema or "then" in schema or "else" in schema:
-            return self._conditional(schema, base, pointer)
-        bases = [base]
-        if "not" in schema:
-            bases = self._without(schema["not"], base, f"{pointer}/not")
-        return alt(*(self._dependents(schema, b, pointer) for b in bases))
-
-    def _dependents(self, schema: dict[str, Any], base: dict[str, Any], pointer: str) -> Node:
-        options: list[tuple[dict[str, Any], list[tuple[Any, str]]]] = [(base, [])]
-        for key in ("dependencies", "dependentRequired", "dependentSchemas"):
-            if key in schema:
-                options = [(after, schemas + more) for before, schemas in options
-                           for after, more in self._dependent(schema[key], before, f"{pointer}/{key}")]
-        nodes, refusal = [], None
-        for option, schemas in options:  # the alternatives that compile (all: exact)
-            try:
-                nodes.append(self._merged([(option, pointer), *schemas], pointer) if schemas
-                             else self.node(option, pointer))
-            except InvalidInput as exc:
-                if exc.reason != "SCHEMA_UNSUPPORTED" or len(options) == 1:
-                    raise
-                refusal = refusal or exc
-        if not nodes and refusal is not None:
-            raise refusal
-        return alt(*nodes)
-
-    def _conditional(self, schema: dict[str, Any], base: dict[str, Any], pointer: str) -> Node:
-        rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
-        exact = self._exactly(rest, [(schema.get("if", True), schema.get("then", True),
-                                      schema.get("else", True), pointer)], pointer)
-        if exact is not None:
-            return exact
-        then, otherwise = schema.get("then", True), schema.get("else")
-        if "if" not in schema:  # then and else assert nothing without an if
-            return self.node(rest, pointer)
-        if schema["if"] is False:  # else alone holds
-            otherwise = True if otherwise is None else otherwise
-            return self._merged([(rest, pointer), (otherwise, f"{pointer}/else")], pointer)
-        if otherwise is None or schema["if"] is True:
-            return self._merged([(rest, pointer), (then, f"{pointer}/then")], pointer)
-        options = [[(rest, pointer), (then, f"{pointer}/then"), (otherwise, f"{pointer}/else")],
-                   [(rest, pointer), (schema.get("if", True), f"{pointer}/if"), (then, f"{pointer}/then")]]
-        nodes, refusal = [], None
-        for option in options:
-            try:
-                nodes.append(self._merged(option, pointer))
-            except InvalidInput as exc:
-                if exc.reason != "SCHEMA_UNSUPPORTED":
-                    raise
-                refusal = refusal or exc
-        if not nodes and refusal is not None:
-            raise refusal
-        return alt(*nodes)
-
-    def _exactly(self, base: dict[str, Any], conditions: list[tuple[Any, Any, Any, str]],
-                 pointer: str) -> Node | None:
-        """The conditions, with those of base's allOf members that hold only if/then/else, written
-        exactly (_discriminated) on an object schema; None where they cannot be."""
-        members = base.get("allOf")
-        if isinstance(members, list):
-            pure = [i for i, m in enumerate(members) if isinstance(m, dict) and "if" in m
-                    and not {k for k in m if k in ASSERTIONS} - {"if", "then", "else"}]
-            conditions = conditions + [(members[i]["if"], members[i].get("then", True),
-                                        members[i].get("else", True), f"{pointer}/allOf/{i}") for i in pure]
-            left = [m for i, m in enumerate(members) if i not in pure]
-            base = {k: v for k, v in base.items() if k != "allOf"} | ({"allOf": left} if left else {})
-        if base.get("type") not in ("object", ["object"]) or not conditions:
-            return None
-        try:
-            return self._discriminated(base, conditions, pointer)
-        except InvalidInput as exc:
-            if exc.reason != "SCHEMA_UNSUPPORTED":
-                raise
-            return None
-
-    def _discriminated(self, base: dict[str, Any], conditions: list[tuple[Any, Any, Any, str]],
-                       pointer: str) -> Node | None:
-        """if/then/else conditions (if, then, else, pointer) that all test one property's value
-        against a const or enum (`{"properties": {"kind": {"const": "a"}}}`, with or without
-        `"required": ["kind"]`), written exactly: one alternative per value named (the thens of
-        the conditions it meets, the elses of the others), one for every other value (the elses)
-        and one for the property absent (an if without `required` holds there: its then). None
-        where the conditions are not of that form (_conditional's approximation then)."""
-        tested: list[tuple[set[str], bool, Any, Any, str]] = []
-        name = None
-        for condition, then, otherwise, at in conditions:
-            found = kw.tested(condition)
-            if found is None or name is not None and found[0] != name:
-                return None
-            name = found[0]
-            tested.append(({kw.json_key(v) for v in found[1]}, found[2], then, otherwise, at))
-        if name is None:
-            return None
-        values: dict[str, Any] = {}
-        for condition, *_ in conditions:
-            values.update((kw.json_key(v), v) for v in kw.tested(condition)[1])  # type: ignore[index]
-        branches: list[list[tuple[Any, str]]] = []
-        for key, value in values.items():
-            kept = [(t, f"{at}/then") if key in keys else (e, f"{at}/else") for keys, _, t, e, at in tested]
-            branches.append([({"properties": {name: {"const": value}}, "required": [name]}, pointer), *kept])
-        others = {"properties": {name: {EXCLUDED: list(values.values())}}, "required": [name]}
-        branches.append([(others, pointer), *((e, f"{at}/else") for _, _, _, e, at in tested)])
-        absent = {"properties": {name: False}}
-        branches.append([(absent, pointer), *((e, f"{at}/else") if needed else (t, f"{at}/then")
-                                              for _, needed, t, e, at in tested)])
-        return alt(*(self._merged([(base, pointer), *branch], pointer) for branch in branches))
-
-    def _without(self, negated: Any, base: dict[str, Any], pointer: str) -> list[dict[str, Any]]:
-        """`base` and `not: negated` as alternatives (none: nothing can meet both), for the forms
-        _lowered names."""
-        if isinstance(negated, bool):
-            return [] if negated else [base]
-        if "$ref" in base or "allOf" in base:  # the properties a $ref or allOf brings, in view
-            flat = self._flattened(base, pointer, 0)
-            if flat is None:
-                return []
-            base = {**{k: v for k, v in base.items() if k not in ASSERTIONS}, **flat}
-        shape = {k: v for k, v in negated.items() if k in ASSERTIONS} if isinstance(negated, dict) else None
-        if shape == {}:  # not of any value
-            return []
-        if shape is not None and set(shape) == {"not"}:  # not of not: the schema itself
-            return [{"allOf": [base, shape["not"]]}]
-        if shape is not None and set(shape) <= {"enum", "const"}:  # values ruled out ($excluded)
-            values = [shape["const"]] if "const" in shape else shape["enum"]
-            if not isinstance(values, list):
-                raise invalid(f"{pointer}/enum", "enum must be a list")
-            if "const" in shape and "enum" in shape:  # both: the const, if the enum holds it
-                values = [v for v in values if isinstance(shape["enum"], list)
-                          and kw.json_key(v) in {kw.json_key(e) for e in shape["enum"]}]
-            return [{**base, EXCLUDED: [*base.get(EXCLUDED, []), *values]}]
-        if shape is not None and set(shape) == {"pattern"}:  # every non-string meets a pattern: strings only
-            if not {"string", "any"} & set(self._types(base, pointer)):
-                return []
-            return [{**base, "type": "string", UNMATCHED: [*base.get(UNMATCHED, []), shape["pattern"]]}]
-        if shape is not None and set(shape) == {"allOf"} and _all_required(shape["allOf"]):
-            shape = {"required": [n for m in shape["allOf"] for n in m["required"]]}  # one list of them all
-        if shape is not None and set(shape) == {"type"}:
-            types = self._types(base, pointer)
-            types = list(TYPE_KEYWORDS) if types == ["any"] else types
-            out = shape["type"] if isinstance(shape["type"], list) else [shape["type"]]
-            if "integer" in out and "number" not in out and "number" in types:
-                raise unsupported(f"{pointer}/type", "'not' of 'integer' beside 'number'")
-            left = [t for t in types if t not in out and not (t == "integer" and "number" in out)]
-            return [{**base, "type": left}] if left else []
-        lists = [shape["required"]] if shape is not None and set(shape) == {"required"} else None
-        if shape is not None and set(shape) == {"anyOf"} and isinstance(shape["anyOf"], list):
-            members = [m for m in shape["anyOf"] if isinstance(m, dict)]
-            if all(set(k for k in m if k in ASSERTIONS) == {"required"} for m in members):
-                lists = [m["required"] for m in members]
-        if lists is None or not all(isinstance(names, list) and names for names in lists):
-            raise unsupported(pointer, "'not' other than of 'required' lists or of 'type'")
-        properties = dict(base.get("properties", {}))
-        required = base.get("required", [])
-        if not properties and not required or base.get("patternProperties"):
-            raise unsupported(pointer, "'not' of 'required' on a map or beside 'patternProperties'")
-        choices = []
-        for names in lists:
-            free = [n for n in names if n not in required]
-            if not free:
-                return []  # every name required: no object meets both
-            choices.append(list(dict.fromkeys(free)))
-        combos = list(itertools.islice(itertools.product(*choices), MAX_NOT_BRANCHES + 1))
-        if len(combos) > MAX_NOT_BRANCHES:  # too many: the last name of each list, a part of what it allows
-            combos = [tuple(free[-1] for free in choices)]
-        # A name left out is declared never written: not as another member either.
-        return [{**base, "properties": {**properties, **dict.fromkeys(combo, False)}} for combo in combos]
-
-    def _dependent(self, value: Any, base: dict[str, Any],
-                   pointer: str) -> list[tuple[dict[str, Any], list[tuple[Any, str]]]]:
-        """Alternatives of `base` with the dependencies' names required and the dependent schemas
-        to hold. A declared optional property with a dependency: present with it or absent, one
-        alternative per choice (exact) up to MAX_NOT_BRANCHES of them; past them its names are
-        required always and a property with a dependent schema is left out (a part of what they
-        allow). A dependency on a name written undeclared (a map's key, a key a pattern finds) is
-        refused."""
-        if not isinstance(value, dict):
-            raise invalid(pointer, "dependencies must be an object")
-        if "$ref" in base or "allOf" in base:  # the properties a $ref or allOf brings, in view
-            flat = self._flattened(base, pointer, 0)
-            if flat is None:
-                return [(base, [])]
-            base = {**{k: v for k, v in base.items() if k not in ASSERTIONS}, **flat}
-        given = set(base.get("required", []))
-        optional = [name for name, dependent in value.items()
-                    if name in base.get("properties", {}) and name not in given
-                    and not (dependent is True or dependent == [] or dependent == {})]
-        if optional and 2 ** len(optional) <= MAX_NOT_BRANCHES:
-            options = []
-            for present in itertools.product((True, False), repeat=len(optional)):
-                chosen = dict(base)
-                pairs = list(zip(optional, present, strict=True))
-                chosen["required"] = [*base.get("required", []), *(n for n, p in pairs if p)]
-                chosen["properties"] = {**base.get("properties", {}), **{n: False for n, p in pairs if not p}}
-                options.append(self._dependent_of(value, chosen, pointer))
-            return options
-        return [self._dependent_of(value, base, pointer)]
-
-    def _dependent_of(self, value: dict[str, Any], base: dict[str, Any],
-                      pointer: str) -> tuple[dict[str, Any], list[tuple[Any, str]]]:
-        required = list(base.get("required", []))
-        declared = {*base.get("properties", {}), *required}
-        schemas = []
-        properties = dict(base.get("properties", {}))
-        # An undeclared name is written as a key a pattern finds, or as a map's key (no pattern and
-        # nothing declared): a dependency on it cannot be kept (it may be written without its dependents).
-        patterns = base.get("patternProperties") or {}
-        objects = {"object", "any"} & set(self._types(base, pointer))
-        for name, dependent in value.items():
-            if dependent is True or dependent == [] or dependent == {} or properties.get(name) is False:
-                continue  # nothing asked, or the name is never written: its dependency holds
-            if objects and name not in declared:
-                if any(kw.finds(p, name) for p in patterns) if patterns else not declared:
-                    raise unsupported(f"{pointer}/{kw.escape(name)}", "a dependency on a name an object may "
-                                      "hold undeclared (a map's key, or a key patternProperties finds)")
-                properties[name] = False  # declared never written: not as another member either
-            elif isinstance(dependent, list):
-                if name in declared:
-                    required += [d for d in dependent if isinstance(d, str)]
-            elif name in required:  # present in every output: its dependent schema holds
-                schemas.append((dependent, f"{pointer}/{kw.escape(name)}"))
-            elif name in properties:  # optional: left out (never written), its dependent schema moot
-                properties[name] = False
-        merged = dict(base)
-        if required:
-            merged["required"] = list(dict.fromkeys(required))
-        if properties:
-            merged["properties"] = properties
-        return merged, schemas
+        return alt(*(self._typed(t, schema, pointer) for t in self.types(schema, pointer)))
 
     def _count(self, pointer: str) -> None:
         """One more subschema: within the limit and the compile's budget (a leaf may cost ~1 ms)."""
@@ -590,24 +343,24 @@ class _Compiler:
     def _all_of(self, schema: dict[str, Any], pointer: str) -> Node:
         """allOf as one schema: its members (and the keywords beside it, one more member) merged,
         each keyword once. Members that are local $refs are merged as their targets; members of
-        if/then/else alone on one property's value, exactly (_exactly)."""
+        if/then/else alone on one property's value, exactly (json_lowering.exactly)."""
         value = schema["allOf"]
         if not isinstance(value, list) or not value:
             raise invalid(f"{pointer}/allOf", "allOf must be a non-empty list of schemas")
-        exact = self._exactly(schema, [], pointer)
+        exact = lowering.exactly(self, schema, [], pointer)
         if exact is not None:
             return exact
         beside = {k: v for k, v in schema.items() if k not in ("allOf", OWN_FIRST)}
         members = [(m, f"{pointer}/allOf/{i}") for i, m in enumerate(value)]
         ordered = [(beside, pointer), *members] if schema.get(OWN_FIRST) else [*members, (beside, pointer)]
-        return self._merged(ordered, pointer)
+        return self.merged(ordered, pointer)
 
-    def _merged(self, members: list[tuple[Any, str]], pointer: str) -> Node:
+    def merged(self, members: list[tuple[Any, str]], pointer: str) -> Node:
         """The schemas (each with its own pointer) merged into one, as allOf's members are."""
         merged: dict[str, Any] = {}
         for member, at in members:
             try:
-                flat = self._flattened(member, at, 0)
+                flat = self.flattened(member, at, 0)
                 if flat is None:
                     return NOTHING
                 kw.merge_into(merged, flat if at == pointer else kw.alone(flat), at)  # at == pointer: its own
@@ -617,7 +370,7 @@ class _Compiler:
                 return NOTHING
         return self.node(merged, pointer)
 
-    def _flattened(self, member: Any, pointer: str, depth: int) -> dict[str, Any] | None:
+    def flattened(self, member: Any, pointer: str, depth: int) -> dict[str, Any] | None:
         """A member's assertion keywords as one dict (None: it admits nothing), a $ref member
         followed and a nested allOf merged in."""
         if isinstance(member, bool):
@@ -645,13 +398,13 @@ class _Compiler:
         if "if" not in own:  # then and else assert nothing without an if
             own.pop("then", None)
             own.pop("else", None)
-        if "if" in own and "else" not in own:  # then holds always (_lowered): merge it
+        if "if" in own and "else" not in own:  # then holds always (json_lowering): merge it
             own.pop("if")
             parts.append((own.pop("then", True), f"{pointer}/then"))
         if own_first:
             kw.merge_into(merged, own, pointer)
         for part, at in parts:
-            flat = self._flattened(part, at, depth + 1)
+            flat = self.flattened(part, at, depth + 1)
             if flat is None:
                 return None
             kw.merge_into(merged, kw.alone(flat), at)
@@ -721,7 +474,7 @@ class _Compiler:
             if not isinstance(schema["enum"], list):
                 raise invalid(f"{pointer}/enum", "enum must be a non-empty list")
             values = [v for v in values if kw.json_key(v) in {kw.json_key(e) for e in schema["enum"]}]
-        types = self._types(schema, pointer) if "type" in schema else list(TYPE_KEYWORDS)
+        types = self.types(schema, pointer) if "type" in schema else list(TYPE_KEYWORDS)
         excluded = {kw.json_key(v) for v in schema.get(EXCLUDED, [])}
         values = [v for v in values
                   if any(kw.is_type(v, t) for t in types) and kw.json_key(v) not in excluded]
@@ -749,7 +502,7 @@ class _Compiler:
             raise refusal from None
         return [v for v in values if admits(_compact(v))]
 
-    def _types(self, schema: dict[str, Any], pointer: str) -> list[str]:
+    def types(self, schema: dict[str, Any], pointer: str) -> list[str]:
         declared = schema.get("type")
         if declared is None:  # every type; the keywords of one hold for its values only
             keyed = any(set(keys) & set(schema) for keys in TYPE_KEYWORDS.values())
@@ -837,7 +590,7 @@ class _Compiler:
             if least > 1:  # a map's keys are not kept apart: a key written twice would count once
                 raise unsupported(f"{pointer}/minProperties", "minProperties above 1 on a map")
             at = f"{pointer}/propertyNames"
-            key = None if names is None else self._merged([(names, at), ({"type": "string"}, pointer)], at)
+            key = None if names is None else self.merged([(names, at), ({"type": "string"}, pointer)], at)
             return self._map(additional, pointer, least, most, key)
         # What the counts ask must hold for every object made (no others beside maxProperties), or,
         # where every declared property is required, they count the others.
@@ -1017,7 +770,7 @@ class _Compiler:
             raise unsupported(f"{pointer}/{key}", f"{key!r} above 1 beside 'contains'")
         other = self.node(items, at)
         where = f"{pointer}/contains"
-        found = self._merged([(items, at), (schema["contains"], where)], where)
+        found = self.merged([(items, at), (schema["contains"], where)], where)
         return seq(text("["), repeat(seq(other, jv.COMMA), 0, None), found,
                    repeat(seq(jv.COMMA, other), 0, None), text("]"))
 
@@ -1053,7 +806,7 @@ class _Compiler:
         if not isinstance(values, list) or not own.keys() <= {key, "type"} or not values:
             raise unsupported(f"{pointer}/uniqueItems", "'uniqueItems' true on more than one item, "
                               "other than of an enum's values")
-        types = self._types(own, f"{pointer}/items") if "type" in own else list(TYPE_KEYWORDS)
+        types = self.types(own, f"{pointer}/items") if "type" in own else list(TYPE_KEYWORDS)
         kept = list({json.dumps(v, sort_keys=True): v for v in values
                      if any(kw.is_type(v, t) for t in types)}.values())
         if len(kept) > MAX_UNIQUE_VALUES or lo > 1 or hi is not None and hi < len(kept):
@@ -1077,13 +830,6 @@ def _requiring(schema: Any, names: list[str]) -> Any:
 
 def _compact(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
-
-
-def _all_required(members: Any) -> bool:
-    """Whether an allOf's members are each a `required` list alone."""
-    return isinstance(members, list) and all(
-        isinstance(m, dict) and {k for k in m if k in ASSERTIONS} == {"required"}
-        and isinstance(m["required"], list) for m in members)
 
 
 def _no_constant(name: str) -> Any:
