@@ -5,7 +5,7 @@ one the original rejects, or refused naming the keyword. What they need of the c
 from __future__ import annotations
 
 import itertools
-from typing import Any, Protocol
+from typing import Any
 
 from engine.constrain import json_keywords as kw
 from engine.constrain.json_keywords import (
@@ -18,20 +18,9 @@ from engine.constrain.json_keywords import (
     invalid,
     unsupported,
 )
+from engine.constrain.json_parts import Subschemas
 from engine.constrain.pattern import Node, alt
 from engine.errors import InvalidInput
-
-
-class Subschemas(Protocol):
-    """The compile's side: subschemas compiled, merged as an allOf, flattened, typed."""
-
-    def node(self, schema: Any, pointer: str) -> Node: ...
-
-    def merged(self, members: list[tuple[Any, str]], pointer: str) -> Node: ...
-
-    def flattened(self, member: Any, pointer: str, depth: int) -> dict[str, Any] | None: ...
-
-    def types(self, schema: dict[str, Any], pointer: str) -> list[str]: ...
 
 
 def lowered(c: Subschemas, schema: dict[str, Any], pointer: str) -> Node:

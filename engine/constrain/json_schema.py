@@ -1,49 +1,25 @@
-"""JSON Schema (a subset) as a syntax tree: every output parses as JSON and validates.
-
-Supported: type (one or a list), properties, required, additionalProperties, items, minItems,
-maxItems, enum, const, anyOf, oneOf (exactly one member where kw.disjoint, the required lists
-or the automata's differences show it: _exclusive, _one_only; else as anyOf), allOf (its members
-merged into one schema: json_keywords.merge_into), local $ref (#, #/$defs/..., #/definitions/..., any
-#/pointer), minLength, maxLength, pattern, format (date, time, date-time, uuid, email, ipv4,
-hostname, uri, uri-reference; any other format is an annotation, as JSON Schema 2020-12 has it
-by default: any string), minimum, maximum, exclusiveMinimum, exclusiveMaximum (any on an integer;
-whole-number ones on a number, then written without an exponent), patternProperties (patterns of
-one schema: _patterned), and if/then/else, not (of required lists or types), dependencies,
-dependentRequired and dependentSchemas written as the others (json_lowering.py: all or part of
-what they allow, never an output they reject).
-Keywords beside a combinator hold too (merged with a $ref, joined to every anyOf alternative).
-Every other keyword that constrains an instance in some draft (ASSERTIONS) raises InvalidInput
-(SCHEMA_UNSUPPORTED) naming its JSON pointer: never a silently unconstrained run (the keywords
-and what one schema says taken alone: json_keywords.py). Any keyword
-that constrains nothing (title, description, examples, $id, id, readOnly, x-..., vendor
-keywords) is ignored, as the drafts say unknown keywords are.
-
-Choices made for the output (json_values.py has the whitespace policy):
-- An object holds only its declared properties (then undeclared required ones), in declared
-  order; optional ones may be left out. An object with neither properties nor required is a
-  map: any keys, values as additionalProperties says (absent or true: any value).
-- A schema without `type` takes the types its keywords imply (`properties` → object); none: any.
-- A $ref alone is compiled once; where it recurses it is a `Ref` to its target's rule, and the
-  schema runs on the pushdown engine (compiled.py), at any depth. A $ref with keywords beside it
-  is merged with them at each use, entered at most Limits.max_ref_depth times along one path
-  (deeper, it matches nothing, so optional recursion stops and required recursion fails the
-  branch).
-- An open value ({}, true, items absent) is any JSON value, at any depth: a `Ref` to the rule
-  OPEN, so the schema runs on the pushdown engine.
-- Numbers and strings (bounds, multipleOf, lengths, pattern, format): json_scalars.py.
-"""
+"""JSON Schema as a syntax tree (pattern.py) whose every output parses as JSON and validates, or
+InvalidInput naming the keyword at fault: never a silently unconstrained run. The compiler here
+walks subschemas, $refs (a recursive one is a `Ref`: the pushdown engine), types, enum/const and
+combinators (oneOf exactly one member where the automata tell: _one_only). Its rooms:
+json_objects.py, json_arrays.py, json_scalars.py (numbers, strings), json_lowering.py
+(if/then/else, not, dependencies), json_keywords.py (keywords, allOf's merge), json_values.py
+(how JSON is written), json_drafts.py (draft 3-7's reading), json_parts.py (what the rooms ask of
+the compiler). What is written and what is refused, for users: docs/api.md "JSON Schema"."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from engine.constrain import json_arrays as arrays
 from engine.constrain import json_keywords as kw
 from engine.constrain import json_lowering as lowering
+from engine.constrain import json_objects as objects
 from engine.constrain import json_scalars as scalars
 from engine.constrain import json_values as jv
 from engine.constrain import machines as mx
@@ -58,7 +34,6 @@ from engine.constrain.json_keywords import (
     INTERNAL,
     KNOWN,
     LOWERED,
-    MAX_UNIQUE_VALUES,
     MERGED,
     OPEN,
     OWN_FIRST,
@@ -68,7 +43,7 @@ from engine.constrain.json_keywords import (
     unsupported,
 )
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
-from engine.constrain.pattern import EMPTY, NOTHING, Alt, Node, Ref, alt, members, repeat, seq, text
+from engine.constrain.pattern import NOTHING, Alt, Node, Ref, alt, seq
 from engine.errors import InvalidInput
 from engine.json_depth import check_json_depth
 
@@ -334,7 +309,7 @@ class _Compiler:
             if not isinstance(ref, str) or not ref.startswith("#"):
                 break
             try:
-                schema = self._resolve(unquote(ref[1:]), "")
+                schema = self.resolve(unquote(ref[1:]), "")
             except InvalidInput:
                 break
             seen += 1
@@ -390,7 +365,7 @@ class _Compiler:
         if ref is not None:
             if not isinstance(ref, str) or not ref.startswith("#"):
                 raise unsupported(f"{pointer}/$ref", f"the reference {ref!r} (only local ones, #/...)")
-            parts.append((self._resolve(unquote(ref[1:]), f"{pointer}/$ref"), unquote(ref[1:])))
+            parts.append((self.resolve(unquote(ref[1:]), f"{pointer}/$ref"), unquote(ref[1:])))
         if nested is not None:
             if not isinstance(nested, list) or not nested:
                 raise invalid(f"{pointer}/allOf", "allOf must be a non-empty list of schemas")
@@ -422,7 +397,7 @@ class _Compiler:
             return self._target(target, pointer)
         if self.entered.get(target, 0) >= self.limits.max_ref_depth:
             return NOTHING
-        schema = self._resolve(target, f"{pointer}/$ref")
+        schema = self.resolve(target, f"{pointer}/$ref")
         self.entered[target] = self.entered.get(target, 0) + 1
         try:
             if beside:
@@ -439,7 +414,7 @@ class _Compiler:
         if target in self.on_path:
             self.rules[target] = NOTHING  # filled in once the target is compiled
             return Ref(target)
-        schema = self._resolve(target, f"{pointer}/$ref")
+        schema = self.resolve(target, f"{pointer}/$ref")
         self.on_path.add(target)
         try:
             node = self.node(schema, target)
@@ -450,7 +425,7 @@ class _Compiler:
         self.targets[target] = node
         return node
 
-    def _resolve(self, target: str, pointer: str) -> Any:
+    def resolve(self, target: str, pointer: str) -> Any:
         if target and not target.startswith("/"):  # "#foo" names an $anchor (or an $id), not a path
             raise unsupported(pointer, f"the reference {'#' + target!r} (a plain-name fragment; only "
                               "JSON pointers, #/...)")
@@ -519,9 +494,9 @@ class _Compiler:
         if name == "any":
             return self.open_value()
         if name == "object":
-            return self._object(schema, pointer)
+            return objects.compiled(self, schema, pointer)
         if name == "array":
-            return self._array(schema, pointer)
+            return arrays.compiled(self, schema, pointer)
         if name == "string":
             return scalars.string(schema, pointer, self.budget)
         if name == "integer":
@@ -562,263 +537,6 @@ class _Compiler:
             raise unsupported(pointer, f"values ruled out of a {name} here ({exc})") from exc
         raise unsupported(pointer, f"a condition ('if') or 'not' ruling out {name} values (only strings, "
                           "numbers, booleans and null)")
-
-    def _object(self, schema: dict[str, Any], pointer: str) -> Node:
-        properties = schema.get("properties", {})
-        required = schema.get("required", [])
-        if not isinstance(properties, dict):
-            raise invalid(f"{pointer}/properties", "properties must be an object")
-        if not isinstance(required, list) or any(not isinstance(r, str) for r in required):
-            raise invalid(f"{pointer}/required", "required must be a list of names")
-        # Members no properties/patternProperties keyword evaluates (a map's keys, undeclared required
-        # names, others after the declared ones) take additionalProperties' schema (else
-        # unevaluatedProperties'); absent, any value, and the strict reading writes no others.
-        given = schema.get("additionalProperties", schema.get("unevaluatedProperties"))
-        additional = True if given is None else given
-        least = kw.count(schema, "minProperties", pointer, 0) or 0
-        most = kw.count(schema, "maxProperties", pointer, None)
-        names = schema.get("propertyNames")
-        if names is not None:
-            if schema.get("patternProperties"):
-                raise unsupported(f"{pointer}/propertyNames", "'propertyNames' beside 'patternProperties'")
-            properties, required = self._named(names, properties, required, f"{pointer}/propertyNames")
-            if required is None:
-                return NOTHING  # a required name propertyNames rules out
-        if schema.get("patternProperties"):
-            return self._patterned(schema, properties, required, additional, given is not None, pointer)
-        if not properties and not required:
-            if least > 1:  # a map's keys are not kept apart: a key written twice would count once
-                raise unsupported(f"{pointer}/minProperties", "minProperties above 1 on a map")
-            at = f"{pointer}/propertyNames"
-            key = None if names is None else self.merged([(names, at), ({"type": "string"}, pointer)], at)
-            return self._map(additional, pointer, least, most, key)
-        # What the counts ask must hold for every object made (no others beside maxProperties), or,
-        # where every declared property is required, they count the others.
-        declared = dict.fromkeys([*properties, *required])
-        others = given is not None or not self.strict  # explicit, or the spec's reading of absent
-        counted = (others and additional is not False and names is None and set(declared) <= set(required)
-                   and (least > len(declared) or most is not None))
-        if counted:
-            if most is not None and most < max(least, len(declared)):
-                return NOTHING
-            least, most = max(least - len(declared), 0), None if most is None else most - len(declared)
-            if least > 1:  # as on a map: the others' keys are not kept apart
-                raise unsupported(f"{pointer}/minProperties", "minProperties above the declared properties "
-                                  "and one other (the others' keys are not kept apart)")
-        elif least > len(set(required)):
-            raise unsupported(f"{pointer}/minProperties", "minProperties above the number of required "
-                              "properties (an object of declared properties may leave the others out)")
-        if not counted and most is not None and most < len(declared):
-            raise unsupported(f"{pointer}/maxProperties", "maxProperties below the number of declared "
-                              "properties")
-        named = {name: self._member(name, subschema, f"{pointer}/properties/{kw.escape(name)}")
-                 for name, subschema in properties.items()}
-        # A required name not among properties takes additionalProperties' schema (false: none fits).
-        named.update({name: self._member(name, additional, f"{pointer}/additionalProperties")
-                      for name in dict.fromkeys(required) if name not in properties})
-        tail = []
-        if others and additional is not False and names is None and (counted or most is None):
-            # Others after the declared ones, keys spelling no declared name (jv.other_than).
-            key = seq(jv.QUOTE, jv.other_than(list(declared)), jv.QUOTE)
-            other = seq(key, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
-            if not counted:
-                tail.append((repeat(other, 1, None, jv.COMMA), False))
-            elif most != 0:
-                tail.append((repeat(other, max(least, 1), most, jv.COMMA), least > 0))
-        # Declared order, or (where it differs) the required ones first, in `required`'s order.
-        orders = [list(named), [*dict.fromkeys(n for n in required if n in named),
-                                *(n for n in named if n not in required)]]
-        # Others after the declared ones only: a model given them first writes them before the
-        # properties asked for (a small one runs out of tokens there).
-        return alt(*(seq(text("{"), members([*((named[n], n in required) for n in order), *tail], jv.COMMA),
-                         text("}"))
-                     for order in (orders[:1] if orders[0] == orders[1] else orders)))
-
-    def _patterned(self, schema: dict[str, Any], properties: dict[str, Any], required: list[str],
-                   additional: Any, explicit: bool, pointer: str) -> Node:
-        """An object with patternProperties: its declared properties as any object's (a declared
-        name a pattern also finds must have that pattern's schema, or it is refused), then any
-        number of members whose keys a pattern finds, with that pattern's schema, then (where
-        others are allowed, as for declared objects) members whose plain keys no pattern finds,
-        with additionalProperties' schema: the keys' automata's difference (past its state limit,
-        none written).
-        Patterns with different schemas are refused: a key both find would need both schemas."""
-        at = f"{pointer}/patternProperties"
-        patterns = schema["patternProperties"]
-        if not isinstance(patterns, dict):
-            raise invalid(at, "patternProperties must be an object")
-        for key in ("minProperties", "maxProperties"):
-            if key in schema:
-                raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'patternProperties'")
-        values = {json.dumps(v, sort_keys=True) for v in patterns.values()}
-        if len(values) > 1:
-            raise unsupported(at, "patterns with different schemas (a key two of them find needs both)")
-        value_schema = next(iter(patterns.values()))
-        keys = alt(*(seq(jv.QUOTE, scalars.regex_found(source, f"{at}/{kw.escape(source)}"), jv.QUOTE)
-                     for source in patterns))
-        found = [name for name in dict.fromkeys([*properties, *required])
-                 if any(kw.finds(source, name) for source in patterns)]
-        for name in found:
-            if name in properties and json.dumps(properties[name], sort_keys=True) not in values:
-                raise unsupported(f"{pointer}/properties/{kw.escape(name)}",
-                                  "a declared property a pattern of patternProperties also finds")
-        items = [(self._member(name, subschema, f"{pointer}/properties/{kw.escape(name)}"), name in required)
-                 for name, subschema in properties.items()]
-        items += [(self._member(name, value_schema if name in found else additional,
-                                f"{pointer}/additionalProperties"), True)
-                  for name in dict.fromkeys(required) if name not in properties]
-        member = seq(keys, jv.COLON, self.node(value_schema, f"{at}/{kw.escape(next(iter(patterns)))}"))
-        items.append((repeat(member, 1, None, jv.COMMA), False))
-        if additional is not False and (explicit or not self.strict):
-            # Then others: keys that no pattern finds and no declared name spells.
-            declared = list(dict.fromkeys([*properties, *required]))
-            plain = seq(jv.QUOTE, jv.other_than(declared), jv.QUOTE)
-            try:
-                unfound = mx.difference(plain, keys, self.budget)
-            except nfa.TooLarge:
-                unfound = NOTHING  # as under the strict reading: no others written
-            if unfound != NOTHING:
-                other = seq(unfound, jv.COLON, self.node(additional, f"{pointer}/additionalProperties"))
-                items.append((repeat(other, 1, None, jv.COMMA), False))
-        return seq(text("{"), members(items, jv.COMMA), text("}"))
-
-    def _member(self, name: str, schema: Any, pointer: str) -> Node:
-        return seq(jv.literal(name), jv.COLON, self.node(schema, pointer))
-
-    def _map(self, additional: Any, pointer: str, least: int = 0, most: int | None = None,
-             key: Node | None = None) -> Node:
-        if additional is False:
-            return text("{}") if least == 0 else NOTHING
-        return jv.object_map(self.node(additional, f"{pointer}/additionalProperties"), least, most, key)
-
-    def _named(self, names: Any, properties: dict[str, Any], required: list[str],
-               pointer: str) -> tuple[dict[str, Any], list[str] | None]:
-        """The declared properties propertyNames leaves (one it rules out is never written) and the
-        required names (None: one of them is ruled out, so nothing fits)."""
-        kept = dict(properties)
-        for name in dict.fromkeys([*properties, *required]):
-            if not self._name_fits(names, name, pointer, 0):
-                if name in required:
-                    return kept, None
-                kept[name] = False
-        return kept, required
-
-    def _name_fits(self, names: Any, name: str, pointer: str, depth: int) -> bool:
-        """Whether a property name meets a propertyNames schema: its string keywords, enum, const,
-        local $refs and allOf; anything else is refused."""
-        if isinstance(names, bool):
-            return names
-        if not isinstance(names, dict):
-            raise invalid(pointer, "a schema must be an object or a boolean")
-        if depth > self.limits.max_ref_depth + self.limits.max_schema_depth:
-            raise InvalidInput(f"{pointer}: propertyNames' $refs nest too deep",
-                               reason="CONSTRAINT_TOO_LARGE", field=FIELD)
-        checks: dict[str, Callable[[Any], bool]] = {
-            "type": lambda v: v == "string" or isinstance(v, list) and "string" in v,
-            "pattern": lambda v: kw.search(v, name, f"{pointer}/pattern"),
-            "minLength": lambda v: len(name) >= v, "maxLength": lambda v: len(name) <= v,
-            "enum": lambda v: isinstance(v, list) and name in v, "const": lambda v: v == name,
-            "format": lambda v: True,  # checked only where the value's format is enforced
-        }
-        for key, value in names.items():
-            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
-                target = self._resolve(unquote(value[1:]), f"{pointer}/$ref")
-                if not self._name_fits(target, name, pointer, depth + 1):
-                    return False
-            elif key == "allOf" and isinstance(value, list):
-                if not all(self._name_fits(m, name, f"{pointer}/allOf", depth + 1) for m in value):
-                    return False
-            elif key in checks:
-                if not checks[key](value):
-                    return False
-            elif key in ASSERTIONS:
-                raise unsupported(f"{pointer}/{kw.escape(key)}", f"{key!r} in propertyNames")
-        return True
-
-    def _array(self, schema: dict[str, Any], pointer: str) -> Node:
-        prefix, (items, at) = self._positions(schema, pointer)
-        lo = kw.count(schema, "minItems", pointer, 0)
-        hi = kw.count(schema, "maxItems", pointer, None)
-        unique = schema.get("uniqueItems", False)
-        if not isinstance(unique, bool):
-            raise invalid(f"{pointer}/uniqueItems", "uniqueItems must be a boolean")
-        if unique and (hi is None or hi > 1):  # at most one item: unique whatever it is
-            if prefix:
-                raise unsupported(f"{pointer}/uniqueItems", "'uniqueItems' beside items by position")
-            return self._unique_values(items, lo or 0, hi, pointer)
-        if "contains" in schema:
-            for key in ("maxContains", "unevaluatedItems"):  # counts; items contains evaluates
-                if key in schema:
-                    raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'contains'")
-            if kw.count(schema, "minContains", pointer, 1) != 0:
-                return self._containing(schema, items, at, bool(prefix), lo or 0, hi, pointer)
-        rest = self.node(items, at)
-        if not prefix:
-            return jv.array(rest, lo or 0, hi)
-        return jv.positional_array([self.node(s, p) for s, p in prefix], rest, lo or 0, hi)
-
-    def _containing(self, schema: dict[str, Any], items: Any, at: str, by_position: bool, lo: int,
-                    hi: int | None, pointer: str) -> Node:
-        """contains (minContains 1, no maxContains): one item meets both items and contains, the
-        others items alone, any number before and after it, within minItems at most 1 and no
-        maxItems; any other count is SCHEMA_UNSUPPORTED."""
-        for key in ("prefixItems", "maxItems"):
-            if key in schema or key == "prefixItems" and by_position:
-                raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'contains'")
-        if kw.count(schema, "minContains", pointer, 1) != 1 or lo > 1:
-            key = "minContains" if "minContains" in schema else "minItems"
-            raise unsupported(f"{pointer}/{key}", f"{key!r} above 1 beside 'contains'")
-        other = self.node(items, at)
-        where = f"{pointer}/contains"
-        found = self.merged([(items, at), (schema["contains"], where)], where)
-        return seq(text("["), repeat(seq(other, jv.COMMA), 0, None), found,
-                   repeat(seq(jv.COMMA, other), 0, None), text("]"))
-
-    def _positions(self, schema: dict[str, Any],
-                   pointer: str) -> tuple[list[tuple[Any, str]], tuple[Any, str]]:
-        """The schemas of the first items, each with its pointer (2020-12's prefixItems, or items as
-        a list in the drafts before it), and the schema of every later item (items beside
-        prefixItems, additionalItems beside a list; none of them: unevaluatedItems, else any)."""
-        unevaluated = (schema.get("unevaluatedItems", True), f"{pointer}/unevaluatedItems")
-        items = schema.get("items")
-        if "prefixItems" in schema:
-            if isinstance(items, list):
-                raise invalid(f"{pointer}/items", "items must be a schema beside prefixItems")
-            listed, key = schema["prefixItems"], "prefixItems"
-            rest = (items, f"{pointer}/items") if "items" in schema else unevaluated
-        elif isinstance(items, list):
-            listed, key = items, "items"
-            rest = ((schema["additionalItems"], f"{pointer}/additionalItems") if "additionalItems" in schema
-                    else unevaluated)
-        else:  # additionalItems beside no list of items evaluates nothing
-            return [], ((items, f"{pointer}/items") if "items" in schema else unevaluated)
-        if not isinstance(listed, list):
-            raise invalid(f"{pointer}/{key}", f"{key} must be a list of schemas")
-        return [(s, f"{pointer}/{key}/{i}") for i, s in enumerate(listed)], rest
-
-    def _unique_values(self, items: Any, lo: int, hi: int | None, pointer: str) -> Node:
-        """uniqueItems over items that are an enum (or const) of at most MAX_UNIQUE_VALUES values:
-        each value at most once, in the enum's order (so no two equal); minItems at most 1 and a
-        maxItems no lower than the number of values. Any other uniqueItems is refused."""
-        own = {k: v for k, v in items.items() if k in ASSERTIONS} if isinstance(items, dict) else {}
-        key = "const" if "const" in own else "enum"
-        values = [own["const"]] if key == "const" else own.get("enum")
-        if not isinstance(values, list) or not own.keys() <= {key, "type"} or not values:
-            raise unsupported(f"{pointer}/uniqueItems", "'uniqueItems' true on more than one item, "
-                              "other than of an enum's values")
-        types = self.types(own, f"{pointer}/items") if "type" in own else list(TYPE_KEYWORDS)
-        kept = list({json.dumps(v, sort_keys=True): v for v in values
-                     if any(kw.is_type(v, t) for t in types)}.values())
-        if len(kept) > MAX_UNIQUE_VALUES or lo > 1 or hi is not None and hi < len(kept):
-            raise unsupported(f"{pointer}/uniqueItems", f"'uniqueItems' over more than {MAX_UNIQUE_VALUES} "
-                              "values, or beside a minItems above 1 or a maxItems below their number")
-        literals = [jv.literal(v) for v in kept]
-        # Non-empty: the first value written is i-th, then any of the later ones, in order.
-        filled = alt(*(members([(literals[i], True), *((v, False) for v in literals[i + 1:])], jv.COMMA)
-                       for i in range(len(literals))))
-        body = filled if lo == 1 else alt(filled, EMPTY)
-        return seq(text("["), body, text("]"))
-
 
 def _requiring(schema: Any, names: list[str]) -> Any:
     """A schema with `names` required too (the keywords beside a oneOf hold for each member)."""

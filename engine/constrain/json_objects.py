@@ -1,0 +1,198 @@
+"""JSON Schema objects as syntax trees: declared properties (declared order, or the required
+ones first), required names, additionalProperties (the spec reading or the strict one),
+min/maxProperties, propertyNames and patternProperties. What they ask of the compile: Compiling."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote
+
+from engine.constrain import json_keywords as kw
+from engine.constrain import json_scalars as scalars
+from engine.constrain import json_values as jv
+from engine.constrain import machines as mx
+from engine.constrain import nfa
+from engine.constrain.json_keywords import ASSERTIONS, FIELD, invalid, unsupported
+from engine.constrain.json_parts import Compiling
+from engine.constrain.pattern import NOTHING, Node, alt, members, repeat, seq, text
+from engine.errors import InvalidInput
+
+
+def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
+    properties = schema.get("properties", {})
+    required = schema.get("required", [])
+    if not isinstance(properties, dict):
+        raise invalid(f"{pointer}/properties", "properties must be an object")
+    if not isinstance(required, list) or any(not isinstance(r, str) for r in required):
+        raise invalid(f"{pointer}/required", "required must be a list of names")
+    # Members no properties/patternProperties keyword evaluates (a map's keys, undeclared required
+    # names, others after the declared ones) take additionalProperties' schema (else
+    # unevaluatedProperties'); absent, any value, and the strict reading writes no others.
+    given = schema.get("additionalProperties", schema.get("unevaluatedProperties"))
+    additional = True if given is None else given
+    least = kw.count(schema, "minProperties", pointer, 0) or 0
+    most = kw.count(schema, "maxProperties", pointer, None)
+    names = schema.get("propertyNames")
+    if names is not None:
+        if schema.get("patternProperties"):
+            raise unsupported(f"{pointer}/propertyNames", "'propertyNames' beside 'patternProperties'")
+        properties, required = _named(c, names, properties, required, f"{pointer}/propertyNames")
+        if required is None:
+            return NOTHING  # a required name propertyNames rules out
+    if schema.get("patternProperties"):
+        return _patterned(c, schema, properties, required, additional, given is not None, pointer)
+    if not properties and not required:
+        if least > 1:  # a map's keys are not kept apart: a key written twice would count once
+            raise unsupported(f"{pointer}/minProperties", "minProperties above 1 on a map")
+        at = f"{pointer}/propertyNames"
+        key = None if names is None else c.merged([(names, at), ({"type": "string"}, pointer)], at)
+        return _map(c, additional, pointer, least, most, key)
+    # What the counts ask must hold for every object made (no others beside maxProperties), or,
+    # where every declared property is required, they count the others.
+    declared = dict.fromkeys([*properties, *required])
+    others = given is not None or not c.strict  # explicit, or the spec's reading of absent
+    counted = (others and additional is not False and names is None and set(declared) <= set(required)
+               and (least > len(declared) or most is not None))
+    if counted:
+        if most is not None and most < max(least, len(declared)):
+            return NOTHING
+        least, most = max(least - len(declared), 0), None if most is None else most - len(declared)
+        if least > 1:  # as on a map: the others' keys are not kept apart
+            raise unsupported(f"{pointer}/minProperties", "minProperties above the declared properties "
+                              "and one other (the others' keys are not kept apart)")
+    elif least > len(set(required)):
+        raise unsupported(f"{pointer}/minProperties", "minProperties above the number of required "
+                          "properties (an object of declared properties may leave the others out)")
+    if not counted and most is not None and most < len(declared):
+        raise unsupported(f"{pointer}/maxProperties", "maxProperties below the number of declared "
+                          "properties")
+    named = {name: _member(c, name, subschema, f"{pointer}/properties/{kw.escape(name)}")
+             for name, subschema in properties.items()}
+    # A required name not among properties takes additionalProperties' schema (false: none fits).
+    named.update({name: _member(c, name, additional, f"{pointer}/additionalProperties")
+                  for name in dict.fromkeys(required) if name not in properties})
+    tail = []
+    if others and additional is not False and names is None and (counted or most is None):
+        # Others after the declared ones, keys spelling no declared name (jv.other_than).
+        key = seq(jv.QUOTE, jv.other_than(list(declared)), jv.QUOTE)
+        other = seq(key, jv.COLON, c.node(additional, f"{pointer}/additionalProperties"))
+        if not counted:
+            tail.append((repeat(other, 1, None, jv.COMMA), False))
+        elif most != 0:
+            tail.append((repeat(other, max(least, 1), most, jv.COMMA), least > 0))
+    # Declared order, or (where it differs) the required ones first, in `required`'s order.
+    orders = [list(named), [*dict.fromkeys(n for n in required if n in named),
+                            *(n for n in named if n not in required)]]
+    # Others after the declared ones only: a model given them first writes them before the
+    # properties asked for (a small one runs out of tokens there).
+    return alt(*(seq(text("{"), members([*((named[n], n in required) for n in order), *tail], jv.COMMA),
+                     text("}"))
+                 for order in (orders[:1] if orders[0] == orders[1] else orders)))
+
+
+def _patterned(c: Compiling, schema: dict[str, Any], properties: dict[str, Any], required: list[str],
+               additional: Any, explicit: bool, pointer: str) -> Node:
+    """An object with patternProperties: its declared properties as any object's (a declared
+    name a pattern also finds must have that pattern's schema, or it is refused), then any
+    number of members whose keys a pattern finds, with that pattern's schema, then (where
+    others are allowed, as for declared objects) members whose plain keys no pattern finds,
+    with additionalProperties' schema: the keys' automata's difference (past its state limit,
+    none written).
+    Patterns with different schemas are refused: a key both find would need both schemas."""
+    at = f"{pointer}/patternProperties"
+    patterns = schema["patternProperties"]
+    if not isinstance(patterns, dict):
+        raise invalid(at, "patternProperties must be an object")
+    for key in ("minProperties", "maxProperties"):
+        if key in schema:
+            raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'patternProperties'")
+    values = {json.dumps(v, sort_keys=True) for v in patterns.values()}
+    if len(values) > 1:
+        raise unsupported(at, "patterns with different schemas (a key two of them find needs both)")
+    value_schema = next(iter(patterns.values()))
+    keys = alt(*(seq(jv.QUOTE, scalars.regex_found(source, f"{at}/{kw.escape(source)}"), jv.QUOTE)
+                 for source in patterns))
+    found = [name for name in dict.fromkeys([*properties, *required])
+             if any(kw.finds(source, name) for source in patterns)]
+    for name in found:
+        if name in properties and json.dumps(properties[name], sort_keys=True) not in values:
+            raise unsupported(f"{pointer}/properties/{kw.escape(name)}",
+                              "a declared property a pattern of patternProperties also finds")
+    items = [(_member(c, name, subschema, f"{pointer}/properties/{kw.escape(name)}"), name in required)
+             for name, subschema in properties.items()]
+    items += [(_member(c, name, value_schema if name in found else additional,
+                            f"{pointer}/additionalProperties"), True)
+              for name in dict.fromkeys(required) if name not in properties]
+    member = seq(keys, jv.COLON, c.node(value_schema, f"{at}/{kw.escape(next(iter(patterns)))}"))
+    items.append((repeat(member, 1, None, jv.COMMA), False))
+    if additional is not False and (explicit or not c.strict):
+        # Then others: keys that no pattern finds and no declared name spells.
+        declared = list(dict.fromkeys([*properties, *required]))
+        plain = seq(jv.QUOTE, jv.other_than(declared), jv.QUOTE)
+        try:
+            unfound = mx.difference(plain, keys, c.budget)
+        except nfa.TooLarge:
+            unfound = NOTHING  # as under the strict reading: no others written
+        if unfound != NOTHING:
+            other = seq(unfound, jv.COLON, c.node(additional, f"{pointer}/additionalProperties"))
+            items.append((repeat(other, 1, None, jv.COMMA), False))
+    return seq(text("{"), members(items, jv.COMMA), text("}"))
+
+
+def _member(c: Compiling, name: str, schema: Any, pointer: str) -> Node:
+    return seq(jv.literal(name), jv.COLON, c.node(schema, pointer))
+
+
+def _map(c: Compiling, additional: Any, pointer: str, least: int = 0, most: int | None = None,
+         key: Node | None = None) -> Node:
+    if additional is False:
+        return text("{}") if least == 0 else NOTHING
+    return jv.object_map(c.node(additional, f"{pointer}/additionalProperties"), least, most, key)
+
+
+def _named(c: Compiling, names: Any, properties: dict[str, Any], required: list[str],
+           pointer: str) -> tuple[dict[str, Any], list[str] | None]:
+    """The declared properties propertyNames leaves (one it rules out is never written) and the
+    required names (None: one of them is ruled out, so nothing fits)."""
+    kept = dict(properties)
+    for name in dict.fromkeys([*properties, *required]):
+        if not _name_fits(c, names, name, pointer, 0):
+            if name in required:
+                return kept, None
+            kept[name] = False
+    return kept, required
+
+
+def _name_fits(c: Compiling, names: Any, name: str, pointer: str, depth: int) -> bool:
+    """Whether a property name meets a propertyNames schema: its string keywords, enum, const,
+    local $refs and allOf; anything else is refused."""
+    if isinstance(names, bool):
+        return names
+    if not isinstance(names, dict):
+        raise invalid(pointer, "a schema must be an object or a boolean")
+    if depth > c.limits.max_ref_depth + c.limits.max_schema_depth:
+        raise InvalidInput(f"{pointer}: propertyNames' $refs nest too deep",
+                           reason="CONSTRAINT_TOO_LARGE", field=FIELD)
+    checks: dict[str, Callable[[Any], bool]] = {
+        "type": lambda v: v == "string" or isinstance(v, list) and "string" in v,
+        "pattern": lambda v: kw.search(v, name, f"{pointer}/pattern"),
+        "minLength": lambda v: len(name) >= v, "maxLength": lambda v: len(name) <= v,
+        "enum": lambda v: isinstance(v, list) and name in v, "const": lambda v: v == name,
+        "format": lambda v: True,  # checked only where the value's format is enforced
+    }
+    for key, value in names.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            target = c.resolve(unquote(value[1:]), f"{pointer}/$ref")
+            if not _name_fits(c, target, name, pointer, depth + 1):
+                return False
+        elif key == "allOf" and isinstance(value, list):
+            if not all(_name_fits(c, m, name, f"{pointer}/allOf", depth + 1) for m in value):
+                return False
+        elif key in checks:
+            if not checks[key](value):
+                return False
+        elif key in ASSERTIONS:
+            raise unsupported(f"{pointer}/{kw.escape(key)}", f"{key!r} in propertyNames")
+    return True
