@@ -1,8 +1,10 @@
-"""What the parts of a JSON Schema compile (json_lowering.py, json_objects.py, json_arrays.py) ask
-of the compiler (json_schema._Compiler): narrow protocols, so no part imports the compiler back."""
+"""What the parts of a JSON Schema compile (json_lowering.py, json_objects.py, json_arrays.py,
+json_one_of.py) ask of the compiler (json_schema._Compiler): narrow protocols, so no part imports
+the compiler back."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from engine.constrain.budget import Budget
@@ -30,3 +32,14 @@ class Compiling(Subschemas, Protocol):
     limits: Limits
 
     def resolve(self, target: str, pointer: str) -> Any: ...
+
+
+class Combining(Compiling, Protocol):
+    """And the rules recursive $refs and open values refer to, a schema as its keywords show it
+    (a $ref alone: its target), and a part compiled aside (its reading, its rules not kept)."""
+
+    rules: dict[str, Node]
+
+    def in_view(self, schema: Any) -> Any: ...
+
+    def aside(self, strict: bool) -> AbstractContextManager[None]: ...

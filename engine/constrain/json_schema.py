@@ -1,11 +1,11 @@
 """JSON Schema as a syntax tree (pattern.py) whose every output parses as JSON and validates, or
 InvalidInput naming the keyword at fault: never a silently unconstrained run. The compiler here
 walks subschemas, $refs (a recursive one is a `Ref`: the pushdown engine), types, enum/const and
-combinators (oneOf exactly one member where the automata tell: _one_only). Its rooms:
-json_objects.py, json_arrays.py, json_scalars.py (numbers, strings), json_lowering.py
-(if/then/else, not, dependencies), json_keywords.py (keywords, allOf's merge), json_values.py
-(how JSON is written), json_drafts.py (draft 3-7's reading), json_parts.py (what the rooms ask of
-the compiler). What is written and what is refused, for users: docs/api.md "JSON Schema"."""
+combinators. Its rooms: json_one_of.py (oneOf as exactly one member), json_objects.py,
+json_arrays.py, json_scalars.py (numbers, strings), json_lowering.py (if/then/else, not,
+dependencies), json_keywords.py (keywords, allOf's merge), json_values.py (how JSON is written),
+json_drafts.py (draft 3-7's reading), json_parts.py (what the rooms ask of the compiler).
+What is written and what is refused, for users: docs/api.md "JSON Schema"."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from engine.constrain import json_scalars as scalars
 from engine.constrain import json_values as jv
 from engine.constrain import machines as mx
 from engine.constrain import nfa
-from engine.constrain.budget import UNBOUNDED, Budget, OverBudget, Steps
+from engine.constrain.budget import UNBOUNDED, Budget
 from engine.constrain.json_drafts import as_named_draft
 from engine.constrain.json_keywords import (
     ASSERTIONS,
@@ -42,13 +42,11 @@ from engine.constrain.json_keywords import (
     invalid,
     unsupported,
 )
+from engine.constrain.json_one_of import OneOf
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
-from engine.constrain.pattern import NOTHING, Alt, Node, Ref, alt, seq
+from engine.constrain.pattern import NOTHING, Node, Ref, alt, seq
 from engine.errors import InvalidInput
 from engine.json_depth import check_json_depth
-
-ONE_OF_STATES = 4_000  # a oneOf alternative less the others: its DFAs' and the difference's states
-ONE_OF_STEPS = 20_000  # states built and walked by all of a compile's oneOf differences (~0.2 s)
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ class _Compiler:
         self.targets: dict[str, Node] = {}  # a $ref's target compiled: once per schema
         self.on_path: set[str] = set()  # $ref targets being compiled (a $ref to one recurses)
         self.rules: dict[str, Node] = {}  # the targets a recursive $ref refers to
-        self.one_of_left = ONE_OF_STEPS  # the steps left to oneOf differences (_difference)
+        self.one_of = OneOf(self)  # oneOf's members kept apart, and the steps that may take
 
     def open_value(self) -> Node:
         """Any JSON value, at any depth: the rule OPEN."""
@@ -148,150 +146,15 @@ class _Compiler:
             # The keywords beside first: their properties' order leads.
             plain = {"allOf": [member], **beside, OWN_FIRST: True} if beside else member
             others = value[:i] + value[i + 1:]
-            exclusive = self._exclusive(member, others, plain, beside, at) if key == "oneOf" else None
+            exclusive = self.one_of.exclusive(member, others, plain, beside, at) if key == "oneOf" else None
             if exclusive is not None:
                 parts.append(exclusive)
             else:
                 parts.append(self._all_of(plain, at) if beside else self.node(member, at))
-        return alt(*(self._one_only(value, parts) if key == "oneOf" else parts))
-
-    def _one_only(self, members: list[Any], parts: list[Node]) -> list[Node]:
-        """oneOf's alternatives as exactly one member: each alternative's values less the other
-        alternatives' values of the same JSON type (where kw.disjoint cannot tell the members
-        apart), as automata within ONE_OF_STATES states and ONE_OF_STEPS in all; parts holding
-        an open value or recursion, and past those bounds: as they are (anyOf's reading: a value
-        two members meet is admitted). No value only one member meets is lost; a value two meet
-        stays where they write it differently (`3.0` against an integer's `3`), or where
-        _exclusive wrote the other without it."""
-        views = [self._in_view(m) for m in members]
-        seen: dict[str, int] = {}
-        for i, view in enumerate(views):  # a member twice: what meets it meets two, so none does
-            same = "true" if view is True or view == {} else json.dumps(view, sort_keys=True)
-            if seen.setdefault(same, i) != i:
-                if same == "true":
-                    return [NOTHING] * len(parts)
-                parts[i] = parts[seen[same]] = NOTHING
-        split = [[(item, mx.first_bytes(item)) for item in self._alternatives(part)] for part in parts]
-        exact = []
-        for i, part in enumerate(parts):
-            others = [pair for j in range(len(members)) if j != i and not kw.disjoint(views[i], views[j])
-                      for pair in split[j]]
-            kept: list[Node] = []
-            cut: list[Node] = []
-            near: list[Node] = []
-            for item in self._alternatives(part):
-                leads = mx.first_bytes(item)
-                meets = [o for o, theirs in others
-                         if leads is None or theirs is None or not leads.isdisjoint(theirs)]
-                if (meets and leads is not None and self.one_of_left > 0
-                        and not mx.refers(item) and not any(mx.refers(o) for o in meets)):
-                    cut.append(item)
-                    near.extend(o for o in meets if all(o is not n for n in near))
-                else:
-                    kept.append(item)  # apart from every other member's value, or anyOf's reading
-            if cut:
-                fewer = self._difference(alt(*cut), alt(*near))
-                kept.extend(cut if fewer is None else [fewer])
-            exact.append(alt(*kept))
-        return exact
-
-    def _exclusive(self, member: Any, others: list[Any], plain: Any, beside: dict[str, Any],
-                   pointer: str) -> Node | None:
-        """A oneOf member and none of the others: each other member it may overlap (neither
-        kw.disjoint nor _apart_by_values tells them apart) that requires a name the member does not
-        is ruled out by leaving one such name out (`not` of required lists: a part of "not that
-        member", never more). None where no other member needs ruling out or it cannot be written
-        so (the member alone then: anyOf's reading, which admits a value two members both meet)."""
-        mine = self._in_view(member)
-        given = [n for s in (mine, beside) if isinstance(s, dict) and isinstance(s.get("required"), list)
-                 for n in s["required"]]
-        lists, deeper = [], []
-        for other in others:
-            theirs = self._in_view(other)
-            names = theirs.get("required") if isinstance(theirs, dict) else None
-            if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
-                continue
-            if kw.disjoint(_requiring(mine, given), _requiring(theirs, given)):
-                continue
-            if self._apart_by_values(mine, theirs, given, pointer):
-                continue
-            if set(names) - set(given):
-                lists.append(names)
-            elif (inner := self._required_inside(mine, theirs, names)) is not None:
-                deeper.append({"properties": {inner[0]: {"not": {"required": inner[1]}}}})
-        if not lists and not deeper:
-            return None
-        parts = [{"not": {"anyOf": [{"required": n} for n in lists]}}] if lists else []
-        try:
-            return self.node({"allOf": [plain, *parts, *deeper]}, pointer)
-        except InvalidInput as exc:
-            if exc.reason != "SCHEMA_UNSUPPORTED":
-                raise
-            return None
-
-    def _required_inside(self, mine: Any, theirs: Any, names: list[str]) -> tuple[str, list[str]] | None:
-        """A property the other member requires whose object there requires names this member's
-        does not (a oneOf whose members differ one level down: `content` with `src` or with
-        `background-image`): leaving one of those out of it rules the other member out."""
-        own = mine.get("properties") if isinstance(mine, dict) else None
-        their_own = theirs.get("properties")
-        if not isinstance(their_own, dict):
-            return None
-        for name in names:
-            inner = self._in_view(their_own.get(name))
-            needed = inner.get("required") if isinstance(inner, dict) else None
-            if not (isinstance(needed, list) and needed and all(isinstance(n, str) for n in needed)):
-                continue
-            ours = self._in_view(own.get(name)) if isinstance(own, dict) else None
-            have = ours.get("required") if isinstance(ours, dict) else None
-            if set(needed) - set(have if isinstance(have, list) else []):
-                return name, needed
-        return None
-
-    def _apart_by_values(self, first: Any, second: Any, given: list[str], pointer: str) -> bool:
-        """Whether a property one of two members requires (or `given` requires) has schemas in the
-        two whose values have none in common, as their automata show (a pattern `^success$`
-        against `^fail$`); False where they cannot be built as automata."""
-        if not isinstance(first, dict) or not isinstance(second, dict):
-            return False
-        own = [s["properties"] if isinstance(s.get("properties"), dict) else {} for s in (first, second)]
-        needed = set(given) | {n for s in (first, second) if isinstance(s.get("required"), list)
-                               for n in s["required"] if isinstance(n, str)}
-        for name in set(own[0]) & set(own[1]) & needed:
-            try:
-                at = f"{pointer}/properties/{kw.escape(name)}"
-                with self._aside(self.strict):
-                    one, two = self.node(own[0][name], at), self.node(own[1][name], at)
-                automata = not mx.refers(one) and not mx.refers(two)
-                if automata and mx.intersection(one, two, self.budget) == NOTHING:
-                    return True
-            except (InvalidInput, nfa.TooLarge):
-                continue
-        return False
-
-    def _difference(self, first: Node, second: Node) -> Node | None:
-        """`first` less `second` as automata, None past ONE_OF_STATES states or once the compile's
-        differences took ONE_OF_STEPS in all (they are worth that much only; steps, not seconds,
-        so every machine writes the same oneOf)."""
-        if self.one_of_left <= 0:
-            return None
-        allowance = Steps(self.one_of_left)
-        try:
-            return mx.difference(first, second, allowance, ONE_OF_STATES)
-        except (nfa.TooLarge, OverBudget):
-            return None
-        finally:
-            self.one_of_left = allowance.left
-            self.budget.check()
-
-    def _alternatives(self, node: Node) -> tuple[Node, ...]:
-        """A node's alternatives, an open value's as its rule's (a $ref's rule may be unfinished)."""
-        if node == Ref(OPEN):
-            node = self.rules[OPEN]
-        return node.items if isinstance(node, Alt) else (node,)
+        return alt(*(self.one_of.exactly_one(value, parts) if key == "oneOf" else parts))
 
     @contextmanager
-    def _aside(self, strict: bool) -> Iterator[None]:
+    def aside(self, strict: bool) -> Iterator[None]:
         """Compile a part for a question about it, not for the schema's output: read `strict` or
         not, and the $ref targets and rules it compiles not kept for the schema's own use."""
         saved = self.strict, dict(self.targets), dict(self.rules)
@@ -301,7 +164,7 @@ class _Compiler:
         finally:
             self.strict, self.targets, self.rules = saved
 
-    def _in_view(self, schema: Any) -> Any:
+    def in_view(self, schema: Any) -> Any:
         """A schema as its keywords show it: a local $ref alone, its target."""
         seen = 0
         while isinstance(schema, dict) and set(schema) & ASSERTIONS == {"$ref"} and seen < 8:
@@ -467,7 +330,7 @@ class _Compiler:
         first = next(iter(rest))
         refusal = unsupported(f"{pointer}/{kw.escape(first)}", f"{first!r} beside {key!r}")
         kinds = {next(t for t in TYPE_KEYWORDS if t != "integer" and kw.is_type(v, t)) for v in values}
-        with self._aside(strict=True):  # no undeclared members: no open value (a part, as above)
+        with self.aside(strict=True):  # no undeclared members: no open value (a part, as above)
             node = self.node({**rest, "type": sorted(kinds)}, pointer)  # the values' types only
         if mx.refers(node):
             raise refusal
@@ -537,14 +400,6 @@ class _Compiler:
             raise unsupported(pointer, f"values ruled out of a {name} here ({exc})") from exc
         raise unsupported(pointer, f"a condition ('if') or 'not' ruling out {name} values (only strings, "
                           "numbers, booleans and null)")
-
-def _requiring(schema: Any, names: list[str]) -> Any:
-    """A schema with `names` required too (the keywords beside a oneOf hold for each member)."""
-    if not isinstance(schema, dict) or not names:
-        return schema
-    own = schema.get("required")
-    return {**schema, "required": [*(own if isinstance(own, list) else []), *names]}
-
 
 def _compact(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
