@@ -80,10 +80,27 @@ def _conditional(c: Subschemas, schema: dict[str, Any], base: dict[str, Any], po
     if schema["if"] is False:  # else alone holds
         otherwise = True if otherwise is None else otherwise
         return c.merged([(rest, pointer), (otherwise, f"{pointer}/else")], pointer)
-    if otherwise is None or schema["if"] is True:
+    if schema["if"] is True:
         return c.merged([(rest, pointer), (then, f"{pointer}/then")], pointer)
-    options = [[(rest, pointer), (then, f"{pointer}/then"), (otherwise, f"{pointer}/else")],
-               [(rest, pointer), (schema.get("if", True), f"{pointer}/if"), (then, f"{pointer}/then")]]
+    try:  # where `not` of the if can be written: "if and then" or "not if and else", exactly
+        negated: list[dict[str, Any]] | None = _without(c, schema["if"], rest, f"{pointer}/if")
+    except InvalidInput as exc:
+        if exc.reason != "SCHEMA_UNSUPPORTED":
+            raise
+        negated = None
+    if negated is not None:
+        otherwise = True if otherwise is None else otherwise
+        return _compiling(c, [[(rest, pointer), (schema["if"], f"{pointer}/if"), (then, f"{pointer}/then")],
+                              *([(b, pointer), (otherwise, f"{pointer}/else")] for b in negated)], pointer)
+    if otherwise is None:
+        return c.merged([(rest, pointer), (then, f"{pointer}/then")], pointer)
+    given = (schema["if"], f"{pointer}/if")
+    return _compiling(c, [[(rest, pointer), (then, f"{pointer}/then"), (otherwise, f"{pointer}/else")],
+                          [(rest, pointer), given, (then, f"{pointer}/then")]], pointer)
+
+
+def _compiling(c: Subschemas, options: list[list[tuple[Any, str]]], pointer: str) -> Node:
+    """The alternatives (each members of an allOf) that compile; none: the first refusal."""
     nodes, refusal = [], None
     for option in options:
         try:

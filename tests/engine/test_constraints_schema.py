@@ -387,9 +387,25 @@ def test_then_and_else_without_an_if_assert_nothing_and_a_boolean_if_picks_one()
     assert accepts(member, b"2")
 
 
-def test_then_holds_always_when_there_is_no_else() -> None:
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"x": {"type": "integer"}, "y": {}},
+     "if": {"required": ["y"]}, "then": {"required": ["x"]}},
+    {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+     "if": {"required": ["y"]}, "then": {"required": ["x"]}, "else": {"properties": {"x": {"minimum": 5}}}},
+    {"type": ["integer", "string"], "if": {"type": "string"}, "then": {"minLength": 2},
+     "else": {"minimum": 3}},
+])
+def test_an_if_whose_negation_can_be_written_holds_exactly(schema: Any) -> None:
+    compiled = schema_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for instance in [{}, {"x": 1}, {"x": 7}, {"y": 2}, {"x": 1, "y": 2}, {"x": 7, "y": 2}, 1, 4, "a", "ab"]:
+        text = json.dumps(instance, separators=(",", ":")).encode()
+        assert accepts(compiled, text) == validator.is_valid(instance), text
+
+
+def test_then_holds_always_when_there_is_no_else_and_the_if_cannot_be_negated() -> None:
     compiled = schema_of({"type": "object", "properties": {"x": {"type": "integer"}},
-                          "if": {"required": ["y"]}, "then": {"required": ["x"]}})
+                          "if": {"properties": {"y": {"minimum": 2}}}, "then": {"required": ["x"]}})
     assert accepts(compiled, b'{"x":1}') and not accepts(compiled, b"{}")
 
 

@@ -47,7 +47,6 @@ EXCLUDED: dict[str, str] = {
     "*/oneOf/0/2": ONE_OF,
     "draft2020-12/unevaluatedProperties/35/20": ONE_OF,
     "*/if-then-else/9/1": CONDITIONAL,
-    "*/if-then-else/10/1": CONDITIONAL,
     "draft2020-12/unevaluatedItems/23/[123]": CONDITIONAL,
     "draft2020-12/unevaluatedItems/27/0": CONDITIONAL,
     "draft2020-12/unevaluatedProperties/14/2": CONDITIONAL,
