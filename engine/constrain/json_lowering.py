@@ -196,6 +196,13 @@ def _without(c: Subschemas, negated: Any, base: dict[str, Any], pointer: str) ->
         if not {"string", "any"} & set(c.types(base, pointer)):
             return []
         return [{**base, "type": "string", UNMATCHED: [*base.get(UNMATCHED, []), shape["pattern"]]}]
+    if shape is not None and set(shape) == {"items"} and isinstance(shape["items"], dict | bool):
+        # Every non-array meets `items`: arrays only, holding an item that does not meet it.
+        if not {"array", "any"} & set(c.types(base, pointer)) or shape["items"] is True:
+            return []
+        if "contains" in base:
+            raise unsupported(pointer, "'not' of 'items' beside 'contains'")
+        return [{**base, "type": "array", "contains": {"not": shape["items"]}}]
     if shape is not None and set(shape) == {"allOf"} and _all_required(shape["allOf"]):
         shape = {"required": [n for m in shape["allOf"] for n in m["required"]]}  # one list of them all
     if shape is not None and set(shape) == {"type"}:

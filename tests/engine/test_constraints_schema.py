@@ -394,11 +394,14 @@ def test_then_and_else_without_an_if_assert_nothing_and_a_boolean_if_picks_one()
      "if": {"required": ["y"]}, "then": {"required": ["x"]}, "else": {"properties": {"x": {"minimum": 5}}}},
     {"type": ["integer", "string"], "if": {"type": "string"}, "then": {"minLength": 2},
      "else": {"minimum": 3}},
+    {"type": "array", "if": {"items": {"type": "string"}}, "then": {"items": {"maxLength": 1}},
+     "else": {"items": {"properties": {"x": {"type": "integer"}}}}},
 ])
 def test_an_if_whose_negation_can_be_written_holds_exactly(schema: Any) -> None:
     compiled = schema_of(schema)
     validator = jsonschema.Draft202012Validator(schema)
-    for instance in [{}, {"x": 1}, {"x": 7}, {"y": 2}, {"x": 1, "y": 2}, {"x": 7, "y": 2}, 1, 4, "a", "ab"]:
+    for instance in [{}, {"x": 1}, {"x": 7}, {"y": 2}, {"x": 1, "y": 2}, {"x": 7, "y": 2}, 1, 4, "a", "ab",
+                     [], ["a"], ["ab"], ["a", {"x": 1}], [{"x": "s"}, "a"], ["ab", 3]]:
         text = json.dumps(instance, separators=(",", ":")).encode()
         assert accepts(compiled, text) == validator.is_valid(instance), text
 
