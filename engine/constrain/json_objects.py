@@ -19,8 +19,6 @@ from engine.constrain.json_parts import Compiling
 from engine.constrain.pattern import NOTHING, Node, alt, members, repeat, seq, text
 from engine.errors import InvalidInput
 
-SCHEMA_KEY = "$schema"
-
 
 def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
     properties = schema.get("properties", {})
@@ -76,13 +74,9 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
     named.update({name: _member(c, name, additional, f"{pointer}/additionalProperties")
                   for name in dict.fromkeys(required) if name not in properties})
     tail = []
-    lead = []
     if others and additional is not False and names is None and (counted or most is None):
-        # A document's own "$schema" (a config file's first member, by convention) may lead.
-        if pointer == "" and not counted and SCHEMA_KEY not in declared:
-            lead.append((_member(c, SCHEMA_KEY, additional, f"{pointer}/additionalProperties"), False))
         # Others after the declared ones, keys spelling no declared name (jv.other_than).
-        key = seq(jv.QUOTE, jv.other_than([*declared, *(SCHEMA_KEY for _ in lead)]), jv.QUOTE)
+        key = seq(jv.QUOTE, jv.other_than(list(declared)), jv.QUOTE)
         other = seq(key, jv.COLON, c.node(additional, f"{pointer}/additionalProperties"))
         if not counted:
             tail.append((repeat(other, 1, None, jv.COMMA), False))
@@ -93,8 +87,8 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
                             *(n for n in named if n not in required)]]
     # Others after the declared ones only: a model given them first writes them before the
     # properties asked for (a small one runs out of tokens there).
-    return alt(*(seq(text("{"), members([*lead, *((named[n], n in required) for n in order), *tail],
-                                        jv.COMMA), text("}"))
+    return alt(*(seq(text("{"), members([*((named[n], n in required) for n in order), *tail], jv.COMMA),
+                     text("}"))
                  for order in (orders[:1] if orders[0] == orders[1] else orders)))
 
 

@@ -406,18 +406,6 @@ def test_an_if_whose_negation_can_be_written_holds_exactly(schema: Any) -> None:
         assert accepts(compiled, text) == validator.is_valid(instance), text
 
 
-def test_a_document_s_own_schema_member_may_lead_its_root_object_once() -> None:
-    compiled = schema_of({"type": "object", "properties": {"a": {"type": "integer"},
-                                                          "b": {"type": "object", "properties": {"c": {}}}}})
-    assert accepts(compiled, b'{"$schema":"https://example.com/s.json","a":1}')
-    assert accepts(compiled, b'{"a":1,"other":2}') and accepts(compiled, b'{"$schema":"s"}')
-    assert not accepts(compiled, b'{"$schema":"s","a":1,"$schema":"t"}')  # never a key twice
-    assert not accepts(compiled, b'{"b":{"$schema":"s","c":1}}')  # the root's only
-    strict = compile_constraint("json_schema_strict", json.dumps({"type": "object", "properties": {"a": {}}}),
-                                VOCAB)
-    assert not accepts(strict, b'{"$schema":"s","a":1}')
-
-
 def test_then_holds_always_when_there_is_no_else_and_the_if_cannot_be_negated() -> None:
     compiled = schema_of({"type": "object", "properties": {"x": {"type": "integer"}},
                           "if": {"properties": {"y": {"minimum": 2}}}, "then": {"required": ["x"]}})
