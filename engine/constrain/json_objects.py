@@ -19,6 +19,8 @@ from engine.constrain.json_parts import Compiling
 from engine.constrain.pattern import NOTHING, Node, alt, members, repeat, seq, text
 from engine.errors import InvalidInput
 
+KEYS_STATES = 4_000  # the keys a pattern finds less a declared name a pattern finds (else refused)
+
 
 def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
     properties = schema.get("properties", {})
@@ -62,6 +64,8 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
         if least > 1:  # as on a map: the others' keys are not kept apart
             raise unsupported(f"{pointer}/minProperties", "minProperties above the declared properties "
                               "and one other (the others' keys are not kept apart)")
+    elif least == 1 and not required:
+        pass  # not empty: one member at least (_one_at_least)
     elif least > len(set(required)):
         raise unsupported(f"{pointer}/minProperties", "minProperties above the number of required "
                           "properties (an object of declared properties may leave the others out)")
@@ -87,15 +91,24 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
                             *(n for n in named if n not in required)]]
     # Others after the declared ones only: a model given them first writes them before the
     # properties asked for (a small one runs out of tokens there).
-    return alt(*(seq(text("{"), members([*((named[n], n in required) for n in order), *tail], jv.COMMA),
-                     text("}"))
-                 for order in (orders[:1] if orders[0] == orders[1] else orders)))
+    made = [[*((named[n], n in required) for n in order), *tail]
+            for order in (orders[:1] if orders[0] == orders[1] else orders)]
+    if least == 1 and not required and not counted:
+        made = [_one_at_least(items) for items in made]
+    return alt(*(seq(text("{"), members(items, jv.COMMA), text("}")) for items in made))
+
+
+def _one_at_least(items: list[tuple[Node, bool]]) -> list[tuple[Node, bool]]:
+    """Optional members of which one at least is written: the first written is one of them, the
+    ones after it as they were (minProperties 1 where nothing is required)."""
+    first = alt(*(members([(item, True), *items[i + 1:]], jv.COMMA) for i, (item, _) in enumerate(items)))
+    return [(first, True)]
 
 
 def _patterned(c: Compiling, schema: dict[str, Any], properties: dict[str, Any], required: list[str],
                additional: Any, explicit: bool, pointer: str) -> Node:
     """An object with patternProperties: its declared properties as any object's (a declared
-    name a pattern also finds must have that pattern's schema, or it is refused), then any
+    name a pattern also finds with that pattern's schema too, merged), then any
     number of members whose keys a pattern finds, with that pattern's schema, then (where
     others are allowed, as for declared objects) members whose plain keys no pattern finds,
     with additionalProperties' schema: the keys' automata's difference (past its state limit,
@@ -116,16 +129,28 @@ def _patterned(c: Compiling, schema: dict[str, Any], properties: dict[str, Any],
                  for source in patterns))
     found = [name for name in dict.fromkeys([*properties, *required])
              if any(kw.finds(source, name) for source in patterns)]
-    for name in found:
-        if name in properties and json.dumps(properties[name], sort_keys=True) not in values:
-            raise unsupported(f"{pointer}/properties/{kw.escape(name)}",
-                              "a declared property a pattern of patternProperties also finds")
-    items = [(_member(c, name, subschema, f"{pointer}/properties/{kw.escape(name)}"), name in required)
-             for name, subschema in properties.items()]
+    both = [name for name in found if name in properties
+            and json.dumps(properties[name], sort_keys=True) not in values]
+    if both:  # written as declared only (with both schemas), never again as a key a pattern finds
+        try:
+            keys = mx.difference(keys, alt(*(jv.literal(name) for name in both)), c.budget, KEYS_STATES)
+        except nfa.TooLarge as exc:
+            raise unsupported(f"{pointer}/properties/{kw.escape(both[0])}", "a declared property a "
+                              f"pattern of patternProperties also finds, the pattern's keys less it ({exc})"
+                              ) from exc
+    pattern_at = f"{at}/{kw.escape(next(iter(patterns)))}"
+    items = []
+    for name, subschema in properties.items():
+        own = f"{pointer}/properties/{kw.escape(name)}"
+        if name in both:  # both schemas hold
+            value = c.merged([(subschema, own), (value_schema, pattern_at)], own)
+            items.append((seq(jv.literal(name), jv.COLON, value), name in required))
+        else:
+            items.append((_member(c, name, subschema, own), name in required))
     items += [(_member(c, name, value_schema if name in found else additional,
                             f"{pointer}/additionalProperties"), True)
               for name in dict.fromkeys(required) if name not in properties]
-    member = seq(keys, jv.COLON, c.node(value_schema, f"{at}/{kw.escape(next(iter(patterns)))}"))
+    member = seq(keys, jv.COLON, c.node(value_schema, pattern_at))
     items.append((repeat(member, 1, None, jv.COMMA), False))
     if additional is not False and (explicit or not c.strict):
         # Then others: keys that no pattern finds and no declared name spells.

@@ -81,8 +81,6 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"type": "string", "not": {"minLength": 3}}, "/not"),
     ({"type": "object", "not": {"required": ["a"]}}, "/not"),
     ({"type": "object", "patternProperties": {"^x": {}, "^y": {"type": "string"}}}, "/patternProperties"),
-    ({"type": "object", "properties": {"xa": {"type": "string"}}, "patternProperties": {"^x": {}}},
-     "/properties/xa"),
     ({"type": "object", "patternProperties": {"^x": {}}, "maxProperties": 3}, "/maxProperties"),
     ({"type": "array", "prefixItems": [{"type": "string"}], "uniqueItems": True}, "/uniqueItems"),
     ({"type": "object", "minProperties": 2}, "/minProperties"),
@@ -226,6 +224,31 @@ def test_whole_bounds_on_a_number_admit_exactly_the_decimals_between_them(bounds
     assert not accepts(compiled, b"01.5")
     check_walks({"type": "number", **bounds} if validator is jsonschema.Draft202012Validator
                 else {"type": "number", "minimum": 5}, compiled, range(20))
+
+
+def test_a_declared_property_a_pattern_finds_holds_both_schemas_and_is_written_once() -> None:
+    schema = {"type": "object", "properties": {"by": {"type": "string"}, "n": {"type": "integer"}},
+              "patternProperties": {"^b": {"minLength": 2}}, "additionalProperties": False}
+    compiled = schema_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for instance in [{"by": "ab"}, {"by": "a"}, {"by": 3}, {"by": "ab", "bx": "cd"}, {"bx": "c"},
+                     {"n": 1, "bz": 5}, {"n": 1, "q": 2}]:
+        text = json.dumps(instance, separators=(",", ":")).encode()
+        assert accepts(compiled, text) == validator.is_valid(instance), text
+    assert not accepts(compiled, b'{"by":"ab","by":"cd"}')
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {}, "b": {"type": "integer"}}, "minProperties": 1},
+    {"type": "object", "properties": {"a": {}, "b": {"type": "integer"}}, "minProperties": 1,
+     "additionalProperties": False},
+])
+def test_min_properties_one_with_nothing_required_writes_one_member_at_least(schema: Any) -> None:
+    compiled = schema_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for instance in [{}, {"a": 1}, {"b": 2}, {"a": 1, "b": 2}, {"c": 3}, {"b": "x"}, {"a": None, "c": 1}]:
+        text = json.dumps(instance, separators=(",", ":")).encode()
+        assert accepts(compiled, text) == validator.is_valid(instance), text
 
 
 def test_pattern_properties_add_members_whose_keys_a_pattern_finds() -> None:
