@@ -19,7 +19,8 @@ from engine.constrain.json_parts import Compiling
 from engine.constrain.pattern import NOTHING, Node, alt, members, repeat, seq, text
 from engine.errors import InvalidInput
 
-KEYS_STATES = 4_000  # the keys a pattern finds less a declared name a pattern finds (else refused)
+KEYS_STATES = 4_000  # keys patterns find, split by the patterns that find them (else refused)
+MAX_PATTERN_SCHEMAS = 3  # patternProperties' different schemas: their keys split 2**3 - 1 ways
 
 
 def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
@@ -108,12 +109,12 @@ def _one_at_least(items: list[tuple[Node, bool]]) -> list[tuple[Node, bool]]:
 def _patterned(c: Compiling, schema: dict[str, Any], properties: dict[str, Any], required: list[str],
                additional: Any, explicit: bool, pointer: str) -> Node:
     """An object with patternProperties: its declared properties as any object's (a declared
-    name a pattern also finds with that pattern's schema too, merged), then any
-    number of members whose keys a pattern finds, with that pattern's schema, then (where
-    others are allowed, as for declared objects) members whose plain keys no pattern finds,
-    with additionalProperties' schema: the keys' automata's difference (past its state limit,
-    none written).
-    Patterns with different schemas are refused: a key both find would need both schemas."""
+    name patterns also find with their schemas too, merged, and written once), then any number of
+    members whose keys a pattern finds, with the schemas of every pattern that finds them (keys
+    split by which patterns find them: up to MAX_PATTERN_SCHEMAS different schemas, as automata
+    within KEYS_STATES states), then (where others are allowed, as for declared objects) members
+    whose plain keys no pattern finds, with additionalProperties' schema: the keys' automata's
+    difference (past its state limit, none written)."""
     at = f"{pointer}/patternProperties"
     patterns = schema["patternProperties"]
     if not isinstance(patterns, dict):
@@ -121,49 +122,83 @@ def _patterned(c: Compiling, schema: dict[str, Any], properties: dict[str, Any],
     for key in ("minProperties", "maxProperties"):
         if key in schema:
             raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'patternProperties'")
-    values = {json.dumps(v, sort_keys=True) for v in patterns.values()}
-    if len(values) > 1:
-        raise unsupported(at, "patterns with different schemas (a key two of them find needs both)")
-    value_schema = next(iter(patterns.values()))
-    keys = alt(*(seq(jv.QUOTE, scalars.regex_found(source, f"{at}/{kw.escape(source)}"), jv.QUOTE)
-                 for source in patterns))
-    found = [name for name in dict.fromkeys([*properties, *required])
-             if any(kw.finds(source, name) for source in patterns)]
+    finding = {source: seq(jv.QUOTE, scalars.regex_found(source, f"{at}/{kw.escape(source)}"), jv.QUOTE)
+               for source in patterns}
+    groups: dict[str, list[str]] = {}  # the patterns of each schema
+    for source, value in patterns.items():
+        groups.setdefault(json.dumps(value, sort_keys=True), []).append(source)
+    if len(groups) > MAX_PATTERN_SCHEMAS:
+        raise unsupported(at, f"patterns of more than {MAX_PATTERN_SCHEMAS} different schemas")
+    sources = list(groups.values())
+    schemas = [(patterns[group[0]], f"{at}/{kw.escape(group[0])}") for group in sources]
+
+    def finders(name: str) -> list[tuple[Any, str]]:
+        return [schemas[i] for i, group in enumerate(sources) if any(kw.finds(s, name) for s in group)]
+
+    found = {name: finders(name) for name in dict.fromkeys([*properties, *required]) if finders(name)}
+    # Declared with a schema of its own beside the patterns': written as declared only.
     both = [name for name in found if name in properties
-            and json.dumps(properties[name], sort_keys=True) not in values]
-    if both:  # written as declared only (with both schemas), never again as a key a pattern finds
-        try:
-            keys = mx.difference(keys, alt(*(jv.literal(name) for name in both)), c.budget, KEYS_STATES)
-        except nfa.TooLarge as exc:
-            raise unsupported(f"{pointer}/properties/{kw.escape(both[0])}", "a declared property a "
-                              f"pattern of patternProperties also finds, the pattern's keys less it ({exc})"
-                              ) from exc
-    pattern_at = f"{at}/{kw.escape(next(iter(patterns)))}"
+            and [json.dumps(properties[name], sort_keys=True)]
+            != [json.dumps(v, sort_keys=True) for v, _ in found[name]]]
     items = []
     for name, subschema in properties.items():
         own = f"{pointer}/properties/{kw.escape(name)}"
-        if name in both:  # both schemas hold
-            value = c.merged([(subschema, own), (value_schema, pattern_at)], own)
-            items.append((seq(jv.literal(name), jv.COLON, value), name in required))
+        if name in both:  # every schema holds
+            items.append((seq(jv.literal(name), jv.COLON, c.merged([(subschema, own), *found[name]], own)),
+                          name in required))
         else:
             items.append((_member(c, name, subschema, own), name in required))
-    items += [(_member(c, name, value_schema if name in found else additional,
-                            f"{pointer}/additionalProperties"), True)
-              for name in dict.fromkeys(required) if name not in properties]
-    member = seq(keys, jv.COLON, c.node(value_schema, pattern_at))
+    for name in dict.fromkeys(required):
+        if name not in properties:
+            value = (_all_of(c, found[name]) if name in found
+                     else c.node(additional, f"{pointer}/additionalProperties"))
+            items.append((seq(jv.literal(name), jv.COLON, value), True))
+    try:
+        keyed = [(keys, [schemas[i] for i in inside]) for keys, inside in _key_classes(
+            c, [alt(*(finding[s] for s in group)) for group in sources], both)]
+    except nfa.TooLarge as exc:
+        raise unsupported(at, f"patterns whose keys, split by the patterns that find them, pass the "
+                          f"automata's limit ({exc})") from exc
+    member = alt(*(seq(keys, jv.COLON, _all_of(c, held)) for keys, held in keyed))
     items.append((repeat(member, 1, None, jv.COMMA), False))
     if additional is not False and (explicit or not c.strict):
         # Then others: keys that no pattern finds and no declared name spells.
         declared = list(dict.fromkeys([*properties, *required]))
         plain = seq(jv.QUOTE, jv.other_than(declared), jv.QUOTE)
         try:
-            unfound = mx.difference(plain, keys, c.budget)
+            unfound = mx.difference(plain, alt(*finding.values()), c.budget)
         except nfa.TooLarge:
             unfound = NOTHING  # as under the strict reading: no others written
         if unfound != NOTHING:
             other = seq(unfound, jv.COLON, c.node(additional, f"{pointer}/additionalProperties"))
             items.append((repeat(other, 1, None, jv.COMMA), False))
     return seq(text("{"), members(items, jv.COMMA), text("}"))
+
+
+def _key_classes(c: Compiling, keys: list[Node], left_out: list[str]) -> list[tuple[Node, list[int]]]:
+    """The keys each set of patterns' groups finds and no other group does (one group: its keys),
+    less the names `left_out`; nfa.TooLarge past KEYS_STATES states."""
+    if left_out:
+        names = alt(*(jv.literal(name) for name in left_out))
+        keys = [mx.difference(k, names, c.budget, KEYS_STATES) for k in keys]
+    if len(keys) == 1:
+        return [(keys[0], [0])]
+    classes = []
+    for chosen in range(1, 1 << len(keys)):
+        inside = [i for i in range(len(keys)) if chosen >> i & 1]
+        node = keys[inside[0]]
+        for i in inside[1:]:
+            node = mx.intersection(node, keys[i], c.budget, KEYS_STATES)
+        outside = [keys[j] for j in range(len(keys)) if not chosen >> j & 1]
+        if outside and node != NOTHING:
+            node = mx.difference(node, alt(*outside), c.budget, KEYS_STATES)
+        if node != NOTHING:
+            classes.append((node, inside))
+    return classes
+
+
+def _all_of(c: Compiling, schemas: list[tuple[Any, str]]) -> Node:
+    return c.node(*schemas[0]) if len(schemas) == 1 else c.merged(schemas, schemas[0][1])
 
 
 def _member(c: Compiling, name: str, schema: Any, pointer: str) -> Node:

@@ -108,10 +108,11 @@ def difference(first: Node, second: Node, budget: Budget = UNBOUNDED,
     return _product(first, second, budget, keep_dead=True, accepts=lambda a, b: a and not b, limit=limit)
 
 
-def intersection(first: Node, second: Node, budget: Budget = UNBOUNDED) -> Node:
+def intersection(first: Node, second: Node, budget: Budget = UNBOUNDED,
+                 limit: int = MAX_MULTIPLE_STATES) -> Node:
     """The strings both nodes match, as a Machine: their DFAs walked side by side.
-    nfa.TooLarge past MAX_MULTIPLE_STATES states."""
-    return _product(first, second, budget, keep_dead=False, accepts=lambda a, b: a and b)
+    nfa.TooLarge past `limit` states."""
+    return _product(first, second, budget, keep_dead=False, accepts=lambda a, b: a and b, limit=limit)
 
 
 def _product(first: Node, second: Node, budget: Budget, keep_dead: bool, accepts: Any,
