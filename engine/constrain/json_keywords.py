@@ -72,7 +72,8 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
     both: allOf of its two schemas), required of both, the types both allow; any other keyword
     must be absent from one or equal in both (SCHEMA_UNSUPPORTED naming it otherwise). A member's
     additionalProperties sees its own properties alone, so where one side has one, the other side
-    may declare no property it does not (refused otherwise: the merge would admit them)."""
+    may declare no property it does not (refused otherwise: the merge would admit them). anyOf in
+    both: an alternative per pair of theirs (up to MAX_NOT_BRANCHES)."""
     for closed, other in ((merged, schema), (schema, merged)):
         if closed.get("additionalProperties", True) is not True:
             extra = set(other.get("properties", {})) - set(closed.get("properties", {}))
@@ -107,6 +108,13 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
             theirs = {json_key(v) for v in value}  # both: the values in both (none: nothing fits)
             merged[key] = [v for v in merged[key] if json_key(v) in theirs]
             merged[MERGED] = True
+        elif key == "anyOf" and merged[key] != value and isinstance(value, list) and \
+                isinstance(merged[key], list):
+            # (A1 or A2) and (B1 or B2): one alternative per pair that meets both.
+            if len(merged[key]) * len(value) > MAX_NOT_BRANCHES:
+                raise unsupported(f"{pointer}/anyOf", f"'anyOf' in two allOf members of more than "
+                                  f"{MAX_NOT_BRANCHES} pairs of alternatives")
+            merged[key] = [{"allOf": [mine, theirs]} for mine in merged[key] for theirs in value]
         elif merged[key] != value:
             raise unsupported(f"{pointer}/{escape(key)}",
                               f"{key!r} in more than one allOf member with different values")

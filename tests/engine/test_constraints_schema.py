@@ -266,6 +266,16 @@ def test_patterns_with_different_schemas_give_a_key_every_schema_of_the_patterns
         assert accepts(compiled, text) == validator.is_valid(instance), text
 
 
+def test_an_any_of_in_two_all_of_members_admits_what_meets_one_alternative_of_each() -> None:
+    schema = {"allOf": [{"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]},
+                        {"anyOf": [{"minimum": 5}, {"minLength": 1}]}]}
+    compiled = schema_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for instance in [3, 7, "", "a", "abc", 5.5, None]:
+        text = json.dumps(instance).encode()
+        assert accepts(compiled, text) == validator.is_valid(instance), text
+
+
 def test_pattern_properties_add_members_whose_keys_a_pattern_finds() -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
               "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False}
