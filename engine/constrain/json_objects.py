@@ -119,9 +119,13 @@ def _patterned(c: Compiling, schema: dict[str, Any], properties: dict[str, Any],
     patterns = schema["patternProperties"]
     if not isinstance(patterns, dict):
         raise invalid(at, "patternProperties must be an object")
-    for key in ("minProperties", "maxProperties"):
-        if key in schema:
-            raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'patternProperties'")
+    if "maxProperties" in schema:
+        raise unsupported(f"{pointer}/maxProperties", "'maxProperties' beside 'patternProperties'")
+    least = kw.count(schema, "minProperties", pointer, 0) or 0
+    nonempty = least == 1 and not required  # one member at least (_one_at_least)
+    if least > len(set(required)) and not nonempty:
+        raise unsupported(f"{pointer}/minProperties", "'minProperties' beside 'patternProperties' above "
+                          "the required count and 1 (the keys patterns find are not kept apart)")
     finding = {source: seq(jv.QUOTE, scalars.regex_found(source, f"{at}/{kw.escape(source)}"), jv.QUOTE)
                for source in patterns}
     groups: dict[str, list[str]] = {}  # the patterns of each schema
@@ -172,7 +176,7 @@ def _patterned(c: Compiling, schema: dict[str, Any], properties: dict[str, Any],
         if unfound != NOTHING:
             other = seq(unfound, jv.COLON, c.node(additional, f"{pointer}/additionalProperties"))
             items.append((repeat(other, 1, None, jv.COMMA), False))
-    return seq(text("{"), members(items, jv.COMMA), text("}"))
+    return seq(text("{"), members(_one_at_least(items) if nonempty else items, jv.COMMA), text("}"))
 
 
 def _key_classes(c: Compiling, keys: list[Node], left_out: list[str]) -> list[tuple[Node, list[int]]]:

@@ -238,6 +238,10 @@ def test_a_declared_property_a_pattern_finds_holds_both_schemas_and_is_written_o
 
 
 @pytest.mark.parametrize("schema", [
+    {"type": "object", "patternProperties": {"^[a-c]$": {"type": "integer"}}, "minProperties": 1,
+     "additionalProperties": False},
+    {"type": "object", "properties": {"a": {}}, "patternProperties": {"^b": {"type": "integer"}},
+     "minProperties": 1},
     {"type": "object", "properties": {"a": {}, "b": {"type": "integer"}}, "minProperties": 1},
     {"type": "object", "properties": {"a": {}, "b": {"type": "integer"}}, "minProperties": 1,
      "additionalProperties": False},
