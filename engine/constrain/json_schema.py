@@ -185,6 +185,8 @@ class _Compiler:
         value = schema["allOf"]
         if not isinstance(value, list) or not value:
             raise invalid(f"{pointer}/allOf", "allOf must be a non-empty list of schemas")
+        if len(value) == 1 and set(schema) & (ASSERTIONS | INTERNAL) == {"allOf"}:
+            return self.node(value[0], f"{pointer}/allOf/0")  # the member itself: a $ref may recurse
         exact = lowering.exactly(self, schema, [], pointer)
         if exact is not None:
             return exact

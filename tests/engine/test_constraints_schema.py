@@ -270,6 +270,18 @@ def test_patterns_with_different_schemas_give_a_key_every_schema_of_the_patterns
         assert accepts(compiled, text) == validator.is_valid(instance), text
 
 
+def test_an_all_of_of_one_recursive_ref_recurses_as_the_ref_does() -> None:
+    kids = {"type": "array", "items": {"allOf": [{"$ref": "#/$defs/n"}]}}
+    item = {"type": "object", "properties": {"v": {"type": "integer"}, "kids": kids},
+            "required": ["v"], "additionalProperties": False}
+    compiled = schema_of({"$defs": {"n": item}, "$ref": "#/$defs/n"})
+    deep: dict[str, Any] = {"v": 0}
+    for level in range(1, 12):
+        deep = {"v": level, "kids": [deep]}
+    assert accepts(compiled, json.dumps(deep, separators=(",", ":")).encode())
+    assert not accepts(compiled, b'{"v":1,"kids":[{"kids":[]}]}')
+
+
 def test_an_any_of_in_two_all_of_members_admits_what_meets_one_alternative_of_each() -> None:
     schema = {"allOf": [{"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]},
                         {"anyOf": [{"minimum": 5}, {"minLength": 1}]}]}
