@@ -23,6 +23,7 @@ DEAD, START = 0, 1
 class Dfa:
     table: np.ndarray  # int32 [states, 256]: the next state
     accepting: np.ndarray  # bool [states]
+    byte_class: np.ndarray  # int64 [256]: bytes of one class move alike from every state
 
     @property
     def states(self) -> int:
@@ -39,7 +40,7 @@ def determinize(nfa: Nfa, max_states: int, max_members: int = 5_000_000) -> Dfa:
     classes = np.asarray(rows, dtype=np.int32).reshape(-1, len(bounds) - 1)
     classes, accepting_arr = _prune(classes, np.asarray(accepting, dtype=bool))
     class_of_byte = np.searchsorted(np.asarray(bounds), np.arange(256), side="right") - 1
-    return Dfa(np.ascontiguousarray(classes[:, class_of_byte]), accepting_arr)
+    return Dfa(np.ascontiguousarray(classes[:, class_of_byte]), accepting_arr, class_of_byte)
 
 
 Moves = list[list[tuple[int, int, int]]]  # per NFA state: (first class, end class, target)

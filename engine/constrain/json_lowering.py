@@ -54,18 +54,7 @@ def _dependents(c: Subschemas, schema: dict[str, Any], base: dict[str, Any], poi
         if key in schema:
             options = [(after, schemas + more) for before, schemas in options
                        for after, more in _dependent(c, schema[key], before, f"{pointer}/{key}")]
-    nodes, refusal = [], None
-    for option, schemas in options:  # the alternatives that compile (all: exact)
-        try:
-            nodes.append(c.merged([(option, pointer), *schemas], pointer) if schemas
-                         else c.node(option, pointer))
-        except InvalidInput as exc:
-            if exc.reason != "SCHEMA_UNSUPPORTED" or len(options) == 1:
-                raise
-            refusal = refusal or exc
-    if not nodes and refusal is not None:
-        raise refusal
-    return alt(*nodes)
+    return _compiling(c, [[(option, pointer), *schemas] for option, schemas in options], pointer)
 
 
 def _conditional(c: Subschemas, schema: dict[str, Any], base: dict[str, Any], pointer: str) -> Node:
@@ -100,11 +89,12 @@ def _conditional(c: Subschemas, schema: dict[str, Any], base: dict[str, Any], po
 
 
 def _compiling(c: Subschemas, options: list[list[tuple[Any, str]]], pointer: str) -> Node:
-    """The alternatives (each members of an allOf) that compile; none: the first refusal."""
+    """The alternatives (each members of an allOf, or one schema) that compile; none: the first
+    refusal."""
     nodes, refusal = [], None
     for option in options:
         try:
-            nodes.append(c.merged(option, pointer))
+            nodes.append(c.merged(option, pointer) if len(option) > 1 else c.node(*option[0]))
         except InvalidInput as exc:
             if exc.reason != "SCHEMA_UNSUPPORTED":
                 raise

@@ -121,7 +121,7 @@ def _product(first: Node, second: Node, budget: Budget, keep_dead: bool, accepts
     accepting as `accepts(first accepts, second accepts)` says; bytes that neither DFA tells
     apart are walked once, as one class."""
     tables = [dfa.determinize(nfa.build(node, limit, budget), limit) for node in (first, second)]
-    kinds = [_byte_classes(t.table) for t in tables]
+    kinds = [t.byte_class for t in tables]
     joint, representative, of_byte = np.unique(kinds[0] * (int(kinds[1].max()) + 1) + kinds[1],
                                                return_index=True, return_inverse=True)
     ranges: list[list[tuple[int, int]]] = [[] for _ in joint]  # each class's bytes, as ranges
@@ -151,14 +151,6 @@ def _product(first: Node, second: Node, budget: Budget, keep_dead: bool, accepts
         edges.append(out)
     ends = [table.accepting.tolist() for table in tables]
     return machine(edges, [accepts(ends[0][a], ends[1][b]) for a, b in order])
-
-
-def _byte_classes(table: np.ndarray) -> np.ndarray:
-    """Each byte's class: bytes whose columns (every state's move on them) are equal share one
-    (a hash of each column: np.unique(axis=0) sorts 256 rows as long as the DFA, seconds at 20,000)."""
-    columns = np.ascontiguousarray(table.T)
-    seen: dict[bytes, int] = {}
-    return np.array([seen.setdefault(columns[byte].tobytes(), len(seen)) for byte in range(256)], np.int64)
 
 
 def matcher(node: Node, budget: Budget = UNBOUNDED) -> Callable[[bytes], bool]:
