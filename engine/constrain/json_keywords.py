@@ -42,6 +42,9 @@ INTERNAL = frozenset({MERGED, EXCLUDED, UNMATCHED, MATCHED, OWN_FIRST})
 ALONE = "$alone"  # set by alone: additionalProperties was a member's own unevaluatedProperties
 MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
 MAX_NOT_BRANCHES = 16  # not of required lists: the choices of names left out written exactly
+MAX_CONDITIONS = 3  # allOf members with if/then/else written as alternatives
+MAX_CONDITION_BRANCHES = 4  # alternatives for one of them (its if and its not, each as _without writes it)
+MAX_DEPENDENT_CHOICES = 16  # dependencies: the choices of optional names present written exactly
 # Keywords rewritten into the others (json_lowering.py) before a schema is compiled.
 LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
 KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {
@@ -108,6 +111,9 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
             theirs = {json_key(v) for v in value}  # both: the values in both (none: nothing fits)
             merged[key] = [v for v in merged[key] if json_key(v) in theirs]
             merged[MERGED] = True
+        elif key == "const" and json_key(merged[key]) != json_key(value):  # no value is both
+            merged["enum"] = []
+            merged[MERGED] = True
         elif key == "anyOf" and merged[key] != value and isinstance(value, list) and \
                 isinstance(merged[key], list):
             # (A1 or A2) and (B1 or B2): one alternative per pair that meets both.
@@ -118,6 +124,19 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
         elif merged[key] != value:
             raise unsupported(f"{pointer}/{escape(key)}",
                               f"{key!r} in more than one allOf member with different values")
+
+
+def properties_lead(schema: dict[str, Any], *applicators: str) -> bool:
+    """Whether a schema's own properties come before what its applicators ($ref, allOf) bring: set
+    so (OWN_FIRST), or `properties` written ahead of them (a schema is read in its keys' order,
+    as llguidance orders properties)."""
+    if schema.get(OWN_FIRST):
+        return True
+    keys = list(schema)
+    if "properties" not in keys:
+        return False
+    after = [keys.index(a) for a in applicators if a in keys]
+    return bool(after) and keys.index("properties") < min(after)
 
 
 ITEM_KEYWORDS = ("prefixItems", "items", "additionalItems", "unevaluatedItems")
@@ -289,9 +308,24 @@ def disjoint(first: Any, second: Any) -> bool:
     own: list[dict[str, Any]] = [s["properties"] if isinstance(s.get("properties"), dict) else {}
                                  for s in (first, second)]
     needed = {n for s in (first, second) if isinstance(s.get("required"), list) for n in s["required"]}
+    if _forbids_required(first, second) or _forbids_required(second, first):
+        return True
     return any(_apart(_fixed_values(own[0][name]), _fixed_values(own[1][name]))
                or _counts_apart(own[0][name], own[1][name])
                for name in set(own[0]) & set(own[1]) & needed)
+
+
+def _forbids_required(first: dict[str, Any], second: dict[str, Any]) -> bool:
+    """Whether an object `first` requires holds a name `second` never admits (declared False, or
+    left out by `"additionalProperties": false` with no patternProperties), and both admit only
+    objects, so nothing meets both."""
+    if _declared_types(first) != ["object"] and _declared_types(second) != ["object"]:
+        return False
+    required = first.get("required")
+    own = second.get("properties") if isinstance(second.get("properties"), dict) else {}
+    closed = second.get("additionalProperties") is False and not second.get("patternProperties")
+    return isinstance(required, list) and any(
+        isinstance(name, str) and (own.get(name) is False or closed and name not in own) for name in required)
 
 
 _COUNTS = (("array", "minItems", "maxItems"), ("string", "minLength", "maxLength"))

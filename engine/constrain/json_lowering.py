@@ -5,6 +5,7 @@ one the original rejects, or refused naming the keyword. What they need of the c
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 from engine.constrain import json_keywords as kw
@@ -12,13 +13,16 @@ from engine.constrain.json_keywords import (
     ASSERTIONS,
     EXCLUDED,
     LOWERED,
+    MAX_CONDITION_BRANCHES,
+    MAX_CONDITIONS,
+    MAX_DEPENDENT_CHOICES,
     MAX_NOT_BRANCHES,
     TYPE_KEYWORDS,
     UNMATCHED,
     invalid,
     unsupported,
 )
-from engine.constrain.json_parts import Subschemas
+from engine.constrain.json_parts import Combining, Subschemas
 from engine.constrain.pattern import Node, alt
 from engine.errors import InvalidInput
 
@@ -77,15 +81,88 @@ def _conditional(c: Subschemas, schema: dict[str, Any], base: dict[str, Any], po
         if exc.reason != "SCHEMA_UNSUPPORTED":
             raise
         negated = None
-    if negated is not None:
-        otherwise = True if otherwise is None else otherwise
-        return _compiling(c, [[(rest, pointer), (schema["if"], f"{pointer}/if"), (then, f"{pointer}/then")],
-                              *([(b, pointer), (otherwise, f"{pointer}/else")] for b in negated)], pointer)
-    if otherwise is None:
-        return c.merged([(rest, pointer), (then, f"{pointer}/then")], pointer)
-    given = (schema["if"], f"{pointer}/if")
-    return _compiling(c, [[(rest, pointer), (then, f"{pointer}/then"), (otherwise, f"{pointer}/else")],
-                          [(rest, pointer), given, (then, f"{pointer}/then")]], pointer)
+    exact_options = None if negated is None else [
+        [(rest, pointer), (schema["if"], f"{pointer}/if"), (then, f"{pointer}/then")],
+        *([(b, pointer), (True if otherwise is None else otherwise, f"{pointer}/else")] for b in negated)]
+    if exact_options is not None:
+        whole = _all_compiling(c, exact_options, pointer)
+        if whole is not None:
+            return whole
+    try:  # then always (no else); else "then and else both" or "if and then"
+        if otherwise is None:
+            return c.merged([(rest, pointer), (then, f"{pointer}/then")], pointer)
+        given = (schema["if"], f"{pointer}/if")
+        return _compiling(c, [[(rest, pointer), (then, f"{pointer}/then"), (otherwise, f"{pointer}/else")],
+                              [(rest, pointer), given, (then, f"{pointer}/then")]], pointer)
+    except InvalidInput as exc:
+        if exc.reason != "SCHEMA_UNSUPPORTED" or exact_options is None:
+            raise
+        return _compiling(c, exact_options, pointer)  # the exact alternatives that compile
+
+
+def conditions_apart(c: Combining, schema: dict[str, Any], pointer: str) -> Node | None:
+    """An allOf whose members (a $ref's or a nested allOf's too) hold if/then/else, as
+    alternatives: for the first such member "if and then" and "not if and else" (each then
+    compiled the same way, for the next), exactly where the if and its `not` can be written
+    (_holding, _without); None where they cannot, past MAX_CONDITIONS members with an if or
+    MAX_CONDITION_BRANCHES alternatives for one (flattened then holds a then always: a part of
+    what they allow)."""
+    members = _spliced(c, schema["allOf"], 0)
+    found = [i for i, m in enumerate(members) if isinstance(m, dict) and "if" in m]
+    if not found or len(found) > MAX_CONDITIONS:
+        return None
+    i = found[0]
+    member = members[i]
+    rest = {k: v for k, v in member.items() if k not in ("if", "then", "else")}
+    at = f"{pointer}/allOf/{i}"
+    try:
+        holds = _holding(c, member["if"], rest, f"{at}/if")
+        fails = _without(c, member["if"], rest, f"{at}/if")
+    except InvalidInput as exc:
+        if exc.reason != "SCHEMA_UNSUPPORTED":
+            raise
+        return None
+    options = [{**schema, "allOf": [*members[:i], {"allOf": [b, member.get(branch, True)]}, *members[i + 1:]]}
+               for branch, bases in (("then", holds), ("else", fails)) for b in bases]
+    if len(options) > MAX_CONDITION_BRANCHES:
+        return None
+    return _all_compiling(c, [[(option, pointer)] for option in options], pointer)
+
+
+def _spliced(c: Combining, members: Any, depth: int) -> list[Any]:
+    """allOf members with a member that is a $ref or an allOf alone replaced by its members."""
+    if not isinstance(members, list):
+        return [members]
+    out: list[Any] = []
+    for member in members:
+        seen = c.in_view(member)
+        if (depth < 4 and isinstance(seen, dict) and isinstance(seen.get("allOf"), list)
+                and {k for k in seen if k in ASSERTIONS} == {"allOf"}):
+            out += _spliced(c, seen["allOf"], depth + 1)
+        else:
+            out.append(seen if seen is not member and isinstance(seen, dict) and "if" in seen else member)
+    return out
+
+
+def _holding(c: Subschemas, condition: Any, base: dict[str, Any], pointer: str) -> list[dict[str, Any]]:
+    """`base` and `condition` as alternatives: a condition `not X` as `base` without X, any other
+    as the two merged."""
+    shape = {k: v for k, v in condition.items() if k in ASSERTIONS} if isinstance(condition, dict) else None
+    if shape is not None and set(shape) == {"not"}:
+        return _without(c, shape["not"], base, pointer)
+    return [{"allOf": [base, condition]}]
+
+
+def _all_compiling(c: Subschemas, options: list[list[tuple[Any, str]]], pointer: str) -> Node | None:
+    """The alternatives (each members of an allOf, or one schema) if every one compiles; None
+    where one is refused as unsupported (the caller's coarser reading then)."""
+    try:
+        return alt(*(c.merged(option, pointer) if len(option) > 1 else c.node(*option[0])
+                     for option in options))
+    except InvalidInput as exc:
+        if exc.reason != "SCHEMA_UNSUPPORTED":
+            raise
+        return None
 
 
 def _compiling(c: Subschemas, options: list[list[tuple[Any, str]]], pointer: str) -> Node:
@@ -193,6 +270,8 @@ def _without(c: Subschemas, negated: Any, base: dict[str, Any], pointer: str) ->
         if "contains" in base:
             raise unsupported(pointer, "'not' of 'items' beside 'contains'")
         return [{**base, "type": "array", "contains": {"not": shape["items"]}}]
+    if shape is not None and set(shape) == {"properties"} and isinstance(shape["properties"], dict):
+        return _without_properties(c, shape["properties"], base, pointer)
     if shape is not None and set(shape) == {"allOf"} and _all_required(shape["allOf"]):
         shape = {"required": [n for m in shape["allOf"] for n in m["required"]]}  # one list of them all
     if shape is not None and set(shape) == {"type"}:
@@ -227,13 +306,33 @@ def _without(c: Subschemas, negated: Any, base: dict[str, Any], pointer: str) ->
     return [{**base, "properties": {**properties, **dict.fromkeys(combo, False)}} for combo in combos]
 
 
+def _without_properties(c: Subschemas, negated: dict[str, Any], base: dict[str, Any],
+                        pointer: str) -> list[dict[str, Any]]:
+    """`base` and not `properties`: an object holding one of those names with a value its schema
+    there rejects, an alternative per name (`not` of the value written as `lowered` writes it);
+    every non-object meets `properties`, so objects only."""
+    if not {"object", "any"} & set(c.types(base, pointer)):
+        return []
+    own = base.get("properties", {})
+    options = []
+    for name, schema in negated.items():
+        if schema is True or schema == {} or own.get(name) is False:
+            continue  # every value meets it, or the name is never written
+        if own.get(name) is None and base.get("additionalProperties") is False:
+            continue
+        inner = {"not": schema} if own.get(name) is None else {"allOf": [own[name], {"not": schema}]}
+        options.append({**base, "type": "object", "required": [*base.get("required", []), name],
+                        "properties": {**own, name: inner}})
+    return options
+
+
 def _dependent(c: Subschemas, value: Any, base: dict[str, Any],
                pointer: str) -> list[tuple[dict[str, Any], list[tuple[Any, str]]]]:
     """Alternatives of `base` with the dependencies' names required and the dependent schemas
-    to hold. A declared optional property with a dependency: present with it or absent, one
-    alternative per choice (exact) up to MAX_NOT_BRANCHES of them; past them its names are
-    required always and a property with a dependent schema is left out (a part of what they
-    allow). A dependency on a name written undeclared (a map's key, a key a pattern finds) is
+    to hold. The declared optional properties with a dependency: each choice of those present
+    (the rest absent) whose present names' dependency lists name none absent, one alternative
+    each (exact), up to MAX_DEPENDENT_CHOICES; past them (`_one_choice`) a part of what they
+    allow. A dependency on a name written undeclared (a map's key, a key a pattern finds) is
     refused."""
     if not isinstance(value, dict):
         raise invalid(pointer, "dependencies must be an object")
@@ -246,16 +345,48 @@ def _dependent(c: Subschemas, value: Any, base: dict[str, Any],
     optional = [name for name, dependent in value.items()
                 if name in base.get("properties", {}) and name not in given
                 and not (dependent is True or dependent == [] or dependent == {})]
-    if optional and 2 ** len(optional) <= MAX_NOT_BRANCHES:
-        options = []
-        for present in itertools.product((True, False), repeat=len(optional)):
-            chosen = dict(base)
-            pairs = list(zip(optional, present, strict=True))
-            chosen["required"] = [*base.get("required", []), *(n for n, p in pairs if p)]
-            chosen["properties"] = {**base.get("properties", {}), **{n: False for n, p in pairs if not p}}
-            options.append(_dependent_of(c, value, chosen, pointer))
-        return options
-    return [_dependent_of(c, value, base, pointer)]
+    choices = list(itertools.islice(_choices(optional, value), MAX_DEPENDENT_CHOICES + 1))
+    if len(choices) > MAX_DEPENDENT_CHOICES:
+        choices = [_one_choice(optional, value)]
+    options = []
+    for present in choices:
+        chosen = dict(base)
+        chosen["required"] = [*base.get("required", []), *(n for n in optional if n in present)]
+        chosen["properties"] = {**base.get("properties", {}),
+                                **{n: False for n in optional if n not in present}}
+        options.append(_dependent_of(c, value, chosen, pointer))
+    return options
+
+
+def _choices(optional: list[str], value: dict[str, Any]) -> Iterator[frozenset[str]]:
+    """The sets of `optional` names present whose dependency lists name no optional name absent,
+    present ones first (lazily: the caller stops at its bound)."""
+    def needs(name: str) -> set[str]:
+        dependent = value[name]
+        return {d for d in dependent if d in optional} if isinstance(dependent, list) else set()
+
+    def grow(i: int, present: frozenset[str], absent: frozenset[str]) -> Iterator[frozenset[str]]:
+        if i == len(optional):
+            yield present
+            return
+        name = optional[i]
+        if name not in absent and not needs(name) & absent:
+            yield from grow(i + 1, present | {name}, absent)
+        if name not in present and not any(name in needs(p) for p in present):
+            yield from grow(i + 1, present, absent | {name})
+
+    yield from grow(0, frozenset(), frozenset())
+
+
+def _one_choice(optional: list[str], value: dict[str, Any]) -> frozenset[str]:
+    """One choice for too many: a name with a list dependency present (its names required) unless
+    the list names a name absent; a name with a dependent schema absent (the schema moot)."""
+    present = {n for n in optional if isinstance(value[n], list)}
+    while True:
+        dropped = {n for n in present if any(d in optional and d not in present for d in value[n])}
+        if not dropped:
+            return frozenset(present)
+        present -= dropped
 
 
 def _dependent_of(c: Subschemas, value: dict[str, Any], base: dict[str, Any],

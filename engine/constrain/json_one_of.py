@@ -76,8 +76,7 @@ class OneOf:
         member", never more). None where no other member needs ruling out or it cannot be written
         so (the member alone then: anyOf's reading, which admits a value two members both meet)."""
         mine = self.c.in_view(member)
-        given = [n for s in (mine, beside) if isinstance(s, dict) and isinstance(s.get("required"), list)
-                 for n in s["required"]]
+        given = sorted(self._needed(mine) | self._needed(beside))
         lists, deeper = [], []
         for other in others:
             theirs = self.c.in_view(other)
@@ -101,6 +100,24 @@ class OneOf:
             if exc.reason != "SCHEMA_UNSUPPORTED":
                 raise
             return None
+
+    def _needed(self, schema: Any, depth: int = 0) -> set[str]:
+        """The names every value a schema admits holds: its `required`, every allOf member's, and
+        those all of an anyOf's or oneOf's members require (`{"oneOf": [{"required": ["a", "b"]},
+        {"required": ["a", "c"]}]}` needs `a`)."""
+        schema = self.c.in_view(schema)
+        if not isinstance(schema, dict) or depth > 8:
+            return set()
+        own = schema.get("required")
+        names = {n for n in own if isinstance(n, str)} if isinstance(own, list) else set()
+        members = schema.get("allOf")
+        if isinstance(members, list):
+            names.update(*(self._needed(m, depth + 1) for m in members))
+        for key in ("anyOf", "oneOf"):
+            members = schema.get(key)
+            if isinstance(members, list) and members:
+                names |= set.intersection(*(self._needed(m, depth + 1) for m in members))
+        return names
 
     def _required_inside(self, mine: Any, theirs: Any, names: list[str]) -> tuple[str, list[str]] | None:
         """A property the other member requires whose object there requires names this member's

@@ -137,7 +137,8 @@ class _Compiler:
         beside = {k: v for k, v in schema.items() if k != key and k in ASSERTIONS}
         value = schema[key]
         if key == "$ref":
-            return self._ref(value, pointer, beside)
+            lead = {OWN_FIRST: True} if beside and kw.properties_lead(schema, "$ref") else {}
+            return self._ref(value, pointer, {**beside, **lead})
         if not isinstance(value, list) or not value:
             raise invalid(f"{pointer}/{key}", f"{key} must be a non-empty list of schemas")
         parts = []
@@ -178,7 +179,7 @@ class _Compiler:
             seen += 1
         return schema
 
-    def _all_of(self, schema: dict[str, Any], pointer: str) -> Node:
+    def _all_of(self, schema: dict[str, Any], pointer: str, at: list[str] | None = None) -> Node:
         """allOf as one schema: its members (and the keywords beside it, one more member) merged,
         each keyword once. Members that are local $refs are merged as their targets; members of
         if/then/else alone on one property's value, exactly (json_lowering.exactly)."""
@@ -188,11 +189,14 @@ class _Compiler:
         if len(value) == 1 and set(schema) & (ASSERTIONS | INTERNAL) == {"allOf"}:
             return self.node(value[0], f"{pointer}/allOf/0")  # the member itself: a $ref may recurse
         exact = lowering.exactly(self, schema, [], pointer)
+        if exact is None:
+            exact = lowering.conditions_apart(self, schema, pointer)
         if exact is not None:
             return exact
         beside = {k: v for k, v in schema.items() if k not in ("allOf", OWN_FIRST)}
-        members = [(m, f"{pointer}/allOf/{i}") for i, m in enumerate(value)]
-        ordered = [(beside, pointer), *members] if schema.get(OWN_FIRST) else [*members, (beside, pointer)]
+        members = [(m, at[i] if at else f"{pointer}/allOf/{i}") for i, m in enumerate(value)]
+        ordered = ([(beside, pointer), *members] if kw.properties_lead(schema, "allOf", "$ref")
+                   else [*members, (beside, pointer)])
         return self.merged(ordered, pointer)
 
     def merged(self, members: list[tuple[Any, str]], pointer: str) -> Node:
@@ -222,7 +226,8 @@ class _Compiler:
                                reason="CONSTRAINT_TOO_LARGE", field=FIELD)
         self._count(pointer)
         own = {k: v for k, v in member.items() if k in ASSERTIONS or k in INTERNAL}
-        own_first = own.pop(OWN_FIRST, False)
+        own_first = kw.properties_lead(own, "$ref", "allOf")
+        own.pop(OWN_FIRST, None)
         merged: dict[str, Any] = {}
         ref = own.pop("$ref", None)
         nested = own.pop("allOf", None)
@@ -266,7 +271,7 @@ class _Compiler:
         self.entered[target] = self.entered.get(target, 0) + 1
         try:
             if beside:
-                return self._all_of({"allOf": [schema], **beside}, pointer)
+                return self._all_of({"allOf": [schema], **beside}, pointer, [target])
             return self.node(schema, target)
         finally:
             self.entered[target] -= 1

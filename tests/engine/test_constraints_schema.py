@@ -95,7 +95,7 @@ def test_the_corpus_holds_forty_schemas_or_more() -> None:
     ({"allOf": [{"properties": {"foo": {}}}, {"unevaluatedProperties": False}]},
      "/allOf/1/unevaluatedProperties"),
     ({"$defs": {"a": {"unevaluatedProperties": False}}, "properties": {"p": {}}, "$ref": "#/$defs/a"},
-     "/unevaluatedProperties"),
+     "/$defs/a/unevaluatedProperties"),
     ({"type": "object", "properties": {"a": {}}, "patternProperties": {"^b": {}},
       "dependentSchemas": {"bar": {"required": ["a"]}}}, "/dependentSchemas/bar"),
     ({"$ref": "#foo", "$defs": {"a": {"$anchor": "foo", "type": "integer"}}}, "/$ref"),
@@ -744,11 +744,72 @@ THREE = {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "inte
 
 
 @pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": THREE, "dependencies": {"a": ["b"], "b": ["c"]}},
+    {"type": "object", "properties": THREE, "dependencies": {"c": ["a"], "a": {"required": ["b"]}}},
+])
+def test_chained_dependencies_admit_exactly_what_the_schema_validates(schema: Any) -> None:
+    check_combinations(schema)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": THREE, "allOf": [
+        {"if": {"not": {"properties": {"a": {"const": 5}}}}, "then": {"required": ["c"]}},
+        {"if": {"properties": {"c": {"const": 1}}, "required": ["c"]}, "then": {"required": ["b"]}}]},
+    {"$defs": {"auth": {"allOf": [
+        {"if": {"not": {"properties": {"a": {"const": 1}}}}, "then": {"properties": {"b": {"const": 5}}}},
+        {"if": {"not": {"properties": {"b": {"const": 2}}}}, "then": {"properties": {"a": {"const": 5}}}}]}},
+     "type": "object", "properties": THREE, "allOf": [{"$ref": "#/$defs/auth"}],
+     "additionalProperties": False},
+])
+def test_if_then_else_in_all_of_members_admits_exactly_what_the_schema_validates(schema: Any) -> None:
+    check_combinations(schema)
+
+
+def test_properties_written_before_an_all_of_lead_and_after_it_follow() -> None:
+    member = {"properties": {"b": {"type": "integer"}}, "required": ["b"]}
+    ahead = schema_of({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                       "allOf": [member]})
+    assert accepts(ahead, b'{"a":1,"b":2}') and not accepts(ahead, b'{"b":2,"a":1}')
+    behind = schema_of({"allOf": [member], "type": "object", "properties": {"a": {"type": "integer"}},
+                        "required": ["a"]})
+    assert accepts(behind, b'{"b":2,"a":1}') and not accepts(behind, b'{"a":1,"b":2}')
+
+
+# TextMate grammars' pattern object: more dependencies than MAX_DEPENDENT_CHOICES, lists naming
+# names that have dependent schemas.
+TEXTMATE_DEPENDENCIES = {
+    "begin": {"anyOf": [{"required": ["end"]}, {"required": ["while"]}]}, "end": ["begin"],
+    "while": ["begin"],
+    "contentName": {"anyOf": [{"required": ["begin", "end"]}, {"required": ["begin", "while"]}]},
+    "beginCaptures": {"required": ["begin"]}, "whileCaptures": ["begin", "while"],
+    "endCaptures": ["begin", "end"], "applyEndPatternLast": ["end"]}
+
+
+def test_more_dependencies_than_written_exactly_keep_a_part_that_validates() -> None:
+    names = ["match", "name", *TEXTMATE_DEPENDENCIES]
+    schema = {"type": "object", "properties": {n: {"type": "string"} for n in names},
+              "dependencies": TEXTMATE_DEPENDENCIES, "additionalProperties": False}
+    compiled = schema_of(schema)
+    assert accepts(compiled, b"{}") and accepts(compiled, b'{"match":"a","name":"b"}')
+    candidates = [{n: "x" for n in chosen} for k in range(4) for chosen in itertools.combinations(names, k)]
+    for instance in candidates:
+        if accepts(compiled, json.dumps(instance, separators=(",", ":")).encode()):
+            assert jsonschema.Draft7Validator(schema).is_valid(instance), instance
+
+
+@pytest.mark.parametrize("schema", [
     {"type": "object", "properties": THREE, "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
     {"type": "object", "properties": THREE,
      "additionalProperties": False, "required": ["c"], "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
     {"$defs": {"x": {"type": "object", "required": ["a", "c"]}}, "type": "object", "properties": THREE,
      "oneOf": [{"$ref": "#/$defs/x"}, {"required": ["b"]}]},
+    {"type": "object", "oneOf": [
+        {"properties": THREE, "additionalProperties": False,
+         "anyOf": [{"required": ["a", "b"]}, {"required": ["a", "c"]}]},
+        {"properties": {"a": THREE["a"]}, "required": ["a"], "additionalProperties": False}]},
+    {"type": "object", "oneOf": [
+        {"required": ["c"], "properties": THREE},
+        {"properties": {"a": THREE["a"], "b": THREE["b"]}, "additionalProperties": False}]},
 ])
 def test_one_of_members_that_require_names_are_kept_apart_exactly(schema: Any) -> None:
     check_combinations(schema)
