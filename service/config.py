@@ -75,7 +75,9 @@ class Config:
     http_body_timeout_seconds: float = 60.0  # a request's whole body
     http_idle_timeout_seconds: float = 75.0  # a kept-alive connection with no request this long is closed
     http_cors_origins: tuple[str, ...] = ()  # origins browsers may call from; "*" any; () = CORS off
-    frontends: int = 0  # gRPC frontend processes sharing the port (service/relay.py); 0 = in this process
+    # gRPC frontend processes sharing the port (service/relay.py); 0 = in this process, None = auto:
+    # 2 on CUDA (+28-42 % saturated throughput on the H200), 0 on CPU.
+    frontends: int | None = None
     # What gRPC connections may hold (service/ports.py): each process serving the port caps its own.
     grpc_max_connections: int | None = None  # None = auto: half the process's open-file limit
     grpc_max_concurrent_streams: int = 4096  # calls one connection may have open at once
@@ -149,6 +151,13 @@ class Config:
         if self.model_precision != "auto":
             return self.model_precision
         return "fp16" if self.provider == "cuda" else "int4"
+
+    @property
+    def frontend_processes(self) -> int:
+        """gRPC frontend processes: as configured, else 2 on CUDA and none on CPU."""
+        if self.frontends is not None:
+            return self.frontends
+        return 2 if self.provider == "cuda" else 0
 
     @property
     def tls(self) -> bool:

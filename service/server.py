@@ -82,7 +82,7 @@ class LadderServer:
         self.interceptors = chain(self.access_log, self._gate, config.auth_tokens, peer_calls=peer_calls)
         # gRPC in this process, or in frontend processes that relay every call here (relay.py).
         options = server_options(config.max_message_bytes, ConnectionLimits.of(config))
-        self.grpc = (None if config.frontends
+        self.grpc = (None if config.frontend_processes
                      else grpc.aio.server(interceptors=self.interceptors, options=options))
         self.frontends: Frontends | None = None
         self.port = 0
@@ -141,7 +141,7 @@ class LadderServer:
                 await self._stop_grpc(0)
                 raise
         log.info("listening", port=self.port, http_port=self.config.http_port, tls=self.config.tls,
-                 auth=self.config.auth, frontends=self.config.frontends)
+                 auth=self.config.auth, frontends=self.config.frontend_processes)
         return self.port
 
     async def _start_frontends(self, methods: Methods) -> int:
@@ -149,7 +149,7 @@ class LadderServer:
         settings = {"host": self.config.host, "tls": tls_material(self.config),
                     "log_level": self.config.log_level, "max_message_bytes": self.config.max_message_bytes,
                     "connections": ConnectionLimits.of(self.config).settings()}
-        self.frontends = Frontends(self.config.frontends, methods, self.interceptors, settings, self._fault)
+        self.frontends = Frontends(self.config.frontend_processes, methods, self.interceptors, settings, self._fault)
         try:
             return await self.frontends.start(self.config.port)
         except BaseException:

@@ -33,6 +33,13 @@ def test_defaults_are_the_documented_ports_and_limits() -> None:
     assert config.model == "default" and config.padding and not config.tls and not config.auth
 
 
+def test_frontends_default_to_two_on_cuda_and_none_on_cpu_unless_asked() -> None:
+    assert load_config({}, []).frontend_processes == 0
+    assert load_config({}, ["--provider", "cuda"]).frontend_processes == 2
+    assert load_config({}, ["--provider", "cuda", "--frontends", "0"]).frontend_processes == 0
+    assert load_config({"LADDER_FRONTENDS": "3"}, []).frontend_processes == 3
+
+
 def test_every_field_reads_back_its_own_default_from_text_by_its_type() -> None:
     defaults, kinds = Config(), typing.get_type_hints(Config)
     for field in fields(Config):
