@@ -20,7 +20,7 @@ import structlog
 
 from engine.errors import InvalidInput, OverCapacity
 from engine.executor import DecodeRow, Engine, Session
-from engine.executor.step import Choose, Close, Fork, Open, Prefill, PrefillProgress, Rewind
+from engine.executor.step import Choose, Close, Fork, Open, Prefill, Rewind
 from engine.sampling import Sampler
 from engine.tokenizer import Tokenizer
 from service.calls import Prompt, Stopping
@@ -37,7 +37,7 @@ from service.events import (
 )
 from service.jobs import Result
 from service.min_tokens import released, structured
-from service.rounds import Lend, Timed, Token, Tokens
+from service.rounds import Feed, Lend, Timed, Token, Tokens, ask
 from service.sessions import SessionState
 from service.stop_text import StopText
 
@@ -187,7 +187,7 @@ def prefill_steps(session: Session, tokens: Sequence[int], tally: PrefillTally, 
     request = Prefill(session, tuple(tokens), share, logprob_top, tuple(copies), tuple(samplers),
                       batchable=batchable)
     while True:
-        progress: PrefillProgress = yield request
+        progress = yield from ask(request)
         tally.shared_rows += progress.shared
         report = progress.report
         if report is not None:
@@ -217,7 +217,7 @@ def decode_steps(model: ServedModel, session: Session, sampler: Sampler, stoppin
     stream = model.tokenizer.stream(skip_special=True) if model.tokenizer is not None else None
     stop_text = StopText(stopping.stop, stopping.include_stop, armed=stopping.min_new_tokens <= 1)
     reason = Finish.LENGTH
-    token = first if first is not None else (yield Choose(session, sampler))
+    token = first if first is not None else (yield from ask(Choose(session, sampler)))
     for index in range(stopping.max_new_tokens):
         if index + 1 >= stopping.min_new_tokens:  # this token makes min_tokens: it may end the sample
             stop_text.armed = True
@@ -231,10 +231,10 @@ def decode_steps(model: ServedModel, session: Session, sampler: Sampler, stoppin
         if index + 1 < stopping.max_new_tokens:
             # The token chosen here is fed next only if another follows it or the session keeps it.
             more = (index + 2 < stopping.max_new_tokens or feed_last) and session.length + 2 <= model.capacity
-            token = yield Token(DecodeRow(session, token, sampler, more))
+            token = yield from ask(Token(DecodeRow(session, token, sampler, more)))
     tail = "" if stop_text.stopped or stream is None else stop_text.push(stream.flush()) + stop_text.held
     if feed_last and session.length + 1 <= model.capacity:
-        yield Token(DecodeRow(session, token))  # fed, not chosen from: the next Decode chooses
+        yield from ask(Feed(DecodeRow(session, token)))  # fed, not chosen from: the next Decode chooses
     yield Finished(reason, tail, session.length, sample)
 
 
@@ -259,7 +259,7 @@ def generate_body(model: ServedModel, tokens: list[int], samplers: Sequence[Samp
     prefills the rest; the others start from a copy of its KV rows and logits, every first token
     is chosen with the prefill's last forward, and every sample decodes in the same forwards."""
     shared = () if prompt_logprobs is not None else tuple(tokens)
-    sessions: list[Session] = yield Lend(Open(shared, scope, len(samplers)))
+    sessions = yield from ask(Lend(Open(shared, scope, len(samplers))))
     yield Started(time.perf_counter())
     first = sessions[0]
     tally.shared_rows += first.length
@@ -286,7 +286,7 @@ def side_by_side(bodies: list[Generator[Any, Any, None]]) -> Generator[Any, Any,
                 else:
                     wants[i] = row
             if wants:
-                tokens = yield Tokens(tuple(wants.values()))
+                tokens = yield from ask(Tokens(tuple(wants.values())))
                 replies.update(zip(wants, tokens, strict=True))
     finally:
         for body in live.values():
@@ -331,7 +331,7 @@ def decode_body(model: ServedModel, state: SessionState, sampler: Sampler,
 
 def close_body(state: SessionState, reason: str = "") -> Generator[Any, Any, None]:
     """Return the session's KV slot; answers the tokens it held (logged with `reason`)."""
-    length = yield Close(state.session)
+    length = yield from ask(Close(state.session))
     if reason:
         log.info("session_closed", session=state.id, reason=reason, length=length)
     yield Result(length)
@@ -341,7 +341,7 @@ def peek_body(model: ServedModel, state: SessionState, sampler: Sampler) -> Gene
     """The token the sampler picks from the session's logits, not fed: the session is left as it is
     (PrefillDone's preview of the next token)."""
     session = state.session
-    token = yield Choose(session, sampler)
+    token = yield from ask(Choose(session, sampler))
     text = model.tokenizer.decode([token]) if model.tokenizer is not None else ""
     yield Result(PrefillFinished(session.length, token, text))
 
@@ -354,10 +354,10 @@ class Forked:
 
 def fork_body(state: SessionState, length: int | None) -> Generator[Any, Any, None]:
     """A new engine session holding a copy of the session's first `length` tokens (None: all)."""
-    session, seconds = yield Timed(Fork(state.session, length))
+    session, seconds = yield from ask(Timed(Fork(state.session, length)))
     yield Result(Forked(session, seconds * 1e3))
 
 
 def rewind_body(state: SessionState, length: int) -> Generator[Any, Any, None]:
     """Keep the first `length` tokens; the engine restores the logits of the tokens kept."""
-    yield Result((yield Rewind(state.session, length)))
+    yield Result((yield from ask(Rewind(state.session, length))))

@@ -40,7 +40,8 @@ class Job:
     """One request on the worker: its generator and the asyncio queue its events go to."""
 
     def __init__(self, body: Body, loop: asyncio.AbstractEventLoop, bounded: bool, serial: int,
-                 wake: Callable[[], None], outbox: Callable[[Job, Any], None], hold: bool = False) -> None:
+                 cancelled: Callable[[Job], None], outbox: Callable[[Job, Any], None],
+                 hold: bool = False) -> None:
         self.body = body
         self.bounded = bounded  # counts toward the queue bound (requests, not internal calls)
         self.hold = hold  # events wait for the end of the job (a unary call needs them only then)
@@ -55,7 +56,7 @@ class Job:
         self.reply: Any = None
         self.error: BaseException | None = None  # thrown into the body at its next step
         self.done = False
-        self._wake = wake
+        self._cancelled = cancelled  # tells the worker (thread-safe)
         self._outbox = outbox
         self.request_id = str(structlog.contextvars.get_contextvars().get("request_id", ""))  # debug lines
 
@@ -63,7 +64,7 @@ class Job:
         """Stop the job before its next step (thread-safe; a finished job ignores it)."""
         if self.abort_error is None and not self.done:
             self.abort_error = error
-            self._wake()
+            self._cancelled(self)
 
     def deliver(self, item: Any) -> None:
         if self.hold and not isinstance(item, End):

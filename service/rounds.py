@@ -4,11 +4,28 @@ slots, how many prefill forwards of which span a round runs, and the record of w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, overload
 
-from engine.executor.step import SESSION_OPS, DecodeRow, Open, SessionOp
+from engine.executor.session import Session
+from engine.executor.stats import EngineStats
+from engine.executor.step import (
+    SESSION_OPS,
+    Choose,
+    Close,
+    DecodeRow,
+    Fork,
+    Open,
+    Prefill,
+    PrefillProgress,
+    Reset,
+    Rewind,
+    SessionOp,
+    Stats,
+)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -49,11 +66,55 @@ class Tokens:
     rows: tuple[DecodeRow, ...]
 
 
+@dataclass(frozen=True)
+class Feed:
+    """Be a feed-only row of the round's decode forward (`row.sampler` None: its token is fed and
+    none is chosen); None comes back."""
+
+    row: DecodeRow
+
+
+DECODE_REQUESTS = (Token, Tokens, Feed)
+
+
 def decode_rows(want: Any) -> tuple[DecodeRow, ...]:
-    """The decode rows a job waits on (none unless it waits on Token or Tokens)."""
-    if isinstance(want, Token):
+    """The decode rows a job waits on (none unless it waits on Token, Tokens or Feed)."""
+    if isinstance(want, Token | Feed):
         return (want.row,)
     return want.rows if isinstance(want, Tokens) else ()
+
+
+# -- asking: what a job body yields, typed by what comes back ---------------------------------------
+
+Asked = Generator[Any, Any, T]  # a job body's part that asks one request and returns its reply
+
+
+@overload
+def ask(request: Open | Lend) -> Asked[list[Session]]: ...
+@overload
+def ask(request: Prefill) -> Asked[PrefillProgress]: ...
+@overload
+def ask(request: Choose | Token) -> Asked[int]: ...
+@overload
+def ask(request: Tokens) -> Asked[list[int]]: ...
+@overload
+def ask(request: Feed | Reset) -> Asked[None]: ...
+@overload
+def ask(request: Fork) -> Asked[Session]: ...
+@overload
+def ask(request: Rewind | Close) -> Asked[int]: ...
+@overload
+def ask(request: Timed) -> Asked[tuple[Any, float]]: ...
+@overload
+def ask(request: Stats) -> Asked[EngineStats]: ...
+@overload
+def ask(request: Call) -> Asked[Any]: ...
+def ask(request: Any) -> Asked[Any]:
+    """Ask the scheduler for `request` and return what it answers, typed per request (the
+    engine's step requests document their values: engine/executor/step.py). A job body writes
+    `sessions = yield from ask(Lend(Open(...)))`; mypy then checks every use of a reply."""
+    reply = yield request
+    return reply
 
 
 def opening(want: Any) -> Open | None:
@@ -107,7 +168,7 @@ def prefill_plan(waiting: int, decoding: bool, shared_span: int, prompt_batch: i
     return (0,) * min(waiting, max(MAX_PREFILLS_PER_ROUND, prompt_batch))
 
 
-def slot_grants(needs: Sequence[int], free: int, returning: int) -> tuple[int, ...]:
+def slot_grants(needs: Iterable[int], free: int, returning: int) -> tuple[int, ...]:
     """Which of the requests waiting for KV slots (`needs[i]` slots each, in arrival order) get
     them now: `free` slots are free and `returning` are held by running jobs that give them back
     when they end (a Generate's samples; not sessions, which stay until closed).
@@ -117,9 +178,13 @@ def slot_grants(needs: Sequence[int], free: int, returning: int) -> tuple[int, .
     A request that would not fit even then waits for sessions to close, which may take as long as
     their idle expiry: later requests that fit go ahead of it meanwhile (no head-of-line blocking),
     and their slots count as returning, so the line closes behind it once it can be served.
+    `needs` is read from its head and no further than that: lazily, up to where the line holds
+    or no slot is left.
     """
     granted = []
     for i, need in enumerate(needs):
+        if free <= 0:
+            break
         if need <= free:
             granted.append(i)
             free, returning = free - need, returning + need

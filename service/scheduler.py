@@ -8,6 +8,11 @@ caller and requests for the engine: the engine's step requests (engine/executor/
 generator. Jobs never touch the engine: `engine.step` is the one way in (`Call`, which runs a
 function on the worker, exists for tests and tools).
 
+Jobs waiting for a KV slot (an `Open` or `Lend`) wait in a queue of their own, in arrival order,
+served from its head (`slot_grants`); a round walks the jobs that can run, not that queue, so a
+thousand requests queued cost a round what the head of the queue costs. A waiting job that is
+cancelled comes back through the inbox and is ended in the next round.
+
 Each round: every job that is not waiting runs up to its next request; then two `Step`s run.
 The first: the session operations asked for (Choose ops in one batched choice) and free slots
 for the jobs waiting for one, oldest first (`slot_grants`: one that cannot start until sessions
@@ -26,6 +31,7 @@ after it ends.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import logging
 import queue
@@ -45,11 +51,11 @@ from service.answers import Answers
 from service.errors import Cancelled, QueueFull
 from service.jobs import Body, End, Job, Result, put_all
 from service.rounds import (
+    DECODE_REQUESTS,
     Call,
     Lend,
     StepRecord,
-    Token,
-    Tokens,
+    ask,
     decode_rows,
     opening,
     prefill_plan,
@@ -61,8 +67,14 @@ log = structlog.get_logger("ladder.scheduler")
 T = TypeVar("T")
 
 
-_WAKE = object()
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class _Cancelled:
+    """A job cancelled off the worker: ended in the next round wherever it waits."""
+
+    job: Job
 
 
 class Scheduler:
@@ -75,7 +87,8 @@ class Scheduler:
         self.on_forward = on_forward  # (kind, seconds) of every forward, called on the worker
         self.steps: deque[StepRecord] = deque(maxlen=log_steps)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._active: list[Job] = []
+        self._running: list[Job] = []  # jobs not waiting for a KV slot, in arrival order
+        self._queued: list[Job] = []  # jobs waiting for KV slots (Open, Lend), in arrival order
         self._lock = threading.Lock()
         self._depth = 0
         self.submitted = 0  # jobs submitted since start (tests wait on it)
@@ -96,8 +109,8 @@ class Scheduler:
 
     @property
     def waiting(self) -> int:
-        """Jobs waiting for a free KV slot."""
-        return sum(1 for job in list(self._active) if opening(job.want) is not None)
+        """Jobs waiting for a free KV slot (a length read: safe off the worker)."""
+        return len(self._queued)
 
     # -- the event-loop side ------------------------------------------------------
     def submit(self, body: Body, *, bounded: bool = True, hold: bool = False) -> Job:
@@ -110,7 +123,7 @@ class Scheduler:
                 raise self._full()
             self._depth += bounded
             self.submitted += 1
-        job = Job(body, asyncio.get_running_loop(), bounded, next(self._serials), self._wake, self._post,
+        job = Job(body, asyncio.get_running_loop(), bounded, next(self._serials), self._cancelled, self._post,
                   hold)
         self._inbox.put(job)
         return job
@@ -166,14 +179,14 @@ class Scheduler:
     async def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the worker (between two steps) and return its result: for tests and tools."""
         def body() -> Body:
-            yield Result((yield Call(fn)))
+            yield Result((yield from ask(Call(fn))))
 
         return await self.result(body())  # type: ignore[no-any-return]
 
     async def open_session(self, scope: str = "") -> Any:
         """A new engine session, once a KV slot is free (waiting in the bounded queue meanwhile)."""
         def body() -> Body:
-            sessions = yield Open(scope=scope)
+            sessions = yield from ask(Open(scope=scope))
             yield Result(sessions[0])
 
         return await self.result(body(), bounded=True)
@@ -195,15 +208,15 @@ class Scheduler:
     def abort_all(self, error: BaseException) -> None:
         """End every job before its next step with `error`, and refuse new ones (drain deadline)."""
         self._refusal = error
-        for job in list(self._active):
+        for job in [*self._running, *self._queued]:
             job.cancel(error)
 
     def stop(self) -> None:
         self._inbox.put(_STOP)
         self._thread.join(timeout=10)
 
-    def _wake(self) -> None:
-        self._inbox.put(_WAKE)
+    def _cancelled(self, job: Job) -> None:
+        self._inbox.put(_Cancelled(job))
 
     # -- the worker thread ---------------------------------------------------------
     def _run(self) -> None:
@@ -229,13 +242,25 @@ class Scheduler:
         """Whether a round has anything to do without new input."""
         if self._closing:
             return True
-        for job in self._active:
+        for job in self._running:
             want = job.want
             if job.abort_error is not None or want is None or session_op(want) is not None:
                 return True
-            if isinstance(want, Prefill | Token | Tokens):
+            if isinstance(want, (Prefill, *DECODE_REQUESTS)):
                 return True
         return bool(self._granted(self._wants(), 0))
+
+    def _wait_for_slots(self, job: Job) -> None:
+        """A running job that now waits for KV slots: into the queue, in arrival order."""
+        self._running.remove(job)
+        bisect.insort(self._queued, job, key=lambda j: j.serial)
+
+    def _run_again(self, jobs: list[Job]) -> None:
+        """Jobs of the queue that no longer wait for slots (granted, or to be ended): running again."""
+        for job in jobs:
+            if job in self._queued and (opening(job.want) is None or job.abort_error is not None):
+                self._queued.remove(job)
+                bisect.insort(self._running, job, key=lambda j: j.serial)
 
     def _admit(self, block: bool) -> bool:
         """Move new jobs into the round; False when told to stop."""
@@ -243,13 +268,15 @@ class Scheduler:
             item = self._inbox.get(block=block)
             while True:
                 if item is _STOP:
-                    for job in list(self._active):
+                    for job in [*self._running, *self._queued]:
                         self._close(job, Cancelled("the server stopped"))
                     self._step(Step(ops=self._take_closing()))
                     self._ended()
                     return False
                 if isinstance(item, Job):
-                    self._active.append(item)
+                    self._running.append(item)
+                elif isinstance(item, _Cancelled) and item.job in self._queued:
+                    self._run_again([item.job])
                 item = self._inbox.get_nowait()
         except queue.Empty:
             return True
@@ -260,7 +287,7 @@ class Scheduler:
         prefill forwards and the decode forward. So a Decode's chosen first token joins this
         round's decode forward, and a session opened this round prefills in it."""
         closed = []
-        for job in list(self._active):
+        for job in list(self._running):
             if job.abort_error is not None:
                 self._close(job, job.abort_error)
                 closed.append(job.serial)
@@ -274,7 +301,7 @@ class Scheduler:
         op_jobs = wants.ops
         ops = (*closing, *(session_op(job.want) for job in op_jobs))
         freed = sum(isinstance(op, Close) for op in ops) - sum(isinstance(op, Fork) for op in ops)
-        open_jobs = [wants.opens[i] for i in self._granted(wants, freed)]
+        open_jobs = [self._queued[i] for i in self._granted(wants, freed)]
         first = Step(opens=tuple(opening(job.want) for job in open_jobs),  # type: ignore[misc]
                      ops=ops)  # type: ignore[arg-type]
         choices = 0
@@ -283,6 +310,7 @@ class Scheduler:
             self._ended()
             self._answers.ops(op_jobs, result, len(closing))
             self._answers.opens(open_jobs, result)
+            self._run_again(open_jobs)
             choices = result.choices
             for job in (*op_jobs, *open_jobs):
                 if job.want is None and not job.done:
@@ -347,33 +375,34 @@ class Scheduler:
                     job.answer(error=exc)
             elif isinstance(item, _REQUESTS) or session_op(item) is not None:
                 job.want = item
+                if opening(item) is not None:
+                    self._wait_for_slots(job)
                 return
             elif item is not None:
                 job.deliver(item)
 
     def _wants(self) -> Wants:
-        """What every job waits on, in one pass over them (a long queue of calls waiting for slots
-        is walked once a step, not once per kind of request)."""
+        """What every running job waits on, in one pass over them (the queue waiting for slots is
+        not walked: `_granted` reads its head)."""
         wants = Wants()
-        for job in self._active:  # in arrival order: jobs are appended as they are admitted
+        for job in self._running:  # in arrival order
             wants.returning += job.slots
             want = job.want
             if want is None:
                 continue
-            if isinstance(want, Token | Tokens):
+            if isinstance(want, DECODE_REQUESTS):
                 wants.decodes.append(job)
             elif isinstance(want, Prefill):
                 wants.prefills.append(job)
-            elif opening(want) is not None:
-                wants.opens.append(job)
             elif session_op(want) is not None:
                 wants.ops.append(job)
         return wants
 
     def _granted(self, wants: Wants, freed: int) -> tuple[int, ...]:
-        """Which of the jobs waiting for slots (`wants.opens`) get them now (service.rounds.slot_grants),
-        with `freed` more slots free once this round's session operations have run."""
-        needs = [opening(job.want).count for job in wants.opens]  # type: ignore[union-attr]
+        """Which of the jobs waiting for slots (indices into the queue) get them now
+        (service.rounds.slot_grants: it reads the queue from its head and stops where the line
+        holds), with `freed` more slots free once this round's session operations have run."""
+        needs = (opening(job.want).count for job in self._queued)  # type: ignore[union-attr]
         return slot_grants(needs, max(self.engine.free_slots + freed, 0), wants.returning)
 
     def _forward_done(self, kind: str, seconds: float, detail: Callable[[], dict[str, Any]]) -> None:
@@ -399,7 +428,7 @@ class Scheduler:
 
     def _finish(self, job: Job, error: BaseException | None) -> None:
         job.done = True
-        self._active.remove(job)
+        (self._running if job in self._running else self._queued).remove(job)
         with self._lock:
             self._depth -= job.bounded
         if job.lent:  # its caller hears the end once the step that closes them has run
@@ -422,16 +451,15 @@ class Scheduler:
             self._flush()
 
 
-_REQUESTS = (Open, Lend, Prefill, Token, Tokens, Stats)
+_REQUESTS = (Open, Lend, Prefill, *DECODE_REQUESTS, Stats)
 
 
 @dataclass
 class Wants:
-    """The jobs waiting on each kind of request, each list in arrival order, and the KV slots
-    running jobs will give back when they end."""
+    """The running jobs waiting on each kind of request, each list in arrival order, and the KV
+    slots they will give back when they end."""
 
     ops: list[Job] = field(default_factory=list)
-    opens: list[Job] = field(default_factory=list)
     prefills: list[Job] = field(default_factory=list)
     decodes: list[Job] = field(default_factory=list)
     returning: int = 0

@@ -149,7 +149,8 @@ class LadderServer:
         settings = {"host": self.config.host, "tls": tls_material(self.config),
                     "log_level": self.config.log_level, "max_message_bytes": self.config.max_message_bytes,
                     "connections": ConnectionLimits.of(self.config).settings()}
-        self.frontends = Frontends(self.config.frontend_processes, methods, self.interceptors, settings, self._fault)
+        self.frontends = Frontends(self.config.frontend_processes, methods, self.interceptors, settings,
+                                   self._fault)
         try:
             return await self.frontends.start(self.config.port)
         except BaseException:

@@ -29,6 +29,7 @@ from service.interceptors.call_context import CALL, CALLER
 from service.jobs import Body
 from service.metrics import Metrics
 from service.progress import Progress, Totals
+from service.rounds import ask
 from service.scheduler import Scheduler
 from service.sessions import SessionRegistry, SessionState
 from service.tool_formats import ToolFormat, format_for
@@ -89,9 +90,9 @@ class Extension:
         if self.length is None or session.closed or session.tokens == self.tokens:
             return
         if len(self.tokens) == self.length:
-            yield Reset(session, tuple(self.tokens))
+            yield from ask(Reset(session, tuple(self.tokens)))
         elif session.length > self.length:
-            yield Rewind(session, self.length)
+            yield from ask(Rewind(session, self.length))
 
 
 @dataclass

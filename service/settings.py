@@ -20,8 +20,8 @@ HELP = {
     "http_cors_origins": 'comma-separated origins browsers may call the HTTP API from ("*": any; '
                          "empty: CORS off)",
     "frontends": "gRPC frontend processes that share the gRPC port and relay every call to this one, which "
-                 "keeps the engine (0 = gRPC served in this process; the HTTP API always is; auto: 2 on CUDA, "
-                 "0 on CPU)",
+                 "keeps the engine (0 = gRPC served in this process; the HTTP API always is; auto: 2 on "
+                 "CUDA, 0 on CPU)",
     "grpc_max_connections": "gRPC connections one process serving the port holds at once; past it a new one "
                             "is closed as it is accepted (auto: half the process's open-file limit, which "
                             "is raised to its hard limit at start)",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.rounds import slot_grants
+from service.rounds import opening, slot_grants
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, server_config
 from tests.support.sessions import part, prefill
@@ -103,3 +103,24 @@ def test_an_n_7_request_that_running_jobs_will_make_room_for_is_not_passed(runni
     assert order == ["seven", "late"]
     running.stub.CloseSession(pb.CloseSessionRequest(session_id=idle))
     assert running.stats().sessions_open == 0
+
+
+def test_requests_waiting_for_a_slot_wait_in_a_queue_rounds_do_not_walk_and_a_cancel_leaves_it(
+        served_model: Path) -> None:
+    config = server_config(served_model, max_sessions=2, sessions_per_caller=2, session_memory_mb=0)
+    with RunningServer(config) as running:
+        idle = [list(running.stub.Prefill(iter([part(prompt_ids(10, seed=s), last=True)])))[-1]
+                .done.session_id for s in range(2)]
+        queued = [running.stub.Generate.future(greedy_request(prompt_ids(12, seed=10 + i), 3), timeout=60)
+                  for i in range(40)]
+        wait_for(lambda: running.scheduler.waiting == 40, what="every request waits for a slot")
+        scheduler = running.scheduler
+        assert all(opening(job.want) is None for job in list(scheduler._running)), \
+            "a job waiting for a slot is walked by every round"
+        queued[7].cancel()
+        wait_for(lambda: running.scheduler.waiting == 39, what="the cancelled request leaves the queue")
+        for session_id in idle:
+            running.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
+        finished = [f.result(timeout=60) for i, f in enumerate(queued) if i != 7]
+        assert all(len(c.token_ids) == 3 for c in finished), "every queued request was served in turn"
+        wait_for(lambda: running.scheduler.waiting == 0 and running.scheduler.depth == 0, what="all done")

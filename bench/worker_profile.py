@@ -1,0 +1,69 @@
+"""Where the engine worker's thread spends its samples, from a py-spy raw profile (issue #42's CPU
+proxy: "scheduler bookkeeping <= 15 % of the worker's samples").
+
+    python -m bench.worker_profile PROFILE.txt [PROFILE.txt ...]
+
+PROFILE.txt is `py-spy record --format raw` of a server (bench/serving.py's `--attach`). A sample
+is the worker's when its stack holds `Scheduler._run`. Each worker sample is one of:
+- engine step: inside `Scheduler._step` (the engine's forwards, choices and session operations);
+- jobs: below the scheduler's last frame, in other project code (a job's generator body:
+  tokens to text, stop strings, progress; the metrics a forward reports);
+- scheduler bookkeeping: the rest, the scheduler's own code (service/scheduler.py, rounds.py,
+  jobs.py, answers.py) and what it calls outside the project (builtins, dataclass constructors,
+  queues): walking jobs, granting slots, handing events out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+SCHEDULER_FILES = ("service/scheduler.py", "service/rounds.py", "service/jobs.py", "service/answers.py")
+PROJECT = re.compile(r"\((?:.*/)?(service|engine)/[^ )]+\.py:\d+\)")
+
+
+def kind(frames: list[str]) -> str | None:
+    """The share a sample counts toward (None: not the worker's)."""
+    if not any(f.startswith("Scheduler._run ") for f in frames):
+        return None
+    if any(f.startswith("Scheduler._step ") for f in frames):
+        return "engine step"
+    last = max(i for i, f in enumerate(frames) if any(name in f for name in SCHEDULER_FILES))
+    if any(PROJECT.search(f) and not any(name in f for name in SCHEDULER_FILES) for f in frames[last + 1:]):
+        return "jobs"
+    return "scheduler bookkeeping"
+
+
+def shares(path: Path) -> dict[str, object]:
+    counts: Counter[str] = Counter()
+    top: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        stack, _, number = line.rpartition(" ")
+        if not stack:
+            continue
+        frames = stack.split(";")
+        share = kind(frames)
+        if share is None:
+            continue
+        counts[share] += int(number)
+        if share == "scheduler bookkeeping":
+            top[frames[-1]] += int(number)
+    worker = sum(counts.values())
+    return {"profile": str(path), "worker_samples": worker,
+            **{k: {"samples": v, "share": round(v / worker, 3)} for k, v in sorted(counts.items())},
+            "bookkeeping_leaves": top.most_common(8)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("profiles", nargs="+", type=Path)
+    for path in parser.parse_args().profiles:
+        print(json.dumps(shares(path), indent=1))
+
+
+if __name__ == "__main__":
+    main()
