@@ -318,11 +318,12 @@ def disjoint(first: Any, second: Any) -> bool:
 def _forbids_required(first: dict[str, Any], second: dict[str, Any]) -> bool:
     """Whether an object `first` requires holds a name `second` never admits (declared False, or
     left out by `"additionalProperties": false` with no patternProperties), and both admit only
-    objects, so nothing meets both."""
+    one of them admits only objects, so nothing meets both."""
     if _declared_types(first) != ["object"] and _declared_types(second) != ["object"]:
         return False
     required = first.get("required")
-    own = second.get("properties") if isinstance(second.get("properties"), dict) else {}
+    properties = second.get("properties")
+    own: dict[str, Any] = properties if isinstance(properties, dict) else {}
     closed = second.get("additionalProperties") is False and not second.get("patternProperties")
     return isinstance(required, list) and any(
         isinstance(name, str) and (own.get(name) is False or closed and name not in own) for name in required)
