@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
 import typing
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import onnx
@@ -18,6 +19,8 @@ from service.config import (
     ConfigError,
     build_parser,
     config_from,
+    env_name,
+    flag_name,
     load_config,
     padding_enabled,
     parse_setting,
@@ -31,6 +34,19 @@ def test_defaults_are_the_documented_ports_and_limits() -> None:
     assert (config.port, config.metrics_port, config.drain_seconds) == (50051, 9464, 20.0)
     assert (config.max_new_tokens, config.default_max_new_tokens) == (1024, 256)
     assert config.model == "default" and config.padding and not config.tls and not config.auth
+
+
+def test_the_configuration_page_lists_every_field_with_its_flag_environment_name_and_default() -> None:
+    rows = {}
+    for line in (REPO / "docs" / "configuration.md").read_text().splitlines():
+        found = re.match(r"^\| `(--[a-z0-9-]+)` \| `([A-Z0-9_]+)` \| `([^`|]*)` \|", line)
+        if found:
+            rows[found.group(1)] = (found.group(2), found.group(3))
+    expected = {}
+    for field in fields(Config):
+        default = field.default if field.default is not MISSING else field.default_factory()  # type: ignore[misc]
+        expected[flag_name(field.name)] = (env_name(field.name), "auto" if default is None else repr(default))
+    assert rows == expected
 
 
 def test_frontends_default_to_two_on_cuda_and_none_on_cpu_unless_asked() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -206,3 +207,32 @@ def test_every_decode_forward_is_timed_while_calls_share_them(served: Endpoint) 
     forwards = m("ladder_decode_forwards_total") - before("ladder_decode_forwards_total")
     assert rows == 15, "each call's 5 later tokens are one decode row each"
     assert m("ladder_decode_step_seconds_count") == forwards, "every decode forward is timed once"
+
+
+def _documented_metrics() -> set[str]:
+    """The ladder_* names docs/observability.md lists (a cell's `_rest_total` after a name shares
+    that name's prefix: `ladder_prefix_lookups_total`, `_hits_total`)."""
+    names: set[str] = set()
+    page = Path(__file__).resolve().parents[2] / "docs" / "observability.md"
+    for line in page.read_text().splitlines():
+        if not line.startswith(("| `ladder_", "- `ladder_")):
+            continue
+        prefix = None
+        cell = line.split("|")[1] if line[0] == "|" else line
+        for name in re.findall(r"`(ladder_[a-z0-9_]+|_[a-z0-9_]+)", cell):
+            if name.startswith("ladder_"):
+                names.add(name)
+                found = re.match(r"(.*)_[a-z0-9]+_total$", name)
+                prefix = found.group(1) if found else None
+            elif prefix is not None:
+                names.add(prefix + name)
+    return names
+
+
+def test_the_observability_page_lists_every_metric_the_server_exports_and_no_other(served: Endpoint) -> None:
+    served.running.stub.Generate(greedy_request(prompt_ids(20, seed=41), 2))
+    served.running.stub.GetEngineStats(pb.GetEngineStatsRequest())  # the engine's series, mirrored
+    exported = {name + {"counter": "_total", "info": "_info"}.get(kind, "")
+                for name, kind in served.scrape().types.items()
+                if name.startswith("ladder_") and not name.endswith("_created")}  # prometheus-client's own
+    assert exported == _documented_metrics()
