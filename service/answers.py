@@ -73,17 +73,26 @@ class Answers:
                result: StepResult) -> tuple[tuple[int, int], ...]:
         """Answer the decode jobs (`wanted`: each one's rows, in the step's order); (job, pool row)
         of each row. A job whose row failed gets that row's error."""
-        outcomes = iter(result.decode)
+        outcomes = result.decode
+        record: list[tuple[int, int]] = []
+        at = 0
         for job, rows in zip(jobs, wanted, strict=True):
-            mine = [next(outcomes) for _ in rows]
+            if len(rows) == 1 and not isinstance(job.want, Tokens):  # one row: its token or its error
+                self.answer(job, outcomes[at])
+                at += 1
+                record.append((job.serial, rows[0].session.row))
+                continue
+            mine = outcomes[at:at + len(rows)]
+            at += len(rows)
             error = next((o.error for o in mine if o.error is not None), None)
             if error is not None:
                 self.answer(job, Outcome(error=error))
             else:
                 tokens = [o.value for o in mine]
                 job.answer(tokens if isinstance(job.want, Tokens) else tokens[0])
+            record.extend((job.serial, r.session.row) for r in rows)
         if result.batch:
             self._forward_done("decode", result.decode_seconds, lambda: {
                 "rows": len(result.decode), "batch": result.batch,
                 "request_ids": [j.request_id for j in jobs]})
-        return tuple((j.serial, r.session.row) for j, rows in zip(jobs, wanted, strict=True) for r in rows)
+        return tuple(record)

@@ -46,7 +46,17 @@ import structlog
 
 from engine.errors import EngineFault
 from engine.executor import Engine, Session
-from engine.executor.step import Close, Fork, Open, Outcome, Prefill, SessionOp, Stats, Step, StepResult
+from engine.executor.step import (
+    SESSION_OPS,
+    Close,
+    Fork,
+    Open,
+    Outcome,
+    Prefill,
+    SessionOp,
+    Step,
+    StepResult,
+)
 from service.answers import Answers
 from service.errors import Cancelled, QueueFull
 from service.jobs import Body, End, Job, Result, put_all
@@ -55,6 +65,7 @@ from service.rounds import (
     Call,
     Lend,
     StepRecord,
+    Timed,
     ask,
     decode_rows,
     opening,
@@ -194,7 +205,7 @@ class Scheduler:
     async def run(self, request: Any) -> Any:
         """What the engine answers one request (a session operation) with."""
         def body() -> Body:
-            yield Result((yield request))
+            yield Result((yield from ask(request)))
 
         return await self.result(body())
 
@@ -373,9 +384,9 @@ class Scheduler:
                 except Exception as exc:  # noqa: BLE001 — the job decides what a failure means
                     self._fault(exc)
                     job.answer(error=exc)
-            elif isinstance(item, _REQUESTS) or session_op(item) is not None:
+            elif type(item) in _REQUESTS:  # by exact type: most items are events, passed on at once
                 job.want = item
-                if opening(item) is not None:
+                if type(item) in _OPENS:
                     self._wait_for_slots(job)
                 return
             elif item is not None:
@@ -451,7 +462,9 @@ class Scheduler:
             self._flush()
 
 
-_REQUESTS = (Open, Lend, Prefill, *DECODE_REQUESTS, Stats)
+# What a job may wait on (service/rounds.py, engine/executor/step.py), as exact types.
+_REQUESTS = frozenset({Open, Lend, Prefill, *DECODE_REQUESTS, Timed, *SESSION_OPS})
+_OPENS = frozenset({Open, Lend})
 
 
 @dataclass
