@@ -107,3 +107,19 @@ def test_an_answer_that_turns_out_too_large_fails_with_its_reason_and_counts_its
     assert m("ladder_calls_total", protocol="grpc", method="Generate", code="INVALID_ARGUMENT") == 1
     assert m.get("ladder_calls_total", protocol="grpc", method="Generate", code="OK") is None
     assert m("ladder_generated_tokens_total") == 420
+
+
+def test_a_decode_that_names_no_length_is_checked_at_the_length_the_server_gives_it(
+        served_model: Path) -> None:
+    # --default-max-new-tokens 0: as many as fit, up to --max-new-tokens (1,000 here), the length
+    # Decode then runs to; its answer at that length cannot fit in 16 KiB with 5 alternatives.
+    config = server_config(served_model, max_message_bytes=LIMIT, max_new_tokens=1000,
+                           default_max_new_tokens=0)
+    with RunningServer(config) as running:
+        done = list(running.stub.Prefill(iter([pb.PrefillRequest(
+            prompt=pb.Prompt(tokens=pb.TokenIds(ids=prompt_ids(20, seed=2))), last=True)])))[-1].done
+        with pytest.raises(grpc.RpcError) as caught:
+            list(running.stub.Decode(pb.DecodeRequest(session_id=done.session_id,
+                                                      logprobs=pb.LogprobOptions(top=5))))
+        assert details(caught.value)[0].reason == "RESPONSE_TOO_LARGE"
+        assert "max_new_tokens = 1000" in caught.value.details()
