@@ -38,7 +38,8 @@ def test_the_proto_keeps_everything_the_released_api_has(buf: str) -> None:
 
 @pytest.mark.parametrize(("before", "after", "complaint"), [
     ("  uint32 max_new_tokens = 1;", "  uint32 max_new_tokens = 9;",
-     'Previously present field "1" with name "max_new_tokens" on message "StoppingOptions" was deleted.'),
+     'Previously present field "1" with name "max_new_tokens" '
+     'on message "StoppingOptions" was deleted.'),
     ("  uint32 max_new_tokens = 1;", "  uint32 max_tokens = 1;",
      'Field "1" on message "StoppingOptions" changed name from "max_new_tokens" to "max_tokens".'),
     ("  rpc Rewind(RewindRequest) returns (RewindResponse);\n", "",
