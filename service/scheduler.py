@@ -310,11 +310,11 @@ class Scheduler:
         closing = self._take_closing()
         wants = self._wants()
         op_jobs = wants.ops
-        ops = (*closing, *(session_op(job.want) for job in op_jobs))
+        ops = (*closing, *(op for job in op_jobs if (op := session_op(job.want)) is not None))
         freed = sum(isinstance(op, Close) for op in ops) - sum(isinstance(op, Fork) for op in ops)
         open_jobs = [self._queued[i] for i in self._granted(wants, freed)]
-        first = Step(opens=tuple(opening(job.want) for job in open_jobs),  # type: ignore[misc]
-                     ops=ops)  # type: ignore[arg-type]
+        opens = tuple(o for job in open_jobs if (o := opening(job.want)) is not None)
+        first = Step(opens=opens, ops=ops)
         choices = 0
         if first:
             result = self._step(first)
