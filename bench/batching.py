@@ -77,8 +77,9 @@ def _group(args: tuple[str, list[list[int]], int, bool]) -> list[dict[str, Any]]
         return list(pool.map(lambda p: call(address, p, new), prompts))
 
 
-def concurrent(address: str, prompts: list[list[int]], new: int, processes: int,
-               streaming: bool = False) -> list[dict[str, Any]]:
+def concurrent(
+    address: str, prompts: list[list[int]], new: int, processes: int, streaming: bool = False
+) -> list[dict[str, Any]]:
     """All prompts at once (Generate, or GenerateStream), spread over client processes so the
     client's GIL is not the bottleneck."""
     groups = [prompts[i::processes] for i in range(min(processes, len(prompts)))]
@@ -101,27 +102,47 @@ def throughput(streams: list[dict[str, Any]]) -> dict[str, Any]:
     lo, hi = max(firsts), min(lasts)
     inside = sum(1 for s in streams for t in s["times"] if lo <= t <= hi)
     gaps = [b - a for s in streams for a, b in zip(s["times"], s["times"][1:], strict=False)]
-    return {"streams": len(streams), "tokens": total,
-            "end_to_end_tok_s": total / (max(ends) - min(starts)),
-            "steady_tok_s": inside / (hi - lo) if hi - lo > 0.05 else None,
-            "steady_window_s": hi - lo,
-            "ttft_ms_median": 1e3 * float(np.median([f - s for f, s in zip(firsts, starts, strict=True)])),
-            "inter_token_ms_p50": 1e3 * float(np.percentile(gaps, 50)) if gaps else None,
-            "inter_token_ms_p99": 1e3 * float(np.percentile(gaps, 99)) if gaps else None}
+    return {
+        "streams": len(streams),
+        "tokens": total,
+        "end_to_end_tok_s": total / (max(ends) - min(starts)),
+        "steady_tok_s": inside / (hi - lo) if hi - lo > 0.05 else None,
+        "steady_window_s": hi - lo,
+        "ttft_ms_median": 1e3 * float(np.median([f - s for f, s in zip(firsts, starts, strict=True)])),
+        "inter_token_ms_p50": 1e3 * float(np.percentile(gaps, 50)) if gaps else None,
+        "inter_token_ms_p99": 1e3 * float(np.percentile(gaps, 99)) if gaps else None,
+    }
 
 
 # -- the service ----------------------------------------------------------------------------
-def start_server(args: argparse.Namespace, model: str, port: int,
-                 root: Path | None = None) -> subprocess.Popen[bytes]:
+def start_server(
+    args: argparse.Namespace, model: str, port: int, root: Path | None = None
+) -> subprocess.Popen[bytes]:
     """`python -m service` from this checkout, or from `root` (another version of Ladder, side by side)."""
-    return served.start_server(args, model, port, "--max-sessions", str(max(args.streams) + 2),
-                               "--max-queue", "1024", "--capacity", str(args.capacity),
-                               "--max-new-tokens", str(args.capacity),
-                               *(args.server_args.split() if root is None else []), root=root)
+    return served.start_server(
+        args,
+        model,
+        port,
+        "--max-sessions",
+        str(max(args.streams) + 2),
+        "--max-queue",
+        "1024",
+        "--capacity",
+        str(args.capacity),
+        "--max-new-tokens",
+        str(args.capacity),
+        *(args.server_args.split() if root is None else []),
+        root=root,
+    )
 
 
-def scaling(address: str, args: argparse.Namespace, vocab: int,
-            counts: list[int] | None = None, streaming: bool = False) -> dict[str, Any]:
+def scaling(
+    address: str,
+    args: argparse.Namespace,
+    vocab: int,
+    counts: list[int] | None = None,
+    streaming: bool = False,
+) -> dict[str, Any]:
     """N calls at once for each N; the single call is measured three times (its median row kept)."""
     out: dict[str, Any] = {}
     prompts = [prompt(args.prompt, seed, vocab) for seed in range(max(args.streams))]
@@ -144,8 +165,9 @@ def scaling(address: str, args: argparse.Namespace, vocab: int,
 def agreement(alone: list[list[int]], batched: list[list[int]]) -> dict[str, Any]:
     """Per stream (of those run both ways): equal or not, and how many leading tokens agree."""
     pairs = list(zip(alone, batched, strict=False))
-    prefix = [next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
-              for a, b in pairs]
+    prefix = [
+        next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a)) for a, b in pairs
+    ]
     return {"compared": len(pairs), "equal": sum(a == b for a, b in pairs), "common_prefix": prefix}
 
 
@@ -182,17 +204,23 @@ def long_prompt_under_load(address: str, args: argparse.Namespace, vocab: int) -
             elif marker - 2 * args.settle_s / 4 <= a and b < window[0]:
                 before.append(b - a)
     loaded_ttft = loaded["times"][0] - loaded["start"]
+
     def p99(gaps: list[float]) -> float:
         return float(np.percentile(gaps, 99))
 
-    return {"long_prompt": args.long_prompt, "ttft_idle_ms": 1e3 * idle_ttft,
-            "ttft_under_16_streams_ms": 1e3 * loaded_ttft, "ttft_ratio": loaded_ttft / idle_ttft,
-            "very_long_prompt": args.very_long_prompt,
-            "very_long_prefill_ms": 1e3 * (window[1] - window[0]),
-            "inter_token_p99_idle_ms": 1e3 * p99(before) if before else None,
-            "inter_token_p99_during_prefill_ms": 1e3 * p99(during) if during else None,
-            "inter_token_p99_ratio": p99(during) / p99(before) if before and during else None,
-            "gaps_idle": len(before), "gaps_during": len(during)}
+    return {
+        "long_prompt": args.long_prompt,
+        "ttft_idle_ms": 1e3 * idle_ttft,
+        "ttft_under_16_streams_ms": 1e3 * loaded_ttft,
+        "ttft_ratio": loaded_ttft / idle_ttft,
+        "very_long_prompt": args.very_long_prompt,
+        "very_long_prefill_ms": 1e3 * (window[1] - window[0]),
+        "inter_token_p99_idle_ms": 1e3 * p99(before) if before else None,
+        "inter_token_p99_during_prefill_ms": 1e3 * p99(during) if during else None,
+        "inter_token_p99_ratio": p99(during) / p99(before) if before and during else None,
+        "gaps_idle": len(before),
+        "gaps_during": len(during),
+    }
 
 
 def soak(address: str, args: argparse.Namespace, vocab: int, pid: int) -> dict[str, Any]:
@@ -213,12 +241,16 @@ def soak(address: str, args: argparse.Namespace, vocab: int, pid: int) -> dict[s
                 memory.append(device_used() if args.provider == "cuda" else rss(pid))
         done = [f.result() for f in futures]
     after = engine_stats(address)
-    return {"requests": len(done), "new_variants": after["prepared"] - before["prepared"],
-            "new_evictions": after["evictions"] - before["evictions"],
-            "new_eager_forwards": after["eager_forwards"] - before["eager_forwards"],
-            "memory_every_50": memory, "memory_spread": max(memory) - min(memory) if memory else None,
-            "memory_kind": "device bytes used" if args.provider == "cuda" else "server RSS bytes",
-            "stats_after": after}
+    return {
+        "requests": len(done),
+        "new_variants": after["prepared"] - before["prepared"],
+        "new_evictions": after["evictions"] - before["evictions"],
+        "new_eager_forwards": after["eager_forwards"] - before["eager_forwards"],
+        "memory_every_50": memory,
+        "memory_spread": max(memory) - min(memory) if memory else None,
+        "memory_kind": "device bytes used" if args.provider == "cuda" else "server RSS bytes",
+        "stats_after": after,
+    }
 
 
 def raw_replay(model_dir: Path, batches: list[int], capacity: int, past: int) -> dict[str, Any]:
@@ -229,15 +261,18 @@ def raw_replay(model_dir: Path, batches: list[int], capacity: int, past: int) ->
     from engine.model import load_model_info
 
     info = load_model_info(model_dir)
-    session = ort.InferenceSession(str(info.graph),
-                                   providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+    session = ort.InferenceSession(
+        str(info.graph), providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})]
+    )
     out = {}
     for graph_id, b in enumerate(batches, start=1):
-        kv = [cp.zeros((b, info.num_kv_heads, capacity, info.head_size), cp.float16)
-              for _ in range(2 * info.num_layers)]
+        kv = [
+            cp.zeros((b, info.num_kv_heads, capacity, info.head_size), cp.float16)
+            for _ in range(2 * info.num_layers)
+        ]
         mask = cp.zeros((b, capacity), cp.int64)
         for row in range(b):
-            mask[row, :past + row % 7 + 1] = 1  # a different length in every row
+            mask[row, : past + row % 7 + 1] = 1  # a different length in every row
         ids = cp.full((b, 1), 5, cp.int64)
         logits = cp.zeros((b, 1, info.vocab_size), cp.float16)
         binding = session.io_binding()
@@ -273,8 +308,10 @@ def floors(name: str, batches: list[int], past: int) -> dict[str, Any]:
     from bench.gpu.run import H200_BANDWIDTH, copy_bandwidth, decode_floors, spec_of
 
     spec = spec_of(name)
-    return {"stated": decode_floors(spec, batches, past, H200_BANDWIDTH),
-            "measured_copy": decode_floors(spec, batches, past, copy_bandwidth())}
+    return {
+        "stated": decode_floors(spec, batches, past, H200_BANDWIDTH),
+        "measured_copy": decode_floors(spec, batches, past, copy_bandwidth()),
+    }
 
 
 def baseline(args: argparse.Namespace, model: str, vocab: int) -> dict[str, Any]:
@@ -301,8 +338,12 @@ def engine_single_stream(model_dir: Path, args: argparse.Namespace, vocab: int) 
 
     out: dict[str, float] = {}
     for lookahead in (True, False):  # one load each (an 8B-class model loads for tens of seconds)
-        engine = Engine.load(model_dir, EngineOptions(provider=args.provider, capacity=args.capacity,
-                                                      max_sessions=1, lookahead=lookahead))
+        engine = Engine.load(
+            model_dir,
+            EngineOptions(
+                provider=args.provider, capacity=args.capacity, max_sessions=1, lookahead=lookahead
+            ),
+        )
         engine.warm_up()
         greedy = Sampler(SamplingParams())
         for _ in range(2):  # twice, the best kept
@@ -352,8 +393,9 @@ def numerics(model_dir: Path, args: argparse.Namespace, vocab: int, streams: int
     single = Engine.load(model_dir, options)
     alone = [run(single, [p]) for p in prompts]
     single.close()
-    batched_engine = Engine.load(model_dir, EngineOptions(provider=args.provider, capacity=args.capacity,
-                                                          max_sessions=streams))
+    batched_engine = Engine.load(
+        model_dir, EngineOptions(provider=args.provider, capacity=args.capacity, max_sessions=streams)
+    )
     together, together_logits = run(batched_engine, prompts)
     rows = []
     for (tokens, logits), mine, mine_logits in zip(alone, together, together_logits, strict=True):
@@ -362,8 +404,13 @@ def numerics(model_dir: Path, args: argparse.Namespace, vocab: int, streams: int
         if first is not None and first > 0:
             row = np.sort(logits[0][first - 1])
             top2 = float(row[-1] - row[-2])
-        rows.append({"first_difference": first, "alone_top2_gap_there": top2,
-                     "first_decode_max_logit_diff": float(np.abs(logits[0][0] - mine_logits[0]).max())})
+        rows.append(
+            {
+                "first_difference": first,
+                "alone_top2_gap_there": top2,
+                "first_decode_max_logit_diff": float(np.abs(logits[0][0] - mine_logits[0]).max()),
+            }
+        )
     return {"streams": streams, "equal": sum(r["first_difference"] is None for r in rows), "rows": rows}
 
 
@@ -380,19 +427,28 @@ def main() -> None:
     parser.add_argument("--soak", type=int, default=500)
     parser.add_argument("--soak-gap-s", type=float, default=0.01)
     parser.add_argument("--client-processes", type=int, default=8)
-    parser.add_argument("--skip", default="",
-                        help="comma-separated parts to skip: scaling,load,soak,engine,numerics,raw")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated parts to skip: scaling,load,soak,engine,numerics,raw"
+    )
     parser.add_argument("--server-args", default="", help="more flags for this checkout's server")
-    parser.add_argument("--baseline-root", type=Path, default=None,
-                        help="another checkout of Ladder: its service is measured at 1 and 16 streams first")
+    parser.add_argument(
+        "--baseline-root",
+        type=Path,
+        default=None,
+        help="another checkout of Ladder: its service is measured at 1 and 16 streams first",
+    )
     args = parser.parse_args()
     args.streams = [int(n) for n in args.streams.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     skip = set(args.skip.split(","))
     model = resolve_model(args)
     vocab = vocab_of(model)
-    result: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "model": model,
-                              "settings": {k: str(v) for k, v in vars(args).items()}}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "command": " ".join(sys.argv),
+        "model": model,
+        "settings": {k: str(v) for k, v in vars(args).items()},
+    }
     if args.baseline_root is not None:
         result["baseline"] = baseline(args, model, vocab)
     port = free_port()
@@ -408,7 +464,9 @@ def main() -> None:
             by_alone = alone(address, firsts, args.new)
             result["batched_vs_alone"] = {
                 n: agreement(by_alone, result["scaling"][n]["tokens_by_stream"])
-                for n in result["scaling"] if int(n) > 1}
+                for n in result["scaling"]
+                if int(n) > 1
+            }
         if "load" not in skip:
             result["under_load"] = long_prompt_under_load(address, args, vocab)
         if "soak" not in skip:
@@ -422,8 +480,9 @@ def main() -> None:
     if "numerics" not in skip:
         result["numerics"] = numerics(Path(model), args, vocab, min(16, max(args.streams)))
     if args.provider == "cuda" and "raw" not in skip:
-        result["raw_replay"] = raw_replay(Path(model), sorted(set([1, *args.streams])), args.capacity,
-                                          args.prompt)
+        result["raw_replay"] = raw_replay(
+            Path(model), sorted(set([1, *args.streams])), args.capacity, args.prompt
+        )
     if args.provider == "cuda" and args.model.startswith("gpu:"):
         result["floors"] = floors(args.model[4:], sorted(set([1, *args.streams])), args.prompt)
     for part in ("scaling", "scaling_streaming"):

@@ -24,14 +24,20 @@ def series(rows: dict[str, Any], key: str) -> tuple[list[int], list[float]]:
 def main(path: Path) -> Path:
     result = json.loads(path.read_text())
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for key, label, style in (("steady_tok_s", "Ladder, every call decoding", "o-"),
-                              ("end_to_end_tok_s", "Ladder, end to end (prefill included)", "s--")):
+    for key, label, style in (
+        ("steady_tok_s", "Ladder, every call decoding", "o-"),
+        ("end_to_end_tok_s", "Ladder, end to end (prefill included)", "s--"),
+    ):
         ax.plot(*series(result["scaling"], key), style, label=label)
     if "raw_replay" in result:
         ax.plot(*series(result["raw_replay"], "tok_s"), "k:", label="onnxruntime alone: batched graph replay")
     if "baseline" in result:
-        ax.plot(*series(result["baseline"]["scaling"], "end_to_end_tok_s"), "x-", color="grey",
-                label="previous release (one decode at a time), end to end")
+        ax.plot(
+            *series(result["baseline"]["scaling"], "end_to_end_tok_s"),
+            "x-",
+            color="grey",
+            label="previous release (one decode at a time), end to end",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("concurrent Generate calls (512-token prompts, 128 new tokens each)")

@@ -49,9 +49,14 @@ def main() -> None:
     model = Path(args.model_dir) if args.model_dir else model_with_tokenizer(Path(tempfile.mkdtemp()))
     with RunningServer(server_config(model)) as server:
         print(f"rss before {rss_mb():.0f} MB")
-        requests = [pb.GenerateRequest(prompt=pb.Prompt(text="Hi"),
-                                       constraint=pb.Constraint(json_schema=fanned_schema(title=str(i))),
-                                       stopping=pb.StoppingOptions(max_new_tokens=2)) for i in range(6)]
+        requests = [
+            pb.GenerateRequest(
+                prompt=pb.Prompt(text="Hi"),
+                constraint=pb.Constraint(json_schema=fanned_schema(title=str(i))),
+                stopping=pb.StoppingOptions(max_new_tokens=2),
+            )
+            for i in range(6)
+        ]
         peak, stop = [rss_mb()], threading.Event()
 
         def sample() -> None:
@@ -62,18 +67,34 @@ def main() -> None:
         with ThreadPoolExecutor(6) as pool:
             calls = [pool.submit(timed, lambda r=r: server.stub.Generate(r, timeout=2.0)) for r in requests]
             time.sleep(0.5)
-            print("tokenize while compiling:", timed(lambda: server.stub.Tokenize(
-                pb.TokenizeRequest(text="hello ladder"), timeout=30)))
-            print("text generate while compiling:", timed(lambda: server.stub.Generate(pb.GenerateRequest(
-                prompt=pb.Prompt(text="hello"), stopping=pb.StoppingOptions(max_new_tokens=2)), timeout=30)))
+            print(
+                "tokenize while compiling:",
+                timed(lambda: server.stub.Tokenize(pb.TokenizeRequest(text="hello ladder"), timeout=30)),
+            )
+            print(
+                "text generate while compiling:",
+                timed(
+                    lambda: server.stub.Generate(
+                        pb.GenerateRequest(
+                            prompt=pb.Prompt(text="hello"), stopping=pb.StoppingOptions(max_new_tokens=2)
+                        ),
+                        timeout=30,
+                    )
+                ),
+            )
             print("hostile calls:", [c.result() for c in calls])
-        alone = pb.GenerateRequest(prompt=pb.Prompt(text="Hi"), constraint=pb.Constraint(
-            json_schema=fanned_schema(title="alone")), stopping=pb.StoppingOptions(max_new_tokens=2))
+        alone = pb.GenerateRequest(
+            prompt=pb.Prompt(text="Hi"),
+            constraint=pb.Constraint(json_schema=fanned_schema(title="alone")),
+            stopping=pb.StoppingOptions(max_new_tokens=2),
+        )
         print("one hostile call, deadline 120 s:", timed(lambda: server.stub.Generate(alone, timeout=120)))
         time.sleep(max(0.0, args.watch - 2.5))
         stop.set()
-        print(f"rss after {args.watch:.0f} s {rss_mb():.0f} MB; peak sampled {max(peak):.0f} MB; "
-              f"ru_maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+        print(
+            f"rss after {args.watch:.0f} s {rss_mb():.0f} MB; peak sampled {max(peak):.0f} MB; "
+            f"ru_maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+        )
 
 
 if __name__ == "__main__":

@@ -28,13 +28,22 @@ from proto.ladder.v1 import ladder_pb2 as pb
 
 
 def start_server(args: argparse.Namespace, model: str, port: int, root: Path | None) -> Any:
-    return served.start_server(args, model, port, "--max-sessions", "4",
-                               log=f"server-{'baseline' if root else 'this'}.log", root=root)
+    return served.start_server(
+        args,
+        model,
+        port,
+        "--max-sessions",
+        "4",
+        log=f"server-{'baseline' if root else 'this'}.log",
+        root=root,
+    )
 
 
 def one_request(client: Any, tokens: list[int], new: int) -> dict[str, Any]:
-    request = pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
-                                 stopping=pb.StoppingOptions(max_new_tokens=new, ignore_eos=True))
+    request = pb.GenerateRequest(
+        prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
+        stopping=pb.StoppingOptions(max_new_tokens=new, ignore_eos=True),
+    )
     start = time.perf_counter()
     arrivals: list[float] = []
     done = None
@@ -45,10 +54,13 @@ def one_request(client: Any, tokens: list[int], new: int) -> dict[str, Any]:
             done = event.done
     assert done is not None and arrivals
     client_gaps = [(b - a) * 1e3 for a, b in zip(arrivals, arrivals[1:], strict=False)]
-    return {"client_ttft_ms": (arrivals[0] - start) * 1e3, "server_ttft_ms": done.timing.ttft_ms,
-            "client_gap_ms": statistics.median(client_gaps),
-            "server_gap_ms": statistics.median(done.timing.inter_token_ms),
-            "ids": [int(i) for i in done.token_ids]}
+    return {
+        "client_ttft_ms": (arrivals[0] - start) * 1e3,
+        "server_ttft_ms": done.timing.ttft_ms,
+        "client_gap_ms": statistics.median(client_gaps),
+        "server_gap_ms": statistics.median(done.timing.inter_token_ms),
+        "ids": [int(i) for i in done.token_ids],
+    }
 
 
 def main() -> None:
@@ -87,16 +99,24 @@ def main() -> None:
     def summary(name: str) -> dict[str, float]:
         got = rows[name]
         median = statistics.median
-        return {"client_ttft_ms": median(r["client_ttft_ms"] for r in got),
-                "server_ttft_ms": median(r["server_ttft_ms"] for r in got),
-                "ttft_lag_ms": median(r["client_ttft_ms"] - r["server_ttft_ms"] for r in got),
-                "client_gap_ms": median(r["client_gap_ms"] for r in got),
-                "server_gap_ms": median(r["server_gap_ms"] for r in got)}
+        return {
+            "client_ttft_ms": median(r["client_ttft_ms"] for r in got),
+            "server_ttft_ms": median(r["server_ttft_ms"] for r in got),
+            "ttft_lag_ms": median(r["client_ttft_ms"] - r["server_ttft_ms"] for r in got),
+            "client_gap_ms": median(r["client_gap_ms"] for r in got),
+            "server_gap_ms": median(r["server_gap_ms"] for r in got),
+        }
 
     same = all(a["ids"] == b["ids"] for a, b in zip(rows["this"], rows["baseline"], strict=True))
-    doc = {"machine": machine(), "command": "python -m bench.delivery " + " ".join(sys.argv[1:]),
-           "load_before": load_before, "load_after": os.getloadavg(), "greedy_tokens_equal": same,
-           "this": summary("this"), "baseline": summary("baseline")}
+    doc = {
+        "machine": machine(),
+        "command": "python -m bench.delivery " + " ".join(sys.argv[1:]),
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "greedy_tokens_equal": same,
+        "this": summary("this"),
+        "baseline": summary("baseline"),
+    }
     (args.out / "delivery.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc, indent=1))
 

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-CLIENT = r'''
+CLIENT = r"""
 import grpc, os, sys, threading, time
 mode = sys.argv[2]
 call_box = []
@@ -36,7 +36,7 @@ try:
         pass
 except grpc.RpcError:
     pass
-'''
+"""
 
 
 async def handler(request_iterator: Any, context: Any) -> Any:
@@ -48,8 +48,11 @@ async def handler(request_iterator: Any, context: Any) -> Any:
         await asyncio.sleep(1.0)
         print(f"next read: {after!r}; cancelled() then: {seen}; no cancellation within 1 s", flush=True)
     except asyncio.CancelledError:
-        print(f"next read: {after!r}; cancelled() then: {seen}; cancelled "
-              f"{(time.perf_counter() - ended) * 1e3:.2f} ms later", flush=True)
+        print(
+            f"next read: {after!r}; cancelled() then: {seen}; cancelled "
+            f"{(time.perf_counter() - ended) * 1e3:.2f} ms later",
+            flush=True,
+        )
         raise
     yield b"done"
 

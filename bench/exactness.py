@@ -30,10 +30,16 @@ from bench.served import free_port, machine, request, resolve_model, server_argu
 from proto.ladder.v1 import ladder_pb2 as pb
 
 PROMPTS = (
-    "The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
-    "The three primary colors are", "Water boils at a temperature of", "My favourite book is",
-    "In 1969, the first man to walk on the moon was", "The quick brown fox",
-    "import numpy as np\n", "The best way to learn a language is",
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "My favourite book is",
+    "In 1969, the first man to walk on the moon was",
+    "The quick brown fox",
+    "import numpy as np\n",
+    "The best way to learn a language is",
 )
 
 
@@ -54,14 +60,17 @@ def generate(client: Any, ids: list[int], new: int) -> list[int]:
 
 
 def prefill(client: Any, *parts: list[int]) -> str:
-    messages = [pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=p)), last=i == len(parts) - 1)
-                for i, p in enumerate(parts)]
+    messages = [
+        pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=p)), last=i == len(parts) - 1)
+        for i, p in enumerate(parts)
+    ]
     return str(list(client.Prefill(iter(messages)))[-1].done.session_id)
 
 
 def decode(client: Any, session: str, new: int) -> list[int]:
-    events = client.Decode(pb.DecodeRequest(session_id=session, stopping=pb.StoppingOptions(
-        max_new_tokens=new, ignore_eos=True)))
+    events = client.Decode(
+        pb.DecodeRequest(session_id=session, stopping=pb.StoppingOptions(max_new_tokens=new, ignore_eos=True))
+    )
     return [e.token.id for e in events if e.HasField("token")]
 
 
@@ -119,15 +128,16 @@ def rate(client: Any, prompts: list[list[int]], new: int) -> tuple[float, list[l
     return sum(map(len, out)) / (time.perf_counter() - start), out
 
 
-def cost(args: argparse.Namespace, model: str,
-         vocab_prompts: Callable[[Any], list[list[int]]]) -> dict[str, Any]:
+def cost(
+    args: argparse.Namespace, model: str, vocab_prompts: Callable[[Any], list[list[int]]]
+) -> dict[str, Any]:
     modes = {"default": ("--deterministic", "false"), "deterministic": ("--deterministic", "true")}
     rates: dict[str, dict[str, list[float]]] = {m: {"1": [], str(args.streams): []} for m in modes}
     equal = {}
     for _ in range(args.rounds):
         for mode, flags in modes.items():
             with serving(args, model, "--prefix-sharing", "false", *flags) as client:
-                prompts = vocab_prompts(client)[:args.streams]
+                prompts = vocab_prompts(client)[: args.streams]
                 rates[mode]["1"].append(rate(client, prompts[:1], args.cost_new)[0])
                 alone = [rate(client, [p], args.cost_new)[1][0] for p in prompts]
                 tps, together = rate(client, prompts, args.cost_new)
@@ -135,8 +145,13 @@ def cost(args: argparse.Namespace, model: str,
                 equal[mode] = sum(a == b for a, b in zip(alone, together, strict=True))
     best = {m: {k: max(v) for k, v in r.items()} for m, r in rates.items()}
     ratio = {k: best["deterministic"][k] / best["default"][k] for k in best["default"]}
-    return {"tok_s": rates, "best_tok_s": best, "deterministic_over_default": ratio,
-            "concurrent_equal_alone": equal, "streams": args.streams}
+    return {
+        "tok_s": rates,
+        "best_tok_s": best,
+        "deterministic_over_default": ratio,
+        "concurrent_equal_alone": equal,
+        "streams": args.streams,
+    }
 
 
 def main() -> None:
@@ -151,8 +166,12 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = resolve_model(args)
-    result: dict[str, Any] = {"machine": machine(), "model": args.model, "precision": args.precision,
-                              "command": " ".join(sys.argv)}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "model": args.model,
+        "precision": args.precision,
+        "command": " ".join(sys.argv),
+    }
     with serving(args, model) as client:
         result["session_paths_of_10"] = session_paths(client, args.new)
         result["repeated_1025_of_3"] = repeated(client, args.new, 3)

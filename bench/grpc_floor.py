@@ -87,10 +87,14 @@ def measure(requests: int, delay: float, intercept: bool = False, ids: int = 0) 
                 first.append((time.perf_counter() - start) * 1e3)
         way_in.append((arrivals.get() - start) * 1e3)
     server.terminate()
-    kept = sorted(first[requests // 6:])
-    return {"requests": len(kept), "first_event_ms_median": statistics.median(kept),
-            "first_event_ms_p10": kept[len(kept) // 10], "first_event_ms_p90": kept[len(kept) * 9 // 10],
-            "way_in_ms_median": statistics.median(way_in[requests // 6:])}
+    kept = sorted(first[requests // 6 :])
+    return {
+        "requests": len(kept),
+        "first_event_ms_median": statistics.median(kept),
+        "first_event_ms_p10": kept[len(kept) // 10],
+        "first_event_ms_p90": kept[len(kept) * 9 // 10],
+        "way_in_ms_median": statistics.median(way_in[requests // 6 :]),
+    }
 
 
 def main() -> None:
@@ -102,9 +106,11 @@ def main() -> None:
     args = parser.parse_args()
     result: dict[str, Any] = {"machine": machine(), "grpc": grpc.__version__, "delay_s": args.delay}
     if args.cases:
-        result["cases"] = [{"interceptor": intercept, "ids": ids,
-                            **measure(args.requests, args.delay, intercept, ids)}
-                           for intercept in (False, True) for ids in (0, 2100)]
+        result["cases"] = [
+            {"interceptor": intercept, "ids": ids, **measure(args.requests, args.delay, intercept, ids)}
+            for intercept in (False, True)
+            for ids in (0, 2100)
+        ]
     else:
         result.update(measure(args.requests, args.delay))
     print(json.dumps(result, indent=2))

@@ -36,9 +36,13 @@ def main() -> None:
             wall, cpu = time.perf_counter(), time.process_time()
             for step in range(args.steps):
                 draws.choose(lambda i, s=store: s[i], samplers, [h + [step] for h in histories])
-            entry = {"scale": scale, "rows": args.rows, "threads": cores,
-                     "step_ms": (time.perf_counter() - wall) / args.steps * 1e3,
-                     "cpu_ms": (time.process_time() - cpu) / args.steps * 1e3}
+            entry = {
+                "scale": scale,
+                "rows": args.rows,
+                "threads": cores,
+                "step_ms": (time.perf_counter() - wall) / args.steps * 1e3,
+                "cpu_ms": (time.process_time() - cpu) / args.steps * 1e3,
+            }
             results.append(entry)
             print(json.dumps(entry), flush=True)
     print(json.dumps({"machine": machine()}))

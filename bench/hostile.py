@@ -35,11 +35,24 @@ from proto.ladder.v1 import ladder_pb2_grpc
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 SLOW_HEADERS = b"GET /health HTTP/1.1\r\nHost: ladder\r\nX-Slow: " + b"a" * 4000 + b"\r\n\r\n"
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE")
-PATHS = ("/nope", "/v1/completions/", "/v1/../v1/models", "/v1/%ff%fe", "/v1/models", "/v1/completions",
-         "/" + "x" * 2000, "/v1/chat/completions", "/health/")
+PATHS = (
+    "/nope",
+    "/v1/completions/",
+    "/v1/../v1/models",
+    "/v1/%ff%fe",
+    "/v1/models",
+    "/v1/completions",
+    "/" + "x" * 2000,
+    "/v1/chat/completions",
+    "/health/",
+)
 NESTED = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-METRICS = ("ladder_connections_refused_total", "ladder_connections_timed_out_total", "process_open_fds",
-           "process_max_fds")
+METRICS = (
+    "ladder_connections_refused_total",
+    "ladder_connections_timed_out_total",
+    "process_open_fds",
+    "process_max_fds",
+)
 
 
 def hostile_schema(depth: int = 30) -> dict[str, Any]:
@@ -74,14 +87,20 @@ class Probe(threading.Thread):
     def summary(self) -> dict[str, Any]:
         ms = sorted(s * 1000 for s in self.seconds)
         at = (lambda q: round(ms[min(len(ms) - 1, int(q * len(ms)))], 2)) if ms else (lambda q: None)
-        return {"probes": len(ms) + sum(self.failures.values()), "failures": dict(self.failures),
-                "p50_ms": at(0.5), "p99_ms": at(0.99), "max_ms": round(ms[-1], 2) if ms else None,
-                "mean_ms": round(statistics.fmean(ms), 2) if ms else None}
+        return {
+            "probes": len(ms) + sum(self.failures.values()),
+            "failures": dict(self.failures),
+            "p50_ms": at(0.5),
+            "p99_ms": at(0.99),
+            "max_ms": round(ms[-1], 2) if ms else None,
+            "mean_ms": round(statistics.fmean(ms), 2) if ms else None,
+        }
 
 
 async def routes(http: str, count: int, statuses: Counter[str]) -> None:
     """`count` requests cycling every method over unknown and known paths (no body)."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as session:
+
         async def one(index: int) -> None:
             method, path = METHODS[index % len(METHODS)], PATHS[index // len(METHODS) % len(PATHS)]
             try:
@@ -96,11 +115,13 @@ async def routes(http: str, count: int, statuses: Counter[str]) -> None:
 
 async def nested(http: str, count: int, statuses: Counter[str]) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=8)) as session:
+
         async def one(index: int) -> None:
             route = "/v1/completions" if index % 2 else "/v1/chat/completions"
             try:
-                async with session.post(f"http://{http}{route}", data=NESTED,
-                                        headers={"Content-Type": "application/json"}) as answer:
+                async with session.post(
+                    f"http://{http}{route}", data=NESTED, headers={"Content-Type": "application/json"}
+                ) as answer:
                     await answer.read()
                     statuses[str(answer.status)] += 1
             except aiohttp.ClientError as error:
@@ -145,9 +166,11 @@ async def slowloris(address: str, data: bytes, count: int, hold_s: float) -> dic
 
 async def schemas(address: str, count: int) -> dict[str, int]:
     text = json.dumps(hostile_schema())
-    request = pb.GenerateRequest(prompt=pb.Prompt(text="Answer in JSON:"),
-                                 constraint=pb.Constraint(json_schema=text),
-                                 stopping=pb.StoppingOptions(max_new_tokens=64))
+    request = pb.GenerateRequest(
+        prompt=pb.Prompt(text="Answer in JSON:"),
+        constraint=pb.Constraint(json_schema=text),
+        stopping=pb.StoppingOptions(max_new_tokens=64),
+    )
     codes: Counter[str] = Counter()
     async with grpc.aio.insecure_channel(address) as channel:
         ladder = ladder_pb2_grpc.LadderStub(channel)
@@ -167,8 +190,11 @@ def scrape(metrics: str) -> dict[str, float]:
     if not metrics:
         return {}
     text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith(METRICS)}
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(METRICS)
+    }
 
 
 def answers(grpc_address: str, http: str) -> dict[str, Any]:
@@ -178,8 +204,9 @@ def answers(grpc_address: str, http: str) -> dict[str, Any]:
         try:
             health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
             found["grpc_health"] = True
-            hello = pb.GenerateRequest(prompt=pb.Prompt(text="Hello"),
-                                       stopping=pb.StoppingOptions(max_new_tokens=4))
+            hello = pb.GenerateRequest(
+                prompt=pb.Prompt(text="Hello"), stopping=pb.StoppingOptions(max_new_tokens=4)
+            )
             reply = ladder_pb2_grpc.LadderStub(channel).Generate(hello, timeout=30)
             found["generate_tokens"] = len(reply.token_ids)
         except grpc.RpcError as error:
@@ -197,13 +224,20 @@ async def attack(args: argparse.Namespace) -> dict[str, Any]:
     half = args.slowloris // 2
     started = time.perf_counter()
     results = await asyncio.gather(
-        routes(args.http, args.requests, http_statuses), nested(args.http, args.nested, nested_statuses),
+        routes(args.http, args.requests, http_statuses),
+        nested(args.http, args.nested, nested_statuses),
         slowloris(args.grpc, H2_PREFACE * 8, half, args.hold_s),
         slowloris(args.http, SLOW_HEADERS, args.slowloris - half, args.hold_s),
-        schemas(args.grpc, args.schemas))
-    return {"seconds": round(time.perf_counter() - started, 1),
-            "http_unknown_and_methods": dict(http_statuses), "http_nested_json": dict(nested_statuses),
-            "slowloris_grpc": results[2], "slowloris_http": results[3], "hostile_schema_generate": results[4]}
+        schemas(args.grpc, args.schemas),
+    )
+    return {
+        "seconds": round(time.perf_counter() - started, 1),
+        "http_unknown_and_methods": dict(http_statuses),
+        "http_nested_json": dict(nested_statuses),
+        "slowloris_grpc": results[2],
+        "slowloris_http": results[3],
+        "hostile_schema_generate": results[4],
+    }
 
 
 def main() -> None:
@@ -226,8 +260,12 @@ def main() -> None:
     summary = asyncio.run(attack(args))
     probe.stop.set()
     probe.join()
-    summary.update(health=probe.summary(), after=answers(args.grpc, args.http), metrics_before=before,
-                   metrics_after=scrape(args.metrics))
+    summary.update(
+        health=probe.summary(),
+        after=answers(args.grpc, args.http),
+        metrics_before=before,
+        metrics_after=scrape(args.metrics),
+    )
     text = json.dumps(summary, indent=2)
     print(text)
     if args.out:

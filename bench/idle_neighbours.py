@@ -16,17 +16,26 @@ from bench.served import free_port, machine, resolve_model, server_arguments, st
 from clients.python import LadderClient
 from clients.python.messages import Logprobs, Stopping, Turn
 
-QUESTIONS = ("What is the capital of France?", "Write a haiku about the sea.",
-             "How do I reverse a list in Python?", "Name three primary colors.", "Why is the sky blue?",
-             "Give me a synonym for happy.", "What is 17 times 3?", "Tell me a fun fact about owls.",
-             "Translate 'good morning' into Spanish.", "What does a CPU do?")
+QUESTIONS = (
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "How do I reverse a list in Python?",
+    "Name three primary colors.",
+    "Why is the sky blue?",
+    "Give me a synonym for happy.",
+    "What is 17 times 3?",
+    "Tell me a fun fact about owls.",
+    "Translate 'good morning' into Spanish.",
+    "What does a CPU do?",
+)
 
 
 def answers(client: LadderClient, new: int) -> list[tuple[list[int], list[float]]]:
     out = []
     for question in QUESTIONS:
-        done = client.generate([Turn("user", question)], stopping=Stopping(max_new_tokens=new),
-                               logprobs=Logprobs())
+        done = client.generate(
+            [Turn("user", question)], stopping=Stopping(max_new_tokens=new), logprobs=Logprobs()
+        )
         out.append((list(done.token_ids), [t.logprob for t in done.logprobs]))
     return out
 
@@ -52,11 +61,16 @@ def main() -> None:
                 held.append(done.session_id)
             got = answers(asker, args.new)
             stats = asker.engine_stats()
-            rows.append({"idle_sessions": count,
-                         "same_tokens": sum(a[0] == b[0] for a, b in zip(got, idle, strict=True)),
-                         "bit_equal_logprobs": sum(a == b for a, b in zip(got, idle, strict=True)),
-                         "prompts": len(QUESTIONS), "rows_moved": stats.decode.rows_moved,
-                         "decode_widths": {str(w.batch): w.forwards for w in stats.decode.widths}})
+            rows.append(
+                {
+                    "idle_sessions": count,
+                    "same_tokens": sum(a[0] == b[0] for a, b in zip(got, idle, strict=True)),
+                    "bit_equal_logprobs": sum(a == b for a, b in zip(got, idle, strict=True)),
+                    "prompts": len(QUESTIONS),
+                    "rows_moved": stats.decode.rows_moved,
+                    "decode_widths": {str(w.batch): w.forwards for w in stats.decode.widths},
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
         for session_id in held:
             holder.close_session(session_id)

@@ -47,8 +47,9 @@ def _written(compiled: Any, state: Any, value: Any, steps: list[int]) -> Iterato
     if isinstance(value, dict):
         members = list(value.items())
         everything = frozenset(range(len(members)))
-        yield from _members(compiled, compiled.after_bytes(state, b"{"), members, everything,
-                            True, steps, set())
+        yield from _members(
+            compiled, compiled.after_bytes(state, b"{"), members, everything, True, steps, set()
+        )
     elif isinstance(value, list):
         yield from _items(compiled, compiled.after_bytes(state, b"["), value, True, steps)
     else:
@@ -58,8 +59,15 @@ def _written(compiled: Any, state: Any, value: Any, steps: list[int]) -> Iterato
                 yield after
 
 
-def _members(compiled: Any, state: Any, members: list[tuple[str, Any]], left: frozenset[int], first: bool,
-             steps: list[int], seen: set[tuple[Any, frozenset[int]]]) -> Iterator[Any]:
+def _members(
+    compiled: Any,
+    state: Any,
+    members: list[tuple[str, Any]],
+    left: frozenset[int],
+    first: bool,
+    steps: list[int],
+    seen: set[tuple[Any, frozenset[int]]],
+) -> Iterator[Any]:
     """The states after the members `left` (indices into `members`) in any order, then `}`; a
     (state, left) pair already searched is not searched again."""
     if state is None or (state, left) in seen:

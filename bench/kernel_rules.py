@@ -40,16 +40,25 @@ def decode_rate(engine: Engine, least: int, tokens: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", type=Path, default=DEFAULT)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     engine = Engine.load(args.model, EngineOptions(max_sessions=4, capacity=1024))
     rules = engine.kernels
-    print(json.dumps({"restore_rule": rules.restore_rule, "least_decode_batch": rules.least_decode_batch,
-                      "one_row_gap": rules.one_row_gap, "re_run_gap": rules.re_run_gap}))
+    print(
+        json.dumps(
+            {
+                "restore_rule": rules.restore_rule,
+                "least_decode_batch": rules.least_decode_batch,
+                "one_row_gap": rules.one_row_gap,
+                "re_run_gap": rules.re_run_gap,
+            }
+        )
+    )
     ratios = []
     for round_ in range(args.rounds):
         one, two = decode_rate(engine, 1, args.tokens), decode_rate(engine, 2, args.tokens)

@@ -54,23 +54,45 @@ def load(address: str, seconds: float, threads: int, prompt_len: int, new: int) 
     for w in workers:
         w.join()
     elapsed = time.perf_counter() - started
-    return {"calls_per_s": sum(counts) / elapsed, "tokens_per_s": sum(counts) * new / elapsed,
-            "errors": float(sum(errors))}
+    return {
+        "calls_per_s": sum(counts) / elapsed,
+        "tokens_per_s": sum(counts) * new / elapsed,
+        "errors": float(sum(errors)),
+    }
 
 
 def stream(address: str, new: int) -> float:
     """Tokens/s of one GenerateStream of `new` tokens."""
     started = time.perf_counter()
-    got = sum(1 for e in stub(address).GenerateStream(request([5, 6, 7, 8], new), timeout=120)
-              if e.HasField("token"))
+    got = sum(
+        1
+        for e in stub(address).GenerateStream(request([5, 6, 7, 8], new), timeout=120)
+        if e.HasField("token")
+    )
     return got / (time.perf_counter() - started)
 
 
 def one_round(tree: Path, model: Path, args: argparse.Namespace, log: Path) -> dict[str, Any]:
     port, metrics = free_port(), free_port()
-    cmd = [sys.executable, "-m", "service", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-           "--metrics-port", str(metrics), "--max-sessions", str(args.threads), "--log-level", args.log_level,
-           "--max-new-tokens", str(max(args.new, args.stream_tokens))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(metrics),
+        "--max-sessions",
+        str(args.threads),
+        "--log-level",
+        args.log_level,
+        "--max-new-tokens",
+        str(max(args.new, args.stream_tokens)),
+    ]
     with open(log, "ab") as out:  # `python -m` in the tree's root imports that tree's packages
         server = subprocess.Popen(cmd, cwd=tree, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -113,16 +135,26 @@ def main() -> None:
             result = one_round(Path(path).resolve(), model, args, args.out / f"server-{name}.log")
             rounds[name].append(result)
             print(json.dumps({"round": index, "tree": name, **result}), flush=True)
-    summary = {name: {key: statistics.median(r[key] for r in results)
-                      for key in ("calls_per_s", "tokens_per_s", "stream_tokens_per_s", "errors")}
-               for name, results in rounds.items()}
+    summary = {
+        name: {
+            key: statistics.median(r[key] for r in results)
+            for key in ("calls_per_s", "tokens_per_s", "stream_tokens_per_s", "errors")
+        }
+        for name, results in rounds.items()
+    }
     names = list(trees)
     if len(names) == 2:
         a, b = (summary[n] for n in names)
-        summary[f"{names[1]}/{names[0]}"] = {key: b[key] / a[key] for key in
-                                             ("calls_per_s", "stream_tokens_per_s") if a[key]}
-    report = {"machine": machine(), "command": " ".join(sys.argv),
-              "args": vars(args) | {"out": str(args.out)}, "rounds": rounds, "median": summary}
+        summary[f"{names[1]}/{names[0]}"] = {
+            key: b[key] / a[key] for key in ("calls_per_s", "stream_tokens_per_s") if a[key]
+        }
+    report = {
+        "machine": machine(),
+        "command": " ".join(sys.argv),
+        "args": vars(args) | {"out": str(args.out)},
+        "rounds": rounds,
+        "median": summary,
+    }
     (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
 

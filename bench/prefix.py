@@ -43,15 +43,29 @@ from proto.ladder.v1 import ladder_pb2 as pb
 
 
 def start_server(args: argparse.Namespace, model: str, port: int, chunk: int, sharing: bool) -> Any:
-    return served.start_server(args, model, port, "--max-sessions", str(args.slots),
-                               "--capacity", str(args.capacity), "--max-new-tokens", str(args.capacity),
-                               "--chunk-size", str(chunk), "--prefix-sharing", "true" if sharing else "false",
-                               *args.server_args.split())
+    return served.start_server(
+        args,
+        model,
+        port,
+        "--max-sessions",
+        str(args.slots),
+        "--capacity",
+        str(args.capacity),
+        "--max-new-tokens",
+        str(args.capacity),
+        "--chunk-size",
+        str(chunk),
+        "--prefix-sharing",
+        "true" if sharing else "false",
+        *args.server_args.split(),
+    )
 
 
 def request(tokens: list[int], new: int) -> pb.GenerateRequest:
-    return pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
-                              stopping=pb.StoppingOptions(max_new_tokens=new, ignore_eos=True))
+    return pb.GenerateRequest(
+        prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
+        stopping=pb.StoppingOptions(max_new_tokens=new, ignore_eos=True),
+    )
 
 
 def stream(client: Any, tokens: list[int], new: int) -> dict[str, Any]:
@@ -65,16 +79,23 @@ def stream(client: Any, tokens: list[int], new: int) -> dict[str, Any]:
         else:
             done = event.done
     assert first is not None and done is not None
-    return {"ttft_ms": (first - start) * 1e3, "server_ttft_ms": done.timing.ttft_ms, "ids": ids,
-            "shared_rows": done.prefill.shared_rows, "prefilled_rows": done.prefill.real_rows}
+    return {
+        "ttft_ms": (first - start) * 1e3,
+        "server_ttft_ms": done.timing.ttft_ms,
+        "ids": ids,
+        "shared_rows": done.prefill.shared_rows,
+        "prefilled_rows": done.prefill.real_rows,
+    }
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"ttft_ms_median": statistics.median(r["ttft_ms"] for r in rows),
-            "server_ttft_ms_median": statistics.median(r["server_ttft_ms"] for r in rows),
-            "ttft_ms": [round(r["ttft_ms"], 1) for r in rows],
-            "shared_rows": [r["shared_rows"] for r in rows],
-            "prefilled_rows": [r["prefilled_rows"] for r in rows]}
+    return {
+        "ttft_ms_median": statistics.median(r["ttft_ms"] for r in rows),
+        "server_ttft_ms_median": statistics.median(r["server_ttft_ms"] for r in rows),
+        "ttft_ms": [round(r["ttft_ms"], 1) for r in rows],
+        "shared_rows": [r["shared_rows"] for r in rows],
+        "prefilled_rows": [r["prefilled_rows"] for r in rows],
+    }
 
 
 def system_prompts(clients: dict[str, Any], args: argparse.Namespace, vocab: int) -> dict[str, Any]:
@@ -91,18 +112,19 @@ def system_prompts(clients: dict[str, Any], args: argparse.Namespace, vocab: int
     names = list(clients)
     if args.order == "blocks":
         for b, first in enumerate(range(0, args.requests, args.block)):
-            for name in names[::1 if b % 2 == 0 else -1]:
-                rows[name] += [stream(clients[name], t, args.new) for t in turns[first:first + args.block]]
+            for name in names[:: 1 if b % 2 == 0 else -1]:
+                rows[name] += [stream(clients[name], t, args.new) for t in turns[first : first + args.block]]
     else:
         for i, tokens in enumerate(turns):
-            for name in names[::1 if i % 2 == 0 else -1]:
+            for name in names[:: 1 if i % 2 == 0 else -1]:
                 rows[name].append(stream(clients[name], tokens, args.new))
     return {name: {**summary(r), "tokens": [x["ids"] for x in r]} for name, r in rows.items()}
 
 
 def prefill(client: Any, tokens: list[int], session_id: str = "") -> tuple[pb.PrefillDone, float]:
-    part = pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
-                             last=True)
+    part = pb.PrefillRequest(
+        session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)), last=True
+    )
     start = time.perf_counter()
     events = list(client.Prefill(iter([part])))
     return events[-1].done, (time.perf_counter() - start) * 1e3
@@ -131,10 +153,15 @@ def multi_turn(client: Any, args: argparse.Namespace, vocab: int) -> dict[str, A
         if turn + 1 < args.chat_turns:
             conversation += decode(client, session_id, args.reply)
     client.CloseSession(pb.CloseSessionRequest(session_id=session_id))
-    return {"conversation_tokens": len(conversation), "turn_ttft_ms": [round(m, 1) for m in turn_ms],
-            "append_ttft_ms": turn_ms[-1], "resend": summary(resent),
-            "append_next_token": done.next_token, "resend_first_tokens": [r["ids"][0] for r in resent],
-            "append_over_resend": turn_ms[-1] / statistics.median(r["ttft_ms"] for r in resent)}
+    return {
+        "conversation_tokens": len(conversation),
+        "turn_ttft_ms": [round(m, 1) for m in turn_ms],
+        "append_ttft_ms": turn_ms[-1],
+        "resend": summary(resent),
+        "append_next_token": done.next_token,
+        "resend_first_tokens": [r["ids"][0] for r in resent],
+        "append_over_resend": turn_ms[-1] / statistics.median(r["ttft_ms"] for r in resent),
+    }
 
 
 def fork_timing(client: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
@@ -147,8 +174,13 @@ def fork_timing(client: Any, args: argparse.Namespace, vocab: int) -> dict[str, 
         server.append(forked.server_ms)
         client.CloseSession(pb.CloseSessionRequest(session_id=forked.session_id))
     client.CloseSession(pb.CloseSessionRequest(session_id=done.session_id))
-    return {"length": done.length, "prefill_ms": prefill_ms, "server_ms": server,
-            "server_ms_median": statistics.median(server), "round_trip_ms_median": statistics.median(trip)}
+    return {
+        "length": done.length,
+        "prefill_ms": prefill_ms,
+        "server_ms": server,
+        "server_ms_median": statistics.median(server),
+        "round_trip_ms_median": statistics.median(trip),
+    }
 
 
 def engine_fork(model: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
@@ -168,8 +200,12 @@ def engine_fork(model: Path, args: argparse.Namespace, vocab: int) -> dict[str, 
         times.append((time.perf_counter() - start) * 1e3)
         engine.close_session(forked, keep=False)
     engine.close()
-    return {"length": args.fork_length, "fork_ms": times, "fork_ms_median": statistics.median(times),
-            "provider": engine.backend.name}
+    return {
+        "length": args.fork_length,
+        "fork_ms": times,
+        "fork_ms_median": statistics.median(times),
+        "provider": engine.backend.name,
+    }
 
 
 def both_servers(args: argparse.Namespace, model: str, vocab: int, chunk: int) -> dict[str, Any]:
@@ -178,8 +214,9 @@ def both_servers(args: argparse.Namespace, model: str, vocab: int, chunk: int) -
     ports = {"sharing_on": free_port(), "sharing_off": free_port()}
     while ports["sharing_off"] == ports["sharing_on"]:
         ports["sharing_off"] = free_port()
-    servers = {name: start_server(args, model, port, chunk, name == "sharing_on")
-               for name, port in ports.items()}
+    servers = {
+        name: start_server(args, model, port, chunk, name == "sharing_on") for name, port in ports.items()
+    }
     out: dict[str, dict[str, Any]] = {name: {} for name in servers}
     try:
         clients = {}
@@ -193,9 +230,14 @@ def both_servers(args: argparse.Namespace, model: str, vocab: int, chunk: int) -
         out["sharing_on"]["fork"] = fork_timing(clients["sharing_on"], args, vocab)
         for name, client in clients.items():
             stats = client.GetEngineStats(pb.GetEngineStatsRequest()).prefix
-            out[name]["prefix_stats"] = {"hits": stats.hits, "tokens_saved": stats.tokens_saved,
-                                         "forks": stats.forks, "slots_held": stats.slots_held,
-                                         "bytes_held": stats.bytes_held, "evictions": stats.evictions}
+            out[name]["prefix_stats"] = {
+                "hits": stats.hits,
+                "tokens_saved": stats.tokens_saved,
+                "forks": stats.forks,
+                "slots_held": stats.slots_held,
+                "bytes_held": stats.bytes_held,
+                "evictions": stats.evictions,
+            }
     finally:
         for name, server in servers.items():
             server.terminate()
@@ -205,14 +247,17 @@ def both_servers(args: argparse.Namespace, model: str, vocab: int, chunk: int) -
 
 def compare(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
     system_on, system_off = on["system_prompt"], off["system_prompt"]
-    return {"system_prompt_ttft_ratio": system_on["ttft_ms_median"] / system_off["ttft_ms_median"],
-            "system_prompt_server_ttft_ratio":
-                system_on["server_ttft_ms_median"] / system_off["server_ttft_ms_median"],
-            "greedy_tokens_equal": system_on["tokens"] == system_off["tokens"],
-            "requests_with_equal_tokens": sum(
-                a == b for a, b in zip(system_on["tokens"], system_off["tokens"], strict=True)),
-            "tenth_turn_append_over_resend_without_sharing": off["multi_turn"]["append_over_resend"],
-            "tenth_turn_append_over_resend_with_sharing": on["multi_turn"]["append_over_resend"]}
+    return {
+        "system_prompt_ttft_ratio": system_on["ttft_ms_median"] / system_off["ttft_ms_median"],
+        "system_prompt_server_ttft_ratio": system_on["server_ttft_ms_median"]
+        / system_off["server_ttft_ms_median"],
+        "greedy_tokens_equal": system_on["tokens"] == system_off["tokens"],
+        "requests_with_equal_tokens": sum(
+            a == b for a, b in zip(system_on["tokens"], system_off["tokens"], strict=True)
+        ),
+        "tenth_turn_append_over_resend_without_sharing": off["multi_turn"]["append_over_resend"],
+        "tenth_turn_append_over_resend_with_sharing": on["multi_turn"]["append_over_resend"],
+    }
 
 
 def main() -> None:
@@ -229,8 +274,12 @@ def main() -> None:
     parser.add_argument("--reply", type=int, default=32)
     parser.add_argument("--fork-length", type=int, default=4000)
     parser.add_argument("--forks", type=int, default=5)
-    parser.add_argument("--order", choices=("alternate", "blocks"), default="alternate",
-                        help="how the system-prompt requests go to the two servers (see system_prompts)")
+    parser.add_argument(
+        "--order",
+        choices=("alternate", "blocks"),
+        default="alternate",
+        help="how the system-prompt requests go to the two servers (see system_prompts)",
+    )
     parser.add_argument("--block", type=int, default=5, help="requests per run with --order blocks")
     parser.add_argument("--skip", default="", help="comma-separated: engine")
     parser.add_argument("--server-args", default="", help="more flags for the servers")
@@ -238,8 +287,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model = resolve_model(args)
     vocab = vocab_of(model)
-    result: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "model": model,
-                              "settings": {k: str(v) for k, v in vars(args).items()}, "chunks": {}}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "command": " ".join(sys.argv),
+        "model": model,
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "chunks": {},
+    }
     for chunk in (int(c) for c in args.chunk_sizes.split(",")):
         both = both_servers(args, model, vocab, chunk)
         on, off = both["sharing_on"], both["sharing_off"]

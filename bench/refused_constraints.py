@@ -39,17 +39,27 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    process = start_server(args, resolve_model(args), port, "--http-port", "0",
-                           "--constraint-compile-seconds", str(args.budget), root=args.repo)
+    process = start_server(
+        args,
+        resolve_model(args),
+        port,
+        "--http-port",
+        "0",
+        "--constraint-compile-seconds",
+        str(args.budget),
+        root=args.repo,
+    )
     try:
         address = f"127.0.0.1:{port}"
         wait_serving(address)
         generate = stub(address).Generate
 
         def refuse(k: int) -> str:
-            request = pb.GenerateRequest(prompt=pb.Prompt(text="Hi"),
-                                         constraint=pb.Constraint(regex=f".{{20000}}x{k}"),
-                                         stopping=pb.StoppingOptions(max_new_tokens=2))
+            request = pb.GenerateRequest(
+                prompt=pb.Prompt(text="Hi"),
+                constraint=pb.Constraint(regex=f".{{20000}}x{k}"),
+                stopping=pb.StoppingOptions(max_new_tokens=2),
+            )
             try:
                 generate(request, timeout=300)
             except grpc.RpcError as exc:
@@ -67,10 +77,12 @@ def main() -> None:
         started = time.monotonic()
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=300)
-        print(f"repo {args.repo or REPO}: {args.count} refused at a {args.budget:g} s budget in {took:.0f} s "
-              f"(codes {sorted(codes)}); RSS {before:.0f} MB before, +{after - before:.0f} MB after, "
-              f"+{idle - before:.0f} MB after {args.idle:g} s idle; SIGTERM to exit "
-              f"{time.monotonic() - started:.2f} s, exit code {code}")
+        print(
+            f"repo {args.repo or REPO}: {args.count} refused at a {args.budget:g} s budget in {took:.0f} s "
+            f"(codes {sorted(codes)}); RSS {before:.0f} MB before, +{after - before:.0f} MB after, "
+            f"+{idle - before:.0f} MB after {args.idle:g} s idle; SIGTERM to exit "
+            f"{time.monotonic() - started:.2f} s, exit code {code}"
+        )
     finally:
         if process.poll() is None:
             process.kill()

@@ -66,9 +66,27 @@ def main() -> None:
     write_byte_level_tokenizer(model, TINY.vocab_size)
     port = free_port()
     address = f"127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "service", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-           "--metrics-port", "0", "--max-sessions", str(args.slots), "--max-queue", str(4 * args.streams),
-           "--max-new-tokens", "64", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--max-sessions",
+        str(args.slots),
+        "--max-queue",
+        str(4 * args.streams),
+        "--max-new-tokens",
+        "64",
+        "--log-level",
+        "warning",
+    ]
     import subprocess
 
     server = subprocess.Popen(cmd, stdout=open(args.out / "server.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
@@ -79,13 +97,20 @@ def main() -> None:
         until = started + args.seconds
         per = args.streams // args.processes
         with mp.get_context("spawn").Pool(args.processes) as pool:
-            pending = pool.map_async(client, [(address, per, until, TINY.vocab_size, p)
-                                              for p in range(args.processes)])
+            pending = pool.map_async(
+                client, [(address, per, until, TINY.vocab_size, p) for p in range(args.processes)]
+            )
             while not pending.ready():
                 stats = stub(address).GetEngineStats(pb_request())
-                samples.append({"t": round(time.time() - started, 1), "rss": rss(server.pid),
-                                "sessions_open": stats.sessions_open, "queue_depth": stats.queue_depth,
-                                "decode_rows_per_step": stats.decode.rows / max(stats.decode.steps, 1)})
+                samples.append(
+                    {
+                        "t": round(time.time() - started, 1),
+                        "rss": rss(server.pid),
+                        "sessions_open": stats.sessions_open,
+                        "queue_depth": stats.queue_depth,
+                        "decode_rows_per_step": stats.decode.rows / max(stats.decode.steps, 1),
+                    }
+                )
                 pending.wait(10)
             codes = sum((Counter(c) for c in pending.get()), Counter())
         time.sleep(1)
@@ -95,12 +120,17 @@ def main() -> None:
         exit_code = server.wait(120)
     steady = [s["rss"] for s in samples if s["t"] >= args.warm_up_s]
     result = {
-        "machine": machine(), "command": " ".join(sys.argv), "settings": vars(args) | {"out": str(args.out)},
-        "calls": dict(codes), "hung": codes.get("DEADLINE_EXCEEDED", 0),
+        "machine": machine(),
+        "command": " ".join(sys.argv),
+        "settings": vars(args) | {"out": str(args.out)},
+        "calls": dict(codes),
+        "hung": codes.get("DEADLINE_EXCEEDED", 0),
         "failed": sum(n for code, n in codes.items() if code != "OK"),
-        "sessions_open_at_end": final.sessions_open, "queue_depth_at_end": final.queue_depth,
+        "sessions_open_at_end": final.sessions_open,
+        "queue_depth_at_end": final.queue_depth,
         "rss_after_warm_up": rss_spread(steady),
-        "samples": samples, "server_exit_code": exit_code,
+        "samples": samples,
+        "server_exit_code": exit_code,
     }
     (args.out / "reliability.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))

@@ -38,8 +38,9 @@ def sampling(kind: str, temperature: float, top_p: float, seed: int) -> pb.Sampl
     return pb.SamplingOptions(temperature=temperature, top_p=top_p, seed=seed)
 
 
-async def round_of(address: str, kind: str, streams: int, calls: int, args: argparse.Namespace,
-                   vocab: int, offset: int) -> dict[str, Any]:
+async def round_of(
+    address: str, kind: str, streams: int, calls: int, args: argparse.Namespace, vocab: int, offset: int
+) -> dict[str, Any]:
     """`calls` calls per stream, `streams` at once: generated tok/s over the round."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = ladder_pb2_grpc.LadderStub(channel)
@@ -51,7 +52,8 @@ async def round_of(address: str, kind: str, streams: int, calls: int, args: argp
                 request = pb.GenerateRequest(
                     prompt=pb.Prompt(tokens=pb.TokenIds(ids=prompt(args.prompt, seed, vocab))),
                     sampling=sampling(kind, args.temperature, args.top_p, seed),
-                    stopping=pb.StoppingOptions(max_new_tokens=args.new, ignore_eos=True))
+                    stopping=pb.StoppingOptions(max_new_tokens=args.new, ignore_eos=True),
+                )
                 reply = await stub.Generate(request, timeout=600)
                 made += len(reply.token_ids)
             return made
@@ -96,14 +98,24 @@ def main() -> None:
         server.wait(timeout=60)
     summary = []
     for streams in widths:
-        median = {kind: statistics.median(r["tok_s"] for r in rows
-                                          if r["kind"] == kind and r["streams"] == streams)
-                  for kind in ("greedy", "sampled")}
-        summary.append({"streams": streams, "greedy_tok_s": round(median["greedy"], 1),
-                        "sampled_tok_s": round(median["sampled"], 1),
-                        "ratio": round(median["sampled"] / median["greedy"], 3)})
-    result = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "rounds": rows,
-              "summary": summary}
+        median = {
+            kind: statistics.median(r["tok_s"] for r in rows if r["kind"] == kind and r["streams"] == streams)
+            for kind in ("greedy", "sampled")
+        }
+        summary.append(
+            {
+                "streams": streams,
+                "greedy_tok_s": round(median["greedy"], 1),
+                "sampled_tok_s": round(median["sampled"], 1),
+                "ratio": round(median["sampled"] / median["greedy"], 3),
+            }
+        )
+    result = {
+        "machine": machine(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "rounds": rows,
+        "summary": summary,
+    }
     (args.out / "sampled.json").write_text(json.dumps(result, indent=1))
     for line in summary:
         print(json.dumps(line))

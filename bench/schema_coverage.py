@@ -41,8 +41,12 @@ def outcome(text: str, vocabulary: Vocabulary, seconds: float) -> dict[str, Any]
         result: dict[str, Any] = {"compiled": True}
     except InvalidInput as exc:
         found = re.search(r"'([^']+)'", str(exc))
-        result = {"compiled": False, "reason": exc.reason, "keyword": found.group(1) if found else "",
-                  "message": str(exc)[:200]}
+        result = {
+            "compiled": False,
+            "reason": exc.reason,
+            "keyword": found.group(1) if found else "",
+            "message": str(exc)[:200],
+        }
     result["cpu_s"] = round(time.thread_time() - started, 4)
     return result
 
@@ -56,19 +60,24 @@ def main() -> None:
     args = parser.parse_args()
     vocabulary = byte_vocabulary()
     files = sorted(p for p in args.schemas.glob("*.json") if p.stat().st_size <= MAX_SCHEMA_BYTES)
-    files = files[:args.limit] if args.limit else files
+    files = files[: args.limit] if args.limit else files
     results = {}
     for path in files:
         text = path.read_text(encoding="utf-8", errors="replace")
         results[path.name] = outcome(text, vocabulary, args.seconds)
     compiled = sum(r["compiled"] for r in results.values())
     reasons = collections.Counter(r["reason"] for r in results.values() if not r["compiled"])
-    keywords = collections.Counter(r["keyword"] for r in results.values()
-                                   if not r["compiled"] and r["reason"] == "SCHEMA_UNSUPPORTED")
+    keywords = collections.Counter(
+        r["keyword"] for r in results.values() if not r["compiled"] and r["reason"] == "SCHEMA_UNSUPPORTED"
+    )
     share = round(compiled / max(len(results), 1), 3)
-    summary = {"schemas": len(results), "compiled": compiled, "share": share,
-               "refused_by_reason": dict(reasons.most_common()),
-               "unsupported_by_keyword": dict(keywords.most_common(25))}
+    summary = {
+        "schemas": len(results),
+        "compiled": compiled,
+        "share": share,
+        "refused_by_reason": dict(reasons.most_common()),
+        "unsupported_by_keyword": dict(keywords.most_common(25)),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
     print(json.dumps(summary, indent=1))

@@ -61,8 +61,14 @@ def instances(root: Path, kind: str, name: str) -> list[Any]:
     return found
 
 
-def check(text: str, valid: list[Any], invalid: list[Any], vocab: Vocabulary,
-          seconds: float, as_written: bool = False) -> dict[str, Any]:
+def check(
+    text: str,
+    valid: list[Any],
+    invalid: list[Any],
+    vocab: Vocabulary,
+    seconds: float,
+    as_written: bool = False,
+) -> dict[str, Any]:
     budget = Budget(seconds)
     budget.start()
     started = time.thread_time()
@@ -71,16 +77,24 @@ def check(text: str, valid: list[Any], invalid: list[Any], vocab: Vocabulary,
         compiled.start().allowed()
     except InvalidInput as exc:
         found = re.search(r"'([^']+)'", str(exc))
-        return {"compiled": False, "reason": exc.reason, "keyword": found.group(1) if found else "",
-                "cpu_s": round(time.thread_time() - started, 4)}
-    result: dict[str, Any] = {"compiled": True, "engine": type(compiled).__name__,
-                              "cpu_s": round(time.thread_time() - started, 4)}
+        return {
+            "compiled": False,
+            "reason": exc.reason,
+            "keyword": found.group(1) if found else "",
+            "cpu_s": round(time.thread_time() - started, 4),
+        }
+    result: dict[str, Any] = {
+        "compiled": True,
+        "engine": type(compiled).__name__,
+        "cpu_s": round(time.thread_time() - started, 4),
+    }
     walk = admits_as_written if as_written else admits
     walked_valid = [walk(compiled, v) for v in valid]
     walked_invalid = [walk(compiled, v) for v in invalid]
     if as_written:  # a valid instance refused as written: does another order of its members fit?
-        result["valid_in_another_order"] = [i for i, ok in enumerate(walked_valid)
-                                            if not ok and admits(compiled, valid[i], 2_000)]
+        result["valid_in_another_order"] = [
+            i for i, ok in enumerate(walked_valid) if not ok and admits(compiled, valid[i], 2_000)
+        ]
     result["valid_refused"] = [i for i, ok in enumerate(walked_valid) if ok is False]
     result["invalid_admitted"] = [i for i, ok in enumerate(walked_invalid) if ok is True]
     result["undecided"] = sum(ok is None for ok in walked_valid + walked_invalid)
@@ -107,8 +121,12 @@ def _maskbench_one(job: tuple[str, Path, float]) -> tuple[str, dict[str, Any]]:
     valid = [t["data"] for t in tests if t["valid"]]
     invalid = [t["data"] for t in tests if not t["valid"]]
     result = check(json.dumps(case["schema"]), valid, invalid, _VOCAB[0], seconds, as_written=True)
-    result.update(valid=len(valid), invalid=len(invalid), split=split_of(Path(name).name),
-                  wall_s=round(time.perf_counter() - started, 3))
+    result.update(
+        valid=len(valid),
+        invalid=len(invalid),
+        split=split_of(Path(name).name),
+        wall_s=round(time.perf_counter() - started, 3),
+    )
     return Path(name).name, result
 
 
@@ -129,8 +147,11 @@ def maskbench(folder: Path, model_dir: Path, seconds: float, limit: int, jobs: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("src", type=Path, help="Schema Store's src/ (schemas/json, test, negative_test),"
-                        " or MaskBench's data/ with --maskbench")
+    parser.add_argument(
+        "src",
+        type=Path,
+        help="Schema Store's src/ (schemas/json, test, negative_test), or MaskBench's data/ with --maskbench",
+    )
     parser.add_argument("--maskbench", action="store_true", help="src is MaskBench's data/")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
@@ -166,22 +187,28 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
     compiled = [r for r in results.values() if r["compiled"]]
     times = np.array([r["cpu_s"] for r in compiled]) if compiled else np.zeros(1)
     summary = {
-        "schemas": len(results), "compiled": len(compiled),
+        "schemas": len(results),
+        "compiled": len(compiled),
         "handled": sum(r.get("handled", False) for r in results.values()),
-        "handled_share": round(sum(r.get("handled", False) for r in results.values())
-                               / max(len(results), 1), 3),
+        "handled_share": round(
+            sum(r.get("handled", False) for r in results.values()) / max(len(results), 1), 3
+        ),
         "valid_instances": sum(r["valid"] for r in results.values()),
         "invalid_instances": sum(r["invalid"] for r in results.values()),
         "valid_refused_by_compiled": sum(len(r["valid_refused"]) for r in compiled),
-        "of_them_admitted_in_another_member_order": sum(len(r.get("valid_in_another_order", []))
-                                                        for r in compiled),
+        "of_them_admitted_in_another_member_order": sum(
+            len(r.get("valid_in_another_order", [])) for r in compiled
+        ),
         "invalid_admitted": sum(len(r["invalid_admitted"]) for r in compiled),
         "undecided": sum(r["undecided"] for r in compiled),
-        "compile_first_mask_cpu_s": {"p50": round(float(np.percentile(times, 50)), 4),
-                                     "p99": round(float(np.percentile(times, 99)), 4),
-                                     "max": round(float(times.max()), 4)},
-        "refused_by_reason": dict(collections.Counter(r["reason"] for r in results.values()
-                                                      if not r["compiled"]).most_common()),
+        "compile_first_mask_cpu_s": {
+            "p50": round(float(np.percentile(times, 50)), 4),
+            "p99": round(float(np.percentile(times, 99)), 4),
+            "max": round(float(times.max()), 4),
+        },
+        "refused_by_reason": dict(
+            collections.Counter(r["reason"] for r in results.values() if not r["compiled"]).most_common()
+        ),
     }
     return summary
 

@@ -19,8 +19,12 @@ from pathlib import Path
 
 from tests.support.schema_suite import DRAFTS, SUITE, Case, cases, compiled, outcome
 
-REASONS = {"SCHEMA_UNSUPPORTED": "unsupported", "CONSTRAINT_TOO_LARGE": "too large",
-           "CONSTRAINT_UNSATISFIABLE": "unsatisfiable", "SCHEMA_INVALID": "invalid"}
+REASONS = {
+    "SCHEMA_UNSUPPORTED": "unsupported",
+    "CONSTRAINT_TOO_LARGE": "too large",
+    "CONSTRAINT_UNSATISFIABLE": "unsatisfiable",
+    "SCHEMA_INVALID": "invalid",
+}
 
 
 @dataclass
@@ -54,13 +58,17 @@ class Row:
 
     def cells(self, name: str) -> str:
         refused = ", ".join(f"{n} {REASONS[r]}" for r, n in sorted(self.refused.items())) or "–"
-        return (f"| {name} | {self.groups} | {self.compiled} | {refused} | "
-                f"{self.accepted}/{self.valid_compiled} | {self.rejected}/{self.invalid_compiled} | "
-                f"{self.accepted}/{self.valid} |")
+        return (
+            f"| {name} | {self.groups} | {self.compiled} | {refused} | "
+            f"{self.accepted}/{self.valid_compiled} | {self.rejected}/{self.invalid_compiled} | "
+            f"{self.accepted}/{self.valid} |"
+        )
 
 
-HEADER = ("| file | schemas | compiled | refused | valid accepted (compiled) | invalid rejected (compiled) "
-          "| valid accepted (all) |\n| --- | ---: | ---: | --- | ---: | ---: | ---: |")
+HEADER = (
+    "| file | schemas | compiled | refused | valid accepted (compiled) | invalid rejected (compiled) "
+    "| valid accepted (all) |\n| --- | ---: | ---: | --- | ---: | ---: | ---: |"
+)
 
 
 def rows(draft: str) -> dict[str, Row]:
@@ -111,12 +119,17 @@ def commit() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--per-file", action="append", choices=DRAFTS,
-                        help="a draft to show file by file (default: draft2020-12; the others summed)")
+    parser.add_argument(
+        "--per-file",
+        action="append",
+        choices=DRAFTS,
+        help="a draft to show file by file (default: draft2020-12; the others summed)",
+    )
     args = parser.parse_args()
     per_file = args.per_file or ["draft2020-12"]
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).parent).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
     print(f"JSON-Schema-Test-Suite {commit()}, Ladder {head or '?'}\n")
     print(HEADER)
     for draft in DRAFTS:

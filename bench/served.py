@@ -24,8 +24,15 @@ from proto.ladder.v1 import ladder_pb2_grpc
 VOCAB_FLOOR = 3
 
 
-def start_server(args: argparse.Namespace, model: str, port: int, *flags: str, log: str = "server.log",
-                 root: Path | None = None, python: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+def start_server(
+    args: argparse.Namespace,
+    model: str,
+    port: int,
+    *flags: str,
+    log: str = "server.log",
+    root: Path | None = None,
+    python: tuple[str, ...] = (),
+) -> subprocess.Popen[bytes]:
     """`python -m service` serving `model` on 127.0.0.1:`port` with the bench's provider and precision,
     no metrics or HTTP port, warnings only, then `flags` (which may open one); its output appended to
     `args.out / log`. From `root` when given (another version of Ladder, side by side: run from
@@ -33,9 +40,28 @@ def start_server(args: argparse.Namespace, model: str, port: int, *flags: str, l
     # No HTTP port unless `flags` ask for one: two bench servers on one host would both take 8000.
     # (A baseline from `root` may predate the HTTP API and its flag.)
     http_off = () if root is not None else ("--http-port", "0")
-    cmd = [sys.executable, *python, "-m", "service", "--model", model, "--provider", args.provider,
-           "--model-precision", args.precision, "--host", "127.0.0.1", "--port", str(port),
-           "--metrics-port", "0", *http_off, "--log-level", "warning", *flags]
+    cmd = [
+        sys.executable,
+        *python,
+        "-m",
+        "service",
+        "--model",
+        model,
+        "--provider",
+        args.provider,
+        "--model-precision",
+        args.precision,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        "0",
+        *http_off,
+        "--log-level",
+        "warning",
+        *flags,
+    ]
     out = open(Path(args.out) / log, "ab")  # noqa: SIM115 — the server process owns it
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root)
 
@@ -56,8 +82,10 @@ def prompt(n: int, seed: int, vocab: int) -> list[int]:
 
 
 def request(tokens: list[int], new: int) -> pb.GenerateRequest:
-    return pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
-                              stopping=pb.StoppingOptions(max_new_tokens=new, ignore_eos=True))
+    return pb.GenerateRequest(
+        prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
+        stopping=pb.StoppingOptions(max_new_tokens=new, ignore_eos=True),
+    )
 
 
 def stub(address: str) -> Any:
@@ -81,12 +109,21 @@ def wait_serving(address: str, seconds: float = 600) -> None:
 
 def engine_stats(address: str) -> dict[str, Any]:
     s = stub(address).GetEngineStats(pb.GetEngineStatsRequest())
-    return {"prepared": s.variants.prepared, "entries": [(e.width, e.batch) for e in s.variants.held],
-            "evictions": s.variants.evictions, "refusals": s.variants.refusals,
-            "eager_forwards": s.eager_forwards, "decode_steps": s.decode.steps, "decode_rows": s.decode.rows,
-            "batch_use": {str(w.batch): w.forwards for w in s.decode.widths},
-            "memory": {"weights": s.memory.weights_bytes, "kv": s.memory.kv_bytes,
-                       "variants": s.memory.variant_bytes}}
+    return {
+        "prepared": s.variants.prepared,
+        "entries": [(e.width, e.batch) for e in s.variants.held],
+        "evictions": s.variants.evictions,
+        "refusals": s.variants.refusals,
+        "eager_forwards": s.eager_forwards,
+        "decode_steps": s.decode.steps,
+        "decode_rows": s.decode.rows,
+        "batch_use": {str(w.batch): w.forwards for w in s.decode.widths},
+        "memory": {
+            "weights": s.memory.weights_bytes,
+            "kv": s.memory.kv_bytes,
+            "variants": s.memory.variant_bytes,
+        },
+    }
 
 
 def device_used() -> int | None:
@@ -107,11 +144,19 @@ def rss(pid: int) -> int:
 
 
 def machine() -> dict[str, Any]:
-    info = {"date": dt.date.today().isoformat(), "host": platform.node(), "cpus": os.cpu_count(),
-            "python": platform.python_version()}
+    info = {
+        "date": dt.date.today().isoformat(),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
     try:
-        info["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                                     capture_output=True, text=True, timeout=30).stdout.strip()
+        info["gpu"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         info["gpu"] = None
     return info

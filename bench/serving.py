@@ -73,12 +73,20 @@ def lognormal(rng: np.random.Generator, mean: float, n: int, cap: int) -> list[i
 def workload(args: argparse.Namespace, n: int, seed: int, vocab: int) -> list[Request]:
     rng = np.random.default_rng(seed)
     half = args.capacity // 2
-    prompts = ([args.prompt_len] * n if args.prompt_len else
-               lognormal(rng, SHAREGPT_MEAN_PROMPT * args.scale, n, half))
-    outputs = ([args.output_len] * n if args.output_len else
-               lognormal(rng, SHAREGPT_MEAN_OUTPUT * args.scale, n, half))
-    return [(prompt(p, seed * 100_000 + i, vocab), o) for i, (p, o) in enumerate(zip(prompts, outputs,
-                                                                                     strict=True))]
+    prompts = (
+        [args.prompt_len] * n
+        if args.prompt_len
+        else lognormal(rng, SHAREGPT_MEAN_PROMPT * args.scale, n, half)
+    )
+    outputs = (
+        [args.output_len] * n
+        if args.output_len
+        else lognormal(rng, SHAREGPT_MEAN_OUTPUT * args.scale, n, half)
+    )
+    return [
+        (prompt(p, seed * 100_000 + i, vocab), o)
+        for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+    ]
 
 
 def arrivals(n: int, rate: float, rng: np.random.Generator) -> list[float]:
@@ -106,8 +114,9 @@ def grpc_caller(address: str, coalesce: bool = False, temperature: float = 0.0, 
         try:
             sampling = Sampling(temperature, top_p=top_p, seed=next(seeds)) if temperature else None
             stopping = Stopping(new, ignore_eos=True)
-            async for event in client.generate_stream(tokens, sampling=sampling, stopping=stopping,
-                                                      coalesce=coalesce):
+            async for event in client.generate_stream(
+                tokens, sampling=sampling, stopping=stopping, coalesce=coalesce
+            ):
                 now = time.perf_counter()
                 record.times.extend(now for _ in tokens_of(event))
         except grpc.aio.AioRpcError as exc:
@@ -122,8 +131,14 @@ def http_caller(session: aiohttp.ClientSession, address: str, model: str) -> Cal
     url = f"http://{address}/v1/completions"
 
     async def call(tokens: list[int], new: int) -> Record:
-        body = {"model": model, "prompt": tokens, "max_tokens": new, "ignore_eos": True,
-                "temperature": 0, "stream": True}
+        body = {
+            "model": model,
+            "prompt": tokens,
+            "max_tokens": new,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
         record = Record(time.perf_counter())
         try:
             async with session.post(url, json=body) as response:
@@ -156,8 +171,9 @@ async def served_model(session: aiohttp.ClientSession, address: str) -> str:
 
 
 # -- the loads ----------------------------------------------------------------------------------------
-async def open_loop(call: Call, work: Sequence[Request], offsets: Sequence[float],
-                    began: float | None = None) -> tuple[list[Record], float]:
+async def open_loop(
+    call: Call, work: Sequence[Request], offsets: Sequence[float], began: float | None = None
+) -> tuple[list[Record], float]:
     """Send each request at its offset (after `began` on perf_counter's clock, default now) whatever
     is still running; the records and the wall time."""
     began = time.perf_counter() if began is None else began
@@ -225,14 +241,20 @@ def summarize(records: Sequence[Record], duration: float, slo: Slo) -> dict[str,
     served = [r for r in records if not r.error and r.times]
     gaps = message_gaps(served)
     good = sum(meets(r, slo) for r in records)
-    return {"requests": len(records), "errors": len(records) - len(served), "duration_s": duration,
-            "request_s": len(served) / duration, "output_tok_s": sum(len(r.times) for r in served) / duration,
-            "window_tok_s": window_rate(records),
-            "ttft_ms": percentiles([r.times[0] - r.start for r in served], (50, 90, 99)),
-            "itl_ms": percentiles(gaps, (50, 99)),
-            "e2e_ms": percentiles([r.times[-1] - r.start for r in served], (50, 99)),
-            "goodput_request_s": good / duration, "good_fraction": good / len(records) if records else None,
-            "slo": asdict(slo)}
+    return {
+        "requests": len(records),
+        "errors": len(records) - len(served),
+        "duration_s": duration,
+        "request_s": len(served) / duration,
+        "output_tok_s": sum(len(r.times) for r in served) / duration,
+        "window_tok_s": window_rate(records),
+        "ttft_ms": percentiles([r.times[0] - r.start for r in served], (50, 90, 99)),
+        "itl_ms": percentiles(gaps, (50, 99)),
+        "e2e_ms": percentiles([r.times[-1] - r.start for r in served], (50, 99)),
+        "goodput_request_s": good / duration,
+        "good_fraction": good / len(records) if records else None,
+        "slo": asdict(slo),
+    }
 
 
 def ratio(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -240,12 +262,20 @@ def ratio(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     median CPU per token of each side when the rounds measured it."""
     by = {p: [r["output_tok_s"] for r in rounds if r["protocol"] == p] for p in ("grpc", "http")}
     pairs = [h / g for g, h in zip(by["grpc"], by["http"], strict=True)]
-    cpu = {f"{p}_{k}_median": statistics.median(r[k] for r in rounds if r["protocol"] == p)
-           for p in ("grpc", "http") for k in ("server_cpu_ms_per_token", "client_cpu_ms_per_token")
-           if all(k in r for r in rounds)}
-    return {"pairs": pairs, "median_of_pairs": statistics.median(pairs),
-            "of_medians": statistics.median(by["http"]) / statistics.median(by["grpc"]),
-            "grpc_tok_s": by["grpc"], "http_tok_s": by["http"], **cpu}
+    cpu = {
+        f"{p}_{k}_median": statistics.median(r[k] for r in rounds if r["protocol"] == p)
+        for p in ("grpc", "http")
+        for k in ("server_cpu_ms_per_token", "client_cpu_ms_per_token")
+        if all(k in r for r in rounds)
+    }
+    return {
+        "pairs": pairs,
+        "median_of_pairs": statistics.median(pairs),
+        "of_medians": statistics.median(by["http"]) / statistics.median(by["grpc"]),
+        "grpc_tok_s": by["grpc"],
+        "http_tok_s": by["http"],
+        **cpu,
+    }
 
 
 # -- the runs -------------------------------------------------------------------------------------------
@@ -260,11 +290,13 @@ class Clients:
         return self.calls[protocol]
 
 
-async def connect(grpc_address: str, http_address: str, coalesce: bool = False, temperature: float = 0.0,
-                  top_p: float = 1.0) -> Clients:
+async def connect(
+    grpc_address: str, http_address: str, coalesce: bool = False, temperature: float = 0.0, top_p: float = 1.0
+) -> Clients:
     """gRPC always; HTTP when its address is known (a started server, or --http-target)."""
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                    timeout=aiohttp.ClientTimeout(total=600))
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600)
+    )
     calls = {"grpc": grpc_caller(grpc_address, coalesce, temperature, top_p)}
     if http_address:
         calls["http"] = http_caller(session, http_address, await served_model(session, http_address))
@@ -278,8 +310,9 @@ async def warm_up(clients: Clients, args: argparse.Namespace, vocab: int) -> Non
         await closed_loop(call, work, args.concurrency_or_16)
 
 
-async def sweep(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo, address: str,
-                server: int | None) -> dict[str, Any]:
+async def sweep(
+    clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo, address: str, server: int | None
+) -> dict[str, Any]:
     """One open-loop run per rate (and the burst), each with its own requests from the seed; with
     what the server's process and the client's spent of the wall time, and the server's decode steps
     (its mean rows per step and steps per second under that load). `--attach` runs beside the loads."""
@@ -287,8 +320,11 @@ async def sweep(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo
     loads = [(str(rate), rate, args.requests) for rate in args.rates]
     if args.burst:
         loads.append((f"burst {args.burst}", float("inf"), args.burst))
-    attached = (subprocess.Popen(args.attach.replace("{pid}", str(server)), shell=True)  # noqa: S602 — the user's own command
-                if args.attach and server else None)
+    attached = (
+        subprocess.Popen(args.attach.replace("{pid}", str(server)), shell=True)  # noqa: S602 — the user's own command
+        if args.attach and server
+        else None
+    )
     for i, (name, rate, n) in enumerate(loads):
         work = workload(args, n, args.seed + i, vocab)
         offsets = arrivals(n, rate, np.random.default_rng(args.seed + i))
@@ -298,9 +334,12 @@ async def sweep(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo
         else:
             records, duration = await open_loop(clients.of(args.protocol), work, offsets)
         asked = sum(new for _, new in work) / (offsets[-1] - offsets[0]) if offsets[-1] > offsets[0] else None
-        out[name] = {"rate": rate if rate != float("inf") else None, "asked_tok_s": asked,
-                     **summarize(records, duration, slo),
-                     **Usage.now(address, server).since(before, duration, helpers)}
+        out[name] = {
+            "rate": rate if rate != float("inf") else None,
+            "asked_tok_s": asked,
+            **summarize(records, duration, slo),
+            **Usage.now(address, server).since(before, duration, helpers),
+        }
         print(name, json.dumps(out[name]), flush=True)
     if attached:
         attached.wait()
@@ -322,26 +361,34 @@ class Usage:
     @staticmethod
     def now(address: str, server: int | None) -> Usage:
         stats = served.engine_stats(address)
-        return Usage(cpu_seconds(None), cpu_seconds(server) if server else 0.0,
-                     cpu_seconds(server, children=False) if server else 0.0, stats["decode_steps"],
-                     stats["decode_rows"], stats["prepared"])
+        return Usage(
+            cpu_seconds(None),
+            cpu_seconds(server) if server else 0.0,
+            cpu_seconds(server, children=False) if server else 0.0,
+            stats["decode_steps"],
+            stats["decode_rows"],
+            stats["prepared"],
+        )
 
     def since(self, before: Usage, wall: float, helpers: float = 0.0) -> dict[str, Any]:
         """Cores used over `wall` seconds (the client's with its helper processes' `helpers` CPU
         seconds; the server's None when not started here), decode steps per second and mean rows
         per step."""
         steps = self.steps - before.steps
-        return {"client_cores": (self.client_cpu - before.client_cpu + helpers) / wall,
-                "server_cores": (self.server_cpu - before.server_cpu) / wall if self.server_cpu else None,
-                "core_cores": (self.core_cpu - before.core_cpu) / wall if self.core_cpu else None,
-                "decode_steps_s": steps / wall,
-                "rows_per_step": (self.rows - before.rows) / steps if steps else None,
-                "variants_prepared": self.prepared - before.prepared}
+        return {
+            "client_cores": (self.client_cpu - before.client_cpu + helpers) / wall,
+            "server_cores": (self.server_cpu - before.server_cpu) / wall if self.server_cpu else None,
+            "core_cores": (self.core_cpu - before.core_cpu) / wall if self.core_cpu else None,
+            "decode_steps_s": steps / wall,
+            "rows_per_step": (self.rows - before.rows) / steps if steps else None,
+            "variants_prepared": self.prepared - before.prepared,
+        }
 
 
 # -- the open loop split over processes (one asyncio client's CPU must not be what is measured) ------
-def split_open_loop(args: argparse.Namespace, address: str, work: Sequence[Request],
-                    offsets: Sequence[float]) -> tuple[list[Record], float, float]:
+def split_open_loop(
+    args: argparse.Namespace, address: str, work: Sequence[Request], offsets: Sequence[float]
+) -> tuple[list[Record], float, float]:
     """The same arrivals, request i sent by process i mod N, all timed on one clock (perf_counter is
     CLOCK_MONOTONIC, shared by every process on the host): the records back in request order, the
     wall time, and the CPU seconds the processes spent from the start to their last request's end."""
@@ -349,9 +396,21 @@ def split_open_loop(args: argparse.Namespace, address: str, work: Sequence[Reque
     start = time.perf_counter() + 3.0  # every helper has its channel up by then
     context = multiprocessing.get_context("spawn")  # grpc's state must not be forked
     with context.Pool(procs) as pool:
-        parts = pool.starmap(_open_loop_part, [(address, list(work[k::procs]), list(offsets[k::procs]), start,
-                                                args.coalesce, args.temperature, args.top_p)
-                                               for k in range(procs)])
+        parts = pool.starmap(
+            _open_loop_part,
+            [
+                (
+                    address,
+                    list(work[k::procs]),
+                    list(offsets[k::procs]),
+                    start,
+                    args.coalesce,
+                    args.temperature,
+                    args.top_p,
+                )
+                for k in range(procs)
+            ],
+        )
     records = interleave([[Record(r["start"], r["times"], r["error"]) for r in part] for part, _ in parts])
     wall = max((max(r.times, default=r.start) for r in records), default=start) - start
     return records, wall, sum(cpu for _, cpu in parts)
@@ -361,12 +420,19 @@ def interleave(parts: Sequence[Sequence[Record]]) -> list[Record]:
     """Process k's records (requests k, k + N, k + 2N ... of N processes) back in request order."""
     records: list[Record] = [Record(0.0)] * sum(len(part) for part in parts)
     for k, part in enumerate(parts):
-        records[k::len(parts)] = part
+        records[k :: len(parts)] = part
     return records
 
 
-def _open_loop_part(address: str, work: list[Request], offsets: list[float], start: float, coalesce: bool,
-                    temperature: float, top_p: float) -> tuple[list[dict[str, Any]], float]:
+def _open_loop_part(
+    address: str,
+    work: list[Request],
+    offsets: list[float],
+    start: float,
+    coalesce: bool,
+    temperature: float,
+    top_p: float,
+) -> tuple[list[dict[str, Any]], float]:
     async def run() -> tuple[list[Record], float]:
         call = grpc_caller(address, coalesce, temperature, top_p)
         await call(work[0][0][:4], 1)  # the channel up before the clock starts
@@ -402,8 +468,9 @@ def child_pids(pid: int) -> list[int]:
     return found
 
 
-async def one_round(call: Call, work: Sequence[Request], args: argparse.Namespace, slo: Slo,
-                    server: int | None) -> dict[str, Any]:
+async def one_round(
+    call: Call, work: Sequence[Request], args: argparse.Namespace, slo: Slo, server: int | None
+) -> dict[str, Any]:
     """A closed-loop round, with the CPU the server (when started here) and this client spent per token."""
     before = cpu_seconds(None), cpu_seconds(server) if server else 0.0
     records, duration = await closed_loop(call, work, args.concurrency)
@@ -415,8 +482,9 @@ async def one_round(call: Call, work: Sequence[Request], args: argparse.Namespac
     return found
 
 
-async def side_by_side(clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo,
-                       server: int | None) -> dict[str, Any]:
+async def side_by_side(
+    clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo, server: int | None
+) -> dict[str, Any]:
     """gRPC, HTTP, gRPC, HTTP ...: the same requests each round, on the same server."""
     work = workload(args, args.requests, args.seed, vocab)
     rounds = []
@@ -428,8 +496,9 @@ async def side_by_side(clients: Clients, args: argparse.Namespace, vocab: int, s
     return {"concurrency": args.concurrency, "rounds": rounds, "http_over_grpc": ratio(rounds)}
 
 
-async def measure(args: argparse.Namespace, grpc_address: str, http_address: str, vocab: int,
-                  server: int | None = None) -> dict[str, Any]:
+async def measure(
+    args: argparse.Namespace, grpc_address: str, http_address: str, vocab: int, server: int | None = None
+) -> dict[str, Any]:
     slo = Slo(args.slo_ttft_ms, args.slo_itl_ms)
     clients = await connect(grpc_address, http_address, args.coalesce, args.temperature, args.top_p)
     try:
@@ -442,14 +511,29 @@ async def measure(args: argparse.Namespace, grpc_address: str, http_address: str
         await clients.session.close()
 
 
-def start_server(args: argparse.Namespace, model: str, grpc_port: int,
-                 http_port: int) -> subprocess.Popen[bytes]:
+def start_server(
+    args: argparse.Namespace, model: str, grpc_port: int, http_port: int
+) -> subprocess.Popen[bytes]:
     slots = str(args.max_sessions)
-    return served.start_server(args, model, grpc_port, "--http-port", str(http_port), "--max-sessions", slots,
-                               "--sessions-per-caller", slots, "--max-queue", "4096",
-                               "--capacity", str(args.capacity), *args.server_args.split(),
-                               log=str(args.server_log), python=tuple(args.server_python.split()),
-                               root=args.server_root)
+    return served.start_server(
+        args,
+        model,
+        grpc_port,
+        "--http-port",
+        str(http_port),
+        "--max-sessions",
+        slots,
+        "--sessions-per-caller",
+        slots,
+        "--max-queue",
+        "4096",
+        "--capacity",
+        str(args.capacity),
+        *args.server_args.split(),
+        log=str(args.server_log),
+        python=tuple(args.server_python.split()),
+        root=args.server_root,
+    )
 
 
 def parse() -> argparse.Namespace:
@@ -462,8 +546,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--burst", type=int, default=0, help="also N requests at once")
     parser.add_argument("--requests", type=int, default=40, help="requests per rate (per round)")
     parser.add_argument("--concurrency", type=int, default=0, help="closed loop, gRPC vs HTTP side by side")
-    parser.add_argument("--client-procs", type=int, default=1,
-                        help="open loop over gRPC from N processes (client_cores: when one is not enough)")
+    parser.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="open loop over gRPC from N processes (client_cores: when one is not enough)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds per protocol")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies ShareGPT's mean lengths")
     parser.add_argument("--prompt-len", type=int, default=0, help="fixed prompt tokens (0: lognormal)")
@@ -471,8 +559,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=0.0, help="gRPC calls sample above 0 (seeded)")
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--coalesce", action="store_true",
-                        help="gRPC: ask for coalesce_tokens (tokens ready together in one message)")
+    parser.add_argument(
+        "--coalesce",
+        action="store_true",
+        help="gRPC: ask for coalesce_tokens (tokens ready together in one message)",
+    )
     parser.add_argument("--slo-ttft-ms", type=float, default=None, help="default 200 on CUDA, 1000 on CPU")
     parser.add_argument("--slo-itl-ms", type=float, default=None, help="default 50 on CUDA, 100 on CPU")
     parser.add_argument("--capacity", type=int, default=2048)
@@ -480,11 +571,18 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=0, help="with --target: the model's vocabulary")
     parser.add_argument("--server-args", default="", help="more flags for the started server")
     parser.add_argument("--server-python", default="", help='e.g. "-m cProfile -o /tmp/server.prof"')
-    parser.add_argument("--attach", default="",
-                        help='a shell command started as the timed loads begin, {pid} the server\'s (a '
-                             'profiler: "py-spy record --pid {pid} -d 20 -o prof.txt -f raw"); waited for')
-    parser.add_argument("--server-root", type=Path, default=None,
-                        help="serve from another tree of Ladder (a baseline, side by side)")
+    parser.add_argument(
+        "--attach",
+        default="",
+        help="a shell command started as the timed loads begin, {pid} the server's (a "
+        'profiler: "py-spy record --pid {pid} -d 20 -o prof.txt -f raw"); waited for',
+    )
+    parser.add_argument(
+        "--server-root",
+        type=Path,
+        default=None,
+        help="serve from another tree of Ladder (a baseline, side by side)",
+    )
     parser.add_argument("--server-log", type=Path, default=Path("/tmp/ladder-bench-serving.log"))
     args = parser.parse_args()
     args.rates = [float(r) for r in args.rates.split(",") if r]
@@ -506,8 +604,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     server = start_server(args, model, grpc_port, http_port)
     try:
         wait_serving(f"127.0.0.1:{grpc_port}")
-        found = asyncio.run(measure(args, f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", vocab,
-                                    server.pid))
+        found = asyncio.run(
+            measure(args, f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", vocab, server.pid)
+        )
     finally:
         server.terminate()
         server.wait(120)
@@ -517,8 +616,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     args = parse()
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"machine": machine(), "command": " ".join(["python -m bench.serving", *sys.argv[1:]]),
-              "settings": {k: str(v) for k, v in vars(args).items()}, **run(args)}
+    result = {
+        "machine": machine(),
+        "command": " ".join(["python -m bench.serving", *sys.argv[1:]]),
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        **run(args),
+    }
     name = f"side-by-side-{args.concurrency}" if args.concurrency else f"sweep-{args.protocol}"
     path = args.out / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

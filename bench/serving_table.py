@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HEADER = ("| run | rate | asked tok/s | output tok/s while arriving | all | TTFT p50 / p99 ms | "
-          "inter-token p50 / p99 ms | "
-          "client / server (core) cores | decode steps/s | rows/step |")
+HEADER = (
+    "| run | rate | asked tok/s | output tok/s while arriving | all | TTFT p50 / p99 ms | "
+    "inter-token p50 / p99 ms | "
+    "client / server (core) cores | decode steps/s | rows/step |"
+)
 
 
 def cell(value: float | None, digits: int = 1) -> str:
@@ -22,11 +24,13 @@ def cell(value: float | None, digits: int = 1) -> str:
 
 def row(run: str, load: dict[str, Any]) -> str:
     ttft, itl = load["ttft_ms"], load["itl_ms"]
-    return (f"| {run} | {load['rate'] or 'burst'} | {cell(load.get('asked_tok_s'), 0)} | "
-            f"{cell(load.get('window_tok_s'), 0)} | {cell(load['output_tok_s'], 0)} | "
-            f"{cell(ttft['p50'])} / {cell(ttft['p99'])} | {cell(itl['p50'], 2)} / {cell(itl['p99'], 2)} | "
-            f"{cell(load.get('client_cores'), 2)} / {cell(load.get('server_cores'), 2)}{core(load)} | "
-            f"{cell(load.get('decode_steps_s'), 0)} | {cell(load.get('rows_per_step'))} |")
+    return (
+        f"| {run} | {load['rate'] or 'burst'} | {cell(load.get('asked_tok_s'), 0)} | "
+        f"{cell(load.get('window_tok_s'), 0)} | {cell(load['output_tok_s'], 0)} | "
+        f"{cell(ttft['p50'])} / {cell(ttft['p99'])} | {cell(itl['p50'], 2)} / {cell(itl['p99'], 2)} | "
+        f"{cell(load.get('client_cores'), 2)} / {cell(load.get('server_cores'), 2)}{core(load)} | "
+        f"{cell(load.get('decode_steps_s'), 0)} | {cell(load.get('rows_per_step'))} |"
+    )
 
 
 def core(load: dict[str, Any]) -> str:

@@ -63,8 +63,9 @@ def tokens_of(events: Any) -> list[int]:
     return [e.token.id for e in events if e.HasField("token")]
 
 
-def sessions_run(ladder: Any, pid: int, args: argparse.Namespace, vocab: int, idle: int,
-                 model: str) -> dict[str, Any]:
+def sessions_run(
+    ladder: Any, pid: int, args: argparse.Namespace, vocab: int, idle: int, model: str
+) -> dict[str, Any]:
     """Open `args.sessions` sessions, resume each by one Decode in a seeded random order
     (`args.concurrency` at a time), then compare every Decode with a fresh Generate of its prompt."""
     prompts = [prompt(args.tokens, 1000 + i, vocab) for i in range(args.sessions)]
@@ -75,8 +76,14 @@ def sessions_run(ladder: Any, pid: int, args: argparse.Namespace, vocab: int, id
 
     def resume(i: int) -> tuple[list[int], float]:
         t0 = time.perf_counter()
-        decoded = tokens_of(ladder.Decode(pb.DecodeRequest(
-            session_id=ids[i], stopping=pb.StoppingOptions(max_new_tokens=args.decode, ignore_eos=True))))
+        decoded = tokens_of(
+            ladder.Decode(
+                pb.DecodeRequest(
+                    session_id=ids[i],
+                    stopping=pb.StoppingOptions(max_new_tokens=args.decode, ignore_eos=True),
+                )
+            )
+        )
         return decoded, time.perf_counter() - t0
 
     with ThreadPoolExecutor(args.concurrency) as pool:
@@ -90,8 +97,9 @@ def sessions_run(ladder: Any, pid: int, args: argparse.Namespace, vocab: int, id
         resumed = dict(zip(order, pool.map(resume, order), strict=True))
         resume_s = time.perf_counter() - started
         after = ladder.GetEngineStats(pb.GetEngineStatsRequest())
-        fresh = list(pool.map(lambda tokens: tokens_of(ladder.GenerateStream(request(tokens, args.decode))),
-                              prompts))
+        fresh = list(
+            pool.map(lambda tokens: tokens_of(ladder.GenerateStream(request(tokens, args.decode))), prompts)
+        )
     equal = sum(resumed[i][0] == fresh[i] for i in range(args.sessions))
     for session_id in ids:
         ladder.CloseSession(pb.CloseSessionRequest(session_id=session_id))
@@ -100,42 +108,50 @@ def sessions_run(ladder: Any, pid: int, args: argparse.Namespace, vocab: int, id
     expected_mib = idle + held / 2**20
     waits = [r[1] for r in resumed.values()]
     unparks = after.parking.unparks - stats.parking.unparks
-    return {"sessions": args.sessions, "tokens_each": args.tokens, "all_accepted": len(ids) == args.sessions,
-            "concurrency": args.concurrency, "open_seconds": round(opened_s, 2),
-            "rss_after_open_mib": after_open["VmRSS"], "rss_expected_mib": round(expected_mib, 1),
-            "rss_over_expected": round(after_open["VmRSS"] / expected_mib, 3),
-            "sessions_open_after_open": int(stats.sessions_open),
-            "sessions_parked_after_open": int(stats.parking.sessions_parked),
-            "parked_mib_after_open": round(stats.parking.parked_bytes / 2**20, 1),
-            "device_kv_and_weights_mib": round(stats.memory.total_bytes / 2**20, 1),
-            "decode_equal_to_fresh": f"{equal}/{args.sessions}",
-            "resume_seconds": round(resume_s, 2),
-            "resume_tok_s": round(args.sessions * args.decode / resume_s, 1),
-            "resume_decode_ms_p50": round(1e3 * float(np.percentile(waits, 50)), 1),
-            "resume_decode_ms_p99": round(1e3 * float(np.percentile(waits, 99)), 1),
-            "unparks_while_resuming": unparks,
-            "unpark_ms_per_session": round(1e3 * (after.parking.unpark_seconds - stats.parking.unpark_seconds)
-                                           / max(unparks, 1), 3),
-            "park_ms_per_session": round(1e3 * after.parking.park_seconds / max(after.parking.parks, 1), 3)}
+    return {
+        "sessions": args.sessions,
+        "tokens_each": args.tokens,
+        "all_accepted": len(ids) == args.sessions,
+        "concurrency": args.concurrency,
+        "open_seconds": round(opened_s, 2),
+        "rss_after_open_mib": after_open["VmRSS"],
+        "rss_expected_mib": round(expected_mib, 1),
+        "rss_over_expected": round(after_open["VmRSS"] / expected_mib, 3),
+        "sessions_open_after_open": int(stats.sessions_open),
+        "sessions_parked_after_open": int(stats.parking.sessions_parked),
+        "parked_mib_after_open": round(stats.parking.parked_bytes / 2**20, 1),
+        "device_kv_and_weights_mib": round(stats.memory.total_bytes / 2**20, 1),
+        "decode_equal_to_fresh": f"{equal}/{args.sessions}",
+        "resume_seconds": round(resume_s, 2),
+        "resume_tok_s": round(args.sessions * args.decode / resume_s, 1),
+        "resume_decode_ms_p50": round(1e3 * float(np.percentile(waits, 50)), 1),
+        "resume_decode_ms_p99": round(1e3 * float(np.percentile(waits, 99)), 1),
+        "unparks_while_resuming": unparks,
+        "unpark_ms_per_session": round(
+            1e3 * (after.parking.unpark_seconds - stats.parking.unpark_seconds) / max(unparks, 1), 3
+        ),
+        "park_ms_per_session": round(1e3 * after.parking.park_seconds / max(after.parking.parks, 1), 3),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     server_arguments(parser, provider="cpu", model="default", precision="int4")
     parser.add_argument("--server-args", default="", help="more `python -m service` flags")
     parser.add_argument("--long", type=int, default=4000)
     parser.add_argument("--sessions", type=int, default=0)
     parser.add_argument("--tokens", type=int, default=500)
     parser.add_argument("--decode", type=int, default=4)
-    parser.add_argument("--concurrency", type=int, default=1,
-                        help="calls in flight while opening and resuming")
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="calls in flight while opening and resuming"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = resolve_model(args)
     args.port = free_port()
-    server = start_server(args, model, args.port, "--max-queue", "1024",
-                          *args.server_args.split())
+    server = start_server(args, model, args.port, "--max-queue", "1024", *args.server_args.split())
     try:
         address = f"127.0.0.1:{args.port}"
         wait_serving(address)
@@ -144,8 +160,13 @@ def main() -> None:
         time.sleep(1.0)
         idle = memory(server.pid)
         Path(f"/proc/{server.pid}/clear_refs").write_text("5")  # VmHWM from here: each phase's own peak
-        report: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "model": model,
-                                  "server_args": args.server_args, "idle_mib": idle}
+        report: dict[str, Any] = {
+            "machine": machine(),
+            "command": " ".join(sys.argv),
+            "model": model,
+            "server_args": args.server_args,
+            "idle_mib": idle,
+        }
         if args.long:
             tokens_of(ladder.GenerateStream(request(prompt(args.long, 7, vocab), 1)))
             report["long_prompt"] = {"tokens": args.long, **memory(server.pid)}

@@ -53,15 +53,19 @@ SCHEMA = {
     "required": ["id", "name", "email", "age", "active", "role"],
     "additionalProperties": False,
 }
-SCHEMAS = {"closed": SCHEMA, "open": {k: v for k, v in SCHEMA.items() if k != "additionalProperties"},
-           "object": {"type": "object"}}
+SCHEMAS = {
+    "closed": SCHEMA,
+    "open": {k: v for k, v in SCHEMA.items() if k != "additionalProperties"},
+    "object": {"type": "object"},
+}
 MODES = ("none", "half", "all")
 
 
 def synthetic_vocabulary(size: int, eos: tuple[int, ...], seed: int = 0) -> Vocabulary:
     rng = np.random.default_rng(seed)
-    letters = np.frombuffer(b'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 "{}:,.-_',
-                            np.uint8)
+    letters = np.frombuffer(
+        b'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 "{}:,.-_', np.uint8
+    )
     pieces: list[bytes | None] = [bytes([i]) for i in range(min(size, 256))]
     for _ in range(size - len(pieces)):
         pieces.append(bytes(rng.choice(letters, int(rng.integers(2, 9)))))
@@ -90,8 +94,10 @@ def compile_times(vocab: Vocabulary, repeats: int) -> dict[str, float]:
     started = time.perf_counter()
     for _ in range(100):
         row.allowed()
-    return {"compile_and_first_mask_ms": statistics.median(fresh) * 1e3,
-            "cached_mask_ms": (time.perf_counter() - started) * 10}
+    return {
+        "compile_and_first_mask_ms": statistics.median(fresh) * 1e3,
+        "cached_mask_ms": (time.perf_counter() - started) * 10,
+    }
 
 
 class Stream:
@@ -105,8 +111,9 @@ class Stream:
 
     def row(self) -> DecodeRow:
         constraint = self.sampler.constraint
-        if self.compiled is not None and (constraint is None or constraint.done
-                                          or self.token in self.compiled_eos):
+        if self.compiled is not None and (
+            constraint is None or constraint.done or self.token in self.compiled_eos
+        ):
             self.sampler.constraint = self.compiled.start()  # a new object: every token constrained
             self.restarts += 1
         return DecodeRow(self.session, self.token, self.sampler)
@@ -121,8 +128,13 @@ class Parts:
     def __init__(self, engine: Engine) -> None:
         self.seconds: dict[str, float] = {}
         backend = engine.backend
-        targets = [(backend, "run_batch"), (backend, "keep_batch"), (backend, "choose"), (backend, "settle"),
-                   (engine, "choose_rows")]
+        targets = [
+            (backend, "run_batch"),
+            (backend, "keep_batch"),
+            (backend, "choose"),
+            (backend, "settle"),
+            (engine, "choose_rows"),
+        ]
         masks = getattr(backend, "masks", None)
         if masks is not None:
             targets.append((masks, "slot"))
@@ -151,8 +163,17 @@ class Parts:
         return {label: round(s / steps * 1e3, 4) for label, s in sorted(taken.items())}
 
 
-def run_mode(engine: Engine, streams: int, tokens: int, prompt: int, mode: str, compiled: Compiled,
-             eos: frozenset[int], seed: int, parts: Parts | None = None) -> dict[str, Any]:
+def run_mode(
+    engine: Engine,
+    streams: int,
+    tokens: int,
+    prompt: int,
+    mode: str,
+    compiled: Compiled,
+    eos: frozenset[int],
+    seed: int,
+    parts: Parts | None = None,
+) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     constrained = {"none": 0, "half": streams // 2, "all": streams}[mode]
     group = []
@@ -176,41 +197,62 @@ def run_mode(engine: Engine, streams: int, tokens: int, prompt: int, mode: str, 
     finally:
         for stream in group:
             engine.close_session(stream.session, keep=False)
-    run = {"mode": mode, "streams": streams, "constrained_rows": constrained, "seconds": seconds,
-           "tok_s": streams * tokens / seconds, "step_ms": seconds / tokens * 1e3,
-           "mask_ms_per_constrained_token": mask_seconds / max(constrained * tokens, 1) * 1e3,
-           "restarts": sum(s.restarts for s in group)}
+    run = {
+        "mode": mode,
+        "streams": streams,
+        "constrained_rows": constrained,
+        "seconds": seconds,
+        "tok_s": streams * tokens / seconds,
+        "step_ms": seconds / tokens * 1e3,
+        "mask_ms_per_constrained_token": mask_seconds / max(constrained * tokens, 1) * 1e3,
+        "restarts": sum(s.restarts for s in group),
+    }
     if parts is not None:
         run["parts_ms_per_step"] = parts.take(tokens)
     return run
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     server_arguments(parser, provider="cpu", model="default", precision="int4")
     parser.add_argument("--streams", default="1,8")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES), help="of none, half, all")
-    parser.add_argument("--schema", default="closed", choices=sorted(SCHEMAS),
-                        help="closed: the 10 properties, additionalProperties false (a DFA); open: the same "
-                             "read as the spec reads it, others allowed after them (the pushdown engine); "
-                             "object: {\"type\": \"object\"} (json_object; the pushdown engine)")
-    parser.add_argument("--time-parts", action="store_true",
-                        help="also report the host ms per step of the backend's parts (run, choose, masks)")
+    parser.add_argument(
+        "--schema",
+        default="closed",
+        choices=sorted(SCHEMAS),
+        help="closed: the 10 properties, additionalProperties false (a DFA); open: the same "
+        "read as the spec reads it, others allowed after them (the pushdown engine); "
+        'object: {"type": "object"} (json_object; the pushdown engine)',
+    )
+    parser.add_argument(
+        "--time-parts",
+        action="store_true",
+        help="also report the host ms per step of the backend's parts (run, choose, masks)",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = Path(resolve_model(args))
     streams = [int(s) for s in args.streams.split(",")]
-    engine = Engine.load(model, EngineOptions(provider=args.provider, max_sessions=max(streams),
-                                              capacity=1024))
+    engine = Engine.load(
+        model, EngineOptions(provider=args.provider, max_sessions=max(streams), capacity=1024)
+    )
     engine.warm_up()
     vocab = vocabulary(model, engine)
-    report: dict[str, Any] = {"machine": machine(), "model": str(model), "provider": engine.facts.provider,
-                              "vocab": vocab.size, "compile": compile_times(vocab, 5), "runs": []}
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "model": str(model),
+        "provider": engine.facts.provider,
+        "vocab": vocab.size,
+        "compile": compile_times(vocab, 5),
+        "runs": [],
+    }
     print(json.dumps(report["compile"]), flush=True)
     compiled = compile_constraint("json_schema", json.dumps(SCHEMAS[args.schema]), vocab)
     report["schema"], report["engine"] = args.schema, type(compiled).__name__
@@ -226,21 +268,34 @@ def main() -> None:
             parts.take(1)
         for repeat in range(args.repeats):
             for mode in args.modes.split(","):
-                run = run_mode(engine, count, args.tokens, args.prompt, mode, compiled, eos, seed=repeat,
-                               parts=parts)
+                run = run_mode(
+                    engine, count, args.tokens, args.prompt, mode, compiled, eos, seed=repeat, parts=parts
+                )
                 run["repeat"] = repeat
                 report["runs"].append(run)
                 print(json.dumps(run), flush=True)
     summary = []
     for count in streams if args.modes == ",".join(MODES) else ():
-        tok_s = {m: statistics.median(r["tok_s"] for r in report["runs"]
-                                      if r["streams"] == count and r["mode"] == m) for m in MODES}
-        masks = [r["mask_ms_per_constrained_token"] for r in report["runs"]
-                 if r["streams"] == count and r["mode"] != "none"]
-        summary.append({"streams": count, **{f"tok_s_{m}": round(v, 1) for m, v in tok_s.items()},
-                        "half_vs_none": round(tok_s["half"] / tok_s["none"], 3),
-                        "all_vs_none": round(tok_s["all"] / tok_s["none"], 3),
-                        "mask_ms_per_constrained_token": round(statistics.median(masks), 4)})
+        tok_s = {
+            m: statistics.median(
+                r["tok_s"] for r in report["runs"] if r["streams"] == count and r["mode"] == m
+            )
+            for m in MODES
+        }
+        masks = [
+            r["mask_ms_per_constrained_token"]
+            for r in report["runs"]
+            if r["streams"] == count and r["mode"] != "none"
+        ]
+        summary.append(
+            {
+                "streams": count,
+                **{f"tok_s_{m}": round(v, 1) for m, v in tok_s.items()},
+                "half_vs_none": round(tok_s["half"] / tok_s["none"], 3),
+                "all_vs_none": round(tok_s["all"] / tok_s["none"], 3),
+                "mask_ms_per_constrained_token": round(statistics.median(masks), 4),
+            }
+        )
     report["summary"] = summary
     (out / "structured.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

@@ -33,8 +33,11 @@ PERSON = {
         "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
         "role": {"enum": ["admin", "user", "guest"]},
         "joined": {"type": "string", "format": "date"},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
-                    "required": ["city"]},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["city"],
+        },
         "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
     },
     "required": ["name", "age", "email", "is_member", "role"],
@@ -78,9 +81,11 @@ def report(name: str, kind: str, spec: str | list[str], vocabulary: Vocabulary, 
     steps = walk(compiled)
     walk_ms = (time.perf_counter() - started) * 1000
     states = getattr(getattr(compiled, "dfa", None), "states", "?")
-    print(f"{name:28} states {states:>6}  compile {compile_ms:7.1f} ms  compile+first mask {first_ms:7.1f} ms"
-          f"  cached mask {cached_ms * 1000:6.1f} us  walk {steps} tokens {walk_ms:7.1f} ms"
-          f"  nbytes {compiled.nbytes / 1024:7.1f} KiB")
+    print(
+        f"{name:28} states {states:>6}  compile {compile_ms:7.1f} ms  compile+first mask {first_ms:7.1f} ms"
+        f"  cached mask {cached_ms * 1000:6.1f} us  walk {steps} tokens {walk_ms:7.1f} ms"
+        f"  nbytes {compiled.nbytes / 1024:7.1f} KiB"
+    )
 
 
 def main() -> None:
@@ -91,8 +96,10 @@ def main() -> None:
     tokenizer = Tokenizer(args.model_dir)
     vocabulary = Vocabulary.from_tokenizer(tokenizer, tokenizer.vocab_size, [tokenizer.eos_token_id or 0])
     vocabulary.by_length  # noqa: B018  built once per vocabulary (at model load), not per constraint
-    print(f"vocabulary {vocabulary.size} tokens, {int(vocabulary.usable.sum())} usable, "
-          f"width {vocabulary.matrix.shape[1]}")
+    print(
+        f"vocabulary {vocabulary.size} tokens, {int(vocabulary.usable.sum())} usable, "
+        f"width {vocabulary.matrix.shape[1]}"
+    )
     for name, (kind, spec) in CONSTRAINTS.items():
         report(name, kind, spec, vocabulary, args.repeat)
 

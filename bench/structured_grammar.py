@@ -28,8 +28,16 @@ DEFAULT_MODEL = Path(".pytest_cache/d/ladder-default-model/models/smollm2-135m-i
 GRAMMARS = Path("tests/engine/data/grammars")
 DOCUMENTS = {
     "json": [
-        json.dumps({"name": "Ada Lovelace", "age": 36, "tags": ["math", "poetry"],
-                    "address": {"city": "London", "zip": None}, "score": -12.5e3, "ok": True}),
+        json.dumps(
+            {
+                "name": "Ada Lovelace",
+                "age": 36,
+                "tags": ["math", "poetry"],
+                "address": {"city": "London", "zip": None},
+                "score": -12.5e3,
+                "ok": True,
+            }
+        ),
         json.dumps([{"id": i, "v": [i, i * 2.5]} for i in range(3)], indent=2),
         json.dumps({"a": {"b": {"c": [1, {"d": "é\n"}]}}}, indent=1),
     ],
@@ -51,9 +59,16 @@ def mask_times(name: str, vocabulary: Vocabulary, tokenizer: Tokenizer, warm: bo
             times.append(_ms(time.perf_counter(), row.allowed))
             row.advance(token)
         assert row.accepts, document
-    return {"first mask ms": first_ms, "warmed": warmed, "warm s": warm_s, "tokens": len(times),
-            "masks rows computed": grammar.masks_cached - before, "mask ms total": sum(times),
-            "mask ms p90": float(np.percentile(times, 90)), "mask ms max": max(times)}
+    return {
+        "first mask ms": first_ms,
+        "warmed": warmed,
+        "warm s": warm_s,
+        "tokens": len(times),
+        "masks rows computed": grammar.masks_cached - before,
+        "mask ms total": sum(times),
+        "mask ms p90": float(np.percentile(times, 90)),
+        "mask ms max": max(times),
+    }
 
 
 def _ms(started: float, fn: Callable[[], object]) -> float:

@@ -32,7 +32,7 @@ def kind(frames: list[str]) -> str | None:
     if any(f.startswith("Scheduler._step ") for f in frames):
         return "engine step"
     last = max(i for i, f in enumerate(frames) if any(name in f for name in SCHEDULER_FILES))
-    if any(PROJECT.search(f) and not any(name in f for name in SCHEDULER_FILES) for f in frames[last + 1:]):
+    if any(PROJECT.search(f) and not any(name in f for name in SCHEDULER_FILES) for f in frames[last + 1 :]):
         return "jobs"
     return "scheduler bookkeeping"
 
@@ -52,14 +52,18 @@ def shares(path: Path) -> dict[str, object]:
         if share == "scheduler bookkeeping":
             top[frames[-1]] += int(number)
     worker = sum(counts.values())
-    return {"profile": str(path), "worker_samples": worker,
-            **{k: {"samples": v, "share": round(v / worker, 3)} for k, v in sorted(counts.items())},
-            "bookkeeping_leaves": top.most_common(8)}
+    return {
+        "profile": str(path),
+        "worker_samples": worker,
+        **{k: {"samples": v, "share": round(v / worker, 3)} for k, v in sorted(counts.items())},
+        "bookkeeping_leaves": top.most_common(8),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("profiles", nargs="+", type=Path)
     for path in parser.parse_args().profiles:
         print(json.dumps(shares(path), indent=1))

@@ -62,8 +62,9 @@ class FunctionTool:
         function: dict[str, Any] = {"name": self.name}
         if self.description:
             function["description"] = self.description
-        function["parameters"] = json.loads(self.parameters) if self.parameters else {
-            "type": "object", "properties": {}}
+        function["parameters"] = (
+            json.loads(self.parameters) if self.parameters else {"type": "object", "properties": {}}
+        )
         return {"type": "function", "function": function}
 
 
@@ -118,8 +119,13 @@ class ChatTemplate:
     def of(cls, model_dir: Path, config: Mapping[str, Any]) -> ChatTemplate:
         return cls(template_source(model_dir, config), config)
 
-    def render(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True,
-               tools: Sequence[FunctionTool] = ()) -> str:
+    def render(
+        self,
+        messages: Iterable[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[FunctionTool] = (),
+    ) -> str:
         """The prompt text; InvalidInput when the template refuses the conversation. `tools` reach
         the template's `tools` (or, when it has none, a default system block: engine/chat_tools.py)."""
         turns = chat_tools.turns(list(messages), tools, self.tool_support)
@@ -127,20 +133,36 @@ class ChatTemplate:
         text = self._render(turns, add_generation_prompt, values)
         for index, turn in enumerate(turns):
             if self._dropped(text, turns, index, add_generation_prompt, values):
-                raise InvalidInput(f"the model's chat template has no place for a message of role "
-                                   f"{turn['role']!r}")
+                raise InvalidInput(
+                    f"the model's chat template has no place for a message of role {turn['role']!r}"
+                )
         return text
 
-    def _render(self, turns: list[dict[str, Any]], add_generation_prompt: bool,
-                tools: list[dict[str, Any]] | None = None) -> str:
+    def _render(
+        self,
+        turns: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         try:
-            return self._template.render(messages=turns, add_generation_prompt=add_generation_prompt,
-                                         tools=tools, documents=None, **self.specials)
+            return self._template.render(
+                messages=turns,
+                add_generation_prompt=add_generation_prompt,
+                tools=tools,
+                documents=None,
+                **self.specials,
+            )
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
             raise InvalidInput(f"the model's chat template refused the conversation: {exc}") from exc
 
-    def _dropped(self, text: str, turns: list[dict[str, Any]], index: int,
-                 add_generation_prompt: bool, tools: list[dict[str, Any]] | None) -> bool:
+    def _dropped(
+        self,
+        text: str,
+        turns: list[dict[str, Any]],
+        index: int,
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None,
+    ) -> bool:
         """Whether the template left turn `index` out (it has no branch for its role): dropping a
         message silently would change the conversation. A content found in the prompt is kept;
         one that is not (a template may trim or rewrite it) is dropped only if the prompt
@@ -149,7 +171,7 @@ class ChatTemplate:
         if not content or content in text:
             return False
         try:
-            return self._render(turns[:index] + turns[index + 1:], add_generation_prompt, tools) == text
+            return self._render(turns[:index] + turns[index + 1 :], add_generation_prompt, tools) == text
         except InvalidInput:  # without it the template refuses: it mattered
             return False
 
@@ -158,11 +180,17 @@ def _raise_exception(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # transformers' tojson: non-ASCII kept, no HTML escaping (jinja2's own escapes '<' and '>').
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:

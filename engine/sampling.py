@@ -57,8 +57,9 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         low, high = REPETITION_PENALTY_RANGE
         if not low <= self.repetition_penalty <= high:
-            raise ValueError(f"repetition_penalty must be in [{low:g}, {high:g}], "
-                             f"got {self.repetition_penalty}")
+            raise ValueError(
+                f"repetition_penalty must be in [{low:g}, {high:g}], got {self.repetition_penalty}"
+            )
         if self.seed is not None and not 0 <= self.seed < 2**64:
             raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
         if not 0.0 <= self.min_p <= 1.0:
@@ -97,8 +98,9 @@ def apply_repetition_penalty(logits: Any, history: Sequence[int], penalty: float
     return out
 
 
-def apply_presence_frequency(logits: Any, counts: Counter[int], presence: float, frequency: float,
-                             xp: Any = np) -> Any:
+def apply_presence_frequency(
+    logits: Any, counts: Counter[int], presence: float, frequency: float, xp: Any = np
+) -> Any:
     """OpenAI's penalties: logit[j] -= count[j] * frequency + (count[j] > 0) * presence.
 
     Only the chosen tokens' ids and counts move to where the logits live (`xp`, as above)."""
@@ -201,7 +203,7 @@ def nucleus_mask(probs: np.ndarray, top_p: float) -> np.ndarray:
             head *= 8
             continue
         values = falling[:head]
-        np.negative(probs if head == size else np.partition(probs, size - head)[size - head:], out=values)
+        np.negative(probs if head == size else np.partition(probs, size - head)[size - head :], out=values)
         values.sort()
         np.negative(values, out=values)  # contiguous: a running sum over a reversed view is ~3x slower
         running = np.cumsum(values, out=sums[:head])
@@ -315,8 +317,9 @@ def log_probs(xp: Any, logits: Any, tokens: Any, top: int) -> tuple[Any, Any, An
     return chosen, ids, xp.take_along_axis(x, ids, axis=-1) - lse
 
 
-def token_logprobs(tokens: Sequence[int], chosen: np.ndarray, ids: np.ndarray | None,
-                   values: np.ndarray | None) -> list[TokenLogprobs]:
+def token_logprobs(
+    tokens: Sequence[int], chosen: np.ndarray, ids: np.ndarray | None, values: np.ndarray | None
+) -> list[TokenLogprobs]:
     """Host arrays from `log_probs` as one TokenLogprobs per row, alternatives most likely first."""
     out = []
     for r, token in enumerate(tokens):
@@ -347,8 +350,9 @@ class Sampler:
     chose (presence and frequency penalties count them) and, when asked, the log-probabilities of
     its last choice (`top_logprobs`: None = none, 0 = the chosen token's only, N = N alternatives)."""
 
-    def __init__(self, params: SamplingParams, top_logprobs: int | None = None,
-                 constraint: Constrained | None = None) -> None:
+    def __init__(
+        self, params: SamplingParams, top_logprobs: int | None = None, constraint: Constrained | None = None
+    ) -> None:
         params.validate()
         if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}")
@@ -381,8 +385,9 @@ class Sampler:
         if allowed is not None:  # before every other rule: the constrained distribution
             logits = np.where(allowed, logits, np.float32(-np.inf))
         logits = apply_repetition_penalty(logits, history, p.repetition_penalty)
-        penalized: np.ndarray = apply_presence_frequency(logits, self.counts, p.presence_penalty,
-                                                         p.frequency_penalty)
+        penalized: np.ndarray = apply_presence_frequency(
+            logits, self.counts, p.presence_penalty, p.frequency_penalty
+        )
         return penalized
 
     def chose(self, token: int) -> None:

@@ -82,17 +82,29 @@ class Tokenizer:
         """A fresh incremental decoder for one generation."""
         return StreamDecoder(self, skip_special=skip_special)
 
-    def render_chat(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True,
-                    tools: Sequence[FunctionTool] = ()) -> str:
+    def render_chat(
+        self,
+        messages: Iterable[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[FunctionTool] = (),
+    ) -> str:
         """The prompt the model's own chat template makes of `messages` and `tools` (ChatML when it
         has none)."""
         if self.chat_template is None:
-            raise Unsupported(f"the model's chat template cannot be used ({self.chat_problem}); "
-                              "send a text prompt with the turns written out")
+            raise Unsupported(
+                f"the model's chat template cannot be used ({self.chat_problem}); "
+                "send a text prompt with the turns written out"
+            )
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
-    def encode_chat(self, messages: Iterable[ChatMessage], *, add_generation_prompt: bool = True,
-                    tools: Sequence[FunctionTool] = ()) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Iterable[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[FunctionTool] = (),
+    ) -> list[int]:
         text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         ids = self.encode(text)
         # A tokenizer that adds BOS itself, under a template that writes it too: keep one.
@@ -144,8 +156,10 @@ def _open_native(model_dir: Path, config: Mapping[str, Any], doc: Mapping[str, A
         try:
             pair = _native_pair(Path(copy))
         except RuntimeError as exc:
-            raise TokenizerUnreadable(f"onnxruntime-extensions cannot read it ({first}), nor as "
-                                      f"{generic}: {' '.join(str(exc).split())}") from exc
+            raise TokenizerUnreadable(
+                f"onnxruntime-extensions cannot read it ({first}), nor as "
+                f"{generic}: {' '.join(str(exc).split())}"
+            ) from exc
     log.info("tokenizer_class_read_as", model=str(model_dir), declared=declared, read_as=generic)
     return pair
 

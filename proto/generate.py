@@ -29,16 +29,30 @@ _ABSOLUTE_IMPORT = re.compile(r"^from ladder\.v1 import (\w+_pb2)", re.MULTILINE
 def generate(out_dir: Path = ROOT) -> list[Path]:
     """Write *_pb2.py, *_pb2.pyi, *_pb2_grpc.py and *_pb2_grpc.pyi under out_dir; return the files written."""
     include = protoc._get_resource_file_name("grpc_tools", "_proto")
-    args = ["grpc_tools.protoc", f"-I{ROOT}", f"-I{include}", f"--python_out={out_dir}",
-            f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}",
-            f"--plugin=protoc-gen-mypy_grpc={_mypy_grpc_plugin()}", f"--mypy_grpc_out={out_dir}", *PROTOS]
+    args = [
+        "grpc_tools.protoc",
+        f"-I{ROOT}",
+        f"-I{include}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        f"--plugin=protoc-gen-mypy_grpc={_mypy_grpc_plugin()}",
+        f"--mypy_grpc_out={out_dir}",
+        *PROTOS,
+    ]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
     written = []
     for proto in PROTOS:
         descriptors = descriptor_set_path(proto, out_dir)
-        args = ["grpc_tools.protoc", f"-I{ROOT}", f"-I{include}", "--include_source_info",
-                f"--descriptor_set_out={descriptors}", proto]
+        args = [
+            "grpc_tools.protoc",
+            f"-I{ROOT}",
+            f"-I{include}",
+            "--include_source_info",
+            f"--descriptor_set_out={descriptors}",
+            proto,
+        ]
         if protoc.main(args) != 0:
             raise RuntimeError(f"protoc failed: {' '.join(args)}")
         written.append(descriptors)

@@ -40,9 +40,13 @@ def main(path: str, commit: str) -> None:
     found = set(ROOTS)
     for root in ROOTS:
         referenced(schemas[root], schemas, found)
-    vendored = {"source": "https://github.com/openai/openai-openapi openapi.json", "commit": commit,
-                "openapi": spec["openapi"], "version": spec["info"]["version"],
-                "components": {"schemas": {name: schemas[name] for name in sorted(found)}}}
+    vendored = {
+        "source": "https://github.com/openai/openai-openapi openapi.json",
+        "commit": commit,
+        "openapi": spec["openapi"],
+        "version": spec["info"]["version"],
+        "components": {"schemas": {name: schemas[name] for name in sorted(found)}},
+    }
     json.dump(vendored, sys.stdout, indent=1, sort_keys=False)
     sys.stdout.write("\n")
 

@@ -25,8 +25,12 @@ ForwardDone = Callable[[str, float, Callable[[], dict[str, Any]]], None]  # kind
 def _prefill_detail(job: Job, outcome: Outcome) -> dict[str, Any]:
     """The debug line's detail of the prefill forward `job` just ran."""
     report = outcome.value.report
-    return {"request_id": job.request_id, "width": report.width, "rows": report.forward.rows,
-            "past": report.forward.past}
+    return {
+        "request_id": job.request_id,
+        "width": report.width,
+        "rows": report.forward.rows,
+        "past": report.forward.past,
+    }
 
 
 class Answers:
@@ -69,8 +73,9 @@ class Answers:
             ran.append((job.serial, report.width if report is not None else 0))
         return tuple(ran)
 
-    def decode(self, jobs: list[Job], wanted: list[tuple[Any, ...]],
-               result: StepResult) -> tuple[tuple[int, int], ...]:
+    def decode(
+        self, jobs: list[Job], wanted: list[tuple[Any, ...]], result: StepResult
+    ) -> tuple[tuple[int, int], ...]:
         """Answer the decode jobs (`wanted`: each one's rows, in the step's order); (job, pool row)
         of each row. A job whose row failed gets that row's error."""
         outcomes = result.decode
@@ -82,7 +87,7 @@ class Answers:
                 at += 1
                 record.append((job.serial, rows[0].session.row))
                 continue
-            mine = outcomes[at:at + len(rows)]
+            mine = outcomes[at : at + len(rows)]
             at += len(rows)
             error = next((o.error for o in mine if o.error is not None), None)
             if error is not None:
@@ -92,7 +97,13 @@ class Answers:
                 job.answer(tokens if isinstance(job.want, Tokens) else tokens[0])
             record.extend((job.serial, r.session.row) for r in rows)
         if result.batch:
-            self._forward_done("decode", result.decode_seconds, lambda: {
-                "rows": len(result.decode), "batch": result.batch,
-                "request_ids": [j.request_id for j in jobs]})
+            self._forward_done(
+                "decode",
+                result.decode_seconds,
+                lambda: {
+                    "rows": len(result.decode),
+                    "batch": result.batch,
+                    "request_ids": [j.request_id for j in jobs],
+                },
+            )
         return tuple(record)

@@ -45,16 +45,25 @@ class Stopping:
     def __post_init__(self) -> None:
         """Bounded work per token: a few stop strings of bounded length; min_new_tokens within max."""
         if not 0 <= self.min_new_tokens <= (self.max_new_tokens or self.min_new_tokens):
-            raise InvalidInput(f"min_new_tokens is {self.min_new_tokens}; it takes 0 to max_new_tokens "
-                               f"({self.max_new_tokens})", reason="INVALID_MIN_TOKENS",
-                               field="stopping.min_new_tokens")
+            raise InvalidInput(
+                f"min_new_tokens is {self.min_new_tokens}; it takes 0 to max_new_tokens "
+                f"({self.max_new_tokens})",
+                reason="INVALID_MIN_TOKENS",
+                field="stopping.min_new_tokens",
+            )
         if len(self.stop) > MAX_STOPS:
-            raise InvalidInput(f"{len(self.stop)} stop strings; at most {MAX_STOPS} are allowed",
-                               reason="TOO_MANY_STOPS", field="stopping.stop")
+            raise InvalidInput(
+                f"{len(self.stop)} stop strings; at most {MAX_STOPS} are allowed",
+                reason="TOO_MANY_STOPS",
+                field="stopping.stop",
+            )
         longest = max((len(s) for s in self.stop), default=0)
         if longest > MAX_STOP_CHARS:
-            raise InvalidInput(f"a stop string of {longest} characters; the most is {MAX_STOP_CHARS}",
-                               reason="STOP_TOO_LONG", field="stopping.stop")
+            raise InvalidInput(
+                f"a stop string of {longest} characters; the most is {MAX_STOP_CHARS}",
+                reason="STOP_TOO_LONG",
+                field="stopping.stop",
+            )
 
 
 @dataclass(frozen=True)
@@ -66,8 +75,11 @@ class LogprobRequest:
 
     def __post_init__(self) -> None:
         if not 0 <= self.top <= MAX_TOP_LOGPROBS:
-            raise InvalidInput(f"logprobs.top is {self.top}; at most {MAX_TOP_LOGPROBS} alternatives are "
-                               "returned", reason="INVALID_LOGPROBS", field="logprobs.top")
+            raise InvalidInput(
+                f"logprobs.top is {self.top}; at most {MAX_TOP_LOGPROBS} alternatives are returned",
+                reason="INVALID_LOGPROBS",
+                field="logprobs.top",
+            )
 
 
 def checked_sampling(params: SamplingParams) -> SamplingParams:
@@ -102,16 +114,23 @@ class ConstraintSpec:
     def __post_init__(self) -> None:
         field = f"constraint.{self.kind}" + (".options" if self.kind == "choice" else "")
         if self.kind not in CONSTRAINT_KINDS:
-            raise InvalidInput("a constraint names one of json_schema, regex, choice or grammar",
-                               reason="CONSTRAINT_REQUIRED", field="constraint")
+            raise InvalidInput(
+                "a constraint names one of json_schema, regex, choice or grammar",
+                reason="CONSTRAINT_REQUIRED",
+                field="constraint",
+            )
         texts = self.options if self.kind == "choice" else (self.text,)
         size = sum(len(t.encode()) for t in texts)
         if size > MAX_CONSTRAINT_BYTES:
-            raise InvalidInput(f"the constraint is {size} bytes; the limit is {MAX_CONSTRAINT_BYTES}",
-                               reason="CONSTRAINT_TOO_LARGE", field=field)
+            raise InvalidInput(
+                f"the constraint is {size} bytes; the limit is {MAX_CONSTRAINT_BYTES}",
+                reason="CONSTRAINT_TOO_LARGE",
+                field=field,
+            )
         if self.kind == "choice" and not self.options:
-            raise InvalidInput("a choice constraint needs at least one option", reason="CONSTRAINT_EMPTY",
-                               field=field)
+            raise InvalidInput(
+                "a choice constraint needs at least one option", reason="CONSTRAINT_EMPTY", field=field
+            )
         if self.kind != "choice" and not self.text.strip():
             raise InvalidInput(f"the {self.kind} constraint is empty", reason="CONSTRAINT_EMPTY", field=field)
 
@@ -164,8 +183,9 @@ def least_response_bytes(tokens: int, samples: int, logprobs: LogprobRequest | N
     return samples * tokens * per_token + max(tokens - 1, 0) * TIMING_BYTES_PER_TOKEN + scored
 
 
-def check_response_fits(tokens: int, samples: int, logprobs: LogprobRequest | None, prompt: int,
-                        limit: int) -> None:
+def check_response_fits(
+    tokens: int, samples: int, logprobs: LogprobRequest | None, prompt: int, limit: int
+) -> None:
     """Refuse, before any work, a request whose answer at full length cannot fit in one message."""
     least = least_response_bytes(tokens, samples, logprobs, prompt)
     if least > limit:
@@ -173,11 +193,14 @@ def check_response_fits(tokens: int, samples: int, logprobs: LogprobRequest | No
         if logprobs is not None:
             prompt_too = " with logprobs.prompt" if logprobs.prompt else ""
             asked.append(f"logprobs.top = {logprobs.top}{prompt_too}")
-        raise TooLarge(f"the answer to {', '.join(asked)} takes at least {least} bytes at full length, "
-                           f"over the message limit of {limit} bytes (--max-message-bytes): ask for fewer "
-                           "tokens, samples or alternatives", reason="RESPONSE_TOO_LARGE",
-                           field="stopping.max_new_tokens", metadata={"limit_bytes": str(limit),
-                                                                      "least_bytes": str(least)})
+        raise TooLarge(
+            f"the answer to {', '.join(asked)} takes at least {least} bytes at full length, "
+            f"over the message limit of {limit} bytes (--max-message-bytes): ask for fewer "
+            "tokens, samples or alternatives",
+            reason="RESPONSE_TOO_LARGE",
+            field="stopping.max_new_tokens",
+            metadata={"limit_bytes": str(limit), "least_bytes": str(least)},
+        )
 
 
 @dataclass(frozen=True)
@@ -192,8 +215,11 @@ class DecodeCall:
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and self.logprobs.prompt:
-            raise InvalidInput("Decode has no prompt: logprobs.prompt is for Generate and GenerateStream",
-                               reason="INVALID_LOGPROBS", field="logprobs.prompt")
+            raise InvalidInput(
+                "Decode has no prompt: logprobs.prompt is for Generate and GenerateStream",
+                reason="INVALID_LOGPROBS",
+                field="logprobs.prompt",
+            )
         checked_sampling(self.sampling)
 
     def sampler(self) -> Sampler:
@@ -229,5 +255,9 @@ class ForkCall:
     def __post_init__(self) -> None:
         if self.fork_id and not plain_id(self.fork_id):
             # Not repeated back: the client's bytes stay out of the status, as a malformed session id does.
-            raise InvalidInput(f"fork_id must be 1 to {MAX_PLAIN_ID} characters of A-Z a-z 0-9 . _ - "
-                               f"(it has {len(self.fork_id)})", reason="INVALID_FORK_ID", field="fork_id")
+            raise InvalidInput(
+                f"fork_id must be 1 to {MAX_PLAIN_ID} characters of A-Z a-z 0-9 . _ - "
+                f"(it has {len(self.fork_id)})",
+                reason="INVALID_FORK_ID",
+                field="fork_id",
+            )

@@ -136,14 +136,23 @@ class Config:
     def engine_options(self) -> EngineOptions:
         from engine.options import EngineOptions
 
-        return EngineOptions(provider=self.provider, padding=self.padding, chunk_size=self.chunk_size,
-                             capacity=self.capacity, variant_capacity=self.variant_capacity,
-                             max_sessions=self.max_sessions, intra_op_threads=self.intra_op_threads,
-                             memory_budget_bytes=self.memory_budget_mb << 20, lookahead=self.lookahead,
-                             decode_chain=self.decode_chain,
-                             prefix_sharing=self.prefix_sharing, graph_read_only=self.model_read_only,
-                             deterministic=self.deterministic, prefill_batch=self.prefill_batch,
-                             graph_cache=Path(self.model_cache) / "graphs" if self.model_cache else None)
+        return EngineOptions(
+            provider=self.provider,
+            padding=self.padding,
+            chunk_size=self.chunk_size,
+            capacity=self.capacity,
+            variant_capacity=self.variant_capacity,
+            max_sessions=self.max_sessions,
+            intra_op_threads=self.intra_op_threads,
+            memory_budget_bytes=self.memory_budget_mb << 20,
+            lookahead=self.lookahead,
+            decode_chain=self.decode_chain,
+            prefix_sharing=self.prefix_sharing,
+            graph_read_only=self.model_read_only,
+            deterministic=self.deterministic,
+            prefill_batch=self.prefill_batch,
+            graph_cache=Path(self.model_cache) / "graphs" if self.model_cache else None,
+        )
 
     @property
     def default_model_precision(self) -> str:
@@ -267,8 +276,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     defaults = Config()
     for field in fields(Config):
         default = getattr(defaults, field.name)
-        parser.add_argument(flag_name(field.name), dest=field.name, default=None, metavar=field.name.upper(),
-                            help=_help(field.name, default))
+        parser.add_argument(
+            flag_name(field.name),
+            dest=field.name,
+            default=None,
+            metavar=field.name.upper(),
+            help=_help(field.name, default),
+        )
     return parser
 
 
@@ -316,22 +330,29 @@ def validate(config: Config, sources: Mapping[str, str] | None = None) -> None:
         missing = "tls_key" if config.tls_cert else "tls_cert"
         raise ConfigError(f"TLS needs both a certificate and a key: {named(missing)} is not set")
     if config.tls_client_ca and not config.tls:
-        raise ConfigError(f"{named('tls_client_ca')} (mutual TLS) needs {named('tls_cert')} and "
-                          f"{named('tls_key')}")
+        raise ConfigError(
+            f"{named('tls_client_ca')} (mutual TLS) needs {named('tls_cert')} and {named('tls_key')}"
+        )
     if config.model != "default" and not (Path(config.model) / "genai_config.json").is_file():
-        raise ConfigError(f"{named('model')}={config.model!r} is not allowed: model takes \"default\" or a "
-                          "model directory (one with genai_config.json)")
+        raise ConfigError(
+            f'{named("model")}={config.model!r} is not allowed: model takes "default" or a '
+            "model directory (one with genai_config.json)"
+        )
     for name in ("tls_cert", "tls_key", "tls_client_ca"):
         path = getattr(config, name)
         if path and not Path(path).is_file():
             raise ConfigError(f"{named(name)}={path!r} is not allowed: {name} takes a readable file")
     if "default_max_new_tokens" in sources and config.default_max_new_tokens > config.max_new_tokens:
-        raise ConfigError(f"{named('default_max_new_tokens')}={config.default_max_new_tokens} is not "
-                          f"allowed: it is over {named('max_new_tokens')}={config.max_new_tokens}, the most "
-                          "a request may ask for")
+        raise ConfigError(
+            f"{named('default_max_new_tokens')}={config.default_max_new_tokens} is not "
+            f"allowed: it is over {named('max_new_tokens')}={config.max_new_tokens}, the most "
+            "a request may ask for"
+        )
     if "." in config.pod_name:
-        raise ConfigError(f"{named('pod_name')}={config.pod_name!r} is not allowed: it may not contain '.' "
-                          "(it separates the pod from the session token)")
+        raise ConfigError(
+            f"{named('pod_name')}={config.pod_name!r} is not allowed: it may not contain '.' "
+            "(it separates the pod from the session token)"
+        )
 
 
 def _fail(message: str) -> NoReturn:
@@ -339,8 +360,9 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def load_config(env: Mapping[str, str] | None = None, argv: Sequence[str] | None = None, *,
-                exit_on_error: bool = True) -> Config:
+def load_config(
+    env: Mapping[str, str] | None = None, argv: Sequence[str] | None = None, *, exit_on_error: bool = True
+) -> Config:
     """Build the Config from flags (none unless argv is given) and the environment (os.environ by default).
 
     A bad flag or variable: one line on stderr naming it, its value and what is allowed, then

@@ -38,8 +38,15 @@ QUEUED_COMPILES = 16  # compiles waiting for a worker beyond those running; more
 
 
 class Constraints:
-    def __init__(self, tokenizer: Any | None, facts: EngineFacts, max_bytes: int,
-                 metrics: Any = None, compile_seconds: float | None = 2.0, strict: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: Any | None,
+        facts: EngineFacts,
+        max_bytes: int,
+        metrics: Any = None,
+        compile_seconds: float | None = 2.0,
+        strict: bool = False,
+    ) -> None:
         self._tokenizer = tokenizer
         self._facts = facts
         self._max_bytes = max_bytes
@@ -66,10 +73,13 @@ class Constraints:
         with self._lock:
             if self._cache is None:
                 if self._tokenizer is None:
-                    raise NoTokenizer("structured output needs the model's tokenizer (the text of each "
-                                      "token) and this model has none Ladder can read")
-                vocabulary = Vocabulary.from_tokenizer(self._tokenizer, self._facts.vocab_size,
-                                                       self._facts.eos_ids)
+                    raise NoTokenizer(
+                        "structured output needs the model's tokenizer (the text of each "
+                        "token) and this model has none Ladder can read"
+                    )
+                vocabulary = Vocabulary.from_tokenizer(
+                    self._tokenizer, self._facts.vocab_size, self._facts.eos_ids
+                )
                 self._cache = ConstraintCache(vocabulary, max_bytes=self._max_bytes)
             return self._cache
 
@@ -118,8 +128,10 @@ class Constraints:
         if found is not None:
             return found
         if self._waiting >= COMPILE_WORKERS + QUEUED_COMPILES:
-            raise Exhausted(f"{self._waiting} structured-output constraints are compiling or waiting to; "
-                            "retry later", reason="CONSTRAINT_COMPILES_FULL")
+            raise Exhausted(
+                f"{self._waiting} structured-output constraints are compiling or waiting to; retry later",
+                reason="CONSTRAINT_COMPILES_FULL",
+            )
         budget = Budget(self.compile_seconds)
         self._budgets.add(budget)
         self._waiting += 1

@@ -35,8 +35,9 @@ class ServiceError(Exception):
     `field` is the request field at fault (a BadRequest field violation), "" when none is;
     `metadata` goes into the ErrorInfo."""
 
-    def __init__(self, *args: object, reason: str = "", field: str = "",
-                 metadata: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: object, reason: str = "", field: str = "", metadata: dict[str, str] | None = None
+    ) -> None:
         super().__init__(*args)
         self.reason = reason
         self.field = field
@@ -156,17 +157,24 @@ REASONS: tuple[tuple[type[BaseException], str], ...] = (
 )
 # RetryInfo: how long a client should wait before it tries again, by reason, else by code.
 RETRY_SECONDS: dict[str, float] = {"CALLER_QUOTA": 5.0, "DRAINING": 0.1, "MODEL_LOADING": 2.0}
-RETRY_CODES: dict[grpc.StatusCode, float] = {grpc.StatusCode.RESOURCE_EXHAUSTED: 1.0,
-                                             grpc.StatusCode.UNAVAILABLE: 1.0}
+RETRY_CODES: dict[grpc.StatusCode, float] = {
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 1.0,
+    grpc.StatusCode.UNAVAILABLE: 1.0,
+}
 FIELD_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
 # The HTTP status of each code (the OpenAI-compatible API, service/http/), and of a reason that
 # needs a more precise one; anything else is 500.
 HTTP_STATUS: dict[grpc.StatusCode, int] = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.FAILED_PRECONDITION: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.ABORTED: 409, grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.CANCELLED: 499, grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
 HTTP_REASON_STATUS: dict[str, int] = {"MESSAGE_TOO_LARGE": 413}
@@ -223,8 +231,9 @@ def _details(code: grpc.StatusCode, message: str, reason: str, field: str, metad
         delay.FromNanoseconds(int(retry * 1e9))
         details.append(error_details_pb2.RetryInfo(retry_delay=delay))
     if code in FIELD_CODES:
-        violation = error_details_pb2.BadRequest.FieldViolation(field=field, description=message,
-                                                                reason=reason)
+        violation = error_details_pb2.BadRequest.FieldViolation(
+            field=field, description=message, reason=reason
+        )
         details.append(error_details_pb2.BadRequest(field_violations=[violation]))
     packed = []
     for detail in details:

@@ -55,6 +55,7 @@ class Relay(grpc.GenericRpcHandler):
 
     def _handler(self, method: str, streams: bool, answers: bool) -> Any:
         if streams and answers:
+
             async def stream_stream(requests: AsyncIterator[bytes], context: Any) -> Any:
                 call = self._open(method, context, None)
                 pump = asyncio.create_task(self._pump(call, requests))
@@ -69,6 +70,7 @@ class Relay(grpc.GenericRpcHandler):
         if streams:
             return grpc.stream_unary_rpc_method_handler(self._unary_of(method, streams=True))
         if answers:
+
             async def unary_stream(request: bytes, context: Any) -> Any:
                 async for message in self._answers(self._open(method, context, request), context):
                     yield message
@@ -181,8 +183,11 @@ async def run(path: str, index: int) -> int:
     limits = ConnectionLimits(**settings.get("connections", {}))
     server = grpc.aio.server(options=server_options(settings["max_message_bytes"], limits, share_port=True))
     server.add_generic_rpc_handlers((relaying,))
-    names = (ladder_pb2.DESCRIPTOR.services_by_name["Ladder"].full_name, health.SERVICE_NAME,
-             reflection.SERVICE_NAME)
+    names = (
+        ladder_pb2.DESCRIPTOR.services_by_name["Ladder"].full_name,
+        health.SERVICE_NAME,
+        reflection.SERVICE_NAME,
+    )
     documented_reflection(names, server)
     address = f"{settings['host']}:{settings['port']}"
     tls = credentials(settings["tls"])

@@ -62,8 +62,14 @@ class Frontends:
     limits, log level); `interceptors` run around every relayed call, outermost first, as grpc.aio
     runs them; `on_lost` hears of a frontend that exited while the server was serving."""
 
-    def __init__(self, count: int, methods: Methods, interceptors: Sequence[grpc.aio.ServerInterceptor],
-                 settings: dict[str, Any], on_lost: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        count: int,
+        methods: Methods,
+        interceptors: Sequence[grpc.aio.ServerInterceptor],
+        settings: dict[str, Any],
+        on_lost: Callable[[BaseException], None],
+    ) -> None:
         self.count, self.methods, self.interceptors = count, methods, tuple(interceptors)
         self.settings, self.on_lost = settings, on_lost
         self.processes: list[asyncio.subprocess.Process] = []
@@ -76,11 +82,13 @@ class Frontends:
 
     async def resolve(self, details: Details) -> Handler | None:
         """The handler of a call, wrapped by the interceptors as grpc.aio wraps it."""
+
         async def at(index: int, details: Any) -> Handler | None:
             if index == len(self.interceptors):
                 return self.methods.handlers.get(details.method)
             handler: Handler | None = await self.interceptors[index].intercept_service(
-                lambda inner: at(index + 1, inner), details)
+                lambda inner: at(index + 1, inner), details
+            )
             return handler
 
         return await at(0, details)
@@ -96,8 +104,9 @@ class Frontends:
         for index in range(self.count):
             bound, error = await self._spawn(path, index, port)
             if error:
-                raise PortInUse(f"gRPC port (--port/LADDER_PORT) {port} could not be bound by frontend "
-                                f"{index}: {error}")
+                raise PortInUse(
+                    f"gRPC port (--port/LADDER_PORT) {port} could not be bound by frontend {index}: {error}"
+                )
             port = bound
         for index, process in enumerate(self.processes):
             self._watch(asyncio.create_task(self._exited(index, process)))
@@ -107,8 +116,9 @@ class Frontends:
         ready: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
         self._waiting[index] = (port, ready)
         root = str(Path(__file__).resolve().parent.parent)
-        process = await asyncio.create_subprocess_exec(sys.executable, "-c", _BOOT.format(root=root), path,
-                                                       str(index), stdin=asyncio.subprocess.DEVNULL)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _BOOT.format(root=root), path, str(index), stdin=asyncio.subprocess.DEVNULL
+        )
         self.processes.append(process)
         exited = asyncio.create_task(process.wait())
         await asyncio.wait((ready, exited), timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)

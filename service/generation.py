@@ -50,19 +50,32 @@ def chat_bytes(prompt: Prompt) -> int:
     """What a chat prompt counts against the prompt's byte limit: every message's role, content and
     tool calls, its markup (CHAT_MESSAGE_BYTES), and its tools' definitions."""
     chat = prompt.chat or ()
-    messages = sum(len(m.role.encode()) + len(m.content.encode()) + CHAT_MESSAGE_BYTES
-                   + sum(len(c.name.encode()) + len(c.arguments.encode()) for c in m.tool_calls)
-                   for m in chat)
-    tools = sum(len(t.name.encode()) + len(t.description.encode()) + len(t.parameters.encode())
-                for t in prompt.tools)
+    messages = sum(
+        len(m.role.encode())
+        + len(m.content.encode())
+        + CHAT_MESSAGE_BYTES
+        + sum(len(c.name.encode()) + len(c.arguments.encode()) for c in m.tool_calls)
+        for m in chat
+    )
+    tools = sum(
+        len(t.name.encode()) + len(t.description.encode()) + len(t.parameters.encode()) for t in prompt.tools
+    )
     return messages + tools
 
 
 class ServedModel:
     """The loaded engine, its tokenizer (or None) and the server's limits."""
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer | None, name: str, max_prompt_tokens: int,
-                 max_new_tokens: int, default_new_tokens: int = 0, api_names: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer | None,
+        name: str,
+        max_prompt_tokens: int,
+        max_new_tokens: int,
+        default_new_tokens: int = 0,
+        api_names: tuple[str, ...] = (),
+    ) -> None:
         self.engine = engine  # driven only through the scheduler's steps
         self.facts = engine.facts
         self.tokenizer = tokenizer
@@ -94,8 +107,10 @@ class ServedModel:
 
     def need_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:
-            raise NoTokenizer(f"{what} needs a tokenizer and this model has none Ladder can read "
-                              "(see the server's start-up log); send token ids")
+            raise NoTokenizer(
+                f"{what} needs a tokenizer and this model has none Ladder can read "
+                "(see the server's start-up log); send token ids"
+            )
         return self.tokenizer
 
     def detokenize(self, ids: list[int], field: str) -> str:
@@ -118,8 +133,11 @@ class ServedModel:
         elif prompt.chat is not None:
             tokenizer = self.need_tokenizer("a chat prompt")
             if not prompt.chat:
-                raise InvalidInput("a chat prompt needs at least one message", reason="EMPTY_PROMPT",
-                                   field="prompt.chat.messages")
+                raise InvalidInput(
+                    "a chat prompt needs at least one message",
+                    reason="EMPTY_PROMPT",
+                    field="prompt.chat.messages",
+                )
             self._check_text_size(chat_bytes(prompt), "prompt.chat.messages")
             tokens = [int(t) for t in tokenizer.encode_chat(prompt.chat, tools=prompt.tools)]
         else:
@@ -129,20 +147,29 @@ class ServedModel:
     def _check_text_size(self, size: int, field: str) -> None:
         limit = self.max_prompt_tokens * PROMPT_BYTES_PER_TOKEN
         if size > limit:
-            raise OverLimit(f"the prompt text is {size} bytes; the limit is {limit} "
-                            f"({PROMPT_BYTES_PER_TOKEN} for each of {self.max_prompt_tokens} tokens)",
-                            reason="PROMPT_TOO_LONG", field=field)
+            raise OverLimit(
+                f"the prompt text is {size} bytes; the limit is {limit} "
+                f"({PROMPT_BYTES_PER_TOKEN} for each of {self.max_prompt_tokens} tokens)",
+                reason="PROMPT_TOO_LONG",
+                field=field,
+            )
 
     def check_ids(self, tokens: list[int], field: str = "prompt.tokens.ids") -> list[int]:
         if not tokens:
             raise InvalidInput("the prompt is empty", reason="EMPTY_PROMPT", field="prompt")
         bad = next((t for t in tokens if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise InvalidInput(f"token id {bad} is outside the vocabulary of {self.vocab_size}",
-                               reason="TOKEN_OUT_OF_VOCABULARY", field=field)
+            raise InvalidInput(
+                f"token id {bad} is outside the vocabulary of {self.vocab_size}",
+                reason="TOKEN_OUT_OF_VOCABULARY",
+                field=field,
+            )
         if len(tokens) > self.max_prompt_tokens:
-            raise OverLimit(f"the prompt has {len(tokens)} tokens; the limit is {self.max_prompt_tokens}",
-                            reason="PROMPT_TOO_LONG", field="prompt")
+            raise OverLimit(
+                f"the prompt has {len(tokens)} tokens; the limit is {self.max_prompt_tokens}",
+                reason="PROMPT_TOO_LONG",
+                field="prompt",
+            )
         return tokens
 
     def budget(self, stopping: Stopping, past: int, held: str = "the prompt's") -> Stopping:
@@ -156,16 +183,24 @@ class ServedModel:
             raise OverCapacity(f"{held} {past} tokens exceed the KV capacity of {self.capacity}")
         wanted = stopping.max_new_tokens
         if wanted > self.max_new_tokens:
-            raise OverLimit(f"max_new_tokens {wanted} is over the limit of {self.max_new_tokens}",
-                            reason="MAX_NEW_TOKENS_OVER_LIMIT", field="stopping.max_new_tokens")
+            raise OverLimit(
+                f"max_new_tokens {wanted} is over the limit of {self.max_new_tokens}",
+                reason="MAX_NEW_TOKENS_OVER_LIMIT",
+                field="stopping.max_new_tokens",
+            )
         if wanted == 0:
             wanted = min(self.default_new_tokens, room)
         if wanted > room:
-            raise OverCapacity(f"{held} {past} tokens + {wanted} new tokens do not fit in the KV "
-                               f"capacity of {self.capacity}: at most {room} new tokens do")
+            raise OverCapacity(
+                f"{held} {past} tokens + {wanted} new tokens do not fit in the KV "
+                f"capacity of {self.capacity}: at most {room} new tokens do"
+            )
         if stopping.min_new_tokens > wanted:
-            raise InvalidInput(f"min_new_tokens is {stopping.min_new_tokens}, over the {wanted} new tokens "
-                               "this call gets", reason="INVALID_MIN_TOKENS", field="stopping.min_new_tokens")
+            raise InvalidInput(
+                f"min_new_tokens is {stopping.min_new_tokens}, over the {wanted} new tokens this call gets",
+                reason="INVALID_MIN_TOKENS",
+                field="stopping.min_new_tokens",
+            )
         if stopping.stop:
             self.need_tokenizer("stop sequences")
         return replace(stopping, max_new_tokens=wanted)
@@ -173,10 +208,17 @@ class ServedModel:
 
 # -- worker-side bodies: they ask the scheduler for engine work and never call the engine themselves --
 
-def prefill_steps(session: Session, tokens: Sequence[int], tally: PrefillTally, share: bool = True,
-                  logprob_top: int | None = None, copies: Sequence[Session] = (),
-                  samplers: Sequence[Sampler] = (),
-                  batchable: bool = False) -> Generator[Any, Any, tuple[int, ...]]:
+
+def prefill_steps(
+    session: Session,
+    tokens: Sequence[int],
+    tally: PrefillTally,
+    share: bool = True,
+    logprob_top: int | None = None,
+    copies: Sequence[Session] = (),
+    samplers: Sequence[Sampler] = (),
+    batchable: bool = False,
+) -> Generator[Any, Any, tuple[int, ...]]:
     """Append the prompt, one forward per round; the session's next-token logits follow it. An empty
     session first takes the longest prefix of the prompt held for its caller (`share`). With
     `logprob_top`, the prompt's log-probabilities follow the last forward (PromptLogprobs): the
@@ -184,8 +226,9 @@ def prefill_steps(session: Session, tokens: Sequence[int], tally: PrefillTally, 
     forward the session is copied into `copies`; with `samplers` the first tokens (the session's,
     then each copy's) are chosen in the round's batched choice and returned. `batchable`: the
     first chunk may share a forward with other new prompts (a session that ends with the call)."""
-    request = Prefill(session, tuple(tokens), share, logprob_top, tuple(copies), tuple(samplers),
-                      batchable=batchable)
+    request = Prefill(
+        session, tuple(tokens), share, logprob_top, tuple(copies), tuple(samplers), batchable=batchable
+    )
     while True:
         progress = yield from ask(request)
         tally.shared_rows += progress.shared
@@ -205,8 +248,15 @@ def prefill_steps(session: Session, tokens: Sequence[int], tally: PrefillTally, 
     return progress.tokens
 
 
-def decode_steps(model: ServedModel, session: Session, sampler: Sampler, stopping: Stopping,
-                 feed_last: bool, sample: int = 0, first: int | None = None) -> Generator[Any, Any, None]:
+def decode_steps(
+    model: ServedModel,
+    session: Session,
+    sampler: Sampler,
+    stopping: Stopping,
+    feed_last: bool,
+    sample: int = 0,
+    first: int | None = None,
+) -> Generator[Any, Any, None]:
     """Emit and feed tokens from the session's next-token logits.
 
     The first token is `first` (chosen with the prefill's last forward) or chosen from the logits
@@ -238,8 +288,9 @@ def decode_steps(model: ServedModel, session: Session, sampler: Sampler, stoppin
     yield Finished(reason, tail, session.length, sample)
 
 
-def _stop_reason(model: ServedModel, stopping: Stopping, token: int, stop_text: StopText,
-                 sampler: Sampler) -> Finish | None:
+def _stop_reason(
+    model: ServedModel, stopping: Stopping, token: int, stop_text: StopText, sampler: Sampler
+) -> Finish | None:
     constraint = structured(sampler)
     if token in model.eos_ids and (constraint is not None or not stopping.ignore_eos):
         return Finish.EOS  # a constraint allows end-of-sequence only where the output is complete
@@ -250,9 +301,15 @@ def _stop_reason(model: ServedModel, stopping: Stopping, token: int, stop_text: 
     return None
 
 
-def generate_body(model: ServedModel, tokens: list[int], samplers: Sequence[Sampler], stopping: Stopping,
-                  tally: PrefillTally, scope: str = "",
-                  prompt_logprobs: int | None = None) -> Generator[Any, Any, None]:
+def generate_body(
+    model: ServedModel,
+    tokens: list[int],
+    samplers: Sequence[Sampler],
+    stopping: Stopping,
+    tally: PrefillTally,
+    scope: str = "",
+    prompt_logprobs: int | None = None,
+) -> Generator[Any, Any, None]:
     """Generate len(samplers) samples on sessions lent to the job (it waits for as many free slots;
     they return to the pool however it ends). The first session starts from the longest prefix of
     the prompt held for `scope` (none when the prompt's log-probabilities are asked for) and
@@ -263,11 +320,20 @@ def generate_body(model: ServedModel, tokens: list[int], samplers: Sequence[Samp
     yield Started(time.perf_counter())
     first = sessions[0]
     tally.shared_rows += first.length
-    firsts = yield from prefill_steps(first, tokens[first.length:], tally, share=False,
-                                      logprob_top=prompt_logprobs, copies=sessions[1:], samplers=samplers,
-                                      batchable=True)
-    bodies = [decode_steps(model, session, sampler, stopping, feed_last=False, sample=i, first=firsts[i])
-              for i, (session, sampler) in enumerate(zip(sessions, samplers, strict=True))]
+    firsts = yield from prefill_steps(
+        first,
+        tokens[first.length :],
+        tally,
+        share=False,
+        logprob_top=prompt_logprobs,
+        copies=sessions[1:],
+        samplers=samplers,
+        batchable=True,
+    )
+    bodies = [
+        decode_steps(model, session, sampler, stopping, feed_last=False, sample=i, first=firsts[i])
+        for i, (session, sampler) in enumerate(zip(sessions, samplers, strict=True))
+    ]
     yield from bodies[0] if len(bodies) == 1 else side_by_side(bodies)
 
 
@@ -310,16 +376,18 @@ def prefill_body(state: SessionState, tokens: list[int], tally: PrefillTally) ->
     yield from prefill_steps(state.session, tokens, tally)
 
 
-def decode_body(model: ServedModel, state: SessionState, sampler: Sampler,
-                stopping: Stopping) -> Generator[Any, Any, None]:
+def decode_body(
+    model: ServedModel, state: SessionState, sampler: Sampler, stopping: Stopping
+) -> Generator[Any, Any, None]:
     """Continue a session; checked on the worker, after any earlier job on it has ended."""
     yield Started(time.perf_counter())
     session = state.session
     if not session.has_logits:
         raise OverCapacity(f"session {state.id} has nothing to continue from (it is empty)")
     if session.length >= model.capacity:  # its last token may not be in it: nothing can follow
-        raise OverCapacity(f"session {state.id} holds {session.length} tokens, its full KV capacity: "
-                           "rewind it to continue")
+        raise OverCapacity(
+            f"session {state.id} holds {session.length} tokens, its full KV capacity: rewind it to continue"
+        )
     budget = model.budget(stopping, session.length, f"session {state.id}'s")
     sampler.counts.update(state.generated_tokens())  # penalties go on from the earlier Decodes
     start = session.length

@@ -30,7 +30,6 @@ class Result:
     value: Any
 
 
-
 def put_all(items: list[tuple[Job, Any]]) -> None:
     for job, item in items:
         job.events.put_nowait(item)
@@ -39,9 +38,16 @@ def put_all(items: list[tuple[Job, Any]]) -> None:
 class Job:
     """One request on the worker: its generator and the asyncio queue its events go to."""
 
-    def __init__(self, body: Body, loop: asyncio.AbstractEventLoop, bounded: bool, serial: int,
-                 cancelled: Callable[[Job], None], outbox: Callable[[Job, Any], None],
-                 hold: bool = False) -> None:
+    def __init__(
+        self,
+        body: Body,
+        loop: asyncio.AbstractEventLoop,
+        bounded: bool,
+        serial: int,
+        cancelled: Callable[[Job], None],
+        outbox: Callable[[Job, Any], None],
+        hold: bool = False,
+    ) -> None:
         self.body = body
         self.bounded = bounded  # counts toward the queue bound (requests, not internal calls)
         self.hold = hold  # events wait for the end of the job (a unary call needs them only then)

@@ -48,8 +48,10 @@ def host_memory_free_bytes(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/f
     except OSError:
         pass
     root = Path(cgroup)
-    for limit, used in (("memory.max", "memory.current"),
-                        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+    for limit, used in (
+        ("memory.max", "memory.current"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
         try:
             cap = (root / limit).read_text().strip()
             if cap != "max" and int(cap) < 1 << 60:  # v1 writes "no limit" as a huge number

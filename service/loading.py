@@ -35,9 +35,15 @@ def load_model(config: Config) -> ServedModel:
         prepared = engine.warm_up()
         log.info("warmed_up", variants=prepared, seconds=round(time.perf_counter() - started, 3))
     names = (config.served_model_name or path.name, str(path), config.model)
-    model = ServedModel(engine, read_tokenizer(path), str(path), config.max_prompt_tokens,
-                        config.max_new_tokens, config.default_max_new_tokens,
-                        tuple(dict.fromkeys(name for name in names if name)))
+    model = ServedModel(
+        engine,
+        read_tokenizer(path),
+        str(path),
+        config.max_prompt_tokens,
+        config.max_new_tokens,
+        config.default_max_new_tokens,
+        tuple(dict.fromkeys(name for name in names if name)),
+    )
     model.session_memory, on_device = session_memory_bytes(config, engine.backend.free_device_bytes())
     engine.limit_parked_on_device(on_device)
     engine.limit_parked(model.session_memory or None)
@@ -68,6 +74,10 @@ def read_tokenizer(path: Path) -> Tokenizer | None:
         return Tokenizer(path)
     except Exception as exc:  # noqa: BLE001 — whatever its files hold, the model still serves token ids
         reason = str(exc) if isinstance(exc, TokenizerUnreadable) else f"{type(exc).__name__}: {exc}"
-        log.warning("tokenizer_unreadable", model=str(path), reason=reason,
-                    serving="token-id prompts only: text, chat, Tokenize and Detokenize fail")
+        log.warning(
+            "tokenizer_unreadable",
+            model=str(path),
+            reason=reason,
+            serving="token-id prompts only: text, chat, Tokenize and Detokenize fail",
+        )
         return None

@@ -67,28 +67,34 @@ class _EngineCollector(Collector):
             return
         v, d = stats.variants, stats.decode
         for name, value, text in (
-                ("hits", v.hits, "Forwards that found their shape prepared in the variant cache"),
-                ("misses", v.misses, "Forwards whose shape the variant cache did not hold"),
-                ("prepared", v.prepared, "Variants prepared (CUDA: graphs captured)"),
-                ("evictions", v.evictions, "Variants evicted to make room"),
-                ("refusals", v.refusals, "Shapes the variant cache refused to hold")):
+            ("hits", v.hits, "Forwards that found their shape prepared in the variant cache"),
+            ("misses", v.misses, "Forwards whose shape the variant cache did not hold"),
+            ("prepared", v.prepared, "Variants prepared (CUDA: graphs captured)"),
+            ("evictions", v.evictions, "Variants evicted to make room"),
+            ("refusals", v.refusals, "Shapes the variant cache refused to hold"),
+        ):
             yield CounterMetricFamily(f"ladder_variant_cache_{name}", text, value=value)
         yield GaugeMetricFamily("ladder_variant_cache_entries", "Variants held", value=len(v.entries))
-        yield GaugeMetricFamily("ladder_variant_cache_capacity", "Variants the cache may hold",
-                                value=v.capacity)
+        yield GaugeMetricFamily(
+            "ladder_variant_cache_capacity", "Variants the cache may hold", value=v.capacity
+        )
         yield GaugeMetricFamily("ladder_variant_cache_bytes", "Bytes the held variants own", value=v.nbytes)
-        yield CounterMetricFamily("ladder_eager_forwards", "Forwards run without a cached variant",
-                                  value=stats.eager_forwards)
+        yield CounterMetricFamily(
+            "ladder_eager_forwards", "Forwards run without a cached variant", value=stats.eager_forwards
+        )
         yield CounterMetricFamily("ladder_decode_forwards", "Decode forwards run", value=d.steps)
-        yield CounterMetricFamily("ladder_decode_rows", "Session rows the decode forwards advanced",
-                                  value=d.rows)
-        memory = GaugeMetricFamily("ladder_memory_bytes", "What the memory budget adds up (budget 0 = none)",
-                                   labels=["part"])
+        yield CounterMetricFamily(
+            "ladder_decode_rows", "Session rows the decode forwards advanced", value=d.rows
+        )
+        memory = GaugeMetricFamily(
+            "ladder_memory_bytes", "What the memory budget adds up (budget 0 = none)", labels=["part"]
+        )
         for part in ("weights", "kv", "variants", "total", "budget"):
             memory.add_metric([part], getattr(stats.memory, part))
         yield memory
-        yield GaugeMetricFamily("ladder_kv_slots", "KV slots (sessions the pool holds at once)",
-                                value=stats.slots_allocated)
+        yield GaugeMetricFamily(
+            "ladder_kv_slots", "KV slots (sessions the pool holds at once)", value=stats.slots_allocated
+        )
 
 
 class MethodMetrics:
@@ -114,70 +120,132 @@ class Metrics:
         self.model = Info("ladder_model", "The model served and how", registry=r)
         # Calls: every Ladder call ends in exactly one of these, whatever its code.
         # protocol: grpc, or http (the OpenAI-compatible API: methods named by their routes, codes gRPC's).
-        self.calls = Counter("ladder_calls", "Finished calls by protocol, method and status code",
-                             ["protocol", "method", "code"], registry=r)
-        self.call_seconds = Histogram("ladder_call_seconds", "Call duration, arrival to its status",
-                                      ["protocol", "method"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.calls = Counter(
+            "ladder_calls",
+            "Finished calls by protocol, method and status code",
+            ["protocol", "method", "code"],
+            registry=r,
+        )
+        self.call_seconds = Histogram(
+            "ladder_call_seconds",
+            "Call duration, arrival to its status",
+            ["protocol", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         # Per request.
-        self.ttft = Histogram("ladder_time_to_first_token_seconds",
-                              "Arrival to the prompt's first token (Prefill: to PrefillDone.next_token)",
-                              ["method"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.inter_token = Histogram("ladder_inter_token_latency_seconds", "Gap between consecutive tokens",
-                                     ["method"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram("ladder_request_queue_seconds",
-                                    "Arrival to the start of the request's work on the engine worker "
-                                    "(waiting for a KV slot included)", ["method"], buckets=_LATENCY_BUCKETS,
-                                    registry=r)
-        self.prefill_time = Histogram("ladder_request_prefill_seconds",
-                                      "Start of work to the first token: the prompt's prefill",
-                                      ["method"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.decode_time = Histogram("ladder_request_decode_seconds", "First token to the last token",
-                                     ["method"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.prompt_length = Histogram("ladder_request_prompt_tokens", "Prompt tokens per request",
-                                       ["method"], buckets=_TOKEN_BUCKETS, registry=r)
-        self.output_length = Histogram("ladder_request_generated_tokens", "Tokens generated per request",
-                                       ["method"], buckets=_TOKEN_BUCKETS, registry=r)
-        self.finished = Counter("ladder_finished", "Generations by how they finished",
-                                ["method", "reason"], registry=r)
+        self.ttft = Histogram(
+            "ladder_time_to_first_token_seconds",
+            "Arrival to the prompt's first token (Prefill: to PrefillDone.next_token)",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "ladder_inter_token_latency_seconds",
+            "Gap between consecutive tokens",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "ladder_request_queue_seconds",
+            "Arrival to the start of the request's work on the engine worker "
+            "(waiting for a KV slot included)",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prefill_time = Histogram(
+            "ladder_request_prefill_seconds",
+            "Start of work to the first token: the prompt's prefill",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decode_time = Histogram(
+            "ladder_request_decode_seconds",
+            "First token to the last token",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_length = Histogram(
+            "ladder_request_prompt_tokens",
+            "Prompt tokens per request",
+            ["method"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.output_length = Histogram(
+            "ladder_request_generated_tokens",
+            "Tokens generated per request",
+            ["method"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.finished = Counter(
+            "ladder_finished", "Generations by how they finished", ["method", "reason"], registry=r
+        )
         self.prompt_tokens = Counter("ladder_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generated_tokens = Counter("ladder_generated_tokens", "Tokens generated", registry=r)
         # Connections (and calls) a listener refused before any request: by listener and why.
-        self.connections_refused = Counter("ladder_connections_refused",
-                                           "Connections or calls a listener refused for a connection limit",
-                                           ["listener", "reason"], registry=r)
+        self.connections_refused = Counter(
+            "ladder_connections_refused",
+            "Connections or calls a listener refused for a connection limit",
+            ["listener", "reason"],
+            registry=r,
+        )
         self.forwards = Counter("ladder_prefill_forwards", "Prefill forwards", registry=r)
         self.padded_rows = Counter("ladder_prefill_padded_rows", "Padding rows the ladder added", registry=r)
         # Per forward (observed on the worker thread).
-        self.prefill_forward = Histogram("ladder_prefill_forward_seconds", "One prefill forward",
-                                         buckets=_STEP_BUCKETS, registry=r)
-        self.decode_step = Histogram("ladder_decode_step_seconds",
-                                     "One decode forward (every session decoding at that moment)",
-                                     buckets=_STEP_BUCKETS, registry=r)
+        self.prefill_forward = Histogram(
+            "ladder_prefill_forward_seconds", "One prefill forward", buckets=_STEP_BUCKETS, registry=r
+        )
+        self.decode_step = Histogram(
+            "ladder_decode_step_seconds",
+            "One decode forward (every session decoding at that moment)",
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
         # Structured output (service/constraints.py).
-        self.constrained_requests = Counter("ladder_constrained_requests",
-                                            "Requests with a constraint, by kind", ["kind"], registry=r)
+        self.constrained_requests = Counter(
+            "ladder_constrained_requests", "Requests with a constraint, by kind", ["kind"], registry=r
+        )
         self.constraint_compile = Histogram(
             "ladder_constraint_compile_seconds",
-            "Getting a constraint ready: compiled (or found in the cache) and its first mask", ["cache"],
-            buckets=_STEP_BUCKETS, registry=r)
+            "Getting a constraint ready: compiled (or found in the cache) and its first mask",
+            ["cache"],
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
         # Connections the HTTP listener closed for sending a request's headers too slowly.
-        self.connections_timed_out = Counter("ladder_connections_timed_out",
-                                             "Connections closed for sending a request's headers too slowly",
-                                             ["listener"], registry=r)
+        self.connections_timed_out = Counter(
+            "ladder_connections_timed_out",
+            "Connections closed for sending a request's headers too slowly",
+            ["listener"],
+            registry=r,
+        )
         self.constraint_mask = Histogram(
             "ladder_constraint_mask_seconds_per_token",
-            "Time finding the allowed tokens, per constrained token of a request", buckets=_STEP_BUCKETS,
-            registry=r)
+            "Time finding the allowed tokens, per constrained token of a request",
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
         # Read when scraped.
-        self.queue_depth = Gauge("ladder_queue_depth", "Requests the engine worker holds: running + waiting",
-                                 registry=r)
+        self.queue_depth = Gauge(
+            "ladder_queue_depth", "Requests the engine worker holds: running + waiting", registry=r
+        )
         self.running = Gauge("ladder_requests_running", "Requests the engine worker is running", registry=r)
         self.waiting = Gauge("ladder_requests_waiting", "Requests waiting for a free KV slot", registry=r)
-        self.sessions = Gauge("ladder_sessions_open", "Server-side sessions open (Prefill/Decode)",
-                              registry=r)
-        self.kv_usage = Gauge("ladder_kv_cache_usage_ratio",
-                              "Fraction of the KV slots in use (sessions and running generations)",
-                              registry=r)
+        self.sessions = Gauge(
+            "ladder_sessions_open", "Server-side sessions open (Prefill/Decode)", registry=r
+        )
+        self.kv_usage = Gauge(
+            "ladder_kv_cache_usage_ratio",
+            "Fraction of the KV slots in use (sessions and running generations)",
+            registry=r,
+        )
         self.engine = _EngineCollector()
         r.register(self.engine)
         r.register(PrefixCollector(self.engine))
@@ -195,8 +263,13 @@ class Metrics:
     def describe_model(self, labels: dict[str, str]) -> None:
         self.model.info(labels)
 
-    def watch(self, queue_depth: Callable[[], int], sessions: Callable[[], int],
-              waiting: Callable[[], int], kv_usage: Callable[[], float]) -> None:
+    def watch(
+        self,
+        queue_depth: Callable[[], int],
+        sessions: Callable[[], int],
+        waiting: Callable[[], int],
+        kv_usage: Callable[[], float],
+    ) -> None:
         self.queue_depth.set_function(queue_depth)
         self.waiting.set_function(waiting)
         self.running.set_function(lambda: max(0, queue_depth() - waiting()))
@@ -235,8 +308,12 @@ class Metrics:
             return None
         server = _MetricsHttpServer(listening_socket(host, port))
         server.set_app(make_wsgi_app(self.registry))
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
-                         name="ladder-metrics-http").start()
+        threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
+            name="ladder-metrics-http",
+        ).start()
         return server
 
 
@@ -287,16 +364,19 @@ class PrefixCollector(_SnapshotView):
     def families(self, stats: Any) -> Iterator[Metric]:
         p = stats.prefix
         for name, value, text in (
-                ("lookups", p.lookups, "Prompts appended to an empty session, looked up among held prefixes"),
-                ("hits", p.hits, "Prompts that started from a held prefix"),
-                ("tokens_saved", p.tokens_saved, "Prompt tokens copied from a held prefix, not prefilled"),
-                ("forks", p.forks, "Sessions forked (ForkSession)"),
-                ("evictions", p.evictions, "Held prefixes dropped because a session needed their KV slot")):
+            ("lookups", p.lookups, "Prompts appended to an empty session, looked up among held prefixes"),
+            ("hits", p.hits, "Prompts that started from a held prefix"),
+            ("tokens_saved", p.tokens_saved, "Prompt tokens copied from a held prefix, not prefilled"),
+            ("forks", p.forks, "Sessions forked (ForkSession)"),
+            ("evictions", p.evictions, "Held prefixes dropped because a session needed their KV slot"),
+        ):
             yield CounterMetricFamily(f"ladder_prefix_{name}", text, value=value)
-        yield GaugeMetricFamily("ladder_prefix_slots_held", "Free KV slots keeping a prefix",
-                                value=p.rows_held)
-        yield GaugeMetricFamily("ladder_prefix_bytes_held", "KV bytes of the prefixes free slots hold",
-                                value=p.bytes_held)
+        yield GaugeMetricFamily(
+            "ladder_prefix_slots_held", "Free KV slots keeping a prefix", value=p.rows_held
+        )
+        yield GaugeMetricFamily(
+            "ladder_prefix_bytes_held", "KV bytes of the prefixes free slots hold", value=p.bytes_held
+        )
 
 
 # -- prompts sharing a prefill forward ----------------------------------------------------------
@@ -306,8 +386,9 @@ class PromptBatchCollector(_SnapshotView):
 
     def families(self, stats: Any) -> Iterator[Metric]:
         for name, value, text in (
-                ("forwards", stats.prompt_forwards, "Prefill forwards that ran several new prompts at once"),
-                ("prompts", stats.prompts_batched, "New prompts those forwards ran")):
+            ("forwards", stats.prompt_forwards, "Prefill forwards that ran several new prompts at once"),
+            ("prompts", stats.prompts_batched, "New prompts those forwards ran"),
+        ):
             yield CounterMetricFamily(f"ladder_prompt_batch_{name}", text, value=value)
 
 
@@ -318,17 +399,22 @@ class ParkingCollector(_SnapshotView):
 
     def families(self, stats: Any) -> Iterator[Metric]:
         p = stats.parking
-        yield GaugeMetricFamily("ladder_sessions_parked", "Open sessions parked off their KV slot",
-                                value=p.sessions_parked)
-        yield GaugeMetricFamily("ladder_parked_bytes", "KV and logits bytes parked sessions hold",
-                                value=p.parked_bytes)
-        yield GaugeMetricFamily("ladder_parked_device_bytes",
-                                "Of those, the bytes in device memory (CUDA; the rest is host memory)",
-                                value=p.device_bytes)
+        yield GaugeMetricFamily(
+            "ladder_sessions_parked", "Open sessions parked off their KV slot", value=p.sessions_parked
+        )
+        yield GaugeMetricFamily(
+            "ladder_parked_bytes", "KV and logits bytes parked sessions hold", value=p.parked_bytes
+        )
+        yield GaugeMetricFamily(
+            "ladder_parked_device_bytes",
+            "Of those, the bytes in device memory (CUDA; the rest is host memory)",
+            value=p.device_bytes,
+        )
         for name, value, text in (
-                ("parks", p.parks, "Sessions moved off their KV slot"),
-                ("unparks", p.unparks, "Parked sessions brought back into a KV slot"),
-                ("parked_spills", p.spills, "Parked sessions moved from device to host memory"),
-                ("park_seconds", p.park_seconds, "Seconds spent parking sessions"),
-                ("unpark_seconds", p.unpark_seconds, "Seconds spent bringing parked sessions back")):
+            ("parks", p.parks, "Sessions moved off their KV slot"),
+            ("unparks", p.unparks, "Parked sessions brought back into a KV slot"),
+            ("parked_spills", p.spills, "Parked sessions moved from device to host memory"),
+            ("park_seconds", p.park_seconds, "Seconds spent parking sessions"),
+            ("unpark_seconds", p.unpark_seconds, "Seconds spent bringing parked sessions back"),
+        ):
             yield CounterMetricFamily(f"ladder_{name}", text, value=value)

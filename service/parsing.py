@@ -38,6 +38,7 @@ class Unparsed:
 
 def _tolerant(parse: Callable[[bytes], Any], message: str) -> Callable[[bytes], Any]:
     """A request deserializer that never raises: what does not parse becomes an Unparsed."""
+
     def deserialize(data: bytes) -> Any:
         try:
             return parse(data)
@@ -52,13 +53,16 @@ def _accepted(request: Any, limit: int) -> Any:
     (0: no limit of ours). Both become their status through the error table."""
     if isinstance(request, Unparsed):
         log.info("malformed_request", message=request.message, bytes=request.size, reason=request.reason)
-        raise InvalidInput(f"the request is not a valid {request.message}: {request.reason}",
-                           reason="MALFORMED_REQUEST")
+        raise InvalidInput(
+            f"the request is not a valid {request.message}: {request.reason}", reason="MALFORMED_REQUEST"
+        )
     if limit and request.ByteSize() > limit:
         size = request.ByteSize()
-        raise TooLarge(f"the request message is {size} bytes, over the limit of {limit} "
-                       "bytes (--max-message-bytes)", reason="MESSAGE_TOO_LARGE",
-                       metadata={"limit_bytes": str(limit), "bytes": str(size)})
+        raise TooLarge(
+            f"the request message is {size} bytes, over the limit of {limit} bytes (--max-message-bytes)",
+            reason="MESSAGE_TOO_LARGE",
+            metadata={"limit_bytes": str(limit), "bytes": str(size)},
+        )
     return request
 
 
@@ -67,8 +71,9 @@ async def _each_accepted(requests: AsyncIterator[Any], limit: int) -> AsyncGener
         yield _accepted(request, limit)
 
 
-def _strict(handler: grpc.RpcMethodHandler[Any, Any], message: str,
-            limit: int) -> grpc.RpcMethodHandler[Any, Any]:
+def _strict(
+    handler: grpc.RpcMethodHandler[Any, Any], message: str, limit: int
+) -> grpc.RpcMethodHandler[Any, Any]:
     """`handler` with a tolerant deserializer and a behavior that first refuses what `_accepted` refuses.
 
     A streaming behavior stays a transparent async generator: what it yields, and closing it,
@@ -124,19 +129,23 @@ class _Handlers:
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         pass
 
-    def add_registered_method_handlers(self, service: str,
-                                       methods: dict[str, grpc.RpcMethodHandler[Any, Any]]) -> None:
+    def add_registered_method_handlers(
+        self, service: str, methods: dict[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
         self.methods = methods
 
 
-def add_ladder_service(servicer: ladder_pb2_grpc.LadderServicer, server: grpc.aio.Server,
-                       max_message_bytes: int) -> None:
+def add_ladder_service(
+    servicer: ladder_pb2_grpc.LadderServicer, server: grpc.aio.Server, max_message_bytes: int
+) -> None:
     """Register the Ladder service as the generated code does, but with handlers that refuse
     bytes that do not parse and messages over `max_message_bytes` inside the call."""
     collected = _Handlers()
     ladder_pb2_grpc.add_LadderServicer_to_server(servicer, collected)  # type: ignore[arg-type]  # a stand-in server
     service = ladder_pb2.DESCRIPTOR.services_by_name["Ladder"]
-    methods = {name: _strict(handler, service.methods_by_name[name].input_type.name, max_message_bytes)
-               for name, handler in collected.methods.items()}
+    methods = {
+        name: _strict(handler, service.methods_by_name[name].input_type.name, max_message_bytes)
+        for name, handler in collected.methods.items()
+    }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, methods),))
     server.add_registered_method_handlers(SERVICE_NAME, methods)

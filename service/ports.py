@@ -34,8 +34,11 @@ class PortInUse(Exception):
 
 def check_ports_free(config: Config) -> None:
     """Raise PortInUse naming the first of the server's ports (gRPC, HTTP, metrics) another process holds."""
-    for port, what in ((config.port, GRPC_PORT), (config.http_port, HTTP_PORT),
-                       (config.metrics_port, METRICS_PORT)):
+    for port, what in (
+        (config.port, GRPC_PORT),
+        (config.http_port, HTTP_PORT),
+        (config.metrics_port, METRICS_PORT),
+    ):
         check_port_free(config.host, port, what)
 
 
@@ -44,8 +47,9 @@ def check_port_free(host: str, port: int, what: str) -> None:
     if not port:
         return
     try:
-        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(
+            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except socket.gaierror:
         return  # gRPC reports an address it cannot resolve itself
     family, kind, proto, _, address = infos[0]
@@ -71,8 +75,12 @@ class ConnectionLimits:
 
     @classmethod
     def of(cls, config: Config) -> ConnectionLimits:
-        return cls(config.grpc_max_connections, config.grpc_max_concurrent_streams,
-                   config.grpc_handshake_timeout_seconds, config.grpc_idle_timeout_seconds)
+        return cls(
+            config.grpc_max_connections,
+            config.grpc_max_concurrent_streams,
+            config.grpc_handshake_timeout_seconds,
+            config.grpc_idle_timeout_seconds,
+        )
 
     def settings(self) -> dict[str, Any]:
         """Its fields as plain values (what a frontend is told)."""
@@ -83,28 +91,33 @@ class ConnectionLimits:
         return self.max_connections if self.max_connections is not None else max(64, file_limit() // 2)
 
 
-def server_options(max_message_bytes: int, limits: ConnectionLimits = ConnectionLimits(),
-                   share_port: bool = False) -> list[tuple[str, int]]:
+def server_options(
+    max_message_bytes: int, limits: ConnectionLimits = ConnectionLimits(), share_port: bool = False
+) -> list[tuple[str, int]]:
     """A grpc.aio server's options. gRPC's own receive limit sits above ours, so a request up to twice
     the limit gets our answer (parsing.py: INVALID_ARGUMENT, MESSAGE_TOO_LARGE, logged and counted);
     beyond that gRPC's own. SO_REUSEPORT only where frontends share the port on purpose (relay.py):
     otherwise a port another server holds fails here instead of being shared. The rest bounds what
     idle, slow or dead connections hold (docs/configuration.md, Connections)."""
-    return [("grpc.max_receive_message_length", 2 * max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", int(share_port)),
-            *connection_options(limits)]
+    return [
+        ("grpc.max_receive_message_length", 2 * max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", int(share_port)),
+        *connection_options(limits),
+    ]
 
 
 def connection_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
     """Caps on connections and streams, timeouts for slow handshakes and idle connections, and
     keepalive: the server pings a quiet client (a dead one is closed) and refuses pings more often
     than every 10 s without calls (a ping flood ends with GOAWAY after two strikes)."""
-    return [("grpc.max_allowed_incoming_connections", limits.connections()),
-            ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
-            ("grpc.server_handshake_timeout_ms", int(limits.handshake_timeout_seconds * 1000)),
-            ("grpc.max_connection_idle_ms", int(limits.idle_timeout_seconds * 1000)),
-            ("grpc.keepalive_time_ms", KEEPALIVE_MS),
-            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-            ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
-            ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES)]
+    return [
+        ("grpc.max_allowed_incoming_connections", limits.connections()),
+        ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+        ("grpc.server_handshake_timeout_ms", int(limits.handshake_timeout_seconds * 1000)),
+        ("grpc.max_connection_idle_ms", int(limits.idle_timeout_seconds * 1000)),
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
+    ]

@@ -168,8 +168,10 @@ class Progress:
         sample counts as finished by the call's ending). Once per call; after close() a no-op."""
         if code == grpc.StatusCode.OK:
             return self.close()
-        reason = {grpc.StatusCode.CANCELLED: "cancelled",
-                  grpc.StatusCode.DEADLINE_EXCEEDED: "deadline_exceeded"}.get(code, "error")
+        reason = {
+            grpc.StatusCode.CANCELLED: "cancelled",
+            grpc.StatusCode.DEADLINE_EXCEEDED: "deadline_exceeded",
+        }.get(code, "error")
         return self.close(reason)
 
     def close(self, ending: str = "") -> None:

@@ -53,8 +53,11 @@ class _Documented:
 class DocumentedPool:
     """The descriptor pool reflection reads, with the stored (documented) protos of `stored`."""
 
-    def __init__(self, stored: dict[str, descriptor_pb2.FileDescriptorProto],
-                 pool: descriptor_pool.DescriptorPool | None = None) -> None:
+    def __init__(
+        self,
+        stored: dict[str, descriptor_pb2.FileDescriptorProto],
+        pool: descriptor_pool.DescriptorPool | None = None,
+    ) -> None:
         self._pool = pool or descriptor_pool.Default()
         self._stored = stored
 

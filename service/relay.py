@@ -43,8 +43,9 @@ import structlog
 
 log = structlog.get_logger("ladder.relay")
 
-(START, MESSAGE, HALF_CLOSE, CANCEL, DONE, INITIAL, END, HELLO, SETTINGS, READY, STOP, HEADERS,
- DELIVERED) = range(13)
+(START, MESSAGE, HALF_CLOSE, CANCEL, DONE, INITIAL, END, HELLO, SETTINGS, READY, STOP, HEADERS, DELIVERED) = (
+    range(13)
+)
 _HEADER = struct.Struct("<I")
 CODES = {code.value[0]: code for code in grpc.StatusCode}
 Item = tuple[Any, ...]
@@ -97,8 +98,15 @@ class RelayContext:
     as Ladder, health and the interceptors use it (metadata, peer, auth context, deadline, trailers,
     abort, response headers, write, done callbacks)."""
 
-    def __init__(self, link: Link, call: int, metadata: tuple[tuple[str, str | bytes], ...],
-                 timeout: float | None, peer: str, auth: dict[str, list[bytes]]) -> None:
+    def __init__(
+        self,
+        link: Link,
+        call: int,
+        metadata: tuple[tuple[str, str | bytes], ...],
+        timeout: float | None,
+        peer: str,
+        auth: dict[str, list[bytes]],
+    ) -> None:
         self._link, self._call = link, call
         self._metadata, self._peer, self._auth = metadata, peer, auth
         self._deadline = None if timeout is None else time.monotonic() + timeout
@@ -134,8 +142,12 @@ class RelayContext:
     def set_trailing_metadata(self, metadata: Sequence[tuple[str, str | bytes]]) -> None:
         self._trailing = tuple((k, v) for k, v in metadata)
 
-    async def abort(self, code: grpc.StatusCode, details: str = "",
-                    trailing_metadata: Sequence[tuple[str, str | bytes]] = ()) -> None:
+    async def abort(
+        self,
+        code: grpc.StatusCode,
+        details: str = "",
+        trailing_metadata: Sequence[tuple[str, str | bytes]] = (),
+    ) -> None:
         if trailing_metadata:
             self.set_trailing_metadata(trailing_metadata)
         self._code, self._details = code, details
@@ -179,8 +191,15 @@ class RelayContext:
         if not self._ended:
             self._ended = True
             code = self._code if code is None else code
-            self._link.send((END, self._call, code.value[0], self._details if details is None else details,
-                             self._trailing))
+            self._link.send(
+                (
+                    END,
+                    self._call,
+                    code.value[0],
+                    self._details if details is None else details,
+                    self._trailing,
+                )
+            )
 
     def cancel(self) -> None:
         """The call ended at the frontend before its handler did (cancelled, deadline, client gone)."""
@@ -275,8 +294,9 @@ class Connection:
             context.serialize = handler.response_serializer
             parse: Callable[[bytes], Any] = handler.request_deserializer or (lambda data: data)
             requests = relayed.stream(parse) if handler.request_streaming else parse(request or b"")
-            behavior: Any = (handler.unary_unary or handler.unary_stream or handler.stream_unary
-                             or handler.stream_stream)
+            behavior: Any = (
+                handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+            )
             answer = behavior(requests, context)
             if not handler.response_streaming:
                 context.answer(await answer)

@@ -89,9 +89,14 @@ class _Cancelled:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, max_queue: int,
-                 on_fault: Callable[[BaseException], None] | None = None, log_steps: int = 4096,
-                 on_forward: Callable[[str, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_queue: int,
+        on_fault: Callable[[BaseException], None] | None = None,
+        log_steps: int = 4096,
+        on_forward: Callable[[str, float], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.max_queue = max_queue
         self.on_fault = on_fault
@@ -134,8 +139,9 @@ class Scheduler:
                 raise self._full()
             self._depth += bounded
             self.submitted += 1
-        job = Job(body, asyncio.get_running_loop(), bounded, next(self._serials), self._cancelled, self._post,
-                  hold)
+        job = Job(
+            body, asyncio.get_running_loop(), bounded, next(self._serials), self._cancelled, self._post, hold
+        )
         self._inbox.put(job)
         return job
 
@@ -144,17 +150,25 @@ class Scheduler:
         (sessions are the bottleneck), else QUEUE_FULL. By the slots, not by which queued requests
         the worker has reached yet, so a burst gets the reason a trickle of the same load gets."""
         waiting, free = self.waiting, self.engine.free_slots  # an int read: safe off the worker
-        metadata = {"max_queue": str(self.max_queue), "waiting_for_slot": str(waiting),
-                    "free_slots": str(free)}
+        metadata = {
+            "max_queue": str(self.max_queue),
+            "waiting_for_slot": str(waiting),
+            "free_slots": str(free),
+        }
         if not free:
-            return QueueFull(f"every KV slot is in use and the engine worker holds {self._depth} "
-                             f"requests ({waiting} seen waiting for a slot)", reason="SESSIONS_FULL",
-                             metadata=metadata)
-        return QueueFull(f"the engine worker already holds {self._depth} requests", reason="QUEUE_FULL",
-                         metadata=metadata)
+            return QueueFull(
+                f"every KV slot is in use and the engine worker holds {self._depth} "
+                f"requests ({waiting} seen waiting for a slot)",
+                reason="SESSIONS_FULL",
+                metadata=metadata,
+            )
+        return QueueFull(
+            f"the engine worker already holds {self._depth} requests", reason="QUEUE_FULL", metadata=metadata
+        )
 
-    async def stream(self, body: Body, *, bounded: bool = True,
-                     hold: bool = False) -> AsyncGenerator[Any, None]:
+    async def stream(
+        self, body: Body, *, bounded: bool = True, hold: bool = False
+    ) -> AsyncGenerator[Any, None]:
         """Run `body` on the worker and yield its events; leaving early cancels the job.
 
         With `hold` the events arrive together when the job ends: a unary call then costs the
@@ -164,8 +178,9 @@ class Scheduler:
                 for item in items:
                     yield item
 
-    async def batches(self, body: Body, *, bounded: bool = True,
-                      hold: bool = False) -> AsyncGenerator[list[Any], None]:
+    async def batches(
+        self, body: Body, *, bounded: bool = True, hold: bool = False
+    ) -> AsyncGenerator[list[Any], None]:
         """As `stream`, but every event that has arrived by the caller's turn comes in one list (never
         empty): a caller that answers them with one message costs the event loop one turn for all."""
         job = self.submit(body, bounded=bounded, hold=hold)
@@ -189,6 +204,7 @@ class Scheduler:
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the worker (between two steps) and return its result: for tests and tools."""
+
         def body() -> Body:
             yield Result((yield from ask(Call(fn))))
 
@@ -196,6 +212,7 @@ class Scheduler:
 
     async def open_session(self, scope: str = "") -> Any:
         """A new engine session, once a KV slot is free (waiting in the bounded queue meanwhile)."""
+
         def body() -> Body:
             sessions = yield from ask(Open(scope=scope))
             yield Result(sessions[0])
@@ -204,6 +221,7 @@ class Scheduler:
 
     async def run(self, request: Any) -> Any:
         """What the engine answers one request (a session operation) with."""
+
         def body() -> Body:
             yield Result((yield from ask(request)))
 
@@ -330,20 +348,26 @@ class Scheduler:
             wants = self._wants()  # the jobs the first step answered have moved on
         prefill_jobs = wants.prefills
         decode_jobs = wants.decodes
-        spans = prefill_plan(len(prefill_jobs), bool(decode_jobs), self.engine.shared_span,
-                             self.engine.facts.prompt_batch)
-        prefill_jobs = prefill_jobs[:len(spans)]
+        spans = prefill_plan(
+            len(prefill_jobs), bool(decode_jobs), self.engine.shared_span, self.engine.facts.prompt_batch
+        )
+        prefill_jobs = prefill_jobs[: len(spans)]
         wanted = [decode_rows(job.want) for job in decode_jobs]
-        second = Step(prefills=tuple((job.want, span) for job, span in zip(prefill_jobs, spans, strict=True)),
-                      decode=tuple(row for rows in wanted for row in rows))
+        second = Step(
+            prefills=tuple((job.want, span) for job, span in zip(prefill_jobs, spans, strict=True)),
+            decode=tuple(row for rows in wanted for row in rows),
+        )
         if not first and not second and not closed:
             return
         result = self._step(second)
         prefill = self._answers.prefills(prefill_jobs, result)
         decode = self._answers.decode(decode_jobs, wanted, result)
         self._rounds += 1
-        self.steps.append(StepRecord(self._rounds, tuple(closed), prefill, decode, result.batch,
-                                     len(ops), choices + result.choices))
+        self.steps.append(
+            StepRecord(
+                self._rounds, tuple(closed), prefill, decode, result.batch, len(ops), choices + result.choices
+            )
+        )
 
     def _step(self, step: Step) -> StepResult:
         """Run one step on the engine; a failure outside any item (a bug) fails every item."""
@@ -355,9 +379,14 @@ class Scheduler:
             self._fault(exc)
             failed = Outcome(error=exc)
             ops, prefills = len(step.ops), len(step.prefills)
-            return StepResult(opens=(failed,) * len(step.opens), ops=(failed,) * ops, op_seconds=(0.0,) * ops,
-                              prefills=(failed,) * prefills, decode=(failed,) * len(step.decode),
-                              prefill_seconds=(0.0,) * prefills)
+            return StepResult(
+                opens=(failed,) * len(step.opens),
+                ops=(failed,) * ops,
+                op_seconds=(0.0,) * ops,
+                prefills=(failed,) * prefills,
+                decode=(failed,) * len(step.decode),
+                prefill_seconds=(0.0,) * prefills,
+            )
 
     @property
     def parked_bytes(self) -> int:

@@ -82,8 +82,11 @@ class LadderServer:
         self.interceptors = chain(self.access_log, self._gate, config.auth_tokens, peer_calls=peer_calls)
         # gRPC in this process, or in frontend processes that relay every call here (relay.py).
         options = server_options(config.max_message_bytes, ConnectionLimits.of(config))
-        self.grpc = (None if config.frontend_processes
-                     else grpc.aio.server(interceptors=self.interceptors, options=options))
+        self.grpc = (
+            None
+            if config.frontend_processes
+            else grpc.aio.server(interceptors=self.interceptors, options=options)
+        )
         self.frontends: Frontends | None = None
         self.port = 0
         self.http = self._http_api() if config.http_port else None
@@ -128,11 +131,15 @@ class LadderServer:
             documented_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc)
             credentials = server_credentials(self.config)
             try:
-                self.port = (self.grpc.add_secure_port(address, credentials) if credentials
-                             else self.grpc.add_insecure_port(address))
+                self.port = (
+                    self.grpc.add_secure_port(address, credentials)
+                    if credentials
+                    else self.grpc.add_insecure_port(address)
+                )
             except RuntimeError as exc:  # taken between the check and the bind
-                raise PortInUse(f"{what} {self.config.port} on {self.config.host} could not be bound: "
-                                f"{exc}") from None
+                raise PortInUse(
+                    f"{what} {self.config.port} on {self.config.host} could not be bound: {exc}"
+                ) from None
             await self.grpc.start()
         if self.http is not None:
             try:
@@ -140,17 +147,28 @@ class LadderServer:
             except BaseException:
                 await self._stop_grpc(0)
                 raise
-        log.info("listening", port=self.port, http_port=self.config.http_port, tls=self.config.tls,
-                 auth=self.config.auth, frontends=self.config.frontend_processes)
+        log.info(
+            "listening",
+            port=self.port,
+            http_port=self.config.http_port,
+            tls=self.config.tls,
+            auth=self.config.auth,
+            frontends=self.config.frontend_processes,
+        )
         return self.port
 
     async def _start_frontends(self, methods: Methods) -> int:
         """The gRPC port served by frontend processes that relay every call here (frontends.py)."""
-        settings = {"host": self.config.host, "tls": tls_material(self.config),
-                    "log_level": self.config.log_level, "max_message_bytes": self.config.max_message_bytes,
-                    "connections": ConnectionLimits.of(self.config).settings()}
-        self.frontends = Frontends(self.config.frontend_processes, methods, self.interceptors, settings,
-                                   self._fault)
+        settings = {
+            "host": self.config.host,
+            "tls": tls_material(self.config),
+            "log_level": self.config.log_level,
+            "max_message_bytes": self.config.max_message_bytes,
+            "connections": ConnectionLimits.of(self.config).settings(),
+        }
+        self.frontends = Frontends(
+            self.config.frontend_processes, methods, self.interceptors, settings, self._fault
+        )
         try:
             return await self.frontends.start(self.config.port)
         except BaseException:
@@ -180,19 +198,31 @@ class LadderServer:
         def on_fault(exc: BaseException) -> None:  # called on the worker thread
             loop.call_soon_threadsafe(self._fault, exc)
 
-        scheduler = Scheduler(model.engine, self.config.max_queue, on_fault=on_fault,
-                              on_forward=self.metrics.forward_done)
-        sessions = SessionRegistry(self.config.pod_name, self.config.sessions_per_caller,
-                                   parking=model.session_memory > 0)
-        constraints = Constraints(model.tokenizer, model.facts, self.config.constraint_cache_mb << 20,
-                                  self.metrics, self.config.constraint_compile_seconds,
-                                  self.config.json_schema_strict)
+        scheduler = Scheduler(
+            model.engine, self.config.max_queue, on_fault=on_fault, on_forward=self.metrics.forward_done
+        )
+        sessions = SessionRegistry(
+            self.config.pod_name, self.config.sessions_per_caller, parking=model.session_memory > 0
+        )
+        constraints = Constraints(
+            model.tokenizer,
+            model.facts,
+            self.config.constraint_cache_mb << 20,
+            self.metrics,
+            self.config.constraint_compile_seconds,
+            self.config.json_schema_strict,
+        )
         self.serving = Serving(self.config, model, scheduler, sessions, self.metrics, constraints)
         engine = model.engine
-        self.metrics.watch(lambda: scheduler.depth, lambda: len(sessions), lambda: scheduler.waiting,
-                           lambda: engine.rows_held / max(1, model.facts.slots))
-        self.metrics.describe_model({"model": model.name, "provider": model.facts.provider,
-                                     "pod": self.config.pod_name})
+        self.metrics.watch(
+            lambda: scheduler.depth,
+            lambda: len(sessions),
+            lambda: scheduler.waiting,
+            lambda: engine.rows_held / max(1, model.facts.slots),
+        )
+        self.metrics.describe_model(
+            {"model": model.name, "provider": model.facts.provider, "pod": self.config.pod_name}
+        )
         self.metrics.engine_stats(await scheduler.run(Stats()))
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         if freeze:
@@ -204,8 +234,14 @@ class LadderServer:
             gc.collect()
             gc.freeze()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving", model=model.name, capacity=model.capacity, ladder=model.facts.ladder,
-                 slots=model.facts.slots, session_memory_mb=model.session_memory >> 20)
+        log.info(
+            "serving",
+            model=model.name,
+            capacity=model.capacity,
+            ladder=model.facts.ladder,
+            slots=model.facts.slots,
+            session_memory_mb=model.session_memory >> 20,
+        )
 
     async def _set_health(self, status: Any) -> None:
         for name in HEALTH_NAMES:
@@ -333,4 +369,3 @@ def _cannot_serve(config: Config, exc: Exception) -> int:
     log.error("model_load_failed", error=repr(exc), traceback="".join(traceback.format_exception(exc)))
     print(f"ladder serve: cannot serve model {config.model!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
     return 1
-

@@ -65,15 +65,17 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         return self._serving()
 
     # -- generation ---------------------------------------------------------------
-    async def _generate(self, call: GenerateCall, tools: ToolRequest | None,
-                        unary: bool = False) -> AsyncGenerator[tuple[list[Any], Progress], None]:
+    async def _generate(
+        self, call: GenerateCall, tools: ToolRequest | None, unary: bool = False
+    ) -> AsyncGenerator[tuple[list[Any], Progress], None]:
         with tools_at_fault(tools, "prompt.chat.tools"):
             async with aclosing(self.generation(call, unary)) as steps:
                 async for step in steps:
                     yield step
 
-    async def generation(self, call: GenerateCall,
-                         unary: bool = False) -> AsyncGenerator[tuple[list[Any], Progress], None]:
+    async def generation(
+        self, call: GenerateCall, unary: bool = False
+    ) -> AsyncGenerator[tuple[list[Any], Progress], None]:
         """A generate call's worker events with its Progress, from the typed call (gRPC's Generate and
         GenerateStream, and the OpenAI-compatible API, service/http/): every limit is checked here.
         The events come in lists, every one that had arrived by the caller's turn (Scheduler.batches),
@@ -82,14 +84,22 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         tokens = await serving.prompt_ids(call.prompt)
         stopping = serving.model.budget(call.stopping, len(tokens))
         serving.check_samples(call.n)  # before anything is built per sample
-        check_response_fits(stopping.max_new_tokens, call.n, call.logprobs, len(tokens),
-                            serving.config.max_message_bytes)
+        check_response_fits(
+            stopping.max_new_tokens, call.n, call.logprobs, len(tokens), serving.config.max_message_bytes
+        )
         samplers = await self._samplers(call.samplers(), call.constraint)
         self._hold_ends(samplers, stopping, call.constraint)
         progress = serving.progress(len(tokens))
         progress.samples = call.n
-        body = generate_body(serving.model, tokens, samplers, stopping, progress.tally,
-                             serving.scope(CALLER.get()), call.prompt_top)
+        body = generate_body(
+            serving.model,
+            tokens,
+            samplers,
+            stopping,
+            progress.tally,
+            serving.scope(CALLER.get()),
+            call.prompt_top,
+        )
         try:
             async with aclosing(serving.scheduler.batches(progress.counted(body), hold=unary)) as batches:
                 async for events in batches:
@@ -102,13 +112,15 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     async def _samplers(self, samplers: list[Sampler], constraint: ConstraintSpec | None) -> list[Sampler]:
         """The samplers, each with its own state of the call's constraint (compiled off the event loop
         and the worker, before the call asks for a KV slot)."""
-        for sampler, row in zip(samplers, await self.serving.constraints.rows(constraint, len(samplers)),
-                                strict=True):
+        for sampler, row in zip(
+            samplers, await self.serving.constraints.rows(constraint, len(samplers)), strict=True
+        ):
             sampler.constraint = row
         return samplers
 
-    def _hold_ends(self, samplers: list[Sampler], stopping: Stopping,
-                   constraint: ConstraintSpec | None) -> None:
+    def _hold_ends(
+        self, samplers: list[Sampler], stopping: Stopping, constraint: ConstraintSpec | None
+    ) -> None:
         """min_new_tokens: the tokens that would end a sample are masked out of its first choices."""
         ends = ending_tokens(self.serving.model.eos_ids, stopping, constraint is not None)
         hold_ends(samplers, stopping.min_new_tokens, ends, self.serving.model.vocab_size)
@@ -126,19 +138,26 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             async for step in steps:
                 progress = step[1]
         assert progress is not None
-        return self._within_limit(wire.completion(progress, REQUEST_ID.get(),
-                                                  text_of=self.serving.model.token_text, tools=tools))
+        return self._within_limit(
+            wire.completion(progress, REQUEST_ID.get(), text_of=self.serving.model.token_text, tools=tools)
+        )
 
-    async def GenerateStream(self, request: pb.GenerateRequest,
-                             context: Context) -> AsyncIterator[pb.TokenEvent]:
+    async def GenerateStream(
+        self, request: pb.GenerateRequest, context: Context
+    ) -> AsyncIterator[pb.TokenEvent]:
         call, tools = wire.generate_with_tools(request, self.serving.tool_format())
         async with aclosing(self._generate(call, tools)) as steps:
             async for events, progress in steps:
                 for message in self._token_events(events, progress, request.coalesce_tokens):
                     yield message
                 if progress.ended is not None:  # every sample has finished: nothing comes after
-                    yield self._within_limit(pb.TokenEvent(done=wire.completion(
-                        progress, REQUEST_ID.get(), text_of=self.serving.model.token_text, tools=tools)))
+                    yield self._within_limit(
+                        pb.TokenEvent(
+                            done=wire.completion(
+                                progress, REQUEST_ID.get(), text_of=self.serving.model.token_text, tools=tools
+                            )
+                        )
+                    )
 
     def _within_limit(self, message: M) -> M:
         """`message`, or TooLarge when it is over the message limit (the request's smallest answer
@@ -147,30 +166,38 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         limit = self.serving.config.max_message_bytes
         size = message.ByteSize()
         if size > limit:
-            raise TooLarge(f"the answer is {size} bytes, over the message limit of {limit} bytes "
-                           "(--max-message-bytes): ask for fewer tokens, samples or alternatives",
-                           reason="RESPONSE_TOO_LARGE", field="stopping.max_new_tokens",
-                           metadata={"limit_bytes": str(limit), "bytes": str(size)})
+            raise TooLarge(
+                f"the answer is {size} bytes, over the message limit of {limit} bytes "
+                "(--max-message-bytes): ask for fewer tokens, samples or alternatives",
+                reason="RESPONSE_TOO_LARGE",
+                field="stopping.max_new_tokens",
+                metadata={"limit_bytes": str(limit), "bytes": str(size)},
+            )
         return message
 
     def _token_events(self, events: list[Any], progress: Progress, coalesce: bool) -> list[pb.TokenEvent]:
         """The messages that carry these events' tokens: one each, or all in one (coalesce_tokens)."""
         text_of = self.serving.model.token_text
-        tokens = [wire.token(event, progress.latency_ms(event) if event.sample == 0 else 0.0, text_of)
-                  for event in events if isinstance(event, TokenOut)]
+        tokens = [
+            wire.token(event, progress.latency_ms(event) if event.sample == 0 else 0.0, text_of)
+            for event in events
+            if isinstance(event, TokenOut)
+        ]
         if coalesce:
             return [pb.TokenEvent(tokens=pb.Tokens(tokens=tokens))] if tokens else []
         return [pb.TokenEvent(token=token) for token in tokens]
 
     # -- sessions -----------------------------------------------------------------------
-    async def Prefill(self, request_iterator: AsyncIterator[pb.PrefillRequest],
-                      context: Context) -> AsyncIterator[pb.PrefillEvent]:
+    async def Prefill(
+        self, request_iterator: AsyncIterator[pb.PrefillRequest], context: Context
+    ) -> AsyncIterator[pb.PrefillEvent]:
         parts = aiter(request_iterator)
         first = await anext(parts, None)
         if first is None or not first.HasField("prompt"):
             await _check_client_stayed(context)
-            raise InvalidInput("Prefill needs at least one message with a prompt", reason="PROMPT_REQUIRED",
-                               field="prompt")
+            raise InvalidInput(
+                "Prefill needs at least one message with a prompt", reason="PROMPT_REQUIRED", field="prompt"
+            )
         call, serving = wire.prefill_call(first), self.serving
         sampler = call.sampler()
         extension = await serving.extension(call.session_id)
@@ -206,8 +233,9 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             # it may act on it at once, even cancel this call first.
             yield done
 
-    async def _prefill_part(self, extension: Extension, prompt: Prompt,
-                            progress: Progress) -> AsyncGenerator[pb.PrefillEvent, None]:
+    async def _prefill_part(
+        self, extension: Extension, prompt: Prompt, progress: Progress
+    ) -> AsyncGenerator[pb.PrefillEvent, None]:
         serving, state = self.serving, extension.state
         tokens = await serving.prompt_ids(prompt)
         progress.prompt_tokens += len(tokens)
@@ -235,8 +263,13 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                     for message in self._token_events(events, progress, request.coalesce_tokens):
                         yield message
                     if progress.ended is not None:
-                        done = self._within_limit(pb.TokenEvent(done=wire.completion(
-                            progress, REQUEST_ID.get(), state, serving.model.token_text)))
+                        done = self._within_limit(
+                            pb.TokenEvent(
+                                done=wire.completion(
+                                    progress, REQUEST_ID.get(), state, serving.model.token_text
+                                )
+                            )
+                        )
         self._constraint_time([sampler])
         # Released before the client hears "done", so its next call on the session is never ABORTED.
         if done is not None:
@@ -249,8 +282,9 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             length = await serving.scheduler.result(rewind_body(state, request.length))
         return pb.RewindResponse(session_id=state.id, length=length)
 
-    async def CloseSession(self, request: pb.CloseSessionRequest,
-                           context: Context) -> pb.CloseSessionResponse:
+    async def CloseSession(
+        self, request: pb.CloseSessionRequest, context: Context
+    ) -> pb.CloseSessionResponse:
         serving = self.serving
         state = note_session(serving.sessions.get(request.session_id, CALLER.get()))
         with serving.sessions.using(state):
@@ -336,8 +370,13 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         serving = self.serving
         stats = await serving.scheduler.run(Stats())
         serving.metrics.engine_stats(stats)
-        return wire.engine_stats(stats, serving.scheduler.depth, serving.scheduler.waiting, serving.totals,
-                                 parking=serving.model.session_memory > 0)
+        return wire.engine_stats(
+            stats,
+            serving.scheduler.depth,
+            serving.scheduler.waiting,
+            serving.totals,
+            parking=serving.model.session_memory > 0,
+        )
 
 
 def _note_source(source_id: str) -> None:
@@ -350,8 +389,9 @@ def _note_source(source_id: str) -> None:
 def _fork_answer(state: SessionState, source_id: str, ms: float) -> pb.ForkSessionResponse:
     """The answer of a ForkSession; a retry's is its first call's (the length the fork was made with)."""
     length = state.fork_of.length if state.fork_of is not None else state.session.length
-    return pb.ForkSessionResponse(session_id=state.id, length=length, source_session_id=source_id,
-                                  server_ms=ms)
+    return pb.ForkSessionResponse(
+        session_id=state.id, length=length, source_session_id=source_id, server_ms=ms
+    )
 
 
 async def _check_client_stayed(context: Context) -> None:
@@ -361,5 +401,3 @@ async def _check_client_stayed(context: Context) -> None:
         await context.send_initial_metadata(())
     except Exception as exc:  # noqa: BLE001 — any failure to write means the call has ended
         raise Cancelled("the call ended before its answer") from exc
-
-

@@ -146,20 +146,24 @@ class Serving:
         that would park another past it fails there (ParkingFull), one that takes a free slot opens."""
         held, share = self.held(caller)
         if held >= share:
-            raise CallerQuota(f"this caller already holds {held} sessions (the limit is {share}; "
-                              "see --sessions-per-caller)")
+            raise CallerQuota(
+                f"this caller already holds {held} sessions (the limit is {share}; see --sessions-per-caller)"
+            )
         memory_share = caller_memory_share(self.config, self.model.session_memory)
         holds = self.held_memory(caller) if memory_share else 0
         if memory_share and holds >= memory_share:
-            raise CallerQuota(f"this caller's sessions hold {holds >> 10} KiB, its share of the session "
-                              f"memory is {memory_share >> 10} KiB (see --session-memory-per-caller-mb)")
+            raise CallerQuota(
+                f"this caller's sessions hold {holds >> 10} KiB, its share of the session "
+                f"memory is {memory_share >> 10} KiB (see --session-memory-per-caller-mb)"
+            )
 
     def held_memory(self, caller: str) -> int:
         """What the caller's open sessions hold or would hold parked (a length read off the worker:
         an int, at worst a call behind)."""
         size = self.model.engine.parked_size
-        return sum(size(s.session.length) for s in self.sessions.all()
-                   if s.owner == caller and s.session is not None)
+        return sum(
+            size(s.session.length) for s in self.sessions.all() if s.owner == caller and s.session is not None
+        )
 
     def scope(self, caller: str) -> str:
         """Whose held prefixes a caller's prompts may start from: its own, unless the operator
@@ -171,16 +175,24 @@ class Serving:
         beside the sessions it holds."""
         facts = self.model.facts
         if n > facts.slots:
-            raise OverLimit(f"n = {n} samples need {n} KV slots at once; the server has "
-                            f"{facts.slots}", reason="TOO_MANY_SAMPLES", field="n")
+            raise OverLimit(
+                f"n = {n} samples need {n} KV slots at once; the server has {facts.slots}",
+                reason="TOO_MANY_SAMPLES",
+                field="n",
+            )
         if n > 1 and facts.recurrent:
-            raise InvalidInput("n > 1 copies the prompt's KV rows, and this decoder carries "
-                               "recurrent state that has none", reason="SAMPLES_UNSUPPORTED", field="n")
+            raise InvalidInput(
+                "n > 1 copies the prompt's KV rows, and this decoder carries recurrent state that has none",
+                reason="SAMPLES_UNSUPPORTED",
+                field="n",
+            )
         if n > 1 and not self.sessions.parking:  # parked sessions hold no slot the samples need
             held, share = self.held(CALLER.get())
             if held + n > share:
-                raise CallerQuota(f"n = {n} samples beside the {held} sessions this caller holds are over "
-                                  f"its share of {share} KV slots (see --sessions-per-caller)")
+                raise CallerQuota(
+                    f"n = {n} samples beside the {held} sessions this caller holds are over "
+                    f"its share of {share} KV slots (see --sessions-per-caller)"
+                )
 
     async def open_session(self) -> SessionState:
         return await self.claim(lambda caller: self.scheduler.open_session(self.scope(caller)))
@@ -200,8 +212,10 @@ class Serving:
                 task.add_done_callback(self._close_orphan)
                 raise
             except ParkingFull as full:
-                raise Exhausted(f"{full}: the memory --session-memory-mb gives parked sessions is full; "
-                                "close sessions or wait for idle ones to expire") from full
+                raise Exhausted(
+                    f"{full}: the memory --session-memory-mb gives parked sessions is full; "
+                    "close sessions or wait for idle ones to expire"
+                ) from full
         finally:
             self.opening[caller] -= 1
         state = SessionState(session_id or self.sessions.new_id(), caller, session)

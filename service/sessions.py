@@ -76,8 +76,10 @@ class SessionState:
 class SessionRegistry:
     def __init__(self, pod: str, per_caller: int, parking: bool = False) -> None:
         if not _SESSION_ID.fullmatch(pod) or "." in pod or len(pod) > MAX_POD_NAME:
-            raise ValueError(f"pod name {pod!r} cannot prefix session ids: use 1 to {MAX_POD_NAME} "
-                             "characters of A-Z a-z 0-9 _ -")
+            raise ValueError(
+                f"pod name {pod!r} cannot prefix session ids: use 1 to {MAX_POD_NAME} "
+                "characters of A-Z a-z 0-9 _ -"
+            )
         self.pod = pod
         self.per_caller = per_caller
         self.parking = parking  # idle sessions may park off their KV slot (--session-memory-mb)
@@ -108,8 +110,10 @@ class SessionRegistry:
         if not session_id:
             raise SessionNotFound("no session id given")
         if len(session_id) > MAX_SESSION_ID or not _SESSION_ID.fullmatch(session_id):
-            raise SessionNotFound(f"malformed session id ({len(session_id)} characters): ids are "
-                                  f"<pod>.<token>, at most {MAX_SESSION_ID} characters of A-Z a-z 0-9 . _ -")
+            raise SessionNotFound(
+                f"malformed session id ({len(session_id)} characters): ids are "
+                f"<pod>.<token>, at most {MAX_SESSION_ID} characters of A-Z a-z 0-9 . _ -"
+            )
         pod, dot, _ = session_id.partition(".")
         if not dot or not pod:
             raise SessionNotFound("malformed session id: ids are <pod>.<token>")

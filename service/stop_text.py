@@ -31,12 +31,12 @@ class StopText:
             if (cut := text.find(stop, max(0, len(self.held) - len(stop) + 1))) >= 0:
                 self.held, self.stopped = "", True
                 self._matched = [0] * len(self.stops)
-                return text[:cut + len(stop)] if self.include else text[:cut]
+                return text[: cut + len(stop)] if self.include else text[:cut]
         matchers = zip(self.stops, self._failure, self._matched, strict=True)
         self._matched = [_advance(stop, failure, matched, piece) for stop, failure, matched in matchers]
         keep = max(self._matched, default=0)  # never more than `text` holds: see _advance
-        self.held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
 
 
 def _failure(stop: str) -> list[int]:

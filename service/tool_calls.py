@@ -112,9 +112,15 @@ def required_schema(tools: tuple[FunctionTool, ...], parallel: bool) -> dict[str
     when parallel. Each tool's parameters move under $defs (their local $refs rewritten to point
     there), so schemas with $defs of their own (pydantic's) keep resolving."""
     defs = {f"tool{i}": _rebased(parameters_of(t), f"#/$defs/tool{i}") for i, t in enumerate(tools)}
-    calls = [{"type": "object",
-              "properties": {"name": {"const": t.name}, "arguments": {"$ref": f"#/$defs/tool{i}"}},
-              "required": ["name", "arguments"], "additionalProperties": False} for i, t in enumerate(tools)]
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": {"$ref": f"#/$defs/tool{i}"}},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for i, t in enumerate(tools)
+    ]
     one: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
     if parallel:
         return {"type": "array", "items": one, "minItems": 1, "$defs": defs}
@@ -124,8 +130,14 @@ def required_schema(tools: tuple[FunctionTool, ...], parallel: bool) -> dict[str
 def _rebased(schema: Any, base: str) -> Any:
     """`schema` with every local $ref ("#...") made relative to `base` ("#/$defs/toolN")."""
     if isinstance(schema, dict):
-        return {k: (base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else
-                    _rebased(v, base)) for k, v in schema.items()}
+        return {
+            k: (
+                base + v[1:]
+                if k == "$ref" and isinstance(v, str) and v.startswith("#")
+                else _rebased(v, base)
+            )
+            for k, v in schema.items()
+        }
     if isinstance(schema, list):
         return [_rebased(v, base) for v in schema]
     return schema
@@ -186,7 +198,7 @@ class ToolStream:
             held = self.request.format.hold_from(self.text)
             end = len(self.text) if held is None else max(held, self.sent)
             # Trailing whitespace waits too: before a call it is not content (the unstreamed reply's isn't).
-            return self._content(self.sent + len(self.text[self.sent:end].rstrip()))
+            return self._content(self.sent + len(self.text[self.sent : end].rstrip()))
         return []
 
     def finish(self) -> list[Delta]:
@@ -198,7 +210,7 @@ class ToolStream:
             return list(self._named_pieces())
         if mode not in (REQUIRED, AUTO):
             return []
-        parsed = self.request.read(self.text[self.sent:]) if self.text[self.sent:] else None
+        parsed = self.request.read(self.text[self.sent :]) if self.text[self.sent :] else None
         if parsed is None:
             return self._content(len(self.text))
         out = [Delta(content=parsed.content)] if parsed.content else []
@@ -210,7 +222,7 @@ class ToolStream:
     def _content(self, upto: int) -> list[Delta]:
         if upto <= self.sent:
             return []
-        piece, self.sent = self.text[self.sent:upto], upto
+        piece, self.sent = self.text[self.sent : upto], upto
         return [Delta(content=piece)]
 
     def _named_pieces(self) -> Iterator[Delta]:
@@ -219,12 +231,14 @@ class ToolStream:
             self.ids.append(call_id())
             yield Delta(call=0, id=self.ids[0], name=self.request.choice.name)
         if len(self.text) > self.sent:
-            yield Delta(call=0, arguments=self.text[self.sent:])
+            yield Delta(call=0, arguments=self.text[self.sent :])
             self.sent = len(self.text)
 
     def _whole_call(self, call: ParsedCall) -> list[Delta]:
         index = self.calls
         self.calls += 1
         self.ids.append(call_id())
-        return [Delta(call=index, id=self.ids[-1], name=call.name),
-                Delta(call=index, arguments=call.arguments)]
+        return [
+            Delta(call=index, id=self.ids[-1], name=call.name),
+            Delta(call=index, arguments=call.arguments),
+        ]

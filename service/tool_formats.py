@@ -123,7 +123,7 @@ class Llama3Json:
 
     def hold_from(self, text: str) -> int | None:
         head = text[:HEAD_CHARS].lstrip()  # a reply's start: not the whole reply again at every token
-        if not head or head.startswith("{") or self.TAG.startswith(head[:len(self.TAG)]):
+        if not head or head.startswith("{") or self.TAG.startswith(head[: len(self.TAG)]):
             return 0
         return None
 
@@ -153,7 +153,7 @@ class Mistral:
 
     def hold_from(self, text: str) -> int | None:
         head = text[:HEAD_CHARS].lstrip()
-        if not head or head.startswith("[{") or self.TAG.startswith(head[:len(self.TAG)]):
+        if not head or head.startswith("[{") or self.TAG.startswith(head[: len(self.TAG)]):
             return 0
         return None
 

@@ -42,27 +42,40 @@ from service.tool_calls import (
 from service.tool_formats import ToolFormat
 
 _FINISH = {
-    Finish.LENGTH: pb.FINISH_REASON_LENGTH, Finish.EOS: pb.FINISH_REASON_EOS,
-    Finish.STOP: pb.FINISH_REASON_STOP, Finish.CAPACITY: pb.FINISH_REASON_CAPACITY,
+    Finish.LENGTH: pb.FINISH_REASON_LENGTH,
+    Finish.EOS: pb.FINISH_REASON_EOS,
+    Finish.STOP: pb.FINISH_REASON_STOP,
+    Finish.CAPACITY: pb.FINISH_REASON_CAPACITY,
 }
 
 
 def generate_call(request: pb.GenerateRequest) -> GenerateCall:
-    return GenerateCall(prompt(request.prompt), stopping(request.stopping), sampling(request.sampling),
-                        max(request.n, 1), logprob_request(request), constraint(request))
+    return GenerateCall(
+        prompt(request.prompt),
+        stopping(request.stopping),
+        sampling(request.sampling),
+        max(request.n, 1),
+        logprob_request(request),
+        constraint(request),
+    )
 
 
 _MODE = pb.ToolChoice
-TOOL_MODES = {_MODE.MODE_NONE: NONE, _MODE.MODE_AUTO: AUTO,
-              _MODE.MODE_REQUIRED: REQUIRED, _MODE.MODE_FUNCTION: NAMED}
+TOOL_MODES = {
+    _MODE.MODE_NONE: NONE,
+    _MODE.MODE_AUTO: AUTO,
+    _MODE.MODE_REQUIRED: REQUIRED,
+    _MODE.MODE_FUNCTION: NAMED,
+}
 
 
 def _tools_refused(message: str, field: str) -> InvalidInput:
     return InvalidInput(message, reason="INVALID_TOOLS", field=field)
 
 
-def generate_with_tools(request: pb.GenerateRequest,
-                        tool_format: ToolFormat) -> tuple[GenerateCall, ToolRequest | None]:
+def generate_with_tools(
+    request: pb.GenerateRequest, tool_format: ToolFormat
+) -> tuple[GenerateCall, ToolRequest | None]:
     """The call, and its tools when its chat has some: a REQUIRED or FUNCTION choice's constraint
     becomes the call's (beside `constraint`: refused)."""
     call = generate_call(request)
@@ -72,19 +85,23 @@ def generate_with_tools(request: pb.GenerateRequest,
     if called is None:
         return call, tools
     if call.constraint is not None:
-        raise _tools_refused("tool_choice REQUIRED or FUNCTION constrains the reply, and so does "
-                             "constraint: set one", "tool_choice")
+        raise _tools_refused(
+            "tool_choice REQUIRED or FUNCTION constrains the reply, and so does constraint: set one",
+            "tool_choice",
+        )
     return dataclasses.replace(call, constraint=called), tools
 
 
-def tool_request(request: pb.GenerateRequest, tools: tuple[FunctionTool, ...],
-                 tool_format: ToolFormat) -> ToolRequest | None:
+def tool_request(
+    request: pb.GenerateRequest, tools: tuple[FunctionTool, ...], tool_format: ToolFormat
+) -> ToolRequest | None:
     """The request's tool_choice over its chat's tools (unset: AUTO with tools, NONE without)."""
     message = request.tool_choice
     mode = TOOL_MODES.get(message.mode, AUTO if tools else NONE)
     if mode == NAMED and message.function not in {t.name for t in tools}:
-        raise _tools_refused(f"tool_choice.function {message.function!r} names no tool of the chat",
-                             "tool_choice.function")
+        raise _tools_refused(
+            f"tool_choice.function {message.function!r} names no tool of the chat", "tool_choice.function"
+        )
     if mode != NONE and not tools:
         raise _tools_refused(f"tool_choice {mode} needs tools in prompt.chat.tools", "tool_choice")
     if not tools:
@@ -95,13 +112,19 @@ def tool_request(request: pb.GenerateRequest, tools: tuple[FunctionTool, ...],
 
 
 def decode_call(request: pb.DecodeRequest) -> DecodeCall:
-    return DecodeCall(request.session_id, stopping(request.stopping), sampling(request.sampling),
-                      logprob_request(request), constraint(request))
+    return DecodeCall(
+        request.session_id,
+        stopping(request.stopping),
+        sampling(request.sampling),
+        logprob_request(request),
+        constraint(request),
+    )
 
 
 def fork_call(request: pb.ForkSessionRequest) -> ForkCall:
-    return ForkCall(request.session_id, request.length if request.HasField("length") else None,
-                    request.fork_id)
+    return ForkCall(
+        request.session_id, request.length if request.HasField("length") else None, request.fork_id
+    )
 
 
 def constraint(request: pb.GenerateRequest | pb.DecodeRequest) -> ConstraintSpec | None:
@@ -125,8 +148,11 @@ def prefill_part(part: pb.PrefillRequest) -> tuple[Prompt | None, bool]:
     """A later Prefill message: its prompt part (None for a bare `last`), and whether it ends the
     prompt; naming a session there is refused."""
     if part.session_id:
-        raise InvalidInput("session_id belongs in the first Prefill message only; a later message names one",
-                           reason="SESSION_ID_NOT_FIRST", field="session_id")
+        raise InvalidInput(
+            "session_id belongs in the first Prefill message only; a later message names one",
+            reason="SESSION_ID_NOT_FIRST",
+            field="session_id",
+        )
     if part.last and not part.HasField("prompt"):
         return None, True
     return prompt(part.prompt), part.last
@@ -151,9 +177,16 @@ def prompt(message: pb.Prompt) -> Prompt:
 
 
 def chat(message: pb.Chat) -> tuple[ChatMessage, ...]:
-    return tuple(ChatMessage(m.role, m.content, tuple(ToolCall(c.id, c.name, c.arguments)
-                                                      for c in m.tool_calls), m.tool_call_id, m.name)
-                 for m in message.messages)
+    return tuple(
+        ChatMessage(
+            m.role,
+            m.content,
+            tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+            m.tool_call_id,
+            m.name,
+        )
+        for m in message.messages
+    )
 
 
 def tools(message: pb.Chat) -> tuple[FunctionTool, ...]:
@@ -162,8 +195,9 @@ def tools(message: pb.Chat) -> tuple[FunctionTool, ...]:
     for i, tool in enumerate(message.tools):
         field = f"prompt.chat.tools[{i}]"
         if not TOOL_NAME.fullmatch(tool.name) or tool.name in {t.name for t in found}:
-            raise _tools_refused(f"{field}.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -, unique in the "
-                                 "chat", f"{field}.name")
+            raise _tools_refused(
+                f"{field}.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -, unique in the chat", f"{field}.name"
+            )
         if tool.parameters and not _json_object(tool.parameters):
             raise _tools_refused(f"{field}.parameters is not a JSON object's text", f"{field}.parameters")
         found.append(FunctionTool(tool.name, tool.description, tool.parameters, tool.strict))
@@ -179,22 +213,35 @@ def _json_object(text: str) -> bool:
 
 def sampling(message: pb.SamplingOptions) -> SamplingParams:
     return SamplingParams(
-        temperature=message.temperature, top_k=message.top_k,
+        temperature=message.temperature,
+        top_k=message.top_k,
         top_p=message.top_p if message.HasField("top_p") else 1.0,
         repetition_penalty=message.repetition_penalty if message.HasField("repetition_penalty") else 1.0,
-        seed=message.seed if message.HasField("seed") else None, min_p=message.min_p,
-        presence_penalty=message.presence_penalty, frequency_penalty=message.frequency_penalty)
+        seed=message.seed if message.HasField("seed") else None,
+        min_p=message.min_p,
+        presence_penalty=message.presence_penalty,
+        frequency_penalty=message.frequency_penalty,
+    )
 
 
 def stopping(message: pb.StoppingOptions) -> Stopping:
-    return Stopping(message.max_new_tokens, tuple(message.stop), message.ignore_eos,
-                    frozenset(message.stop_token_ids), min_new_tokens=message.min_new_tokens)
+    return Stopping(
+        message.max_new_tokens,
+        tuple(message.stop),
+        message.ignore_eos,
+        frozenset(message.stop_token_ids),
+        min_new_tokens=message.min_new_tokens,
+    )
 
 
 def summary(tally: PrefillTally) -> pb.PrefillSummary:
-    return pb.PrefillSummary(forwards=tally.forwards, real_rows=tally.real_rows,
-                             padded_rows=tally.padded_rows, widths=tally.widths,
-                             shared_rows=tally.shared_rows)
+    return pb.PrefillSummary(
+        forwards=tally.forwards,
+        real_rows=tally.real_rows,
+        padded_rows=tally.padded_rows,
+        widths=tally.widths,
+        shared_rows=tally.shared_rows,
+    )
 
 
 def logprob_request(request: pb.GenerateRequest | pb.DecodeRequest) -> LogprobRequest | None:
@@ -212,21 +259,29 @@ def alternatives(found: TokenLogprobs, text_of: Callable[[int], str]) -> list[pb
 
 
 def token(event: TokenOut, latency_ms: float, text_of: Callable[[int], str]) -> pb.Token:
-    token = pb.Token(id=event.id, text=event.text, index=event.index, latency_ms=latency_ms,
-                     sample=event.sample)
+    token = pb.Token(
+        id=event.id, text=event.text, index=event.index, latency_ms=latency_ms, sample=event.sample
+    )
     if event.logprobs is not None:
         token.logprob = event.logprobs.logprob
         token.top_logprobs.extend(alternatives(event.logprobs, text_of))
     return token
 
 
-def samples(progress: Progress, text_of: Callable[[int], str],
-            tools: ToolRequest | None = None) -> list[pb.Sample]:
+def samples(
+    progress: Progress, text_of: Callable[[int], str], tools: ToolRequest | None = None
+) -> list[pb.Sample]:
     unfinished = pb.FINISH_REASON_UNSPECIFIED
-    found = [pb.Sample(index=i, text=r.text, token_ids=r.token_ids,
-                       finish_reason=_FINISH[r.finished.reason] if r.finished else unfinished,
-                       logprobs=[token_logprobs(t, text_of) for t in r.logprobs])
-             for i, r in enumerate(progress.sample_records())]
+    found = [
+        pb.Sample(
+            index=i,
+            text=r.text,
+            token_ids=r.token_ids,
+            finish_reason=_FINISH[r.finished.reason] if r.finished else unfinished,
+            logprobs=[token_logprobs(t, text_of) for t in r.logprobs],
+        )
+        for i, r in enumerate(progress.sample_records())
+    ]
     for sample in found:
         _read_calls(sample, tools)
     return found
@@ -238,21 +293,35 @@ def _read_calls(answer: pb.Completion | pb.Sample, tools: ToolRequest | None) ->
     if parsed is None or not parsed.calls:
         return
     answer.content = parsed.content
-    answer.tool_calls.extend(pb.ToolCall(id=call_id(), name=c.name, arguments=c.arguments)
-                             for c in parsed.calls)
+    answer.tool_calls.extend(
+        pb.ToolCall(id=call_id(), name=c.name, arguments=c.arguments) for c in parsed.calls
+    )
 
 
-def completion(progress: Progress, request_id: str, session: Any | None = None,
-               text_of: Callable[[int], str] = lambda _: "",
-               tools: ToolRequest | None = None) -> pb.Completion:
-    timing = pb.Timing(queue_ms=progress.queue_ms, ttft_ms=progress.ttft_ms, total_ms=progress.total_ms,
-                       inter_token_ms=progress.inter_token_ms)
+def completion(
+    progress: Progress,
+    request_id: str,
+    session: Any | None = None,
+    text_of: Callable[[int], str] = lambda _: "",
+    tools: ToolRequest | None = None,
+) -> pb.Completion:
+    timing = pb.Timing(
+        queue_ms=progress.queue_ms,
+        ttft_ms=progress.ttft_ms,
+        total_ms=progress.total_ms,
+        inter_token_ms=progress.inter_token_ms,
+    )
     reason = _FINISH[progress.reason] if progress.reason else pb.FINISH_REASON_UNSPECIFIED
     done = pb.Completion(
-        text=progress.text, token_ids=progress.token_ids, finish_reason=reason, timing=timing,
+        text=progress.text,
+        token_ids=progress.token_ids,
+        finish_reason=reason,
+        timing=timing,
         usage=pb.Usage(prompt_tokens=progress.prompt_tokens, completion_tokens=progress.generated),
-        request_id=request_id, logprobs=[token_logprobs(t, text_of) for t in progress.logprobs],
-        prompt_logprobs=[token_logprobs(t, text_of) for t in progress.prompt_logprobs])
+        request_id=request_id,
+        logprobs=[token_logprobs(t, text_of) for t in progress.logprobs],
+        prompt_logprobs=[token_logprobs(t, text_of) for t in progress.prompt_logprobs],
+    )
     if progress.samples > 1:
         done.samples.extend(samples(progress, text_of, tools))
         done.tool_calls.extend(done.samples[0].tool_calls)
@@ -268,74 +337,151 @@ def completion(progress: Progress, request_id: str, session: Any | None = None,
 
 
 def forward_event(session_id: str, event: ForwardDone) -> pb.PrefillEvent:
-    return pb.PrefillEvent(forward=pb.ForwardEvent(
-        session_id=session_id, real_rows=event.real_rows, width=event.width, past=event.past,
-        length=event.length))
+    return pb.PrefillEvent(
+        forward=pb.ForwardEvent(
+            session_id=session_id,
+            real_rows=event.real_rows,
+            width=event.width,
+            past=event.past,
+            length=event.length,
+        )
+    )
 
 
 def prefill_done(session_id: str, result: PrefillFinished, progress: Progress) -> pb.PrefillEvent:
     timing = pb.Timing(queue_ms=progress.queue_ms, total_ms=progress.total_ms)
-    return pb.PrefillEvent(done=pb.PrefillDone(
-        session_id=session_id, length=result.length, next_token=result.next_token,
-        next_token_text=result.next_text, summary=summary(progress.tally), timing=timing))
+    return pb.PrefillEvent(
+        done=pb.PrefillDone(
+            session_id=session_id,
+            length=result.length,
+            next_token=result.next_token,
+            next_token_text=result.next_text,
+            summary=summary(progress.tally),
+            timing=timing,
+        )
+    )
 
 
 def model_info(model: Any, config: Any) -> pb.ModelInfo:
     facts = model.facts
     return pb.ModelInfo(
-        model=model.name, vocab_size=facts.vocab_size, capacity=facts.capacity,
-        chunk_size=facts.chunk_size, ladder=list(facts.ladder), execution_provider=facts.provider,
-        padding_enabled=facts.padding, recurrent_state=facts.recurrent, eos_token_ids=list(facts.eos_ids),
-        bos_token_id=-1 if facts.bos_id is None else facts.bos_id, num_layers=facts.layers,
-        has_tokenizer=model.tokenizer is not None, max_sessions=facts.slots,
-        variant_capacity=facts.variant_capacity, max_new_tokens_limit=model.max_new_tokens,
-        max_prompt_tokens=model.max_prompt_tokens, pod_name=config.pod_name,
-        batch_widths=list(facts.batch_widths), default_max_new_tokens=model.default_new_tokens)
+        model=model.name,
+        vocab_size=facts.vocab_size,
+        capacity=facts.capacity,
+        chunk_size=facts.chunk_size,
+        ladder=list(facts.ladder),
+        execution_provider=facts.provider,
+        padding_enabled=facts.padding,
+        recurrent_state=facts.recurrent,
+        eos_token_ids=list(facts.eos_ids),
+        bos_token_id=-1 if facts.bos_id is None else facts.bos_id,
+        num_layers=facts.layers,
+        has_tokenizer=model.tokenizer is not None,
+        max_sessions=facts.slots,
+        variant_capacity=facts.variant_capacity,
+        max_new_tokens_limit=model.max_new_tokens,
+        max_prompt_tokens=model.max_prompt_tokens,
+        pod_name=config.pod_name,
+        batch_widths=list(facts.batch_widths),
+        default_max_new_tokens=model.default_new_tokens,
+    )
 
 
-def engine_stats(stats: Any, queue_depth: int, waiting: int, totals: Any,
-                 parking: bool = False) -> pb.EngineStats:
+def engine_stats(
+    stats: Any, queue_depth: int, waiting: int, totals: Any, parking: bool = False
+) -> pb.EngineStats:
     v, m = stats.variants, stats.memory
-    held = [pb.VariantEntry(width=e.key.width, ports=e.key.ports, bytes=e.nbytes, hits=e.hits,
-                            batch=e.key.batch) for e in v.entries]
+    held = [
+        pb.VariantEntry(width=e.key.width, ports=e.key.ports, bytes=e.nbytes, hits=e.hits, batch=e.key.batch)
+        for e in v.entries
+    ]
     d = stats.decode
-    decode = pb.DecodeStats(steps=d.steps, rows=d.rows, ride_along_rows=d.ride_along_rows,
-                            widths=[pb.BatchWidthUse(batch=b, forwards=n) for b, n in d.widths],
-                            batch_widths=list(stats.batch_widths), unbatched_reason=stats.unbatched_reason,
-                            lookahead_hits=d.lookahead_hits, lookahead_misses=d.lookahead_misses,
-                            chained_steps=d.chained, rows_moved=d.rows_moved)
+    decode = pb.DecodeStats(
+        steps=d.steps,
+        rows=d.rows,
+        ride_along_rows=d.ride_along_rows,
+        widths=[pb.BatchWidthUse(batch=b, forwards=n) for b, n in d.widths],
+        batch_widths=list(stats.batch_widths),
+        unbatched_reason=stats.unbatched_reason,
+        lookahead_hits=d.lookahead_hits,
+        lookahead_misses=d.lookahead_misses,
+        chained_steps=d.chained,
+        rows_moved=d.rows_moved,
+    )
     return pb.EngineStats(
-        variants=pb.VariantStats(entries=len(v.entries), capacity=v.capacity, hits=v.hits, misses=v.misses,
-                                 prepared=v.prepared, evictions=v.evictions, refusals=v.refusals,
-                                 bytes=v.nbytes, held=held),
-        memory=pb.MemoryUse(weights_bytes=m.weights, kv_bytes=m.kv, variant_bytes=m.variants,
-                            total_bytes=m.total, budget_bytes=m.budget),
-        eager_forwards=stats.eager_forwards, sessions_open=stats.sessions_open,
-        sessions_padding_off=stats.sessions_padding_off, slots_allocated=stats.slots_allocated,
-        slot_bytes=stats.slot_bytes, queue_depth=queue_depth, prompt_tokens=totals.prompt_tokens,
-        generated_tokens=totals.generated_tokens, padded_rows=totals.padded_rows, decode=decode,
-        waiting_for_slot=waiting, prefix=prefix_stats(stats.prefix),
+        variants=pb.VariantStats(
+            entries=len(v.entries),
+            capacity=v.capacity,
+            hits=v.hits,
+            misses=v.misses,
+            prepared=v.prepared,
+            evictions=v.evictions,
+            refusals=v.refusals,
+            bytes=v.nbytes,
+            held=held,
+        ),
+        memory=pb.MemoryUse(
+            weights_bytes=m.weights,
+            kv_bytes=m.kv,
+            variant_bytes=m.variants,
+            total_bytes=m.total,
+            budget_bytes=m.budget,
+        ),
+        eager_forwards=stats.eager_forwards,
+        sessions_open=stats.sessions_open,
+        sessions_padding_off=stats.sessions_padding_off,
+        slots_allocated=stats.slots_allocated,
+        slot_bytes=stats.slot_bytes,
+        queue_depth=queue_depth,
+        prompt_tokens=totals.prompt_tokens,
+        generated_tokens=totals.generated_tokens,
+        padded_rows=totals.padded_rows,
+        decode=decode,
+        waiting_for_slot=waiting,
+        prefix=prefix_stats(stats.prefix),
         parking=parking_stats(stats.parking, parking),
-        prompt_batches=pb.PromptBatchStats(max_prompts=stats.prompt_batch, forwards=stats.prompt_forwards,
-                                           prompts=stats.prompts_batched),
-        exactness=exactness_rules(stats.kernels))
+        prompt_batches=pb.PromptBatchStats(
+            max_prompts=stats.prompt_batch, forwards=stats.prompt_forwards, prompts=stats.prompts_batched
+        ),
+        exactness=exactness_rules(stats.kernels),
+    )
 
 
 def exactness_rules(k: Any) -> pb.ExactnessRules | None:
     if k is None:
         return None
-    return pb.ExactnessRules(restore_rule=k.restore_rule, least_decode_batch=k.least_decode_batch,
-                             measured=k.measured, one_row_gap=k.one_row_gap, re_run_gap=k.re_run_gap)
+    return pb.ExactnessRules(
+        restore_rule=k.restore_rule,
+        least_decode_batch=k.least_decode_batch,
+        measured=k.measured,
+        one_row_gap=k.one_row_gap,
+        re_run_gap=k.re_run_gap,
+    )
 
 
 def parking_stats(p: Any, enabled: bool) -> pb.ParkingStats:
-    return pb.ParkingStats(enabled=enabled, sessions_parked=p.sessions_parked, parked_bytes=p.parked_bytes,
-                           parks=p.parks, unparks=p.unparks, park_seconds=p.park_seconds,
-                           unpark_seconds=p.unpark_seconds, released_bytes=p.released_bytes,
-                           device_bytes=p.device_bytes, spills=p.spills)
+    return pb.ParkingStats(
+        enabled=enabled,
+        sessions_parked=p.sessions_parked,
+        parked_bytes=p.parked_bytes,
+        parks=p.parks,
+        unparks=p.unparks,
+        park_seconds=p.park_seconds,
+        unpark_seconds=p.unpark_seconds,
+        released_bytes=p.released_bytes,
+        device_bytes=p.device_bytes,
+        spills=p.spills,
+    )
 
 
 def prefix_stats(p: Any) -> pb.PrefixStats:
-    return pb.PrefixStats(enabled=p.enabled, lookups=p.lookups, hits=p.hits, tokens_saved=p.tokens_saved,
-                          forks=p.forks, slots_held=p.rows_held, bytes_held=p.bytes_held,
-                          evictions=p.evictions)
+    return pb.PrefixStats(
+        enabled=p.enabled,
+        lookups=p.lookups,
+        hits=p.hits,
+        tokens_saved=p.tokens_saved,
+        forks=p.forks,
+        slots_held=p.rows_held,
+        bytes_held=p.bytes_held,
+        evictions=p.evictions,
+    )

@@ -71,8 +71,9 @@ def main() -> None:
         onnx.save(model, str(copy / "model.onnx"))
         results = {"4 (as converted)": measure(source, prompts), str(args.level): measure(copy, prompts)}
     for level, (prefill, decode, _) in results.items():
-        print(f"accuracy_level {level}: prefill of 1000 tokens {prefill:.2f} s, "
-              f"64 decode steps {decode:.2f} s")
+        print(
+            f"accuracy_level {level}: prefill of 1000 tokens {prefill:.2f} s, 64 decode steps {decode:.2f} s"
+        )
     base, other = (r[2] for r in results.values())
     print("greedy tokens equal, per prompt:", [a == b for a, b in zip(base, other, strict=True)])
 

@@ -71,8 +71,12 @@ def engine_alone(model: Path, streams: int, steps: int, clock: RunClock) -> dict
         for _ in range(5 if warm else steps):
             last = engine.decode([DecodeRow(s, t, greedy) for s, t in zip(sessions, last, strict=True)])
     wall, inside = time.perf_counter() - start, clock.seconds - before
-    return {"steps": steps, "step_ms": wall / steps * 1e3, "onnxruntime_ms": inside / steps * 1e3,
-            "host_ms": (wall - inside) / steps * 1e3}
+    return {
+        "steps": steps,
+        "step_ms": wall / steps * 1e3,
+        "onnxruntime_ms": inside / steps * 1e3,
+        "host_ms": (wall - inside) / steps * 1e3,
+    }
 
 
 def through_scheduler(model: Path, streams: int, new: int, clock: RunClock) -> dict[str, float]:
@@ -81,8 +85,13 @@ def through_scheduler(model: Path, streams: int, new: int, clock: RunClock) -> d
     served = SimpleNamespace(tokenizer=None, capacity=engine.capacity, eos_ids=frozenset())
 
     async def one() -> None:
-        body = generate_body(served, list(range(1, PROMPT + 1)), [Sampler(SamplingParams())],  # type: ignore[arg-type]
-                             Stopping(new, ignore_eos=True), PrefillTally())
+        body = generate_body(
+            served,
+            list(range(1, PROMPT + 1)),
+            [Sampler(SamplingParams())],  # type: ignore[arg-type]
+            Stopping(new, ignore_eos=True),
+            PrefillTally(),
+        )
         async for _ in scheduler.stream(body, hold=True):
             pass
 
@@ -98,17 +107,23 @@ def through_scheduler(model: Path, streams: int, new: int, clock: RunClock) -> d
         steps = engine.stats().decode.steps - steps_before
     finally:
         scheduler.stop()
-    return {"steps": steps, "step_ms": wall / steps * 1e3, "onnxruntime_ms": inside / steps * 1e3,
-            "host_ms": (wall - inside) / steps * 1e3}
+    return {
+        "steps": steps,
+        "step_ms": wall / steps * 1e3,
+        "onnxruntime_ms": inside / steps * 1e3,
+        "host_ms": (wall - inside) / steps * 1e3,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--new", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="each way this many times, alternated; the best kept")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="each way this many times, alternated; the best kept"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     configure_logging("warning")
@@ -119,10 +134,16 @@ def main() -> None:
         runs["engine"].append(engine_alone(model, args.streams, args.new, clock))
         runs["scheduler"].append(through_scheduler(model, args.streams, args.new, clock))
     best = {way: min(rows, key=lambda r: r["host_ms"]) for way, rows in runs.items()}
-    result = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "host": platform.node(),
-              "command": f"python -m bench.cpu.host_overhead --streams {args.streams} --new {args.new} "
-                         f"--repeats {args.repeats}", "streams": args.streams, "best": best, "runs": runs,
-              "scheduler_host_over_engine_host": best["scheduler"]["host_ms"] / best["engine"]["host_ms"]}
+    result = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "command": f"python -m bench.cpu.host_overhead --streams {args.streams} --new {args.new} "
+        f"--repeats {args.repeats}",
+        "streams": args.streams,
+        "best": best,
+        "runs": runs,
+        "scheduler_host_over_engine_host": best["scheduler"]["host_ms"] / best["engine"]["host_ms"],
+    }
     (args.out / "host-overhead.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("best", "scheduler_host_over_engine_host")}, indent=2))
 

@@ -51,22 +51,46 @@ def main() -> None:
         return
     ids_file = args.out / "prompt-ids.tmp.json"
     ids_file.write_text(json.dumps(prompt_ids(Tokenizer(prepared.model_dir), max(args.lengths))))
-    dirs = {"this": {p: prepare(args.cache_root, precision=p).model_dir for p in ("fp32", "int4")},
-            "baseline": {"fp32": baseline.fp32, "int4": baseline.int4}}
+    dirs = {
+        "this": {p: prepare(args.cache_root, precision=p).model_dir for p in ("fp32", "int4")},
+        "baseline": {"fp32": baseline.fp32, "int4": baseline.int4},
+    }
     runs: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
         for precision in args.precisions.split(","):
             for version in ("this", "baseline"):
-                cmd = ["ladder", str(dirs[version][precision]), str(prepared.gguf_path), str(ids_file),
-                       "--lengths", *map(str, args.lengths), "--new-tokens", "0",
-                       "--repeats", str(args.repeats), "--chunk-size", "512"]
+                cmd = [
+                    "ladder",
+                    str(dirs[version][precision]),
+                    str(prepared.gguf_path),
+                    str(ids_file),
+                    "--lengths",
+                    *map(str, args.lengths),
+                    "--new-tokens",
+                    "0",
+                    "--repeats",
+                    str(args.repeats),
+                    "--chunk-size",
+                    "512",
+                ]
                 result = worker(sys.executable, cmd, baseline.root if version == "baseline" else None)
-                runs.append({"round": round_, "version": version, "precision": precision,
-                             "loadavg": os.getloadavg()[0], **result})
+                runs.append(
+                    {
+                        "round": round_,
+                        "version": version,
+                        "precision": precision,
+                        "loadavg": os.getloadavg()[0],
+                        **result,
+                    }
+                )
     ids_file.unlink()
     summary = summarize(runs, args.lengths)
-    doc = {"command": "python -m bench.cpu.logits " + " ".join(sys.argv[1:]),
-           "baseline_root": str(args.baseline_root), "summary": summary, "runs": runs}
+    doc = {
+        "command": "python -m bench.cpu.logits " + " ".join(sys.argv[1:]),
+        "baseline_root": str(args.baseline_root),
+        "summary": summary,
+        "runs": runs,
+    }
     (args.out / "ab.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 
@@ -83,9 +107,12 @@ def in_process(args: argparse.Namespace, model_dir: Path, baseline: Baseline) ->
     for precision in args.precisions.split(","):
         this = prepare(args.cache_root, precision=precision).model_dir
         before = baseline.fp32 if precision == "fp32" else baseline.int4
-        engines = {"read row": Engine.load(this, EngineOptions(max_sessions=1, chunk_size=512)),
-                   "every row": Engine.load(before, EngineOptions(max_sessions=1, chunk_size=512,
-                                                                  graph_read_only=True))}
+        engines = {
+            "read row": Engine.load(this, EngineOptions(max_sessions=1, chunk_size=512)),
+            "every row": Engine.load(
+                before, EngineOptions(max_sessions=1, chunk_size=512, graph_read_only=True)
+            ),
+        }
         times: dict[str, dict[int, list[float]]] = {k: {n: [] for n in args.lengths} for k in engines}
         tokens: dict[str, dict[str, int]] = {}  # prompt length -> engine -> first greedy token
         for _ in range(args.rounds):
@@ -97,13 +124,18 @@ def in_process(args: argparse.Namespace, model_dir: Path, baseline: Baseline) ->
                     times[name][n].append(time.perf_counter() - start)
                     tokens.setdefault(str(n), {})[name] = int(np.argmax(logits))
                     engine.close_session(session)
-        out[precision] = {name: {str(n): {"best_s": min(t), "median_s": float(np.median(t))}
-                                 for n, t in per.items()} for name, per in times.items()}
+        out[precision] = {
+            name: {str(n): {"best_s": min(t), "median_s": float(np.median(t))} for n, t in per.items()}
+            for name, per in times.items()
+        }
         out[precision]["first_token"] = tokens
         out[precision]["same_first_token"] = all(len(set(t.values())) == 1 for t in tokens.values())
         del engines
-    doc = {"command": "python -m bench.cpu.logits " + " ".join(sys.argv[1:]), "loadavg": os.getloadavg(),
-           "prefill": out}
+    doc = {
+        "command": "python -m bench.cpu.logits " + " ".join(sys.argv[1:]),
+        "loadavg": os.getloadavg(),
+        "prefill": out,
+    }
     (args.out / "in-process.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc, indent=1))
 
@@ -113,8 +145,9 @@ def summarize(runs: list[dict[str, Any]], lengths: list[int]) -> dict[str, Any]:
     for run in runs:
         if "error" in run:
             continue
-        entry = out.setdefault(f"{run['precision']} {run['version']}",
-                               {"best_ttft_s": {}, "peak_rss_mb": 0.0, "runs": 0})
+        entry = out.setdefault(
+            f"{run['precision']} {run['version']}", {"best_ttft_s": {}, "peak_rss_mb": 0.0, "runs": 0}
+        )
         entry["runs"] += 1
         entry["peak_rss_mb"] = max(entry["peak_rss_mb"], run["peak_rss_mb"])
         for n in map(str, lengths):

@@ -37,10 +37,12 @@ def main() -> None:
         so.enable_profiling, so.profile_file_prefix = True, str(Path(trace_dir) / "forward")
         session = ort.InferenceSession(str(info.graph), so, providers=["CPUExecutionProvider"])
         past = np.zeros((1, info.num_kv_heads, args.past, info.head_size), np.float32)
-        feeds = {"input_ids": np.random.default_rng(0).integers(3, info.vocab_size, (1, args.width)),
-                 "attention_mask": np.ones((1, args.past + args.width), np.int64),
-                 "logits_rows": np.array([args.width - 1], np.int64),
-                 **{name: past for pair in info.kv_inputs for name in pair}}
+        feeds = {
+            "input_ids": np.random.default_rng(0).integers(3, info.vocab_size, (1, args.width)),
+            "attention_mask": np.ones((1, args.past + args.width), np.int64),
+            "logits_rows": np.array([args.width - 1], np.int64),
+            **{name: past for pair in info.kv_inputs for name in pair},
+        }
         # logits_rows has a default (an initializer that is also an input): onnxruntime lists it among
         # the overridable initializers, not the inputs. Dropping it ran the head on every row.
         wanted = {i.name for i in (*session.get_inputs(), *session.get_overridable_initializers())}

@@ -60,17 +60,30 @@ def module_from(root: Path | None, module: str) -> list[str]:
     and this repo comes second, for bench/ alone."""
     if root is None:
         return ["-m", module]
-    return ["-c", f"import runpy, sys; sys.path.insert(1, {str(REPO)!r}); "
-                  f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
+    return [
+        "-c",
+        f"import runpy, sys; sys.path.insert(1, {str(REPO)!r}); "
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)",
+    ]
 
 
 def machine() -> dict[str, Any]:
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-               platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
-    return {"cpu": cpu, "cores": os.cpu_count(), "mem_gb": round(mem_kb / 2**20, 1),
-            "kernel": platform.release(), "python": platform.python_version()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_gb": round(mem_kb / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
 
 
 def versions(llama_python: str | None) -> dict[str, str]:
@@ -78,15 +91,20 @@ def versions(llama_python: str | None) -> dict[str, str]:
 
     found = {p: version(p) for p in ("onnxruntime", "onnxruntime-genai", "onnxruntime-extensions")}
     if llama_python:
-        out = subprocess.run([llama_python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-                             capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            [llama_python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         found["llama-cpp-python"] = out.stdout.strip() or "unavailable"
     return found
 
 
 def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+    )
     return out.stdout.strip()
 
 
@@ -105,38 +123,57 @@ def prepare_baseline(root: Path, cache_root: Path, gguf: Path) -> Baseline:
         shutil.copy(gguf, downloads / gguf.name)
     dirs = []
     for precision in ("fp32", "int4"):
-        cmd = [sys.executable, "-m", "engine.default_model", "--cache-root", str(cache_root),
-               "--precision", precision]
+        cmd = [
+            sys.executable,
+            "-m",
+            "engine.default_model",
+            "--cache-root",
+            str(cache_root),
+            "--precision",
+            precision,
+        ]
         done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
         dirs.append(Path(done.stdout.strip().splitlines()[-1]))
     return Baseline(root, *dirs)
 
 
-def run_all(model_dir: Path, int4_dir: Path, gguf: Path, ids_file: Path, llama_python: str | None,
-            baseline: Baseline | None = None,
-            skip: frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
+def run_all(
+    model_dir: Path,
+    int4_dir: Path,
+    gguf: Path,
+    ids_file: Path,
+    llama_python: str | None,
+    baseline: Baseline | None = None,
+    skip: frozenset[str] = frozenset(),
+) -> dict[str, dict[str, Any]]:
     common = [str(model_dir), str(gguf), str(ids_file), "--lengths", *map(str, LENGTHS)]
     int4 = [str(int4_dir), *common[1:]]
     results: dict[str, dict[str, Any]] = {}
-    for name, args, before in (("fp32", common, baseline and baseline.fp32),
-                               ("int4", int4, baseline and baseline.int4)):
+    for name, args, before in (
+        ("fp32", common, baseline and baseline.fp32),
+        ("int4", int4, baseline and baseline.int4),
+    ):
         if name in skip:
             continue
         results[f"ladder {name}"] = worker(sys.executable, ["ladder", *args])
         if baseline is not None and before:
             results[f"ladder {name} (baseline)"] = worker(
-                sys.executable, ["ladder", str(before), *args[1:]], baseline.root)
+                sys.executable, ["ladder", str(before), *args[1:]], baseline.root
+            )
         if "genai" not in skip:
             results[f"onnxruntime-genai {name}"] = worker(sys.executable, ["genai", *args])
     if llama_python and "llamacpp" not in skip:
         results["llama.cpp"] = worker(llama_python, ["llamacpp", *common])
     rss_only = [str(gguf), str(ids_file), "--lengths", "4000", "--new-tokens", "0", "--repeats", "2"]
-    rss_runs = [("int4 4000 chunked@512", int4_dir, None, ["--chunk-size", "512"]),
-                ("fp32 4000 chunked@512", model_dir, None, ["--chunk-size", "512"])]
+    rss_runs = [
+        ("int4 4000 chunked@512", int4_dir, None, ["--chunk-size", "512"]),
+        ("fp32 4000 chunked@512", model_dir, None, ["--chunk-size", "512"]),
+    ]
     rss_runs = [run for run in rss_runs if "fp32" not in skip or "fp32" not in run[0]]
     if baseline is not None:
-        rss_runs.insert(1, ("int4 4000 chunked@512 (baseline)", baseline.int4, baseline.root,
-                            ["--chunk-size", "512"]))
+        rss_runs.insert(
+            1, ("int4 4000 chunked@512 (baseline)", baseline.int4, baseline.root, ["--chunk-size", "512"])
+        )
     if "unchunked" not in skip and "fp32" not in skip:
         rss_runs.append(("fp32 4000 unchunked", model_dir, None, ["--chunk-size", "0", "--no-padding"]))
     for name, path, root, extra in rss_runs:
@@ -157,27 +194,44 @@ def _cell(result: dict[str, Any], key: str, fmt: str) -> str:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    head = ["runtime", "load s", *[f"TTFT {n} s" for n in LENGTHS], "prefill tok/s @1000",
-            "decode tok/s (128 after 1000)", "peak RSS MB"]
-    lines = [f"# CPU benchmark, {doc['date']}", "",
-             f"- machine: {doc['machine']}", f"- versions: {doc['versions']}",
-             f"- model: {doc['model']}", f"- commit: {doc['commit']}",
-             f"- command: `{doc['command']}`",
-             *([f"- baseline: {doc['baseline']}"] if doc.get("baseline") else []),
-             f"- load average before/after: "
-             f"{doc['loadavg_before']} / {doc['loadavg_after']}",
-             "- TTFT: best of 3 (of 2 at 4000 tokens), after one warm-up; decode: 1 / median "
-             "step; workers run at nice -10 in their own process, one after another", "",
-             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    head = [
+        "runtime",
+        "load s",
+        *[f"TTFT {n} s" for n in LENGTHS],
+        "prefill tok/s @1000",
+        "decode tok/s (128 after 1000)",
+        "peak RSS MB",
+    ]
+    lines = [
+        f"# CPU benchmark, {doc['date']}",
+        "",
+        f"- machine: {doc['machine']}",
+        f"- versions: {doc['versions']}",
+        f"- model: {doc['model']}",
+        f"- commit: {doc['commit']}",
+        f"- command: `{doc['command']}`",
+        *([f"- baseline: {doc['baseline']}"] if doc.get("baseline") else []),
+        f"- load average before/after: {doc['loadavg_before']} / {doc['loadavg_after']}",
+        "- TTFT: best of 3 (of 2 at 4000 tokens), after one warm-up; decode: 1 / median "
+        "step; workers run at nice -10 in their own process, one after another",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + " --- |" * len(head),
+    ]
     for name, r in doc["results"].items():
         if "error" in r:
             lines.append(f"| {name} | error: {r['error']} |")
             continue
         ttft_1000 = r["ttft_s"].get("1000")
         rate = f"{1000 / ttft_1000:.0f}" if ttft_1000 else "–"
-        cells = [name, _cell(r, "load_s", ".1f"),
-                 *[_cell(r, f"ttft_s.{n}", ".2f") for n in LENGTHS], rate,
-                 _cell(r, "decode_tok_s", ".1f"), _cell(r, "peak_rss_mb", ".0f")]
+        cells = [
+            name,
+            _cell(r, "load_s", ".1f"),
+            *[_cell(r, f"ttft_s.{n}", ".2f") for n in LENGTHS],
+            rate,
+            _cell(r, "decode_tok_s", ".1f"),
+            _cell(r, "peak_rss_mb", ".0f"),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -204,17 +258,31 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     ids_file.write_text(json.dumps(ids))
     before = os.getloadavg()
-    results = run_all(prepared.model_dir, int4_dir, prepared.gguf_path, ids_file,
-                      args.llama_python, baseline, frozenset(filter(None, args.skip.split(","))))
+    results = run_all(
+        prepared.model_dir,
+        int4_dir,
+        prepared.gguf_path,
+        ids_file,
+        args.llama_python,
+        baseline,
+        frozenset(filter(None, args.skip.split(","))),
+    )
     ids_file.unlink()
-    doc = {"date": today, "machine": machine(), "versions": versions(args.llama_python),
-           "model": prepared.model_dir.name, "commit": git_commit(),
-           "prompt_ids_sha256": hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16],
-           "command": "python -m bench.cpu.run " + " ".join(sys.argv[1:]),
-           "loadavg_before": [round(x, 2) for x in before],
-           "loadavg_after": [round(x, 2) for x in os.getloadavg()], "results": results,
-           "baseline": None if baseline is None else {
-               "root": str(baseline.root), "rev": _baseline_rev(baseline.root)}}
+    doc = {
+        "date": today,
+        "machine": machine(),
+        "versions": versions(args.llama_python),
+        "model": prepared.model_dir.name,
+        "commit": git_commit(),
+        "prompt_ids_sha256": hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16],
+        "command": "python -m bench.cpu.run " + " ".join(sys.argv[1:]),
+        "loadavg_before": [round(x, 2) for x in before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "results": results,
+        "baseline": None
+        if baseline is None
+        else {"root": str(baseline.root), "rev": _baseline_rev(baseline.root)},
+    }
     (args.out / f"cpu-{today}.json").write_text(json.dumps(doc, indent=1) + "\n")
     (args.out / f"cpu-{today}.md").write_text(markdown(doc))
     print(markdown(doc))

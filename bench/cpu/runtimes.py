@@ -30,8 +30,9 @@ class LadderRuntime:
         from engine.executor import DecodeRow, Engine, EngineOptions
         from engine.sampling import Sampler, SamplingParams
 
-        self.engine = Engine.load(model_dir, EngineOptions(chunk_size=chunk_size,
-                                                           padding=padding, max_sessions=1))
+        self.engine = Engine.load(
+            model_dir, EngineOptions(chunk_size=chunk_size, padding=padding, max_sessions=1)
+        )
         self.decode_row = DecodeRow
         self.sampler = Sampler(SamplingParams())  # greedy
         self.session: Any = None
@@ -80,8 +81,9 @@ class LlamaCppRuntime:
     def __init__(self, gguf: Path, n_ctx: int) -> None:
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=2, n_threads_batch=2,
-                         n_batch=512, verbose=False)
+        self.llm = Llama(
+            model_path=str(gguf), n_ctx=n_ctx, n_threads=2, n_threads_batch=2, n_batch=512, verbose=False
+        )
 
     def _argmax(self) -> int:
         # Without logits_all, llama-cpp-python keeps no scores: read the last row from the context.
@@ -126,18 +128,23 @@ def decode_rate(rt: Runtime, prompt: list[int], new_tokens: int) -> dict[str, An
         token, seconds = timed(lambda: rt.decode(tokens[-1]))
         tokens.append(token)
         steps.append(seconds)
-    return {"decode_tok_s": 1 / float(np.median(steps)), "decode_tok_s_mean": len(steps) / sum(steps),
-            "greedy_after_prompt": tokens[:16]}
+    return {
+        "decode_tok_s": 1 / float(np.median(steps)),
+        "decode_tok_s_mean": len(steps) / sum(steps),
+        "greedy_after_prompt": tokens[:16],
+    }
 
 
-def run_workload(rt: Runtime, ids: list[int], lengths: list[int], decode_after: int,
-                 new_tokens: int, repeats: int) -> dict[str, Any]:
+def run_workload(
+    rt: Runtime, ids: list[int], lengths: list[int], decode_after: int, new_tokens: int, repeats: int
+) -> dict[str, Any]:
     rt.prefill(ids[:16])  # warm-up: first-run allocations are not TTFT
     # Long prompts run fewer times: each already lasts seconds, so noise matters less.
-    ttft = {str(n): best_ttft(rt, ids[:n], repeats if n <= 1000 else max(1, repeats - 1))
-            for n in lengths}
-    result: dict[str, Any] = {"ttft_s": {n: t["best"] for n, t in ttft.items()},
-                              "ttft_median_s": {n: t["median"] for n, t in ttft.items()}}
+    ttft = {str(n): best_ttft(rt, ids[:n], repeats if n <= 1000 else max(1, repeats - 1)) for n in lengths}
+    result: dict[str, Any] = {
+        "ttft_s": {n: t["best"] for n, t in ttft.items()},
+        "ttft_median_s": {n: t["median"] for n, t in ttft.items()},
+    }
     if new_tokens:
         result.update(decode_rate(rt, ids[:decode_after], new_tokens))
     return result
@@ -169,8 +176,13 @@ def main() -> None:
     rss_start = peak_rss_mb()
     rt, load_s = timed(lambda: make_runtime(args))  # type: ignore[arg-type,return-value]
     result = run_workload(rt, ids, args.lengths, args.decode_after, args.new_tokens, args.repeats)
-    result.update(runtime=args.runtime, load_s=load_s, peak_rss_mb=peak_rss_mb(),
-                  interpreter_rss_mb=rss_start, loadavg_1m_after=os.getloadavg()[0])
+    result.update(
+        runtime=args.runtime,
+        load_s=load_s,
+        peak_rss_mb=peak_rss_mb(),
+        interpreter_rss_mb=rss_start,
+        loadavg_1m_after=os.getloadavg()[0],
+    )
     print(json.dumps(result))
 
 

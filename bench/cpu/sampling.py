@@ -48,23 +48,31 @@ def main() -> None:
     for vocab in (32000, 128256):
         for shape, scale in (("peaked", 6.0), ("peaked", 3.0), ("flat", 1.0)):
             logits = (rng.standard_normal(vocab) * scale).astype(np.float32)
-            for name, params in (("temperature 0.7", SamplingParams(temperature=0.7, seed=1)),
-                                 ("top_k 50", SamplingParams(temperature=0.7, top_k=50, seed=1)),
-                                 ("top_p 0.9", SamplingParams(temperature=0.7, top_p=0.9, seed=1))):
+            for name, params in (
+                ("temperature 0.7", SamplingParams(temperature=0.7, seed=1)),
+                ("top_k 50", SamplingParams(temperature=0.7, top_k=50, seed=1)),
+                ("top_p 0.9", SamplingParams(temperature=0.7, top_p=0.9, seed=1)),
+            ):
                 times: dict[str, list[float]] = {"head sort": [], "full sort": []}
                 for _ in range(args.repeats):  # alternated: the machine's noise falls on both
                     for mode, fn in (("head sort", head_sort), ("full sort", full_sort)):
                         engine.sampling.nucleus = fn  # type: ignore[assignment]
                         times[mode].append(draw_ms(logits, params, args.draws))
                 engine.sampling.nucleus = head_sort
-                row = {"vocab": vocab, "rows": f"{shape} (N(0,1) x {scale})", "params": name,
-                       "ms": {mode: min(t) for mode, t in times.items()}}
+                row = {
+                    "vocab": vocab,
+                    "rows": f"{shape} (N(0,1) x {scale})",
+                    "params": name,
+                    "ms": {mode: min(t) for mode, t in times.items()},
+                }
                 row["full_over_head"] = row["ms"]["full sort"] / row["ms"]["head sort"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    result = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}",
-              "command": f"python -m bench.cpu.sampling --draws {args.draws} --repeats {args.repeats}",
-              "rows": rows}
+    result = {
+        "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+        "command": f"python -m bench.cpu.sampling --draws {args.draws} --repeats {args.repeats}",
+        "rows": rows,
+    }
     (args.out / "sampling.json").write_text(json.dumps(result, indent=2) + "\n")
 
 

@@ -29,9 +29,15 @@ def _install(prefix: str) -> None:
             pauses.setdefault(info["generation"], []).append(time.perf_counter() - started[0])
 
     def write() -> None:
-        summary = {str(g): {"collections": len(v), "total_ms": 1e3 * sum(v),
-                            "p99_ms": 1e3 * sorted(v)[int(0.99 * (len(v) - 1))], "max_ms": 1e3 * max(v)}
-                   for g, v in sorted(pauses.items())}
+        summary = {
+            str(g): {
+                "collections": len(v),
+                "total_ms": 1e3 * sum(v),
+                "p99_ms": 1e3 * sorted(v)[int(0.99 * (len(v) - 1))],
+                "max_ms": 1e3 * max(v),
+            }
+            for g, v in sorted(pauses.items())
+        }
         with open(f"{prefix}.{os.getpid()}.json", "w") as out:
             json.dump({"argv": sys.argv, "tracked_objects": len(gc.get_objects()), "pauses": summary}, out)
 

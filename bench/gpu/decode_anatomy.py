@@ -34,8 +34,18 @@ def layer_matrices(name: str) -> dict[str, tuple[int, int]]:
     """The [in, out] matrices of one layer of SPECS[name], with the packed ones and the head."""
     s = SPECS[name]
     h, q, kv, m = s.hidden_size, s.num_heads * s.head_size, s.num_kv_heads * s.head_size, s.intermediate_size
-    return {"q": (h, q), "k": (h, kv), "v": (h, kv), "qkv": (h, q + 2 * kv), "o": (q, h),
-            "gate": (h, m), "up": (h, m), "gate_up": (h, 2 * m), "down": (m, h), "head": (h, s.vocab_size)}
+    return {
+        "q": (h, q),
+        "k": (h, kv),
+        "v": (h, kv),
+        "qkv": (h, q + 2 * kv),
+        "o": (q, h),
+        "gate": (h, m),
+        "up": (h, m),
+        "gate_up": (h, 2 * m),
+        "down": (m, h),
+        "head": (h, s.vocab_size),
+    }
 
 
 def gemv(shapes: dict[str, tuple[int, int]], rows: list[int], repeats: int = 100) -> dict[str, Any]:
@@ -46,8 +56,9 @@ def gemv(shapes: dict[str, tuple[int, int]], rows: list[int], repeats: int = 100
     out: dict[str, Any] = {}
     for label, (k, n) in shapes.items():
         copies = max(2, -(-4 * L2_BYTES // (k * n * 2)))
-        stored = [cp.random.standard_normal((k, n), dtype=cp.float32).astype(cp.float16)
-                  for _ in range(copies)]
+        stored = [
+            cp.random.standard_normal((k, n), dtype=cp.float32).astype(cp.float16) for _ in range(copies)
+        ]
         layouts = {"in_out": stored, "out_in": [cp.ascontiguousarray(w.T) for w in stored]}
         for b in rows:
             x = cp.random.standard_normal((b, k), dtype=cp.float32).astype(cp.float16)
@@ -68,33 +79,44 @@ def gemv(shapes: dict[str, tuple[int, int]], rows: list[int], repeats: int = 100
     return out
 
 
-def per_layer(name: str, layer_counts: list[int], batches: list[int], root: Path,
-              capacity: int, past: int) -> dict[str, Any]:
+def per_layer(
+    name: str, layer_counts: list[int], batches: list[int], root: Path, capacity: int, past: int
+) -> dict[str, Any]:
     """Raw replay step time at each layer count; slope (per layer) and intercept, per batch."""
     runs: dict[str, Any] = {}
     for count in layer_counts:
         t0 = time.perf_counter()
         spec = replace(spec_of(name), num_layers=count)
-        path = build_synthetic(spec, root, seed=0, chunk_size=512, context_length=capacity,
-                               repeat_layers=True)
+        path = build_synthetic(
+            spec, root, seed=0, chunk_size=512, context_length=capacity, repeat_layers=True
+        )
         built = time.perf_counter() - t0
         runs[str(count)] = {"build_s": built, "replay": raw_replay(path, batches, capacity, past)}
         shutil.rmtree(path)
         print(name, count, json.dumps(runs[str(count)]), flush=True)
     lo, hi = min(layer_counts), max(layer_counts)
     spec = spec_of(name)
-    layer_bytes = (weight_bytes_per_token(replace(spec, num_layers=2))
-                   - weight_bytes_per_token(replace(spec, num_layers=1)))
+    layer_bytes = weight_bytes_per_token(replace(spec, num_layers=2)) - weight_bytes_per_token(
+        replace(spec, num_layers=1)
+    )
     fits: dict[str, Any] = {}
     for b in map(str, batches):
         t_lo, t_hi = runs[str(lo)]["replay"][b]["step_ms"], runs[str(hi)]["replay"][b]["step_ms"]
         slope = (t_hi - t_lo) / (hi - lo)
         intercept = t_lo - lo * slope
         full = intercept + spec.num_layers * slope
-        fits[b] = {"ms_per_layer": slope, "intercept_ms": intercept, f"projected_{spec.num_layers}_ms": full,
-                   "layer_weight_gb_s": layer_bytes / slope / 1e6 if slope > 0 else None}
-    return {"runs": runs, "fits": fits, "layer_weight_bytes": layer_bytes,
-            "floor_b1_ms": weight_bytes_per_token(spec) / H200_BANDWIDTH * 1e3}
+        fits[b] = {
+            "ms_per_layer": slope,
+            "intercept_ms": intercept,
+            f"projected_{spec.num_layers}_ms": full,
+            "layer_weight_gb_s": layer_bytes / slope / 1e6 if slope > 0 else None,
+        }
+    return {
+        "runs": runs,
+        "fits": fits,
+        "layer_weight_bytes": layer_bytes,
+        "floor_b1_ms": weight_bytes_per_token(spec) / H200_BANDWIDTH * 1e3,
+    }
 
 
 def main() -> None:
@@ -119,8 +141,9 @@ def main() -> None:
         target.write_text(json.dumps(result, indent=1) + "\n")
     result["models"] = {}
     for name in args.models.split(","):
-        result["models"][name] = per_layer(name, [int(n) for n in args.layers.split(",")], batches,
-                                           args.root, args.capacity, args.past)
+        result["models"][name] = per_layer(
+            name, [int(n) for n in args.layers.split(",")], batches, args.root, args.capacity, args.past
+        )
         print(name, "fits", json.dumps(result["models"][name]["fits"]), flush=True)
         target.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -43,9 +43,14 @@ def steady(engine: Engine, rows: int, prompt: int, steps: int, vocab: int) -> di
         last.append(engine.choose(session, greedy))
     totals: dict[str, float] = defaultdict(float)
     backend, decoder = engine.backend, engine.decoder
-    for name, owner, attr in (("settle", backend, "settle"), ("keep_batch", backend, "keep_batch"),
-                              ("choose", backend, "choose"), ("masks", decoder, "_masks"),
-                              ("run_batch", backend, "run_batch"), ("chain_batch", backend, "chain_batch")):
+    for name, owner, attr in (
+        ("settle", backend, "settle"),
+        ("keep_batch", backend, "keep_batch"),
+        ("choose", backend, "choose"),
+        ("masks", decoder, "_masks"),
+        ("run_batch", backend, "run_batch"),
+        ("chain_batch", backend, "chain_batch"),
+    ):
         timed(totals, name, owner, attr)
     for _ in range(10):
         last = engine.decode([DecodeRow(s, t, greedy) for s, t in zip(sessions, last, strict=True)])
@@ -57,10 +62,17 @@ def steady(engine: Engine, rows: int, prompt: int, steps: int, vocab: int) -> di
     for session in sessions:
         engine.close_session(session, keep=False)
     stages = {name: seconds / steps * 1e3 for name, seconds in totals.items()}
-    return {"step_ms": wall / steps * 1e3, "tok_s": rows * steps / wall, "stages_ms": stages,
-            "rest_ms": wall / steps * 1e3 - sum(stages.values()),
-            "lookahead": {"hits": decoder.counters.lookahead_hits, "chained": decoder.counters.chained,
-                          "launched": decoder.counters.lookahead_launched}}
+    return {
+        "step_ms": wall / steps * 1e3,
+        "tok_s": rows * steps / wall,
+        "stages_ms": stages,
+        "rest_ms": wall / steps * 1e3 - sum(stages.values()),
+        "lookahead": {
+            "hits": decoder.counters.lookahead_hits,
+            "chained": decoder.counters.chained,
+            "launched": decoder.counters.lookahead_launched,
+        },
+    }
 
 
 def main() -> None:
@@ -75,20 +87,31 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = build(args.model, Path("/tmp/ladder-gpu-models"))
     vocab = vocab_of(path)
-    result: dict[str, Any] = {"model": args.model, "rows": args.rows, "command": (
-        f"python3 -m bench.gpu.decode_gap --model {args.model} --rows {args.rows} --steps {args.steps}")}
+    result: dict[str, Any] = {
+        "model": args.model,
+        "rows": args.rows,
+        "command": (
+            f"python3 -m bench.gpu.decode_gap --model {args.model} --rows {args.rows} --steps {args.steps}"
+        ),
+    }
     modes = (("chained", True, True), ("lookahead", True, False), ("stepwise", False, False))
     for key, lookahead, chain in modes:
-        engine = Engine.load(path, EngineOptions(provider="cuda", capacity=args.capacity,
-                                                 max_sessions=args.rows, lookahead=lookahead))
+        engine = Engine.load(
+            path,
+            EngineOptions(
+                provider="cuda", capacity=args.capacity, max_sessions=args.rows, lookahead=lookahead
+            ),
+        )
         engine.backend.chains = chain  # type: ignore[misc]  # the chain off: lookahead as before it
         engine.warm_up()
         result[key] = steady(engine, args.rows, args.prompt, args.steps, vocab)
         print(key, json.dumps(result[key]), flush=True)
         engine.close()
     result["raw_replay"] = raw_replay(path, [args.rows], args.capacity, args.prompt)[str(args.rows)]
-    result["engine_over_raw"] = {key: result["raw_replay"]["step_ms"] / result[key]["step_ms"]
-                                 for key in ("chained", "lookahead", "stepwise")}
+    result["engine_over_raw"] = {
+        key: result["raw_replay"]["step_ms"] / result[key]["step_ms"]
+        for key in ("chained", "lookahead", "stepwise")
+    }
     print("raw", json.dumps(result["raw_replay"]), "engine/raw", result["engine_over_raw"], flush=True)
     (args.out / f"decode-gap-{args.model}-{args.rows}.json").write_text(json.dumps(result, indent=2) + "\n")
 

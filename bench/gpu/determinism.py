@@ -21,11 +21,33 @@ from bench.served import free_port, machine, prompt, resolve_model, server_argum
 
 def run(args: argparse.Namespace, model: str, lookahead: bool, log: Path) -> list[list[int]]:
     port = free_port()
-    cmd = [sys.executable, "-m", "service", "--model", model, "--provider", args.provider,
-           "--host", "127.0.0.1",
-           "--port", str(port), "--metrics-port", "0", "--max-sessions", "8", "--capacity", "8192",
-           "--max-new-tokens", "64", "--chunk-size", "512", "--prefix-sharing", "false",
-           "--lookahead", "true" if lookahead else "false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "--model",
+        model,
+        "--provider",
+        args.provider,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--max-sessions",
+        "8",
+        "--capacity",
+        "8192",
+        "--max-new-tokens",
+        "64",
+        "--chunk-size",
+        "512",
+        "--prefix-sharing",
+        "false",
+        "--lookahead",
+        "true" if lookahead else "false",
+    ]
     with open(log, "ab") as out:
         server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -53,7 +75,8 @@ def main() -> None:
         differing = [i for i in range(args.requests) if any(r[i] != runs[0][i] for r in runs)]
         result[f"lookahead_{'on' if lookahead else 'off'}"] = {
             "requests_differing_between_runs": differing,
-            "tokens_of_differing": {str(i): [r[i] for r in runs] for i in differing}}
+            "tokens_of_differing": {str(i): [r[i] for r in runs] for i in differing},
+        }
         print(lookahead, differing, flush=True)
     print(json.dumps(result, indent=2))
     (args.out / "determinism.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -74,12 +74,23 @@ def quantize_int4(source: Path, target: Path) -> Path:
             continue
         w = numpy_helper.to_array(inits[name])
         packed, scales = int4_blocks(w, BLOCK)
-        graph.initializer.extend([numpy_helper.from_array(packed, f"{name}.q4"),
-                                  numpy_helper.from_array(scales, f"{name}.scales")])
-        nodes.append(helper.make_node("MatMulNBits", [node.input[0], f"{name}.q4", f"{name}.scales"],
-                                      list(node.output), name=f"{node.name}_nbits", domain="com.microsoft",
-                                      K=w.shape[0], N=w.shape[1], bits=4, block_size=BLOCK,
-                                      accuracy_level=4))
+        graph.initializer.extend(
+            [numpy_helper.from_array(packed, f"{name}.q4"), numpy_helper.from_array(scales, f"{name}.scales")]
+        )
+        nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                [node.input[0], f"{name}.q4", f"{name}.scales"],
+                list(node.output),
+                name=f"{node.name}_nbits",
+                domain="com.microsoft",
+                K=w.shape[0],
+                N=w.shape[1],
+                bits=4,
+                block_size=BLOCK,
+                accuracy_level=4,
+            )
+        )
         replaced.add(name)
     del graph.node[:]
     graph.node.extend(nodes)
@@ -107,8 +118,9 @@ class Server:
 
     def __init__(self, args: argparse.Namespace, model: str, mode: str, sharing: bool, slots: int) -> None:
         flags = f"--deterministic {'true' if mode == 'deterministic' else 'false'} --max-queue 1024"
-        options = argparse.Namespace(**{**vars(args), "slots": slots,
-                                        "server_args": f"{flags} {args.server_args}"})
+        options = argparse.Namespace(
+            **{**vars(args), "slots": slots, "server_args": f"{flags} {args.server_args}"}
+        )
         port = free_port()
         while port in Server.ports:  # servers started together: never the same port twice
             port = free_port()
@@ -148,14 +160,17 @@ def load_checks(server: Server, prompts: list[list[int]], new: int, fewer: int) 
     out: dict[str, Any] = {"alone_shared_rows": sum(r["shared_rows"] for r in alone)}
     for n in sorted({len(prompts), fewer}, reverse=True):
         together = at_once(server.address, prompts[:n], new)
-        out[f"at_once_{n}"] = {**agreement(ids[:n], [r["ids"] for r in together]),
-                               "shared_rows": sum(r["shared_rows"] for r in together)}
+        out[f"at_once_{n}"] = {
+            **agreement(ids[:n], [r["ids"] for r in together]),
+            "shared_rows": sum(r["shared_rows"] for r in together),
+        }
     out["tokens_alone"] = ids
     return out
 
 
-def shared_prefix(server: Server, reference: Server | None, lengths: list[int], new: int,
-                  vocab: int) -> list[dict[str, Any]]:
+def shared_prefix(
+    server: Server, reference: Server | None, lengths: list[int], new: int, vocab: int
+) -> list[dict[str, Any]]:
     """(c) A, A again, A's first two thirds + another tail; against A's first run and a sharing-off server."""
     client, ref = server.client(), reference.client() if reference else None
     rows = []
@@ -163,16 +178,21 @@ def shared_prefix(server: Server, reference: Server | None, lengths: list[int], 
         a = prompt(n, 7000 + i, vocab)
         part = a[: 2 * n // 3] + prompt(n - 2 * n // 3, 8000 + i, vocab)
         first, again, partial = stream(client, a, new), stream(client, a, new), stream(client, part, new)
-        row = {"length": n, "first_shared_rows": first["shared_rows"],
-               "again_shared_rows": again["shared_rows"], "again_equals_first": again["ids"] == first["ids"],
-               "partial_shared_rows": partial["shared_rows"]}
+        row = {
+            "length": n,
+            "first_shared_rows": first["shared_rows"],
+            "again_shared_rows": again["shared_rows"],
+            "again_equals_first": again["ids"] == first["ids"],
+            "partial_shared_rows": partial["shared_rows"],
+        }
         if ref is not None:
             fresh_a, fresh_part = stream(ref, a, new), stream(ref, part, new)
-            row.update(first_equals_sharing_off=first["ids"] == fresh_a["ids"],
-                       again_equals_sharing_off=again["ids"] == fresh_a["ids"],
-                       partial_equals_sharing_off=partial["ids"] == fresh_part["ids"],
-                       partial_common_prefix=agreement([fresh_part["ids"]],
-                                                       [partial["ids"]])["common_prefix"][0])
+            row.update(
+                first_equals_sharing_off=first["ids"] == fresh_a["ids"],
+                again_equals_sharing_off=again["ids"] == fresh_a["ids"],
+                partial_equals_sharing_off=partial["ids"] == fresh_part["ids"],
+                partial_common_prefix=agreement([fresh_part["ids"]], [partial["ids"]])["common_prefix"][0],
+            )
         rows.append(row)
     return rows
 
@@ -186,11 +206,13 @@ def speed(servers: dict[str, Server], args: argparse.Namespace, vocab: int) -> d
         for mode in MODES[:: 1 if rnd == 0 else -1]:
             address = servers[mode].address
             for r in range(3):
-                runs[mode]["1"].append(throughput(concurrent(address, [prompt(args.prompt, base + r, vocab)],
-                                                             args.speed_new, 1)))
+                runs[mode]["1"].append(
+                    throughput(concurrent(address, [prompt(args.prompt, base + r, vocab)], args.speed_new, 1))
+                )
             many = [prompt(args.prompt, base + 100 + i, vocab) for i in range(args.streams)]
-            runs[mode]["many"].append(throughput(concurrent(address, many, args.speed_new,
-                                                            args.client_processes)))
+            runs[mode]["many"].append(
+                throughput(concurrent(address, many, args.speed_new, args.client_processes))
+            )
     out: dict[str, Any] = {}
     for mode, rows in runs.items():
         out[mode] = {}
@@ -199,11 +221,16 @@ def speed(servers: dict[str, Server], args: argparse.Namespace, vocab: int) -> d
                 "end_to_end_tok_s": statistics.median(r["end_to_end_tok_s"] for r in rows[key]),
                 "steady_tok_s": statistics.median(r["steady_tok_s"] or 0.0 for r in rows[key]),
                 "inter_token_ms_p50": statistics.median(r["inter_token_ms_p50"] for r in rows[key]),
-                "runs_end_to_end_tok_s": [round(r["end_to_end_tok_s"], 1) for r in rows[key]]}
+                "runs_end_to_end_tok_s": [round(r["end_to_end_tok_s"], 1) for r in rows[key]],
+            }
     out["deterministic_over_default"] = {
-        n: {k: out["deterministic"][n][k] / out["default"][n][k] for k in ("end_to_end_tok_s", "steady_tok_s")
-            if out["default"][n][k]}
-        for n in ("1", str(args.streams))}
+        n: {
+            k: out["deterministic"][n][k] / out["default"][n][k]
+            for k in ("end_to_end_tok_s", "steady_tok_s")
+            if out["default"][n][k]
+        }
+        for n in ("1", str(args.streams))
+    }
     return out
 
 
@@ -213,8 +240,9 @@ def widths(address: str, before: dict[str, int] | None = None) -> dict[str, int]
     return {w: n - (before or {}).get(w, 0) for w, n in now.items() if n - (before or {}).get(w, 0)}
 
 
-def run_model(args: argparse.Namespace, model: str, vocab: int, streams: int,
-              timed: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_model(
+    args: argparse.Namespace, model: str, vocab: int, streams: int, timed: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every check on one model: (a), (b), (c); with `timed` (d) too. Returns (summary, raw tokens)."""
     prompts = [prompt(args.prompt, seed, vocab) for seed in range(streams)]
     fewer = min(args.fewer, streams)
@@ -229,11 +257,13 @@ def run_model(args: argparse.Namespace, model: str, vocab: int, streams: int,
             raw[mode] = {"alone": checks.pop("tokens_alone")}
             summary[mode] = checks
             summary[mode]["shared_prefix"] = shared_prefix(
-                servers[mode], servers[f"{mode}_sharing_off"], args.shared_lengths, args.new, vocab)
+                servers[mode], servers[f"{mode}_sharing_off"], args.shared_lengths, args.new, vocab
+            )
             summary[mode]["checks_s"] = round(time.perf_counter() - t0, 1)
             print(mode, json.dumps(summary[mode]), flush=True)
         summary["alone_tokens_equal_between_modes"] = sum(
-            a == b for a, b in zip(raw["default"]["alone"], raw["deterministic"]["alone"], strict=True))
+            a == b for a, b in zip(raw["default"]["alone"], raw["deterministic"]["alone"], strict=True)
+        )
         for mode in MODES:
             servers.pop(f"{mode}_sharing_off").stop()
         if timed:
@@ -259,8 +289,9 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=4096)
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--client-processes", type=int, default=8)
-    parser.add_argument("--int4", default="same",
-                        help='"same" (an int4 copy of --model), "none", or a directory')
+    parser.add_argument(
+        "--int4", default="same", help='"same" (an int4 copy of --model), "none", or a directory'
+    )
     parser.add_argument("--int4-streams", type=int, default=64)
     parser.add_argument("--server-args", default="--log-level warning")
     args = parser.parse_args()
@@ -270,17 +301,25 @@ def main() -> None:
 
     t0 = time.perf_counter()
     model = resolve_model(args)
-    result: dict[str, Any] = {"machine": machine(), "onnxruntime": onnxruntime.__version__,
-                              "command": " ".join(sys.argv), "model": args.model,
-                              "build_s": round(time.perf_counter() - t0, 1), "models": {}}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "onnxruntime": onnxruntime.__version__,
+        "command": " ".join(sys.argv),
+        "model": args.model,
+        "build_s": round(time.perf_counter() - t0, 1),
+        "models": {},
+    }
     vocab = vocab_of(model)
     raw: dict[str, Any] = {}
     result["models"]["fp16"], raw["fp16"] = run_model(args, model, vocab, args.streams, True)
     (args.out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.int4 != "none":
         t0 = time.perf_counter()
-        int4 = Path(args.int4) if args.int4 != "same" else quantize_int4(
-            Path(model), Path(model).with_name(Path(model).name + "-int4"))
+        int4 = (
+            Path(args.int4)
+            if args.int4 != "same"
+            else quantize_int4(Path(model), Path(model).with_name(Path(model).name + "-int4"))
+        )
         result["int4_build_s"] = round(time.perf_counter() - t0, 1)
         result["models"]["int4"], raw["int4"] = run_model(args, str(int4), vocab, args.int4_streams, False)
     (args.out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -55,9 +55,11 @@ def main() -> None:
         staging = xp.zeros((layers, 2, 1, heads, capacity, head), np.float16)
         wide = {id(pool): pool.view(xp.complex128), id(staging): staging.view(xp.complex128)}
         # name: (destination, its row, source, its row, first position, end)
-        cases = {"staging store, 512 positions": (pool, 3, staging, 0, 1536, 2048),
-                 "staging load, 2000 positions": (staging, 0, pool, 2, 0, 2000),
-                 "fork, 4000 positions": (pool, 5, pool, 1, 0, 4000)}
+        cases = {
+            "staging store, 512 positions": (pool, 3, staging, 0, 1536, 2048),
+            "staging load, 2000 positions": (staging, 0, pool, 2, 0, 2000),
+            "fork, 4000 positions": (pool, 5, pool, 1, 0, 4000),
+        }
         results: dict[str, Any] = {}
         for name, (dst, dst_row, src, src_row, first, end) in cases.items():
             kernel = functools.partial(rt.copy_positions, dst, dst_row, src, src_row, first, end)
@@ -65,9 +67,11 @@ def main() -> None:
             words = functools.partial(slice_copy, wide[id(dst)], dst_row, wide[id(src)], src_row, first, end)
             for warm in (kernel, fp16, words):
                 warm()
-            results[name] = {"kernel": timed(rt, kernel, args.repeats),
-                             "slice_fp16": timed(rt, fp16, args.repeats),
-                             "slice_16_byte_words": timed(rt, words, args.repeats)}
+            results[name] = {
+                "kernel": timed(rt, kernel, args.repeats),
+                "slice_fp16": timed(rt, fp16, args.repeats),
+                "slice_16_byte_words": timed(rt, words, args.repeats),
+            }
     out = {"machine": machine(), "pool_shape": list(pool.shape), "results": results}
     print(json.dumps(out, indent=2))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -54,8 +54,10 @@ def measure(model: Path, provider: str, steps: int) -> dict[str, Any]:
     free_loaded = device_free(provider)
     engine.warm_up()
     free_warm = device_free(provider)
-    variants = [{"width": e.key.width, "batch": e.key.batch, "bytes": e.nbytes}
-                for e in engine.stats().variants.entries]
+    variants = [
+        {"width": e.key.width, "batch": e.key.batch, "bytes": e.nbytes}
+        for e in engine.stats().variants.entries
+    ]
     vocab = engine.info.vocab_size
     rng = np.random.default_rng(0)
     greedy = Sampler(SamplingParams())
@@ -77,20 +79,35 @@ def measure(model: Path, provider: str, steps: int) -> dict[str, Any]:
                     out.append(engine.decode([DecodeRow(session, out[-1], greedy)])[0])  # type: ignore[arg-type]
                 tokens[str(length)] = out
             engine.close_session(session)
-    return {"provider": engine.backend.name, "head_rows": "read" if getattr(engine.info, "logits_rows", None)
-            else "every", "device_bytes": {"weights_and_pool": free_start - free_loaded,
-                                           "variants_captured": free_loaded - free_warm},
-            "variants": variants, "prefill_ms_per_chunk": {k: float(np.median(v)) for k, v in chunks.items()},
-            "greedy": tokens, "backend_memory": engine.backend.memory(),
-            "memory": {"kv": engine.memory().kv, "variants": engine.memory().variants}}
+    return {
+        "provider": engine.backend.name,
+        "head_rows": "read" if getattr(engine.info, "logits_rows", None) else "every",
+        "device_bytes": {
+            "weights_and_pool": free_start - free_loaded,
+            "variants_captured": free_loaded - free_warm,
+        },
+        "variants": variants,
+        "prefill_ms_per_chunk": {k: float(np.median(v)) for k, v in chunks.items()},
+        "greedy": tokens,
+        "backend_memory": engine.backend.memory(),
+        "memory": {"kv": engine.memory().kv, "variants": engine.memory().variants},
+    }
 
 
 def run_worker(args: argparse.Namespace, model: Path, root: Path | None) -> dict[str, Any]:
     from bench.cpu.run import module_from
 
     # From the baseline's root its engine/ comes first on sys.path; bench/ still comes from here.
-    cmd = [sys.executable, *module_from(root, "bench.gpu.logits"), "--worker", str(model),
-           "--provider", args.provider, "--steps", str(args.steps)]
+    cmd = [
+        sys.executable,
+        *module_from(root, "bench.gpu.logits"),
+        "--worker",
+        str(model),
+        "--provider",
+        args.provider,
+        "--steps",
+        str(args.steps),
+    ]
     done = subprocess.run(cmd, cwd=root or REPO, capture_output=True, text=True, check=False)
     (args.out / f"worker-{'baseline' if root else 'this'}.log").write_text(done.stderr)
     if done.returncode != 0:
@@ -100,19 +117,33 @@ def run_worker(args: argparse.Namespace, model: Path, root: Path | None) -> dict
 
 def markdown(doc: dict[str, Any]) -> str:
     runs = {k: v for k, v in doc["runs"].items() if "error" not in v}
-    lines = [f"# Logits for the rows read, {doc['provider']}, model {doc['model']}", "",
-             f"- command: `{doc['command']}`", ""]
-    lines += ["| version | head on | prefill variant bytes (width: MB) | captured by warm-up MB |",
-              "| --- | --- | --- | --- |"]
+    lines = [
+        f"# Logits for the rows read, {doc['provider']}, model {doc['model']}",
+        "",
+        f"- command: `{doc['command']}`",
+        "",
+    ]
+    lines += [
+        "| version | head on | prefill variant bytes (width: MB) | captured by warm-up MB |",
+        "| --- | --- | --- | --- |",
+    ]
     for name, run in runs.items():
-        prefill = ", ".join(f"{v['width']}: {v['bytes'] / 2**20:.1f}"
-                            for v in run["variants"] if not v["batch"])
-        lines.append(f"| {name} | {run['head_rows']} rows | {prefill} | "
-                     f"{run['device_bytes']['variants_captured'] / 2**20:.1f} |")
-    keys = sorted({k for run in runs.values() for k in run["prefill_ms_per_chunk"]},
-                  key=lambda k: tuple(int(x) for x in k.split("@")))
-    lines += ["", "| chunk (real rows @ width) | " + " | ".join(f"{n} ms" for n in runs) + " |",
-              "|" + " --- |" * (len(runs) + 1)]
+        prefill = ", ".join(
+            f"{v['width']}: {v['bytes'] / 2**20:.1f}" for v in run["variants"] if not v["batch"]
+        )
+        lines.append(
+            f"| {name} | {run['head_rows']} rows | {prefill} | "
+            f"{run['device_bytes']['variants_captured'] / 2**20:.1f} |"
+        )
+    keys = sorted(
+        {k for run in runs.values() for k in run["prefill_ms_per_chunk"]},
+        key=lambda k: tuple(int(x) for x in k.split("@")),
+    )
+    lines += [
+        "",
+        "| chunk (real rows @ width) | " + " | ".join(f"{n} ms" for n in runs) + " |",
+        "|" + " --- |" * (len(runs) + 1),
+    ]
     for key in keys:
         cells = [f"{run['prefill_ms_per_chunk'].get(key, float('nan')):.2f}" for run in runs.values()]
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
@@ -142,8 +173,13 @@ def main() -> None:
     runs = {"this": run_worker(args, model, None)}
     if args.baseline_root is not None:
         runs["baseline"] = run_worker(args, model, args.baseline_root.resolve())
-    doc = {"provider": args.provider, "model": args.model, "model_dir": str(model),
-           "command": "python -m bench.gpu.logits " + " ".join(sys.argv[1:]), "runs": runs}
+    doc = {
+        "provider": args.provider,
+        "model": args.model,
+        "model_dir": str(model),
+        "command": "python -m bench.gpu.logits " + " ".join(sys.argv[1:]),
+        "runs": runs,
+    }
     (args.out / "logits.json").write_text(json.dumps(doc, indent=1) + "\n")
     (args.out / "logits.md").write_text(markdown(doc))
     print(markdown(doc))

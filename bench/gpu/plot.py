@@ -26,8 +26,14 @@ def plot(doc: dict[str, Any], out: Path) -> None:
             for key, label in PASSES.items():
                 series = model[runtime][key]["ttft_ms"]
                 xs = list(range(len(series)))
-                ax.plot(xs, list(series.values()), style, marker="o", markersize=3,
-                        label=f"{'Ladder' if runtime == 'ladder' else 'genai'}: {label}")
+                ax.plot(
+                    xs,
+                    list(series.values()),
+                    style,
+                    marker="o",
+                    markersize=3,
+                    label=f"{'Ladder' if runtime == 'ladder' else 'genai'}: {label}",
+                )
         lengths = list(model["ladder"]["ttft_pass1"]["ttft_ms"])
         ax.set_xticks(range(len(lengths)), lengths, rotation=45)
         ax.set_yscale("log")

@@ -32,8 +32,16 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     path = build(args.model, Path("/tmp/ladder-gpu-models"))
-    engine = Engine.load(path, EngineOptions(provider="cuda", capacity=2048, max_sessions=max(sizes),
-                                             prefill_batch=max(sizes), chunk_size=args.width))
+    engine = Engine.load(
+        path,
+        EngineOptions(
+            provider="cuda",
+            capacity=2048,
+            max_sessions=max(sizes),
+            prefill_batch=max(sizes),
+            chunk_size=args.width,
+        ),
+    )
     engine.warm_up()
     rng = np.random.default_rng(0)
     out: dict[str, object] = {"model": args.model, "width": args.width, "sizes": {}}
@@ -53,9 +61,12 @@ def main() -> None:
                 engine.close_session(session, keep=False)
         ms = 1e3 * statistics.median(times)
         forwards = args.burst / size
-        entry = {"ms": ms, "tok_s": size * args.width / ms * 1e3,
-                 f"burst{args.burst}_ttft_p50_floor_ms": ms * forwards / 2,
-                 f"burst{args.burst}_all_ms": ms * forwards}
+        entry = {
+            "ms": ms,
+            "tok_s": size * args.width / ms * 1e3,
+            f"burst{args.burst}_ttft_p50_floor_ms": ms * forwards / 2,
+            f"burst{args.burst}_all_ms": ms * forwards,
+        }
         out["sizes"][str(size)] = entry  # type: ignore[index]
         print(size, json.dumps(entry), flush=True)
     out["eager_forwards"] = engine.stats().eager_forwards

@@ -24,27 +24,60 @@ from engine.modelgen.builder import DecoderSpec
 from engine.modelgen.synthetic import build_synthetic
 
 REPO = Path(__file__).resolve().parents[2]
-BASE = DecoderSpec(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_layers=8,
-                   num_heads=16, num_kv_heads=4, head_size=64, rotary_rows=8192, dtype="float16",
-                   read_rows=False)  # onnxruntime-genai-cuda runs these too: no read-rows gather
+BASE = DecoderSpec(
+    vocab_size=32000,
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_layers=8,
+    num_heads=16,
+    num_kv_heads=4,
+    head_size=64,
+    rotary_rows=8192,
+    dtype="float16",
+    read_rows=False,
+)  # onnxruntime-genai-cuda runs these too: no read-rows gather
 SPECS = {
     "8x1024": BASE,
-    "16x2048": replace(BASE, hidden_size=2048, intermediate_size=5632, num_layers=16,
-                       num_heads=16, num_kv_heads=4, head_size=128),
+    "16x2048": replace(
+        BASE,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_layers=16,
+        num_heads=16,
+        num_kv_heads=4,
+        head_size=128,
+    ),
     # A 3B-class decoder (Llama-3.2-3B's shape, 32000 vocab): where a prefill forward's cost grows
     # with its rows, unlike the two above, whose forwards are bound by kernel latency on an H200.
-    "28x3072": replace(BASE, hidden_size=3072, intermediate_size=8192, num_layers=28,
-                       num_heads=24, num_kv_heads=8, head_size=128),
+    "28x3072": replace(
+        BASE,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_layers=28,
+        num_heads=24,
+        num_kv_heads=8,
+        head_size=128,
+    ),
     # An 8B-class decoder (Llama-3.1-8B's shape and vocabulary): 15 GiB of fp16 weights, where
     # decode is bound by memory bandwidth. Its layers repeat the first one's weights (drawn in
     # seconds, not minutes; every layer still reads its own bytes).
-    "8b": replace(BASE, vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-                  num_heads=32, num_kv_heads=8, head_size=128),
+    "8b": replace(
+        BASE,
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_size=128,
+    ),
 }
 REPEATED_LAYERS = {"8b"}
-FLAGS = {"packed": {"packed_projections": True},  # q|k|v and gate|up as one MatMul each
-         "int4": {"int4_block": 32},  # layer matrices as MatMulNBits, as the builder writes for CUDA
-         "fused": {"fused_norms": True}}  # residual Add + norm as SkipSimplifiedLayerNormalization
+FLAGS = {
+    "packed": {"packed_projections": True},  # q|k|v and gate|up as one MatMul each
+    "int4": {"int4_block": 32},  # layer matrices as MatMulNBits, as the builder writes for CUDA
+    "fused": {"fused_norms": True},
+}  # residual Add + norm as SkipSimplifiedLayerNormalization
 H200_BANDWIDTH = 4.8e12  # bytes/s, the H200's HBM3e as NVIDIA states it
 
 
@@ -103,12 +136,17 @@ def copy_bandwidth() -> float:
 
 def build(name: str, root: Path) -> Path:
     """The model directory, with CUDA graphs switched on for onnxruntime-genai (Ladder ignores it)."""
-    path = build_synthetic(spec_of(name), root, seed=0, chunk_size=512, context_length=8192,
-                           repeat_layers=name.split("-")[0] in REPEATED_LAYERS)
+    path = build_synthetic(
+        spec_of(name),
+        root,
+        seed=0,
+        chunk_size=512,
+        context_length=8192,
+        repeat_layers=name.split("-")[0] in REPEATED_LAYERS,
+    )
     config_path = path / "genai_config.json"
     config = json.loads(config_path.read_text())
-    config["model"]["decoder"]["session_options"]["provider_options"] = [
-        {"cuda": {"enable_cuda_graph": "1"}}]
+    config["model"]["decoder"]["session_options"]["provider_options"] = [{"cuda": {"enable_cuda_graph": "1"}}]
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     return path
 
@@ -121,8 +159,9 @@ def worker(args: list[str], log: Path, timeout: int) -> dict[str, Any]:
         err.flush()
         try:
             # Workers inherit PYTHONPATH (device.sh puts the repo on it).
-            done = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err,
-                                  text=True, timeout=timeout, check=False)
+            done = subprocess.run(
+                cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout, check=False
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout} s"}
     lines = done.stdout.strip().splitlines()
@@ -135,8 +174,11 @@ def worker(args: list[str], log: Path, timeout: int) -> dict[str, Any]:
 
 def agreement(a: list[int], b: list[int]) -> dict[str, int]:
     prefix = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return {"common_prefix": prefix, "equal": sum(x == y for x, y in zip(a, b, strict=False)),
-            "compared": min(len(a), len(b))}
+    return {
+        "common_prefix": prefix,
+        "equal": sum(x == y for x, y in zip(a, b, strict=False)),
+        "compared": min(len(a), len(b)),
+    }
 
 
 def summarize(name: str, runs: dict[str, Any], bandwidth: float) -> dict[str, Any]:
@@ -145,8 +187,10 @@ def summarize(name: str, runs: dict[str, Any], bandwidth: float) -> dict[str, An
     out["floor_tok_s"] = decode_floors(spec_of(name), [1], 0, bandwidth)["1"]["ceiling_tok_s"]  # weights only
     if "first" in ladder and "first" in genai:
         for name in ("ttft_pass2", "ttft_fresh"):
-            out[f"{name}_median_ms"] = {"ladder": ladder[name]["median_ms"],
-                                        "genai": genai[name]["median_ms"]}
+            out[f"{name}_median_ms"] = {
+                "ladder": ladder[name]["median_ms"],
+                "genai": genai[name]["median_ms"],
+            }
         for phase in ("first", "steady"):
             ours, theirs = ladder[phase]["decode_tok_s"], genai[phase]["decode_tok_s"]
             out[f"{phase}_decode_ratio"] = ours / theirs if theirs else None
@@ -166,8 +210,11 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     log, results_path = args.out / "gpu-bench.log", args.out / "gpu-results.json"
-    results: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                               "command": " ".join(sys.argv), "models": {}}
+    results: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "models": {},
+    }
     results["copy_bandwidth_bytes_s"] = bandwidth = copy_bandwidth()
     for index, name in enumerate(args.models.split(",")):
         t0 = time.perf_counter()
@@ -176,9 +223,13 @@ def main() -> None:
         results["models"][name] = entry
         cold = [("cold_ladder", ["cold", "x", "ladder"]), ("cold_genai", ["cold", "x", "genai"])]
         order = cold if index % 2 == 0 else cold[::-1]
-        for key, worker_args in (*order, ("ladder", ["ladder"]), ("genai", ["genai"]),
-                                 ("seed_padding_on", ["seed", "x", "on"]),
-                                 ("seed_padding_off", ["seed", "x", "off"])):
+        for key, worker_args in (
+            *order,
+            ("ladder", ["ladder"]),
+            ("genai", ["genai"]),
+            ("seed_padding_on", ["seed", "x", "on"]),
+            ("seed_padding_off", ["seed", "x", "off"]),
+        ):
             worker_args = [worker_args[0], str(path), *worker_args[2:]]
             entry[key] = worker(worker_args, log, args.timeout)
             print(name, key, json.dumps(entry[key])[:400], flush=True)

@@ -48,10 +48,13 @@ def main() -> None:
 
     rt = Placement(cp, "cuda", 0, [], False, cp.cuda.Stream(non_blocking=True))
     rows_out: list[dict[str, Any]] = []
-    kinds = {"top_p 0.95, t 0.8": SamplingParams(temperature=0.8, top_p=0.95, seed=1),
-             "t 1.0": SamplingParams(temperature=1.0, seed=1),
-             "top_k 50, top_p 0.9, min_p 0.05": SamplingParams(temperature=0.7, top_k=50, top_p=0.9,
-                                                               min_p=0.05, seed=1)}
+    kinds = {
+        "top_p 0.95, t 0.8": SamplingParams(temperature=0.8, top_p=0.95, seed=1),
+        "t 1.0": SamplingParams(temperature=1.0, seed=1),
+        "top_k 50, top_p 0.9, min_p 0.05": SamplingParams(
+            temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=1
+        ),
+    }
     for vocab in (32000, 128256):
         for scale in (1.0, 6.0):  # random-weight-like flat rows, trained-like peaked rows
             with rt.enter():

@@ -53,23 +53,31 @@ def checks(client: LadderClient, path: Path, prompts: list[list[int]], provider:
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(lambda p: list(client.generate(p, stopping=stop).token_ids), prompts))
     forwards, done = client.prefill([prompts[0][:700], prompts[0][700:]])
-    decoded = [e.token.id for e in client.decode(done.session_id, NEW - 1,
-                                                  stopping=Stopping(ignore_eos=True)) if e.HasField("token")]
+    decoded = [
+        e.token.id
+        for e in client.decode(done.session_id, NEW - 1, stopping=Stopping(ignore_eos=True))
+        if e.HasField("token")
+    ]
     client.close_session(done.session_id)
     stats = client.engine_stats()
     return {
-        "execution_provider": info.execution_provider, "ladder": list(info.ladder),
+        "execution_provider": info.execution_provider,
+        "ladder": list(info.ladder),
         "generate_equals_engine_greedy": alone[0] == engine_greedy(path, prompts[0], provider),
         "concurrent_equals_one_by_one": together == alone,
         # next_token previews the first token Decode then emits (Decode samples it itself).
         "prefill_then_decode_equals_generate": done.next_token == alone[0][0]
-        and decoded == alone[0][:NEW - 1],
+        and decoded == alone[0][: NEW - 1],
         "prefill_widths": [f.width for f in forwards],
         "variant_widths_held": sorted(e.width for e in stats.variants.held),
         "variant_bytes": {str(e.width): e.bytes for e in stats.variants.held},
-        "memory": {"weights": stats.memory.weights_bytes, "kv": stats.memory.kv_bytes,
-                   "variants": stats.memory.variant_bytes},
-        "serial_generate_s": serial_s, "prompts": [len(p) for p in prompts],
+        "memory": {
+            "weights": stats.memory.weights_bytes,
+            "kv": stats.memory.kv_bytes,
+            "variants": stats.memory.variant_bytes,
+        },
+        "serial_generate_s": serial_s,
+        "prompts": [len(p) for p in prompts],
     }
 
 
@@ -83,9 +91,25 @@ def main() -> None:
     rng = np.random.default_rng(5)
     prompts = [[int(t) for t in rng.integers(0, 32000, n)] for n in (1137, 300, 41, 900)]
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "service", "--model", str(path),
-                               "--provider", args.provider, "--host", "127.0.0.1", "--port", str(port),
-                               "--metrics-port", "0", "--max-sessions", "6"])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "--model",
+            str(path),
+            "--provider",
+            args.provider,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics-port",
+            "0",
+            "--max-sessions",
+            "6",
+        ]
+    )
     try:
         with LadderClient(f"127.0.0.1:{port}") as client:
             status = client.wait_until_serving(300)

@@ -78,8 +78,9 @@ def run_worker(runtime: str, path: Path, job: Path, log: Path, timeout: int) -> 
         err.write(f"\n== {' '.join(cmd)}\n")
         err.flush()
         try:
-            done = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True,
-                                  timeout=timeout, check=False)
+            done = subprocess.run(
+                cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout, check=False
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout} s"}
     lines = done.stdout.strip().splitlines()
@@ -99,27 +100,41 @@ def summarize(ladder: dict[str, Any], genai: dict[str, Any], lengths: list[int])
         out["ttft_ratio_genai_over_ladder"][n] = theirs["steady_ms"] / ours["steady_ms"]
     ours, theirs = ladder["decode"]["tok_s"], genai["decode"]["tok_s"]
     out["decode_tok_s"] = {"ladder": ours, "genai": theirs, "ratio_ladder_over_genai": ours / theirs}
-    out["greedy_agreement"] = {name: agreement(ladder["greedy"][name], genai["greedy"][name])
-                               for name in ladder["greedy"]}
+    out["greedy_agreement"] = {
+        name: agreement(ladder["greedy"][name], genai["greedy"][name]) for name in ladder["greedy"]
+    }
     return out
 
 
 def markdown(results: dict[str, Any]) -> str:
     s = results["summary"]
-    lines = [f"# SmolLM2-135M-Instruct ({results['precision']}, {results['provider']}) — {results['date']}",
-             "", f"Command: `{results['command']}`", ""]
+    lines = [
+        f"# SmolLM2-135M-Instruct ({results['precision']}, {results['provider']}) — {results['date']}",
+        "",
+        f"Command: `{results['command']}`",
+        "",
+    ]
     if "error" in s:
         return "\n".join([*lines, s["error"], ""])
-    lines += ["| prompt tokens | Ladder TTFT ms (first / steady) | onnxruntime-genai TTFT ms "
-              "(first / steady) | genai / Ladder (steady) |", "| --- | --- | --- | --- |"]
+    lines += [
+        "| prompt tokens | Ladder TTFT ms (first / steady) | onnxruntime-genai TTFT ms "
+        "(first / steady) | genai / Ladder (steady) |",
+        "| --- | --- | --- | --- |",
+    ]
     for n, ratio in s["ttft_ratio_genai_over_ladder"].items():
         first, steady = s["ttft_first_ms"][n], s["ttft_steady_ms"][n]
-        lines.append(f"| {n} | {first['ladder']:.1f} / {steady['ladder']:.1f} | "
-                     f"{first['genai']:.1f} / {steady['genai']:.1f} | {ratio:.2f}× |")
+        lines.append(
+            f"| {n} | {first['ladder']:.1f} / {steady['ladder']:.1f} | "
+            f"{first['genai']:.1f} / {steady['genai']:.1f} | {ratio:.2f}× |"
+        )
     d = s["decode_tok_s"]
-    lines += ["", f"Decode, {results['new']} tokens after {DECODE_AFTER}: Ladder {d['ladder']:.0f} tok/s, "
-              f"onnxruntime-genai {d['genai']:.0f} tok/s ({d['ratio_ladder_over_genai']:.2f}×).", "",
-              "Greedy agreement (common prefix / compared):"]
+    lines += [
+        "",
+        f"Decode, {results['new']} tokens after {DECODE_AFTER}: Ladder {d['ladder']:.0f} tok/s, "
+        f"onnxruntime-genai {d['genai']:.0f} tok/s ({d['ratio_ladder_over_genai']:.2f}×).",
+        "",
+        "Greedy agreement (common prefix / compared):",
+    ]
     agreed = s["greedy_agreement"].items()
     lines += [f"- {name}: {a['common_prefix']} / {a['compared']}" for name, a in agreed]
     return "\n".join([*lines, ""])
@@ -141,18 +156,35 @@ def main(argv: list[str]) -> None:
     model_dir, convert_s = prepare_model(args.cache_root, precision)
     print(f"prepared {model_dir} in {convert_s:.1f} s", flush=True)
     job = args.out / "smollm2-job.json"
-    job.write_text(json.dumps({"provider": args.provider, "lengths": lengths, "new": args.new,
-                               "prompts": prompts(model_dir, lengths)}))
+    job.write_text(
+        json.dumps(
+            {
+                "provider": args.provider,
+                "lengths": lengths,
+                "new": args.new,
+                "prompts": prompts(model_dir, lengths),
+            }
+        )
+    )
     log = args.out / "smollm2-bench.log"
-    runs = {"ladder": run_worker("ladder", model_dir, job, log, args.timeout),
-            "genai": run_worker("genai", genai_view(model_dir, args.provider), job, log, args.timeout)}
+    runs = {
+        "ladder": run_worker("ladder", model_dir, job, log, args.timeout),
+        "genai": run_worker("genai", genai_view(model_dir, args.provider), job, log, args.timeout),
+    }
     for name, result in runs.items():
         print(name, json.dumps(result)[:600], flush=True)
     command = " ".join(["python -m bench.gpu.smollm2", *argv])
-    results = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "command": command,
-               "provider": args.provider, "precision": precision, "model_dir": str(model_dir),
-               "convert_s": convert_s, "new": args.new, "runs": runs,
-               "summary": summarize(runs["ladder"], runs["genai"], lengths)}
+    results = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "provider": args.provider,
+        "precision": precision,
+        "model_dir": str(model_dir),
+        "convert_s": convert_s,
+        "new": args.new,
+        "runs": runs,
+        "summary": summarize(runs["ladder"], runs["genai"], lengths),
+    }
     (args.out / "smollm2-results.json").write_text(json.dumps(results, indent=1))
     (args.out / "smollm2-results.md").write_text(markdown(results))
     print(markdown(results), flush=True)
@@ -169,9 +201,25 @@ def serve_check(cache_root: Path, out: Path, provider: str) -> dict[str, Any]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    cmd = [sys.executable, "-m", "service", "--model", "default", "--model-cache", str(cache_root),
-           "--provider", provider, "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
-           "--max-sessions", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "--model",
+        "default",
+        "--model-cache",
+        str(cache_root),
+        "--provider",
+        provider,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--max-sessions",
+        "2",
+    ]
     with (out / "serve-check.log").open("w") as log:
         server = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -179,14 +227,22 @@ def serve_check(cache_root: Path, out: Path, provider: str) -> dict[str, Any]:
                 status = client.wait_until_serving(300)
                 info = client.model_info()
                 readme = client.generate(README_PROMPT, stopping=Stopping(max_new_tokens=8))
-                chat = client.generate([Turn("user", "What is the capital of France?")],
-                                       stopping=Stopping(max_new_tokens=16))
+                chat = client.generate(
+                    [Turn("user", "What is the capital of France?")], stopping=Stopping(max_new_tokens=16)
+                )
         finally:
             server.terminate()
             server.wait(60)
-    return {"status": status, "model": info.model, "execution_provider": info.execution_provider,
-            "chunk_size": info.chunk_size, "ladder": list(info.ladder), "readme": readme.text,
-            "chat": chat.text, "server_exit": server.returncode}
+    return {
+        "status": status,
+        "model": info.model,
+        "execution_provider": info.execution_provider,
+        "chunk_size": info.chunk_size,
+        "ladder": list(info.ladder),
+        "readme": readme.text,
+        "chat": chat.text,
+        "server_exit": server.returncode,
+    }
 
 
 # -- the workers: one runtime each, in a process of its own --------------------------------------
@@ -201,10 +257,16 @@ def measure(generate: Any, job: dict[str, Any]) -> dict[str, Any]:
         ttft[str(n)] = {"first_ms": first, "steady_ms": steady}
     generate(p[f"random_{DECODE_AFTER}"], job["new"])  # the decode shapes seen once
     decoded = generate(p[f"random_{DECODE_AFTER}"], job["new"])
-    greedy = {"readme": generate(p["readme"], 16)["tokens"], "chat": generate(p["chat"], 16)["tokens"],
-              f"random_{DECODE_AFTER}": decoded["tokens"]}
-    return {"ttft": ttft, "decode": {"tok_s": decoded["decode_tok_s"], "tokens": len(decoded["tokens"])},
-            "greedy": greedy}
+    greedy = {
+        "readme": generate(p["readme"], 16)["tokens"],
+        "chat": generate(p["chat"], 16)["tokens"],
+        f"random_{DECODE_AFTER}": decoded["tokens"],
+    }
+    return {
+        "ttft": ttft,
+        "decode": {"tok_s": decoded["decode_tok_s"], "tokens": len(decoded["tokens"])},
+        "greedy": greedy,
+    }
 
 
 def ladder_worker(path: str, job: dict[str, Any]) -> dict[str, Any]:
@@ -216,8 +278,14 @@ def ladder_worker(path: str, job: dict[str, Any]) -> dict[str, Any]:
     load_s = time.perf_counter() - t0
     prepared = engine.warm_up()  # as the server does before it reports SERVING
     result = measure(lambda ids, new: ladder_generate(engine, ids, new), job)
-    return {"load_s": load_s, "warm_up_s": time.perf_counter() - t0 - load_s, "variants": prepared,
-            "backend": engine.backend.name, "eager_forwards": engine.eager_forwards, **result}
+    return {
+        "load_s": load_s,
+        "warm_up_s": time.perf_counter() - t0 - load_s,
+        "variants": prepared,
+        "backend": engine.backend.name,
+        "eager_forwards": engine.eager_forwards,
+        **result,
+    }
 
 
 def genai_worker(path: str, job: dict[str, Any]) -> dict[str, Any]:

@@ -58,9 +58,13 @@ def probe(engine: Engine, rows: int, graph: bool, trials: int, vocab: int) -> di
     for _ in range(trials):
         backend.session.run_with_iobinding(variant.binding, backend._options(variant.graph_id, True))
     waited = (time.perf_counter() - t0) / trials * 1e3
-    return {"graph": graph, "events_enclose_ms_median": float(np.median(enclosed)),
-            "launch_ms_median": float(np.median(launch)), "waited_forward_ms": waited,
-            "chained_copy_agrees": f"{agree}/{trials}"}
+    return {
+        "graph": graph,
+        "events_enclose_ms_median": float(np.median(enclosed)),
+        "launch_ms_median": float(np.median(launch)),
+        "waited_forward_ms": waited,
+        "chained_copy_agrees": f"{agree}/{trials}",
+    }
 
 
 def main() -> None:
@@ -83,9 +87,12 @@ def main() -> None:
         last.append(engine.choose(session, greedy))
     last = engine.decode([DecodeRow(s, t, greedy, more=False) for s, t in zip(sessions, last, strict=True)])
     engine.decoder.settle()
-    result = {"model": args.model, "rows": args.rows,
-              "command": f"python3 -m bench.gpu.stream_order --model {args.model} --rows {args.rows}",
-              "runs": [probe(engine, args.rows, graph, args.trials, vocab) for graph in (True, False)]}
+    result = {
+        "model": args.model,
+        "rows": args.rows,
+        "command": f"python3 -m bench.gpu.stream_order --model {args.model} --rows {args.rows}",
+        "runs": [probe(engine, args.rows, graph, args.trials, vocab) for graph in (True, False)],
+    }
     print(json.dumps(result, indent=2), flush=True)
     (args.out / f"stream-order-{args.model}-{args.rows}.json").write_text(json.dumps(result, indent=2) + "\n")
 

@@ -58,15 +58,21 @@ def ladder_generate(engine: Any, tokens: list[int], new: int) -> dict[str, Any]:
         out.append(engine.decode([DecodeRow(session, out[-1], greedy)])[0])
     t2 = time.perf_counter()
     engine.close_session(session)
-    return {"ttft_ms": (t1 - t0) * 1e3, "decode_tok_s": (new - 1) / (t2 - t1) if new > 1 else None,
-            "tokens": out}
+    return {
+        "ttft_ms": (t1 - t0) * 1e3,
+        "decode_tok_s": (new - 1) / (t2 - t1) if new > 1 else None,
+        "tokens": out,
+    }
 
 
 def ladder_ttft_pass(engine: Any, vocab: int, lengths: list[int] = LENGTHS) -> dict[str, Any]:
     before = engine.backend.captures
     times = {n: ladder_generate(engine, prompt(n, vocab), 1)["ttft_ms"] for n in lengths}
-    return {"ttft_ms": times, "median_ms": float(np.median(list(times.values()))),
-            "captures": engine.backend.captures - before}
+    return {
+        "ttft_ms": times,
+        "median_ms": float(np.median(list(times.values()))),
+        "captures": engine.backend.captures - before,
+    }
 
 
 def ladder_interleaved(engine: Any, vocab: int, steps: int = 64) -> dict[str, Any]:
@@ -108,8 +114,11 @@ def ladder_profile(engine: Any, vocab: int) -> dict[str, Any]:
     engine.close_session(session)
     run_ms = backend.run_ms / backend.profiled_forwards
     # Inside onnxruntime's run: graph launch, the device's work and the end-of-run sync.
-    return {"wall_ms_per_step": wall_ms, "ort_run_ms_per_step": run_ms,
-            "ladder_host_ms_per_step": wall_ms - run_ms}
+    return {
+        "wall_ms_per_step": wall_ms,
+        "ort_run_ms_per_step": run_ms,
+        "ladder_host_ms_per_step": wall_ms - run_ms,
+    }
 
 
 def ladder_soak(engine: Any, vocab: int, requests: int = 200) -> dict[str, Any]:
@@ -121,9 +130,13 @@ def ladder_soak(engine: Any, vocab: int, requests: int = 200) -> dict[str, Any]:
         ladder_generate(engine, prompt(n, vocab, seed=1000 + i), new)
         if i % 20 == 19:
             memory.append(device_used())
-    return {"requests": requests, "new_variants": engine.variants.prepared - prepared,
-            "eager_forwards": engine.eager_forwards - eager, "device_used_every_20": memory,
-            "device_used_spread": max(memory) - min(memory)}
+    return {
+        "requests": requests,
+        "new_variants": engine.variants.prepared - prepared,
+        "eager_forwards": engine.eager_forwards - eager,
+        "device_used_every_20": memory,
+        "device_used_spread": max(memory) - min(memory),
+    }
 
 
 def run_ladder(path: str) -> dict[str, Any]:
@@ -137,13 +150,14 @@ def run_ladder(path: str) -> dict[str, Any]:
     result["ttft_pass2"] = ladder_ttft_pass(engine, vocab)
     result["ttft_fresh"] = ladder_ttft_pass(engine, vocab, FRESH)
     result["steady"] = ladder_generate(engine, prompt(PROMPT, vocab), NEW)
-    result["first_tokens_12"] = {n: ladder_generate(engine, prompt(n, vocab), 4)["tokens"]
-                                 for n in LENGTHS}
+    result["first_tokens_12"] = {n: ladder_generate(engine, prompt(n, vocab), 4)["tokens"] for n in LENGTHS}
     result["profile"] = ladder_profile(engine, vocab)
     result["interleaved"] = ladder_interleaved(engine, vocab)
     result["soak"] = ladder_soak(engine, vocab)
-    result["variants"] = [{"width": e.key.width, "batch": e.key.batch, "nbytes": e.nbytes, "hits": e.hits}
-                          for e in engine.stats().variants.entries]
+    result["variants"] = [
+        {"width": e.key.width, "batch": e.key.batch, "nbytes": e.nbytes, "hits": e.hits}
+        for e in engine.stats().variants.entries
+    ]
     result["backend_memory"] = engine.backend.memory()
     result["eager_forwards"] = engine.eager_forwards
     result["device_used_after"] = device_used() - base
@@ -159,15 +173,24 @@ def run_seed(path: str, padding: bool) -> dict[str, Any]:
         prepared, eager, captures = engine.variants.prepared, engine.eager_forwards, engine.backend.captures
         t0 = time.perf_counter()
         ttft = [ladder_generate(engine, prompt(n, vocab), 4)["ttft_ms"] for n in SEED_LENGTHS]
-        passes.append({"seconds": time.perf_counter() - t0, "ttft_ms": ttft,
-                       "variants_prepared": engine.variants.prepared - prepared,
-                       "graphs_captured": engine.backend.captures - captures,
-                       "eager_forwards": engine.eager_forwards - eager,
-                       "device_used": device_used() - base})
+        passes.append(
+            {
+                "seconds": time.perf_counter() - t0,
+                "ttft_ms": ttft,
+                "variants_prepared": engine.variants.prepared - prepared,
+                "graphs_captured": engine.backend.captures - captures,
+                "eager_forwards": engine.eager_forwards - eager,
+                "device_used": device_used() - base,
+            }
+        )
     stats = engine.stats().variants
-    return {"padding": padding, "passes": passes, "refusals": stats.refusals,
-            "variant_widths": [e.key.width for e in stats.entries],
-            "variant_bytes": stats.nbytes}
+    return {
+        "padding": padding,
+        "passes": passes,
+        "refusals": stats.refusals,
+        "variant_widths": [e.key.width for e in stats.entries],
+        "variant_bytes": stats.nbytes,
+    }
 
 
 # -- onnxruntime-genai ------------------------------------------------------------------
@@ -187,8 +210,11 @@ def genai_generate(model: Any, tokens: list[int], new: int, max_length: int = 81
         out.append(int(generator.get_next_tokens()[0]))
     t2 = time.perf_counter()
     del generator
-    return {"ttft_ms": (t1 - t0) * 1e3,
-            "decode_tok_s": (len(out) - 1) / (t2 - t1) if len(out) > 1 else None, "tokens": out}
+    return {
+        "ttft_ms": (t1 - t0) * 1e3,
+        "decode_tok_s": (len(out) - 1) / (t2 - t1) if len(out) > 1 else None,
+        "tokens": out,
+    }
 
 
 def run_genai(path: str) -> dict[str, Any]:

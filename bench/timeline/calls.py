@@ -30,8 +30,10 @@ def main() -> None:
         first.append(call["ttft_ms"])
         beyond.append(call["ttft_ms"] - call["server_ttft_ms"])
     kept = calls // 6  # the first sixth warms up
-    print(f"client TTFT {statistics.median(first[kept:]):.3f} ms, beyond the server's TTFT "
-          f"{statistics.median(beyond[kept:]):.3f} ms, whole call {statistics.median(whole[kept:]):.3f} ms")
+    print(
+        f"client TTFT {statistics.median(first[kept:]):.3f} ms, beyond the server's TTFT "
+        f"{statistics.median(beyond[kept:]):.3f} ms, whole call {statistics.median(whole[kept:]):.3f} ms"
+    )
 
 
 if __name__ == "__main__":

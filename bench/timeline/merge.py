@@ -56,17 +56,26 @@ def stages(client: dict[str, Any], call: dict[str, Any], forwards: list[Span]) -
     first_token = arrived + call["ttft_ms"] / 1e3
     before = [f for f in forwards if f[1] <= first_token] or forwards
     spent = sum(end - start for start, end in before)
-    return {"way_in": arrived - client["client_send"], "queue": started - arrived,
-            "to_forward": before[0][0] - started, "forwards": spent,
-            "between": before[-1][1] - before[0][0] - spent, "to_token": first_token - before[-1][1],
-            "way_out": client["client_first"] - first_token, "count": len(before)}
+    return {
+        "way_in": arrived - client["client_send"],
+        "queue": started - arrived,
+        "to_forward": before[0][0] - started,
+        "forwards": spent,
+        "between": before[-1][1] - before[0][0] - spent,
+        "to_token": first_token - before[-1][1],
+        "way_out": client["client_first"] - first_token,
+        "count": len(before),
+    }
 
 
 def main() -> None:
     clients = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
     calls, forwards = server_lines(sys.argv[2])
-    rows = [stages(c, calls[c["request_id"]], forwards[c["request_id"]])
-            for c in clients if c["request_id"] != "probe-0"]
+    rows = [
+        stages(c, calls[c["request_id"]], forwards[c["request_id"]])
+        for c in clients
+        if c["request_id"] != "probe-0"
+    ]
     for title, key in STAGES:
         print(f"{title:52s} median {statistics.median(r[key] for r in rows) * 1e3:8.3f} ms")
     count = statistics.median(r["count"] for r in rows)

@@ -52,18 +52,43 @@ def send(client: Any, ids: list[int], new: int, request_id: str) -> dict[str, An
         elif event.HasField("done"):
             done = event.done
     assert first is not None and done is not None
-    return {"request_id": request_id, "client_send": sent, "client_first": first,
-            "queue_ms": done.timing.queue_ms, "ttft_ms": done.timing.ttft_ms}
+    return {
+        "request_id": request_id,
+        "client_send": sent,
+        "client_first": first,
+        "queue_ms": done.timing.queue_ms,
+        "ttft_ms": done.timing.ttft_ms,
+    }
 
 
 def main() -> None:
     args = arguments()
     args.out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cmd = [sys.executable, "-m", "service", "--model", resolve_model(args), "--provider", args.provider,
-           "--host", "127.0.0.1", "--model-precision", args.precision, "--capacity", "8192",
-           "--max-new-tokens", "64", "--log-level", "debug",
-           "--port", str(port), "--metrics-port", "0", *args.extra.split()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "--model",
+        resolve_model(args),
+        "--provider",
+        args.provider,
+        "--host",
+        "127.0.0.1",
+        "--model-precision",
+        args.precision,
+        "--capacity",
+        "8192",
+        "--max-new-tokens",
+        "64",
+        "--log-level",
+        "debug",
+        "--port",
+        str(port),
+        "--metrics-port",
+        "0",
+        *args.extra.split(),
+    ]
     with open(args.out / "server.log", "wb") as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:

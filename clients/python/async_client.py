@@ -43,14 +43,17 @@ class AsyncLadderClient:
         self._stub = ladder_pb2_grpc.LadderStub(self._channel)
         # grpc.health.v1 Check, typed (the types-grpcio-health-checking HealthStub declares no methods).
         self._health_check = self._channel.unary_unary(
-            HEALTH_CHECK, request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-            response_deserializer=health_pb2.HealthCheckResponse.FromString)
+            HEALTH_CHECK,
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
 
     async def __aenter__(self) -> AsyncLadderClient:
         return self
 
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -62,23 +65,37 @@ class AsyncLadderClient:
             metadata += (("x-request-id", request_id),)
         return {"timeout": self.connection.deadline(timeout_s), "metadata": metadata}
 
-    async def generate(self, prompt: PromptInput, *, sampling: Sampling | None = None,
-                       stopping: Stopping | None = None, timeout_s: float | None = None,
-                       request_id: str | None = None, n: int = 1,
-                       logprobs: Logprobs | None = None,
-                       constraint: Constraint | None = None) -> pb.Completion:
+    async def generate(
+        self,
+        prompt: PromptInput,
+        *,
+        sampling: Sampling | None = None,
+        stopping: Stopping | None = None,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+        n: int = 1,
+        logprobs: Logprobs | None = None,
+        constraint: Constraint | None = None,
+    ) -> pb.Completion:
         """The whole completion; with n > 1 every sample is in `.samples`; with `constraint` every
         sample's text matches it (structured output)."""
         request = generate_request(prompt, sampling, stopping, n, logprobs, constraint)
         result: pb.Completion = await self._stub.Generate(request, **self._call(timeout_s, request_id))
         return result
 
-    async def generate_stream(self, prompt: PromptInput, *, sampling: Sampling | None = None,
-                              stopping: Stopping | None = None, timeout_s: float | None = None,
-                              request_id: str | None = None, n: int = 1,
-                              logprobs: Logprobs | None = None,
-                              constraint: Constraint | None = None,
-                              coalesce: bool = False) -> AsyncIterator[pb.TokenEvent]:
+    async def generate_stream(
+        self,
+        prompt: PromptInput,
+        *,
+        sampling: Sampling | None = None,
+        stopping: Stopping | None = None,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+        n: int = 1,
+        logprobs: Logprobs | None = None,
+        constraint: Constraint | None = None,
+        coalesce: bool = False,
+    ) -> AsyncIterator[pb.TokenEvent]:
         """One TokenEvent per token (`event.token.sample`: of which sample), then the final Completion.
 
         With `coalesce`, tokens that were ready together share one event (`event.tokens`; read
@@ -88,51 +105,74 @@ class AsyncLadderClient:
         async for event in _cancel_when_dropped(call):
             yield event
 
-    async def prefill_stream(self, parts: Iterable[PromptInput] | AsyncIterable[PromptInput], *,
-                             session_id: str = "", sampling: Sampling | None = None,
-                             timeout_s: float | None = None) -> AsyncIterator[pb.PrefillEvent]:
+    async def prefill_stream(
+        self,
+        parts: Iterable[PromptInput] | AsyncIterable[PromptInput],
+        *,
+        session_id: str = "",
+        sampling: Sampling | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[pb.PrefillEvent]:
         """Stream prompt parts into a new (or the named) session: ForwardEvents, then PrefillDone."""
         call = self._stub.Prefill(_prefill_requests(parts, session_id, sampling), **self._call(timeout_s))
         async for event in _cancel_when_dropped(call):
             yield event
 
-    async def prefill(self, parts: Iterable[PromptInput] | AsyncIterable[PromptInput], *,
-                      session_id: str = "", sampling: Sampling | None = None,
-                      timeout_s: float | None = None) -> tuple[list[pb.ForwardEvent], pb.PrefillDone]:
+    async def prefill(
+        self,
+        parts: Iterable[PromptInput] | AsyncIterable[PromptInput],
+        *,
+        session_id: str = "",
+        sampling: Sampling | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[list[pb.ForwardEvent], pb.PrefillDone]:
         """Run a whole Prefill; return its forwards and the final PrefillDone."""
         forwards: list[pb.ForwardEvent] = []
-        async for event in self.prefill_stream(parts, session_id=session_id, sampling=sampling,
-                                               timeout_s=timeout_s):
+        async for event in self.prefill_stream(
+            parts, session_id=session_id, sampling=sampling, timeout_s=timeout_s
+        ):
             if event.WhichOneof("event") == "done":
                 return forwards, event.done
             forwards.append(event.forward)
         raise RuntimeError("Prefill ended without PrefillDone")
 
-    async def decode(self, session_id: str, max_new_tokens: int, *, sampling: Sampling | None = None,
-                     stopping: Stopping | None = None, timeout_s: float | None = None,
-                     logprobs: Logprobs | None = None, constraint: Constraint | None = None,
-                     coalesce: bool = False) -> AsyncIterator[pb.TokenEvent]:
+    async def decode(
+        self,
+        session_id: str,
+        max_new_tokens: int,
+        *,
+        sampling: Sampling | None = None,
+        stopping: Stopping | None = None,
+        timeout_s: float | None = None,
+        logprobs: Logprobs | None = None,
+        constraint: Constraint | None = None,
+        coalesce: bool = False,
+    ) -> AsyncIterator[pb.TokenEvent]:
         """Continue the session by up to `max_new_tokens` tokens, streamed; ends with a Completion
         (`coalesce`: as generate_stream's)."""
-        request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs, constraint,
-                                 coalesce)
+        request = decode_request(
+            session_id, max_new_tokens, sampling, stopping, logprobs, constraint, coalesce
+        )
         async for event in _cancel_when_dropped(self._stub.Decode(request, **self._call(timeout_s))):
             yield event
 
-    async def rewind(self, session_id: str, length: int, *,
-                     timeout_s: float | None = None) -> pb.RewindResponse:
+    async def rewind(
+        self, session_id: str, length: int, *, timeout_s: float | None = None
+    ) -> pb.RewindResponse:
         request = pb.RewindRequest(session_id=session_id, length=length)
         result: pb.RewindResponse = await self._stub.Rewind(request, **self._call(timeout_s))
         return result
 
-    async def close_session(self, session_id: str, *,
-                            timeout_s: float | None = None) -> pb.CloseSessionResponse:
+    async def close_session(
+        self, session_id: str, *, timeout_s: float | None = None
+    ) -> pb.CloseSessionResponse:
         request = pb.CloseSessionRequest(session_id=session_id)
         result: pb.CloseSessionResponse = await self._stub.CloseSession(request, **self._call(timeout_s))
         return result
 
-    async def fork_session(self, session_id: str, length: int | None = None, *, fork_id: str = "",
-                           timeout_s: float | None = None) -> pb.ForkSessionResponse:
+    async def fork_session(
+        self, session_id: str, length: int | None = None, *, fork_id: str = "", timeout_s: float | None = None
+    ) -> pb.ForkSessionResponse:
         """A new session holding a copy of the first `length` tokens (None: all) of `session_id`.
 
         With a `fork_id` (chosen, and kept, before the call: a UUID) the fork's id is
@@ -188,8 +228,9 @@ async def _health_or_unreachable(client: AsyncLadderClient, service: str, timeou
         raise
 
 
-async def _prefill_requests(parts: Iterable[PromptInput] | AsyncIterable[PromptInput], session_id: str,
-                            sampling: Sampling | None) -> AsyncIterator[pb.PrefillRequest]:
+async def _prefill_requests(
+    parts: Iterable[PromptInput] | AsyncIterable[PromptInput], session_id: str, sampling: Sampling | None
+) -> AsyncIterator[pb.PrefillRequest]:
     """Send each part as soon as the caller produces it (an async source is not drained first)."""
     index = 0
     async for part in _each(parts):

@@ -35,8 +35,9 @@ class Connection:
 
     @property
     def uses_tls(self) -> bool:
-        return self.tls or any(p is not None for p in
-                               (self.root_certificate, self.client_certificate, self.client_key))
+        return self.tls or any(
+            p is not None for p in (self.root_certificate, self.client_certificate, self.client_key)
+        )
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
@@ -52,14 +53,18 @@ def _read(path: Path | None) -> bytes | None:
 def channel_credentials(conn: Connection) -> grpc.ChannelCredentials:
     if (conn.client_certificate is None) != (conn.client_key is None):
         raise ValueError("mutual TLS needs both a client certificate and its key")
-    return grpc.ssl_channel_credentials(root_certificates=_read(conn.root_certificate),
-                                        private_key=_read(conn.client_key),
-                                        certificate_chain=_read(conn.client_certificate))
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(conn.root_certificate),
+        private_key=_read(conn.client_key),
+        certificate_chain=_read(conn.client_certificate),
+    )
 
 
 def channel_options(conn: Connection) -> list[tuple[str, str | int]]:
-    options: list[tuple[str, str | int]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                                            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+    options: list[tuple[str, str | int]] = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]
     if conn.server_name_override:
         options.append(("grpc.ssl_target_name_override", conn.server_name_override))
     return options

@@ -54,9 +54,16 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 class ChatSession:
     """A conversation whose KV lives on the server between turns; `close()` returns it."""
 
-    def __init__(self, client: LadderClient, *, system: str | None = None, max_new_tokens: int = 256,
-                 sampling: Sampling | None = None, stop: tuple[str, ...] = (),
-                 ignore_eos: bool = False) -> None:
+    def __init__(
+        self,
+        client: LadderClient,
+        *,
+        system: str | None = None,
+        max_new_tokens: int = 256,
+        sampling: Sampling | None = None,
+        stop: tuple[str, ...] = (),
+        ignore_eos: bool = False,
+    ) -> None:
         self.client = client
         self.turns: list[Turn] = [Turn("system", system)] if system else []
         self.max_new_tokens = max_new_tokens
@@ -93,15 +100,20 @@ class ChatSession:
                 ctrl_c.check()
                 self._sync_session(wanted, ctrl_c.watch)
                 ctrl_c.check()
-                events = self.client.decode(self.session_id, self._reply_budget(), sampling=self.sampling,
-                                            stopping=self.stopping, on_call=ctrl_c.watch)
+                events = self.client.decode(
+                    self.session_id,
+                    self._reply_budget(),
+                    sampling=self.sampling,
+                    stopping=self.stopping,
+                    on_call=ctrl_c.watch,
+                )
                 completion = completion_of(echo_text(_token_ids_into(token_ids, events), show))
         except (KeyboardInterrupt, grpc.RpcError) as error:
             if isinstance(error, grpc.RpcError) and not ctrl_c.cancelled(error):
                 raise
             self._stopped(token_ids, "".join(pieces))
             raise ReplyStopped("".join(pieces)) from None
-        self.held = (self.held + list(completion.token_ids))[:completion.session_length]
+        self.held = (self.held + list(completion.token_ids))[: completion.session_length]
         self.turns.append(Turn("assistant", completion.text))
         return completion
 
@@ -123,10 +135,11 @@ class ChatSession:
             session_id = self.session_id
             _while_busy(lambda: self.client.rewind(session_id, keep))
             self.held, self.exact = self.held[:keep], True
-        _, done = self.client.prefill([wanted[keep:]], session_id=self.session_id, sampling=self.sampling,
-                                      on_call=on_call)
+        _, done = self.client.prefill(
+            [wanted[keep:]], session_id=self.session_id, sampling=self.sampling, on_call=on_call
+        )
         self.session_id = done.session_id
-        self.held = wanted[:done.length]
+        self.held = wanted[: done.length]
 
     def close(self) -> None:
         if self.session_id:
@@ -150,8 +163,10 @@ class _CtrlC:
 
     @contextmanager
     def taken(self) -> Iterator[None]:
-        if (threading.current_thread() is not threading.main_thread()
-                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        if (
+            threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        ):
             yield
             return
         previous = signal.signal(signal.SIGINT, self._press)
@@ -208,8 +223,9 @@ def _token_ids_into(token_ids: list[int], events: Iterable[pb.TokenEvent]) -> It
         yield event
 
 
-def echo_text(events: Iterable[pb.TokenEvent],
-              on_text: Callable[[str], None] | None) -> Iterator[pb.TokenEvent]:
+def echo_text(
+    events: Iterable[pb.TokenEvent], on_text: Callable[[str], None] | None
+) -> Iterator[pb.TokenEvent]:
     """Pass events through, handing each token's text (and any tail the Completion adds) to `on_text`."""
     shown = ""
     for event in events:
@@ -226,4 +242,4 @@ def _new_text(event: pb.TokenEvent, shown: str) -> str:
         return event.token.text
     # Text held back until the end (an unfinished character, a partial stop sequence) arrives only here.
     final = event.done.text
-    return final[len(shown):] if final.startswith(shown) else ""
+    return final[len(shown) :] if final.startswith(shown) else ""

@@ -31,8 +31,9 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--server-name", help="expected server name in its certificate")
     group.add_argument("--token-file", type=Path, help="file holding the bearer token")
     group.add_argument("--token", help="bearer token (prefer --token-file: flags show in ps)")
-    group.add_argument("--timeout", type=float, default=300.0,
-                       help="deadline per call, seconds [%(default)s]")
+    group.add_argument(
+        "--timeout", type=float, default=300.0, help="deadline per call, seconds [%(default)s]"
+    )
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
@@ -71,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--system", help="system message (with --chat)")
     gen.add_argument("--tokens", action="store_true", help="the prompt is space-separated token ids")
     gen.add_argument("--ids", action="store_true", help="print generated token ids, not text")
-    gen.add_argument("--usage", action="store_true",
-                     help="print usage, timing and the prefill plan to stderr")
+    gen.add_argument(
+        "--usage", action="store_true", help="print usage, timing and the prefill plan to stderr"
+    )
     add_sampling_flags(gen, max_new_tokens=64)
     add_constraint_flags(gen)
     chat = _client_command(sub, "chat", "interactive chat on a server-side session", commands.chat)
@@ -85,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _client_command(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_text: str,
-                    handler: Handler) -> argparse.ArgumentParser:
+def _client_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_text: str, handler: Handler
+) -> argparse.ArgumentParser:
     parser = sub.add_parser(name, help=help_text, description=help_text)
     add_connection_flags(parser)
     parser.set_defaults(handler=handler)
@@ -95,8 +98,9 @@ def _client_command(sub: argparse._SubParsersAction[argparse.ArgumentParser], na
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # Listed for `ladder --help` only: main() hands `serve` and its flags to service.config whole.
-    sub.add_parser("serve", help="serve a model over gRPC (`ladder serve --help` lists the flags)",
-                   add_help=False)
+    sub.add_parser(
+        "serve", help="serve a model over gRPC (`ladder serve --help` lists the flags)", add_help=False
+    )
 
 
 def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -104,9 +108,10 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     prepare = model_sub.add_parser("prepare", help="fetch and convert the default model; print its directory")
     prepare.add_argument("--model-cache", help="cache root (default: where `ladder serve` looks)")
-    prepare.add_argument("--model-precision",
-                         help="auto (int4; fp16 with LADDER_PROVIDER=cuda), int4, fp16 or fp32, "
-                         "as `ladder serve` takes it")
+    prepare.add_argument(
+        "--model-precision",
+        help="auto (int4; fp16 with LADDER_PROVIDER=cuda), int4, fp16 or fp32, as `ladder serve` takes it",
+    )
     prepare.set_defaults(handler=run_prepare)
 
 

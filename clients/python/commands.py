@@ -21,15 +21,29 @@ from proto.ladder.v1 import ladder_pb2 as pb
 
 def connection_of(args: argparse.Namespace) -> Connection:
     token = args.token_file.read_text().strip() if args.token_file else args.token
-    return Connection(address=args.address, tls=args.tls, root_certificate=args.ca,
-                      client_certificate=args.cert, client_key=args.key,
-                      server_name_override=args.server_name, token=token, timeout_s=args.timeout)
+    return Connection(
+        address=args.address,
+        tls=args.tls,
+        root_certificate=args.ca,
+        client_certificate=args.cert,
+        client_key=args.key,
+        server_name_override=args.server_name,
+        token=token,
+        timeout_s=args.timeout,
+    )
 
 
 def sampling_of(args: argparse.Namespace) -> Sampling:
-    return Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    repetition_penalty=args.repetition_penalty, seed=args.seed, min_p=args.min_p,
-                    presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
+    return Sampling(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        min_p=args.min_p,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+    )
 
 
 def stopping_of(args: argparse.Namespace) -> Stopping:
@@ -74,8 +88,12 @@ def _write(text: str) -> None:
 
 def generate(args: argparse.Namespace) -> int:
     with LadderClient(connection_of(args)) as client:
-        events = client.generate_stream(prompt_of(args), sampling=sampling_of(args),
-                                        stopping=stopping_of(args), constraint=constraint_of(args))
+        events = client.generate_stream(
+            prompt_of(args),
+            sampling=sampling_of(args),
+            stopping=stopping_of(args),
+            constraint=constraint_of(args),
+        )
         if args.ids:
             completion = completion_of(events)
             _write(" ".join(str(i) for i in completion.token_ids))
@@ -90,20 +108,29 @@ def generate(args: argparse.Namespace) -> int:
 def usage_line(completion: pb.Completion) -> str:
     plan = completion.prefill
     finish = pb.FinishReason.Name(completion.finish_reason).removeprefix("FINISH_REASON_").lower()
-    return (f"finish={finish} prompt_tokens={completion.usage.prompt_tokens} "
-            f"completion_tokens={completion.usage.completion_tokens} ttft_ms={completion.timing.ttft_ms:.1f} "
-            f"total_ms={completion.timing.total_ms:.1f} prefill_forwards={plan.forwards} "
-            f"real_rows={plan.real_rows} padded_rows={plan.padded_rows} widths={list(plan.widths)}")
+    return (
+        f"finish={finish} prompt_tokens={completion.usage.prompt_tokens} "
+        f"completion_tokens={completion.usage.completion_tokens} ttft_ms={completion.timing.ttft_ms:.1f} "
+        f"total_ms={completion.timing.total_ms:.1f} prefill_forwards={plan.forwards} "
+        f"real_rows={plan.real_rows} padded_rows={plan.padded_rows} widths={list(plan.widths)}"
+    )
 
 
 def chat(args: argparse.Namespace) -> int:
     """Ctrl-C stops the reply and the chat goes on; Ctrl-D, end of input or Ctrl-C at the prompt ends it."""
     terminal = ChatTerminal()
     with LadderClient(connection_of(args)) as client:
-        session = ChatSession(client, system=args.system, max_new_tokens=args.max_new_tokens,
-                              sampling=sampling_of(args), stop=tuple(args.stop), ignore_eos=args.ignore_eos)
-        print("ladder chat: Ctrl-C stops a reply; Ctrl-D or Ctrl-C at the prompt ends the chat",
-              file=sys.stderr)
+        session = ChatSession(
+            client,
+            system=args.system,
+            max_new_tokens=args.max_new_tokens,
+            sampling=sampling_of(args),
+            stop=tuple(args.stop),
+            ignore_eos=args.ignore_eos,
+        )
+        print(
+            "ladder chat: Ctrl-C stops a reply; Ctrl-D or Ctrl-C at the prompt ends the chat", file=sys.stderr
+        )
         try:
             while (question := terminal.read_question()) is not None:
                 _answer(session, terminal, question)
@@ -130,8 +157,7 @@ def stats(args: argparse.Namespace) -> int:
 
 
 def _as_dict(message: pb.ModelInfo | pb.EngineStats) -> dict[str, object]:
-    return MessageToDict(message, always_print_fields_with_no_presence=True,
-                         preserving_proto_field_name=True)
+    return MessageToDict(message, always_print_fields_with_no_presence=True, preserving_proto_field_name=True)
 
 
 def health(args: argparse.Namespace) -> int:

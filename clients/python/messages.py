@@ -40,9 +40,13 @@ class Sampling:
     frequency_penalty: float = 0.0
 
     def to_proto(self) -> pb.SamplingOptions:
-        msg = pb.SamplingOptions(temperature=self.temperature, top_k=self.top_k, min_p=self.min_p,
-                                 presence_penalty=self.presence_penalty,
-                                 frequency_penalty=self.frequency_penalty)
+        msg = pb.SamplingOptions(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
         if self.top_p is not None:
             msg.top_p = self.top_p
         if self.repetition_penalty is not None:
@@ -63,9 +67,13 @@ class Stopping:
     min_new_tokens: int = 0  # no end-of-sequence, stop token or stop string before this many tokens
 
     def to_proto(self) -> pb.StoppingOptions:
-        return pb.StoppingOptions(max_new_tokens=self.max_new_tokens, stop=list(self.stop),
-                                  ignore_eos=self.ignore_eos, stop_token_ids=list(self.stop_token_ids),
-                                  min_new_tokens=self.min_new_tokens)
+        return pb.StoppingOptions(
+            max_new_tokens=self.max_new_tokens,
+            stop=list(self.stop),
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=list(self.stop_token_ids),
+            min_new_tokens=self.min_new_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -124,11 +132,22 @@ def prompt_proto(prompt: PromptInput) -> pb.Prompt:
     raise TypeError("a prompt is a str, a list of token ids or a list of Turn")
 
 
-def generate_request(prompt: PromptInput, sampling: Sampling | None, stopping: Stopping | None,
-                     n: int = 1, logprobs: Logprobs | None = None,
-                     constraint: Constraint | None = None, coalesce: bool = False) -> pb.GenerateRequest:
-    request = pb.GenerateRequest(prompt=prompt_proto(prompt), sampling=(sampling or Sampling()).to_proto(),
-                                 stopping=(stopping or Stopping()).to_proto(), n=n, coalesce_tokens=coalesce)
+def generate_request(
+    prompt: PromptInput,
+    sampling: Sampling | None,
+    stopping: Stopping | None,
+    n: int = 1,
+    logprobs: Logprobs | None = None,
+    constraint: Constraint | None = None,
+    coalesce: bool = False,
+) -> pb.GenerateRequest:
+    request = pb.GenerateRequest(
+        prompt=prompt_proto(prompt),
+        sampling=(sampling or Sampling()).to_proto(),
+        stopping=(stopping or Stopping()).to_proto(),
+        n=n,
+        coalesce_tokens=coalesce,
+    )
     if logprobs is not None:
         request.logprobs.CopyFrom(logprobs.to_proto())
     if constraint is not None:
@@ -136,17 +155,20 @@ def generate_request(prompt: PromptInput, sampling: Sampling | None, stopping: S
     return request
 
 
-def prefill_request(part: PromptInput, *, first: bool, session_id: str,
-                    sampling: Sampling | None) -> pb.PrefillRequest:
+def prefill_request(
+    part: PromptInput, *, first: bool, session_id: str, sampling: Sampling | None
+) -> pb.PrefillRequest:
     """One message of a Prefill stream: only the first names the session and the sampling."""
     if not first:
         return pb.PrefillRequest(prompt=prompt_proto(part))
-    return pb.PrefillRequest(session_id=session_id, prompt=prompt_proto(part),
-                             sampling=(sampling or Sampling()).to_proto())
+    return pb.PrefillRequest(
+        session_id=session_id, prompt=prompt_proto(part), sampling=(sampling or Sampling()).to_proto()
+    )
 
 
-def prefill_requests(parts: Iterable[PromptInput], session_id: str,
-                     sampling: Sampling | None) -> Iterator[pb.PrefillRequest]:
+def prefill_requests(
+    parts: Iterable[PromptInput], session_id: str, sampling: Sampling | None
+) -> Iterator[pb.PrefillRequest]:
     """The parts as they come, then a bare `last`: the server keeps the extension once it sends
     PrefillDone, whether or not this side reads the call's status."""
     index = -1
@@ -156,14 +178,24 @@ def prefill_requests(parts: Iterable[PromptInput], session_id: str,
         yield pb.PrefillRequest(last=True)
 
 
-def decode_request(session_id: str, max_new_tokens: int, sampling: Sampling | None,
-                   stopping: Stopping | None, logprobs: Logprobs | None = None,
-                   constraint: Constraint | None = None, coalesce: bool = False) -> pb.DecodeRequest:
+def decode_request(
+    session_id: str,
+    max_new_tokens: int,
+    sampling: Sampling | None,
+    stopping: Stopping | None,
+    logprobs: Logprobs | None = None,
+    constraint: Constraint | None = None,
+    coalesce: bool = False,
+) -> pb.DecodeRequest:
     stop = stopping or Stopping()
     options = stop.to_proto()
     options.max_new_tokens = max_new_tokens
-    request = pb.DecodeRequest(session_id=session_id, sampling=(sampling or Sampling()).to_proto(),
-                               stopping=options, coalesce_tokens=coalesce)
+    request = pb.DecodeRequest(
+        session_id=session_id,
+        sampling=(sampling or Sampling()).to_proto(),
+        stopping=options,
+        coalesce_tokens=coalesce,
+    )
     if logprobs is not None:
         request.logprobs.CopyFrom(logprobs.to_proto())
     if constraint is not None:

@@ -45,14 +45,17 @@ class LadderClient:
         self._stub = ladder_pb2_grpc.LadderStub(self._channel)
         # grpc.health.v1 Check, typed (the types-grpcio-health-checking HealthStub declares no methods).
         self._health_check = self._channel.unary_unary(
-            HEALTH_CHECK, request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-            response_deserializer=health_pb2.HealthCheckResponse.FromString)
+            HEALTH_CHECK,
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
 
     def __enter__(self) -> LadderClient:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def close(self) -> None:
@@ -64,22 +67,37 @@ class LadderClient:
             metadata += (("x-request-id", request_id),)
         return {"timeout": self.connection.deadline(timeout_s), "metadata": metadata}
 
-    def generate(self, prompt: PromptInput, *, sampling: Sampling | None = None,
-                 stopping: Stopping | None = None, timeout_s: float | None = None,
-                 request_id: str | None = None, n: int = 1,
-                 logprobs: Logprobs | None = None, constraint: Constraint | None = None) -> pb.Completion:
+    def generate(
+        self,
+        prompt: PromptInput,
+        *,
+        sampling: Sampling | None = None,
+        stopping: Stopping | None = None,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+        n: int = 1,
+        logprobs: Logprobs | None = None,
+        constraint: Constraint | None = None,
+    ) -> pb.Completion:
         """The whole completion; with n > 1 every sample is in `.samples`; with `constraint` every
         sample's text matches it (structured output)."""
         request = generate_request(prompt, sampling, stopping, n, logprobs, constraint)
         result: pb.Completion = self._stub.Generate(request, **self._call(timeout_s, request_id))
         return result
 
-    def generate_stream(self, prompt: PromptInput, *, sampling: Sampling | None = None,
-                        stopping: Stopping | None = None, timeout_s: float | None = None,
-                        request_id: str | None = None, n: int = 1,
-                        logprobs: Logprobs | None = None,
-                        constraint: Constraint | None = None,
-                        coalesce: bool = False) -> Iterator[pb.TokenEvent]:
+    def generate_stream(
+        self,
+        prompt: PromptInput,
+        *,
+        sampling: Sampling | None = None,
+        stopping: Stopping | None = None,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+        n: int = 1,
+        logprobs: Logprobs | None = None,
+        constraint: Constraint | None = None,
+        coalesce: bool = False,
+    ) -> Iterator[pb.TokenEvent]:
         """One TokenEvent per token (`event.token.sample`: of which sample), then the final Completion.
 
         With `coalesce`, tokens that were ready together share one event (`event.tokens`; read
@@ -88,9 +106,15 @@ class LadderClient:
         call = self._stub.GenerateStream(request, **self._call(timeout_s, request_id))
         yield from _cancel_when_dropped(call)
 
-    def prefill_stream(self, parts: Iterable[PromptInput], *, session_id: str = "",
-                       sampling: Sampling | None = None, timeout_s: float | None = None,
-                       on_call: OnCall | None = None) -> Iterator[pb.PrefillEvent]:
+    def prefill_stream(
+        self,
+        parts: Iterable[PromptInput],
+        *,
+        session_id: str = "",
+        sampling: Sampling | None = None,
+        timeout_s: float | None = None,
+        on_call: OnCall | None = None,
+    ) -> Iterator[pb.PrefillEvent]:
         """Stream prompt parts into a new (or the named) session: ForwardEvents, then PrefillDone.
 
         `on_call` gets the gRPC call as it starts: another thread may `cancel()` it."""
@@ -98,28 +122,45 @@ class LadderClient:
         call = _started(self._stub.Prefill(requests, **self._call(timeout_s)), on_call)
         yield from _cancel_when_dropped(call)
 
-    def prefill(self, parts: Iterable[PromptInput], *, session_id: str = "",
-                sampling: Sampling | None = None, timeout_s: float | None = None,
-                on_call: OnCall | None = None) -> tuple[list[pb.ForwardEvent], pb.PrefillDone]:
+    def prefill(
+        self,
+        parts: Iterable[PromptInput],
+        *,
+        session_id: str = "",
+        sampling: Sampling | None = None,
+        timeout_s: float | None = None,
+        on_call: OnCall | None = None,
+    ) -> tuple[list[pb.ForwardEvent], pb.PrefillDone]:
         """Run a whole Prefill; return its forwards and the final PrefillDone."""
         forwards: list[pb.ForwardEvent] = []
-        for event in self.prefill_stream(parts, session_id=session_id, sampling=sampling,
-                                         timeout_s=timeout_s, on_call=on_call):
+        for event in self.prefill_stream(
+            parts, session_id=session_id, sampling=sampling, timeout_s=timeout_s, on_call=on_call
+        ):
             if event.WhichOneof("event") == "done":
                 return forwards, event.done
             forwards.append(event.forward)
         raise RuntimeError("Prefill ended without PrefillDone")
 
-    def decode(self, session_id: str, max_new_tokens: int, *, sampling: Sampling | None = None,
-               stopping: Stopping | None = None, timeout_s: float | None = None,
-               logprobs: Logprobs | None = None, on_call: OnCall | None = None,
-               constraint: Constraint | None = None, coalesce: bool = False) -> Iterator[pb.TokenEvent]:
+    def decode(
+        self,
+        session_id: str,
+        max_new_tokens: int,
+        *,
+        sampling: Sampling | None = None,
+        stopping: Stopping | None = None,
+        timeout_s: float | None = None,
+        logprobs: Logprobs | None = None,
+        on_call: OnCall | None = None,
+        constraint: Constraint | None = None,
+        coalesce: bool = False,
+    ) -> Iterator[pb.TokenEvent]:
         """Continue the session by up to `max_new_tokens` tokens, streamed; ends with a Completion
         (`coalesce`: as generate_stream's).
 
         `on_call` gets the gRPC call as it starts: another thread may `cancel()` it."""
-        request = decode_request(session_id, max_new_tokens, sampling, stopping, logprobs, constraint,
-                                 coalesce)
+        request = decode_request(
+            session_id, max_new_tokens, sampling, stopping, logprobs, constraint, coalesce
+        )
         call = _started(self._stub.Decode(request, **self._call(timeout_s)), on_call)
         yield from _cancel_when_dropped(call)
 
@@ -128,14 +169,14 @@ class LadderClient:
         result: pb.RewindResponse = self._stub.Rewind(request, **self._call(timeout_s))
         return result
 
-    def close_session(self, session_id: str, *,
-                      timeout_s: float | None = None) -> pb.CloseSessionResponse:
+    def close_session(self, session_id: str, *, timeout_s: float | None = None) -> pb.CloseSessionResponse:
         request = pb.CloseSessionRequest(session_id=session_id)
         result: pb.CloseSessionResponse = self._stub.CloseSession(request, **self._call(timeout_s))
         return result
 
-    def fork_session(self, session_id: str, length: int | None = None, *, fork_id: str = "",
-                     timeout_s: float | None = None) -> pb.ForkSessionResponse:
+    def fork_session(
+        self, session_id: str, length: int | None = None, *, fork_id: str = "", timeout_s: float | None = None
+    ) -> pb.ForkSessionResponse:
         """A new session holding a copy of the first `length` tokens (None: all) of `session_id`.
 
         With a `fork_id` (chosen, and kept, before the call: a UUID) the fork's id is

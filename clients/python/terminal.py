@@ -121,8 +121,9 @@ def _read_waiting(fd: int) -> str:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-def _input_prefilled(prompt: str, typed_ahead: str, stdin: TextIO,
-                     write: Callable[[str], None]) -> str | None:
+def _input_prefilled(
+    prompt: str, typed_ahead: str, stdin: TextIO, write: Callable[[str], None]
+) -> str | None:
     """A line read after `prompt`, starting with `typed_ahead` (editable where readline is there)."""
     if readline is None:
         write(prompt + typed_ahead)

@@ -97,8 +97,11 @@ class Automaton:
             if found is not None:
                 return found
         if not 0 <= token < size or not _bit(self.mask(state).packed, token):
-            raise InvalidInput(f"token {token} is not allowed by the constraint here",
-                               reason="TOKEN_NOT_ALLOWED", field=self.field)
+            raise InvalidInput(
+                f"token {token} is not allowed by the constraint here",
+                reason="TOKEN_NOT_ALLOWED",
+                field=self.field,
+            )
         after = state if token in self.vocabulary.eos_ids else self.walk(state, token)
         if len(self._moves) >= MOVES_HELD:
             self._moves.clear()

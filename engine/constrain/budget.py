@@ -61,8 +61,10 @@ class Budget:
         if self._started is None:
             self.start()
         elif time.thread_time() - self._started > self.seconds:
-            raise OverBudget(f"compiling it took more than the {self.seconds:g} s of CPU time a "
-                             "constraint may take (--constraint-compile-seconds)")
+            raise OverBudget(
+                f"compiling it took more than the {self.seconds:g} s of CPU time a "
+                "constraint may take (--constraint-compile-seconds)"
+            )
 
 
 class Steps(Budget):

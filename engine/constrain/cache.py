@@ -48,8 +48,14 @@ class _Pending:
 
 
 class ConstraintCache:
-    def __init__(self, vocabulary: Vocabulary, limits: Limits = DEFAULT_LIMITS, max_bytes: int = 256 << 20,
-                 max_errors: int = 256, compile: Compile | None = None) -> None:
+    def __init__(
+        self,
+        vocabulary: Vocabulary,
+        limits: Limits = DEFAULT_LIMITS,
+        max_bytes: int = 256 << 20,
+        max_errors: int = 256,
+        compile: Compile | None = None,
+    ) -> None:
         self.vocabulary = vocabulary
         self.limits = limits
         self.max_bytes = max_bytes
@@ -99,8 +105,14 @@ class ConstraintCache:
 
     def stats(self) -> CacheStats:
         with self._lock:
-            return CacheStats(self._hits, self._misses, self._compile_seconds, len(self._entries),
-                              self._nbytes(), self._evictions)
+            return CacheStats(
+                self._hits,
+                self._misses,
+                self._compile_seconds,
+                len(self._entries),
+                self._nbytes(),
+                self._evictions,
+            )
 
     def _lookup(self, key: Key) -> Compiled | None:
         if key in self._errors:

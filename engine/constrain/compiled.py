@@ -67,20 +67,32 @@ class Compiled(Protocol):
     def nbytes(self) -> int: ...
 
 
-def compile_constraint(kind: str, spec: str | Sequence[str], vocabulary: Vocabulary,
-                       limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDED) -> Compiled:
+def compile_constraint(
+    kind: str,
+    spec: str | Sequence[str],
+    vocabulary: Vocabulary,
+    limits: Limits = DEFAULT_LIMITS,
+    budget: Budget = UNBOUNDED,
+) -> Compiled:
     if kind not in FIELDS:
-        raise InvalidInput(f"unknown constraint kind {kind!r} (one of {', '.join(FIELDS)})",
-                           reason="CONSTRAINT_KIND_UNKNOWN", field="constraint")
+        raise InvalidInput(
+            f"unknown constraint kind {kind!r} (one of {', '.join(FIELDS)})",
+            reason="CONSTRAINT_KIND_UNKNOWN",
+            field="constraint",
+        )
     try:
         return _compile(kind, spec, vocabulary, limits, budget)
     except OverBudget as exc:
-        raise InvalidInput(f"the constraint is too costly to compile: {exc}", reason="CONSTRAINT_TOO_LARGE",
-                           field=FIELDS[kind]) from exc
+        raise InvalidInput(
+            f"the constraint is too costly to compile: {exc}",
+            reason="CONSTRAINT_TOO_LARGE",
+            field=FIELDS[kind],
+        ) from exc
 
 
-def _compile(kind: str, spec: str | Sequence[str], vocabulary: Vocabulary, limits: Limits,
-             budget: Budget) -> Compiled:
+def _compile(
+    kind: str, spec: str | Sequence[str], vocabulary: Vocabulary, limits: Limits, budget: Budget
+) -> Compiled:
     field = FIELDS[kind]
     if kind == "choice":
         return automaton(choice_tree(spec, limits), vocabulary, limits, field, budget)
@@ -93,12 +105,14 @@ def _compile(kind: str, spec: str | Sequence[str], vocabulary: Vocabulary, limit
             return automaton(regex.whole(source), vocabulary, limits, field, budget)
         return _json_schema(source, vocabulary, limits, budget, strict=kind == JSON_SCHEMA_STRICT)
     except RecursionError as exc:  # nesting the parsers let through but the tree walks cannot follow
-        raise InvalidInput("the constraint nests too deeply", reason="CONSTRAINT_TOO_LARGE",
-                           field=field) from exc
+        raise InvalidInput(
+            "the constraint nests too deeply", reason="CONSTRAINT_TOO_LARGE", field=field
+        ) from exc
 
 
-def _json_schema(source: str, vocabulary: Vocabulary, limits: Limits, budget: Budget,
-                 strict: bool) -> Compiled:
+def _json_schema(
+    source: str, vocabulary: Vocabulary, limits: Limits, budget: Budget, strict: bool
+) -> Compiled:
     """A DFA where the schema fits one (every mask can be computed ahead); the pushdown engine
     (lazy: the parser states rows reach) where it recurses through a $ref, holds an open value
     (any JSON value, at any depth: its DFA would be large and cut at some depth) or its NFA
@@ -107,8 +121,13 @@ def _json_schema(source: str, vocabulary: Vocabulary, limits: Limits, budget: Bu
     found = json_schema.tree(source, limits, budget, strict=strict)
     if not found.rules and nfa.size(found.root) <= limits.max_schema_nfa_states:
         try:
-            return automaton(found.root, vocabulary, replace(limits, max_states=limits.max_schema_dfa_states),
-                             field, budget)
+            return automaton(
+                found.root,
+                vocabulary,
+                replace(limits, max_states=limits.max_schema_dfa_states),
+                field,
+                budget,
+            )
         except InvalidInput as exc:
             if exc.reason != "CONSTRAINT_TOO_LARGE":
                 raise
@@ -117,17 +136,22 @@ def _json_schema(source: str, vocabulary: Vocabulary, limits: Limits, budget: Bu
     return grammar.CompiledGrammar(program, vocabulary, limits, field)
 
 
-def automaton(tree: Node, vocabulary: Vocabulary, limits: Limits, field: str,
-              budget: Budget = UNBOUNDED) -> Automaton:
+def automaton(
+    tree: Node, vocabulary: Vocabulary, limits: Limits, field: str, budget: Budget = UNBOUNDED
+) -> Automaton:
     try:
         built = nfa.build(tree, limits.max_nfa_states, budget)
         table = dfa.determinize(built, limits.max_states, limits.max_subset_members)
     except nfa.TooLarge as exc:
-        raise InvalidInput(f"the constraint compiles to too large an automaton ({exc})",
-                           reason="CONSTRAINT_TOO_LARGE", field=field) from exc
+        raise InvalidInput(
+            f"the constraint compiles to too large an automaton ({exc})",
+            reason="CONSTRAINT_TOO_LARGE",
+            field=field,
+        ) from exc
     if not table.accepting.any():
-        raise InvalidInput("the constraint matches no output at all", reason="CONSTRAINT_UNSATISFIABLE",
-                           field=field)
+        raise InvalidInput(
+            "the constraint matches no output at all", reason="CONSTRAINT_UNSATISFIABLE", field=field
+        )
     return Automaton(table, vocabulary, field)
 
 
@@ -136,18 +160,25 @@ def choice_tree(options: str | Sequence[str], limits: Limits) -> Node:
     if isinstance(options, str) or not options:
         raise InvalidInput("a choice needs a non-empty list of options", reason="CHOICE_INVALID", field=field)
     if any(not isinstance(o, str) or not o for o in options):
-        raise InvalidInput("every choice option must be a non-empty string", reason="CHOICE_INVALID",
-                           field=field)
+        raise InvalidInput(
+            "every choice option must be a non-empty string", reason="CHOICE_INVALID", field=field
+        )
     size = sum(len(o.encode("utf-8", "surrogatepass")) for o in options)
     if len(options) > limits.max_choices or size > limits.max_choice_bytes:
-        raise InvalidInput(f"a choice holds at most {limits.max_choices} options of "
-                           f"{limits.max_choice_bytes} bytes together ({len(options)}, {size} given)",
-                           reason="CONSTRAINT_TOO_LARGE", field=field)
+        raise InvalidInput(
+            f"a choice holds at most {limits.max_choices} options of "
+            f"{limits.max_choice_bytes} bytes together ({len(options)}, {size} given)",
+            reason="CONSTRAINT_TOO_LARGE",
+            field=field,
+        )
     try:
         return alt(*(text(o) for o in options))
     except UnicodeEncodeError as exc:
-        raise InvalidInput("a choice option is not valid Unicode text (a lone surrogate)",
-                           reason="CHOICE_INVALID", field=field) from exc
+        raise InvalidInput(
+            "a choice option is not valid Unicode text (a lone surrogate)",
+            reason="CHOICE_INVALID",
+            field=field,
+        ) from exc
 
 
 def _text_spec(spec: str | Sequence[str], cap: int, field: str) -> str:
@@ -155,8 +186,11 @@ def _text_spec(spec: str | Sequence[str], cap: int, field: str) -> str:
         raise InvalidInput("this constraint kind takes one text", reason="CONSTRAINT_INVALID", field=field)
     size = len(spec.encode("utf-8", "surrogatepass"))
     if size > cap:
-        raise InvalidInput(f"the constraint's text is {size} bytes, over the {cap} limit",
-                           reason="CONSTRAINT_TOO_LARGE", field=field)
+        raise InvalidInput(
+            f"the constraint's text is {size} bytes, over the {cap} limit",
+            reason="CONSTRAINT_TOO_LARGE",
+            field=field,
+        )
     return spec
 
 

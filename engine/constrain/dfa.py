@@ -57,8 +57,9 @@ def _classes(nfa: Nfa) -> tuple[list[int], Moves]:
     return bounds, [[(index[lo], index[hi + 1], t) for lo, hi, t in moves] for moves in nfa.moves]
 
 
-def _subsets(nfa: Nfa, moves: Moves, width: int, max_states: int,
-             max_members: int) -> tuple[list[int], list[bool]]:
+def _subsets(
+    nfa: Nfa, moves: Moves, width: int, max_states: int, max_members: int
+) -> tuple[list[int], list[bool]]:
     """Class-level transition rows (flat) and accepting flags. A DFA state is the set of NFA
     states with a move (or final) reachable without a byte: a frozenset, whose cost follows its
     size and not the NFA's."""
@@ -127,7 +128,7 @@ def _prune(classes: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.n
     stack = [int(s) for s in np.flatnonzero(accepting)]
     while stack:
         t = stack.pop()
-        for s in predecessors[starts[t]:starts[t + 1]]:
+        for s in predecessors[starts[t] : starts[t + 1]]:
             if not live[s]:
                 live[s] = True
                 stack.append(s)

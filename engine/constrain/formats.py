@@ -6,15 +6,19 @@ annotation.
 
 from __future__ import annotations
 
-_DATE = (r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
-         r"|02-(?:0[1-9]|1\d|2[0-8]))")
+_DATE = (
+    r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+    r"|02-(?:0[1-9]|1\d|2[0-8]))"
+)
 _TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
 _ATOM_CHAR = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
 _ATOM = rf"{_ATOM_CHAR}+"
 # A DNS label (RFC 1123): letters, digits and inner hyphens, 63 at most; none with hyphens 3rd and 4th
 # (RFC 5891: "xn--" starts an A-label, whose Punycode a regex cannot check; the others are reserved).
-_LABEL = (r"[A-Za-z0-9](?:[A-Za-z0-9-]?[A-Za-z0-9])?"
-          r"|[A-Za-z0-9][A-Za-z0-9-](?:[A-Za-z0-9][A-Za-z0-9-]{0,59}[A-Za-z0-9]|-[A-Za-z0-9](?:[A-Za-z0-9-]{0,58}[A-Za-z0-9])?)")
+_LABEL = (
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]?[A-Za-z0-9])?"
+    r"|[A-Za-z0-9][A-Za-z0-9-](?:[A-Za-z0-9][A-Za-z0-9-]{0,59}[A-Za-z0-9]|-[A-Za-z0-9](?:[A-Za-z0-9-]{0,58}[A-Za-z0-9])?)"
+)
 _LABEL = f"(?:{_LABEL})"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 # RFC 3986's grammar: scheme, authority (userinfo, host, port), path, query and fragment, each of
@@ -24,12 +28,19 @@ _SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*"
 _H16 = r"[0-9A-Fa-f]{1,4}"
 _IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
 _LS32 = f"(?:{_H16}:{_H16}|{_IPV4})"
-_IPV6 = "|".join([
-    f"(?:{_H16}:){{6}}{_LS32}", f"::(?:{_H16}:){{5}}{_LS32}", f"(?:{_H16})?::(?:{_H16}:){{4}}{_LS32}",
-    f"(?:(?:{_H16}:){{0,1}}{_H16})?::(?:{_H16}:){{3}}{_LS32}",
-    f"(?:(?:{_H16}:){{0,2}}{_H16})?::(?:{_H16}:){{2}}{_LS32}",
-    f"(?:(?:{_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}", f"(?:(?:{_H16}:){{0,4}}{_H16})?::{_LS32}",
-    f"(?:(?:{_H16}:){{0,5}}{_H16})?::{_H16}", f"(?:(?:{_H16}:){{0,6}}{_H16})?::"])
+_IPV6 = "|".join(
+    [
+        f"(?:{_H16}:){{6}}{_LS32}",
+        f"::(?:{_H16}:){{5}}{_LS32}",
+        f"(?:{_H16})?::(?:{_H16}:){{4}}{_LS32}",
+        f"(?:(?:{_H16}:){{0,1}}{_H16})?::(?:{_H16}:){{3}}{_LS32}",
+        f"(?:(?:{_H16}:){{0,2}}{_H16})?::(?:{_H16}:){{2}}{_LS32}",
+        f"(?:(?:{_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}",
+        f"(?:(?:{_H16}:){{0,4}}{_H16})?::{_LS32}",
+        f"(?:(?:{_H16}:){{0,5}}{_H16})?::{_H16}",
+        f"(?:(?:{_H16}:){{0,6}}{_H16})?::",
+    ]
+)
 _UCS = "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef"
 
 
@@ -46,15 +57,19 @@ def _uri(reference: bool, iri: bool) -> str:
     if not reference:
         return absolute
     no_colon = f"(?:{plain}|@)+"  # a relative path's first segment holds no ":" (it would be a scheme)
-    relative = f"(?://{authority}(?:/{segment})*|/(?:{nonempty}(?:/{segment})*)?|{no_colon}(?:/{segment})*|){after}"
+    relative = (
+        f"(?://{authority}(?:/{segment})*|/(?:{nonempty}(?:/{segment})*)?|{no_colon}(?:/{segment})*|){after}"
+    )
     return f"(?:{absolute}|{relative})"
 
 
 # RFC 6570: literal characters and {expressions} of an optional operator and variables.
 _VARNAME = r"(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})(?:\.?(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2}))*"
 _VARSPEC = f"{_VARNAME}(?::[1-9]\\d{{0,3}}|\\*)?"
-_URI_TEMPLATE = (f"(?:[!#$&()*+,\\-./0-9:;=?@A-Z\\[\\]_a-z~{_UCS}]|%[0-9A-Fa-f]{{2}}"
-                 f"|\\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*")
+_URI_TEMPLATE = (
+    f"(?:[!#$&()*+,\\-./0-9:;=?@A-Z\\[\\]_a-z~{_UCS}]|%[0-9A-Fa-f]{{2}}"
+    f"|\\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*"
+)
 _DURATION_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
 _DURATION = rf"P(?:(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)(?:{_DURATION_TIME})?|{_DURATION_TIME}|\d+W)"
 
@@ -130,11 +145,17 @@ def short_email(most: int) -> str:
     2 to 4 labels (no hyphen third, so no `xn--`), the rest of the length shared among them."""
     local = min(64, (most - 1) // 3)
     atom = (local - 2) // 3
-    local_part = rf"{_ATOM_CHAR}{{1,{atom}}}(?:\.{_ATOM_CHAR}{{1,{atom}}}){{0,2}}" if atom >= 1 \
+    local_part = (
+        rf"{_ATOM_CHAR}{{1,{atom}}}(?:\.{_ATOM_CHAR}{{1,{atom}}}){{0,2}}"
+        if atom >= 1
         else rf"{_ATOM_CHAR}{{1,{local}}}"
+    )
     domain = most - 1 - local
     labels = 4 if (domain - 3) // 4 >= 4 else 2
     width = min(63, (domain - (labels - 1)) // labels)
-    label = (rf"[A-Za-z0-9]{{1,2}}(?:[A-Za-z0-9][A-Za-z0-9-]{{0,{width - 4}}}[A-Za-z0-9]|[A-Za-z0-9])?"
-             if width >= 4 else rf"[A-Za-z0-9]{{1,{width}}}")
+    label = (
+        rf"[A-Za-z0-9]{{1,2}}(?:[A-Za-z0-9][A-Za-z0-9-]{{0,{width - 4}}}[A-Za-z0-9]|[A-Za-z0-9])?"
+        if width >= 4
+        else rf"[A-Za-z0-9]{{1,{width}}}"
+    )
     return rf"{local_part}@{label}(?:\.{label}){{1,{labels - 1}}}"

@@ -30,8 +30,18 @@ from engine.constrain.pattern import MAX_CODE_POINT, SURROGATES, complement, nor
 from engine.constrain.utf8 import ByteRanges, sequences
 from engine.errors import InvalidInput
 
-__all__ = ["END", "FIELD", "MAX_ELEMENTS", "REF", "TERMINAL", "Program", "Stack", "byte_alternatives",
-           "flatten", "parse"]
+__all__ = [
+    "END",
+    "FIELD",
+    "MAX_ELEMENTS",
+    "REF",
+    "TERMINAL",
+    "Program",
+    "Stack",
+    "byte_alternatives",
+    "flatten",
+    "parse",
+]
 
 FIELD = "constraint.grammar"
 MAX_ELEMENTS = 1 << 16  # elements of the compiled rules, repetitions expanded
@@ -100,11 +110,16 @@ class _Rules:
 
     def fits(self, elements: int, offset: int) -> None:
         if self.elements + elements > self.max_elements:
-            raise _invalid(self.text, offset, f"more than {self.max_elements} elements once repetitions "
-                           "are expanded", reason="CONSTRAINT_TOO_LARGE")
+            raise _invalid(
+                self.text,
+                offset,
+                f"more than {self.max_elements} elements once repetitions are expanded",
+                reason="CONSTRAINT_TOO_LARGE",
+            )
 
-    def repetition(self, parent: str, item: Alternative, low: int, high: int | None,
-                   offset: int) -> Alternative:
+    def repetition(
+        self, parent: str, item: Alternative, low: int, high: int | None, offset: int
+    ) -> Alternative:
         """X{low,high} as llama.cpp rewrites it: X repeated low times, then nested optional rules
         (X (X (X)?)?) up to high, or one right-recursive rule (R ::= X R | ) when unbounded."""
         self.fits(len(item) * (low + (high - low if high is not None else 1)), offset)
@@ -320,8 +335,9 @@ def _is_name_char(char: str) -> bool:
     return bool(char) and char.isascii() and (char.isalnum() or char in "_-")
 
 
-def byte_alternatives(byte_sequences: Iterable[ByteRanges],
-                       new_rule: Callable[[list[Alternative]], int]) -> list[Alternative]:
+def byte_alternatives(
+    byte_sequences: Iterable[ByteRanges], new_rule: Callable[[list[Alternative]], int]
+) -> list[Alternative]:
     """Byte-range sequences as alternatives that share first bytes: sequences with one tail merge
     their first bytes into one mask, and those with one first mask share a rule of their tails."""
     by_tail: dict[tuple[int, ...], int] = {}

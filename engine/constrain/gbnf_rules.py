@@ -57,9 +57,14 @@ def _productive_bodies(rules: Rules, bodies: list[list[Alternative]]) -> list[li
     for name, rule in rules.ids.items():
         if not productive[rule]:
             raise rules.invalid(rules.offsets[rule], f"rule '{name}' matches no finite text")
-    return [[alt for alt in body
-             if all(value != 0 if kind == TERMINAL else productive[value] for kind, value in alt)]
-            for body in bodies]
+    return [
+        [
+            alt
+            for alt in body
+            if all(value != 0 if kind == TERMINAL else productive[value] for kind, value in alt)
+        ]
+        for body in bodies
+    ]
 
 
 def _nullable(bodies: list[list[Alternative]]) -> list[bool]:
@@ -132,9 +137,13 @@ def _left_cycle(bodies: list[list[Alternative]], nullable: list[bool]) -> list[i
 
 def _left_recursion(rules: Rules, cycle: list[int]) -> NoReturn:
     if all(rule in rules.repeats for rule in cycle):
-        raise rules.invalid(rules.offsets[cycle[0]], "a repetition of something that can match "
-                            "nothing (left recursion)")
+        raise rules.invalid(
+            rules.offsets[cycle[0]], "a repetition of something that can match nothing (left recursion)"
+        )
     named = [rule for rule in cycle if rules.ids.get(rules.names[rule]) == rule] or cycle
     names = " -> ".join(rules.names[rule] for rule in [*cycle, cycle[0]])
-    raise rules.invalid(rules.offsets[named[0]], f"rule '{rules.names[named[0]]}' is left-recursive "
-                        f"({names}); rewrite it with repetition, as in a ::= b (\"+\" b)*")
+    raise rules.invalid(
+        rules.offsets[named[0]],
+        f"rule '{rules.names[named[0]]}' is left-recursive "
+        f'({names}); rewrite it with repetition, as in a ::= b ("+" b)*',
+    )

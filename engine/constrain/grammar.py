@@ -66,8 +66,9 @@ class _Layout:
             order = ids[np.argsort(-vocabulary.lengths[ids], kind="stable")]
             lengths = vocabulary.lengths[order]
             width = int(lengths.max(initial=0))
-            columns = tuple(np.ascontiguousarray(vocabulary.matrix[order[lengths > d], d])
-                            for d in range(width))
+            columns = tuple(
+                np.ascontiguousarray(vocabulary.matrix[order[lengths > d], d]) for d in range(width)
+            )
             layout = _LAYOUTS[vocabulary] = cls(order, lengths, columns)
         return layout
 
@@ -81,8 +82,9 @@ class CompiledGrammar:
     """One grammar for one vocabulary: the masks of the parser states reached so far, cached and
     bounded, and the transitions rows walk. Safe to share between threads (one lock)."""
 
-    def __init__(self, program: Program, vocabulary: Vocabulary, limits: Limits = DEFAULT_LIMITS,
-                 field: str = FIELD) -> None:
+    def __init__(
+        self, program: Program, vocabulary: Vocabulary, limits: Limits = DEFAULT_LIMITS, field: str = FIELD
+    ) -> None:
         self._program, self._vocabulary, self._layout = program, vocabulary, _Layout.of(vocabulary)
         self._field = field
         self._max_stacks, self._max_states = limits.max_grammar_stacks, limits.max_grammar_states
@@ -92,8 +94,13 @@ class CompiledGrammar:
         self._masks: OrderedDict[State, npt.NDArray[np.uint8]] = OrderedDict()
         self._mask_bytes = 0  # kept as masks come and go: other threads read nbytes meanwhile
         self._mark = len(program.kinds)  # a frame standing for those below MASK_DEPTH: any byte
-        self._marked = Program(program.kinds + (TERMINAL,), program.values + ((1 << 256) - 1,),
-                               program.starts, program.after + ((self._mark,),), program.root)
+        self._marked = Program(
+            program.kinds + (TERMINAL,),
+            program.values + ((1 << 256) - 1,),
+            program.starts,
+            program.after + ((self._mark,),),
+            program.root,
+        )
         self._shallow: OrderedDict[State, tuple[npt.NDArray[np.bool_], list[int]]] = OrderedDict()
         self._transitions = self._new_transitions()
         self._start = self._transitions.start()
@@ -170,8 +177,11 @@ class CompiledGrammar:
                 after = self._transitions.after(state, piece)
             if after:
                 return after
-        raise InvalidInput(f"token {token} is not allowed by the constraint here", reason="TOKEN_NOT_ALLOWED",
-                           field=self._field)
+        raise InvalidInput(
+            f"token {token} is not allowed by the constraint here",
+            reason="TOKEN_NOT_ALLOWED",
+            field=self._field,
+        )
 
     @property
     def initial(self) -> State:
@@ -236,8 +246,9 @@ class _Transitions:
     Ids live within one call, so the table can start again between calls when full. Not
     thread-safe: its owner holds a lock around each call."""
 
-    def __init__(self, program: Program, layout: _Layout, max_stacks: int, max_states: int,
-                 field: str) -> None:
+    def __init__(
+        self, program: Program, layout: _Layout, max_stacks: int, max_states: int, field: str
+    ) -> None:
         self._program, self._layout, self._field = program, layout, field
         self._max_stacks, self._max_states = max_stacks, max_states
         self._reset_table()
@@ -332,8 +343,9 @@ class _Transitions:
 
     def _step(self, state: State, byte: int) -> State:
         bit, values, after = 1 << byte, self._program.values, self._program.after
-        return self._expand([stack[:-1] + after[stack[-1]]
-                             for stack in state if stack and values[stack[-1]] & bit])
+        return self._expand(
+            [stack[:-1] + after[stack[-1]] for stack in state if stack and values[stack[-1]] & bit]
+        )
 
     def _expand(self, stacks: Iterable[Stack]) -> State:
         """Replace rule references on top of stacks by their alternatives until a byte class (or
@@ -351,8 +363,11 @@ class _Transitions:
             if not stack or kinds[stack[-1]] == TERMINAL:
                 out.add(stack)
                 if len(out) > self._max_stacks:
-                    raise InvalidInput(f"more than {self._max_stacks} parses at once (an ambiguous grammar "
-                                       "or schema)", reason="CONSTRAINT_TOO_LARGE", field=self._field)
+                    raise InvalidInput(
+                        f"more than {self._max_stacks} parses at once (an ambiguous grammar or schema)",
+                        reason="CONSTRAINT_TOO_LARGE",
+                        field=self._field,
+                    )
                 continue
             rest = stack[:-1] + after[stack[-1]]
             work.extend(rest + (s,) if kinds[s] != END else rest for s in starts[values[stack[-1]]])

@@ -36,8 +36,16 @@ def compiled(c: Subschemas, schema: dict[str, Any], pointer: str) -> Node:
     return jv.positional_array([c.node(s, p) for s, p in prefix], rest, lo or 0, hi)
 
 
-def _containing(c: Subschemas, schema: dict[str, Any], items: Any, at: str, by_position: bool, lo: int,
-                hi: int | None, pointer: str) -> Node:
+def _containing(
+    c: Subschemas,
+    schema: dict[str, Any],
+    items: Any,
+    at: str,
+    by_position: bool,
+    lo: int,
+    hi: int | None,
+    pointer: str,
+) -> Node:
     """contains (minContains 1, no maxContains): one item meets both items and contains, the
     others items alone, any number before and after it, within minItems at most 1 and no
     maxItems; any other count is SCHEMA_UNSUPPORTED."""
@@ -50,12 +58,18 @@ def _containing(c: Subschemas, schema: dict[str, Any], items: Any, at: str, by_p
     other = c.node(items, at)
     where = f"{pointer}/contains"
     found = c.merged([(items, at), (schema["contains"], where)], where)
-    return seq(text("["), repeat(seq(other, jv.COMMA), 0, None), found,
-               repeat(seq(jv.COMMA, other), 0, None), text("]"))
+    return seq(
+        text("["),
+        repeat(seq(other, jv.COMMA), 0, None),
+        found,
+        repeat(seq(jv.COMMA, other), 0, None),
+        text("]"),
+    )
 
 
-def _positions(c: Subschemas, schema: dict[str, Any],
-               pointer: str) -> tuple[list[tuple[Any, str]], tuple[Any, str]]:
+def _positions(
+    c: Subschemas, schema: dict[str, Any], pointer: str
+) -> tuple[list[tuple[Any, str]], tuple[Any, str]]:
     """The schemas of the first items, each with its pointer (2020-12's prefixItems, or items as
     a list in the drafts before it), and the schema of every later item (items beside
     prefixItems, additionalItems beside a list; none of them: unevaluatedItems, else any)."""
@@ -68,8 +82,11 @@ def _positions(c: Subschemas, schema: dict[str, Any],
         rest = (items, f"{pointer}/items") if "items" in schema else unevaluated
     elif isinstance(items, list):
         listed, key = items, "items"
-        rest = ((schema["additionalItems"], f"{pointer}/additionalItems") if "additionalItems" in schema
-                else unevaluated)
+        rest = (
+            (schema["additionalItems"], f"{pointer}/additionalItems")
+            if "additionalItems" in schema
+            else unevaluated
+        )
     else:  # additionalItems beside no list of items evaluates nothing
         return [], ((items, f"{pointer}/items") if "items" in schema else unevaluated)
     if not isinstance(listed, list):
@@ -85,17 +102,27 @@ def _unique_values(c: Subschemas, items: Any, lo: int, hi: int | None, pointer: 
     key = "const" if "const" in own else "enum"
     values = [own["const"]] if key == "const" else own.get("enum")
     if not isinstance(values, list) or not own.keys() <= {key, "type"} or not values:
-        raise unsupported(f"{pointer}/uniqueItems", "'uniqueItems' true on more than one item, "
-                          "other than of an enum's values")
+        raise unsupported(
+            f"{pointer}/uniqueItems",
+            "'uniqueItems' true on more than one item, other than of an enum's values",
+        )
     types = c.types(own, f"{pointer}/items") if "type" in own else list(TYPE_KEYWORDS)
-    kept = list({json.dumps(v, sort_keys=True): v for v in values
-                 if any(kw.is_type(v, t) for t in types)}.values())
+    kept = list(
+        {json.dumps(v, sort_keys=True): v for v in values if any(kw.is_type(v, t) for t in types)}.values()
+    )
     if len(kept) > MAX_UNIQUE_VALUES or lo > 1 or hi is not None and hi < len(kept):
-        raise unsupported(f"{pointer}/uniqueItems", f"'uniqueItems' over more than {MAX_UNIQUE_VALUES} "
-                          "values, or beside a minItems above 1 or a maxItems below their number")
+        raise unsupported(
+            f"{pointer}/uniqueItems",
+            f"'uniqueItems' over more than {MAX_UNIQUE_VALUES} "
+            "values, or beside a minItems above 1 or a maxItems below their number",
+        )
     literals = [jv.literal(v) for v in kept]
     # Non-empty: the first value written is i-th, then any of the later ones, in order.
-    filled = alt(*(members([(literals[i], True), *((v, False) for v in literals[i + 1:])], jv.COMMA)
-                   for i in range(len(literals))))
+    filled = alt(
+        *(
+            members([(literals[i], True), *((v, False) for v in literals[i + 1 :])], jv.COMMA)
+            for i in range(len(literals))
+        )
+    )
     body = filled if lo == 1 else alt(filled, EMPTY)
     return seq(text("["), body, text("]"))

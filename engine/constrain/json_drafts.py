@@ -12,8 +12,17 @@ from engine.constrain.json_keywords import ASSERTIONS
 
 # Keywords a draft does not define, so its validators ignore them (2019-09's in drafts 3 to 7, draft
 # 7's conditionals in 3 to 6, draft 6's const/contains/propertyNames in 3 and 4).
-_LATER = frozenset({"dependentRequired", "dependentSchemas", "prefixItems", "unevaluatedProperties",
-                    "unevaluatedItems", "minContains", "maxContains"})
+_LATER = frozenset(
+    {
+        "dependentRequired",
+        "dependentSchemas",
+        "prefixItems",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "minContains",
+        "maxContains",
+    }
+)
 _DRAFTS: dict[str, frozenset[str]] = {
     "draft-03/": _LATER | {"if", "then", "else", "const", "contains", "propertyNames"},
     "draft-04/": _LATER | {"if", "then", "else", "const", "contains", "propertyNames"},
@@ -54,8 +63,9 @@ def _as_draft(schema: Any, unknown: frozenset[str]) -> Any:
     return kept
 
 
-_NAME_MAPS = frozenset({"properties", "patternProperties", "definitions", "$defs", "dependencies",
-                        "dependentSchemas"})
+_NAME_MAPS = frozenset(
+    {"properties", "patternProperties", "definitions", "$defs", "dependencies", "dependentSchemas"}
+)
 _DATA = frozenset({"enum", "const", "default", "examples"})
 
 

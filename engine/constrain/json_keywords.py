@@ -17,15 +17,47 @@ from engine.errors import InvalidInput
 
 FIELD = "constraint.json_schema"
 OPEN = "$open"  # the rule of an open value at any depth ($ref targets start with "/" or are "")
-ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "readOnly",
-    "writeOnly", "deprecated", "$defs", "definitions", "contentMediaType", "contentEncoding",
-})
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$schema",
+        "$id",
+        "$comment",
+        "readOnly",
+        "writeOnly",
+        "deprecated",
+        "$defs",
+        "definitions",
+        "contentMediaType",
+        "contentEncoding",
+    }
+)
 TYPE_KEYWORDS = {
-    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
-               "patternProperties", "unevaluatedProperties", "propertyNames"),
-    "array": ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
-              "unevaluatedItems", "contains", "minContains", "maxContains"),
+    "object": (
+        "properties",
+        "required",
+        "additionalProperties",
+        "minProperties",
+        "maxProperties",
+        "patternProperties",
+        "unevaluatedProperties",
+        "propertyNames",
+    ),
+    "array": (
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "unevaluatedItems",
+        "contains",
+        "minContains",
+        "maxContains",
+    ),
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
     "integer": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
@@ -47,23 +79,68 @@ MAX_CONDITION_BRANCHES = 4  # alternatives for one of them (its if and its not, 
 MAX_DEPENDENT_CHOICES = 16  # dependencies: the choices of optional names present written exactly
 # Keywords rewritten into the others (json_lowering.py) before a schema is compiled.
 LOWERED = frozenset({"if", "then", "else", "not", "dependencies", "dependentRequired", "dependentSchemas"})
-KNOWN = ANNOTATIONS | {"type", "enum", "const", *COMBINATORS} | {
-    k for keys in TYPE_KEYWORDS.values() for k in keys}
+KNOWN = (
+    ANNOTATIONS
+    | {"type", "enum", "const", *COMBINATORS}
+    | {k for keys in TYPE_KEYWORDS.values() for k in keys}
+)
 # The keywords of drafts 4 to 2020-12 that constrain an instance (assertions and applicators).
 # Those not KNOWN are refused; a keyword outside this set constrains nothing and is ignored.
-ASSERTIONS = frozenset({
-    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
-    "maxLength", "minLength", "pattern", "format", "items", "prefixItems", "additionalItems", "contains",
-    "minContains", "maxContains", "maxItems", "minItems", "uniqueItems", "maxProperties", "minProperties",
-    "required", "properties", "patternProperties", "additionalProperties", "dependencies",
-    "dependentRequired", "dependentSchemas", "propertyNames", "allOf", "anyOf", "oneOf", "not", "if",
-    "then", "else", "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
-})
+ASSERTIONS = frozenset(
+    {
+        "type",
+        "enum",
+        "const",
+        "multipleOf",
+        "maximum",
+        "exclusiveMaximum",
+        "minimum",
+        "exclusiveMinimum",
+        "maxLength",
+        "minLength",
+        "pattern",
+        "format",
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "maxItems",
+        "minItems",
+        "uniqueItems",
+        "maxProperties",
+        "minProperties",
+        "required",
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "dependencies",
+        "dependentRequired",
+        "dependentSchemas",
+        "propertyNames",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "$ref",
+        "$dynamicRef",
+        "$recursiveRef",
+    }
+)
 
 
 def unsupported(pointer: str, what: str) -> InvalidInput:
-    return InvalidInput(f"{pointer or '/'}: {what} is not supported in JSON schema constraints",
-                        reason="SCHEMA_UNSUPPORTED", field=FIELD)
+    return InvalidInput(
+        f"{pointer or '/'}: {what} is not supported in JSON schema constraints",
+        reason="SCHEMA_UNSUPPORTED",
+        field=FIELD,
+    )
 
 
 def invalid(pointer: str, what: str) -> InvalidInput:
@@ -82,13 +159,17 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
             extra = set(other.get("properties", {})) - set(closed.get("properties", {}))
             key = "unevaluatedProperties" if closed.get(ALONE) else "additionalProperties"
             if extra:
-                raise unsupported(f"{pointer}/{key}",
-                                  f"allOf members where {key} rules out {sorted(extra)[0]!r}, "
-                                  "a property another member declares")
+                raise unsupported(
+                    f"{pointer}/{key}",
+                    f"allOf members where {key} rules out {sorted(extra)[0]!r}, "
+                    "a property another member declares",
+                )
     positional = [_item_keywords(side) for side in (merged, schema)]
     if (by_position(merged) or by_position(schema)) and all(positional) and positional[0] != positional[1]:
-        raise unsupported(f"{pointer}/{next(iter(positional[1]))}",
-                          "allOf members with items by position and other item keywords")
+        raise unsupported(
+            f"{pointer}/{next(iter(positional[1]))}",
+            "allOf members with items by position and other item keywords",
+        )
     for key, value in schema.items():
         if key not in merged:
             merged[key] = value
@@ -114,16 +195,23 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
         elif key == "const" and json_key(merged[key]) != json_key(value):  # no value is both
             merged["enum"] = []
             merged[MERGED] = True
-        elif key == "anyOf" and merged[key] != value and isinstance(value, list) and \
-                isinstance(merged[key], list):
+        elif (
+            key == "anyOf"
+            and merged[key] != value
+            and isinstance(value, list)
+            and isinstance(merged[key], list)
+        ):
             # (A1 or A2) and (B1 or B2): one alternative per pair that meets both.
             if len(merged[key]) * len(value) > MAX_NOT_BRANCHES:
-                raise unsupported(f"{pointer}/anyOf", f"'anyOf' in two allOf members of more than "
-                                  f"{MAX_NOT_BRANCHES} pairs of alternatives")
+                raise unsupported(
+                    f"{pointer}/anyOf",
+                    f"'anyOf' in two allOf members of more than {MAX_NOT_BRANCHES} pairs of alternatives",
+                )
             merged[key] = [{"allOf": [mine, theirs]} for mine in merged[key] for theirs in value]
         elif merged[key] != value:
-            raise unsupported(f"{pointer}/{escape(key)}",
-                              f"{key!r} in more than one allOf member with different values")
+            raise unsupported(
+                f"{pointer}/{escape(key)}", f"{key!r} in more than one allOf member with different values"
+            )
 
 
 def properties_lead(schema: dict[str, Any], *applicators: str) -> bool:
@@ -162,7 +250,7 @@ def tested(condition: Any) -> tuple[str, list[Any], bool] | None:
     own.pop("type", None) if own.get("type") == "object" else None
     if own or not isinstance(properties, dict) or len(properties) != 1:
         return None
-    (name, test), = properties.items()
+    ((name, test),) = properties.items()
     if not isinstance(test, dict) or required not in ([], [name]):
         return None
     values = _values_of(test)
@@ -183,13 +271,17 @@ def _values_of(test: Any) -> list[Any] | None:
         found = [_values_of(member) for member in asserted["anyOf"]]
         return None if any(f is None for f in found) else [v for f in found for v in f or []]
     return None
+
+
 def alone(member: dict[str, Any]) -> dict[str, Any]:
     """A merged member's keywords as the merge sees them: the member's own unevaluatedProperties
     (unevaluatedItems) saw only the properties (items) the member evaluates, so beside the other
     members it is the member's additionalProperties (items), and moot beside one it has."""
     out = dict(member)
-    for unevaluated, additional in (("unevaluatedProperties", "additionalProperties"),
-                                    ("unevaluatedItems", "items")):
+    for unevaluated, additional in (
+        ("unevaluatedProperties", "additionalProperties"),
+        ("unevaluatedItems", "items"),
+    ):
         if unevaluated in out:
             value = out.pop(unevaluated)
             if additional not in out:
@@ -204,8 +296,11 @@ def types_in_both(a: Any, b: Any, pointer: str) -> list[str]:
     both = [t for t in first if t in second or (t == "integer" and "number" in second)]
     both += [t for t in second if t == "integer" and "number" in first and t not in both]
     if not both:
-        raise InvalidInput(f"{pointer}/type: allOf members allow no type in common",
-                           reason="CONSTRAINT_UNSATISFIABLE", field=FIELD)
+        raise InvalidInput(
+            f"{pointer}/type: allOf members allow no type in common",
+            reason="CONSTRAINT_UNSATISFIABLE",
+            field=FIELD,
+        )
     return both
 
 
@@ -216,8 +311,12 @@ def bounds(schema: dict[str, Any], pointer: str) -> dict[str, tuple[int | float,
     """Each bound keyword present: (its value, whether it is exclusive). Draft 4's boolean
     exclusiveMinimum/exclusiveMaximum make minimum/maximum exclusive instead."""
     found: dict[str, tuple[int | float, bool]] = {}
-    for key, exclusive in (("minimum", False), ("exclusiveMinimum", True), ("maximum", False),
-                           ("exclusiveMaximum", True)):
+    for key, exclusive in (
+        ("minimum", False),
+        ("exclusiveMinimum", True),
+        ("maximum", False),
+        ("exclusiveMaximum", True),
+    ):
         value = schema.get(key)
         if value is None or isinstance(value, bool) and exclusive:
             continue
@@ -233,8 +332,13 @@ def integer_bounds(schema: dict[str, Any], pointer: str) -> tuple[int | None, in
     highs: list[int] = []
     for key, (value, exclusive) in bounds(schema, pointer).items():
         low = key in LOWER_BOUNDS
-        edge = math.floor(value) + 1 if exclusive and low else math.ceil(value) if low else (
-            math.ceil(value) - 1 if exclusive else math.floor(value))
+        edge = (
+            math.floor(value) + 1
+            if exclusive and low
+            else math.ceil(value)
+            if low
+            else (math.ceil(value) - 1 if exclusive else math.floor(value))
+        )
         (lows if low else highs).append(int(edge))
     return (max(lows) if lows else None), (min(highs) if highs else None)
 
@@ -305,14 +409,17 @@ def disjoint(first: Any, second: Any) -> bool:
         return True
     if _apart(_fixed_values(first), _fixed_values(second)) or _counts_apart(first, second):
         return True
-    own: list[dict[str, Any]] = [s["properties"] if isinstance(s.get("properties"), dict) else {}
-                                 for s in (first, second)]
+    own: list[dict[str, Any]] = [
+        s["properties"] if isinstance(s.get("properties"), dict) else {} for s in (first, second)
+    ]
     needed = {n for s in (first, second) if isinstance(s.get("required"), list) for n in s["required"]}
     if _forbids_required(first, second) or _forbids_required(second, first):
         return True
-    return any(_apart(_fixed_values(own[0][name]), _fixed_values(own[1][name]))
-               or _counts_apart(own[0][name], own[1][name])
-               for name in set(own[0]) & set(own[1]) & needed)
+    return any(
+        _apart(_fixed_values(own[0][name]), _fixed_values(own[1][name]))
+        or _counts_apart(own[0][name], own[1][name])
+        for name in set(own[0]) & set(own[1]) & needed
+    )
 
 
 def _forbids_required(first: dict[str, Any], second: dict[str, Any]) -> bool:
@@ -326,7 +433,8 @@ def _forbids_required(first: dict[str, Any], second: dict[str, Any]) -> bool:
     own: dict[str, Any] = properties if isinstance(properties, dict) else {}
     closed = second.get("additionalProperties") is False and not second.get("patternProperties")
     return isinstance(required, list) and any(
-        isinstance(name, str) and (own.get(name) is False or closed and name not in own) for name in required)
+        isinstance(name, str) and (own.get(name) is False or closed and name not in own) for name in required
+    )
 
 
 _COUNTS = (("array", "minItems", "maxItems"), ("string", "minLength", "maxLength"))
@@ -343,8 +451,12 @@ def _counts_apart(first: Any, second: Any) -> bool:
         spans = []
         for schema in (first, second):
             lo, hi = schema.get(low, 0), schema.get(high)
-            if not isinstance(lo, int) or isinstance(lo, bool) or hi is not None and (
-                    not isinstance(hi, int) or isinstance(hi, bool)):
+            if (
+                not isinstance(lo, int)
+                or isinstance(lo, bool)
+                or hi is not None
+                and (not isinstance(hi, int) or isinstance(hi, bool))
+            ):
                 break
             spans.append((lo, hi))
         else:
@@ -374,14 +486,20 @@ def _fixed_values(schema: Any) -> list[Any] | None:
 
 
 def _apart(first: list[Any] | None, second: list[Any] | None) -> bool:
-    return (first is not None and second is not None
-            and not {json_key(v) for v in first} & {json_key(v) for v in second})
+    return (
+        first is not None
+        and second is not None
+        and not {json_key(v) for v in first} & {json_key(v) for v in second}
+    )
 
 
 def json_key(value: Any) -> str:
     """A JSON value's identity for enum and const (1 and 1.0 are one number, as JSON Schema has it)."""
-    return json.dumps(value, sort_keys=True) if not isinstance(value, float) or not value.is_integer() \
+    return (
+        json.dumps(value, sort_keys=True)
+        if not isinstance(value, float) or not value.is_integer()
         else json.dumps(int(value))
+    )
 
 
 def escape(key: str) -> str:

@@ -56,15 +56,22 @@ def _dependents(c: Subschemas, schema: dict[str, Any], base: dict[str, Any], poi
     options: list[tuple[dict[str, Any], list[tuple[Any, str]]]] = [(base, [])]
     for key in ("dependencies", "dependentRequired", "dependentSchemas"):
         if key in schema:
-            options = [(after, schemas + more) for before, schemas in options
-                       for after, more in _dependent(c, schema[key], before, f"{pointer}/{key}")]
+            options = [
+                (after, schemas + more)
+                for before, schemas in options
+                for after, more in _dependent(c, schema[key], before, f"{pointer}/{key}")
+            ]
     return _compiling(c, [[(option, pointer), *schemas] for option, schemas in options], pointer)
 
 
 def _conditional(c: Subschemas, schema: dict[str, Any], base: dict[str, Any], pointer: str) -> Node:
     rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
-    exact = exactly(c, rest, [(schema.get("if", True), schema.get("then", True),
-                                  schema.get("else", True), pointer)], pointer)
+    exact = exactly(
+        c,
+        rest,
+        [(schema.get("if", True), schema.get("then", True), schema.get("else", True), pointer)],
+        pointer,
+    )
     if exact is not None:
         return exact
     then, otherwise = schema.get("then", True), schema.get("else")
@@ -81,9 +88,14 @@ def _conditional(c: Subschemas, schema: dict[str, Any], base: dict[str, Any], po
         if exc.reason != "SCHEMA_UNSUPPORTED":
             raise
         negated = None
-    exact_options = None if negated is None else [
-        [(rest, pointer), (schema["if"], f"{pointer}/if"), (then, f"{pointer}/then")],
-        *([(b, pointer), (True if otherwise is None else otherwise, f"{pointer}/else")] for b in negated)]
+    exact_options = (
+        None
+        if negated is None
+        else [
+            [(rest, pointer), (schema["if"], f"{pointer}/if"), (then, f"{pointer}/then")],
+            *([(b, pointer), (True if otherwise is None else otherwise, f"{pointer}/else")] for b in negated),
+        ]
+    )
     if exact_options is not None:
         whole = _all_compiling(c, exact_options, pointer)
         if whole is not None:
@@ -92,8 +104,14 @@ def _conditional(c: Subschemas, schema: dict[str, Any], base: dict[str, Any], po
         if otherwise is None:
             return c.merged([(rest, pointer), (then, f"{pointer}/then")], pointer)
         given = (schema["if"], f"{pointer}/if")
-        return _compiling(c, [[(rest, pointer), (then, f"{pointer}/then"), (otherwise, f"{pointer}/else")],
-                              [(rest, pointer), given, (then, f"{pointer}/then")]], pointer)
+        return _compiling(
+            c,
+            [
+                [(rest, pointer), (then, f"{pointer}/then"), (otherwise, f"{pointer}/else")],
+                [(rest, pointer), given, (then, f"{pointer}/then")],
+            ],
+            pointer,
+        )
     except InvalidInput as exc:
         if exc.reason != "SCHEMA_UNSUPPORTED" or exact_options is None:
             raise
@@ -122,8 +140,11 @@ def conditions_apart(c: Combining, schema: dict[str, Any], pointer: str) -> Node
         if exc.reason != "SCHEMA_UNSUPPORTED":
             raise
         return None
-    options = [{**schema, "allOf": [*members[:i], {"allOf": [b, member.get(branch, True)]}, *members[i + 1:]]}
-               for branch, bases in (("then", holds), ("else", fails)) for b in bases]
+    options = [
+        {**schema, "allOf": [*members[:i], {"allOf": [b, member.get(branch, True)]}, *members[i + 1 :]]}
+        for branch, bases in (("then", holds), ("else", fails))
+        for b in bases
+    ]
     if len(options) > MAX_CONDITION_BRANCHES:
         return None
     return _all_compiling(c, [[(option, pointer)] for option in options], pointer)
@@ -136,8 +157,12 @@ def _spliced(c: Combining, members: Any, depth: int) -> list[Any]:
     out: list[Any] = []
     for member in members:
         seen = c.in_view(member)
-        if (depth < 4 and isinstance(seen, dict) and isinstance(seen.get("allOf"), list)
-                and {k for k in seen if k in ASSERTIONS} == {"allOf"}):
+        if (
+            depth < 4
+            and isinstance(seen, dict)
+            and isinstance(seen.get("allOf"), list)
+            and {k for k in seen if k in ASSERTIONS} == {"allOf"}
+        ):
             out += _spliced(c, seen["allOf"], depth + 1)
         else:
             out.append(seen if seen is not member and isinstance(seen, dict) and "if" in seen else member)
@@ -157,8 +182,9 @@ def _all_compiling(c: Subschemas, options: list[list[tuple[Any, str]]], pointer:
     """The alternatives (each members of an allOf, or one schema) if every one compiles; None
     where one is refused as unsupported (the caller's coarser reading then)."""
     try:
-        return alt(*(c.merged(option, pointer) if len(option) > 1 else c.node(*option[0])
-                     for option in options))
+        return alt(
+            *(c.merged(option, pointer) if len(option) > 1 else c.node(*option[0]) for option in options)
+        )
     except InvalidInput as exc:
         if exc.reason != "SCHEMA_UNSUPPORTED":
             raise
@@ -181,16 +207,29 @@ def _compiling(c: Subschemas, options: list[list[tuple[Any, str]]], pointer: str
     return alt(*nodes)
 
 
-def exactly(c: Subschemas, base: dict[str, Any], conditions: list[tuple[Any, Any, Any, str]],
-             pointer: str) -> Node | None:
+def exactly(
+    c: Subschemas, base: dict[str, Any], conditions: list[tuple[Any, Any, Any, str]], pointer: str
+) -> Node | None:
     """The conditions, with those of base's allOf members that hold only if/then/else, written
     exactly (_discriminated) on an object schema; None where they cannot be."""
     members = base.get("allOf")
     if isinstance(members, list):
-        pure = [i for i, m in enumerate(members) if isinstance(m, dict) and "if" in m
-                and not {k for k in m if k in ASSERTIONS} - {"if", "then", "else"}]
-        conditions = conditions + [(members[i]["if"], members[i].get("then", True),
-                                    members[i].get("else", True), f"{pointer}/allOf/{i}") for i in pure]
+        pure = [
+            i
+            for i, m in enumerate(members)
+            if isinstance(m, dict)
+            and "if" in m
+            and not {k for k in m if k in ASSERTIONS} - {"if", "then", "else"}
+        ]
+        conditions = conditions + [
+            (
+                members[i]["if"],
+                members[i].get("then", True),
+                members[i].get("else", True),
+                f"{pointer}/allOf/{i}",
+            )
+            for i in pure
+        ]
         left = [m for i, m in enumerate(members) if i not in pure]
         base = {k: v for k, v in base.items() if k != "allOf"} | ({"allOf": left} if left else {})
     if base.get("type") not in ("object", ["object"]) or not conditions:
@@ -203,8 +242,9 @@ def exactly(c: Subschemas, base: dict[str, Any], conditions: list[tuple[Any, Any
         return None
 
 
-def _discriminated(c: Subschemas, base: dict[str, Any], conditions: list[tuple[Any, Any, Any, str]],
-                   pointer: str) -> Node | None:
+def _discriminated(
+    c: Subschemas, base: dict[str, Any], conditions: list[tuple[Any, Any, Any, str]], pointer: str
+) -> Node | None:
     """if/then/else conditions (if, then, else, pointer) that all test one property's value
     against a const or enum (`{"properties": {"kind": {"const": "a"}}}`, with or without
     `"required": ["kind"]`), written exactly: one alternative per value named (the thens of
@@ -231,8 +271,12 @@ def _discriminated(c: Subschemas, base: dict[str, Any], conditions: list[tuple[A
     others = {"properties": {name: {EXCLUDED: list(values.values())}}, "required": [name]}
     branches.append([(others, pointer), *((e, f"{at}/else") for _, _, _, e, at in tested)])
     absent = {"properties": {name: False}}
-    branches.append([(absent, pointer), *((e, f"{at}/else") if needed else (t, f"{at}/then")
-                                          for _, needed, t, e, at in tested)])
+    branches.append(
+        [
+            (absent, pointer),
+            *((e, f"{at}/else") if needed else (t, f"{at}/then") for _, needed, t, e, at in tested),
+        ]
+    )
     return alt(*(c.merged([(base, pointer), *branch], pointer) for branch in branches))
 
 
@@ -256,8 +300,12 @@ def _without(c: Subschemas, negated: Any, base: dict[str, Any], pointer: str) ->
         if not isinstance(values, list):
             raise invalid(f"{pointer}/enum", "enum must be a list")
         if "const" in shape and "enum" in shape:  # both: the const, if the enum holds it
-            values = [v for v in values if isinstance(shape["enum"], list)
-                      and kw.json_key(v) in {kw.json_key(e) for e in shape["enum"]}]
+            values = [
+                v
+                for v in values
+                if isinstance(shape["enum"], list)
+                and kw.json_key(v) in {kw.json_key(e) for e in shape["enum"]}
+            ]
         return [{**base, EXCLUDED: [*base.get(EXCLUDED, []), *values]}]
     if shape is not None and set(shape) == {"pattern"}:  # every non-string meets a pattern: strings only
         if not {"string", "any"} & set(c.types(base, pointer)):
@@ -306,8 +354,9 @@ def _without(c: Subschemas, negated: Any, base: dict[str, Any], pointer: str) ->
     return [{**base, "properties": {**properties, **dict.fromkeys(combo, False)}} for combo in combos]
 
 
-def _without_properties(c: Subschemas, negated: dict[str, Any], base: dict[str, Any],
-                        pointer: str) -> list[dict[str, Any]]:
+def _without_properties(
+    c: Subschemas, negated: dict[str, Any], base: dict[str, Any], pointer: str
+) -> list[dict[str, Any]]:
     """`base` and not `properties`: an object holding one of those names with a value its schema
     there rejects, an alternative per name (`not` of the value written as `lowered` writes it);
     every non-object meets `properties`, so objects only."""
@@ -321,13 +370,20 @@ def _without_properties(c: Subschemas, negated: dict[str, Any], base: dict[str, 
         if own.get(name) is None and base.get("additionalProperties") is False:
             continue
         inner = {"not": schema} if own.get(name) is None else {"allOf": [own[name], {"not": schema}]}
-        options.append({**base, "type": "object", "required": [*base.get("required", []), name],
-                        "properties": {**own, name: inner}})
+        options.append(
+            {
+                **base,
+                "type": "object",
+                "required": [*base.get("required", []), name],
+                "properties": {**own, name: inner},
+            }
+        )
     return options
 
 
-def _dependent(c: Subschemas, value: Any, base: dict[str, Any],
-               pointer: str) -> list[tuple[dict[str, Any], list[tuple[Any, str]]]]:
+def _dependent(
+    c: Subschemas, value: Any, base: dict[str, Any], pointer: str
+) -> list[tuple[dict[str, Any], list[tuple[Any, str]]]]:
     """Alternatives of `base` with the dependencies' names required and the dependent schemas
     to hold. The declared optional properties with a dependency: each choice of those present
     (the rest absent) whose present names' dependency lists name none absent, one alternative
@@ -342,9 +398,13 @@ def _dependent(c: Subschemas, value: Any, base: dict[str, Any],
             return [(base, [])]
         base = {**{k: v for k, v in base.items() if k not in ASSERTIONS}, **flat}
     given = set(base.get("required", []))
-    optional = [name for name, dependent in value.items()
-                if name in base.get("properties", {}) and name not in given
-                and not (dependent is True or dependent == [] or dependent == {})]
+    optional = [
+        name
+        for name, dependent in value.items()
+        if name in base.get("properties", {})
+        and name not in given
+        and not (dependent is True or dependent == [] or dependent == {})
+    ]
     choices = list(itertools.islice(_choices(optional, value), MAX_DEPENDENT_CHOICES + 1))
     if len(choices) > MAX_DEPENDENT_CHOICES:
         choices = [_one_choice(optional, value)]
@@ -352,8 +412,10 @@ def _dependent(c: Subschemas, value: Any, base: dict[str, Any],
     for present in choices:
         chosen = dict(base)
         chosen["required"] = [*base.get("required", []), *(n for n in optional if n in present)]
-        chosen["properties"] = {**base.get("properties", {}),
-                                **{n: False for n in optional if n not in present}}
+        chosen["properties"] = {
+            **base.get("properties", {}),
+            **{n: False for n in optional if n not in present},
+        }
         options.append(_dependent_of(c, value, chosen, pointer))
     return options
 
@@ -361,6 +423,7 @@ def _dependent(c: Subschemas, value: Any, base: dict[str, Any],
 def _choices(optional: list[str], value: dict[str, Any]) -> Iterator[frozenset[str]]:
     """The sets of `optional` names present whose dependency lists name no optional name absent,
     present ones first (lazily: the caller stops at its bound)."""
+
     def needs(name: str) -> set[str]:
         dependent = value[name]
         return {d for d in dependent if d in optional} if isinstance(dependent, list) else set()
@@ -389,8 +452,9 @@ def _one_choice(optional: list[str], value: dict[str, Any]) -> frozenset[str]:
         present -= dropped
 
 
-def _dependent_of(c: Subschemas, value: dict[str, Any], base: dict[str, Any],
-                  pointer: str) -> tuple[dict[str, Any], list[tuple[Any, str]]]:
+def _dependent_of(
+    c: Subschemas, value: dict[str, Any], base: dict[str, Any], pointer: str
+) -> tuple[dict[str, Any], list[tuple[Any, str]]]:
     required = list(base.get("required", []))
     declared = {*base.get("properties", {}), *required}
     schemas = []
@@ -404,8 +468,11 @@ def _dependent_of(c: Subschemas, value: dict[str, Any], base: dict[str, Any],
             continue  # nothing asked, or the name is never written: its dependency holds
         if objects and name not in declared:
             if any(kw.finds(p, name) for p in patterns) if patterns else not declared:
-                raise unsupported(f"{pointer}/{kw.escape(name)}", "a dependency on a name an object may "
-                                  "hold undeclared (a map's key, or a key patternProperties finds)")
+                raise unsupported(
+                    f"{pointer}/{kw.escape(name)}",
+                    "a dependency on a name an object may "
+                    "hold undeclared (a map's key, or a key patternProperties finds)",
+                )
             properties[name] = False  # declared never written: not as another member either
         elif isinstance(dependent, list):
             if name in declared:
@@ -425,5 +492,8 @@ def _dependent_of(c: Subschemas, value: dict[str, Any], base: dict[str, Any],
 def _all_required(members: Any) -> bool:
     """Whether an allOf's members are each a `required` list alone."""
     return isinstance(members, list) and all(
-        isinstance(m, dict) and {k for k in m if k in ASSERTIONS} == {"required"}
-        and isinstance(m["required"], list) for m in members)
+        isinstance(m, dict)
+        and {k for k in m if k in ASSERTIONS} == {"required"}
+        and isinstance(m["required"], list)
+        for m in members
+    )

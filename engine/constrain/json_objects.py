@@ -56,28 +56,45 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
     # where every declared property is required, they count the others.
     declared = dict.fromkeys([*properties, *required])
     others = given is not None or not c.strict  # explicit, or the spec's reading of absent
-    counted = (others and additional is not False and names is None and set(declared) <= set(required)
-               and (least > len(declared) or most is not None))
+    counted = (
+        others
+        and additional is not False
+        and names is None
+        and set(declared) <= set(required)
+        and (least > len(declared) or most is not None)
+    )
     if counted:
         if most is not None and most < max(least, len(declared)):
             return NOTHING
         least, most = max(least - len(declared), 0), None if most is None else most - len(declared)
         if least > 1:  # as on a map: the others' keys are not kept apart
-            raise unsupported(f"{pointer}/minProperties", "minProperties above the declared properties "
-                              "and one other (the others' keys are not kept apart)")
+            raise unsupported(
+                f"{pointer}/minProperties",
+                "minProperties above the declared properties "
+                "and one other (the others' keys are not kept apart)",
+            )
     elif least == 1 and not required:
         pass  # not empty: one member at least (_one_at_least)
     elif least > len(set(required)):
-        raise unsupported(f"{pointer}/minProperties", "minProperties above the number of required "
-                          "properties (an object of declared properties may leave the others out)")
+        raise unsupported(
+            f"{pointer}/minProperties",
+            "minProperties above the number of required "
+            "properties (an object of declared properties may leave the others out)",
+        )
     if not counted and most is not None and most < len(declared):
-        raise unsupported(f"{pointer}/maxProperties", "maxProperties below the number of declared "
-                          "properties")
-    named = {name: _member(c, name, subschema, f"{pointer}/properties/{kw.escape(name)}")
-             for name, subschema in properties.items()}
+        raise unsupported(f"{pointer}/maxProperties", "maxProperties below the number of declared properties")
+    named = {
+        name: _member(c, name, subschema, f"{pointer}/properties/{kw.escape(name)}")
+        for name, subschema in properties.items()
+    }
     # A required name not among properties takes additionalProperties' schema (false: none fits).
-    named.update({name: _member(c, name, additional, f"{pointer}/additionalProperties")
-                  for name in dict.fromkeys(required) if name not in properties})
+    named.update(
+        {
+            name: _member(c, name, additional, f"{pointer}/additionalProperties")
+            for name in dict.fromkeys(required)
+            if name not in properties
+        }
+    )
     tail = []
     if others and additional is not False and names is None and (counted or most is None):
         # Others after the declared ones, keys spelling no declared name (jv.other_than).
@@ -88,12 +105,16 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
         elif most != 0:
             tail.append((repeat(other, max(least, 1), most, jv.COMMA), least > 0))
     # Declared order, or (where it differs) the required ones first, in `required`'s order.
-    orders = [list(named), [*dict.fromkeys(n for n in required if n in named),
-                            *(n for n in named if n not in required)]]
+    orders = [
+        list(named),
+        [*dict.fromkeys(n for n in required if n in named), *(n for n in named if n not in required)],
+    ]
     # Others after the declared ones only: a model given them first writes them before the
     # properties asked for (a small one runs out of tokens there).
-    made = [[*((named[n], n in required) for n in order), *tail]
-            for order in (orders[:1] if orders[0] == orders[1] else orders)]
+    made = [
+        [*((named[n], n in required) for n in order), *tail]
+        for order in (orders[:1] if orders[0] == orders[1] else orders)
+    ]
     if least == 1 and not required and not counted:
         made = [_one_at_least(items) for items in made]
     return alt(*(seq(text("{"), members(items, jv.COMMA), text("}")) for items in made))
@@ -102,12 +123,19 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
 def _one_at_least(items: list[tuple[Node, bool]]) -> list[tuple[Node, bool]]:
     """Optional members of which one at least is written: the first written is one of them, the
     ones after it as they were (minProperties 1 where nothing is required)."""
-    first = alt(*(members([(item, True), *items[i + 1:]], jv.COMMA) for i, (item, _) in enumerate(items)))
+    first = alt(*(members([(item, True), *items[i + 1 :]], jv.COMMA) for i, (item, _) in enumerate(items)))
     return [(first, True)]
 
 
-def _patterned(c: Compiling, schema: dict[str, Any], properties: dict[str, Any], required: list[str],
-               additional: Any, explicit: bool, pointer: str) -> Node:
+def _patterned(
+    c: Compiling,
+    schema: dict[str, Any],
+    properties: dict[str, Any],
+    required: list[str],
+    additional: Any,
+    explicit: bool,
+    pointer: str,
+) -> Node:
     """An object with patternProperties: its declared properties as any object's (a declared
     name patterns also find with their schemas too, merged, and written once), then any number of
     members whose keys a pattern finds, with the schemas of every pattern that finds them (keys
@@ -124,10 +152,15 @@ def _patterned(c: Compiling, schema: dict[str, Any], properties: dict[str, Any],
     least = kw.count(schema, "minProperties", pointer, 0) or 0
     nonempty = least == 1 and not required  # one member at least (_one_at_least)
     if least > len(set(required)) and not nonempty:
-        raise unsupported(f"{pointer}/minProperties", "'minProperties' beside 'patternProperties' above "
-                          "the required count and 1 (the keys patterns find are not kept apart)")
-    finding = {source: seq(jv.QUOTE, scalars.regex_found(source, f"{at}/{kw.escape(source)}"), jv.QUOTE)
-               for source in patterns}
+        raise unsupported(
+            f"{pointer}/minProperties",
+            "'minProperties' beside 'patternProperties' above "
+            "the required count and 1 (the keys patterns find are not kept apart)",
+        )
+    finding = {
+        source: seq(jv.QUOTE, scalars.regex_found(source, f"{at}/{kw.escape(source)}"), jv.QUOTE)
+        for source in patterns
+    }
     groups: dict[str, list[str]] = {}  # the patterns of each schema
     for source, value in patterns.items():
         groups.setdefault(json.dumps(value, sort_keys=True), []).append(source)
@@ -141,28 +174,45 @@ def _patterned(c: Compiling, schema: dict[str, Any], properties: dict[str, Any],
 
     found = {name: finders(name) for name in dict.fromkeys([*properties, *required]) if finders(name)}
     # Declared with a schema of its own beside the patterns': written as declared only.
-    both = [name for name in found if name in properties
-            and [json.dumps(properties[name], sort_keys=True)]
-            != [json.dumps(v, sort_keys=True) for v, _ in found[name]]]
+    both = [
+        name
+        for name in found
+        if name in properties
+        and [json.dumps(properties[name], sort_keys=True)]
+        != [json.dumps(v, sort_keys=True) for v, _ in found[name]]
+    ]
     items = []
     for name, subschema in properties.items():
         own = f"{pointer}/properties/{kw.escape(name)}"
         if name in both:  # every schema holds
-            items.append((seq(jv.literal(name), jv.COLON, c.merged([(subschema, own), *found[name]], own)),
-                          name in required))
+            items.append(
+                (
+                    seq(jv.literal(name), jv.COLON, c.merged([(subschema, own), *found[name]], own)),
+                    name in required,
+                )
+            )
         else:
             items.append((_member(c, name, subschema, own), name in required))
     for name in dict.fromkeys(required):
         if name not in properties:
-            value = (_all_of(c, found[name]) if name in found
-                     else c.node(additional, f"{pointer}/additionalProperties"))
+            value = (
+                _all_of(c, found[name])
+                if name in found
+                else c.node(additional, f"{pointer}/additionalProperties")
+            )
             items.append((seq(jv.literal(name), jv.COLON, value), True))
     try:
-        keyed = [(keys, [schemas[i] for i in inside]) for keys, inside in _key_classes(
-            c, [alt(*(finding[s] for s in group)) for group in sources], both)]
+        keyed = [
+            (keys, [schemas[i] for i in inside])
+            for keys, inside in _key_classes(
+                c, [alt(*(finding[s] for s in group)) for group in sources], both
+            )
+        ]
     except nfa.TooLarge as exc:
-        raise unsupported(at, f"patterns whose keys, split by the patterns that find them, pass the "
-                          f"automata's limit ({exc})") from exc
+        raise unsupported(
+            at,
+            f"patterns whose keys, split by the patterns that find them, pass the automata's limit ({exc})",
+        ) from exc
     member = alt(*(seq(keys, jv.COLON, _all_of(c, held)) for keys, held in keyed))
     items.append((repeat(member, 1, None, jv.COMMA), False))
     if additional is not False and (explicit or not c.strict):
@@ -209,15 +259,22 @@ def _member(c: Compiling, name: str, schema: Any, pointer: str) -> Node:
     return seq(jv.literal(name), jv.COLON, c.node(schema, pointer))
 
 
-def _map(c: Compiling, additional: Any, pointer: str, least: int = 0, most: int | None = None,
-         key: Node | None = None) -> Node:
+def _map(
+    c: Compiling,
+    additional: Any,
+    pointer: str,
+    least: int = 0,
+    most: int | None = None,
+    key: Node | None = None,
+) -> Node:
     if additional is False:
         return text("{}") if least == 0 else NOTHING
     return jv.object_map(c.node(additional, f"{pointer}/additionalProperties"), least, most, key)
 
 
-def _named(c: Compiling, names: Any, properties: dict[str, Any], required: list[str],
-           pointer: str) -> tuple[dict[str, Any], list[str] | None]:
+def _named(
+    c: Compiling, names: Any, properties: dict[str, Any], required: list[str], pointer: str
+) -> tuple[dict[str, Any], list[str] | None]:
     """The declared properties propertyNames leaves (one it rules out is never written) and the
     required names (None: one of them is ruled out, so nothing fits)."""
     kept = dict(properties)
@@ -237,13 +294,16 @@ def _name_fits(c: Compiling, names: Any, name: str, pointer: str, depth: int) ->
     if not isinstance(names, dict):
         raise invalid(pointer, "a schema must be an object or a boolean")
     if depth > c.limits.max_ref_depth + c.limits.max_schema_depth:
-        raise InvalidInput(f"{pointer}: propertyNames' $refs nest too deep",
-                           reason="CONSTRAINT_TOO_LARGE", field=FIELD)
+        raise InvalidInput(
+            f"{pointer}: propertyNames' $refs nest too deep", reason="CONSTRAINT_TOO_LARGE", field=FIELD
+        )
     checks: dict[str, Callable[[Any], bool]] = {
         "type": lambda v: v == "string" or isinstance(v, list) and "string" in v,
         "pattern": lambda v: kw.search(v, name, f"{pointer}/pattern"),
-        "minLength": lambda v: len(name) >= v, "maxLength": lambda v: len(name) <= v,
-        "enum": lambda v: isinstance(v, list) and name in v, "const": lambda v: v == name,
+        "minLength": lambda v: len(name) >= v,
+        "maxLength": lambda v: len(name) <= v,
+        "enum": lambda v: isinstance(v, list) and name in v,
+        "const": lambda v: v == name,
         "format": lambda v: True,  # checked only where the value's format is enforced
     }
     for key, value in names.items():

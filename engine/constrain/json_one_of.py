@@ -47,17 +47,29 @@ class OneOf:
         split = [[(item, mx.first_bytes(item)) for item in self._alternatives(part)] for part in parts]
         exact = []
         for i, part in enumerate(parts):
-            others = [pair for j in range(len(members)) if j != i and not kw.disjoint(views[i], views[j])
-                      for pair in split[j]]
+            others = [
+                pair
+                for j in range(len(members))
+                if j != i and not kw.disjoint(views[i], views[j])
+                for pair in split[j]
+            ]
             kept: list[Node] = []
             cut: list[Node] = []
             near: list[Node] = []
             for item in self._alternatives(part):
                 leads = mx.first_bytes(item)
-                meets = [o for o, theirs in others
-                         if leads is None or theirs is None or not leads.isdisjoint(theirs)]
-                if (meets and leads is not None and self.steps_left > 0
-                        and not mx.refers(item) and not any(mx.refers(o) for o in meets)):
+                meets = [
+                    o
+                    for o, theirs in others
+                    if leads is None or theirs is None or not leads.isdisjoint(theirs)
+                ]
+                if (
+                    meets
+                    and leads is not None
+                    and self.steps_left > 0
+                    and not mx.refers(item)
+                    and not any(mx.refers(o) for o in meets)
+                ):
                     cut.append(item)
                     near.extend(o for o in meets if all(o is not n for n in near))
                 else:
@@ -68,8 +80,9 @@ class OneOf:
             exact.append(alt(*kept))
         return exact
 
-    def exclusive(self, member: Any, others: list[Any], plain: Any, beside: dict[str, Any],
-                   pointer: str) -> Node | None:
+    def exclusive(
+        self, member: Any, others: list[Any], plain: Any, beside: dict[str, Any], pointer: str
+    ) -> Node | None:
         """A oneOf member and none of the others: each other member it may overlap (neither
         kw.disjoint nor _apart_by_values tells them apart) that requires a name the member does not
         is ruled out by leaving one such name out (`not` of required lists: a part of "not that
@@ -145,8 +158,13 @@ class OneOf:
         if not isinstance(first, dict) or not isinstance(second, dict):
             return False
         own = [s["properties"] if isinstance(s.get("properties"), dict) else {} for s in (first, second)]
-        needed = set(given) | {n for s in (first, second) if isinstance(s.get("required"), list)
-                               for n in s["required"] if isinstance(n, str)}
+        needed = set(given) | {
+            n
+            for s in (first, second)
+            if isinstance(s.get("required"), list)
+            for n in s["required"]
+            if isinstance(n, str)
+        }
         for name in set(own[0]) & set(own[1]) & needed:
             try:
                 at = f"{pointer}/properties/{kw.escape(name)}"

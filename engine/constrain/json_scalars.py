@@ -40,8 +40,10 @@ def multiples(number: Node, schema: dict[str, Any], pointer: str, whole: bool, b
         while places <= jv.MAX_FRACTION_DIGITS and 10**places % step.denominator:
             places += 1
         if places > jv.MAX_FRACTION_DIGITS:
-            raise unsupported(f"{pointer}/multipleOf", f"'multipleOf' {value} on a number (a divisor "
-                              "whose multiples have no finite decimals)")
+            raise unsupported(
+                f"{pointer}/multipleOf",
+                f"'multipleOf' {value} on a number (a divisor whose multiples have no finite decimals)",
+            )
     numerator = step.numerator * 10**places // step.denominator if not whole else step.numerator
     if whole and numerator == 1:  # every integer
         return number
@@ -61,24 +63,44 @@ def number(schema: dict[str, Any], pointer: str, plain: bool = False) -> Node:
     if not bounds:
         return jv.number_range(None, None) if plain or "multipleOf" in schema else jv.NUMBER
     # (value, exclusive): the tightest of each side (at equal values, the exclusive one).
-    exact = {k: (Fraction(repr(v)) if isinstance(v, float) else Fraction(v), o)
-             for k, (v, o) in bounds.items()}
+    exact = {
+        k: (Fraction(repr(v)) if isinstance(v, float) else Fraction(v), o) for k, (v, o) in bounds.items()
+    }
     low = max([b for k, b in exact.items() if k in LOWER_BOUNDS], default=None)
-    high = min([b for k, b in exact.items() if k not in LOWER_BOUNDS], default=None,
-               key=lambda b: (b[0], not b[1]))
+    high = min(
+        [b for k, b in exact.items() if k not in LOWER_BOUNDS], default=None, key=lambda b: (b[0], not b[1])
+    )
     # Exponent writings where the bounds hold for every one (none beside multipleOf: its digits).
     from_one = low is None or low[0] < 1 or low == (Fraction(1), False)
-    exponents = [] if plain or "multipleOf" in schema else [
-        *([jv.BELOW_ONE] if (low is None or low[0] <= 0) and (high is None or high[0] >= 1) else []),
-        *([jv.FROM_ONE] if high is None and from_one else [])]
+    exponents = (
+        []
+        if plain or "multipleOf" in schema
+        else [
+            *([jv.BELOW_ONE] if (low is None or low[0] <= 0) and (high is None or high[0] >= 1) else []),
+            *([jv.FROM_ONE] if high is None and from_one else []),
+        ]
+    )
     if all(b is None or b[0].denominator == 1 for b in (low, high)):
-        return alt(jv.number_range(None if low is None else int(low[0]),
-                                   None if high is None else int(high[0]),
-                                   low is not None and low[1], high is not None and high[1]), *exponents)
+        return alt(
+            jv.number_range(
+                None if low is None else int(low[0]),
+                None if high is None else int(high[0]),
+                low is not None and low[1],
+                high is not None and high[1],
+            ),
+            *exponents,
+        )
     key = next(k for k, b in exact.items() if b[0].denominator != 1)
     try:
-        return alt(jv.decimal_range(None if low is None else low[0], None if high is None else high[0],
-                                    low is not None and low[1], high is not None and high[1]), *exponents)
+        return alt(
+            jv.decimal_range(
+                None if low is None else low[0],
+                None if high is None else high[0],
+                low is not None and low[1],
+                high is not None and high[1],
+            ),
+            *exponents,
+        )
     except (ValueError, nfa.TooLarge) as exc:
         raise unsupported(f"{pointer}/{key}", f"{key!r} {bounds[key][0]} on a number ({exc})") from exc
 
@@ -103,8 +125,11 @@ def _pattern_lengths(schema: dict[str, Any], pointer: str, lo: int, hi: int | No
         kept = regex.within(found, lo, hi)
     if kept is None:
         key = "maxLength" if "maxLength" in schema else "minLength"
-        raise unsupported(f"{pointer}/{key}", f"{key!r} beside a 'pattern' where it cuts more than one "
-                          "part of the pattern that varies in length")
+        raise unsupported(
+            f"{pointer}/{key}",
+            f"{key!r} beside a 'pattern' where it cuts more than one "
+            "part of the pattern that varies in length",
+        )
     return seq(jv.QUOTE, jv.in_string(kept), jv.QUOTE)
 
 
@@ -123,9 +148,11 @@ def string(schema: dict[str, Any], pointer: str, budget: Budget) -> Node:
     if not unmatched:
         return node
     try:
-        return mx.difference(mx.intersection(node, jv.CANONICAL_STRING, budget),
-                             alt(*(_pattern({"pattern": p}, f"{pointer}/not") for p in unmatched)),
-                             budget)
+        return mx.difference(
+            mx.intersection(node, jv.CANONICAL_STRING, budget),
+            alt(*(_pattern({"pattern": p}, f"{pointer}/not") for p in unmatched)),
+            budget,
+        )
     except nfa.TooLarge as exc:
         raise unsupported(f"{pointer}/not", f"'not' of a pattern here ({exc})") from exc
 
@@ -137,8 +164,13 @@ def _string_alone(schema: dict[str, Any], pointer: str, budget: Budget) -> Node:
         hi = MAX_STRING_BOUND
     if "pattern" in schema:
         if "minLength" in schema or "maxLength" in schema:
-            found = _with_lengths(lambda: _pattern_lengths(schema, pointer, lo, hi),
-                                  lambda: _pattern(schema, pointer), lo, hi, budget)
+            found = _with_lengths(
+                lambda: _pattern_lengths(schema, pointer, lo, hi),
+                lambda: _pattern(schema, pointer),
+                lo,
+                hi,
+                budget,
+            )
         else:
             found = _pattern(schema, pointer)
         if schema.get("format") not in FORMATS:  # other formats are annotations
@@ -149,8 +181,13 @@ def _string_alone(schema: dict[str, Any], pointer: str, budget: Budget) -> Node:
             raise unsupported(f"{pointer}/format", f"'format' beside 'pattern' ({exc})") from exc
     if "format" in schema:
         try:
-            return _with_lengths(lambda: _format(schema, pointer, lo, hi),
-                                 lambda: jv.string_format(schema["format"]), lo, hi, budget)
+            return _with_lengths(
+                lambda: _format(schema, pointer, lo, hi),
+                lambda: jv.string_format(schema["format"]),
+                lo,
+                hi,
+                budget,
+            )
         except InvalidInput as exc:
             if exc.reason != "SCHEMA_UNSUPPORTED" or schema["format"] != "email" or hi is None or lo > 5:
                 raise
@@ -160,8 +197,9 @@ def _string_alone(schema: dict[str, Any], pointer: str, budget: Budget) -> Node:
     return jv.string(lo, hi)
 
 
-def _with_lengths(exact: Callable[[], Node], alone: Callable[[], Node], lo: int,
-                  hi: int | None, budget: Budget) -> Node:
+def _with_lengths(
+    exact: Callable[[], Node], alone: Callable[[], Node], lo: int, hi: int | None, budget: Budget
+) -> Node:
     """`exact()` (a tree), or where it is refused, `alone()`'s automaton intersected with the
     strings of lo to hi characters (refused as it was past mx.MAX_MULTIPLE_STATES states)."""
     try:
@@ -194,5 +232,8 @@ def _format(schema: dict[str, Any], pointer: str, lo: int, hi: int | None) -> No
     cuts_longest = hi is not None and (longest is None or hi < longest)
     key = "maxLength" if cuts_longest else "minLength"
     lengths = f"{shortest} to {longest}" if longest is not None else f"{shortest} or more"
-    raise unsupported(f"{pointer}/{key}", f"{key!r} beside 'format' {name!r} (whose strings are "
-                      f"{lengths} characters long) where it holds for some of them only")
+    raise unsupported(
+        f"{pointer}/{key}",
+        f"{key!r} beside 'format' {name!r} (whose strings are "
+        f"{lengths} characters long) where it holds for some of them only",
+    )

@@ -57,8 +57,9 @@ class Tree:
     rules: dict[str, Node]
 
 
-def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDED, *,
-         strict: bool = False) -> Tree:
+def tree(
+    source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDED, *, strict: bool = False
+) -> Tree:
     """The schema's tree. A recursive $ref is a `Ref` to the rule of its target, and an open value
     (any JSON value, at any depth) a `Ref` to the rule OPEN.
     `strict`: the reading of OpenAI's strict mode, where an object with declared properties and
@@ -69,13 +70,12 @@ def tree(source: str, limits: Limits = DEFAULT_LIMITS, budget: Budget = UNBOUNDE
     try:
         root = json.loads(source, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
-        raise InvalidInput(f"the JSON schema is not valid JSON: {exc}", reason="SCHEMA_INVALID",
-                           field=FIELD) from exc
+        raise InvalidInput(
+            f"the JSON schema is not valid JSON: {exc}", reason="SCHEMA_INVALID", field=FIELD
+        ) from exc
     root = as_named_draft(root)
     compiler = _Compiler(root, limits, budget, strict)
     return Tree(compiler.node(root, ""), compiler.rules)
-
-
 
 
 class _Compiler:
@@ -100,8 +100,11 @@ class _Compiler:
     def node(self, schema: Any, pointer: str) -> Node:
         self._count(pointer)
         if pointer.count("/") > self.limits.max_schema_depth:
-            raise InvalidInput(f"{pointer}: the schema nests deeper than {self.limits.max_schema_depth}",
-                               reason="CONSTRAINT_TOO_LARGE", field=FIELD)
+            raise InvalidInput(
+                f"{pointer}: the schema nests deeper than {self.limits.max_schema_depth}",
+                reason="CONSTRAINT_TOO_LARGE",
+                field=FIELD,
+            )
         if isinstance(schema, bool):
             return self.open_value() if schema else NOTHING
         if not isinstance(schema, dict):
@@ -123,10 +126,13 @@ class _Compiler:
         self.budget.check()
         self.nodes += 1
         if self.nodes > self.limits.max_schema_nodes:
-            raise InvalidInput(f"{pointer or '/'}: the schema expands to more than "
-                               f"{self.limits.max_schema_nodes} subschemas ($refs counted each time "
-                               "they are entered)",
-                               reason="CONSTRAINT_TOO_LARGE", field=FIELD)
+            raise InvalidInput(
+                f"{pointer or '/'}: the schema expands to more than "
+                f"{self.limits.max_schema_nodes} subschemas ($refs counted each time "
+                "they are entered)",
+                reason="CONSTRAINT_TOO_LARGE",
+                field=FIELD,
+            )
 
     def _combinator(self, key: str, schema: dict[str, Any], pointer: str) -> Node:
         """A combinator; assertion keywords beside it hold too: beside allOf they are one more
@@ -146,7 +152,7 @@ class _Compiler:
             at = f"{pointer}/{key}/{i}"
             # The keywords beside first: their properties' order leads.
             plain = {"allOf": [member], **beside, OWN_FIRST: True} if beside else member
-            others = value[:i] + value[i + 1:]
+            others = value[:i] + value[i + 1 :]
             exclusive = self.one_of.exclusive(member, others, plain, beside, at) if key == "oneOf" else None
             if exclusive is not None:
                 parts.append(exclusive)
@@ -195,8 +201,11 @@ class _Compiler:
             return exact
         beside = {k: v for k, v in schema.items() if k not in ("allOf", OWN_FIRST)}
         members = [(m, at[i] if at else f"{pointer}/allOf/{i}") for i, m in enumerate(value)]
-        ordered = ([(beside, pointer), *members] if kw.properties_lead(schema, "allOf", "$ref")
-                   else [*members, (beside, pointer)])
+        ordered = (
+            [(beside, pointer), *members]
+            if kw.properties_lead(schema, "allOf", "$ref")
+            else [*members, (beside, pointer)]
+        )
         return self.merged(ordered, pointer)
 
     def merged(self, members: list[tuple[Any, str]], pointer: str) -> Node:
@@ -222,8 +231,11 @@ class _Compiler:
         if not isinstance(member, dict):
             raise invalid(pointer, "a schema must be an object or a boolean")
         if depth > self.limits.max_ref_depth + self.limits.max_schema_depth:
-            raise InvalidInput(f"{pointer}: allOf and $ref nest too deep to merge",
-                               reason="CONSTRAINT_TOO_LARGE", field=FIELD)
+            raise InvalidInput(
+                f"{pointer}: allOf and $ref nest too deep to merge",
+                reason="CONSTRAINT_TOO_LARGE",
+                field=FIELD,
+            )
         self._count(pointer)
         own = {k: v for k, v in member.items() if k in ASSERTIONS or k in INTERNAL}
         own_first = kw.properties_lead(own, "$ref", "allOf")
@@ -297,8 +309,9 @@ class _Compiler:
 
     def resolve(self, target: str, pointer: str) -> Any:
         if target and not target.startswith("/"):  # "#foo" names an $anchor (or an $id), not a path
-            raise unsupported(pointer, f"the reference {'#' + target!r} (a plain-name fragment; only "
-                              "JSON pointers, #/...)")
+            raise unsupported(
+                pointer, f"the reference {'#' + target!r} (a plain-name fragment; only JSON pointers, #/...)"
+            )
         found = self.root
         for part in target.split("/")[1:] if target else []:
             part = part.replace("~1", "/").replace("~0", "~")
@@ -321,8 +334,9 @@ class _Compiler:
             values = [v for v in values if kw.json_key(v) in {kw.json_key(e) for e in schema["enum"]}]
         types = self.types(schema, pointer) if "type" in schema else list(TYPE_KEYWORDS)
         excluded = {kw.json_key(v) for v in schema.get(EXCLUDED, [])}
-        values = [v for v in values
-                  if any(kw.is_type(v, t) for t in types) and kw.json_key(v) not in excluded]
+        values = [
+            v for v in values if any(kw.is_type(v, t) for t in types) and kw.json_key(v) not in excluded
+        ]
         others = [k for k in schema if k not in ("const", "enum", "type", *INTERNAL) and k in ASSERTIONS]
         if others and values:
             values = self._values_meeting(values, {k: schema[k] for k in others}, key, pointer)
@@ -370,8 +384,9 @@ class _Compiler:
         if name == "string":
             return scalars.string(schema, pointer, self.budget)
         if name == "integer":
-            return scalars.multiples(jv.integer_range(*kw.integer_bounds(schema, pointer)), schema, pointer,
-                                     True, self.budget)
+            return scalars.multiples(
+                jv.integer_range(*kw.integer_bounds(schema, pointer)), schema, pointer, True, self.budget
+            )
         if name == "number":
             return scalars.multiples(scalars.number(schema, pointer), schema, pointer, False, self.budget)
         return jv.BOOLEAN if name == "boolean" else jv.NULL
@@ -399,14 +414,23 @@ class _Compiler:
                 return mx.difference(node, alt(*out), self.budget)
             if name in ("integer", "number"):
                 whole = name == "integer"
-                node = self._typed(name, rest, pointer) if whole else scalars.multiples(
-                    scalars.number(rest, pointer, plain=True), rest, pointer, False, self.budget)
+                node = (
+                    self._typed(name, rest, pointer)
+                    if whole
+                    else scalars.multiples(
+                        scalars.number(rest, pointer, plain=True), rest, pointer, False, self.budget
+                    )
+                )
                 out = [jv.decimal_literal(v) for v in excluded if kw.is_type(v, name)]
                 return mx.difference(node, alt(*out), self.budget)
         except nfa.TooLarge as exc:
             raise unsupported(pointer, f"values ruled out of a {name} here ({exc})") from exc
-        raise unsupported(pointer, f"a condition ('if') or 'not' ruling out {name} values (only strings, "
-                          "numbers, booleans and null)")
+        raise unsupported(
+            pointer,
+            f"a condition ('if') or 'not' ruling out {name} values (only strings, "
+            "numbers, booleans and null)",
+        )
+
 
 def _compact(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")

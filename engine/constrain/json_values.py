@@ -52,8 +52,10 @@ QUOTE = text('"')
 NEEDS_ESCAPE = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
 UNESCAPED = chars(complement(NEEDS_ESCAPE))  # the characters a string holds as themselves
 _HEX = char_set("0123456789abcdefABCDEF")
-_NOT_SURROGATE = alt(seq(char_set("0123456789abcABCefEF"), repeat(_HEX, 3, 3)),
-                     seq(char_set("dD"), char_set("01234567"), repeat(_HEX, 2, 2)))
+_NOT_SURROGATE = alt(
+    seq(char_set("0123456789abcABCefEF"), repeat(_HEX, 3, 3)),
+    seq(char_set("dD"), char_set("01234567"), repeat(_HEX, 2, 2)),
+)
 ESCAPE = seq(text("\\"), alt(char_set('"\\/bfnrt'), seq(text("u"), _NOT_SURROGATE)))
 CHAR = alt(UNESCAPED, ESCAPE)
 
@@ -68,10 +70,14 @@ DIGIT = chars([(0x30, 0x39)])
 NONZERO = chars([(0x31, 0x39)])
 NATURAL = alt(text("0"), seq(NONZERO, repeat(DIGIT, 0, MAX_INTEGER_DIGITS - 1)))
 INTEGER = seq(optional(text("-")), NATURAL)
-NUMBER = seq(INTEGER, optional(seq(text("."), repeat(DIGIT, 1, MAX_FRACTION_DIGITS))),
-             optional(seq(char_set("eE"), optional(char_set("+-")), repeat(DIGIT, 1, MAX_EXPONENT_DIGITS))))
+NUMBER = seq(
+    INTEGER,
+    optional(seq(text("."), repeat(DIGIT, 1, MAX_FRACTION_DIGITS))),
+    optional(seq(char_set("eE"), optional(char_set("+-")), repeat(DIGIT, 1, MAX_EXPONENT_DIGITS))),
+)
 BOOLEAN = alt(text("true"), text("false"))
 NULL = text("null")
+
 
 @cache
 def string(lo: int = 0, hi: int | None = None) -> Node:
@@ -117,8 +123,10 @@ def array(item: Node, lo: int = 0, hi: int | None = None) -> Node:
 def positional_array(prefix: list[Node], rest: Node, lo: int = 0, hi: int | None = None) -> Node:
     """An array whose i-th item is `prefix[i]` and every later one `rest`, `lo` to `hi` items (an
     array may stop before the prefix ends)."""
-    tail = seq(repeat(seq(COMMA, rest), max(lo - len(prefix), 0),
-                      None if hi is None else hi - len(prefix)), text("]"))
+    tail = seq(
+        repeat(seq(COMMA, rest), max(lo - len(prefix), 0), None if hi is None else hi - len(prefix)),
+        text("]"),
+    )
     for i in reversed(range(len(prefix))):
         more = seq(COMMA if i else EMPTY, prefix[i], tail) if hi is None or i < hi else NOTHING
         tail = alt(text("]"), more) if i >= lo else more
@@ -129,8 +137,9 @@ def object_map(value: Node, lo: int = 0, hi: int | None = None, key: Node | None
     """An object whose keys are any strings (or `key`'s), each with `value`, `lo` to `hi` of them
     (keys are not kept apart: a key written twice is one property to a parser, so `lo` above 1 is
     not a bound)."""
-    return seq(text("{"), repeat(seq(string() if key is None else key, COLON, value), lo, hi, COMMA),
-               text("}"))
+    return seq(
+        text("{"), repeat(seq(string() if key is None else key, COLON, value), lo, hi, COMMA), text("}")
+    )
 
 
 def any_value(inner: Node) -> Node:
@@ -158,9 +167,12 @@ def _integer_range(lo: int, hi: int) -> Node:
 
 ZERO_FRACTION = seq(text("."), repeat(text("0"), 1, MAX_FRACTION_DIGITS))
 # A fraction with a nonzero digit: the first one after k zeros, then up to the digit limit.
-NONZERO_FRACTION = alt(*(seq(text("."), repeat(text("0"), k, k), NONZERO,
-                             repeat(DIGIT, 0, MAX_FRACTION_DIGITS - k - 1))
-                         for k in range(MAX_FRACTION_DIGITS)))
+NONZERO_FRACTION = alt(
+    *(
+        seq(text("."), repeat(text("0"), k, k), NONZERO, repeat(DIGIT, 0, MAX_FRACTION_DIGITS - k - 1))
+        for k in range(MAX_FRACTION_DIGITS)
+    )
+)
 
 
 # Exponent writings a bounded number admits where its bounds hold for all of them (json.dumps writes
@@ -211,17 +223,20 @@ def _same_length(lo: str, hi: str) -> Node:
         return seq(_digits(lo[0], hi[0]), repeat(DIGIT, rest, rest))
     if lo[0] == hi[0]:
         return seq(text(lo[0]), _same_length(lo[1:], hi[1:]))
-    middle = (seq(_digits(chr(ord(lo[0]) + 1), chr(ord(hi[0]) - 1)), repeat(DIGIT, rest, rest))
-              if ord(hi[0]) - ord(lo[0]) > 1 else None)
-    return alt(seq(text(lo[0]), _same_length(lo[1:], "9" * rest)),
-               *([middle] if middle is not None else []),
-               seq(text(hi[0]), _same_length("0" * rest, hi[1:])))
+    middle = (
+        seq(_digits(chr(ord(lo[0]) + 1), chr(ord(hi[0]) - 1)), repeat(DIGIT, rest, rest))
+        if ord(hi[0]) - ord(lo[0]) > 1
+        else None
+    )
+    return alt(
+        seq(text(lo[0]), _same_length(lo[1:], "9" * rest)),
+        *([middle] if middle is not None else []),
+        seq(text(hi[0]), _same_length("0" * rest, hi[1:])),
+    )
 
 
 def _digits(first: str, last: str) -> Node:
     return chars([(ord(first), ord(last))])
-
-
 
 
 def plain_other_than(names: list[str]) -> Node:
@@ -246,8 +261,16 @@ def plain_other_than(names: list[str]) -> Node:
     return other(trie)
 
 
-_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f", "\n": "\\n",
-                  "\r": "\\r", "\t": "\\t"}
+_SHORT_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "/": "\\/",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
 
 
 def other_than(names: list[str]) -> Node:
@@ -292,8 +315,9 @@ def _holds(node: Chars, code: int) -> bool:
 _ANY_FRACTION = optional(seq(text("."), repeat(DIGIT, 1, MAX_FRACTION_DIGITS)))
 
 
-def decimal_range(lo: Fraction | None, hi: Fraction | None, lo_open: bool = False,
-                  hi_open: bool = False) -> Node:
+def decimal_range(
+    lo: Fraction | None, hi: Fraction | None, lo_open: bool = False, hi_open: bool = False
+) -> Node:
     """Numbers between decimal bounds (each a finite decimal of at most MAX_FRACTION_DIGITS fraction
     digits; None: unbounded), written without an exponent: each bound as the numbers on its side
     of it, compared digit by digit (_beyond), the two sides intersected as automata."""
@@ -301,15 +325,25 @@ def decimal_range(lo: Fraction | None, hi: Fraction | None, lo_open: bool = Fals
     any_natural = natural_range(0, widest)
     sides = []
     if lo is not None:  # x >= lo: from a non-negative bound, its side; else every x >= 0 and -y, y <= -lo
-        sides.append(_beyond(lo, above=True, open_=lo_open, widest=widest) if lo >= 0 else
-                     alt(seq(any_natural, _ANY_FRACTION),
-                         seq(text("-"), _beyond(-lo, above=False, open_=lo_open, widest=widest))))
+        sides.append(
+            _beyond(lo, above=True, open_=lo_open, widest=widest)
+            if lo >= 0
+            else alt(
+                seq(any_natural, _ANY_FRACTION),
+                seq(text("-"), _beyond(-lo, above=False, open_=lo_open, widest=widest)),
+            )
+        )
     if hi is not None:
-        negative = (_beyond(Fraction(0), above=True, open_=True, widest=widest) if hi == 0 and hi_open
-                    else seq(any_natural, _ANY_FRACTION))  # below an open 0: not "-0"
-        sides.append(alt(seq(text("-"), negative), _beyond(hi, above=False, open_=hi_open, widest=widest))
-                     if hi >= 0 else
-                     seq(text("-"), _beyond(-hi, above=True, open_=hi_open, widest=widest)))
+        negative = (
+            _beyond(Fraction(0), above=True, open_=True, widest=widest)
+            if hi == 0 and hi_open
+            else seq(any_natural, _ANY_FRACTION)
+        )  # below an open 0: not "-0"
+        sides.append(
+            alt(seq(text("-"), negative), _beyond(hi, above=False, open_=hi_open, widest=widest))
+            if hi >= 0
+            else seq(text("-"), _beyond(-hi, above=True, open_=hi_open, widest=widest))
+        )
     if not sides:
         return seq(optional(text("-")), any_natural, _ANY_FRACTION)
     return sides[0] if len(sides) == 1 else intersection(sides[0], sides[1])
@@ -321,8 +355,9 @@ def _beyond(bound: Fraction, above: bool, open_: bool, widest: int) -> Node:
     part and a fraction beyond the bound's, compared digit by digit."""
     whole = int(bound)
     digits = _fraction_digits(bound - whole)
-    beyond = (natural_range(whole + 1, widest) if above else
-              natural_range(0, whole - 1) if whole > 0 else NOTHING)
+    beyond = (
+        natural_range(whole + 1, widest) if above else natural_range(0, whole - 1) if whole > 0 else NOTHING
+    )
     return alt(seq(beyond, _ANY_FRACTION), seq(text(str(whole)), _fraction_beyond(digits, above, open_)))
 
 

@@ -38,8 +38,10 @@ def multiples(number: Node, numerator: int, places: int, budget: Budget = UNBOUN
     `numerator`, of its digits read as one integer with the fraction padded to `places` digits.
     Past `places` fraction digits only zeros are written. nfa.TooLarge past MAX_MULTIPLE_STATES."""
     table = dfa.determinize(nfa.build(number, MAX_MULTIPLE_STATES, budget), MAX_MULTIPLE_STATES)
-    moves = [[(byte, target) for byte, target in enumerate(row) if target != dfa.DEAD]
-             for row in table.table.tolist()]
+    moves = [
+        [(byte, target) for byte, target in enumerate(row) if target != dfa.DEAD]
+        for row in table.table.tolist()
+    ]
     ends = table.accepting.tolist()
     start = (dfa.START, 0, -1)  # (number's state, remainder, fraction digits so far: -1 before ".")
     ids, order = {start: 0}, [start]
@@ -64,8 +66,10 @@ def multiples(number: Node, numerator: int, places: int, budget: Budget = UNBOUN
                 order.append(after)
             out.append((byte, byte, ids[after]))
         edges.append(out)
-    accepting = [ends[state] and rest * pow(10, places - max(fraction, 0), numerator) % numerator == 0
-                 for state, rest, fraction in order]
+    accepting = [
+        ends[state] and rest * pow(10, places - max(fraction, 0), numerator) % numerator == 0
+        for state, rest, fraction in order
+    ]
     return machine(edges, accepting)
 
 
@@ -101,29 +105,33 @@ def machine(edges: list[list[tuple[int, int, int]]], accepting: list[bool]) -> N
     return Machine(tuple(moves), tuple(accepting[state] for state in kept))
 
 
-def difference(first: Node, second: Node, budget: Budget = UNBOUNDED,
-               limit: int = MAX_MULTIPLE_STATES) -> Node:
+def difference(
+    first: Node, second: Node, budget: Budget = UNBOUNDED, limit: int = MAX_MULTIPLE_STATES
+) -> Node:
     """The strings `first` matches and `second` does not, as a Machine (nfa.TooLarge past `limit`
     states, the operands' DFAs' or the product's)."""
     return _product(first, second, budget, keep_dead=True, accepts=lambda a, b: a and not b, limit=limit)
 
 
-def intersection(first: Node, second: Node, budget: Budget = UNBOUNDED,
-                 limit: int = MAX_MULTIPLE_STATES) -> Node:
+def intersection(
+    first: Node, second: Node, budget: Budget = UNBOUNDED, limit: int = MAX_MULTIPLE_STATES
+) -> Node:
     """The strings both nodes match, as a Machine: their DFAs walked side by side.
     nfa.TooLarge past `limit` states."""
     return _product(first, second, budget, keep_dead=False, accepts=lambda a, b: a and b, limit=limit)
 
 
-def _product(first: Node, second: Node, budget: Budget, keep_dead: bool, accepts: Any,
-             limit: int = MAX_MULTIPLE_STATES) -> Node:
+def _product(
+    first: Node, second: Node, budget: Budget, keep_dead: bool, accepts: Any, limit: int = MAX_MULTIPLE_STATES
+) -> Node:
     """Both DFAs walked side by side (the second's dead state kept where `keep_dead`), a pair
     accepting as `accepts(first accepts, second accepts)` says; bytes that neither DFA tells
     apart are walked once, as one class."""
     tables = [dfa.determinize(nfa.build(node, limit, budget), limit) for node in (first, second)]
     kinds = [t.byte_class for t in tables]
-    joint, representative, of_byte = np.unique(kinds[0] * (int(kinds[1].max()) + 1) + kinds[1],
-                                               return_index=True, return_inverse=True)
+    joint, representative, of_byte = np.unique(
+        kinds[0] * (int(kinds[1].max()) + 1) + kinds[1], return_index=True, return_inverse=True
+    )
     ranges: list[list[tuple[int, int]]] = [[] for _ in joint]  # each class's bytes, as ranges
     for byte, kind in enumerate(of_byte.ravel().tolist()):
         if ranges[kind] and ranges[kind][-1][1] == byte - 1:
@@ -179,7 +187,8 @@ def refers(node: Node, seen: set[int] | None = None) -> bool:
         return True
     if isinstance(node, Seq | Alt | Members):
         return any(refers(item, seen) for item in node.items) or (
-            isinstance(node, Members) and refers(node.separator, seen))
+            isinstance(node, Members) and refers(node.separator, seen)
+        )
     if isinstance(node, Repeat):
         return refers(node.item, seen) or node.separator is not None and refers(node.separator, seen)
     return False
@@ -201,8 +210,10 @@ def _leads(node: Node) -> tuple[frozenset[int], bool] | None:
         return (frozenset(node.data[:1]), not node.data)
     if isinstance(node, Chars):
         low = {c for lo, hi in node.ranges for c in range(lo, min(hi, 0x7F) + 1)}
-        return (frozenset(low) | (UTF8_LEADS if node.ranges and node.ranges[-1][1] > 0x7F else frozenset()),
-                False)
+        return (
+            frozenset(low) | (UTF8_LEADS if node.ranges and node.ranges[-1][1] > 0x7F else frozenset()),
+            False,
+        )
     if isinstance(node, Anchor):
         return (frozenset(), True)
     if isinstance(node, Machine):
@@ -218,7 +229,7 @@ def _leads(node: Node) -> tuple[frozenset[int], bool] | None:
     if isinstance(node, Members):
         # The first member written is one up to the first required one (or any, none required).
         last = node.required.index(True) if True in node.required else len(node.items) - 1
-        found = [_leads(item) for item in node.items[:last + 1]]
+        found = [_leads(item) for item in node.items[: last + 1]]
         if any(f is None or f[1] for f in found):
             return None  # a member that may be empty: the separator may lead
         return (frozenset().union(*(f[0] for f in found if f)), True not in node.required)

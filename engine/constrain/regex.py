@@ -47,14 +47,20 @@ DIGIT = ((0x30, 0x39),)
 WORD = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
 SPACE = ((0x09, 0x0D), (0x20, 0x20))
 CATEGORIES = {
-    sre.CATEGORY_DIGIT: DIGIT, sre.CATEGORY_NOT_DIGIT: complement(DIGIT),
-    sre.CATEGORY_WORD: WORD, sre.CATEGORY_NOT_WORD: complement(WORD),
-    sre.CATEGORY_SPACE: SPACE, sre.CATEGORY_NOT_SPACE: complement(SPACE),
+    sre.CATEGORY_DIGIT: DIGIT,
+    sre.CATEGORY_NOT_DIGIT: complement(DIGIT),
+    sre.CATEGORY_WORD: WORD,
+    sre.CATEGORY_NOT_WORD: complement(WORD),
+    sre.CATEGORY_SPACE: SPACE,
+    sre.CATEGORY_NOT_SPACE: complement(SPACE),
 }
 UNSUPPORTED = {
-    sre.GROUPREF: "a backreference", sre.GROUPREF_EXISTS: "a conditional group",
-    sre.ASSERT: "a lookahead or lookbehind", sre.ASSERT_NOT: "a negative lookahead or lookbehind",
-    sre.ATOMIC_GROUP: "an atomic group", sre.POSSESSIVE_REPEAT: "a possessive quantifier",
+    sre.GROUPREF: "a backreference",
+    sre.GROUPREF_EXISTS: "a conditional group",
+    sre.ASSERT: "a lookahead or lookbehind",
+    sre.ASSERT_NOT: "a negative lookahead or lookbehind",
+    sre.ATOMIC_GROUP: "an atomic group",
+    sre.POSSESSIVE_REPEAT: "a possessive quantifier",
 }
 STARTS = (sre.AT_BEGINNING, sre.AT_BEGINNING_STRING)
 ENDS = (sre.AT_END, sre.AT_END_STRING)
@@ -93,8 +99,12 @@ class _Converter:
 
     def sequence(self, items: list[tuple[Any, Any]], at_start: bool, at_end: bool) -> Node:
         last = len(items) - 1
-        return seq(*(self.item(op, av, at_start and i == 0, at_end and i == last)
-                     for i, (op, av) in enumerate(items)))
+        return seq(
+            *(
+                self.item(op, av, at_start and i == 0, at_end and i == last)
+                for i, (op, av) in enumerate(items)
+            )
+        )
 
     def item(self, op: Any, av: Any, at_start: bool, at_end: bool) -> Node:
         if op in UNSUPPORTED:
@@ -148,8 +158,9 @@ def _class(op: Any, av: Any) -> Ranges:
 
 
 def _unsupported(what: str, field: str) -> InvalidInput:
-    return InvalidInput(f"the regex uses {what}, which constraints do not support",
-                        reason="REGEX_UNSUPPORTED", field=field)
+    return InvalidInput(
+        f"the regex uses {what}, which constraints do not support", reason="REGEX_UNSUPPORTED", field=field
+    )
 
 
 def _map_edges(node: Node, start: Any, end: Any) -> Node:

@@ -53,11 +53,17 @@ class _Rules:
 
     def invalid(self, offset: int, message: str) -> InvalidInput:
         if "matches no finite text" in message:
-            return InvalidInput("the schema admits no finite JSON value (a required $ref recursion that "
-                                "never ends)", reason="CONSTRAINT_UNSATISFIABLE", field=self.field)
-        return InvalidInput(f"{self.names[offset]}: a $ref that leads back to itself before any output "
-                            "(left recursion) is not supported in JSON schema constraints",
-                            reason="SCHEMA_UNSUPPORTED", field=self.field)
+            return InvalidInput(
+                "the schema admits no finite JSON value (a required $ref recursion that never ends)",
+                reason="CONSTRAINT_UNSATISFIABLE",
+                field=self.field,
+            )
+        return InvalidInput(
+            f"{self.names[offset]}: a $ref that leads back to itself before any output "
+            "(left recursion) is not supported in JSON schema constraints",
+            reason="SCHEMA_UNSUPPORTED",
+            field=self.field,
+        )
 
     def new(self, name: str, body: list[Alternative] | None = None) -> int:
         if body is not None:
@@ -75,8 +81,11 @@ class _Rules:
     def _charge(self, body: list[Alternative]) -> None:
         self.elements += sum(len(alt) + 1 for alt in body)
         if self.elements > self.max_elements:
-            raise InvalidInput(f"the constraint compiles to more than {self.max_elements} grammar elements",
-                               reason="CONSTRAINT_TOO_LARGE", field=self.field)
+            raise InvalidInput(
+                f"the constraint compiles to more than {self.max_elements} grammar elements",
+                reason="CONSTRAINT_TOO_LARGE",
+                field=self.field,
+            )
 
     def body(self, node: Node) -> Alternative:
         """`node` as one sequence of elements (its alternatives, repeats and members as rules)."""
@@ -102,8 +111,9 @@ class _Rules:
         rules = [self.new(f"machine_{len(self.names)}") for _ in node.accepting]
         self._made[id(node)] = (node, rules[0])
         for rule, moves, accepting in zip(rules, node.moves, node.accepting, strict=True):
-            body: list[Alternative] = [[(TERMINAL, (1 << (hi + 1)) - (1 << lo)), (REF, rules[target])]
-                                       for lo, hi, target in moves]
+            body: list[Alternative] = [
+                [(TERMINAL, (1 << (hi + 1)) - (1 << lo)), (REF, rules[target])] for lo, hi, target in moves
+            ]
             self.define(rule, body + ([[]] if accepting else []))
         return rules[0]
 
@@ -164,8 +174,9 @@ class _Rules:
     def _chars(self, node: Chars) -> Alternative:
         found = self._classes.get(node.ranges)
         if found is None:
-            alts = byte_alternatives(utf8.sequences(node.ranges),
-                                     lambda body: self.new(f"chars_{len(self.names)}", body))
+            alts = byte_alternatives(
+                utf8.sequences(node.ranges), lambda body: self.new(f"chars_{len(self.names)}", body)
+            )
             found = alts[0] if len(alts) == 1 else [(REF, self.new(f"chars_{len(self.names)}", alts))]
             self._classes[node.ranges] = found
         return found

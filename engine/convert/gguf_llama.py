@@ -91,9 +91,12 @@ def _layer(model: GgufModel, spec: DecoderSpec, i: int) -> LayerWeights:
         attn_norm=model.dequantized(f"blk.{i}.attn_norm.weight"),
         q=rotary("attn_q", spec.num_heads),
         k=rotary("attn_k", spec.num_kv_heads),
-        v=mat("attn_v"), o=mat("attn_output"),
+        v=mat("attn_v"),
+        o=mat("attn_output"),
         mlp_norm=model.dequantized(f"blk.{i}.ffn_norm.weight"),
-        gate=mat("ffn_gate"), up=mat("ffn_up"), down=mat("ffn_down"),
+        gate=mat("ffn_gate"),
+        up=mat("ffn_up"),
+        down=mat("ffn_down"),
     )
 
 
@@ -131,9 +134,15 @@ def gguf_vocabulary(model: GgufModel) -> BpeVocabulary:
 
 
 # GGUF tensor name -> the builder's initializer name for the same matrix.
-BUILDER_NAMES = {"attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj",
-                 "attn_output": "attn.o_proj", "ffn_gate": "mlp.gate_proj",
-                 "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+BUILDER_NAMES = {
+    "attn_q": "attn.q_proj",
+    "attn_k": "attn.k_proj",
+    "attn_v": "attn.v_proj",
+    "attn_output": "attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 def llama_nbits(model: GgufModel, spec: DecoderSpec) -> dict[str, NBitsMatrix]:
@@ -157,8 +166,10 @@ def llama_nbits(model: GgufModel, spec: DecoderSpec) -> dict[str, NBitsMatrix]:
     return _packed(out, spec) if spec.packed_projections else out
 
 
-PACKS = {"attn.qkv_proj": ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
-         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+PACKS = {
+    "attn.qkv_proj": ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
 
 
 def _packed(matrices: dict[str, NBitsMatrix], spec: DecoderSpec) -> dict[str, NBitsMatrix]:

@@ -58,8 +58,11 @@ class NBitsMatrix(_Blocks):
     def rows(self, order: np.ndarray) -> NBitsMatrix:
         """The same matrix with its output rows (N) reordered."""
         nb = self.packed.shape[1]
-        return NBitsMatrix(self.packed[order], self.scales.reshape(-1, nb)[order].ravel(),
-                           np.ascontiguousarray(self.offsets[:, order]))
+        return NBitsMatrix(
+            self.packed[order],
+            self.scales.reshape(-1, nb)[order].ravel(),
+            np.ascontiguousarray(self.offsets[:, order]),
+        )
 
 
 def concat_outputs(parts: list[NBitsMatrix]) -> NBitsMatrix:
@@ -67,9 +70,11 @@ def concat_outputs(parts: list[NBitsMatrix]) -> NBitsMatrix:
 
     Blocks run along K within each output row, so stacking rows keeps every block intact.
     """
-    return NBitsMatrix(np.concatenate([m.packed for m in parts]),
-                       np.concatenate([m.scales for m in parts]),
-                       np.concatenate([m.offsets for m in parts], axis=1))
+    return NBitsMatrix(
+        np.concatenate([m.packed for m in parts]),
+        np.concatenate([m.scales for m in parts]),
+        np.concatenate([m.offsets for m in parts], axis=1),
+    )
 
 
 def from_q4_1(raw: np.ndarray, n: int, k: int) -> NBitsMatrix:
@@ -84,43 +89,57 @@ def from_q4_1(raw: np.ndarray, n: int, k: int) -> NBitsMatrix:
     return NBitsMatrix(packed, d.ravel(), np.ascontiguousarray(m.T))
 
 
-def _matmul_nbits(node: onnx.NodeProto, name: str, w: NBitsMatrix, accuracy_level: int,
-                  ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+def _matmul_nbits(
+    node: onnx.NodeProto,
+    name: str,
+    w: NBitsMatrix,
+    accuracy_level: int,
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """MatMulNBits for the d·q part plus blocksum(x) @ offsets for the m part."""
     x, out = node.input[0], node.output[0]
     blocks = w.k // BLOCK
-    inits = [numpy_helper.from_array(w.packed, f"{name}.q4"),
-             numpy_helper.from_array(w.scales, f"{name}.scales"),
-             numpy_helper.from_array(np.zeros((w.n, (blocks + 1) // 2), np.uint8),
-                                     f"{name}.zero_points"),
-             numpy_helper.from_array(w.offsets, f"{name}.offsets"),
-             numpy_helper.from_array(np.array([0, 0, blocks, BLOCK], np.int64),
-                                     f"{name}.block_shape"),
-             numpy_helper.from_array(np.array([-1], np.int64), f"{name}.last_axis")]
+    inits = [
+        numpy_helper.from_array(w.packed, f"{name}.q4"),
+        numpy_helper.from_array(w.scales, f"{name}.scales"),
+        numpy_helper.from_array(np.zeros((w.n, (blocks + 1) // 2), np.uint8), f"{name}.zero_points"),
+        numpy_helper.from_array(w.offsets, f"{name}.offsets"),
+        numpy_helper.from_array(np.array([0, 0, blocks, BLOCK], np.int64), f"{name}.block_shape"),
+        numpy_helper.from_array(np.array([-1], np.int64), f"{name}.last_axis"),
+    ]
     p = f"{node.name}_nbits"
     nodes = [
-        helper.make_node("MatMulNBits", [x, *(t.name for t in inits[:3])], [f"{p}_dq"],
-                         name=p, domain="com.microsoft", K=w.k, N=w.n, bits=4,
-                         block_size=BLOCK, accuracy_level=accuracy_level),
+        helper.make_node(
+            "MatMulNBits",
+            [x, *(t.name for t in inits[:3])],
+            [f"{p}_dq"],
+            name=p,
+            domain="com.microsoft",
+            K=w.k,
+            N=w.n,
+            bits=4,
+            block_size=BLOCK,
+            accuracy_level=accuracy_level,
+        ),
         helper.make_node("Reshape", [x, inits[4].name], [f"{p}_blocks"], name=f"{p}_reshape"),
-        helper.make_node("ReduceSum", [f"{p}_blocks", inits[5].name], [f"{p}_sums"],
-                         name=f"{p}_blocksum", keepdims=0),
+        helper.make_node(
+            "ReduceSum", [f"{p}_blocks", inits[5].name], [f"{p}_sums"], name=f"{p}_blocksum", keepdims=0
+        ),
         helper.make_node("MatMul", [f"{p}_sums", inits[3].name], [f"{p}_m"], name=f"{p}_m"),
         helper.make_node("Add", [f"{p}_dq", f"{p}_m"], [out], name=f"{p}_add"),
     ]
     return nodes, inits
 
 
-def quantize_matmuls(model: onnx.ModelProto, weights: dict[str, NBitsMatrix],
-                     accuracy_level: int = 0) -> onnx.ModelProto:
+def quantize_matmuls(
+    model: onnx.ModelProto, weights: dict[str, NBitsMatrix], accuracy_level: int = 0
+) -> onnx.ModelProto:
     """Replace every MatMul whose weight initializer is named in `weights` by MatMulNBits."""
     graph = model.graph
     nodes: list[onnx.NodeProto] = []
     added: list[onnx.TensorProto] = []
     for node in graph.node:
         if node.op_type == "MatMul" and node.input[1] in weights:
-            new, inits = _matmul_nbits(node, node.input[1], weights[node.input[1]],
-                                       accuracy_level)
+            new, inits = _matmul_nbits(node, node.input[1], weights[node.input[1]], accuracy_level)
             nodes.extend(new)
             added.extend(inits)
         else:
@@ -163,8 +182,9 @@ def from_q8_0(raw: np.ndarray, n: int, k: int) -> Int8Matrix:
     return Int8Matrix(q.astype(np.uint8), d.ravel())
 
 
-def quantize_tied_head(model: onnx.ModelProto, embed_name: str, head: Int8Matrix,
-                       accuracy_level: int = 0) -> onnx.ModelProto:
+def quantize_tied_head(
+    model: onnx.ModelProto, embed_name: str, head: Int8Matrix, accuracy_level: int = 0
+) -> onnx.ModelProto:
     """Replace the tied head (Gemm x · embedᵀ) by MatMulNBits bits=8 over the Q8_0 table.
 
     The float table stays for the embedding Gather; only the head reads the int8 copy,
@@ -173,15 +193,25 @@ def quantize_tied_head(model: onnx.ModelProto, embed_name: str, head: Int8Matrix
     graph = model.graph
     gemm = next(n for n in graph.node if n.op_type == "Gemm" and n.input[1] == embed_name)
     name = f"{embed_name}.head"
-    graph.initializer.extend([
-        numpy_helper.from_array(head.packed, f"{name}.q8"),
-        numpy_helper.from_array(head.scales, f"{name}.scales"),
-        numpy_helper.from_array(np.full((head.n, head.k // BLOCK), 128, np.uint8),
-                                f"{name}.zero_points")])
-    new = helper.make_node("MatMulNBits", [gemm.input[0], f"{name}.q8", f"{name}.scales",
-                                           f"{name}.zero_points"], list(gemm.output),
-                           name=f"{gemm.name}_nbits", domain="com.microsoft", K=head.k,
-                           N=head.n, bits=8, block_size=BLOCK, accuracy_level=accuracy_level)
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(head.packed, f"{name}.q8"),
+            numpy_helper.from_array(head.scales, f"{name}.scales"),
+            numpy_helper.from_array(np.full((head.n, head.k // BLOCK), 128, np.uint8), f"{name}.zero_points"),
+        ]
+    )
+    new = helper.make_node(
+        "MatMulNBits",
+        [gemm.input[0], f"{name}.q8", f"{name}.scales", f"{name}.zero_points"],
+        list(gemm.output),
+        name=f"{gemm.name}_nbits",
+        domain="com.microsoft",
+        K=head.k,
+        N=head.n,
+        bits=8,
+        block_size=BLOCK,
+        accuracy_level=accuracy_level,
+    )
     index = list(graph.node).index(gemm)
     graph.node.remove(gemm)
     graph.node.insert(index, new)
@@ -198,16 +228,30 @@ def quantize_tied_embedding(model: onnx.ModelProto, embed_name: str, head: Int8M
     gather = next(n for n in graph.node if n.op_type == "Gather" and n.input[0] == embed_name)
     name = f"{embed_name}.head"
     blocks = head.k // BLOCK
-    graph.initializer.extend([
-        numpy_helper.from_array(head.scales.reshape(head.n, blocks, 1), f"{name}.row_scales"),
-        numpy_helper.from_array(np.full((head.n, blocks, 1), 128, np.uint8), f"{name}.row_zero_points"),
-        numpy_helper.from_array(np.array([0, 0, head.k], np.int64), f"{name}.row_shape")])
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(head.scales.reshape(head.n, blocks, 1), f"{name}.row_scales"),
+            numpy_helper.from_array(np.full((head.n, blocks, 1), 128, np.uint8), f"{name}.row_zero_points"),
+            numpy_helper.from_array(np.array([0, 0, head.k], np.int64), f"{name}.row_shape"),
+        ]
+    )
     p = f"{gather.name}_q8"
-    new = [helper.make_node("GatherBlockQuantized", [f"{name}.q8", gather.input[1], f"{name}.row_scales",
-                                                     f"{name}.row_zero_points"], [f"{p}_blocks"], name=p,
-                            domain="com.microsoft", bits=8, block_size=BLOCK, gather_axis=0, quantize_axis=2),
-           helper.make_node("Reshape", [f"{p}_blocks", f"{name}.row_shape"], list(gather.output),
-                            name=f"{p}_rows")]
+    new = [
+        helper.make_node(
+            "GatherBlockQuantized",
+            [f"{name}.q8", gather.input[1], f"{name}.row_scales", f"{name}.row_zero_points"],
+            [f"{p}_blocks"],
+            name=p,
+            domain="com.microsoft",
+            bits=8,
+            block_size=BLOCK,
+            gather_axis=0,
+            quantize_axis=2,
+        ),
+        helper.make_node(
+            "Reshape", [f"{p}_blocks", f"{name}.row_shape"], list(gather.output), name=f"{p}_rows"
+        ),
+    ]
     index = list(graph.node).index(gather)
     graph.node.remove(gather)
     for offset, node in enumerate(new):

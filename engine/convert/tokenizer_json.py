@@ -38,8 +38,11 @@ class BpeVocabulary:
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable code points."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = list(printable)
     extra = 0
     for b in range(256):
@@ -51,18 +54,23 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def _pre_tokenizer(split_digits: bool) -> dict[str, Any]:
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                  "use_regex": True}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     if not split_digits:
         return byte_level
     # SmolLM's pre-tokenizer ("smollm" in GGUF): every digit stands alone before the byte split.
-    return {"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": True}, byte_level]}
+    return {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, byte_level]}
 
 
 def _added_token(token_id: int, content: str) -> dict[str, Any]:
-    return {"id": token_id, "content": content, "single_word": False, "lstrip": False,
-            "rstrip": False, "normalized": False, "special": True}
+    return {
+        "id": token_id,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
 
 
 def tokenizer_json(vocab: BpeVocabulary) -> dict[str, Any]:
@@ -74,15 +82,25 @@ def tokenizer_json(vocab: BpeVocabulary) -> dict[str, Any]:
         "added_tokens": [_added_token(i, vocab.tokens[i]) for i in vocab.special_ids],
         "normalizer": None,
         "pre_tokenizer": _pre_tokenizer(vocab.split_digits),
-        "post_processor": {"type": "ByteLevel", "add_prefix_space": False,
-                           "trim_offsets": False, "use_regex": True},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                    "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": {tok: i for i, tok in enumerate(vocab.tokens)},
-                  "merges": vocab.merges},
+        "post_processor": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": False,
+            "use_regex": True,
+        },
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {tok: i for i, tok in enumerate(vocab.tokens)},
+            "merges": vocab.merges,
+        },
     }
 
 
@@ -94,8 +112,8 @@ def tokenizer_config(vocab: BpeVocabulary) -> dict[str, Any]:
         "add_eos_token": False,
         "add_prefix_space": False,
         "added_tokens_decoder": {
-            str(i): {k: v for k, v in _added_token(i, t[i]).items() if k != "id"}
-            for i in vocab.special_ids},
+            str(i): {k: v for k, v in _added_token(i, t[i]).items() if k != "id"} for i in vocab.special_ids
+        },
         "additional_special_tokens": [t[i] for i in vocab.special_ids],
         "bos_token": t[vocab.bos_token_id],
         "eos_token": t[vocab.eos_token_id],
@@ -128,7 +146,7 @@ def _synthetic_merges(byte_chars: list[str], budget: int) -> tuple[list[str], li
     letters = "etaoinshrdlcumwfgypbvkjxqz"
     pairs = [(enc[ord(" ")], enc[ord(c)]) for c in letters]
     pairs += [(enc[ord(a)], enc[ord(b)]) for a in letters for b in letters]
-    pairs = pairs[:max(budget, 0)]
+    pairs = pairs[: max(budget, 0)]
     return [a + b for a, b in pairs], [f"{a} {b}" for a, b in pairs]
 
 
@@ -146,9 +164,16 @@ def synthetic_vocabulary(vocab_size: int) -> BpeVocabulary:
     tokens = SYNTHETIC_SPECIALS + byte_chars + merged
     reserved = [f"<|reserved_{i}|>" for i in range(vocab_size - len(tokens))]
     specials = [0, 1, 2, *range(len(tokens), vocab_size)]
-    return BpeVocabulary(tokens=tokens + reserved, merges=merges, special_ids=specials,
-                         bos_token_id=1, eos_token_id=2, unk_token_id=0, pad_token_id=0,
-                         chat_template=CHATML_TEMPLATE)
+    return BpeVocabulary(
+        tokens=tokens + reserved,
+        merges=merges,
+        special_ids=specials,
+        bos_token_id=1,
+        eos_token_id=2,
+        unk_token_id=0,
+        pad_token_id=0,
+        chat_template=CHATML_TEMPLATE,
+    )
 
 
 def write_byte_level_tokenizer(model_dir: Path, vocab_size: int) -> list[Path]:

@@ -73,8 +73,14 @@ def _committed(lengths: list[int], feeds: Mapping[int, int]) -> list[int]:
 
 
 class BatchDecoder:
-    def __init__(self, pool: KvPool, backend: Backend[Any], variant: Callable[[VariantKey], Variant | None],
-                 sessions: Mapping[int, Session], capacity: int) -> None:
+    def __init__(
+        self,
+        pool: KvPool,
+        backend: Backend[Any],
+        variant: Callable[[VariantKey], Variant | None],
+        sessions: Mapping[int, Session],
+        capacity: int,
+    ) -> None:
         self.pool = pool
         self.backend = backend
         self.variant = variant
@@ -95,8 +101,14 @@ class BatchDecoder:
         """Advance the rows in `feeds` by their token in one forward of at least `least` rows."""
         self.step(feeds, lambda _: [], ahead=False, least=least)
 
-    def step(self, feeds: dict[int, int], choose: Callable[[list[int] | None], list[int]], ahead: bool,
-             least: int = 1, plain: Sequence[Sampler] | None = None) -> list[int]:
+    def step(
+        self,
+        feeds: dict[int, int],
+        choose: Callable[[list[int] | None], list[int]],
+        ahead: bool,
+        least: int = 1,
+        plain: Sequence[Sampler] | None = None,
+    ) -> list[int]:
         """Advance the rows in `feeds` by their token, `choose` the next tokens and, with `ahead`,
         launch the forward that feeds them before returning. `plain`: the rows' samplers, in the
         order of `feeds`, when every one is `Sampler.plain` (the tokens may then be chosen on the
@@ -137,15 +149,21 @@ class BatchDecoder:
         committed, the next forward launched behind the device's choice of their tokens; the
         tokens. None when it does not apply (nothing was done)."""
         ahead = self._ahead
-        if not (self.backend.chains and ahead is not None and not ahead.settled and ahead.takes(batch, feeds)
-                and all(ahead.lengths[row] + 2 <= self.capacity for row in feeds)):
+        if not (
+            self.backend.chains
+            and ahead is not None
+            and not ahead.settled
+            and ahead.takes(batch, feeds)
+            and all(ahead.lengths[row] + 2 <= self.capacity for row in feeds)
+        ):
             return None
         lengths, rows = ahead.lengths, list(feeds)
         committed = _committed(lengths, feeds)
         key = VariantKey(1, (), batch)
         try:
-            tokens = self.backend.chain_batch(self.variant(key), key, rows, ahead.logits,
-                                              [committed[row] for row in rows], samplers)
+            tokens = self.backend.chain_batch(
+                self.variant(key), key, rows, ahead.logits, [committed[row] for row in rows], samplers
+            )
         except BaseException:
             self.backend.settle()
             self._ahead = None

@@ -61,8 +61,16 @@ from engine.runtime.cpu import CpuBackend, _dtype
 from engine.runtime.variants import VariantCache
 from engine.sampling import Sampler
 
-__all__ = ["DecodeRow", "Engine", "EngineStats", "MemoryUse", "Step", "StepResult", "kv_slot_bytes",
-           "variant_bytes_estimate"]
+__all__ = [
+    "DecodeRow",
+    "Engine",
+    "EngineStats",
+    "MemoryUse",
+    "Step",
+    "StepResult",
+    "kv_slot_bytes",
+    "variant_bytes_estimate",
+]
 from engine.planner import (
     Limits,
     batch_widths,
@@ -127,39 +135,66 @@ class Engine(SessionRows):
         self._parking = Parking(self)  # sessions beyond slots: parked off the pool (parking.py)
         # Prefix reuse needs token ids, a ladder and KV a rewind can cut: no ports, no state.
         sharing = bool(options.prefix_sharing and self.chunk_size > 0 and not self.unbatched_reason)
-        self.prefixes = HeldPrefixes(self.pool, backend, prefix_unit(self.chunk_size), sharing,
-                                     kv_position_bytes(info))
+        self.prefixes = HeldPrefixes(
+            self.pool, backend, prefix_unit(self.chunk_size), sharing, kv_position_bytes(info)
+        )
         self.eager_forwards = 0
         self.sessions_padding_off = 0
         self.decoder = BatchDecoder(self.pool, backend, self._variant, self._open, self.capacity)
         self.kernels = assumed(backend.rows_follow_width)
         self.facts = EngineFacts(
-            provider=backend.name, capacity=self.capacity, chunk_size=self.chunk_size,
-            ladder=self.padded_ladder, slots=rows, batch_widths=self.batch_widths,
+            provider=backend.name,
+            capacity=self.capacity,
+            chunk_size=self.chunk_size,
+            ladder=self.padded_ladder,
+            slots=rows,
+            batch_widths=self.batch_widths,
             variant_capacity=self.variants.capacity,
             padding=bool(options.padding and not info.recurrent_state),
             recurrent=info.recurrent_state,
             token_ids_only=info.feed.name == "input_ids" and not info.supplied_ports,
-            unbatched_reason=self.unbatched_reason, vocab_size=info.vocab_size,
-            eos_ids=tuple(info.eos_token_ids), bos_id=info.bos_token_id, layers=info.num_layers,
-            prompt_batch=max(self.prompt_sizes, default=1))
+            unbatched_reason=self.unbatched_reason,
+            vocab_size=info.vocab_size,
+            eos_ids=tuple(info.eos_token_ids),
+            bos_id=info.bos_token_id,
+            layers=info.num_layers,
+            prompt_batch=max(self.prompt_sizes, default=1),
+        )
 
     @classmethod
     def load(cls, path: Path | str, options: EngineOptions | None = None) -> Engine:
         options = options or EngineOptions()
         # CUDA gathers the read rows in a form a CUDA graph captures (engine/head.py).
-        info = prepared_graph(load_model_info(Path(path)), options.graph_cache_dir, options.graph_read_only,
-                              on_device=options.provider == "cuda")
+        info = prepared_graph(
+            load_model_info(Path(path)),
+            options.graph_cache_dir,
+            options.graph_read_only,
+            on_device=options.provider == "cuda",
+        )
         engine = cls(info, options, make_backend(info, options))
         if engine.backend.name == "cpu" and not engine.unbatched_reason and engine.capacity > PROBE_ROWS:
             engine.follow(measure(engine))
-        log.info("kernel_rules", restore_rule=engine.kernels.restore_rule, measured=engine.kernels.measured,
-                 least_decode_batch=engine.kernels.least_decode_batch,
-                 one_row_gap=engine.kernels.one_row_gap, re_run_gap=engine.kernels.re_run_gap)
-        log.info("engine_loaded", model=str(path), provider=engine.backend.name,
-                 capacity=engine.capacity, chunk=engine.chunk_size, ladder=engine.ladder,
-                 slots=engine.pool.rows, batch_widths=engine.batch_widths, padding=options.padding,
-                 recurrent=info.recurrent_state, head_rows="read" if info.logits_rows else "every")
+        log.info(
+            "kernel_rules",
+            restore_rule=engine.kernels.restore_rule,
+            measured=engine.kernels.measured,
+            least_decode_batch=engine.kernels.least_decode_batch,
+            one_row_gap=engine.kernels.one_row_gap,
+            re_run_gap=engine.kernels.re_run_gap,
+        )
+        log.info(
+            "engine_loaded",
+            model=str(path),
+            provider=engine.backend.name,
+            capacity=engine.capacity,
+            chunk=engine.chunk_size,
+            ladder=engine.ladder,
+            slots=engine.pool.rows,
+            batch_widths=engine.batch_widths,
+            padding=options.padding,
+            recurrent=info.recurrent_state,
+            head_rows="read" if info.logits_rows else "every",
+        )
         return engine
 
     def follow(self, rules: KernelRules) -> None:
@@ -182,22 +217,36 @@ class Engine(SessionRows):
 
     def _variant_reserve(self, rows: int) -> int:
         """Bytes beside weights and KV at `rows` slots: the planned variants and the staging they bind."""
-        planned = variant_reserve(self.info, self.ladder, rows, batched=not self.unbatched_reason,
-                                  prompts=self._prompt_sizes(rows), padded=self.padded_ladder)
+        planned = variant_reserve(
+            self.info,
+            self.ladder,
+            rows,
+            batched=not self.unbatched_reason,
+            prompts=self._prompt_sizes(rows),
+            padded=self.padded_ladder,
+        )
         return self._staging_row_bytes + planned
 
     def _pool_rows(self) -> int:
         """max_sessions rows, or as many as the memory budget holds beside weights and variants."""
-        rows = pool_rows(self.options.max_sessions, self.options.memory_budget_bytes, self.weights_bytes,
-                         self.slot_bytes, self._variant_reserve)
+        rows = pool_rows(
+            self.options.max_sessions,
+            self.options.memory_budget_bytes,
+            self.weights_bytes,
+            self.slot_bytes,
+            self._variant_reserve,
+        )
         if rows < self.options.max_sessions:
             log.warning("memory_budget_limits_sessions", slots=rows, max_sessions=self.options.max_sessions)
         return rows
 
     def memory(self) -> MemoryUse:
-        return MemoryUse(weights=self.weights_bytes, kv=self.pool.rows * self.slot_bytes,
-                         variants=self.variants.stats().nbytes + self.staging_bytes,
-                         budget=self.options.memory_budget_bytes)
+        return MemoryUse(
+            weights=self.weights_bytes,
+            kv=self.pool.rows * self.slot_bytes,
+            variants=self.variants.stats().nbytes + self.staging_bytes,
+            budget=self.options.memory_budget_bytes,
+        )
 
     # -- the step: the one way a scheduler drives the engine ---------------------------------
     def step(self, step: Step) -> StepResult:
@@ -300,8 +349,9 @@ class Engine(SessionRows):
             raise OverCapacity("the session has no next-token logits (it is empty)")
         return self.choose_rows([session], [sampler])[0]
 
-    def choose_rows(self, sessions: Sequence[Session], samplers: Sequence[Sampler],
-                    picked: list[int] | None = None) -> list[int]:
+    def choose_rows(
+        self, sessions: Sequence[Session], samplers: Sequence[Sampler], picked: list[int] | None = None
+    ) -> list[int]:
         """Choose each session's next token (`picked`: already chosen on the device, the decode
         chain's); tell each sampler its choice and, when it asks, the log-probabilities of it (one
         batched computation on the backend for all that ask)."""
@@ -313,10 +363,14 @@ class Engine(SessionRows):
         if asking:
             top = max(samplers[i].top_logprobs or 0 for i in asking)
             masks = [samplers[i].allowed() for i in asking]  # before `chose` moves the constraint on
-            found = self.backend.logprobs([rows[i] for i in asking], [tokens[i] for i in asking], top,
-                                          masks if any(m is not None for m in masks) else ())
+            found = self.backend.logprobs(
+                [rows[i] for i in asking],
+                [tokens[i] for i in asking],
+                top,
+                masks if any(m is not None for m in masks) else (),
+            )
             for i, logprobs in zip(asking, found, strict=True):
-                kept = logprobs.top[:samplers[i].top_logprobs]
+                kept = logprobs.top[: samplers[i].top_logprobs]
                 if samplers[i].constrained:  # alternatives the constraint rules out are not alternatives
                     kept = tuple(pair for pair in kept if pair[1] > -math.inf)
                 samplers[i].last = replace(logprobs, top=kept)
@@ -338,15 +392,26 @@ class Engine(SessionRows):
         return warm_up(self)
 
     # -- conveniences (tests, benchmarks) ---------------------------------------------------
-    def prefill(self, session: Session, tokens: Sequence[int] | None = None, *,
-                embeds: np.ndarray | None = None,
-                ports: Mapping[str, np.ndarray] | None = None) -> Iterator[ForwardReport]:
+    def prefill(
+        self,
+        session: Session,
+        tokens: Sequence[int] | None = None,
+        *,
+        embeds: np.ndarray | None = None,
+        ports: Mapping[str, np.ndarray] | None = None,
+    ) -> Iterator[ForwardReport]:
         task = self.start_prefill(session, tokens, embeds=embeds, ports=ports)
         while not task.done:
             yield self.prefill_step(task)
 
-    def append(self, session: Session, tokens: Sequence[int] | None = None, *,
-               embeds: np.ndarray | None = None, ports: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+    def append(
+        self,
+        session: Session,
+        tokens: Sequence[int] | None = None,
+        *,
+        embeds: np.ndarray | None = None,
+        ports: Mapping[str, np.ndarray] | None = None,
+    ) -> np.ndarray:
         """Append a prompt (or one token) and return a host copy of the next-token logits [vocab]."""
         for _ in self.prefill(session, tokens, embeds=embeds, ports=ports):
             pass
@@ -355,17 +420,35 @@ class Engine(SessionRows):
     # -- stats ------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         c = self.decoder.counters
-        decode = DecodeStats(c.steps, c.rows, c.ride_along_rows, tuple(sorted(c.batch_use.items())),
-                             c.lookahead_hits, c.lookahead_misses, c.lookahead_launched, c.chained,
-                             c.rows_moved)
+        decode = DecodeStats(
+            c.steps,
+            c.rows,
+            c.ride_along_rows,
+            tuple(sorted(c.batch_use.items())),
+            c.lookahead_hits,
+            c.lookahead_misses,
+            c.lookahead_launched,
+            c.chained,
+            c.rows_moved,
+        )
         return EngineStats(
-            variants=self.variants.stats(), eager_forwards=self.eager_forwards,
-            sessions_open=self.sessions_open, sessions_padding_off=self.sessions_padding_off,
-            slots_allocated=self.pool.rows, slot_bytes=self.slot_bytes, memory=self.memory(),
-            decode=decode, batch_widths=self.batch_widths, unbatched_reason=self.unbatched_reason,
-            prefix=self.prefixes.stats(), parking=self.parking(),
-            prompt_forwards=self.prompt_forwards, prompts_batched=self.prompts_batched,
-            prompt_batch=max(self.prompt_sizes, default=1), kernels=self.kernels)
+            variants=self.variants.stats(),
+            eager_forwards=self.eager_forwards,
+            sessions_open=self.sessions_open,
+            sessions_padding_off=self.sessions_padding_off,
+            slots_allocated=self.pool.rows,
+            slot_bytes=self.slot_bytes,
+            memory=self.memory(),
+            decode=decode,
+            batch_widths=self.batch_widths,
+            unbatched_reason=self.unbatched_reason,
+            prefix=self.prefixes.stats(),
+            parking=self.parking(),
+            prompt_forwards=self.prompt_forwards,
+            prompts_batched=self.prompts_batched,
+            prompt_batch=max(self.prompt_sizes, default=1),
+            kernels=self.kernels,
+        )
 
     def parking(self) -> ParkingStats:
         return self._parking.stats()

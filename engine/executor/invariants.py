@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from engine.executor.parking import Parking
 
 
-def bookkeeping_problems(engine: Engine, open_rows: Mapping[int, Session], free: set[int],
-                         parking: Parking) -> list[str]:
+def bookkeeping_problems(
+    engine: Engine, open_rows: Mapping[int, Session], free: set[int], parking: Parking
+) -> list[str]:
     """Every pool row is free or owned by one open session, on its own row; a held prefix sits on a
     free row; a session holds no more tokens and fresh rows than its length; unless a forward is in
     flight (a lookahead), each open row's mask says its session's length; a session parked since the
@@ -30,16 +31,25 @@ def bookkeeping_problems(engine: Engine, open_rows: Mapping[int, Session], free:
     problems += [f"held prefix on row {r}, which a session owns" for r in engine.prefixes.held if r in owned]
     for s in open_rows.values():
         if len(s.tokens) > s.length or s.fresh > s.length or s.closed:
-            problems.append(f"row {s.row}: {len(s.tokens)} tokens, {s.fresh} fresh, length "
-                            f"{s.length}, closed {s.closed}")
+            problems.append(
+                f"row {s.row}: {len(s.tokens)} tokens, {s.fresh} fresh, length {s.length}, closed {s.closed}"
+            )
     for s in parking.unchecked:
-        if (s not in parking.sessions or s.parked is None or s.row != -1 or s.closed
-                or int(s.parked.kv.shape[3]) != s.length):
+        if (
+            s not in parking.sessions
+            or s.parked is None
+            or s.row != -1
+            or s.closed
+            or int(s.parked.kv.shape[3]) != s.length
+        ):
             problems.append(f"a parked session of length {s.length} holds row {s.row}, closed {s.closed}")
     parking.unchecked.clear()
     problems += [f"row {r} holds a parked session" for r, s in open_rows.items() if s.parked is not None]
     if not engine.decoder.in_flight:
         lengths = engine.pool.mask_lengths
-        problems += [f"row {r}: mask {lengths[r]}, length {s.length}" for r, s in open_rows.items()
-                     if lengths[r] != s.length]
+        problems += [
+            f"row {r}: mask {lengths[r]}, length {s.length}"
+            for r, s in open_rows.items()
+            if lengths[r] != s.length
+        ]
     return problems

@@ -61,8 +61,13 @@ def measure(engine: Engine) -> KernelRules:
         engine.variants.reset()
         for row in engine.free_rows - engine.prefixes.held.keys():
             engine.backend.release_row(row)
-    return KernelRules(fresh_forwards=re_run_gap > 0.0, least_decode_batch=2 if one_row_gap > 0.0 else 1,
-                       measured=True, one_row_gap=one_row_gap, re_run_gap=re_run_gap)
+    return KernelRules(
+        fresh_forwards=re_run_gap > 0.0,
+        least_decode_batch=2 if one_row_gap > 0.0 else 1,
+        measured=True,
+        one_row_gap=one_row_gap,
+        re_run_gap=re_run_gap,
+    )
 
 
 def probe_ids(vocab: int) -> list[int]:

@@ -72,8 +72,10 @@ class Parking:
         started = time.perf_counter()
         parked = engine.backend.park_row(session.row, session.length)
         if self.limit is not None and self.parked_bytes + int(parked.nbytes) > self.limit:
-            raise ParkingFull(f"parked sessions hold {self.parked_bytes} of the {self.limit} bytes they "
-                              f"may; parking one more would take {int(parked.nbytes)}")
+            raise ParkingFull(
+                f"parked sessions hold {self.parked_bytes} of the {self.limit} bytes they "
+                f"may; parking one more would take {int(parked.nbytes)}"
+            )
         session.parked = parked
         engine._leave_row(session)
         session.row = -1
@@ -97,8 +99,9 @@ class Parking:
         device's parked copies fit again (device memory first, then host, by idleness)."""
         if self.device_limit is None or self.device_bytes <= self.device_limit:
             return
-        on_device = sorted((s for s in self.sessions if s.parked is not None and s.parked.on_device),
-                           key=lambda s: s.used)
+        on_device = sorted(
+            (s for s in self.sessions if s.parked is not None and s.parked.on_device), key=lambda s: s.used
+        )
         for session in on_device:
             if self.device_bytes <= self.device_limit:
                 break
@@ -177,18 +180,23 @@ class Parking:
         if len(free) < rows:
             if full is not None and (error is not NoFreeRow or self._only_idle_rows()):
                 raise full  # waiting frees nothing: every row holds an idle session too big to park
-            raise error(f"all {self.engine.pool.rows} KV slots hold sessions in use ({len(free)} free, "
-                        f"{rows} needed)")
+            raise error(
+                f"all {self.engine.pool.rows} KV slots hold sessions in use ({len(free)} free, {rows} needed)"
+            )
 
     def _only_idle_rows(self) -> bool:
         """Whether every row is free or holds a session nobody uses (none will end a call soon)."""
         return len(self.engine._free) + self.parkable_count() >= self.engine.pool.rows
 
     def stats(self) -> ParkingStats:
-        return ParkingStats(sessions_parked=len(self.sessions),
-                            parked_bytes=self.parked_bytes,
-                            parks=self._moves["parks"], unparks=self._moves["unparks"],
-                            park_seconds=self._seconds["park"],
-                            unpark_seconds=self._seconds["unpark"],
-                            device_bytes=self.device_bytes, spills=self.spills,
-                            released_bytes=int(getattr(self.engine.backend, "released_bytes", 0)))
+        return ParkingStats(
+            sessions_parked=len(self.sessions),
+            parked_bytes=self.parked_bytes,
+            parks=self._moves["parks"],
+            unparks=self._moves["unparks"],
+            park_seconds=self._seconds["park"],
+            unpark_seconds=self._seconds["unpark"],
+            device_bytes=self.device_bytes,
+            spills=self.spills,
+            released_bytes=int(getattr(self.engine.backend, "released_bytes", 0)),
+        )

@@ -51,8 +51,8 @@ class PrefillTask:
     def chunk(self, forward: Forward, width: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The feed and per-token ports of one forward, widened to `width`."""
         stop = forward.start + forward.rows
-        ports = {n: widen(a[:, forward.start:stop], forward.rows, width) for n, a in self.streamed.items()}
-        return widen(self.feed[:, forward.start:stop], forward.rows, width), ports
+        ports = {n: widen(a[:, forward.start : stop], forward.rows, width) for n, a in self.streamed.items()}
+        return widen(self.feed[:, forward.start : stop], forward.rows, width), ports
 
 
 def read_index(rows: int, reads: int) -> np.ndarray:
@@ -67,12 +67,13 @@ def widen(array: np.ndarray, rows: int, width: int) -> np.ndarray:
     """Pad axis 1 from `rows` to `width` by repeating the last real row."""
     if width == rows:
         return array
-    tail = np.repeat(array[:, rows - 1:rows], width - rows, axis=1)
+    tail = np.repeat(array[:, rows - 1 : rows], width - rows, axis=1)
     return np.concatenate([array, tail], axis=1)
 
 
-def checked_feed(info: ModelInfo, feed_dtype: np.dtype, tokens: Sequence[int] | None,
-                 embeds: np.ndarray | None) -> tuple[np.ndarray, list[int] | None]:
+def checked_feed(
+    info: ModelInfo, feed_dtype: np.dtype, tokens: Sequence[int] | None, embeds: np.ndarray | None
+) -> tuple[np.ndarray, list[int] | None]:
     """The feed array of a prompt given as token ids or embeddings, as the model takes it."""
     if info.feed.name == "inputs_embeds":
         if embeds is None or embeds.ndim != 3 or embeds.shape[0] != 1 or embeds.shape[1] < 1:

@@ -48,8 +48,11 @@ log = structlog.get_logger("ladder.engine")
 def check_length(session: Session, length: int) -> None:
     """A length a rewind or fork keeps must be one the session holds."""
     if not 0 <= length <= session.length:
-        raise InvalidInput(f"cannot keep {length} tokens: the session holds {session.length}",
-                           reason="LENGTH_PAST_END", field="length")
+        raise InvalidInput(
+            f"cannot keep {length} tokens: the session holds {session.length}",
+            reason="LENGTH_PAST_END",
+            field="length",
+        )
 
 
 class Prefilling:
@@ -84,19 +87,28 @@ class Prefilling:
             raise InvalidInput("session is closed")
 
     # -- prefill ------------------------------------------------------------------------
-    def plan(self, session: Session, rows: int, ports: tuple[PortShape, ...] = (),
-             span: int = 0) -> PrefillPlan:
-        policy = PaddingPolicy(enabled=self.options.padding, recurrent_state=self.info.recurrent_state,
-                               session_padding_on=session.padding_on)
+    def plan(
+        self, session: Session, rows: int, ports: tuple[PortShape, ...] = (), span: int = 0
+    ) -> PrefillPlan:
+        policy = PaddingPolicy(
+            enabled=self.options.padding,
+            recurrent_state=self.info.recurrent_state,
+            session_padding_on=session.padding_on,
+        )
         try:
             return plan_prefill(session.length, rows, self.chunk_size, self.limits, policy, ports, span)
         except CapacityExceeded as exc:
             raise OverCapacity(str(exc)) from exc
 
-    def start_prefill(self, session: Session, tokens: Sequence[int] | None = None, *,
-                      embeds: np.ndarray | None = None,
-                      ports: Mapping[str, np.ndarray] | None = None,
-                      logprob_top: int | None = None) -> PrefillTask:
+    def start_prefill(
+        self,
+        session: Session,
+        tokens: Sequence[int] | None = None,
+        *,
+        embeds: np.ndarray | None = None,
+        ports: Mapping[str, np.ndarray] | None = None,
+        logprob_top: int | None = None,
+    ) -> PrefillTask:
         """Check and plan a prompt appended to `session`; nothing runs yet. With `logprob_top` each
         forward also computes the log-probabilities of the prompt's tokens after the first (and
         that many alternatives) from its real logits rows: `task.logprobs`."""
@@ -105,7 +117,7 @@ class Prefilling:
         supplied = checked_ports(self.port_dtypes, ports or {})
         again = self._again(session, len(ids)) if ids is not None and not supplied else 0
         if again and ids is not None:
-            ids = session.tokens[session.length - again:] + ids
+            ids = session.tokens[session.length - again :] + ids
             self._truncate(session, session.length - again)
             feed = np.asarray([ids], np.int64)
         plan = self.plan(session, feed.shape[1], tuple(PortShape(n, a.shape) for n, a in supplied.items()))
@@ -114,8 +126,9 @@ class Prefilling:
         constants = {n: a for n, a in supplied.items() if n not in per_token}
         if logprob_top is not None and ids is None:
             raise InvalidInput("prompt log-probabilities need token ids, not embeddings")
-        return PrefillTask(session, feed, ids, streamed, constants, list(plan.forwards), logprob_top,
-                           again=again)
+        return PrefillTask(
+            session, feed, ids, streamed, constants, list(plan.forwards), logprob_top, again=again
+        )
 
     def _again(self, session: Session, rows: int) -> int:
         """How many rows the session holds that an append of `rows` computes again, so that its
@@ -181,8 +194,9 @@ class Prefilling:
             task.forwards = self._replan(task, span)
         forward = task.forwards.pop(0)
         self._check_open(task.session)
-        return self._after_forward(task, forward, forward.width,
-                                   self._prefill_forward(task, forward, forward.width))
+        return self._after_forward(
+            task, forward, forward.width, self._prefill_forward(task, forward, forward.width)
+        )
 
     def prompt_width(self, task: PrefillTask, span: int = 0) -> int | None:
         """The width of the task's next forward when it may share a forward with other new prompts
@@ -193,9 +207,18 @@ class Prefilling:
         if span and task.forwards[0].rows > span:
             task.forwards = self._replan(task, span)
         forward, session = task.forwards[0], task.session
-        alone = (forward.past or session.length or task.streamed or task.constants or task.ids is None
-                 or task.logprob_top is not None or session.closed or not session.padding_on
-                 or forward.width not in self.padded_ladder or forward.width < 2)
+        alone = (
+            forward.past
+            or session.length
+            or task.streamed
+            or task.constants
+            or task.ids is None
+            or task.logprob_top is not None
+            or session.closed
+            or not session.padding_on
+            or forward.width not in self.padded_ladder
+            or forward.width < 2
+        )
         return None if alone else forward.width
 
     def prefill_prompts(self, tasks: Sequence[PrefillTask], size: int) -> list[ForwardReport]:
@@ -228,17 +251,21 @@ class Prefilling:
         for i, (task, forward) in enumerate(zip(tasks, forwards, strict=True)):
             task.forwards.pop(0)
             self.pool.commit(task.session, forward.rows)  # rewind: padded rows are past the length
-            reports.append(self._after_forward(task, forward, width, HeadRows(out.logits[i:i + 1], out.seen)))
+            reports.append(
+                self._after_forward(task, forward, width, HeadRows(out.logits[i : i + 1], out.seen))
+            )
         return reports
 
     def warm_prompts(self, width: int, size: int) -> None:
         """Run the shape of `size` prompts at `width` once on empty rows (prepared, captured on CUDA)."""
         key = VariantKey(width, prompts=size, reads=size)
-        self.backend.run_prompts(self._variant(key), key, [], np.zeros((0, width), self.feed_dtype),
-                                 np.zeros(size, np.int64))
+        self.backend.run_prompts(
+            self._variant(key), key, [], np.zeros((0, width), self.feed_dtype), np.zeros(size, np.int64)
+        )
 
-    def _after_forward(self, task: PrefillTask, forward: Forward, width: int,
-                       out: HeadRows | None) -> ForwardReport:
+    def _after_forward(
+        self, task: PrefillTask, forward: Forward, width: int, out: HeadRows | None
+    ) -> ForwardReport:
         """The self-check (a forward whose head missed the last real row runs again unpadded),
         prompt log-probabilities, the kept logits row and the session's tokens and counters."""
         session = task.session
@@ -253,7 +280,7 @@ class Prefilling:
             self.backend.keep_row(session.row, out.logits, out.last_real(forward.rows))
         session.has_logits = True
         if task.ids is not None and out is not None:  # a decode step has appended its token itself
-            session.tokens.extend(task.ids[forward.start:forward.start + forward.rows])
+            session.tokens.extend(task.ids[forward.start : forward.start + forward.rows])
         stats = session.stats
         stats.forwards += 1
         stats.real_rows += forward.rows
@@ -264,15 +291,16 @@ class Prefilling:
         """Row i of the forward predicts prompt token start + i + 1: score the real rows whose next token
         is in the prompt (never a padded row: they all come after the real ones)."""
         assert task.ids is not None and task.logprob_top is not None
-        targets = task.ids[forward.start + 1:forward.start + forward.rows + 1]
+        targets = task.ids[forward.start + 1 : forward.start + forward.rows + 1]
         skip = max(0, task.again - forward.start)  # rows computed again predict tokens held already
         if len(targets) <= skip:
             return
         if logits is None:  # a single row ran as a decode step: its logits are in the store
             found = self.backend.logprobs([task.session.row], targets, task.logprob_top)
         elif logits.shape[1] < len(targets):
-            raise InvalidInput("this decoder returns fewer logits rows than it is fed: "
-                               "it has no prompt log-probabilities")
+            raise InvalidInput(
+                "this decoder returns fewer logits rows than it is fed: it has no prompt log-probabilities"
+            )
         else:
             found = self.backend.prompt_logprobs(logits, targets, task.logprob_top)
         task.logprobs.extend(found[skip:])
@@ -290,24 +318,39 @@ class Prefilling:
         key = VariantKey(width, tuple(sorted(ports)), reads=reads)
         self.pool.set_mask(session.row, forward.past + width)
         try:
-            out = self.backend.run_rows(self._variant(key), key, session.row, forward.past, feed,
-                                        ports, task.constants, read_index(rows, key.reads))
+            out = self.backend.run_rows(
+                self._variant(key),
+                key,
+                session.row,
+                forward.past,
+                feed,
+                ports,
+                task.constants,
+                read_index(rows, key.reads),
+            )
         except BaseException:
             self.pool.set_mask(session.row, session.length)
             raise
         # Rewind: the padded rows' KV is erased from the logical length.
         self.pool.commit(session, forward.past + rows)
-        session.fresh = fresh_after(session.fresh, forward.past, rows, width, self.chunk_size,
-                                    self.fresh_forwards)
+        session.fresh = fresh_after(
+            session.fresh, forward.past, rows, width, self.chunk_size, self.fresh_forwards
+        )
         return out
 
     def _trip_self_check(self, session: Session, forward: Forward, width: int, out: HeadRows) -> None:
         session.padding_on = False
         session.stats.self_check_reruns += 1
         self.sessions_padding_off += 1
-        log.warning("padding_off_for_session", row=session.row, width=width, logits_rows=out.logits.shape[1],
-                    seen=None if out.seen is None else out.seen.tolist(), past=forward.past,
-                    reason="the head did not see the last real row among as many rows as the forward ran")
+        log.warning(
+            "padding_off_for_session",
+            row=session.row,
+            width=width,
+            logits_rows=out.logits.shape[1],
+            seen=None if out.seen is None else out.seen.tolist(),
+            past=forward.past,
+            reason="the head did not see the last real row among as many rows as the forward ran",
+        )
         self.pool.commit(session, forward.past)
         session.fresh = min(session.fresh, forward.past)
 
@@ -317,8 +360,10 @@ class Prefilling:
             return []
         start = task.forwards[0].start
         rows = task.rows - start
-        ports = (*(PortShape(n, (1, rows, *a.shape[2:])) for n, a in task.streamed.items()),
-                 *(PortShape(n, a.shape) for n, a in task.constants.items()))
+        ports = (
+            *(PortShape(n, (1, rows, *a.shape[2:])) for n, a in task.streamed.items()),
+            *(PortShape(n, a.shape) for n, a in task.constants.items()),
+        )
         plan = self.plan(task.session, rows, ports, span)
         return [replace(f, start=f.start + start) for f in plan.forwards]
 

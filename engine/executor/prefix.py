@@ -58,7 +58,7 @@ def chain(tokens: Sequence[int], unit: int, count: int) -> list[int]:
     hashes: list[int] = []
     previous = 0
     for k in range(count):
-        previous = hash((previous, tuple(tokens[k * unit:(k + 1) * unit])))
+        previous = hash((previous, tuple(tokens[k * unit : (k + 1) * unit])))
         hashes.append(previous)
     return hashes
 
@@ -105,7 +105,7 @@ class PrefixIndex:
             return
         previous = hashes[-1] if hashes else 0
         for k in range(len(hashes), whole):
-            previous = hash((previous, tuple(tokens[k * self.unit:(k + 1) * self.unit])))
+            previous = hash((previous, tuple(tokens[k * self.unit : (k + 1) * self.unit])))
             hashes.append(previous)
             self._rows.setdefault(previous, set()).add(row)
 
@@ -151,8 +151,9 @@ class PrefixIndex:
 class HeldPrefixes:
     """Which rows hold which prefixes (live sessions' and held free rows'), and the held rows themselves."""
 
-    def __init__(self, pool: KvPool, backend: Backend[Any], unit: int, enabled: bool,
-                 position_bytes: int) -> None:
+    def __init__(
+        self, pool: KvPool, backend: Backend[Any], unit: int, enabled: bool, position_bytes: int
+    ) -> None:
         self.pool = pool
         self.backend = backend
         self.unit = unit
@@ -175,14 +176,15 @@ class HeldPrefixes:
         self.held[session.row] = Held(session.tokens, session.fresh, session.scope, self._tick())
         return True
 
-    def lookup(self, scope: str, prompt: Sequence[int], live: Mapping[int, Session],
-               exclude: int) -> Hit | None:
+    def lookup(
+        self, scope: str, prompt: Sequence[int], live: Mapping[int, Session], exclude: int
+    ) -> Hit | None:
         """The longest prefix of `prompt` held for `scope` by any row but `exclude`."""
         if not (self.enabled and prompt):
             return None
         # Rows a decode step wrote are never shared: a fresh run computes them in a prefill forward.
-        candidates = {r: s.tokens[:s.fresh] for r, s in live.items() if s.scope == scope and r != exclude}
-        candidates.update({r: h.tokens[:h.fresh] for r, h in self.held.items() if h.scope == scope})
+        candidates = {r: s.tokens[: s.fresh] for r, s in live.items() if s.scope == scope and r != exclude}
+        candidates.update({r: h.tokens[: h.fresh] for r, h in self.held.items() if h.scope == scope})
         self.counts["lookups"] += 1
         hit = self.index.find(prompt, candidates)
         if hit is not None:
@@ -230,5 +232,6 @@ class HeldPrefixes:
 
     def stats(self) -> PrefixStats:
         held = sum(len(h.tokens) for h in self.held.values())
-        return PrefixStats(self.enabled, rows_held=len(self.held), bytes_held=held * self.position_bytes,
-                           **self.counts)
+        return PrefixStats(
+            self.enabled, rows_held=len(self.held), bytes_held=held * self.position_bytes, **self.counts
+        )

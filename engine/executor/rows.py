@@ -140,9 +140,15 @@ class SessionRows(Prefilling):
         if self.info.recurrent_state:
             return 0
         decoding = {s.row for s in sessions}
-        targets = sorted((r for r in range(width) if r not in decoding),
-                         key=lambda r: (r in self._open, r in self.prefixes.held,
-                                        self._open[r].used if r in self._open else 0, r))
+        targets = sorted(
+            (r for r in range(width) if r not in decoding),
+            key=lambda r: (
+                r in self._open,
+                r in self.prefixes.held,
+                self._open[r].used if r in self._open else 0,
+                r,
+            ),
+        )
         movers = sorted((s for s in sessions if s.row >= width), key=lambda s: s.row)
         if not movers:
             return 0
@@ -187,8 +193,9 @@ class SessionRows(Prefilling):
         self._check_open(session)
         if session.length:
             return 0
-        hit = self._shareable(self.prefixes.lookup(session.scope, prompt, self._open, session.row),
-                              len(prompt))
+        hit = self._shareable(
+            self.prefixes.lookup(session.scope, prompt, self._open, session.row), len(prompt)
+        )
         if hit is None:
             return 0
         self.decoder.settle()

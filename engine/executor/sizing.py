@@ -11,15 +11,23 @@ from engine.model import ModelInfo
 from engine.planner import batch_widths, prompt_batches
 
 
-def variant_reserve(info: ModelInfo, ladder: Sequence[int], rows: int, batched: bool,
-                    prompts: Sequence[int] = (), padded: Sequence[int] = ()) -> int:
+def variant_reserve(
+    info: ModelInfo,
+    ladder: Sequence[int],
+    rows: int,
+    batched: bool,
+    prompts: Sequence[int] = (),
+    padded: Sequence[int] = (),
+) -> int:
     """Bytes the planned variants take: each prefill width, each decode batch width over `rows`,
     and where new prompts share a prefill forward (`prompts`: how many, at each `padded` width)
     those variants and the staging block they run in."""
     batches = batch_widths(rows) if batched else ()
-    reserve = (sum(variant_bytes_estimate(info, w) for w in ladder)
-               + sum(variant_bytes_estimate(info, 1, b) for b in batches)
-               + prompt_reserve(info, padded, prompts))
+    reserve = (
+        sum(variant_bytes_estimate(info, w) for w in ladder)
+        + sum(variant_bytes_estimate(info, 1, b) for b in batches)
+        + prompt_reserve(info, padded, prompts)
+    )
     return reserve or variant_bytes_estimate(info, 1)
 
 
@@ -38,16 +46,19 @@ def prompt_staging_bytes(info: ModelInfo, prompts: int, positions: int) -> int:
     return prompts * positions * kv_position_bytes(info)
 
 
-def pool_rows(max_sessions: int, budget: int, weights: int, slot_bytes: int,
-              reserve: Callable[[int], int]) -> int:
+def pool_rows(
+    max_sessions: int, budget: int, weights: int, slot_bytes: int, reserve: Callable[[int], int]
+) -> int:
     """The most rows up to `max_sessions` whose weights + KV + `reserve(rows)` fit `budget` (0: no
     budget); Exhausted when not even one does."""
     rows = max_sessions
     while budget and rows and weights + rows * slot_bytes + reserve(rows) > budget:
         rows -= 1
     if rows < 1:
-        raise Exhausted(f"memory budget: {budget >> 20} MiB holds the weights ({weights >> 20} MiB) but "
-                        f"not one session's KV ({slot_bytes >> 20} MiB) and the variants")
+        raise Exhausted(
+            f"memory budget: {budget >> 20} MiB holds the weights ({weights >> 20} MiB) but "
+            f"not one session's KV ({slot_bytes >> 20} MiB) and the variants"
+        )
     return rows
 
 

@@ -63,8 +63,17 @@ def _run(engine: Engine, step: Step) -> StepResult:
     started = time.perf_counter()
     decode = _decode_rows(engine, step.decode)
     batch = engine.last_batch if any(o.error is None for o in decode) else 0
-    return StepResult(opens, tuple(ops), tuple(op_seconds), tuple(prefills), decode, batch,
-                      tuple(seconds), time.perf_counter() - started if batch else 0.0, choices)
+    return StepResult(
+        opens,
+        tuple(ops),
+        tuple(op_seconds),
+        tuple(prefills),
+        decode,
+        batch,
+        tuple(seconds),
+        time.perf_counter() - started if batch else 0.0,
+        choices,
+    )
 
 
 def _outcome(fn: Any, *args: Any) -> Outcome:
@@ -106,8 +115,9 @@ def _close(engine: Engine, session: Session, keep: bool) -> int:
     return length
 
 
-def _prefills(engine: Engine, items: Sequence[tuple[Prefill, int]],
-              chosen: _Chosen) -> tuple[list[Outcome], list[float]]:
+def _prefills(
+    engine: Engine, items: Sequence[tuple[Prefill, int]], chosen: _Chosen
+) -> tuple[list[Outcome], list[float]]:
     """Each prefill item's forward: first every new prompt's shared prefix and plan, then the
     batchable first chunks of one width in one forward each group (engine.planner.prompt_groups),
     then the rest one by one. Seconds per item (a group's forward split among its prompts)."""
@@ -122,8 +132,10 @@ def _prefills(engine: Engine, items: Sequence[tuple[Prefill, int]],
             started.append(None)
             outcomes[i] = Outcome(error=exc)
         seconds[i] = time.perf_counter() - began
-    widths = [engine.prompt_width(begun[0], span) if begun is not None and request.batchable else None
-              for begun, (request, span) in zip(started, items, strict=True)]
+    widths = [
+        engine.prompt_width(begun[0], span) if begun is not None and request.batchable else None
+        for begun, (request, span) in zip(started, items, strict=True)
+    ]
     for group in prompt_groups(widths, engine.prompt_sizes):
         began = time.perf_counter()
         tasks = [started[i][0] for i in group.items]  # type: ignore[index]
@@ -161,15 +173,23 @@ def _start(engine: Engine, request: Prefill) -> tuple[PrefillTask, int]:
     return engine.start_prefill(request.session, tokens, logprob_top=request.logprob_top), shared
 
 
-def _step_alone(engine: Engine, request: Prefill, begun: tuple[PrefillTask, int], span: int, index: int,
-                chosen: _Chosen) -> PrefillProgress:
+def _step_alone(
+    engine: Engine, request: Prefill, begun: tuple[PrefillTask, int], span: int, index: int, chosen: _Chosen
+) -> PrefillProgress:
     task, shared = begun
     report = engine.prefill_step(task, span) if not task.done else None
     return _finish(engine, request, task, report, shared, index, chosen)
 
 
-def _finish(engine: Engine, request: Prefill, task: PrefillTask, report: ForwardReport | None, shared: int,
-            index: int, chosen: _Chosen) -> PrefillProgress:
+def _finish(
+    engine: Engine,
+    request: Prefill,
+    task: PrefillTask,
+    report: ForwardReport | None,
+    shared: int,
+    index: int,
+    chosen: _Chosen,
+) -> PrefillProgress:
     """After the item's forward: a finished prompt is copied into its copies and its first tokens
     join the step's batched choice."""
     if not task.done:
@@ -201,8 +221,7 @@ def _choose_first(engine: Engine, chosen: _Chosen, ops: list[Outcome], prefills:
             ops[index] = Outcome(mine[0], error)
         else:
             progress = prefills[index].value
-            prefills[index] = Outcome(replace(progress, tokens=tuple(mine)) if error is None else None,
-                                      error)
+            prefills[index] = Outcome(replace(progress, tokens=tuple(mine)) if error is None else None, error)
     return 1
 
 

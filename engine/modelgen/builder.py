@@ -122,24 +122,33 @@ class _Graph:
         if key not in self._converted:
             w = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
             block = self.spec.int4_block
-            self._converted[key] = int4_blocks(w.astype(self.spec.np_dtype), block) if block else (
-                w.astype(self.spec.np_dtype),)
+            self._converted[key] = (
+                int4_blocks(w.astype(self.spec.np_dtype), block) if block else (w.astype(self.spec.np_dtype),)
+            )
         arrays = self._converted[key]
         if len(arrays) == 1:
             return self.op1("MatMul", [x, self.init(f"{name}.weight", arrays[0])])
         packed, scales = arrays
         k, n = packed.shape[1] * self.spec.int4_block, packed.shape[0]
         inputs = [x, self.init(f"{name}.weight.q4", packed), self.init(f"{name}.weight.scales", scales)]
-        return self.op1("MatMulNBits", inputs, domain="com.microsoft", K=k, N=n, bits=4,
-                        block_size=self.spec.int4_block, accuracy_level=4)
+        return self.op1(
+            "MatMulNBits",
+            inputs,
+            domain="com.microsoft",
+            K=k,
+            N=n,
+            bits=4,
+            block_size=self.spec.int4_block,
+            accuracy_level=4,
+        )
 
-    def op(self, op_type: str, inputs: list[str], outputs: int = 1, domain: str = "",
-           **attrs: Any) -> list[str]:
+    def op(
+        self, op_type: str, inputs: list[str], outputs: int = 1, domain: str = "", **attrs: Any
+    ) -> list[str]:
         self._n += 1
         names = [f"{op_type.lower()}_{self._n}_{i}" for i in range(outputs)]
         self.nodes.append(
-            helper.make_node(op_type, inputs, names, name=f"{op_type}_{self._n}",
-                             domain=domain, **attrs)
+            helper.make_node(op_type, inputs, names, name=f"{op_type}_{self._n}", domain=domain, **attrs)
         )
         return names
 
@@ -147,8 +156,9 @@ class _Graph:
         return self.op(op_type, inputs, 1, domain, **attrs)[0]
 
     def rms_norm(self, x: str, w: str) -> str:
-        return self.op1("SimplifiedLayerNormalization", [x, w], axis=-1,
-                        epsilon=self.spec.rms_eps, stash_type=1)
+        return self.op1(
+            "SimplifiedLayerNormalization", [x, w], axis=-1, epsilon=self.spec.rms_eps, stash_type=1
+        )
 
     def add_norm(self, x: str, delta: str | None, w: str) -> tuple[str, str]:
         """(norm(x + delta), x + delta): the residual stream and the normalized input of what
@@ -160,10 +170,16 @@ class _Graph:
             return self.rms_norm(total, w), total
         self._n += 1
         normed, total = f"skipnorm_{self._n}_0", f"skipnorm_{self._n}_3"
-        self.nodes.append(helper.make_node(
-            "SkipSimplifiedLayerNormalization", [x, delta, w], [normed, "", "", total],
-            name=f"SkipSimplifiedLayerNormalization_{self._n}", domain="com.microsoft",
-            epsilon=self.spec.rms_eps))
+        self.nodes.append(
+            helper.make_node(
+                "SkipSimplifiedLayerNormalization",
+                [x, delta, w],
+                [normed, "", "", total],
+                name=f"SkipSimplifiedLayerNormalization_{self._n}",
+                domain="com.microsoft",
+                epsilon=self.spec.rms_eps,
+            )
+        )
         return normed, total
 
 
@@ -184,16 +200,23 @@ def _embed(g: _Graph, w: DecoderWeights, inputs: list[onnx.ValueInfoProto]) -> s
     if not spec.embeddings_input or w.lm_head is None:
         g.weight("model.embed_tokens.weight", w.embed)
     if spec.embeddings_input:
-        inputs.append(helper.make_tensor_value_info(
-            "inputs_embeds", dt, ["batch_size", "sequence_length", spec.hidden_size]))
+        inputs.append(
+            helper.make_tensor_value_info(
+                "inputs_embeds", dt, ["batch_size", "sequence_length", spec.hidden_size]
+            )
+        )
         x = "inputs_embeds"
     else:
-        inputs.append(helper.make_tensor_value_info(
-            "input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
+        inputs.append(
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])
+        )
         x = g.op1("Gather", ["model.embed_tokens.weight", "input_ids"], axis=0)
     if spec.per_token_port:
-        inputs.append(helper.make_tensor_value_info(
-            "per_token_features", dt, ["batch_size", "sequence_length", spec.per_token_port]))
+        inputs.append(
+            helper.make_tensor_value_info(
+                "per_token_features", dt, ["batch_size", "sequence_length", spec.per_token_port]
+            )
+        )
         proj = g.weight("per_token_proj", w.extras["per_token_proj"])
         x = g.op1("Add", [x, g.op1("MatMul", ["per_token_features", proj])])
     if spec.bias_port:
@@ -205,18 +228,26 @@ def _embed(g: _Graph, w: DecoderWeights, inputs: list[onnx.ValueInfoProto]) -> s
 def _recurrent_mix(g: _Graph, x: str, w: DecoderWeights, inputs: list, outputs: list) -> str:
     """A causal depthwise convolution whose last rows are carried as fixed-size state."""
     spec, dt, k = g.spec, g.spec.onnx_dtype, g.spec.recurrent_state
-    inputs.append(helper.make_tensor_value_info("past_conv_state.0", dt,
-                                                ["batch_size", k, spec.hidden_size]))
-    outputs.append(helper.make_tensor_value_info("present_conv_state.0", dt,
-                                                 ["batch_size", k, spec.hidden_size]))
+    inputs.append(helper.make_tensor_value_info("past_conv_state.0", dt, ["batch_size", k, spec.hidden_size]))
+    outputs.append(
+        helper.make_tensor_value_info("present_conv_state.0", dt, ["batch_size", k, spec.hidden_size])
+    )
     cat = g.op1("Concat", ["past_conv_state.0", x], axis=1)
-    g.nodes.append(helper.make_node(
-        "Slice", [cat, g.init("conv_start", np.array([-k], np.int64)),
-                  g.init("conv_end", np.array([INT64_MAX], np.int64)), "axes_1"],
-        ["present_conv_state.0"], name="conv_state_slice"))
+    g.nodes.append(
+        helper.make_node(
+            "Slice",
+            [
+                cat,
+                g.init("conv_start", np.array([-k], np.int64)),
+                g.init("conv_end", np.array([INT64_MAX], np.int64)),
+                "axes_1",
+            ],
+            ["present_conv_state.0"],
+            name="conv_state_slice",
+        )
+    )
     kernel = g.weight("conv_kernel", w.extras["conv_kernel"])  # [hidden, 1, k + 1]
-    conv = g.op1("Conv", [g.op1("Transpose", [cat], perm=[0, 2, 1]), kernel],
-                 group=spec.hidden_size)
+    conv = g.op1("Conv", [g.op1("Transpose", [cat], perm=[0, 2, 1]), kernel], group=spec.hidden_size)
     return g.op1("Add", [x, g.op1("Transpose", [conv], perm=[0, 2, 1])])
 
 
@@ -224,8 +255,11 @@ def _qkv(g: _Graph, p: str, h: str, lw: LayerWeights) -> tuple[str, str, str]:
     """GQA's query, key and value inputs; packed: one q|k|v matrix and empty key and value."""
     if g.spec.packed_projections:
         return g.matmul(f"{p}.attn.qkv_proj", h, lw.q, lw.k, lw.v), "", ""
-    return (g.matmul(f"{p}.attn.q_proj", h, lw.q), g.matmul(f"{p}.attn.k_proj", h, lw.k),
-            g.matmul(f"{p}.attn.v_proj", h, lw.v))
+    return (
+        g.matmul(f"{p}.attn.q_proj", h, lw.q),
+        g.matmul(f"{p}.attn.k_proj", h, lw.k),
+        g.matmul(f"{p}.attn.v_proj", h, lw.v),
+    )
 
 
 def _gate_up(g: _Graph, p: str, h: str, lw: LayerWeights) -> tuple[str, str]:
@@ -237,8 +271,17 @@ def _gate_up(g: _Graph, p: str, h: str, lw: LayerWeights) -> tuple[str, str]:
     return g.matmul(f"{p}.mlp.gate_proj", h, lw.gate), g.matmul(f"{p}.mlp.up_proj", h, lw.up)
 
 
-def _layer(g: _Graph, i: int, x: str, delta: str | None, lw: LayerWeights, seqlens: str, total: str,
-           inputs: list, outputs: list) -> tuple[str, str]:
+def _layer(
+    g: _Graph,
+    i: int,
+    x: str,
+    delta: str | None,
+    lw: LayerWeights,
+    seqlens: str,
+    total: str,
+    inputs: list,
+    outputs: list,
+) -> tuple[str, str]:
     """Layer i on the residual stream x + delta; returns the stream and the layer's own delta (the
     MLP's output), which the next norm adds."""
     spec, dt = g.spec, g.spec.onnx_dtype
@@ -251,16 +294,35 @@ def _layer(g: _Graph, i: int, x: str, delta: str | None, lw: LayerWeights, seqle
     h, x = g.add_norm(x, delta, g.weight(f"{p}.input_layernorm.weight", lw.attn_norm))
     q, k, v = _qkv(g, p, h, lw)
     attn = f"{p}.attn.output"
-    g.nodes.append(helper.make_node(
-        "GroupQueryAttention",
-        [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, total,
-         "cos_cache", "sin_cache"],
-        [attn, f"present.{i}.key", f"present.{i}.value"],
-        name=f"{p}.GroupQueryAttention", domain="com.microsoft",
-        num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, do_rotary=1,
-        rotary_interleaved=int(spec.rotary_interleaved), scale=float(spec.head_size ** -0.5)))
-    h, x = g.add_norm(x, g.matmul(f"{p}.attn.o_proj", attn, lw.o),
-                      g.weight(f"{p}.post_attention_layernorm.weight", lw.mlp_norm))
+    g.nodes.append(
+        helper.make_node(
+            "GroupQueryAttention",
+            [
+                q,
+                k,
+                v,
+                f"past_key_values.{i}.key",
+                f"past_key_values.{i}.value",
+                seqlens,
+                total,
+                "cos_cache",
+                "sin_cache",
+            ],
+            [attn, f"present.{i}.key", f"present.{i}.value"],
+            name=f"{p}.GroupQueryAttention",
+            domain="com.microsoft",
+            num_heads=spec.num_heads,
+            kv_num_heads=spec.num_kv_heads,
+            do_rotary=1,
+            rotary_interleaved=int(spec.rotary_interleaved),
+            scale=float(spec.head_size**-0.5),
+        )
+    )
+    h, x = g.add_norm(
+        x,
+        g.matmul(f"{p}.attn.o_proj", attn, lw.o),
+        g.weight(f"{p}.post_attention_layernorm.weight", lw.mlp_norm),
+    )
     gate, up = _gate_up(g, p, h, lw)
     act = g.op1("Mul", [g.op1("Mul", [gate, g.op1("Sigmoid", [gate])]), up])
     return x, g.matmul(f"{p}.mlp.down_proj", act, lw.down)
@@ -270,16 +332,22 @@ def _lm_head(g: _Graph, x: str, w: DecoderWeights) -> str:
     spec = g.spec
     if spec.last_row_logits:
         # Contract the query axis: only the last row reaches the head.
-        x = g.op1("Slice", [x, g.init("last_start", np.array([-1], np.int64)),
-                            g.init("last_end", np.array([INT64_MAX], np.int64)), "axes_1"])
+        x = g.op1(
+            "Slice",
+            [
+                x,
+                g.init("last_start", np.array([-1], np.int64)),
+                g.init("last_end", np.array([INT64_MAX], np.int64)),
+                "axes_1",
+            ],
+        )
     if w.lm_head is not None:
         return g.op1("MatMul", [x, g.weight("lm_head.weight", w.lm_head)])
     # Tied head: Gemm with transB reads the embedding table in place, no transposed copy.
     flat = g.op1("Reshape", [x, g.init("flat_shape", np.array([-1, spec.hidden_size], np.int64))])
     scores = g.op1("Gemm", [flat, "model.embed_tokens.weight"], transB=1)
     lead = g.op1("Shape", [x], start=0, end=2)
-    shape = g.op1("Concat", [lead, g.init("vocab_dim", np.array([spec.vocab_size], np.int64))],
-                  axis=0)
+    shape = g.op1("Concat", [lead, g.init("vocab_dim", np.array([spec.vocab_size], np.int64))], axis=0)
     return g.op1("Reshape", [scores, shape])
 
 
@@ -289,8 +357,11 @@ def build_decoder(spec: DecoderSpec, weights: DecoderWeights) -> onnx.ModelProto
     inputs: list[onnx.ValueInfoProto] = []
     outputs: list[onnx.ValueInfoProto] = []
     x = _embed(g, weights, inputs)
-    inputs.append(helper.make_tensor_value_info(
-        "attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]))
+    inputs.append(
+        helper.make_tensor_value_info(
+            "attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]
+        )
+    )
     seqlens, total = _masks(g)
     cos, sin = rotary_caches(spec)
     g.weight("cos_cache", cos)
@@ -304,11 +375,13 @@ def build_decoder(spec: DecoderSpec, weights: DecoderWeights) -> onnx.ModelProto
     logits = _lm_head(g, x, weights)
     rows = 1 if spec.last_row_logits else "sequence_length"
     g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits_out"))
-    outputs.insert(0, helper.make_tensor_value_info(
-        "logits", spec.onnx_dtype, ["batch_size", rows, spec.vocab_size]))
+    outputs.insert(
+        0, helper.make_tensor_value_info("logits", spec.onnx_dtype, ["batch_size", rows, spec.vocab_size])
+    )
     graph = helper.make_graph(g.nodes, "ladder_decoder", inputs, outputs, g.inits)
-    model = helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    )
     model.ir_version = 10
     if spec.read_rows and not spec.last_row_logits:
         gather_read_rows(model)
@@ -330,15 +403,25 @@ def int4_blocks(w: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray]
     return q[..., 0::2] | (q[..., 1::2] << 4), scale.astype(w.dtype).ravel()
 
 
-def genai_config(spec: DecoderSpec, *, context_length: int, chunk_size: int,
-                 bos_token_id: int = 1, eos_token_id: int | list[int] = 2,
-                 pad_token_id: int = 0, model_type: str = "llama") -> dict[str, Any]:
+def genai_config(
+    spec: DecoderSpec,
+    *,
+    context_length: int,
+    chunk_size: int,
+    bos_token_id: int = 1,
+    eos_token_id: int | list[int] = 2,
+    pad_token_id: int = 0,
+    model_type: str = "llama",
+) -> dict[str, Any]:
     """A genai_config.json that onnxruntime-genai and Ladder both read."""
-    inputs = {"attention_mask": "attention_mask",
-              "past_key_names": "past_key_values.%d.key",
-              "past_value_names": "past_key_values.%d.value"}
+    inputs = {
+        "attention_mask": "attention_mask",
+        "past_key_names": "past_key_values.%d.key",
+        "past_value_names": "past_key_values.%d.value",
+    }
     inputs["inputs_embeds" if spec.embeddings_input else "input_ids"] = (
-        "inputs_embeds" if spec.embeddings_input else "input_ids")
+        "inputs_embeds" if spec.embeddings_input else "input_ids"
+    )
     return {
         "model": {
             "bos_token_id": bos_token_id,
@@ -349,8 +432,11 @@ def genai_config(spec: DecoderSpec, *, context_length: int, chunk_size: int,
                 "head_size": spec.head_size,
                 "hidden_size": spec.hidden_size,
                 "inputs": inputs,
-                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
-                            "present_value_names": "present.%d.value"},
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value",
+                },
                 "num_attention_heads": spec.num_heads,
                 "num_hidden_layers": spec.num_layers,
                 "num_key_value_heads": spec.num_kv_heads,
@@ -361,11 +447,21 @@ def genai_config(spec: DecoderSpec, *, context_length: int, chunk_size: int,
             "vocab_size": spec.vocab_size,
         },
         "search": {
-            "chunk_size": chunk_size, "diversity_penalty": 0.0, "do_sample": False,
-            "early_stopping": True, "length_penalty": 1.0, "max_length": context_length,
-            "min_length": 0, "no_repeat_ngram_size": 0, "num_beams": 1,
-            "num_return_sequences": 1, "past_present_share_buffer": True,
-            "repetition_penalty": 1.0, "temperature": 1.0, "top_k": 1, "top_p": 1.0,
+            "chunk_size": chunk_size,
+            "diversity_penalty": 0.0,
+            "do_sample": False,
+            "early_stopping": True,
+            "length_penalty": 1.0,
+            "max_length": context_length,
+            "min_length": 0,
+            "no_repeat_ngram_size": 0,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            "past_present_share_buffer": True,
+            "repetition_penalty": 1.0,
+            "temperature": 1.0,
+            "top_k": 1,
+            "top_p": 1.0,
         },
     }
 
@@ -375,7 +471,11 @@ def write_model_dir(path: Path, model: onnx.ModelProto, config: dict[str, Any]) 
     path.mkdir(parents=True, exist_ok=True)
     # Summed from the weights: a proto over 2 GB cannot even report its own ByteSize.
     large = sum(len(t.raw_data) for t in model.graph.initializer) > 1_800_000_000
-    onnx.save_model(model, str(path / GRAPH_FILE), save_as_external_data=large,
-                    location=f"{GRAPH_FILE}.data" if large else None)
+    onnx.save_model(
+        model,
+        str(path / GRAPH_FILE),
+        save_as_external_data=large,
+        location=f"{GRAPH_FILE}.data" if large else None,
+    )
     (path / "genai_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path

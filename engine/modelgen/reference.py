@@ -40,7 +40,7 @@ def reference_logits(spec: DecoderSpec, w: DecoderWeights, tokens: list[int]) ->
         q = _rotate(q, cos, sin, spec.rotary_interleaved)
         k = np.repeat(_rotate(k, cos, sin, spec.rotary_interleaved), group, axis=0)
         v = np.repeat(v, group, axis=0)
-        scores = q @ k.transpose(0, 2, 1) * hd ** -0.5 + causal
+        scores = q @ k.transpose(0, 2, 1) * hd**-0.5 + causal
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         x = x + (probs @ v).transpose(1, 0, 2).reshape(n, -1) @ lw.o

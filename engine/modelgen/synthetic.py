@@ -23,8 +23,16 @@ from engine.modelgen.builder import (
     write_model_dir,
 )
 
-TINY = DecoderSpec(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-                   num_heads=4, num_kv_heads=2, head_size=16, rotary_rows=2048)
+TINY = DecoderSpec(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_size=16,
+    rotary_rows=2048,
+)
 
 VARIANTS: dict[str, DecoderSpec] = {
     "plain": TINY,
@@ -49,29 +57,45 @@ def random_weights(spec: DecoderSpec, seed: int = 0, repeat_layers: bool = False
 
     h, kv = spec.hidden_size, spec.num_kv_heads * spec.head_size
     q = spec.num_heads * spec.head_size
+
     def layer() -> LayerWeights:
-        return LayerWeights(attn_norm=norm(), q=mat(h, q), k=mat(h, kv), v=mat(h, kv), o=mat(q, h),
-                            mlp_norm=norm(), gate=mat(h, spec.intermediate_size),
-                            up=mat(h, spec.intermediate_size), down=mat(spec.intermediate_size, h))
+        return LayerWeights(
+            attn_norm=norm(),
+            q=mat(h, q),
+            k=mat(h, kv),
+            v=mat(h, kv),
+            o=mat(q, h),
+            mlp_norm=norm(),
+            gate=mat(h, spec.intermediate_size),
+            up=mat(h, spec.intermediate_size),
+            down=mat(spec.intermediate_size, h),
+        )
 
     layers = [layer()] * spec.num_layers if repeat_layers else [layer() for _ in range(spec.num_layers)]
     extras: dict[str, np.ndarray] = {}
     if spec.per_token_port:
         extras["per_token_proj"] = mat(spec.per_token_port, h)
     if spec.recurrent_state:
-        extras["conv_kernel"] = 0.5 * rng.standard_normal(
-            (h, 1, spec.recurrent_state + 1)).astype(np.float32)
+        extras["conv_kernel"] = 0.5 * rng.standard_normal((h, 1, spec.recurrent_state + 1)).astype(np.float32)
     embed = rng.standard_normal((spec.vocab_size, h), dtype=np.float32)
-    return DecoderWeights(embed=embed, layers=layers, final_norm=norm(),
-                          lm_head=mat(h, spec.vocab_size) * 4.0, extras=extras)
+    return DecoderWeights(
+        embed=embed, layers=layers, final_norm=norm(), lm_head=mat(h, spec.vocab_size) * 4.0, extras=extras
+    )
 
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "ladder" / "synthetic"
 
 
-def build_synthetic(spec: DecoderSpec, root: Path | None = None, *, seed: int = 0,
-                    chunk_size: int = 64, context_length: int = 1024, repeat_layers: bool = False) -> Path:
+def build_synthetic(
+    spec: DecoderSpec,
+    root: Path | None = None,
+    *,
+    seed: int = 0,
+    chunk_size: int = 64,
+    context_length: int = 1024,
+    repeat_layers: bool = False,
+) -> Path:
     """Build (or reuse) the model directory for `spec` and return its path."""
     identity: list[object] = [asdict(spec), seed, chunk_size, context_length]
     key = json.dumps(identity + ["repeat_layers"] if repeat_layers else identity, sort_keys=True)
@@ -82,7 +106,6 @@ def build_synthetic(spec: DecoderSpec, root: Path | None = None, *, seed: int = 
     weights = random_weights(spec, seed, repeat_layers)
     model = build_decoder(spec, weights)
     tmp = path.with_name(path.name + ".tmp")
-    write_model_dir(tmp, model, genai_config(spec, context_length=context_length,
-                                             chunk_size=chunk_size))
+    write_model_dir(tmp, model, genai_config(spec, context_length=context_length, chunk_size=chunk_size))
     tmp.replace(path) if not path.exists() else None
     return path

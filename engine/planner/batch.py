@@ -84,7 +84,7 @@ def prompt_groups(widths: Sequence[int | None], sizes: Sequence[int]) -> tuple[P
     groups = []
     for width, items in by_width.items():
         for start in range(0, len(items), widest):
-            part = tuple(items[start:start + widest])
+            part = tuple(items[start : start + widest])
             if len(part) > 1:
                 groups.append(PromptGroup(width, next(s for s in sizes if s >= len(part)), part))
     return tuple(sorted(groups, key=lambda group: group.items[0]))

@@ -49,9 +49,7 @@ def is_per_token(port: PortShape, rows: int) -> bool:
     return len(port.shape) >= 2 and port.shape[0] == 1 and port.shape[1] == rows
 
 
-def decide_padding(
-    policy: PaddingPolicy, rows: int, ports: tuple[PortShape, ...] = ()
-) -> PaddingDecision:
+def decide_padding(policy: PaddingPolicy, rows: int, ports: tuple[PortShape, ...] = ()) -> PaddingDecision:
     """Allow padding only if no refusal applies; name the per-token ports to widen."""
     per_token = tuple(p.name for p in ports if is_per_token(p, rows))
     if not policy.enabled:

@@ -16,9 +16,7 @@ class CapacityExceeded(ValueError):
     """The prompt does not fit in the session's KV capacity."""
 
     def __init__(self, past: int, rows: int, capacity: int) -> None:
-        super().__init__(
-            f"{past} tokens in the session + {rows} new exceed the capacity of {capacity}"
-        )
+        super().__init__(f"{past} tokens in the session + {rows} new exceed the capacity of {capacity}")
         self.past, self.rows, self.capacity = past, rows, capacity
 
 

@@ -91,9 +91,17 @@ class Backend(Protocol[VariantT]):
         """Buffers (and on CUDA a graph to capture) for one forward shape."""
         ...
 
-    def run_rows(self, variant: VariantT | None, key: VariantKey, row: int, past: int, feed: np.ndarray,
-                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray],
-                 read: np.ndarray) -> HeadRows:
+    def run_rows(
+        self,
+        variant: VariantT | None,
+        key: VariantKey,
+        row: int,
+        past: int,
+        feed: np.ndarray,
+        ports: Mapping[str, np.ndarray],
+        constants: Mapping[str, np.ndarray],
+        read: np.ndarray,
+    ) -> HeadRows:
         """One forward of `key.width` rows on top of `past` tokens of pool row `row` (its mask says
         past + width); None runs eagerly. `read` [key.reads]: the query rows the head reads, on a
         graph that takes them (else every row reaches it)."""
@@ -103,22 +111,41 @@ class Backend(Protocol[VariantT]):
         """The staging block `run_prompts` binds, once, after `allocate`: its bytes."""
         ...
 
-    def run_prompts(self, variant: VariantT | None, key: VariantKey, rows: Sequence[int],
-                    feed: np.ndarray, read: np.ndarray) -> HeadRows:
+    def run_prompts(
+        self,
+        variant: VariantT | None,
+        key: VariantKey,
+        rows: Sequence[int],
+        feed: np.ndarray,
+        read: np.ndarray,
+    ) -> HeadRows:
         """One forward of the first `key.width` rows of each of several new prompts (no past), prompt
         i (`feed[i]`) to pool row rows[i]; logits [key.prompts, key.reads, vocab]. Only where
         `prompt_batch` > 1."""
         ...
 
-    def run_batch(self, variant: VariantT | None, key: VariantKey, ids: np.ndarray,
-                  positions: np.ndarray, wait: bool = True) -> Any:
+    def run_batch(
+        self,
+        variant: VariantT | None,
+        key: VariantKey,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        wait: bool = True,
+    ) -> Any:
         """One decode forward over pool rows [0, key.batch) feeding `ids` [B, 1] at `positions`
         [B, 1] (each row's mask says position + 1). Returns logits [B, 1, vocab]; with `wait`
         False they are ready only after `settle`."""
         ...
 
-    def chain_batch(self, variant: VariantT | None, key: VariantKey, rows: Sequence[int], logits: Any,
-                    grow: Sequence[int], samplers: Sequence[Sampler]) -> list[int] | None:
+    def chain_batch(
+        self,
+        variant: VariantT | None,
+        key: VariantKey,
+        rows: Sequence[int],
+        logits: Any,
+        grow: Sequence[int],
+        samplers: Sequence[Sampler],
+    ) -> list[int] | None:
         """Behind the decode forward in flight that computes `logits`, without waiting for it: keep
         rows' logits, choose each row's token with its sampler (`Sampler.plain`: no constraint,
         penalty or log-probabilities; greedy or drawn at position grow[i]), feed it to the
@@ -139,13 +166,15 @@ class Backend(Protocol[VariantT]):
         """Store logits[r, 0] as row r's next-token logits, for each r in `rows`."""
         ...
 
-    def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
-               histories: Sequence[Sequence[int]]) -> list[int]:
+    def choose(
+        self, rows: Sequence[int], samplers: Sequence[Sampler], histories: Sequence[Sequence[int]]
+    ) -> list[int]:
         """One token per row from its stored logits, chosen where the logits live."""
         ...
 
-    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int,
-                 allowed: Sequence[np.ndarray | None] = ()) -> list[TokenLogprobs]:
+    def logprobs(
+        self, rows: Sequence[int], tokens: Sequence[int], top: int, allowed: Sequence[np.ndarray | None] = ()
+    ) -> list[TokenLogprobs]:
         """Log-softmax of each row's stored (raw) logits, computed where they live: each row's token's
         log-probability and its `top` most likely alternatives; only those values reach the host.
         A row with an `allowed` mask (structured output) is of the constrained distribution: the

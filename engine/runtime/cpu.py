@@ -113,8 +113,15 @@ class CpuBackend:
     # -- pool -------------------------------------------------------------------------
     def allocate(self, rows: int, capacity: int) -> KvPool:
         info = self.info
-        self.pool = KvPool(np, layers=info.num_layers, rows=rows, kv_heads=info.num_kv_heads,
-                           capacity=capacity, head_size=info.head_size, dtype=_dtype(info.kv_dtype))
+        self.pool = KvPool(
+            np,
+            layers=info.num_layers,
+            rows=rows,
+            kv_heads=info.num_kv_heads,
+            capacity=capacity,
+            head_size=info.head_size,
+            dtype=_dtype(info.kv_dtype),
+        )
         self.store = np.zeros((rows, info.vocab_size), _dtype(info.logits.dtype))
         for _ in range(rows):
             zeros = {p.name: np.zeros(resolve_dims(p, 1) or (), _dtype(p.dtype)) for p, _ in info.state_ports}
@@ -136,8 +143,11 @@ class CpuBackend:
         assert variant.binding is not None
         *kv, mask = self._values(first, count)
         variant.binding.bind_ortvalue_input(self.info.mask, mask)
-        names = [pair for layer in zip(self.info.kv_inputs, self.info.kv_outputs, strict=True)
-                 for pair in zip(*layer, strict=True)]
+        names = [
+            pair
+            for layer in zip(self.info.kv_inputs, self.info.kv_outputs, strict=True)
+            for pair in zip(*layer, strict=True)
+        ]
         for (name_in, name_out), value in zip(names, kv, strict=True):
             # Past and present share one buffer at capacity: no copy per step.
             variant.binding.bind_ortvalue_input(name_in, value)
@@ -160,7 +170,7 @@ class CpuBackend:
 
     def unpark_row(self, row: int, parked: ParkedRow) -> None:
         assert self.pool is not None
-        self.pool.block[:, :, row, :, :parked.kv.shape[3]] = parked.kv
+        self.pool.block[:, :, row, :, : parked.kv.shape[3]] = parked.kv
         self.store[row] = parked.logits
 
     def spill_row(self, parked: ParkedRow) -> ParkedRow:
@@ -175,8 +185,11 @@ class CpuBackend:
     def prepare(self, key: VariantKey) -> CpuVariant:
         info, w, b = self.info, key.width, max(key.batch, 1)
         feed = np.zeros(resolve_dims(info.feed, w, b) or (b, w), _dtype(info.feed.dtype))
-        ports = {p.name: np.zeros(resolve_dims(p, w) or (), _dtype(p.dtype))
-                 for p in info.supplied_ports if p.name in key.ports}
+        ports = {
+            p.name: np.zeros(resolve_dims(p, w) or (), _dtype(p.dtype))
+            for p in info.supplied_ports
+            if p.name in key.ports
+        }
         logits_shape = resolve_dims(info.logits, w, b, key.reads)
         logits = None if logits_shape is None else np.zeros(logits_shape, _dtype(info.logits.dtype))
         positions = np.zeros((b, w), np.int64) if info.position_ids else None
@@ -186,8 +199,12 @@ class CpuBackend:
         binding = self.session.io_binding()
         # OrtValues over numpy buffers share their memory: a copy into the buffer is the bind.
         held = []
-        for name, array in [(info.feed.name, feed), *ports.items(), (info.position_ids, positions),
-                            (info.logits_rows, read)]:
+        for name, array in [
+            (info.feed.name, feed),
+            *ports.items(),
+            (info.position_ids, positions),
+            (info.logits_rows, read),
+        ]:
             if array is not None and name is not None:
                 held.append(ort.OrtValue.ortvalue_from_numpy(array))
                 binding.bind_ortvalue_input(name, held[-1])
@@ -205,9 +222,17 @@ class CpuBackend:
         return variant
 
     # -- forwards -----------------------------------------------------------------------
-    def run_rows(self, variant: CpuVariant | None, key: VariantKey, row: int, past: int, feed: np.ndarray,
-                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray],
-                 read: np.ndarray) -> HeadRows:
+    def run_rows(
+        self,
+        variant: CpuVariant | None,
+        key: VariantKey,
+        row: int,
+        past: int,
+        feed: np.ndarray,
+        ports: Mapping[str, np.ndarray],
+        constants: Mapping[str, np.ndarray],
+        read: np.ndarray,
+    ) -> HeadRows:
         variant = variant or self.prepare(key)
         assert variant.binding is not None
         np.copyto(variant.feed, feed.reshape(variant.feed.shape))
@@ -234,20 +259,39 @@ class CpuBackend:
     def allocate_prompts(self, prompts: int, positions: int) -> int:
         raise NotImplementedError("the CPU backend prefills each prompt alone (prompt_batch 1)")
 
-    def run_prompts(self, variant: CpuVariant | None, key: VariantKey, rows: Sequence[int],
-                    feed: np.ndarray, read: np.ndarray) -> HeadRows:
+    def run_prompts(
+        self,
+        variant: CpuVariant | None,
+        key: VariantKey,
+        rows: Sequence[int],
+        feed: np.ndarray,
+        read: np.ndarray,
+    ) -> HeadRows:
         raise NotImplementedError("the CPU backend prefills each prompt alone (prompt_batch 1)")
 
-    def run_batch(self, variant: CpuVariant | None, key: VariantKey, ids: np.ndarray,
-                  positions: np.ndarray, wait: bool = True) -> np.ndarray:
+    def run_batch(
+        self,
+        variant: CpuVariant | None,
+        key: VariantKey,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        wait: bool = True,
+    ) -> np.ndarray:
         variant = variant or self.prepare(key)
         np.copyto(variant.feed, ids.reshape(variant.feed.shape))
         if variant.positions is not None:
             np.copyto(variant.positions, positions)
         return self._run(variant, None)
 
-    def chain_batch(self, variant: CpuVariant | None, key: VariantKey, rows: Sequence[int], logits: Any,
-                    grow: Sequence[int], samplers: Sequence[Sampler]) -> list[int] | None:
+    def chain_batch(
+        self,
+        variant: CpuVariant | None,
+        key: VariantKey,
+        rows: Sequence[int],
+        logits: Any,
+        grow: Sequence[int],
+        samplers: Sequence[Sampler],
+    ) -> list[int] | None:
         """Forwards on the CPU finish before they return: nothing to queue behind."""
         return None
 
@@ -270,18 +314,20 @@ class CpuBackend:
 
     def keep_batch(self, rows: Sequence[int], logits: np.ndarray) -> None:
         if rows and list(rows) == list(range(rows[0], rows[0] + len(rows))):
-            self.store[rows[0]:rows[0] + len(rows)] = logits[rows[0]:rows[0] + len(rows), 0]
+            self.store[rows[0] : rows[0] + len(rows)] = logits[rows[0] : rows[0] + len(rows), 0]
         else:
             self.store[list(rows)] = logits[list(rows), 0]
 
-    def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
-               histories: Sequence[Sequence[int]]) -> list[int]:
+    def choose(
+        self, rows: Sequence[int], samplers: Sequence[Sampler], histories: Sequence[Sequence[int]]
+    ) -> list[int]:
         if not len(rows) == len(samplers) == len(histories):
             raise ValueError(f"{len(rows)} rows, {len(samplers)} samplers, {len(histories)} histories")
         return self.draws.choose(lambda i: self.store[rows[i]], samplers, histories)
 
-    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int,
-                 allowed: Sequence[np.ndarray | None] = ()) -> list[TokenLogprobs]:
+    def logprobs(
+        self, rows: Sequence[int], tokens: Sequence[int], top: int, allowed: Sequence[np.ndarray | None] = ()
+    ) -> list[TokenLogprobs]:
         logits = self.store[list(rows)]
         for i, mask in enumerate(allowed):
             if mask is not None:
@@ -290,7 +336,7 @@ class CpuBackend:
         return token_logprobs(tokens, chosen, ids, values)
 
     def prompt_logprobs(self, logits: np.ndarray, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
-        chosen, ids, values = log_probs(np, logits[0, :len(tokens)], np.asarray(tokens, np.int64), top)
+        chosen, ids, values = log_probs(np, logits[0, : len(tokens)], np.asarray(tokens, np.int64), top)
         return token_logprobs(tokens, chosen, ids, values)
 
     def row_logits(self, row: int) -> np.ndarray:

@@ -113,24 +113,38 @@ class CudaBackend(DeviceLogits):
         self.profiled_forwards = 0
         if self.rt.device == "cuda":
             name = self.xp.cuda.runtime.getDeviceProperties(self.rt.device_id)["name"]
-            log.info("cuda_backend", device=name.decode() if isinstance(name, bytes) else name,
-                     graphs=self.rt.graphs, weights_bytes=self.weights_bytes)
+            log.info(
+                "cuda_backend",
+                device=name.decode() if isinstance(name, bytes) else name,
+                graphs=self.rt.graphs,
+                weights_bytes=self.weights_bytes,
+            )
 
     # -- pool -------------------------------------------------------------------------
     def allocate(self, rows: int, capacity: int) -> KvPool:
         info = self.info
         with self.rt.enter():
-            self.pool = KvPool(self.xp, layers=info.num_layers, rows=rows, kv_heads=info.num_kv_heads,
-                               capacity=capacity, head_size=info.head_size, dtype=_dtype(info.kv_dtype),
-                               host_zeros=self.rt.host_zeros)
+            self.pool = KvPool(
+                self.xp,
+                layers=info.num_layers,
+                rows=rows,
+                kv_heads=info.num_kv_heads,
+                capacity=capacity,
+                head_size=info.head_size,
+                dtype=_dtype(info.kv_dtype),
+                host_zeros=self.rt.host_zeros,
+            )
             self.staging = Staging(self.pool, self.rt.host_zeros, self.rt.copy_positions)
             self.store = self.xp.zeros((rows, info.vocab_size), _dtype(info.logits.dtype))
             # Scratch for gathering rows that are not contiguous: no allocation per step, memory flat.
             self.gathered = self.xp.zeros_like(self.store)
         self.greedy = GreedyRows(self.rt, rows, self.store.dtype)
         # Sampled rows are drawn on the device (host_runtime draws them on the host, as the CPU does).
-        self.sampled = SampledRows(self.rt, rows, self.store.dtype, info.vocab_size) \
-            if self.rt.device == "cuda" else None
+        self.sampled = (
+            SampledRows(self.rt, rows, self.store.dtype, info.vocab_size)
+            if self.rt.device == "cuda"
+            else None
+        )
         # Structured output: each constraint state's allowed-token mask, uploaded once.
         self.masks = MaskTable(self.xp, int(self.store.shape[-1]), max(MASKS_HELD, 2 * self.pool.rows + 1))
         return self.pool
@@ -170,7 +184,7 @@ class CudaBackend(DeviceLogits):
         with self.rt.enter():  # a copy spilled to pinned host memory goes up first
             kv = parked.kv if parked.on_device else self.xp.asarray(parked.kv)
             logits = parked.logits if parked.on_device else self.xp.asarray(parked.logits)
-            self.pool.block[:, :, row, :, :parked.kv.shape[3]] = kv
+            self.pool.block[:, :, row, :, : parked.kv.shape[3]] = kv
             self.store[row] = logits
         self.staging.changed(row)
         self.queued = True
@@ -251,9 +265,17 @@ class CudaBackend(DeviceLogits):
         bind(name, self.rt.device, self.rt.device_id, array.dtype, list(array.shape), self.rt.ptr(array))
 
     # -- forwards ---------------------------------------------------------------------------
-    def run_rows(self, variant: DeviceVariant | None, key: VariantKey, row: int, past: int, feed: np.ndarray,
-                 ports: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray],
-                 read: np.ndarray) -> HeadRows:
+    def run_rows(
+        self,
+        variant: DeviceVariant | None,
+        key: VariantKey,
+        row: int,
+        past: int,
+        feed: np.ndarray,
+        ports: Mapping[str, np.ndarray],
+        constants: Mapping[str, np.ndarray],
+        read: np.ndarray,
+    ) -> HeadRows:
         variant = variant or self._variant(key, EAGER)
         assert self.pool is not None and self.staging is not None and variant.binding is not None
         staging, width = self.staging, key.width
@@ -276,8 +298,14 @@ class CudaBackend(DeviceLogits):
             self.queued = True
         return HeadRows(variant.logits, seen)
 
-    def run_prompts(self, variant: DeviceVariant | None, key: VariantKey, rows: Sequence[int],
-                    feed: np.ndarray, read: np.ndarray) -> HeadRows:
+    def run_prompts(
+        self,
+        variant: DeviceVariant | None,
+        key: VariantKey,
+        rows: Sequence[int],
+        feed: np.ndarray,
+        read: np.ndarray,
+    ) -> HeadRows:
         """One forward of `key.width` rows for each of up to `key.prompts` new prompts (no past):
         `feed` [len(rows), width], prompt i's rows copied to pool row rows[i] after (staging rows
         past them run zeros and are dropped). `read` [key.reads]: the query rows the head reads,
@@ -302,8 +330,14 @@ class CudaBackend(DeviceLogits):
             self.queued = True
         return HeadRows(variant.logits, seen)
 
-    def run_batch(self, variant: DeviceVariant | None, key: VariantKey, ids: np.ndarray,
-                  positions: np.ndarray, wait: bool = True) -> Any:
+    def run_batch(
+        self,
+        variant: DeviceVariant | None,
+        key: VariantKey,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        wait: bool = True,
+    ) -> Any:
         variant = variant or self._variant(key, EAGER)
         assert self.staging is not None
         with self.rt.enter():
@@ -315,8 +349,15 @@ class CudaBackend(DeviceLogits):
             self._execute(variant, wait)
         return variant.logits
 
-    def chain_batch(self, variant: DeviceVariant | None, key: VariantKey, rows: Sequence[int], logits: Any,
-                    grow: Sequence[int], samplers: Sequence[Sampler]) -> list[int] | None:
+    def chain_batch(
+        self,
+        variant: DeviceVariant | None,
+        key: VariantKey,
+        rows: Sequence[int],
+        logits: Any,
+        grow: Sequence[int],
+        samplers: Sequence[Sampler],
+    ) -> list[int] | None:
         """Keep, choose (writing the next forward's ids, masks and positions on the device) and launch,
         all queued on the backend's stream behind the forward in flight: the device goes from one
         forward to the next through two small kernels, whatever the host is doing. The host waits
@@ -336,8 +377,14 @@ class CudaBackend(DeviceLogits):
         with self.rt.enter():
             if sampled:
                 assert self.sampled is not None
-                self.sampled.fill(0, self.row_addresses(rows), [self.store.dtype == np.float32] * len(rows),
-                                  [s.params for s in samplers], [s.key for s in samplers], grow)
+                self.sampled.fill(
+                    0,
+                    self.row_addresses(rows),
+                    [self.store.dtype == np.float32] * len(rows),
+                    [s.params for s in samplers],
+                    [s.key for s in samplers],
+                    grow,
+                )
                 chosen = self.sampled.launch(len(rows), chain=(rows, grow, feed, self.pool.mask, positions))
             else:
                 chosen = self.greedy.chain(self.store, rows, grow, feed, self.pool.mask, positions)
@@ -393,8 +440,13 @@ class CudaBackend(DeviceLogits):
             variant.held_bytes = max(0, before - self.rt.free_bytes())
             variant.captured = True
             self.captures += 1
-            log.info("graph_captured", width=variant.key.width, batch=variant.key.batch,
-                     graph_id=variant.graph_id, held_bytes=variant.held_bytes)
+            log.info(
+                "graph_captured",
+                width=variant.key.width,
+                batch=variant.key.batch,
+                graph_id=variant.graph_id,
+                held_bytes=variant.held_bytes,
+            )
 
     # -- accounting -------------------------------------------------------------------------
     def free_device_bytes(self) -> int | None:
@@ -403,10 +455,13 @@ class CudaBackend(DeviceLogits):
     def memory(self) -> dict[str, int]:
         """Device bytes by owner and the staging copies: what stats report beside the budget."""
         staging, sampled = self.staging, getattr(self, "sampled", None)
-        return {"weights": self.weights_bytes, "captures": self.captures,
-                "staging_bytes": 0 if staging is None else int(staging.block.nbytes),
-                "prompt_staging_bytes": 0 if self.prompts is None else int(self.prompts.nbytes),
-                "staging_copied_positions": 0 if staging is None else staging.copied_positions,
-                "logits_store": 0 if self.store is None else int(self.store.nbytes),
-                "sampling_scratch": 0 if sampled is None else int(sampled.scratch.nbytes),
-                "constraint_masks": self.masks.nbytes if hasattr(self, "masks") else 0}
+        return {
+            "weights": self.weights_bytes,
+            "captures": self.captures,
+            "staging_bytes": 0 if staging is None else int(staging.block.nbytes),
+            "prompt_staging_bytes": 0 if self.prompts is None else int(self.prompts.nbytes),
+            "staging_copied_positions": 0 if staging is None else staging.copied_positions,
+            "logits_store": 0 if self.store is None else int(self.store.nbytes),
+            "sampling_scratch": 0 if sampled is None else int(sampled.scratch.nbytes),
+            "constraint_masks": self.masks.nbytes if hasattr(self, "masks") else 0,
+        }

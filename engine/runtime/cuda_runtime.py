@@ -81,9 +81,15 @@ class Placement:
         if stop <= start or (dst is src and dst_row == src_row):
             return
         position_bytes = src.shape[-1] * src.dtype.itemsize
-        if (self.device != "cuda" or position_bytes % 16 or src.shape[:2] != dst.shape[:2]
-                or src.shape[3] != dst.shape[3] or src.shape[5] != dst.shape[5] or src.dtype != dst.dtype
-                or not (src.flags.c_contiguous and dst.flags.c_contiguous)):
+        if (
+            self.device != "cuda"
+            or position_bytes % 16
+            or src.shape[:2] != dst.shape[:2]
+            or src.shape[3] != dst.shape[3]
+            or src.shape[5] != dst.shape[5]
+            or src.dtype != dst.dtype
+            or not (src.flags.c_contiguous and dst.flags.c_contiguous)
+        ):
             dst[:, :, dst_row, :, start:stop] = src[:, :, src_row, :, start:stop]
             return
         words, (layers, pair, _, heads) = position_bytes // 16, src.shape[:4]
@@ -92,13 +98,22 @@ class Placement:
         dst_row_bytes = heads * dst.shape[4] * position_bytes
         offset = start * position_bytes  # to the first position copied, within a row's first head
         kernel = _copy_kernel(self.xp)
-        kernel((min((count + 255) // 256, 65536),), (256,), (
-            np.uint64(src.data.ptr + src_row * src_row_bytes + offset),
-            np.uint64(dst.data.ptr + dst_row * dst_row_bytes + offset),
-            np.int64(heads), np.int64(stop - start), np.int64(words),
-            np.int64(src.shape[4] * words), np.int64(dst.shape[4] * words),
-            np.int64(src.shape[2] * src_row_bytes // 16), np.int64(dst.shape[2] * dst_row_bytes // 16),
-            np.int64(count)))
+        kernel(
+            (min((count + 255) // 256, 65536),),
+            (256,),
+            (
+                np.uint64(src.data.ptr + src_row * src_row_bytes + offset),
+                np.uint64(dst.data.ptr + dst_row * dst_row_bytes + offset),
+                np.int64(heads),
+                np.int64(stop - start),
+                np.int64(words),
+                np.int64(src.shape[4] * words),
+                np.int64(dst.shape[4] * words),
+                np.int64(src.shape[2] * src_row_bytes // 16),
+                np.int64(dst.shape[2] * dst_row_bytes // 16),
+                np.int64(count),
+            ),
+        )
 
     def free_bytes(self) -> int:
         return int(self.xp.cuda.runtime.memGetInfo()[0]) if self.device == "cuda" else 0
@@ -137,10 +152,20 @@ def cuda_runtime(options: EngineOptions, *, graphs: bool = True) -> Placement:
         stream = cp.cuda.Stream(non_blocking=True)
     except Exception as exc:  # ImportError, or a CUDA runtime error when there is no device
         raise CudaUnavailable(f"cupy cannot use CUDA device {options.device_id}: {exc}") from exc
-    cuda = {"device_id": str(options.device_id), "enable_cuda_graph": "1" if graphs else "0",
-            "user_compute_stream": str(stream.ptr), "arena_extend_strategy": "kSameAsRequested"}
-    return Placement(cp, "cuda", options.device_id,
-                   [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"], graphs, stream)
+    cuda = {
+        "device_id": str(options.device_id),
+        "enable_cuda_graph": "1" if graphs else "0",
+        "user_compute_stream": str(stream.ptr),
+        "arena_extend_strategy": "kSameAsRequested",
+    }
+    return Placement(
+        cp,
+        "cuda",
+        options.device_id,
+        [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"],
+        graphs,
+        stream,
+    )
 
 
 def host_runtime() -> Placement:

@@ -52,7 +52,7 @@ class DeviceLogits:
         self.queued = True
 
     def _gather(self, source: Any, index: Any) -> Any:
-        out = self.gathered[:len(index)]
+        out = self.gathered[: len(index)]
         self.xp.take(source, index, axis=0, out=out)
         return out
 
@@ -62,8 +62,9 @@ class DeviceLogits:
             return slice(rows[0], rows[0] + len(rows))
         return self.xp.asarray(np.asarray(rows, np.int64))
 
-    def choose(self, rows: Sequence[int], samplers: Sequence[Sampler],
-               histories: Sequence[Sequence[int]]) -> list[int]:
+    def choose(
+        self, rows: Sequence[int], samplers: Sequence[Sampler], histories: Sequence[Sequence[int]]
+    ) -> list[int]:
         """Greedy rows in one argmax on the device, sampled rows in one draw there (penalties applied
         there first); greedy rows with a penalty one at a time, on the device too."""
         out: dict[int, int] = {}
@@ -75,15 +76,25 @@ class DeviceLogits:
                 picked = self.greedy(self.store, [rows[i] for i in plain], slots, self.masks.table)
                 out.update(zip(plain, picked, strict=True))
             if drawn:
-                out.update(zip(drawn, self._draw([rows[i] for i in drawn], [samplers[i] for i in drawn],
-                                                 [histories[i] for i in drawn]), strict=True))
+                out.update(
+                    zip(
+                        drawn,
+                        self._draw(
+                            [rows[i] for i in drawn],
+                            [samplers[i] for i in drawn],
+                            [histories[i] for i in drawn],
+                        ),
+                        strict=True,
+                    )
+                )
             for i, sampler in enumerate(samplers):
                 if i not in out:
                     out[i] = self._choose_one(rows[i], sampler, histories[i])
         return [out[i] for i in range(len(rows))]
 
-    def _draw(self, rows: Sequence[int], samplers: Sequence[Sampler],
-              histories: Sequence[Sequence[int]]) -> list[int]:
+    def _draw(
+        self, rows: Sequence[int], samplers: Sequence[Sampler], histories: Sequence[Sequence[int]]
+    ) -> list[int]:
         """One kernel for every sampled row; a penalized row is first made as a float32 row of its
         own (the host's formulas, run where the logits are; the constraint's mask then applies in
         the kernel, which leaves the same tokens out as masking first would)."""
@@ -97,8 +108,15 @@ class DeviceLogits:
                 made.append(logits)
                 addresses[i], wide[i] = logits.data.ptr, logits.dtype == np.float32
         slots = [self.masks.slot(s) if s.constrained else -1 for s in samplers]
-        self.sampled.fill(0, addresses, wide, [s.params for s in samplers], [s.key for s in samplers],
-                          [len(h) for h in histories], slots)
+        self.sampled.fill(
+            0,
+            addresses,
+            wide,
+            [s.params for s in samplers],
+            [s.key for s in samplers],
+            [len(h) for h in histories],
+            slots,
+        )
         tokens = self.sampled.chosen(len(rows), self.sampled.launch(len(rows), self.masks.table))
         del made
         return tokens
@@ -111,8 +129,9 @@ class DeviceLogits:
     def _penalized(self, logits: Any, sampler: Sampler, history: Sequence[int]) -> Any:
         params = sampler.params
         logits = apply_repetition_penalty(logits, history, params.repetition_penalty, self.xp)
-        return apply_presence_frequency(logits, sampler.counts, params.presence_penalty,
-                                        params.frequency_penalty, self.xp)
+        return apply_presence_frequency(
+            logits, sampler.counts, params.presence_penalty, params.frequency_penalty, self.xp
+        )
 
     def _choose_one(self, row: int, sampler: Sampler, history: Sequence[int]) -> int:
         params = sampler.params
@@ -125,8 +144,9 @@ class DeviceLogits:
             logits = self.xp.where(self.masks.row(sampler), logits, self.xp.float32(-np.inf))
         return int(self.xp.argmax(self._penalized(logits, sampler, history)))
 
-    def logprobs(self, rows: Sequence[int], tokens: Sequence[int], top: int,
-                 allowed: Sequence[np.ndarray | None] = ()) -> list[TokenLogprobs]:
+    def logprobs(
+        self, rows: Sequence[int], tokens: Sequence[int], top: int, allowed: Sequence[np.ndarray | None] = ()
+    ) -> list[TokenLogprobs]:
         """Log-softmax on the device; only each row's chosen value and `top` alternatives reach the host."""
         with self.rt.enter():
             index = self._index(rows)
@@ -140,7 +160,7 @@ class DeviceLogits:
 
     def prompt_logprobs(self, logits: Any, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
         with self.rt.enter():
-            return self._logprobs_on_device(logits[0, :len(tokens)], tokens, top)
+            return self._logprobs_on_device(logits[0, : len(tokens)], tokens, top)
 
     def _logprobs_on_device(self, logits: Any, tokens: Sequence[int], top: int) -> list[TokenLogprobs]:
         """Inside the runtime's context: log_probs where `logits` live, then only the small arrays move."""

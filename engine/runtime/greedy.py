@@ -140,8 +140,15 @@ class GreedyRows:
         self.rt.stream.synchronize()
         return [int(t) for t in self.out[:n]]
 
-    def chain(self, store: Any, rows: Sequence[int], grow: Sequence[int], next_ids: np.ndarray,
-              mask: np.ndarray, positions: np.ndarray | None) -> Any:
+    def chain(
+        self,
+        store: Any,
+        rows: Sequence[int],
+        grow: Sequence[int],
+        next_ids: np.ndarray,
+        mask: np.ndarray,
+        positions: np.ndarray | None,
+    ) -> Any:
         """Queue row i's greedy token (no constraint) behind what the stream holds, and write it
         into the next forward's inputs: `next_ids[rows[i]]`, one more mask position
         (`mask[rows[i], grow[i]]` = 1) and `positions[rows[i]]` = grow[i] (pinned host arrays the
@@ -171,18 +178,35 @@ class GreedyRows:
             event.synchronize()
         return [int(t) for t in self.out[:n]]
 
-    def _launch(self, store: Any, n: int, table_ptr: int,
-                chain: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None) -> None:
+    def _launch(
+        self,
+        store: Any,
+        n: int,
+        table_ptr: int,
+        chain: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None,
+    ) -> None:
         """The kernel over n rows on the backend's stream, after the stores of this step's logits."""
         extra: tuple[Any, ...] = (np.uint64(0), np.uint64(0), np.int64(0), np.uint64(0), np.uint64(0))
         if chain is not None:
             next_ids, mask, positions = chain
-            extra = (np.uint64(next_ids.ctypes.data), np.uint64(mask.ctypes.data), np.int64(mask.shape[-1]),
-                     np.uint64(self.grow.ctypes.data),
-                     np.uint64(0 if positions is None else positions.ctypes.data))
+            extra = (
+                np.uint64(next_ids.ctypes.data),
+                np.uint64(mask.ctypes.data),
+                np.int64(mask.shape[-1]),
+                np.uint64(self.grow.ctypes.data),
+                np.uint64(0 if positions is None else positions.ctypes.data),
+            )
         with self.rt.enter():
             _kernel(self.rt.xp, self.dtype)(
-                (n,), (THREADS,),
-                (store, np.int64(store.shape[-1]), np.uint64(self.rows.ctypes.data),
-                 np.uint64(self.slots.ctypes.data), np.uint64(table_ptr), np.uint64(self.out.ctypes.data),
-                 *extra))
+                (n,),
+                (THREADS,),
+                (
+                    store,
+                    np.int64(store.shape[-1]),
+                    np.uint64(self.rows.ctypes.data),
+                    np.uint64(self.slots.ctypes.data),
+                    np.uint64(table_ptr),
+                    np.uint64(self.out.ctypes.data),
+                    *extra,
+                ),
+            )

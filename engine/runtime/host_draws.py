@@ -45,8 +45,12 @@ class HostDraws:
         self.cores = max(1, cores)
         self._workers: ThreadPoolExecutor | None = None
 
-    def choose(self, logits: Callable[[int], np.ndarray], samplers: Sequence[Sampler],
-               histories: Sequence[Sequence[int]]) -> list[int]:
+    def choose(
+        self,
+        logits: Callable[[int], np.ndarray],
+        samplers: Sequence[Sampler],
+        histories: Sequence[Sequence[int]],
+    ) -> list[int]:
         """One token per row i, from logits(i), by samplers[i] with histories[i]."""
         tokens = [0] * len(samplers)
 
@@ -58,7 +62,7 @@ class HostDraws:
         if len(shared) < 2:
             run(range(len(samplers)))
             return tokens
-        parts = [shared[k::self.cores] for k in range(self.cores)]
+        parts = [shared[k :: self.cores] for k in range(self.cores)]
         if self._workers is None:
             self._workers = ThreadPoolExecutor(self.cores - 1, thread_name_prefix="ladder-draws")
         pending = [self._workers.submit(run, part) for part in parts[1:] if part]

@@ -28,9 +28,18 @@ if TYPE_CHECKING:  # the engine's sessions; the pool only writes their length
 
 
 class KvPool:
-    def __init__(self, xp: Any, *, layers: int, rows: int, kv_heads: int, capacity: int,
-                 head_size: int, dtype: Any,
-                 host_zeros: Callable[[tuple[int, ...], Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        xp: Any,
+        *,
+        layers: int,
+        rows: int,
+        kv_heads: int,
+        capacity: int,
+        head_size: int,
+        dtype: Any,
+        host_zeros: Callable[[tuple[int, ...], Any], Any] | None = None,
+    ) -> None:
         self.xp = xp
         self.rows = rows
         self.capacity = capacity

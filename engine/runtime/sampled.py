@@ -53,8 +53,9 @@ log = structlog.get_logger("ladder.engine")
 def _kernel(xp: Any, cluster: int = 1) -> Any:
     kernel = _KERNELS.get((id(xp), cluster))
     if kernel is None:
-        kernel = _KERNELS[(id(xp), cluster)] = xp.RawKernel(f"#define CLUSTER {cluster}\n{SOURCE}",
-                                                            "sample_rows")
+        kernel = _KERNELS[(id(xp), cluster)] = xp.RawKernel(
+            f"#define CLUSTER {cluster}\n{SOURCE}", "sample_rows"
+        )
     return kernel
 
 
@@ -129,8 +130,16 @@ class SampledRows:
         the position of the token it chooses, and its constraint's mask-table slot (-1: none)."""
         self.fill(i, [logits.data.ptr], [logits.dtype == np.float32], [params], [key], [position], [slot])
 
-    def fill(self, start: int, pointers: Sequence[int], wide: Sequence[bool], params: Sequence[Any],
-             keys: Sequence[int], positions: Sequence[int], slots: Sequence[int] | None = None) -> None:
+    def fill(
+        self,
+        start: int,
+        pointers: Sequence[int],
+        wide: Sequence[bool],
+        params: Sequence[Any],
+        keys: Sequence[int],
+        positions: Sequence[int],
+        slots: Sequence[int] | None = None,
+    ) -> None:
         """Rows start, start + 1, ... of the next launch at once (one store per field, not per row
         and field: a 64-row step's parameters cost ~30 us here, not ~0.5 ms): each row's logits
         address, whether they are float32 (else float16), SamplingParams, key, the position of the
@@ -150,26 +159,50 @@ class SampledRows:
         """Queue the kernel over the n rows set, on the backend's stream. With `chain` (pool rows,
         next positions, next ids, mask, positions), also write each token into the next forward's
         inputs. Returns an event the tokens are ready at (`chosen`)."""
-        tail: tuple[Any, ...] = (np.uint64(0), np.uint64(0), np.uint64(0), np.int64(0), np.uint64(0),
-                                 np.uint64(0))
+        tail: tuple[Any, ...] = (
+            np.uint64(0),
+            np.uint64(0),
+            np.uint64(0),
+            np.int64(0),
+            np.uint64(0),
+            np.uint64(0),
+        )
         if chain is not None:
             rows, grow, next_ids, mask, positions = chain
             self.rows[:n] = rows
             self.grow[:n] = grow
-            tail = (np.uint64(self.rows.ctypes.data), np.uint64(next_ids.ctypes.data),
-                    np.uint64(mask.ctypes.data), np.int64(mask.shape[-1]), np.uint64(self.grow.ctypes.data),
-                    np.uint64(0 if positions is None else positions.ctypes.data))
+            tail = (
+                np.uint64(self.rows.ctypes.data),
+                np.uint64(next_ids.ctypes.data),
+                np.uint64(mask.ctypes.data),
+                np.int64(mask.shape[-1]),
+                np.uint64(self.grow.ctypes.data),
+                np.uint64(0 if positions is None else positions.ctypes.data),
+            )
         ptr = self.rt.ptr
         cluster = self.cluster or cluster_size(n, self.processors, self.sizes)
         with self.rt.enter():
             _kernel(self.rt.xp, cluster)(
-                (n * cluster,), (THREADS,),
-                (np.uint64(self.pointers.ctypes.data), np.uint64(self.f32.ctypes.data), np.int64(self.vocab),
-                 np.uint64(self.slots.ctypes.data), np.uint64(0 if table is None else ptr(table)),
-                 np.uint64(self.temperature.ctypes.data), np.uint64(self.top_k.ctypes.data),
-                 np.uint64(self.top_p.ctypes.data), np.uint64(self.min_p.ctypes.data),
-                 np.uint64(self.keys.ctypes.data), np.uint64(self.counters.ctypes.data),
-                 np.float64(self.scale), np.uint64(self.out.ctypes.data), self.scratch, *tail))
+                (n * cluster,),
+                (THREADS,),
+                (
+                    np.uint64(self.pointers.ctypes.data),
+                    np.uint64(self.f32.ctypes.data),
+                    np.int64(self.vocab),
+                    np.uint64(self.slots.ctypes.data),
+                    np.uint64(0 if table is None else ptr(table)),
+                    np.uint64(self.temperature.ctypes.data),
+                    np.uint64(self.top_k.ctypes.data),
+                    np.uint64(self.top_p.ctypes.data),
+                    np.uint64(self.min_p.ctypes.data),
+                    np.uint64(self.keys.ctypes.data),
+                    np.uint64(self.counters.ctypes.data),
+                    np.float64(self.scale),
+                    np.uint64(self.out.ctypes.data),
+                    self.scratch,
+                    *tail,
+                ),
+            )
             event = self.rt.xp.cuda.Event(block=False, disable_timing=True)
             event.record(self.rt.stream)
         return event

@@ -108,5 +108,6 @@ class VariantCache(Generic[V]):
 
     def stats(self) -> VariantStats:
         entries = tuple(VariantEntry(k, v.nbytes, self._hits[k]) for k, v in self._items.items())
-        return VariantStats(entries, self.capacity, self.hits, self.misses, self.prepared,
-                            self.evictions, self.refusals)
+        return VariantStats(
+            entries, self.capacity, self.hits, self.misses, self.prepared, self.evictions, self.refusals
+        )

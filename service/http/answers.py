@@ -50,9 +50,16 @@ def _alternative(token: int, logprob: float, tokens: TokenText) -> Json:
 
 
 def chat_logprobs(found: list[TokenLogprobs], tokens: TokenText) -> Json:
-    return {"content": [{**_alternative(t.token, t.logprob, tokens),
-                         "top_logprobs": [_alternative(i, v, tokens) for i, v in t.top]} for t in found],
-            "refusal": None}  # OpenAI's schema requires it (the model never refuses by a field here)
+    return {
+        "content": [
+            {
+                **_alternative(t.token, t.logprob, tokens),
+                "top_logprobs": [_alternative(i, v, tokens) for i, v in t.top],
+            }
+            for t in found
+        ],
+        "refusal": None,
+    }  # OpenAI's schema requires it (the model never refuses by a field here)
 
 
 @dataclass(frozen=True)
@@ -72,8 +79,12 @@ class Answer:
 
     def _head(self, chunk: bool) -> Json:
         kind = "chat.completion" if self.call.chat else "text_completion"
-        return {"id": self.id, "object": kind + (".chunk" if chunk and self.call.chat else ""),
-                "created": self.created, "model": self.call.model}
+        return {
+            "id": self.id,
+            "object": kind + (".chunk" if chunk and self.call.chat else ""),
+            "created": self.created,
+            "model": self.call.model,
+        }
 
     def echoed(self, prompt: int) -> str:
         """The text a choice of prompt `prompt` starts with: the prompt's with echo, else none."""
@@ -83,13 +94,16 @@ class Answer:
         """The non-streaming answer: every sample of every prompt as a choice (indexed prompt * n +
         sample, as OpenAI's), and the usage of them all."""
         n = self.call.n
-        choices = [self._choice(p * n + i, record, p, progress.prompt_logprobs)
-                   for p, progress in enumerate(progresses)
-                   for i, record in enumerate(progress.sample_records())]
+        choices = [
+            self._choice(p * n + i, record, p, progress.prompt_logprobs)
+            for p, progress in enumerate(progresses)
+            for i, record in enumerate(progress.sample_records())
+        ]
         return {**self._head(False), "choices": choices, "usage": usage(progresses)}
 
-    def _choice(self, index: int, record: SampleRecord, prompt: int,
-                prompt_found: Sequence[TokenLogprobs]) -> Json:
+    def _choice(
+        self, index: int, record: SampleRecord, prompt: int, prompt_found: Sequence[TokenLogprobs]
+    ) -> Json:
         reason = FINISH[record.finished.reason] if record.finished is not None else None
         choice: Json = {"index": index, "finish_reason": reason, "logprobs": None}
         if self.call.chat:
@@ -111,26 +125,49 @@ class Answer:
                 offsets = Offsets(self.tokens, 0, len(echo.text)).all(echo.ids)
             entries += entries_of(record.logprobs)
             offsets += Offsets(self.tokens, len(echoed), len(choice["text"])).all(
-                [t.token for t in record.logprobs])
+                [t.token for t in record.logprobs]
+            )
             choice["logprobs"] = legacy_logprobs(entries, offsets, self.tokens)
         return choice
 
-    def delta_chunk(self, index: int, delta: Json, found: list[TokenLogprobs] | None = None,
-                    finish_reason: str | None = None) -> Json:
+    def delta_chunk(
+        self,
+        index: int,
+        delta: Json,
+        found: list[TokenLogprobs] | None = None,
+        finish_reason: str | None = None,
+    ) -> Json:
         """A chat chunk of choice `index` carrying `delta` (content or a tool call's part)."""
-        choice: Json = {"index": index, "logprobs": chat_logprobs(found, self.tokens) if found else None,
-                        "finish_reason": finish_reason, "delta": delta}
+        choice: Json = {
+            "index": index,
+            "logprobs": chat_logprobs(found, self.tokens) if found else None,
+            "finish_reason": finish_reason,
+            "delta": delta,
+        }
         return {**self._head(True), "choices": [choice]}
 
-    def chunk(self, index: int, text: str, *, logprobs: Json | None = None, finish: Finish | None = None,
-              role: bool = False) -> Json:
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        *,
+        logprobs: Json | None = None,
+        finish: Finish | None = None,
+        role: bool = False,
+    ) -> Json:
         """One streamed chunk of choice `index`: its next text (a role first, on chat), or its finish
         (the chunk of its last text, or one with none, and no chunk after it)."""
-        choice: Json = {"index": index, "logprobs": logprobs,
-                        "finish_reason": FINISH[finish] if finish is not None else None}
+        choice: Json = {
+            "index": index,
+            "logprobs": logprobs,
+            "finish_reason": FINISH[finish] if finish is not None else None,
+        }
         if self.call.chat:
-            choice["delta"] = {"role": "assistant", "content": text} if role else (
-                {} if finish is not None and not text else {"content": text})
+            choice["delta"] = (
+                {"role": "assistant", "content": text}
+                if role
+                else ({} if finish is not None and not text else {"content": text})
+            )
         else:
             choice["text"] = text
         return {**self._head(True), "choices": [choice]}

@@ -49,8 +49,11 @@ COMPLETIONS, CHAT, MODELS = "/v1/completions", "/v1/chat/completions", "/v1/mode
 ENDPOINTS = f"POST {COMPLETIONS}, POST {CHAT}, GET {MODELS}, GET {MODELS}/{{model}}"
 UNROUTED = "unknown_route"  # the method label of every call to a route that does not exist
 # What a refusal of aiohttp's own is counted as (any other 4xx: INVALID_ARGUMENT).
-REFUSAL_CODES = {404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED,
-                 408: grpc.StatusCode.DEADLINE_EXCEEDED}
+REFUSAL_CODES = {
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
 SHOWN_PATH_CHARS = 100
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -68,10 +71,17 @@ class Door:
 
 def error_body(status: Status, chat: bool) -> dict[str, Any]:
     """OpenAI's error object: the message, a type by HTTP status, the parameter at fault, the reason."""
-    kind = ERROR_TYPES.get(status.http_status, "invalid_request_error" if status.http_status < 500
-                           else "server_error")
-    return {"error": {"message": status.details, "type": kind,
-                      "param": openai.param_of(status.field, chat) or None, "code": status.reason.lower()}}
+    kind = ERROR_TYPES.get(
+        status.http_status, "invalid_request_error" if status.http_status < 500 else "server_error"
+    )
+    return {
+        "error": {
+            "message": status.details,
+            "type": kind,
+            "param": openai.param_of(status.field, chat) or None,
+            "code": status.reason.lower(),
+        }
+    }
 
 
 def error_response(status: Status, chat: bool) -> web.Response:
@@ -119,12 +129,15 @@ def make_door(door: Door, cors: Cors) -> Middleware:
     return middleware
 
 
-async def _answer(door: Door, request: web.Request, handler: Handler, name: str,
-                  request_id: str) -> web.StreamResponse:
+async def _answer(
+    door: Door, request: web.Request, handler: Handler, name: str, request_id: str
+) -> web.StreamResponse:
     try:
         door.gate()
-        CALLER.set(door.auth.caller({"authorization": request.headers.get("Authorization", "")})
-                   or _caller_certificate(request))
+        CALLER.set(
+            door.auth.caller({"authorization": request.headers.get("Authorization", "")})
+            or _caller_certificate(request)
+        )
         response = await handler(request)
     except (asyncio.CancelledError, ConnectionResetError):  # the client went away
         door.access_log.left(name, grpc.StatusCode.CANCELLED, request_id, "http")
@@ -152,14 +165,22 @@ def _refused(door: Door, request: web.Request, name: str, refusal: web.HTTPExcep
     """aiohttp's refusal as OpenAI's error object with its own status (and Allow), the client's error."""
     message = _refusal_message(request, refusal)
     code = refusal.reason.lower().replace(" ", "_")
-    kind = REFUSAL_CODES.get(refusal.status, grpc.StatusCode.INVALID_ARGUMENT if refusal.status < 500
-                             else grpc.StatusCode.UNAVAILABLE)
+    kind = REFUSAL_CODES.get(
+        refusal.status,
+        grpc.StatusCode.INVALID_ARGUMENT if refusal.status < 500 else grpc.StatusCode.UNAVAILABLE,
+    )
     door.access_log.failed(name, Status(kind, message, reason=code.upper()), "http")
     headers = {"x-request-id": REQUEST_ID.get()}
     if "Allow" in refusal.headers:
         headers["Allow"] = refusal.headers["Allow"]
-    body = {"error": {"message": message, "type": "invalid_request_error" if refusal.status < 500
-                      else "server_error", "param": None, "code": code}}
+    body = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if refusal.status < 500 else "server_error",
+            "param": None,
+            "code": code,
+        }
+    }
     return web.json_response(body, status=refusal.status, headers=headers)
 
 
@@ -179,8 +200,13 @@ def _refusal_message(request: web.Request, refusal: web.HTTPException) -> str:
 async def _failed(door: Door, request: web.Request, name: str, error: Exception) -> web.StreamResponse:
     status = status_for(error)
     if status.code == grpc.StatusCode.INTERNAL:
-        log.error("internal_error", method=name, request_id=REQUEST_ID.get(), error=repr(error),
-                  traceback="".join(traceback.format_exception(error)))
+        log.error(
+            "internal_error",
+            method=name,
+            request_id=REQUEST_ID.get(),
+            error=repr(error),
+            traceback="".join(traceback.format_exception(error)),
+        )
     door.access_log.failed(name, status, "http")
     chat = request.path == CHAT
     stream: web.StreamResponse | None = request.get(STREAM)
@@ -199,8 +225,9 @@ async def _failed(door: Door, request: web.Request, name: str, error: Exception)
 class Routes:
     """The handlers, over the servicer's generation (the same limits and scheduler as gRPC)."""
 
-    def __init__(self, servicer: LadderServicer, serving: Callable[[], Serving],
-                 ready: Callable[[], bool]) -> None:
+    def __init__(
+        self, servicer: LadderServicer, serving: Callable[[], Serving], ready: Callable[[], bool]
+    ) -> None:
         self.servicer = servicer
         self.serving = serving
         self.ready = ready
@@ -208,13 +235,19 @@ class Routes:
 
     async def health(self, request: web.Request) -> web.Response:
         ready = self.ready()
-        return web.json_response({"status": "SERVING" if ready else "NOT_SERVING"},
-                                 status=200 if ready else 503)
+        return web.json_response(
+            {"status": "SERVING" if ready else "NOT_SERVING"}, status=200 if ready else 503
+        )
 
     def _model(self) -> dict[str, Any]:
         model = self.serving().model
-        return {"id": model.api_names[0], "object": "model", "created": self.created, "owned_by": "ladder",
-                "max_model_len": model.capacity}
+        return {
+            "id": model.api_names[0],
+            "object": "model",
+            "created": self.created,
+            "owned_by": "ladder",
+            "max_model_len": model.capacity,
+        }
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._model()]})
@@ -222,8 +255,9 @@ class Routes:
     async def model(self, request: web.Request) -> web.Response:
         found = self._model()
         if request.match_info["model"] not in self.serving().model.api_names:
-            raise ModelNotFound(f"the model {request.match_info['model']!r} is not served here",
-                                       field="model")
+            raise ModelNotFound(
+                f"the model {request.match_info['model']!r} is not served here", field="model"
+            )
         return web.json_response(found)
 
     async def tokenize(self, request: web.Request) -> web.Response:
@@ -301,11 +335,14 @@ async def _body(request: web.Request) -> bytes:
         async with asyncio.timeout(seconds):
             return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise TooLarge(f"the request body is over the limit of {request.app[LIMIT]} bytes "
-                       "(--max-message-bytes)", reason="MESSAGE_TOO_LARGE") from exc
+        raise TooLarge(
+            f"the request body is over the limit of {request.app[LIMIT]} bytes (--max-message-bytes)",
+            reason="MESSAGE_TOO_LARGE",
+        ) from exc
     except TimeoutError:
-        raise web.HTTPRequestTimeout(text=f"the request body did not arrive within {seconds:g} s "
-                                          "(--http-body-timeout-seconds)") from None
+        raise web.HTTPRequestTimeout(
+            text=f"the request body did not arrive within {seconds:g} s (--http-body-timeout-seconds)"
+        ) from None
 
 
 LIMIT = web.AppKey("ladder_max_message_bytes", int)
@@ -347,12 +384,18 @@ class HttpServer:
     def __init__(self, app: web.Application, config: Config, metrics: Metrics) -> None:
         self.config = config
         # handler_cancellation: a client that leaves cancels its call (and its job on the worker).
-        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                                    shutdown_timeout=1.0)
-        limits = HttpLimits(config.http_max_connections, config.http_max_connections_per_peer,
-                            config.http_header_timeout_seconds, config.http_idle_timeout_seconds)
-        self.guard = Guard(limits, metrics.connection_refused,
-                           lambda listener: metrics.connections_timed_out.labels(listener).inc())
+        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+        limits = HttpLimits(
+            config.http_max_connections,
+            config.http_max_connections_per_peer,
+            config.http_header_timeout_seconds,
+            config.http_idle_timeout_seconds,
+        )
+        self.guard = Guard(
+            limits,
+            metrics.connection_refused,
+            lambda listener: metrics.connections_timed_out.labels(listener).inc(),
+        )
         self.port = 0
 
     async def start(self) -> int:
@@ -368,4 +411,3 @@ class HttpServer:
 
     async def stop(self) -> None:
         await self.runner.cleanup()
-

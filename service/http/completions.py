@@ -63,6 +63,7 @@ def _one_prompt(value: Any) -> Prompt | None:
 
 # -- echo and the legacy logprobs layout --------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Echo:
     """A prompt as a completions choice echoes it: its text (as sent, or its token ids' text) and
@@ -90,11 +91,14 @@ def prompt_entries(echo: Echo, found: Sequence[TokenLogprobs]) -> list[Entry]:
 def legacy_logprobs(entries: Sequence[Entry], offsets: Sequence[int], tokens: TokenText) -> Json:
     """The completions layout: tokens, their log-probabilities, the top alternatives, and where
     each token's text starts in the choice's text (`offsets`)."""
-    return {"tokens": [tokens.token_text(token) for token, _, _ in entries],
-            "token_logprobs": [logprob for _, logprob, _ in entries],
-            "top_logprobs": [None if top is None else {tokens.token_text(i): v for i, v in top}
-                             for _, _, top in entries],
-            "text_offset": list(offsets)}
+    return {
+        "tokens": [tokens.token_text(token) for token, _, _ in entries],
+        "token_logprobs": [logprob for _, logprob, _ in entries],
+        "top_logprobs": [
+            None if top is None else {tokens.token_text(i): v for i, v in top} for _, _, top in entries
+        ],
+        "text_offset": list(offsets),
+    }
 
 
 class Offsets:
@@ -151,8 +155,9 @@ async def first_failure(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def merged(generations: list[AsyncGenerator[tuple[list[Any], Progress], None]],
-                 ) -> AsyncGenerator[Step, None]:
+async def merged(
+    generations: list[AsyncGenerator[tuple[list[Any], Progress], None]],
+) -> AsyncGenerator[Step, None]:
     """The steps of several generations (one per prompt) as they come, each tagged with its prompt;
     the first failure is raised and ends them all (each is closed: its job cancelled)."""
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()

@@ -37,8 +37,9 @@ class HttpLimits:
 class Guard:
     """The connections open on one listener, in all and per client address."""
 
-    def __init__(self, limits: HttpLimits, refused: Callable[[str, str], None],
-                 timed_out: Callable[[str], None]) -> None:
+    def __init__(
+        self, limits: HttpLimits, refused: Callable[[str, str], None], timed_out: Callable[[str], None]
+    ) -> None:
         self.limits = limits
         self.refused = refused  # (listener, reason)
         self.timed_out = timed_out  # (listener)
@@ -47,9 +48,13 @@ class Guard:
 
     def admit(self, peer: str) -> bool:
         """Count a new connection in, or refuse it (counted by the cap it was over)."""
-        reason = ("connections" if self.open >= self.limits.max_connections
-                  else "connections_per_peer" if self.by_peer[peer] >= self.limits.max_connections_per_peer
-                  else "")
+        reason = (
+            "connections"
+            if self.open >= self.limits.max_connections
+            else "connections_per_peer"
+            if self.by_peer[peer] >= self.limits.max_connections_per_peer
+            else ""
+        )
         if reason:
             self.refused(LISTENER, reason)
             return False
@@ -66,8 +71,9 @@ class Guard:
     def handlers(self, server: web.Server, **kwargs: Any) -> Callable[[], GuardedHandler]:
         """The protocol factory for loop.create_server: aiohttp's handler, guarded."""
         loop = asyncio.get_running_loop()
-        return lambda: GuardedHandler(self, server, loop=loop,
-                                      keepalive_timeout=self.limits.idle_timeout_seconds, **kwargs)
+        return lambda: GuardedHandler(
+            self, server, loop=loop, keepalive_timeout=self.limits.idle_timeout_seconds, **kwargs
+        )
 
 
 class GuardedHandler(RequestHandler):
@@ -114,8 +120,9 @@ class GuardedHandler(RequestHandler):
     def _arm(self) -> None:
         self._disarm()
         parsed = self._request_count
-        self._header_timer = self._loop.call_later(self._guard.limits.header_timeout_seconds,
-                                                   self._headers_late, parsed)
+        self._header_timer = self._loop.call_later(
+            self._guard.limits.header_timeout_seconds, self._headers_late, parsed
+        )
 
     def _disarm(self) -> None:
         if self._header_timer is not None:
@@ -149,4 +156,5 @@ class GuardedSite(web.BaseSite):
         assert server is not None
         factory = self._guard.handlers(server, access_log=None)
         self._server = await asyncio.get_running_loop().create_server(
-            factory, sock=self._sock, ssl=self._ssl_context, backlog=self._backlog)
+            factory, sock=self._sock, ssl=self._ssl_context, backlog=self._backlog
+        )

@@ -34,9 +34,14 @@ class Cors:
         if self.allowed(request) is None:
             return None
         methods = ", ".join(sorted({*missing.allowed_methods, "OPTIONS"}))
-        return web.Response(status=204, headers={"Access-Control-Allow-Methods": methods,
-                                                 "Access-Control-Allow-Headers": ALLOWED_HEADERS,
-                                                 "Access-Control-Max-Age": str(MAX_AGE_SECONDS)})
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Methods": methods,
+                "Access-Control-Allow-Headers": ALLOWED_HEADERS,
+                "Access-Control-Max-Age": str(MAX_AGE_SECONDS),
+            },
+        )
 
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
         """Every response to an allowed origin says so, as its headers go out (streams included)."""

@@ -29,8 +29,12 @@ from service.tool_formats import DEFAULT, FORMATS, ToolFormat
 Json = dict[str, Any]
 # Accepted for compatibility and refused when they ask for something Ladder does not do.
 REFUSED_WHEN_SET = ("functions", "logit_bias", "suffix")  # functions: the legacy form of tools
-GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
-          "guided_grammar": "grammar"}  # vLLM's structured-output extras
+GUIDED = {
+    "guided_json": "json_schema",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}  # vLLM's structured-output extras
 _NUMBER = (int, float)
 
 
@@ -80,8 +84,14 @@ def _tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def _noun(kinds: type | tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", bool: "a boolean", str: "a string", list: "an array",
-             dict: "an object"}
+    names = {
+        int: "an integer",
+        float: "a number",
+        bool: "a boolean",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }
     return " or ".join(names.get(k, k.__name__) for k in _tuple(kinds))
 
 
@@ -127,8 +137,9 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def openai_call(body: Json, chat: bool, served: Sequence[str],
-                tool_format: ToolFormat = FORMATS[DEFAULT]) -> OpenAICall:
+def openai_call(
+    body: Json, chat: bool, served: Sequence[str], tool_format: ToolFormat = FORMATS[DEFAULT]
+) -> OpenAICall:
     """The call a /v1/completions (`chat` False) or /v1/chat/completions body asks for. `served`:
     the names of the one model served, its id first; a body that names none means it. `tool_format`:
     how the model writes tool calls (tool_choice "auto")."""
@@ -152,16 +163,24 @@ def openai_call(body: Json, chat: bool, served: Sequence[str],
     ending, chosen, scored = stopping(body, chat), sampling(body), logprobs(body, chat, echo)
     generates = tuple(GenerateCall(p, ending, chosen, n, scored, constrained) for p in prompts)
     options = _get(body, "stream_options", dict, {})
-    return OpenAICall(generates, chat, model, _get(body, "stream", bool, False),
-                      _get(options, "include_usage", bool, False), tools, echo)
+    return OpenAICall(
+        generates,
+        chat,
+        model,
+        _get(body, "stream", bool, False),
+        _get(options, "include_usage", bool, False),
+        tools,
+        echo,
+    )
 
 
 def served_model(body: Json, served: Sequence[str]) -> str:
     """The model a body names (none: the one served), or ModelNotFound."""
     model = _get(body, "model", str, "") or served[0]
     if model not in served:
-        raise ModelNotFound(f"the model {model!r} is not served here; this server serves {served[0]!r}",
-                            field="model")
+        raise ModelNotFound(
+            f"the model {model!r} is not served here; this server serves {served[0]!r}", field="model"
+        )
     return served[0]
 
 
@@ -197,8 +216,10 @@ def _message(message: Any, field: str) -> ChatMessage:
         raise _bad(f"{field} takes an object with a role", field)
     content = message.get("content")
     if isinstance(content, list):  # parts: only text parts are served
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
+        if not all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        ):
             raise _bad(f"{field}.content: only text parts are supported", f"{field}.content")
         content = "".join(p["text"] for p in content)
     if content is None:
@@ -229,22 +250,34 @@ def stopping(body: Json, chat: bool) -> Stopping:
         raise _bad("stop_token_ids takes an array of token ids (integers from 0)", "stop_token_ids")
     least = _get(body, "min_tokens", int, 0)
     if least < 0 or (wanted and least > wanted):
-        raise _bad(f"min_tokens is {least}; it takes an integer from 0 to max_tokens"
-                   + (f" ({wanted})" if wanted else ""), "min_tokens")
-    return Stopping(wanted, tuple(stop), _get(body, "ignore_eos", bool, False), frozenset(ids),
-                    _get(body, "include_stop_str_in_output", bool, False), least)
+        raise _bad(
+            f"min_tokens is {least}; it takes an integer from 0 to max_tokens"
+            + (f" ({wanted})" if wanted else ""),
+            "min_tokens",
+        )
+    return Stopping(
+        wanted,
+        tuple(stop),
+        _get(body, "ignore_eos", bool, False),
+        frozenset(ids),
+        _get(body, "include_stop_str_in_output", bool, False),
+        least,
+    )
 
 
 def sampling(body: Json) -> SamplingParams:
     """OpenAI's sampling values (temperature 1 unless given, as OpenAI) and vLLM's extras (top_k -1: off)."""
     top_k = _get(body, "top_k", int, 0)
     return SamplingParams(
-        temperature=float(_get(body, "temperature", _NUMBER, 1.0)), top_k=0 if top_k == -1 else top_k,
-        top_p=float(_get(body, "top_p", _NUMBER, 1.0)), min_p=float(_get(body, "min_p", _NUMBER, 0.0)),
+        temperature=float(_get(body, "temperature", _NUMBER, 1.0)),
+        top_k=0 if top_k == -1 else top_k,
+        top_p=float(_get(body, "top_p", _NUMBER, 1.0)),
+        min_p=float(_get(body, "min_p", _NUMBER, 0.0)),
         repetition_penalty=float(_get(body, "repetition_penalty", _NUMBER, 1.0)),
         seed=_get(body, "seed", int, None),
         presence_penalty=float(_get(body, "presence_penalty", _NUMBER, 0.0)),
-        frequency_penalty=float(_get(body, "frequency_penalty", _NUMBER, 0.0)))
+        frequency_penalty=float(_get(body, "frequency_penalty", _NUMBER, 0.0)),
+    )
 
 
 def logprobs(body: Json, chat: bool, echo: bool = False) -> LogprobRequest | None:
@@ -267,8 +300,11 @@ def constraint(body: Json, tools: ToolRequest | None = None) -> ConstraintSpec |
     called = tools.constraint() if tools is not None else None
     if called is not None:
         if found is not None or any(body.get(k) is not None for k in (*GUIDED, "structured_outputs")):
-            raise _bad("tool_choice (required or a named function) and response_format (or guided_*, "
-                       "structured_outputs) both constrain the output", "tool_choice")
+            raise _bad(
+                "tool_choice (required or a named function) and response_format (or guided_*, "
+                "structured_outputs) both constrain the output",
+                "tool_choice",
+            )
         return called
     for name, kind in GUIDED.items():
         value = body.get(name)
@@ -280,8 +316,10 @@ def constraint(body: Json, tools: ToolRequest | None = None) -> ConstraintSpec |
     outputs = body.get("structured_outputs")
     if outputs is not None:
         if found is not None:
-            raise _bad("structured_outputs and response_format (or a guided_*) both constrain the output",
-                       "structured_outputs")
+            raise _bad(
+                "structured_outputs and response_format (or a guided_*) both constrain the output",
+                "structured_outputs",
+            )
         found = structured_outputs(outputs)
     return found
 
@@ -298,12 +336,16 @@ def structured_outputs(value: Any) -> ConstraintSpec:
     given = {k: v for k, v in value.items() if v is not None and v is not False}
     unknown = sorted(set(given) - set(STRUCTURED) - {"json_object"})
     if unknown:
-        raise _bad(f"structured_outputs.{unknown[0]} is not supported (json, regex, choice, grammar, "
-                   "json_object)", f"structured_outputs.{unknown[0]}")
+        raise _bad(
+            f"structured_outputs.{unknown[0]} is not supported (json, regex, choice, grammar, json_object)",
+            f"structured_outputs.{unknown[0]}",
+        )
     if len(given) != 1:
-        raise _bad("structured_outputs takes exactly one of json, regex, choice, grammar, json_object",
-                   "structured_outputs")
-    (key, item), = given.items()
+        raise _bad(
+            "structured_outputs takes exactly one of json, regex, choice, grammar, json_object",
+            "structured_outputs",
+        )
+    ((key, item),) = given.items()
     if key == "json_object":
         return ConstraintSpec("json_schema", text='{"type": "object"}')
     return _guided(f"structured_outputs.{key}", STRUCTURED[key], item)
@@ -319,14 +361,18 @@ def constraint_of_format(response_format: Json) -> ConstraintSpec | None:
         named = _get(response_format, "json_schema", dict, {})
         schema, strict = named.get("schema"), named.get("strict")
         if not isinstance(schema, dict):
-            raise _bad("response_format.json_schema.schema takes a JSON Schema object",
-                       "response_format.json_schema.schema")
+            raise _bad(
+                "response_format.json_schema.schema takes a JSON Schema object",
+                "response_format.json_schema.schema",
+            )
         if strict is not None and not isinstance(strict, bool):
-            raise _bad("response_format.json_schema.strict takes a boolean",
-                       "response_format.json_schema.strict")
+            raise _bad(
+                "response_format.json_schema.strict takes a boolean", "response_format.json_schema.strict"
+            )
         return ConstraintSpec("json_schema", text=json.dumps(schema), strict=strict)
-    raise _bad(f"response_format.type {kind!r} is not one of text, json_object, json_schema",
-               "response_format.type")
+    raise _bad(
+        f"response_format.type {kind!r} is not one of text, json_object, json_schema", "response_format.type"
+    )
 
 
 def _guided(name: str, kind: str, value: Any) -> ConstraintSpec:
@@ -351,5 +397,8 @@ def param_of(field: str, chat: bool) -> str:
         return "messages" if chat else "prompt"
     if field == "logprobs.top":
         return "top_logprobs" if chat else "logprobs"
-    return {"stopping.max_new_tokens": "max_tokens", "stopping.stop": "stop",
-            "stopping.min_new_tokens": "min_tokens"}.get(field, field)
+    return {
+        "stopping.max_new_tokens": "max_tokens",
+        "stopping.stop": "stop",
+        "stopping.min_new_tokens": "min_tokens",
+    }.get(field, field)

@@ -57,8 +57,9 @@ def _tool(item: Any, where: str) -> FunctionTool:
     if not isinstance(item, dict):
         raise _bad(f"{where} takes a tool object", where)
     if item.get("type", "function") != "function":
-        raise _bad(f"{where}.type {item.get('type')!r} is not supported: only function tools are",
-                   f"{where}.type")
+        raise _bad(
+            f"{where}.type {item.get('type')!r} is not supported: only function tools are", f"{where}.type"
+        )
     function = item.get("function")
     if not isinstance(function, dict):
         raise _bad(f"{where}.function takes an object with the function's name", f"{where}.function")
@@ -83,21 +84,25 @@ def read_choice(value: Any, tools: tuple[FunctionTool, ...]) -> ToolChoice:
         return ToolChoice(AUTO if tools else NONE)
     if isinstance(value, str):
         if value not in CHOICES:
-            raise _bad(f"tool_choice {value!r} is not one of none, auto, required or a named function",
-                       "tool_choice")
+            raise _bad(
+                f"tool_choice {value!r} is not one of none, auto, required or a named function", "tool_choice"
+            )
         choice = ToolChoice(value)
     elif isinstance(value, dict) and value.get("type") == "function":
         function = value.get("function")
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str):
-            raise _bad("tool_choice.function takes an object with the function's name",
-                       "tool_choice.function")
+            raise _bad(
+                "tool_choice.function takes an object with the function's name", "tool_choice.function"
+            )
         if name not in {t.name for t in tools}:
             raise _bad(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
         choice = ToolChoice(NAMED, name)
     else:
-        raise _bad('tool_choice takes "none", "auto", "required" or {"type": "function", "function": '
-                   '{"name": ...}}', "tool_choice")
+        raise _bad(
+            'tool_choice takes "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
     if choice.mode != NONE and not tools:
         raise _bad(f"tool_choice {choice.mode!r} needs tools", "tool_choice")
     return choice
@@ -130,8 +135,10 @@ def _call(call: Any, where: str) -> ToolCall:
 
 def message_of(parsed: Parsed, ids: list[str]) -> Json:
     """The assistant message of a reply read as calls (content null when it has none)."""
-    calls = [{"id": call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-             for call_id, c in zip(ids, parsed.calls, strict=True)]
+    calls = [
+        {"id": call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for call_id, c in zip(ids, parsed.calls, strict=True)
+    ]
     return {"role": "assistant", "content": parsed.content or None, "refusal": None, "tool_calls": calls}
 
 

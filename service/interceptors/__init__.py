@@ -24,8 +24,16 @@ from service.interceptors.peer_calls import PeerCallLimit
 from service.interceptors.statuses import StatusTable
 
 
-def chain(access_log: AccessLog, gate: Callable[[], None], tokens: tuple[str, ...],
-          peer_calls: PeerCallLimit | None = None) -> list[grpc.aio.ServerInterceptor]:
+def chain(
+    access_log: AccessLog,
+    gate: Callable[[], None],
+    tokens: tuple[str, ...],
+    peer_calls: PeerCallLimit | None = None,
+) -> list[grpc.aio.ServerInterceptor]:
     """The interceptors for `grpc.aio.server(interceptors=...)`, which runs the first outermost."""
-    return [access_log, StatusTable(gate, access_log.failed), peer_calls or PeerCallLimit(0),
-            Authentication(tokens)]
+    return [
+        access_log,
+        StatusTable(gate, access_log.failed),
+        peer_calls or PeerCallLimit(0),
+        Authentication(tokens),
+    ]

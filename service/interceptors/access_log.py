@@ -45,8 +45,9 @@ class FailureLog:
     """At most `per_second` log lines a second for each (method, code); the next line that is
     written says how many were left out before it (`suppressed`)."""
 
-    def __init__(self, per_second: int = FAILURE_LINES_PER_SECOND,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, per_second: int = FAILURE_LINES_PER_SECOND, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.per_second = per_second
         self.clock = clock
         self._windows: dict[tuple[str, str], _Window] = {}
@@ -122,8 +123,15 @@ class AccessLog(LadderInterceptor):
     def failed(self, name: str, status: Status, protocol: str = "grpc") -> None:
         """The call ends with `status`: count it and write its `rpc_failed` line."""
         self._done(name, status.code, protocol)
-        self.failures.write("rpc_failed", name, status.code, request_id=REQUEST_ID.get(),
-                            details=status.details, **_protocol(protocol), **_access_fields())
+        self.failures.write(
+            "rpc_failed",
+            name,
+            status.code,
+            request_id=REQUEST_ID.get(),
+            details=status.details,
+            **_protocol(protocol),
+            **_access_fields(),
+        )
 
     def _left(self, name: str, context: Context, request_id: str) -> None:
         """The call stopped under its handler: the client cancelled or went away, or its deadline passed."""
@@ -131,13 +139,15 @@ class AccessLog(LadderInterceptor):
 
     def left(self, name: str, code: grpc.StatusCode, request_id: str, protocol: str = "grpc") -> None:
         self._done(name, code, protocol)
-        self.failures.write("rpc_cancelled", name, code, request_id=request_id, **_protocol(protocol),
-                            **_access_fields())
+        self.failures.write(
+            "rpc_cancelled", name, code, request_id=request_id, **_protocol(protocol), **_access_fields()
+        )
 
     def succeeded(self, name: str, request_id: str, protocol: str = "grpc") -> None:
         self._done(name, grpc.StatusCode.OK, protocol)
-        log.info("rpc", method=name, code="OK", request_id=request_id, **_protocol(protocol),
-                 **_access_fields())
+        log.info(
+            "rpc", method=name, code="OK", request_id=request_id, **_protocol(protocol), **_access_fields()
+        )
 
     def _done(self, name: str, code: grpc.StatusCode, protocol: str) -> None:
         record = CALL.get()

@@ -80,8 +80,9 @@ class Authentication(LadderInterceptor):
         header = str(metadata.get("authorization", ""))
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise Unauthenticated("missing bearer token (metadata authorization: Bearer <token>)",
-                                  reason="TOKEN_MISSING")
+            raise Unauthenticated(
+                "missing bearer token (metadata authorization: Bearer <token>)", reason="TOKEN_MISSING"
+            )
         for known, name in self.tokens.items():
             if hmac.compare_digest(known.encode(), token.strip().encode()):
                 return name

@@ -21,8 +21,9 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class LadderInterceptor(grpc.aio.ServerInterceptor):
-    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
-                                details: grpc.HandlerCallDetails) -> Any:
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], details: grpc.HandlerCallDetails
+    ) -> Any:
         handler = await continuation(details)
         method: str = details.method
         if handler is None or not method.startswith(LADDER_PREFIX):

@@ -42,16 +42,21 @@ class CallRecord:
 
     def fields(self) -> dict[str, Any]:
         """The access-log fields beyond method, code and request id."""
-        done: dict[str, Any] = {"caller": CALLER.get(), "peer": self.peer,
-                                "duration_ms": round((time.perf_counter() - self.arrived) * 1000.0, 3)}
+        done: dict[str, Any] = {
+            "caller": CALLER.get(),
+            "peer": self.peer,
+            "duration_ms": round((time.perf_counter() - self.arrived) * 1000.0, 3),
+        }
         if self.session:
             done["session"] = self.session
         if self.source_session:
             done["source_session"] = self.source_session
         progress = self.progress
         if progress is not None:
-            done.update(prompt_tokens=sum(p.prompt_tokens for p in self.progresses),
-                        completion_tokens=sum(p.generated for p in self.progresses))
+            done.update(
+                prompt_tokens=sum(p.prompt_tokens for p in self.progresses),
+                completion_tokens=sum(p.generated for p in self.progresses),
+            )
             if self.more:
                 done["prompts"] = 1 + len(self.more)
             if progress.started is not None:

@@ -18,7 +18,7 @@ from service.interceptors.base import Context, LadderInterceptor, Stream, Unary
 
 
 def peer_address(peer: str) -> str:
-    """"ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7"; "ipv6:[::1]:5" -> "ipv6:[::1]"; other peers whole."""
+    """ "ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7"; "ipv6:[::1]:5" -> "ipv6:[::1]"; other peers whole."""
     kind, _, rest = peer.partition(":")
     if kind in ("ipv4", "ipv6") and ":" in rest:
         return f"{kind}:{rest.rsplit(':', 1)[0]}"
@@ -37,8 +37,11 @@ class PeerCallLimit(LadderInterceptor):
         address = peer_address(context.peer() or "")
         if self.open[address] >= self.limit:
             self.on_refused()
-            raise PeerCalls(f"{address} has {self.limit} calls open, the most one client address may "
-                            "have (--max-calls-per-peer)", metadata={"max_calls_per_peer": str(self.limit)})
+            raise PeerCalls(
+                f"{address} has {self.limit} calls open, the most one client address may "
+                "have (--max-calls-per-peer)",
+                metadata={"max_calls_per_peer": str(self.limit)},
+            )
         self.open[address] += 1
         try:
             yield

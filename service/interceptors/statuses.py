@@ -33,8 +33,13 @@ class StatusTable(LadderInterceptor):
     async def _fail(self, name: str, context: Context, error: Exception) -> NoReturn:
         status = status_for(error)
         if status.code == grpc.StatusCode.INTERNAL:
-            log.error("internal_error", method=name, request_id=REQUEST_ID.get(), error=repr(error),
-                      traceback="".join(traceback.format_exception(error)))
+            log.error(
+                "internal_error",
+                method=name,
+                request_id=REQUEST_ID.get(),
+                error=repr(error),
+                traceback="".join(traceback.format_exception(error)),
+            )
         self.on_failure(name, status)
         metadata = (("x-request-id", REQUEST_ID.get()), *status.trailing_metadata)
         await context.abort(status.code, status.details, metadata)

@@ -29,8 +29,12 @@ def record(ttft_s: float, gap_s: float, tokens: int, error: str = "") -> Record:
 
 
 def test_goodput_counts_only_requests_within_both_slos() -> None:
-    records = [record(0.05, 0.01, 10), record(0.5, 0.01, 10), record(0.05, 0.5, 10),
-               record(0.05, 0.01, 10, error="RESOURCE_EXHAUSTED")]
+    records = [
+        record(0.05, 0.01, 10),
+        record(0.5, 0.01, 10),
+        record(0.05, 0.5, 10),
+        record(0.05, 0.01, 10, error="RESOURCE_EXHAUSTED"),
+    ]
     found = summarize(records, duration=2.0, slo=SLO)
     assert [meets(r, SLO) for r in records] == [True, False, False, False]
     assert found["goodput_request_s"] == pytest.approx(0.5)
@@ -73,8 +77,10 @@ def test_the_same_seed_draws_the_same_requests() -> None:
 
 
 def test_the_protocol_ratio_pairs_rounds_in_order() -> None:
-    rounds = [{"protocol": p, "output_tok_s": v} for p, v in
-              (("grpc", 100), ("http", 90), ("grpc", 200), ("http", 200))]
+    rounds = [
+        {"protocol": p, "output_tok_s": v}
+        for p, v in (("grpc", 100), ("http", 90), ("grpc", 200), ("http", 200))
+    ]
     found = ratio(rounds)
     assert found["pairs"] == [0.9, 1.0]
     assert found["of_medians"] == pytest.approx(145 / 150)

@@ -31,12 +31,17 @@ def client(server: RunningServer) -> Iterator[LadderClient]:
 
 
 @pytest.fixture(scope="session")
-def tls_token_server(served_model: Path,
-                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
+def tls_token_server(
+    served_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RunningServer, Path]]:
     """A server on TLS that wants the bearer token "tok-alice", and the CA that signed its certificate:
     what the Go and Java clients' --tls-ca and --token are checked against."""
     pki = make_pki(tmp_path_factory.mktemp("pki"))
-    config = server_config(served_model, tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
-                           auth_tokens=("alice=tok-alice",))
+    config = server_config(
+        served_model,
+        tls_cert=str(pki / "server.pem"),
+        tls_key=str(pki / "server.key"),
+        auth_tokens=("alice=tok-alice",),
+    )
     with RunningServer(config) as running:
         yield running, pki / "ca.pem"

@@ -25,8 +25,9 @@ async def _collect(events: AsyncIterator[pb.TokenEvent]) -> tuple[list[int], pb.
     raise AssertionError("the stream ended without a Completion")
 
 
-def test_async_generate_gives_the_same_tokens_as_the_sync_client(server: RunningServer,
-                                                                  client: LadderClient) -> None:
+def test_async_generate_gives_the_same_tokens_as_the_sync_client(
+    server: RunningServer, client: LadderClient
+) -> None:
     async def run() -> tuple[pb.Completion, list[int], pb.Completion]:
         async with AsyncLadderClient(server.address) as aclient:
             unary = await aclient.generate("async and sync agree", stopping=greedy_stopping(10))
@@ -41,7 +42,8 @@ def test_async_generate_gives_the_same_tokens_as_the_sync_client(server: Running
 
 
 def test_async_prefill_sends_parts_as_they_are_produced_then_decode_equals_generate(
-        server: RunningServer, client: LadderClient) -> None:
+    server: RunningServer, client: LadderClient
+) -> None:
     def prefill_rounds() -> int:  # the last round that ran a prefill forward (the log keeps the latest)
         return max((r.round for r in server.steps() if r.prefill), default=0)
 
@@ -50,7 +52,7 @@ def test_async_prefill_sends_parts_as_they_are_produced_then_decode_equals_gener
         # once the server has run a forward of this one (a client that held them back would hang).
         for start in range(0, len(PROMPT_IDS), 30):
             before = prefill_rounds()
-            yield PROMPT_IDS[start:start + 30]
+            yield PROMPT_IDS[start : start + 30]
             deadline = time.monotonic() + WAIT_S
             while prefill_rounds() == before:
                 assert time.monotonic() < deadline, "the part was not sent as it was produced"

@@ -37,8 +37,9 @@ class Terminal:
     def __init__(self, argv: list[str]) -> None:
         self.master, slave = os.openpty()
         # TERM=dumb: readline draws the line without cursor-motion sequences.
-        self.process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=REPO,
-                                        env={**os.environ, "TERM": "dumb"})
+        self.process = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, cwd=REPO, env={**os.environ, "TERM": "dumb"}
+        )
         os.close(slave)
         self.transcript = ""
 
@@ -130,9 +131,21 @@ REPLY_TOKENS = 300
 
 
 def test_ctrl_c_stops_the_reply_keeps_the_chat_and_keys_typed_meanwhile_wait_for_the_prompt(
-        server: RunningServer, client: LadderClient) -> None:
-    chat = Terminal([sys.executable, "-m", "clients.python.cli", "chat", "--address", server.address,
-                     "--max-new-tokens", str(REPLY_TOKENS), "--ignore-eos"])
+    server: RunningServer, client: LadderClient
+) -> None:
+    chat = Terminal(
+        [
+            sys.executable,
+            "-m",
+            "clients.python.cli",
+            "chat",
+            "--address",
+            server.address,
+            "--max-new-tokens",
+            str(REPLY_TOKENS),
+            "--ignore-eos",
+        ]
+    )
     try:
         # The worker runs only the rounds the test lets it, so the reply cannot end before Ctrl-C.
         with worker_held_between_rounds(server) as next_round:
@@ -170,7 +183,8 @@ def test_ctrl_c_stops_the_reply_keeps_the_chat_and_keys_typed_meanwhile_wait_for
 
 
 def test_a_stopped_reply_stays_in_the_chat_and_the_next_turn_answers_like_a_fresh_generate(
-        client: LadderClient) -> None:
+    client: LadderClient,
+) -> None:
     chat = ChatSession(client, max_new_tokens=40, ignore_eos=True)
     shown: list[str] = []
 
@@ -186,8 +200,9 @@ def test_a_stopped_reply_stays_in_the_chat_and_the_next_turn_answers_like_a_fres
         assert chat.turns[-1] == Turn("assistant", stopped.value.text)
         turns_before_reply = [*chat.turns, Turn("user", "Go on.")]
         reply = chat.ask("Go on.")
-        fresh = client.generate(client.tokenize(turns_before_reply),
-                                stopping=Stopping(max_new_tokens=40, ignore_eos=True))
+        fresh = client.generate(
+            client.tokenize(turns_before_reply), stopping=Stopping(max_new_tokens=40, ignore_eos=True)
+        )
         assert list(reply.token_ids) == list(fresh.token_ids)
     finally:
         chat.close()

@@ -16,8 +16,12 @@ from clients.python.cli import main
 from proto.ladder.v1 import ladder_pb2 as pb
 from tests.support.servers import RunningServer
 
-SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
-          "required": ["a"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
 GRAMMAR = 'root ::= "(" [0-9]{1,3} ")"'
 KINDS: dict[str, tuple[Constraint, Callable[[str], object]]] = {
     "json_schema": (Constraint(json_schema=SCHEMA), lambda text: json.loads(text)["a"] in range(100)),
@@ -41,13 +45,19 @@ def test_a_constraint_is_exactly_one_kind() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_generate_with_a_constraint_sends_it_and_every_sample_matches(
-        server: RunningServer, client: LadderClient, kind: str) -> None:
+    server: RunningServer, client: LadderClient, kind: str
+) -> None:
     constraint, matches = KINDS[kind]
     sampling = Sampling(temperature=1.0, seed=3)
     done = client.generate("Hello", sampling=sampling, stopping=STOPPING, n=2, constraint=constraint)
     assert all(matches(s.text) and s.finish_reason == pb.FINISH_REASON_STOP for s in done.samples)
-    raw = pb.GenerateRequest(prompt=pb.Prompt(text="Hello"), sampling=sampling.to_proto(),
-                             stopping=STOPPING.to_proto(), n=2, constraint=constraint.to_proto())
+    raw = pb.GenerateRequest(
+        prompt=pb.Prompt(text="Hello"),
+        sampling=sampling.to_proto(),
+        stopping=STOPPING.to_proto(),
+        n=2,
+        constraint=constraint.to_proto(),
+    )
     assert [s.token_ids for s in done.samples] == [s.token_ids for s in server.stub.Generate(raw).samples]
 
 
@@ -78,20 +88,25 @@ def test_the_async_client_takes_a_constraint_on_generate_and_decode(server: Runn
     assert KINDS["choice"][1](unary.text) and KINDS["grammar"][1](decoded.text)
 
 
-@pytest.mark.parametrize(("flags", "kind"), [
-    (["--json-schema", json.dumps(SCHEMA)], "json_schema"),
-    (["--regex", r"[a-z]{3}-\d{2}"], "regex"),
-    (["--choice", "yes,no"], "choice"),
-    (["--grammar", GRAMMAR], "grammar"),
-])
-def test_ladder_generate_takes_a_constraint_flag(server: RunningServer, capsys: pytest.CaptureFixture[str],
-                                                 flags: list[str], kind: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "kind"),
+    [
+        (["--json-schema", json.dumps(SCHEMA)], "json_schema"),
+        (["--regex", r"[a-z]{3}-\d{2}"], "regex"),
+        (["--choice", "yes,no"], "choice"),
+        (["--grammar", GRAMMAR], "grammar"),
+    ],
+)
+def test_ladder_generate_takes_a_constraint_flag(
+    server: RunningServer, capsys: pytest.CaptureFixture[str], flags: list[str], kind: str
+) -> None:
     assert main(["generate", "--address", server.address, *flags, "Hello"]) == 0
     assert KINDS[kind][1](capsys.readouterr().out.removesuffix("\n"))
 
 
 def test_ladder_generate_reads_a_schema_or_a_grammar_from_a_file(
-        server: RunningServer, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    server: RunningServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
     (tmp_path / "code.gbnf").write_text(GRAMMAR + "\n")
     files = (("--json-schema", "schema.json", "json_schema"), ("--grammar", "code.gbnf", "grammar"))
@@ -101,7 +116,8 @@ def test_ladder_generate_reads_a_schema_or_a_grammar_from_a_file(
 
 
 def test_ladder_generate_refuses_two_constraints_and_reports_a_bad_one(
-        server: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as usage:
         main(["generate", "--address", server.address, "--regex", "a", "--choice", "a,b", "Hello"])
     assert usage.value.code == 2 and "not allowed with argument" in capsys.readouterr().err

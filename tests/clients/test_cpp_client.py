@@ -35,11 +35,19 @@ def run_cpp(binary: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("rpc_flag", [[], ["--stream"]], ids=["Generate", "GenerateStream"])
-def test_the_cpp_client_gets_the_same_tokens_as_the_python_client(cpp_client: Path, server: RunningServer,
-                                                                  client: LadderClient,
-                                                                  rpc_flag: list[str]) -> None:
-    done = run_cpp(cpp_client, "--address", server.address, "--max-new-tokens", "7", "--ignore-eos",
-                   *rpc_flag, "Hello from C++")
+def test_the_cpp_client_gets_the_same_tokens_as_the_python_client(
+    cpp_client: Path, server: RunningServer, client: LadderClient, rpc_flag: list[str]
+) -> None:
+    done = run_cpp(
+        cpp_client,
+        "--address",
+        server.address,
+        "--max-new-tokens",
+        "7",
+        "--ignore-eos",
+        *rpc_flag,
+        "Hello from C++",
+    )
     assert done.returncode == 0, done.stderr
     expected = client.generate("Hello from C++", stopping=Stopping(max_new_tokens=7, ignore_eos=True))
     assert expected.text and done.stdout == expected.text + "\n"
@@ -49,8 +57,9 @@ def test_the_cpp_client_gets_the_same_tokens_as_the_python_client(cpp_client: Pa
     assert summary["completion_tokens"] == 7
 
 
-def test_the_cpp_client_reports_a_bad_request_with_its_status_name(cpp_client: Path,
-                                                                   server: RunningServer) -> None:
+def test_the_cpp_client_reports_a_bad_request_with_its_status_name(
+    cpp_client: Path, server: RunningServer
+) -> None:
     done = run_cpp(cpp_client, "--address", server.address, "--tokens", "1 2 70000")
     assert done.returncode == 1
     assert done.stderr.startswith("Generate failed: INVALID_ARGUMENT: ")
@@ -66,7 +75,7 @@ def test_the_cpp_client_rejects_bad_arguments_before_calling(cpp_client: Path) -
 
 @CONSTRAINT_FLAGS
 def test_the_cpp_client_sends_a_constraint_as_the_python_client_does(
-        cpp_client: Path, server: RunningServer, client: LadderClient, flags: list[str],
-        constraint: Constraint) -> None:
+    cpp_client: Path, server: RunningServer, client: LadderClient, flags: list[str], constraint: Constraint
+) -> None:
     done = run_cpp(cpp_client, "--address", server.address, "--max-new-tokens", "20", *flags, "Hello")
     assert_same_as_python_client(done, client, constraint)

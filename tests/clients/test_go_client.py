@@ -47,21 +47,32 @@ def without_tool_versions(source: str) -> str:
     return re.sub(r"(?m)^// \tprotoc(-gen-go)? +v.*\n", "", source)
 
 
-def test_the_committed_go_stubs_are_what_the_generator_makes_of_the_proto(go_client: Path,
-                                                                          tmp_path: Path) -> None:
+def test_the_committed_go_stubs_are_what_the_generator_makes_of_the_proto(
+    go_client: Path, tmp_path: Path
+) -> None:
     run_build("go", "--generate", str(tmp_path), what=WHAT)
     for name in ("ladder.pb.go", "ladder_grpc.pb.go"):
         committed = GO_DIR / "ladder" / "v1" / name
         fresh = tmp_path / "ladder" / "v1" / name
         assert without_tool_versions(fresh.read_text()) == without_tool_versions(committed.read_text()), (
-            f"{committed} is stale: run clients/go/build.sh --generate")
+            f"{committed} is stale: run clients/go/build.sh --generate"
+        )
 
 
 @pytest.mark.parametrize("rpc_flag", [[], ["--stream"]], ids=["Generate", "GenerateStream"])
 def test_the_go_client_gets_the_python_client_s_greedy_tokens(
-        go_client: Path, server: RunningServer, client: LadderClient, rpc_flag: list[str]) -> None:
-    done = run_go(go_client, "--address", server.address, "--max-new-tokens", "7", "--ignore-eos",
-                  *rpc_flag, "Hello from Go")
+    go_client: Path, server: RunningServer, client: LadderClient, rpc_flag: list[str]
+) -> None:
+    done = run_go(
+        go_client,
+        "--address",
+        server.address,
+        "--max-new-tokens",
+        "7",
+        "--ignore-eos",
+        *rpc_flag,
+        "Hello from Go",
+    )
     assert done.returncode == 0, done.stderr
     expected = client.generate("Hello from Go", stopping=Stopping(max_new_tokens=7, ignore_eos=True))
     assert expected.text and done.stdout == expected.text + "\n"
@@ -73,10 +84,12 @@ def test_the_go_client_gets_the_python_client_s_greedy_tokens(
 
 
 def test_a_go_session_s_prefill_and_two_decodes_give_the_tokens_of_one_generate(
-        go_client: Path, server: RunningServer, client: LadderClient) -> None:
+    go_client: Path, server: RunningServer, client: LadderClient
+) -> None:
     prompt = "Hello from a Go session"
-    done = run_go(go_client, "--address", server.address, "--max-new-tokens", "7", "--ignore-eos",
-                  "--session", prompt)
+    done = run_go(
+        go_client, "--address", server.address, "--max-new-tokens", "7", "--ignore-eos", "--session", prompt
+    )
     assert done.returncode == 0, done.stderr
     expected = client.generate(prompt, stopping=Stopping(max_new_tokens=7, ignore_eos=True))
     summary = last_json_line(done.stderr)
@@ -91,10 +104,12 @@ def test_a_go_session_s_prefill_and_two_decodes_give_the_tokens_of_one_generate(
     assert server.stats().sessions_open == 0
 
 
-@pytest.mark.parametrize("rpc_flag", [[], ["--stream"], ["--session"]],
-                         ids=["Generate", "GenerateStream", "Prefill"])
-def test_the_go_client_reads_a_bad_request_s_reason_and_field(go_client: Path, server: RunningServer,
-                                                              rpc_flag: list[str]) -> None:
+@pytest.mark.parametrize(
+    "rpc_flag", [[], ["--stream"], ["--session"]], ids=["Generate", "GenerateStream", "Prefill"]
+)
+def test_the_go_client_reads_a_bad_request_s_reason_and_field(
+    go_client: Path, server: RunningServer, rpc_flag: list[str]
+) -> None:
     done = run_go(go_client, "--address", server.address, "--tokens", *rpc_flag, "1 2 70000")
     assert done.returncode == 1
     rpc = {"": "Generate", "--stream": "GenerateStream", "--session": "Prefill"}["".join(rpc_flag)]
@@ -124,17 +139,30 @@ def test_the_go_client_rejects_bad_arguments_before_calling(go_client: Path) -> 
 
 
 def test_the_go_client_generates_over_tls_with_a_bearer_token(
-        go_client: Path, tls_token_server: tuple[RunningServer, Path]) -> None:
+    go_client: Path, tls_token_server: tuple[RunningServer, Path]
+) -> None:
     server, ca = tls_token_server
-    done = run_go(go_client, "--address", server.address, "--tls-ca", str(ca), "--token", "tok-alice",
-                  "--max-new-tokens", "3", "--ignore-eos", "Hello over TLS")
+    done = run_go(
+        go_client,
+        "--address",
+        server.address,
+        "--tls-ca",
+        str(ca),
+        "--token",
+        "tok-alice",
+        "--max-new-tokens",
+        "3",
+        "--ignore-eos",
+        "Hello over TLS",
+    )
     assert done.returncode == 0, done.stderr
     assert last_json_line(done.stderr)["completion_tokens"] == 3
 
 
 @pytest.mark.parametrize("token", [[], ["--token", "tok-mallory"]], ids=["missing", "unknown"])
 def test_the_go_client_without_a_known_token_is_unauthenticated_with_its_reason(
-        go_client: Path, tls_token_server: tuple[RunningServer, Path], token: list[str]) -> None:
+    go_client: Path, tls_token_server: tuple[RunningServer, Path], token: list[str]
+) -> None:
     server, ca = tls_token_server
     done = run_go(go_client, "--address", server.address, "--tls-ca", str(ca), *token, "Hello")
     assert done.returncode == 1

@@ -35,9 +35,18 @@ def run_java(launcher: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("rpc_flag", [[], ["--stream"]], ids=["Generate", "GenerateStream"])
 def test_the_java_client_gets_the_python_client_s_greedy_tokens(
-        java_client: Path, server: RunningServer, client: LadderClient, rpc_flag: list[str]) -> None:
-    done = run_java(java_client, "--address", server.address, "--max-new-tokens", "7", "--ignore-eos",
-                    *rpc_flag, "Hello from Java")
+    java_client: Path, server: RunningServer, client: LadderClient, rpc_flag: list[str]
+) -> None:
+    done = run_java(
+        java_client,
+        "--address",
+        server.address,
+        "--max-new-tokens",
+        "7",
+        "--ignore-eos",
+        *rpc_flag,
+        "Hello from Java",
+    )
     assert done.returncode == 0, done.stderr
     expected = client.generate("Hello from Java", stopping=Stopping(max_new_tokens=7, ignore_eos=True))
     assert expected.text and done.stdout == expected.text + "\n"
@@ -49,10 +58,12 @@ def test_the_java_client_gets_the_python_client_s_greedy_tokens(
 
 
 def test_a_java_session_s_prefill_and_two_decodes_give_the_tokens_of_one_generate(
-        java_client: Path, server: RunningServer, client: LadderClient) -> None:
+    java_client: Path, server: RunningServer, client: LadderClient
+) -> None:
     prompt = "Hello from a Java session"
-    done = run_java(java_client, "--address", server.address, "--max-new-tokens", "7", "--ignore-eos",
-                    "--session", prompt)
+    done = run_java(
+        java_client, "--address", server.address, "--max-new-tokens", "7", "--ignore-eos", "--session", prompt
+    )
     assert done.returncode == 0, done.stderr
     expected = client.generate(prompt, stopping=Stopping(max_new_tokens=7, ignore_eos=True))
     summary = last_json_line(done.stderr)
@@ -66,10 +77,12 @@ def test_a_java_session_s_prefill_and_two_decodes_give_the_tokens_of_one_generat
     assert server.stats().sessions_open == 0
 
 
-@pytest.mark.parametrize("rpc_flag", [[], ["--stream"], ["--session"]],
-                         ids=["Generate", "GenerateStream", "Prefill"])
-def test_the_java_client_reads_a_bad_request_s_reason_and_field(java_client: Path, server: RunningServer,
-                                                                rpc_flag: list[str]) -> None:
+@pytest.mark.parametrize(
+    "rpc_flag", [[], ["--stream"], ["--session"]], ids=["Generate", "GenerateStream", "Prefill"]
+)
+def test_the_java_client_reads_a_bad_request_s_reason_and_field(
+    java_client: Path, server: RunningServer, rpc_flag: list[str]
+) -> None:
     done = run_java(java_client, "--address", server.address, "--tokens", *rpc_flag, "1 2 70000")
     assert done.returncode == 1, done.stderr
     rpc = {"": "Generate", "--stream": "GenerateStream", "--session": "Prefill"}["".join(rpc_flag)]
@@ -90,17 +103,30 @@ def test_the_java_client_rejects_bad_arguments_before_calling(java_client: Path)
 
 
 def test_the_java_client_generates_over_tls_with_a_bearer_token(
-        java_client: Path, tls_token_server: tuple[RunningServer, Path]) -> None:
+    java_client: Path, tls_token_server: tuple[RunningServer, Path]
+) -> None:
     server, ca = tls_token_server
-    done = run_java(java_client, "--address", server.address, "--tls-ca", str(ca), "--token", "tok-alice",
-                  "--max-new-tokens", "3", "--ignore-eos", "Hello over TLS")
+    done = run_java(
+        java_client,
+        "--address",
+        server.address,
+        "--tls-ca",
+        str(ca),
+        "--token",
+        "tok-alice",
+        "--max-new-tokens",
+        "3",
+        "--ignore-eos",
+        "Hello over TLS",
+    )
     assert done.returncode == 0, done.stderr
     assert last_json_line(done.stderr)["completion_tokens"] == 3
 
 
 @pytest.mark.parametrize("token", [[], ["--token", "tok-mallory"]], ids=["missing", "unknown"])
 def test_the_java_client_without_a_known_token_is_unauthenticated_with_its_reason(
-        java_client: Path, tls_token_server: tuple[RunningServer, Path], token: list[str]) -> None:
+    java_client: Path, tls_token_server: tuple[RunningServer, Path], token: list[str]
+) -> None:
     server, ca = tls_token_server
     done = run_java(java_client, "--address", server.address, "--tls-ca", str(ca), *token, "Hello")
     assert done.returncode == 1

@@ -48,8 +48,14 @@ def node_openai() -> Path:
         DEPS.mkdir(parents=True, exist_ok=True)
         for name in ("package.json", "package-lock.json"):
             shutil.copy(PACKAGE / name, DEPS / name)
-        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=DEPS,
-                              capture_output=True, text=True, timeout=300, check=False)
+        done = subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=DEPS,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         if done.returncode != 0:
             pytest.skip(f"the openai npm package cannot be installed here: {done.stderr.strip()}")
     return DEPS / "node_modules"
@@ -62,17 +68,29 @@ def _read(path: Path) -> str:
 def run_cases(node_modules: Path, server: RunningServer, cases: list[dict[str, Any]]) -> dict[str, Any]:
     """Each case's answer as tools.cjs reports it, by name."""
     base_url = f"http://127.0.0.1:{server.config.http_port}/v1"
-    done = subprocess.run(["node", str(PACKAGE / "tools.cjs"), base_url], input=json.dumps(cases),
-                          capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "NODE_PATH": str(node_modules)})
+    done = subprocess.run(
+        ["node", str(PACKAGE / "tools.cjs"), base_url],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "NODE_PATH": str(node_modules)},
+    )
     assert done.returncode == 0, done.stderr
     answers = [json.loads(line) for line in done.stdout.splitlines()]
     return {a["name"]: a for a in answers}
 
 
 def body(choice: str, messages: list[Any], **changes: Any) -> dict[str, Any]:
-    return {"messages": messages, "tools": TOOLS, "tool_choice": CHOICES[choice], "max_tokens": MAX_NEW,
-            "temperature": 0, **changes}
+    return {
+        "messages": messages,
+        "tools": TOOLS,
+        "tool_choice": CHOICES[choice],
+        "max_tokens": MAX_NEW,
+        "temperature": 0,
+        **changes,
+    }
 
 
 def assert_valid_choices(choices: list[dict[str, Any]], choice: str, n: int = 1) -> None:
@@ -95,14 +113,26 @@ def calls_of(choice: dict[str, Any]) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def answers(node_openai: Path, server: RunningServer) -> dict[str, Any]:
     """Every case in one node process (the SDK loads once)."""
-    cases = [{"name": f"{choice}-{ask}-{'stream' if stream else 'whole'}",
-              "body": body(choice, messages), "stream": stream}
-             for choice in CHOICES for ask, messages in (("weather", ASK), ("sum", SUM))
-             for stream in (False, True)]
+    cases = [
+        {
+            "name": f"{choice}-{ask}-{'stream' if stream else 'whole'}",
+            "body": body(choice, messages),
+            "stream": stream,
+        }
+        for choice in CHOICES
+        for ask, messages in (("weather", ASK), ("sum", SUM))
+        for stream in (False, True)
+    ]
     sampled = {"n": 2, "temperature": 1.0, "seed": 11}
-    cases += [{"name": f"{choice}-sampled-{'stream' if stream else 'whole'}",
-               "body": body(choice, ASK, **sampled), "stream": stream}
-              for choice in CHOICES for stream in (False, True)]
+    cases += [
+        {
+            "name": f"{choice}-sampled-{'stream' if stream else 'whole'}",
+            "body": body(choice, ASK, **sampled),
+            "stream": stream,
+        }
+        for choice in CHOICES
+        for stream in (False, True)
+    ]
     return run_cases(node_openai, server, cases)
 
 
@@ -115,20 +145,23 @@ def test_the_node_sdk_gets_valid_calls_unstreamed(answers: dict[str, Any], choic
 @pytest.mark.parametrize("ask", ["weather", "sum"])
 @pytest.mark.parametrize("choice", list(CHOICES))
 def test_the_node_sdk_accumulates_streamed_calls_to_the_unstreamed_ones(
-        answers: dict[str, Any], choice: str, ask: str) -> None:
+    answers: dict[str, Any], choice: str, ask: str
+) -> None:
     streamed = answers[f"{choice}-{ask}-stream"]
     whole = answers[f"{choice}-{ask}-whole"]["choices"]
     for choices in (streamed["choices"], streamed["sdk_choices"]):
         assert_valid_choices(choices, choice)
         assert calls_of(choices[0]) == calls_of(whole[0])  # greedy: the same calls
     assert [c["id"] for c in streamed["choices"][0]["tool_calls"]] != [
-        c["id"] for c in whole[0]["tool_calls"]]  # a fresh id per call
+        c["id"] for c in whole[0]["tool_calls"]
+    ]  # a fresh id per call
 
 
 @pytest.mark.parametrize("stream", ["whole", "stream"])
 @pytest.mark.parametrize("choice", list(CHOICES))
-def test_every_sampled_choice_gets_calls_of_its_own(answers: dict[str, Any], choice: str,
-                                                     stream: str) -> None:
+def test_every_sampled_choice_gets_calls_of_its_own(
+    answers: dict[str, Any], choice: str, stream: str
+) -> None:
     answer = answers[f"{choice}-sampled-{stream}"]
     for choices in (answer["choices"], answer.get("sdk_choices", answer["choices"])):
         assert_valid_choices(choices, choice, n=2)

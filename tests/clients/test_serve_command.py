@@ -13,12 +13,26 @@ from tests.support.servers import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
-
 def test_ladder_serve_answers_then_exits_0_on_sigterm(served_model: Path) -> None:
     port = free_port()
-    cmd = [sys.executable, "-m", "clients.python.cli", "serve", "--model", str(served_model), "--host",
-           "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--http-port", "0",
-           "--drain-seconds", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "clients.python.cli",
+        "serve",
+        "--model",
+        str(served_model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--http-port",
+        "0",
+        "--drain-seconds",
+        "2",
+    ]
     server = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         with LadderClient(f"127.0.0.1:{port}") as client:

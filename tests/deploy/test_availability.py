@@ -35,8 +35,10 @@ def replica_counts(objects: Objects) -> range:
 def rollout_limits(objects: Objects, replicas: int) -> tuple[int, int]:
     """(surge, unavailable) of a rolling update at `replicas` (maxSurge rounds up, maxUnavailable down)."""
     update = one(objects, "Deployment")["spec"]["strategy"].get("rollingUpdate", {})
-    return (scaled(update.get("maxSurge", "25%"), replicas, round_up=True),
-            scaled(update.get("maxUnavailable", "25%"), replicas, round_up=False))
+    return (
+        scaled(update.get("maxSurge", "25%"), replicas, round_up=True),
+        scaled(update.get("maxUnavailable", "25%"), replicas, round_up=False),
+    )
 
 
 def evictions_allowed(objects: Objects, replicas: int) -> int:
@@ -49,8 +51,10 @@ def evictions_allowed(objects: Objects, replicas: int) -> int:
 
 def fewest_ready(objects: Objects) -> int:
     """The fewest ready pods any rollout step or eviction leaves, over every allowed replica count."""
-    return min(replicas - max(rollout_limits(objects, replicas)[1], evictions_allowed(objects, replicas))
-               for replicas in replica_counts(objects))
+    return min(
+        replicas - max(rollout_limits(objects, replicas)[1], evictions_allowed(objects, replicas))
+        for replicas in replica_counts(objects)
+    )
 
 
 @pytest.mark.parametrize("name", OVERLAYS)

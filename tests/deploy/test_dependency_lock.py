@@ -92,16 +92,21 @@ def test_every_pin_carries_sha256_hashes(flavour: str) -> None:
 def test_the_cuda_lock_is_the_cpu_lock_plus_what_the_cuda_extra_needs() -> None:
     cpu, cuda = lock("cpu"), lock("cuda")
     assert {name: pin.version for name, pin in cpu.items()}.items() <= {
-        name: pin.version for name, pin in cuda.items()}.items()
+        name: pin.version for name, pin in cuda.items()
+    }.items()
 
 
 def test_the_lock_reader_reads_pins_hashes_and_their_reasons(tmp_path: Path) -> None:
     path = tmp_path / "requirements.txt"
-    path.write_text("# header\nGrpc_IO==1.2 \\\n    --hash=sha256:" + "a" * 64 + " \\\n"
-                    "    --hash=sha256:" + "b" * 64 + "\n    # via\n    #   x\n    #   " + PROJECT + "\n"
-                    "tqdm==4.7 \\\n    --hash=sha256:" + "c" * 64 + "\n    # via gguf\n")
-    assert read_lock(path) == {"grpc-io": Pin("1.2", ["a" * 64, "b" * 64], ["x", PROJECT]),
-                               "tqdm": Pin("4.7", ["c" * 64], ["gguf"])}
+    path.write_text(
+        "# header\nGrpc_IO==1.2 \\\n    --hash=sha256:" + "a" * 64 + " \\\n"
+        "    --hash=sha256:" + "b" * 64 + "\n    # via\n    #   x\n    #   " + PROJECT + "\n"
+        "tqdm==4.7 \\\n    --hash=sha256:" + "c" * 64 + "\n    # via gguf\n"
+    )
+    assert read_lock(path) == {
+        "grpc-io": Pin("1.2", ["a" * 64, "b" * 64], ["x", PROJECT]),
+        "tqdm": Pin("4.7", ["c" * 64], ["gguf"]),
+    }
 
 
 @pytest.mark.parametrize("flavour", EXTRAS)
@@ -112,8 +117,11 @@ def test_each_image_installs_its_lock_with_hashes_before_copying_the_source(flav
     copy_source = index_of(stage, "COPY", ". .")
     assert copy_lock < install < copy_source
     assert "--no-deps" in stage.instructions[install][1], "the lock is complete: no resolution at build time"
-    project_install = index_of(stage, "RUN", "pip install .") if flavour == "cpu" else index_of(
-        stage, "RUN", "pip install '.[cuda]'")
+    project_install = (
+        index_of(stage, "RUN", "pip install .")
+        if flavour == "cpu"
+        else index_of(stage, "RUN", "pip install '.[cuda]'")
+    )
     assert copy_source < project_install
 
 
@@ -126,8 +134,11 @@ def test_each_image_prepares_the_model_in_layers_of_its_own_before_the_source(fl
     assert download < convert < copy_source
     # Before the source, only the lock and the engine go in; the download sees default_model.py alone.
     early_copies = [args for kw, args in stage.instructions[:copy_source] if kw == "COPY"]
-    assert early_copies == [f"deploy/docker/requirements-{flavour}.txt /tmp/requirements.txt",
-                            "engine/__init__.py engine/default_model.py engine/", "engine/ engine/"]
+    assert early_copies == [
+        f"deploy/docker/requirements-{flavour}.txt /tmp/requirements.txt",
+        "engine/__init__.py engine/default_model.py engine/",
+        "engine/ engine/",
+    ]
     engine_copy = index_of(stage, "COPY", "engine/ engine/")
     assert index_of(stage, "COPY", "engine/default_model.py") < download < engine_copy < convert
 
@@ -142,8 +153,11 @@ def test_each_image_prepares_the_precision_its_server_picks(flavour: str) -> Non
 
 
 def test_the_build_context_carries_the_locks_and_nothing_else_of_deploy() -> None:
-    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
 
     def ignored(path: str) -> bool:
         verdict = False  # as docker reads it: the last pattern that matches decides

@@ -80,8 +80,9 @@ def test_the_image_install_provides_every_module_serving_and_model_preparation_i
     cuda = {requirement_name(r) for r in project["optional-dependencies"]["cuda"]}
     providers = importlib.metadata.packages_distributions()
     missing = []
-    for module, importers in sorted(third_party_imports(
-            "clients.python.cli", "service.server", "engine.default_model").items()):
+    for module, importers in sorted(
+        third_party_imports("clients.python.cli", "service.server", "engine.default_model").items()
+    ):
         allowed = base | cuda if all(".cuda" in m for m in importers) else base
         if module in providers:
             provided = {requirement_name(d) for d in providers[module]} & allowed
@@ -91,7 +92,8 @@ def test_the_image_install_provides_every_module_serving_and_model_preparation_i
             missing.append(f"{module} (imported by {', '.join(sorted(importers))})")
     assert missing == [], (
         "pyproject [project].dependencies lacks what these imports need, so the images' "
-        f"`pip install .` cannot run `ladder model prepare`/`ladder serve`: {missing}")
+        f"`pip install .` cannot run `ladder model prepare`/`ladder serve`: {missing}"
+    )
 
 
 def pinned(lock_text: str) -> dict[str, list[str]]:
@@ -108,8 +110,7 @@ def pinned(lock_text: str) -> dict[str, list[str]]:
 
 def requirement_files(command: list[str]) -> list[str]:
     """The files a `pip install` command installs from (`-r FILE`, `--requirement FILE`)."""
-    return [command[i + 1] for i, token in enumerate(command[:-1])
-            if token in {"-r", "--requirement"}]
+    return [command[i + 1] for i, token in enumerate(command[:-1]) if token in {"-r", "--requirement"}]
 
 
 def copied_to(stage_instructions: list[tuple[str, str]]) -> dict[str, str]:
@@ -137,7 +138,8 @@ def test_the_cuda_image_installs_only_the_gpu_build_of_onnxruntime_from_its_lock
     assert lock == DOCKER / "requirements-cuda.txt"
     (installed,) = requirement_files(install)
     assert re.search(rf"{re.escape(lock_in_image)}\s*>\s*{re.escape(installed)}(\s|$)", run), (
-        "pip must install what the filter wrote")
+        "pip must install what the filter wrote"
+    )
     assert "--require-hashes" in install and "--no-deps" in install
     filtered = subprocess.run([*awk[:-1], str(lock)], capture_output=True, text=True, check=True).stdout
     locked = pinned(lock.read_text())
@@ -146,7 +148,8 @@ def test_the_cuda_image_installs_only_the_gpu_build_of_onnxruntime_from_its_lock
     assert any("--hash=sha256:" in line for line in pinned(filtered)["onnxruntime-gpu"])
     assert "CUDAExecutionProvider" in run, "the build must fail without the CUDA provider"
     assert "--no-deps" in image_install("cuda").options, (
-        "without it pip fetches the CPU build for the base dependencies")
+        "without it pip fetches the CPU build for the base dependencies"
+    )
     for flavour in FLAVOURS:
         runs = [r for s in dockerfile(flavour).stages for r in s.all("RUN")]
         assert all("uninstall" not in r and "--force-reinstall" not in r for r in runs), flavour
@@ -174,7 +177,8 @@ def locked_before(instructions: list[tuple[str, str]]) -> set[str]:
 def declared(extras: frozenset[str]) -> set[str]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     requirements = project["dependencies"] + [
-        r for extra in sorted(extras) for r in project["optional-dependencies"][extra]]
+        r for extra in sorted(extras) for r in project["optional-dependencies"][extra]
+    ]
     return {requirement_name(r) for r in requirements}
 
 
@@ -189,14 +193,14 @@ def dependency_changes(run: str, locked: set[str]) -> list[str]:
         names = [Path(t).name for t in command]
         pairs = set(zip(names, names[1:], strict=False))
         spec = pip_install(command)
-        if pairs & {("pip", "uninstall"), ("pip3", "uninstall"), ("apt-get", "install"),
-                    ("apt", "install")}:
+        if pairs & {("pip", "uninstall"), ("pip3", "uninstall"), ("apt-get", "install"), ("apt", "install")}:
             changes.append(" ".join(command))
         elif spec is not None:
             extras = spec.project_extras()
             others = [r for r in spec.requirements if PipInstall((r,)).project_extras() is None]
-            resolves = extras is not None and "--no-deps" not in spec.options and not (
-                declared(extras) <= locked)
+            resolves = (
+                extras is not None and "--no-deps" not in spec.options and not (declared(extras) <= locked)
+            )
             if others or requirement_files(command) or resolves:
                 changes.append(" ".join(command))
     return changes
@@ -207,12 +211,17 @@ def late_dependency_installs(image: Dockerfile) -> list[str]:
     remove a dependency: a source edit re-runs them, downloads included."""
     late = []
     for stage in image.stages:
-        copies = [i for i, (kw, args) in enumerate(stage.instructions)
-                  if kw == "COPY" and copies_the_source(args)]
+        copies = [
+            i for i, (kw, args) in enumerate(stage.instructions) if kw == "COPY" and copies_the_source(args)
+        ]
         if copies:
-            locked = locked_before(stage.instructions[:copies[0]])
-            late += [change for kw, args in stage.instructions[copies[0] + 1:] if kw == "RUN"
-                     for change in dependency_changes(args, locked)]
+            locked = locked_before(stage.instructions[: copies[0]])
+            late += [
+                change
+                for kw, args in stage.instructions[copies[0] + 1 :]
+                if kw == "RUN"
+                for change in dependency_changes(args, locked)
+            ]
     return late
 
 
@@ -221,7 +230,8 @@ def test_every_run_that_installs_a_dependency_comes_before_the_first_copy_of_the
     image = dockerfile(flavour)
     assert any(copies_the_source(a) for s in image.stages for a in s.all("COPY")), "no `COPY . .`"
     assert late_dependency_installs(image) == [], (
-        f"Dockerfile.{flavour}: these run again on every source edit; install them before `COPY . .`")
+        f"Dockerfile.{flavour}: these run again on every source edit; install them before `COPY . .`"
+    )
 
 
 def test_the_layer_check_catches_every_way_a_dependency_gets_in_after_the_source(tmp_path):
@@ -236,7 +246,7 @@ def test_the_layer_check_catches_every_way_a_dependency_gets_in_after_the_source
         "RUN pip install '.[cuda]'\n"
         "RUN gpu=\"$(pip freeze | grep -i '^onnxruntime-gpu==')\" \\\n"
         " && pip uninstall -y onnxruntime \\\n"
-        " && pip install --force-reinstall --no-deps \"$gpu\"\n"
+        ' && pip install --force-reinstall --no-deps "$gpu"\n'
         "RUN apt-get update && apt-get install -y curl\n"
         "RUN python -m pip install -q -r requirements-dev.txt\n"
         "RUN pip install '.[cuda,dev]'\n"
@@ -244,11 +254,15 @@ def test_the_layer_check_catches_every_way_a_dependency_gets_in_after_the_source
         "FROM python:3.12-slim\n"
         "RUN pip install grpcio\n"
         "COPY --from=build /opt/ladder /opt/ladder\n"
-        "RUN pip install structlog\n")
+        "RUN pip install structlog\n"
+    )
     assert late_dependency_installs(parse_dockerfile(path)) == [
-        "pip uninstall -y onnxruntime", "pip install --force-reinstall --no-deps $gpu",
-        "apt-get install -y curl", "python -m pip install -q -r requirements-dev.txt",
-        "pip install .[cuda,dev]"]
+        "pip uninstall -y onnxruntime",
+        "pip install --force-reinstall --no-deps $gpu",
+        "apt-get install -y curl",
+        "python -m pip install -q -r requirements-dev.txt",
+        "pip install .[cuda,dev]",
+    ]
     # A filtered lock vouches for nothing: Ladder's own install after it must be --no-deps.
     path.write_text(
         "FROM python:3.12-slim\n"
@@ -256,7 +270,8 @@ def test_the_layer_check_catches_every_way_a_dependency_gets_in_after_the_source
         "RUN grep -v '^onnxruntime==' /tmp/requirements.txt > /tmp/r.txt && pip install -r /tmp/r.txt\n"
         "COPY . .\n"
         "RUN pip install '.[cuda]'\n"
-        "RUN pip install --no-deps '.[cuda]'\n")
+        "RUN pip install --no-deps '.[cuda]'\n"
+    )
     assert late_dependency_installs(parse_dockerfile(path)) == ["pip install .[cuda]"]
 
 
@@ -267,9 +282,13 @@ def test_the_readme_is_read_in_order_from_its_shell_blocks_and_the_scripts_they_
         "```bash\npython -m venv .venv && . .venv/bin/activate\n"
         "pip install -e '.[dev]'\npip install --no-cache-dir .  # serve\n```\n\n"
         "```python\n# pip install not-shell\n```\n\n"
-        "```console\n$ pip install '.[cuda]'\n$ ./scripts/test\n```\n")
+        "```console\n$ pip install '.[cuda]'\n$ ./scripts/test\n```\n"
+    )
     assert readme_pip_installs(readme)[:3] == [
-        PipInstall((".[dev]",)), PipInstall((".",)), PipInstall((".[cuda]",))]
+        PipInstall((".[dev]",)),
+        PipInstall((".",)),
+        PipInstall((".[cuda]",)),
+    ]
     # scripts/test installs the dev extra: followed into, but never the serving install.
     assert PipInstall((".[dev]",)) in readme_pip_installs(readme)[3:]
     assert readme_serving_install(readme) == PipInstall((".",))
@@ -278,8 +297,7 @@ def test_the_readme_is_read_in_order_from_its_shell_blocks_and_the_scripts_they_
 def test_pip_commands_compare_by_what_they_install_not_how_they_are_spelled():
     quiet = "python -m pip install --no-cache-dir -q --progress-bar off '.[cuda]'"
     assert pip_installs(quiet) == [PipInstall((".[cuda]",))]
-    assert pip_installs("$ .venv/bin/pip install \\\n  -e '.[dev,cuda]'") == [
-        PipInstall((".[cuda,dev]",))]
+    assert pip_installs("$ .venv/bin/pip install \\\n  -e '.[dev,cuda]'") == [PipInstall((".[cuda,dev]",))]
     assert pip_installs("cd x && pip3 install . # CPU") == [PipInstall((".",))]
     assert pip_installs("uv pip install --pre .") == [PipInstall((".",), ("--pre",))]
     assert pip_installs('if ! run pip install -e . >"$LOG" 2>&1; then') == [PipInstall((".",))]
@@ -307,7 +325,10 @@ def test_each_image_exposes_the_default_ports_the_pod_declares(flavour):
     assert dockerfile(flavour).exposed_ports() == {DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT, DEFAULT_HTTP_PORT}
     container = main_container(one(overlay(FLAVOURS[flavour]), "Deployment"))
     assert {p["containerPort"] for p in container["ports"]} == {
-        DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT, DEFAULT_HTTP_PORT}
+        DEFAULT_GRPC_PORT,
+        DEFAULT_METRICS_PORT,
+        DEFAULT_HTTP_PORT,
+    }
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
@@ -329,8 +350,11 @@ def test_the_cpu_image_is_slim_python_and_the_cuda_image_is_a_cuda_13_runtime():
 
 
 def test_the_build_context_keeps_what_pip_needs_and_drops_local_state():
-    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
 
     def ignored(path: str) -> bool:
         return any(fnmatch.fnmatch(path, p) or path.startswith(p + "/") for p in patterns)
@@ -365,8 +389,7 @@ def test_the_docker_healthcheck_passes_only_while_the_server_says_serving(flavou
     env = {**os.environ, "LADDER_PORT": str(port)}
 
     def healthcheck() -> int:
-        return subprocess.run([sys.executable, *args], env=env, capture_output=True,
-                              timeout=30).returncode
+        return subprocess.run([sys.executable, *args], env=env, capture_output=True, timeout=30).returncode
 
     servicer.set("ladder.v1.Ladder", health_pb2.HealthCheckResponse.SERVING)
     assert healthcheck() == 0

@@ -64,7 +64,8 @@ def probe(port: int, service: str, timeout_s: float) -> int | None:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+            )
         except grpc.RpcError:
             return None
         return reply.status
@@ -74,9 +75,13 @@ def probe(port: int, service: str, timeout_s: float) -> int | None:
 def server(tmp_path: Path, served_model: Path):
     port, metrics_port = free_port(), free_port()
     log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen(entrypoint(), env=pod_environment(tmp_path, served_model, port,
-                                                              metrics_port),
-                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    proc = subprocess.Popen(
+        entrypoint(),
+        env=pod_environment(tmp_path, served_model, port, metrics_port),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
     try:
         yield proc, port, metrics_port, tmp_path / "server.log"
     finally:

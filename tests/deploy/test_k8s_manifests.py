@@ -41,7 +41,11 @@ def test_the_schemas_are_those_of_a_current_kubernetes_release():
 def test_every_rendered_object_validates_against_the_kubernetes_schemas(name):
     objects = overlay(name)
     assert {o["kind"] for o in objects} == {
-        "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"}
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+    }
     errors = [e for obj in objects for e in schema_errors(obj)]
     assert errors == []
 
@@ -183,7 +187,10 @@ def test_the_disruption_budget_and_autoscaler_govern_the_deployment(name):
     assert pdb["spec"]["maxUnavailable"] == 1
     hpa = one(objects, "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"] == {
-        "apiVersion": "apps/v1", "kind": "Deployment", "name": deployment["metadata"]["name"]}
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
     assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
 
 
@@ -211,7 +218,8 @@ def test_the_servicemonitor_component_scrapes_the_metrics_port_of_the_service(tm
     monitored.mkdir()
     (monitored / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        "resources: [../cpu]\ncomponents: [../../components/servicemonitor]\n")
+        "resources: [../cpu]\ncomponents: [../../components/servicemonitor]\n"
+    )
     objects = render(monitored)
     monitor = one(objects, "ServiceMonitor")
     service = one(objects, "Service", "ladder")
@@ -246,6 +254,7 @@ def test_the_seed_command_copies_a_prepared_cache_and_can_run_again(tmp_path):
     volume = tmp_path / "volume"
     volume.mkdir()
     for _ in range(2):  # a PersistentVolumeClaim is seeded again on every start
-        subprocess.run([sys.executable, *program, str(tmp_path / "image-cache"), str(volume)],
-                       check=True, timeout=30)
+        subprocess.run(
+            [sys.executable, *program, str(tmp_path / "image-cache"), str(volume)], check=True, timeout=30
+        )
     assert (volume / "models" / "m" / "model.onnx").read_bytes() == b"weights"

@@ -46,9 +46,11 @@ def test_every_example_output_in_docs_api_md_is_what_this_build_answers(model_di
     results = render(model_dir, threads=engines.INTRA_OP_THREADS)
     assert [r.name for r in results] == [b.name for b in find_blocks(API_MD.read_text())]
     stale = [r for r in results if not r.current]
-    assert not stale, ("docs/api.md shows what this build does not answer "
-                       "(fix: .venv/bin/python -m tests.support.docs_examples --write):\n"
-                       + "\n".join(r.diff() for r in stale))
+    assert not stale, (
+        "docs/api.md shows what this build does not answer "
+        "(fix: .venv/bin/python -m tests.support.docs_examples --write):\n"
+        + "\n".join(r.diff() for r in stale)
+    )
 
 
 def test_every_marked_block_of_the_page_has_a_renderer_and_parses() -> None:
@@ -72,20 +74,23 @@ def test_log_probabilities_may_move_in_their_last_digits_ids_and_texts_may_not()
 
 
 def test_a_console_block_splits_into_the_commands_the_page_shows_and_their_outputs() -> None:
-    body = "\n".join([
-        "```console",
-        """$ grpcurl -plaintext -d '{"prompt": {"text": "a"},""",
-        """                          "n": 2}' \\""",
-        "    127.0.0.1:50051 ladder.v1.Ladder/Generate",
-        '{"text": " b"}',
-        "",
-        "$ grpcurl -plaintext -d @ 127.0.0.1:50051 ladder.v1.Ladder/Prefill <<'EOF'",
-        '{"last": true}',
-        "EOF",
-        "$ ladder generate \"x y\" --stop $'\\n'   # a comment",
-        " Paris.",
-        "```",
-        ""])
+    body = "\n".join(
+        [
+            "```console",
+            """$ grpcurl -plaintext -d '{"prompt": {"text": "a"},""",
+            """                          "n": 2}' \\""",
+            "    127.0.0.1:50051 ladder.v1.Ladder/Generate",
+            '{"text": " b"}',
+            "",
+            "$ grpcurl -plaintext -d @ 127.0.0.1:50051 ladder.v1.Ladder/Prefill <<'EOF'",
+            '{"last": true}',
+            "EOF",
+            "$ ladder generate \"x y\" --stop $'\\n'   # a comment",
+            " Paris.",
+            "```",
+            "",
+        ]
+    )
     fence, steps = parse_console(body)
     assert [s.argv[-1] for s in steps] == ["ladder.v1.Ladder/Generate", "ladder.v1.Ladder/Prefill", "\n"]
     assert steps[0].argv[3] == '{"prompt": {"text": "a"},\n                          "n": 2}'
@@ -96,13 +101,22 @@ def test_a_console_block_splits_into_the_commands_the_page_shows_and_their_outpu
 
 
 def test_times_and_request_ids_show_as_placeholders_never_as_numbers() -> None:
-    answer = {"token_ids": [1, 2], "timing": {"queue_ms": 0.1, "inter_token_ms": [3.0]}, "request_id": "ab12",
-              "token": {"latency_ms": 9.5, "logprob": -0.5}}
-    assert scrubbed(answer) == {"token_ids": [1, 2], "timing": {"queue_ms": MS, "inter_token_ms": [MS]},
-                                "request_id": RANDOM, "token": {"latency_ms": MS, "logprob": -0.5}}
+    answer = {
+        "token_ids": [1, 2],
+        "timing": {"queue_ms": 0.1, "inter_token_ms": [3.0]},
+        "request_id": "ab12",
+        "token": {"latency_ms": 9.5, "logprob": -0.5},
+    }
+    assert scrubbed(answer) == {
+        "token_ids": [1, 2],
+        "timing": {"queue_ms": MS, "inter_token_ms": [MS]},
+        "request_id": RANDOM,
+        "token": {"latency_ms": MS, "logprob": -0.5},
+    }
     assert one_line(scrubbed(answer)) == (
         '{"token_ids": [1, 2], "timing": {"queue_ms": <ms>, "inter_token_ms": [<ms>]}, '
-        '"request_id": "<random>", "token": {"latency_ms": <ms>, "logprob": -0.5}}')
+        '"request_id": "<random>", "token": {"latency_ms": <ms>, "logprob": -0.5}}'
+    )
 
 
 def test_node_lines_print_numbers_as_javascript_does() -> None:

@@ -61,8 +61,9 @@ class Batch:
             assert tokens == alone, name
 
 
-def decode_alone(model: Path, tokens: list[int], steps: int, params: SamplingParams = GREEDY,
-                 **options: object) -> list[int]:
+def decode_alone(
+    model: Path, tokens: list[int], steps: int, params: SamplingParams = GREEDY, **options: object
+) -> list[int]:
     """`steps` tokens continuing `tokens`, the only session on a fresh engine."""
     batch = Batch(load(model, **options), params)
     batch.join("alone", tokens)
@@ -73,7 +74,8 @@ def decode_alone(model: Path, tokens: list[int], steps: int, params: SamplingPar
 
 @pytest.mark.parametrize("hole", [False, True], ids=["packed-rows", "closed-low-row"])
 def test_sessions_of_different_lengths_decode_together_to_the_tokens_each_gives_alone(
-        model_dir, hole) -> None:
+    model_dir, hole
+) -> None:
     engine = load(model_dir())
     batch = Batch(engine)
     for i, length in enumerate(LENGTHS):
@@ -117,8 +119,7 @@ def test_sessions_joining_and_leaving_between_steps_decode_as_each_would_alone(m
     batch.expect_alone(model_dir())
 
 
-def test_a_full_session_riding_along_keeps_its_logits_and_continues_as_on_a_fresh_engine(
-        model_dir) -> None:
+def test_a_full_session_riding_along_keeps_its_logits_and_continues_as_on_a_fresh_engine(model_dir) -> None:
     model = model_dir()
     engine = load(model, capacity=128)
     assert engine.capacity == 128
@@ -269,8 +270,9 @@ def test_rewinding_restores_the_next_token_logits_of_the_tokens_kept(model_dir, 
         assert session.tokens == held
     engine.rewind(session, 31)
     fresh = load(model_dir())
-    np.testing.assert_allclose(engine.logits(session), fresh.append(fresh.open_session(), start[:31]),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        engine.logits(session), fresh.append(fresh.open_session(), start[:31]), atol=1e-5
+    )
     engine.rewind(session, 0)
     assert session.length == 0 and not session.has_logits
     with pytest.raises(OverCapacity):
@@ -279,7 +281,8 @@ def test_rewinding_restores_the_next_token_logits_of_the_tokens_kept(model_dir, 
 
 @pytest.mark.parametrize("span", [22, 44])
 def test_a_prompt_prefilled_in_smaller_spans_gives_the_logits_of_whole_chunks(
-        model_dir: Path, span: int) -> None:
+    model_dir: Path, span: int
+) -> None:
     engine = load(model_dir(), capacity=512)
     whole, spanned = engine.open_session(), engine.open_session()
     tokens = prompt_ids(300, seed=12)
@@ -294,7 +297,8 @@ def test_a_prompt_prefilled_in_smaller_spans_gives_the_logits_of_whole_chunks(
 
 
 def test_a_seeded_session_draws_the_same_tokens_alone_beside_63_others_and_beside_different_ones(
-        model_dir) -> None:
+    model_dir,
+) -> None:
     """Draws are counter-based (engine.sampling): keyed by the seed, counted by position. What shares
     the step, and how many rows do, changes no seeded session's tokens."""
     mine = prompt_ids(40, seed=1)

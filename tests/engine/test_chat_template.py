@@ -25,8 +25,9 @@ def turns(messages: list[dict[str, str]]) -> list[ChatMessage]:
 
 @pytest.mark.parametrize("case", DATA["cases"], ids=lambda c: f"{c['model']}-{len(c['messages'])}")
 def test_each_public_template_renders_its_models_expected_prompt(case: dict[str, Any]) -> None:
-    rendered = template_of(case["model"]).render(turns(case["messages"]),
-                                                 add_generation_prompt=case["add_generation_prompt"])
+    rendered = template_of(case["model"]).render(
+        turns(case["messages"]), add_generation_prompt=case["add_generation_prompt"]
+    )
     assert rendered == case["prompt"]
 
 
@@ -35,13 +36,17 @@ def test_a_role_the_template_has_no_place_for_is_refused_not_dropped() -> None:
     with pytest.raises(InvalidInput, match="role 'function'"):
         phi3.render([ChatMessage("user", "Hi"), ChatMessage("function", "42")])
     # A "tool" turn, which it never names either, is written as a user turn (engine/chat_tools.py).
-    assert "<tool_response>\n42\n</tool_response>" in phi3.render([ChatMessage("user", "Hi"),
-                                                                    ChatMessage("tool", "42")])
+    assert "<tool_response>\n42\n</tool_response>" in phi3.render(
+        [ChatMessage("user", "Hi"), ChatMessage("tool", "42")]
+    )
 
 
 def test_raise_exception_in_a_template_is_the_requests_fault() -> None:
-    template = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}"
-                            "{% endif %}{{ messages[0]['content'] }}", {})
+    template = ChatTemplate(
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}"
+        "{% endif %}{{ messages[0]['content'] }}",
+        {},
+    )
     with pytest.raises(InvalidInput, match="user first"):
         template.render([ChatMessage("assistant", "Hello")])
 
@@ -84,7 +89,8 @@ def test_a_model_without_a_template_is_rendered_as_chatml() -> None:
 
 def test_a_turn_the_template_rewrites_is_kept_not_taken_for_a_dropped_one() -> None:
     # As Qwen3's template does: an assistant turn's reasoning is cut from the history.
-    template = ChatTemplate("{% for m in messages %}{{ m['role'] }}: "
-                            "{{ m['content'].split('</think>')[-1] }}\n{% endfor %}", {})
+    template = ChatTemplate(
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'].split('</think>')[-1] }}\n{% endfor %}", {}
+    )
     turns = [ChatMessage("user", "Hi"), ChatMessage("assistant", "<think>hmm</think>Hello")]
     assert template.render(turns) == "user: Hi\nassistant: Hello\n"

@@ -45,8 +45,12 @@ def test_automata_products_are_refused_within_about_the_budget() -> None:
     properties = {f"p{i}": {"type": "string", "format": "email", "maxLength": 30 + i} for i in range(60)}
     started = time.thread_time()
     with pytest.raises(InvalidInput) as refused:
-        compile_constraint("json_schema", json.dumps({"type": "object", "properties": properties}), VOCAB,
-                           budget=Budget(BUDGET_S))
+        compile_constraint(
+            "json_schema",
+            json.dumps({"type": "object", "properties": properties}),
+            VOCAB,
+            budget=Budget(BUDGET_S),
+        )
     spent = time.thread_time() - started
     assert refused.value.reason == "CONSTRAINT_TOO_LARGE", str(refused.value)
     assert BUDGET_S <= spent < BUDGET_S + 0.5
@@ -70,8 +74,16 @@ def test_a_schema_past_the_dfa_limits_runs_on_the_pushdown_engine_admitting_the_
     small = compile_constraint("json_schema", spec, VOCAB)
     pushed = compile_constraint("json_schema", spec, VOCAB, Limits(max_subset_members=1_000))
     assert type(small).__name__ == "Automaton" and type(pushed).__name__ == "CompiledGrammar"
-    texts = [b'{"a":{"a":1,"c":2},"b":{"b":3,"p":"w7"},"c":{}}', b"{}", b'{"a":{"b":{}}}', b'{"p":"w39"}',
-             b'{"p":"w40"}', b'{"c":1}', b'{"a":1}', b'{"b":{},"a":{}}']
+    texts = [
+        b'{"a":{"a":1,"c":2},"b":{"b":3,"p":"w7"},"c":{}}',
+        b"{}",
+        b'{"a":{"b":{}}}',
+        b'{"p":"w39"}',
+        b'{"p":"w40"}',
+        b'{"c":1}',
+        b'{"a":1}',
+        b'{"b":{},"a":{}}',
+    ]
     for text in texts:
         assert small.matches(text) == pushed.matches(text), text  # type: ignore[attr-defined]
     assert sum(small.matches(t) for t in texts) == 3  # type: ignore[attr-defined]

@@ -20,9 +20,22 @@ from engine.errors import InvalidInput
 from tests.support.vocabularies import EOS, PIECES, SIZE, SPECIAL, VOCAB, synthetic
 
 REGEXES = [
-    r"abc", r"(ab|c)+[0-9]{2,3}é?", r"[a-c]*d", r"\d{3}-\d{4}", r"(?:yes|no|maybe)", r"x{2,}y?",
-    r"[^a-z\n]{1,4}", r".{3}", r"\w+@\w+\.(com|org)", r"\s?-?(0|[1-9]\d*)(\.\d+)?", r"(a|b)*?c",
-    r"^start (end)?$", r"\Acafé|日本\Z", r"[\u00e0-\u00ff]{2}", r"(\(\d\))+", r"[^\"]{0,3}",
+    r"abc",
+    r"(ab|c)+[0-9]{2,3}é?",
+    r"[a-c]*d",
+    r"\d{3}-\d{4}",
+    r"(?:yes|no|maybe)",
+    r"x{2,}y?",
+    r"[^a-z\n]{1,4}",
+    r".{3}",
+    r"\w+@\w+\.(com|org)",
+    r"\s?-?(0|[1-9]\d*)(\.\d+)?",
+    r"(a|b)*?c",
+    r"^start (end)?$",
+    r"\Acafé|日本\Z",
+    r"[\u00e0-\u00ff]{2}",
+    r"(\(\d\))+",
+    r"[^\"]{0,3}",
 ]
 
 
@@ -53,8 +66,9 @@ def end_states(automaton: Automaton, state: int, ids: np.ndarray) -> np.ndarray:
     return current
 
 
-def random_walk(compiled: object, seed: int, greed: float = 0.5,
-                max_steps: int = 5000) -> tuple[bytes, list[int]]:
+def random_walk(
+    compiled: object, seed: int, greed: float = 0.5, max_steps: int = 5000
+) -> tuple[bytes, list[int]]:
     """Allowed tokens to EOS: half the time one that gets nearest to a match, else any. Nearest on
     a DFA: fewest bytes to an accepting state; on the pushdown engine: the fewest bytes that finish
     some parse (its stacks' rests)."""
@@ -63,14 +77,19 @@ def random_walk(compiled: object, seed: int, greed: float = 0.5,
         vocabulary = compiled.vocabulary
 
         def reach(state: object, tokens: np.ndarray) -> np.ndarray:
-            return np.array([min(sum(rest[p] for p in stack) for stack in compiled.advance(state, int(t)))
-                             for t in tokens])
+            return np.array(
+                [
+                    min(sum(rest[p] for p in stack) for stack in compiled.advance(state, int(t)))
+                    for t in tokens
+                ]
+            )
     else:
         automaton = dfa_of(compiled)
         far, vocabulary = distances(automaton), automaton.vocabulary
 
         def reach(state: object, tokens: np.ndarray) -> np.ndarray:
             return far[end_states(automaton, state, tokens)]  # type: ignore[arg-type]
+
     rng, row, out, taken = np.random.default_rng(seed), compiled.start(), b"", []  # type: ignore[attr-defined]
     for _ in range(max_steps):
         allowed = np.flatnonzero(row.allowed())
@@ -164,12 +183,23 @@ def test_anchors_at_the_edges_match_what_the_bare_regex_matches() -> None:
         assert accepts(anchored, word) == accepts(bare, word)
 
 
-@pytest.mark.parametrize(("pattern", "named"), [
-    (r"(a)\1", "backreference"), (r"a(?=b)", "lookahead"), (r"(?<!a)b", "lookahead or lookbehind"),
-    (r"\bword", "word boundaries"), (r"(?i)abc", "flags"), (r"(?i:a)b", "scoped flags"),
-    (r"a++", "possessive"), (r"(?>ab)", "atomic group"), (r"(a)?(?(1)b|c)", "conditional"),
-    (r"a^b", "anchor"), (r"a$b", "anchor"), (r"(^a)*", "anchor"),
-])
+@pytest.mark.parametrize(
+    ("pattern", "named"),
+    [
+        (r"(a)\1", "backreference"),
+        (r"a(?=b)", "lookahead"),
+        (r"(?<!a)b", "lookahead or lookbehind"),
+        (r"\bword", "word boundaries"),
+        (r"(?i)abc", "flags"),
+        (r"(?i:a)b", "scoped flags"),
+        (r"a++", "possessive"),
+        (r"(?>ab)", "atomic group"),
+        (r"(a)?(?(1)b|c)", "conditional"),
+        (r"a^b", "anchor"),
+        (r"a$b", "anchor"),
+        (r"(^a)*", "anchor"),
+    ],
+)
 def test_an_unsupported_regex_construct_is_named_in_the_error(pattern: str, named: str) -> None:
     error = raises("regex", pattern, "REGEX_UNSUPPORTED")
     assert named in str(error) and error.field == "constraint.regex"

@@ -52,8 +52,9 @@ def generate(engine: Engine, tokens: list[int], new: int, sampler: Sampler = GRE
 
 def test_the_device_backend_matches_the_cpu_backend_token_for_token(model_dir: Path) -> None:
     for n in (1, 5, 70, 150):
-        assert generate(device_engine(model_dir), prompt_ids(n, n), 12) == \
-            generate(cpu_engine(model_dir), prompt_ids(n, n), 12)
+        assert generate(device_engine(model_dir), prompt_ids(n, n), 12) == generate(
+            cpu_engine(model_dir), prompt_ids(n, n), 12
+        )
 
 
 def test_sessions_prefilled_in_turns_through_the_staging_row_decode_together_exactly(model_dir: Path) -> None:
@@ -63,7 +64,7 @@ def test_sessions_prefilled_in_turns_through_the_staging_row_decode_together_exa
     sessions = [engine.open_session() for _ in lengths]
     for half in (0, 1):  # every session's prompt in two parts, the parts interleaved
         for s, n in zip(sessions, lengths, strict=True):
-            part = prompt_ids(n, n)[: n // 2] if half == 0 else prompt_ids(n, n)[n // 2:]
+            part = prompt_ids(n, n)[: n // 2] if half == 0 else prompt_ids(n, n)[n // 2 :]
             engine.append(s, part)
     outs = [[engine.choose(s, GREEDY)] for s in sessions]
     for _ in range(9):
@@ -92,8 +93,10 @@ def test_widths_the_cache_will_not_keep_run_eagerly_with_the_same_tokens(model_d
     outs = [generate(engine, prompt_ids(n, n), 3) for n in (20, 30, 45, 50, 55, 60, 61, 62)]
     stats = engine.stats()
     assert stats.variants.refusals > 0 and stats.eager_forwards == stats.variants.refusals
-    assert outs == [generate(cpu_engine(model_dir, padding=False), prompt_ids(n, n), 3)
-                    for n in (20, 30, 45, 50, 55, 60, 61, 62)]
+    assert outs == [
+        generate(cpu_engine(model_dir, padding=False), prompt_ids(n, n), 3)
+        for n in (20, 30, 45, 50, 55, 60, 61, 62)
+    ]
 
 
 def test_repetition_penalty_and_seeded_sampling_on_the_backend_match_the_host(model_dir: Path) -> None:
@@ -103,8 +106,11 @@ def test_repetition_penalty_and_seeded_sampling_on_the_backend_match_the_host(mo
 
 
 def test_presence_and_frequency_penalties_and_min_p_on_the_backend_match_the_host(model_dir: Path) -> None:
-    for params in (SamplingParams(presence_penalty=2.0), SamplingParams(frequency_penalty=1.5),
-                   SamplingParams(temperature=1.2, min_p=0.2, presence_penalty=-1.0, seed=5)):
+    for params in (
+        SamplingParams(presence_penalty=2.0),
+        SamplingParams(frequency_penalty=1.5),
+        SamplingParams(temperature=1.2, min_p=0.2, presence_penalty=-1.0, seed=5),
+    ):
         device = generate(device_engine(model_dir), prompt_ids(40), 10, Sampler(params))
         assert device == generate(cpu_engine(model_dir), prompt_ids(40), 10, Sampler(params))
 
@@ -120,8 +126,9 @@ def test_log_probabilities_on_the_backend_match_the_host(model_dir: Path) -> Non
         found.append(sampler.last)
     device, host = found
     assert device.token == host.token and [i for i, _ in device.top] == [i for i, _ in host.top]
-    np.testing.assert_allclose([device.logprob, *(v for _, v in device.top)],
-                               [host.logprob, *(v for _, v in host.top)], rtol=1e-6)
+    np.testing.assert_allclose(
+        [device.logprob, *(v for _, v in device.top)], [host.logprob, *(v for _, v in host.top)], rtol=1e-6
+    )
 
 
 def test_prompt_log_probabilities_on_the_backend_match_the_host(model_dir: Path) -> None:
@@ -134,6 +141,7 @@ def test_prompt_log_probabilities_on_the_backend_match_the_host(model_dir: Path)
         found.append(task.logprobs)
     device, host = found
     assert len(device) == len(host) == 149
+
     def ranked(found: list[TokenLogprobs]) -> list[tuple[int, list[int]]]:
         return [(p.token, [i for i, _ in p.top]) for p in found]
 
@@ -196,10 +204,12 @@ def test_a_stable_greedy_batch_chains_its_forwards_and_keeps_the_tokens(model_di
     device.check_invariants()  # every open row's mask says its session's length again
 
 
-@pytest.mark.parametrize("params, top",
-                         [(SamplingParams(), 2), (SamplingParams(repetition_penalty=1.3), None)])
-def test_a_row_choosing_with_logprobs_or_a_penalty_is_never_chained(model_dir: Path, params: SamplingParams,
-                                                                    top: int | None) -> None:
+@pytest.mark.parametrize(
+    "params, top", [(SamplingParams(), 2), (SamplingParams(repetition_penalty=1.3), None)]
+)
+def test_a_row_choosing_with_logprobs_or_a_penalty_is_never_chained(
+    model_dir: Path, params: SamplingParams, top: int | None
+) -> None:
     device = device_engine(model_dir)
     tokens = generate(device, prompt_ids(30, 4), 10, Sampler(params, top_logprobs=top))
     assert tokens == generate(cpu_engine(model_dir), prompt_ids(30, 4), 10, Sampler(params, top_logprobs=top))
@@ -249,6 +259,7 @@ def test_rows_with_a_hole_decoded_in_any_order_match_the_cpu_backend(model_dir: 
 
 def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_dir: Path) -> None:
     """A launched step holds the other rows' lengths from before: a prefill in between is not undone."""
+
     def run(engine: Engine) -> list[list[int]]:
         running = [engine.open_session() for _ in range(3)]  # rows 0-2 in a batch of 4: row 3 rides along
         for s, n in zip(running, (20, 33, 27), strict=True):
@@ -308,10 +319,14 @@ def constrained(engine: Engine, regex: str, params: SamplingParams, top: int | N
 
 
 def test_constrained_rows_choose_on_the_backend_as_on_the_host_greedy_penalized_and_sampled(
-        model_dir: Path) -> None:
+    model_dir: Path,
+) -> None:
     regex = "[a-f]{3}(x|yz)[0-9]{4}"
-    for params in (SamplingParams(), SamplingParams(repetition_penalty=1.5),
-                   SamplingParams(temperature=1.0, seed=4)):
+    for params in (
+        SamplingParams(),
+        SamplingParams(repetition_penalty=1.5),
+        SamplingParams(temperature=1.0, seed=4),
+    ):
         outs = []
         for engine in (device_engine(model_dir, max_sessions=3), cpu_engine(model_dir, max_sessions=3)):
             samplers = [constrained(engine, regex, params, top=3), GREEDY, constrained(engine, regex, params)]
@@ -326,9 +341,12 @@ def test_constrained_rows_choose_on_the_backend_as_on_the_host_greedy_penalized_
             outs.append(out)
             eos = set(engine.facts.eos_ids)
             for o in (out[0], out[2]):
-                text = bytes(t % 256 for t in o[:next(i for i, t in enumerate(o) if t in eos)]).decode()
+                text = bytes(t % 256 for t in o[: next(i for i, t in enumerate(o) if t in eos)]).decode()
                 assert re.fullmatch(regex, text), text
             last = samplers[0].last  # of the constrained distribution: what it does not allow is -inf
-            assert last is not None and all(i in eos or chr(i % 256) in "abcdefxyz0123456789"
-                                            for i, logprob in last.top if logprob > -np.inf)
+            assert last is not None and all(
+                i in eos or chr(i % 256) in "abcdefxyz0123456789"
+                for i, logprob in last.top
+                if logprob > -np.inf
+            )
         assert outs[0] == outs[1]

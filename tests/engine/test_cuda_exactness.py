@@ -25,8 +25,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", params=[False, True], ids=["default", "deterministic"])
 def engine(request: pytest.FixtureRequest, model_dir: Path) -> Iterator[Engine]:
-    engine = Engine.load(model_dir, EngineOptions(provider="cuda", capacity=2048, max_sessions=4,
-                                                  chunk_size=512, deterministic=request.param))
+    engine = Engine.load(
+        model_dir,
+        EngineOptions(
+            provider="cuda", capacity=2048, max_sessions=4, chunk_size=512, deterministic=request.param
+        ),
+    )
     assert engine.backend.name == "cuda"
     yield engine
     engine.close()
@@ -59,7 +63,7 @@ def test_a_repeated_prompt_over_its_held_prefix_continues_as_a_fresh_run(engine:
     for _ in range(2):
         session = engine.open_session(prompt=ids)
         try:
-            engine.append(session, ids[session.length:])
+            engine.append(session, ids[session.length :])
             same(engine, session, fresh)
         finally:
             engine.close_session(session)
@@ -84,8 +88,9 @@ def test_deterministic_decode_rows_do_not_depend_on_the_rows_beside_them(engine:
         for i, session in enumerate(sessions):
             together[i].append(engine.choose(session, samplers[i]))
         while len(together[0]) < 24:
-            chosen = engine.decode([DecodeRow(s, t[-1], m) for s, t, m in zip(sessions, together, samplers,
-                                                                               strict=True)])
+            chosen = engine.decode(
+                [DecodeRow(s, t[-1], m) for s, t, m in zip(sessions, together, samplers, strict=True)]
+            )
             for t, c in zip(together, chosen, strict=True):
                 assert c is not None
                 t.append(c)
@@ -95,8 +100,9 @@ def test_deterministic_decode_rows_do_not_depend_on_the_rows_beside_them(engine:
             engine.close_session(session, keep=False)
 
 
-def greedy_with_logits(engine: Engine, session: Session,
-                       steps: int = 10) -> tuple[list[int], list[np.ndarray]]:
+def greedy_with_logits(
+    engine: Engine, session: Session, steps: int = 10
+) -> tuple[list[int], list[np.ndarray]]:
     """Greedy tokens, each fed back in one decode step, and the next-token logits before each."""
     sampler = Sampler(SamplingParams())
     logits, out = [engine.logits(session)], [engine.choose(session, sampler)]

@@ -179,7 +179,8 @@ def test_chained_sampled_decode_gives_the_step_by_step_tokens_as_rows_leave_and_
 
 
 def test_a_seeded_session_draws_the_same_tokens_alone_beside_63_others_and_beside_different_ones(
-        model_dir: Path) -> None:
+    model_dir: Path,
+) -> None:
     def tokens_of(engine: Engine, others: list[tuple[int, Sampler]]) -> list[int]:
         mine = engine.open_session()
         engine.append(mine, np.random.default_rng(1).integers(3, CUDA_SPEC.vocab_size, 50).tolist())
@@ -203,6 +204,7 @@ def test_a_seeded_session_draws_the_same_tokens_alone_beside_63_others_and_besid
     engine = engine_on(model_dir, "cuda", max_sessions=64)
     alone = tokens_of(engine, [])
     beside = tokens_of(engine, [(10 + i, _seeded(i)) for i in range(63)])
-    different = tokens_of(engine, [(300 + i, Sampler(SamplingParams(temperature=1.5, top_k=5, seed=i)))
-                                   for i in range(9)])
+    different = tokens_of(
+        engine, [(300 + i, Sampler(SamplingParams(temperature=1.5, top_k=5, seed=i))) for i in range(9)]
+    )
     assert alone == beside == different

@@ -33,8 +33,9 @@ def prompt(n: int) -> list[int]:
     return np.random.default_rng(n).integers(3, CUDA_SPEC.vocab_size, n).tolist()
 
 
-def run(engine: Engine, tokens: list[int], sampler: Sampler,
-        new: int = 12) -> tuple[list[int], list[TokenLogprobs]]:
+def run(
+    engine: Engine, tokens: list[int], sampler: Sampler, new: int = 12
+) -> tuple[list[int], list[TokenLogprobs]]:
     session = engine.open_session()
     task = engine.start_prefill(session, tokens, logprob_top=5)
     while not task.done:
@@ -48,8 +49,9 @@ def run(engine: Engine, tokens: list[int], sampler: Sampler,
     return out, [*task.logprobs, *(f for f in found if f is not None)]
 
 
-@pytest.mark.parametrize("params", [SamplingParams(),
-                                    SamplingParams(presence_penalty=2.0, frequency_penalty=1.0)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(), SamplingParams(presence_penalty=2.0, frequency_penalty=1.0)]
+)
 def test_the_device_gives_the_cpu_paths_tokens_and_logprobs(model_dir: Path, params: SamplingParams) -> None:
     tokens = prompt(300)
     device_tokens, device = run(engine_on(model_dir, "cuda"), tokens, Sampler(params, top_logprobs=5))

@@ -20,8 +20,10 @@ SESSIONS = 6
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    engine = Engine.load(cuda_model(tmp_path_factory.mktemp("models")),
-                         EngineOptions(provider="cuda", capacity=1024, max_sessions=2, prefix_sharing=False))
+    engine = Engine.load(
+        cuda_model(tmp_path_factory.mktemp("models")),
+        EngineOptions(provider="cuda", capacity=1024, max_sessions=2, prefix_sharing=False),
+    )
     assert engine.facts.provider == "cuda", "the gpu tests need CUDA"
     yield engine
     engine.close()
@@ -34,7 +36,8 @@ def prompts() -> list[list[int]]:
 
 @pytest.mark.parametrize("device_sessions", [0, 2, None], ids=["all-spill", "two-on-device", "no-limit"])
 def test_parked_sessions_spill_past_the_device_limit_and_each_continues_as_a_fresh_run(
-        engine: Engine, device_sessions: int | None) -> None:
+    engine: Engine, device_sessions: int | None
+) -> None:
     ids = prompts()
     expected = [greedy_from_prompt(engine, p, 8) for p in ids]
     position = 2 * CUDA_SPEC.num_layers * CUDA_SPEC.num_kv_heads * CUDA_SPEC.head_size * 2  # fp16 K and V

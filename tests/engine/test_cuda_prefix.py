@@ -23,8 +23,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cuda(path: Path, **overrides: object) -> Engine:
-    return Engine.load(path, EngineOptions(provider="cuda", capacity=2048, max_sessions=4,
-                                           **overrides))  # type: ignore[arg-type]
+    return Engine.load(path, EngineOptions(provider="cuda", capacity=2048, max_sessions=4, **overrides))  # type: ignore[arg-type]
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -49,7 +48,8 @@ def test_a_fork_on_the_device_decodes_as_a_session_that_prefilled_everything(mod
 
 
 def test_a_prompt_sharing_a_held_prefix_on_the_device_gives_the_tokens_of_a_full_prefill(
-        model_dir: Path) -> None:
+    model_dir: Path,
+) -> None:
     engine = cuda(model_dir)
     system = tokens(600, 2)
     first = engine.open_session(prompt=system + tokens(50, 3))
@@ -74,8 +74,16 @@ def test_a_kv_copy_on_the_device_moves_exactly_the_positions_asked_and_nothing_e
     xp = rt.xp
     for head_size in (64, 3):  # 128 bytes a position: the copy kernel; 6 bytes: cupy's slice assignment
         with rt.enter():
-            pool = KvPool(xp, layers=3, rows=4, kv_heads=2, capacity=40, head_size=head_size,
-                          dtype=np.float16, host_zeros=rt.host_zeros)
+            pool = KvPool(
+                xp,
+                layers=3,
+                rows=4,
+                kv_heads=2,
+                capacity=40,
+                head_size=head_size,
+                dtype=np.float16,
+                host_zeros=rt.host_zeros,
+            )
             pool.block[...] = xp.asarray(np.random.default_rng(0).standard_normal(pool.block.shape))
             staging = xp.zeros((*pool.block.shape[:2], 1, *pool.block.shape[3:]), np.float16)
             for src, dst, start, stop in ((2, 0, 0, 11), (0, 3, 0, 40), (1, 2, 39, 40), (3, 1, 7, 23)):

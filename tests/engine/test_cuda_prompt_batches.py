@@ -40,8 +40,11 @@ def burst_logits(engine: Engine, batch: list[list[int]]) -> list[np.ndarray]:
     requests = [Prefill(s, tuple(p), batchable=True) for s, p in zip(sessions, batch, strict=True)]
     while requests:
         result = engine.step(Step(prefills=tuple((r, 0) for r in requests)))
-        requests = [Prefill(r.session, task=o.get().task, batchable=True)
-                    for r, o in zip(requests, result.prefills, strict=True) if not o.get().done]
+        requests = [
+            Prefill(r.session, task=o.get().task, batchable=True)
+            for r, o in zip(requests, result.prefills, strict=True)
+            if not o.get().done
+        ]
     logits = [engine.logits(s) for s in sessions]
     for session in sessions:
         engine.close_session(session, keep=False)

@@ -29,9 +29,11 @@ from tests.support.models import LONE_USER_TURN
 # llama.cpp's ids for the chat question (from smollm2-reference.json; CI has no shared dir).
 CHAT_PROMPT_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 # Repeated, continuing it means copying from the first chunk: the second one must see its KV.
-PARAGRAPH = ("The river rises in the northern hills, turns west past the old mill, and reaches the sea "
-             "at a town whose harbour was built in 1820. Its water is cold all year; trout and salmon "
-             "swim up it every autumn, and the ferry that crosses it carries twelve cars. ")
+PARAGRAPH = (
+    "The river rises in the northern hills, turns west past the old mill, and reaches the sea "
+    "at a town whose harbour was built in 1820. Its water is cold all year; trout and salmon "
+    "swim up it every autumn, and the ferry that crosses it carries twelve cars. "
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +52,7 @@ def engine(model_dir: Path) -> Engine:
     return load_default(model_dir, padding=True, chunk_size=512)
 
 
-def test_the_plain_completion_of_the_capital_of_france_is_paris(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+def test_the_plain_completion_of_the_capital_of_france_is_paris(engine: Engine, tokenizer: Tokenizer) -> None:
     session = engine.open_session()
     logits = engine.append(session, tokenizer.encode("The capital of France is"))
     engine.close_session(session)
@@ -61,18 +62,21 @@ def test_the_plain_completion_of_the_capital_of_france_is_paris(
 
 
 def test_a_lone_user_turn_asking_the_capital_of_france_is_answered_paris(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     # No default system prompt: with it the first token is a near-tie (see the reference file).
     prompt = tokenizer.encode(LONE_USER_TURN)
     assert prompt == CHAT_PROMPT_IDS
     answer = greedy_from_prompt(engine, prompt, 8)
-    text = tokenizer.decode(answer[:answer.index(tokenizer.eos_token_id)]
-                            if tokenizer.eos_token_id in answer else answer)
+    text = tokenizer.decode(
+        answer[: answer.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in answer else answer
+    )
     assert text == "The capital of France is Paris."
 
 
 def test_a_prompt_past_one_chunk_chunked_and_padded_continues_as_the_whole_unpadded_prompt(
-        model_dir: Path, engine: Engine, tokenizer: Tokenizer) -> None:
+    model_dir: Path, engine: Engine, tokenizer: Tokenizer
+) -> None:
     # 560 tokens: one whole 512-token chunk, then 48 rows padded up to the 171 rung.
     prompt = tokenizer.encode(PARAGRAPH * 10)[:560]
     assert len(prompt) == 560 and engine.chunk_size == 512 and engine.options.padding
@@ -129,9 +133,9 @@ def test_a_missing_or_altered_file_fails_the_manifest(copied_model: Path) -> Non
     assert manifest_problem(copied_model, 4096, "int4") == "no readable manifest"
 
 
-def test_a_corrupt_cache_is_rebuilt_from_the_cached_gguf(default_model_root: Path,
-                                                         default_model: Callable[..., Path],
-                                                         tmp_path: Path) -> None:
+def test_a_corrupt_cache_is_rebuilt_from_the_cached_gguf(
+    default_model_root: Path, default_model: Callable[..., Path], tmp_path: Path
+) -> None:
     # int4: what a CPU server's first start converts (and the quickest conversion, ~10 s of ~16).
     model_dir = default_model("int4")
     (tmp_path / "downloads").mkdir()
@@ -143,9 +147,16 @@ def test_a_corrupt_cache_is_rebuilt_from_the_cached_gguf(default_model_root: Pat
         result = prepare(tmp_path, precision="int4")
     assert result.rebuilt
     assert manifest_problem(result.model_dir, 4096, "int4") is None
-    assert (result.model_dir / "model.onnx").stat().st_size == (
-        model_dir / "model.onnx").stat().st_size
+    assert (result.model_dir / "model.onnx").stat().st_size == (model_dir / "model.onnx").stat().st_size
     progress = [entry["event"] for entry in logs]  # what a first start shows while it converts
-    assert progress == ["model_convert", "model_convert_read", "model_convert_read_done",
-                        "model_convert_graph", "model_convert_graph_done", "model_convert_int4",
-                        "model_convert_write", "model_convert_write_done", "model_convert_done"]
+    assert progress == [
+        "model_convert",
+        "model_convert_read",
+        "model_convert_read_done",
+        "model_convert_graph",
+        "model_convert_graph_done",
+        "model_convert_int4",
+        "model_convert_write",
+        "model_convert_write_done",
+        "model_convert_done",
+    ]

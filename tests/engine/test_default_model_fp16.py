@@ -31,8 +31,9 @@ def test_the_fp16_model_holds_its_weights_and_kv_in_half_precision(model_dir: Pa
     assert engine.info.kv_dtype == "float16"
 
 
-def test_the_fp16_model_answers_the_readme_prompt_and_the_chat_question(model_dir: Path,
-                                                                       engine: Engine) -> None:
+def test_the_fp16_model_answers_the_readme_prompt_and_the_chat_question(
+    model_dir: Path, engine: Engine
+) -> None:
     tokenizer = Tokenizer(model_dir)
     readme = tokenizer.encode("The capital of France is")
     assert tokenizer.decode(greedy_by_appending(engine, readme, 1)) == " Paris"

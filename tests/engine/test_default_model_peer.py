@@ -18,9 +18,11 @@ from tests.support.engines import greedy_from_prompt, load_default
 
 og = pytest.importorskip("onnxruntime_genai")
 
-PROMPTS = ["The capital of France is",
-           "<|im_start|>user\nName three primary colours.<|im_end|>\n<|im_start|>assistant\n",
-           "def add(a, b):\n    \"\"\"Return the sum of a and b.\"\"\"\n"]
+PROMPTS = [
+    "The capital of France is",
+    "<|im_start|>user\nName three primary colours.<|im_end|>\n<|im_start|>assistant\n",
+    'def add(a, b):\n    """Return the sum of a and b."""\n',
+]
 NEW_TOKENS = 24
 
 
@@ -42,8 +44,9 @@ def genai_model(model_dir: Path) -> og.Model:
 
 def genai_greedy(model: og.Model, prompt: list[int]) -> list[int]:
     params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=len(prompt) + NEW_TOKENS,
-                              min_length=len(prompt) + NEW_TOKENS)
+    params.set_search_options(
+        do_sample=False, max_length=len(prompt) + NEW_TOKENS, min_length=len(prompt) + NEW_TOKENS
+    )
     generator = og.Generator(model, params)
     generator.append_tokens(prompt)
     out: list[int] = []
@@ -60,8 +63,9 @@ def test_onnxruntime_genai_tokenizes_like_ladder(model_dir: Path, genai_model: o
         assert list(theirs.encode(prompt)) == ours.encode(prompt)
 
 
-def test_onnxruntime_genai_and_ladder_give_the_same_greedy_tokens(model_dir: Path,
-                                                                  genai_model: og.Model) -> None:
+def test_onnxruntime_genai_and_ladder_give_the_same_greedy_tokens(
+    model_dir: Path, genai_model: og.Model
+) -> None:
     tokenizer = Tokenizer(model_dir)
     engine = load_default(model_dir)
     # onnxruntime-genai decodes one stream one row per forward: compare the same kernels. (On a CPU

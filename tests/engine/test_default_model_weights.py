@@ -32,8 +32,11 @@ from engine.tokenizer import Tokenizer
 from tests.support.engines import cpu_session, load_default
 from tests.support.models import LONE_USER_TURN
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):\n    return",
-           "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    return",
+    "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
+]
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +73,10 @@ def int4_engine(int4_dir: Path) -> Engine:
 
 def onnx_logits(session: ort.InferenceSession, tokens: list[int]) -> np.ndarray:
     """All logits rows of one forward from an empty past, straight through onnxruntime."""
-    feeds: dict[str, np.ndarray] = {"input_ids": np.array([tokens], np.int64),
-                                    "attention_mask": np.ones((1, len(tokens)), np.int64)}
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": np.array([tokens], np.int64),
+        "attention_mask": np.ones((1, len(tokens)), np.int64),
+    }
     for port in session.get_inputs():
         if port.name.startswith("past_key_values."):
             feeds[port.name] = np.zeros((1, port.shape[1], 0, port.shape[3]), np.float32)
@@ -79,7 +84,8 @@ def onnx_logits(session: ort.InferenceSession, tokens: list[int]) -> np.ndarray:
 
 
 def test_onnx_logits_match_the_numpy_reference_of_the_dequantized_weights(
-        fp32_dir: Path, spec: DecoderSpec, weights: DecoderWeights) -> None:
+    fp32_dir: Path, spec: DecoderSpec, weights: DecoderWeights
+) -> None:
     # The converted graph as it is on disk, in a plain onnxruntime session.
     session = cpu_session(str(fp32_dir / "model.onnx"))
     tokenizer = Tokenizer(fp32_dir)
@@ -100,11 +106,18 @@ def _permute_for_llama_cpp(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def test_the_gguf_pair_rotary_layout_and_the_unpermuted_half_split_layout_agree(
-        fp32_dir: Path, spec: DecoderSpec, weights: DecoderWeights) -> None:
+    fp32_dir: Path, spec: DecoderSpec, weights: DecoderWeights
+) -> None:
     gguf_layers = [
-        type(lw)(**{**vars(lw), "q": _permute_for_llama_cpp(lw.q, spec.num_heads),
-                    "k": _permute_for_llama_cpp(lw.k, spec.num_kv_heads)})
-        for lw in weights.layers]
+        type(lw)(
+            **{
+                **vars(lw),
+                "q": _permute_for_llama_cpp(lw.q, spec.num_heads),
+                "k": _permute_for_llama_cpp(lw.k, spec.num_kv_heads),
+            }
+        )
+        for lw in weights.layers
+    ]
     gguf_weights = DecoderWeights(weights.embed, gguf_layers, weights.final_norm)
     interleaved = DecoderSpec(**{**vars(spec), "rotary_interleaved": True})
     tokens = Tokenizer(fp32_dir).encode(PROMPTS[0])
@@ -114,15 +127,19 @@ def test_the_gguf_pair_rotary_layout_and_the_unpermuted_half_split_layout_agree(
 
 
 def test_int4_and_int8_head_blocks_dequantize_to_exactly_the_gguf_weights(
-        gguf: GgufModel, spec: DecoderSpec, weights: DecoderWeights) -> None:
+    gguf: GgufModel, spec: DecoderSpec, weights: DecoderWeights
+) -> None:
     nbits = llama_nbits(gguf, spec)
     assert spec.packed_projections
     assert len(nbits) == 4 * spec.num_layers  # q|k|v, o, gate|up, down
     for i in (0, spec.num_layers - 1):
         layer = weights.layers[i]
-        expected = {"attn.qkv_proj": np.concatenate([layer.q, layer.k, layer.v], axis=1),
-                    "attn.o_proj": layer.o, "mlp.down_proj": layer.down,
-                    "mlp.gate_up_proj": np.concatenate([layer.gate, layer.up], axis=1)}
+        expected = {
+            "attn.qkv_proj": np.concatenate([layer.q, layer.k, layer.v], axis=1),
+            "attn.o_proj": layer.o,
+            "mlp.down_proj": layer.down,
+            "mlp.gate_up_proj": np.concatenate([layer.gate, layer.up], axis=1),
+        }
         for name, matrix in expected.items():
             got = nbits[f"model.layers.{i}.{name}.weight"].dequantize()
             np.testing.assert_array_equal(got, matrix)
@@ -132,7 +149,8 @@ def test_int4_and_int8_head_blocks_dequantize_to_exactly_the_gguf_weights(
 
 
 def test_the_int4_model_tracks_the_fp32_reference_and_says_paris(
-        int4_dir: Path, int4_engine: Engine, spec: DecoderSpec, weights: DecoderWeights) -> None:
+    int4_dir: Path, int4_engine: Engine, spec: DecoderSpec, weights: DecoderWeights
+) -> None:
     tokenizer = Tokenizer(int4_dir)
     tokens = tokenizer.encode("The capital of France is")
     ref = reference_logits(spec, weights, tokens)[-1]
@@ -160,7 +178,8 @@ def test_the_int4_model_answers_the_lone_user_turn_with_paris(int4_dir: Path, in
 
 
 def test_the_int4_model_keeps_no_float_embedding_table_and_its_rows_are_the_gguf_rows(
-        int4_dir: Path, weights: DecoderWeights) -> None:
+    int4_dir: Path, weights: DecoderWeights
+) -> None:
     model = onnx.load(str(int4_dir / "model.onnx"))
     names = {t.name for t in model.graph.initializer}
     assert "model.embed_tokens.weight" not in names and "model.embed_tokens.weight.head.q8" in names
@@ -169,10 +188,12 @@ def test_the_int4_model_keeps_no_float_embedding_table_and_its_rows_are_the_gguf
     reshape = next(n for n in model.graph.node if gather.output[0] in n.input)
     used = {*gather.input, *reshape.input}
     graph = helper.make_graph(
-        [gather, reshape], "embedding",
+        [gather, reshape],
+        "embedding",
         [helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, [1, "rows"])],
         [helper.make_tensor_value_info(reshape.output[0], onnx.TensorProto.FLOAT, None)],
-        [t for t in model.graph.initializer if t.name in used])
+        [t for t in model.graph.initializer if t.name in used],
+    )
     embedding = helper.make_model(graph, opset_imports=list(model.opset_import))
     embedding.ir_version = model.ir_version
     session = cpu_session(embedding.SerializeToString())

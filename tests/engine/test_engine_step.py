@@ -33,8 +33,13 @@ def greedy() -> Sampler:
     return Sampler(SamplingParams())
 
 
-def prefill_all(engine: Engine, session: Session, tokens: list[int], samplers: tuple[Sampler, ...] = (),
-                copies: tuple[Session, ...] = ()) -> PrefillProgress:
+def prefill_all(
+    engine: Engine,
+    session: Session,
+    tokens: list[int],
+    samplers: tuple[Sampler, ...] = (),
+    copies: tuple[Session, ...] = (),
+) -> PrefillProgress:
     request = Prefill(session, tuple(tokens), copies=copies, samplers=samplers)
     while True:
         [outcome] = engine.step(Step(prefills=((request, 0),))).prefills
@@ -81,8 +86,9 @@ def test_n_copies_of_a_prefill_share_its_forwards_and_their_first_tokens(model_d
     engine = load(model_dir(), max_sessions=3)
     [opened] = engine.step(Step(opens=(Open(count=3),))).opens
     first, *copies = opened.get()
-    progress = prefill_all(engine, first, prompt_ids(30, seed=4), samplers=(greedy(),) * 3,
-                           copies=tuple(copies))
+    progress = prefill_all(
+        engine, first, prompt_ids(30, seed=4), samplers=(greedy(),) * 3, copies=tuple(copies)
+    )
     assert len(set(progress.tokens)) == 1  # greedy on copies of the same logits
     assert all(c.length == first.length and c.tokens == first.tokens for c in copies)
 
@@ -91,9 +97,12 @@ def test_a_bad_item_fails_alone_and_the_rest_of_the_step_runs(model_dir) -> None
     engine = load(model_dir(), max_sessions=3)
     good, empty = engine.open_session(), engine.open_session()
     engine.append(good, prompt_ids(12, seed=2))
-    result = engine.step(Step(
-        ops=(Rewind(good, 99), Choose(empty, greedy()), Stats(), Fork(good, 5)),
-        decode=(DecodeRow(good, 5, greedy()), DecodeRow(good, 10**9, greedy()))))
+    result = engine.step(
+        Step(
+            ops=(Rewind(good, 99), Choose(empty, greedy()), Stats(), Fork(good, 5)),
+            decode=(DecodeRow(good, 5, greedy()), DecodeRow(good, 10**9, greedy())),
+        )
+    )
     rewind, choose, stats, fork = result.ops
     assert isinstance(rewind.error, InvalidInput) and "cannot keep 99 tokens" in str(rewind.error)
     assert isinstance(choose.error, OverCapacity)

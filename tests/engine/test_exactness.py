@@ -21,11 +21,19 @@ from tests.support.engines import load_default
 from tests.support.exactness import Fresh, check_fork_and_one_token_part, decode, same
 
 PROMPTS = (
-    "The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
-    "The three primary colors are", "Water boils at a temperature of", "My favourite book is",
-    "In 1969, the first man to walk on the moon was", "The quick brown fox",
-    "import numpy as np\n", "The best way to learn a language is",
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "My favourite book is",
+    "In 1969, the first man to walk on the moon was",
+    "The quick brown fox",
+    "import numpy as np\n",
+    "The best way to learn a language is",
 )
+
+
 def long_text(lines: int, thing: str = "prefill forward") -> str:
     return "".join(f"Line {i}: every {thing} runs on a ladder of three widths.\n" for i in range(lines))
 
@@ -49,7 +57,8 @@ def engine(request: pytest.FixtureRequest, model_dir: Path) -> Iterator[Engine]:
 
 @pytest.mark.parametrize("text", PROMPTS)
 def test_a_rewind_to_the_prompt_then_decode_repeats_the_first_decode(
-        engine: Engine, tokenizer: Tokenizer, text: str) -> None:
+    engine: Engine, tokenizer: Tokenizer, text: str
+) -> None:
     ids = tokenizer.encode(text)
     session = engine.open_session()
     try:
@@ -64,7 +73,8 @@ def test_a_rewind_to_the_prompt_then_decode_repeats_the_first_decode(
 
 @pytest.mark.parametrize("text", PROMPTS)
 def test_a_shorter_fork_and_a_one_token_part_continue_as_a_fresh_run(
-        engine: Engine, tokenizer: Tokenizer, text: str) -> None:
+    engine: Engine, tokenizer: Tokenizer, text: str
+) -> None:
     ids = tokenizer.encode(text)
     fresh = Fresh(engine, ids)
     source = engine.open_session()
@@ -77,7 +87,8 @@ def test_a_shorter_fork_and_a_one_token_part_continue_as_a_fresh_run(
 
 @pytest.mark.parametrize("text", PROMPTS)
 def test_a_first_part_of_one_token_then_the_rest_continues_as_a_fresh_run(
-        engine: Engine, tokenizer: Tokenizer, text: str) -> None:
+    engine: Engine, tokenizer: Tokenizer, text: str
+) -> None:
     """A client streaming its prompt token by token: the first row, run alone, is run again with
     what follows it (issue #46: it was kept, and every later row followed it)."""
     ids = tokenizer.encode(text)
@@ -92,7 +103,8 @@ def test_a_first_part_of_one_token_then_the_rest_continues_as_a_fresh_run(
 
 
 def test_a_rewind_into_a_decoded_reply_continues_as_a_fresh_run_of_the_tokens_kept(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     ids = tokenizer.encode(PROMPTS[0])
     session = engine.open_session()
     try:
@@ -107,7 +119,8 @@ def test_a_rewind_into_a_decoded_reply_continues_as_a_fresh_run_of_the_tokens_ke
 
 @pytest.mark.parametrize("length", [513, 1025])
 def test_a_prompt_one_row_past_a_chunk_continues_as_it_does_in_parts(
-        engine: Engine, tokenizer: Tokenizer, length: int) -> None:
+    engine: Engine, tokenizer: Tokenizer, length: int
+) -> None:
     ids = tokenizer.encode(long_text(90))[:length]
     fresh = Fresh(engine, ids)
     session = engine.open_session()
@@ -121,13 +134,14 @@ def test_a_prompt_one_row_past_a_chunk_continues_as_it_does_in_parts(
 
 
 def test_a_repeated_prompt_over_its_held_prefix_gives_the_same_tokens(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     ids = tokenizer.encode(long_text(90))[:1025]
     fresh = Fresh(engine, ids)
     for _ in range(2):  # the first call leaves the prefix held; the second shares it
         session = engine.open_session(prompt=ids)
         try:
-            engine.append(session, ids[session.length:])
+            engine.append(session, ids[session.length :])
             same(engine, session, fresh)
             reply = decode(engine, session, 4)
             engine.decode([DecodeRow(session, reply[-1])])  # rows a decode step wrote, then held
@@ -147,7 +161,7 @@ def test_a_prefix_is_shared_only_as_far_as_a_fresh_run_wrote_it(engine: Engine, 
         fresh = Fresh(engine, prompt)
         session = engine.open_session(prompt=prompt)
         assert session.length <= len(ids)
-        engine.append(session, prompt[session.length:])
+        engine.append(session, prompt[session.length :])
         same(engine, session, fresh)
         engine.close_session(session, keep=False)
     finally:
@@ -155,7 +169,8 @@ def test_a_prefix_is_shared_only_as_far_as_a_fresh_run_wrote_it(engine: Engine, 
 
 
 def test_deterministic_decode_logits_do_not_depend_on_the_rows_beside_them(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     if not engine.options.deterministic:
         pytest.skip("the default mode's decode width follows the load")
     ids = tokenizer.encode(PROMPTS[1])

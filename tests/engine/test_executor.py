@@ -87,7 +87,8 @@ def test_the_inference_metadata_chunk_size_wins_over_search_chunk_size(model_dir
     target = tmp_path / "model"
     shutil.copytree(model_dir(), target)
     (target / "inference_metadata.yaml").write_text(
-        "runtime_configurable:\n  chunked_prefill:\n    chunk_size: 32\n")
+        "runtime_configurable:\n  chunked_prefill:\n    chunk_size: 32\n"
+    )
     engine = load(target)
     assert engine.chunk_size == 32
     assert engine.ladder == (16, 32)
@@ -123,14 +124,16 @@ def test_sessions_beyond_the_slot_pool_are_refused_and_closed_slots_are_reused(m
     third = engine.open_session()
     assert third.row == first.row
     assert third.length == 0 and engine.stats().slots_allocated == 2
-    np.testing.assert_allclose(engine.append(third, prompt_ids(10)), engine.append(second, prompt_ids(10)),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        engine.append(third, prompt_ids(10)), engine.append(second, prompt_ids(10)), atol=1e-6
+    )
 
 
 def _reserve(engine, rows: int) -> int:
     """The variant bytes a pool of `rows` plans for: every ladder width and every batch width."""
-    return (sum(variant_bytes_estimate(engine.info, w) for w in engine.ladder)
-            + sum(variant_bytes_estimate(engine.info, 1, b) for b in batch_widths(rows)))
+    return sum(variant_bytes_estimate(engine.info, w) for w in engine.ladder) + sum(
+        variant_bytes_estimate(engine.info, 1, b) for b in batch_widths(rows)
+    )
 
 
 def test_the_kv_pool_is_allocated_up_front_with_max_sessions_rows(model_dir) -> None:

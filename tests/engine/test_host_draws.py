@@ -13,11 +13,13 @@ from engine.sampling import Sampler, SamplingParams
 
 
 def _samplers() -> list[Sampler]:
-    kinds = [SamplingParams(temperature=0.8, top_p=0.95, seed=1),
-             SamplingParams(),
-             SamplingParams(temperature=1.0, top_k=40, min_p=0.05, seed=2),
-             SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.2, seed=3),
-             SamplingParams(temperature=1.3, seed=None)]
+    kinds = [
+        SamplingParams(temperature=0.8, top_p=0.95, seed=1),
+        SamplingParams(),
+        SamplingParams(temperature=1.0, top_k=40, min_p=0.05, seed=2),
+        SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.2, seed=3),
+        SamplingParams(temperature=1.3, seed=None),
+    ]
     samplers = [Sampler(kinds[i % len(kinds)]) for i in range(13)]
     samplers[6] = Sampler(SamplingParams(temperature=0.9, seed=4), top_logprobs=2)
     return samplers

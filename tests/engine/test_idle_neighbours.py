@@ -24,9 +24,15 @@ from engine.tokenizer import Tokenizer
 from tests.support.engines import load_default
 
 QUESTIONS = (
-    "What is the capital of France?", "Write a haiku about the sea.", "How do I reverse a list in Python?",
-    "Name three primary colors.", "Why is the sky blue?", "Give me a synonym for happy.",
-    "What is 17 times 3?", "Tell me a fun fact about owls.", "Translate 'good morning' into Spanish.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "How do I reverse a list in Python?",
+    "Name three primary colors.",
+    "Why is the sky blue?",
+    "Give me a synonym for happy.",
+    "What is 17 times 3?",
+    "Tell me a fun fact about owls.",
+    "Translate 'good morning' into Spanish.",
     "What does a CPU do?",
 )
 STEPS = 12
@@ -59,8 +65,9 @@ class Answer:
     """Tokens chosen by `sampler` from a session's logits, fed back one decode step each, and the
     next-token logits before every choice (host copies)."""
 
-    def __init__(self, engine: Engine, session: Session, params: SamplingParams = GREEDY,
-                 steps: int = STEPS) -> None:
+    def __init__(
+        self, engine: Engine, session: Session, params: SamplingParams = GREEDY, steps: int = STEPS
+    ) -> None:
         sampler = Sampler(params)
         self.logits = [engine.logits(session)]
         self.tokens = [engine.choose(session, sampler)]
@@ -131,8 +138,8 @@ def references(engine: Engine, tokenizer: Tokenizer) -> dict[bool, list[Answer]]
 @pytest.mark.parametrize("narrow", [False, True], ids=["as-measured", "one-row-forwards"])
 @pytest.mark.parametrize("held", [1, 3, 7])
 def test_a_greedy_chat_answer_is_bit_equal_while_another_caller_holds_idle_sessions(
-        engine: Engine, tokenizer: Tokenizer, references: dict[bool, list[Answer]], held: int,
-        narrow: bool) -> None:
+    engine: Engine, tokenizer: Tokenizer, references: dict[bool, list[Answer]], held: int, narrow: bool
+) -> None:
     with narrowest(engine, narrow), Held(engine, tokenizer, held):
         for question, reference in zip(QUESTIONS, references[narrow], strict=True):
             session = engine.open_session()
@@ -144,7 +151,8 @@ def test_a_greedy_chat_answer_is_bit_equal_while_another_caller_holds_idle_sessi
 
 
 def test_a_session_above_the_width_of_its_forward_moves_down_and_the_idle_one_keeps_its_answer(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     """The moved session and the idle one whose row it took both continue as they would have."""
     second = chat(tokenizer, QUESTIONS[1])
     expected = alone(engine, second)
@@ -166,7 +174,8 @@ def test_a_session_above_the_width_of_its_forward_moves_down_and_the_idle_one_ke
 
 
 def test_a_fork_decodes_as_its_source_would_alone_while_the_source_idles(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     prompts = [chat(tokenizer, question) for question in QUESTIONS[:5]]
     expected = [alone(engine, ids) for ids in prompts]
     with Held(engine, tokenizer, 3):
@@ -182,12 +191,15 @@ def test_a_fork_decodes_as_its_source_would_alone_while_the_source_idles(
 
 
 def test_a_prompt_over_a_prefix_an_idle_session_holds_gives_the_idle_engine_s_tokens(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     """A new session of the same caller starts from the prefix its other, idle session holds."""
     system = ChatMessage("system", "You are a careful assistant. " * 40)  # whole prefix units
     first = tokenizer.encode(tokenizer.render_chat([system, ChatMessage("user", "Say hello.")]))
-    prompts = [tokenizer.encode(tokenizer.render_chat([system, ChatMessage("user", question)]))
-               for question in QUESTIONS[:3]]
+    prompts = [
+        tokenizer.encode(tokenizer.render_chat([system, ChatMessage("user", question)]))
+        for question in QUESTIONS[:3]
+    ]
     expected = [alone(engine, ids).tokens for ids in prompts]
     with Held(engine, tokenizer, 3):
         holder = engine.open_session("mine")
@@ -197,7 +209,7 @@ def test_a_prompt_over_a_prefix_an_idle_session_holds_gives_the_idle_engine_s_to
                 session = engine.open_session("mine", prompt=ids)
                 try:
                     assert session.length > 0  # it started from the held prefix
-                    engine.append(session, ids[session.length:])
+                    engine.append(session, ids[session.length :])
                     assert Answer(engine, session).tokens == tokens
                 finally:
                     engine.close_session(session, keep=False)
@@ -206,7 +218,8 @@ def test_a_prompt_over_a_prefix_an_idle_session_holds_gives_the_idle_engine_s_to
 
 
 def test_sample_i_of_n_is_the_one_sample_request_with_seed_plus_i_while_others_idle(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     """n samples of one prefill decode together; each equals the request alone with its seed."""
     ids = chat(tokenizer, QUESTIONS[7])
     params = [SamplingParams(temperature=0.8, top_p=0.95, seed=1234 + i) for i in range(3)]
@@ -220,8 +233,12 @@ def test_sample_i_of_n_is_the_one_sample_request_with_seed_plus_i_while_others_i
             samplers = [Sampler(p) for p in params]
             tokens = [[engine.choose(s, sampler)] for s, sampler in zip(rows, samplers, strict=True)]
             while len(tokens[0]) < STEPS:
-                step = engine.decode([DecodeRow(s, t[-1], sampler)
-                                      for s, t, sampler in zip(rows, tokens, samplers, strict=True)])
+                step = engine.decode(
+                    [
+                        DecodeRow(s, t[-1], sampler)
+                        for s, t, sampler in zip(rows, tokens, samplers, strict=True)
+                    ]
+                )
                 for t, chosen in zip(tokens, step, strict=True):
                     assert chosen is not None
                     t.append(chosen)

@@ -24,23 +24,35 @@ import pytest
 
 from tests.support.schema_suite import REFUSALS, Case, cases, compiled, names_keyword, outcome, writings
 
-ONE_OF = ("policy: oneOf members that may overlap are kept apart by their required lists and, as "
-          "automata, by the values each writes (docs/api.md): a value two write differently (3.0 "
-          "against an integer's 3), or open values, stay")
-CONDITIONAL = ("policy: if/then/else keep part of what they allow (docs/api.md: then held always "
-               "without else; with else, then and else both, or if and then)")
-ONE_ALTERNATIVE = ("policy: an anyOf is written one alternative at a time (docs/api.md), so members "
-                   "that only two alternatives together evaluate are not written")
-FORMATS = ("policy: date, time, date-time, duration, uuid, email, ipv4, ipv6, hostname, uri, "
-           "uri-reference, iri, iri-reference, uri-template and regex are enforced (docs/api.md), not "
-           "annotations")
-REAL_DATES = ("policy: February stops at the 28th and seconds at 59, so every date and time written is "
-              "a real one in any year (json_values.py)")
+ONE_OF = (
+    "policy: oneOf members that may overlap are kept apart by their required lists and, as "
+    "automata, by the values each writes (docs/api.md): a value two write differently (3.0 "
+    "against an integer's 3), or open values, stay"
+)
+CONDITIONAL = (
+    "policy: if/then/else keep part of what they allow (docs/api.md: then held always "
+    "without else; with else, then and else both, or if and then)"
+)
+ONE_ALTERNATIVE = (
+    "policy: an anyOf is written one alternative at a time (docs/api.md), so members "
+    "that only two alternatives together evaluate are not written"
+)
+FORMATS = (
+    "policy: date, time, date-time, duration, uuid, email, ipv4, ipv6, hostname, uri, "
+    "uri-reference, iri, iri-reference, uri-template and regex are enforced (docs/api.md), not "
+    "annotations"
+)
+REAL_DATES = (
+    "policy: February stops at the 28th and seconds at 59, so every date and time written is "
+    "a real one in any year (json_values.py)"
+)
 UPPER_CASE = "policy: date-time and time write `T` and `Z` upper-case (docs/api.md)"
 FRACTION = "policy: a time's fraction has at most 6 digits (time is 9–21 characters, docs/api.md)"
 EMAIL = "policy: email is dot-atoms @ a hostname, no quoted local part or address literal (docs/api.md)"
-HOSTNAME_LENGTH = ("BUG: a hostname's total length (253 at most) is not bounded (json_values.py FORMATS; "
-                   "docs/api.md says so)")
+HOSTNAME_LENGTH = (
+    "BUG: a hostname's total length (253 at most) is not bounded (json_values.py FORMATS; "
+    "docs/api.md says so)"
+)
 A_LABELS = "policy: no hostname label has hyphens 3rd and 4th, so no xn-- A-label is written (docs/api.md)"
 
 EXCLUDED: dict[str, str] = {
@@ -69,10 +81,14 @@ EXCLUDED: dict[str, str] = {
     "draft2020-12/optional/format/hostname/1/2[03678]": A_LABELS,
     "draft2020-12/optional/format/hostname/1/3[01456]": A_LABELS,
     "draft2020-12/optional/format/hostname/0/20": HOSTNAME_LENGTH,
-    "draft7/ref/5/1": ("policy: keywords beside a $ref are merged with its target (docs/api.md), as "
-                       "2019-09 on has it; draft 7 ignored them"),
-    "draft2020-12/vocabulary/0/2": ("policy: $schema is an annotation (docs/api.md): a meta-schema "
-                                    "without the validation vocabulary does not turn validation off"),
+    "draft7/ref/5/1": (
+        "policy: keywords beside a $ref are merged with its target (docs/api.md), as "
+        "2019-09 on has it; draft 7 ignored them"
+    ),
+    "draft2020-12/vocabulary/0/2": (
+        "policy: $schema is an annotation (docs/api.md): a meta-schema "
+        "without the validation vocabulary does not turn validation off"
+    ),
 }
 
 ALL_EXCLUDED = EXCLUDED
@@ -110,9 +126,12 @@ def test_each_suite_group_compiles_and_decides_as_the_suite_says_or_is_refused(c
         assert refusal.reason in REFUSALS, str(refusal)
         assert refusal.reason != "SCHEMA_UNSUPPORTED" or names_keyword(refusal), str(refusal)
     found = results(case)
-    failed = [f"{test_id} ({'valid' if case.tests[int(test_id.rsplit('/', 1)[1])][2] else 'invalid'}: "
-              f"{case.tests[int(test_id.rsplit('/', 1)[1])][0]})"
-              for test_id, ok in found.items() if not ok and excluded(test_id) is None]
+    failed = [
+        f"{test_id} ({'valid' if case.tests[int(test_id.rsplit('/', 1)[1])][2] else 'invalid'}: "
+        f"{case.tests[int(test_id.rsplit('/', 1)[1])][0]})"
+        for test_id, ok in found.items()
+        if not ok and excluded(test_id) is None
+    ]
     passing = [test_id for test_id, ok in found.items() if ok and excluded(test_id) is not None]
     assert not failed, f"{case.description}: {failed}"
     assert not passing, f"excluded but passing now, remove from the table: {passing}"

@@ -99,8 +99,11 @@ def test_a_port_not_shaped_1_rows_refuses_the_whole_padding_plan(model_dir) -> N
     assert [r.width for r in reports] == [30]
     assert engine.plan(session, 30, ()).padding.allowed  # without the port the same prompt would pad
     exact = load(model_dir("bias_port"), padding=False)
-    np.testing.assert_allclose(exact.append(exact.open_session(), prompt_ids(30, seed=4), ports=bias),
-                               engine.logits(session), atol=1e-6)
+    np.testing.assert_allclose(
+        exact.append(exact.open_session(), prompt_ids(30, seed=4), ports=bias),
+        engine.logits(session),
+        atol=1e-6,
+    )
 
 
 def test_a_missing_or_unknown_port_is_invalid_input(model_dir) -> None:
@@ -127,10 +130,11 @@ def test_a_rewind_on_a_decoder_with_supplied_ports_leaves_the_session_consistent
         assert session.length == 10 and session.tokens == tokens[:10]
         if session.has_logits:
             exact = load(model_dir("bias_port"))
-            np.testing.assert_allclose(engine.logits(session),
-                                       exact.append(exact.open_session(), tokens[:10], ports=bias), atol=1e-5)
+            np.testing.assert_allclose(
+                engine.logits(session), exact.append(exact.open_session(), tokens[:10], ports=bias), atol=1e-5
+            )
     # Either way the session takes the rest of its prompt again.
-    again = engine.append(session, tokens[session.length:], ports=bias)
+    again = engine.append(session, tokens[session.length :], ports=bias)
     np.testing.assert_allclose(again, held, atol=1e-5)
 
 

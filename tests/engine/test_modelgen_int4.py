@@ -54,12 +54,15 @@ def test_int4_blocks_refuse_inputs_that_are_not_whole_blocks() -> None:
 
 @pytest.mark.parametrize(("packed", "per_layer"), [(False, LAYER_MATRICES), (True, PACKED_MATRICES)])
 def test_an_int4_decoder_runs_every_layer_matrix_as_matmulnbits_and_no_float_copy(
-        tmp_path: Path, packed: bool, per_layer: int) -> None:
+    tmp_path: Path, packed: bool, per_layer: int
+) -> None:
     path = build_synthetic(replace(TINY, int4_block=32, packed_projections=packed), tmp_path)
     nbits = ops(path, "MatMulNBits")
     assert len(nbits) == TINY.num_layers * per_layer
     assert {a.name: a.i for n in nbits for a in n.attribute if a.name in ("bits", "block_size")} == {
-        "bits": 4, "block_size": 32}
+        "bits": 4,
+        "block_size": 32,
+    }
     floats = {i.name for i in graph(path).initializer if i.data_type == onnx.TensorProto.FLOAT}
     assert not any(name.endswith("proj.weight") for name in floats)  # only their scales are float
 

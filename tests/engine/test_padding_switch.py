@@ -30,8 +30,12 @@ ENV_READ = re.compile(r"os\.(getenv|environ)")
 
 def modules_reading_the_environment() -> set[str]:
     """Every project source file (tests excluded) that reads the environment, by its repo path."""
-    return {str(path.relative_to(ROOT)) for top in ("engine", "service", "clients", "proto", "bench")
-            for path in (ROOT / top).rglob("*.py") if ENV_READ.search(path.read_text())}
+    return {
+        str(path.relative_to(ROOT))
+        for top in ("engine", "service", "clients", "proto", "bench")
+        for path in (ROOT / top).rglob("*.py")
+        if ENV_READ.search(path.read_text())
+    }
 
 
 def test_no_module_but_the_config_reads_the_environment() -> None:

@@ -17,8 +17,14 @@ from engine.sampling import Sampler, SamplingParams
 from engine.tokenizer import Tokenizer
 from tests.support.engines import greedy, load_default
 
-PROMPTS = ("The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
-           "The three primary colors are", "Water boils at a temperature of", "My favourite book is")
+PROMPTS = (
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "My favourite book is",
+)
 
 
 @pytest.fixture(scope="module", params=["int4", "fp16"])
@@ -47,7 +53,8 @@ def fresh(engine: Engine, ids: list[int], steps: int) -> list[int]:
 
 
 def test_a_parked_session_continues_with_the_tokens_it_would_have_chosen(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     ids = tokenizer.encode(PROMPTS[0])
     expected = fresh(engine, ids, 12)
     session = engine.open_session()
@@ -62,7 +69,8 @@ def test_a_parked_session_continues_with_the_tokens_it_would_have_chosen(
 
 
 def test_more_sessions_than_rows_stay_open_and_each_continues_as_a_fresh_run(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     prompts = [tokenizer.encode(text) for text in PROMPTS]
     expected = [fresh(engine, ids, 8) for ids in prompts]
     sessions = []
@@ -101,7 +109,8 @@ def test_a_session_in_use_is_never_parked_to_make_room(engine: Engine, tokenizer
 
 
 def test_a_step_never_parks_one_of_its_own_sessions_to_bring_back_another(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     sessions = []
     try:
         for text in PROMPTS[:3]:
@@ -135,7 +144,8 @@ def test_a_closed_parked_session_frees_its_parked_bytes(engine: Engine, tokenize
 
 
 def test_a_session_parks_only_within_the_limit_at_the_size_known_before_it_parks(
-        engine: Engine, tokenizer: Tokenizer) -> None:
+    engine: Engine, tokenizer: Tokenizer
+) -> None:
     session = engine.open_session()
     try:
         greedy(engine, session, 2, tokenizer.encode(PROMPTS[1]))

@@ -71,7 +71,8 @@ def test_fork_errors_name_the_length_and_the_exhausted_pool(model: Path) -> None
 
 
 def test_a_prompt_starting_with_a_held_prefix_shares_all_it_repeats_and_prefills_the_rest_exactly(
-        model: Path) -> None:
+    model: Path,
+) -> None:
     engine = load(model, max_sessions=4)
     system = prompt_ids(150, seed=4)
     first = engine.open_session(prompt=system + prompt_ids(30, seed=5))
@@ -82,7 +83,7 @@ def test_a_prompt_starting_with_a_held_prefix_shares_all_it_repeats_and_prefills
     second = engine.open_session(prompt=second_prompt)
     shared = common_prefix(system + prompt_ids(30, seed=5), second_prompt)
     assert second.length == shared >= 150 and second.row == first.row  # taken as it is
-    rest = second_prompt[second.length:]
+    rest = second_prompt[second.length :]
     plan = engine.plan(second, len(rest))
     assert plan.forwards[0].past == shared and all(f.width in (*engine.ladder, f.rows) for f in plan.forwards)
     assert greedy(engine, second, 12, rest) == recompute(model, second_prompt, 12)
@@ -98,7 +99,7 @@ def test_a_prefix_is_copied_from_a_live_session_and_the_source_is_untouched(mode
     tokens = system[:130] + prompt_ids(20, seed=8)
     copy = engine.open_session(prompt=tokens)
     assert copy.length == common_prefix(system, tokens) >= 130 and copy.row != live.row
-    assert greedy(engine, copy, 10, tokens[copy.length:]) == recompute(model, tokens, 10)
+    assert greedy(engine, copy, 10, tokens[copy.length :]) == recompute(model, tokens, 10)
     assert greedy(engine, live, 10) == recompute(model, system, 10)
 
 
@@ -126,8 +127,10 @@ def test_a_prefix_is_never_shared_with_another_scope(model: Path) -> None:
 
 def test_a_prompt_no_longer_than_a_unit_or_sharing_off_shares_nothing(model: Path) -> None:
     tokens = prompt_ids(150, seed=12)
-    for engine, probe in ((load(model, max_sessions=2), tokens[:UNIT]),
-                          (load(model, max_sessions=2, prefix_sharing=False), tokens)):
+    for engine, probe in (
+        (load(model, max_sessions=2), tokens[:UNIT]),
+        (load(model, max_sessions=2, prefix_sharing=False), tokens),
+    ):
         held = engine.open_session()
         engine.append(held, tokens)
         assert engine.open_session(prompt=probe).length == 0  # at least one token must be prefilled
@@ -156,7 +159,7 @@ def test_held_prefixes_stay_inside_the_pool_the_memory_budget_sized(model: Path)
     assert engine.pool.rows == 3
     for seed in range(6):  # more prefixes than rows: the oldest go
         session = engine.open_session(prompt=prompt_ids(130, seed=70 + seed))
-        engine.append(session, prompt_ids(130, seed=70 + seed)[session.length:])
+        engine.append(session, prompt_ids(130, seed=70 + seed)[session.length :])
         engine.close_session(session)
     stats = engine.stats()
     assert stats.prefix.rows_held == 3 and stats.prefix.evictions == 3
@@ -180,7 +183,7 @@ def test_the_least_recently_used_prefix_is_evicted_first_and_the_others_stay_exa
     assert engine.stats().prefix.evictions == 1
     reuse = engine.open_session(prompt=recent + [1])  # the one held prefix left is the recent one
     assert reuse.length == 99  # two tokens left to run
-    assert greedy(engine, reuse, 8, (recent + [1])[reuse.length:]) == recompute(model, recent + [1], 8)
+    assert greedy(engine, reuse, 8, (recent + [1])[reuse.length :]) == recompute(model, recent + [1], 8)
 
 
 def test_no_slot_leaks_after_forks_shares_and_closes(model: Path) -> None:
@@ -188,7 +191,7 @@ def test_no_slot_leaks_after_forks_shares_and_closes(model: Path) -> None:
     tokens = prompt_ids(140, seed=50)
     for _ in range(5):
         source = engine.open_session(prompt=tokens)
-        engine.append(source, tokens[source.length:])
+        engine.append(source, tokens[source.length :])
         forks = [engine.fork(source, n) for n in (0, 64, 140)]
         for session in (source, *forks):
             engine.close_session(session)
@@ -254,4 +257,4 @@ def test_device_backend_forks_and_shares_exactly_through_the_staging_row(model: 
     held = common_prefix(system, tokens)
     assert held >= 140
     assert shared.length == recompute_from(held, held, len(tokens), engine.chunk_size, True) > 0
-    assert greedy(engine, shared, 10, tokens[shared.length:]) == recompute(model, tokens, 10)
+    assert greedy(engine, shared, 10, tokens[shared.length :]) == recompute(model, tokens, 10)

@@ -37,8 +37,10 @@ device_engine = host_device_engine
 def burst(engine: Engine, prompts: Sequence[Sequence[int]], new: int) -> list[list[int]]:
     """Every prompt as a Generate's session in the same steps, then `new` greedy tokens each."""
     sessions: list[Session] = engine.step(Step(opens=(Open(count=len(prompts)),))).opens[0].get()
-    requests = [Prefill(s, tuple(p), samplers=(GREEDY,), batchable=True)
-                for s, p in zip(sessions, prompts, strict=True)]
+    requests = [
+        Prefill(s, tuple(p), samplers=(GREEDY,), batchable=True)
+        for s, p in zip(sessions, prompts, strict=True)
+    ]
     firsts: dict[int, int] = {}
     while len(firsts) < len(prompts):
         pending = [(i, r) for i, r in enumerate(requests) if i not in firsts]
@@ -71,6 +73,7 @@ def alone(engine: Engine, prompt: Sequence[int], new: int) -> list[int]:
 
 # -- the plan: pure values ----------------------------------------------------------------------
 
+
 def test_the_number_of_prompts_a_forward_takes_is_on_a_bounded_ladder() -> None:
     assert prompt_batches(8) == (2, 4, 8)
     assert prompt_batches(6) == (2, 4)
@@ -99,6 +102,7 @@ def test_a_burst_wider_than_the_largest_size_splits_in_arrival_order() -> None:
 
 # -- the engine ---------------------------------------------------------------------------------
 
+
 def test_prompts_sharing_a_forward_get_the_tokens_each_gets_alone(model_dir: Path) -> None:
     prompts = [prompt_ids(n, n) for n in LENGTHS]
     together = device_engine(model_dir, prefill_batch=4)
@@ -113,7 +117,8 @@ def test_prompts_sharing_a_forward_get_the_tokens_each_gets_alone(model_dir: Pat
 
 
 def test_the_memory_budget_counts_the_prompt_variants_and_the_staging_block_they_run_in(
-        model_dir: Path) -> None:
+    model_dir: Path,
+) -> None:
     batched = device_engine(model_dir, prefill_batch=4)
     single = device_engine(model_dir, prefill_batch=1)
     block = prompt_staging_bytes(batched.info, 4, max(batched.padded_ladder))
@@ -170,8 +175,10 @@ def test_a_closed_session_in_a_group_fails_alone_and_the_others_prefill(model_di
     prompts = [prompt_ids(30, i) for i in range(3)]
     tasks = [engine.start_prefill(s, p) for s, p in zip(sessions, prompts, strict=True)]
     engine.close_session(sessions[1])
-    items = tuple((Prefill(s, samplers=(GREEDY,), task=t, batchable=True), 0)
-                  for s, t in zip(sessions, tasks, strict=True))
+    items = tuple(
+        (Prefill(s, samplers=(GREEDY,), task=t, batchable=True), 0)
+        for s, t in zip(sessions, tasks, strict=True)
+    )
     result = engine.step(Step(prefills=items))
     assert result.prefills[1].error is not None
     tokens = [o.get().tokens[0] for i, o in enumerate(result.prefills) if i != 1]

@@ -115,8 +115,13 @@ def test_the_cuda_backend_gathers_the_read_rows_with_ops_a_cuda_graph_captures(m
     engine = device_engine(model_dir(), tmp_path)
     assert engine.info.logits_rows and engine.info.graph.parent.parent == tmp_path
     graph = onnx.load(str(engine.info.graph), load_external_data=False).graph
-    added = [n for n in graph.node if n.name.startswith("read_rows.") or n.name.endswith(".read_rows")
-             or n.output[0] == "logits_rows_seen"]
+    added = [
+        n
+        for n in graph.node
+        if n.name.startswith("read_rows.")
+        or n.name.endswith(".read_rows")
+        or n.output[0] == "logits_rows_seen"
+    ]
     assert {n.op_type for n in added} == DEVICE_GATHER_OPS
     shape = next(n for n in added if n.op_type == "Shape")
     assert [n.op_type for n in graph.node if shape.output[0] in n.input] == ["ConstantOfShape"]
@@ -156,7 +161,8 @@ def test_a_model_directory_is_rewritten_into_the_cache_and_left_untouched(model_
 
 
 def test_an_engine_given_no_graph_cache_keeps_its_copies_in_a_temporary_directory_not_the_home(
-        model_dir) -> None:
+    model_dir,
+) -> None:
     engine = Engine.load(model_dir(spec=EVERY_ROW))
     assert engine.info.logits_rows  # rewritten, into the process's temporary graph cache
     assert engine.info.graph.is_relative_to(tempfile.gettempdir())
@@ -181,10 +187,10 @@ def test_external_weights_stay_where_they_are_and_the_copy_runs(tmp_path) -> Non
     model = build_decoder(EVERY_ROW, random_weights(EVERY_ROW))
     source = tmp_path / "external"
     source.mkdir()
-    onnx.save_model(model, str(source / "model.onnx"), save_as_external_data=True,
-                    location="model.onnx.data")
+    onnx.save_model(model, str(source / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
     (source / "genai_config.json").write_text(
-        json.dumps(genai_config(EVERY_ROW, context_length=1024, chunk_size=64)))
+        json.dumps(genai_config(EVERY_ROW, context_length=1024, chunk_size=64))
+    )
     info = prepared_graph(load_model_info(source), tmp_path / "graphs")
     assert info.logits_rows and info.weights_dir == source
     assert not (info.graph.parent / "model.onnx.data").exists()  # the weights were not copied
@@ -245,18 +251,22 @@ def test_the_graph_reads_the_rows_named_or_every_row_when_none_are(model_dir) ->
     """The hook for per-row logits of a prompt (reads = width), and onnxruntime-genai's view:
     a rewritten graph fed no `logits_rows` returns every row, as before."""
     rewritten = ort.InferenceSession(str(model_dir() / "model.onnx"), providers=["CPUExecutionProvider"])
-    every = ort.InferenceSession(str(model_dir(spec=EVERY_ROW) / "model.onnx"),
-                                 providers=["CPUExecutionProvider"])
+    every = ort.InferenceSession(
+        str(model_dir(spec=EVERY_ROW) / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     width, rows = 20, 13
     empty = np.zeros((1, TINY.num_kv_heads, 0, TINY.head_size), np.float32)
-    feeds = {"input_ids": np.asarray([prompt_ids(width)]), "attention_mask": np.ones((1, width), np.int64),
-             **{f"past_key_values.{i}.{kind}": empty
-                for i in range(TINY.num_layers) for kind in ("key", "value")}}
+    feeds = {
+        "input_ids": np.asarray([prompt_ids(width)]),
+        "attention_mask": np.ones((1, width), np.int64),
+        **{f"past_key_values.{i}.{kind}": empty for i in range(TINY.num_layers) for kind in ("key", "value")},
+    }
     want = every.run(["logits"], feeds)[0]
     (all_rows,) = rewritten.run(["logits"], feeds)
     np.testing.assert_allclose(all_rows, want, atol=1e-5)
-    logits, seen = rewritten.run(["logits", "logits_rows_seen"],
-                                 {**feeds, "logits_rows": read_index(rows, width)})
+    logits, seen = rewritten.run(
+        ["logits", "logits_rows_seen"], {**feeds, "logits_rows": read_index(rows, width)}
+    )
     np.testing.assert_allclose(logits[0, :rows], want[0, :rows], atol=1e-5)
     assert seen.tolist() == [*range(rows), *[rows - 1] * (width - rows), width - 1]
 
@@ -282,22 +292,37 @@ def test_a_builder_style_head_after_a_fused_norm_is_found_and_reads_one_row() ->
 
     rng = np.random.default_rng(0)
     hidden, vocab = 8, 16
-    inits = [numpy_helper.from_array(rng.standard_normal((vocab, hidden)).astype(np.float32), "embed"),
-             numpy_helper.from_array(np.ones(hidden, np.float32), "gamma"),
-             numpy_helper.from_array(rng.standard_normal((hidden, vocab)).astype(np.float32), "lm_head")]
-    nodes = [helper.make_node("Gather", ["embed", "input_ids"], ["x"], axis=0),
-             helper.make_node("SkipSimplifiedLayerNormalization", ["x", "x", "gamma"],
-                              ["normed", "", "", "sum"], domain="com.microsoft", epsilon=1e-5),
-             helper.make_node("MatMul", ["normed", "lm_head"], ["scores"]),
-             helper.make_node("Cast", ["scores"], ["logits"], to=TensorProto.FLOAT)]
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((vocab, hidden)).astype(np.float32), "embed"),
+        numpy_helper.from_array(np.ones(hidden, np.float32), "gamma"),
+        numpy_helper.from_array(rng.standard_normal((hidden, vocab)).astype(np.float32), "lm_head"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["embed", "input_ids"], ["x"], axis=0),
+        helper.make_node(
+            "SkipSimplifiedLayerNormalization",
+            ["x", "x", "gamma"],
+            ["normed", "", "", "sum"],
+            domain="com.microsoft",
+            epsilon=1e-5,
+        ),
+        helper.make_node("MatMul", ["normed", "lm_head"], ["scores"]),
+        helper.make_node("Cast", ["scores"], ["logits"], to=TensorProto.FLOAT),
+    ]
     graph = helper.make_graph(
-        nodes, "builder_style",
+        nodes,
+        "builder_style",
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT,
-                                       ["batch_size", "sequence_length", vocab])],
-        inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
-                                                    helper.make_opsetid("com.microsoft", 1)])
+        [
+            helper.make_tensor_value_info(
+                "logits", TensorProto.FLOAT, ["batch_size", "sequence_length", vocab]
+            )
+        ],
+        inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
     model.ir_version = 10
     every = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     assert find_head(model).hidden == "normed"
@@ -318,7 +343,8 @@ def prompt_logprobs(engine: Engine, tokens: list[int]) -> list[tuple[int, float,
 
 
 def test_prompt_logprobs_read_every_real_row_and_equal_those_of_the_every_row_head(
-        model_dir, tmp_path) -> None:
+    model_dir, tmp_path
+) -> None:
     engine = load(model_dir(), tmp_path)
     every_row = load(model_dir(spec=EVERY_ROW), tmp_path, graph_read_only=True, padding=False)
     forwards = spy_on_forwards(engine)

@@ -41,14 +41,20 @@ def rt() -> Placement:
         pass
     try:
         import cupy as cp
+
         cp.cuda.Device(0).use()
         return Placement(cp, "cuda", 0, [], False, cp.cuda.Stream(non_blocking=True))
     except Exception as exc:  # ImportError, or no device
         pytest.fail(f"the gpu tests need CUDA: {exc}")
 
 
-def launch(rt: Placement, rows: list[tuple[Any, SamplingParams, int, int]], slot: int = -1,
-           table: Any = None, cluster: int | None = None) -> list[int]:
+def launch(
+    rt: Placement,
+    rows: list[tuple[Any, SamplingParams, int, int]],
+    slot: int = -1,
+    table: Any = None,
+    cluster: int | None = None,
+) -> list[int]:
     """One kernel over the rows (device logits row, parameters, key, position); `cluster` blocks
     per row (None: as the kernel chooses for that many rows)."""
     sampled = SampledRows(rt, len(rows), np.float16, int(rows[0][0].shape[-1]))
@@ -59,8 +65,16 @@ def launch(rt: Placement, rows: list[tuple[Any, SamplingParams, int, int]], slot
         return sampled.chosen(len(rows), sampled.launch(len(rows), table))
 
 
-def many(rt: Placement, logits: Any, params: SamplingParams, key: int = 5, draws: int = DRAWS,
-         slot: int = -1, table: Any = None, cluster: int | None = None) -> np.ndarray:
+def many(
+    rt: Placement,
+    logits: Any,
+    params: SamplingParams,
+    key: int = 5,
+    draws: int = DRAWS,
+    slot: int = -1,
+    table: Any = None,
+    cluster: int | None = None,
+) -> np.ndarray:
     """`draws` tokens of one row at positions 0..draws-1, in one launch: their histogram."""
     sampled = SampledRows(rt, draws, logits.dtype, int(logits.shape[-1]))
     sampled.cluster = cluster
@@ -80,8 +94,9 @@ def many(rt: Placement, logits: Any, params: SamplingParams, key: int = 5, draws
 
 @pytest.mark.parametrize("cluster", [1, 8])
 @pytest.mark.parametrize("params", COMBINATIONS, ids=named)
-def test_draws_follow_the_host_s_filtered_distribution_for_every_filter_combination(rt, params,
-                                                                                     cluster) -> None:
+def test_draws_follow_the_host_s_filtered_distribution_for_every_filter_combination(
+    rt, params, cluster
+) -> None:
     for dtype in (np.float16, np.float32):
         host = row_logits(1).astype(dtype)
         with rt.enter():
@@ -114,9 +129,13 @@ def test_a_row_s_token_is_the_same_whichever_cluster_size_draws_it(rt, vocab) ->
     with rt.enter():
         devices = [rt.xp.asarray(a) for a in (flat, peaked, tied, wide, empty)]
         device_table = rt.xp.asarray(table)
-    kinds = [SamplingParams(temperature=0.8, top_p=0.95, seed=1), SamplingParams(temperature=1.0, seed=1),
-             SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=1),
-             SamplingParams(temperature=1.0, top_p=0.5, seed=1), SamplingParams()]
+    kinds = [
+        SamplingParams(temperature=0.8, top_p=0.95, seed=1),
+        SamplingParams(temperature=1.0, seed=1),
+        SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=1),
+        SamplingParams(temperature=1.0, top_p=0.5, seed=1),
+        SamplingParams(),
+    ]
     rows = [(devices[(i // len(kinds)) % len(devices)], kinds[i % len(kinds)], 7, i) for i in range(150)]
     for slot in (-1, 1):
         tokens = {c: launch(rt, rows, slot, device_table, cluster=c) for c in CLUSTERS}
@@ -124,21 +143,34 @@ def test_a_row_s_token_is_the_same_whichever_cluster_size_draws_it(rt, vocab) ->
             assert tokens[c] == tokens[1], (vocab, slot, c)
 
 
-@pytest.mark.parametrize("penalties", [
-    dict(repetition_penalty=1.3), dict(presence_penalty=0.8),
-    dict(frequency_penalty=0.5, presence_penalty=-0.4, repetition_penalty=0.8)])
+@pytest.mark.parametrize(
+    "penalties",
+    [
+        dict(repetition_penalty=1.3),
+        dict(presence_penalty=0.8),
+        dict(frequency_penalty=0.5, presence_penalty=-0.4, repetition_penalty=0.8),
+    ],
+)
 def test_penalized_rows_draw_from_the_penalized_distribution(rt, penalties) -> None:
     """The engine makes a penalized row with the host's formulas where the logits are
     (DeviceLogits._penalized), a float32 row the kernel reads beside the store's fp16 ones."""
     params = replace(SamplingParams(temperature=0.9, top_p=0.9, top_k=20, seed=3), **penalties)
     host = row_logits(2).astype(np.float16)
     history, counts = [0, 1, 2, 3, 5, 8, 13], Counter({1: 3, 8: 1, 21: 2})
-    on_host = apply_presence_frequency(apply_repetition_penalty(host, history, params.repetition_penalty),
-                                       counts, params.presence_penalty, params.frequency_penalty)
+    on_host = apply_presence_frequency(
+        apply_repetition_penalty(host, history, params.repetition_penalty),
+        counts,
+        params.presence_penalty,
+        params.frequency_penalty,
+    )
     with rt.enter():
         made = apply_presence_frequency(
             apply_repetition_penalty(rt.xp.asarray(host), history, params.repetition_penalty, rt.xp),
-            counts, params.presence_penalty, params.frequency_penalty, rt.xp)
+            counts,
+            params.presence_penalty,
+            params.frequency_penalty,
+            rt.xp,
+        )
     np.testing.assert_array_equal(rt.to_host(made), on_host)
     assert_drawn_from(many(rt, made, params), filtered_probabilities(on_host, params))
 
@@ -172,8 +204,15 @@ def test_a_row_s_token_is_the_same_alone_and_beside_any_other_rows(rt) -> None:
     for position in range(50):
         me = (mine[0], mine[1], mine[2], position)
         alone = launch(rt, [me])
-        others = [(rows[i % 3], SamplingParams(temperature=0.3 + i / 50, top_k=i % 40, top_p=0.5 + i / 200,
-                                               seed=i), i, position + i) for i in range(63)]
+        others = [
+            (
+                rows[i % 3],
+                SamplingParams(temperature=0.3 + i / 50, top_k=i % 40, top_p=0.5 + i / 200, seed=i),
+                i,
+                position + i,
+            )
+            for i in range(63)
+        ]
         beside = launch(rt, [*others[:20], me, *others[20:]])
         different = launch(rt, [me, *others[::-1][:10]])
         assert alone == [beside[20]] == [different[0]], position
@@ -204,8 +243,10 @@ def test_greedy_rows_and_rows_with_nothing_finite_take_numpy_s_argmax(rt) -> Non
     infinite[[2, 33]] = np.inf
     with rt.enter():
         devices = [rt.xp.asarray(a) for a in (host, empty, infinite)]
-    rows = [(devices[0], SamplingParams(), 0, 0),
-            (devices[0], SamplingParams(temperature=1.0, top_k=1), 0, 0),
-            (devices[1], SamplingParams(temperature=1.0, seed=1), 1, 0)]
+    rows = [
+        (devices[0], SamplingParams(), 0, 0),
+        (devices[0], SamplingParams(temperature=1.0, top_k=1), 0, 0),
+        (devices[1], SamplingParams(temperature=1.0, seed=1), 1, 0),
+    ]
     assert launch(rt, rows) == [4, 4, 0]
     assert set(np.flatnonzero(many(rt, devices[2], SamplingParams(temperature=1.0), draws=400))) == {2, 33}

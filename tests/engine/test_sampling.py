@@ -90,9 +90,12 @@ def test_the_generator_is_numpy_s_philox_4x64_10() -> None:
         counters = np.full(keys.size, position, np.uint64)
         words, doubles = philox(keys, counters), uniform(keys, counters)
         for i, key in enumerate(keys):
+
             def made(key: np.uint64 = key, position: int = position) -> np.random.Philox:
-                return np.random.Philox(key=np.array([key, 0], np.uint64),
-                                        counter=np.array([position - 1, 0, 0, 0], np.uint64))
+                return np.random.Philox(
+                    key=np.array([key, 0], np.uint64), counter=np.array([position - 1, 0, 0, 0], np.uint64)
+                )
+
             assert int(words[i]) == int(made().random_raw()) == philox_one(int(key), position)
             assert doubles[i] == np.random.Generator(made()).random()
 
@@ -104,11 +107,17 @@ def test_repetition_penalty_lowers_seen_tokens_either_sign() -> None:
     assert Sampler(SamplingParams(repetition_penalty=10.0))(np.array([3.0, 1.0]), [0]) == 1
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=-1.0), SamplingParams(top_k=-1), SamplingParams(top_p=0.0),
-    SamplingParams(top_p=1.5), SamplingParams(repetition_penalty=0.0),
-    SamplingParams(temperature=float("nan")),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=-1.0),
+        SamplingParams(top_k=-1),
+        SamplingParams(top_p=0.0),
+        SamplingParams(top_p=1.5),
+        SamplingParams(repetition_penalty=0.0),
+        SamplingParams(temperature=float("nan")),
+    ],
+)
 def test_bad_sampling_values_are_refused(params: SamplingParams) -> None:
     with pytest.raises(ValueError):
         Sampler(params)
@@ -134,9 +143,16 @@ def test_presence_penalty_counts_only_the_tokens_the_sampler_chose() -> None:
     assert sampler(logits, history=[0, 0]) == 1
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(min_p=-0.1), SamplingParams(min_p=1.5), SamplingParams(presence_penalty=2.5),
-    SamplingParams(frequency_penalty=-2.01), SamplingParams(frequency_penalty=float("nan"))])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(min_p=-0.1),
+        SamplingParams(min_p=1.5),
+        SamplingParams(presence_penalty=2.5),
+        SamplingParams(frequency_penalty=-2.01),
+        SamplingParams(frequency_penalty=float("nan")),
+    ],
+)
 def test_values_outside_the_new_ranges_are_refused_naming_the_field(params: SamplingParams) -> None:
     with pytest.raises(ValueError, match=r"^(min_p|presence_penalty|frequency_penalty) must be"):
         params.validate()
@@ -184,8 +200,9 @@ def _distributions() -> list[np.ndarray]:
 def test_top_p_keeps_exactly_the_tokens_a_sort_of_every_token_keeps(top_p: float) -> None:
     for probs in _distributions():
         np.testing.assert_array_equal(nucleus(probs, top_p), _full_sort_nucleus(probs, top_p))
-        np.testing.assert_array_equal(np.flatnonzero(nucleus_mask(probs, top_p)),
-                                      np.sort(_full_sort_nucleus(probs, top_p)))
+        np.testing.assert_array_equal(
+            np.flatnonzero(nucleus_mask(probs, top_p)), np.sort(_full_sort_nucleus(probs, top_p))
+        )
 
 
 def test_top_p_filtering_gives_bit_for_bit_the_distribution_and_draws_a_full_sort_gave() -> None:
@@ -206,8 +223,12 @@ def test_top_p_filtering_gives_bit_for_bit_the_distribution_and_draws_a_full_sor
 def _filtered_as_first_written(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """filtered_probabilities before it worked in place (the reference it must equal bit for bit)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        scaled = np.nan_to_num(logits.astype(np.float64) / params.temperature,
-                               nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf)
+        scaled = np.nan_to_num(
+            logits.astype(np.float64) / params.temperature,
+            nan=-np.inf,
+            posinf=np.finfo(np.float64).max,
+            neginf=-np.inf,
+        )
     if 0 < params.top_k < scaled.size:
         kth = np.partition(scaled, -params.top_k)[-params.top_k]
         scaled = np.where(scaled >= kth, scaled, -np.inf)
@@ -230,10 +251,15 @@ def _filtered_as_first_written(logits: np.ndarray, params: SamplingParams) -> np
     return probs
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7),
-                                    SamplingParams(temperature=1.3, top_k=40),
-                                    SamplingParams(temperature=0.9, min_p=0.05),
-                                    SamplingParams(temperature=0.6, top_p=0.92, top_k=500)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.3, top_k=40),
+        SamplingParams(temperature=0.9, min_p=0.05),
+        SamplingParams(temperature=0.6, top_p=0.92, top_k=500),
+    ],
+)
 def test_the_filtered_distribution_is_bit_for_bit_what_it_was(params: SamplingParams) -> None:
     rng = np.random.default_rng(5)
     for dtype in (np.float16, np.float32, np.float64):
@@ -243,8 +269,9 @@ def test_the_filtered_distribution_is_bit_for_bit_what_it_was(params: SamplingPa
             odd[rng.integers(0, vocab, 3)] = [np.nan, np.inf, -np.inf]
             for row in (logits, odd, np.full(vocab, -np.inf, dtype)):
                 kept = row.copy()
-                np.testing.assert_array_equal(filtered_probabilities(row, params),
-                                              _filtered_as_first_written(row, params))
+                np.testing.assert_array_equal(
+                    filtered_probabilities(row, params), _filtered_as_first_written(row, params)
+                )
                 np.testing.assert_array_equal(row, kept)  # the caller's row is left as it was
 
 
@@ -268,8 +295,13 @@ def test_a_draw_is_numpy_s_choice_token_for_token() -> None:
                 assert draw(ours.random(), kept) == int(numpy_s.choice(kept.size, p=kept))
 
 
-def _host_draws(params: SamplingParams, logits: np.ndarray, draws: int, history: Sequence[int] = (),
-                counts: Counter[int] | None = None) -> np.ndarray:
+def _host_draws(
+    params: SamplingParams,
+    logits: np.ndarray,
+    draws: int,
+    history: Sequence[int] = (),
+    counts: Counter[int] | None = None,
+) -> np.ndarray:
     """The host sampler's tokens at positions len(history), len(history) + 1, ...: their histogram."""
     sampler = Sampler(params)
     sampler.counts = counts or Counter()
@@ -284,13 +316,19 @@ def test_host_draws_follow_the_filtered_distribution_for_every_filter_combinatio
     assert_drawn_from(_host_draws(params, logits, 6000), filtered_probabilities(logits, params))
 
 
-@pytest.mark.parametrize("penalties", [
-    dict(repetition_penalty=1.3), dict(presence_penalty=0.8),
-    dict(frequency_penalty=0.5, presence_penalty=-0.4, repetition_penalty=0.8)])
+@pytest.mark.parametrize(
+    "penalties",
+    [
+        dict(repetition_penalty=1.3),
+        dict(presence_penalty=0.8),
+        dict(frequency_penalty=0.5, presence_penalty=-0.4, repetition_penalty=0.8),
+    ],
+)
 def test_host_draws_with_penalties_follow_the_penalized_distribution(penalties) -> None:
     params = replace(SamplingParams(temperature=0.9, top_p=0.9, top_k=20, seed=3), **penalties)
     logits, history, counts = row_logits(2), [1, 2, 3, 5, 8, 13], Counter({1: 3, 8: 1, 21: 2})
     seen = apply_repetition_penalty(logits, [*history, 0], params.repetition_penalty)
     penalized = apply_presence_frequency(seen, counts, params.presence_penalty, params.frequency_penalty)
-    assert_drawn_from(_host_draws(params, logits, 4000, history, counts),
-                      filtered_probabilities(penalized, params))
+    assert_drawn_from(
+        _host_draws(params, logits, 4000, history, counts), filtered_probabilities(penalized, params)
+    )

@@ -18,21 +18,81 @@ from engine.tokenizer import Tokenizer, TokenizerUnreadable
 LLAMA_CPP_IDS: dict[str, list[int]] = {
     "Hello world": [19556, 905],
     "12345 apples": [33, 34, 35, 36, 37, 13855],
-    "Ünïcödé ✓ naïve café": [142, 246, 94, 25972, 83, 7466, 84, 2756, 4636, 246, 237, 15486,
-                             46494, 37366],
+    "Ünïcödé ✓ naïve café": [142, 246, 94, 25972, 83, 7466, 84, 2756, 4636, 246, 237, 15486, 46494, 37366],
     " leading space": [2899, 1898],
     "def f(x):\n    return x*2": [1604, 275, 24, 104, 727, 472, 1003, 1792, 26, 34],
     "<|im_start|>user\nHi<|im_end|>\n": [1, 4093, 198, 26843, 2, 198],
-    "The quick brown fox jumps over the lazy dog.": [504, 2365, 6354, 16438, 27003, 690, 260,
-                                                     23790, 2767, 30],
-    "日本語のテキスト": [23274, 115, 40993, 179, 120, 248, 26453, 11100, 224, 10391, 251, 10391,
-                         134, 11100, 226],
-    "2026-11-29: 3.14159 × 2 = 6.28318": [34, 32, 34, 38, 29, 33, 33, 29, 34, 41, 42, 216, 35,
-                                          30, 33, 36, 33, 37, 41, 15493, 216, 34, 446, 216, 38,
-                                          30, 34, 40, 35, 33, 40],
+    "The quick brown fox jumps over the lazy dog.": [
+        504,
+        2365,
+        6354,
+        16438,
+        27003,
+        690,
+        260,
+        23790,
+        2767,
+        30,
+    ],
+    "日本語のテキスト": [
+        23274,
+        115,
+        40993,
+        179,
+        120,
+        248,
+        26453,
+        11100,
+        224,
+        10391,
+        251,
+        10391,
+        134,
+        11100,
+        226,
+    ],
+    "2026-11-29: 3.14159 × 2 = 6.28318": [
+        34,
+        32,
+        34,
+        38,
+        29,
+        33,
+        33,
+        29,
+        34,
+        41,
+        42,
+        216,
+        35,
+        30,
+        33,
+        36,
+        33,
+        37,
+        41,
+        15493,
+        216,
+        34,
+        446,
+        216,
+        38,
+        30,
+        34,
+        40,
+        35,
+        33,
+        40,
+    ],
 }
-ROUND_TRIP = ["Grüße aus Köln — naïve façade", "emoji 🎉🚀 and ZWJ 👩‍💻", "Ελληνικά, русский, العربية",
-              "tabs\tand\nnewlines\r\n  spaces   ", "数字 123 and 4.5e-6", ""]
+ROUND_TRIP = [
+    "Grüße aus Köln — naïve façade",
+    "emoji 🎉🚀 and ZWJ 👩‍💻",
+    "Ελληνικά, русский, العربية",
+    "tabs\tand\nnewlines\r\n  spaces   ",
+    "数字 123 and 4.5e-6",
+    "",
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +101,7 @@ def tokenizer(default_model: Callable[..., Path]) -> Tokenizer:
 
 
 @pytest.mark.parametrize("text", list(LLAMA_CPP_IDS))
-def test_the_tokenizer_reproduces_llama_cpp_ids_token_for_token(tokenizer: Tokenizer,
-                                                               text: str) -> None:
+def test_the_tokenizer_reproduces_llama_cpp_ids_token_for_token(tokenizer: Tokenizer, text: str) -> None:
     assert tokenizer.encode(text) == LLAMA_CPP_IDS[text]
 
 
@@ -53,7 +112,8 @@ def test_decoding_an_encoding_gives_back_the_text(tokenizer: Tokenizer, text: st
 
 @pytest.mark.parametrize("text", ROUND_TRIP + list(LLAMA_CPP_IDS))
 def test_streamed_pieces_concatenate_to_the_full_decode_and_never_split_a_character(
-        tokenizer: Tokenizer, text: str) -> None:
+    tokenizer: Tokenizer, text: str
+) -> None:
     pieces = list(tokenizer.stream().pieces(tokenizer.encode(text)))
     assert "".join(pieces) == text
     assert all("\ufffd" not in piece for piece in pieces)
@@ -74,15 +134,20 @@ def test_special_ids_and_vocabulary_size_are_the_gguf_ones(tokenizer: Tokenizer)
 @pytest.mark.parametrize("system", [None, "Be brief."])
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_the_python_chat_rendering_equals_the_gguf_jinja_template(
-        tokenizer: Tokenizer, system: str | None, add_generation_prompt: bool) -> None:
-    turns = [ChatMessage("user", "What is the capital of France?"),
-             ChatMessage("assistant", "Paris."), ChatMessage("user", "And of Italy?")]
+    tokenizer: Tokenizer, system: str | None, add_generation_prompt: bool
+) -> None:
+    turns = [
+        ChatMessage("user", "What is the capital of France?"),
+        ChatMessage("assistant", "Paris."),
+        ChatMessage("user", "And of Italy?"),
+    ]
     if system is not None:
         turns.insert(0, ChatMessage("system", system))
     ours = tokenizer.render_chat(turns, add_generation_prompt=add_generation_prompt)
     # onnxruntime-extensions renders the template's Jinja in C++: an independent oracle.
     oracle = pp_api.Tokenizer(str(tokenizer.model_dir)).apply_chat_template(
-        json.dumps([vars(m) for m in turns]), add_generation_prompt=add_generation_prompt)
+        json.dumps([vars(m) for m in turns]), add_generation_prompt=add_generation_prompt
+    )
     assert ours == str(oracle)
     assert ours.startswith("<|im_start|>system\n" + (system or "You are a helpful AI"))
 
@@ -98,7 +163,8 @@ def test_a_model_without_a_chat_template_gets_plain_chatml(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("vocab_size", [259, 512, 1000])
 def test_the_byte_level_tokenizer_encodes_any_text_within_its_vocabulary(
-        tmp_path: Path, vocab_size: int) -> None:
+    tmp_path: Path, vocab_size: int
+) -> None:
     write_byte_level_tokenizer(tmp_path, vocab_size)
     tok = Tokenizer(tmp_path)
     assert tok.vocab_size == vocab_size
@@ -129,7 +195,8 @@ def _set_class(model_dir: Path, tokenizer_class: str | None) -> None:
 
 @pytest.mark.parametrize("tokenizer_class", ["TokenizersBackend", None])
 def test_a_bpe_tokenizer_under_a_class_the_extension_does_not_know_reads_as_the_fast_one(
-        tmp_path: Path, tokenizer_class: str | None) -> None:
+    tmp_path: Path, tokenizer_class: str | None
+) -> None:
     known, unknown = tmp_path / "known", tmp_path / "unknown"
     for path in (known, unknown):
         write_byte_level_tokenizer(path, 512)
@@ -144,19 +211,52 @@ def test_a_bpe_tokenizer_under_a_class_the_extension_does_not_know_reads_as_the_
 
 def _unigram_tokenizer(model_dir: Path, tokenizer_class: str) -> None:
     """A SentencePiece-style Unigram tokenizer.json: pieces with scores, U+2581 for spaces."""
-    pieces = [["<unk>", 0.0], ["<s>", 0.0], ["</s>", 0.0], ["\u2581", -2.0], ["\u2581hello", -3.0],
-              ["\u2581world", -3.5], *[[c, -5.0] for c in "helowrd"], ["\u2581he", -4.0], ["llo", -4.5]]
+    pieces = [
+        ["<unk>", 0.0],
+        ["<s>", 0.0],
+        ["</s>", 0.0],
+        ["\u2581", -2.0],
+        ["\u2581hello", -3.0],
+        ["\u2581world", -3.5],
+        *[[c, -5.0] for c in "helowrd"],
+        ["\u2581he", -4.0],
+        ["llo", -4.5],
+    ]
     metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
-    doc = {"version": "1.0", "truncation": None, "padding": None, "normalizer": None,
-           "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
-                             "normalized": False, "special": True}
-                            for i, c in enumerate(["<unk>", "<s>", "</s>"])],
-           "pre_tokenizer": metaspace, "post_processor": None, "decoder": metaspace,
-           "model": {"type": "Unigram", "unk_id": 0, "vocab": pieces, "byte_fallback": False}}
+    doc = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "normalizer": None,
+        "added_tokens": [
+            {
+                "id": i,
+                "content": c,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for i, c in enumerate(["<unk>", "<s>", "</s>"])
+        ],
+        "pre_tokenizer": metaspace,
+        "post_processor": None,
+        "decoder": metaspace,
+        "model": {"type": "Unigram", "unk_id": 0, "vocab": pieces, "byte_fallback": False},
+    }
     model_dir.mkdir()
     (model_dir / "tokenizer.json").write_text(json.dumps(doc))
-    (model_dir / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": tokenizer_class, "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    (model_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": tokenizer_class,
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+            }
+        )
+    )
 
 
 def test_a_unigram_tokenizer_under_an_unknown_class_reads_and_streams_like_its_decode(tmp_path: Path) -> None:
@@ -189,9 +289,18 @@ def test_an_added_token_not_marked_special_is_text_when_specials_are_skipped(tmp
     doc = json.loads((tmp_path / "tokenizer.json").read_text())
     added = [("<tool_call>", False), ("<|tag|>", True)]
     free = len(doc["model"]["vocab"])  # past the vocabulary, as added tokens are
-    doc["added_tokens"] += [{"id": free + i, "content": content, "single_word": False, "lstrip": False,
-                             "rstrip": False, "normalized": False, "special": special}
-                            for i, (content, special) in enumerate(added)]
+    doc["added_tokens"] += [
+        {
+            "id": free + i,
+            "content": content,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": special,
+        }
+        for i, (content, special) in enumerate(added)
+    ]
     (tmp_path / "tokenizer.json").write_text(json.dumps(doc))
     tok = Tokenizer(tmp_path)
     ids = tok.encode("<|tag|><tool_call>{}")

@@ -75,8 +75,7 @@ def test_a_machine_of_many_states_is_checked_in_time_linear_in_its_rules() -> No
     """A DFA is a chain of rules, one a state, found finishing from its end: 30,000 of them (the
     checks once swept every rule per rule found, ~10^9 steps here, minutes of CPU)."""
     states = 30_000
-    chain = Machine(tuple(((0x61, 0x61, s + 1),) for s in range(states)) + ((),),
-                    (False,) * states + (True,))
+    chain = Machine(tuple(((0x61, 0x61, s + 1),) for s in range(states)) + ((),), (False,) * states + (True,))
     program = tree_grammar.program(chain, {}, FIELD, max_elements=1_000_000)
     assert program is not None
     shorter = Machine(tuple(((0x61, 0x61, s + 1),) for s in range(40)) + ((),), (False,) * 40 + (True,))
@@ -87,19 +86,44 @@ def test_a_machine_of_many_states_is_checked_in_time_linear_in_its_rules() -> No
 def test_a_tree_past_the_element_limit_is_constraint_too_large() -> None:
     with pytest.raises(InvalidInput) as refused:
         listed = {"type": "array", "items": {"$ref": "#/$defs/n"}}
-        compile_constraint("json_schema", json.dumps({"$defs": {"n": listed}, "$ref": "#/$defs/n"}),
-                           VOCAB, Limits(max_schema_elements=10))
+        compile_constraint(
+            "json_schema",
+            json.dumps({"$defs": {"n": listed}, "$ref": "#/$defs/n"}),
+            VOCAB,
+            Limits(max_schema_elements=10),
+        )
     assert refused.value.reason == "CONSTRAINT_TOO_LARGE"
 
 
-@pytest.mark.parametrize(("schema", "document"), [
-    ({"type": "object"}, '{"a":[{"b":[[{"c":{"d":[1,{"e":"x"}]}}]]}],"f":null}'),
-    ({"$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {
-        "type": "array", "items": {"$ref": "#/$defs/n"}}}, "required": ["v"]}}, "$ref": "#/$defs/n"},
-     '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[{"v":4}]}]}]}'),
-    ({"type": "array", "items": {"type": "object", "properties": {"a": {"type": "array", "items": {}}}}},
-     '[{"a":[[[{"q":[1,"]}"]}]]]},{}]'),
-])
+@pytest.mark.parametrize(
+    ("schema", "document"),
+    [
+        ({"type": "object"}, '{"a":[{"b":[[{"c":{"d":[1,{"e":"x"}]}}]]}],"f":null}'),
+        (
+            {
+                "$defs": {
+                    "n": {
+                        "type": "object",
+                        "properties": {
+                            "v": {"type": "integer"},
+                            "kids": {"type": "array", "items": {"$ref": "#/$defs/n"}},
+                        },
+                        "required": ["v"],
+                    }
+                },
+                "$ref": "#/$defs/n",
+            },
+            '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[{"v":4}]}]}]}',
+        ),
+        (
+            {
+                "type": "array",
+                "items": {"type": "object", "properties": {"a": {"type": "array", "items": {}}}},
+            },
+            '[{"a":[[[{"q":[1,"]}"]}]]]},{}]',
+        ),
+    ],
+)
 def test_a_mask_computed_on_a_state_s_top_frames_is_the_state_s_own(schema: Any, document: str) -> None:
     """Masks start from the stacks' top frames (grammar.MASK_DEPTH) and walk the tokens that reach
     below on the whole state: equal to every token walked alone, at every byte of a nested document."""

@@ -58,7 +58,6 @@ for event in (call(parts()) if spec["rpc"] == "Prefill" else call(requests[0])):
 """
 
 
-
 class InProcessClient:
     """A call on the test's own channel, ended by cancelling it or by letting its deadline pass."""
 
@@ -67,8 +66,11 @@ class InProcessClient:
         self.closing = threading.Event()
         call = getattr(running.stub, rpc)
         timeout = DEADLINE_S if ending == "deadline" else None
-        self.events = call(self._parts(requests), timeout=timeout) if rpc == "Prefill" else \
-            call(requests[0], timeout=timeout)
+        self.events = (
+            call(self._parts(requests), timeout=timeout)
+            if rpc == "Prefill"
+            else call(requests[0], timeout=timeout)
+        )
 
     def _parts(self, requests: list[Message]) -> Iterator[Message]:
         yield from requests
@@ -98,10 +100,19 @@ class KilledClient:
     started: list[subprocess.Popen[str]] = []  # killed after each test, however it ended
 
     def __init__(self, running: RunningServer, rpc: str, requests: list[Message], ending: str) -> None:
-        spec = {"address": running.address, "rpc": rpc, "type": type(requests[0]).__name__,
-                "requests": [r.SerializeToString().hex() for r in requests]}
-        self.process = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(spec)], cwd=REPO,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        spec = {
+            "address": running.address,
+            "rpc": rpc,
+            "type": type(requests[0]).__name__,
+            "requests": [r.SerializeToString().hex() for r in requests],
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", CHILD, json.dumps(spec)],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.started.append(self.process)
 
     def expect(self, kind: str, count: int) -> None:
@@ -144,9 +155,12 @@ class Counted:
 
 def parts(session_id: str, *prompts: list[int]) -> list[Message]:
     """The messages of a Prefill: the session id on the first only (a later one is INVALID_ARGUMENT)."""
-    return [pb.PrefillRequest(session_id=session_id if index == 0 else "",
-                              prompt=pb.Prompt(tokens=pb.TokenIds(ids=p)))
-            for index, p in enumerate(prompts)]
+    return [
+        pb.PrefillRequest(
+            session_id=session_id if index == 0 else "", prompt=pb.Prompt(tokens=pb.TokenIds(ids=p))
+        )
+        for index, p in enumerate(prompts)
+    ]
 
 
 def end_prefill_at(running: RunningServer, phase: str, ending: str, session_id: str) -> None:
@@ -187,8 +201,9 @@ def close_session(running: RunningServer, session_id: str) -> None:
 
 def decode_when_free(running: RunningServer, session_id: str, n: int) -> tuple[list[int], pb.Completion]:
     """Decode `n` greedy tokens once the ended call has let go of the session."""
-    request = pb.DecodeRequest(session_id=session_id,
-                               stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True))
+    request = pb.DecodeRequest(
+        session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True)
+    )
     deadline = time.monotonic() + 20
     while True:
         try:
@@ -202,8 +217,9 @@ def decode_when_free(running: RunningServer, session_id: str, n: int) -> tuple[l
 @pytest.fixture(scope="module")
 def running(served_model: Path) -> Iterator[RunningServer]:
     # Prefix sharing off: these tests count a prompt's forwards, which a held prefix would shorten.
-    with RunningServer(server_config(served_model, max_sessions=4, max_new_tokens=1000,
-                                     prefix_sharing=False)) as server:
+    with RunningServer(
+        server_config(served_model, max_sessions=4, max_new_tokens=1000, prefix_sharing=False)
+    ) as server:
         yield server
 
 
@@ -239,7 +255,8 @@ PREFILL_PHASES = ("before the first event", "mid-prompt", "after the last part")
 @pytest.mark.parametrize("phase", PREFILL_PHASES)
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_a_prefill_that_opened_a_session_and_did_not_finish_returns_its_slot(
-        running: RunningServer, ending: str, phase: str) -> None:
+    running: RunningServer, ending: str, phase: str
+) -> None:
     baseline = running.stats().sessions_open
     end_prefill_at(running, phase, ending, session_id="")
     wait_for(lambda: running.stats().sessions_open == baseline)
@@ -248,7 +265,8 @@ def test_a_prefill_that_opened_a_session_and_did_not_finish_returns_its_slot(
 @pytest.mark.parametrize("phase", PREFILL_PHASES)
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_a_prefill_that_extended_a_session_and_did_not_finish_leaves_it_as_it_was(
-        running: RunningServer, continuation: list[int], session_id: str, ending: str, phase: str) -> None:
+    running: RunningServer, continuation: list[int], session_id: str, ending: str, phase: str
+) -> None:
     baseline = running.stats().sessions_open - 1
     end_prefill_at(running, phase, ending, session_id)
     tokens, done = decode_when_free(running, session_id, 4)
@@ -259,10 +277,12 @@ def test_a_prefill_that_extended_a_session_and_did_not_finish_leaves_it_as_it_wa
 
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_a_decode_ended_mid_stream_keeps_its_session_consistent_and_usable(
-        running: RunningServer, session_id: str, ending: str) -> None:
+    running: RunningServer, session_id: str, ending: str
+) -> None:
     baseline, counted = running.stats().sessions_open - 1, Counted(running, "Decode", ending)
-    request = pb.DecodeRequest(session_id=session_id,
-                               stopping=pb.StoppingOptions(max_new_tokens=600, ignore_eos=True))
+    request = pb.DecodeRequest(
+        session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=600, ignore_eos=True)
+    )
     client = start(running, "Decode", [request], ending)
     client.expect("token", 3)
     with running.frozen():

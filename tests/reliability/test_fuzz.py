@@ -34,18 +34,36 @@ IDLE_SECONDS = 2.0  # sessions orphaned by a deadline that struck after their Pr
 Code = grpc.StatusCode
 # The documented codes a lone caller can meet. RESOURCE_EXHAUSTED is left out: calls one at a
 # time never fill the queue, so it would mean something else (a status too large to send, say).
-DOCUMENTED = frozenset({
-    Code.OK, Code.INVALID_ARGUMENT, Code.OUT_OF_RANGE, Code.NOT_FOUND, Code.FAILED_PRECONDITION,
-    Code.ABORTED, Code.CANCELLED, Code.DEADLINE_EXCEEDED})
-RPCS = {"Generate": "unary", "GenerateStream": "stream", "Prefill": "bidi", "Decode": "stream",
-        "Rewind": "unary", "CloseSession": "unary", "Tokenize": "unary", "Detokenize": "unary",
-        "GetModelInfo": "unary", "GetEngineStats": "unary"}
+DOCUMENTED = frozenset(
+    {
+        Code.OK,
+        Code.INVALID_ARGUMENT,
+        Code.OUT_OF_RANGE,
+        Code.NOT_FOUND,
+        Code.FAILED_PRECONDITION,
+        Code.ABORTED,
+        Code.CANCELLED,
+        Code.DEADLINE_EXCEEDED,
+    }
+)
+RPCS = {
+    "Generate": "unary",
+    "GenerateStream": "stream",
+    "Prefill": "bidi",
+    "Decode": "stream",
+    "Rewind": "unary",
+    "CloseSession": "unary",
+    "Tokenize": "unary",
+    "Detokenize": "unary",
+    "GetModelInfo": "unary",
+    "GetEngineStats": "unary",
+}
 POD_NAME = re.compile(r"[A-Za-z0-9_-]{1,105}")
 MAX_DETAILS = 512
 
 NAN, INF = float("nan"), float("inf")
 FLOATS = (NAN, INF, -INF, -1.0, -0.0, 0.0, 1e-45, 1e-38, 1e-3, 0.5, 1.0, 2.0, 100.0, 101.0, 1e38, 3.4e38)
-INT32S = (-2**31, -1, 0, 1, 3, 255, 511, 512, 2**31 - 1)
+INT32S = (-(2**31), -1, 0, 1, 3, 255, 511, 512, 2**31 - 1)
 UINT32S = (0, 1, 2, 5, 16, 17, 1024, 2**32 - 1)
 UINT64S = (0, 1, 7, 2**63, 2**64 - 1)
 BAD_UTF8 = (b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf", b"ok\xe2\x82")
@@ -71,6 +89,7 @@ class Tally:
 
 
 # -- the wire: length-delimited fields written by hand, so strings need not be UTF-8 ----------------
+
 
 def _varint(n: int) -> bytes:
     out = bytearray()
@@ -116,15 +135,19 @@ class Fuzzer:
         kind = self.rng.choice(("tokens", "tokens", "text", "chat", "none"))
         if kind == "tokens":
             length = self.rng.choice((0, 1, 3, 8, 40, 1025))
-            ids = [self.rng.choice(INT32S) if self.rng.random() < 0.05 else self.rng.randint(3, 500)
-                   for _ in range(length)]
+            ids = [
+                self.rng.choice(INT32S) if self.rng.random() < 0.05 else self.rng.randint(3, 500)
+                for _ in range(length)
+            ]
             return _tokens(ids)
         if kind == "text":
             return pb.Prompt(text=self.text())
         if kind == "chat":
             roles = ("system", "user", "assistant", "", "tool\n")
-            turns = [pb.ChatMessage(role=self.rng.choice(roles), content=self.text())
-                     for _ in range(self.rng.randint(0, 3))]
+            turns = [
+                pb.ChatMessage(role=self.rng.choice(roles), content=self.text())
+                for _ in range(self.rng.randint(0, 3))
+            ]
             return pb.Prompt(chat=pb.Chat(messages=turns))
         return pb.Prompt()
 
@@ -142,8 +165,9 @@ class Fuzzer:
         return options
 
     def stopping(self) -> pb.StoppingOptions:
-        options = pb.StoppingOptions(max_new_tokens=self.rng.choice((1, 2, 4) + UINT32S),
-                                     ignore_eos=self.rng.random() < 0.5)
+        options = pb.StoppingOptions(
+            max_new_tokens=self.rng.choice((1, 2, 4) + UINT32S), ignore_eos=self.rng.random() < 0.5
+        )
         if self.rng.random() < 0.3:
             count = self.rng.choice((1, 2, 16, 17))
             size = self.rng.choice((0, 1, 3, 512, 513))
@@ -159,29 +183,51 @@ class Fuzzer:
 
     def session_id(self) -> str:
         live = self.pick(self.live)
-        return self.rng.choice((
-            live, live, live, self.pick(self.closed), "", "pod-a.",
-            "a" * 20_000, "pod-b." + "b" * 20_000, "pod-a.\x00\x01\x1b", "pod-a.é", "pod-b.abc", ".abc",
-            "pod-a.nope", "pod-a/../etc", live + "x", "pod-a." + "z" * 200, "\r\nladder-session-owner: x"))
+        return self.rng.choice(
+            (
+                live,
+                live,
+                live,
+                self.pick(self.closed),
+                "",
+                "pod-a.",
+                "a" * 20_000,
+                "pod-b." + "b" * 20_000,
+                "pod-a.\x00\x01\x1b",
+                "pod-a.é",
+                "pod-b.abc",
+                ".abc",
+                "pod-a.nope",
+                "pod-a/../etc",
+                live + "x",
+                "pod-a." + "z" * 200,
+                "\r\nladder-session-owner: x",
+            )
+        )
 
     # -- messages of each RPC ----------------------------------------------------------------
     def message(self, rpc: str) -> list[bytes]:
         if rpc in ("Generate", "GenerateStream"):
-            request = pb.GenerateRequest(prompt=self.prompt(), sampling=self.sampling(),
-                                         stopping=self.stopping())
+            request = pb.GenerateRequest(
+                prompt=self.prompt(), sampling=self.sampling(), stopping=self.stopping()
+            )
         elif rpc == "Prefill":
             return [_wire(m) for m in self.prefill_parts()]
         elif rpc == "Decode":
-            request = pb.DecodeRequest(session_id=self.session_id(), sampling=self.sampling(),
-                                       stopping=self.stopping())
+            request = pb.DecodeRequest(
+                session_id=self.session_id(), sampling=self.sampling(), stopping=self.stopping()
+            )
         elif rpc == "Rewind":
             request = pb.RewindRequest(session_id=self.session_id(), length=self.rng.choice(UINT32S))
         elif rpc == "CloseSession":
             request = pb.CloseSessionRequest(session_id=self.session_id())
         elif rpc == "Tokenize":
             prompt = self.prompt()
-            request = (pb.TokenizeRequest(chat=prompt.chat) if prompt.HasField("chat")
-                       else pb.TokenizeRequest(text=self.text()))
+            request = (
+                pb.TokenizeRequest(chat=prompt.chat)
+                if prompt.HasField("chat")
+                else pb.TokenizeRequest(text=self.text())
+            )
         elif rpc == "Detokenize":
             request = pb.DetokenizeRequest(ids=list(self.prompt().tokens.ids))
         else:
@@ -190,8 +236,11 @@ class Fuzzer:
 
     def prefill_parts(self) -> list[pb.PrefillRequest]:
         """Mostly well ordered; sometimes no parts, parts without a prompt, or first-only fields later."""
-        first = pb.PrefillRequest(session_id=self.session_id() if self.rng.random() < 0.4 else "",
-                                  prompt=self.prompt(), sampling=self.sampling())
+        first = pb.PrefillRequest(
+            session_id=self.session_id() if self.rng.random() < 0.4 else "",
+            prompt=self.prompt(),
+            sampling=self.sampling(),
+        )
         if self.rng.random() < 0.1:
             first.ClearField("prompt")
         parts = [first] if self.rng.random() > 0.05 else []
@@ -226,22 +275,27 @@ class Fuzzer:
             elif kind == 1:
                 out[where:where] = self.rng.randbytes(self.rng.randint(1, 4))
             elif kind == 2:
-                del out[where:where + self.rng.randint(1, 4)]
+                del out[where : where + self.rng.randint(1, 4)]
             else:
                 out = out[:where]
         return bytes(out)
 
     def bad_utf8(self) -> Case:
         bad = self.rng.choice(BAD_UTF8)
-        rpc, payload = self.rng.choice((
-            ("Generate", _field(1, _field(1, bad))),  # prompt.text
-            ("GenerateStream", _field(1, _field(2, _field(1, _field(2, bad))))),  # prompt.chat...content
-            ("Generate", _field(1, _field(2, _field(1, _field(1, bad))))),  # prompt.chat.messages.role
-            ("GenerateStream", _field(3, _field(2, bad))),  # stopping.stop
-            ("Tokenize", _field(1, bad)), ("Decode", _field(1, bad)), ("Rewind", _field(1, bad)),
-            ("CloseSession", _field(1, bad)), ("Prefill", _field(1, bad)),
-            ("Prefill", _field(2, _field(1, bad))),  # prompt.text
-        ))
+        rpc, payload = self.rng.choice(
+            (
+                ("Generate", _field(1, _field(1, bad))),  # prompt.text
+                ("GenerateStream", _field(1, _field(2, _field(1, _field(2, bad))))),  # prompt.chat...content
+                ("Generate", _field(1, _field(2, _field(1, _field(1, bad))))),  # prompt.chat.messages.role
+                ("GenerateStream", _field(3, _field(2, bad))),  # stopping.stop
+                ("Tokenize", _field(1, bad)),
+                ("Decode", _field(1, bad)),
+                ("Rewind", _field(1, bad)),
+                ("CloseSession", _field(1, bad)),
+                ("Prefill", _field(1, bad)),
+                ("Prefill", _field(2, _field(1, bad))),  # prompt.text
+            )
+        )
         payloads = [payload]
         if rpc == "Prefill" and self.rng.random() < 0.5:  # a good first part, then the bad one
             payloads.insert(0, _wire(pb.PrefillRequest(prompt=_tokens([5, 6]))))
@@ -282,8 +336,16 @@ class Fuzzer:
     # -- running -----------------------------------------------------------------------------
     def next_case(self) -> Case:
         makers: tuple[Callable[[], Case], ...] = (
-            self.garbage, self.mutated, self.bad_utf8, self.fields, self.fields, self.sessions, self.deadline,
-            self.valid, self.valid)
+            self.garbage,
+            self.mutated,
+            self.bad_utf8,
+            self.fields,
+            self.fields,
+            self.sessions,
+            self.deadline,
+            self.valid,
+            self.valid,
+        )
         return self.rng.choice(makers)()
 
     def call(self, case: Case) -> tuple[Code, list[bytes], grpc.RpcError | None]:
@@ -374,8 +436,9 @@ class Outcome:
 
 @pytest.fixture(scope="module")
 def server(served_model: Path) -> Iterator[RunningServer]:
-    with RunningServer(server_config(served_model, max_new_tokens=16,
-                                     session_idle_seconds=IDLE_SECONDS)) as running:
+    with RunningServer(
+        server_config(served_model, max_new_tokens=16, session_idle_seconds=IDLE_SECONDS)
+    ) as running:
         yield running
 
 
@@ -392,9 +455,11 @@ def fuzzed(server: RunningServer) -> Outcome:
         fuzzer.close(session_id)
     tally, seconds = fuzzer.tally, time.perf_counter() - started
     outcome = Outcome(tally, health(server), server.stats().sessions_open, sessions_open_once_idle(server))
-    print(f"fuzz: {CASES} cases in {seconds:.1f} s; {dict(tally.labels)}; "
-          f"{ {c.name: n for c, n in tally.codes.items()} }; sessions opened {tally.opened}, "
-          f"closed {tally.closed}, orphaned by a deadline {outcome.open_when_closed}")
+    print(
+        f"fuzz: {CASES} cases in {seconds:.1f} s; {dict(tally.labels)}; "
+        f"{ {c.name: n for c, n in tally.codes.items()} }; sessions opened {tally.opened}, "
+        f"closed {tally.closed}, orphaned by a deadline {outcome.open_when_closed}"
+    )
     return outcome
 
 
@@ -406,7 +471,8 @@ def test_every_fuzzed_call_ends_ok_or_with_a_documented_status(fuzzed: Outcome) 
 
 
 def test_the_server_stays_serving_and_every_session_the_fuzz_opened_is_closed(
-        server: RunningServer, fuzzed: Outcome) -> None:
+    server: RunningServer, fuzzed: Outcome
+) -> None:
     tally = fuzzed.tally
     assert fuzzed.health == health_pb2.HealthCheckResponse.SERVING and server.server.fault is None
     assert tally.opened > 50 and tally.closed == tally.opened

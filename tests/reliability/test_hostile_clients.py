@@ -20,10 +20,24 @@ from tests.support.hostile import H2_PREFACE, http_status, server_answers, stall
 from tests.support.servers import RunningServer, free_port, server_config
 
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE")
-ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/models/served": ("GET",),
-          "/v1/completions": ("POST",), "/v1/chat/completions": ("POST",)}
-UNKNOWN = ("/", "/nope", "/v1/completions/", "/v1/../v1/models", "/v1/%2e%2e/health", "/v1/models/a/b",
-           "/v1/%ff%fe%fd", "/%00", "/v1/" + "x" * 4000)
+ROUTES = {
+    "/health": ("GET",),
+    "/v1/models": ("GET",),
+    "/v1/models/served": ("GET",),
+    "/v1/completions": ("POST",),
+    "/v1/chat/completions": ("POST",),
+}
+UNKNOWN = (
+    "/",
+    "/nope",
+    "/v1/completions/",
+    "/v1/../v1/models",
+    "/v1/%2e%2e/health",
+    "/v1/models/a/b",
+    "/v1/%ff%fe%fd",
+    "/%00",
+    "/v1/" + "x" * 4000,
+)
 IDLE_CONNECTIONS = 1500  # per listener: a few thousand across the suite, fast on a 2-core CI machine
 IDLE_PEERS = 6  # their addresses: 250 each, under the HTTP cap per address (256), as many clients would be
 MAX_MESSAGE_BYTES = 1 << 20
@@ -54,7 +68,8 @@ def allowed(method: str, path: str) -> set[int]:
 
 @pytest.mark.parametrize("path", [*ROUTES, *UNKNOWN])
 def test_every_method_on_every_path_is_answered_404_405_or_its_route_never_500(
-        running: RunningServer, path: str) -> None:
+    running: RunningServer, path: str
+) -> None:
     answers = {method: http_status(running.config.http_port, method, path) for method in METHODS}
     wrong = {method: status for method, status in answers.items() if status not in allowed(method, path)}
     assert not wrong, f"{path}: {wrong}"
@@ -62,16 +77,21 @@ def test_every_method_on_every_path_is_answered_404_405_or_its_route_never_500(
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
-@pytest.mark.parametrize(("body", "statuses"), [
-    (b"[" * 100_000 + b"]" * 100_000, {400}),
-    (b'{"prompt": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b"}", {400}),
-    (b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {400}),
-    (b'{"prompt": "unterminated', {400}),
-    (b"\xff\xfe not utf-8", {400}),
-    (json.dumps({"prompt": "x" * (4 * MAX_MESSAGE_BYTES)}).encode(), {400, 413}),
-], ids=["nested-arrays", "nested-objects", "nested-messages", "invalid", "not-utf8", "huge"])
+@pytest.mark.parametrize(
+    ("body", "statuses"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, {400}),
+        (b'{"prompt": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b"}", {400}),
+        (b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {400}),
+        (b'{"prompt": "unterminated', {400}),
+        (b"\xff\xfe not utf-8", {400}),
+        (json.dumps({"prompt": "x" * (4 * MAX_MESSAGE_BYTES)}).encode(), {400, 413}),
+    ],
+    ids=["nested-arrays", "nested-objects", "nested-messages", "invalid", "not-utf8", "huge"],
+)
 def test_a_body_nested_deep_invalid_or_huge_is_a_client_error_never_500(
-        running: RunningServer, route: str, body: bytes, statuses: set[int]) -> None:
+    running: RunningServer, route: str, body: bytes, statuses: set[int]
+) -> None:
     status = http_status(running.config.http_port, "POST", route, body, {"Content-Type": "application/json"})
     assert status in statuses
     got_over_it(running)
@@ -105,13 +125,16 @@ def trickling(port: int, data: bytes, clients: int = 20) -> Iterator[None]:
 
 
 SLOW_HEADERS = b"GET /health HTTP/1.1\r\nHost: ladder\r\n" + b"X-Slow: " + b"a" * 1000 + b"\r\n\r\n"
-SLOW_BODY = (b"POST /v1/completions HTTP/1.1\r\nHost: ladder\r\nContent-Type: application/json\r\n"
-             b"Content-Length: 2000\r\n\r\n" + b'{"prompt": "' + b"a" * 1980)
+SLOW_BODY = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: ladder\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 2000\r\n\r\n" + b'{"prompt": "' + b"a" * 1980
+)
 
 
 @pytest.mark.parametrize("data", [SLOW_HEADERS, SLOW_BODY], ids=["headers", "body"])
 def test_clients_sending_a_byte_at_a_time_over_http_hold_back_nobody(
-        running: RunningServer, data: bytes) -> None:
+    running: RunningServer, data: bytes
+) -> None:
     with trickling(running.config.http_port, data):
         got_over_it(running)
     got_over_it(running)
@@ -133,8 +156,10 @@ def test_idle_connections_by_the_thousand_hold_back_nobody(running: RunningServe
 
 @pytest.mark.parametrize("sent", [1, 1000, 60_000])
 def test_a_client_that_disconnects_mid_body_costs_nothing(running: RunningServer, sent: int) -> None:
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: ladder\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100000\r\n\r\n")
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: ladder\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n"
+    )
     for _ in range(20):
         with socket.create_connection(("127.0.0.1", running.config.http_port), timeout=10) as sock:
             sock.sendall(head + b"[" * sent)
@@ -147,41 +172,62 @@ COMPLETION, CHAT = '"prompt": "Hi"', '"messages": [{"role": "user", "content": "
 ROUTES_AND_BASES = (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT))
 # Every field of the two POST routes that takes a number: a JSON object's members, @ the value.
 NUMBER_FIELDS = [
-    (route, f'{base}, "{name}": @') for route, base in ROUTES_AND_BASES
-    for name in ("temperature", "top_p", "min_p", "top_k", "max_tokens", "n", "seed", "presence_penalty",
-                 "frequency_penalty", "repetition_penalty")
+    (route, f'{base}, "{name}": @')
+    for route, base in ROUTES_AND_BASES
+    for name in (
+        "temperature",
+        "top_p",
+        "min_p",
+        "top_k",
+        "max_tokens",
+        "n",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    )
 ] + [
-    ("/v1/completions", f'{COMPLETION}, "logprobs": @'), ("/v1/completions", f'{COMPLETION}, "best_of": @'),
+    ("/v1/completions", f'{COMPLETION}, "logprobs": @'),
+    ("/v1/completions", f'{COMPLETION}, "best_of": @'),
     ("/v1/chat/completions", f'{CHAT}, "max_completion_tokens": @'),
     ("/v1/chat/completions", f'{CHAT}, "logprobs": true, "top_logprobs": @'),
     ("/v1/completions", f'{COMPLETION}, "stop_token_ids": [@]'),
 ]
 # ... and every field that takes a string (or strings).
 STRING_FIELDS = [
-    ("/v1/completions", '"prompt": @'), ("/v1/completions", '"prompt": ["Hi", @]'),
+    ("/v1/completions", '"prompt": @'),
+    ("/v1/completions", '"prompt": ["Hi", @]'),
     ("/v1/chat/completions", '"messages": [{"role": "user", "content": @}]'),
     ("/v1/chat/completions", '"messages": [{"role": @, "content": "Hi"}]'),
     ("/v1/chat/completions", '"messages": [{"role": "user", "content": [{"type": "text", "text": @}]}]'),
     ("/v1/chat/completions", '"messages": [{"role": "user", "content": "Hi", "name": @}]'),
-    *((route, f'{base}, "{name}": @') for route, base in ROUTES_AND_BASES
-      for name in ("model", "stop", "user", "guided_regex", "guided_grammar", "guided_json")),
+    *(
+        (route, f'{base}, "{name}": @')
+        for route, base in ROUTES_AND_BASES
+        for name in ("model", "stop", "user", "guided_regex", "guided_grammar", "guided_json")
+    ),
     ("/v1/completions", f'{COMPLETION}, "stop": ["x", @]'),
     ("/v1/completions", f'{COMPLETION}, "guided_choice": ["a", @]'),
     ("/v1/chat/completions", f'{CHAT}, "response_format": {{"type": @}}'),
-    ("/v1/chat/completions", f'{CHAT}, "response_format": {{"type": "json_schema", '
-                             f'"json_schema": {{"name": @, "schema": {{"type": "object"}}}}}}'),
+    (
+        "/v1/chat/completions",
+        f'{CHAT}, "response_format": {{"type": "json_schema", '
+        f'"json_schema": {{"name": @, "schema": {{"type": "object"}}}}}}',
+    ),
 ]
 
 
 def post(running: RunningServer, route: str, members: str, value: str) -> int:
     body = "{" + members.replace("@", value) + "}"
-    return http_status(running.config.http_port, "POST", route, body.encode(),
-                       {"Content-Type": "application/json"})
+    return http_status(
+        running.config.http_port, "POST", route, body.encode(), {"Content-Type": "application/json"}
+    )
 
 
 @pytest.mark.parametrize(("route", "members"), NUMBER_FIELDS)
 def test_every_number_field_fed_a_310_digit_number_is_a_400_and_the_server_serves(
-        running: RunningServer, route: str, members: str) -> None:
+    running: RunningServer, route: str, members: str
+) -> None:
     for value in (HUGE, "-" + HUGE):
         assert post(running, route, members, value) == 400, (members, value[:5])
     got_over_it(running)
@@ -189,6 +235,7 @@ def test_every_number_field_fed_a_310_digit_number_is_a_400_and_the_server_serve
 
 @pytest.mark.parametrize(("route", "members"), STRING_FIELDS)
 def test_every_string_field_fed_a_lone_surrogate_is_a_400_and_the_server_serves(
-        running: RunningServer, route: str, members: str) -> None:
+    running: RunningServer, route: str, members: str
+) -> None:
     assert post(running, route, members, SURROGATE) == 400, members
     got_over_it(running)

@@ -10,7 +10,8 @@ from tests.support.waiting import wait_for
 
 
 def test_a_slow_reader_keeps_decoding_in_step_with_others_and_gets_every_token_in_order(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     with RunningServer(server_config(served_model, max_new_tokens=1000)) as running:
         # Both calls reach the held worker before either runs, so they start decoding together
         # however slowly this machine sends the second (the slow one would otherwise finish alone).

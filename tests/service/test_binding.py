@@ -56,8 +56,9 @@ def test_grpc_on_the_default_host_answers_on_ipv4_and_ipv6(running: RunningServe
 
 
 @pytest.mark.parametrize("address", LOOPBACKS)
-def test_the_http_api_on_the_default_host_answers_on_ipv4_and_ipv6(running: RunningServer,
-                                                                   address: str) -> None:
+def test_the_http_api_on_the_default_host_answers_on_ipv4_and_ipv6(
+    running: RunningServer, address: str
+) -> None:
     connection = http.client.HTTPConnection(address, running.config.http_port, timeout=10)
     connection.request("GET", "/health")
     assert connection.getresponse().status == 200

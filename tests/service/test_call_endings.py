@@ -22,31 +22,40 @@ def lines(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
 
 @both_ways
 def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_once_each(
-        served_model: Path, frontends: int) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=1, max_new_tokens=1000,
-                                          session_memory_mb=0, frontends=frontends))
+    served_model: Path, frontends: int
+) -> None:
+    running = RunningServer(
+        server_config(
+            served_model, max_sessions=1, max_new_tokens=1000, session_memory_mb=0, frontends=frontends
+        )
+    )
     try:
         with capture_logs() as logs:
             first = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6])))
             held = list(running.stub.Prefill(iter([first])))[-1].done.session_id
             # A session holds the only slot: the next call waits for it until its deadline.
             with pytest.raises(grpc.RpcError) as caught:
-                running.stub.Generate(greedy_request([5, 6], 2), timeout=0.3,
-                                      metadata=(("x-request-id", "unary-1"),))
+                running.stub.Generate(
+                    greedy_request([5, 6], 2), timeout=0.3, metadata=(("x-request-id", "unary-1"),)
+                )
             assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             running.stub.CloseSession(pb.CloseSessionRequest(session_id=held))
-            stream = running.stub.GenerateStream(greedy_request(prompt_ids(20), 900),
-                                                 metadata=(("x-request-id", "stream-1"),))
+            stream = running.stub.GenerateStream(
+                greedy_request(prompt_ids(20), 900), metadata=(("x-request-id", "stream-1"),)
+            )
             next(stream)
             stream.cancel()
             wait_for(lambda: running.calls("GenerateStream", "CANCELLED") == 1)
             wait_for(lambda: running.calls("Generate", "DEADLINE_EXCEEDED") == 1)
             # The call is counted a moment before its log line is written: wait for both lines.
             wait_for(lambda: len(lines(logs, "rpc_cancelled")) >= 2)
-        ended = sorted((e["method"], e["request_id"], e["code"], e["log_level"])
-                       for e in lines(logs, "rpc_cancelled"))
-        assert ended == [("Generate", "unary-1", "DEADLINE_EXCEEDED", "info"),
-                         ("GenerateStream", "stream-1", "CANCELLED", "info")]
+        ended = sorted(
+            (e["method"], e["request_id"], e["code"], e["log_level"]) for e in lines(logs, "rpc_cancelled")
+        )
+        assert ended == [
+            ("Generate", "unary-1", "DEADLINE_EXCEEDED", "info"),
+            ("GenerateStream", "stream-1", "CANCELLED", "info"),
+        ]
         wait_for(lambda: running.stats().sessions_open == 0)
     finally:
         running.close()
@@ -54,7 +63,8 @@ def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_
 
 @both_ways
 def test_a_prefill_whose_client_leaves_before_its_first_message_is_cancelled_not_invalid(
-        served_model: Path, frontends: int) -> None:
+    served_model: Path, frontends: int
+) -> None:
     running = RunningServer(server_config(served_model, frontends=frontends))
     try:
         release = threading.Event()
@@ -82,7 +92,8 @@ class Clock:
 
 
 def test_identical_failures_are_logged_at_most_five_a_second_and_the_next_line_counts_the_rest(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     clock = Clock()
     server.server.access_log.failures.clock = clock
     bad = greedy_request([], 2)  # an empty prompt: INVALID_ARGUMENT
@@ -96,6 +107,8 @@ def test_identical_failures_are_logged_at_most_five_a_second_and_the_next_line_c
         with pytest.raises(grpc.RpcError):
             server.stub.Generate(bad)
     failed = [(e["method"], e["code"], e.get("suppressed", 0)) for e in lines(logs, "rpc_failed")]
-    assert failed == [("Generate", "INVALID_ARGUMENT", 0)] * 5 + [("Rewind", "NOT_FOUND", 0),
-                                                                   ("Generate", "INVALID_ARGUMENT", 7)]
+    assert failed == [("Generate", "INVALID_ARGUMENT", 0)] * 5 + [
+        ("Rewind", "NOT_FOUND", 0),
+        ("Generate", "INVALID_ARGUMENT", 7),
+    ]
     assert server.calls("Generate", "INVALID_ARGUMENT") == 13  # the metric counts every one

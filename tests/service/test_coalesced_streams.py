@@ -84,9 +84,15 @@ def test_a_coalesced_decode_continues_a_session_as_a_plain_one_does(server: Runn
     tokens = prompt_ids(50, seed=64)
     whole = list(server.stub.Generate(greedy_request(tokens, NEW)).token_ids)
     done = prefill(server, part(tokens, last=True))[-1].done
-    events = list(server.stub.Decode(pb.DecodeRequest(
-        session_id=done.session_id, coalesce_tokens=True,
-        stopping=pb.StoppingOptions(max_new_tokens=NEW, ignore_eos=True))))
+    events = list(
+        server.stub.Decode(
+            pb.DecodeRequest(
+                session_id=done.session_id,
+                coalesce_tokens=True,
+                stopping=pb.StoppingOptions(max_new_tokens=NEW, ignore_eos=True),
+            )
+        )
+    )
     assert [t.id for e in events for t in tokens_of(e)] == whole
     assert {e.WhichOneof("event") for e in events[:-1]} == {"tokens"}
     assert events[-1].done.session_length == len(tokens) + NEW
@@ -99,7 +105,7 @@ def test_generate_ignores_the_option(server: RunningServer) -> None:
 
 
 def test_a_refused_coalesced_call_fails_as_a_plain_one(server: RunningServer) -> None:
-    request = coalesced(greedy_request(prompt_ids(30, seed=66), 10 ** 6))
+    request = coalesced(greedy_request(prompt_ids(30, seed=66), 10**6))
     with pytest.raises(grpc.RpcError) as caught:
         list(server.stub.GenerateStream(request))
     assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE

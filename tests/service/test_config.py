@@ -60,8 +60,15 @@ def test_every_field_reads_back_its_own_default_from_text_by_its_type() -> None:
     defaults, kinds = Config(), typing.get_type_hints(Config)
     for field in fields(Config):
         default = getattr(defaults, field.name)
-        text = ("auto" if default is None else ",".join(default) if isinstance(default, tuple)
-                else str(default).lower() if isinstance(default, bool) else str(default))
+        text = (
+            "auto"
+            if default is None
+            else ",".join(default)
+            if isinstance(default, tuple)
+            else str(default).lower()
+            if isinstance(default, bool)
+            else str(default)
+        )
         parsed = parse_setting(field.name, text, kinds[field.name], field.name)
         assert parsed == default and type(parsed) is type(default), field.name
 
@@ -93,16 +100,28 @@ def test_the_seeds_switch_turns_padding_off_unless_a_flag_says_otherwise() -> No
 def test_auth_tokens_and_tls_files_come_from_the_environment(tmp_path: Path) -> None:
     for name in ("c.pem", "k.pem"):
         (tmp_path / name).write_text("-----")
-    config = load_config({"LADDER_AUTH_TOKENS": "alice=a, b", "LADDER_TLS_CERT": str(tmp_path / "c.pem"),
-                          "LADDER_TLS_KEY": str(tmp_path / "k.pem")})
+    config = load_config(
+        {
+            "LADDER_AUTH_TOKENS": "alice=a, b",
+            "LADDER_TLS_CERT": str(tmp_path / "c.pem"),
+            "LADDER_TLS_KEY": str(tmp_path / "k.pem"),
+        }
+    )
     assert config.auth_tokens == ("alice=a", "b") and config.tls
 
 
-@pytest.mark.parametrize("env", [
-    {"LADDER_PROVIDER": "tpu"}, {"LADDER_TLS_CERT": "c.pem"}, {"LADDER_TLS_CLIENT_CA": "ca.pem"},
-    {"LADDER_POD_NAME": "a.b"}, {"LADDER_MAX_SESSIONS": "0"}, {"LADDER_MODEL_PRECISION": "int3"},
-    {"LADDER_MAX_NEW_TOKENS": "100", "LADDER_DEFAULT_MAX_NEW_TOKENS": "200"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"LADDER_PROVIDER": "tpu"},
+        {"LADDER_TLS_CERT": "c.pem"},
+        {"LADDER_TLS_CLIENT_CA": "ca.pem"},
+        {"LADDER_POD_NAME": "a.b"},
+        {"LADDER_MAX_SESSIONS": "0"},
+        {"LADDER_MODEL_PRECISION": "int3"},
+        {"LADDER_MAX_NEW_TOKENS": "100", "LADDER_DEFAULT_MAX_NEW_TOKENS": "200"},
+    ],
+)
 def test_settings_that_cannot_work_are_refused_at_start(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
         load_config(env, exit_on_error=False)
@@ -136,20 +155,24 @@ def test_the_default_model_is_int4_on_cpu_fp16_on_cuda_and_fp32_can_be_chosen() 
         load_config({"LADDER_MODEL_PRECISION": "int8"}, exit_on_error=False)
 
 
-@pytest.mark.parametrize(("argv", "env", "named", "allowed"), [
-    (["--max-sessions", "abc"], {}, "--max-sessions='abc'", "a whole number >= 1"),
-    ([], {"LADDER_MAX_SESSIONS": "abc"}, "LADDER_MAX_SESSIONS='abc'", "a whole number >= 1"),
-    (["--log-level", "loud"], {}, "--log-level='loud'", "one of debug, info, warning, error"),
-    (["--padding", "maybe"], {}, "--padding='maybe'", "1, true, on, yes, 0, false, off, no"),
-    ([], {"LADDER_WARM_UP": "yes please"}, "LADDER_WARM_UP='yes please'", "0, false, off, no"),
-    ([], {PADDING_SWITCH: "maybe"}, f"{PADDING_SWITCH}='maybe'", "0, false, off, no"),
-    (["--port", "70000"], {}, "--port=70000", "a whole number from 0 to 65535"),
-    (["--drain-seconds", "soon"], {}, "--drain-seconds='soon'", "a number >= 0"),
-    (["--chunk-size", "-1"], {}, "--chunk-size=-1", "a whole number or auto >= 0"),
-    (["--provider", "tpu"], {}, "--provider='tpu'", "one of cpu, cuda"),
-])
+@pytest.mark.parametrize(
+    ("argv", "env", "named", "allowed"),
+    [
+        (["--max-sessions", "abc"], {}, "--max-sessions='abc'", "a whole number >= 1"),
+        ([], {"LADDER_MAX_SESSIONS": "abc"}, "LADDER_MAX_SESSIONS='abc'", "a whole number >= 1"),
+        (["--log-level", "loud"], {}, "--log-level='loud'", "one of debug, info, warning, error"),
+        (["--padding", "maybe"], {}, "--padding='maybe'", "1, true, on, yes, 0, false, off, no"),
+        ([], {"LADDER_WARM_UP": "yes please"}, "LADDER_WARM_UP='yes please'", "0, false, off, no"),
+        ([], {PADDING_SWITCH: "maybe"}, f"{PADDING_SWITCH}='maybe'", "0, false, off, no"),
+        (["--port", "70000"], {}, "--port=70000", "a whole number from 0 to 65535"),
+        (["--drain-seconds", "soon"], {}, "--drain-seconds='soon'", "a number >= 0"),
+        (["--chunk-size", "-1"], {}, "--chunk-size=-1", "a whole number or auto >= 0"),
+        (["--provider", "tpu"], {}, "--provider='tpu'", "one of cpu, cuda"),
+    ],
+)
 def test_a_bad_flag_or_variable_is_one_line_naming_it_its_value_and_what_is_allowed(
-        argv: list[str], env: dict[str, str], named: str, allowed: str) -> None:
+    argv: list[str], env: dict[str, str], named: str, allowed: str
+) -> None:
     with pytest.raises(ConfigError) as refused:
         load_config(env, argv, exit_on_error=False)
     message = str(refused.value)
@@ -176,8 +199,14 @@ def test_choices_are_read_in_any_case_and_kept_in_lower_case() -> None:
 
 
 def test_each_field_is_parsed_by_its_type_not_by_its_annotation_text() -> None:
-    config = load_config({"LADDER_CAPACITY": "auto", "LADDER_SESSION_IDLE_SECONDS": "1.5",
-                          "LADDER_AUTH_TOKENS": "a=x,,b=y", "LADDER_DEFAULT_MAX_NEW_TOKENS": "16"})
+    config = load_config(
+        {
+            "LADDER_CAPACITY": "auto",
+            "LADDER_SESSION_IDLE_SECONDS": "1.5",
+            "LADDER_AUTH_TOKENS": "a=x,,b=y",
+            "LADDER_DEFAULT_MAX_NEW_TOKENS": "16",
+        }
+    )
     assert config.capacity is None and config.session_idle_seconds == 1.5
     assert config.auth_tokens == ("a=x", "b=y") and config.default_max_new_tokens == 16
 
@@ -189,25 +218,37 @@ def test_serve_help_shows_each_default_and_its_variable() -> None:
     assert "one of debug, info, warning, error (default: info)" in text
 
 
-def serve(args: list[str], env: dict[str, str] | None = None,
-          module: tuple[str, ...] = ("service",)) -> subprocess.CompletedProcess[str]:
+def serve(
+    args: list[str], env: dict[str, str] | None = None, module: tuple[str, ...] = ("service",)
+) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", *module, *args]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
-                          env={"PATH": "/usr/bin:/bin", **(env or {})})
+    return subprocess.run(
+        command,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+    )
 
 
 @pytest.mark.parametrize("module", [("service",), ("clients.python.cli", "serve")])
-@pytest.mark.parametrize(("args", "env", "named"), [
-    (["--max-sessions", "abc"], {}, "--max-sessions='abc'"),
-    (["--log-level", "loud"], {}, "--log-level='loud'"),
-    (["--padding", "maybe"], {}, "--padding='maybe'"),
-    ([], {"LADDER_MAX_SESSIONS": "abc"}, "LADDER_MAX_SESSIONS='abc'"),
-    (["--no-such-flag"], {}, "--no-such-flag"),
-    (["--model", "/no/such/model"], {}, "--model='/no/such/model'"),
-    ([], {"LADDER_TLS_CERT": "/no/c.pem", "LADDER_TLS_KEY": "/no/k.pem"}, "LADDER_TLS_CERT='/no/c.pem'"),
-])
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--max-sessions", "abc"], {}, "--max-sessions='abc'"),
+        (["--log-level", "loud"], {}, "--log-level='loud'"),
+        (["--padding", "maybe"], {}, "--padding='maybe'"),
+        ([], {"LADDER_MAX_SESSIONS": "abc"}, "LADDER_MAX_SESSIONS='abc'"),
+        (["--no-such-flag"], {}, "--no-such-flag"),
+        (["--model", "/no/such/model"], {}, "--model='/no/such/model'"),
+        ([], {"LADDER_TLS_CERT": "/no/c.pem", "LADDER_TLS_KEY": "/no/k.pem"}, "LADDER_TLS_CERT='/no/c.pem'"),
+    ],
+)
 def test_serve_refuses_a_bad_setting_with_one_line_and_exit_code_2(
-        module: tuple[str, ...], args: list[str], env: dict[str, str], named: str) -> None:
+    module: tuple[str, ...], args: list[str], env: dict[str, str], named: str
+) -> None:
     done = serve(args, env, module)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and named in done.stderr, done.stderr
@@ -233,21 +274,32 @@ def test_a_model_config_without_its_keys_names_the_file_and_the_key(tmp_path: Pa
 
 def test_a_graph_that_is_no_decoder_is_a_bad_setting_one_line_and_exit_code_2(tmp_path: Path) -> None:
     port = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
-    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g", [port],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [port],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
     onnx.save(onnx.helper.make_model(graph), str(tmp_path / "model.onnx"))
     (tmp_path / "genai_config.json").write_text('{"model": {"decoder": {"filename": "model.onnx"}}}')
     done = serve(["--model", str(tmp_path), "--port", "0", "--metrics-port", "0", "--http-port", "0"])
     lines = done.stderr.splitlines()
     assert done.returncode == 2 and not any(line.startswith("Traceback") for line in lines)
-    assert lines[-1] == (f"ladder serve: cannot serve model '{tmp_path}': "
-                         f"{tmp_path}: needs input_ids or inputs_embeds, attention_mask, logits")
+    assert lines[-1] == (
+        f"ladder serve: cannot serve model '{tmp_path}': "
+        f"{tmp_path}: needs input_ids or inputs_embeds, attention_mask, logits"
+    )
     assert not any("model_load_failed" in line for line in lines), "a bad setting is no unexpected failure"
 
 
-@pytest.mark.parametrize(("flag", "named"), [("--port", "gRPC port (--port/LADDER_PORT)"),
-                                             ("--metrics-port", "metrics port (--metrics-port"),
-                                             ("--http-port", "HTTP port (--http-port/LADDER_HTTP_PORT")])
+@pytest.mark.parametrize(
+    ("flag", "named"),
+    [
+        ("--port", "gRPC port (--port/LADDER_PORT)"),
+        ("--metrics-port", "metrics port (--metrics-port"),
+        ("--http-port", "HTTP port (--http-port/LADDER_HTTP_PORT"),
+    ],
+)
 def test_serve_names_a_port_another_process_holds_in_one_line(flag: str, named: str, tmp_path: Path) -> None:
     (tmp_path / "genai_config.json").write_text("{}")  # a model directory; ports are bound before it loads
     with socket.socket() as holder:

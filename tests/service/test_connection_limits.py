@@ -22,8 +22,12 @@ from tests.support.waiting import wait_for
 
 
 def test_every_connection_limit_of_the_config_reaches_the_grpc_options() -> None:
-    config = Config(grpc_max_connections=77, grpc_max_concurrent_streams=9,
-                    grpc_handshake_timeout_seconds=2.5, grpc_idle_timeout_seconds=30)
+    config = Config(
+        grpc_max_connections=77,
+        grpc_max_concurrent_streams=9,
+        grpc_handshake_timeout_seconds=2.5,
+        grpc_idle_timeout_seconds=30,
+    )
     options = dict(server_options(1000, ConnectionLimits.of(config)))
     assert options["grpc.max_allowed_incoming_connections"] == 77
     assert options["grpc.max_concurrent_streams"] == 9
@@ -38,25 +42,39 @@ def test_the_automatic_connection_cap_is_half_the_open_file_limit() -> None:
 
 
 def test_a_process_that_serves_raises_its_open_file_limit_to_the_hard_one() -> None:
-    script = ("import resource; from service.limits import raise_file_limit; "
-              "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
-              "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard)); "
-              "print(raise_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).parents[2])
+    script = (
+        "import resource; from service.limits import raise_file_limit; "
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard)); "
+        "print(raise_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[2],
+    )
     returned, soft, hard = (int(word) for word in done.stdout.split()[-3:])
     assert returned == soft == min(hard, 1 << 20) and "file_limit" in done.stdout + done.stderr
 
 
-@pytest.mark.parametrize(("peer", "address"), [
-    ("ipv4:10.0.0.7:51234", "ipv4:10.0.0.7"), ("ipv6:[::1]:5", "ipv6:[::1]"), ("unix:/tmp/s", "unix:/tmp/s"),
-    ("", "")])
+@pytest.mark.parametrize(
+    ("peer", "address"),
+    [
+        ("ipv4:10.0.0.7:51234", "ipv4:10.0.0.7"),
+        ("ipv6:[::1]:5", "ipv6:[::1]"),
+        ("unix:/tmp/s", "unix:/tmp/s"),
+        ("", ""),
+    ],
+)
 def test_a_peer_is_counted_by_its_address_without_the_port(peer: str, address: str) -> None:
     assert peer_address(peer) == address
 
 
 def test_connections_past_the_cap_are_closed_and_the_server_answers_once_they_leave(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     cap = 8
     with RunningServer(server_config(served_model, grpc_max_connections=cap)) as running:
         with stalled(running.port, cap + 5, H2_PREFACE) as sockets:
@@ -65,7 +83,8 @@ def test_connections_past_the_cap_are_closed_and_the_server_answers_once_they_le
 
 
 def test_a_connection_that_never_finishes_its_handshake_is_closed_after_the_timeout(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     with RunningServer(server_config(served_model, grpc_handshake_timeout_seconds=0.5)) as running:
         with stalled(running.port, 20, H2_PREFACE[:10]) as sockets:
             assert count_closed(sockets, at_least=20, within_s=10) == 20
@@ -74,7 +93,8 @@ def test_a_connection_that_never_finishes_its_handshake_is_closed_after_the_time
 
 @both_ways
 def test_one_address_past_max_calls_per_peer_is_refused_while_health_and_other_calls_go_on(
-        served_model: Path, frontends: int) -> None:
+    served_model: Path, frontends: int
+) -> None:
     with RunningServer(server_config(served_model, max_calls_per_peer=1, frontends=frontends)) as running:
         with running.frozen() as scheduler:
             depth = scheduler.depth

@@ -33,8 +33,11 @@ def server(served_model: Path) -> Iterator[RunningServer]:
 
 
 def constrained(schema: str, new: int = 2) -> pb.GenerateRequest:
-    return pb.GenerateRequest(prompt=pb.Prompt(text="Hi"), constraint=pb.Constraint(json_schema=schema),
-                              stopping=pb.StoppingOptions(max_new_tokens=new))
+    return pb.GenerateRequest(
+        prompt=pb.Prompt(text="Hi"),
+        constraint=pb.Constraint(json_schema=schema),
+        stopping=pb.StoppingOptions(max_new_tokens=new),
+    )
 
 
 def compiles_running(server: RunningServer) -> int:
@@ -42,7 +45,8 @@ def compiles_running(server: RunningServer) -> int:
 
 
 def test_a_schema_over_the_compile_budget_is_invalid_argument_within_about_the_budget(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     started = time.perf_counter()
     details = details_of(lambda: server.stub.Generate(constrained(fanned_schema(title="over")), timeout=60))
     assert details.code == grpc.StatusCode.INVALID_ARGUMENT and details.reason == "CONSTRAINT_TOO_LARGE"
@@ -75,7 +79,8 @@ def test_a_burst_of_hostile_schemas_leaves_tokenization_answering(server: Runnin
 
 
 def test_one_schema_asked_twice_compiles_for_the_caller_who_stays_when_the_other_leaves(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     schema = fanned_schema(6, title="shared")  # ~1 s of CPU time: within the budget
     wait_for(lambda: compiles_running(server) == 0, what="no compile running")
     misses = server.server.serving.constraints.stats().misses

@@ -26,8 +26,9 @@ def server(default_model: Callable[..., Path]) -> Iterator[RunningServer]:
         yield running
 
 
-def decode(server: RunningServer, session_id: str, n: int,
-           sampling: pb.SamplingOptions = PENALTIES) -> list[int]:
+def decode(
+    server: RunningServer, session_id: str, n: int, sampling: pb.SamplingOptions = PENALTIES
+) -> list[int]:
     stopping = pb.StoppingOptions(max_new_tokens=n, ignore_eos=True)
     request = pb.DecodeRequest(session_id=session_id, sampling=sampling, stopping=stopping)
     return [e.token.id for e in server.stub.Decode(request) if e.HasField("token")]

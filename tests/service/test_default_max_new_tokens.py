@@ -17,10 +17,16 @@ def test_a_request_without_max_new_tokens_gets_the_configured_default(served_mod
         info = running.stub.GetModelInfo(pb.GetModelInfoRequest())
         reply = running.stub.Generate(greedy_request(prompt_ids(20, seed=3), 0))
         chunks = list(running.stub.GenerateStream(greedy_request(prompt_ids(20, seed=3), 0)))
-        opened = list(running.stub.Prefill(iter([pb.PrefillRequest(
-            prompt=pb.Prompt(tokens=pb.TokenIds(ids=prompt_ids(20, seed=3))))])))[-1].done
-        decoded = list(running.stub.Decode(pb.DecodeRequest(
-            session_id=opened.session_id, stopping=pb.StoppingOptions(ignore_eos=True))))
+        opened = list(
+            running.stub.Prefill(
+                iter([pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=prompt_ids(20, seed=3))))])
+            )
+        )[-1].done
+        decoded = list(
+            running.stub.Decode(
+                pb.DecodeRequest(session_id=opened.session_id, stopping=pb.StoppingOptions(ignore_eos=True))
+            )
+        )
         asked = running.stub.Generate(greedy_request(prompt_ids(20, seed=3), 9))
     finally:
         running.close()
@@ -32,8 +38,9 @@ def test_a_request_without_max_new_tokens_gets_the_configured_default(served_mod
 
 
 def test_the_default_never_exceeds_the_limit_nor_the_room_left(served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_new_tokens=7, default_max_new_tokens=256,
-                                          capacity=64))
+    running = RunningServer(
+        server_config(served_model, max_new_tokens=7, default_max_new_tokens=256, capacity=64)
+    )
     try:
         info = running.stub.GetModelInfo(pb.GetModelInfoRequest())
         short = running.stub.Generate(greedy_request(prompt_ids(10, seed=4), 0))

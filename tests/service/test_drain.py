@@ -32,8 +32,9 @@ def health_of(channel: grpc.Channel) -> int:
 
 
 @both_ways
-def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(served_model: Path,
-                                                                                frontends: int) -> None:
+def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(
+    served_model: Path, frontends: int
+) -> None:
     running = RunningServer(server_config(served_model, frontends=frontends))
     parts: queue.Queue[pb.PrefillRequest | None] = queue.Queue()
     parts.put(pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7]))))
@@ -56,10 +57,14 @@ def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(s
 
 
 @both_ways
-def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(served_model: Path,
-                                                                                 frontends: int) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=1, max_new_tokens=1000,
-                                          session_memory_mb=0, frontends=frontends))
+def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(
+    served_model: Path, frontends: int
+) -> None:
+    running = RunningServer(
+        server_config(
+            served_model, max_sessions=1, max_new_tokens=1000, session_memory_mb=0, frontends=frontends
+        )
+    )
     # The one KV slot is held by a session, so the stream waits for it: in flight, and it cannot
     # finish within the grace period however fast the model is.
     opening = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5])))
@@ -77,16 +82,23 @@ def test_a_stream_still_running_at_the_end_of_the_grace_period_ends_unavailable(
     running.close()
 
 
-
 @both_ways
 def test_sigterm_drains_the_server_process_and_it_exits_cleanly(served_model: Path, frontends: int) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
-    env.update(LADDER_HOST="127.0.0.1", LADDER_PORT=str(port), LADDER_METRICS_PORT="0", LADDER_HTTP_PORT="0",
-               LADDER_MODEL=str(served_model), LADDER_POD_NAME="pod-s", LADDER_DRAIN_SECONDS="2",
-               LADDER_FRONTENDS=str(frontends))
-    process = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env.update(
+        LADDER_HOST="127.0.0.1",
+        LADDER_PORT=str(port),
+        LADDER_METRICS_PORT="0",
+        LADDER_HTTP_PORT="0",
+        LADDER_MODEL=str(served_model),
+        LADDER_POD_NAME="pod-s",
+        LADDER_DRAIN_SECONDS="2",
+        LADDER_FRONTENDS=str(frontends),
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             deadline = time.monotonic() + 30

@@ -51,7 +51,8 @@ BAD_REQUESTS = {
 
 @pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
 def test_a_bad_generate_request_gets_its_status_and_the_server_keeps_serving(
-        server: RunningServer, case: str) -> None:
+    server: RunningServer, case: str
+) -> None:
     request, code = BAD_REQUESTS[case]
     assert generate_status(server, request) == code
     assert len(server.stub.Generate(greedy_request([5, 6, 7], 3)).token_ids) == 3
@@ -87,17 +88,21 @@ def test_text_needs_a_tokenizer_and_says_so(tmp_path: Path) -> None:
     (path / "tokenizer.json").unlink()
     running = RunningServer(server_config(path))
     try:
-        assert generate_status(running, pb.GenerateRequest(prompt=pb.Prompt(text="hi"))) == \
-            Code.FAILED_PRECONDITION
+        assert (
+            generate_status(running, pb.GenerateRequest(prompt=pb.Prompt(text="hi")))
+            == Code.FAILED_PRECONDITION
+        )
         assert len(running.stub.Generate(greedy_request([5, 6], 2)).token_ids) == 2
     finally:
         running.close()
 
 
 def test_a_request_waits_for_a_free_slot_and_only_a_full_queue_is_resource_exhausted(
-        served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=1, max_queue=1,
-                                          session_memory_mb=0))  # a session holds its slot
+    served_model: Path,
+) -> None:
+    running = RunningServer(
+        server_config(served_model, max_sessions=1, max_queue=1, session_memory_mb=0)
+    )  # a session holds its slot
     try:
         first = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5])))
         opened = list(running.stub.Prefill(iter([first])))[-1].done.session_id
@@ -118,7 +123,6 @@ def test_a_request_waits_for_a_free_slot_and_only_a_full_queue_is_resource_exhau
         running.close()
 
 
-
 def test_the_memory_budget_sizes_the_slot_pool_and_stats_show_the_budget(tmp_path: Path) -> None:
     # KV large enough (8 layers x 4 KV heads x 32 x 1024 positions: 8 MiB a session) to budget in MiB.
     served_model = model_with_tokenizer(tmp_path, num_layers=8, num_heads=4, num_kv_heads=4, head_size=32)
@@ -131,8 +135,9 @@ def test_the_memory_budget_sizes_the_slot_pool_and_stats_show_the_budget(tmp_pat
     assert unbudgeted.slots_allocated == 4 and unbudgeted.memory.kv_bytes == 4 * slot
     # Budget: the weights, the variant reserve and one and a half sessions' KV: one slot fits.
     budget_mb = (unbudgeted.memory.weights_bytes + (3 * slot) // 2 + (1 << 20)) >> 20
-    running = RunningServer(server_config(served_model, max_sessions=4, memory_budget_mb=budget_mb,
-                                          session_memory_mb=0))
+    running = RunningServer(
+        server_config(served_model, max_sessions=4, memory_budget_mb=budget_mb, session_memory_mb=0)
+    )
     try:
         prefill = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7])))
         opened = list(running.stub.Prefill(iter([prefill])))[-1].done

@@ -20,10 +20,16 @@ from tests.support.servers import RunningServer, server_config
 from tests.support.sessions import decode, part, prefill
 
 PROMPTS = (
-    "The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
-    "The three primary colors are", "Water boils at a temperature of", "My favourite book is",
-    "In 1969, the first man to walk on the moon was", "The quick brown fox",
-    "import numpy as np\n", "The best way to learn a language is",
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "My favourite book is",
+    "In 1969, the first man to walk on the moon was",
+    "The quick brown fox",
+    "import numpy as np\n",
+    "The best way to learn a language is",
 )
 NEW = 8
 
@@ -84,7 +90,8 @@ def test_a_long_prompt_sent_twice_gives_the_same_tokens(server: RunningServer) -
 
 
 def test_requests_racing_over_prefixes_of_decoded_and_rewound_sessions_match_a_server_without_sharing(
-        model_dir: Path, server: RunningServer) -> None:
+    model_dir: Path, server: RunningServer
+) -> None:
     system = tokenize(server, "".join(f"Rule {i}: answer briefly and exactly.\n" for i in range(40)))
     turns = [tokenize(server, f" Question {i}: what is {i} plus {i}?") for i in range(16)]
     holders = []

@@ -51,9 +51,9 @@ def refused(call: Callable[[], object]) -> grpc.StatusCode:
     return caught.value.code()  # type: ignore[no-any-return]
 
 
-
 def test_by_default_a_caller_holds_every_slot_but_one_and_another_caller_still_gets_one(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     running = RunningServer(slotted(served_model, max_sessions=3, auth_tokens=TOKENS))
     try:
         held = [open_session(running, "alice") for _ in range(2)]
@@ -89,7 +89,8 @@ def test_sessions_a_caller_waits_for_count_toward_its_share(served_model: Path) 
 
 
 def test_a_caller_without_a_token_is_one_caller_and_generate_still_runs_beside_its_share(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     running = RunningServer(slotted(served_model, max_sessions=2))
     try:
         session_id = open_session(running, "anyone")

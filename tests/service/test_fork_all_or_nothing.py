@@ -88,8 +88,12 @@ def kill_mid_forks_on_held_loop(server: RunningServer, sources: list[str]) -> No
 
 
 def spawn_fork_client(server: RunningServer, sources: list[str]) -> subprocess.Popen[str]:
-    client = subprocess.Popen([sys.executable, "-c", KILLED_MANY, server.address, *sources],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MANY, server.address, *sources],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert client.stdout is not None and client.stdout.readline().strip() == "sent"
     return client
 
@@ -102,8 +106,11 @@ def test_twenty_forks_of_clients_killed_mid_call_are_closed_at_once(server: Runn
     for round_ in range(5):
         killing = kill_mid_forks_on_held_worker if round_ % 2 else kill_mid_forks_on_held_loop
         killing(server, sources)
-        wait_for(lambda: server.stats().sessions_open == baseline + len(sources), seconds=5,
-                 what=f"every fork of killed client {round_} closed")
+        wait_for(
+            lambda: server.stats().sessions_open == baseline + len(sources),
+            seconds=5,
+            what=f"every fork of killed client {round_} closed",
+        )
     for source in sources:
         server.stub.CloseSession(pb.CloseSessionRequest(session_id=source))
 
@@ -111,16 +118,23 @@ def test_twenty_forks_of_clients_killed_mid_call_are_closed_at_once(server: Runn
 # -- forks the client names (ForkSessionRequest.fork_id) ------------------------------------------
 
 
-def fork(server: RunningServer, source: str, fork_id: str, length: int | None = None,
-         metadata: tuple[tuple[str, str], ...] = ()) -> pb.ForkSessionResponse:
+def fork(
+    server: RunningServer,
+    source: str,
+    fork_id: str,
+    length: int | None = None,
+    metadata: tuple[tuple[str, str], ...] = (),
+) -> pb.ForkSessionResponse:
     request = pb.ForkSessionRequest(session_id=source, length=length, fork_id=fork_id)
     answer: pb.ForkSessionResponse = server.stub.ForkSession(request, metadata=metadata)
     return answer
 
 
 def close(server: RunningServer, *session_ids: str, metadata: tuple[tuple[str, str], ...] = ()) -> list[int]:
-    return [server.stub.CloseSession(pb.CloseSessionRequest(session_id=s), metadata=metadata).length
-            for s in session_ids]
+    return [
+        server.stub.CloseSession(pb.CloseSessionRequest(session_id=s), metadata=metadata).length
+        for s in session_ids
+    ]
 
 
 def test_a_retried_fork_id_answers_the_same_fork_and_opens_no_second_session(server: RunningServer) -> None:
@@ -172,8 +186,12 @@ sys.stdin.readline()
 
 def kill_after_sending(server: RunningServer, source: str, fork_id: str, answered: bool) -> None:
     wait = "answered" if answered else "sent"
-    client = subprocess.Popen([sys.executable, "-c", KILLED_NAMED, server.address, source, fork_id, wait],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen(
+        [sys.executable, "-c", KILLED_NAMED, server.address, source, fork_id, wait],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert client.stdout is not None and client.stdout.readline().strip() == "sent"
     assert not answered or client.stdout.readline().strip() == "answered"
     client.kill()
@@ -181,7 +199,8 @@ def kill_after_sending(server: RunningServer, source: str, fork_id: str, answere
 
 
 def test_a_client_killed_after_sending_a_named_fork_leaves_a_fork_a_new_client_closes_by_its_id(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     baseline = server.stats().sessions_open
     source = prefill(server, part(prompt_ids(40, seed=11), last=True))[-1].done.session_id
     fork_id = str(uuid.uuid4())  # chosen, and kept, before the call
@@ -206,8 +225,11 @@ def test_an_invalid_fork_id_is_invalid_argument_naming_the_field(server: Running
     source = prefill(server, part([5, 6, 7], last=True))[-1].done.session_id
     baseline = server.stats().sessions_open
     refused = details_of(lambda: fork(server, source, fork_id))
-    assert (refused.code, refused.reason, refused.fields) == (grpc.StatusCode.INVALID_ARGUMENT,
-                                                              "INVALID_FORK_ID", ["fork_id"])
+    assert (refused.code, refused.reason, refused.fields) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FORK_ID",
+        ["fork_id"],
+    )
     assert fork_id not in refused.message
     assert server.stats().sessions_open == baseline
     close(server, source)
@@ -226,9 +248,12 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
 
 def test_another_callers_fork_of_the_same_fork_id_is_its_own(two_callers: RunningServer) -> None:
     alice, bob, fork_id = bearer("token-a"), bearer("token-b"), str(uuid.uuid4())
-    sources = {who: list(two_callers.stub.Prefill(iter([part(prompt_ids(n, seed=n), last=True)]),
-                                                  metadata=who))[-1].done.session_id
-               for who, n in ((alice, 30), (bob, 12))}
+    sources = {
+        who: list(two_callers.stub.Prefill(iter([part(prompt_ids(n, seed=n), last=True)]), metadata=who))[
+            -1
+        ].done.session_id
+        for who, n in ((alice, 30), (bob, 12))
+    }
     forks = {who: fork(two_callers, sources[who], fork_id, metadata=who) for who in (alice, bob)}
     assert forks[alice].session_id == forks[bob].session_id == f"pod-a.f.{fork_id}"
     assert (forks[alice].length, forks[bob].length) == (30, 12)

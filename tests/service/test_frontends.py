@@ -53,8 +53,9 @@ def test_frontends_share_one_port_and_any_continues_a_session_another_opened(ser
             session_id = list(stubs[0].Prefill(iter([part])))[-1].done.session_id
             continued = []
             for stub in stubs:  # one token a call, each through its own connection
-                request = pb.DecodeRequest(session_id=session_id, stopping=pb.StoppingOptions(
-                    max_new_tokens=1, ignore_eos=True))
+                request = pb.DecodeRequest(
+                    session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=1, ignore_eos=True)
+                )
                 continued += [e.token.id for e in stub.Decode(request) if e.HasField("token")]
             whole = running.stub.Generate(greedy_request(tokens, CHANNELS)).token_ids
             assert continued == list(whole)
@@ -112,8 +113,14 @@ def test_health_watch_through_a_frontend_sees_the_drain(served_model: Path) -> N
 def test_frontends_exit_when_the_server_process_is_killed(served_model: Path, tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
-    env.update(LADDER_HOST="127.0.0.1", LADDER_PORT=str(port), LADDER_METRICS_PORT="0", LADDER_HTTP_PORT="0",
-               LADDER_MODEL=str(served_model), LADDER_FRONTENDS="2")
+    env.update(
+        LADDER_HOST="127.0.0.1",
+        LADDER_PORT=str(port),
+        LADDER_METRICS_PORT="0",
+        LADDER_HTTP_PORT="0",
+        LADDER_MODEL=str(served_model),
+        LADDER_FRONTENDS="2",
+    )
     log = tmp_path / "server.log"
     with log.open("wb") as sink:
         process = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stderr=sink)

@@ -44,7 +44,8 @@ def test_generate_reports_the_prefill_plan_on_the_ladder(server: RunningServer) 
 
 
 def test_the_stream_carries_the_same_tokens_as_the_unary_call_and_ends_with_the_completion(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     request = greedy_request(prompt_ids(40, seed=3), 10)
     events = list(server.stub.GenerateStream(request))
     tokens = [e.token for e in events if e.HasField("token")]
@@ -63,21 +64,28 @@ def test_text_and_chat_prompts_are_tokenized_with_the_models_tokenizer(server: R
     assert list(by_text.token_ids) == list(by_ids.token_ids)
     assert by_text.text == server.stub.Detokenize(pb.DetokenizeRequest(ids=by_text.token_ids)).text
     chat = pb.Chat(messages=[pb.ChatMessage(role="user", content="hi")])
-    reply = server.stub.Generate(pb.GenerateRequest(prompt=pb.Prompt(chat=chat),
-                                                    stopping=pb.StoppingOptions(max_new_tokens=3)))
+    reply = server.stub.Generate(
+        pb.GenerateRequest(prompt=pb.Prompt(chat=chat), stopping=pb.StoppingOptions(max_new_tokens=3))
+    )
     assert reply.usage.prompt_tokens > 3
 
 
 def test_a_stop_sequence_ends_generation_and_is_cut_from_the_text(server: RunningServer) -> None:
-    free = server.stub.Generate(pb.GenerateRequest(
-        prompt=pb.Prompt(text="abc"), stopping=pb.StoppingOptions(max_new_tokens=12, ignore_eos=True)))
+    free = server.stub.Generate(
+        pb.GenerateRequest(
+            prompt=pb.Prompt(text="abc"), stopping=pb.StoppingOptions(max_new_tokens=12, ignore_eos=True)
+        )
+    )
     stop = free.text[3:5]
     assert stop, "the free-running text is long enough to pick a stop sequence from"
-    stopped = server.stub.Generate(pb.GenerateRequest(
-        prompt=pb.Prompt(text="abc"),
-        stopping=pb.StoppingOptions(max_new_tokens=12, ignore_eos=True, stop=[stop])))
+    stopped = server.stub.Generate(
+        pb.GenerateRequest(
+            prompt=pb.Prompt(text="abc"),
+            stopping=pb.StoppingOptions(max_new_tokens=12, ignore_eos=True, stop=[stop]),
+        )
+    )
     assert stopped.finish_reason == pb.FINISH_REASON_STOP
-    assert stopped.text == free.text[:free.text.find(stop)]
+    assert stopped.text == free.text[: free.text.find(stop)]
 
 
 def test_seeded_sampling_repeats_itself(server: RunningServer) -> None:
@@ -87,7 +95,8 @@ def test_seeded_sampling_repeats_itself(server: RunningServer) -> None:
 
 
 def test_eight_concurrent_greedy_streams_match_the_same_requests_run_one_by_one(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     requests = [greedy_request(prompt_ids(20 + 37 * i, seed=10 + i), 16) for i in range(8)]
 
     def stream(request: pb.GenerateRequest) -> list[int]:

@@ -30,16 +30,27 @@ def running(served_model: Path) -> Iterator[RunningServer]:
 @pytest.fixture(scope="module")
 def guarded(served_model: Path) -> Iterator[RunningServer]:
     """CORS for one origin; two connections per address, three in all; headers, bodies timed short."""
-    config = server_config(served_model, host=Config().host, http_port=free_port(),
-                           http_cors_origins=(ORIGIN,), http_max_connections=3,
-                           http_max_connections_per_peer=2, http_header_timeout_seconds=0.5,
-                           http_body_timeout_seconds=0.5)
+    config = server_config(
+        served_model,
+        host=Config().host,
+        http_port=free_port(),
+        http_cors_origins=(ORIGIN,),
+        http_max_connections=3,
+        http_max_connections_per_peer=2,
+        http_header_timeout_seconds=0.5,
+        http_body_timeout_seconds=0.5,
+    )
     with RunningServer(config) as server:
         yield server
 
 
-def ask(running: RunningServer, method: str, path: str, body: bytes | None = None,
-        headers: dict[str, str] | None = None) -> tuple[http.client.HTTPResponse, bytes]:
+def ask(
+    running: RunningServer,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[http.client.HTTPResponse, bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", running.config.http_port, timeout=30)
     try:
         connection.request(method, path, body, headers or {})
@@ -65,12 +76,25 @@ def still_serving(running: RunningServer) -> None:
     assert ask(running, "GET", "/v1/models")[0].status == 200
 
 
-@pytest.mark.parametrize("method, path", [
-    ("GET", "/"), ("GET", "/v1/embeddings"), ("POST", "/v1/embeddings"), ("POST", "/v1/responses"),
-    ("GET", "/tokenizer_info"), ("GET", "/v1/models/"), ("POST", "/v1/chat/completions/"),
-    ("GET", "/v1/../etc/passwd"), ("GET", "/v1/%ff%fe"), ("GET", "/%c0%af"), ("GET", "/v1/" + "a" * 4000)])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "/"),
+        ("GET", "/v1/embeddings"),
+        ("POST", "/v1/embeddings"),
+        ("POST", "/v1/responses"),
+        ("GET", "/tokenizer_info"),
+        ("GET", "/v1/models/"),
+        ("POST", "/v1/chat/completions/"),
+        ("GET", "/v1/../etc/passwd"),
+        ("GET", "/v1/%ff%fe"),
+        ("GET", "/%c0%af"),
+        ("GET", "/v1/" + "a" * 4000),
+    ],
+)
 def test_an_unknown_route_is_a_404_openai_error_counted_as_the_clients(
-        running: RunningServer, method: str, path: str) -> None:
+    running: RunningServer, method: str, path: str
+) -> None:
     before = http_calls(running, "unknown_route", "NOT_FOUND")
     response, data = ask(running, method, path, b"{}" if method == "POST" else None)
     error = error_of(data)
@@ -83,12 +107,20 @@ def test_an_unknown_route_is_a_404_openai_error_counted_as_the_clients(
     still_serving(running)
 
 
-@pytest.mark.parametrize("method, path, allowed", [
-    ("GET", "/v1/completions", "POST"), ("GET", "/v1/chat/completions", "POST"),
-    ("DELETE", "/v1/models", "GET"), ("PUT", "/v1/models/anything", "GET"), ("POST", "/health", "GET"),
-    ("OPTIONS", "/v1/chat/completions", "POST")])
+@pytest.mark.parametrize(
+    "method, path, allowed",
+    [
+        ("GET", "/v1/completions", "POST"),
+        ("GET", "/v1/chat/completions", "POST"),
+        ("DELETE", "/v1/models", "GET"),
+        ("PUT", "/v1/models/anything", "GET"),
+        ("POST", "/health", "GET"),
+        ("OPTIONS", "/v1/chat/completions", "POST"),
+    ],
+)
 def test_a_method_a_route_does_not_serve_is_a_405_naming_the_allowed_ones(
-        running: RunningServer, method: str, path: str, allowed: str) -> None:
+    running: RunningServer, method: str, path: str, allowed: str
+) -> None:
     response, data = ask(running, method, path)
     error = error_of(data)
     assert response.status == 405 and error["code"] == "method_not_allowed"
@@ -103,12 +135,22 @@ def test_a_path_longer_than_a_request_line_may_be_is_refused_not_failed(running:
     still_serving(running)
 
 
-@pytest.mark.parametrize("body, says", [
-    (b"[" * 100_000 + b"]" * 100_000, "limit of 64 levels"), (b'{"a": ' * 65 + b"1" + b"}" * 65, "64 levels"),
-    (b"[1, 2]", "not a JSON object"), (b"3", "not a JSON object"), (b'"text"', "not a JSON object"),
-    (b'{"prompt": "\xff\xfe"}', "not JSON"), (b'{"prompt": ', "not JSON"), (b"", "not JSON")])
-def test_a_body_that_is_not_a_shallow_json_object_is_a_400(running: RunningServer, body: bytes,
-                                                           says: str) -> None:
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "limit of 64 levels"),
+        (b'{"a": ' * 65 + b"1" + b"}" * 65, "64 levels"),
+        (b"[1, 2]", "not a JSON object"),
+        (b"3", "not a JSON object"),
+        (b'"text"', "not a JSON object"),
+        (b'{"prompt": "\xff\xfe"}', "not JSON"),
+        (b'{"prompt": ', "not JSON"),
+        (b"", "not JSON"),
+    ],
+)
+def test_a_body_that_is_not_a_shallow_json_object_is_a_400(
+    running: RunningServer, body: bytes, says: str
+) -> None:
     response, data = ask(running, "POST", "/v1/completions", body, {"Content-Type": "application/json"})
     error = error_of(data)
     assert response.status == 400 and error["type"] == "invalid_request_error"
@@ -125,20 +167,27 @@ FIELDS_OUT_OF_RANGE = [
     (b'{"prompt": "x", "presence_penalty": Infinity}', "/v1/completions", "presence_penalty"),
     (b'{"prompt": "\\ud800"}', "/v1/completions", "prompt"),
     (b'{"prompt": ["ok", "\\udfff"]}', "/v1/completions", "prompt[1]"),
-    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "/v1/chat/completions",
-     "messages[0].content"),
+    (
+        b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+        "/v1/chat/completions",
+        "messages[0].content",
+    ),
     (b'{"messages": [{"role": "\\ud800", "content": "hi"}]}', "/v1/chat/completions", "messages[0].role"),
     (b'{"prompt": "x", "guided_regex": "\\ud800"}', "/v1/completions", "guided_regex"),
     (b'{"prompt": "x", "guided_choice": ["\\ud800"]}', "/v1/completions", "guided_choice[0]"),
-    (b'{"prompt": "x", "stop_token_ids": [1000000000000000000000000000000]}', "/v1/completions",
-     "stop_token_ids[0]"),
+    (
+        b'{"prompt": "x", "stop_token_ids": [1000000000000000000000000000000]}',
+        "/v1/completions",
+        "stop_token_ids[0]",
+    ),
     (b'{"prompt": "x", "stop_token_ids": [-1]}', "/v1/completions", "stop_token_ids"),
 ]
 
 
 @pytest.mark.parametrize("body, path, field", FIELDS_OUT_OF_RANGE)
 def test_a_number_out_of_range_or_a_lone_surrogate_is_a_400_naming_its_field(
-        running: RunningServer, body: bytes, path: str, field: str) -> None:
+    running: RunningServer, body: bytes, path: str, field: str
+) -> None:
     response, data = ask(running, "POST", path, body, {"Content-Type": "application/json"})
     error = error_of(data)
     # The message names the value's place in the body; param is OpenAI's parameter it belongs to.
@@ -148,9 +197,13 @@ def test_a_number_out_of_range_or_a_lone_surrogate_is_a_400_naming_its_field(
 
 
 def test_a_preflight_from_an_allowed_origin_is_answered_and_responses_carry_the_origin(
-        guarded: RunningServer) -> None:
-    asked = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-             "Access-Control-Request-Headers": "authorization, content-type"}
+    guarded: RunningServer,
+) -> None:
+    asked = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     response, _ = ask(guarded, "OPTIONS", "/v1/chat/completions", headers=asked)
     assert response.status == 204
     assert response.getheader("Access-Control-Allow-Origin") == ORIGIN
@@ -200,7 +253,8 @@ def counter(running: RunningServer, name: str, **labels: str) -> float:
 
 
 def test_connections_past_the_caps_per_address_and_in_all_are_closed_and_counted(
-        guarded: RunningServer) -> None:
+    guarded: RunningServer,
+) -> None:
     refused = "ladder_connections_refused_total"
     guard = guarded.server.http.guard  # type: ignore[union-attr]
     wait_for(lambda: guard.open == 0, what="the earlier tests' connections closed")
@@ -239,7 +293,9 @@ def test_headers_sent_too_slowly_close_the_connection(guarded: RunningServer) ->
 
 def test_a_body_that_does_not_arrive_in_time_is_a_408(guarded: RunningServer) -> None:
     with connect(guarded) as slow:
-        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"pro")
+        slow.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"pro'
+        )
         answer = slow.recv(65536)
     assert answer.startswith(b"HTTP/1.1 408") and b"--http-body-timeout-seconds" in answer

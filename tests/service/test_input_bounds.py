@@ -68,7 +68,8 @@ OUT_OF_RANGE_SAMPLING = {
 
 @pytest.mark.parametrize("case", sorted(OUT_OF_RANGE_SAMPLING))
 def test_sampling_values_out_of_range_are_invalid_argument_on_every_rpc_that_samples(
-        server: RunningServer, case: str) -> None:
+    server: RunningServer, case: str
+) -> None:
     options = pb.SamplingOptions(**OUT_OF_RANGE_SAMPLING[case])  # type: ignore[arg-type]
     assert status(server, sampled(**OUT_OF_RANGE_SAMPLING[case])) == Code.INVALID_ARGUMENT
     prefill = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6])), sampling=options)
@@ -83,27 +84,45 @@ def test_sampling_values_out_of_range_are_invalid_argument_on_every_rpc_that_sam
     assert server.stats().sessions_open == 0
 
 
-@pytest.mark.parametrize("values", [
-    {"temperature": 100.0, "seed": 1}, {"temperature": 1.0, "repetition_penalty": 1e-3, "seed": 2},
-    {"temperature": 1.0, "repetition_penalty": 1e3, "seed": 3}, {"temperature": 1.0, "top_k": 2**20},
-    {"temperature": 1.0, "top_p": 1e-45, "seed": 2**64 - 1}, {"temperature": 1e-45, "seed": 0},
-    {"temperature": 1.0, "min_p": 1.0, "seed": 4}, {"temperature": 1.0, "min_p": 1e-45, "seed": 5},
-    {"presence_penalty": 2.0, "frequency_penalty": -2.0}, {"temperature": 1.0, "frequency_penalty": 2.0,
-                                                          "presence_penalty": -2.0, "seed": 6},
-], ids=str)
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"temperature": 100.0, "seed": 1},
+        {"temperature": 1.0, "repetition_penalty": 1e-3, "seed": 2},
+        {"temperature": 1.0, "repetition_penalty": 1e3, "seed": 3},
+        {"temperature": 1.0, "top_k": 2**20},
+        {"temperature": 1.0, "top_p": 1e-45, "seed": 2**64 - 1},
+        {"temperature": 1e-45, "seed": 0},
+        {"temperature": 1.0, "min_p": 1.0, "seed": 4},
+        {"temperature": 1.0, "min_p": 1e-45, "seed": 5},
+        {"presence_penalty": 2.0, "frequency_penalty": -2.0},
+        {"temperature": 1.0, "frequency_penalty": 2.0, "presence_penalty": -2.0, "seed": 6},
+    ],
+    ids=str,
+)
 def test_sampling_values_at_the_edges_of_their_ranges_generate(
-        server: RunningServer, values: dict[str, float]) -> None:
+    server: RunningServer, values: dict[str, float]
+) -> None:
     assert len(server.stub.Generate(sampled(**values)).token_ids) == 3
 
 
 def test_the_sampler_returns_a_token_for_in_range_settings_whatever_the_logits() -> None:
     big = np.finfo(np.float32).max
-    rows = [np.array([big, big, 1.0, -big], np.float32), np.array([NAN, 1.0, -INF], np.float32),
-            np.array([-INF, -INF], np.float32), np.array([NAN, NAN], np.float32),
-            np.array([INF, 3.0], np.float32), np.array([1e-30, 0.0, -1e-30], np.float32)]
-    settings = [SamplingParams(temperature=t, top_k=k, top_p=p, repetition_penalty=r, seed=1)
-                for t in (1e-45, 0.7, 100.0) for k in (0, 1, 2) for p in (1e-45, 0.9, 1.0)
-                for r in (1e-3, 1e3)]
+    rows = [
+        np.array([big, big, 1.0, -big], np.float32),
+        np.array([NAN, 1.0, -INF], np.float32),
+        np.array([-INF, -INF], np.float32),
+        np.array([NAN, NAN], np.float32),
+        np.array([INF, 3.0], np.float32),
+        np.array([1e-30, 0.0, -1e-30], np.float32),
+    ]
+    settings = [
+        SamplingParams(temperature=t, top_k=k, top_p=p, repetition_penalty=r, seed=1)
+        for t in (1e-45, 0.7, 100.0)
+        for k in (0, 1, 2)
+        for p in (1e-45, 0.9, 1.0)
+        for r in (1e-3, 1e3)
+    ]
     for params in settings:
         for logits in rows:
             token = Sampler(params)(logits, history=[0, 1])
@@ -120,11 +139,17 @@ def test_at_most_16_stop_strings_of_at_most_512_characters_are_accepted(server: 
     assert stopping_status(server, ["é" * 512] * 16) == Code.OK
     assert stopping_status(server, ["x"] * 17) == Code.INVALID_ARGUMENT
     assert stopping_status(server, ["x" * 513]) == Code.INVALID_ARGUMENT
-    opened = list(server.stub.Prefill(iter([pb.PrefillRequest(
-        prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6])))])))[-1].done.session_id
+    opened = list(
+        server.stub.Prefill(iter([pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6])))]))
+    )[-1].done.session_id
     with pytest.raises(grpc.RpcError) as caught:
-        list(server.stub.Decode(pb.DecodeRequest(
-            session_id=opened, stopping=pb.StoppingOptions(max_new_tokens=2, stop=["y" * 600]))))
+        list(
+            server.stub.Decode(
+                pb.DecodeRequest(
+                    session_id=opened, stopping=pb.StoppingOptions(max_new_tokens=2, stop=["y" * 600])
+                )
+            )
+        )
     assert caught.value.code() == Code.INVALID_ARGUMENT
     server.stub.CloseSession(pb.CloseSessionRequest(session_id=opened))
 
@@ -137,8 +162,9 @@ def held_back_by_definition(text: str, stops: list[str]) -> int:
 def test_stop_text_holds_back_exactly_the_longest_tail_that_could_begin_a_stop() -> None:
     rng = random.Random(7)
     for _ in range(3000):
-        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(0, 6)))
-                 for _ in range(rng.randint(1, 3))]
+        stops = [
+            "".join(rng.choice("ab") for _ in range(rng.randint(0, 6))) for _ in range(rng.randint(1, 3))
+        ]
         stop_text = StopText(stops)
         for _ in range(rng.randint(1, 10)):
             piece = "".join(rng.choice("abc") for _ in range(rng.randint(0, 4)))
@@ -152,7 +178,8 @@ def test_stop_text_holds_back_exactly_the_longest_tail_that_could_begin_a_stop()
 
 
 def test_text_and_chat_prompts_over_32_bytes_per_prompt_token_are_out_of_range_before_tokenizing(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     limit = 1024 * 32  # the KV capacity is the prompt limit here
     two_byte_text = pb.Prompt(text="é" * (limit // 2 + 1))  # fewer characters than the limit, more bytes
     assert status(server, pb.GenerateRequest(prompt=two_byte_text)) == Code.OUT_OF_RANGE

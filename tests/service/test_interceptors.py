@@ -92,8 +92,11 @@ def refused(call: Any) -> grpc.RpcError:
 
 def test_a_call_without_a_token_is_refused_counted_and_logged_with_its_request_id(chained: Chained) -> None:
     with capture_logs() as logs:
-        error = refused(lambda: chained.stub.GetModelInfo(
-            pb.GetModelInfoRequest(), metadata=(("x-request-id", "no-token-1"),)))
+        error = refused(
+            lambda: chained.stub.GetModelInfo(
+                pb.GetModelInfoRequest(), metadata=(("x-request-id", "no-token-1"),)
+            )
+        )
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
     assert ("x-request-id", "no-token-1") in tuple(error.trailing_metadata())
     assert chained.done == [("GetModelInfo", "UNAUTHENTICATED")]
@@ -103,8 +106,10 @@ def test_a_call_without_a_token_is_refused_counted_and_logged_with_its_request_i
 
 def test_a_draining_server_refuses_a_call_without_a_token_as_draining(chained: Chained) -> None:
     chained.draining = True
-    assert refused(lambda: chained.stub.GetModelInfo(pb.GetModelInfoRequest())).code() == \
-        grpc.StatusCode.UNAVAILABLE
+    assert (
+        refused(lambda: chained.stub.GetModelInfo(pb.GetModelInfoRequest())).code()
+        == grpc.StatusCode.UNAVAILABLE
+    )
     assert chained.done == [("GetModelInfo", "UNAVAILABLE")]
 
 
@@ -117,7 +122,8 @@ def test_a_message_over_the_limit_is_refused_only_after_the_token_check(chained:
 
 
 def test_a_stream_that_fails_midway_is_counted_and_logged_before_its_client_sees_the_status(
-        chained: Chained) -> None:
+    chained: Chained,
+) -> None:
     with capture_logs() as logs:
         stream = chained.stub.GenerateStream(pb.GenerateRequest(), metadata=TOKEN)
         assert next(stream).token.id == 5
@@ -130,11 +136,14 @@ def test_a_stream_that_fails_midway_is_counted_and_logged_before_its_client_sees
 
 
 def test_an_error_no_table_entry_explains_is_internal_logged_once_and_fails_that_call_alone(
-        chained: Chained) -> None:
+    chained: Chained,
+) -> None:
     chained.fake.error = RuntimeError("a bug")
     with capture_logs() as logs:
-        assert refused(lambda: chained.stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=TOKEN)).code() \
+        assert (
+            refused(lambda: chained.stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=TOKEN)).code()
             == grpc.StatusCode.INTERNAL
+        )
     assert [e["event"] for e in logs if e["log_level"] == "error"] == ["internal_error", "rpc_failed"]
     chained.fake.error = None
     chained.stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=TOKEN)  # the next call is served

@@ -13,11 +13,14 @@ STREAMS = 3
 
 
 def test_a_long_prompt_runs_one_rung_per_round_while_streams_decode_and_every_round_advances_them(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     running = RunningServer(server_config(served_model, max_new_tokens=1000))
     try:
-        streams = [running.stub.GenerateStream(greedy_request(prompt_ids(8 + 40 * i, seed=i), 900))
-                   for i in range(STREAMS)]
+        streams = [
+            running.stub.GenerateStream(greedy_request(prompt_ids(8 + 40 * i, seed=i), 900))
+            for i in range(STREAMS)
+        ]
         for stream in streams:
             next(stream)  # each is decoding now
         wait_for(lambda: any(len(r.decode) == STREAMS for r in running.steps()))
@@ -45,8 +48,9 @@ def test_a_long_prompt_runs_one_rung_per_round_while_streams_decode_and_every_ro
 def test_concurrent_streams_share_one_decode_forward_per_token(served_model: Path) -> None:
     running = RunningServer(server_config(served_model, max_sessions=8, max_new_tokens=1000))
     try:
-        streams = [running.stub.GenerateStream(greedy_request(prompt_ids(5 + 17 * i, seed=i), 600))
-                   for i in range(6)]
+        streams = [
+            running.stub.GenerateStream(greedy_request(prompt_ids(5 + 17 * i, seed=i), 600)) for i in range(6)
+        ]
         wait_for(lambda: any(len(r.decode) == 6 for r in running.steps()))
         for stream in streams:
             stream.cancel()

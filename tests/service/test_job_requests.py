@@ -9,14 +9,32 @@ from pathlib import Path
 from service.rounds import Feed, Token, Tokens, ask, decode_rows
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
-REQUESTS = ("Open", "Lend", "Prefill", "Choose", "Token", "Tokens", "Feed", "Fork", "Rewind", "Reset",
-            "Close", "Stats", "Timed", "Call")
+REQUESTS = (
+    "Open",
+    "Lend",
+    "Prefill",
+    "Choose",
+    "Token",
+    "Tokens",
+    "Feed",
+    "Fork",
+    "Rewind",
+    "Reset",
+    "Close",
+    "Stats",
+    "Timed",
+    "Call",
+)
 BARE = re.compile(r"\byield\s+(?:" + "|".join(REQUESTS) + r")\(")
 
 
 def test_no_job_body_yields_a_request_without_ask() -> None:
-    bare = [f"{path.relative_to(SERVICE.parent)}:{n}" for path in sorted(SERVICE.rglob("*.py"))
-            for n, line in enumerate(path.read_text().splitlines(), 1) if BARE.search(line)]
+    bare = [
+        f"{path.relative_to(SERVICE.parent)}:{n}"
+        for path in sorted(SERVICE.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if BARE.search(line)
+    ]
     assert not bare, f"a request yielded without ask(): {bare}"
 
 

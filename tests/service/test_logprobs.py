@@ -46,13 +46,14 @@ def assert_matches(found: pb.TokenLogprobs | pb.Token, token: int, reference: np
     """The token's log-probability and the top alternatives are the reference's, largest first."""
     alternatives = found.top if isinstance(found, pb.TokenLogprobs) else found.top_logprobs
     assert found.logprob == pytest.approx(reference[token], abs=1e-4)
-    order = np.argsort(-reference, kind="stable")[:len(alternatives)]
+    order = np.argsort(-reference, kind="stable")[: len(alternatives)]
     assert [a.id for a in alternatives] == order.tolist()
     np.testing.assert_allclose([a.logprob for a in alternatives], reference[order], atol=1e-4)
 
 
 def test_each_generated_tokens_logprob_is_a_log_softmax_of_the_engines_logits(
-        server: RunningServer, served_model: Path) -> None:
+    server: RunningServer, served_model: Path
+) -> None:
     tokens = prompt_ids(90, seed=3)
     reply = server.stub.Generate(asking(tokens, 6))
     reference = engine_logprobs(served_model, tokens, list(reply.token_ids))
@@ -77,13 +78,15 @@ def test_the_stream_tags_each_token_with_the_logprobs_the_unary_call_returns(ser
     events = list(server.stub.GenerateStream(request))
     streamed = [e.token for e in events if e.HasField("token")]
     assert [t.logprob for t in streamed] == [p.logprob for p in unary.logprobs]
-    assert [[a.id for a in t.top_logprobs] for t in streamed] == \
-        [[a.id for a in p.top] for p in unary.logprobs]
+    assert [[a.id for a in t.top_logprobs] for t in streamed] == [
+        [a.id for a in p.top] for p in unary.logprobs
+    ]
     assert list(events[-1].done.logprobs) == list(unary.logprobs)
 
 
 def test_sampled_tokens_report_the_models_distribution_not_the_filtered_one(
-        server: RunningServer, served_model: Path) -> None:
+    server: RunningServer, served_model: Path
+) -> None:
     tokens = prompt_ids(30, seed=6)
     request = asking(tokens, 4, top=0)
     request.sampling.CopyFrom(pb.SamplingOptions(temperature=0.5, top_k=3, presence_penalty=1.5, seed=9))
@@ -93,8 +96,9 @@ def test_sampled_tokens_report_the_models_distribution_not_the_filtered_one(
         assert len(found.top) == 0 and found.logprob == pytest.approx(row[token], abs=1e-4)
 
 
-def test_decode_returns_logprobs_of_the_sessions_next_tokens(server: RunningServer,
-                                                             served_model: Path) -> None:
+def test_decode_returns_logprobs_of_the_sessions_next_tokens(
+    server: RunningServer, served_model: Path
+) -> None:
     tokens = prompt_ids(25, seed=7)
     prefill = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)))
     session = list(server.stub.Prefill(iter([prefill])))[-1].done.session_id
@@ -135,8 +139,10 @@ def decode_refusal(server: RunningServer, options: pb.LogprobOptions) -> grpc.Rp
 def test_more_than_twenty_alternatives_are_invalid_argument(server: RunningServer, call: str) -> None:
     request = greedy_request([5, 6], 2)
     request.logprobs.CopyFrom(pb.LogprobOptions(top=21))
-    calls = {"Generate": lambda: server.stub.Generate(request),
-             "GenerateStream": lambda: list(server.stub.GenerateStream(request))}
+    calls = {
+        "Generate": lambda: server.stub.Generate(request),
+        "GenerateStream": lambda: list(server.stub.GenerateStream(request)),
+    }
     with pytest.raises(grpc.RpcError) as caught:
         calls[call]()
     refused = caught.value
@@ -158,7 +164,8 @@ def prompt_reference(served_model: Path, prompt: list[int]) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("length", [1, 2, 70, 151])
 def test_prompt_logprobs_come_from_the_real_rows_of_the_prefill_never_a_padded_one(
-        server: RunningServer, served_model: Path, length: int) -> None:
+    server: RunningServer, served_model: Path, length: int
+) -> None:
     tokens = prompt_ids(length, seed=length)
     request = asking(tokens, 1, top=3)
     request.logprobs.prompt = True
@@ -166,8 +173,9 @@ def test_prompt_logprobs_come_from_the_real_rows_of_the_prefill_never_a_padded_o
     if length > 2:
         assert reply.prefill.padded_rows > 0, "the prompt should end in a padded forward"
     assert [p.id for p in reply.prompt_logprobs] == tokens[1:]
-    for found, token, row in zip(reply.prompt_logprobs, tokens[1:], prompt_reference(served_model, tokens),
-                                 strict=True):
+    for found, token, row in zip(
+        reply.prompt_logprobs, tokens[1:], prompt_reference(served_model, tokens), strict=True
+    ):
         assert_matches(found, token, row)
 
 

@@ -23,8 +23,9 @@ CORRUPT = b"\xff\xff\xff\xff"
 BAD_UTF8 = b"\x0a\x01\xff"  # field 1, a string, holding the byte 0xff
 
 
-def raw_call(server: RunningServer, method: str, *messages: bytes,
-             metadata: tuple[tuple[str, str], ...] = ()) -> grpc.RpcError:
+def raw_call(
+    server: RunningServer, method: str, *messages: bytes, metadata: tuple[tuple[str, str], ...] = ()
+) -> grpc.RpcError:
     """Send `messages` as they are (no serializer) and return the error the call ends with."""
     channel, path = server.channel, f"/ladder.v1.Ladder/{method}"
     with pytest.raises(grpc.RpcError) as caught:
@@ -37,11 +38,13 @@ def raw_call(server: RunningServer, method: str, *messages: bytes,
     return caught.value
 
 
-@pytest.mark.parametrize("method", ["Generate", "GenerateStream", "Decode", "Rewind", "Tokenize", "Prefill",
-                                    "GetEngineStats"])
+@pytest.mark.parametrize(
+    "method", ["Generate", "GenerateStream", "Decode", "Rewind", "Tokenize", "Prefill", "GetEngineStats"]
+)
 @pytest.mark.parametrize("payload", [CORRUPT, BAD_UTF8], ids=["corrupt", "bad-utf8"])
 def test_bytes_that_do_not_parse_are_invalid_argument_on_every_kind_of_rpc(
-        server: RunningServer, method: str, payload: bytes) -> None:
+    server: RunningServer, method: str, payload: bytes
+) -> None:
     if method == "GetEngineStats" and payload == BAD_UTF8:
         payload = b"\x0a\x01"  # an empty message has no strings: a truncated field instead
     error = raw_call(server, method, payload, metadata=(("x-request-id", "garbage-1"),))
@@ -51,13 +54,22 @@ def test_bytes_that_do_not_parse_are_invalid_argument_on_every_kind_of_rpc(
 
 
 def test_a_prefill_part_that_does_not_parse_after_a_good_one_closes_the_session_it_opened(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     good = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7]))).SerializeToString()
     assert raw_call(server, "Prefill", good, CORRUPT).code() == Code.INVALID_ARGUMENT
     assert server.stats().sessions_open == 0
-    assert len(server.stub.Generate(pb.GenerateRequest(
-        prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5])),
-        stopping=pb.StoppingOptions(max_new_tokens=2, ignore_eos=True))).token_ids) == 2
+    assert (
+        len(
+            server.stub.Generate(
+                pb.GenerateRequest(
+                    prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5])),
+                    stopping=pb.StoppingOptions(max_new_tokens=2, ignore_eos=True),
+                )
+            ).token_ids
+        )
+        == 2
+    )
 
 
 def test_bytes_that_do_not_parse_still_need_a_bearer_token(served_model: Path) -> None:
@@ -86,14 +98,20 @@ MALFORMED_IDS = {
 
 @pytest.mark.parametrize("case", sorted(MALFORMED_IDS))
 def test_a_malformed_session_id_is_not_found_and_nothing_of_it_comes_back(
-        server: RunningServer, case: str) -> None:
+    server: RunningServer, case: str
+) -> None:
     session_id = MALFORMED_IDS[case]
     calls = [
         lambda: server.stub.Rewind(pb.RewindRequest(session_id=session_id)),
         lambda: server.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id)),
         lambda: list(server.stub.Decode(pb.DecodeRequest(session_id=session_id))),
-        lambda: list(server.stub.Prefill(iter([pb.PrefillRequest(
-            session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5])))]))),
+        lambda: list(
+            server.stub.Prefill(
+                iter(
+                    [pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5])))]
+                )
+            )
+        ),
     ]
     for call in calls if session_id else calls[:3]:  # Prefill with no id opens a session
         with pytest.raises(grpc.RpcError) as caught:

@@ -23,8 +23,15 @@ LIMIT = 16 * 1024
 
 @pytest.fixture(params=FRONTENDS, ids=FRONTENDS_IDS)
 def served(served_model: Path, request: pytest.FixtureRequest) -> Iterator[Endpoint]:
-    running = RunningServer(server_config(served_model, max_message_bytes=LIMIT, max_sessions=8,
-                                          max_new_tokens=1000, frontends=request.param))
+    running = RunningServer(
+        server_config(
+            served_model,
+            max_message_bytes=LIMIT,
+            max_sessions=8,
+            max_new_tokens=1000,
+            frontends=request.param,
+        )
+    )
     try:
         yield Endpoint(running)
     finally:
@@ -44,7 +51,8 @@ def test_the_least_response_size_grows_with_every_field_that_adds_to_the_answer(
     scored = least_response_bytes(100, 1, LogprobRequest())
     assert least_response_bytes(100, 1, LogprobRequest(top=5)) > scored > base
     assert least_response_bytes(100, 1, LogprobRequest(prompt=True), prompt=50) > least_response_bytes(
-        100, 1, LogprobRequest())
+        100, 1, LogprobRequest()
+    )
 
 
 def test_a_request_over_the_limit_is_refused_with_its_reason_logged_and_counted(served: Endpoint) -> None:
@@ -63,8 +71,10 @@ def test_a_request_over_the_limit_is_refused_with_its_reason_logged_and_counted(
 
 def test_a_prefill_part_over_the_limit_is_refused_and_the_session_is_not_left_open(served: Endpoint) -> None:
     stub = served.running.stub
-    parts = [pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7]))),
-             pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[300] * (LIMIT // 2 + 100))))]
+    parts = [
+        pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[5, 6, 7]))),
+        pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=[300] * (LIMIT // 2 + 100)))),
+    ]
     with pytest.raises(grpc.RpcError) as caught:
         list(stub.Prefill(iter(parts)))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -92,11 +102,13 @@ def test_a_request_whose_answer_cannot_fit_is_refused_before_any_work(served: En
 
 
 def test_an_answer_that_turns_out_too_large_fails_with_its_reason_and_counts_its_work(
-        served: Endpoint) -> None:
+    served: Endpoint,
+) -> None:
     # The alternatives' ids and text take more than the smallest-size bound counts for them:
     # 420 tokens with 2 alternatives each pass the bound and make a larger answer.
-    request = pb.GenerateRequest(prompt=pb.Prompt(text="hello"),
-                                 stopping=pb.StoppingOptions(max_new_tokens=420, ignore_eos=True))
+    request = pb.GenerateRequest(
+        prompt=pb.Prompt(text="hello"), stopping=pb.StoppingOptions(max_new_tokens=420, ignore_eos=True)
+    )
     request.logprobs.top = 2
     assert least_response_bytes(420, 1, LogprobRequest(top=2)) < LIMIT
     with pytest.raises(grpc.RpcError) as caught:
@@ -110,16 +122,30 @@ def test_an_answer_that_turns_out_too_large_fails_with_its_reason_and_counts_its
 
 
 def test_a_decode_that_names_no_length_is_checked_at_the_length_the_server_gives_it(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     # --default-max-new-tokens 0: as many as fit, up to --max-new-tokens (1,000 here), the length
     # Decode then runs to; its answer at that length cannot fit in 16 KiB with 5 alternatives.
-    config = server_config(served_model, max_message_bytes=LIMIT, max_new_tokens=1000,
-                           default_max_new_tokens=0)
+    config = server_config(
+        served_model, max_message_bytes=LIMIT, max_new_tokens=1000, default_max_new_tokens=0
+    )
     with RunningServer(config) as running:
-        done = list(running.stub.Prefill(iter([pb.PrefillRequest(
-            prompt=pb.Prompt(tokens=pb.TokenIds(ids=prompt_ids(20, seed=2))), last=True)])))[-1].done
+        done = list(
+            running.stub.Prefill(
+                iter(
+                    [
+                        pb.PrefillRequest(
+                            prompt=pb.Prompt(tokens=pb.TokenIds(ids=prompt_ids(20, seed=2))), last=True
+                        )
+                    ]
+                )
+            )
+        )[-1].done
         with pytest.raises(grpc.RpcError) as caught:
-            list(running.stub.Decode(pb.DecodeRequest(session_id=done.session_id,
-                                                      logprobs=pb.LogprobOptions(top=5))))
+            list(
+                running.stub.Decode(
+                    pb.DecodeRequest(session_id=done.session_id, logprobs=pb.LogprobOptions(top=5))
+                )
+            )
         assert details(caught.value)[0].reason == "RESPONSE_TOO_LARGE"
         assert "max_new_tokens = 1000" in caught.value.details()

@@ -91,8 +91,9 @@ def test_ttft_is_labelled_by_method_and_decode_observes_none(served: Endpoint) -
     stub = served.running.stub
     first = pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=prompt_ids(30, seed=2))))
     done = list(stub.Prefill(iter([first])))[-1].done
-    decode = pb.DecodeRequest(session_id=done.session_id,
-                              stopping=pb.StoppingOptions(max_new_tokens=5, ignore_eos=True))
+    decode = pb.DecodeRequest(
+        session_id=done.session_id, stopping=pb.StoppingOptions(max_new_tokens=5, ignore_eos=True)
+    )
     list(stub.Decode(decode))
     list(stub.GenerateStream(greedy_request(prompt_ids(10, seed=3), 3)))
     m = served.scrape()
@@ -145,8 +146,14 @@ def test_finish_reasons_and_every_status_code_are_counted(served: Endpoint) -> N
     stream = stub.GenerateStream(greedy_request(prompt_ids(20), 200))
     next(stream)
     stream.cancel()
-    wait_for(lambda: served.scrape().get("ladder_calls_total", protocol="grpc", method="GenerateStream",
-                                         code="CANCELLED") == 1)
+    wait_for(
+        lambda: (
+            served.scrape().get(
+                "ladder_calls_total", protocol="grpc", method="GenerateStream", code="CANCELLED"
+            )
+            == 1
+        )
+    )
     m = served.scrape()
     assert m("ladder_finished_total", method="Generate", reason="length") == 1
     assert m("ladder_finished_total", method="Generate", reason="stop") == 1
@@ -184,8 +191,12 @@ def test_the_model_process_and_no_duplicate_series_are_exported(served: Endpoint
     assert m("process_resident_memory_bytes") > 0 and m.types["process_cpu_seconds"] == "counter"
     assert m.types["ladder_time_to_first_token_seconds"] == "histogram"
     assert m.types["ladder_queue_depth"] == "gauge" and m.types["ladder_calls"] == "counter"
-    for gone in ("ladder_prefill_real_rows", "ladder_variants{", "ladder_waiting_for_slot",
-                 "ladder_inter_token_seconds"):
+    for gone in (
+        "ladder_prefill_real_rows",
+        "ladder_variants{",
+        "ladder_waiting_for_slot",
+        "ladder_inter_token_seconds",
+    ):
         assert gone not in m.text
 
 
@@ -193,8 +204,10 @@ def test_every_decode_forward_is_timed_while_calls_share_them(served: Endpoint) 
     stub = served.running.stub
     stub.GetEngineStats(pb.GetEngineStatsRequest())
     before = served.scrape()  # warm-up forwards ran before serving, outside the scheduler
-    threads = [threading.Thread(target=stub.Generate, args=(greedy_request(prompt_ids(16, seed=s), 6),))
-               for s in range(3)]
+    threads = [
+        threading.Thread(target=stub.Generate, args=(greedy_request(prompt_ids(16, seed=s), 6),))
+        for s in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -232,7 +245,9 @@ def _documented_metrics() -> set[str]:
 def test_the_observability_page_lists_every_metric_the_server_exports_and_no_other(served: Endpoint) -> None:
     served.running.stub.Generate(greedy_request(prompt_ids(20, seed=41), 2))
     served.running.stub.GetEngineStats(pb.GetEngineStatsRequest())  # the engine's series, mirrored
-    exported = {name + {"counter": "_total", "info": "_info"}.get(kind, "")
-                for name, kind in served.scrape().types.items()
-                if name.startswith("ladder_") and not name.endswith("_created")}  # prometheus-client's own
+    exported = {
+        name + {"counter": "_total", "info": "_info"}.get(kind, "")
+        for name, kind in served.scrape().types.items()
+        if name.startswith("ladder_") and not name.endswith("_created")
+    }  # prometheus-client's own
     assert exported == _documented_metrics()

@@ -18,8 +18,9 @@ FIELD = "stopping.min_new_tokens"
 
 
 def request(ids: list[int], **stopping: object) -> pb.GenerateRequest:
-    return pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=ids)),
-                              stopping=pb.StoppingOptions(**stopping))  # type: ignore[arg-type]
+    return pb.GenerateRequest(
+        prompt=pb.Prompt(tokens=pb.TokenIds(ids=ids)), stopping=pb.StoppingOptions(**stopping)
+    )  # type: ignore[arg-type]
 
 
 def streamed(server: RunningServer, generate: pb.GenerateRequest) -> tuple[list[int], pb.Completion]:
@@ -31,15 +32,19 @@ def decoded(server: RunningServer, ids: list[int], **stopping: object) -> pb.Com
     """A Decode on a new session holding `ids` (closed after)."""
     session_id = prefill(server, part(ids, last=True))[-1].done.session_id
     try:
-        events = list(server.stub.Decode(pb.DecodeRequest(
-            session_id=session_id, stopping=pb.StoppingOptions(**stopping))))  # type: ignore[arg-type]
+        events = list(
+            server.stub.Decode(
+                pb.DecodeRequest(session_id=session_id, stopping=pb.StoppingOptions(**stopping))
+            )
+        )  # type: ignore[arg-type]
     finally:
         server.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
     return events[-1].done
 
 
 def test_a_generated_sample_does_not_end_at_end_of_sequence_before_min_new_tokens(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     free = server.stub.Generate(request(ENDS_AT_12, max_new_tokens=20))
     assert len(free.token_ids) == 12 and free.finish_reason == pb.FINISH_REASON_EOS
     held = server.stub.Generate(request(ENDS_AT_12, max_new_tokens=20, min_new_tokens=16))
@@ -65,28 +70,39 @@ def test_every_one_of_n_samples_holds_min_new_tokens(server: RunningServer) -> N
 
 
 def test_stop_token_ids_are_held_back_until_min_new_tokens_and_end_the_sample_after(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     free = server.stub.Generate(request(ENDS_AT_12, max_new_tokens=12, ignore_eos=True))
     stop_id = free.token_ids[1]
-    early = server.stub.Generate(request(ENDS_AT_12, max_new_tokens=12, ignore_eos=True,
-                                         stop_token_ids=[stop_id]))
+    early = server.stub.Generate(
+        request(ENDS_AT_12, max_new_tokens=12, ignore_eos=True, stop_token_ids=[stop_id])
+    )
     assert len(early.token_ids) == list(free.token_ids).index(stop_id) + 1 <= 2
     assert early.finish_reason == pb.FINISH_REASON_STOP
-    held = server.stub.Generate(request(ENDS_AT_12, max_new_tokens=12, ignore_eos=True,
-                                        stop_token_ids=[stop_id], min_new_tokens=5))
+    held = server.stub.Generate(
+        request(ENDS_AT_12, max_new_tokens=12, ignore_eos=True, stop_token_ids=[stop_id], min_new_tokens=5)
+    )
     assert len(held.token_ids) >= 5 and stop_id not in held.token_ids[:5]
 
 
 def test_a_stop_string_does_not_end_the_text_before_min_new_tokens(server: RunningServer) -> None:
     prompt = pb.Prompt(text="The quick brown fox")
-    free = server.stub.Generate(pb.GenerateRequest(prompt=prompt, stopping=pb.StoppingOptions(
-        max_new_tokens=8, ignore_eos=True)))
+    free = server.stub.Generate(
+        pb.GenerateRequest(prompt=prompt, stopping=pb.StoppingOptions(max_new_tokens=8, ignore_eos=True))
+    )
     stop = free.text[1:3]
-    cut = server.stub.Generate(pb.GenerateRequest(prompt=prompt, stopping=pb.StoppingOptions(
-        max_new_tokens=8, ignore_eos=True, stop=[stop])))
+    cut = server.stub.Generate(
+        pb.GenerateRequest(
+            prompt=prompt, stopping=pb.StoppingOptions(max_new_tokens=8, ignore_eos=True, stop=[stop])
+        )
+    )
     assert cut.text == free.text[:1]
-    held = server.stub.Generate(pb.GenerateRequest(prompt=prompt, stopping=pb.StoppingOptions(
-        max_new_tokens=8, ignore_eos=True, stop=[stop], min_new_tokens=8)))
+    held = server.stub.Generate(
+        pb.GenerateRequest(
+            prompt=prompt,
+            stopping=pb.StoppingOptions(max_new_tokens=8, ignore_eos=True, stop=[stop], min_new_tokens=8),
+        )
+    )
     assert held.text == free.text and held.finish_reason == pb.FINISH_REASON_LENGTH
 
 
@@ -98,15 +114,22 @@ def test_decode_holds_min_new_tokens_on_a_session(server: RunningServer) -> None
     assert list(held.token_ids[:11]) == list(free.token_ids[:11])
 
 
-@pytest.mark.parametrize("stopping", [
-    {"max_new_tokens": 8, "min_new_tokens": 9},
-    {"min_new_tokens": 10**6},  # over the tokens the server's default gives the call
-], ids=["over-max_new_tokens", "over-the-default"])
+@pytest.mark.parametrize(
+    "stopping",
+    [
+        {"max_new_tokens": 8, "min_new_tokens": 9},
+        {"min_new_tokens": 10**6},  # over the tokens the server's default gives the call
+    ],
+    ids=["over-max_new_tokens", "over-the-default"],
+)
 def test_min_new_tokens_over_what_the_call_gets_is_invalid_argument_naming_the_field(
-        server: RunningServer, stopping: dict[str, int]) -> None:
-    for call in (lambda: server.stub.Generate(request(ENDS_AT_12, **stopping)),
-                 lambda: list(server.stub.GenerateStream(request(ENDS_AT_12, **stopping))),
-                 lambda: decoded(server, ENDS_AT_12, **stopping)):
+    server: RunningServer, stopping: dict[str, int]
+) -> None:
+    for call in (
+        lambda: server.stub.Generate(request(ENDS_AT_12, **stopping)),
+        lambda: list(server.stub.GenerateStream(request(ENDS_AT_12, **stopping))),
+        lambda: decoded(server, ENDS_AT_12, **stopping),
+    ):
         got = details_of(call)
         assert got.code == grpc.StatusCode.INVALID_ARGUMENT, got.message
         assert got.reason == "INVALID_MIN_TOKENS" and got.fields == [FIELD], got

@@ -19,11 +19,17 @@ from tests.support.builder_style import BOS, LLAMA3_SPECIALS, builder_style_mode
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, server_config
 
-CHAT = pb.Chat(messages=[pb.ChatMessage(role="system", content="Be brief."),
-                         pb.ChatMessage(role="user", content="What is the capital of France?")])
-LLAMA3_PROMPT = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-                 "<|start_header_id|>user<|end_header_id|>\n\nWhat is the capital of France?<|eot_id|>"
-                 "<|start_header_id|>assistant<|end_header_id|>\n\n")
+CHAT = pb.Chat(
+    messages=[
+        pb.ChatMessage(role="system", content="Be brief."),
+        pb.ChatMessage(role="user", content="What is the capital of France?"),
+    ]
+)
+LLAMA3_PROMPT = (
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\nWhat is the capital of France?<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +39,9 @@ def builder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def unreadable_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return builder_style_model(tmp_path_factory.mktemp("unreadable"), tokenizer_class="WeirdTokenizer",
-                               tokenizer_type="WordLevel")
+    return builder_style_model(
+        tmp_path_factory.mktemp("unreadable"), tokenizer_class="WeirdTokenizer", tokenizer_type="WordLevel"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +72,7 @@ def test_a_model_declaring_no_chunk_width_runs_on_the_ladder_of_512(builder_serv
 
 
 def test_the_default_chunk_is_clamped_to_the_capacity_and_zero_turns_chunking_off(builder_dir: Path) -> None:
-    for changes, chunk, ladder in (({"capacity": 300}, 300, [100, 200, 300]),
-                                   ({"chunk_size": 0}, 0, [])):
+    for changes, chunk, ladder in (({"capacity": 300}, 300, [100, 200, 300]), ({"chunk_size": 0}, 0, [])):
         running = RunningServer(server_config(builder_dir, warm_up=False, **changes))
         try:
             info = model_info(running)
@@ -87,7 +93,8 @@ def test_with_padding_off_the_model_info_lists_no_ladder(builder_dir: Path) -> N
 
 
 def test_a_tokenizers_backend_class_is_read_and_the_users_config_is_left_as_it_was(
-        builder_server: RunningServer, builder_dir: Path) -> None:
+    builder_server: RunningServer, builder_dir: Path
+) -> None:
     assert model_info(builder_server).has_tokenizer
     assert '"tokenizer_class": "TokenizersBackend"' in (builder_dir / "tokenizer_config.json").read_text()
     ids = list(builder_server.stub.Tokenize(pb.TokenizeRequest(text="<|eot_id|>hello")).ids)
@@ -103,18 +110,23 @@ def test_a_chat_prompt_is_rendered_with_the_models_own_template(builder_server: 
     assert by_chat[0] == BOS and by_chat.count(BOS) == 1
 
 
-def test_a_role_the_template_drops_or_refuses_is_invalid_argument(builder_dir: Path,
-                                                                  tmp_path: Path) -> None:
-    phi3_dir = with_template(builder_dir, tmp_path / "phi3",
+def test_a_role_the_template_drops_or_refuses_is_invalid_argument(builder_dir: Path, tmp_path: Path) -> None:
+    phi3_dir = with_template(
+        builder_dir,
+        tmp_path / "phi3",
         "{% for m in messages %}{% if m['role'] == 'user' %}{{ '<|user|>\n' + m['content'] + '<|end|>\n' }}"
         "{% elif m['role'] == 'system' %}{{ raise_exception('no system turns here') }}{% endif %}"
-        "{% endfor %}")
+        "{% endfor %}",
+    )
     running = RunningServer(server_config(phi3_dir, warm_up=False))
     try:
-        for role, says in (("function", "no place for a message of role 'function'"),
-                           ("system", "no system turns")):
-            chat = pb.Chat(messages=[pb.ChatMessage(role=role, content="42"),
-                                     pb.ChatMessage(role="user", content="Hi")])
+        for role, says in (
+            ("function", "no place for a message of role 'function'"),
+            ("system", "no system turns"),
+        ):
+            chat = pb.Chat(
+                messages=[pb.ChatMessage(role=role, content="42"), pb.ChatMessage(role="user", content="Hi")]
+            )
             with pytest.raises(grpc.RpcError) as err:
                 running.stub.Generate(pb.GenerateRequest(prompt=pb.Prompt(chat=chat)))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -139,7 +151,8 @@ def test_a_template_that_does_not_compile_fails_chat_only(builder_dir: Path, tmp
 
 @pytest.mark.parametrize("kind", ["chat", "600 ids, chunked and padded"])
 def test_greedy_tokens_equal_onnxruntime_genai_on_the_same_directory(
-        builder_server: RunningServer, builder_dir: Path, kind: str) -> None:
+    builder_server: RunningServer, builder_dir: Path, kind: str
+) -> None:
     og = pytest.importorskip("onnxruntime_genai")
     if kind == "chat":
         prompt = pb.Prompt(chat=CHAT)
@@ -147,8 +160,9 @@ def test_greedy_tokens_equal_onnxruntime_genai_on_the_same_directory(
     else:
         ids = prompt_ids(600, seed=9)
         prompt = pb.Prompt(tokens=pb.TokenIds(ids=ids))
-    ours = builder_server.stub.Generate(pb.GenerateRequest(
-        prompt=prompt, stopping=pb.StoppingOptions(max_new_tokens=16)))
+    ours = builder_server.stub.Generate(
+        pb.GenerateRequest(prompt=prompt, stopping=pb.StoppingOptions(max_new_tokens=16))
+    )
     model = og.Model(str(builder_dir))
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False, max_length=len(ids) + 16)  # both stop at an EOS
@@ -171,7 +185,8 @@ def test_an_unreadable_tokenizer_is_one_warning_at_start_not_an_exit(unreadable_
 
 
 def test_without_a_readable_tokenizer_token_ids_are_served_and_text_is_failed_precondition(
-        unreadable_dir: Path) -> None:
+    unreadable_dir: Path,
+) -> None:
     running = RunningServer(server_config(unreadable_dir, warm_up=False))
     try:
         assert not model_info(running).has_tokenizer

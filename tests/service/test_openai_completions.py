@@ -71,12 +71,18 @@ def texts_of(chunks: list[dict[str, Any]]) -> dict[int, str]:
 
 # -- min_tokens ---------------------------------------------------------------------------------------
 
+
 def test_min_tokens_holds_end_of_sequence_back_until_the_sample_has_that_many_tokens(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     """Under this regex the model ends at once ("4", then end-of-sequence); min_tokens masks the end
     out of the first choices, so the sample goes on (the regex still holds)."""
-    body = {"prompt": "Numbers", "temperature": 0, "max_tokens": 12,
-            "structured_outputs": {"regex": "[0-9]{1,12}"}}
+    body = {
+        "prompt": "Numbers",
+        "temperature": 0,
+        "max_tokens": 12,
+        "structured_outputs": {"regex": "[0-9]{1,12}"},
+    }
     free = complete(server, **body)
     assert free["choices"][0]["text"] == "4" and free["usage"]["completion_tokens"] == 2
     held = complete(server, **body, min_tokens=6)
@@ -86,7 +92,8 @@ def test_min_tokens_holds_end_of_sequence_back_until_the_sample_has_that_many_to
 
 
 def test_min_tokens_holds_end_of_sequence_back_on_a_free_sample_and_changes_nothing_before(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     """This prompt's greedy reply ends with end-of-sequence as its 12th token; with min_tokens 16 it
     is the same reply up to there (masking the end changes no earlier choice) and goes on."""
     body = {"prompt": [31] + [2] * 8, "temperature": 0, "max_tokens": 20}
@@ -99,46 +106,66 @@ def test_min_tokens_holds_end_of_sequence_back_on_a_free_sample_and_changes_noth
 
 
 def test_min_tokens_holds_stop_token_ids_back_and_lets_them_end_the_sample_after(
-        server: RunningServer) -> None:
-    free = server.stub.Generate(pb.GenerateRequest(prompt=pb.Prompt(text=PROMPT), stopping=pb.StoppingOptions(
-        max_new_tokens=12, ignore_eos=True)))
+    server: RunningServer,
+) -> None:
+    free = server.stub.Generate(
+        pb.GenerateRequest(
+            prompt=pb.Prompt(text=PROMPT), stopping=pb.StoppingOptions(max_new_tokens=12, ignore_eos=True)
+        )
+    )
     stop_id = free.token_ids[1]
     early = complete(server, prompt=PROMPT, **GREEDY, stop_token_ids=[stop_id])
     assert early["usage"]["completion_tokens"] == 2 and early["choices"][0]["finish_reason"] == "stop"
-    held = complete(server, prompt=PROMPT, **{**GREEDY, "max_tokens": 12}, stop_token_ids=[stop_id],
-                    min_tokens=5)
+    held = complete(
+        server, prompt=PROMPT, **{**GREEDY, "max_tokens": 12}, stop_token_ids=[stop_id], min_tokens=5
+    )
     assert held["usage"]["completion_tokens"] >= 5
 
 
 def test_min_tokens_keeps_a_stop_string_from_ending_the_text_before_it_has_that_many_tokens(
-        sdk: openai.OpenAI, server: RunningServer) -> None:
+    sdk: openai.OpenAI, server: RunningServer
+) -> None:
     free = complete(server, prompt=PROMPT, **GREEDY)["choices"][0]["text"]
     stop = free[1:3]
     assert complete(server, prompt=PROMPT, **GREEDY, stop=[stop])["choices"][0]["text"] == free[:1]
     held = complete(server, prompt=PROMPT, **GREEDY, stop=[stop], min_tokens=8)
     assert held["choices"][0]["text"] == free and held["choices"][0]["finish_reason"] == "length"
-    chat = sdk.chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
-                                       temperature=0, extra_body={"min_tokens": 6, "stop_token_ids": [2]})
+    chat = sdk.chat.completions.create(
+        model="",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=6,
+        temperature=0,
+        extra_body={"min_tokens": 6, "stop_token_ids": [2]},
+    )
     assert chat.usage is not None and chat.usage.completion_tokens == 6
 
 
 def test_min_tokens_out_of_range_is_400_naming_min_tokens(server: RunningServer) -> None:
-    for path, extra in (("/v1/completions", {"prompt": PROMPT}),
-                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
-        for bad in ({"min_tokens": -1}, {"min_tokens": 9, "max_tokens": 8}, {"min_tokens": "3"},
-                    {"min_tokens": 10**6}):
+    for path, extra in (
+        ("/v1/completions", {"prompt": PROMPT}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ):
+        for bad in (
+            {"min_tokens": -1},
+            {"min_tokens": 9, "max_tokens": 8},
+            {"min_tokens": "3"},
+            {"min_tokens": 10**6},
+        ):
             assert refused_param(server, path, {**extra, **bad}) == "min_tokens", (path, bad)
 
 
 # -- several prompts ----------------------------------------------------------------------------------
 
+
 def test_a_list_of_prompts_answers_n_choices_per_prompt_in_order_with_the_usage_summed(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     one = [complete(server, prompt=p, **GREEDY) for p in (PROMPT, OTHER)]
     both = complete(server, prompt=[PROMPT, OTHER], n=2, **GREEDY)
     assert [c["index"] for c in both["choices"]] == [0, 1, 2, 3]
     assert [c["text"] for c in both["choices"]] == [one[0]["choices"][0]["text"]] * 2 + [
-        one[1]["choices"][0]["text"]] * 2
+        one[1]["choices"][0]["text"]
+    ] * 2
     assert both["usage"]["prompt_tokens"] == sum(o["usage"]["prompt_tokens"] for o in one)
     assert both["usage"]["completion_tokens"] == 4 * 8
     assert both["usage"]["total_tokens"] == both["usage"]["prompt_tokens"] + 4 * 8
@@ -163,18 +190,21 @@ def test_a_streamed_list_of_prompts_joins_to_the_unstreamed_choices(server: Runn
 def test_a_bad_prompt_in_a_list_is_400_before_any_work(server: RunningServer) -> None:
     for bad in ([PROMPT, 3], [PROMPT, []], [[1, 2], "x", None], []):
         assert refused_param(server, "/v1/completions", {"prompt": bad, "max_tokens": 2}) == "prompt"
-    response, data = post(server, "/v1/completions", {"prompt": [PROMPT, [10**6]], "max_tokens": 2,
-                                                     "stream": True})
+    response, data = post(
+        server, "/v1/completions", {"prompt": [PROMPT, [10**6]], "max_tokens": 2, "stream": True}
+    )
     assert response.status == 400 and json.loads(data)["error"]["code"] == "token_out_of_vocabulary"
 
 
 # -- echo -----------------------------------------------------------------------------------------
 
+
 def test_echo_prepends_each_prompt_to_its_choices_streamed_or_not(server: RunningServer) -> None:
     plain = complete(server, prompt=[PROMPT, OTHER], **GREEDY)
     echoed = complete(server, prompt=[PROMPT, OTHER], echo=True, **GREEDY)
     assert [c["text"] for c in echoed["choices"]] == [
-        prompt + c["text"] for prompt, c in zip((PROMPT, OTHER), plain["choices"], strict=True)]
+        prompt + c["text"] for prompt, c in zip((PROMPT, OTHER), plain["choices"], strict=True)
+    ]
     chunks = streamed(server, prompt=[PROMPT, OTHER], echo=True, **GREEDY)
     assert texts_of(chunks) == {c["index"]: c["text"] for c in echoed["choices"]}
     ids = list(server.stub.Tokenize(pb.TokenizeRequest(text=PROMPT)).ids)
@@ -183,28 +213,34 @@ def test_echo_prepends_each_prompt_to_its_choices_streamed_or_not(server: Runnin
 
 
 def test_echo_with_logprobs_scores_the_prompt_tokens_first_null_as_lm_eval_reads_them(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     """lm-eval's loglikelihood: echo, max_tokens 1, logprobs 1; the prompt's log-probabilities are
     those gRPC's Generate answers with logprobs.prompt."""
     ids = list(server.stub.Tokenize(pb.TokenizeRequest(text=PROMPT)).ids)
-    grpc = server.stub.Generate(pb.GenerateRequest(
-        prompt=pb.Prompt(text=PROMPT), stopping=pb.StoppingOptions(max_new_tokens=1, ignore_eos=True),
-        logprobs=pb.LogprobOptions(top=1, prompt=True)))
+    grpc = server.stub.Generate(
+        pb.GenerateRequest(
+            prompt=pb.Prompt(text=PROMPT),
+            stopping=pb.StoppingOptions(max_new_tokens=1, ignore_eos=True),
+            logprobs=pb.LogprobOptions(top=1, prompt=True),
+        )
+    )
     got = complete(server, prompt=PROMPT, echo=True, max_tokens=1, logprobs=1, temperature=0)
     choice = got["choices"][0]
     choice_logprobs = choice["logprobs"]
     assert len(choice_logprobs["tokens"]) == len(ids) + 1
     assert choice_logprobs["token_logprobs"][0] is None and choice_logprobs["top_logprobs"][0] is None
-    scored = choice_logprobs["token_logprobs"][1:len(ids)]
+    scored = choice_logprobs["token_logprobs"][1 : len(ids)]
     assert scored == pytest.approx([p.logprob for p in grpc.prompt_logprobs], abs=1e-5)
     assert choice["text"] == PROMPT + grpc.text
     offsets = choice_logprobs["text_offset"]
     assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[len(ids)] == len(PROMPT)
-    assert "".join(choice_logprobs["tokens"][:len(ids)]) == PROMPT  # a byte-level vocabulary: plain text
+    assert "".join(choice_logprobs["tokens"][: len(ids)]) == PROMPT  # a byte-level vocabulary: plain text
 
 
 def test_streamed_echo_with_logprobs_sends_the_prompt_s_scores_before_the_reply(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     whole = complete(server, prompt=PROMPT, echo=True, logprobs=2, **GREEDY)["choices"][0]
     chunks = streamed(server, prompt=PROMPT, echo=True, logprobs=2, **GREEDY)
     assert chunks[0]["choices"][0]["text"] == PROMPT
@@ -218,10 +254,12 @@ def test_streamed_echo_with_logprobs_sends_the_prompt_s_scores_before_the_reply(
 
 
 def test_the_openai_sdk_reads_a_batch_with_echo_and_logprobs_as_lm_eval_sends_it(
-        sdk: openai.OpenAI, server: RunningServer) -> None:
+    sdk: openai.OpenAI, server: RunningServer
+) -> None:
     """lm-eval's local-completions loglikelihood: a batch of prompts, echo, max_tokens 1, logprobs 1."""
-    got = sdk.completions.create(model="", prompt=[PROMPT, OTHER], echo=True, max_tokens=1, logprobs=1,
-                                 temperature=0)
+    got = sdk.completions.create(
+        model="", prompt=[PROMPT, OTHER], echo=True, max_tokens=1, logprobs=1, temperature=0
+    )
     assert [c.index for c in got.choices] == [0, 1]
     for prompt, choice in zip((PROMPT, OTHER), got.choices, strict=True):
         ids = list(server.stub.Tokenize(pb.TokenizeRequest(text=prompt)).ids)
@@ -234,10 +272,11 @@ def test_the_openai_sdk_reads_a_batch_with_echo_and_logprobs_as_lm_eval_sends_it
 
 # -- the finish reason of a stream, text_offset --------------------------------------------------------
 
+
 def test_each_streamed_choice_has_its_finish_reason_on_its_last_chunk_and_on_no_other(
-        server: RunningServer) -> None:
-    chunks = streamed(server, prompt=[PROMPT, OTHER], n=2, temperature=1, seed=4, max_tokens=6,
-                      stop=["e"])
+    server: RunningServer,
+) -> None:
+    chunks = streamed(server, prompt=[PROMPT, OTHER], n=2, temperature=1, seed=4, max_tokens=6, stop=["e"])
     by_choice: dict[int, list[Any]] = {}
     for chunk in chunks:
         for choice in chunk["choices"]:
@@ -252,17 +291,24 @@ def test_text_offset_is_where_each_token_s_text_starts_in_the_choice_s_text(serv
     token that begins a multi-byte character adds nothing, and the one that ends it starts where
     the character does (its own text alone is U+FFFD)."""
     prompt = PROMPT  # its reply holds a character split over two tokens
-    pieces = [e.token.text for e in server.stub.GenerateStream(pb.GenerateRequest(
-        prompt=pb.Prompt(text=prompt), stopping=pb.StoppingOptions(max_new_tokens=12, ignore_eos=True)))
-        if e.HasField("token")]
+    pieces = [
+        e.token.text
+        for e in server.stub.GenerateStream(
+            pb.GenerateRequest(
+                prompt=pb.Prompt(text=prompt), stopping=pb.StoppingOptions(max_new_tokens=12, ignore_eos=True)
+            )
+        )
+        if e.HasField("token")
+    ]
     want = [sum(len(p) for p in pieces[:i]) for i in range(12)]
     assert len(set(want)) < 12, "some token makes no text of its own"
     got = complete(server, prompt=prompt, logprobs=0, temperature=0, max_tokens=12, ignore_eos=True)
     choice = got["choices"][0]
     assert choice["text"] == "".join(pieces) and choice["logprobs"]["text_offset"] == want
     chunks = streamed(server, prompt=prompt, logprobs=0, temperature=0, max_tokens=12, ignore_eos=True)
-    assert [o for c in chunks if c["choices"][0]["logprobs"]
-            for o in c["choices"][0]["logprobs"]["text_offset"]] == want
+    assert [
+        o for c in chunks if c["choices"][0]["logprobs"] for o in c["choices"][0]["logprobs"]["text_offset"]
+    ] == want
 
 
 def test_an_unarmed_stop_text_passes_whole_stops_over_and_finds_one_that_ends_once_armed() -> None:
@@ -271,8 +317,9 @@ def test_an_unarmed_stop_text_passes_whole_stops_over_and_finds_one_that_ends_on
     piece is found (one that began before) while one wholly passed over is not."""
     rng = random.Random(11)
     for _ in range(2000):
-        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 4)))
-                 for _ in range(rng.randint(1, 3))]
+        stops = [
+            "".join(rng.choice("ab") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))
+        ]
         stop_text = StopText(stops, armed=False)
         for _ in range(rng.randint(0, 6)):
             piece = "".join(rng.choice("abc") for _ in range(rng.randint(0, 3)))

@@ -25,8 +25,12 @@ from tests.support.waiting import wait_for
 
 PROMPT = "The quick brown fox"
 GREEDY = {"temperature": 0.0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
-SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
-          "required": ["color"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"color": {"enum": ["red", "green", "blue"]}},
+    "required": ["color"],
+    "additionalProperties": False,
+}
 
 
 def http_server(model: Path, **changes: Any) -> RunningServer:
@@ -34,12 +38,14 @@ def http_server(model: Path, **changes: Any) -> RunningServer:
 
 
 def client(running: RunningServer, key: str = "none") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{running.config.http_port}/v1", api_key=key,
-                         max_retries=0, timeout=30)
+    return openai.OpenAI(
+        base_url=f"http://127.0.0.1:{running.config.http_port}/v1", api_key=key, max_retries=0, timeout=30
+    )
 
 
-def post(running: RunningServer, path: str, body: dict[str, Any] | bytes,
-         headers: dict[str, str] | None = None) -> tuple[http.client.HTTPResponse, bytes]:
+def post(
+    running: RunningServer, path: str, body: dict[str, Any] | bytes, headers: dict[str, str] | None = None
+) -> tuple[http.client.HTTPResponse, bytes]:
     """A raw POST: the response (its headers) and its whole body."""
     connection = http.client.HTTPConnection("127.0.0.1", running.config.http_port, timeout=30)
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -73,8 +79,9 @@ def model(sdk: openai.OpenAI) -> str:
     return sdk.models.list().data[0].id
 
 
-def test_the_models_list_names_the_one_model_served_and_gets_it_by_name(sdk: openai.OpenAI,
-                                                                        server: RunningServer) -> None:
+def test_the_models_list_names_the_one_model_served_and_gets_it_by_name(
+    sdk: openai.OpenAI, server: RunningServer
+) -> None:
     listed = sdk.models.list().data
     directory = server.server.serving.model.name  # type: ignore[union-attr]
     assert [m.id for m in listed] == [Path(directory).name]  # the directory's name, not its path
@@ -92,36 +99,53 @@ def test_a_body_that_names_no_model_or_its_directory_gets_the_one_served(server:
     assert response.status == 404 and json.loads(data)["error"]["code"] == "model_not_found"
 
 
-def test_a_greedy_completion_is_the_grpc_generate_of_the_same_prompt(sdk: openai.OpenAI, model: str,
-                                                                     server: RunningServer) -> None:
+def test_a_greedy_completion_is_the_grpc_generate_of_the_same_prompt(
+    sdk: openai.OpenAI, model: str, server: RunningServer
+) -> None:
     got = sdk.completions.create(model=model, prompt=PROMPT, **GREEDY)  # type: ignore[arg-type]
-    grpc = server.stub.Generate(pb.GenerateRequest(prompt=pb.Prompt(text=PROMPT), stopping=pb.StoppingOptions(
-        max_new_tokens=12, ignore_eos=True)))
+    grpc = server.stub.Generate(
+        pb.GenerateRequest(
+            prompt=pb.Prompt(text=PROMPT), stopping=pb.StoppingOptions(max_new_tokens=12, ignore_eos=True)
+        )
+    )
     assert got.choices[0].text == grpc.text and got.choices[0].finish_reason == "length"
     assert got.usage is not None and got.usage.completion_tokens == 12
     assert got.usage.prompt_tokens == grpc.usage.prompt_tokens
 
 
 def test_a_chat_completion_goes_through_the_chat_template_as_a_grpc_chat_prompt_does(
-        sdk: openai.OpenAI, model: str, server: RunningServer) -> None:
-    got = sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
-                                      **GREEDY)  # type: ignore[arg-type]
+    sdk: openai.OpenAI, model: str, server: RunningServer
+) -> None:
+    got = sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], **GREEDY)  # type: ignore[arg-type]
     chat = pb.Chat(messages=[pb.ChatMessage(role="user", content="hi")])
-    grpc = server.stub.Generate(pb.GenerateRequest(prompt=pb.Prompt(chat=chat), stopping=pb.StoppingOptions(
-        max_new_tokens=12, ignore_eos=True)))
+    grpc = server.stub.Generate(
+        pb.GenerateRequest(
+            prompt=pb.Prompt(chat=chat), stopping=pb.StoppingOptions(max_new_tokens=12, ignore_eos=True)
+        )
+    )
     assert got.choices[0].message.role == "assistant"
     assert got.choices[0].message.content == grpc.text
     assert got.usage is not None and got.usage.prompt_tokens == grpc.usage.prompt_tokens
 
 
-def test_streamed_chunks_join_to_the_unstreamed_text_of_every_one_of_n_choices(sdk: openai.OpenAI,
-                                                                                model: str) -> None:
-    asked = {"model": model, "messages": [{"role": "user", "content": "tell me"}], "n": 3, "seed": 5,
-             "temperature": 1.0, "max_tokens": 10}
+def test_streamed_chunks_join_to_the_unstreamed_text_of_every_one_of_n_choices(
+    sdk: openai.OpenAI, model: str
+) -> None:
+    asked = {
+        "model": model,
+        "messages": [{"role": "user", "content": "tell me"}],
+        "n": 3,
+        "seed": 5,
+        "temperature": 1.0,
+        "max_tokens": 10,
+    }
     whole = sdk.chat.completions.create(**asked)  # type: ignore[call-overload]
     texts, finishes = ["", "", ""], [None, None, None]
-    stream = sdk.chat.completions.create(**asked, stream=True,  # type: ignore[call-overload]
-                                         stream_options={"include_usage": True})
+    stream = sdk.chat.completions.create(
+        **asked,
+        stream=True,  # type: ignore[call-overload]
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     for chunk in chunks[:-1]:
         for choice in chunk.choices:
@@ -134,8 +158,12 @@ def test_streamed_chunks_join_to_the_unstreamed_text_of_every_one_of_n_choices(s
 
 
 def test_a_seed_gives_the_same_sampled_text_every_time(sdk: openai.OpenAI, model: str) -> None:
-    texts = {sdk.completions.create(model=model, prompt=PROMPT, temperature=1.0, top_p=0.9, seed=42,
-                                    max_tokens=16).choices[0].text for _ in range(3)}
+    texts = {
+        sdk.completions.create(model=model, prompt=PROMPT, temperature=1.0, top_p=0.9, seed=42, max_tokens=16)
+        .choices[0]
+        .text
+        for _ in range(3)
+    }
     assert len(texts) == 1
 
 
@@ -143,30 +171,37 @@ def test_a_stop_string_ends_the_text_before_it_or_after_it_when_asked(sdk: opena
     free = sdk.completions.create(model=model, prompt=PROMPT, **GREEDY).choices[0].text  # type: ignore[arg-type]
     stop = free[5:7]
     got = sdk.completions.create(model=model, prompt=PROMPT, stop=[stop], **GREEDY)  # type: ignore[arg-type]
-    assert got.choices[0].text == free[:free.index(stop)] and got.choices[0].finish_reason == "stop"
+    assert got.choices[0].text == free[: free.index(stop)] and got.choices[0].finish_reason == "stop"
     including = {**GREEDY, "extra_body": {**GREEDY.get("extra_body", {}), "include_stop_str_in_output": True}}
     kept = sdk.completions.create(model=model, prompt=PROMPT, stop=[stop], **including)  # type: ignore[arg-type]
-    assert kept.choices[0].text == free[:free.index(stop) + len(stop)]
-    streamed = "".join(c.choices[0].text for c in sdk.completions.create(
-        model=model, prompt=PROMPT, stop=[stop], stream=True, **including) if c.choices)  # type: ignore[arg-type]
+    assert kept.choices[0].text == free[: free.index(stop) + len(stop)]
+    streamed = "".join(
+        c.choices[0].text
+        for c in sdk.completions.create(model=model, prompt=PROMPT, stop=[stop], stream=True, **including)
+        if c.choices
+    )  # type: ignore[arg-type]
     assert streamed == kept.choices[0].text
 
 
 def test_chat_logprobs_name_each_token_with_its_top_alternatives_most_likely_first(
-        sdk: openai.OpenAI, model: str) -> None:
-    got = sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
-                                      logprobs=True, top_logprobs=3, **GREEDY)  # type: ignore[arg-type]
+    sdk: openai.OpenAI, model: str
+) -> None:
+    got = sdk.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3, **GREEDY
+    )  # type: ignore[arg-type]
     content = got.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and len(content) == 12
     for token in content:
         assert len(token.top_logprobs) == 3
         assert token.logprob == token.top_logprobs[0].logprob  # greedy: the chosen token is the likeliest
-        assert [t.logprob for t in token.top_logprobs] == sorted((t.logprob for t in token.top_logprobs),
-                                                                 reverse=True)
+        assert [t.logprob for t in token.top_logprobs] == sorted(
+            (t.logprob for t in token.top_logprobs), reverse=True
+        )
 
 
-def test_completion_logprobs_cover_every_token_with_offsets_into_the_text(sdk: openai.OpenAI,
-                                                                           model: str) -> None:
+def test_completion_logprobs_cover_every_token_with_offsets_into_the_text(
+    sdk: openai.OpenAI, model: str
+) -> None:
     got = sdk.completions.create(model=model, prompt=PROMPT, logprobs=2, **GREEDY)  # type: ignore[arg-type]
     found = got.choices[0].logprobs
     assert found is not None and found.tokens is not None and found.top_logprobs is not None
@@ -180,33 +215,51 @@ def test_completion_logprobs_cover_every_token_with_offsets_into_the_text(sdk: o
 
 def test_a_json_schema_response_format_gives_json_the_schema_accepts(sdk: openai.OpenAI, model: str) -> None:
     got = sdk.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "a color"}], max_tokens=40, n=2, seed=3,
-        response_format={"type": "json_schema", "json_schema": {"name": "color", "schema": SCHEMA}})
+        model=model,
+        messages=[{"role": "user", "content": "a color"}],
+        max_tokens=40,
+        n=2,
+        seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "color", "schema": SCHEMA}},
+    )
     for choice in got.choices:
         assert choice.finish_reason == "stop"
         jsonschema.validate(json.loads(choice.message.content or ""), SCHEMA)
 
 
 def test_a_strict_json_schema_response_format_is_read_strictly_and_strict_takes_a_boolean(
-        sdk: openai.OpenAI, model: str) -> None:
+    sdk: openai.OpenAI, model: str
+) -> None:
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     got = sdk.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "ok?"}], max_tokens=40, seed=3,
-        response_format={"type": "json_schema",
-                         "json_schema": {"name": "ok", "schema": schema, "strict": True}})
+        model=model,
+        messages=[{"role": "user", "content": "ok?"}],
+        max_tokens=40,
+        seed=3,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "ok", "schema": schema, "strict": True},
+        },
+    )
     assert got.choices[0].finish_reason == "stop"
     assert json.loads(got.choices[0].message.content or "").keys() == {"ok"}  # no other member, strictly
     with pytest.raises(openai.BadRequestError) as raised:
         sdk.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "ok?"}], max_tokens=4,
-            response_format={"type": "json_schema", "json_schema": {"name": "ok", "schema": schema,
-                                                                     "strict": "yes"}})  # type: ignore[typeddict-item]
+            model=model,
+            messages=[{"role": "user", "content": "ok?"}],
+            max_tokens=4,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "ok", "schema": schema, "strict": "yes"},
+            },
+        )  # type: ignore[typeddict-item]
     body = raised.value.body
     assert isinstance(body, dict) and body["param"] == "response_format.json_schema.strict"
 
 
-def test_a_bad_value_is_400_with_the_error_object_naming_the_parameter(sdk: openai.OpenAI,
-                                                                       model: str) -> None:
+def test_a_bad_value_is_400_with_the_error_object_naming_the_parameter(
+    sdk: openai.OpenAI, model: str
+) -> None:
     with pytest.raises(openai.BadRequestError) as raised:
         sdk.completions.create(model=model, prompt=PROMPT, temperature=-1.0)
     error = raised.value.body
@@ -226,11 +279,22 @@ def test_a_body_over_the_message_limit_is_413(server: RunningServer, model: str)
     assert response.status == 413 and json.loads(body)["error"]["code"] == "message_too_large"
 
 
-def test_a_stream_is_data_events_then_done_with_usage_last_when_asked(server: RunningServer,
-                                                                       model: str) -> None:
-    response, body = post(server, "/v1/completions", {
-        "model": model, "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "ignore_eos": True,
-        "stream": True, "stream_options": {"include_usage": True}})
+def test_a_stream_is_data_events_then_done_with_usage_last_when_asked(
+    server: RunningServer, model: str
+) -> None:
+    response, body = post(
+        server,
+        "/v1/completions",
+        {
+            "model": model,
+            "prompt": PROMPT,
+            "max_tokens": 5,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert response.status == 200 and response.getheader("Content-Type", "").startswith("text/event-stream")
     data = events(body)
     assert data[-1] == "[DONE]"
@@ -291,11 +355,17 @@ def test_a_draining_server_is_503_with_retry_after_and_its_health_says_so(served
     assert json.loads(body)["error"]["code"] == "draining" and healthy == 503
 
 
-def test_a_chat_answer_carries_refusal_null_on_its_message_and_its_logprobs(server: RunningServer,
-                                                                          model: str) -> None:
+def test_a_chat_answer_carries_refusal_null_on_its_message_and_its_logprobs(
+    server: RunningServer, model: str
+) -> None:
     """OpenAI's schema requires `refusal` (nullable) on a chat message and on its logprobs."""
-    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
-            "logprobs": True, "top_logprobs": 1}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 3,
+        "logprobs": True,
+        "top_logprobs": 1,
+    }
     response, answer = post(server, "/v1/chat/completions", body)
     assert response.status == 200
     choice = json.loads(answer)["choices"][0]
@@ -303,8 +373,9 @@ def test_a_chat_answer_carries_refusal_null_on_its_message_and_its_logprobs(serv
     assert choice["logprobs"]["refusal"] is None and len(choice["logprobs"]["content"]) == 3
 
 
-def test_tokenize_and_detokenize_answer_as_the_grpc_calls_in_vllm_s_shapes(server: RunningServer,
-                                                                           model: str) -> None:
+def test_tokenize_and_detokenize_answer_as_the_grpc_calls_in_vllm_s_shapes(
+    server: RunningServer, model: str
+) -> None:
     text = "The capital of France is"
     ids = list(server.stub.Tokenize(pb.TokenizeRequest(text=text)).ids)
     response, body = post(server, "/tokenize", {"model": model, "prompt": text})
@@ -315,22 +386,32 @@ def test_tokenize_and_detokenize_answer_as_the_grpc_calls_in_vllm_s_shapes(serve
     assert response.status == 200 and json.loads(body) == {"prompt": text}
     messages = [{"role": "user", "content": "Hi"}]
     chat = json.loads(post(server, "/tokenize", {"messages": messages})[1])
-    grpc_chat = server.stub.Tokenize(pb.TokenizeRequest(chat=pb.Chat(
-        messages=[pb.ChatMessage(role="user", content="Hi")])))
+    grpc_chat = server.stub.Tokenize(
+        pb.TokenizeRequest(chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="Hi")]))
+    )
     assert chat["tokens"] == list(grpc_chat.ids)
-    refused = (("/tokenize", {"prompt": 3}, "prompt"), ("/detokenize", {"tokens": ["a"]}, "tokens"),
-               ("/detokenize", {"tokens": [10**9]}, "tokens"))
+    refused = (
+        ("/tokenize", {"prompt": 3}, "prompt"),
+        ("/detokenize", {"tokens": ["a"]}, "tokens"),
+        ("/detokenize", {"tokens": [10**9]}, "tokens"),
+    )
     for path, bad, field in refused:
         response, body = post(server, path, bad)
         assert response.status == 400 and json.loads(body)["error"]["param"] == field, (path, body)
 
 
-def test_logprob_bytes_are_each_token_s_own_so_they_join_to_the_reply_s_text(server: RunningServer,
-                                                                            model: str) -> None:
+def test_logprob_bytes_are_each_token_s_own_so_they_join_to_the_reply_s_text(
+    server: RunningServer, model: str
+) -> None:
     """A token that is a piece of a multi-byte character has U+FFFD for its own text, and its real
     bytes in `bytes` (they were the replacement character's)."""
-    body = {"model": model, "messages": [{"role": "user", "content": "请用中文回答：你好吗？"}],
-            "max_tokens": 12, "logprobs": True, "temperature": 0}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "请用中文回答：你好吗？"}],
+        "max_tokens": 12,
+        "logprobs": True,
+        "temperature": 0,
+    }
     response, answer = post(server, "/v1/chat/completions", body)
     assert response.status == 200
     choice = json.loads(answer)["choices"][0]
@@ -341,8 +422,9 @@ def test_logprob_bytes_are_each_token_s_own_so_they_join_to_the_reply_s_text(ser
     assert all(entry["bytes"] != list("\ufffd".encode()) for entry in content)
 
 
-def test_vllm_s_structured_outputs_field_constrains_as_its_guided_extras_do(server: RunningServer,
-                                                                           model: str) -> None:
+def test_vllm_s_structured_outputs_field_constrains_as_its_guided_extras_do(
+    server: RunningServer, model: str
+) -> None:
     def text_of(extra: dict[str, Any]) -> str:
         body = {"model": model, "prompt": "The answer is", "max_tokens": 12, "temperature": 0, **extra}
         response, answer = post(server, "/v1/completions", body)
@@ -355,9 +437,11 @@ def test_vllm_s_structured_outputs_field_constrains_as_its_guided_extras_do(serv
     parsed = json.loads(text_of({"structured_outputs": {"json": schema}, "max_tokens": 40}))
     assert isinstance(parsed["n"], int)
     assert text_of({"structured_outputs": {"choice": ["a", "b"]}}) == text_of({"guided_choice": ["a", "b"]})
-    refused = (({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
-               ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
-               ({"structured_outputs": {"regex": "a"}, "guided_regex": "a"}, "structured_outputs"))
+    refused = (
+        ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a"}, "guided_regex": "a"}, "structured_outputs"),
+    )
     for extra, param in refused:
         response, answer = post(server, "/v1/completions", {"model": model, "prompt": "x", **extra})
         assert response.status == 400 and json.loads(answer)["error"]["param"] == param, answer

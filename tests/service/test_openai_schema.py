@@ -28,13 +28,26 @@ from tests.service.test_openai_http import events, http_server, post
 from tests.support.servers import RunningServer
 
 SPEC = Path(__file__).with_name("openai_openapi") / "schemas.json"
-CHAT, CHUNK, COMPLETION = ("CreateChatCompletionResponse", "CreateChatCompletionStreamResponse",
-                           "CreateCompletionResponse")
+CHAT, CHUNK, COMPLETION = (
+    "CreateChatCompletionResponse",
+    "CreateChatCompletionStreamResponse",
+    "CreateCompletionResponse",
+)
 MESSAGES = [{"role": "user", "content": "hi"}]
 # Short calls whatever the generated model's weights (an open number may run past max_tokens).
-PICK = {"type": "function", "function": {"name": "pick", "description": "Pick a colour", "parameters": {
-    "type": "object", "properties": {"colour": {"enum": ["red", "green"]}}, "required": ["colour"],
-    "additionalProperties": False}}}
+PICK = {
+    "type": "function",
+    "function": {
+        "name": "pick",
+        "description": "Pick a colour",
+        "parameters": {
+            "type": "object",
+            "properties": {"colour": {"enum": ["red", "green"]}},
+            "required": ["colour"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def nullable_as_null(node: Any) -> Any:
@@ -106,9 +119,16 @@ ONE_CALL = {"max_tokens": 100, "temperature": 0, "parallel_tool_calls": False, "
 CHAT_BODIES: dict[str, dict[str, Any]] = {
     "plain": {"max_tokens": 4},
     "n and logprobs": {"max_tokens": 4, "n": 2, "seed": 1, "logprobs": True, "top_logprobs": 2},
-    "json schema": {"max_tokens": 12, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
-                                "required": ["n"]}}}},
+    "json schema": {
+        "max_tokens": 12,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "x",
+                "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+            },
+        },
+    },
     "a named tool": {**ONE_CALL, "tool_choice": {"type": "function", "function": {"name": "pick"}}},
     "a required tool, logprobs": {**ONE_CALL, "tool_choice": "required", "logprobs": True},
     "tools offered, none called": {"max_tokens": 4, "tools": [PICK], "tool_choice": "none"},
@@ -116,16 +136,18 @@ CHAT_BODIES: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("shape", list(CHAT_BODIES))
-def test_a_chat_completion_and_its_chunks_validate_against_openai_s_spec(server: RunningServer,
-                                                                          shape: str) -> None:
+def test_a_chat_completion_and_its_chunks_validate_against_openai_s_spec(
+    server: RunningServer, shape: str
+) -> None:
     spec = load_spec()
     body = {"messages": MESSAGES, **CHAT_BODIES[shape]}
     whole = answer(server, "/v1/chat/completions", body)
     assert_valid(validator(spec, CHAT), whole)
     if "tool" in shape and shape != "tools offered, none called":
         assert whole["choices"][0]["message"]["tool_calls"], whole
-    chunks = answer(server, "/v1/chat/completions", {**body, "stream": True,
-                                                    "stream_options": {"include_usage": True}})
+    chunks = answer(
+        server, "/v1/chat/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}
+    )
     check = validator(spec, CHUNK)
     for chunk in chunks:
         assert_valid(check, chunk)
@@ -134,21 +156,28 @@ def test_a_chat_completion_and_its_chunks_validate_against_openai_s_spec(server:
 
 COMPLETION_BODIES: dict[str, dict[str, Any]] = {
     "plain": {"prompt": "The quick brown fox", "max_tokens": 4},
-    "several prompts, n, logprobs": {"prompt": ["The quick", [65, 66, 67]], "n": 2, "max_tokens": 4,
-                                     "logprobs": 2, "seed": 3},
+    "several prompts, n, logprobs": {
+        "prompt": ["The quick", [65, 66, 67]],
+        "n": 2,
+        "max_tokens": 4,
+        "logprobs": 2,
+        "seed": 3,
+    },
     "a stop string, min_tokens": {"prompt": "The quick", "max_tokens": 6, "stop": ["e"], "min_tokens": 2},
     "echo": {"prompt": "The quick", "max_tokens": 3, "echo": True},
 }
 
 
 @pytest.mark.parametrize("shape", list(COMPLETION_BODIES))
-def test_a_completion_and_its_chunks_validate_against_openai_s_spec(server: RunningServer,
-                                                                     shape: str) -> None:
+def test_a_completion_and_its_chunks_validate_against_openai_s_spec(
+    server: RunningServer, shape: str
+) -> None:
     spec = load_spec()
     body = COMPLETION_BODIES[shape]
     assert_valid(validator(spec, COMPLETION), answer(server, "/v1/completions", body))
-    chunks = answer(server, "/v1/completions", {**body, "stream": True,
-                                                "stream_options": {"include_usage": True}})
+    chunks = answer(
+        server, "/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}
+    )
     last = {choice["index"]: i for i, chunk in enumerate(chunks) for choice in chunk["choices"]}
     strict, streaming = validator(spec, COMPLETION), validator(null_finish(load_spec()), COMPLETION)
     for i, chunk in enumerate(chunks):

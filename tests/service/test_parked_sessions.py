@@ -37,8 +37,9 @@ def prefill(running: RunningServer, tokens: list[int]) -> str:
 
 
 def decode(running: RunningServer, session_id: str, n: int) -> list[int]:
-    request = pb.DecodeRequest(session_id=session_id,
-                               stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True))
+    request = pb.DecodeRequest(
+        session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True)
+    )
     return [e.token.id for e in running.stub.Decode(request) if e.HasField("token")]
 
 
@@ -52,8 +53,10 @@ def metric(running: RunningServer, name: str) -> float:
 
 def test_more_sessions_than_slots_stay_open_and_each_continues_as_a_fresh_run(parking: RunningServer) -> None:
     prompts = [prompt_ids(40 + 9 * i, seed=300 + i) for i in range(SESSIONS)]
-    fresh = [[e.token.id for e in parking.stub.GenerateStream(greedy_request(p, 6)) if e.HasField("token")]
-             for p in prompts]
+    fresh = [
+        [e.token.id for e in parking.stub.GenerateStream(greedy_request(p, 6)) if e.HasField("token")]
+        for p in prompts
+    ]
     ids = [prefill(parking, p) for p in prompts]  # seven sessions on two slots: five park
     assert metric(parking, "ladder_sessions_parked") >= SESSIONS - SLOTS
     stats = parking.stub.GetEngineStats(pb.GetEngineStatsRequest())
@@ -159,7 +162,8 @@ def open_until_refused(running: RunningServer, caller: str, seed: int) -> tuple[
 
 
 def test_a_caller_past_its_share_of_session_memory_is_refused_while_another_still_opens(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     config = server_config(served_model, max_sessions=1, session_memory_mb=1, auth_tokens=TOKENS)
     with RunningServer(config) as running:
         alice, refused = open_until_refused(running, "alice", seed=800)

@@ -37,8 +37,9 @@ def open_session(running: RunningServer, tokens: list[int], caller: str = "") ->
 
 
 def decode(running: RunningServer, session_id: str, n: int) -> list[int]:
-    request = pb.DecodeRequest(session_id=session_id,
-                               stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True))
+    request = pb.DecodeRequest(
+        session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True)
+    )
     return [e.token.id for e in running.stub.Decode(request) if e.HasField("token")]
 
 
@@ -67,7 +68,8 @@ def generated(running: RunningServer, tokens: list[int], n: int = 12) -> list[in
 
 
 def test_a_forked_session_decodes_what_the_source_and_a_full_prefill_decode(
-        server: RunningServer, unshared: RunningServer) -> None:
+    server: RunningServer, unshared: RunningServer
+) -> None:
     source = open_session(server, SYSTEM)
     forked = fork(server, source.session_id)
     assert (forked.length, forked.source_session_id) == (150, source.session_id)
@@ -84,8 +86,9 @@ def test_a_forked_session_decodes_what_the_source_and_a_full_prefill_decode(
 
 
 def test_fork_errors_have_their_codes_and_take_no_slot(served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=2, sessions_per_caller=8,
-                                          session_memory_mb=0))
+    running = RunningServer(
+        server_config(served_model, max_sessions=2, sessions_per_caller=8, session_memory_mb=0)
+    )
     try:
         source = open_session(running, SYSTEM[:20]).session_id
         assert refused(lambda: fork(running, "pod-a.nosuchsession")) == grpc.StatusCode.NOT_FOUND
@@ -98,22 +101,26 @@ def test_fork_errors_have_their_codes_and_take_no_slot(served_model: Path) -> No
 
 
 def test_a_fork_counts_toward_the_callers_share(served_model: Path) -> None:
-    running = RunningServer(server_config(served_model, max_sessions=3, auth_tokens=TOKENS,
-                                          session_memory_mb=0))
+    running = RunningServer(
+        server_config(served_model, max_sessions=3, auth_tokens=TOKENS, session_memory_mb=0)
+    )
     try:
         source = open_session(running, SYSTEM[:20], "alice").session_id
         request = pb.ForkSessionRequest(session_id=source)
         running.stub.ForkSession(request, metadata=bearer("alice"))
         code = refused(lambda: running.stub.ForkSession(request, metadata=bearer("alice")))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED  # alice holds 2 of 3: her share
-        assert refused(lambda: running.stub.ForkSession(request, metadata=bearer("bob"))) == \
-            grpc.StatusCode.NOT_FOUND  # another caller's session does not exist for bob
+        assert (
+            refused(lambda: running.stub.ForkSession(request, metadata=bearer("bob")))
+            == grpc.StatusCode.NOT_FOUND
+        )  # another caller's session does not exist for bob
     finally:
         running.close()
 
 
 def test_generate_calls_sharing_a_prefix_give_the_tokens_of_a_full_prefill(
-        server: RunningServer, unshared: RunningServer) -> None:
+    server: RunningServer, unshared: RunningServer
+) -> None:
     first, second = SYSTEM + prompt_ids(20, seed=1), SYSTEM + prompt_ids(30, seed=2)
     before = server.stats().prefix
     server.stub.Generate(greedy_request(first, 4))
@@ -131,8 +138,9 @@ def test_generate_calls_sharing_a_prefix_give_the_tokens_of_a_full_prefill(
     assert server.stats().sessions_open == 0
 
 
-def test_a_new_sessions_first_prefill_starts_from_a_held_prefix(server: RunningServer,
-                                                                unshared: RunningServer) -> None:
+def test_a_new_sessions_first_prefill_starts_from_a_held_prefix(
+    server: RunningServer, unshared: RunningServer
+) -> None:
     tokens = SYSTEM + prompt_ids(10, seed=3)
     server.stub.Generate(greedy_request(SYSTEM + prompt_ids(5, seed=4), 2))
     events = list(server.stub.Prefill(iter([pb.PrefillRequest(prompt=ids(tokens))])))
@@ -157,7 +165,8 @@ def test_with_auth_on_a_prefix_is_never_shared_across_callers_unless_allowed(ser
 
 
 def test_sharing_off_shares_nothing_and_prefix_metrics_are_exported(
-        server: RunningServer, unshared: RunningServer) -> None:
+    server: RunningServer, unshared: RunningServer
+) -> None:
     unshared.stub.Generate(greedy_request(SYSTEM + [1], 2))
     reply = unshared.stub.Generate(greedy_request(SYSTEM + [2], 2))
     assert reply.prefill.shared_rows == 0

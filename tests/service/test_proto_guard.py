@@ -36,17 +36,31 @@ def test_the_proto_keeps_everything_the_released_api_has(buf: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize(("before", "after", "complaint"), [
-    ("  uint32 max_new_tokens = 1;", "  uint32 max_new_tokens = 9;",
-     'Previously present field "1" with name "max_new_tokens" '
-     'on message "StoppingOptions" was deleted.'),
-    ("  uint32 max_new_tokens = 1;", "  uint32 max_tokens = 1;",
-     'Field "1" on message "StoppingOptions" changed name from "max_new_tokens" to "max_tokens".'),
-    ("  rpc Rewind(RewindRequest) returns (RewindResponse);\n", "",
-     'Previously present RPC "Rewind" on service "Ladder" was deleted.'),
-], ids=["renumbered", "renamed", "rpc-removed"])
+@pytest.mark.parametrize(
+    ("before", "after", "complaint"),
+    [
+        (
+            "  uint32 max_new_tokens = 1;",
+            "  uint32 max_new_tokens = 9;",
+            'Previously present field "1" with name "max_new_tokens" '
+            'on message "StoppingOptions" was deleted.',
+        ),
+        (
+            "  uint32 max_new_tokens = 1;",
+            "  uint32 max_tokens = 1;",
+            'Field "1" on message "StoppingOptions" changed name from "max_new_tokens" to "max_tokens".',
+        ),
+        (
+            "  rpc Rewind(RewindRequest) returns (RewindResponse);\n",
+            "",
+            'Previously present RPC "Rewind" on service "Ladder" was deleted.',
+        ),
+    ],
+    ids=["renumbered", "renamed", "rpc-removed"],
+)
 def test_a_change_that_breaks_old_clients_fails_buf_breaking(
-        buf: str, tmp_path: Path, before: str, after: str, complaint: str) -> None:
+    buf: str, tmp_path: Path, before: str, after: str, complaint: str
+) -> None:
     scratch = tmp_path / "proto"
     shutil.copytree(PROTO, scratch, ignore=shutil.ignore_patterns("*.py", "*.pyi", "__pycache__"))
     proto = scratch / "ladder" / "v1" / "ladder.proto"

@@ -44,8 +44,11 @@ def emitted_reasons() -> dict[str, set[str]]:
     for path in SOURCES:
         tree = ast.parse(path.read_text(), str(path))
         # A helper that builds an error (`def _invalid(...) -> InvalidInput`) stands for its class.
-        returns = {node.name: _name(node.returns) for node in ast.walk(tree)
-                   if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+        returns = {
+            node.name: _name(node.returns)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 callee = _name(node.func)
@@ -53,13 +56,19 @@ def emitted_reasons() -> dict[str, set[str]]:
                 code = CODES.get(callee) or CODES.get(returns.get(callee, ""), "?")
                 for keyword in node.keywords:
                     value = keyword.value
-                    if (keyword.arg == "reason" and isinstance(value, ast.Constant)
-                            and isinstance(value.value, str) and REASON.fullmatch(value.value)):
+                    if (
+                        keyword.arg == "reason"
+                        and isinstance(value, ast.Constant)
+                        and isinstance(value.value, str)
+                        and REASON.fullmatch(value.value)
+                    ):
                         found[value.value].add(code)
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _name(node.returns) in CODES:
-                positional = node.args.args[len(node.args.args) - len(node.args.defaults):]
-                pairs = [*zip(positional, node.args.defaults, strict=True),
-                         *zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True)]
+                positional = node.args.args[len(node.args.args) - len(node.args.defaults) :]
+                pairs = [
+                    *zip(positional, node.args.defaults, strict=True),
+                    *zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True),
+                ]
                 for argument, default in pairs:
                     if argument.arg == "reason" and isinstance(default, ast.Constant) and default.value:
                         found[str(default.value)].add(CODES[_name(node.returns)])
@@ -73,7 +82,7 @@ def documented_reasons() -> dict[str, set[str]]:
     start = next(i for i, line in enumerate(lines) if line.startswith("| code | reason |"))
     table: dict[str, set[str]] = defaultdict(set)
     code = ""
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         cells = [cell.strip() for cell in line.strip("|").split("|")]
@@ -97,8 +106,11 @@ def test_every_reason_the_server_can_emit_is_in_the_api_docs_with_its_status_cod
     documented = documented_reasons()
     missing = {reason: codes for reason, codes in emitted_reasons().items() if reason not in documented}
     assert not missing, f"reasons the server emits that docs/api.md's reason table lacks: {missing}"
-    wrong = {reason: (codes, documented[reason]) for reason, codes in emitted_reasons().items()
-             if codes != documented[reason]}
+    wrong = {
+        reason: (codes, documented[reason])
+        for reason, codes in emitted_reasons().items()
+        if codes != documented[reason]
+    }
     assert not wrong, f"reasons whose status code (emitted, documented) differs: {wrong}"
 
 
@@ -109,8 +121,11 @@ def test_every_reason_not_written_out_passes_on_one_that_is() -> None:
     for path in SOURCES:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and _name(node.func) in CODES:
-                passed_on |= {(path.relative_to(ROOT).as_posix(), ast.unparse(k.value)) for k in node.keywords
-                              if k.arg == "reason" and not isinstance(k.value, ast.Constant)}
+                passed_on |= {
+                    (path.relative_to(ROOT).as_posix(), ast.unparse(k.value))
+                    for k in node.keywords
+                    if k.arg == "reason" and not isinstance(k.value, ast.Constant)
+                }
     assert passed_on == {("engine/constrain/cache.py", "self.reason"), ("engine/constrain/gbnf.py", "reason")}
 
 

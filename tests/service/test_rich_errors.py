@@ -38,8 +38,9 @@ def tokens(ids: list[int]) -> pb.Prompt:
     return pb.Prompt(tokens=pb.TokenIds(ids=ids))
 
 
-def open_session(running: RunningServer, ids: list[int] | None = None,
-                 metadata: tuple[tuple[str, str], ...] = ()) -> str:
+def open_session(
+    running: RunningServer, ids: list[int] | None = None, metadata: tuple[tuple[str, str], ...] = ()
+) -> str:
     first = pb.PrefillRequest(prompt=tokens(ids or [5, 6]))
     return str(list(running.stub.Prefill(iter([first]), metadata=metadata))[-1].done.session_id)
 
@@ -51,25 +52,47 @@ def plain(served_model: Path, request: pytest.FixtureRequest) -> Iterator[Runnin
     running.close()
 
 
-@pytest.mark.parametrize(("request_", "reason", "field"), [
-    (greedy_request([5, 100000], 2), "TOKEN_OUT_OF_VOCABULARY", "prompt.tokens.ids"),
-    (greedy_request([], 2), "EMPTY_PROMPT", "prompt"),
-    (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(temperature=-1)), "INVALID_SAMPLING",
-     "sampling.temperature"),
-    (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(top_p=2)), "INVALID_SAMPLING",
-     "sampling.top_p"),
-    (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(min_p=2)), "INVALID_SAMPLING",
-     "sampling.min_p"),
-    (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(presence_penalty=3)),
-     "INVALID_SAMPLING", "sampling.presence_penalty"),
-    (pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(frequency_penalty=-3)),
-     "INVALID_SAMPLING", "sampling.frequency_penalty"),
-    (greedy_request([5], 2, stop=["x"] * 17), "TOO_MANY_STOPS", "stopping.stop"),
-    (pb.GenerateRequest(prompt=tokens([5]), logprobs=pb.LogprobOptions(top=21)), "INVALID_LOGPROBS",
-     "logprobs.top"),
-])
+@pytest.mark.parametrize(
+    ("request_", "reason", "field"),
+    [
+        (greedy_request([5, 100000], 2), "TOKEN_OUT_OF_VOCABULARY", "prompt.tokens.ids"),
+        (greedy_request([], 2), "EMPTY_PROMPT", "prompt"),
+        (
+            pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(temperature=-1)),
+            "INVALID_SAMPLING",
+            "sampling.temperature",
+        ),
+        (
+            pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(top_p=2)),
+            "INVALID_SAMPLING",
+            "sampling.top_p",
+        ),
+        (
+            pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(min_p=2)),
+            "INVALID_SAMPLING",
+            "sampling.min_p",
+        ),
+        (
+            pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(presence_penalty=3)),
+            "INVALID_SAMPLING",
+            "sampling.presence_penalty",
+        ),
+        (
+            pb.GenerateRequest(prompt=tokens([5]), sampling=pb.SamplingOptions(frequency_penalty=-3)),
+            "INVALID_SAMPLING",
+            "sampling.frequency_penalty",
+        ),
+        (greedy_request([5], 2, stop=["x"] * 17), "TOO_MANY_STOPS", "stopping.stop"),
+        (
+            pb.GenerateRequest(prompt=tokens([5]), logprobs=pb.LogprobOptions(top=21)),
+            "INVALID_LOGPROBS",
+            "logprobs.top",
+        ),
+    ],
+)
 def test_invalid_argument_names_its_reason_and_the_field_at_fault(
-        plain: RunningServer, request_: pb.GenerateRequest, reason: str, field: str) -> None:
+    plain: RunningServer, request_: pb.GenerateRequest, reason: str, field: str
+) -> None:
     got = details_of(lambda: plain.stub.Generate(request_))
     assert (got.code, got.reason, got.fields) == (Code.INVALID_ARGUMENT, reason, [field])
     assert got.domain == "ladder.v1"
@@ -78,8 +101,11 @@ def test_invalid_argument_names_its_reason_and_the_field_at_fault(
 
 def test_out_of_range_names_the_limit_it_is_over(plain: RunningServer) -> None:
     over = details_of(lambda: plain.stub.Generate(greedy_request([5], 257)))
-    assert (over.code, over.reason, over.fields) == (Code.OUT_OF_RANGE, "MAX_NEW_TOKENS_OVER_LIMIT",
-                                                     ["stopping.max_new_tokens"])
+    assert (over.code, over.reason, over.fields) == (
+        Code.OUT_OF_RANGE,
+        "MAX_NEW_TOKENS_OVER_LIMIT",
+        ["stopping.max_new_tokens"],
+    )
     full = details_of(lambda: plain.stub.Generate(greedy_request(prompt_ids(1020), 10)))
     assert (full.code, full.reason) == (Code.OUT_OF_RANGE, "CAPACITY_EXCEEDED")
 
@@ -93,21 +119,30 @@ def test_session_errors_have_their_own_reasons(plain: RunningServer) -> None:
     session = open_session(plain)
     try:
         past_end = details_of(lambda: plain.stub.Rewind(pb.RewindRequest(session_id=session, length=9)))
-        assert (past_end.code, past_end.reason, past_end.fields) == (Code.INVALID_ARGUMENT, "LENGTH_PAST_END",
-                                                                     ["length"])
+        assert (past_end.code, past_end.reason, past_end.fields) == (
+            Code.INVALID_ARGUMENT,
+            "LENGTH_PAST_END",
+            ["length"],
+        )
     finally:
         plain.stub.CloseSession(pb.CloseSessionRequest(session_id=session))
 
 
 def test_a_session_id_on_a_later_prefill_message_is_refused_and_the_prefill_undone(
-        plain: RunningServer) -> None:
+    plain: RunningServer,
+) -> None:
     session = open_session(plain, [5, 6, 7])
     try:
-        parts = [pb.PrefillRequest(session_id=session, prompt=tokens([8, 9])),
-                 pb.PrefillRequest(session_id=session, prompt=tokens([10]))]
+        parts = [
+            pb.PrefillRequest(session_id=session, prompt=tokens([8, 9])),
+            pb.PrefillRequest(session_id=session, prompt=tokens([10])),
+        ]
         got = details_of(lambda: list(plain.stub.Prefill(iter(parts))))
-        assert (got.code, got.reason, got.fields) == (Code.INVALID_ARGUMENT, "SESSION_ID_NOT_FIRST",
-                                                      ["session_id"])
+        assert (got.code, got.reason, got.fields) == (
+            Code.INVALID_ARGUMENT,
+            "SESSION_ID_NOT_FIRST",
+            ["session_id"],
+        )
         # The refused Prefill had run its first part ([8, 9]); the session is back at 3 tokens.
         past_end = details_of(lambda: plain.stub.Rewind(pb.RewindRequest(session_id=session, length=4)))
         assert past_end.reason == "LENGTH_PAST_END" and "holds 3" in past_end.message
@@ -116,10 +151,12 @@ def test_a_session_id_on_a_later_prefill_message_is_refused_and_the_prefill_undo
 
 
 def test_a_full_queue_full_slots_and_a_callers_quota_are_three_reasons_each_with_a_retry_delay(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     # One slot, one queue place: a session holds the slot, one Generate waits for it in the queue.
-    running = RunningServer(server_config(served_model, max_sessions=1, max_queue=1, sessions_per_caller=1,
-                                          session_memory_mb=0))  # sessions hold their slots
+    running = RunningServer(
+        server_config(served_model, max_sessions=1, max_queue=1, sessions_per_caller=1, session_memory_mb=0)
+    )  # sessions hold their slots
     try:
         held = open_session(running)
         waiting = running.stub.Generate.future(greedy_request([5, 6], 2))
@@ -179,8 +216,11 @@ def test_a_missing_or_unknown_token_is_told_apart(served_model: Path) -> None:
     running = RunningServer(server_config(served_model, auth_tokens=("alice=secret",)))
     try:
         missing = details_of(lambda: running.stub.GetModelInfo(pb.GetModelInfoRequest()))
-        unknown = details_of(lambda: running.stub.GetModelInfo(
-            pb.GetModelInfoRequest(), metadata=(("authorization", "Bearer guess"),)))
+        unknown = details_of(
+            lambda: running.stub.GetModelInfo(
+                pb.GetModelInfoRequest(), metadata=(("authorization", "Bearer guess"),)
+            )
+        )
     finally:
         running.close()
     assert (missing.code, missing.reason) == (Code.UNAUTHENTICATED, "TOKEN_MISSING")
@@ -188,7 +228,8 @@ def test_a_missing_or_unknown_token_is_told_apart(served_model: Path) -> None:
 
 
 def test_bytes_that_are_not_the_message_are_malformed_request_of_the_request_as_a_whole(
-        plain: RunningServer) -> None:
+    plain: RunningServer,
+) -> None:
     call = plain.channel.unary_unary("/ladder.v1.Ladder/Generate")
     got = details_of(lambda: call(b"\xff\xff\xff\xff", timeout=10))
     assert (got.code, got.reason, got.fields) == (Code.INVALID_ARGUMENT, "MALFORMED_REQUEST", [""])

@@ -79,8 +79,10 @@ def test_seeded_sampling_gives_the_same_tokens_alone_and_batched(server: Running
     alone = list(server.stub.Generate(request).token_ids)
     before = server.stats().decode
     # Five long streams are decoding (each has sent its first token) while the request runs.
-    crowd = [server.stub.GenerateStream(sampled(prompt_ids(20 + 10 * i, seed=i), seed=i, new=250))
-             for i in range(5)]
+    crowd = [
+        server.stub.GenerateStream(sampled(prompt_ids(20 + 10 * i, seed=i), seed=i, new=250))
+        for i in range(5)
+    ]
     for stream in crowd:
         assert next(stream).HasField("token")
     batched = list(server.stub.Generate(request).token_ids)
@@ -93,7 +95,8 @@ def test_seeded_sampling_gives_the_same_tokens_alone_and_batched(server: Running
 
 @pytest.mark.parametrize("n", [2**32 - 1, 13])
 def test_more_samples_than_slots_are_out_of_range_and_a_caller_may_take_every_slot(
-        server: RunningServer, n: int) -> None:
+    server: RunningServer, n: int
+) -> None:
     # The server has 12 slots. Idle sessions park by default, so a caller's share is not a number
     # of slots: its samples may take all twelve (tests/service/test_fair_share.py: with parking off).
     with pytest.raises(grpc.RpcError) as caught:
@@ -111,7 +114,8 @@ def test_a_cancelled_stream_of_n_samples_returns_every_slot(server: RunningServe
 
 
 def test_samples_of_a_prompt_whose_prefix_is_held_are_the_samples_of_a_full_prefill(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     tokens = prompt_ids(200, seed=17)
     first = server.stub.Generate(sampled(tokens, n=3))
     second = server.stub.Generate(sampled(tokens, n=3))

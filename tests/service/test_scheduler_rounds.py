@@ -64,8 +64,9 @@ class RecordingEngine:
     """Sessions on `slots` rows; a prefill forward takes CHUNK tokens (or the span); a token is its
     session's length; every step and every batched choice is recorded."""
 
-    def __init__(self, slots: int = 4, fail_rows: frozenset[int] = frozenset(),
-                 prompt_batch: int = 1) -> None:
+    def __init__(
+        self, slots: int = 4, fail_rows: frozenset[int] = frozenset(), prompt_batch: int = 1
+    ) -> None:
         self.rows = slots
         self.facts = SimpleNamespace(prompt_batch=prompt_batch)
         self.free = set(range(slots))
@@ -118,8 +119,10 @@ class RecordingEngine:
                 tokens = tuple(s.length for s in sessions)
                 chosen.extend(s.row for s in sessions)
             prefills.append(Outcome(PrefillProgress(task, report, 0, tokens)))  # type: ignore[arg-type]
-        ops = tuple(Outcome(op.session.length) if isinstance(op, Choose) and out.error is None else out
-                    for op, out in zip(step.ops, ops, strict=True))
+        ops = tuple(
+            Outcome(op.session.length) if isinstance(op, Choose) and out.error is None else out
+            for op, out in zip(step.ops, ops, strict=True)
+        )
         chosen.extend(op.session.row for op in step.ops if isinstance(op, Choose))
         if chosen:
             self.choices.append(len(chosen))
@@ -130,10 +133,16 @@ class RecordingEngine:
                 continue
             row.session.length += 1
             decode.append(Outcome(row.session.length if row.sampler is not None else None))
-        return StepResult(opens=tuple(opens), ops=ops, op_seconds=(0.001,) * len(ops),
-                          prefills=tuple(prefills), decode=tuple(decode),
-                          batch=len(step.decode), prefill_seconds=(0.0,) * len(prefills),
-                          choices=int(bool(chosen)))
+        return StepResult(
+            opens=tuple(opens),
+            ops=ops,
+            op_seconds=(0.001,) * len(ops),
+            prefills=tuple(prefills),
+            decode=tuple(decode),
+            batch=len(step.decode),
+            prefill_seconds=(0.0,) * len(prefills),
+            choices=int(bool(chosen)),
+        )
 
     def _op(self, op: Any) -> Outcome:
         if isinstance(op, Close):
@@ -168,9 +177,14 @@ async def collect(scheduler: Scheduler, body: Generator[Any, Any, None], hold: b
     return [event async for event in scheduler.stream(body, hold=hold)]
 
 
-def run(loop: asyncio.AbstractEventLoop, scheduler: Scheduler, *bodies: Generator[Any, Any, None],
-        hold: bool = True) -> list[list[Any]]:
+def run(
+    loop: asyncio.AbstractEventLoop,
+    scheduler: Scheduler,
+    *bodies: Generator[Any, Any, None],
+    hold: bool = True,
+) -> list[list[Any]]:
     """Submit every body in one go (so they meet in the same rounds) and collect their events."""
+
     async def together() -> list[list[Any]]:
         return list(await asyncio.gather(*(collect(scheduler, b, hold) for b in bodies)))
 
@@ -221,7 +235,8 @@ def generate(tokens: int, new: int, n: int = 1) -> Generator[Any, Any, None]:
 
 
 def test_a_generate_runs_open_prefill_and_decode_as_steps_and_returns_its_slot(
-        loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine) -> None:
+    loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine
+) -> None:
     [events] = run(loop, scheduler, generate(tokens=20, new=3))
     tokens = [e.id for e in events if isinstance(e, TokenOut)]
     assert tokens == [20, 21, 22]  # the fake's token is the session's length when chosen
@@ -232,15 +247,18 @@ def test_a_generate_runs_open_prefill_and_decode_as_steps_and_returns_its_slot(
 
 
 def test_the_first_tokens_of_a_sixteen_stream_round_are_chosen_in_one_batched_choice(
-        loop: asyncio.AbstractEventLoop) -> None:
+    loop: asyncio.AbstractEventLoop,
+) -> None:
     engine = RecordingEngine(slots=16)
     sessions = [engine._new() for _ in range(16)]
     for session in sessions:
         session.length, session.has_logits = 5, True
     scheduler = Scheduler(engine, max_queue=64)  # type: ignore[arg-type]
     try:
-        bodies = [decode_steps(model(), s, Sampler(SamplingParams()), Stopping(2), feed_last=False)
-                  for s in sessions]
+        bodies = [
+            decode_steps(model(), s, Sampler(SamplingParams()), Stopping(2), feed_last=False)
+            for s in sessions
+        ]
         with held_worker(loop, scheduler):  # all sixteen arrive before the first round starts
             streams = [asyncio.ensure_future(collect(scheduler, body), loop=loop) for body in bodies]
             loop.run_until_complete(asyncio.sleep(0.01))  # their first turns submit the jobs
@@ -254,14 +272,18 @@ def test_the_first_tokens_of_a_sixteen_stream_round_are_chosen_in_one_batched_ch
 
 
 def test_a_decodes_chosen_first_token_joins_the_decode_forward_of_the_same_round(
-        loop: asyncio.AbstractEventLoop) -> None:
+    loop: asyncio.AbstractEventLoop,
+) -> None:
     engine = RecordingEngine(slots=4)
     session = engine._new()
     session.length, session.has_logits = 5, True
     scheduler = Scheduler(engine, max_queue=64)  # type: ignore[arg-type]
     try:
-        run(loop, scheduler, decode_steps(model(), session, Sampler(SamplingParams()), Stopping(2),
-                                          feed_last=False))
+        run(
+            loop,
+            scheduler,
+            decode_steps(model(), session, Sampler(SamplingParams()), Stopping(2), feed_last=False),
+        )
     finally:
         scheduler.stop()
     [round_] = [r for r in scheduler.steps if r.ops]
@@ -269,14 +291,16 @@ def test_a_decodes_chosen_first_token_joins_the_decode_forward_of_the_same_round
 
 
 def test_a_session_opened_in_a_round_prefills_in_that_round(
-        loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine) -> None:
+    loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine
+) -> None:
     run(loop, scheduler, generate(tokens=4, new=1))
     first = scheduler.steps[0]
     assert len(first.prefill) == 1 and first.prefill[0][1] > 0
 
 
 def test_n_samples_get_their_first_tokens_with_the_last_prefill_forward(
-        loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine) -> None:
+    loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine
+) -> None:
     [events] = run(loop, scheduler, generate(tokens=5, new=2, n=3))
     last = next(s for s in engine.steps if s.prefills)
     request = last.prefills[0][0]
@@ -287,7 +311,8 @@ def test_n_samples_get_their_first_tokens_with_the_last_prefill_forward(
 
 
 def test_one_step_carries_every_waiting_request_of_a_round(
-        loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine) -> None:
+    loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine
+) -> None:
     run(loop, scheduler, *(generate(tokens=4, new=4) for _ in range(3)))
     widest = max(len(s.decode) for s in engine.steps)
     assert widest == 3, "the three streams never shared a decode forward"
@@ -332,7 +357,8 @@ def test_a_closed_slot_is_granted_in_the_round_that_closes_it(loop: asyncio.Abst
 
 
 def test_a_prompt_waiting_beside_decoding_streams_takes_the_shared_span(
-        loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine) -> None:
+    loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine
+) -> None:
     decoding, submitted = threading.Event(), threading.Event()
 
     def hold_the_first_decode(step: Step) -> None:  # the prompt arrives while a stream decodes
@@ -366,7 +392,8 @@ def test_a_burst_of_prompts_prefills_several_per_round(loop: asyncio.AbstractEve
 
 
 def test_a_burst_on_an_engine_that_batches_prompts_offers_it_a_forwards_worth_each_round(
-        loop: asyncio.AbstractEventLoop) -> None:
+    loop: asyncio.AbstractEventLoop,
+) -> None:
     engine = RecordingEngine(slots=16, prompt_batch=8)
     scheduler = Scheduler(engine, max_queue=64)  # type: ignore[arg-type]
     try:
@@ -380,8 +407,9 @@ def test_a_burst_on_an_engine_that_batches_prompts_offers_it_a_forwards_worth_ea
     assert all(request.batchable for prefills in rounds for request, _ in prefills)  # a Generate's own
 
 
-def test_a_sessions_prefill_never_shares_a_forward(loop: asyncio.AbstractEventLoop,
-                                                   scheduler: Scheduler, engine: RecordingEngine) -> None:
+def test_a_sessions_prefill_never_shares_a_forward(
+    loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine
+) -> None:
     """A session's rows must stay a fresh run's (a later append re-runs only what a Decode wrote)."""
     session = engine._new()
     run(loop, scheduler, prefill_body(SessionState("s", "", session), list(range(1, 9)), PrefillTally()))
@@ -415,7 +443,8 @@ def test_a_failing_decode_row_fails_its_job_alone(loop: asyncio.AbstractEventLoo
 
 
 def test_sessions_lent_to_a_cancelled_job_return_to_the_pool(
-        loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine) -> None:
+    loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine
+) -> None:
     started = threading.Event()
 
     def endless() -> Generator[Any, Any, None]:
@@ -441,7 +470,8 @@ def test_sessions_lent_to_a_cancelled_job_return_to_the_pool(
 
 
 def test_a_fork_is_timed_and_takes_a_slot(
-        loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine) -> None:
+    loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine
+) -> None:
     from service.rounds import Timed
 
     source = engine._new()

@@ -23,23 +23,62 @@ def openssl(*args: str) -> None:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A throwaway CA, a server certificate for 127.0.0.1/localhost, and a client certificate."""
     d = tmp_path_factory.mktemp("pki")
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=ladder-test-ca",
-            "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=ladder-test-ca",
+        "-keyout",
+        str(d / "ca.key"),
+        "-out",
+        str(d / "ca.pem"),
+    )
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     for name in ("server", "client", "other"):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))
-        openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"), "-CAkey",
-                str(d / "ca.key"), "-CAcreateserial", "-days", "1", "-extfile", str(d / "san.ext"),
-                "-out", str(d / f"{name}.pem"))
+        openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            str(d / f"{name}.key"),
+            "-out",
+            str(d / f"{name}.csr"),
+        )
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(d / f"{name}.csr"),
+            "-CA",
+            str(d / "ca.pem"),
+            "-CAkey",
+            str(d / "ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            str(d / "san.ext"),
+            "-out",
+            str(d / f"{name}.pem"),
+        )
     return d
 
 
 def tls_channel(server: RunningServer, pki: Path, client_cert: str = "") -> grpc.Channel:
     pair = {}
     if client_cert:
-        pair = {"private_key": (pki / f"{client_cert}.key").read_bytes(),
-                "certificate_chain": (pki / f"{client_cert}.pem").read_bytes()}
+        pair = {
+            "private_key": (pki / f"{client_cert}.key").read_bytes(),
+            "certificate_chain": (pki / f"{client_cert}.pem").read_bytes(),
+        }
     credentials = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes(), **pair)
     return grpc.secure_channel(server.address, credentials)
 
@@ -51,8 +90,14 @@ def generate_over(channel: grpc.Channel) -> int:
 
 @both_ways
 def test_a_tls_server_refuses_plaintext_and_serves_tls(served_model: Path, pki: Path, frontends: int) -> None:
-    running = RunningServer(server_config(served_model, tls_cert=str(pki / "server.pem"),
-                                          tls_key=str(pki / "server.key"), frontends=frontends))
+    running = RunningServer(
+        server_config(
+            served_model,
+            tls_cert=str(pki / "server.pem"),
+            tls_key=str(pki / "server.key"),
+            frontends=frontends,
+        )
+    )
     try:
         with pytest.raises(grpc.RpcError) as caught:
             running.stub.Generate(greedy_request([5, 6, 7], 2), timeout=5)
@@ -65,9 +110,15 @@ def test_a_tls_server_refuses_plaintext_and_serves_tls(served_model: Path, pki: 
 
 @both_ways
 def test_mutual_tls_refuses_a_client_without_a_certificate_and_binds_sessions_to_it(
-        served_model: Path, pki: Path, frontends: int) -> None:
-    config = server_config(served_model, tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
-                           tls_client_ca=str(pki / "ca.pem"), frontends=frontends)
+    served_model: Path, pki: Path, frontends: int
+) -> None:
+    config = server_config(
+        served_model,
+        tls_cert=str(pki / "server.pem"),
+        tls_key=str(pki / "server.key"),
+        tls_client_ca=str(pki / "ca.pem"),
+        frontends=frontends,
+    )
     running = RunningServer(config)
     try:
         with tls_channel(running, pki) as channel, pytest.raises(grpc.RpcError) as caught:
@@ -87,8 +138,14 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_and_binds_sessions_to
 
 @pytest.fixture(scope="module", params=FRONTENDS, ids=FRONTENDS_IDS)
 def authed(served_model: Path, request: pytest.FixtureRequest) -> RunningServer:
-    running = RunningServer(server_config(served_model, auth_tokens=("alice=token-a", "bob=token-b"),
-                                          sessions_per_caller=2, frontends=request.param))
+    running = RunningServer(
+        server_config(
+            served_model,
+            auth_tokens=("alice=token-a", "bob=token-b"),
+            sessions_per_caller=2,
+            frontends=request.param,
+        )
+    )
     yield running  # type: ignore[misc]
     running.close()
 
@@ -116,9 +173,11 @@ def test_a_second_caller_cannot_see_the_first_callers_session(authed: RunningSer
     session_id = open_session(authed, "token-a")
     decode = pb.DecodeRequest(session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=2))
     close = pb.CloseSessionRequest(session_id=session_id)
-    for call in (lambda m: list(authed.stub.Decode(decode, metadata=m)),
-                 lambda m: authed.stub.Rewind(pb.RewindRequest(session_id=session_id), metadata=m),
-                 lambda m: authed.stub.CloseSession(close, metadata=m)):
+    for call in (
+        lambda m: list(authed.stub.Decode(decode, metadata=m)),
+        lambda m: authed.stub.Rewind(pb.RewindRequest(session_id=session_id), metadata=m),
+        lambda m: authed.stub.CloseSession(close, metadata=m),
+    ):
         with pytest.raises(grpc.RpcError) as caught:
             call(bearer("token-b"))
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND

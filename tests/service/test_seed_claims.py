@@ -20,16 +20,17 @@ LENGTHS = (37, 90, 140, 200, 251, 300, 333, 350, 390, 415)
 @pytest.fixture(scope="module")
 def servers(served_model: Path) -> Iterator[dict[str, RunningServer]]:
     padding_off = load_config({PADDING_SWITCH: "0"}).padding
-    running = {"on": RunningServer(server_config(served_model)),
-               "off": RunningServer(server_config(served_model, padding=padding_off))}
+    running = {
+        "on": RunningServer(server_config(served_model)),
+        "off": RunningServer(server_config(served_model, padding=padding_off)),
+    }
     yield running
     for server in running.values():
         server.close()
 
 
 def _generate_all(server: RunningServer) -> list[list[int]]:
-    return [list(server.stub.Generate(greedy_request(prompt_ids(n, seed=n), 32)).token_ids)
-            for n in LENGTHS]
+    return [list(server.stub.Generate(greedy_request(prompt_ids(n, seed=n), 32)).token_ids) for n in LENGTHS]
 
 
 def test_greedy_output_through_the_service_is_identical_with_padding_on_and_off(servers) -> None:

@@ -126,8 +126,11 @@ def test_a_decode_cancelled_mid_stream_leaves_its_session_consistent(server: Run
     tokens = prompt_ids(40, seed=26)
     full = list(server.stub.Generate(greedy_request(tokens, 200)).token_ids)
     session_id = prefill(server, part(tokens))[-1].done.session_id
-    stream = server.stub.Decode(pb.DecodeRequest(
-        session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=180, ignore_eos=True)))
+    stream = server.stub.Decode(
+        pb.DecodeRequest(
+            session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=180, ignore_eos=True)
+        )
+    )
     for _ in range(5):
         next(stream)
     stream.cancel()
@@ -141,7 +144,7 @@ def test_a_decode_cancelled_mid_stream_leaves_its_session_consistent(server: Run
     else:
         pytest.fail("the cancelled Decode never let go of its session")
     held = done.session_length - 3 - len(tokens)
-    assert 5 <= held <= 180 and more == full[held:held + 3]
+    assert 5 <= held <= 180 and more == full[held : held + 3]
     server.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
 
 
@@ -152,8 +155,11 @@ def test_a_client_acting_on_done_before_the_status_finds_its_session_free(server
         stream = server.stub.Prefill(iter([part(prompt_ids(30, seed=round_), last=True)]))
         done = next(e for e in stream if e.HasField("done")).done
         stream.cancel()
-        decoding = server.stub.Decode(pb.DecodeRequest(
-            session_id=done.session_id, stopping=pb.StoppingOptions(max_new_tokens=3, ignore_eos=True)))
+        decoding = server.stub.Decode(
+            pb.DecodeRequest(
+                session_id=done.session_id, stopping=pb.StoppingOptions(max_new_tokens=3, ignore_eos=True)
+            )
+        )
         next(e for e in decoding if e.HasField("done"))
         response = server.stub.Rewind(pb.RewindRequest(session_id=done.session_id, length=30))
         decoding.cancel()
@@ -162,7 +168,8 @@ def test_a_client_acting_on_done_before_the_status_finds_its_session_free(server
 
 
 def test_a_message_marked_last_ends_the_prompt_without_the_client_closing_its_side(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     first, second = prompt_ids(40, seed=51), prompt_ids(30, seed=52)
     ends = ([part(first), part(second, last=True)], [part(first), part(second), pb.PrefillRequest(last=True)])
     for messages in ends:

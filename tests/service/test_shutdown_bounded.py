@@ -64,8 +64,11 @@ class Served:
         """ladder_constrained_requests_total for JSON Schemas: counted as the compile is handed its thread."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as answer:
             text = answer.read().decode()
-        lines = [line for line in text.splitlines()
-                 if line.startswith('ladder_constrained_requests_total{kind="json_schema"}')]
+        lines = [
+            line
+            for line in text.splitlines()
+            if line.startswith('ladder_constrained_requests_total{kind="json_schema"}')
+        ]
         return float(lines[0].split()[-1]) if lines else 0.0
 
     def seconds_to_exit_after_sigterm(self) -> tuple[float, int]:
@@ -79,9 +82,24 @@ class Served:
 def served(model: Path, *flags: str) -> Iterator[Served]:
     port, metrics_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
-    command = [sys.executable, "-m", "service", "--model", str(model), "--host", "127.0.0.1",
-               "--port", str(port), "--metrics-port", str(metrics_port), "--http-port", "0",
-               "--drain-seconds", str(DRAIN_S), *flags]
+    command = [
+        sys.executable,
+        "-m",
+        "service",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(metrics_port),
+        "--http-port",
+        "0",
+        "--drain-seconds",
+        str(DRAIN_S),
+        *flags,
+    ]
     # Its log goes to a file: a pipe nobody reads fills after 64 KiB of access-log lines (200 refused
     # calls), and the server's next log write then blocks its event loop.
     log = tempfile.TemporaryFile()
@@ -102,8 +120,9 @@ def served(model: Path, *flags: str) -> Iterator[Served]:
 
 
 def constrained(constraint: pb.Constraint) -> pb.GenerateRequest:
-    return pb.GenerateRequest(prompt=pb.Prompt(text="Hi"), constraint=constraint,
-                              stopping=pb.StoppingOptions(max_new_tokens=2))
+    return pb.GenerateRequest(
+        prompt=pb.Prompt(text="Hi"), constraint=constraint, stopping=pb.StoppingOptions(max_new_tokens=2)
+    )
 
 
 def code_of(call: grpc.UnaryUnaryMultiCallable, request: pb.GenerateRequest) -> grpc.StatusCode:
@@ -115,11 +134,13 @@ def code_of(call: grpc.UnaryUnaryMultiCallable, request: pb.GenerateRequest) -> 
 
 
 def test_sigterm_while_a_constraint_compiles_ends_the_process_within_the_drain_grace_plus_5_s(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     with served(served_model, "--constraint-compile-seconds", "30") as server:
         codes: list[grpc.StatusCode] = []
-        call = threading.Thread(target=lambda: codes.append(code_of(server.stub.Generate,
-                                                                    constrained(LONG_SCHEMA))))
+        call = threading.Thread(
+            target=lambda: codes.append(code_of(server.stub.Generate, constrained(LONG_SCHEMA)))
+        )
         call.start()
         wait_for(lambda: server.constrained_requests() == 1, what="the compile to start")
         seconds, code = server.seconds_to_exit_after_sigterm()
@@ -132,8 +153,10 @@ def test_sigterm_while_a_constraint_compiles_ends_the_process_within_the_drain_g
 def test_sigterm_after_refused_constraints_ends_an_idle_process_within_a_second(served_model: Path) -> None:
     with served(served_model) as server:
         for k in range(REFUSED):
-            assert code_of(server.stub.Generate, constrained(pb.Constraint(regex=f"{REFUSED_REGEX}{k}"))) == \
-                grpc.StatusCode.INVALID_ARGUMENT
+            assert (
+                code_of(server.stub.Generate, constrained(pb.Constraint(regex=f"{REFUSED_REGEX}{k}")))
+                == grpc.StatusCode.INVALID_ARGUMENT
+            )
         seconds, code = server.seconds_to_exit_after_sigterm()
     assert code == 0
     assert seconds <= IDLE_EXIT_S
@@ -146,7 +169,8 @@ def rss_bytes(pid: int) -> int:
 
 
 def test_two_hundred_refused_constraints_keep_no_memory_and_the_process_still_ends_at_once(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     """Issue #46's done-when on a real server: 200 distinct regexes, each refused at a 0.1 s budget
     (each held megabytes of automata as it was refused; before the fix every one stayed alive in
     the failure cache: 9.5 GB from ~50 at the 2 s default)."""
@@ -154,8 +178,10 @@ def test_two_hundred_refused_constraints_keep_no_memory_and_the_process_still_en
         pid = server.process.pid
 
         def refuse(k: int) -> None:
-            assert code_of(server.stub.Generate, constrained(pb.Constraint(regex=f"{REFUSED_REGEX}{k}"))) == \
-                grpc.StatusCode.INVALID_ARGUMENT
+            assert (
+                code_of(server.stub.Generate, constrained(pb.Constraint(regex=f"{REFUSED_REGEX}{k}")))
+                == grpc.StatusCode.INVALID_ARGUMENT
+            )
 
         refuse(-1)  # the compiler's first-use allocations, out of the measure
         before = rss_bytes(pid)
@@ -172,21 +198,25 @@ def test_two_hundred_refused_constraints_keep_no_memory_and_the_process_still_en
 
 def run_python(code: str) -> tuple[float, subprocess.CompletedProcess[str]]:
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
     return time.monotonic() - started, done
 
 
 def test_a_shutdown_that_hangs_is_ended_by_the_watchdog_with_exit_code_1() -> None:
     # A grace of -4.5 s: the watchdog fires at once, and the process never gets to sleep out its minute.
-    seconds, done = run_python("import time\nfrom service.exiting import watchdog\n"
-                               "watchdog(-4.5)\ntime.sleep(60)")
+    seconds, done = run_python(
+        "import time\nfrom service.exiting import watchdog\nwatchdog(-4.5)\ntime.sleep(60)"
+    )
     assert done.returncode == 1 and seconds < 30
     assert "shutdown_overran" in done.stdout + done.stderr
 
 
 def test_exit_now_runs_the_atexit_handlers_and_keeps_the_exit_code(tmp_path: Path) -> None:
     mark = tmp_path / "atexit-ran"
-    _, done = run_python(f"import atexit, pathlib\nfrom service.exiting import exit_now\n"
-                         f"atexit.register(pathlib.Path({str(mark)!r}).touch)\nexit_now(3)")
+    _, done = run_python(
+        f"import atexit, pathlib\nfrom service.exiting import exit_now\n"
+        f"atexit.register(pathlib.Path({str(mark)!r}).touch)\nexit_now(3)"
+    )
     assert done.returncode == 3 and mark.exists()

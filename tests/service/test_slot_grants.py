@@ -55,24 +55,32 @@ def running(served_model: Path) -> Iterator[RunningServer]:
 
 
 def test_a_one_sample_generate_passes_an_n_7_one_that_waits_for_idle_sessions(served_model: Path) -> None:
-    config = server_config(served_model, max_sessions=8, auth_tokens=("alice=a", "bob=b", "carol=c"),
-                           session_memory_mb=0)
+    config = server_config(
+        served_model, max_sessions=8, auth_tokens=("alice=a", "bob=b", "carol=c"), session_memory_mb=0
+    )
     with RunningServer(config) as running:
+
         def as_(token: str) -> tuple[tuple[str, str]]:
             return (("authorization", f"Bearer {token}"),)
 
         # Alice holds two idle sessions; Bob's n = 7 needs seven of the six free slots.
-        idle = [list(running.stub.Prefill(iter([part(prompt_ids(10, seed=s), last=True)]), metadata=as_("a")))
-                [-1].done.session_id for s in range(2)]
+        idle = [
+            list(running.stub.Prefill(iter([part(prompt_ids(10, seed=s), last=True)]), metadata=as_("a")))[
+                -1
+            ].done.session_id
+            for s in range(2)
+        ]
         large = greedy_request(prompt_ids(20, seed=3), 4)
         large.n, large.sampling.temperature = 7, 1.0
         waiting: Future[pb.Completion] = running.stub.Generate.future(large, timeout=60, metadata=as_("b"))
+
         def stats() -> pb.EngineStats:
             return running.stub.GetEngineStats(pb.GetEngineStatsRequest(), metadata=as_("a"))
 
         wait_for(lambda: stats().waiting_for_slot == 1, what="the n = 7 request waits")
-        small = running.stub.Generate(greedy_request(prompt_ids(20, seed=4), 4), timeout=30,
-                                      metadata=as_("c"))
+        small = running.stub.Generate(
+            greedy_request(prompt_ids(20, seed=4), 4), timeout=30, metadata=as_("c")
+        )
         assert len(small.token_ids) == 4, "6 of 8 slots are free: Carol's request did not wait"
         assert not waiting.done()
         running.stub.CloseSession(pb.CloseSessionRequest(session_id=idle[0]), metadata=as_("a"))
@@ -106,17 +114,23 @@ def test_an_n_7_request_that_running_jobs_will_make_room_for_is_not_passed(runni
 
 
 def test_requests_waiting_for_a_slot_wait_in_a_queue_rounds_do_not_walk_and_a_cancel_leaves_it(
-        served_model: Path) -> None:
+    served_model: Path,
+) -> None:
     config = server_config(served_model, max_sessions=2, sessions_per_caller=2, session_memory_mb=0)
     with RunningServer(config) as running:
-        idle = [list(running.stub.Prefill(iter([part(prompt_ids(10, seed=s), last=True)])))[-1]
-                .done.session_id for s in range(2)]
-        queued = [running.stub.Generate.future(greedy_request(prompt_ids(12, seed=10 + i), 3), timeout=60)
-                  for i in range(40)]
+        idle = [
+            list(running.stub.Prefill(iter([part(prompt_ids(10, seed=s), last=True)])))[-1].done.session_id
+            for s in range(2)
+        ]
+        queued = [
+            running.stub.Generate.future(greedy_request(prompt_ids(12, seed=10 + i), 3), timeout=60)
+            for i in range(40)
+        ]
         wait_for(lambda: running.scheduler.waiting == 40, what="every request waits for a slot")
         scheduler = running.scheduler
-        assert all(opening(job.want) is None for job in list(scheduler._running)), \
+        assert all(opening(job.want) is None for job in list(scheduler._running)), (
             "a job waiting for a slot is walked by every round"
+        )
         queued[7].cancel()
         wait_for(lambda: running.scheduler.waiting == 39, what="the cancelled request leaves the queue")
         for session_id in idle:

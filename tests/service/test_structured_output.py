@@ -33,16 +33,34 @@ from tests.support.waiting import wait_for
 CORPUS = json.loads((Path(__file__).parents[1] / "engine" / "data" / "schemas.json").read_text())
 # Values with no length bound (numbers, open values, strings without maxLength) that the 135M model
 # runs on past any max_new_tokens ("1234567890000..."): valid prefixes, but no output to validate.
-OPEN_ENDED = {"string", "integer", "number", "type list", "empty schema: any value", "true schema",
-              "nested objects", "array of objects", "formats", "patterns", "any object", "ten properties"}
+OPEN_ENDED = {
+    "string",
+    "integer",
+    "number",
+    "type list",
+    "empty schema: any value",
+    "true schema",
+    "nested objects",
+    "array of objects",
+    "formats",
+    "patterns",
+    "any object",
+    "ten properties",
+}
 SERVED = [entry for entry in CORPUS if entry["name"] not in OPEN_ENDED]
 FORMATS = jsonschema.FormatChecker()  # date, uuid, ipv4, email: the formats the served schemas use
 MAX_NEW = 160  # the longest finished output seen is ~130 tokens (an order with three items)
 SEED = 11  # sampled requests draw n = 2 samples: seeds 11 and 12
 LENGTH = pb.FINISH_REASON_LENGTH
 FINISHED = {pb.FINISH_REASON_EOS, pb.FINISH_REASON_STOP}
-PROMPTS = ("The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
-           "The three primary colors are", "Water boils at a temperature of", "My favourite book is")
+PROMPTS = (
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "My favourite book is",
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +71,16 @@ def server(default_model: Callable[..., Path]) -> Iterator[RunningServer]:
         yield running
 
 
-def request(prompt: Prompt, constraint: pb.Constraint | None, new: int = MAX_NEW,
-            temperature: float = 0.0, n: int = 1, ignore_eos: bool = False, stop: tuple[str, ...] = (),
-            logprobs: pb.LogprobOptions | None = None) -> pb.GenerateRequest:
+def request(
+    prompt: Prompt,
+    constraint: pb.Constraint | None,
+    new: int = MAX_NEW,
+    temperature: float = 0.0,
+    n: int = 1,
+    ignore_eos: bool = False,
+    stop: tuple[str, ...] = (),
+    logprobs: pb.LogprobOptions | None = None,
+) -> pb.GenerateRequest:
     """A Generate of `prompt` (text, or chat turns), greedy unless given a temperature (then seeded)."""
     if isinstance(prompt, str):
         message = pb.Prompt(text=prompt)
@@ -83,14 +108,16 @@ class Output:
     sample: pb.Sample
 
 
-def greedy_and_sampled(server: RunningServer, name: str, prompt: Prompt,
-                       constraint: pb.Constraint, new: int = MAX_NEW) -> list[Output]:
+def greedy_and_sampled(
+    server: RunningServer, name: str, prompt: Prompt, constraint: pb.Constraint, new: int = MAX_NEW
+) -> list[Output]:
     """One greedy output and two sampled ones (temperature 1); the sampled request comes second, so
     it finds the greedy one's prompt held and shares it."""
     greedy = server.stub.Generate(request(prompt, constraint, new))
     sampled = server.stub.Generate(request(prompt, constraint, new, temperature=1.0, n=2))
-    return ([Output(name, "greedy", s) for s in samples(greedy)]
-            + [Output(name, "sampled", s) for s in samples(sampled)])
+    return [Output(name, "greedy", s) for s in samples(greedy)] + [
+        Output(name, "sampled", s) for s in samples(sampled)
+    ]
 
 
 Prompt = str | list[tuple[str, str]]
@@ -100,8 +127,11 @@ Job = tuple[str, Prompt, pb.Constraint, int]  # a name for the outputs, the prom
 def in_parallel(server: RunningServer, jobs: list[Job]) -> list[Output]:
     """Each job greedy and sampled, the jobs side by side (their rows share decode forwards)."""
     with ThreadPoolExecutor(16) as pool:
-        return [output for outputs in pool.map(lambda job: greedy_and_sampled(server, *job), jobs)
-                for output in outputs]
+        return [
+            output
+            for outputs in pool.map(lambda job: greedy_and_sampled(server, *job), jobs)
+            for output in outputs
+        ]
 
 
 def finished_share(outputs: list[Output], mode: str) -> float:
@@ -126,8 +156,10 @@ def failures(outputs: list[Output], check: Callable[[str, str], object]) -> list
 
 
 def schema_prompt(schema: Any) -> list[tuple[str, str]]:
-    return [("system", "Reply with JSON only."),
-            ("user", "JSON for this schema: " + json.dumps(schema, separators=(",", ":")))]
+    return [
+        ("system", "Reply with JSON only."),
+        ("user", "JSON for this schema: " + json.dumps(schema, separators=(",", ":"))),
+    ]
 
 
 def test_every_finished_output_of_fifty_json_schemas_parses_and_validates(server: RunningServer) -> None:
@@ -135,9 +167,13 @@ def test_every_finished_output_of_fifty_json_schemas_parses_and_validates(server
     members after the declared ones, often does until MAX_NEW (the next test)."""
     assert len(SERVED) == 50
     schemas = {entry["name"]: entry["schema"] for entry in SERVED}
-    outputs = in_parallel(server, [
-        (name, schema_prompt(schema), pb.Constraint(json_schema=json.dumps(schema), strict=True), MAX_NEW)
-        for name, schema in schemas.items()])
+    outputs = in_parallel(
+        server,
+        [
+            (name, schema_prompt(schema), pb.Constraint(json_schema=json.dumps(schema), strict=True), MAX_NEW)
+            for name, schema in schemas.items()
+        ],
+    )
 
     def validate(name: str, text: str) -> None:
         jsonschema.Draft202012Validator(schemas[name], format_checker=FORMATS).validate(json.loads(text))
@@ -157,9 +193,13 @@ def test_every_finished_output_read_as_the_spec_reads_a_schema_validates(server:
     """JSON Schema's reading (the default): members a schema does not declare may follow the
     declared ones, with any value; every output that finishes validates."""
     schemas = {entry["name"]: entry["schema"] for entry in SERVED[:12]}
-    outputs = in_parallel(server, [
-        (name, schema_prompt(schema), pb.Constraint(json_schema=json.dumps(schema)), MAX_NEW)
-        for name, schema in schemas.items()])
+    outputs = in_parallel(
+        server,
+        [
+            (name, schema_prompt(schema), pb.Constraint(json_schema=json.dumps(schema)), MAX_NEW)
+            for name, schema in schemas.items()
+        ],
+    )
 
     def validate(name: str, text: str) -> None:
         jsonschema.Draft202012Validator(schemas[name], format_checker=FORMATS).validate(json.loads(text))
@@ -169,7 +209,8 @@ def test_every_finished_output_read_as_the_spec_reads_a_schema_validates(server:
 
 
 def test_the_strict_reading_is_asked_per_request_and_leaves_no_member_after_the_declared_ones(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     """After the last declared member's value, the spec's reading lets `,` follow (another member),
     the strict one never (only `}`, or `.` writing 1 as 1.0): seen in the constrained alternatives
     of that token. Cached apart."""
@@ -220,8 +261,9 @@ GRAMMARS: dict[str, tuple[Prompt, int]] = {
 
 
 def test_every_finished_regex_output_fully_matches(server: RunningServer) -> None:
-    outputs = in_parallel(server, [(regex, prompt, pb.Constraint(regex=regex), 60)
-                                   for regex, prompt in REGEXES.items()])
+    outputs = in_parallel(
+        server, [(regex, prompt, pb.Constraint(regex=regex), 60) for regex, prompt in REGEXES.items()]
+    )
 
     def full_match(regex: str, text: str) -> None:
         assert re.fullmatch(regex, text), "not a full match"
@@ -231,16 +273,22 @@ def test_every_finished_regex_output_fully_matches(server: RunningServer) -> Non
 
 
 def test_every_choice_output_is_one_of_the_options(server: RunningServer) -> None:
-    outputs = in_parallel(server, [
-        ("|".join(options), prompt, pb.Constraint(choice=pb.Choices(options=options)), 16)
-        for options, prompt in CHOICES.items()])
+    outputs = in_parallel(
+        server,
+        [
+            ("|".join(options), prompt, pb.Constraint(choice=pb.Choices(options=options)), 16)
+            for options, prompt in CHOICES.items()
+        ],
+    )
     assert all(o.sample.finish_reason in FINISHED for o in outputs)
     assert [(o.name, o.sample.text) for o in outputs if o.sample.text not in o.name.split("|")] == []
 
 
 def test_every_finished_grammar_output_parses_with_a_reference_parser(server: RunningServer) -> None:
-    outputs = in_parallel(server, [(name, prompt, pb.Constraint(grammar=gbnf(name)), new)
-                                   for name, (prompt, new) in GRAMMARS.items()])
+    outputs = in_parallel(
+        server,
+        [(name, prompt, pb.Constraint(grammar=gbnf(name)), new) for name, (prompt, new) in GRAMMARS.items()],
+    )
     assert failures(outputs, lambda name, text: reference(name)(text)) == []
     finished = {o.name for o in outputs if o.sample.finish_reason in FINISHED}
     assert finished == set(GRAMMARS), "a grammar none of whose outputs finished proves nothing"
@@ -250,27 +298,30 @@ def test_every_finished_grammar_output_parses_with_a_reference_parser(server: Ru
 
 
 def test_unconstrained_rows_decoded_beside_constrained_ones_get_their_tokens_alone(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     free = [request(prompt, None, 24, ignore_eos=True) for prompt in PROMPTS]
     alone = [list(server.stub.Generate(each).token_ids) for each in free]
     # A string of 12 characters at most: the object always closes within its 40 tokens, whatever
     # the CPU's numerics choose (with 40 characters one reply ran out of tokens inside the string).
     schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 12}}, "required": ["a"]}
-    constrained = [request(prompt, pb.Constraint(json_schema=json.dumps(schema), strict=True), 40)
-                   for prompt in PROMPTS]
+    constrained = [
+        request(prompt, pb.Constraint(json_schema=json.dumps(schema), strict=True), 40) for prompt in PROMPTS
+    ]
     before = server.stats().decode
     with ThreadPoolExecutor(12) as pool:
         replies = list(pool.map(server.stub.Generate, [*free, *constrained]))
     after = server.stats().decode
-    assert [list(r.token_ids) for r in replies[:len(free)]] == alone
-    assert all(json.loads(r.text).keys() == {"a"} for r in replies[len(free):])
+    assert [list(r.token_ids) for r in replies[: len(free)]] == alone
+    assert all(json.loads(r.text).keys() == {"a"} for r in replies[len(free) :])
     assert after.steps - before.steps < after.rows - before.rows, "the requests never shared a forward"
 
 
 def test_each_of_n_samples_is_constrained(server: RunningServer) -> None:
     schema = next(entry["schema"] for entry in CORPUS if entry["name"] == "tool call")
-    reply = server.stub.Generate(request(schema_prompt(schema), pb.Constraint(json_schema=json.dumps(schema)),
-                                         temperature=1.0, n=3))
+    reply = server.stub.Generate(
+        request(schema_prompt(schema), pb.Constraint(json_schema=json.dumps(schema)), temperature=1.0, n=3)
+    )
     assert len(reply.samples) == 3 and all(s.finish_reason in FINISHED for s in reply.samples)
     for sample in reply.samples:
         jsonschema.validate(json.loads(sample.text), schema)
@@ -278,19 +329,34 @@ def test_each_of_n_samples_is_constrained(server: RunningServer) -> None:
 
 
 def test_a_constrained_decode_in_a_session_is_valid_and_a_later_free_decode_is_not_held_to_it(
-        server: RunningServer) -> None:
-    ids = list(server.stub.Tokenize(pb.TokenizeRequest(
-        chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="Is the sky blue?")]))).ids)
-    events = list(server.stub.Prefill(iter([pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=ids)),
-                                                               last=True)])))
+    server: RunningServer,
+) -> None:
+    ids = list(
+        server.stub.Tokenize(
+            pb.TokenizeRequest(
+                chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="Is the sky blue?")])
+            )
+        ).ids
+    )
+    events = list(
+        server.stub.Prefill(
+            iter([pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=ids)), last=True)])
+        )
+    )
     session = events[-1].done.session_id
     choice = pb.Constraint(choice=pb.Choices(options=["Yes, it is.", "No, it is not."]))
-    answer = decoded(server, pb.DecodeRequest(session_id=session, constraint=choice,
-                                              stopping=pb.StoppingOptions(max_new_tokens=16)))
+    answer = decoded(
+        server,
+        pb.DecodeRequest(
+            session_id=session, constraint=choice, stopping=pb.StoppingOptions(max_new_tokens=16)
+        ),
+    )
     assert answer.text in choice.choice.options and answer.finish_reason == pb.FINISH_REASON_STOP
     assert answer.session_length == len(ids) + len(answer.token_ids)
-    free = decoded(server, pb.DecodeRequest(session_id=session,
-                                            stopping=pb.StoppingOptions(max_new_tokens=6, ignore_eos=True)))
+    free = decoded(
+        server,
+        pb.DecodeRequest(session_id=session, stopping=pb.StoppingOptions(max_new_tokens=6, ignore_eos=True)),
+    )
     assert len(free.token_ids) == 6 and free.finish_reason == LENGTH  # the choice would have ended it
     assert free.session_length == answer.session_length + 6
     server.stub.CloseSession(pb.CloseSessionRequest(session_id=session))
@@ -302,8 +368,9 @@ def decoded(server: RunningServer, decode: pb.DecodeRequest) -> pb.Completion:
 
 def test_a_stop_string_ends_a_constrained_output_before_it(server: RunningServer) -> None:
     regex = r"[a-z]{1,6}(, [a-z]{1,6}){5}"
-    stopped = request("Fruits: apple, pear, fig, plum, kiwi, lime\nColors:", pb.Constraint(regex=regex), 40,
-                      stop=(", ",))
+    stopped = request(
+        "Fruits: apple, pear, fig, plum, kiwi, lime\nColors:", pb.Constraint(regex=regex), 40, stop=(", ",)
+    )
     reply = server.stub.Generate(stopped)
     assert reply.finish_reason == pb.FINISH_REASON_STOP
     assert re.fullmatch(r"[a-z]{1,6}", reply.text), reply.text
@@ -315,12 +382,16 @@ def test_a_stop_string_ends_a_constrained_output_before_it(server: RunningServer
 
 
 def test_constrained_log_probabilities_are_at_least_the_free_ones_and_their_alternatives_allowed(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     # The free greedy reply has no digit in its first 9 tokens, so a no-digit constraint picks the
     # same tokens, from the same logits: renormalised over fewer tokens, each is at least as likely.
     def scored(constraint: pb.Constraint | None) -> pb.Completion:
-        return server.stub.Generate(request("The capital of France is", constraint, 9, ignore_eos=True,
-                                            logprobs=pb.LogprobOptions(top=5)))
+        return server.stub.Generate(
+            request(
+                "The capital of France is", constraint, 9, ignore_eos=True, logprobs=pb.LogprobOptions(top=5)
+            )
+        )
 
     free, constrained = scored(None), scored(pb.Constraint(regex=r"[^0-9]*"))
     assert list(constrained.token_ids) == list(free.token_ids)
@@ -333,7 +404,8 @@ def test_constrained_log_probabilities_are_at_least_the_free_ones_and_their_alte
 
 
 def test_a_choices_log_probabilities_are_a_distribution_over_the_tokens_it_allows(
-        server: RunningServer) -> None:
+    server: RunningServer,
+) -> None:
     options = ("yes", "no", "maybe")
     choice = pb.Constraint(choice=pb.Choices(options=options))
     top = pb.LogprobOptions(top=20)
@@ -359,28 +431,47 @@ def refusal(call: Callable[[], object]) -> tuple[grpc.StatusCode, str, str, list
     return got.code, got.message, got.reason, got.fields
 
 
-UNIQUE = ('{"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, '
-          '"uniqueItems": true}}}')
+UNIQUE = (
+    '{"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, '
+    '"uniqueItems": true}}}'
+)
 BAD = [
-    (pb.Constraint(json_schema=UNIQUE), "SCHEMA_UNSUPPORTED", "constraint.json_schema",
-     "/properties/tags/uniqueItems"),
-    (pb.Constraint(json_schema='{"type": "object",'), "SCHEMA_INVALID", "constraint.json_schema",
-     "not valid JSON"),
+    (
+        pb.Constraint(json_schema=UNIQUE),
+        "SCHEMA_UNSUPPORTED",
+        "constraint.json_schema",
+        "/properties/tags/uniqueItems",
+    ),
+    (
+        pb.Constraint(json_schema='{"type": "object",'),
+        "SCHEMA_INVALID",
+        "constraint.json_schema",
+        "not valid JSON",
+    ),
     (pb.Constraint(regex="(a"), "REGEX_INVALID", "constraint.regex", "does not parse"),
     (pb.Constraint(regex=r"(a)\1"), "REGEX_UNSUPPORTED", "constraint.regex", "backreference"),
     (pb.Constraint(regex="(a|b)*a(a|b){20}"), "CONSTRAINT_TOO_LARGE", "constraint.regex", "states"),
-    (pb.Constraint(grammar='root ::= "a" item\nitem ::= [a-'), "GRAMMAR_INVALID", "constraint.grammar",
-     "line 2 column"),
+    (
+        pb.Constraint(grammar='root ::= "a" item\nitem ::= [a-'),
+        "GRAMMAR_INVALID",
+        "constraint.grammar",
+        "line 2 column",
+    ),
     (pb.Constraint(grammar='root ::= "a" b'), "GRAMMAR_INVALID", "constraint.grammar", "line 1 column 14"),
-    (pb.Constraint(choice=pb.Choices()), "CONSTRAINT_EMPTY", "constraint.choice.options",
-     "at least one option"),
+    (
+        pb.Constraint(choice=pb.Choices()),
+        "CONSTRAINT_EMPTY",
+        "constraint.choice.options",
+        "at least one option",
+    ),
     (pb.Constraint(), "CONSTRAINT_REQUIRED", "constraint", "one of json_schema, regex, choice or grammar"),
 ]
 
 
 @pytest.mark.parametrize(("constraint", "reason", "field", "says"), BAD, ids=[b[1] + "-" + b[2] for b in BAD])
 def test_a_bad_constraint_is_invalid_argument_with_its_reason_and_field(
-        server: RunningServer, constraint: pb.Constraint, reason: str, field: str, says: str) -> None:
+    server: RunningServer, constraint: pb.Constraint, reason: str, field: str, says: str
+) -> None:
     code, message, got_reason, fields = refusal(lambda: server.stub.Generate(request("Hi", constraint, 4)))
     assert (code, got_reason, fields) == (grpc.StatusCode.INVALID_ARGUMENT, reason, [field])
     assert says in message, message
@@ -395,8 +486,14 @@ def test_after_bad_constraints_the_server_serves_and_holds_no_slot(server: Runni
         assert refusal(lambda bad=bad: decoded(server, bad))[2] == reason
         stream = request("Hi", constraint, 4)
         assert refusal(lambda stream=stream: next(server.stub.GenerateStream(stream)))[2] == reason
-    good = decoded(server, pb.DecodeRequest(session_id=session, constraint=pb.Constraint(regex="[0-9]{3}"),
-                                            stopping=pb.StoppingOptions(max_new_tokens=8)))
+    good = decoded(
+        server,
+        pb.DecodeRequest(
+            session_id=session,
+            constraint=pb.Constraint(regex="[0-9]{3}"),
+            stopping=pb.StoppingOptions(max_new_tokens=8),
+        ),
+    )
     assert re.fullmatch("[0-9]{3}", good.text)
     server.stub.CloseSession(pb.CloseSessionRequest(session_id=session))
     assert server.stub.Generate(request("Hi", pb.Constraint(regex="(hi|bye)"), 4)).text in ("hi", "bye")
@@ -408,8 +505,11 @@ def test_after_bad_constraints_the_server_serves_and_holds_no_slot(server: Runni
 
 def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(body) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
 
 
 def test_constrained_requests_compile_times_and_mask_times_are_counted(server: RunningServer) -> None:

@@ -27,11 +27,22 @@ from service.tool_calls import (
 )
 from service.tool_formats import FORMATS, Hermes, Llama3Json, Mistral, Parsed, ParsedCall, format_for
 
-WEATHER = FunctionTool("get_weather", "The weather in a city", json.dumps({
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))
-ADD = FunctionTool("add", "Add two integers", json.dumps({
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-    "required": ["a", "b"]}))
+WEATHER = FunctionTool(
+    "get_weather",
+    "The weather in a city",
+    json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+)
+ADD = FunctionTool(
+    "add",
+    "Add two integers",
+    json.dumps(
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        }
+    ),
+)
 NAMES = {"get_weather", "add"}
 PARIS = ParsedCall("get_weather", '{"city": "Paris"}')
 ONE_TWO = {"a": 1, "b": 2}
@@ -44,9 +55,11 @@ def hermes_call(name: str, arguments: dict[str, Any]) -> str:
 
 # -- formats ------------------------------------------------------------------------------------------
 
+
 def test_hermes_reads_the_text_before_the_calls_and_every_call() -> None:
-    text = "Let me look.\n" + hermes_call("get_weather", {"city": "Paris"}) + "\n" + \
-        hermes_call("add", ONE_TWO)
+    text = (
+        "Let me look.\n" + hermes_call("get_weather", {"city": "Paris"}) + "\n" + hermes_call("add", ONE_TWO)
+    )
     assert Hermes().parse(text, NAMES) == Parsed("Let me look.", (PARIS, ADDED))
 
 
@@ -55,41 +68,60 @@ def test_hermes_reads_a_last_call_left_unclosed_and_arguments_written_as_a_strin
     assert Hermes().parse(unclosed, NAMES) == Parsed("", (PARIS,))
 
 
-@pytest.mark.parametrize("text", [
-    "The weather in Paris is mild.",  # no call
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',  # cut short: not JSON
-    hermes_call("launch_rockets", {}),  # no such tool
-    '<tool_call>\n["get_weather"]\n</tool_call>',  # not a call object
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The weather in Paris is mild.",  # no call
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',  # cut short: not JSON
+        hermes_call("launch_rockets", {}),  # no such tool
+        '<tool_call>\n["get_weather"]\n</tool_call>',  # not a call object
+    ],
+)
 def test_hermes_reads_no_call_from_a_reply_it_cannot_read_whole(text: str) -> None:
     assert Hermes().parse(text, NAMES) is None
 
 
-@pytest.mark.parametrize("text", [
-    '{"name": "get_weather", "parameters": {"city": "Paris"}}',
-    '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
-    '  {"name": "get_weather", "arguments": {"city": "Paris"}}\n',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
+        '  {"name": "get_weather", "arguments": {"city": "Paris"}}\n',
+    ],
+)
 def test_llama3_json_reads_a_whole_reply_that_is_a_call(text: str) -> None:
     assert Llama3Json().parse(text, NAMES) == Parsed("", (PARIS,))
 
 
 def test_llama3_json_reads_calls_separated_by_semicolons() -> None:
-    text = '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "add", "parameters": ' \
-           '{"a": 1, "b": 2}}'
+    text = (
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "add", "parameters": '
+        '{"a": 1, "b": 2}}'
+    )
     assert Llama3Json().parse(text, NAMES) == Parsed("", (PARIS, ADDED))
 
 
-@pytest.mark.parametrize("text", ["Paris is sunny.", 'Sure: {"name": "get_weather", "parameters": {}}',
-                                  '{"name": "nope", "parameters": {}}', '{"city": "Paris"}', ""])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Paris is sunny.",
+        'Sure: {"name": "get_weather", "parameters": {}}',
+        '{"name": "nope", "parameters": {}}',
+        '{"city": "Paris"}',
+        "",
+    ],
+)
 def test_llama3_json_reads_no_call_from_text(text: str) -> None:
     assert Llama3Json().parse(text, NAMES) is None
 
 
-@pytest.mark.parametrize("text", [
-    '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
-    '[{"name": "get_weather", "arguments": {"city": "Paris"}}]',  # the marker, a special token, left out
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+        '[{"name": "get_weather", "arguments": {"city": "Paris"}}]',  # the marker, a special token, left out
+    ],
+)
 def test_mistral_reads_its_array_of_calls(text: str) -> None:
     assert Mistral().parse(text, NAMES) == Parsed("", (PARIS,))
     assert Mistral().hold_from(text[:3]) == 0
@@ -134,7 +166,7 @@ class Bracketed:
         start = text.find("[[")
         if start < 0 or not text.rstrip().endswith("]]"):
             return None
-        name, _, arguments = text[start + 2:].rstrip()[:-2].partition(" ")
+        name, _, arguments = text[start + 2 :].rstrip()[:-2].partition(" ")
         call = tool_formats.call_of({"name": name, "arguments": json.loads(arguments)}, names, ("arguments",))
         return Parsed(text[:start].rstrip(), (call,)) if call is not None else None
 
@@ -152,6 +184,7 @@ def test_a_format_added_to_the_registry_is_selected_by_name_and_by_template() ->
 
 # -- streamed replies ---------------------------------------------------------------------------------
 
+
 def request(mode: str, name: str = "", parallel: bool = True, fmt: str = "hermes") -> ToolRequest:
     return ToolRequest((WEATHER, ADD), ToolChoice(mode, name), parallel, FORMATS[fmt])
 
@@ -163,8 +196,12 @@ def streamed(stream: ToolStream, pieces: list[str]) -> list[Delta]:
 
 def test_an_auto_reply_streams_its_text_and_holds_a_call_until_it_ends() -> None:
     stream = ToolStream(request(AUTO))
-    pieces = ["I will ", "check <tool", '_call>\n{"name": "get_weather", ',
-              '"arguments": {"city": "Paris"}}\n</tool_call>']
+    pieces = [
+        "I will ",
+        "check <tool",
+        '_call>\n{"name": "get_weather", ',
+        '"arguments": {"city": "Paris"}}\n</tool_call>',
+    ]
     assert stream.feed(pieces[0]) == [Delta(content="I will")]  # a space may come before a call: held
     assert stream.feed(pieces[1]) == [Delta(content=" check")]
     assert stream.feed(pieces[2]) == [] and stream.feed(pieces[3]) == []
@@ -194,8 +231,9 @@ def test_a_named_call_streams_its_arguments_as_they_come() -> None:
 
 
 def test_a_required_reply_is_read_whole_as_one_or_more_calls() -> None:
-    text = json.dumps([{"name": "get_weather", "arguments": {"city": "Paris"}},
-                       {"name": "add", "arguments": ONE_TWO}])
+    text = json.dumps(
+        [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "add", "arguments": ONE_TWO}]
+    )
     deltas = streamed(ToolStream(request(REQUIRED)), [text[:20], text[20:]])
     heads = [d for d in deltas if d.id]
     assert [(d.call, d.name) for d in heads] == [(0, "get_weather"), (1, "add")]
@@ -205,16 +243,22 @@ def test_a_required_reply_is_read_whole_as_one_or_more_calls() -> None:
 
 # -- the constraint of a required choice --------------------------------------------------------------
 
-POINT = {"type": "object", "properties": {"at": {"$ref": "#/$defs/Point"}}, "required": ["at"],
-         "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+POINT = {
+    "type": "object",
+    "properties": {"at": {"$ref": "#/$defs/Point"}},
+    "required": ["at"],
+    "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+}
 
 
 @pytest.mark.parametrize("parallel", [True, False])
 def test_a_required_schema_takes_calls_of_declared_tools_with_their_own_defs(parallel: bool) -> None:
     tools = (WEATHER, FunctionTool("place", "", json.dumps(POINT)))
     schema = required_schema(tools, parallel)
-    calls = [{"name": "place", "arguments": {"at": {"x": 3}}},
-             {"name": "get_weather", "arguments": {"city": "Oslo"}}]
+    calls = [
+        {"name": "place", "arguments": {"at": {"x": 3}}},
+        {"name": "get_weather", "arguments": {"city": "Oslo"}},
+    ]
     good: Any = calls if parallel else calls[0]
     jsonschema.validate(good, schema)  # pydantic's $defs resolve under their new home
     wrong_type = {"name": "place", "arguments": {"at": {"x": "3"}}}
@@ -247,9 +291,11 @@ TOOL_TEMPLATE = """{%- if tools %}<|im_start|>system
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
-HISTORY = [ChatMessage("user", "Weather in Paris?"),
-           ChatMessage("assistant", "", (ToolCall("call_1", "get_weather", '{"city": "Paris"}'),)),
-           ChatMessage("tool", "18 C and sunny", tool_call_id="call_1")]
+HISTORY = [
+    ChatMessage("user", "Weather in Paris?"),
+    ChatMessage("assistant", "", (ToolCall("call_1", "get_weather", '{"city": "Paris"}'),)),
+    ChatMessage("tool", "18 C and sunny", tool_call_id="call_1"),
+]
 
 
 def test_a_template_that_knows_tools_gets_them_and_the_calls_as_transformers_passes_them() -> None:
@@ -264,8 +310,10 @@ def test_a_template_without_tools_gets_the_default_block_and_the_calls_as_text()
     text = ChatTemplate(CHATML, {}).render([ChatMessage("system", "Be brief."), *HISTORY], tools=[WEATHER])
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions")
     assert json.dumps(WEATHER.template_value()) in text
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n' \
-           "</tool_call><|im_end|>" in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call><|im_end|>" in text
+    )
     assert "<|im_start|>user\n<tool_response>\n18 C and sunny\n</tool_response><|im_end|>" in text
     alone = ChatTemplate(CHATML, {}).render(HISTORY[:1], tools=[WEATHER])
     assert alone.startswith("<|im_start|>system\n" + DEFAULT_TOOLS_BLOCK.split("{tools}")[0])

@@ -46,7 +46,8 @@ def broken_prompts(running: RunningServer) -> Serving:
 
 
 def test_an_unexpected_error_is_internal_with_a_traceback_and_the_server_keeps_serving(
-        running: RunningServer) -> None:
+    running: RunningServer,
+) -> None:
     serving = broken_prompts(running)
     try:
         with capture_logs() as logs, pytest.raises(grpc.RpcError) as caught:
@@ -63,7 +64,8 @@ def test_an_unexpected_error_is_internal_with_a_traceback_and_the_server_keeps_s
 
 
 def test_an_http_handlers_unexpected_error_is_a_500_and_the_server_keeps_serving(
-        running: RunningServer) -> None:
+    running: RunningServer,
+) -> None:
     serving = broken_prompts(running)
     connection = http.client.HTTPConnection("127.0.0.1", running.config.http_port, timeout=30)
     body = {"prompt": [5, 6], "max_tokens": 2, "temperature": 0}

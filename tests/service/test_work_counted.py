@@ -93,8 +93,12 @@ def test_a_stream_past_its_deadline_counts_its_tokens_as_deadline_exceeded(serve
 
 
 def test_a_killed_client_s_tokens_are_counted(served: Endpoint) -> None:
-    client = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, served.running.address],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CLIENT, served.running.address],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert client.stdout is not None and client.stdout.readline().strip() == "ten"
         with served.running.frozen():

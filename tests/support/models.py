@@ -16,9 +16,18 @@ DEFAULT_MODEL_CACHE = "ladder-default-model"
 # A lone user turn in ChatML without the template's default system prompt.
 LONE_USER_TURN = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 # The fp16 GQA decoder the CUDA tests share: small, with head and batch shapes a GPU kernel meets.
-CUDA_SPEC = dataclasses.replace(TINY, dtype="float16", vocab_size=4096, hidden_size=512,
-                                intermediate_size=1408, num_layers=4, num_heads=8, num_kv_heads=2,
-                                head_size=64, rotary_rows=2048)
+CUDA_SPEC = dataclasses.replace(
+    TINY,
+    dtype="float16",
+    vocab_size=4096,
+    hidden_size=512,
+    intermediate_size=1408,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=2,
+    head_size=64,
+    rotary_rows=2048,
+)
 
 
 def cuda_model(root: Path) -> Path:

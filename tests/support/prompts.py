@@ -30,8 +30,10 @@ def common_prefix(*prompts: list[int]) -> int:
 
 def greedy_request(tokens: list[int], n: int, **stopping: Any) -> pb.GenerateRequest:
     """A GenerateRequest for exactly `n` greedy tokens (EOS ignored)."""
-    return pb.GenerateRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
-                              stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True, **stopping))
+    return pb.GenerateRequest(
+        prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
+        stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True, **stopping),
+    )
 
 
 def greedy_stopping(n: int) -> Stopping:

@@ -44,8 +44,18 @@ def status_details(error: grpc.RpcError) -> Details:
             detail.Unpack(request)
             fields = [v.field for v in request.field_violations]
         kinds.append(detail.type_url.rsplit(".", 1)[-1])
-    return Details(error.code(), error.details() or "", info.reason, info.domain, dict(info.metadata), retry,
-                   fields, kinds, status.code, status.message)
+    return Details(
+        error.code(),
+        error.details() or "",
+        info.reason,
+        info.domain,
+        dict(info.metadata),
+        retry,
+        fields,
+        kinds,
+        status.code,
+        status.message,
+    )
 
 
 def details_of(call: Callable[[], Any]) -> Details:

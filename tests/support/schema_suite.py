@@ -52,9 +52,15 @@ MAX_MEMBERS = 5  # an object of more members is written in its declared order al
 MAX_WRITINGS = 256  # writings of one instance per spacing
 # Every keyword of drafts 7 to 2020-12 a refusal may name: the assertions, and the keywords that
 # name or hold subschemas.
-KEYWORDS = ASSERTIONS | frozenset({
-    "$anchor", "$dynamicAnchor", "$id", "$defs", "definitions",
-})
+KEYWORDS = ASSERTIONS | frozenset(
+    {
+        "$anchor",
+        "$dynamicAnchor",
+        "$id",
+        "$defs",
+        "definitions",
+    }
+)
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: cases() makes each once
@@ -96,8 +102,12 @@ def compiled(case: Case) -> Compiledcase:
     """The case's schema compiled within SECONDS of CPU time, or its refusal. Cached by the schema
     less its `$schema` (an annotation to the engine): draft7 and draft2020-12 share most schemas,
     and a schema the drafts share is compiled once, as its first group (draft2020-12's) writes it."""
-    key = json.dumps({k: v for k, v in case.schema.items() if k != "$schema"}
-                     if isinstance(case.schema, dict) else case.schema, sort_keys=True)
+    key = json.dumps(
+        {k: v for k, v in case.schema.items() if k != "$schema"}
+        if isinstance(case.schema, dict)
+        else case.schema,
+        sort_keys=True,
+    )
     return _compile(_first.setdefault(key, json.dumps(case.schema)))
 
 
@@ -268,8 +278,10 @@ def texts(value: Any, space: bool) -> Iterator[str]:
         for parts in itertools.product(*items):
             yield "[" + comma.join(parts) + "]"
     else:
-        members = [[f"{_string(k)}{colon}{t}" for t in itertools.islice(texts(v, space), MAX_VARIANTS)]
-                   for k, v in value.items()]
+        members = [
+            [f"{_string(k)}{colon}{t}" for t in itertools.islice(texts(v, space), MAX_VARIANTS)]
+            for k, v in value.items()
+        ]
         orders = itertools.permutations(members) if len(members) <= MAX_MEMBERS else iter([members])
         for order in orders:
             for parts in itertools.product(*order):
@@ -289,8 +301,10 @@ def writings(case: Case, instance: Any) -> list[list[bytes]]:
     """Per spacing (compact, spaced): the instance's writings, the declared order first, at most
     MAX_WRITINGS of them."""
     value = arranged(instance, _subschemas(case.schema, case.schema), case.schema)
-    return [[t.encode("utf-8") for t in itertools.islice(texts(value, space), MAX_WRITINGS)]
-            for space in (False, True)]
+    return [
+        [t.encode("utf-8") for t in itertools.islice(texts(value, space), MAX_WRITINGS)]
+        for space in (False, True)
+    ]
 
 
 def outcome(case: Case, constraint: Compiled, instance: Any, valid: bool) -> bool:

@@ -88,9 +88,18 @@ def _bindable(port: int) -> bool:
 def server_config(model: object, **changes: Any) -> Config:
     """Loopback, a free port, no metrics endpoint, the pod "pod-a", this worker's share of the cores
     (tests/support/engines.py); `changes` override any field."""
-    base = Config(host="127.0.0.1", port=0, metrics_port=0, http_port=0, model=str(model), pod_name="pod-a",
-                  max_sessions=12, max_new_tokens=256, drain_seconds=5.0,
-                  intra_op_threads=engines.INTRA_OP_THREADS)
+    base = Config(
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        http_port=0,
+        model=str(model),
+        pod_name="pod-a",
+        max_sessions=12,
+        max_new_tokens=256,
+        drain_seconds=5.0,
+        intra_op_threads=engines.INTRA_OP_THREADS,
+    )
     return dataclasses.replace(base, **changes)
 
 

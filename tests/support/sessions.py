@@ -10,8 +10,9 @@ from tests.support.servers import RunningServer
 
 
 def part(tokens: list[int], session_id: str = "", last: bool = False) -> pb.PrefillRequest:
-    return pb.PrefillRequest(session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)),
-                             last=last)
+    return pb.PrefillRequest(
+        session_id=session_id, prompt=pb.Prompt(tokens=pb.TokenIds(ids=tokens)), last=last
+    )
 
 
 def held_open(*messages: pb.PrefillRequest) -> tuple[Iterator[pb.PrefillRequest], threading.Event]:
@@ -30,6 +31,11 @@ def prefill(server: RunningServer, *parts: pb.PrefillRequest) -> list[pb.Prefill
 
 
 def decode(server: RunningServer, session_id: str, n: int) -> tuple[list[int], pb.Completion]:
-    events = list(server.stub.Decode(pb.DecodeRequest(
-        session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True))))
+    events = list(
+        server.stub.Decode(
+            pb.DecodeRequest(
+                session_id=session_id, stopping=pb.StoppingOptions(max_new_tokens=n, ignore_eos=True)
+            )
+        )
+    )
     return [e.token.id for e in events if e.HasField("token")], events[-1].done

@@ -8,8 +8,25 @@ from collections.abc import Sequence
 from engine.constrain import Vocabulary
 
 PIECES = [bytes([b]) for b in range(256)] + [
-    b"ab", b"abc", b"caf", "é".encode(), b"\xc3", b"\xa9", "日".encode()[:2], "日".encode()[2:],
-    "本".encode(), b'{"', b'":', b'", "', b'"}', b"true", b"null", b"12", b"-0", b" the", b"\\u00",
+    b"ab",
+    b"abc",
+    b"caf",
+    "é".encode(),
+    b"\xc3",
+    b"\xa9",
+    "日".encode()[:2],
+    "日".encode()[2:],
+    "本".encode(),
+    b'{"',
+    b'":',
+    b'", "',
+    b'"}',
+    b"true",
+    b"null",
+    b"12",
+    b"-0",
+    b" the",
+    b"\\u00",
 ]
 EOS, SPECIAL = len(PIECES), len(PIECES) + 1
 SIZE = len(PIECES) + 4  # two padding ids past the tokenizer's table
