@@ -11,7 +11,7 @@ from engine.constrain import json_keywords as kw
 from engine.constrain import machines as mx
 from engine.constrain import nfa
 from engine.constrain.budget import OverBudget, Steps
-from engine.constrain.json_keywords import OPEN
+from engine.constrain.json_keywords import ASSERTIONS, OPEN
 from engine.constrain.json_parts import Combining
 from engine.constrain.pattern import NOTHING, Alt, Node, Ref, alt
 from engine.errors import InvalidInput
@@ -86,8 +86,10 @@ class OneOf:
         """A oneOf member and none of the others: each other member it may overlap (neither
         kw.disjoint nor _apart_by_values tells them apart) that requires a name the member does not
         is ruled out by leaving one such name out (`not` of required lists: a part of "not that
-        member", never more). None where no other member needs ruling out or it cannot be written
-        so (the member alone then: anyOf's reading, which admits a value two members both meet)."""
+        member", never more); nothing where another member is `required` names alone that every
+        value of this one holds. None where no other member needs ruling out or it cannot be
+        written so (the member alone then: anyOf's reading, which admits a value two members both
+        meet)."""
         mine = self.c.in_view(member)
         given = sorted(self._needed(mine) | self._needed(beside))
         lists, deeper = [], []
@@ -102,6 +104,8 @@ class OneOf:
                 continue
             if set(names) - set(given):
                 lists.append(names)
+            elif {k for k in theirs if k in ASSERTIONS} == {"required"}:
+                return NOTHING  # the other holds wherever this member does: never this one alone
             elif (inner := self._required_inside(mine, theirs, names)) is not None:
                 deeper.append({"properties": {inner[0]: {"not": {"required": inner[1]}}}})
         if not lists and not deeper:

@@ -1285,6 +1285,21 @@ def test_more_dependencies_than_written_exactly_keep_a_part_that_validates() -> 
                 {"properties": {"a": THREE["a"], "b": THREE["b"]}, "additionalProperties": False},
             ],
         },
+        # A member that holds wherever another does (its names required anyway): never alone.
+        {
+            "type": "object",
+            "properties": THREE,
+            "required": ["a"],
+            "oneOf": [{"required": ["a"]}, {"required": ["b"]}],
+        },
+        {
+            "type": "object",
+            "properties": THREE,
+            "additionalProperties": False,
+            "if": {"anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
+            "then": {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+            "else": {"oneOf": [{"required": ["a"]}, {"required": ["b"]}, {"required": ["c"]}]},
+        },
     ],
 )
 def test_one_of_members_that_require_names_are_kept_apart_exactly(schema: Any) -> None:
