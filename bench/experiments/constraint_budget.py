@@ -3,7 +3,7 @@ schema (30 levels of $defs, each naming the next twice: ~3 KB) and a 2 s deadlin
 and a text Generate timed while they compile, then one hostile call alone with a 120 s deadline (time
 to refusal), and the process's RSS sampled for `--watch` seconds.
 
-    PYTHONPATH=. .venv/bin/python bench/constraint_budget.py [--watch 20] [--model-dir DIR]
+    PYTHONPATH=. .venv/bin/python bench/experiments/constraint_budget.py [--watch 20] [--model-dir DIR]
 """
 
 from __future__ import annotations

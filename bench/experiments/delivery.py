@@ -7,7 +7,8 @@ GenerateStream requests one at a time; for each request:
 - arrival gaps: the client's gaps between consecutive tokens, against the server's `inter_token_ms`.
 Rounds alternate between the versions (A B A B ...) so both see the same machine load.
 
-    python -m bench.delivery --model default --precision int4 --cache .pytest_cache/d/ladder-default-model \
+    python -m bench.experiments.delivery --model default --precision int4 \
+        --cache .pytest_cache/d/ladder-default-model \
         --baseline-root /tmp/delivery-baseline --out bench/results/delivery-2026-11-30
 """
 
@@ -110,7 +111,7 @@ def main() -> None:
     same = all(a["ids"] == b["ids"] for a, b in zip(rows["this"], rows["baseline"], strict=True))
     doc = {
         "machine": machine(),
-        "command": "python -m bench.delivery " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.experiments.delivery " + " ".join(sys.argv[1:]),
         "load_before": load_before,
         "load_after": os.getloadavg(),
         "greedy_tokens_equal": same,

@@ -3,7 +3,7 @@ killed client. For each, a real client subprocess sends one message and then hal
 (after 0.3 s) or dies (os._exit after 0.3 s); the handler reports what reading the next message
 gave, whether the context says cancelled, and how long after that the call's cancellation arrived.
 
-    python -m bench.end_of_stream            # prints one line per ending
+    python -m bench.experiments.end_of_stream            # prints one line per ending
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@ interceptor), and the same sync Python client the benchmarks use, one request af
 what gRPC Python alone costs on this machine between a request sent and its first event
 received. Compare with a benchmark's client TTFT minus the server's own `timing.ttft_ms`.
 
-    python -m bench.grpc_floor [--requests 300] [--out DIR]
+    python -m bench.experiments.grpc_floor [--requests 300] [--out DIR]
 
 `--cases` runs four servers instead (without and with a pass-through interceptor, an empty
 request and one of 2,100 token ids) and adds, per case, the median "way in": from the client's
 send to the handler's start (both on CLOCK_MONOTONIC). `--delay S` idles S seconds before each
 request, as a benchmark alternating two servers leaves each of them idle between its requests:
 
-    python -m bench.grpc_floor --cases --delay 0.04 --requests 120
+    python -m bench.experiments.grpc_floor --cases --delay 0.04 --requests 120
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 threads: ms per step of `rows` rows of the default model's vocabulary size (49,152), flat rows as
 random prompts give (top_p 0.95 keeps ~10k tokens) and peaked ones.
 
-    python -m bench.host_draws [--rows 8] [--steps 50]
+    python -m bench.experiments.host_draws [--rows 8] [--steps 50]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ another client holds 1, 3 and 7 idle sessions (opened by Prefill), each compared
 answer: same tokens, bit-equal log-probabilities. Prints GetEngineStats' decode widths and
 `rows_moved`.
 
-    python -m bench.idle_neighbours --out DIR        # the default model in int4, CPU
+    python -m bench.experiments.idle_neighbours --out DIR        # the default model in int4, CPU
 """
 
 from __future__ import annotations

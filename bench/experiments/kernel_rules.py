@@ -2,7 +2,7 @@
 row wide against two (`least_decode_batch` 2: where MLAS' one-row kernel gives other numerics, a lone
 stream decodes beside an empty KV slot), alternated in one process so both see the same machine.
 
-    .venv/bin/python -m bench.kernel_rules [--model DIR] [--tokens 128] [--rounds 3]
+    .venv/bin/python -m bench.experiments.kernel_rules [--model DIR] [--tokens 128] [--rounds 3]
 
 Prints the engine's measured rules and a JSON line per round, then the median ratio.
 """

@@ -8,7 +8,7 @@ the largest share: an upper bound on the overhead) and one GenerateStream of --s
 (the per-token cost). It scrapes /metrics once at the end, as Prometheus would.
 
     git archive main | tar -x -C /tmp/ladder-main
-    python -m bench.operability --tree main=/tmp/ladder-main --tree branch=. \
+    python -m bench.experiments.operability --tree main=/tmp/ladder-main --tree branch=. \
         --out bench/results/operability-2026-11-30
 """
 

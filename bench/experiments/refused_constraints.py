@@ -2,7 +2,8 @@
 refused regexes (`.{20000}x<k>`, each over the compile budget), after idling, and the time from
 SIGTERM to exit.
 
-    python -m bench.refused_constraints --model DIR --out DIR [--count 200] [--budget 0.1] [--repo PATH]
+    python -m bench.experiments.refused_constraints --model DIR --out DIR [--count 200] \
+        [--budget 0.1] [--repo PATH]
 
 The server is bench/served.py's (its log in --out/server.log). `--repo` serves from another
 checkout (e.g. a worktree of an older commit) with this interpreter, to measure before and after
@@ -21,7 +22,7 @@ import grpc
 from bench.served import free_port, resolve_model, server_arguments, start_server, stub, wait_serving
 from proto.ladder.v1 import ladder_pb2 as pb
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def rss_mb(pid: int) -> float:

@@ -3,7 +3,8 @@ a directory (JSON Schema Store's `src/schemas/json`, say) compiled as a `json_sc
 byte-level vocabulary, within a CPU allowance; what is refused, by reason and by keyword.
 
     git -C <schemastore> archive HEAD src/schemas/json | tar -x -C /tmp/schemastore
-    python -m bench.schema_coverage /tmp/schemastore/src/schemas/json --out bench/results/<dir>/now.json
+    python -m bench.experiments.schema_coverage /tmp/schemastore/src/schemas/json \
+        --out bench/results/<dir>/now.json
 
 Run it again with an older engine first on the path (`git archive <rev> engine | tar -x -C /tmp/old`,
 `PYTHONPATH=/tmp/old`) to measure before and after on the same schemas.

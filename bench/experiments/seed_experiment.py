@@ -3,7 +3,8 @@
 Reports per pass: wall time of the prefills, variants prepared, evictions, the
 bytes the cache holds, and process peak RSS. One run, both settings, same model.
 
-    python -m bench.seed_experiment --out bench/results/seed-experiment-cpu-<date>/seed-experiment.json
+    python -m bench.experiments.seed_experiment \
+        --out bench/results/seed-experiment-cpu-<date>/seed-experiment.json
 """
 
 from __future__ import annotations

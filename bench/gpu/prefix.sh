@@ -24,7 +24,7 @@ if [ "${MODEL:-}" = default ]; then
   (cd "$CACHE/downloads" && sha256sum -c "$OLDPWD/.whl/parts/$GGUF.sha256") || exit 1
   model=(--model default --precision fp16 --cache "$CACHE")
 fi
-python3 -m bench.grpc_floor --out "$OUT" > /dev/null 2>&1 || echo "grpc floor failed"
+python3 -m bench.experiments.grpc_floor --out "$OUT" > /dev/null 2>&1 || echo "grpc floor failed"
 timeout "${BENCH_TIMEOUT:-360}" python3 -m bench.prefix --provider cuda "${model[@]}" \
   --capacity 8192 --slots 8 --chunk-sizes "${CHUNKS:-512}" --requests 10 --forks 20 --out "$OUT" ${BENCH_ARGS:-} \
   > "$OUT/prefix.log" 2>&1

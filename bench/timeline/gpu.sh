@@ -8,10 +8,10 @@ set -o pipefail
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/gpu-info.txt"
 (git log --oneline -1 2>/dev/null || echo no-git) > $OUT/commit.txt
 timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_cuda_graphs.py tests/engine/test_cuda_prefix.py tests/engine/test_cuda_outputs.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -3
-python3 -m bench.grpc_floor --out "$OUT" > /dev/null 2>&1 || echo "grpc floor failed"
+python3 -m bench.experiments.grpc_floor --out "$OUT" > /dev/null 2>&1 || echo "grpc floor failed"
 timeout 300 python3 -m bench.prefix --provider cuda --model gpu:28x3072 --capacity 8192 --slots 8 --chunk-sizes 512 --requests 10 --forks 20 --out "$OUT" > "$OUT/prefix.log" 2>&1
 echo "bench exit $?"; grep -A3 '"compare"' $OUT/prefix.log | head; grep -E "ratio|fork" $OUT/prefix.log | head -12
-python3 -m bench.grpc_floor --cases --delay 0.04 --requests 120 --out "$OUT" > /dev/null 2>&1; grep -E "interceptor|ids|median" $OUT/grpc-floor-cases.json
+python3 -m bench.experiments.grpc_floor --cases --delay 0.04 --requests 120 --out "$OUT" > /dev/null 2>&1; grep -E "interceptor|ids|median" $OUT/grpc-floor-cases.json
 for cfg in "on 0.04" "off 0.04 --prefix-sharing=false"; do
   set -- $cfg; name=probe-$1-$2; delay=$2; shift 2
   mkdir -p $OUT/$name
