@@ -2,9 +2,10 @@
 InvalidInput naming the keyword at fault: never a silently unconstrained run. The compiler here
 walks subschemas, $refs (a recursive one is a `Ref`: the pushdown engine), types, enum/const and
 combinators. Its rooms: json_one_of.py (oneOf as exactly one member), json_objects.py,
-json_arrays.py, json_scalars.py (numbers, strings), json_lowering.py (if/then/else, not,
-dependencies), json_keywords.py (keywords, allOf's merge), json_values.py (how JSON is written),
-json_drafts.py (draft 3-7's reading), json_parts.py (what the rooms ask of the compiler).
+json_arrays.py, json_scalars.py (numbers, strings), json_lowering.py (if/then/else, not),
+json_dependencies.py (dependencies), json_keywords.py (keywords, allOf's merge), json_values.py
+(how JSON is written), json_drafts.py (draft 3-7's reading), json_parts.py (what the rooms ask of
+the compiler).
 What is written and what is refused, for users: docs/api.md "JSON Schema"."""
 
 from __future__ import annotations
