@@ -33,6 +33,10 @@ class EngineOptions:
     # forward (CUDA: one forward of B prompts costs little more than one; 1 = each alone);
     # 0 = the backend's choice. Never in the deterministic mode: a row's numerics follow the forward.
     prefill_batch: int = 0
+    # Drafted decode rows may verify in forwards of their own (speculative decoding, Engine.verify):
+    # the variant cache keeps room for the verification widths and the load-time probe measures
+    # how far a verification row lies from a decode row. Off: a drafted row decodes plainly.
+    speculate: bool = False
     graph_read_only: bool = False  # never rewrite the model's graph: its head then runs on every row
     # Where rewritten graphs are kept (the server: <model_cache>/graphs); None = a temporary
     # directory of this process, removed at exit: a copy can be as large as the model.

@@ -132,6 +132,11 @@ class Config:
     constraint_compile_seconds: float = 2.0  # CPU seconds one constraint's compile may take
     json_schema_strict: bool = False  # read JSON schemas as OpenAI's strict mode does (no undeclared members)
     tool_call_format: str = "auto"  # the model's tool-call format (service/tool_formats.py)
+    # Speculative decoding (issue #44): a stream decoding alone drafts from its own tokens (prompt
+    # lookup) and verifies the draft in one forward. auto = on where this machine's kernels compute
+    # a verification row as a decode step does (measured at load); never in the deterministic mode.
+    speculate: str = "auto"  # off | lookup | auto
+    speculate_tokens: int = 4  # drafted tokens one verification forward checks at most
 
     def engine_options(self) -> EngineOptions:
         from engine.options import EngineOptions
@@ -151,6 +156,7 @@ class Config:
             graph_read_only=self.model_read_only,
             deterministic=self.deterministic,
             prefill_batch=self.prefill_batch,
+            speculate=self.speculate != "off" and not self.deterministic,
             graph_cache=Path(self.model_cache) / "graphs" if self.model_cache else None,
         )
 
@@ -167,6 +173,13 @@ class Config:
         if self.frontends is not None:
             return self.frontends
         return 2 if self.provider == "cuda" else 0
+
+    def speculation(self, exact: bool) -> int:
+        """Drafted tokens per verification forward (0: speculation off), given whether the engine's
+        verification rows are its decode rows (`KernelRules.speculation_exact`)."""
+        if self.deterministic or self.speculate == "off" or (self.speculate == "auto" and not exact):
+            return 0
+        return self.speculate_tokens
 
     @property
     def tls(self) -> bool:

@@ -20,8 +20,9 @@ import structlog
 
 from engine.errors import InvalidInput, OverCapacity
 from engine.executor import DecodeRow, Engine, Session
-from engine.executor.step import Choose, Close, Fork, Open, Prefill, Rewind
-from engine.sampling import Sampler
+from engine.executor.step import Choose, Close, Fork, Open, Prefill, Rewind, Verified
+from engine.planner.drafts import MAX_K, Backoff, Lookup
+from engine.sampling import Sampler, TokenLogprobs
 from engine.tokenizer import Tokenizer
 from service.calls import Prompt, Stopping
 from service.errors import NoTokenizer, OverLimit
@@ -36,8 +37,8 @@ from service.events import (
     TokenOut,
 )
 from service.jobs import Result
-from service.min_tokens import released, structured
-from service.rounds import Feed, Lend, Timed, Token, Tokens, ask
+from service.min_tokens import ending_tokens, released, structured
+from service.rounds import Draft, Feed, Lend, Timed, Token, Tokens, ask
 from service.sessions import SessionState
 from service.stop_text import StopText
 
@@ -88,6 +89,7 @@ class ServedModel:
         self.max_prompt_tokens = max_prompt_tokens or self.capacity
         self.max_new_tokens = max_new_tokens
         self.session_memory = 0  # bytes parked sessions may hold (0: parking off), set by loading
+        self.draft_tokens = 0  # drafted tokens per verification forward (0: speculation off), set by loading
         # What a request that names no max_new_tokens gets (0 configured: the limit), never over the limit.
         self.default_new_tokens = min(default_new_tokens or max_new_tokens, max_new_tokens)
 
@@ -256,6 +258,7 @@ def decode_steps(
     feed_last: bool,
     sample: int = 0,
     first: int | None = None,
+    drafts: int = 0,
 ) -> Generator[Any, Any, None]:
     """Emit and feed tokens from the session's next-token logits.
 
@@ -263,40 +266,127 @@ def decode_steps(
     the session holds, every later one by the round's decode forward, all by the engine. With
     `feed_last` the session keeps every emitted token (so the next Decode continues after it); a
     session left mid-way holds the tokens fed so far and their logits, so it stays usable.
+
+    With `drafts` (speculative decoding, `Speculation`), a step may come back with several tokens,
+    every one but the last already fed: they are emitted one by one as if each had its own step,
+    and a stop among them rewinds a kept session to the tokens emitted.
     """
     stream = model.tokenizer.stream(skip_special=True) if model.tokenizer is not None else None
     stop_text = StopText(stopping.stop, stopping.include_stop, armed=stopping.min_new_tokens <= 1)
     reason = Finish.LENGTH
     token = first if first is not None else (yield from ask(Choose(session, sampler)))
+    last = sampler.last
+    ahead: list[tuple[int, TokenLogprobs | None]] = []  # chosen, not emitted; `token` fed when any
+    speculation = Speculation(model, session, sampler, stopping, drafts, token) if drafts else None
     for index in range(stopping.max_new_tokens):
         if index + 1 >= stopping.min_new_tokens:  # this token makes min_tokens: it may end the sample
             stop_text.armed = True
             released(sampler)  # and so may the next choice
         piece = stop_text.push(stream.push(token)) if stream is not None else ""
-        yield TokenOut(token, piece, index, time.perf_counter(), sampler.last, sample)
-        stopped = _stop_reason(model, stopping, token, stop_text, sampler)
-        if stopped is not None or session.length + 1 > model.capacity:
+        yield TokenOut(token, piece, index, time.perf_counter(), last, sample)
+        held = session.length - len(ahead)  # what the session would hold without speculation
+        stopped = _stop_reason(model, stopping, token, stop_text, sampler, chosen_past=bool(ahead))
+        if stopped is not None or held + 1 > model.capacity:
             reason = stopped or Finish.CAPACITY
             break
-        if index + 1 < stopping.max_new_tokens:
-            # The token chosen here is fed next only if another follows it or the session keeps it.
-            more = (index + 2 < stopping.max_new_tokens or feed_last) and session.length + 2 <= model.capacity
-            token = yield from ask(Token(DecodeRow(session, token, sampler, more)))
+        if index + 1 >= stopping.max_new_tokens:
+            continue
+        if ahead:
+            token, last = ahead.pop(0)
+            continue
+        # The token chosen here is fed next only if another follows it or the session keeps it.
+        more = (index + 2 < stopping.max_new_tokens or feed_last) and held + 2 <= model.capacity
+        row = DecodeRow(session, token, sampler, more)
+        draft = speculation.draft(stopping.max_new_tokens - index - 2) if speculation is not None else ()
+        if speculation is not None and draft:
+            verified = yield from ask(Draft(replace(row, drafts=draft, stops=speculation.stops)))
+            speculation.verified(verified)
+            ahead = list(zip(verified.tokens, verified.logprobs, strict=True))
+            token, last = ahead.pop(0)
+        else:
+            token = yield from ask(Token(row))
+            last = sampler.last
+            if speculation is not None:
+                speculation.chose(token)
     tail = "" if stop_text.stopped or stream is None else stop_text.push(stream.flush()) + stop_text.held
-    if feed_last and session.length + 1 <= model.capacity:
+    if ahead and feed_last:  # the last token emitted is fed; so are chosen ones past it but the last
+        if len(ahead) > 1:
+            yield from ask(Rewind(session, session.length - len(ahead) + 1))
+    elif feed_last and session.length + 1 <= model.capacity:
         yield from ask(Feed(DecodeRow(session, token)))  # fed, not chosen from: the next Decode chooses
     yield Finished(reason, tail, session.length, sample)
 
 
+class Speculation:
+    """One stream's drafts (engine.planner.drafts): a prompt lookup over the session's tokens, a
+    row's backoff after drafts that missed, and the token ids its acceptance stops after. It drafts
+    only once the sampler may end the sample (min_tokens met): a choice made ahead of its step must
+    be the choice that step would make."""
+
+    def __init__(
+        self, model: ServedModel, session: Session, sampler: Sampler, stopping: Stopping, k: int, first: int
+    ) -> None:
+        self.lookup = Lookup(k=k, tokens=[*session.tokens, first])
+        self.backoff = Backoff()
+        self.sampler = sampler
+        self.min_tokens = stopping.min_new_tokens
+        self.emitted = 1
+        self.stops = ending_tokens(model.eos_ids, stopping, structured(sampler) is not None)
+
+    def draft(self, room: int) -> tuple[int, ...]:
+        """Tokens to verify with the next step (at most `room`, those the budget can still emit):
+        the tokens the row's constraint forces next, else a prompt-lookup draft."""
+        if room <= 0 or self.emitted < self.min_tokens:
+            return ()
+        forced = self.forced(min(room, MAX_K))
+        if forced:
+            return forced
+        return self.lookup.propose()[:room] if self.backoff.drafts() else ()
+
+    def forced(self, most: int) -> tuple[int, ...]:
+        """The tokens the constraint allows alone from here on (a JSON key, a closing brace), read on a
+        copy of its state: the sampler can choose nothing else, so a draft of them is always kept
+        and they cost no forward of their own."""
+        constraint = structured(self.sampler)
+        if constraint is None or not hasattr(constraint, "copy") or constraint.done:
+            return ()
+        state, forced = constraint.copy(), list[int]()
+        while len(forced) < most:
+            allowed = state.allowed().nonzero()[0]  # the mask's allowed token ids
+            if len(allowed) != 1 or int(allowed[0]) in self.stops:
+                break
+            forced.append(int(allowed[0]))
+            state.advance(forced[-1])
+            if state.done:
+                break
+        return tuple(forced)
+
+    def chose(self, token: int) -> None:
+        self.lookup.extend([token])
+        self.emitted += 1
+
+    def verified(self, verified: Verified) -> None:
+        self.backoff.verified(verified.drafted, verified.accepted)
+        self.lookup.extend(verified.tokens)
+        self.emitted += len(verified.tokens)
+
+
 def _stop_reason(
-    model: ServedModel, stopping: Stopping, token: int, stop_text: StopText, sampler: Sampler
+    model: ServedModel,
+    stopping: Stopping,
+    token: int,
+    stop_text: StopText,
+    sampler: Sampler,
+    chosen_past: bool = False,
 ) -> Finish | None:
+    """Why the sample ends at `token`, if it does. `chosen_past`: tokens after it were chosen already
+    (a verified draft), so the constraint's state is theirs: it completes only at the last of them."""
     constraint = structured(sampler)
     if token in model.eos_ids and (constraint is not None or not stopping.ignore_eos):
         return Finish.EOS  # a constraint allows end-of-sequence only where the output is complete
     if token in stopping.stop_token_ids or stop_text.stopped:
         return Finish.STOP
-    if constraint is not None and constraint.done:
+    if constraint is not None and constraint.done and not chosen_past:
         return Finish.STOP  # complete, and nothing but end-of-sequence may follow: no forward for it
     return None
 
@@ -331,7 +421,16 @@ def generate_body(
         batchable=True,
     )
     bodies = [
-        decode_steps(model, session, sampler, stopping, feed_last=False, sample=i, first=firsts[i])
+        decode_steps(
+            model,
+            session,
+            sampler,
+            stopping,
+            feed_last=False,
+            sample=i,
+            first=firsts[i],
+            drafts=model.draft_tokens if len(samplers) == 1 else 0,  # n > 1: the samples batch
+        )
         for i, (session, sampler) in enumerate(zip(sessions, samplers, strict=True))
     ]
     yield from bodies[0] if len(bodies) == 1 else side_by_side(bodies)
@@ -392,7 +491,7 @@ def decode_body(
     sampler.counts.update(state.generated_tokens())  # penalties go on from the earlier Decodes
     start = session.length
     try:
-        yield from decode_steps(model, session, sampler, budget, feed_last=True)
+        yield from decode_steps(model, session, sampler, budget, feed_last=True, drafts=model.draft_tokens)
     finally:
         state.generated.extend(range(start, session.length))
 

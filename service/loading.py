@@ -44,6 +44,8 @@ def load_model(config: Config) -> ServedModel:
         config.default_max_new_tokens,
         tuple(dict.fromkeys(name for name in names if name)),
     )
+    model.draft_tokens = config.speculation(engine.kernels.speculation_exact) if engine.verifies else 0
+    log.info("speculation", draft_tokens=model.draft_tokens, verify_gap=engine.kernels.verify_gap)
     model.session_memory, on_device = session_memory_bytes(config, engine.backend.free_device_bytes())
     engine.limit_parked_on_device(on_device)
     engine.limit_parked(model.session_memory or None)

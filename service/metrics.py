@@ -43,9 +43,10 @@ from prometheus_client import (
     Info,
     make_wsgi_app,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from engine.planner.drafts import MAX_K
 from service.sockets import listening_socket
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -86,6 +87,19 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "ladder_decode_rows", "Session rows the decode forwards advanced", value=d.rows
         )
+        for name, value, text in (
+            ("verify_forwards", d.verify_forwards, "Forwards that verified a drafted row (--speculate)"),
+            ("drafted_tokens", d.drafted, "Drafted tokens the verification forwards checked"),
+            ("accepted_tokens", d.accepted, "Drafted tokens the verification forwards kept"),
+        ):
+            yield CounterMetricFamily(f"ladder_speculation_{name}", text, value=value)
+        accepted = HistogramMetricFamily(
+            "ladder_speculation_accepted",
+            "Drafted tokens each verification forward kept",
+            buckets=_accepted_buckets(d.accepted_per_forward),
+            sum_value=d.accepted,
+        )
+        yield accepted
         memory = GaugeMetricFamily(
             "ladder_memory_bytes", "What the memory budget adds up (budget 0 = none)", labels=["part"]
         )
@@ -95,6 +109,17 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(
             "ladder_kv_slots", "KV slots (sessions the pool holds at once)", value=stats.slots_allocated
         )
+
+
+def _accepted_buckets(use: tuple[tuple[int, int], ...]) -> list[tuple[str, float]]:
+    """Cumulative buckets 0..MAX_K of (drafted tokens kept, forwards), and +Inf."""
+    counts = dict(use)
+    buckets, total = [], 0
+    for kept in range(MAX_K + 1):
+        total += counts.get(kept, 0)
+        buckets.append((str(kept), float(total)))
+    buckets.append(("+Inf", float(sum(counts.values()))))
+    return buckets
 
 
 class MethodMetrics:

@@ -23,6 +23,7 @@ from engine.executor.step import (
     Rewind,
     SessionOp,
     Stats,
+    Verified,
 )
 
 T = TypeVar("T")
@@ -74,12 +75,20 @@ class Feed:
     row: DecodeRow
 
 
-DECODE_REQUESTS = (Token, Tokens, Feed)
+@dataclass(frozen=True)
+class Draft:
+    """Be a drafted row of the round (`row.drafts` set): verified in a forward of its own when it
+    decodes alone, else a plain row of the decode forward; its `Verified` tokens come back."""
+
+    row: DecodeRow
+
+
+DECODE_REQUESTS = (Token, Tokens, Feed, Draft)
 
 
 def decode_rows(want: Any) -> tuple[DecodeRow, ...]:
-    """The decode rows a job waits on (none unless it waits on Token, Tokens or Feed)."""
-    if isinstance(want, Token | Feed):
+    """The decode rows a job waits on (none unless it waits on Token, Tokens, Feed or Draft)."""
+    if isinstance(want, Token | Feed | Draft):
         return (want.row,)
     return want.rows if isinstance(want, Tokens) else ()
 
@@ -97,6 +106,8 @@ def ask(request: Prefill) -> Asked[PrefillProgress]: ...
 def ask(request: Choose | Token) -> Asked[int]: ...
 @overload
 def ask(request: Tokens) -> Asked[list[int]]: ...
+@overload
+def ask(request: Draft) -> Asked[Verified]: ...
 @overload
 def ask(request: Feed | Reset) -> Asked[None]: ...
 @overload

@@ -90,6 +90,12 @@ HELP = {
     "capacity": "KV capacity per session in tokens (auto = the model's max length)",
     "max_prompt_tokens": "the longest prompt in tokens (0 = the KV capacity)",
     "log_level": "log level",
+    "speculate": "speculative decoding of a stream that decodes alone: it drafts tokens from its own "
+    "prompt and output (prompt lookup) and checks them in one forward, keeping those its sampler "
+    "would choose; lookup = on, auto = on where a verification row equals a decode row on this "
+    "machine (measured at load; int4 on x86 CPUs parts by ~1.5 nats, so auto leaves it off there), "
+    "off = never; never in the deterministic mode (docs/api.md, Speculative decoding)",
+    "speculate_tokens": "drafted tokens one verification forward checks at most (1 to 8)",
     "tool_call_format": "how the model writes a tool call, read back under tool_choice auto: hermes "
     "(<tool_call>{json}</tool_call>), llama3_json, mistral, or auto (by the chat "
     "template; hermes when it shows none)",
@@ -102,6 +108,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model_precision": ("auto", "int4", "fp16", "fp32"),
     "log_level": ("debug", "info", "warning", "error"),
     "tool_call_format": (AUTO, *FORMATS),
+    "speculate": ("off", "lookup", "auto"),
 }
 BOUNDS: dict[str, tuple[float, float | None]] = {
     "port": (0, 65535),
@@ -136,6 +143,7 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "session_memory_per_caller_mb": (0, None),
     "intra_op_threads": (0, None),
     "prefill_batch": (0, 64),
+    "speculate_tokens": (1, 8),
     "constraint_cache_mb": (1, None),
     "constraint_compile_seconds": (0.01, None),
 }

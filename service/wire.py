@@ -407,6 +407,9 @@ def engine_stats(
         lookahead_misses=d.lookahead_misses,
         chained_steps=d.chained,
         rows_moved=d.rows_moved,
+        verify_forwards=d.verify_forwards,
+        drafted_tokens=d.drafted,
+        accepted_tokens=d.accepted,
     )
     return pb.EngineStats(
         variants=pb.VariantStats(

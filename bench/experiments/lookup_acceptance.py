@@ -18,34 +18,10 @@ import argparse
 import json
 
 from bench.served import free_port, machine, resolve_model, server_arguments, start_server, wait_serving
+from bench.speculation import FREE, GROUNDED
 from clients.python import LadderClient
 from clients.python.messages import Logprobs, Stopping, Turn
 from engine.planner.drafts import Lookup
-
-PASSAGE = (
-    "Maria Lopez moved from Seville to Lyon in 2019 to work at a small bakery on Rue Victor Hugo. "
-    "Her brother Daniel Lopez stayed in Seville, where he runs a bicycle repair shop near the river. "
-    "In 2022 Maria opened her own bakery, Pan de Casa, with her friend Akira Sato from Osaka. "
-    "They sell sourdough bread, almond cakes and a cinnamon roll that customers queue for on Sundays."
-)
-CODE = (
-    "def total(items):\n    x = 0\n    for item in items:\n        x = x + item.price * item.quantity\n"
-    "    return x\n"
-)
-GROUNDED = {
-    "repeat": f"Repeat the following text exactly, word for word:\n\n{PASSAGE}",
-    "extract": f"List every person in this text with their city, as JSON objects with the keys "
-    f'"name" and "city":\n\n{PASSAGE}',
-    "rewrite": f"Rewrite this text in the present tense:\n\n{PASSAGE}",
-    "summarize": f"Summarize this text in two sentences:\n\n{PASSAGE}",
-    "code-edit": f"Rename the variable x to running_total in this Python function and show the whole "
-    f"function:\n\n{CODE}",
-}
-FREE = {
-    "story": "Write a short story about a robot who learns to paint.",
-    "explain": "Explain how a rainbow forms.",
-    "list": "Give me ten ideas for a rainy afternoon.",
-}
 
 
 def replay(prompt: list[int], answer: list[int], k: int) -> dict[str, float]:

@@ -65,6 +65,16 @@ class DecodeCounters:
     lookahead_launched: int = 0
     chained: int = 0  # lookahead hits whose next forward was queued on the device (the chain)
     rows_moved: int = 0  # sessions moved to a lower row so the forward stays narrow (Engine.compact)
+    verify_forwards: int = 0  # forwards that verified a drafted row (Engine.verify)
+    drafted: int = 0  # drafted tokens they checked
+    accepted: int = 0  # ... and kept
+    accepted_use: Counter[int] = field(default_factory=Counter)  # accepted per forward -> forwards
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        self.verify_forwards += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.accepted_use[accepted] += 1
 
 
 def _committed(lengths: list[int], feeds: Mapping[int, int]) -> list[int]:

@@ -50,6 +50,7 @@ from engine.executor.step import (
     Open,
     Step,
     StepResult,
+    Verified,
 )
 from engine.executor.stepping import run_step
 from engine.executor.warmup import warm_up
@@ -78,8 +79,17 @@ from engine.planner import (
     ladder_widths,
     prefix_unit,
 )
+from engine.planner.drafts import MAX_K, VERIFY_WIDTHS
 
 log = structlog.get_logger("ladder.engine")
+MAX_VERIFY_ROWS = 1  # a drafted row verifies only when it decodes alone: beside other rows its
+# forward would be one more for all of them (a batched verification is not built yet)
+
+
+def _undrafted(row: DecodeRow, token: int | None) -> Verified:
+    """A drafted row that ran as a plain decode row: its one token."""
+    last = row.sampler.last if row.sampler is not None else None
+    return Verified((token,) if token is not None else (), (last,), 0)
 
 
 def make_backend(info: ModelInfo, options: EngineOptions) -> Backend[Any]:
@@ -115,6 +125,10 @@ class Engine(SessionRows):
         self.feed_dtype = _dtype(info.feed.dtype)
         self.port_dtypes = {p.name: _dtype(p.dtype) for p in info.supplied_ports}
         self.unbatched_reason = unbatched_reason(info)
+        # Drafted rows verify in forwards of their own (`verify`) when asked (EngineOptions.speculate):
+        # never in the deterministic mode (its forwards are a fresh run's), nor on a decoder that
+        # decodes each session alone (recurrent state, ports): it cannot rewind a wrong draft.
+        self.verifies = options.speculate and not options.deterministic and not self.unbatched_reason
         self.slot_bytes = kv_slot_bytes(info, self.capacity)
         self.weights_bytes = backend.weights_bytes or model_file_bytes(info)
         self._prompts_batchable = not (options.deterministic or not info.logits_rows or self.unbatched_reason)
@@ -122,7 +136,10 @@ class Engine(SessionRows):
         self.batch_widths = () if self.unbatched_reason else batch_widths(rows)
         self.prompt_sizes = self._prompt_sizes(rows)
         prompt_shapes = len(self.padded_ladder) * len(self.prompt_sizes)
-        wanted = options.variant_capacity or len(self.ladder) + max(len(self.batch_widths), 1) + prompt_shapes
+        verify_shapes = len(VERIFY_WIDTHS) if self.verifies else 0
+        wanted = options.variant_capacity or (
+            len(self.ladder) + max(len(self.batch_widths), 1) + prompt_shapes + verify_shapes
+        )
         self.variants: VariantCache[Any] = VariantCache(wanted, evictable=backend.evictable)
         self.pool = backend.allocate(rows, self.capacity)
         # The staging blocks the backend allocates beside the pool: counted with the variants binding them.
@@ -181,6 +198,7 @@ class Engine(SessionRows):
             least_decode_batch=engine.kernels.least_decode_batch,
             one_row_gap=engine.kernels.one_row_gap,
             re_run_gap=engine.kernels.re_run_gap,
+            verify_gap=engine.kernels.verify_gap,
         )
         log.info(
             "engine_loaded",
@@ -289,18 +307,62 @@ class Engine(SessionRows):
             check_ids([row.token], self.info.vocab_size)
         if session.length + 1 > self.capacity:
             raise OverCapacity(f"the session holds {session.length} tokens: its KV capacity is full")
+        if row.drafts:
+            check_ids(row.drafts, self.info.vocab_size)
 
-    def decode(self, rows: Sequence[DecodeRow]) -> list[int | None]:
-        """Feed one token to each session in one forward (one per session when unbatched); choose the next."""
+    def decode(self, rows: Sequence[DecodeRow]) -> list[int | None | Verified]:
+        """Feed one token to each session in one forward (one per session when unbatched); choose the
+        next (a drafted row: `Verified`, see `decode_checked`)."""
         for row in rows:
             self.check_decode(row)
         return self.decode_checked(rows)
 
-    def decode_checked(self, rows: Sequence[DecodeRow]) -> list[int | None]:
+    def decode_checked(self, rows: Sequence[DecodeRow]) -> list[int | None | Verified]:
         """`decode` of rows that each passed `check_decode` since their sessions last changed (the
-        scheduler checks a row as its job asks for it, so a bad row fails alone, not its batch)."""
+        scheduler checks a row as its job asks for it, so a bad row fails alone, not its batch).
+        A drafted row's value is `Verified`: verified in a forward of its own when it decodes
+        alone, else run as a plain row beside the others (MAX_VERIFY_ROWS)."""
         if len({r.session.row for r in rows}) != len(rows):
             raise InvalidInput("a session appears twice in one decode step")
+        if not any(r.drafts for r in rows):
+            return list(self._decode_plain(rows))
+        if len(rows) <= MAX_VERIFY_ROWS and self.verifies:
+            return [self.verify(rows[0])]
+        plain = self._decode_plain([replace(r, drafts=()) for r in rows])
+        return [_undrafted(r, t) if r.drafts else t for r, t in zip(rows, plain, strict=True)]
+
+    def verify(self, row: DecodeRow) -> Verified:
+        """Feed the row's token and its draft in one forward (`verify_forward`) and choose from each
+        row in turn with the row's sampler, as a decode step would from that row: the draft's next
+        token is kept for as long as the choice equals it (for a sampled row this is sampling
+        itself, so the output's distribution and a seeded row's draws are a plain decode's), and
+        not past a stop id or the token that completes the row's constraint. The session then
+        holds the token and the accepted draft; the rows past them are rewound."""
+        session, sampler = row.session, row.sampler
+        if sampler is None:
+            raise InvalidInput("a drafted decode row needs a sampler")
+        drafts = row.drafts[: max(0, min(MAX_K, self.capacity - session.length - 1))]
+        out = self.verify_forward(session, [row.token, *drafts]) if drafts else None
+        if out is None:
+            self.verifies = self.verifies and not drafts  # the head cannot read every row back
+            return _undrafted(row, self._decode_plain([replace(row, drafts=())])[0])
+        past, tokens, logprobs = session.length, [], []
+        for i, fed in enumerate((row.token, *drafts)):
+            self.pool.commit(session, past + i + 1)
+            session.tokens.append(fed)
+            self.backend.keep_row(session.row, out.logits, i)
+            session.has_logits = True
+            tokens.append(self.choose_rows([session], [sampler])[0])
+            logprobs.append(sampler.last)
+            ended = tokens[-1] in row.stops or (sampler.constraint is not None and sampler.constraint.done)
+            if ended or i == len(drafts) or tokens[-1] != drafts[i]:
+                break
+        session.stats.decode_steps += 1
+        self.decoder.counters.verified(len(drafts), len(tokens) - 1)
+        self.decoder.counters.last_batch = 1
+        return Verified(tuple(tokens), tuple(logprobs), len(drafts))
+
+    def _decode_plain(self, rows: Sequence[DecodeRow]) -> list[int | None]:
         chosen = [r for r in rows if r.sampler is not None]
 
         samplers: list[Sampler] = [r.sampler for r in chosen]  # type: ignore[misc]
@@ -430,6 +492,10 @@ class Engine(SessionRows):
             c.lookahead_launched,
             c.chained,
             c.rows_moved,
+            c.verify_forwards,
+            c.drafted,
+            c.accepted,
+            tuple(sorted(c.accepted_use.items())),
         )
         return EngineStats(
             variants=self.variants.stats(),

@@ -11,6 +11,10 @@ facts decide the rules, and both are measured on the loaded model, bit for bit:
 - whether a prompt row computed in one forward equals the same row re-run in a two-row forward
   over its past (the default restore rule); where it does not, re-runs and shared prefixes follow
   a fresh run's own forwards (engine.planner.restore, as the deterministic mode does).
+A third is measured for speculative decoding (issue #44): how far a row of a verification forward
+(a token and its draft, several query rows) lies from the same row run as a decode step. Where it
+is 0, speculation's greedy output is a plain decode's token for token; int4 models on x86 CPUs
+take another kernel for a one-row forward, and part by up to ~1.5 nats (`speculation_exact`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 if TYPE_CHECKING:
     from engine.executor.engine import Engine
 
+SPECULATION_TOLERANCE = 1e-3  # nats: fp32 kernels part by ~3e-5 between one and several rows
 PROBE_ROWS = 24  # a prompt that runs as one forward on every ladder (the narrowest rung is >= 16)
 
 
@@ -36,6 +41,13 @@ class KernelRules:
     measured: bool  # False: assumed from the backend (CUDA, an unbatched model, a probe not run)
     one_row_gap: float = 0.0  # the largest logit gap between a decode row alone and beside another
     re_run_gap: float = 0.0  # the largest logit gap between a prompt row and its two-row re-run
+    verify_gap: float | None = None  # ... between a decode row and a verification row (None: not measured)
+
+    @property
+    def speculation_exact(self) -> bool:
+        """Whether a verification forward's rows are a decode step's, within SPECULATION_TOLERANCE:
+        then speculation (`--speculate auto`) changes no greedy token but where two logits tie."""
+        return self.verify_gap is not None and self.verify_gap <= SPECULATION_TOLERANCE
 
     @property
     def restore_rule(self) -> str:
@@ -56,6 +68,8 @@ def measure(engine: Engine) -> KernelRules:
         ids = probe_ids(engine.info.vocab_size)
         re_run_gap = _gap(_prompt_logits(engine, ids, split=0), _prompt_logits(engine, ids, split=2))
         one_row_gap = _one_row_gap(engine, ids) if engine.pool.rows >= 2 else 0.0
+        least = 2 if one_row_gap > 0.0 else 1
+        verify_gap = _verify_gap(engine, ids, least) if engine.verifies else None
     finally:
         engine.sessions_padding_off, engine.eager_forwards, engine.decoder.counters = counters
         engine.variants.reset()
@@ -67,6 +81,7 @@ def measure(engine: Engine) -> KernelRules:
         measured=True,
         one_row_gap=one_row_gap,
         re_run_gap=re_run_gap,
+        verify_gap=verify_gap,
     )
 
 
@@ -98,6 +113,29 @@ def _one_row_gap(engine: Engine, ids: list[int]) -> float:
             found.append(np.array(engine.logits(session), np.float64))
             engine.rewind(session, len(ids))
         return _gap(found[0], found[1])
+    finally:
+        engine.close_session(session, keep=False)
+
+
+def _verify_gap(engine: Engine, ids: list[int], least: int) -> float | None:
+    """The gap between the logits of two tokens decoded one step each and the same two rows of one
+    verification forward (None: the head does not read a verification's rows back)."""
+    session = engine.open_session()
+    try:
+        engine.append(session, ids[:-2])
+        past, decoded = session.length, []
+        for token in ids[-2:]:
+            engine.decoder.forward({session.row: token}, least=least)
+            decoded.append(np.array(engine.logits(session), np.float64))
+        engine.rewind(session, past)
+        out = engine.verify_forward(session, ids[-2:])
+        if out is None:
+            return None
+        gaps = []
+        for i in range(2):
+            engine.backend.keep_row(session.row, out.logits, i)
+            gaps.append(_gap(np.array(engine.backend.row_logits(session.row), np.float64), decoded[i]))
+        return max(gaps)
     finally:
         engine.close_session(session, keep=False)
 

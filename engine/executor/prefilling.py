@@ -22,7 +22,14 @@ import structlog
 from engine.errors import InvalidInput, OverCapacity
 from engine.executor.decode import BatchDecoder
 from engine.executor.kernels import KernelRules
-from engine.executor.prefill import ForwardReport, PrefillTask, checked_feed, checked_ports, read_index
+from engine.executor.prefill import (
+    ForwardReport,
+    PrefillTask,
+    checked_feed,
+    checked_ports,
+    read_index,
+    widen,
+)
 from engine.executor.prefix import HeldPrefixes
 from engine.executor.session import Session
 from engine.model import ModelInfo
@@ -38,6 +45,7 @@ from engine.planner import (
     plan_prefill,
     recompute_from,
 )
+from engine.planner.drafts import verify_width
 from engine.runtime.backend import Backend, HeadRows
 from engine.runtime.pool import KvPool
 from engine.runtime.variants import Variant, VariantCache, VariantKey
@@ -366,6 +374,29 @@ class Prefilling:
         )
         plan = self.plan(task.session, rows, ports, span)
         return [replace(f, start=f.start + start) for f in plan.forwards]
+
+    # -- speculation (issue #44) -------------------------------------------------------------
+    def verify_forward(self, session: Session, ids: Sequence[int]) -> HeadRows | None:
+        """Run `ids` (a decode row's token and its draft) on top of the session in one forward of
+        every row's logits, on the verification ladder (engine.planner.drafts.verify_width). The
+        session is left as it was: the caller commits the rows it keeps. None when the head did
+        not read every real row back in order (a decoder that returns fewer rows): then no forward
+        of this kind can verify a draft, and the engine stops drafting for good."""
+        self.decoder.settle()
+        self._check_open(session)
+        rows, past = len(ids), session.length
+        width = verify_width(rows)
+        feed = widen(np.asarray([ids], np.int64), rows, width)
+        key = VariantKey(width, (), reads=width)
+        self.pool.set_mask(session.row, past + width)
+        try:
+            out = self.backend.run_rows(
+                self._variant(key), key, session.row, past, feed, {}, {}, read_index(rows, width)
+            )
+        finally:
+            self.pool.set_mask(session.row, past)  # the rows it keeps are committed by the caller
+        read = out.seen[:rows].tolist() if out.seen is not None else list(range(int(out.logits.shape[1])))
+        return out if read[:rows] == list(range(rows)) else None
 
     # -- rewind ---------------------------------------------------------------------------
     def rewind(self, session: Session, length: int) -> None:

@@ -35,6 +35,10 @@ class DecodeStats:
     lookahead_launched: int = 0  # every forward launched ahead (taken, dropped, or still pending)
     chained: int = 0  # hits whose next forward the device queued behind its own greedy choice
     rows_moved: int = 0  # sessions moved to a lower row so a forward's width follows the rows decoding
+    verify_forwards: int = 0  # forwards that verified a drafted row (speculative decoding)
+    drafted: int = 0  # drafted tokens they checked
+    accepted: int = 0  # ... and kept (each forward also yields one token of its own)
+    accepted_per_forward: tuple[tuple[int, int], ...] = ()  # (drafted tokens kept, forwards)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.executor.prefill import ForwardReport, PrefillTask
 from engine.executor.session import Session
-from engine.sampling import Sampler
+from engine.sampling import Sampler, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,28 @@ class DecodeRow:
     # Whether the token chosen here will be fed in a next step. False (it is the request's last):
     # no forward is launched ahead on it, which would only delay the request's end by one forward.
     more: bool = True
+    # Speculation (issue #44): tokens that may follow `token` (a prompt-lookup draft). The row then
+    # runs `token` and its draft in one verification forward and chooses from each row in turn,
+    # keeping the draft's tokens for as long as the choice equals them: the value is `Verified`.
+    # Acceptance also ends after a token in `stops` (end of sequence, stop ids), so the session
+    # never holds a token past one its request stops at.
+    drafts: tuple[int, ...] = ()
+    stops: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A drafted decode row's outcome: the tokens chosen (1 to drafts + 1; every one but the last
+    fed, as a decode row's one token is not), their log-probabilities where the sampler asks,
+    and how many drafted tokens the forward checked (0: it ran as a plain decode row)."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs | None, ...]
+    drafted: int
+
+    @property
+    def accepted(self) -> int:
+        return len(self.tokens) - 1
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.planner.drafts import MAX_K, Lookup
+from engine.planner.drafts import MAX_K, VERIFY_WIDTHS, Backoff, Lookup, verify_width
 
 
 def reference(tokens: list[int], k: int, max_n: int, min_n: int) -> tuple[int, ...]:
@@ -50,3 +50,29 @@ def test_a_suffix_seen_nowhere_before_drafts_nothing_and_a_repeat_drafts_what_fo
 def test_draft_bounds_outside_the_documented_ranges_are_refused(k: int, max_n: int, min_n: int) -> None:
     with pytest.raises(ValueError):
         Lookup(k, max_n, min_n)
+
+
+def test_every_verification_width_is_on_the_verification_ladder() -> None:
+    for rows in range(1, MAX_K + 2):
+        width = verify_width(rows)
+        assert width in VERIFY_WIDTHS and width >= rows
+        assert all(w < rows for w in VERIFY_WIDTHS if w < width)  # the narrowest that holds them
+    with pytest.raises(ValueError):
+        verify_width(MAX_K + 2)
+
+
+def test_a_row_whose_drafts_miss_waits_longer_each_time_and_a_kept_token_ends_the_wait() -> None:
+    backoff = Backoff()
+    waits = []
+    for _ in range(7):
+        assert backoff.drafts()
+        backoff.verified(drafted=3, accepted=0)
+        skipped = 0
+        while not backoff.drafts():
+            skipped += 1
+        waits.append(skipped)
+    assert waits == [1, 2, 4, 8, 16, 16, 16]  # doubling up to MAX_WAIT
+    backoff.verified(drafted=3, accepted=1)
+    assert backoff.drafts() and backoff.drafts()
+    backoff.verified(drafted=0, accepted=0)  # no draft checked: nothing learnt
+    assert backoff.drafts()

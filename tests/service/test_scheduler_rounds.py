@@ -214,7 +214,7 @@ def held_worker(loop: asyncio.AbstractEventLoop, scheduler: Scheduler) -> Iterat
 
 
 def model(capacity: int = 1000) -> Any:
-    return SimpleNamespace(tokenizer=None, capacity=capacity, eos_ids=frozenset())
+    return SimpleNamespace(tokenizer=None, capacity=capacity, eos_ids=frozenset(), draft_tokens=0)
 
 
 @pytest.fixture

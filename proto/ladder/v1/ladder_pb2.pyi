@@ -631,7 +631,7 @@ class ParkingStats(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., sessions_parked: _Optional[int] = ..., parked_bytes: _Optional[int] = ..., parks: _Optional[int] = ..., unparks: _Optional[int] = ..., park_seconds: _Optional[float] = ..., unpark_seconds: _Optional[float] = ..., released_bytes: _Optional[int] = ..., device_bytes: _Optional[int] = ..., spills: _Optional[int] = ...) -> None: ...
 
 class DecodeStats(_message.Message):
-    __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason", "lookahead_hits", "lookahead_misses", "chained_steps", "rows_moved")
+    __slots__ = ("steps", "rows", "ride_along_rows", "widths", "batch_widths", "unbatched_reason", "lookahead_hits", "lookahead_misses", "chained_steps", "rows_moved", "verify_forwards", "drafted_tokens", "accepted_tokens")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     RIDE_ALONG_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -642,6 +642,9 @@ class DecodeStats(_message.Message):
     LOOKAHEAD_MISSES_FIELD_NUMBER: _ClassVar[int]
     CHAINED_STEPS_FIELD_NUMBER: _ClassVar[int]
     ROWS_MOVED_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     steps: int
     rows: int
     ride_along_rows: int
@@ -652,7 +655,10 @@ class DecodeStats(_message.Message):
     lookahead_misses: int
     chained_steps: int
     rows_moved: int
-    def __init__(self, steps: _Optional[int] = ..., rows: _Optional[int] = ..., ride_along_rows: _Optional[int] = ..., widths: _Optional[_Iterable[_Union[BatchWidthUse, _Mapping]]] = ..., batch_widths: _Optional[_Iterable[int]] = ..., unbatched_reason: _Optional[str] = ..., lookahead_hits: _Optional[int] = ..., lookahead_misses: _Optional[int] = ..., chained_steps: _Optional[int] = ..., rows_moved: _Optional[int] = ...) -> None: ...
+    verify_forwards: int
+    drafted_tokens: int
+    accepted_tokens: int
+    def __init__(self, steps: _Optional[int] = ..., rows: _Optional[int] = ..., ride_along_rows: _Optional[int] = ..., widths: _Optional[_Iterable[_Union[BatchWidthUse, _Mapping]]] = ..., batch_widths: _Optional[_Iterable[int]] = ..., unbatched_reason: _Optional[str] = ..., lookahead_hits: _Optional[int] = ..., lookahead_misses: _Optional[int] = ..., chained_steps: _Optional[int] = ..., rows_moved: _Optional[int] = ..., verify_forwards: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ...) -> None: ...
 
 class BatchWidthUse(_message.Message):
     __slots__ = ("batch", "forwards")
