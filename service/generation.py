@@ -21,7 +21,7 @@ import structlog
 from engine.errors import InvalidInput, OverCapacity
 from engine.executor import DecodeRow, Engine, Session
 from engine.executor.step import Choose, Close, Fork, Open, Prefill, Rewind, Verified
-from engine.planner.drafts import MAX_K, Backoff, Lookup
+from engine.planner.drafts import MAX_K, Acceptance, Lookup
 from engine.sampling import Sampler, TokenLogprobs
 from engine.tokenizer import Tokenizer
 from service.calls import Prompt, Stopping
@@ -90,6 +90,7 @@ class ServedModel:
         self.max_new_tokens = max_new_tokens
         self.session_memory = 0  # bytes parked sessions may hold (0: parking off), set by loading
         self.draft_tokens = 0  # drafted tokens per verification forward (0: speculation off), set by loading
+        self.forward_costs = engine.costs  # measured as the engine runs: how long a draft may be worth
         # What a request that names no max_new_tokens gets (0 configured: the limit), never over the limit.
         self.default_new_tokens = min(default_new_tokens or max_new_tokens, max_new_tokens)
 
@@ -318,8 +319,9 @@ def decode_steps(
 
 
 class Speculation:
-    """One stream's drafts (engine.planner.drafts): a prompt lookup over the session's tokens, a
-    row's backoff after drafts that missed, and the token ids its acceptance stops after. It drafts
+    """One stream's drafts (engine.planner.drafts): a prompt lookup over the session's tokens, how
+    much of a draft is worth verifying (its acceptance so far against what forwards cost here), and
+    the token ids its acceptance stops after. It drafts
     only once the sampler may end the sample (min_tokens met): a choice made ahead of its step must
     be the choice that step would make."""
 
@@ -327,9 +329,11 @@ class Speculation:
         self, model: ServedModel, session: Session, sampler: Sampler, stopping: Stopping, k: int, first: int
     ) -> None:
         self.lookup = Lookup(k=k, tokens=[*session.tokens, first])
-        self.backoff = Backoff()
+        self.acceptance = Acceptance()
+        self.costs = model.forward_costs
         self.sampler = sampler
         self.min_tokens = stopping.min_new_tokens
+        self._forced = False
         self.emitted = 1
         self.stops = ending_tokens(model.eos_ids, stopping, structured(sampler) is not None)
 
@@ -339,9 +343,11 @@ class Speculation:
         if room <= 0 or self.emitted < self.min_tokens:
             return ()
         forced = self.forced(min(room, MAX_K))
+        self._forced = bool(forced)  # kept whatever the model says: no evidence about lookups
         if forced:
             return forced
-        return self.lookup.propose()[:room] if self.backoff.drafts() else ()
+        draft = self.lookup.propose()[:room]
+        return draft[: self.acceptance.length(len(draft), self.costs)]
 
     def forced(self, most: int) -> tuple[int, ...]:
         """The tokens the constraint allows alone from here on (a JSON key, a closing brace), read on a
@@ -366,7 +372,8 @@ class Speculation:
         self.emitted += 1
 
     def verified(self, verified: Verified) -> None:
-        self.backoff.verified(verified.drafted, verified.accepted)
+        if not self._forced:
+            self.acceptance.verified(verified.drafted, verified.accepted)
         self.lookup.extend(verified.tokens)
         self.emitted += len(verified.tokens)
 

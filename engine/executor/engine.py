@@ -13,6 +13,7 @@ Not thread-safe by design: the service runs it on one worker thread.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -79,7 +80,7 @@ from engine.planner import (
     ladder_widths,
     prefix_unit,
 )
-from engine.planner.drafts import MAX_K, VERIFY_WIDTHS
+from engine.planner.drafts import MAX_K, VERIFY_WIDTHS, Costs, verify_width
 
 log = structlog.get_logger("ladder.engine")
 MAX_VERIFY_ROWS = 1  # a drafted row verifies only when it decodes alone: beside other rows its
@@ -129,6 +130,7 @@ class Engine(SessionRows):
         # never in the deterministic mode (its forwards are a fresh run's), nor on a decoder that
         # decodes each session alone (recurrent state, ports): it cannot rewind a wrong draft.
         self.verifies = options.speculate and not options.deterministic and not self.unbatched_reason
+        self.costs = Costs()  # what a lone stream's step and a verification forward take here
         self.slot_bytes = kv_slot_bytes(info, self.capacity)
         self.weights_bytes = backend.weights_bytes or model_file_bytes(info)
         self._prompts_batchable = not (options.deterministic or not info.logits_rows or self.unbatched_reason)
@@ -338,6 +340,7 @@ class Engine(SessionRows):
         itself, so the output's distribution and a seeded row's draws are a plain decode's), and
         not past a stop id or the token that completes the row's constraint. The session then
         holds the token and the accepted draft; the rows past them are rewound."""
+        started = time.perf_counter()
         session, sampler = row.session, row.sampler
         if sampler is None:
             raise InvalidInput("a drafted decode row needs a sampler")
@@ -360,6 +363,7 @@ class Engine(SessionRows):
         session.stats.decode_steps += 1
         self.decoder.counters.verified(len(drafts), len(tokens) - 1)
         self.decoder.counters.last_batch = 1
+        self.costs.saw_verify(verify_width(len(drafts) + 1), time.perf_counter() - started)
         return Verified(tuple(tokens), tuple(logprobs), len(drafts))
 
     def _decode_plain(self, rows: Sequence[DecodeRow]) -> list[int | None]:
@@ -387,7 +391,10 @@ class Engine(SessionRows):
             if max(feeds) >= width:  # a hole below a decoding row: rarely, and never in steady decode
                 self.compact([r.session for r in rows], width)
                 feeds = {r.session.row: r.token for r in rows}
+            started = time.perf_counter()
             tokens = self.decoder.step(feeds, choose, ahead, least, plain)
+            if len(rows) == 1 and chosen:  # what a lone stream's step costs, against a verification
+                self.costs.saw_step(time.perf_counter() - started)
         else:
             tokens = []
         for row in rows:

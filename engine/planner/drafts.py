@@ -16,10 +16,10 @@ where the earlier occurrence is followed by fewer tokens.
 
 A verification forward runs the row's next token and its draft, k + 1 query rows, on one of
 `VERIFY_WIDTHS` (a shorter draft is padded onto the next width and the padded rows rewound), so
-speculation adds at most four shapes to a server's bounded set. `Backoff` decides, per row,
-whether to draft at all: a draft none of whose tokens is accepted costs a forward wider than a
-step for the one token it yields, so after a miss a row waits 1, 2, 4, ... steps (at most
-MAX_WAIT) before it drafts again, and any accepted token brings the wait back to none.
+speculation adds at most four shapes to a server's bounded set. A rejected drafted token costs
+a row of the forward and yields nothing, so `Acceptance` decides, per row, how much of a draft
+to verify from what its drafts have earned and what the forwards cost here (`Costs`, measured
+as they run): measured, not guessed.
 """
 
 from __future__ import annotations
@@ -42,27 +42,85 @@ def verify_width(rows: int) -> int:
     raise ValueError(f"{rows} rows: a verification forward checks at most {MAX_K} drafted tokens")
 
 
+SMOOTHING = 0.2  # weight of the newest observation in the running figures below
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else old + SMOOTHING * (new - old)
+
+
 @dataclass
-class Backoff:
-    """Whether a row drafts this step: not while it waits after drafts that missed."""
+class Costs:
+    """What forwards cost on this machine, measured as they run (running averages): a decode step
+    of one row, and a verification forward at each width. The engine keeps one (Engine.costs)."""
 
+    step: float | None = None  # seconds of a one-row decode forward
+    verify: dict[int, float] = field(default_factory=dict)  # width -> seconds
+
+    def saw_step(self, seconds: float) -> None:
+        self.step = _ema(self.step, seconds)
+
+    def saw_verify(self, width: int, seconds: float) -> None:
+        self.verify[width] = _ema(self.verify.get(width), seconds)
+
+    def ratio(self, width: int) -> float:
+        """A verification forward of `width` rows over a one-row step; until both are measured, the
+        guess 1 + (width - 1) / 8 (a few more rows cost little where a step is bound by memory)."""
+        verify = self.verify.get(width)
+        if verify is None or not self.step:
+            return 1.0 + (width - 1) / 8
+        return verify / self.step
+
+
+@dataclass
+class Acceptance:
+    """One row's drafting policy, from what its drafts earned: the chance that a drafted token is
+    kept (a running estimate), and so how many tokens of a draft to verify: the count k that
+    makes the most tokens per unit of cost, (1 + p + ... + p^k) / Costs.ratio(width of k + 1),
+    against 1 for a plain step. When no k beats a plain step the row stops drafting and tries
+    one token again after 1, 2, 4, ... MAX_WAIT steps, so a stream whose drafts start to fit
+    finds out."""
+
+    kept: float = 1.0  # drafted tokens kept and checked, decayed: p = kept / checked
+    checked: float = 2.0
     wait: int = 0  # steps left before the next draft
-    misses: int = 0  # drafts in a row that had no token accepted
+    misses: int = 0  # times in a row no draft length paid
 
-    def drafts(self) -> bool:
-        """Whether to draft now (a step that does not counts down the wait)."""
+    @property
+    def rate(self) -> float:
+        return self.kept / self.checked
+
+    def length(self, available: int, costs: Costs) -> int:
+        """How many of `available` drafted tokens to verify now (0: a plain step)."""
+        if available <= 0:
+            return 0
         if self.wait:
             self.wait -= 1
-            return False
-        return True
+            return 0
+        best, gain = 0, 1.0
+        expected, chance = 1.0, 1.0
+        for k in range(1, min(available, MAX_K) + 1):
+            chance *= self.rate
+            expected += chance
+            value = expected / costs.ratio(verify_width(k + 1))
+            if value > gain:
+                best, gain = k, value
+        if best:
+            self.misses = 0
+            return best
+        self.misses += 1
+        self.wait = min(2 ** (self.misses - 1), MAX_WAIT)
+        return 1  # a probe: one token, the cheapest check, so the estimate can move
 
     def verified(self, drafted: int, accepted: int) -> None:
-        """A verification forward checked `drafted` tokens and accepted `accepted` of them."""
-        if drafted and not accepted:
-            self.misses += 1
-            self.wait = min(2 ** (self.misses - 1), MAX_WAIT)
-        elif accepted:
-            self.misses = self.wait = 0
+        """A verification forward checked `drafted` tokens and kept the first `accepted`: each kept
+        token was checked, and so was the first one refused."""
+        if not drafted:
+            return
+        checked = accepted + (accepted < drafted)
+        keep = (1 - SMOOTHING) ** checked
+        self.kept = self.kept * keep + accepted
+        self.checked = self.checked * keep + checked
 
 
 @dataclass

@@ -6,7 +6,16 @@ import random
 
 import pytest
 
-from engine.planner.drafts import MAX_K, VERIFY_WIDTHS, Backoff, Lookup, verify_width
+from engine.planner.drafts import (
+    MAX_K,
+    MAX_WAIT,
+    SMOOTHING,
+    VERIFY_WIDTHS,
+    Acceptance,
+    Costs,
+    Lookup,
+    verify_width,
+)
 
 
 def reference(tokens: list[int], k: int, max_n: int, min_n: int) -> tuple[int, ...]:
@@ -61,18 +70,45 @@ def test_every_verification_width_is_on_the_verification_ladder() -> None:
         verify_width(MAX_K + 2)
 
 
-def test_a_row_whose_drafts_miss_waits_longer_each_time_and_a_kept_token_ends_the_wait() -> None:
-    backoff = Backoff()
-    waits = []
-    for _ in range(7):
-        assert backoff.drafts()
-        backoff.verified(drafted=3, accepted=0)
-        skipped = 0
-        while not backoff.drafts():
-            skipped += 1
-        waits.append(skipped)
-    assert waits == [1, 2, 4, 8, 16, 16, 16]  # doubling up to MAX_WAIT
-    backoff.verified(drafted=3, accepted=1)
-    assert backoff.drafts() and backoff.drafts()
-    backoff.verified(drafted=0, accepted=0)  # no draft checked: nothing learnt
-    assert backoff.drafts()
+def test_a_verification_costs_a_guess_until_it_and_a_step_are_measured() -> None:
+    costs = Costs()
+    assert costs.ratio(5) == 1.5
+    costs.saw_step(0.010)
+    costs.saw_verify(5, 0.030)
+    assert costs.ratio(5) == pytest.approx(3.0) and costs.ratio(3) == 1.25
+    costs.saw_verify(5, 0.010)  # a running average: the newest counts for SMOOTHING of it
+    assert costs.ratio(5) == pytest.approx(3.0 - SMOOTHING * 2.0)
+
+
+def test_a_draft_is_verified_as_far_as_it_pays_for_its_rows() -> None:
+    cheap, dear = Costs(), Costs(step=0.010)
+    for width in VERIFY_WIDTHS:
+        cheap.saw_verify(width, 0.010)  # memory-bound: extra rows are free
+        dear.saw_verify(width, 0.010 * width)  # every row costs a step
+    likely = Acceptance(kept=9, checked=10)
+    assert likely.length(8, cheap) == 8 and likely.length(3, cheap) == 3
+    assert Acceptance(kept=9, checked=10).length(8, dear) == 1  # a probe: nothing beats a plain step
+    assert Acceptance().length(0, cheap) == 0
+
+
+def test_a_row_whose_drafts_never_pay_probes_one_token_ever_more_rarely() -> None:
+    dear = Costs(step=0.010, verify={w: 0.010 * w for w in VERIFY_WIDTHS})
+    acceptance, probes = Acceptance(kept=0.0, checked=10.0), []
+    for step in range(80):
+        if acceptance.length(4, dear):
+            probes.append(step)
+            acceptance.verified(drafted=1, accepted=0)
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert gaps[:5] == [2, 3, 5, 9, 17] and set(gaps[5:]) == {MAX_WAIT + 1}
+
+
+def test_kept_tokens_raise_the_estimate_and_refused_ones_lower_it() -> None:
+    acceptance = Acceptance()
+    before = acceptance.rate
+    acceptance.verified(drafted=4, accepted=4)
+    assert acceptance.rate > before
+    high = acceptance.rate
+    acceptance.verified(drafted=4, accepted=0)
+    assert acceptance.rate < high
+    acceptance.verified(drafted=0, accepted=0)  # nothing checked: nothing learnt
+    assert acceptance.rate < high
