@@ -149,6 +149,7 @@ class GenerateCall:
     n: int = 1
     logprobs: LogprobRequest | None = None
     constraint: ConstraintSpec | None = None
+    speculate: bool = True  # False: no drafts for this call (the server's --speculate otherwise)
 
     def __post_init__(self) -> None:
         checked_sampling(self.sampling)
@@ -212,6 +213,7 @@ class DecodeCall:
     sampling: SamplingParams
     logprobs: LogprobRequest | None = None
     constraint: ConstraintSpec | None = None
+    speculate: bool = True  # False: no drafts for this call (the server's --speculate otherwise)
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and self.logprobs.prompt:

@@ -406,6 +406,7 @@ def generate_body(
     tally: PrefillTally,
     scope: str = "",
     prompt_logprobs: int | None = None,
+    speculate: bool = True,
 ) -> Generator[Any, Any, None]:
     """Generate len(samplers) samples on sessions lent to the job (it waits for as many free slots;
     they return to the pool however it ends). The first session starts from the longest prefix of
@@ -436,7 +437,7 @@ def generate_body(
             feed_last=False,
             sample=i,
             first=firsts[i],
-            drafts=model.draft_tokens if len(samplers) == 1 else 0,  # n > 1: the samples batch
+            drafts=model.draft_tokens if speculate and len(samplers) == 1 else 0,  # n > 1: they batch
         )
         for i, (session, sampler) in enumerate(zip(sessions, samplers, strict=True))
     ]
@@ -483,7 +484,7 @@ def prefill_body(state: SessionState, tokens: list[int], tally: PrefillTally) ->
 
 
 def decode_body(
-    model: ServedModel, state: SessionState, sampler: Sampler, stopping: Stopping
+    model: ServedModel, state: SessionState, sampler: Sampler, stopping: Stopping, speculate: bool = True
 ) -> Generator[Any, Any, None]:
     """Continue a session; checked on the worker, after any earlier job on it has ended."""
     yield Started(time.perf_counter())
@@ -498,7 +499,8 @@ def decode_body(
     sampler.counts.update(state.generated_tokens())  # penalties go on from the earlier Decodes
     start = session.length
     try:
-        yield from decode_steps(model, session, sampler, budget, feed_last=True, drafts=model.draft_tokens)
+        drafts = model.draft_tokens if speculate else 0
+        yield from decode_steps(model, session, sampler, budget, feed_last=True, drafts=drafts)
     finally:
         state.generated.extend(range(start, session.length))
 

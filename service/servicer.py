@@ -99,6 +99,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             progress.tally,
             serving.scope(CALLER.get()),
             call.prompt_top,
+            call.speculate,
         )
         try:
             async with aclosing(serving.scheduler.batches(progress.counted(body), hold=unary)) as batches:
@@ -254,7 +255,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         [sampler] = await self._samplers([call.sampler()], call.constraint)
         self._hold_ends([sampler], call.stopping, call.constraint)
         with serving.sessions.using(state):
-            body = decode_body(serving.model, state, sampler, call.stopping)
+            body = decode_body(serving.model, state, sampler, call.stopping, call.speculate)
             progress = serving.progress()
             async with aclosing(serving.scheduler.batches(progress.counted(body))) as batches:
                 async for events in batches:

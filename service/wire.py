@@ -57,6 +57,7 @@ def generate_call(request: pb.GenerateRequest) -> GenerateCall:
         max(request.n, 1),
         logprob_request(request),
         constraint(request),
+        speculate=not request.HasField("speculate") or request.speculate,
     )
 
 
@@ -118,6 +119,7 @@ def decode_call(request: pb.DecodeRequest) -> DecodeCall:
         sampling(request.sampling),
         logprob_request(request),
         constraint(request),
+        speculate=not request.HasField("speculate") or request.speculate,
     )
 
 

@@ -161,7 +161,8 @@ def openai_call(
     with tools_at_fault(tools, "tools"):  # a call schema over the constraint limit
         constrained = constraint(body, tools)
     ending, chosen, scored = stopping(body, chat), sampling(body), logprobs(body, chat, echo)
-    generates = tuple(GenerateCall(p, ending, chosen, n, scored, constrained) for p in prompts)
+    speculate = _get(body, "speculate", bool, True)  # Ladder's extra: false = no drafts for this call
+    generates = tuple(GenerateCall(p, ending, chosen, n, scored, constrained, speculate) for p in prompts)
     options = _get(body, "stream_options", dict, {})
     return OpenAICall(
         generates,

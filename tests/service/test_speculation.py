@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import InvalidInput
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.config import Config
+from service.http.openai import openai_call
 from tests.support.servers import RunningServer, server_config
 from tests.support.sessions import part, prefill
 
@@ -204,3 +206,27 @@ def test_tokens_a_json_schema_forces_cost_no_forward_of_their_own(
     assert set(json.loads(got.text)) == set(SCHEMA["properties"])  # type: ignore[call-overload]
     forwards = (after.steps - before.steps) + (after.verify_forwards - before.verify_forwards)
     assert forwards / len(got.token_ids) < 1  # forced keys, quotes and braces ride along
+
+
+def test_a_request_that_opts_out_never_drafts_and_gets_the_same_tokens(
+    servers: tuple[RunningServer, RunningServer],
+) -> None:
+    on, off = servers
+    ids = list(on.stub.Tokenize(pb.TokenizeRequest(text=GROUNDED[0])).ids)
+    before = _speculated(on)
+    got = _generate(on, GROUNDED[0], speculate=False)
+    session = prefill(on, part(ids, last=True))[-1].done.session_id
+    stopping = pb.StoppingOptions(max_new_tokens=24, ignore_eos=True)
+    decoded = list(on.stub.Decode(pb.DecodeRequest(session_id=session, stopping=stopping, speculate=False)))
+    on.stub.CloseSession(pb.CloseSessionRequest(session_id=session))
+    assert _speculated(on) == before
+    assert list(got.token_ids) == list(_generate(off, GROUNDED[0]).token_ids)
+    assert list(decoded[-1].done.token_ids) == list(got.token_ids)[:24]
+
+
+def test_the_openai_api_takes_speculate_as_an_extra_field() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert openai_call(body, chat=True, served=["m"]).generates[0].speculate
+    assert not openai_call({**body, "speculate": False}, chat=True, served=["m"]).generates[0].speculate
+    with pytest.raises(InvalidInput, match="speculate"):
+        openai_call({**body, "speculate": "no"}, chat=True, served=["m"])

@@ -145,7 +145,7 @@ class StoppingOptions(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., min_new_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "sampling", "stopping", "n", "logprobs", "constraint", "coalesce_tokens", "tool_choice")
+    __slots__ = ("prompt", "sampling", "stopping", "n", "logprobs", "constraint", "coalesce_tokens", "tool_choice", "speculate")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class GenerateRequest(_message.Message):
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     COALESCE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    SPECULATE_FIELD_NUMBER: _ClassVar[int]
     prompt: Prompt
     sampling: SamplingOptions
     stopping: StoppingOptions
@@ -162,7 +163,8 @@ class GenerateRequest(_message.Message):
     constraint: Constraint
     coalesce_tokens: bool
     tool_choice: ToolChoice
-    def __init__(self, prompt: _Optional[_Union[Prompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[StoppingOptions, _Mapping]] = ..., n: _Optional[int] = ..., logprobs: _Optional[_Union[LogprobOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., coalesce_tokens: _Optional[bool] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ...) -> None: ...
+    speculate: bool
+    def __init__(self, prompt: _Optional[_Union[Prompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[StoppingOptions, _Mapping]] = ..., n: _Optional[int] = ..., logprobs: _Optional[_Union[LogprobOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., coalesce_tokens: _Optional[bool] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., speculate: _Optional[bool] = ...) -> None: ...
 
 class Constraint(_message.Message):
     __slots__ = ("json_schema", "regex", "choice", "grammar", "strict")
@@ -373,20 +375,22 @@ class PrefillEvent(_message.Message):
     def __init__(self, forward: _Optional[_Union[ForwardEvent, _Mapping]] = ..., done: _Optional[_Union[PrefillDone, _Mapping]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("session_id", "sampling", "stopping", "logprobs", "constraint", "coalesce_tokens")
+    __slots__ = ("session_id", "sampling", "stopping", "logprobs", "constraint", "coalesce_tokens", "speculate")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     COALESCE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     sampling: SamplingOptions
     stopping: StoppingOptions
     logprobs: LogprobOptions
     constraint: Constraint
     coalesce_tokens: bool
-    def __init__(self, session_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[StoppingOptions, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., coalesce_tokens: _Optional[bool] = ...) -> None: ...
+    speculate: bool
+    def __init__(self, session_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[StoppingOptions, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobOptions, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., coalesce_tokens: _Optional[bool] = ..., speculate: _Optional[bool] = ...) -> None: ...
 
 class RewindRequest(_message.Message):
     __slots__ = ("session_id", "length")
