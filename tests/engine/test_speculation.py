@@ -162,3 +162,28 @@ def test_without_speculation_a_drafted_row_decodes_plainly_and_no_shape_is_reser
     session, sampler, token = opened(engine)
     assert verify(engine, session, sampler, token, want[1:3]) == Verified((want[1],), (None,), 0)
     engine.close()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_seeded_sample_draws_the_same_tokens_whatever_the_drafts(engine: Engine, seed: int) -> None:
+    """Each position's draw is keyed by the seed and the position: verifying a draft draws the
+    numbers a plain step draws, so the sample (and its distribution) is the plain run's, whether
+    the drafts are right (the plain run's own tokens) or wrong."""
+    params = SamplingParams(temperature=1.0, seed=seed)
+
+    def run(drafts_for: Callable[[list[int]], list[int]]) -> list[int]:
+        session = engine.open_session()
+        engine.append(session, PROMPT)
+        sampler = Sampler(params)
+        out = [engine.choose(session, sampler)]
+        while len(out) < 16:
+            got = engine.decode([DecodeRow(session, out[-1], sampler, drafts=tuple(drafts_for(out)))])[0]
+            out += list(got.tokens) if isinstance(got, Verified) else [got]  # type: ignore[list-item]
+        engine.close_session(session, keep=False)
+        return out[:16]
+
+    plain = run(lambda out: [])
+    assert run(lambda out: plain[len(out) : len(out) + 4]) == plain  # right drafts, all kept
+    assert (
+        run(lambda out: [(t + 1) % engine.info.vocab_size for t in plain[len(out) : len(out) + 4]]) == plain
+    )

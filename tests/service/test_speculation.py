@@ -230,3 +230,24 @@ def test_the_openai_api_takes_speculate_as_an_extra_field() -> None:
     assert not openai_call({**body, "speculate": False}, chat=True, served=["m"]).generates[0].speculate
     with pytest.raises(InvalidInput, match="speculate"):
         openai_call({**body, "speculate": "no"}, chat=True, served=["m"])
+
+
+def test_a_fork_of_a_speculated_session_continues_as_without_speculation(
+    servers: tuple[RunningServer, RunningServer],
+) -> None:
+    on, off = servers
+    ids = list(on.stub.Tokenize(pb.TokenizeRequest(text=GROUNDED[1])).ids)
+
+    def walk(server: RunningServer) -> list[list[int]]:
+        session = prefill(server, part(ids, last=True))[-1].done.session_id
+        stopping = pb.StoppingOptions(max_new_tokens=20, ignore_eos=True)
+        first = list(server.stub.Decode(pb.DecodeRequest(session_id=session, stopping=stopping)))
+        fork = server.stub.ForkSession(pb.ForkSessionRequest(session_id=session, length=len(ids) + 8))
+        seen = [list(first[-1].done.token_ids)]
+        for sid in (fork.session_id, session):
+            events = list(server.stub.Decode(pb.DecodeRequest(session_id=sid, stopping=stopping)))
+            seen.append(list(events[-1].done.token_ids))
+            server.stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+        return seen
+
+    assert walk(on) == walk(off)
