@@ -175,6 +175,11 @@ class ServedModel:
             )
         return tokens
 
+    def asked_tokens(self, stopping: Stopping) -> int:
+        """The new tokens a call asks for: its max_new_tokens, else the server's default (which the
+        room left in the KV capacity may cut further: `budget`). What a response is sized for."""
+        return stopping.max_new_tokens or self.default_new_tokens
+
     def budget(self, stopping: Stopping, past: int, held: str = "the prompt's") -> Stopping:
         """Resolve max_new_tokens against the limit and the room left after `past` tokens.
 
@@ -184,15 +189,15 @@ class ServedModel:
         room = self.capacity - past + 1
         if room < 1:
             raise OverCapacity(f"{held} {past} tokens exceed the KV capacity of {self.capacity}")
-        wanted = stopping.max_new_tokens
+        wanted = self.asked_tokens(stopping)
         if wanted > self.max_new_tokens:
             raise OverLimit(
                 f"max_new_tokens {wanted} is over the limit of {self.max_new_tokens}",
                 reason="MAX_NEW_TOKENS_OVER_LIMIT",
                 field="stopping.max_new_tokens",
             )
-        if wanted == 0:
-            wanted = min(self.default_new_tokens, room)
+        if not stopping.max_new_tokens:  # the default: as many as fit, up to it
+            wanted = min(wanted, room)
         if wanted > room:
             raise OverCapacity(
                 f"{held} {past} tokens + {wanted} new tokens do not fit in the KV "

@@ -250,7 +250,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         call, serving = wire.decode_call(request), self.serving
         state = note_session(serving.sessions.get(call.session_id, CALLER.get()))
         done = None
-        wanted = call.stopping.max_new_tokens or serving.model.default_new_tokens  # as ServedModel.budget
+        wanted = serving.model.asked_tokens(call.stopping)  # budget() caps it by the room left, later
         check_response_fits(wanted, 1, call.logprobs, 0, serving.config.max_message_bytes)
         [sampler] = await self._samplers([call.sampler()], call.constraint)
         self._hold_ends([sampler], call.stopping, call.constraint)
