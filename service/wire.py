@@ -461,6 +461,7 @@ def exactness_rules(k: Any) -> pb.ExactnessRules | None:
         measured=k.measured,
         one_row_gap=k.one_row_gap,
         re_run_gap=k.re_run_gap,
+        verify_gap=k.verify_gap,
     )
 
 

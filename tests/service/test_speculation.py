@@ -251,3 +251,9 @@ def test_a_fork_of_a_speculated_session_continues_as_without_speculation(
         return seen
 
     assert walk(on) == walk(off)
+
+
+def test_engine_stats_report_the_gap_that_decides_auto(servers: tuple[RunningServer, RunningServer]) -> None:
+    on, off = servers
+    assert on.stats().exactness.HasField("verify_gap") and on.stats().exactness.verify_gap < 1e-3
+    assert not off.stats().exactness.HasField("verify_gap")  # --speculate off: not probed

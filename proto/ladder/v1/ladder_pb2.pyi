@@ -587,18 +587,20 @@ class EngineStats(_message.Message):
     def __init__(self, variants: _Optional[_Union[VariantStats, _Mapping]] = ..., eager_forwards: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_padding_off: _Optional[int] = ..., slots_allocated: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., queue_depth: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., padded_rows: _Optional[int] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., decode: _Optional[_Union[DecodeStats, _Mapping]] = ..., waiting_for_slot: _Optional[int] = ..., prefix: _Optional[_Union[PrefixStats, _Mapping]] = ..., parking: _Optional[_Union[ParkingStats, _Mapping]] = ..., prompt_batches: _Optional[_Union[PromptBatchStats, _Mapping]] = ..., exactness: _Optional[_Union[ExactnessRules, _Mapping]] = ...) -> None: ...
 
 class ExactnessRules(_message.Message):
-    __slots__ = ("restore_rule", "least_decode_batch", "measured", "one_row_gap", "re_run_gap")
+    __slots__ = ("restore_rule", "least_decode_batch", "measured", "one_row_gap", "re_run_gap", "verify_gap")
     RESTORE_RULE_FIELD_NUMBER: _ClassVar[int]
     LEAST_DECODE_BATCH_FIELD_NUMBER: _ClassVar[int]
     MEASURED_FIELD_NUMBER: _ClassVar[int]
     ONE_ROW_GAP_FIELD_NUMBER: _ClassVar[int]
     RE_RUN_GAP_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_GAP_FIELD_NUMBER: _ClassVar[int]
     restore_rule: str
     least_decode_batch: int
     measured: bool
     one_row_gap: float
     re_run_gap: float
-    def __init__(self, restore_rule: _Optional[str] = ..., least_decode_batch: _Optional[int] = ..., measured: _Optional[bool] = ..., one_row_gap: _Optional[float] = ..., re_run_gap: _Optional[float] = ...) -> None: ...
+    verify_gap: float
+    def __init__(self, restore_rule: _Optional[str] = ..., least_decode_batch: _Optional[int] = ..., measured: _Optional[bool] = ..., one_row_gap: _Optional[float] = ..., re_run_gap: _Optional[float] = ..., verify_gap: _Optional[float] = ...) -> None: ...
 
 class PromptBatchStats(_message.Message):
     __slots__ = ("max_prompts", "forwards", "prompts")
