@@ -20,8 +20,7 @@ import structlog
 
 from engine.errors import InvalidInput, OverCapacity
 from engine.executor import DecodeRow, Engine, Session
-from engine.executor.step import Choose, Close, Fork, Open, Prefill, Rewind, Verified
-from engine.planner.drafts import MAX_K, Acceptance, Lookup
+from engine.executor.step import Choose, Close, Fork, Open, Prefill, Rewind
 from engine.sampling import Sampler, TokenLogprobs
 from engine.tokenizer import Tokenizer
 from service.calls import Prompt, Stopping
@@ -37,9 +36,10 @@ from service.events import (
     TokenOut,
 )
 from service.jobs import Result
-from service.min_tokens import ending_tokens, released, structured
+from service.min_tokens import released, structured
 from service.rounds import Draft, Feed, Lend, Timed, Token, Tokens, ask
 from service.sessions import SessionState
+from service.speculation import Speculation
 from service.stop_text import StopText
 
 log = structlog.get_logger("ladder.sessions")
@@ -283,7 +283,11 @@ def decode_steps(
     token = first if first is not None else (yield from ask(Choose(session, sampler)))
     last = sampler.last
     ahead: list[tuple[int, TokenLogprobs | None]] = []  # chosen, not emitted; `token` fed when any
-    speculation = Speculation(model, session, sampler, stopping, drafts, token) if drafts else None
+    speculation = (
+        Speculation([*session.tokens, token], sampler, stopping, drafts, model.eos_ids, model.forward_costs)
+        if drafts
+        else None
+    )
     for index in range(stopping.max_new_tokens):
         if index + 1 >= stopping.min_new_tokens:  # this token makes min_tokens: it may end the sample
             stop_text.armed = True
@@ -303,7 +307,8 @@ def decode_steps(
         # The token chosen here is fed next only if another follows it or the session keeps it.
         more = (index + 2 < stopping.max_new_tokens or feed_last) and held + 2 <= model.capacity
         row = DecodeRow(session, token, sampler, more)
-        draft = speculation.draft(stopping.max_new_tokens - index - 2) if speculation is not None else ()
+        room = stopping.max_new_tokens - index - 2  # tokens after the next that the budget still emits
+        draft = speculation.draft(room, emitted=index + 1) if speculation is not None else ()
         if speculation is not None and draft:
             verified = yield from ask(Draft(replace(row, drafts=draft, stops=speculation.stops)))
             speculation.verified(verified)
@@ -321,66 +326,6 @@ def decode_steps(
     elif feed_last and session.length + 1 <= model.capacity:
         yield from ask(Feed(DecodeRow(session, token)))  # fed, not chosen from: the next Decode chooses
     yield Finished(reason, tail, session.length, sample)
-
-
-class Speculation:
-    """One stream's drafts (engine.planner.drafts): a prompt lookup over the session's tokens, how
-    much of a draft is worth verifying (its acceptance so far against what forwards cost here), and
-    the token ids its acceptance stops after. It drafts
-    only once the sampler may end the sample (min_tokens met): a choice made ahead of its step must
-    be the choice that step would make."""
-
-    def __init__(
-        self, model: ServedModel, session: Session, sampler: Sampler, stopping: Stopping, k: int, first: int
-    ) -> None:
-        self.lookup = Lookup(k=k, tokens=[*session.tokens, first])
-        self.acceptance = Acceptance()
-        self.costs = model.forward_costs
-        self.sampler = sampler
-        self.min_tokens = stopping.min_new_tokens
-        self._forced = False
-        self.emitted = 1
-        self.stops = ending_tokens(model.eos_ids, stopping, structured(sampler) is not None)
-
-    def draft(self, room: int) -> tuple[int, ...]:
-        """Tokens to verify with the next step (at most `room`, those the budget can still emit):
-        the tokens the row's constraint forces next, else a prompt-lookup draft."""
-        if room <= 0 or self.emitted < self.min_tokens:
-            return ()
-        forced = self.forced(min(room, MAX_K))
-        self._forced = bool(forced)  # kept whatever the model says: no evidence about lookups
-        if forced:
-            return forced
-        draft = self.lookup.propose()[:room]
-        return draft[: self.acceptance.length(len(draft), self.costs)]
-
-    def forced(self, most: int) -> tuple[int, ...]:
-        """The tokens the constraint allows alone from here on (a JSON key, a closing brace), read on a
-        copy of its state: the sampler can choose nothing else, so a draft of them is always kept
-        and they cost no forward of their own."""
-        constraint = structured(self.sampler)
-        if constraint is None or not hasattr(constraint, "copy") or constraint.done:
-            return ()
-        state, forced = constraint.copy(), list[int]()
-        while len(forced) < most:
-            allowed = state.allowed().nonzero()[0]  # the mask's allowed token ids
-            if len(allowed) != 1 or int(allowed[0]) in self.stops:
-                break
-            forced.append(int(allowed[0]))
-            state.advance(forced[-1])
-            if state.done:
-                break
-        return tuple(forced)
-
-    def chose(self, token: int) -> None:
-        self.lookup.extend([token])
-        self.emitted += 1
-
-    def verified(self, verified: Verified) -> None:
-        if not self._forced:
-            self.acceptance.verified(verified.drafted, verified.accepted)
-        self.lookup.extend(verified.tokens)
-        self.emitted += len(verified.tokens)
 
 
 def _stop_reason(
