@@ -367,13 +367,34 @@ class Program:
     starts: tuple[tuple[int, ...], ...]  # per rule, the first position of each alternative
     after: tuple[Stack, ...]  # what replaces position p once it is matched: (p + 1,) or ()
     root: int
+    members: tuple[FreeMembers, ...] = ()  # what MEMBERS elements write (JSON schemas only)
 
     @property
     def nbytes(self) -> int:
         return 72 * len(self.kinds) + 64 * len(self.starts)  # boxed ints and tuple slots, roughly
 
 
-def flatten(bodies: list[list[Alternative]], root: int) -> Program:
+@dataclass(frozen=True)
+class FreeMembers:
+    """Members in any order, each at most once (pattern.Members' free ones), then the rest in order.
+    A MEMBERS element's stack frame is its position with the set of members written above
+    FRAME_SHIFT bits; it stands for, while the required ones are missing or as it chooses, member
+    i (rule `firsts[i]` where none is written yet, else `others[i]`: the separator, then it) and the
+    frame with i added; once they are all written, the rest (rule `rest_first` where none is
+    written yet, else `rest`)."""
+
+    firsts: tuple[int, ...]
+    others: tuple[int, ...]
+    needed: int  # the set of required members, a bit each
+    rest_first: int
+    rest: int
+
+
+FRAME_SHIFT = 32  # a frame's bits above this: a MEMBERS element's set of members written
+POSITION = (1 << FRAME_SHIFT) - 1
+
+
+def flatten(bodies: list[list[Alternative]], root: int, members: tuple[FreeMembers, ...] = ()) -> Program:
     kinds: list[int] = []
     values: list[int] = []
     starts: list[tuple[int, ...]] = []
@@ -387,4 +408,4 @@ def flatten(bodies: list[list[Alternative]], root: int) -> Program:
             values.append(0)
         starts.append(tuple(firsts))
     after = tuple((p + 1,) if kinds[p + 1] != END else () for p in range(len(kinds) - 1)) + ((),)
-    return Program(tuple(kinds), tuple(values), tuple(starts), after, root)
+    return Program(tuple(kinds), tuple(values), tuple(starts), after, root, members)

@@ -16,7 +16,9 @@ from typing import NoReturn, Protocol
 
 from engine.errors import InvalidInput
 
-TERMINAL, REF, END = 0, 1, 2  # element kinds; a terminal's value is a 256-bit byte mask
+# Element kinds; a terminal's value is a 256-bit byte mask, a reference's a rule, a members
+# element's an entry of Program.members (tree_grammar.py writes them, after the checks).
+TERMINAL, REF, END, MEMBERS = 0, 1, 2, 3
 
 Element = tuple[int, int]
 Alternative = list[Element]

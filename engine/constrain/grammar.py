@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from engine.constrain.gbnf import END, FIELD, TERMINAL, Program, Stack, parse
+from engine.constrain.gbnf import END, FIELD, FRAME_SHIFT, POSITION, TERMINAL, Program, Stack, parse
+from engine.constrain.gbnf_rules import MEMBERS
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
 from engine.constrain.vocabulary import Vocabulary
 from engine.errors import InvalidInput
@@ -100,6 +101,7 @@ class CompiledGrammar:
             program.starts,
             program.after + ((self._mark,),),
             program.root,
+            program.members,
         )
         self._shallow: OrderedDict[State, tuple[npt.NDArray[np.bool_], list[int]]] = OrderedDict()
         self._transitions = self._new_transitions()
@@ -360,7 +362,8 @@ class _Transitions:
             if stack in seen:
                 continue
             seen.add(stack)
-            if not stack or kinds[stack[-1]] == TERMINAL:
+            kind = kinds[stack[-1] & POSITION] if stack else TERMINAL
+            if kind == TERMINAL:
                 out.add(stack)
                 if len(out) > self._max_stacks:
                     raise InvalidInput(
@@ -369,9 +372,28 @@ class _Transitions:
                         field=self._field,
                     )
                 continue
+            if kind == MEMBERS:
+                work.extend(self._members(stack))
+                continue
             rest = stack[:-1] + after[stack[-1]]
             work.extend(rest + (s,) if kinds[s] != END else rest for s in starts[values[stack[-1]]])
         return frozenset(out)
+
+    def _members(self, stack: Stack) -> Iterable[Stack]:
+        """What a MEMBERS frame on top stands for (gbnf.FreeMembers): each member not yet written,
+        above the frame with it added; the rest, once the required ones are written."""
+        program = self._program
+        kinds, starts = program.kinds, program.starts
+        top = stack[-1]
+        position, written, below = top & POSITION, top >> FRAME_SHIFT, stack[:-1]
+        free = program.members[program.values[position]]
+        if written & free.needed == free.needed:
+            rest, then = below + program.after[position], free.rest if written else free.rest_first
+            yield from (rest + (s,) if kinds[s] != END else rest for s in starts[then])
+        for i, rule in enumerate(free.others if written else free.firsts):
+            if not written >> i & 1:
+                frame = below + (position | (written | 1 << i) << FRAME_SHIFT,)
+                yield from (frame + (s,) if kinds[s] != END else frame for s in starts[rule])
 
 
 class GrammarRow:

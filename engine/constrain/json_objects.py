@@ -1,6 +1,6 @@
-"""JSON Schema objects as syntax trees: declared properties (declared order, or the required
-ones first), required names, additionalProperties (the spec reading or the strict one),
-min/maxProperties, propertyNames and patternProperties. What they ask of the compile: Compiling."""
+"""JSON Schema objects as syntax trees: declared properties (in any order), required names,
+additionalProperties (the spec reading or the strict one), min/maxProperties, propertyNames and
+patternProperties. What they ask of the compile: Compiling."""
 
 from __future__ import annotations
 
@@ -104,19 +104,22 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
             tail.append((repeat(other, 1, None, jv.COMMA), False))
         elif most != 0:
             tail.append((repeat(other, max(least, 1), most, jv.COMMA), least > 0))
-    # Declared order, or (where it differs) the required ones first, in `required`'s order.
+    if not (least == 1 and not required and not counted):
+        # The declared properties in any order (each at most once), others after them: a model
+        # given them first writes them before the properties asked for (a small one runs out of
+        # tokens there).
+        items = [*((node, name in required) for name, node in named.items()), *tail]
+        return seq(text("{"), members(items, jv.COMMA, free=len(named)), text("}"))
+    # One at least of optional properties: declared order, or (where it differs) the required
+    # ones first, in `required`'s order.
     orders = [
         list(named),
         [*dict.fromkeys(n for n in required if n in named), *(n for n in named if n not in required)],
     ]
-    # Others after the declared ones only: a model given them first writes them before the
-    # properties asked for (a small one runs out of tokens there).
     made = [
-        [*((named[n], n in required) for n in order), *tail]
+        _one_at_least([*((named[n], n in required) for n in order), *tail])
         for order in (orders[:1] if orders[0] == orders[1] else orders)
     ]
-    if least == 1 and not required and not counted:
-        made = [_one_at_least(items) for items in made]
     return alt(*(seq(text("{"), members(items, jv.COMMA), text("}")) for items in made))
 
 

@@ -227,9 +227,10 @@ def _leads(node: Node) -> tuple[frozenset[int], bool] | None:
             return None
         return (frozenset().union(*(p[0] for p in parts if p)), any(p[1] for p in parts if p))
     if isinstance(node, Members):
-        # The first member written is one up to the first required one (or any, none required).
+        # The first member written is a free one or one up to the first required one (or any,
+        # none required).
         last = node.required.index(True) if True in node.required else len(node.items) - 1
-        found = [_leads(item) for item in node.items[: last + 1]]
+        found = [_leads(item) for item in node.items[: max(last + 1, node.free)]]
         if any(f is None or f[1] for f in found):
             return None  # a member that may be empty: the separator may lead
         return (frozenset().union(*(f[0] for f in found if f)), True not in node.required)

@@ -2,7 +2,8 @@
 
 Guarantees: a fragment never adds a move into its own entry state (loops run through fresh
 states), so alternatives may share an entry; a character class costs one state per distinct
-UTF-8 suffix; `Members` costs two copies of each member, not a quadratic regex. More than
+UTF-8 suffix; `Members` in order costs two copies of each member, not a quadratic regex (in
+any order, a state per set of members written and a copy of each member per set). More than
 `max_states` states raise TooLarge before any more memory is spent; each state ticks the
 compile's Budget, and so does each state an epsilon closure walks.
 """
@@ -88,7 +89,12 @@ def size(node: Node, found: dict[int, int] | None = None) -> int:
         each = size(node.item, found) + (0 if node.separator is None else size(node.separator, found))
         count = 2 + copies * each
     elif isinstance(node, Members):
-        count = 1 + sum(2 * size(item, found) + size(node.separator, found) + 1 for item in node.items)
+        separator = size(node.separator, found)
+        count = 1 + sum(2 * size(item, found) + separator + 1 for item in node.items[node.free :])
+        if node.free:  # a hub per set written; each member from each set that lacks it
+            loose = node.items[: node.free]
+            each = sum(size(item, found) + separator for item in loose)
+            count += (1 << len(loose)) + (1 << len(loose) - 1) * each
     elif isinstance(node, Machine):
         count = len(node.accepting) + 1
     else:
@@ -174,9 +180,8 @@ def _machine(nfa: Nfa, node: Machine, start: int) -> int:
 
 def _members(nfa: Nfa, node: Members, start: int) -> int:
     """Two tracks: `none` (nothing written yet: no separator next) and `some`."""
-    none: int | None = start
-    some: int | None = None
-    for item, required in zip(node.items, node.required, strict=True):
+    none, some = _free(nfa, node, start) if node.free else (start, None)
+    for item, required in zip(node.items[node.free :], node.required[node.free :], strict=True):
         written = nfa.new()
         if none is not None:
             nfa.eps[_add(nfa, item, none)].append(written)
@@ -196,6 +201,29 @@ def _members(nfa: Nfa, node: Members, start: int) -> int:
         if state is not None:
             nfa.eps[state].append(end)
     return end
+
+
+def _free(nfa: Nfa, node: Members, start: int) -> tuple[int | None, int | None]:
+    """The free members in any order, each at most once: a hub state per set written (`start` for
+    none), each member missing from a set leading from its hub to the hub of the set with it. The
+    `none` and `some` tracks' states once every required free member is written."""
+    loose = node.items[: node.free]
+    needed = sum(1 << i for i, required in enumerate(node.required[: node.free]) if required)
+    hubs, queue, some = {0: start}, [0], nfa.new()
+    for written in queue:  # sets in the order first reached: each after the sets inside it
+        hub = hubs[written]
+        if written and written & needed == needed:
+            nfa.eps[hub].append(some)
+        for i, item in enumerate(loose):
+            bit = 1 << i
+            if written & bit:
+                continue
+            end = _add(nfa, item, hub if not written else _add(nfa, node.separator, hub))
+            if written | bit not in hubs:
+                hubs[written | bit] = nfa.new()
+                queue.append(written | bit)
+            nfa.eps[end].append(hubs[written | bit])
+    return (start if not needed else None), some
 
 
 class Closures:

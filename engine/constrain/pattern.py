@@ -54,12 +54,16 @@ class Repeat:
 
 @dataclass(frozen=True, slots=True)
 class Members:
-    """An in-order subsequence of `items` joined by `separator`, holding every `required` one:
-    JSON object members without the quadratic regex (nfa.py builds it in linear size)."""
+    """A subsequence of `items` joined by `separator`, holding every `required` one: JSON object
+    members. The first `free` items may come in any order, each at most once (an object's declared
+    properties, as writers order them); the rest follow them in order (in order, nfa.py builds it in
+    linear size; in any order, a state per set of items written: the pushdown engine keeps the set
+    in its stack frame). A free item must start with a byte (a member's key does)."""
 
     items: tuple[Node, ...]
     required: tuple[bool, ...]
     separator: Node
+    free: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +126,16 @@ def repeat(item: Node, lo: int, hi: int | None, separator: Node | None = None) -
     return Repeat(item, lo, hi, separator)
 
 
-def members(items: Iterable[tuple[Node, bool]], separator: Node) -> Node:
-    """`Members` of (item, required) pairs; an optional item that cannot match drops out."""
-    kept = [(item, required) for item, required in items if item != NOTHING or required]
-    if any(item == NOTHING for item, _ in kept):
+def members(items: Iterable[tuple[Node, bool]], separator: Node, free: int = 0) -> Node:
+    """`Members` of (item, required) pairs, the first `free` in any order; an optional item that
+    cannot match drops out."""
+    kept = [(i < free, item, req) for i, (item, req) in enumerate(items) if item != NOTHING or req]
+    if any(item == NOTHING for _, item, _ in kept):
         return NOTHING
     if not kept:
         return EMPTY
-    return Members(tuple(i for i, _ in kept), tuple(r for _, r in kept), separator)
+    loose = sum(f for f, _, _ in kept)  # one free item has a single order
+    return Members(tuple(i for _, i, _ in kept), tuple(r for _, _, r in kept), separator, loose * (loose > 1))
 
 
 def optional(item: Node) -> Node:

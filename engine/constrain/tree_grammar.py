@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from engine.constrain import utf8
-from engine.constrain.gbnf import MAX_ELEMENTS, Program, byte_alternatives, flatten
-from engine.constrain.gbnf_rules import REF, TERMINAL, Alternative, checked_bodies
+from engine.constrain.gbnf import MAX_ELEMENTS, FreeMembers, Program, byte_alternatives, flatten
+from engine.constrain.gbnf_rules import MEMBERS, REF, TERMINAL, Alternative, checked_bodies
 from engine.constrain.pattern import Alt, Anchor, Chars, Machine, Members, Node, Ref, Repeat, Seq, Text
 from engine.errors import InvalidInput
 
@@ -32,7 +32,14 @@ def program(root: Node, rules: Mapping[str, Node], field: str, max_elements: int
     built = _Rules(rules, field, max_elements)
     body = built.body(root)
     built.bodies[built.ids[ROOT]] = [body]
-    return flatten(checked_bodies(built), built.ids[ROOT])
+    bodies = checked_bodies(built)
+    if built.free:  # the stand-ins the checks read become the MEMBERS elements they stand for
+        free = built.free
+        bodies = [
+            [[(MEMBERS, free[v]) if k == REF and v in free else (k, v) for k, v in alt] for alt in rule]
+            for rule in bodies
+        ]
+    return flatten(bodies, built.ids[ROOT], tuple(built.free_members))
 
 
 class _Rules:
@@ -49,6 +56,8 @@ class _Rules:
         self._made: dict[int, tuple[Node, int]] = {}  # id(node) -> (node, its rule): shared nodes once
         self._refs: dict[str, int] = {}
         self._classes: dict[tuple[tuple[int, int], ...], Alternative] = {}
+        self.free: dict[int, int] = {}  # a free Members' stand-in rule -> its FreeMembers
+        self.free_members: list[FreeMembers] = []
         self.ids[ROOT] = self.new(ROOT)
 
     def invalid(self, offset: int, message: str) -> InvalidInput:
@@ -159,17 +168,38 @@ class _Rules:
 
     def _members(self, node: Members) -> list[Alternative]:
         """An in-order subsequence holding the required items: from the last item back, `none[i]`
-        (nothing written yet: no separator before item i) and `some[i]` (a separator first)."""
+        (nothing written yet: no separator before item i) and `some[i]` (a separator first).
+        Free items (any order) are a MEMBERS element (gbnf.FreeMembers) over rules of each item
+        and of what follows them; the checks read it as the in-order rules (a stand-in rule),
+        which finish, match nothing or recurse on the left exactly when it does (each free item
+        starts with a byte)."""
         separator = self.body(node.separator)
         none: Alternative = []  # past the last item: nothing more
         some: Alternative = []
-        for item, required in reversed(list(zip(node.items, node.required, strict=True))):
-            written = self.body(item)
-            none_alts = [written + some] + ([none] if not required else [])
-            some_alts = [separator + written + some] + ([some] if not required else [])
+        rest = (none, some)
+        for index in reversed(range(len(node.items))):
+            if index + 1 == node.free:
+                rest = (none, some)
+            written = self.body(node.items[index])
+            optional = not node.required[index]
+            none_alts = [written + some] + ([none] if optional else [])
+            some_alts = [separator + written + some] + ([some] if optional else [])
             none = [(REF, self.new(f"members_{len(self.names)}", none_alts))]
             some = [(REF, self.new(f"members_{len(self.names)}", some_alts))]
-        return [none]
+        if not node.free:
+            return [none]
+        loose = node.items[: node.free]
+        free = FreeMembers(
+            tuple(self.new(f"free_{len(self.names)}", [self.body(item)]) for item in loose),
+            tuple(self.new(f"free_{len(self.names)}", [separator + self.body(item)]) for item in loose),
+            sum(1 << i for i, required in enumerate(node.required[: node.free]) if required),
+            self.new(f"free_rest_{len(self.names)}", [rest[0]]),
+            self.new(f"free_rest_{len(self.names)}", [rest[1]]),
+        )
+        stand_in = self.new(f"free_{len(self.names)}", [none])
+        self.free[stand_in] = len(self.free_members)
+        self.free_members.append(free)
+        return [[(REF, stand_in)]]
 
     def _chars(self, node: Chars) -> Alternative:
         found = self._classes.get(node.ranges)

@@ -8,13 +8,15 @@ import itertools
 import re
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from engine.constrain import ConstraintCache, Limits, Vocabulary, compile_constraint
 from engine.constrain.automaton import MOVE_BYTES, Automaton, AutomatonRow
-from engine.constrain.gbnf import END, TERMINAL, Program
+from engine.constrain.gbnf import END, FRAME_SHIFT, POSITION, TERMINAL, Program
+from engine.constrain.gbnf_rules import MEMBERS
 from engine.constrain.grammar import CompiledGrammar
 from engine.errors import InvalidInput
 from tests.support.vocabularies import EOS, PIECES, SIZE, SPECIAL, VOCAB, synthetic
@@ -79,7 +81,7 @@ def random_walk(
         def reach(state: object, tokens: np.ndarray) -> np.ndarray:
             return np.array(
                 [
-                    min(sum(rest[p] for p in stack) for stack in compiled.advance(state, int(t)))
+                    min(sum(rest(frame) for frame in stack) for stack in compiled.advance(state, int(t)))
                     for t in tokens
                 ]
             )
@@ -108,24 +110,41 @@ def random_walk(
     raise AssertionError(f"no EOS after {max_steps} tokens: {out[:200]!r}")
 
 
-def completions(program: Program) -> list[int]:
-    """Per grammar position, the fewest bytes that finish its alternative (a fixed point)."""
+def completions(program: Program) -> Callable[[int], int]:
+    """Per stack frame, about the fewest bytes that finish its alternative (a fixed point; a
+    MEMBERS frame: its required members not yet written, each alone, then the rest)."""
     far = 1 << 30
     rest, rule = [far] * len(program.kinds), [far] * len(program.starts)
+
+    def members(value: int, written: int) -> int:
+        free = program.members[value]
+        rules = free.others if written else free.firsts
+        missing = [rule[r] for i, r in enumerate(rules) if free.needed >> i & 1 and not written >> i & 1]
+        return min(far, sum(missing) + rule[free.rest if written or missing else free.rest_first])
+
     changed = True
     while changed:
         changed = False
         for p in reversed(range(len(program.kinds))):
             kind, value = program.kinds[p], program.values[p]
             after = rest[p + 1] if p + 1 < len(rest) else 0
-            found = 0 if kind == END else min(far, (1 if kind == TERMINAL else rule[value]) + after)
+            own = 1 if kind == TERMINAL else members(value, 0) if kind == MEMBERS else rule[value]
+            found = 0 if kind == END else min(far, own + after)
             if found < rest[p]:
                 rest[p], changed = found, True
         for r, starts in enumerate(program.starts):
             best = min((rest[s] for s in starts), default=far)
             if best < rule[r]:
                 rule[r], changed = best, True
-    return rest
+
+    def finish(frame: int) -> int:
+        position, written = frame & POSITION, frame >> FRAME_SHIFT
+        if not written:
+            return rest[position]
+        after = rest[position + 1] if position + 1 < len(rest) else 0
+        return min(far, members(program.values[position], written) + after)
+
+    return finish
 
 
 def accepts(compiled: object, data: bytes) -> bool:

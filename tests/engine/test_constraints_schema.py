@@ -19,6 +19,7 @@ import pytest
 
 from engine.constrain import Limits, Vocabulary, compile_constraint
 from engine.constrain import json_keywords as kw
+from engine.constrain.grammar import CompiledGrammar
 from engine.errors import InvalidInput
 from engine.tokenizer import Tokenizer
 from tests.engine.test_constraints import VOCAB, accepts, random_walk
@@ -193,7 +194,7 @@ def test_whitespace_is_at_most_one_space_after_a_colon_or_a_comma() -> None:
         assert not accepts(compiled, text.encode()), text
 
 
-def test_properties_come_in_declared_order_or_with_the_required_ones_first() -> None:
+def test_declared_properties_come_in_any_order_each_at_most_once_with_the_required_ones() -> None:
     compiled = schema_of(
         {
             "properties": {"a": {"const": 1}, "b": {"const": 2}, "c": {"const": 3}},
@@ -201,25 +202,41 @@ def test_properties_come_in_declared_order_or_with_the_required_ones_first() -> 
             "additionalProperties": False,
         }
     )
+    values = {"a": 1, "b": 2, "c": 3}
+    for size in range(4):
+        for names in itertools.permutations(values, size):
+            text = json.dumps({n: values[n] for n in names}, separators=(",", ":"))
+            assert accepts(compiled, text.encode()) == ("b" in names), text
     for text in [
-        '{"b":2}',
-        '{"a":1,"b":2}',
-        '{"b":2,"c":3}',
-        '{"a":1,"b":2,"c":3}',
-        '{"b":2,"a":1}',
-        '{"b":2,"a":1,"c":3}',
-    ]:
-        assert accepts(compiled, text.encode()), text
-    for text in [
-        "{}",
-        '{"a":1}',
-        '{"c":3,"b":2}',
-        '{"b":2,"c":3,"a":1}',
+        '{"b":2,"b":2}',
+        '{"a":1,"b":2,"a":1}',
         '{"b":2,}',
         '{,"b":2}',
         '{"b":2,"d":4}',
+        '{"b":2"a":1}',
     ]:
         assert not accepts(compiled, text.encode()), text
+
+
+def test_an_object_of_forty_properties_admits_them_in_any_order_on_the_pushdown_engine() -> None:
+    names = [f"p{i}" for i in range(40)]
+    schema = {
+        "type": "object",
+        "properties": {n: {"type": "integer"} for n in names},
+        "required": names[::7],
+        "additionalProperties": False,
+    }
+    compiled = schema_of(schema)
+    assert isinstance(compiled, CompiledGrammar)
+    rng = np.random.default_rng(7)
+    for _ in range(12):
+        chosen = [str(n) for n in rng.permutation(names)[: int(rng.integers(0, 41))]]
+        text = json.dumps({n: 1 for n in chosen}, separators=(",", ":")).encode()
+        assert accepts(compiled, text) == (set(names[::7]) <= set(chosen)), text
+    everything = [str(n) for n in rng.permutation(names)]
+    assert accepts(compiled, json.dumps(dict.fromkeys(everything, 0)).encode())
+    assert not accepts(compiled, json.dumps(dict.fromkeys(everything, 0))[:-1].encode() + b', "p3": 1}')
+    check_walks(schema, compiled, range(4))
 
 
 def test_absent_additional_properties_admits_others_after_the_declared_ones_as_the_spec_reads_it() -> None:
@@ -1208,16 +1225,15 @@ def test_if_then_else_in_all_of_members_admits_exactly_what_the_schema_validates
     check_combinations(schema)
 
 
-def test_properties_written_before_an_all_of_lead_and_after_it_follow() -> None:
+def test_properties_of_an_all_of_member_and_beside_it_come_in_any_order() -> None:
     member = {"properties": {"b": {"type": "integer"}}, "required": ["b"]}
-    ahead = schema_of(
-        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "allOf": [member]}
-    )
-    assert accepts(ahead, b'{"a":1,"b":2}') and not accepts(ahead, b'{"b":2,"a":1}')
-    behind = schema_of(
-        {"allOf": [member], "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    )
-    assert accepts(behind, b'{"b":2,"a":1}') and not accepts(behind, b'{"a":1,"b":2}')
+    for schema in (
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "allOf": [member]},
+        {"allOf": [member], "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    ):
+        compiled = schema_of(schema)
+        assert accepts(compiled, b'{"a":1,"b":2}') and accepts(compiled, b'{"b":2,"a":1}')
+        assert not accepts(compiled, b'{"b":2}') and not accepts(compiled, b'{"a":1,"b":2,"a":1}')
 
 
 # TextMate grammars' pattern object: more dependencies than MAX_DEPENDENT_CHOICES, lists naming
@@ -1332,7 +1348,7 @@ def test_one_of_members_whose_required_values_cannot_meet_are_written_whole() ->
     assert accepts(tagged, b'{"type":"Point","x":1}') and not accepts(tagged, b'{"type":"Line","x":1}')
 
 
-def test_properties_beside_an_any_of_keep_their_order_ahead_of_a_member_s() -> None:
+def test_properties_beside_an_any_of_and_a_member_s_come_in_any_order() -> None:
     compiled = schema_of(
         {
             "type": "object",
@@ -1341,7 +1357,8 @@ def test_properties_beside_an_any_of_keep_their_order_ahead_of_a_member_s() -> N
             "anyOf": [{"properties": {"c": {"const": 1}, "a": {"const": "x"}}}],
         }
     )
-    assert accepts(compiled, b'{"a":"x","b":2,"c":1}') and not accepts(compiled, b'{"c":1,"a":"x","b":2}')
+    assert accepts(compiled, b'{"a":"x","b":2,"c":1}') and accepts(compiled, b'{"c":1,"a":"x","b":2}')
+    assert not accepts(compiled, b'{"c":2,"a":"x","b":2}') and not accepts(compiled, b'{"c":1,"a":"y"}')
 
 
 def test_one_of_members_apart_by_type_values_or_a_discriminator_need_nothing_more() -> None:
