@@ -381,13 +381,14 @@ class FreeMembers:
     FRAME_SHIFT bits; it stands for, while the required ones are missing or as it chooses, member
     i (rule `firsts[i]` where none is written yet, else `others[i]`: the separator, then it) and the
     frame with i added; once they are all written, the rest (rule `rest_first` where none is
-    written yet, else `rest`)."""
+    written yet, else `rest`); `least`: not before one is written."""
 
     firsts: tuple[int, ...]
     others: tuple[int, ...]
     needed: int  # the set of required members, a bit each
     rest_first: int
     rest: int
+    least: bool = False
 
 
 FRAME_SHIFT = 32  # a frame's bits above this: a MEMBERS element's set of members written

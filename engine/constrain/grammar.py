@@ -387,7 +387,7 @@ class _Transitions:
         top = stack[-1]
         position, written, below = top & POSITION, top >> FRAME_SHIFT, stack[:-1]
         free = program.members[program.values[position]]
-        if written & free.needed == free.needed:
+        if written & free.needed == free.needed and (written or not free.least):
             rest, then = below + program.after[position], free.rest if written else free.rest_first
             yield from (rest + (s,) if kinds[s] != END else rest for s in starts[then])
         for i, rule in enumerate(free.others if written else free.firsts):

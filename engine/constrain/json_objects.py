@@ -104,23 +104,20 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
             tail.append((repeat(other, 1, None, jv.COMMA), False))
         elif most != 0:
             tail.append((repeat(other, max(least, 1), most, jv.COMMA), least > 0))
-    if not (least == 1 and not required and not counted):
-        # The declared properties in any order (each at most once), others after them: a model
-        # given them first writes them before the properties asked for (a small one runs out of
-        # tokens there).
-        items = [*((node, name in required) for name, node in named.items()), *tail]
-        return seq(text("{"), members(items, jv.COMMA, free=len(named)), text("}"))
-    # One at least of optional properties: declared order, or (where it differs) the required
-    # ones first, in `required`'s order.
-    orders = [
-        list(named),
-        [*dict.fromkeys(n for n in required if n in named), *(n for n in named if n not in required)],
-    ]
-    made = [
-        _one_at_least([*((named[n], n in required) for n in order), *tail])
-        for order in (orders[:1] if orders[0] == orders[1] else orders)
-    ]
-    return alt(*(seq(text("{"), members(items, jv.COMMA), text("}")) for items in made))
+    declared_items = [(node, name in required) for name, node in named.items()]
+    return _object(declared_items, tail, nonempty=least == 1 and not required and not counted)
+
+
+def _object(declared: list[tuple[Node, bool]], rest: list[tuple[Node, bool]], nonempty: bool) -> Node:
+    """The declared members in any order (each at most once), then the `rest` (other members) in
+    order: a model given the others first writes them before the properties asked for (a small one
+    runs out of tokens there). `nonempty`: one member at least, declared or other."""
+    items = [*declared, *rest]
+    if not nonempty:
+        return seq(text("{"), members(items, jv.COMMA, free=len(declared)), text("}"))
+    some_declared = members(items, jv.COMMA, free=len(declared), least=True)
+    only_rest = members(_one_at_least(rest), jv.COMMA) if rest else NOTHING
+    return alt(*(seq(text("{"), part, text("}")) for part in (some_declared, only_rest)))
 
 
 def _one_at_least(items: list[tuple[Node, bool]]) -> list[tuple[Node, bool]]:
@@ -184,7 +181,7 @@ def _patterned(
         and [json.dumps(properties[name], sort_keys=True)]
         != [json.dumps(v, sort_keys=True) for v, _ in found[name]]
     ]
-    items = []
+    items: list[tuple[Node, bool]] = []
     for name, subschema in properties.items():
         own = f"{pointer}/properties/{kw.escape(name)}"
         if name in both:  # every schema holds
@@ -204,6 +201,7 @@ def _patterned(
                 else c.node(additional, f"{pointer}/additionalProperties")
             )
             items.append((seq(jv.literal(name), jv.COLON, value), True))
+    declared_count = len(items)
     try:
         keyed = [
             (keys, [schemas[i] for i in inside])
@@ -229,7 +227,7 @@ def _patterned(
         if unfound != NOTHING:
             other = seq(unfound, jv.COLON, c.node(additional, f"{pointer}/additionalProperties"))
             items.append((repeat(other, 1, None, jv.COMMA), False))
-    return seq(text("{"), members(_one_at_least(items) if nonempty else items, jv.COMMA), text("}"))
+    return _object(items[:declared_count], items[declared_count:], nonempty)
 
 
 def _key_classes(c: Compiling, keys: list[Node], left_out: list[str]) -> list[tuple[Node, list[int]]]:

@@ -223,7 +223,7 @@ def _free(nfa: Nfa, node: Members, start: int) -> tuple[int | None, int | None]:
                 hubs[written | bit] = nfa.new()
                 queue.append(written | bit)
             nfa.eps[end].append(hubs[written | bit])
-    return (start if not needed else None), some
+    return (start if not needed and not node.least else None), some
 
 
 class Closures:

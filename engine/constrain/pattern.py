@@ -58,12 +58,14 @@ class Members:
     members. The first `free` items may come in any order, each at most once (an object's declared
     properties, as writers order them); the rest follow them in order (in order, nfa.py builds it in
     linear size; in any order, a state per set of items written: the pushdown engine keeps the set
-    in its stack frame). A free item must start with a byte (a member's key does)."""
+    in its stack frame). A free item must start with a byte (a member's key does). `least`: at
+    least one free item is written (minProperties 1)."""
 
     items: tuple[Node, ...]
     required: tuple[bool, ...]
     separator: Node
     free: int = 0
+    least: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,16 +128,23 @@ def repeat(item: Node, lo: int, hi: int | None, separator: Node | None = None) -
     return Repeat(item, lo, hi, separator)
 
 
-def members(items: Iterable[tuple[Node, bool]], separator: Node, free: int = 0) -> Node:
-    """`Members` of (item, required) pairs, the first `free` in any order; an optional item that
-    cannot match drops out."""
-    kept = [(i < free, item, req) for i, (item, req) in enumerate(items) if item != NOTHING or req]
-    if any(item == NOTHING for _, item, _ in kept):
+def members(items: Iterable[tuple[Node, bool]], separator: Node, free: int = 0, least: bool = False) -> Node:
+    """`Members` of (item, required) pairs, the first `free` in any order (`least`: one of them at
+    least); an optional item that cannot match drops out."""
+    kept = [(item, req, i < free) for i, (item, req) in enumerate(items) if item != NOTHING or req]
+    if any(item == NOTHING for item, _, _ in kept):
         return NOTHING
+    loose = sum(f for _, _, f in kept)
+    if least and loose < 2:  # none: nothing fits; one: that one is required
+        if not loose:
+            return NOTHING
+        kept = [(item, req or f, f) for item, req, f in kept]
     if not kept:
         return EMPTY
-    loose = sum(f for f, _, _ in kept)  # one free item has a single order
-    return Members(tuple(i for _, i, _ in kept), tuple(r for _, _, r in kept), separator, loose * (loose > 1))
+    many = loose > 1  # one free item has a single order
+    return Members(
+        tuple(i for i, _, _ in kept), tuple(r for _, r, _ in kept), separator, loose * many, least and many
+    )
 
 
 def optional(item: Node) -> Node:

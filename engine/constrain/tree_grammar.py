@@ -172,15 +172,23 @@ class _Rules:
         Free items (any order) are a MEMBERS element (gbnf.FreeMembers) over rules of each item
         and of what follows them; the checks read it as the in-order rules (a stand-in rule),
         which finish, match nothing or recurse on the left exactly when it does (each free item
-        starts with a byte)."""
+        starts with a byte; with `least`, the stand-in also matches the empty text: the checks are
+        then stricter about left recursion, never looser)."""
         separator = self.body(node.separator)
         none: Alternative = []  # past the last item: nothing more
         some: Alternative = []
         rest = (none, some)
+        # Free items are written in four places (the stand-in's two, the element's two): a rule each.
+        bodies = [
+            [(REF, self.new(f"member_{len(self.names)}", [self.body(item)]))]
+            if node.free
+            else self.body(item)
+            for item in node.items
+        ]
         for index in reversed(range(len(node.items))):
             if index + 1 == node.free:
                 rest = (none, some)
-            written = self.body(node.items[index])
+            written = bodies[index]
             optional = not node.required[index]
             none_alts = [written + some] + ([none] if optional else [])
             some_alts = [separator + written + some] + ([some] if optional else [])
@@ -188,13 +196,14 @@ class _Rules:
             some = [(REF, self.new(f"members_{len(self.names)}", some_alts))]
         if not node.free:
             return [none]
-        loose = node.items[: node.free]
+        loose = bodies[: node.free]
         free = FreeMembers(
-            tuple(self.new(f"free_{len(self.names)}", [self.body(item)]) for item in loose),
-            tuple(self.new(f"free_{len(self.names)}", [separator + self.body(item)]) for item in loose),
+            tuple(self.new(f"free_{len(self.names)}", [item]) for item in loose),
+            tuple(self.new(f"free_{len(self.names)}", [separator + item]) for item in loose),
             sum(1 << i for i, required in enumerate(node.required[: node.free]) if required),
             self.new(f"free_rest_{len(self.names)}", [rest[0]]),
             self.new(f"free_rest_{len(self.names)}", [rest[1]]),
+            node.least,
         )
         stand_in = self.new(f"free_{len(self.names)}", [none])
         self.free[stand_in] = len(self.free_members)
