@@ -381,7 +381,8 @@ class FreeMembers:
     FRAME_SHIFT bits; it stands for, while the required ones are missing or as it chooses, member
     i (rule `firsts[i]` where none is written yet, else `others[i]`: the separator, then it) and the
     frame with i added; once they are all written, the rest (rule `rest_first` where none is
-    written yet, else `rest`); `least`: not before one is written."""
+    written yet, else `rest`); `least`: not before one is written. Members in `again` may be
+    written again."""
 
     firsts: tuple[int, ...]
     others: tuple[int, ...]
@@ -389,6 +390,7 @@ class FreeMembers:
     rest_first: int
     rest: int
     least: bool = False
+    again: int = 0  # the set of members written any number of times, a bit each
 
 
 FRAME_SHIFT = 32  # a frame's bits above this: a MEMBERS element's set of members written

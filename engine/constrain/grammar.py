@@ -391,7 +391,7 @@ class _Transitions:
             rest, then = below + program.after[position], free.rest if written else free.rest_first
             yield from (rest + (s,) if kinds[s] != END else rest for s in starts[then])
         for i, rule in enumerate(free.others if written else free.firsts):
-            if not written >> i & 1:
+            if not (written & ~free.again) >> i & 1:
                 frame = below + (position | (written | 1 << i) << FRAME_SHIFT,)
                 yield from (frame + (s,) if kinds[s] != END else frame for s in starts[rule])
 

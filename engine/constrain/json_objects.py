@@ -95,29 +95,34 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
             if name not in properties
         }
     )
-    tail = []
+    anywhere: list[Node] = []  # other members, written any number of times among the declared
+    tail = []  # members after the declared ones (their count counted)
     if others and additional is not False and names is None and (counted or most is None):
         # Others after the declared ones, keys spelling no declared name (jv.other_than).
         key = seq(jv.QUOTE, jv.other_than(list(declared)), jv.QUOTE)
         other = seq(key, jv.COLON, c.node(additional, f"{pointer}/additionalProperties"))
         if not counted:
-            tail.append((repeat(other, 1, None, jv.COMMA), False))
+            anywhere.append(other)
         elif most != 0:
             tail.append((repeat(other, max(least, 1), most, jv.COMMA), least > 0))
     declared_items = [(node, name in required) for name, node in named.items()]
-    return _object(declared_items, tail, nonempty=least == 1 and not required and not counted)
+    return _object(declared_items, anywhere, tail, nonempty=least == 1 and not required and not counted)
 
 
-def _object(declared: list[tuple[Node, bool]], rest: list[tuple[Node, bool]], nonempty: bool) -> Node:
-    """The declared members in any order (each at most once), then the `rest` (other members) in
-    order: a model given the others first writes them before the properties asked for (a small one
-    runs out of tokens there). `nonempty`: one member at least, declared or other."""
-    items = [*declared, *rest]
+def _object(
+    declared: list[tuple[Node, bool]], others: list[Node], rest: list[tuple[Node, bool]], nonempty: bool
+) -> Node:
+    """The declared members in any order (each at most once) and the `others` (members whose keys
+    no declared name spells) any number of times anywhere among them, as JSON Schema reads an
+    object; then the `rest` (others whose count is counted) in order. `nonempty`: one member at
+    least, declared or other."""
+    items = [*declared, *((other, False) for other in others), *rest]
+    free = len(declared) + len(others)
     if not nonempty:
-        return seq(text("{"), members(items, jv.COMMA, free=len(declared)), text("}"))
-    some_declared = members(items, jv.COMMA, free=len(declared), least=True)
+        return seq(text("{"), members(items, jv.COMMA, free, again=len(others)), text("}"))
+    some_free = members(items, jv.COMMA, free, least=True, again=len(others))
     only_rest = members(_one_at_least(rest), jv.COMMA) if rest else NOTHING
-    return alt(*(seq(text("{"), part, text("}")) for part in (some_declared, only_rest)))
+    return alt(*(seq(text("{"), part, text("}")) for part in (some_free, only_rest)))
 
 
 def _one_at_least(items: list[tuple[Node, bool]]) -> list[tuple[Node, bool]]:
@@ -201,7 +206,6 @@ def _patterned(
                 else c.node(additional, f"{pointer}/additionalProperties")
             )
             items.append((seq(jv.literal(name), jv.COLON, value), True))
-    declared_count = len(items)
     try:
         keyed = [
             (keys, [schemas[i] for i in inside])
@@ -215,7 +219,7 @@ def _patterned(
             f"patterns whose keys, split by the patterns that find them, pass the automata's limit ({exc})",
         ) from exc
     member = alt(*(seq(keys, jv.COLON, _all_of(c, held)) for keys, held in keyed))
-    items.append((repeat(member, 1, None, jv.COMMA), False))
+    others = [member]
     if additional is not False and (explicit or not c.strict):
         # Then others: keys that no pattern finds and no declared name spells.
         declared = list(dict.fromkeys([*properties, *required]))
@@ -226,8 +230,8 @@ def _patterned(
             unfound = NOTHING  # as under the strict reading: no others written
         if unfound != NOTHING:
             other = seq(unfound, jv.COLON, c.node(additional, f"{pointer}/additionalProperties"))
-            items.append((repeat(other, 1, None, jv.COMMA), False))
-    return _object(items[:declared_count], items[declared_count:], nonempty)
+            others.append(other)
+    return _object(items, others, [], nonempty)
 
 
 def _key_classes(c: Compiling, keys: list[Node], left_out: list[str]) -> list[tuple[Node, list[int]]]:

@@ -204,11 +204,13 @@ def _members(nfa: Nfa, node: Members, start: int) -> int:
 
 
 def _free(nfa: Nfa, node: Members, start: int) -> tuple[int | None, int | None]:
-    """The free members in any order, each at most once: a hub state per set written (`start` for
-    none), each member missing from a set leading from its hub to the hub of the set with it. The
+    """The free members in any order, each at most once (the last `again` any number of times): a
+    hub state per set written (`start` for none), each member missing from a set (or repeatable)
+    leading from its hub to the hub of the set with it. The
     `none` and `some` tracks' states once every required free member is written."""
     loose = node.items[: node.free]
     needed = sum(1 << i for i, required in enumerate(node.required[: node.free]) if required)
+    again = len(loose) - node.again  # from this one on, written any number of times
     hubs, queue, some = {0: start}, [0], nfa.new()
     for written in queue:  # sets in the order first reached: each after the sets inside it
         hub = hubs[written]
@@ -216,7 +218,7 @@ def _free(nfa: Nfa, node: Members, start: int) -> tuple[int | None, int | None]:
             nfa.eps[hub].append(some)
         for i, item in enumerate(loose):
             bit = 1 << i
-            if written & bit:
+            if written & bit and i < again:
                 continue
             end = _add(nfa, item, hub if not written else _add(nfa, node.separator, hub))
             if written | bit not in hubs:

@@ -59,13 +59,15 @@ class Members:
     properties, as writers order them); the rest follow them in order (in order, nfa.py builds it in
     linear size; in any order, a state per set of items written: the pushdown engine keeps the set
     in its stack frame). A free item must start with a byte (a member's key does). `least`: at
-    least one free item is written (minProperties 1)."""
+    least one free item is written (minProperties 1). The last `again` free items may be written
+    any number of times, anywhere among the others (members whose keys no declared name spells)."""
 
     items: tuple[Node, ...]
     required: tuple[bool, ...]
     separator: Node
     free: int = 0
     least: bool = False
+    again: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,22 +130,37 @@ def repeat(item: Node, lo: int, hi: int | None, separator: Node | None = None) -
     return Repeat(item, lo, hi, separator)
 
 
-def members(items: Iterable[tuple[Node, bool]], separator: Node, free: int = 0, least: bool = False) -> Node:
+def members(
+    items: Iterable[tuple[Node, bool]], separator: Node, free: int = 0, least: bool = False, again: int = 0
+) -> Node:
     """`Members` of (item, required) pairs, the first `free` in any order (`least`: one of them at
-    least); an optional item that cannot match drops out."""
-    kept = [(item, req, i < free) for i, (item, req) in enumerate(items) if item != NOTHING or req]
-    if any(item == NOTHING for item, _, _ in kept):
+    least; the last `again` of them any number of times); an optional item that cannot match drops
+    out."""
+    given = list(items)
+    kept = [
+        (item, req, i < free, free - again <= i < free)
+        for i, (item, req) in enumerate(given)
+        if item != NOTHING or req
+    ]
+    if any(item == NOTHING for item, _, _, _ in kept):
         return NOTHING
-    loose = sum(f for _, _, f in kept)
-    if least and loose < 2:  # none: nothing fits; one: that one is required
-        if not loose:
+    loose = sum(f for _, _, f, _ in kept)
+    if loose < 2:  # one free item has a single order: required where one at least is; repeated, a repeat
+        if least and not loose:
             return NOTHING
-        kept = [(item, req or f, f) for item, req, f in kept]
+        kept = [
+            (repeat(item, 1, None, separator) if a else item, req or least and f, False, False)
+            for item, req, f, a in kept
+        ]
     if not kept:
         return EMPTY
-    many = loose > 1  # one free item has a single order
     return Members(
-        tuple(i for i, _, _ in kept), tuple(r for _, r, _ in kept), separator, loose * many, least and many
+        tuple(i for i, _, _, _ in kept),
+        tuple(r for _, r, _, _ in kept),
+        separator,
+        sum(f for _, _, f, _ in kept),
+        least and loose > 1,
+        sum(a for _, _, _, a in kept),
     )
 
 

@@ -71,7 +71,9 @@ def end_states(automaton: Automaton, state: int, ids: np.ndarray) -> np.ndarray:
 def random_walk(
     compiled: object, seed: int, greed: float = 0.5, max_steps: int = 5000
 ) -> tuple[bytes, list[int]]:
-    """Allowed tokens to EOS: half the time one that gets nearest to a match, else any. Nearest on
+    """Allowed tokens to EOS: half the time one that gets nearest to a match, else any; past a
+    fifth of `max_steps`, always the nearest (any token may start another member of an object,
+    which random steps would do forever: the walk must end). Nearest on
     a DFA: fewest bytes to an accepting state; on the pushdown engine: the fewest bytes that finish
     some parse (its stacks' rests)."""
     if isinstance(compiled, CompiledGrammar):
@@ -93,14 +95,14 @@ def random_walk(
             return far[end_states(automaton, state, tokens)]  # type: ignore[arg-type]
 
     rng, row, out, taken = np.random.default_rng(seed), compiled.start(), b"", []  # type: ignore[attr-defined]
-    for _ in range(max_steps):
+    for step in range(max_steps):
         allowed = np.flatnonzero(row.allowed())
         eos = [t for t in allowed if t in vocabulary.eos_ids]
         if eos and (row.done or rng.random() < 0.25):
             row.advance(int(eos[0]))
             return out, taken
         tokens = np.array([t for t in allowed if t not in vocabulary.eos_ids])
-        if rng.random() < greed:
+        if rng.random() < greed or step > max_steps // 5:
             near = reach(row.state, tokens)
             tokens = tokens[near == near.min()]
         token = int(rng.choice(tokens))

@@ -84,6 +84,17 @@ def test_free_members_admit_every_order_of_each_at_most_once_on_both_engines() -
                 assert dfa.matches(word) == grammar.matches(word) == meant, word
 
 
+def test_repeatable_free_members_come_anywhere_any_number_of_times_on_both_engines() -> None:
+    items = [(text(n), n == "b") for n in "ab"] + [(text("y"), False)]
+    tree = seq(text("<"), members(items, text(","), free=3, again=1), text(">"))
+    dfa, grammar = automaton(tree, VOCAB, Limits(), FIELD), pushed(tree)
+    for size in range(7):
+        for picked in itertools.product("aby", repeat=size):
+            word = f"<{','.join(picked)}>".encode()
+            meant = picked.count("a") <= 1 and picked.count("b") == 1
+            assert dfa.matches(word) == grammar.matches(word) == meant, word
+
+
 def test_a_reference_names_a_rule_beside_the_tree_and_may_recurse() -> None:
     nested = alt(text("0"), seq(text("("), Ref("n"), text(")")))
     grammar = pushed(Ref("n"), {"n": nested})
