@@ -153,7 +153,7 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
     must be absent from one or equal in both (SCHEMA_UNSUPPORTED naming it otherwise). A member's
     additionalProperties sees its own properties alone, so where one side has one, the other side
     may declare no property it does not (refused otherwise: the merge would admit them). anyOf in
-    both: an alternative per pair of theirs (up to MAX_NOT_BRANCHES)."""
+    both: an alternative per pair of theirs (up to MAX_NOT_BRANCHES); not in both: not of either."""
     for closed, other in ((merged, schema), (schema, merged)):
         if closed.get("additionalProperties", True) is not True:
             extra = set(other.get("properties", {})) - set(closed.get("properties", {}))
@@ -208,10 +208,20 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
                     f"'anyOf' in two allOf members of more than {MAX_NOT_BRANCHES} pairs of alternatives",
                 )
             merged[key] = [{"allOf": [mine, theirs]} for mine in merged[key] for theirs in value]
+        elif key == "not" and merged[key] != value:  # neither: not (either)
+            merged[key] = {"anyOf": [*_either(merged[key]), *_either(value)]}
         elif merged[key] != value:
             raise unsupported(
                 f"{pointer}/{escape(key)}", f"{key!r} in more than one allOf member with different values"
             )
+
+
+def _either(schema: Any) -> list[Any]:
+    """A `not`'s schema as anyOf members: an anyOf alone is its members (so nots merged into one
+    stay one anyOf of what each ruled out)."""
+    if isinstance(schema, dict) and set(schema) == {"anyOf"} and isinstance(schema["anyOf"], list):
+        return list(schema["anyOf"])
+    return [schema]
 
 
 def properties_lead(schema: dict[str, Any], *applicators: str) -> bool:

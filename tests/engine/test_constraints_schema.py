@@ -2090,3 +2090,36 @@ def test_unique_items_holds_where_an_array_has_at_most_one_item_and_false_asks_n
     assert accepts(one, b"[3]") and not accepts(one, b"[3, 4]")
     many = schema_of({"type": "array", "items": {"type": "integer"}, "uniqueItems": False})
     assert accepts(many, b"[3, 3]")
+
+
+def test_not_in_two_all_of_members_rules_out_what_either_does() -> None:
+    schema = {
+        "type": "object",
+        "properties": {n: {"type": "integer"} for n in "abc"},
+        "additionalProperties": False,
+        "allOf": [{"not": {"required": ["a"]}}, {"not": {"required": ["b"]}}],
+    }
+    compiled, validator = schema_of(schema), jsonschema.Draft202012Validator(schema)
+    for size in range(4):
+        for names in itertools.permutations("abc", size):
+            instance = dict.fromkeys(names, 1)
+            text = json.dumps(instance, separators=(",", ":")).encode()
+            assert accepts(compiled, text) == validator.is_valid(instance), text
+
+
+def test_one_of_members_one_with_a_not_admit_no_value_both_meet() -> None:
+    """GitHub o29445's containers: an image without both build_args and dockerfile, or a
+    build_directory; a value meeting both members is refused."""
+    schema = {
+        "type": "object",
+        "properties": {n: {"type": "integer"} for n in ("args", "dir", "file", "image", "x")},
+        "additionalProperties": False,
+        "oneOf": [{"not": {"required": ["args", "file"]}, "required": ["image"]}, {"required": ["dir"]}],
+    }
+    compiled, validator = schema_of(schema), jsonschema.Draft202012Validator(schema)
+    for size in range(6):
+        for names in itertools.permutations(schema["properties"], size):
+            instance = dict.fromkeys(names, 1)
+            if accepts(compiled, json.dumps(instance, separators=(",", ":")).encode()):
+                assert validator.is_valid(instance), instance
+    assert accepts(compiled, b'{"image":1,"file":1}') and accepts(compiled, b'{"dir":1,"x":1}')
