@@ -89,8 +89,12 @@ def check(
         "cpu_s": round(time.thread_time() - started, 4),
     }
     walk = admits_as_written if as_written else admits
-    walked_valid = [walk(compiled, v) for v in valid]
-    walked_invalid = [walk(compiled, v) for v in invalid]
+    try:
+        walked_valid = [walk(compiled, v) for v in valid]
+        walked_invalid = [walk(compiled, v) for v in invalid]
+    except InvalidInput as exc:  # mid-walk, as a row would be (CONSTRAINT_TOO_LARGE: parses)
+        result.update(walk_error=exc.reason, valid_refused=[], invalid_admitted=[], undecided=1)
+        return {**result, "handled": False}
     if as_written:  # a valid instance refused as written: does another order of its members fit?
         result["valid_in_another_order"] = [
             i for i, ok in enumerate(walked_valid) if not ok and admits(compiled, valid[i], 2_000)
