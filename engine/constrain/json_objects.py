@@ -209,8 +209,9 @@ def _patterned(
     try:
         keyed = [
             (keys, [schemas[i] for i in inside])
+            # A declared (or required) name a pattern finds is written as declared only: one parse.
             for keys, inside in _key_classes(
-                c, [alt(*(finding[s] for s in group)) for group in sources], both
+                c, [alt(*(finding[s] for s in group)) for group in sources], list(found)
             )
         ]
     except nfa.TooLarge as exc:

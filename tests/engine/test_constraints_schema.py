@@ -2123,3 +2123,21 @@ def test_one_of_members_one_with_a_not_admit_no_value_both_meet() -> None:
             if accepts(compiled, json.dumps(instance, separators=(",", ":")).encode()):
                 assert validator.is_valid(instance), instance
     assert accepts(compiled, b'{"image":1,"file":1}') and accepts(compiled, b'{"dir":1,"x":1}')
+
+
+def test_a_declared_name_a_pattern_finds_is_one_parse_not_two() -> None:
+    """Each declared name a pattern also finds (with the same schema) is written as declared only:
+    two readings per member would double the parses with every member (past the stack bound)."""
+    names = [f"p{i}" for i in range(16)]
+    schema = {
+        "type": "object",
+        "properties": {n: {"type": "integer"} for n in names},
+        "patternProperties": {"^p": {"type": "integer"}},
+    }
+    compiled = schema_of(schema)
+    assert isinstance(compiled, CompiledGrammar)
+    text = json.dumps(dict.fromkeys(reversed(names), 1)).encode()
+    state = compiled.after_bytes(compiled.initial, text[:-1])
+    assert state is not None and len(state) <= 4 * len(names)
+    assert accepts(compiled, text) and accepts(compiled, b'{"p1":1,"px":2,"p2":3}')
+    assert not accepts(compiled, b'{"p1":1,"p1":2}')
