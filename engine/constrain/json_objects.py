@@ -206,21 +206,23 @@ def _patterned(
                 else c.node(additional, f"{pointer}/additionalProperties")
             )
             items.append((seq(jv.literal(name), jv.COLON, value), True))
+    keys = [alt(*(finding[s] for s in group)) for group in sources]
     try:
-        keyed = [
-            (keys, [schemas[i] for i in inside])
-            # A declared (or required) name a pattern finds is written as declared only: one parse.
-            for keys, inside in _key_classes(
-                c, [alt(*(finding[s] for s in group)) for group in sources], list(found)
-            )
-        ]
-    except nfa.TooLarge as exc:
-        raise unsupported(
-            at,
-            f"patterns whose keys, split by the patterns that find them, pass the automata's limit ({exc})",
-        ) from exc
-    member = alt(*(seq(keys, jv.COLON, _all_of(c, held)) for keys, held in keyed))
-    others = [member]
+        # A declared (or required) name a pattern finds is written as declared only: one parse, so
+        # the patterns' members may come anywhere among the declared ones.
+        keyed, anywhere = _key_classes(c, keys, list(found)), True
+    except nfa.TooLarge:
+        try:  # those names left in (an automaton too large without them): the members after them
+            keyed, anywhere = _key_classes(c, keys, both), False
+        except nfa.TooLarge as exc:
+            raise unsupported(
+                at,
+                "patterns whose keys, split by the patterns that find them, "
+                f"pass the automata's limit ({exc})",
+            ) from exc
+    member = alt(*(seq(k, jv.COLON, _all_of(c, [schemas[i] for i in inside])) for k, inside in keyed))
+    others = [member] if anywhere else []
+    rest = [] if anywhere else [(repeat(member, 1, None, jv.COMMA), False)]
     if additional is not False and (explicit or not c.strict):
         # Then others: keys that no pattern finds and no declared name spells.
         declared = list(dict.fromkeys([*properties, *required]))
@@ -232,7 +234,7 @@ def _patterned(
         if unfound != NOTHING:
             other = seq(unfound, jv.COLON, c.node(additional, f"{pointer}/additionalProperties"))
             others.append(other)
-    return _object(items, others, [], nonempty)
+    return _object(items, others, rest, nonempty)
 
 
 def _key_classes(c: Compiling, keys: list[Node], left_out: list[str]) -> list[tuple[Node, list[int]]]:
