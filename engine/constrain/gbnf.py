@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from engine.constrain.gbnf_rules import END, REF, TERMINAL, Alternative, checked_bodies
-from engine.constrain.pattern import MAX_CODE_POINT, SURROGATES, complement, normalize, subtract
+from engine.constrain.pattern import MAX_CODE_POINT, SURROGATES, Rules, complement, normalize, subtract
 from engine.constrain.utf8 import ByteRanges, sequences
 from engine.errors import InvalidInput
 
@@ -391,6 +391,7 @@ class FreeMembers:
     rest: int
     least: bool = False
     again: int = 0  # the set of members written any number of times, a bit each
+    rules: Rules = ()  # pattern.Members' rules: read with pattern.complete
 
 
 FRAME_SHIFT = 32  # a frame's bits above this: a MEMBERS element's set of members written

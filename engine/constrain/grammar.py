@@ -27,6 +27,7 @@ import numpy.typing as npt
 from engine.constrain.gbnf import END, FIELD, FRAME_SHIFT, POSITION, TERMINAL, Program, Stack, parse
 from engine.constrain.gbnf_rules import MEMBERS
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
+from engine.constrain.pattern import complete
 from engine.constrain.vocabulary import Vocabulary
 from engine.errors import InvalidInput
 
@@ -387,7 +388,7 @@ class _Transitions:
         top = stack[-1]
         position, written, below = top & POSITION, top >> FRAME_SHIFT, stack[:-1]
         free = program.members[program.values[position]]
-        if written & free.needed == free.needed and (written or not free.least):
+        if complete(written, free.needed, free.rules) and (written or not free.least):
             rest, then = below + program.after[position], free.rest if written else free.rest_first
             yield from (rest + (s,) if kinds[s] != END else rest for s in starts[then])
         for i, rule in enumerate(free.others if written else free.firsts):

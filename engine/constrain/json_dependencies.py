@@ -38,6 +38,11 @@ def dependent(
         and name not in given
         and not (dependent is True or dependent == [] or dependent == {})
     ]
+    kept = _as_sets(optional, value, base)
+    if kept is not None:  # exact for any number of them: the members keep the set written
+        rest = {name: dependent for name, dependent in value.items() if name not in optional}
+        chosen = {**base, kw.DEPENDS: [*base.get(kw.DEPENDS, []), *kept]}
+        return [_dependent_of(c, rest, chosen, pointer)]
     choices = list(itertools.islice(_choices(optional, value), MAX_DEPENDENT_CHOICES + 1))
     if len(choices) > MAX_DEPENDENT_CHOICES:
         choices = [_one_choice(optional, value)]
@@ -51,6 +56,43 @@ def dependent(
         }
         options.append(_dependent_of(c, value, chosen, pointer))
     return options
+
+
+def _as_sets(optional: list[str], value: dict[str, Any], base: dict[str, Any]) -> list[Any] | None:
+    """The optional names' dependencies as [name, [names, ...]] (kw.DEPENDS: where the name is
+    written, all of one of those lists are too), where each is a list of names, `required`, or an
+    anyOf of `required` lists, naming declared properties only, in an object of declared
+    properties (no patternProperties, no propertyNames); else None. Such rules only ask for more
+    members, so every set written can still be completed."""
+    properties = base.get("properties", {})
+    if not optional or base.get("patternProperties") or "propertyNames" in base:
+        return None
+    kept = []
+    for name in optional:
+        lists = _required_lists(value[name])
+        if lists is None or any(n not in properties for names in lists for n in names):
+            return None
+        kept.append([name, lists])
+    return kept
+
+
+def _required_lists(dependent: Any) -> list[list[str]] | None:
+    """A dependency as the name lists one of which must be present: a list of names, a schema of
+    `required` alone, or of an anyOf of such schemas; None for anything else."""
+    if isinstance(dependent, list):
+        return [dependent] if all(isinstance(n, str) for n in dependent) else None
+    if not isinstance(dependent, dict):
+        return None
+    asserted = {k for k in dependent if k in ASSERTIONS}
+    if asserted == {"required"} and isinstance(dependent["required"], list):
+        names = dependent["required"]
+        return [names] if all(isinstance(n, str) for n in names) else None
+    if asserted == {"anyOf"} and isinstance(dependent["anyOf"], list) and dependent["anyOf"]:
+        found = [_required_lists(member) for member in dependent["anyOf"]]
+        if any(f is None or len(f) != 1 for f in found):
+            return None
+        return [f[0] for f in found if f]
+    return None
 
 
 def _choices(optional: list[str], value: dict[str, Any]) -> Iterator[frozenset[str]]:

@@ -70,7 +70,10 @@ EXCLUDED = "$excluded"  # values a condition's negation rules out (json_lowering
 UNMATCHED = "$unmatched"  # patterns a `not` rules out: a string matches none of them
 MATCHED = "$matched"  # patterns of other allOf members beside `pattern`: a string matches all of them
 OWN_FIRST = "$ownFirst"  # set beside an anyOf/oneOf member: the keywords beside it merge first (their order)
-INTERNAL = frozenset({MERGED, EXCLUDED, UNMATCHED, MATCHED, OWN_FIRST})
+# Set by dependencies (json_dependencies): [name, [names, ...]] pairs, "where name is written, all of
+# one of those lists are too", kept by the object's members as sets (pattern.Members.rules).
+DEPENDS = "$depends"
+INTERNAL = frozenset({MERGED, EXCLUDED, UNMATCHED, MATCHED, OWN_FIRST, DEPENDS})
 ALONE = "$alone"  # set by alone: additionalProperties was a member's own unevaluatedProperties
 MAX_UNIQUE_VALUES = 64  # uniqueItems over an enum: the values its arrays choose from
 MAX_NOT_BRANCHES = 16  # not of required lists: the choices of names left out written exactly
@@ -184,7 +187,7 @@ def merge_into(merged: dict[str, Any], schema: dict[str, Any], pointer: str) -> 
             merged[key] = list(dict.fromkeys([*merged[key], *value]))
         elif key == "type":
             merged[key] = types_in_both(merged[key], value, pointer)
-        elif key in (EXCLUDED, UNMATCHED, MATCHED):
+        elif key in (EXCLUDED, UNMATCHED, MATCHED, DEPENDS):
             merged[key] = [*merged[key], *value]
         elif key == "pattern" and merged[key] != value:  # both hold: their automata intersected
             merged[MATCHED] = [*merged.get(MATCHED, []), value]

@@ -16,7 +16,7 @@ from engine.constrain import machines as mx
 from engine.constrain import nfa
 from engine.constrain.json_keywords import ASSERTIONS, FIELD, invalid, unsupported
 from engine.constrain.json_parts import Compiling
-from engine.constrain.pattern import NOTHING, Node, alt, members, repeat, seq, text
+from engine.constrain.pattern import NOTHING, Node, Rules, alt, members, repeat, seq, text
 from engine.errors import InvalidInput
 
 KEYS_STATES = 4_000  # keys patterns find, split by the patterns that find them (else refused)
@@ -38,6 +38,8 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
     least = kw.count(schema, "minProperties", pointer, 0) or 0
     most = kw.count(schema, "maxProperties", pointer, None)
     names = schema.get("propertyNames")
+    if schema.get(kw.DEPENDS) and (names is not None or schema.get("patternProperties") or not properties):
+        raise unsupported(f"{pointer}/dependencies", "dependencies beside propertyNames or patternProperties")
     if names is not None:
         if schema.get("patternProperties"):
             raise unsupported(f"{pointer}/propertyNames", "'propertyNames' beside 'patternProperties'")
@@ -95,6 +97,7 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
             if name not in properties
         }
     )
+    named, rules = _dependency_rules(schema.get(kw.DEPENDS), named, required, pointer)
     anywhere: list[Node] = []  # other members, written any number of times among the declared
     tail = []  # members after the declared ones (their count counted)
     if others and additional is not False and names is None and (counted or most is None):
@@ -106,21 +109,64 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
         elif most != 0:
             tail.append((repeat(other, max(least, 1), most, jv.COMMA), least > 0))
     declared_items = [(node, name in required) for name, node in named.items()]
-    return _object(declared_items, anywhere, tail, nonempty=least == 1 and not required and not counted)
+    nonempty = least == 1 and not required and not counted
+    return _object(declared_items, anywhere, tail, nonempty, rules)
+
+
+def _dependency_rules(
+    depends: Any, named: dict[str, Node], required: list[str], pointer: str
+) -> tuple[dict[str, Node], Rules]:
+    """Dependencies kept as sets (kw.DEPENDS: where a name is written, all of one of its lists
+    are too) as Members.rules over `named`'s order. A name that can never be written (NOTHING,
+    or every list of its names one that can never be written, or one naming a name not declared:
+    written as another member, it is not kept in the set) is left out of `named` (a required
+    one: nothing fits), so the rules count only members that stay."""
+    if not depends:
+        return named, ()
+    if any(name not in named for name, _ in depends):
+        raise unsupported(f"{pointer}/dependencies", "a dependency on a name the object does not declare")
+    never = {name for name, node in named.items() if node == NOTHING}
+    never |= {n for _, lists in depends for names in lists for n in names if n not in named}
+    changed = True
+    while changed:
+        changed = False
+        for name, lists in depends:
+            if name not in never and all(set(names) & never for names in lists):
+                never.add(name)
+                changed = True
+    if never & set(required):
+        return {name: NOTHING for name in named}, ()
+    kept = {name: node for name, node in named.items() if name not in never}
+    index = {name: i for i, name in enumerate(kept)}
+    rules = tuple(
+        (
+            index[name],
+            tuple(sum(1 << index[n] for n in set(names)) for names in lists if not set(names) & never),
+        )
+        for name, lists in depends
+        if name in index
+    )
+    return kept, rules
 
 
 def _object(
-    declared: list[tuple[Node, bool]], others: list[Node], rest: list[tuple[Node, bool]], nonempty: bool
+    declared: list[tuple[Node, bool]],
+    others: list[Node],
+    rest: list[tuple[Node, bool]],
+    nonempty: bool,
+    rules: Rules = (),
 ) -> Node:
     """The declared members in any order (each at most once) and the `others` (members whose keys
     no declared name spells) any number of times anywhere among them, as JSON Schema reads an
     object; then the `rest` (others whose count is counted) in order. `nonempty`: one member at
-    least, declared or other."""
+    least, declared or other. `rules`: the dependencies, over the declared members."""
+    others = [other for other in others if other != NOTHING]  # rules count the items: none drops out
+    rest = [(item, needed) for item, needed in rest if item != NOTHING or needed]
     items = [*declared, *((other, False) for other in others), *rest]
     free = len(declared) + len(others)
     if not nonempty:
-        return seq(text("{"), members(items, jv.COMMA, free, again=len(others)), text("}"))
-    some_free = members(items, jv.COMMA, free, least=True, again=len(others))
+        return seq(text("{"), members(items, jv.COMMA, free, again=len(others), rules=rules), text("}"))
+    some_free = members(items, jv.COMMA, free, least=True, again=len(others), rules=rules)
     only_rest = members(_one_at_least(rest), jv.COMMA) if rest else NOTHING
     return alt(*(seq(text("{"), part, text("}")) for part in (some_free, only_rest)))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from engine.constrain import utf8
 from engine.constrain.budget import UNBOUNDED, Budget
-from engine.constrain.pattern import Alt, Anchor, Chars, Machine, Members, Node, Repeat, Seq, Text
+from engine.constrain.pattern import Alt, Anchor, Chars, Machine, Members, Node, Repeat, Seq, Text, complete
 
 
 class TooLarge(Exception):
@@ -214,7 +214,7 @@ def _free(nfa: Nfa, node: Members, start: int) -> tuple[int | None, int | None]:
     hubs, queue, some = {0: start}, [0], nfa.new()
     for written in queue:  # sets in the order first reached: each after the sets inside it
         hub = hubs[written]
-        if written and written & needed == needed:
+        if written and complete(written, needed, node.rules):
             nfa.eps[hub].append(some)
         for i, item in enumerate(loose):
             bit = 1 << i

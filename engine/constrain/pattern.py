@@ -60,7 +60,9 @@ class Members:
     linear size; in any order, a state per set of items written: the pushdown engine keeps the set
     in its stack frame). A free item must start with a byte (a member's key does). `least`: at
     least one free item is written (minProperties 1). The last `again` free items may be written
-    any number of times, anywhere among the others (members whose keys no declared name spells)."""
+    any number of times, anywhere among the others (members whose keys no declared name spells).
+    `rules`: (free item i, sets of free items): where i is written, all of one of those sets are
+    too (JSON Schema's dependencies), read on the set written as `complete` does."""
 
     items: tuple[Node, ...]
     required: tuple[bool, ...]
@@ -68,6 +70,22 @@ class Members:
     free: int = 0
     least: bool = False
     again: int = 0
+    rules: Rules = ()
+
+
+Rules = tuple[tuple[int, tuple[int, ...]], ...]  # (member, alternatives): bit sets of free members
+
+
+def complete(written: int, needed: int, rules: Rules) -> bool:
+    """Whether free members `written` (a bit each) may end: every `needed` one, and for each rule
+    whose member is written, every member of one of its alternatives. Rules only ask for more
+    members, so writing more can always complete a set."""
+    if written & needed != needed:
+        return False
+    return all(
+        not written >> member & 1 or any(written & alternative == alternative for alternative in alternatives)
+        for member, alternatives in rules
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,17 +149,23 @@ def repeat(item: Node, lo: int, hi: int | None, separator: Node | None = None) -
 
 
 def members(
-    items: Iterable[tuple[Node, bool]], separator: Node, free: int = 0, least: bool = False, again: int = 0
+    items: Iterable[tuple[Node, bool]],
+    separator: Node,
+    free: int = 0,
+    least: bool = False,
+    again: int = 0,
+    rules: Rules = (),
 ) -> Node:
     """`Members` of (item, required) pairs, the first `free` in any order (`least`: one of them at
     least; the last `again` of them any number of times); an optional item that cannot match drops
-    out."""
+    out. `rules` (Members') count the items given, so none of those may be NOTHING."""
     given = list(items)
     kept = [
         (item, req, i < free, free - again <= i < free)
         for i, (item, req) in enumerate(given)
         if item != NOTHING or req
     ]
+    assert not rules or len(kept) == len(given), "rules over items that drop out"
     if any(item == NOTHING for item, _, _, _ in kept):
         return NOTHING
     loose = sum(f for _, _, f, _ in kept)
@@ -161,6 +185,7 @@ def members(
         sum(f for _, _, f, _ in kept),
         least and loose > 1,
         sum(a for _, _, _, a in kept),
+        rules if loose > 1 else (),  # one free item: its rules name only itself
     )
 
 

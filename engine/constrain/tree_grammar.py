@@ -205,6 +205,7 @@ class _Rules:
             self.new(f"free_rest_{len(self.names)}", [rest[1]]),
             node.least,
             sum(1 << i for i in range(node.free - node.again, node.free)),
+            node.rules,
         )
         stand_in = self.new(f"free_{len(self.names)}", [none])
         self.free[stand_in] = len(self.free_members)

@@ -18,6 +18,7 @@ from engine.constrain.automaton import MOVE_BYTES, Automaton, AutomatonRow
 from engine.constrain.gbnf import END, FRAME_SHIFT, POSITION, TERMINAL, Program
 from engine.constrain.gbnf_rules import MEMBERS
 from engine.constrain.grammar import CompiledGrammar
+from engine.constrain.pattern import complete
 from engine.errors import InvalidInput
 from tests.support.vocabularies import EOS, PIECES, SIZE, SPECIAL, VOCAB, synthetic
 
@@ -121,7 +122,14 @@ def completions(program: Program) -> Callable[[int], int]:
     def members(value: int, written: int) -> int:
         free = program.members[value]
         rules = free.others if written else free.firsts
-        missing = [rule[r] for i, r in enumerate(rules) if free.needed >> i & 1 and not written >> i & 1]
+        wanted = written | free.needed  # and, rule by rule, each written member's cheapest list
+        while not complete(wanted, free.needed, free.rules):
+            for member, lists in free.rules:
+                if wanted >> member & 1 and not any(wanted & names == names for names in lists):
+                    wanted |= min(
+                        lists, key=lambda names: sum(rule[r] for i, r in enumerate(rules) if names >> i & 1)
+                    )
+        missing = [rule[r] for i, r in enumerate(rules) if wanted >> i & 1 and not written >> i & 1]
         return min(far, sum(missing) + rule[free.rest if written or missing else free.rest_first])
 
     changed = True
