@@ -14,6 +14,7 @@ from engine.constrain import json_scalars as scalars
 from engine.constrain import json_values as jv
 from engine.constrain import machines as mx
 from engine.constrain import nfa
+from engine.constrain.json_dependencies import set_rules
 from engine.constrain.json_keywords import ASSERTIONS, FIELD, invalid, unsupported
 from engine.constrain.json_parts import Compiling
 from engine.constrain.pattern import NOTHING, Node, Rules, alt, members, repeat, seq, text
@@ -97,7 +98,7 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
             if name not in properties
         }
     )
-    named, rules = _dependency_rules(schema.get(kw.DEPENDS), named, required, pointer)
+    named, rules = set_rules(schema.get(kw.DEPENDS), named, required, pointer)
     anywhere: list[Node] = []  # other members: any number, among the declared once the required are
     tail = []  # members after the declared ones (their count counted)
     if others and additional is not False and names is None and (counted or most is None):
@@ -111,42 +112,6 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
     declared_items = [(node, name in required) for name, node in named.items()]
     nonempty = least == 1 and not required and not counted
     return _object(declared_items, anywhere, tail, nonempty, rules)
-
-
-def _dependency_rules(
-    depends: Any, named: dict[str, Node], required: list[str], pointer: str
-) -> tuple[dict[str, Node], Rules]:
-    """Dependencies kept as sets (kw.DEPENDS: where a name is written, all of one of its lists
-    are too) as Members.rules over `named`'s order. A name that can never be written (NOTHING,
-    or every list of its names one that can never be written, or one naming a name not declared:
-    written as another member, it is not kept in the set) is left out of `named` (a required
-    one: nothing fits), so the rules count only members that stay."""
-    if not depends:
-        return named, ()
-    if any(name not in named for name, _ in depends):
-        raise unsupported(f"{pointer}/dependencies", "a dependency on a name the object does not declare")
-    never = {name for name, node in named.items() if node == NOTHING}
-    never |= {n for _, lists in depends for names in lists for n in names if n not in named}
-    changed = True
-    while changed:
-        changed = False
-        for name, lists in depends:
-            if name not in never and all(set(names) & never for names in lists):
-                never.add(name)
-                changed = True
-    if never & set(required):
-        return {name: NOTHING for name in named}, ()
-    kept = {name: node for name, node in named.items() if name not in never}
-    index = {name: i for i, name in enumerate(kept)}
-    rules = tuple(
-        (
-            index[name],
-            tuple(sum(1 << index[n] for n in set(names)) for names in lists if not set(names) & never),
-        )
-        for name, lists in depends
-        if name in index
-    )
-    return kept, rules
 
 
 def _object(
