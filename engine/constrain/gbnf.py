@@ -382,7 +382,7 @@ class FreeMembers:
     i (rule `firsts[i]` where none is written yet, else `others[i]`: the separator, then it) and the
     frame with i added; once they are all written, the rest (rule `rest_first` where none is
     written yet, else `rest`); `least`: not before one is written. Members in `again` may be
-    written again, and only once the required ones are."""
+    written again."""
 
     firsts: tuple[int, ...]
     others: tuple[int, ...]

@@ -394,9 +394,8 @@ class _Transitions:
         if complete(written, free.needed, free.rules) and (written or not free.least):
             rest, then = below + program.after[position], free.rest if written else free.rest_first
             yield from (rest + (s,) if kinds[s] != END else rest for s in starts[then])
-        others = written & free.needed == free.needed  # the repeated members wait for the required
         for i, rule in enumerate(free.others if written else free.firsts):
-            if not (written & ~free.again) >> i & 1 and (others or not free.again >> i & 1):
+            if not (written & ~free.again) >> i & 1:
                 frame = below + (position | (written | 1 << i) << FRAME_SHIFT,)
                 yield from (frame + (s,) if kinds[s] != END else frame for s in starts[rule])
 

@@ -99,10 +99,10 @@ def compiled(c: Compiling, schema: dict[str, Any], pointer: str) -> Node:
         }
     )
     named, rules = set_rules(schema.get(kw.DEPENDS), named, required, pointer)
-    anywhere: list[Node] = []  # other members: any number, among the declared once the required are
+    anywhere: list[Node] = []  # other members, written any number of times among the declared
     tail = []  # members after the declared ones (their count counted)
     if others and additional is not False and names is None and (counted or most is None):
-        # Others, keys spelling no declared name (jv.other_than).
+        # Others anywhere among the declared ones, keys spelling no declared name (jv.other_than).
         key = seq(jv.QUOTE, jv.other_than(list(declared)), jv.QUOTE)
         other = seq(key, jv.COLON, c.node(additional, f"{pointer}/additionalProperties"))
         if not counted:
@@ -122,11 +122,9 @@ def _object(
     rules: Rules = (),
 ) -> Node:
     """The declared members in any order (each at most once) and the `others` (members whose keys
-    no declared name spells) any number of times anywhere among them once the required ones are
-    written (a model offered them first writes them before the properties asked for: a small one
-    runs out of tokens there); then the `rest` (others whose count is counted) in order.
-    `nonempty`: one member at least, declared or other. `rules`: the dependencies, over the
-    declared members."""
+    no declared name spells) any number of times anywhere among them, as JSON Schema reads an
+    object; then the `rest` (others whose count is counted) in order. `nonempty`: one member at
+    least, declared or other. `rules`: the dependencies, over the declared members."""
     others = [other for other in others if other != NOTHING]  # rules count the items: none drops out
     rest = [(item, needed) for item, needed in rest if item != NOTHING or needed]
     items = [*declared, *((other, False) for other in others), *rest]

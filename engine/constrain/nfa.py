@@ -204,8 +204,7 @@ def _members(nfa: Nfa, node: Members, start: int) -> int:
 
 
 def _free(nfa: Nfa, node: Members, start: int) -> tuple[int | None, int | None]:
-    """The free members in any order, each at most once (the last `again` any number of times,
-    once the required ones are written): a
+    """The free members in any order, each at most once (the last `again` any number of times): a
     hub state per set written (`start` for none), each member missing from a set (or repeatable)
     leading from its hub to the hub of the set with it. The
     `none` and `some` tracks' states once every required free member is written."""
@@ -219,7 +218,7 @@ def _free(nfa: Nfa, node: Members, start: int) -> tuple[int | None, int | None]:
             nfa.eps[hub].append(some)
         for i, item in enumerate(loose):
             bit = 1 << i
-            if written & bit and i < again or i >= again and written & needed != needed:
+            if written & bit and i < again:
                 continue
             end = _add(nfa, item, hub if not written else _add(nfa, node.separator, hub))
             if written | bit not in hubs:

@@ -60,9 +60,7 @@ class Members:
     linear size; in any order, a state per set of items written: the pushdown engine keeps the set
     in its stack frame). A free item must start with a byte (a member's key does). `least`: at
     least one free item is written (minProperties 1). The last `again` free items may be written
-    any number of times, anywhere among the others once every required one is written (members
-    whose keys no declared name spells: a model offered them before the properties asked for
-    writes them first, and a small one runs out of tokens there).
+    any number of times, anywhere among the others (members whose keys no declared name spells).
     `rules`: (free item i, sets of free items): where i is written, all of one of those sets are
     too (JSON Schema's dependencies), read on the set written as `complete` does."""
 

@@ -385,7 +385,8 @@ def _guided(name: str, kind: str, value: Any) -> ConstraintSpec:
         value = json.dumps(value)
     if not isinstance(value, str):
         raise _bad(f"{name} takes a string", name)
-    return ConstraintSpec(kind, text=value)
+    # vLLM's default backend (xgrammar, strict mode) writes no member a schema does not declare.
+    return ConstraintSpec(kind, text=value, strict=True if kind == "json_schema" else None)
 
 
 def param_of(field: str, chat: bool) -> str:

@@ -252,17 +252,14 @@ def test_absent_additional_properties_admits_others_anywhere_as_the_spec_reads_i
         '{"a":1,"b":[{"c":null}]}',
         '{"a":1,"ab":"x","abc":2,"é":{}}',
         '{"a": 1, "x": "y", "": 0}',
-        '{"a":1,"x":1,"ab":"y","z":3}',
-        '{"ab":"x","a":1,"$schema":"s","ab2":{}}',
+        '{"$schema":"s","a":1}',
+        '{"x":1,"a":1,"y":2,"ab":"y","z":3}',
     ]:
         assert accepts(spec, text.encode()) and not accepts(strict, text.encode()), text
-    # Others come once the required ones are written (a model offered them first writes them
-    # before the properties asked for), their keys plain, none spelling (or escaping) a declared
-    # name; each declared one once.
+    # Others' keys are plain and none can spell (or escape) a declared name; the required ones
+    # are written, each declared one once.
     for text in [
         '{"x":1}',
-        '{"x":1,"a":1}',
-        '{"ab":"x","$schema":"s","a":1}',
         '{"a":1,"a":2}',
         '{"a":1,"ab":3}',
         '{"a":1,"\\u0061b":3}',
@@ -512,6 +509,7 @@ def test_pattern_properties_add_members_whose_keys_a_pattern_finds() -> None:
         '{"name":"a"}',
         '{"name":"a","x-b":1}',
         '{"name":"a", "x-b":1, "x-":-2}',
+        '{"x-b":1,"name":"a"}',
     ]:
         assert accepts(compiled, text.encode()), text
     for text in [
@@ -520,7 +518,6 @@ def test_pattern_properties_add_members_whose_keys_a_pattern_finds() -> None:
         '{"x-b":1}',
         '{"name":"a",}',
         '{"name":"a","name":"a"}',
-        '{"x-b":1,"name":"a"}',
         '{"name":"a","ax-":1}',
     ]:
         assert not accepts(compiled, text.encode()), text

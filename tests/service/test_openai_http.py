@@ -19,6 +19,8 @@ import openai
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
+from service.calls import ConstraintSpec
+from service.http.openai import constraint
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, free_port, server_config
 from tests.support.waiting import wait_for
@@ -422,6 +424,26 @@ def test_logprob_bytes_are_each_token_s_own_so_they_join_to_the_reply_s_text(
     assert all(entry["bytes"] != list("\ufffd".encode()) for entry in content)
 
 
+def _constraint(body: dict[str, Any]) -> ConstraintSpec:
+    found = constraint(body)
+    assert found is not None
+    return found
+
+
+def test_vllm_s_schema_fields_are_read_strictly_as_its_default_backend_reads_them() -> None:
+    """xgrammar (vLLM's default) writes no undeclared member; response_format leaves it to the
+    request's `strict` (else --json-schema-strict)."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert _constraint({"structured_outputs": {"json": schema}}).strict is True
+    assert _constraint({"guided_json": schema}).strict is True
+    assert _constraint({"guided_json": json.dumps(schema)}).strict is True
+    assert _constraint({"guided_regex": "a+"}).strict is None
+    named = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    assert _constraint({"response_format": named}).strict is None
+    named["json_schema"]["strict"] = False
+    assert _constraint({"response_format": named}).strict is False
+
+
 def test_vllm_s_structured_outputs_field_constrains_as_its_guided_extras_do(
     server: RunningServer, model: str
 ) -> None:
@@ -435,7 +457,7 @@ def test_vllm_s_structured_outputs_field_constrains_as_its_guided_extras_do(
     assert re.fullmatch(r"[0-9]{3}", text_of({"structured_outputs": {"regex": "[0-9]{3}"}}))
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     parsed = json.loads(text_of({"structured_outputs": {"json": schema}, "max_tokens": 40}))
-    assert isinstance(parsed["n"], int)
+    assert isinstance(parsed["n"], int) and set(parsed) == {"n"}
     assert text_of({"structured_outputs": {"choice": ["a", "b"]}}) == text_of({"guided_choice": ["a", "b"]})
     refused = (
         ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
