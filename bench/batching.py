@@ -333,7 +333,8 @@ def baseline(args: argparse.Namespace, model: str, vocab: int) -> dict[str, Any]
 
 def engine_single_stream(model_dir: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     """The engine alone (no gRPC, no scheduler): one session's greedy decode rate, lookahead on and off."""
-    from engine.executor import DecodeRow, Engine, EngineOptions
+    from engine.executor import DecodeRow, EngineOptions
+    from engine.executor.engine import Engine
     from engine.sampling import Sampler, SamplingParams
 
     out: dict[str, float] = {}
@@ -368,7 +369,8 @@ def numerics(model_dir: Path, args: argparse.Namespace, vocab: int, streams: int
     differing token: the gap between the two best logits of the run alone (a near tie flips
     under a different kernel's rounding), and the largest logits difference at the first decode.
     """
-    from engine.executor import DecodeRow, Engine, EngineOptions
+    from engine.executor import DecodeRow, EngineOptions
+    from engine.executor.engine import Engine
     from engine.sampling import Sampler, SamplingParams
 
     greedy = Sampler(SamplingParams())

@@ -185,7 +185,8 @@ def fork_timing(client: Any, args: argparse.Namespace, vocab: int) -> dict[str, 
 
 def engine_fork(model: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     """The engine alone: fork a long session, the device copy waited for (CUDA: the stream synchronized)."""
-    from engine.executor import Engine, EngineOptions
+    from engine.executor import EngineOptions
+    from engine.executor.engine import Engine
 
     engine = Engine.load(model, EngineOptions(provider=args.provider, capacity=args.capacity, max_sessions=2))
     source = engine.open_session()

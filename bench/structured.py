@@ -32,7 +32,8 @@ import numpy as np
 from bench.served import machine, resolve_model, server_arguments
 from engine.constrain.compiled import Compiled, compile_constraint
 from engine.constrain.vocabulary import Vocabulary
-from engine.executor import Engine, EngineOptions
+from engine.executor import EngineOptions
+from engine.executor.engine import Engine
 from engine.executor.step import DecodeRow, Step
 from engine.sampling import Sampler, SamplingParams
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine import chat_tools
+from engine.chat_messages import ChatMessage, FunctionTool
 from engine.errors import InvalidInput
 
 CHATML = (
@@ -37,46 +37,6 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A function call an assistant turn made: its id, the function's name, its arguments (JSON text)."""
-
-    id: str
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True)
-class FunctionTool:
-    """A function the model may call: name, description and parameters (JSON Schema text; "" none)."""
-
-    name: str
-    description: str = ""
-    parameters: str = ""
-    strict: bool = False
-
-    def template_value(self) -> dict[str, Any]:
-        """What transformers passes a template for it (OpenAI's tool object)."""
-        function: dict[str, Any] = {"name": self.name}
-        if self.description:
-            function["description"] = self.description
-        function["parameters"] = (
-            json.loads(self.parameters) if self.parameters else {"type": "object", "properties": {}}
-        )
-        return {"type": "function", "function": function}
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    """One turn. An assistant's may hold the tool calls it made; a `tool` turn answers `tool_call_id`."""
-
-    role: str
-    content: str
-    tool_calls: tuple[ToolCall, ...] = ()
-    tool_call_id: str = ""
-    name: str = ""
 
 
 class TemplateUnusable(Exception):

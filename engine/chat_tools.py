@@ -19,10 +19,9 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # chat_template imports this module
-    from engine.chat_template import ChatMessage, FunctionTool, ToolCall
+from engine.chat_messages import ChatMessage, FunctionTool, ToolCall
 
 DEFAULT_TOOLS_BLOCK = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

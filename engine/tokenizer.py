@@ -21,7 +21,8 @@ from typing import Any
 import structlog
 from onnxruntime_extensions import pp_api
 
-from engine.chat_template import ChatMessage, ChatTemplate, FunctionTool, TemplateUnusable, token_text
+from engine.chat_messages import ChatMessage, FunctionTool
+from engine.chat_template import ChatTemplate, TemplateUnusable, token_text
 from engine.convert.tokenizer_json import bytes_to_unicode
 from engine.errors import Unsupported
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.chat_template import ChatMessage, FunctionTool
+from engine.chat_messages import ChatMessage, FunctionTool
 from engine.errors import InvalidInput
 from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from service.errors import TooLarge

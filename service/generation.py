@@ -19,8 +19,8 @@ from typing import Any
 import structlog
 
 from engine.errors import InvalidInput, OverCapacity
-from engine.executor import DecodeRow, Engine, Session
-from engine.executor.step import Choose, Close, Fork, Open, Prefill, Rewind
+from engine.executor import DecodeRow, Session
+from engine.executor.step import Choose, Close, Driven, Fork, Open, Prefill, Rewind
 from engine.sampling import Sampler, TokenLogprobs
 from engine.tokenizer import Tokenizer
 from service.calls import Prompt, Stopping
@@ -69,7 +69,7 @@ class ServedModel:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Driven,
         tokenizer: Tokenizer | None,
         name: str,
         max_prompt_tokens: int,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import structlog
 
-from engine.executor import Engine
+from engine.executor.engine import load_engine
 from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see above
 from service.config import Config
 from service.generation import ServedModel
@@ -29,7 +29,7 @@ def load_model(config: Config) -> ServedModel:
         path = prepare(Path(config.model_cache), precision=config.default_model_precision).model_dir
     else:
         path = Path(config.model)
-    engine = Engine.load(path, config.engine_options())
+    engine = load_engine(path, config.engine_options())
     if config.warm_up:
         started = time.perf_counter()
         prepared = engine.warm_up()

@@ -45,10 +45,11 @@ from typing import Any, TypeVar
 import structlog
 
 from engine.errors import EngineFault
-from engine.executor import Engine, Session
+from engine.executor import Session
 from engine.executor.step import (
     SESSION_OPS,
     Close,
+    Driven,
     Fork,
     Open,
     Outcome,
@@ -91,7 +92,7 @@ class _Cancelled:
 class Scheduler:
     def __init__(
         self,
-        engine: Engine,
+        engine: Driven,
         max_queue: int,
         on_fault: Callable[[BaseException], None] | None = None,
         log_steps: int = 4096,
@@ -387,11 +388,6 @@ class Scheduler:
                 decode=(failed,) * len(step.decode),
                 prefill_seconds=(0.0,) * prefills,
             )
-
-    @property
-    def parked_bytes(self) -> int:
-        """What sessions parked off their KV slots hold (an int the worker keeps: safe to read)."""
-        return int(getattr(self.engine, "parked_bytes", 0))
 
     def _advance(self, job: Job) -> None:
         """Run the job up to the request it must wait for (events delivered, calls answered)."""

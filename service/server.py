@@ -96,9 +96,9 @@ class LadderServer:
         self.stopped = asyncio.Event()
 
     def _http_api(self) -> HttpServer:
-        """The OpenAI-compatible API over the same servicer, gate, tokens and access log as gRPC."""
+        """The OpenAI-compatible API over the same generation, gate, tokens and access log as gRPC."""
         door = Door(self.access_log, self._gate, Authentication(self.config.auth_tokens))
-        routes = Routes(self.servicer, self._serving, lambda: self.serving is not None and not self.draining)
+        routes = Routes(self._serving, lambda: self.serving is not None and not self.draining)
         return HttpServer(application(routes, door, self.config), self.config, self.metrics)
 
     def _peer_call_refused(self) -> None:

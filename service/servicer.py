@@ -25,24 +25,22 @@ from google.protobuf.message import Message
 
 from engine.errors import InvalidInput
 from engine.executor.step import Stats
-from engine.sampling import Sampler
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire
-from service.calls import ConstraintSpec, ForkCall, GenerateCall, Prompt, Stopping, check_response_fits
+from service.calls import ForkCall, GenerateCall, Prompt, check_response_fits
 from service.errors import Cancelled, TooLarge
 from service.events import ForwardDone, TokenOut
+from service.generating import constraint_time, generation, prepared
 from service.generation import (
     close_body,
     decode_body,
     fork_body,
-    generate_body,
     peek_body,
     prefill_body,
     rewind_body,
 )
 from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
-from service.min_tokens import ending_tokens, hold_ends
 from service.progress import Progress
 from service.serving import Extension, Serving, note_session
 from service.sessions import ForkOrigin, SessionState
@@ -69,68 +67,9 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         self, call: GenerateCall, tools: ToolRequest | None, unary: bool = False
     ) -> AsyncGenerator[tuple[list[Any], Progress], None]:
         with tools_at_fault(tools, "prompt.chat.tools"):
-            async with aclosing(self.generation(call, unary)) as steps:
+            async with aclosing(generation(self.serving, call, unary)) as steps:
                 async for step in steps:
                     yield step
-
-    async def generation(
-        self, call: GenerateCall, unary: bool = False
-    ) -> AsyncGenerator[tuple[list[Any], Progress], None]:
-        """A generate call's worker events with its Progress, from the typed call (gRPC's Generate and
-        GenerateStream, and the OpenAI-compatible API, service/http/): every limit is checked here.
-        The events come in lists, every one that had arrived by the caller's turn (Scheduler.batches),
-        and the Progress has seen them all."""
-        serving = self.serving
-        tokens = await serving.prompt_ids(call.prompt)
-        stopping = serving.model.budget(call.stopping, len(tokens))
-        serving.check_samples(call.n)  # before anything is built per sample
-        check_response_fits(
-            stopping.max_new_tokens, call.n, call.logprobs, len(tokens), serving.config.max_message_bytes
-        )
-        samplers = await self._samplers(call.samplers(), call.constraint)
-        self._hold_ends(samplers, stopping, call.constraint)
-        progress = serving.progress(len(tokens))
-        progress.samples = call.n
-        body = generate_body(
-            serving.model,
-            tokens,
-            samplers,
-            stopping,
-            progress.tally,
-            serving.scope(CALLER.get()),
-            call.prompt_top,
-            call.speculate,
-        )
-        try:
-            async with aclosing(serving.scheduler.batches(progress.counted(body), hold=unary)) as batches:
-                async for events in batches:
-                    for event in events:
-                        progress.see(event)
-                    yield events, progress
-        finally:
-            self._constraint_time(samplers)
-
-    async def _samplers(self, samplers: list[Sampler], constraint: ConstraintSpec | None) -> list[Sampler]:
-        """The samplers, each with its own state of the call's constraint (compiled off the event loop
-        and the worker, before the call asks for a KV slot)."""
-        for sampler, row in zip(
-            samplers, await self.serving.constraints.rows(constraint, len(samplers)), strict=True
-        ):
-            sampler.constraint = row
-        return samplers
-
-    def _hold_ends(
-        self, samplers: list[Sampler], stopping: Stopping, constraint: ConstraintSpec | None
-    ) -> None:
-        """min_new_tokens: the tokens that would end a sample are masked out of its first choices."""
-        ends = ending_tokens(self.serving.model.eos_ids, stopping, constraint is not None)
-        hold_ends(samplers, stopping.min_new_tokens, ends, self.serving.model.vocab_size)
-
-    def _constraint_time(self, samplers: list[Sampler]) -> None:
-        for sampler in samplers:
-            tokens = sampler.counts.total()
-            if sampler.constraint is not None and tokens:
-                self.serving.metrics.constraint_mask.observe(sampler.constraint_seconds / tokens)
 
     async def Generate(self, request: pb.GenerateRequest, context: Context) -> pb.Completion:
         progress = None
@@ -252,8 +191,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         done = None
         wanted = serving.model.asked_tokens(call.stopping)  # budget() caps it by the room left, later
         check_response_fits(wanted, 1, call.logprobs, 0, serving.config.max_message_bytes)
-        [sampler] = await self._samplers([call.sampler()], call.constraint)
-        self._hold_ends([sampler], call.stopping, call.constraint)
+        [sampler] = await prepared(serving, [call.sampler()], call.stopping, call.constraint)
         with serving.sessions.using(state):
             body = decode_body(serving.model, state, sampler, call.stopping, call.speculate)
             progress = serving.progress()
@@ -271,7 +209,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                                 )
                             )
                         )
-        self._constraint_time([sampler])
+        constraint_time(serving, [sampler])
         # Released before the client hears "done", so its next call on the session is never ABORTED.
         if done is not None:
             yield done

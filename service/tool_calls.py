@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.chat_template import FunctionTool
+from engine.chat_messages import FunctionTool
 from engine.errors import RequestError
 from service.calls import ConstraintSpec
 from service.tool_formats import Parsed, ParsedCall, ToolFormat

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from engine.chat_template import ChatMessage, FunctionTool, ToolCall
+from engine.chat_messages import ChatMessage, FunctionTool, ToolCall
 from engine.errors import InvalidInput
 from engine.sampling import SamplingParams, TokenLogprobs
 from proto.ladder.v1 import ladder_pb2 as pb

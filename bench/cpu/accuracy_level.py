@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 
 from engine.default_model import prepare
-from engine.executor import Engine, EngineOptions
-from engine.executor.engine import DecodeRow
+from engine.executor import EngineOptions
+from engine.executor.engine import DecodeRow, Engine
 from engine.sampling import Sampler, SamplingParams
 
 

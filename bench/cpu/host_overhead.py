@@ -26,7 +26,8 @@ from types import SimpleNamespace
 import onnxruntime as ort
 
 from bench.stages import timed
-from engine.executor import DecodeRow, Engine, EngineOptions
+from engine.executor import DecodeRow, EngineOptions
+from engine.executor.engine import Engine
 from engine.executor.step import Open, Prefill, Step
 from engine.model import load_model_info
 from engine.modelgen.synthetic import TINY, build_synthetic

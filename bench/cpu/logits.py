@@ -100,7 +100,8 @@ def in_process(args: argparse.Namespace, model_dir: Path, baseline: Baseline) ->
 
     import numpy as np
 
-    from engine.executor import Engine, EngineOptions
+    from engine.executor import EngineOptions
+    from engine.executor.engine import Engine
 
     ids = prompt_ids(Tokenizer(model_dir), max(args.lengths))
     out: dict[str, Any] = {}

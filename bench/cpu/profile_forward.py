@@ -19,7 +19,8 @@ import numpy as np
 import onnxruntime as ort
 
 from engine.default_model import prepare
-from engine.executor import Engine, EngineOptions
+from engine.executor import EngineOptions
+from engine.executor.engine import Engine
 
 
 def main() -> None:

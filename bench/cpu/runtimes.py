@@ -27,7 +27,8 @@ class Runtime(Protocol):
 
 class LadderRuntime:
     def __init__(self, model_dir: Path, chunk_size: int | None, padding: bool) -> None:
-        from engine.executor import DecodeRow, Engine, EngineOptions
+        from engine.executor import DecodeRow, EngineOptions
+        from engine.executor.engine import Engine
         from engine.sampling import Sampler, SamplingParams
 
         self.engine = Engine.load(

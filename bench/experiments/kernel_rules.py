@@ -16,7 +16,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from engine.executor import DecodeRow, Engine, EngineOptions
+from engine.executor import DecodeRow, EngineOptions
+from engine.executor.engine import Engine
 from engine.executor.kernels import probe_ids
 from engine.sampling import Sampler, SamplingParams
 

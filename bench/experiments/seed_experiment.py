@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.executor import Engine, EngineOptions
+from engine.executor import EngineOptions
+from engine.executor.engine import Engine
 from engine.modelgen.synthetic import TINY, build_synthetic
 
 SPEC = replace(

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from engine.executor import DecodeRow, Engine, EngineOptions
+from engine.executor import DecodeRow, EngineOptions
+from engine.executor.engine import Engine
 from engine.executor.kernels import measure
 from engine.executor.session import Session
 from engine.executor.step import Verified

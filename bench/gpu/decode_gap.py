@@ -29,7 +29,8 @@ from bench.batching import raw_replay
 from bench.gpu.run import build
 from bench.served import vocab_of
 from bench.stages import timed
-from engine.executor import DecodeRow, Engine, EngineOptions
+from engine.executor import DecodeRow, EngineOptions
+from engine.executor.engine import Engine
 from engine.sampling import Sampler, SamplingParams
 
 

@@ -46,7 +46,8 @@ def device_free(provider: str) -> int:
 
 def measure(model: Path, provider: str, steps: int) -> dict[str, Any]:
     """Load, warm up (every variant prepared: captured on CUDA), then time prefills chunk by chunk."""
-    from engine.executor import DecodeRow, Engine, EngineOptions
+    from engine.executor import DecodeRow, EngineOptions
+    from engine.executor.engine import Engine
     from engine.sampling import Sampler, SamplingParams
 
     free_start = device_free(provider)

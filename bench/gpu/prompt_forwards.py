@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.gpu.run import build
-from engine.executor import Engine, EngineOptions
+from engine.executor import EngineOptions
+from engine.executor.engine import Engine
 from engine.executor.step import Open
 
 

@@ -26,7 +26,8 @@ import numpy as np
 from bench.gpu.run import SPECS
 from bench.served import free_port
 from clients.python import LadderClient, Stopping
-from engine.executor import DecodeRow, Engine, EngineOptions
+from engine.executor import DecodeRow, EngineOptions
+from engine.executor.engine import Engine
 from engine.modelgen.synthetic import build_synthetic
 from engine.sampling import Sampler, SamplingParams
 

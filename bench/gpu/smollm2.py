@@ -271,7 +271,8 @@ def measure(generate: Any, job: dict[str, Any]) -> dict[str, Any]:
 
 def ladder_worker(path: str, job: dict[str, Any]) -> dict[str, Any]:
     from bench.gpu.workers import ladder_generate
-    from engine.executor import Engine, EngineOptions
+    from engine.executor import EngineOptions
+    from engine.executor.engine import Engine
 
     t0 = time.perf_counter()
     engine = Engine.load(path, EngineOptions(provider=job["provider"], max_sessions=1))

@@ -22,7 +22,8 @@ import numpy as np
 
 from bench.gpu.run import build
 from bench.served import vocab_of
-from engine.executor import DecodeRow, Engine, EngineOptions
+from engine.executor import DecodeRow, EngineOptions
+from engine.executor.engine import Engine
 from engine.runtime.cuda import EAGER
 from engine.runtime.variants import VariantKey
 from engine.sampling import Sampler, SamplingParams

@@ -38,7 +38,8 @@ def device_used() -> int:
 
 # -- Ladder ---------------------------------------------------------------------------
 def ladder_engine(path: str, padding: bool = True) -> Any:
-    from engine.executor import Engine, EngineOptions
+    from engine.executor import EngineOptions
+    from engine.executor.engine import Engine
 
     return Engine.load(path, EngineOptions(provider="cuda", capacity=8192, padding=padding))
 

@@ -2,9 +2,10 @@
 decode forwards it plans, rewind and fork, the self-check and the prefix holders.
 
 It runs forwards through a `Backend` (engine/runtime/: the only code that touches onnxruntime and
-cupy) and never imports onnxruntime itself."""
+cupy) and never imports onnxruntime itself. `Engine` (engine/executor/engine.py) is imported from
+its own module, by what builds one (service/loading.py, tests, bench); the rest of the product
+drives an engine through `Driven` (engine/executor/step.py)."""
 
-from engine.executor.engine import Engine
 from engine.executor.prefill import ForwardReport, PrefillTask
 from engine.executor.session import Session, SessionStats
 from engine.executor.stats import DecodeStats, EngineStats
@@ -17,7 +18,6 @@ __all__ = [
     "Step",
     "StepResult",
     "DecodeStats",
-    "Engine",
     "EngineOptions",
     "EngineStats",
     "ForwardReport",

@@ -24,9 +24,10 @@ import structlog
 
 from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity
 from engine.executor.decode import BatchDecoder
+from engine.executor.exactness import KernelRules, assumed
 from engine.executor.facts import EngineFacts
 from engine.executor.invariants import bookkeeping_problems
-from engine.executor.kernels import PROBE_ROWS, KernelRules, assumed, measure
+from engine.executor.kernels import PROBE_ROWS, measure
 from engine.executor.parking import Parking
 from engine.executor.prefill import (
     ForwardReport,
@@ -112,6 +113,12 @@ def unbatched_reason(info: ModelInfo) -> str:
     if info.supplied_ports or info.feed.name != "input_ids":
         return "the model takes inputs besides token ids: each session decodes alone"
     return ""
+
+
+def load_engine(path: Path | str, options: EngineOptions | None = None) -> Engine:
+    """The engine of the model at `path`, as service/loading.py builds it (the rest of the product
+    drives it through engine.executor.step.Driven)."""
+    return Engine.load(path, options)
 
 
 class Engine(SessionRows):
@@ -294,7 +301,9 @@ class Engine(SessionRows):
     def check_invariants(self) -> None:
         """Raise EngineFault when the engine's bookkeeping no longer holds (run after every step;
         what is checked: engine/executor/invariants.py)."""
-        problems = bookkeeping_problems(self, self._open, self._free, self._parking)
+        problems = bookkeeping_problems(
+            self.pool, self.prefixes.held, bool(self.decoder.in_flight), self._open, self._free, self._parking
+        )
         if problems:
             raise EngineFault("engine bookkeeping broke: " + "; ".join(problems))
 

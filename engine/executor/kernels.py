@@ -20,46 +20,66 @@ take another kernel for a one-row forward, and part by up to ~1.5 nats (`specula
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from engine.executor.engine import Engine
+from engine.executor.decode import BatchDecoder
+from engine.executor.exactness import KernelRules
+from engine.executor.prefix import HeldPrefixes
+from engine.executor.session import Session
+from engine.model import ModelInfo
+from engine.runtime.backend import Backend, HeadRows
+from engine.runtime.pool import KvPool
+from engine.runtime.variants import VariantCache
 
-SPECULATION_TOLERANCE = 1e-3  # nats: fp32 kernels part by ~3e-5 between one and several rows
+
+class Sessions(Protocol):
+    """An engine's sessions as the load-time probe and the warm-up drive them."""
+
+    info: ModelInfo
+    backend: Backend[Any]
+    pool: KvPool
+    decoder: BatchDecoder
+    variants: VariantCache[Any]
+    prefixes: HeldPrefixes
+
+    @property
+    def free_rows(self) -> set[int]: ...
+
+    def open_session(self, scope: str = "", prompt: Sequence[int] = ()) -> Session: ...
+
+    def append(
+        self,
+        session: Session,
+        tokens: Sequence[int] | None = None,
+        *,
+        embeds: np.ndarray | None = None,
+        ports: Mapping[str, np.ndarray] | None = None,
+    ) -> np.ndarray: ...
+
+    def rewind(self, session: Session, length: int) -> None: ...
+
+    def close_session(self, session: Session, keep: bool = True) -> None: ...
+
+
+class Probed(Sessions, Protocol):
+    """What the probe reads and restores besides: the counters users read, the verification forward."""
+
+    sessions_padding_off: int
+    eager_forwards: int
+    verifies: bool
+
+    def logits(self, session: Session) -> np.ndarray: ...
+
+    def verify_forward(self, session: Session, ids: Sequence[int]) -> HeadRows | None: ...
+
+
 PROBE_ROWS = 24  # a prompt that runs as one forward on every ladder (the narrowest rung is >= 16)
 
 
-@dataclass(frozen=True)
-class KernelRules:
-    """The rules the engine follows, and whether they come from a measurement on this machine."""
-
-    fresh_forwards: bool  # re-runs follow a fresh run's own forwards (else: re-run the last two rows)
-    least_decode_batch: int  # the narrowest decode forward, in pool rows
-    measured: bool  # False: assumed from the backend (CUDA, an unbatched model, a probe not run)
-    one_row_gap: float = 0.0  # the largest logit gap between a decode row alone and beside another
-    re_run_gap: float = 0.0  # the largest logit gap between a prompt row and its two-row re-run
-    verify_gap: float | None = None  # ... between a decode row and a verification row (None: not measured)
-
-    @property
-    def speculation_exact(self) -> bool:
-        """Whether a verification forward's rows are a decode step's, within SPECULATION_TOLERANCE:
-        then speculation (`--speculate auto`) changes no greedy token but where two logits tie."""
-        return self.verify_gap is not None and self.verify_gap <= SPECULATION_TOLERANCE
-
-    @property
-    def restore_rule(self) -> str:
-        return "fresh_forwards" if self.fresh_forwards else "two_rows"
-
-
-def assumed(rows_follow_width: bool) -> KernelRules:
-    """The rules a backend states without a measurement."""
-    return KernelRules(fresh_forwards=rows_follow_width, least_decode_batch=1, measured=False)
-
-
-def measure(engine: Engine) -> KernelRules:
+def measure(engine: Probed) -> KernelRules:
     """Run the probe forwards on sessions of an engine fresh from construction, and leave it as it
     was: the sessions closed, no variant prepared, no row's memory kept, the counters users read
     (sessions whose padding turned off, eager forwards, decode) as found."""
@@ -90,7 +110,7 @@ def probe_ids(vocab: int) -> list[int]:
     return [(7919 * i + 13) % vocab for i in range(PROBE_ROWS)]
 
 
-def _prompt_logits(engine: Engine, ids: list[int], split: int) -> np.ndarray:
+def _prompt_logits(engine: Probed, ids: list[int], split: int) -> np.ndarray:
     """The next-token logits of `ids` prefilled whole (split 0) or with its last `split` rows apart."""
     session = engine.open_session()
     try:
@@ -102,7 +122,7 @@ def _prompt_logits(engine: Engine, ids: list[int], split: int) -> np.ndarray:
         engine.close_session(session, keep=False)
 
 
-def _one_row_gap(engine: Engine, ids: list[int]) -> float:
+def _one_row_gap(engine: Probed, ids: list[int]) -> float:
     """The gap between a decode row's logits in a forward of one row and in one of two."""
     session = engine.open_session()
     try:
@@ -117,7 +137,7 @@ def _one_row_gap(engine: Engine, ids: list[int]) -> float:
         engine.close_session(session, keep=False)
 
 
-def _verify_gap(engine: Engine, ids: list[int], least: int) -> float | None:
+def _verify_gap(engine: Probed, ids: list[int], least: int) -> float | None:
     """The gap between the logits of two tokens decoded one step each and the same two rows of one
     verification forward (None: the head does not read a verification's rows back)."""
     session = engine.open_session()

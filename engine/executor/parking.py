@@ -16,19 +16,37 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from engine.errors import Exhausted, InvalidInput, NoFreeRow, ParkingFull
+from engine.executor.decode import BatchDecoder
+from engine.executor.prefix import HeldPrefixes
 from engine.executor.session import Session
 from engine.executor.stats import ParkingStats
-from engine.runtime.backend import ParkedRow
+from engine.model import ModelInfo
+from engine.runtime.backend import Backend, ParkedRow
+from engine.runtime.pool import KvPool
 
-if TYPE_CHECKING:
-    from engine.executor.engine import Engine
+
+class Rows(Protocol):
+    """The engine's rows as Parking moves sessions between them: its free rows and open sessions by
+    row, and the bookkeeping that takes and leaves a row (engine/executor/rows.py)."""
+
+    info: ModelInfo
+    backend: Backend[Any]
+    pool: KvPool
+    decoder: BatchDecoder
+    prefixes: HeldPrefixes
+    _free: set[int]
+    _open: dict[int, Session]
+
+    def _take_row(self, row: int, session: Session, length: int, indexed: int = 0) -> None: ...
+
+    def _leave_row(self, session: Session, keep: bool = False) -> None: ...
 
 
 class Parking:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Rows) -> None:
         self.engine = engine
         self.sessions: set[Session] = set()  # open sessions whose KV is off the pool (ParkedRow)
         # Parked since the engine last checked its bookkeeping: a parked session cannot change until

@@ -21,7 +21,7 @@ import structlog
 
 from engine.errors import InvalidInput, OverCapacity
 from engine.executor.decode import BatchDecoder
-from engine.executor.kernels import KernelRules
+from engine.executor.exactness import KernelRules
 from engine.executor.prefill import (
     ForwardReport,
     PrefillTask,

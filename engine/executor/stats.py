@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.executor.kernels import KernelRules
+from engine.executor.exactness import KernelRules
 from engine.model import ModelInfo, decoder_file
 from engine.runtime.cpu import _dtype
 from engine.runtime.variants import VariantStats

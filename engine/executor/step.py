@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from engine.executor.facts import EngineFacts
 from engine.executor.prefill import ForwardReport, PrefillTask
 from engine.executor.session import Session
+from engine.planner.drafts import Costs
 from engine.sampling import Sampler, TokenLogprobs
 
 
@@ -227,3 +229,25 @@ class _Chosen:
         self.sessions.extend(sessions)
         self.samplers.extend(samplers)
         self.owners.extend([owner] * len(sessions))
+
+
+class Driven(Protocol):
+    """An engine as the product drives it (service/: the scheduler's worker, the served model, the
+    metrics): steps, and the counts other threads may read (ints the worker keeps). Only what
+    builds an engine (service/loading.py) holds the `Engine` class itself."""
+
+    facts: EngineFacts
+    costs: Costs  # what a lone stream's step and a verification forward take, as the engine runs
+
+    def step(self, step: Step) -> StepResult: ...
+
+    @property
+    def free_slots(self) -> int: ...
+
+    @property
+    def rows_held(self) -> int: ...
+
+    @property
+    def shared_span(self) -> int: ...
+
+    def parked_size(self, length: int) -> int: ...

@@ -10,18 +10,22 @@ no other item anything.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from engine.errors import InvalidInput
 from engine.executor.prefill import ForwardReport, PrefillTask
 from engine.executor.session import Session
+from engine.executor.stats import EngineStats
 from engine.executor.step import (
     Choose,
     Close,
     DecodeRow,
     Fork,
+    Open,
     Outcome,
     Prefill,
     PrefillProgress,
@@ -31,15 +35,69 @@ from engine.executor.step import (
     Stats,
     Step,
     StepResult,
+    Verified,
     _Chosen,
 )
 from engine.planner import prompt_groups
-
-if TYPE_CHECKING:
-    from engine.executor.engine import Engine
+from engine.sampling import Sampler
 
 
-def run_step(engine: Engine, step: Step) -> StepResult:
+class Stepped(Protocol):
+    """The engine's operations a step runs (engine/executor/engine.py, rows.py, prefilling.py)."""
+
+    prompt_sizes: tuple[int, ...]
+
+    def begin_step(self, step: Step) -> None: ...
+
+    def end_step(self) -> None: ...
+
+    def open_sessions(self, request: Open) -> list[Session]: ...
+
+    def share_prefix(self, session: Session, prompt: Sequence[int]) -> int: ...
+
+    def start_prefill(
+        self,
+        session: Session,
+        tokens: Sequence[int] | None = None,
+        *,
+        embeds: np.ndarray | None = None,
+        ports: Mapping[str, np.ndarray] | None = None,
+        logprob_top: int | None = None,
+    ) -> PrefillTask: ...
+
+    def prompt_width(self, task: PrefillTask, span: int = 0) -> int | None: ...
+
+    def prefill_step(self, task: PrefillTask, span: int = 0) -> ForwardReport: ...
+
+    def prefill_prompts(self, tasks: Sequence[PrefillTask], size: int) -> list[ForwardReport]: ...
+
+    def rewind(self, session: Session, length: int) -> None: ...
+
+    def reset_to(self, session: Session, tokens: Sequence[int]) -> None: ...
+
+    def fork(self, source: Session, length: int | None = None) -> Session: ...
+
+    def copy_session(self, source: Session, target: Session) -> None: ...
+
+    def close_session(self, session: Session, keep: bool = True) -> None: ...
+
+    def check_choose(self, session: Session) -> None: ...
+
+    def choose_rows(
+        self, sessions: Sequence[Session], samplers: Sequence[Sampler], picked: list[int] | None = None
+    ) -> list[int]: ...
+
+    def check_decode(self, row: DecodeRow) -> None: ...
+
+    def decode_checked(self, rows: Sequence[DecodeRow]) -> list[int | None | Verified]: ...
+
+    @property
+    def last_batch(self) -> int: ...
+
+    def stats(self) -> EngineStats: ...
+
+
+def run_step(engine: Stepped, step: Step) -> StepResult:
     """Run one round's work on `engine`; every item's outcome comes back. The step's sessions are
     pinned to their rows while it runs: making room for one of them never parks another."""
     engine.begin_step(step)
@@ -49,7 +107,7 @@ def run_step(engine: Engine, step: Step) -> StepResult:
         engine.end_step()
 
 
-def _run(engine: Engine, step: Step) -> StepResult:
+def _run(engine: Stepped, step: Step) -> StepResult:
     chosen = _Chosen()
     ops: list[Outcome] = []
     op_seconds: list[float] = []
@@ -83,7 +141,7 @@ def _outcome(fn: Any, *args: Any) -> Outcome:
         return Outcome(error=exc)
 
 
-def _op(engine: Engine, op: SessionOp, index: int, chosen: _Chosen) -> Outcome:
+def _op(engine: Stepped, op: SessionOp, index: int, chosen: _Chosen) -> Outcome:
     if isinstance(op, Choose):
         try:
             engine.check_choose(op.session)
@@ -104,19 +162,19 @@ def _op(engine: Engine, op: SessionOp, index: int, chosen: _Chosen) -> Outcome:
     raise TypeError(f"not a session operation: {op!r}")
 
 
-def _rewind_to(engine: Engine, session: Session, length: int) -> int:
+def _rewind_to(engine: Stepped, session: Session, length: int) -> int:
     engine.rewind(session, length)
     return session.length
 
 
-def _close(engine: Engine, session: Session, keep: bool) -> int:
+def _close(engine: Stepped, session: Session, keep: bool) -> int:
     length = session.length
     engine.close_session(session, keep)
     return length
 
 
 def _prefills(
-    engine: Engine, items: Sequence[tuple[Prefill, int]], chosen: _Chosen
+    engine: Stepped, items: Sequence[tuple[Prefill, int]], chosen: _Chosen
 ) -> tuple[list[Outcome], list[float]]:
     """Each prefill item's forward: first every new prompt's shared prefix and plan, then the
     batchable first chunks of one width in one forward each group (engine.planner.prompt_groups),
@@ -160,7 +218,7 @@ def _prefills(
     return done, [s if o.error is None else 0.0 for s, o in zip(seconds, done, strict=True)]
 
 
-def _start(engine: Engine, request: Prefill) -> tuple[PrefillTask, int]:
+def _start(engine: Stepped, request: Prefill) -> tuple[PrefillTask, int]:
     """The request's task (planned now for a new prompt, after taking its shared prefix) and the
     prefix rows it shared."""
     if request.task is not None:
@@ -174,7 +232,7 @@ def _start(engine: Engine, request: Prefill) -> tuple[PrefillTask, int]:
 
 
 def _step_alone(
-    engine: Engine, request: Prefill, begun: tuple[PrefillTask, int], span: int, index: int, chosen: _Chosen
+    engine: Stepped, request: Prefill, begun: tuple[PrefillTask, int], span: int, index: int, chosen: _Chosen
 ) -> PrefillProgress:
     task, shared = begun
     report = engine.prefill_step(task, span) if not task.done else None
@@ -182,7 +240,7 @@ def _step_alone(
 
 
 def _finish(
-    engine: Engine,
+    engine: Stepped,
     request: Prefill,
     task: PrefillTask,
     report: ForwardReport | None,
@@ -204,7 +262,7 @@ def _finish(
     return PrefillProgress(task, report, shared)
 
 
-def _choose_first(engine: Engine, chosen: _Chosen, ops: list[Outcome], prefills: list[Outcome]) -> int:
+def _choose_first(engine: Stepped, chosen: _Chosen, ops: list[Outcome], prefills: list[Outcome]) -> int:
     """Choose every first token of the step in one batched choice; the outcomes get them."""
     if not chosen.sessions:
         return 0
@@ -225,7 +283,7 @@ def _choose_first(engine: Engine, chosen: _Chosen, ops: list[Outcome], prefills:
     return 1
 
 
-def _decode_rows(engine: Engine, rows: Sequence[DecodeRow]) -> tuple[Outcome, ...]:
+def _decode_rows(engine: Stepped, rows: Sequence[DecodeRow]) -> tuple[Outcome, ...]:
     """One decode forward for the rows that pass `check_decode`; each other row fails alone."""
     checked: list[Outcome | None] = []
     for row in rows:

@@ -6,16 +6,27 @@ use now rather than in a request."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from engine.executor.kernels import Sessions
+from engine.options import EngineOptions
 from engine.runtime.variants import VariantKey
 from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 
-if TYPE_CHECKING:
-    from engine.executor.engine import Engine
+
+class Warmed(Sessions, Protocol):
+    """What the warm-up reads of an engine besides its sessions: the shapes it plans."""
+
+    options: EngineOptions
+    ladder: tuple[int, ...]
+    capacity: int
+    prompt_sizes: tuple[int, ...]
+    batch_widths: tuple[int, ...]
+
+    def warm_prompts(self, width: int, size: int) -> None: ...
 
 
-def warm_up(engine: Engine) -> int:
+def warm_up(engine: Warmed) -> int:
     """Prepare the planned shapes on a session of its own; the variants prepared."""
     info, backend = engine.info, engine.backend
     if info.supplied_ports or info.feed.name != "input_ids" or not engine.free_rows:

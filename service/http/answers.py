@@ -9,28 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from engine.sampling import TokenLogprobs
 from service.events import Finish, Finished, PromptLogprobs, TokenOut
 from service.http import tools as http_tools
-from service.http.completions import Echo, Offsets, entries_of, legacy_logprobs, prompt_entries
+from service.http.completions import Echo, Offsets, TokenText, entries_of, legacy_logprobs, prompt_entries
 from service.http.openai import OpenAICall
 from service.progress import Progress, SampleRecord
 from service.tool_calls import ToolStream, call_id
 
 Json = dict[str, Any]
-
-
-class TokenText(Protocol):
-    """A token's own text (special tokens written out), the raw bytes it stands for, and a decoder of
-    ids into the text they make (ServedModel's)."""
-
-    def token_text(self, token: int) -> str: ...
-
-    def token_bytes(self, token: int) -> bytes: ...
-
-    def text_decoder(self) -> Any: ...
 
 
 FINISH = {Finish.LENGTH: "length", Finish.CAPACITY: "length", Finish.EOS: "stop", Finish.STOP: "stop"}

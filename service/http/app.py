@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API: aiohttp routes on the gRPC server's event loop, over the same servicer.
+"""The OpenAI-compatible HTTP API: aiohttp routes on the gRPC server's event loop, over the same generation.
 
 Every call passes what a gRPC call passes, in the same order (`door`): the access log (request id,
 in-flight count, one line and one metric, protocol "http"), the drain gate, the bearer token, and
@@ -31,6 +31,7 @@ from aiohttp.typedefs import Handler, Middleware
 from service.calls import GenerateCall
 from service.config import Config
 from service.errors import ModelNotFound, Status, TooLarge, status_for
+from service.generating import generation
 from service.http import answers, completions, openai
 from service.http.connections import Guard, GuardedSite, HttpLimits
 from service.http.cors import Cors
@@ -39,7 +40,6 @@ from service.interceptors.auth import Authentication
 from service.interceptors.call_context import CALLER, REQUEST_ID
 from service.metrics import Metrics
 from service.progress import Progress
-from service.servicer import LadderServicer
 from service.serving import Serving
 from service.sockets import listening_socket
 from service.tool_calls import tools_at_fault
@@ -223,12 +223,9 @@ async def _failed(door: Door, request: web.Request, name: str, error: Exception)
 
 
 class Routes:
-    """The handlers, over the servicer's generation (the same limits and scheduler as gRPC)."""
+    """The handlers, over the same generation as gRPC's (its limits and scheduler)."""
 
-    def __init__(
-        self, servicer: LadderServicer, serving: Callable[[], Serving], ready: Callable[[], bool]
-    ) -> None:
-        self.servicer = servicer
+    def __init__(self, serving: Callable[[], Serving], ready: Callable[[], bool]) -> None:
         self.serving = serving
         self.ready = ready
         self.created = int(time.time())
@@ -294,7 +291,7 @@ class Routes:
     async def _whole(self, call: GenerateCall) -> Progress:
         """One prompt's generation, to its end."""
         progress = None
-        async with aclosing(self.servicer.generation(call, unary=True)) as steps:
+        async with aclosing(generation(self.serving(), call, unary=True)) as steps:
             async for _, found in steps:
                 progress = found
         assert progress is not None
@@ -306,7 +303,7 @@ class Routes:
         chunks = answers.Chunks(answer)
         prompts = len(answer.call.generates)
         progresses: dict[int, Progress] = {}
-        generations = [self.servicer.generation(g) for g in answer.call.generates]
+        generations = [generation(self.serving(), g) for g in answer.call.generates]
         async with aclosing(completions.merged(generations)) as steps:
             waiting = [step async for step in completions.until_each_began(steps, prompts)]
             response = web.StreamResponse(headers={**SSE_HEADERS, "x-request-id": answer.request_id})

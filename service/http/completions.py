@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from engine.errors import InvalidInput
 from engine.sampling import TokenLogprobs
@@ -19,11 +19,19 @@ from service.calls import GenerateCall, Prompt
 from service.progress import Progress
 from service.serving import Serving
 
-if TYPE_CHECKING:
-    from service.http.answers import TokenText
-
 Json = dict[str, Any]
 T = TypeVar("T")
+
+
+class TokenText(Protocol):
+    """A token's own text (special tokens written out), the raw bytes it stands for, and a decoder of
+    ids into the text they make (ServedModel's)."""
+
+    def token_text(self, token: int) -> str: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def text_decoder(self) -> Any: ...
 
 
 def _bad(message: str, field: str) -> InvalidInput:

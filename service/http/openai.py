@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.chat_template import ChatMessage
+from engine.chat_messages import ChatMessage
 from engine.errors import InvalidInput
 from engine.json_depth import MAX_JSON_DEPTH, check_json_depth
 from engine.sampling import SamplingParams

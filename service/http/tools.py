@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.chat_template import FunctionTool, ToolCall
+from engine.chat_messages import FunctionTool, ToolCall
 from engine.errors import InvalidInput
 from service.tool_calls import AUTO, NAMED, NONE, REQUIRED, TOOL_NAME, Delta, ToolChoice, ToolRequest
 from service.tool_formats import Parsed, ToolFormat

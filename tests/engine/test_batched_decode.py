@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from engine.errors import OverCapacity
-from engine.executor import DecodeRow, Engine, Session
+from engine.executor import DecodeRow, Session
+from engine.executor.engine import Engine
 from engine.sampling import Sampler, SamplingParams
 from tests.support.engines import load
 from tests.support.prompts import prompt_ids

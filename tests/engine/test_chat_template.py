@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from engine.chat_template import CHATML, ChatMessage, ChatTemplate, TemplateUnusable, template_source
+from engine.chat_messages import ChatMessage
+from engine.chat_template import CHATML, ChatTemplate, TemplateUnusable, template_source
 from engine.errors import InvalidInput
 
 DATA = json.loads((Path(__file__).parent / "data" / "chat_templates.json").read_text(encoding="utf-8"))

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.executor import DecodeRow, Engine, EngineOptions, Session
-from engine.executor.engine import make_backend
+from engine.executor import DecodeRow, EngineOptions, Session
+from engine.executor.engine import Engine, make_backend
 from engine.model import load_model_info
 from engine.modelgen.synthetic import TINY, build_synthetic
 from engine.runtime.cpu import CpuBackend

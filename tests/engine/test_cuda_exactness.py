@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.executor import DecodeRow, Engine, EngineOptions, Session
+from engine.executor import DecodeRow, EngineOptions, Session
+from engine.executor.engine import Engine
 from engine.sampling import Sampler, SamplingParams
 from tests.support.exactness import Fresh, check_fork_and_one_token_part, decode, same
 from tests.support.models import CUDA_SPEC, cuda_model

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.executor import DecodeRow, Engine, EngineOptions
+from engine.executor import DecodeRow, EngineOptions
+from engine.executor.engine import Engine
 from engine.model import load_model_info
 from engine.sampling import Sampler, SamplingParams
 from tests.support.models import CUDA_SPEC, cuda_model

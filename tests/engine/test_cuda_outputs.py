@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.executor import DecodeRow, Engine, EngineOptions
+from engine.executor import DecodeRow, EngineOptions
+from engine.executor.engine import Engine
 from engine.sampling import Sampler, SamplingParams, TokenLogprobs
 from tests.support.models import CUDA_SPEC, cuda_model
 

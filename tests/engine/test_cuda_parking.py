@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from engine.executor import Engine, EngineOptions
+from engine.executor import EngineOptions
+from engine.executor.engine import Engine
 from tests.support.engines import greedy, greedy_from_prompt
 from tests.support.models import CUDA_SPEC, cuda_model
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.executor import Engine, EngineOptions
+from engine.executor import EngineOptions
+from engine.executor.engine import Engine
 from engine.planner.restore import recompute_from
 from tests.support.engines import greedy
 from tests.support.models import CUDA_SPEC, cuda_model

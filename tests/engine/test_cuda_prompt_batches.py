@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.executor import Engine, EngineOptions
+from engine.executor import EngineOptions
+from engine.executor.engine import Engine
 from engine.executor.step import Open, Prefill, Step
 from engine.sampling import Sampler, SamplingParams
 from tests.support.models import CUDA_SPEC, cuda_model

@@ -21,7 +21,7 @@ from engine.default_model import (
     model_dir_for,
     prepare,
 )
-from engine.executor import Engine
+from engine.executor.engine import Engine
 from engine.tokenizer import Tokenizer
 from tests.support.engines import greedy, greedy_from_prompt, load_default
 from tests.support.models import LONE_USER_TURN

@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from engine.executor import Engine
+from engine.executor.engine import Engine
 from engine.tokenizer import Tokenizer
 from tests.support.engines import greedy_by_appending, load_default
 from tests.support.models import LONE_USER_TURN

@@ -25,7 +25,7 @@ from engine.convert.gguf_llama import (
     llama_weights,
 )
 from engine.default_model import GGUF_NAME
-from engine.executor import Engine
+from engine.executor.engine import Engine
 from engine.modelgen.builder import DecoderSpec, DecoderWeights
 from engine.modelgen.reference import reference_logits
 from engine.tokenizer import Tokenizer

@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 
 from engine.errors import EngineFault, InvalidInput, OverCapacity
-from engine.executor import Engine, Session
+from engine.executor import Session
+from engine.executor.engine import Engine
 from engine.executor.step import (
     Choose,
     Close,

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.executor import DecodeRow, Engine
+from engine.executor import DecodeRow
+from engine.executor.engine import Engine
 from engine.tokenizer import Tokenizer
 from tests.support.engines import load_default
 from tests.support.exactness import Fresh, check_fork_and_one_token_part, decode, same

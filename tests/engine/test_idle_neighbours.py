@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.chat_template import ChatMessage
-from engine.executor import DecodeRow, Engine, Session
+from engine.chat_messages import ChatMessage
+from engine.executor import DecodeRow, Session
+from engine.executor.engine import Engine
 from engine.sampling import Sampler, SamplingParams
 from engine.tokenizer import Tokenizer
 from tests.support.engines import load_default

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.executor import Engine
+from engine.executor.engine import Engine
 from engine.executor.kernels import probe_ids
 from tests.support.engines import load_default
 

@@ -13,7 +13,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from engine.executor import Engine, EngineOptions
+from engine.executor import EngineOptions
+from engine.executor.engine import Engine
 from engine.model import GRAPH_FILE
 from engine.modelgen.builder import int4_blocks
 from engine.modelgen.synthetic import TINY, build_synthetic

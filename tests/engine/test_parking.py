@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from engine.errors import Exhausted, NoFreeRow, ParkingFull
-from engine.executor import DecodeRow, Engine, Step
+from engine.executor import DecodeRow, Step
+from engine.executor.engine import Engine
 from engine.sampling import Sampler, SamplingParams
 from engine.tokenizer import Tokenizer
 from tests.support.engines import greedy, load_default

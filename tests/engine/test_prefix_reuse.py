@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from engine.errors import Exhausted, InvalidInput
-from engine.executor import Engine, EngineOptions
+from engine.executor import EngineOptions
+from engine.executor.engine import Engine
 from engine.executor.prefix import PrefixIndex, agreed, chain
 from engine.model import load_model_info
 from engine.planner import prefix_unit

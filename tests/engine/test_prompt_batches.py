@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.executor import DecodeRow, Engine, EngineOptions, Session
+from engine.executor import DecodeRow, EngineOptions, Session
+from engine.executor.engine import Engine
 from engine.executor.sizing import prompt_staging_bytes
 from engine.executor.stats import kv_position_bytes
 from engine.executor.step import Open, Prefill, Step, StepResult

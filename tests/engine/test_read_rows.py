@@ -20,7 +20,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from engine.executor import Engine, EngineOptions
+from engine.executor import EngineOptions
+from engine.executor.engine import Engine
 from engine.executor.prefill import read_index
 from engine.head import CannotRewrite, find_head, gather_read_rows, prepared_graph
 from engine.model import load_model_info

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.executor import DecodeRow, Engine, Session
+from engine.executor import DecodeRow, Session
+from engine.executor.engine import Engine
 from engine.executor.step import Verified
 from engine.planner.drafts import VERIFY_WIDTHS
 from engine.sampling import Sampler, SamplingParams

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from onnxruntime_extensions import pp_api
 
-from engine.chat_template import ChatMessage
+from engine.chat_messages import ChatMessage
 from engine.convert.tokenizer_json import write_byte_level_tokenizer
 from engine.tokenizer import Tokenizer, TokenizerUnreadable
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from engine.chat_template import ChatMessage
+from engine.chat_messages import ChatMessage
 from engine.errors import InvalidInput
 from proto.ladder.v1 import ladder_pb2 as pb
 from service import wire

@@ -12,7 +12,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from engine.chat_template import CHATML, ChatMessage, ChatTemplate, FunctionTool, ToolCall
+from engine.chat_messages import ChatMessage, FunctionTool, ToolCall
+from engine.chat_template import CHATML, ChatTemplate
 from engine.chat_tools import DEFAULT_TOOLS_BLOCK
 from service import tool_formats
 from service.tool_calls import (

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from engine.executor import DecodeRow, Engine, EngineOptions, Session
+from engine.executor import DecodeRow, EngineOptions, Session
+from engine.executor.engine import Engine
 from engine.sampling import Sampler, SamplingParams
 
 # Intra-op threads for each onnxruntime session a test makes: the machine's cores shared among

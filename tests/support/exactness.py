@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.executor import Engine, Session
+from engine.executor import Session
+from engine.executor.engine import Engine
 from tests.support.engines import greedy
 
 STEPS = 10
