@@ -95,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = Tokenizer(args.model_dir)
     vocabulary = Vocabulary.from_tokenizer(tokenizer, tokenizer.vocab_size, [tokenizer.eos_token_id or 0])
-    vocabulary.by_length  # noqa: B018  built once per vocabulary (at model load), not per constraint
+    vocabulary.layout  # noqa: B018  built once per vocabulary (at model load), not per constraint
     print(
         f"vocabulary {vocabulary.size} tokens, {int(vocabulary.usable.sum())} usable, "
         f"width {vocabulary.matrix.shape[1]}"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.constrain.dfa import Dfa
-from engine.constrain.vocabulary import Vocabulary
+from engine.constrain.vocabulary import DEAD, Vocabulary
 from engine.errors import InvalidInput
 
 _ids = itertools.count()
@@ -145,22 +145,10 @@ class Automaton:
 
     def _alive_tokens(self, state: int) -> np.ndarray:
         """Ids of the tokens whose bytes, walked from `state`, never reach the dead state."""
-        ids, lengths, columns = self.vocabulary.by_length
-        current = self.dfa.table[state][columns[0]]
-        at = np.flatnonzero(current)
-        current = current[at]
-        complete = []
-        for j in range(1, columns.shape[0] + 1):
-            # `at` keeps the longest-first order: the tokens ending here are its tail.
-            longer = int(np.count_nonzero(lengths[at] > j))
-            complete.append(at[longer:])
-            at, current = at[:longer], current[:longer]
-            if not longer:
-                break
-            current = self._flat[current * 256 + columns[j][at]]
-            keep = np.flatnonzero(current)
-            at, current = at[keep], current[keep]
-        return ids[np.concatenate(complete)] if complete else ids[:0]
+        layout, flat = self.vocabulary.layout, self._flat
+        ends = layout.ends(state, lambda states, column: flat[states * 256 + column])
+        alive: np.ndarray = layout.order[ends != DEAD]
+        return alive
 
     def _eos_only(self) -> np.ndarray:
         mask = np.zeros(self.vocabulary.size, dtype=bool)

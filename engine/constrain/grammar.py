@@ -16,10 +16,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-import weakref
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +26,7 @@ from engine.constrain.gbnf import END, FIELD, FRAME_SHIFT, POSITION, TERMINAL, P
 from engine.constrain.gbnf_rules import MEMBERS
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
 from engine.constrain.pattern import complete
-from engine.constrain.vocabulary import Vocabulary
+from engine.constrain.vocabulary import DEAD, Layout, Vocabulary
 from engine.errors import InvalidInput
 
 __all__ = ["CompiledGrammar", "GrammarRow", "compile_grammar"]
@@ -42,7 +40,7 @@ MAX_STATE_BYTES = 32 << 20  # or before the stacks of those states take this muc
 # a random walk through bench/structured.py's schema: p99 91 -> 12 ms a mask, mean 2.5 -> 0.7).
 MASK_DEPTH = 3
 
-UNKNOWN, DEAD = -1, 0  # transition table entries: not computed yet; the state with no stacks
+UNKNOWN = -1  # a transition table entry not computed yet (DEAD: the state with no stacks)
 
 State = frozenset[Stack]
 
@@ -54,31 +52,6 @@ def compile_grammar(text: str, vocabulary: Vocabulary, limits: Limits = DEFAULT_
     return CompiledGrammar(program, vocabulary, limits)
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """A vocabulary's usable tokens, longest first, by byte column: `columns[d]` holds byte d of
-    every token longer than d, so those tokens are a prefix of `order`."""
-
-    order: npt.NDArray[np.intp]
-    lengths: npt.NDArray[np.int32]
-    columns: tuple[npt.NDArray[np.uint8], ...]
-
-    @classmethod
-    def of(cls, vocabulary: Vocabulary) -> _Layout:
-        layout = _LAYOUTS.get(vocabulary)
-        if layout is None:
-            ids = np.flatnonzero(vocabulary.usable)
-            order = ids[np.argsort(-vocabulary.lengths[ids], kind="stable")]
-            lengths = vocabulary.lengths[order]
-            width = int(lengths.max(initial=0))
-            columns = tuple(
-                np.ascontiguousarray(vocabulary.matrix[order[lengths > d], d]) for d in range(width)
-            )
-            layout = _LAYOUTS[vocabulary] = cls(order, lengths, columns)
-        return layout
-
-
-_LAYOUTS: weakref.WeakKeyDictionary[Vocabulary, _Layout] = weakref.WeakKeyDictionary()
 _SERIALS = itertools.count()
 FINISHED: State = frozenset({()})  # every stack empty: only EOS may follow
 
@@ -90,7 +63,7 @@ class CompiledGrammar:
     def __init__(
         self, program: Program, vocabulary: Vocabulary, limits: Limits = DEFAULT_LIMITS, field: str = FIELD
     ) -> None:
-        self._program, self._vocabulary, self._layout = program, vocabulary, _Layout.of(vocabulary)
+        self._program, self._vocabulary, self._layout = program, vocabulary, vocabulary.layout
         self._field = field
         self._max_stacks, self._max_states = limits.max_grammar_stacks, limits.max_grammar_states
         self._max_masks, self._max_warm = limits.max_grammar_masks, limits.max_grammar_warm
@@ -253,7 +226,7 @@ class _Transitions:
     thread-safe: its owner holds a lock around each call."""
 
     def __init__(
-        self, program: Program, layout: _Layout, max_stacks: int, max_states: int, field: str
+        self, program: Program, layout: Layout, max_stacks: int, max_states: int, field: str
     ) -> None:
         self._program, self._layout, self._field = program, layout, field
         self._max_stacks, self._max_states = max_stacks, max_states
@@ -279,24 +252,9 @@ class _Transitions:
 
     def ends(self, state: State) -> npt.NDArray[np.int32]:
         """Where each usable token (in layout order) leads from `state`: a state id, valid until
-        the next call, or DEAD. The tokens still alive go through the table a byte column at a time."""
+        the next call, or DEAD (the table filled as the walk needs it)."""
         self._reset_if_full()
-        layout = self._layout
-        ends = np.zeros(len(layout.order), np.int32)
-        at = np.arange(len(layout.order))
-        current = np.full(len(at), self._intern(state), np.int32)
-        for depth, column in enumerate(layout.columns):
-            # `at` keeps the longest-first order: the tokens that end before this byte are its tail.
-            longer = int(np.count_nonzero(layout.lengths[at] > depth))
-            ends[at[longer:]] = current[longer:]
-            at, current = at[:longer], current[:longer]
-            if not longer:
-                break
-            current = self._next(current, column[at])
-            alive = np.flatnonzero(current)
-            at, current = at[alive], current[alive]
-        ends[at] = current
-        return ends
+        return self._layout.ends(self._intern(state), self._next)
 
     def through(self, ends: npt.NDArray[np.int32], mark: int) -> npt.NDArray[np.bool_]:
         """Per token (from `ends` of this call): whether it is alive only through `mark` (every

@@ -7,16 +7,54 @@ vocabulary) never match text: they are `usable == False`; end-of-sequence ids ar
 where a constraint accepts (`eos_ids`).
 
 `matrix[i, j]` is byte j of token i (0 past its end), `lengths[i]` its length: a walk of
-every token through a transition table is `max(lengths)` numpy gathers, whatever the vocabulary.
+every token through a transition table is `max(lengths)` numpy gathers, whatever the vocabulary
+(`Layout.ends`, the one walk both constraint engines use: the DFA's and the pushdown grammar's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+
+DEAD = 0  # the state no byte leaves, in both engines' transition tables
+
+# One byte column's step of a walk: (the states of the tokens still alive, their next bytes) ->
+# the states after (DEAD where that byte cannot follow).
+Step = Callable[[npt.NDArray[np.int32], npt.NDArray[np.uint8]], npt.NDArray[np.int32]]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A vocabulary's usable tokens, longest first, by byte column: `columns[d]` holds byte d of
+    every token longer than d, so those tokens are a prefix of `order`."""
+
+    order: npt.NDArray[np.intp]
+    lengths: npt.NDArray[np.int32]
+    columns: tuple[npt.NDArray[np.uint8], ...]
+
+    def ends(self, start: int, step: Step) -> npt.NDArray[np.int32]:
+        """Where each usable token (in `order`) leads from state `start`, DEAD where a byte of it
+        cannot follow. Only the tokens still alive go through `step`, a byte column at a time."""
+        ends = np.zeros(len(self.order), np.int32)
+        at = np.arange(len(self.order))
+        current = np.full(len(at), start, np.int32)
+        for depth, column in enumerate(self.columns):
+            # `at` keeps the longest-first order: the tokens that end before this byte are its tail.
+            longer = int(np.count_nonzero(self.lengths[at] > depth))
+            ends[at[longer:]] = current[longer:]
+            at, current = at[:longer], current[:longer]
+            if not longer:
+                break
+            current = step(current, column[at])
+            alive = np.flatnonzero(current != DEAD)
+            at, current = at[alive], current[alive]
+        ends[at] = current
+        return ends
 
 
 class Vocabulary:
@@ -49,10 +87,11 @@ class Vocabulary:
         return int(self.matrix.nbytes + self.lengths.nbytes + self.usable.nbytes)
 
     @cached_property
-    def by_length(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The usable token ids longest first, their lengths, and their bytes column by column
-        ([width, tokens], each column contiguous): what a mask walk reads
-        (engine/constrain/automaton.py), built once per vocabulary."""
+    def layout(self) -> Layout:
+        """The usable tokens laid out for walks (`Layout`), built once per vocabulary."""
         ids = np.flatnonzero(self.usable)
-        ids = ids[np.argsort(-self.lengths[ids], kind="stable")]
-        return ids, self.lengths[ids], np.ascontiguousarray(self.matrix[ids].T)
+        order = ids[np.argsort(-self.lengths[ids], kind="stable")]
+        lengths = self.lengths[order]
+        width = int(lengths.max(initial=0))
+        columns = tuple(np.ascontiguousarray(self.matrix[order[lengths > d], d]) for d in range(width))
+        return Layout(order, lengths, columns)
