@@ -41,6 +41,7 @@ MAX_STATE_BYTES = 32 << 20  # or before the stacks of those states take this muc
 MASK_DEPTH = 3
 
 UNKNOWN = -1  # a transition table entry not computed yet (DEAD: the state with no stacks)
+SIGNED_STACKS = 62  # stacks whose byte sets one int64 per byte tells apart (more: grouped by np.unique)
 
 State = frozenset[Stack]
 
@@ -230,6 +231,7 @@ class _Transitions:
     ) -> None:
         self._program, self._layout, self._field = program, layout, field
         self._max_stacks, self._max_states = max_stacks, max_states
+        self._classes: dict[int, npt.NDArray[np.bool_]] = {}
         self._reset_table()
 
     @property
@@ -278,10 +280,42 @@ class _Transitions:
         return targets
 
     def _fill(self, state_ids: npt.NDArray[np.int32], column: npt.NDArray[np.uint8]) -> None:
-        for pair in np.unique(state_ids.astype(np.int64) * 256 + column).tolist():
-            state_id, byte = divmod(pair, 256)
-            target = self._intern(self._step(self._states[state_id], byte))
-            self._table[state_id, byte] = target
+        """The transitions asked for, and every other byte's that needs no more work: a byte's
+        successor depends only on which of the state's stacks its top byte class holds, so the
+        bytes of one such set share one step (a string's position: every character one step)."""
+        if len(state_ids) == 1:
+            self._fill_row(int(state_ids[0]), column)
+            return
+        for state_id in np.unique(state_ids).tolist():
+            self._fill_row(state_id, column[state_ids == state_id])
+
+    def _fill_row(self, state_id: int, asked: npt.NDArray[np.uint8]) -> None:
+        stacks = [stack for stack in self._states[state_id] if stack]  # (): complete, no byte follows
+        if len(stacks) <= SIGNED_STACKS:  # which stacks a byte advances, as the bits of one int
+            signature = np.zeros(256, np.int64)
+            for j, stack in enumerate(stacks):
+                signature[self._class(stack[-1])] |= 1 << j
+        else:
+            classes = np.stack([self._class(stack[-1]) for stack in stacks])  # [stacks, 256]
+            _, inverse = np.unique(np.packbits(classes, axis=0).T, axis=0, return_inverse=True)
+            signature = inverse.reshape(-1).astype(np.int64)
+        after = self._program.after
+        requested = np.zeros(256, np.bool_)
+        requested[asked] = True  # `asked` holds a byte per token still alive: up to the vocabulary
+        for group in set(signature[requested].tolist()):
+            byte = int(np.argmax(signature == group))
+            chosen = [stack[:-1] + after[stack[-1]] for stack in stacks if self._class(stack[-1])[byte]]
+            target = self._intern(self._expand(chosen)) if chosen else DEAD
+            self._table[state_id, signature == group] = target
+
+    def _class(self, position: int) -> npt.NDArray[np.bool_]:
+        """A terminal's byte class as 256 bools (cached per element)."""
+        found = self._classes.get(position)
+        if found is None:
+            value = self._program.values[position]
+            bits = np.frombuffer(value.to_bytes(32, "little"), np.uint8)
+            found = self._classes[position] = np.unpackbits(bits, bitorder="little").astype(bool)
+        return found
 
     def _reset_table(self) -> None:
         self._states: list[State] = [frozenset()]
@@ -304,12 +338,6 @@ class _Transitions:
             if state_id == len(self._table):
                 self._table = np.concatenate([self._table, np.full_like(self._table, UNKNOWN)])
         return state_id
-
-    def _step(self, state: State, byte: int) -> State:
-        bit, values, after = 1 << byte, self._program.values, self._program.after
-        return self._expand(
-            [stack[:-1] + after[stack[-1]] for stack in state if stack and values[stack[-1]] & bit]
-        )
 
     def _expand(self, stacks: Iterable[Stack]) -> State:
         """Replace rule references on top of stacks by their alternatives until a byte class (or
