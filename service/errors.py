@@ -209,13 +209,29 @@ def status_for(error: BaseException) -> Status:
             metadata: tuple[tuple[str, str | bytes], ...] = ()
             if isinstance(error, WrongPod):
                 metadata, extra = ((OWNER_METADATA, error.owner),), {**extra, "owner_pod": error.owner}
-            field = getattr(error, "field", "")
+            field = request_field(getattr(error, "field", ""))
             rich = _details(code, details, reason, field, extra)
             return Status(code, details, (*metadata, (DETAILS_METADATA, rich)), reason, field)
     details = f"internal error: {type(error).__name__}"
     code = grpc.StatusCode.INTERNAL
     rich = _details(code, details, "INTERNAL", "", {})
     return Status(code, details, ((DETAILS_METADATA, rich),), "INTERNAL")
+
+
+# The engine names a constraint's input at fault by its kind (engine/constrain); the request holds it
+# in these fields (the Constraint message's, and the HTTP API's through service/http/openai.param_of).
+CONSTRAINT_FIELDS = {
+    "json_schema": "constraint.json_schema",
+    "regex": "constraint.regex",
+    "grammar": "constraint.grammar",
+    "choice": "constraint.choice.options",
+    "kind": "constraint",
+}
+
+
+def request_field(field: str) -> str:
+    """The request field an error's `field` names (the engine's constraint inputs mapped)."""
+    return CONSTRAINT_FIELDS.get(field, field)
 
 
 def _reason(error: BaseException) -> str:

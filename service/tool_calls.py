@@ -25,6 +25,7 @@ from typing import Any
 from engine.chat_messages import FunctionTool
 from engine.errors import RequestError
 from service.calls import ConstraintSpec
+from service.errors import request_field
 from service.tool_formats import Parsed, ParsedCall, ToolFormat
 
 NONE, AUTO, REQUIRED, NAMED = "none", "auto", "required", "named"
@@ -94,7 +95,7 @@ def tools_at_fault(tools: ToolRequest | None, field: str) -> Iterator[None]:
     try:
         yield
     except RequestError as exc:
-        if tools is not None and tools.constrained and exc.field.startswith("constraint"):
+        if tools is not None and tools.constrained and request_field(exc.field).startswith("constraint"):
             exc.field = field
         raise
 

@@ -17,12 +17,12 @@ Kinds: "json_schema" (json_schema.py), "regex" (regex.py), "choice" (one of N st
 """
 
 from engine.constrain.cache import CacheStats, ConstraintCache
-from engine.constrain.compiled import FIELDS, Compiled, RowState, compile_constraint
+from engine.constrain.compiled import KINDS, Compiled, RowState, compile_constraint
 from engine.constrain.limits import Limits
 from engine.constrain.vocabulary import Vocabulary
 
 __all__ = [
-    "FIELDS",
+    "KINDS",
     "CacheStats",
     "Compiled",
     "ConstraintCache",

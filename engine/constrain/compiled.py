@@ -26,13 +26,13 @@ from engine.constrain.vocabulary import Vocabulary
 from engine.errors import InvalidInput
 
 JSON_SCHEMA_STRICT = "json_schema_strict"  # a JSON schema read as OpenAI's strict mode does
-FIELDS = {
-    "json_schema": "constraint.json_schema",
-    JSON_SCHEMA_STRICT: "constraint.json_schema",
-    "regex": "constraint.regex",
-    "choice": "constraint.choice.options",
-    "grammar": "constraint.grammar",
-}
+KINDS = ("json_schema", JSON_SCHEMA_STRICT, "regex", "choice", "grammar")
+
+
+def field_of(kind: str) -> str:
+    """The input a kind's errors name as at fault (InvalidInput.field): the kind's own name (the
+    request field that holds it is the service's business: service/errors.py)."""
+    return "json_schema" if kind == JSON_SCHEMA_STRICT else kind
 
 
 class RowState(Protocol):
@@ -74,11 +74,11 @@ def compile_constraint(
     limits: Limits = DEFAULT_LIMITS,
     budget: Budget = UNBOUNDED,
 ) -> Compiled:
-    if kind not in FIELDS:
+    if kind not in KINDS:
         raise InvalidInput(
-            f"unknown constraint kind {kind!r} (one of {', '.join(FIELDS)})",
+            f"unknown constraint kind {kind!r} (one of {', '.join(KINDS)})",
             reason="CONSTRAINT_KIND_UNKNOWN",
-            field="constraint",
+            field="kind",
         )
     try:
         return _compile(kind, spec, vocabulary, limits, budget)
@@ -86,14 +86,14 @@ def compile_constraint(
         raise InvalidInput(
             f"the constraint is too costly to compile: {exc}",
             reason="CONSTRAINT_TOO_LARGE",
-            field=FIELDS[kind],
+            field=field_of(kind),
         ) from exc
 
 
 def _compile(
     kind: str, spec: str | Sequence[str], vocabulary: Vocabulary, limits: Limits, budget: Budget
 ) -> Compiled:
-    field = FIELDS[kind]
+    field = field_of(kind)
     if kind == "choice":
         return automaton(choice_tree(spec, limits), vocabulary, limits, field, budget)
     cap = limits.max_spec_bytes if kind in ("grammar", "regex") else limits.max_schema_bytes
@@ -117,7 +117,7 @@ def _json_schema(
     (lazy: the parser states rows reach) where it recurses through a $ref, holds an open value
     (any JSON value, at any depth: its DFA would be large and cut at some depth) or its NFA
     would pass max_schema_nfa_states, or its DFA max_schema_dfa_states."""
-    field = FIELDS["json_schema"]
+    field = field_of("json_schema")
     found = json_schema.tree(source, limits, budget, strict=strict)
     if not found.rules and nfa.size(found.root) <= limits.max_schema_nfa_states:
         try:
@@ -156,7 +156,7 @@ def automaton(
 
 
 def choice_tree(options: str | Sequence[str], limits: Limits) -> Node:
-    field = FIELDS["choice"]
+    field = field_of("choice")
     if isinstance(options, str) or not options:
         raise InvalidInput("a choice needs a non-empty list of options", reason="CHOICE_INVALID", field=field)
     if any(not isinstance(o, str) or not o for o in options):

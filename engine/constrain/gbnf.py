@@ -43,7 +43,7 @@ __all__ = [
     "parse",
 ]
 
-FIELD = "constraint.grammar"
+FIELD = "grammar"  # the input at fault, as the engine names it (service/errors.py: the request field)
 MAX_ELEMENTS = 1 << 16  # elements of the compiled rules, repetitions expanded
 MAX_NESTING = 64  # parenthesized groups within one another (the parser recurses)
 

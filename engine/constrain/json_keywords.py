@@ -15,7 +15,7 @@ from engine.constrain import regex
 from engine.constrain.pattern import Node
 from engine.errors import InvalidInput
 
-FIELD = "constraint.json_schema"
+FIELD = "json_schema"  # the input at fault, as the engine names it (service/errors.py: the request field)
 OPEN = "$open"  # the rule of an open value at any depth ($ref targets start with "/" or are "")
 ANNOTATIONS = frozenset(
     {

@@ -40,7 +40,7 @@ from engine.errors import InvalidInput
 sre: Any = importlib.import_module("re._constants")
 sre_parse: Any = importlib.import_module("re._parser")
 
-FIELD = "constraint.regex"
+FIELD = "regex"  # the input at fault, as the engine names it (service/errors.py: the request field)
 ANY = ((0, MAX_CODE_POINT),)
 NEWLINE = ((0x0A, 0x0A),)
 DIGIT = ((0x30, 0x39),)

@@ -61,7 +61,7 @@ def refused(schema: Any, reason: str, limits: Limits | None = None) -> InvalidIn
     text = schema if isinstance(schema, str) else json.dumps(schema)
     with pytest.raises(InvalidInput) as caught:
         compile_constraint("json_schema", text, VOCAB, limits or Limits())
-    assert caught.value.reason == reason and caught.value.field == "constraint.json_schema", str(caught.value)
+    assert caught.value.reason == reason and caught.value.field == "json_schema", str(caught.value)
     return caught.value
 
 

@@ -385,7 +385,7 @@ def test_bad_grammars_are_rejected_with_line_and_column(
 ) -> None:
     with pytest.raises(InvalidInput) as caught:
         compile_grammar(text, bytewise)
-    assert (caught.value.reason, caught.value.field) == ("GRAMMAR_INVALID", "constraint.grammar")
+    assert (caught.value.reason, caught.value.field) == ("GRAMMAR_INVALID", "grammar")
     assert where in str(caught.value) and says in str(caught.value), str(caught.value)
 
 

@@ -25,4 +25,4 @@ def test_a_json_schema_nested_past_the_limit_is_invalid_input_not_a_recursion_er
     schema = '{"type": "array", "items": ' * 10_000 + '{"type": "integer"}' + "}" * 10_000
     with pytest.raises(InvalidInput) as caught:
         tree(schema)
-    assert caught.value.field == "constraint.json_schema" and caught.value.reason == "JSON_TOO_DEEP"
+    assert caught.value.field == "json_schema" and caught.value.reason == "JSON_TOO_DEEP"
