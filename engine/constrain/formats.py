@@ -6,11 +6,15 @@ annotation.
 
 from __future__ import annotations
 
+# February 29th in the leap years of the Gregorian calendar: divisible by 4, centuries by 400.
+_LEAP_YEAR = r"(?:\d\d(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)"
 _DATE = (
-    r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
-    r"|02-(?:0[1-9]|1\d|2[0-8]))"
+    r"(?:\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+    rf"|02-(?:0[1-9]|1\d|2[0-8]))|{_LEAP_YEAR}-02-29)"
 )
-_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+# Up to nanoseconds (RFC 3339 allows any number of fraction digits; Go's RFC3339Nano and Kubernetes
+# write up to 9): the longest string stays bounded.
+_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
 _ATOM_CHAR = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
 _ATOM = rf"{_ATOM_CHAR}+"
 # A DNS label (RFC 1123): letters, digits and inner hyphens, 63 at most; none with hyphens 3rd and 4th
@@ -98,7 +102,7 @@ def _regex_syntax(depth: int) -> str:
 
 MAX_REGEX_GROUP_DEPTH = 10
 
-# February stops at the 28th and seconds at 59: every date written is a real one, in any year.
+# February stops at the 28th but in leap years, and seconds at 59: every date written is a real one.
 FORMATS = {
     "date": _DATE,
     "time": _TIME,
@@ -121,8 +125,8 @@ FORMATS = {
 # Each format's shortest and longest string in characters (None: no longest); all are ASCII.
 FORMAT_LENGTHS: dict[str, tuple[int, int | None]] = {
     "date": (10, 10),
-    "time": (9, 21),  # 12:00:00Z .. 12:00:00.123456+01:00
-    "date-time": (20, 32),
+    "time": (9, 24),  # 12:00:00Z .. 12:00:00.123456789+01:00
+    "date-time": (20, 35),
     "uuid": (36, 36),
     "email": (5, None),  # a@b.c
     "ipv4": (7, 15),

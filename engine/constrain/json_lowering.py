@@ -289,6 +289,16 @@ def _without(c: Subschemas, negated: Any, base: dict[str, Any], pointer: str) ->
         if flat is None:
             return []
         base = {**{k: v for k, v in base.items() if k not in ASSERTIONS}, **flat}
+    if isinstance(negated, dict) and ("$ref" in negated or "allOf" in negated):  # what it brings, in view
+        try:
+            flat = c.flattened(negated, pointer, 0)
+        except InvalidInput as exc:  # a $ref that recurses: its not is not written
+            if exc.reason != "CONSTRAINT_TOO_LARGE":
+                raise
+            raise unsupported(pointer, "'not' of a recursive $ref") from exc
+        if flat is None:  # it admits nothing: its not, everything
+            return [base]
+        negated = flat
     shape = {k: v for k, v in negated.items() if k in ASSERTIONS} if isinstance(negated, dict) else None
     if shape == {}:  # not of any value
         return []
@@ -317,6 +327,11 @@ def _without(c: Subschemas, negated: Any, base: dict[str, Any], pointer: str) ->
         if "contains" in base:
             raise unsupported(pointer, "'not' of 'items' beside 'contains'")
         return [{**base, "type": "array", "contains": {"not": shape["items"]}}]
+    if shape is not None and set(shape) == {"contains"} and isinstance(shape["contains"], dict | bool):
+        # Every non-array meets `contains`: arrays only, none of whose items meets it.
+        if not {"array", "any"} & set(c.types(base, pointer)):
+            return []
+        return [{"allOf": [{**base, "type": "array"}, {"items": {"not": shape["contains"]}}]}]
     if shape is not None and set(shape) == {"properties"} and isinstance(shape["properties"], dict):
         return _without_properties(c, shape["properties"], base, pointer)
     if shape is not None and set(shape) == {"allOf"} and _all_required(shape["allOf"]):

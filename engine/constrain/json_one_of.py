@@ -103,20 +103,28 @@ class OneOf:
             if self._apart_by_values(mine, theirs, given, pointer):
                 continue
             if set(names) - set(given):
-                lists.append(names)
+                lists.append((names, _value_escapes(theirs)))
             elif {k for k in theirs if k in ASSERTIONS} == {"required"}:
                 return NOTHING  # the other holds wherever this member does: never this one alone
             elif (inner := self._required_inside(mine, theirs, names)) is not None:
                 deeper.append({"properties": {inner[0]: {"not": {"required": inner[1]}}}})
         if not lists and not deeper:
             return None
-        parts = [{"not": {"anyOf": [{"required": n} for n in lists]}}] if lists else []
-        try:
-            return self.c.node({"allOf": [plain, *parts, *deeper]}, pointer)
-        except InvalidInput as exc:
-            if exc.reason != "SCHEMA_UNSUPPORTED":
-                raise
-            return None
+        # Exactly "not that member" where it is its required names and its properties' schemas: a
+        # name left out, or a property written with a value its schema refuses; else (or where
+        # that cannot be compiled) the names alone, stricter than the member's `not`.
+        exact = [
+            {"anyOf": [{"not": {"required": names}}, *escapes]} if escapes else {"not": {"required": names}}
+            for names, escapes in lists
+        ]
+        stricter = [{"not": {"anyOf": [{"required": names} for names, _ in lists]}}] if lists else []
+        for parts in (exact, stricter) if exact != stricter else (stricter,):
+            try:
+                return self.c.node({"allOf": [plain, *parts, *deeper]}, pointer)
+            except InvalidInput as exc:
+                if exc.reason != "SCHEMA_UNSUPPORTED":
+                    raise
+        return None
 
     def _needed(self, schema: Any, depth: int = 0) -> set[str]:
         """The names every value a schema admits holds: its `required`, every allOf member's, and
@@ -216,6 +224,21 @@ class OneOf:
         if node == Ref(OPEN):
             node = self.c.rules[OPEN]
         return node.items if isinstance(node, Alt) else (node,)
+
+
+def _value_escapes(schema: Any) -> list[dict[str, Any]]:
+    """Where `schema` asserts only `required` and `properties`, the values that leave it: a
+    property written with a value its schema refuses (each a schema of its own); [] otherwise."""
+    if not isinstance(schema, dict) or {k for k in schema if k in ASSERTIONS} != {"required", "properties"}:
+        return []
+    properties = schema["properties"]
+    if not isinstance(properties, dict):
+        return []
+    return [
+        {"required": [name], "properties": {name: {"not": value}}}
+        for name, value in properties.items()
+        if value is not True and value != {} and isinstance(value, dict | bool)
+    ]
 
 
 def _requiring(schema: Any, names: list[str]) -> Any:

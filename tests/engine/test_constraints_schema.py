@@ -1342,6 +1342,14 @@ def test_twenty_list_dependencies_hold_exactly_in_any_order() -> None:
                 {"properties": {"a": THREE["a"], "b": THREE["b"]}, "additionalProperties": False},
             ],
         },
+        # A member requiring a name with a value there: its `not` is the name left out or another
+        # value (Schema Store's Stream Deck actions: an icon, or hidden from the list).
+        {
+            "type": "object",
+            "properties": THREE,
+            "required": ["a"],
+            "oneOf": [{"required": ["b"]}, {"required": ["c"], "properties": {"c": {"const": 3}}}],
+        },
         # A member that holds wherever another does (its names required anyway): never alone.
         {
             "type": "object",
@@ -1361,6 +1369,44 @@ def test_twenty_list_dependencies_hold_exactly_in_any_order() -> None:
 )
 def test_one_of_members_that_require_names_are_kept_apart_exactly(schema: Any) -> None:
     check_combinations(schema)
+
+
+def test_an_if_that_an_array_contains_an_item_admits_exactly_what_the_schema_validates() -> None:
+    """`not` of `contains` (no item meets it), through an `if` that is a $ref (libman's manifest:
+    version 3.0 once a library maps files)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "libs": {"type": "array", "items": {"type": "object", "properties": THREE}},
+            "v": {"enum": [1, 3]},
+        },
+        "definitions": {"mapped": {"properties": {"libs": {"contains": {"required": ["c"]}}}}},
+        "if": {"$ref": "#/definitions/mapped"},
+        "then": {"properties": {"v": {"const": 3}}, "required": ["v"]},
+    }
+    compiled = schema_of(schema)
+    items = [{"a": 1}, {"c": 3}]
+    for libs in [None, [], *([i] for i in items), *itertools.product(items, repeat=2)]:
+        for v in (None, 1, 3):
+            instance = {
+                k: x
+                for k, x in (("libs", list(libs) if libs is not None else None), ("v", v))
+                if x is not None
+            }
+            text = json.dumps(instance, separators=(",", ":")).encode()
+            assert accepts(compiled, text) == jsonschema.Draft7Validator(schema).is_valid(instance), text
+
+
+def test_dates_and_times_are_real_ones_with_leap_days_and_up_to_nanoseconds() -> None:
+    date, moment = schema_of({"type": "string", "format": "date"}), schema_of({"format": "date-time"})
+    for day in ["2024-02-29", "2000-02-29", "1600-02-29", "2023-02-28"]:
+        assert accepts(date, f'"{day}"'.encode()), day
+    for day in ["2023-02-29", "1900-02-29", "2100-02-29", "2024-02-30"]:
+        assert not accepts(date, f'"{day}"'.encode()), day
+    for text in ["2021-06-15T09:16:47.765072012+02:00", "2021-06-15T09:16:47.7Z", "2024-02-29T00:00:00Z"]:
+        assert accepts(moment, f'"{text}"'.encode()), text
+    for text in ["2021-06-15T09:16:47.7650720123Z", "2021-06-15T09:16:47", "2021-06-15T09:16:47.Z"]:
+        assert not accepts(moment, f'"{text}"'.encode()), text
 
 
 def test_one_of_members_whose_required_values_cannot_meet_are_written_whole() -> None:
