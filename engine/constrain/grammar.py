@@ -371,7 +371,8 @@ class _Transitions:
 
     def _members(self, stack: Stack) -> Iterable[Stack]:
         """What a MEMBERS frame on top stands for (gbnf.FreeMembers): each member not yet written,
-        above the frame with it added; the rest, once the required ones are written."""
+        above the frame with it added (the repeatable ones, `again`, any number of times); the
+        rest, once the required ones are written."""
         program = self._program
         kinds, starts = program.kinds, program.starts
         top = stack[-1]
