@@ -227,18 +227,15 @@ class OneOf:
 
 
 def _value_escapes(schema: Any) -> list[dict[str, Any]]:
-    """Where `schema` asserts only `required` and `properties`, the values that leave it: a
-    property written with a value its schema refuses (each a schema of its own); [] otherwise."""
+    """Where `schema` asserts only `required` and `properties`, the values that leave it beside its
+    names: `not` of its properties (a name written with a value its schema refuses, as the
+    lowering writes it); [] otherwise."""
     if not isinstance(schema, dict) or {k for k in schema if k in ASSERTIONS} != {"required", "properties"}:
         return []
     properties = schema["properties"]
-    if not isinstance(properties, dict):
+    if not isinstance(properties, dict) or all(v is True or v == {} for v in properties.values()):
         return []
-    return [
-        {"required": [name], "properties": {name: {"not": value}}}
-        for name, value in properties.items()
-        if value is not True and value != {} and isinstance(value, dict | bool)
-    ]
+    return [{"not": {"properties": properties}}]
 
 
 def _requiring(schema: Any, names: list[str]) -> Any:
