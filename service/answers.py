@@ -33,6 +33,11 @@ def _prefill_detail(job: Job, outcome: Outcome) -> dict[str, Any]:
     }
 
 
+def _no_slot(error: BaseException | None) -> bool:
+    """An open or fork that found no slot this round (one counted as freed was not): it waits."""
+    return isinstance(error, Exhausted) and not isinstance(error, ParkingFull)
+
+
 class Answers:
     def __init__(self, fault: Callable[[BaseException], None], forward_done: ForwardDone) -> None:
         self._fault = fault  # every error answered goes to it (the scheduler reports engine faults)
@@ -47,20 +52,39 @@ class Answers:
 
     def ops(self, jobs: list[Job], result: StepResult, skip: int) -> None:
         """The session operations' jobs (the step's first `skip` ops were closes nobody waits on)."""
-        for job, outcome, seconds in zip(jobs, result.ops[skip:], result.op_seconds[skip:], strict=True):
+        end = skip + len(jobs)
+        outcomes, seconds_each = result.ops[skip:end], result.op_seconds[skip:end]
+        for job, outcome, seconds in zip(jobs, outcomes, seconds_each, strict=True):
             if isinstance(job.want, Timed) and outcome.error is None:
                 outcome = Outcome((outcome.value, seconds))
             self.answer(job, outcome)
 
     def opens(self, jobs: list[Job], result: StepResult) -> None:
         for job, outcome in zip(jobs, result.opens, strict=True):
-            if isinstance(outcome.error, Exhausted) and not isinstance(outcome.error, ParkingFull):
+            if _no_slot(outcome.error):
                 continue  # a slot counted as freed this round was not: it waits for the next
             lend = isinstance(job.want, Lend)
             self.answer(job, outcome)
             if outcome.error is None and lend:
                 job.lent = list(outcome.value)
                 job.slots = len(job.lent)
+
+    def spares(self, jobs: list[tuple[Job, int]], result: StepResult, start: int) -> None:
+        """The jobs whose `Spare` forked (job, forks asked), from the step's op `start` on: each gets
+        the forks made, lent to it. A waiting one that got none stays in the queue; a fork that
+        failed otherwise than for want of a slot fails the job when it got none."""
+        at = start
+        for job, count in jobs:
+            outcomes, at = result.ops[at : at + count], at + count
+            made = [o.value for o in outcomes if o.error is None]
+            job.lent.extend(made)
+            job.slots = len(job.lent)
+            failed = next((o.error for o in outcomes if o.error is not None and not _no_slot(o.error)), None)
+            if made or failed is None:
+                if made or not job.want.wait:
+                    job.answer(made)
+            else:
+                self.answer(job, Outcome(error=failed))
 
     def prefills(self, jobs: list[Job], result: StepResult) -> tuple[tuple[int, int], ...]:
         """Answer the prefill jobs; (job, forward width) of each, 0 where none ran."""

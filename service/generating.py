@@ -24,7 +24,7 @@ async def generation(
     had arrived by the caller's turn (Scheduler.batches), and the Progress has seen them all."""
     tokens = await serving.prompt_ids(call.prompt)
     stopping = serving.model.budget(call.stopping, len(tokens))
-    serving.check_samples(call.n)  # before anything is built per sample
+    width = serving.sample_width(call.n)  # before anything is built per sample
     check_response_fits(
         stopping.max_new_tokens, call.n, call.logprobs, len(tokens), serving.config.max_message_bytes
     )
@@ -40,6 +40,7 @@ async def generation(
         serving.scope(CALLER.get()),
         call.prompt_top,
         call.speculate,
+        width,
     )
     try:
         async with aclosing(serving.scheduler.batches(progress.counted(body), hold=unary)) as batches:

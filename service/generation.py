@@ -10,6 +10,7 @@ tensors.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
@@ -37,7 +38,8 @@ from service.events import (
 )
 from service.jobs import Result
 from service.min_tokens import released, structured
-from service.rounds import Draft, Feed, Lend, Timed, Token, Tokens, ask
+from service.rounds import Draft, Feed, Lend, Timed, Token, ask
+from service.samples import first_sampler_order, firsts_by_sample, samples_body
 from service.sessions import SessionState
 from service.speculation import Speculation
 from service.stop_text import StopText
@@ -357,14 +359,17 @@ def generate_body(
     scope: str = "",
     prompt_logprobs: int | None = None,
     speculate: bool = True,
+    width: int = 0,
 ) -> Generator[Any, Any, None]:
-    """Generate len(samplers) samples on sessions lent to the job (it waits for as many free slots;
-    they return to the pool however it ends). The first session starts from the longest prefix of
-    the prompt held for `scope` (none when the prompt's log-probabilities are asked for) and
-    prefills the rest; the others start from a copy of its KV rows and logits, every first token
-    is chosen with the prefill's last forward, and every sample decodes in the same forwards."""
+    """Generate len(samplers) samples on sessions lent to the job (they return to the pool however
+    it ends), holding at most `width` KV slots at once (0: one per sample). The first session
+    starts from the longest prefix of the prompt held for `scope` (none when the prompt's
+    log-probabilities are asked for) and prefills the rest; every sample's first token is chosen
+    with the prefill's last forward; samples that got a slot start from a copy of its KV rows and
+    logits, the rest as slots free (service/samples.py), and all decode in the same forwards."""
+    n = len(samplers)
     shared = () if prompt_logprobs is not None else tuple(tokens)
-    sessions = yield from ask(Lend(Open(shared, scope, len(samplers))))
+    sessions = yield from ask(Lend(Open(shared, scope, min(n, width or n)), fan=n > 1))
     yield Started(time.perf_counter())
     first = sessions[0]
     tally.shared_rows += first.length
@@ -375,57 +380,19 @@ def generate_body(
         share=False,
         logprob_top=prompt_logprobs,
         copies=sessions[1:],
-        samplers=samplers,
+        samplers=first_sampler_order(samplers, len(sessions)),
         batchable=True,
     )
-    bodies = [
-        decode_steps(
-            model,
-            session,
-            sampler,
-            stopping,
-            feed_last=False,
-            sample=i,
-            first=firsts[i],
-            drafts=model.draft_tokens if speculate and len(samplers) == 1 else 0,  # n > 1: they batch
+    if n == 1:
+        drafts = model.draft_tokens if speculate else 0
+        yield from decode_steps(
+            model, first, samplers[0], stopping, feed_last=False, first=firsts[0], drafts=drafts
         )
-        for i, (session, sampler) in enumerate(zip(sessions, samplers, strict=True))
-    ]
-    yield from bodies[0] if len(bodies) == 1 else side_by_side(bodies)
-
-
-def side_by_side(bodies: list[Generator[Any, Any, None]]) -> Generator[Any, Any, None]:
-    """Run several job bodies as one: each round, every body that wants a decode row gets it in one
-    Tokens request (so all of them ride one forward); other requests and events pass through."""
-    replies: dict[int, Any] = dict.fromkeys(range(len(bodies)))
-    live = dict(enumerate(bodies))
-    try:
-        while live:
-            wants: dict[int, DecodeRow] = {}
-            for i in list(live):
-                row = yield from _until_token(live[i], replies.pop(i, None))
-                if row is None:
-                    del live[i]
-                else:
-                    wants[i] = row
-            if wants:
-                tokens = yield from ask(Tokens(tuple(wants.values())))
-                replies.update(zip(wants, tokens, strict=True))
-    finally:
-        for body in live.values():
-            body.close()
-
-
-def _until_token(body: Generator[Any, Any, None], reply: Any) -> Generator[Any, Any, DecodeRow | None]:
-    """Advance `body` up to its next decode row (None once it has ended), passing the rest through."""
-    while True:
-        try:
-            item = body.send(reply)
-        except StopIteration:
-            return None
-        if isinstance(item, Token):
-            return item.row
-        reply = yield item
+        return
+    steps = functools.partial(decode_steps, model)  # n > 1 does not draft: the samples batch
+    yield from samples_body(
+        steps, samplers, firsts_by_sample(firsts, len(sessions), n), sessions, stopping, width or n
+    )
 
 
 def prefill_body(state: SessionState, tokens: list[int], tally: PrefillTally) -> Generator[Any, Any, None]:

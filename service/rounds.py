@@ -41,9 +41,31 @@ class Call:
 class Lend:
     """Wait, in arrival order, for the free KV slots `open` asks for; the sessions come back and are
     the job's until it ends: the scheduler closes them then, however it ends (a Generate's samples).
-    A plain `Open` hands its sessions to the job's caller, who closes them."""
+    A plain `Open` hands its sessions to the job's caller, who closes them.
+
+    `fan`: the samples of one prompt (service/samples.py), which start as slots free: granted as
+    soon as one slot is free, it takes as many of `open.count` as are free once the requests
+    granted beside it have theirs (`grant_sizes`); fewer sessions than asked may come back."""
 
     open: Open
+    fan: bool = False
+
+
+@dataclass(frozen=True)
+class Spare:
+    """Copies of `source` (a prompt's holder: its KV rows and next-token logits, `Fork`) on up to
+    `count` free KV slots, lent to the job as `Lend`'s sessions are, after closing the lent
+    sessions in `release` (samples that ended): the forks come back, a list.
+
+    Without `wait` it is answered in the round's first step with what the slots left free after
+    the queue's turn allow (often none), so the job's running samples decode in the same round;
+    with `wait` (the job has nothing else running) it waits in the queue, in arrival order, for
+    at least one."""
+
+    source: Session | None  # None: only `release` (every sample has started)
+    count: int
+    release: tuple[Session, ...] = ()
+    wait: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,7 +121,7 @@ Asked = Generator[Any, Any, T]  # a job body's part that asks one request and re
 
 
 @overload
-def ask(request: Open | Lend) -> Asked[list[Session]]: ...
+def ask(request: Open | Lend | Spare) -> Asked[list[Session]]: ...
 @overload
 def ask(request: Prefill) -> Asked[PrefillProgress]: ...
 @overload
@@ -135,6 +157,18 @@ def opening(want: Any) -> Open | None:
     return want if isinstance(want, Open) else None
 
 
+def slot_need(want: Any) -> tuple[int, int] | None:
+    """The KV slots a job waits for in the queue, as (least, most) it starts with; None when it
+    does not wait for slots (a `Spare` without `wait` is answered in the round)."""
+    if isinstance(want, Lend):
+        return (1 if want.fan else want.open.count, want.open.count)
+    if isinstance(want, Open):
+        return (want.count, want.count)
+    if isinstance(want, Spare) and want.wait:
+        return (1, want.count)
+    return None
+
+
 def session_op(want: Any) -> SessionOp | None:
     """The session operation a job waits on (None unless it waits on one)."""
     if isinstance(want, Timed):
@@ -155,6 +189,21 @@ class StepRecord:
     batch: int
     ops: int = 0
     choices: int = 0
+
+
+def grant_sizes(granted: Iterable[tuple[int, int]], free: int) -> tuple[int, ...]:
+    """How many of `free` KV slots each granted request, (least, most) in arrival order, takes:
+    every one its least (`slot_grants` saw that they fit), then what is left, oldest first, up to
+    each one's most. So a one-sample request granted beside a large `n` gets its slot, and the
+    samples' extra slots are whatever nobody granted needed."""
+    granted = list(granted)
+    left = free - sum(least for least, _ in granted)
+    sizes = []
+    for least, most in granted:
+        extra = min(most - least, max(left, 0))
+        left -= extra
+        sizes.append(least + extra)
+    return tuple(sizes)
 
 
 MAX_PREFILLS_PER_ROUND = 4

@@ -39,7 +39,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import structlog
@@ -65,14 +65,17 @@ from service.rounds import (
     DECODE_REQUESTS,
     Call,
     Lend,
+    Spare,
     StepRecord,
     Timed,
     ask,
     decode_rows,
+    grant_sizes,
     opening,
     prefill_plan,
     session_op,
     slot_grants,
+    slot_need,
 )
 
 log = structlog.get_logger("ladder.scheduler")
@@ -276,9 +279,12 @@ class Scheduler:
             want = job.want
             if job.abort_error is not None or want is None or session_op(want) is not None:
                 return True
+            if isinstance(want, Spare):  # answered in the round, slots or none
+                return True
             if isinstance(want, (Prefill, *DECODE_REQUESTS)):
                 return True
-        return bool(self._granted(self._wants(), 0))
+        wants = self._wants()
+        return bool(self._granted(wants, max(self.engine.free_slots, 0)))
 
     def _wait_for_slots(self, job: Job) -> None:
         """A running job that now waits for KV slots: into the queue, in arrival order."""
@@ -288,7 +294,7 @@ class Scheduler:
     def _run_again(self, jobs: list[Job]) -> None:
         """Jobs of the queue that no longer wait for slots (granted, or to be ended): running again."""
         for job in jobs:
-            if job in self._queued and (opening(job.want) is None or job.abort_error is not None):
+            if job in self._queued and (slot_need(job.want) is None or job.abort_error is not None):
                 self._queued.remove(job)
                 bisect.insort(self._running, job, key=lambda j: j.serial)
 
@@ -330,19 +336,33 @@ class Scheduler:
         wants = self._wants()
         op_jobs = wants.ops
         ops = (*closing, *(op for job in op_jobs if (op := session_op(job.want)) is not None))
-        freed = sum(isinstance(op, Close) for op in ops) - sum(isinstance(op, Fork) for op in ops)
-        open_jobs = [self._queued[i] for i in self._granted(wants, freed)]
-        opens = tuple(o for job in open_jobs if (o := opening(job.want)) is not None)
-        first = Step(opens=opens, ops=ops)
+        releases = tuple(Close(session) for job in wants.spares for session in self._released(job))
+        forked = sum(isinstance(op, Fork) for op in ops)
+        freed = sum(isinstance(op, Close) for op in ops) + len(releases) - forked
+        granted = self._grants(wants, max(self.engine.free_slots + freed, 0))
+        open_jobs: list[Job] = []
+        opens: list[Open] = []
+        forking: list[tuple[Job, int]] = []  # Spare's jobs, granted or not (these fork none)
+        for job, size in granted:
+            if (open_ := opening(job.want)) is not None:
+                open_jobs.append(job)
+                opens.append(replace(open_, count=size))
+            else:
+                forking.append((job, size))
+        forking += [(job, 0) for job in wants.spares if all(job is not j for j, _ in forking)]
+        forks = tuple(Fork(job.want.source) for job, n in forking for _ in range(n))
+        first = Step(opens=tuple(opens), ops=(*ops, *releases, *forks))
         choices = 0
-        if first:
+        if first or forking:
             result = self._step(first)
             self._ended()
             self._answers.ops(op_jobs, result, len(closing))
+            self._answers.spares(forking, result, len(ops) + len(releases))
             self._answers.opens(open_jobs, result)
-            self._run_again(open_jobs)
+            spared = [job for job, _ in forking]
+            self._run_again([*open_jobs, *spared])
             choices = result.choices
-            for job in (*op_jobs, *open_jobs):
+            for job in (*op_jobs, *open_jobs, *spared):
                 if job.want is None and not job.done:
                     self._advance(job)
             self._flush()
@@ -411,7 +431,7 @@ class Scheduler:
                     job.answer(error=exc)
             elif type(item) in _REQUESTS:  # by exact type: most items are events, passed on at once
                 job.want = item
-                if type(item) in _OPENS:
+                if slot_need(item) is not None:
                     self._wait_for_slots(job)
                 return
             elif item is not None:
@@ -432,14 +452,35 @@ class Scheduler:
                 wants.prefills.append(job)
             elif session_op(want) is not None:
                 wants.ops.append(job)
+            elif isinstance(want, Spare):
+                wants.spares.append(job)
         return wants
 
-    def _granted(self, wants: Wants, freed: int) -> tuple[int, ...]:
-        """Which of the jobs waiting for slots (indices into the queue) get them now
-        (service.rounds.slot_grants: it reads the queue from its head and stops where the line
-        holds), with `freed` more slots free once this round's session operations have run."""
-        needs = (opening(job.want).count for job in self._queued)  # type: ignore[union-attr]
-        return slot_grants(needs, max(self.engine.free_slots + freed, 0), wants.returning)
+    def _granted(self, wants: Wants, free: int) -> tuple[int, ...]:
+        """Which of the jobs waiting for slots get them now, of `free` slots (indices: into the queue,
+        then into `wants.spares`, the running jobs' samples asking for more; service.rounds.slot_grants
+        reads the queue from its head and stops where the line holds). A running job's samples come
+        after the queue: a request that has started goes on while new ones take their first slot."""
+        queued = (slot_need(job.want)[0] for job in self._queued)  # type: ignore[index]
+        spares = (1 if job.want.count else 0 for job in wants.spares)
+        return slot_grants(itertools.chain(queued, spares), free, wants.returning)
+
+    def _grants(self, wants: Wants, free: int) -> list[tuple[Job, int]]:
+        """The jobs `_granted` lets start, each with the slots it takes (`grant_sizes`)."""
+        waiting = len(self._queued)
+        granted = self._granted(wants, free)
+        jobs = [self._queued[i] if i < waiting else wants.spares[i - waiting] for i in granted]
+        needs = [slot_need(job.want) or (1, job.want.count) for job in jobs]
+        return list(zip(jobs, grant_sizes(needs, free), strict=True))
+
+    @staticmethod
+    def _released(job: Job) -> tuple[Session, ...]:
+        """The lent sessions a job's `Spare` gives back: no longer the job's (closed in this step)."""
+        released: tuple[Session, ...] = job.want.release
+        for session in released:
+            job.lent.remove(session)
+        job.slots = len(job.lent)
+        return released
 
     def _forward_done(self, kind: str, seconds: float, detail: Callable[[], dict[str, Any]]) -> None:
         if self.on_forward is not None:
@@ -458,7 +499,7 @@ class Scheduler:
             job.body.close()
         except Exception as exc:  # noqa: BLE001 — a failing clean-up must never stop the worker
             log.error("job_cleanup_failed", error=repr(exc))
-        if opening(job.want) is None and isinstance(job.reply, list) and not job.lent:
+        if slot_need(job.want) is None and isinstance(job.reply, list) and not job.lent:
             job.lent = [s for s in job.reply if isinstance(s, Session)]  # granted, never seen
         self._finish(job, error)
 
@@ -488,8 +529,7 @@ class Scheduler:
 
 
 # What a job may wait on (service/rounds.py, engine/executor/step.py), as exact types.
-_REQUESTS = frozenset({Open, Lend, Prefill, *DECODE_REQUESTS, Timed, *SESSION_OPS})
-_OPENS = frozenset({Open, Lend})
+_REQUESTS = frozenset({Open, Lend, Spare, Prefill, *DECODE_REQUESTS, Timed, *SESSION_OPS})
 
 
 @dataclass
@@ -500,4 +540,5 @@ class Wants:
     ops: list[Job] = field(default_factory=list)
     prefills: list[Job] = field(default_factory=list)
     decodes: list[Job] = field(default_factory=list)
+    spares: list[Job] = field(default_factory=list)  # running jobs whose samples ask for slots
     returning: int = 0

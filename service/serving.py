@@ -38,6 +38,7 @@ log = structlog.get_logger("ladder.sessions")
 # Tokenization's own threads (one set for the process): nothing else queued on them can make a
 # prompt wait, as structured-output compiles once did on the event loop's executor (issue #39).
 TOKENIZING = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ladder-tokenize")
+MAX_SAMPLES = 128  # samples one request may ask for (OpenAI's limit on n)
 
 
 def note_session(state: SessionState) -> SessionState:
@@ -170,29 +171,41 @@ class Serving:
         lets callers that auth tells apart share them (a shared prefix's speed is visible to others)."""
         return "" if self.config.prefix_across_callers else caller
 
-    def check_samples(self, n: int) -> None:
-        """n samples hold n KV slots at once: no more than the server has, nor than the caller's share
-        beside the sessions it holds."""
+    def sample_width(self, n: int) -> int:
+        """The KV slots n samples may hold at once: n when the server and the caller's share have
+        them, else fewer (the samples then start as slots free: service/samples.py), but never
+        fewer than two (the prompt's holder and a sample). Over MAX_SAMPLES is out of range."""
         facts = self.model.facts
-        if n > facts.slots:
+        if n > MAX_SAMPLES:
             raise OverLimit(
-                f"n = {n} samples need {n} KV slots at once; the server has {facts.slots}",
-                reason="TOO_MANY_SAMPLES",
-                field="n",
+                f"n = {n} samples; the limit is {MAX_SAMPLES}", reason="TOO_MANY_SAMPLES", field="n"
             )
-        if n > 1 and facts.recurrent:
+        if n == 1:
+            return 1
+        if facts.recurrent:
             raise InvalidInput(
                 "n > 1 copies the prompt's KV rows, and this decoder carries recurrent state that has none",
                 reason="SAMPLES_UNSUPPORTED",
                 field="n",
             )
-        if n > 1 and not self.sessions.parking:  # parked sessions hold no slot the samples need
-            held, share = self.held(CALLER.get())
-            if held + n > share:
-                raise CallerQuota(
-                    f"n = {n} samples beside the {held} sessions this caller holds are over "
-                    f"its share of {share} KV slots (see --sessions-per-caller)"
-                )
+        width = min(n, facts.slots)
+        if width < 2:
+            raise OverLimit(
+                f"n = {n} samples need 2 KV slots at once (the prompt's and a sample's); "
+                f"the server has {facts.slots}",
+                reason="TOO_MANY_SAMPLES",
+                field="n",
+            )
+        if self.sessions.parking:  # parked sessions hold no slot the samples need
+            return width
+        held, share = self.held(CALLER.get())
+        if share - held < 2:
+            raise CallerQuota(
+                f"n = {n} samples need 2 KV slots at once; beside the {held} sessions this "
+                f"caller holds, its share of {share} KV slots leaves {max(share - held, 0)} "
+                "(see --sessions-per-caller)"
+            )
+        return min(width, share - held)
 
     async def open_session(self) -> SessionState:
         return await self.claim(lambda caller: self.scheduler.open_session(self.scope(caller)))

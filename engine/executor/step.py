@@ -45,8 +45,9 @@ class Prefill:
     """Append `tokens` to `session`, one forward per step. The first step takes the longest held
     prefix first (`share`: an empty session only) and plans the rest; later steps carry the
     `task` the first one returned. After the last forward the session is copied into each of
-    `copies` and, given `samplers` (one for the session, one per copy), the first tokens are
-    chosen in the step's batched choice. The value: a `PrefillProgress`."""
+    `copies` and, given `samplers` (one for the session, one per copy, then any more: each chooses
+    from the session's logits too), the first tokens are chosen in the step's batched choice. The
+    value: a `PrefillProgress`."""
 
     session: Session
     tokens: tuple[int, ...] = ()

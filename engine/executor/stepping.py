@@ -256,8 +256,11 @@ def _finish(
         engine.copy_session(request.session, copy)
     if request.samplers:
         sessions = [request.session, *request.copies]
-        if len(request.samplers) != len(sessions):
+        if len(request.samplers) < len(sessions):
             raise InvalidInput(f"{len(request.samplers)} samplers for {len(sessions)} sessions")
+        # Samplers past the copies choose from the session's own logits: samples that start later,
+        # on copies of it (service/samples.py), with the first tokens they would have had now.
+        sessions += [request.session] * (len(request.samplers) - len(sessions))
         chosen.add(("prefill", index), sessions, request.samplers)
     return PrefillProgress(task, report, shared)
 

@@ -110,3 +110,28 @@ def test_a_configured_share_lets_one_caller_take_every_slot(served_model: Path) 
             close(running, "anyone", session_id)
     finally:
         running.close()
+
+
+def test_n_samples_hold_no_more_than_the_caller_s_share_and_need_two_slots_of_it(served_model: Path) -> None:
+    config = slotted(served_model, max_sessions=8, sessions_per_caller=4, auth_tokens=TOKENS)
+    with RunningServer(config) as running:
+        held = [open_session(running, "alice") for _ in range(2)]
+        running.scheduler.steps.clear()
+        request = greedy_request([5, 6, 7], 3)
+        request.n = 10
+        with running.frozen():
+            tens = running.stub.Generate.future(request, metadata=bearer("alice"), timeout=60)
+            wait_for(lambda: running.scheduler.depth == 1, what="the n = 10 request is queued")
+        assert len(tens.result().samples) == 10
+        # Beside Alice's two sessions her share leaves two slots: the prompt's holder and one sample
+        # at a time (the last two, the holder's own among them, together), on two pool rows.
+        decoded = [record.decode for record in running.scheduler.steps if record.decode]
+        assert sum(len(rows) for rows in decoded) == 10 * 2
+        assert len({row for rows in decoded for _, row in rows}) == 2
+        held.append(open_session(running, "alice"))  # three of four: no room for a prompt and a sample
+        with pytest.raises(grpc.RpcError) as caught:
+            running.stub.Generate(request, metadata=bearer("alice"), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "2 KV slots" in (caught.value.details() or "")
+        for session_id in held:
+            close(running, "alice", session_id)

@@ -11,6 +11,7 @@ import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
 from tests.support.prompts import greedy_request, prompt_ids
+from tests.support.rich_errors import status_details
 from tests.support.servers import RunningServer
 from tests.support.waiting import wait_for
 
@@ -93,16 +94,33 @@ def test_seeded_sampling_gives_the_same_tokens_alone_and_batched(server: Running
     assert after.steps - before.steps < after.rows - before.rows, "the requests never shared a forward"
 
 
-@pytest.mark.parametrize("n", [2**32 - 1, 13])
-def test_more_samples_than_slots_are_out_of_range_and_a_caller_may_take_every_slot(
-    server: RunningServer, n: int
-) -> None:
-    # The server has 12 slots. Idle sessions park by default, so a caller's share is not a number
-    # of slots: its samples may take all twelve (tests/service/test_fair_share.py: with parking off).
+@pytest.mark.parametrize("n", [2**32 - 1, 129])
+def test_more_samples_than_the_limit_are_out_of_range(server: RunningServer, n: int) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         server.stub.Generate(sampled([5, 6, 7], n=n))
-    assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE
-    assert server.stub.Generate(sampled([5, 6, 7], n=12)).usage.completion_tokens == 12 * NEW
+    details = status_details(caught.value)
+    assert (details.code, details.reason, details.fields) == (
+        grpc.StatusCode.OUT_OF_RANGE,
+        "TOO_MANY_SAMPLES",
+        ["n"],
+    )
+
+
+def test_more_samples_than_slots_start_as_slots_free_each_the_single_request_with_its_seed(
+    server: RunningServer,
+) -> None:
+    # The server has 12 slots: 40 samples run at most 12 at once, the prompt's holder among them,
+    # each exactly the one-sample request with seed 7 + i, and every slot comes back.
+    tokens = prompt_ids(30, seed=18)
+    before = server.stats()
+    reply = server.stub.Generate(sampled(tokens, n=40))
+    after = server.stats()
+    assert [s.index for s in reply.samples] == list(range(40))
+    alone = [list(server.stub.Generate(sampled(tokens, seed=7 + i)).token_ids) for i in range(40)]
+    assert [list(s.token_ids) for s in reply.samples] == alone
+    assert reply.usage.completion_tokens == 40 * NEW
+    assert after.prompt_tokens - before.prompt_tokens == len(tokens), "the prompt ran once for all 40"
+    assert after.sessions_open == 0
 
 
 def test_a_cancelled_stream_of_n_samples_returns_every_slot(server: RunningServer) -> None:

@@ -1,20 +1,20 @@
-"""Who gets free KV slots (service.rounds.slot_grants): pure values, then the issue's case on a
-real server — a one-sample Generate is not held behind an n = 7 one that must wait for sessions."""
+"""Who gets free KV slots (service.rounds.slot_grants, grant_sizes): pure values, then the cases on a
+real server — n samples start as slots free (more samples than slots, beside idle sessions), and a
+one-sample Generate is not held behind a large n."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.rounds import opening, slot_grants
+from service.rounds import grant_sizes, slot_grants, slot_need
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, server_config
-from tests.support.sessions import part, prefill
+from tests.support.sessions import part
 from tests.support.waiting import wait_for
 
 
@@ -47,6 +47,21 @@ def test_grants_never_exceed_the_free_slots_and_a_passed_request_cannot_start_ev
                     assert need > left + back, (needs, free, returning)
 
 
+def test_granted_requests_take_their_least_then_the_rest_goes_oldest_first_up_to_their_most() -> None:
+    assert grant_sizes([(1, 9), (1, 1)], free=8) == (7, 1)  # a large n beside a one-sample request
+    assert grant_sizes([(1, 3), (1, 9)], free=8) == (3, 5)
+    assert grant_sizes([(1, 9)], free=1) == (1,)
+
+
+def test_grant_sizes_never_exceed_the_free_slots_nor_a_request_s_most() -> None:
+    for wants in itertools.product([(1, 1), (1, 3), (2, 2), (1, 9)], repeat=3):
+        for free in range(sum(least for least, _ in wants), 14):
+            sizes = grant_sizes(list(wants), free)
+            assert sum(sizes) <= free
+            assert all(least <= size <= most for size, (least, most) in zip(sizes, wants, strict=True))
+            assert sum(sizes) == min(free, sum(most for _, most in wants)), "a free slot left unused"
+
+
 @pytest.fixture
 def running(served_model: Path) -> Iterator[RunningServer]:
     # Every slot may be one caller's: the test is about the queue, not the per-caller share.
@@ -54,7 +69,20 @@ def running(served_model: Path) -> Iterator[RunningServer]:
         yield server
 
 
-def test_a_one_sample_generate_passes_an_n_7_one_that_waits_for_idle_sessions(served_model: Path) -> None:
+def sampled(tokens: list[int], new: int, n: int = 1, seed: int = 7) -> pb.GenerateRequest:
+    request = greedy_request(tokens, new)
+    request.n, request.sampling.temperature, request.sampling.seed = n, 1.5, seed
+    return request
+
+
+def singles(running: RunningServer, tokens: list[int], new: int, n: int) -> list[list[int]]:
+    """Each sample as the one-sample request with its seed (7 + i) would write it."""
+    return [list(running.stub.Generate(sampled(tokens, new, seed=7 + i)).token_ids) for i in range(n)]
+
+
+def test_an_n_7_request_starts_in_the_free_slots_beside_idle_sessions_and_a_one_sample_one_too(
+    served_model: Path,
+) -> None:
     config = server_config(
         served_model, max_sessions=8, auth_tokens=("alice=a", "bob=b", "carol=c"), session_memory_mb=0
     )
@@ -63,53 +91,60 @@ def test_a_one_sample_generate_passes_an_n_7_one_that_waits_for_idle_sessions(se
         def as_(token: str) -> tuple[tuple[str, str]]:
             return (("authorization", f"Bearer {token}"),)
 
-        # Alice holds two idle sessions; Bob's n = 7 needs seven of the six free slots.
+        # Alice holds two idle sessions; Bob's n = 7 starts in the six free slots, its samples as
+        # slots free; Carol's one-sample request, sent meanwhile, gets the first slot a sample gives back.
         idle = [
             list(running.stub.Prefill(iter([part(prompt_ids(10, seed=s), last=True)]), metadata=as_("a")))[
                 -1
             ].done.session_id
             for s in range(2)
         ]
-        large = greedy_request(prompt_ids(20, seed=3), 4)
-        large.n, large.sampling.temperature = 7, 1.0
-        waiting: Future[pb.Completion] = running.stub.Generate.future(large, timeout=60, metadata=as_("b"))
+        tokens = prompt_ids(20, seed=3)
+        with running.frozen():
+            seven = running.stub.Generate.future(sampled(tokens, 8, n=7), timeout=60, metadata=as_("b"))
+            wait_for(lambda: running.scheduler.depth == 1, what="the n = 7 request is queued")
+            small = running.stub.Generate.future(
+                greedy_request(prompt_ids(20, seed=4), 4), timeout=30, metadata=as_("c")
+            )
+            wait_for(lambda: running.scheduler.depth == 2, what="the one-sample request is queued")
+        assert len(small.result(timeout=30).token_ids) == 4
+        alone = [
+            list(running.stub.Generate(sampled(tokens, 8, seed=7 + i), metadata=as_("b")).token_ids)
+            for i in range(7)
+        ]
+        assert [list(s.token_ids) for s in seven.result(timeout=60).samples] == alone
+        for session_id in idle:
+            running.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), metadata=as_("a"))
+        stats = running.stub.GetEngineStats(pb.GetEngineStatsRequest(), metadata=as_("a"))
+        assert stats.sessions_open == 0
 
-        def stats() -> pb.EngineStats:
-            return running.stub.GetEngineStats(pb.GetEngineStatsRequest(), metadata=as_("a"))
 
-        wait_for(lambda: stats().waiting_for_slot == 1, what="the n = 7 request waits")
-        small = running.stub.Generate(
-            greedy_request(prompt_ids(20, seed=4), 4), timeout=30, metadata=as_("c")
-        )
-        assert len(small.token_ids) == 4, "6 of 8 slots are free: Carol's request did not wait"
-        assert not waiting.done()
-        running.stub.CloseSession(pb.CloseSessionRequest(session_id=idle[0]), metadata=as_("a"))
-        assert len(waiting.result(timeout=30).samples) == 7, "Bob's turn came when a session closed"
-        running.stub.CloseSession(pb.CloseSessionRequest(session_id=idle[1]), metadata=as_("a"))
-        assert stats().sessions_open == 0
+def test_n_32_on_8_slots_each_sample_the_single_request_with_its_seed(running: RunningServer) -> None:
+    tokens = prompt_ids(20, seed=9)
+    before = running.stats()
+    reply = running.stub.Generate(sampled(tokens, 5, n=32), timeout=120)
+    after = running.stats()
+    assert [s.index for s in reply.samples] == list(range(32))
+    assert [list(s.token_ids) for s in reply.samples] == singles(running, tokens, 5, 32)
+    assert after.prompt_tokens - before.prompt_tokens == len(tokens), "one prefill for all 32"
+    assert after.sessions_open == 0 and running.stats().waiting_for_slot == 0
 
 
-def test_an_n_7_request_that_running_jobs_will_make_room_for_is_not_passed(running: RunningServer) -> None:
-    idle = prefill(running, part(prompt_ids(10, seed=5), last=True))[-1].done.session_id
+def test_a_one_sample_request_passes_an_n_9_one_whose_samples_wait_for_slots(running: RunningServer) -> None:
+    tokens = prompt_ids(20, seed=11)
     with running.frozen():  # arrivals in a known order, while nothing runs
-        first = running.stub.GenerateStream(greedy_request(prompt_ids(20, seed=6), 40), timeout=60)
-        wait_for(lambda: running.scheduler.depth == 1, what="the first stream is queued")
-        large = greedy_request(prompt_ids(20, seed=7), 4)
-        large.n, large.sampling.temperature = 7, 1.0
-        seven = running.stub.Generate.future(large, timeout=60)
-        wait_for(lambda: running.scheduler.depth == 2, what="the n = 7 request is queued")
-        late = running.stub.Generate.future(greedy_request(prompt_ids(20, seed=8), 4), timeout=60)
-        wait_for(lambda: running.scheduler.depth == 3, what="the late request is queued")
-    # 1 slot idle, the stream takes 1, 6 free: the n = 7 request fits once the stream ends, so the
-    # late one waits behind it and ends after it.
+        nine = running.stub.Generate.future(sampled(tokens, 24, n=9), timeout=60)
+        wait_for(lambda: running.scheduler.depth == 1, what="the n = 9 request is queued")
+        one = running.stub.Generate.future(greedy_request(prompt_ids(20, seed=12), 4), timeout=60)
+        wait_for(lambda: running.scheduler.depth == 2, what="the one-sample request is queued")
+    # 8 slots free: the n = 9 request takes 7 (its prompt's holder and six samples), the one-sample
+    # request, behind it, the eighth; the n = 9's last samples start as slots free.
     order: list[str] = []
-    seven.add_done_callback(lambda _: order.append("seven"))
-    late.add_done_callback(lambda _: order.append("late"))
-    assert len(list(first)) == 41  # 40 tokens and done
-    assert len(seven.result(timeout=60).samples) == 7
-    assert len(late.result(timeout=60).token_ids) == 4
-    assert order == ["seven", "late"]
-    running.stub.CloseSession(pb.CloseSessionRequest(session_id=idle))
+    nine.add_done_callback(lambda _: order.append("nine"))
+    one.add_done_callback(lambda _: order.append("one"))
+    assert len(one.result(timeout=60).token_ids) == 4
+    assert [list(s.token_ids) for s in nine.result(timeout=60).samples] == singles(running, tokens, 24, 9)
+    assert order == ["one", "nine"]
     assert running.stats().sessions_open == 0
 
 
@@ -128,7 +163,7 @@ def test_requests_waiting_for_a_slot_wait_in_a_queue_rounds_do_not_walk_and_a_ca
         ]
         wait_for(lambda: running.scheduler.waiting == 40, what="every request waits for a slot")
         scheduler = running.scheduler
-        assert all(opening(job.want) is None for job in list(scheduler._running)), (
+        assert all(slot_need(job.want) is None for job in list(scheduler._running)), (
             "a job waiting for a slot is walked by every round"
         )
         queued[7].cancel()
