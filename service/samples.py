@@ -78,21 +78,24 @@ def samples_body(
                 start(n - 1, holder)
                 started, holder = n, None
             rows: dict[int, DecodeRow] = {}
+            events = []
             for i in list(live):
-                row = yield from _until_token(live[i][0], replies.pop(i, None))
-                if row is None:
+                want = yield from _until_token(live[i][0], replies.pop(i, None))
+                if want is None:
                     ended.append(live.pop(i)[1])
-                else:
-                    rows[i] = row
+                    continue
+                rows[i] = want.row
+                if want.event is not None:
+                    events.append(want.event)
             if rows:
-                tokens = yield from ask(Tokens(tuple(rows.values())))
+                tokens = yield from ask(Tokens(tuple(rows.values()), tuple(events)))
                 replies.update(zip(rows, tokens, strict=True))
     finally:
         for body, _ in live.values():
             body.close()
 
 
-def _until_token(body: Body, reply: Any) -> Generator[Any, Any, DecodeRow | None]:
+def _until_token(body: Body, reply: Any) -> Generator[Any, Any, Token | None]:
     """Advance `body` up to its next decode row (None once it has ended), passing the rest through."""
     while True:
         try:
@@ -100,5 +103,5 @@ def _until_token(body: Body, reply: Any) -> Generator[Any, Any, DecodeRow | None
         except StopIteration:
             return None
         if isinstance(item, Token):
-            return item.row
+            return item
         reply = yield item
