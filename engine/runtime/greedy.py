@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from engine.runtime.cuda_runtime import Placement
+from engine.runtime.masks import unpacked
 
 THREADS = 256
 
@@ -44,7 +45,7 @@ __device__ __forceinline__ bool before(float a, long long ai, float b, long long
 
 template <typename T>
 __device__ void masked_argmax(const T* logits, long long vocab, const long long* rows,
-                              const long long* slots, const bool* table, long long* out,
+                              const long long* slots, const unsigned char* table, long long* out,
                               long long* next_ids, long long* mask, long long mask_width,
                               const long long* grow, long long* positions) {
     __shared__ float value[256];
@@ -53,11 +54,12 @@ __device__ void masked_argmax(const T* logits, long long vocab, const long long*
     int t = threadIdx.x;
     const T* row = logits + rows[blockIdx.x] * vocab;
     long long slot = slots[blockIdx.x];
-    const bool* allowed = slot >= 0 ? table + slot * vocab : (const bool*)0;
+    // The row's mask, bit-packed (engine.runtime.masks): token v is bit 7 - v % 8 of byte v / 8.
+    const unsigned char* allowed = slot >= 0 ? table + slot * ((vocab + 7) >> 3) : (const unsigned char*)0;
     float best = refused;
     long long at = -1;
     for (long long v = t; v < vocab; v += blockDim.x) {
-        float x = (allowed && !allowed[v]) ? refused : load(row, v);
+        float x = (allowed && !((allowed[v >> 3] >> (7 - (v & 7))) & 1)) ? refused : load(row, v);
         if (at < 0 || before(x, v, best, at)) { best = x; at = v; }
     }
     value[t] = best;
@@ -83,7 +85,8 @@ __device__ void masked_argmax(const T* logits, long long vocab, const long long*
 }
 
 extern "C" __global__ void masked_argmax_f32(const float* logits, long long vocab, const long long* rows,
-                                             const long long* slots, const bool* table, long long* out,
+                                             const long long* slots, const unsigned char* table,
+                                             long long* out,
                                              long long* next_ids, long long* mask, long long mask_width,
                                              const long long* grow, long long* positions) {
     masked_argmax<float>(logits, vocab, rows, slots, table, out, next_ids, mask, mask_width, grow, positions);
@@ -91,7 +94,7 @@ extern "C" __global__ void masked_argmax_f32(const float* logits, long long voca
 
 extern "C" __global__ void masked_argmax_f16(const unsigned short* logits, long long vocab,
                                              const long long* rows, const long long* slots,
-                                             const bool* table, long long* out,
+                                             const unsigned char* table, long long* out,
                                              long long* next_ids, long long* mask, long long mask_width,
                                              const long long* grow, long long* positions) {
     masked_argmax<unsigned short>(logits, vocab, rows, slots, table, out, next_ids, mask, mask_width, grow,
@@ -124,6 +127,7 @@ class GreedyRows:
 
     def __call__(self, store: Any, rows: Sequence[int], slots: Sequence[int], table: Any) -> list[int]:
         """Row i's token: the argmax of `store[rows[i]]` over the tokens `table[slots[i]]` allows
+        (a bit-packed mask, engine.runtime.masks)
         (every token where `slots[i]` < 0)."""
         n = len(rows)
         if self.rt.device != "cuda":
@@ -131,7 +135,9 @@ class GreedyRows:
             masked = [i for i, slot in enumerate(slots) if slot >= 0]
             if masked:
                 logits = logits.copy()
-                allowed = table[np.asarray([slots[i] for i in masked], np.int64)]
+                allowed = unpacked(
+                    np, table[np.asarray([slots[i] for i in masked], np.int64)], logits.shape[-1]
+                )
                 logits[masked] = np.where(allowed, logits[masked], logits.dtype.type(-np.inf))
             return [int(t) for t in np.argmax(logits, axis=-1)]
         self.rows[:n] = rows

@@ -137,11 +137,12 @@ __device__ void select_bin(const u64* bins, u64 base, double target, int lane, i
 }
 
 struct Row {
-    const void* logits; int f32; const bool* allowed; float temp;
+    const void* logits; int f32; const unsigned char* allowed; float temp;  // allowed: bit-packed
 };
 
 __device__ __forceinline__ float raw(const Row& r, long long v) {
-    return (r.allowed && !r.allowed[v]) ? __int_as_float(0xff800000) : load(r.logits, r.f32, v);
+    return (r.allowed && !((r.allowed[v >> 3] >> (7 - (v & 7))) & 1)) ? __int_as_float(0xff800000)
+                                                                   : load(r.logits, r.f32, v);
 }
 
 __device__ __forceinline__ float scaled(const Row& r, float x) {
@@ -215,7 +216,8 @@ __device__ unsigned int radix_select(const unsigned int* scratch, long long firs
 #endif
 
 extern "C" __global__ void __launch_bounds__(THREADS) ROW_BLOCKS sample_rows(
-        const u64* pointers, const int* f32, long long vocab, const long long* slots, const bool* table,
+        const u64* pointers, const int* f32, long long vocab, const long long* slots,
+        const unsigned char* table,
         const float* temperature, const long long* top_k, const double* top_p, const double* min_p,
         const u64* keys, const u64* counters, double scale, long long* out, unsigned int* scratch_rows,
         const long long* rows, long long* next_ids, long long* mask, long long mask_width,
@@ -251,7 +253,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) ROW_BLOCKS sample_rows(
     Row r;
     r.logits = (const void*)pointers[b];
     r.f32 = f32[b];
-    r.allowed = slot >= 0 ? table + slot * vocab : (const bool*)0;
+    // The row's mask, bit-packed (engine.runtime.masks): token v is bit 7 - v % 8 of byte v / 8.
+    r.allowed = slot >= 0 ? table + slot * ((vocab + 7) >> 3) : (const unsigned char*)0;
     float temp = temperature[b];
     long long k = top_k[b];
     bool greedy = temp == 0.0f || k == 1;
