@@ -43,7 +43,7 @@ async def generation(
         width,
     )
     try:
-        async with aclosing(serving.scheduler.batches(body, hold=unary, count=progress.count)) as batches:
+        async with aclosing(serving.scheduler.batches(progress.counted(body), hold=unary)) as batches:
             async for events in batches:
                 for event in events:
                     progress.see(event)

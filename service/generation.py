@@ -295,18 +295,16 @@ def decode_steps(
             stop_text.armed = True
             released(sampler)  # and so may the next choice
         piece = stop_text.push(stream.push(token)) if stream is not None else ""
-        # The token's event goes out with the request for the next token, where there is one.
-        out = TokenOut(token, piece, index, time.perf_counter(), last, sample)
+        yield TokenOut(token, piece, index, time.perf_counter(), last, sample)
         held = session.length - len(ahead)  # what the session would hold without speculation
         stopped = _stop_reason(model, stopping, token, stop_text, sampler, chosen_past=bool(ahead))
         if stopped is not None or held + 1 > model.capacity:
-            yield out
             reason = stopped or Finish.CAPACITY
             break
-        if index + 1 >= stopping.max_new_tokens or ahead:
-            yield out
-            if ahead:
-                token, last = ahead.pop(0)
+        if index + 1 >= stopping.max_new_tokens:
+            continue
+        if ahead:
+            token, last = ahead.pop(0)
             continue
         # The token chosen here is fed next only if another follows it or the session keeps it.
         more = (index + 2 < stopping.max_new_tokens or feed_last) and held + 2 <= model.capacity
@@ -314,12 +312,12 @@ def decode_steps(
         room = stopping.max_new_tokens - index - 2  # tokens after the next that the budget still emits
         draft = speculation.draft(room, emitted=index + 1) if speculation is not None else ()
         if speculation is not None and draft:
-            verified = yield from ask(Draft(replace(row, drafts=draft, stops=speculation.stops), out))
+            verified = yield from ask(Draft(replace(row, drafts=draft, stops=speculation.stops)))
             speculation.verified(verified)
             ahead = list(zip(verified.tokens, verified.logprobs, strict=True))
             token, last = ahead.pop(0)
         else:
-            token = yield from ask(Token(row, out))
+            token = yield from ask(Token(row))
             last = sampler.last
             if speculation is not None:
                 speculation.chose(token)

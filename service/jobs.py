@@ -16,7 +16,6 @@ import structlog
 from engine.executor import Session
 
 Body = Generator[Any, Any, None]
-Counting = Callable[[Any], None] | None  # sees each event a job yields, on the worker
 
 
 @dataclass(frozen=True)
@@ -48,12 +47,10 @@ class Job:
         cancelled: Callable[[Job], None],
         outbox: Callable[[Job, Any], None],
         hold: bool = False,
-        count: Counting = None,
     ) -> None:
         self.body = body
         self.bounded = bounded  # counts toward the queue bound (requests, not internal calls)
         self.hold = hold  # events wait for the end of the job (a unary call needs them only then)
-        self.count = count
         self.held: list[Any] = []
         self.loop = loop
         self.serial = serial  # arrival order

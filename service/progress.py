@@ -10,7 +10,7 @@ carries the prompt's next token) is ready. Decode continues a session whose
 prompt was prefilled already; its first token is no first token of a prompt,
 so Decode observes no TTFT, only inter-token latency between its tokens.
 
-Work is counted where it is done: `count` sees the job's events on the worker, and every
+Work is counted where it is done: `counted(body)` wraps the job, and every
 prefill forward (ForwardDone) and every token of every sample (TokenOut) is
 added to the counters and the engine totals as the worker yields it, however
 the call ends. `end(code)` closes a call that ended before all its samples
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,10 +96,27 @@ class Progress:
         elif isinstance(event, Finished):
             self._finished(event)
 
-    def count(self, item: Any) -> None:
-        """One event of the job, on the worker thread as the job yields it (`Scheduler.submit`'s
-        `count`): prefill forwards and rows, and the tokens of every sample, whether or not the
-        call is still there to see them."""
+    def counted(self, body: Generator[Any, Any, None]) -> Generator[Any, Any, None]:
+        """`body` as a job whose work is counted as the worker yields it: prefill forwards and rows,
+        and the tokens of every sample, whether or not the call is still there to see them."""
+        try:
+            item = next(body)
+            while True:
+                self._count(item)
+                try:
+                    reply = yield item
+                except GeneratorExit:
+                    body.close()
+                    raise
+                except BaseException as exc:  # noqa: BLE001 — handed to the body, as `yield from` does
+                    item = body.throw(exc)
+                else:
+                    item = body.send(reply)
+        except StopIteration:
+            return
+
+    def _count(self, item: Any) -> None:
+        """One event of the job, on the worker thread."""
         if isinstance(item, TokenOut):
             self.metrics.generated_tokens.inc()
             self.totals.generated_tokens += 1

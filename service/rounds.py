@@ -77,21 +77,16 @@ class Timed:
 
 @dataclass(frozen=True)
 class Token:
-    """Be one row of the round's decode forward; the chosen token (or None) comes back. `event`:
-    one for the caller, handed on as the job waits (a token's own event rides with the request for
-    the next, so the worker resumes the job once a token, not twice)."""
+    """Be one row of the round's decode forward; the chosen token (or None) comes back."""
 
     row: DecodeRow
-    event: Any = None
 
 
 @dataclass(frozen=True)
 class Tokens:
-    """Be several rows of the round's decode forward (a request's n samples); their tokens come back.
-    `events`: for the caller, handed on as the job waits (the rows' `Token.event`s)."""
+    """Be several rows of the round's decode forward (a request's n samples); their tokens come back."""
 
     rows: tuple[DecodeRow, ...]
-    events: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,11 +100,9 @@ class Feed:
 @dataclass(frozen=True)
 class Draft:
     """Be a drafted row of the round (`row.drafts` set): verified in a forward of its own when it
-    decodes alone, else a plain row of the decode forward; its `Verified` tokens come back.
-    `event`: as `Token`'s."""
+    decodes alone, else a plain row of the decode forward; its `Verified` tokens come back."""
 
     row: DecodeRow
-    event: Any = None
 
 
 DECODE_REQUESTS = (Token, Tokens, Feed, Draft)

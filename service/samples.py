@@ -78,24 +78,21 @@ def samples_body(
                 start(n - 1, holder)
                 started, holder = n, None
             rows: dict[int, DecodeRow] = {}
-            events = []
             for i in list(live):
-                want = yield from _until_token(live[i][0], replies.pop(i, None))
-                if want is None:
+                row = yield from _until_token(live[i][0], replies.pop(i, None))
+                if row is None:
                     ended.append(live.pop(i)[1])
-                    continue
-                rows[i] = want.row
-                if want.event is not None:
-                    events.append(want.event)
+                else:
+                    rows[i] = row
             if rows:
-                tokens = yield from ask(Tokens(tuple(rows.values()), tuple(events)))
+                tokens = yield from ask(Tokens(tuple(rows.values())))
                 replies.update(zip(rows, tokens, strict=True))
     finally:
         for body, _ in live.values():
             body.close()
 
 
-def _until_token(body: Body, reply: Any) -> Generator[Any, Any, Token | None]:
+def _until_token(body: Body, reply: Any) -> Generator[Any, Any, DecodeRow | None]:
     """Advance `body` up to its next decode row (None once it has ended), passing the rest through."""
     while True:
         try:
@@ -103,5 +100,5 @@ def _until_token(body: Body, reply: Any) -> Generator[Any, Any, Token | None]:
         except StopIteration:
             return None
         if isinstance(item, Token):
-            return item
+            return item.row
         reply = yield item

@@ -60,17 +60,14 @@ from engine.executor.step import (
 )
 from service.answers import Answers
 from service.errors import Cancelled, QueueFull
-from service.jobs import Body, Counting, End, Job, Result, put_all
+from service.jobs import Body, End, Job, Result, put_all
 from service.rounds import (
     DECODE_REQUESTS,
     Call,
-    Draft,
     Lend,
     Spare,
     StepRecord,
     Timed,
-    Token,
-    Tokens,
     ask,
     decode_rows,
     grant_sizes,
@@ -136,7 +133,7 @@ class Scheduler:
         return len(self._queued)
 
     # -- the event-loop side ------------------------------------------------------
-    def submit(self, body: Body, *, bounded: bool = True, hold: bool = False, count: Counting = None) -> Job:
+    def submit(self, body: Body, *, bounded: bool = True, hold: bool = False) -> Job:
         with self._lock:
             if self._refusal is not None:
                 body.close()
@@ -146,8 +143,9 @@ class Scheduler:
                 raise self._full()
             self._depth += bounded
             self.submitted += 1
-        loop, serial = asyncio.get_running_loop(), next(self._serials)
-        job = Job(body, loop, bounded, serial, self._cancelled, self._post, hold, count)
+        job = Job(
+            body, asyncio.get_running_loop(), bounded, next(self._serials), self._cancelled, self._post, hold
+        )
         self._inbox.put(job)
         return job
 
@@ -173,24 +171,23 @@ class Scheduler:
         )
 
     async def stream(
-        self, body: Body, *, bounded: bool = True, hold: bool = False, count: Counting = None
+        self, body: Body, *, bounded: bool = True, hold: bool = False
     ) -> AsyncGenerator[Any, None]:
         """Run `body` on the worker and yield its events; leaving early cancels the job.
 
         With `hold` the events arrive together when the job ends: a unary call then costs the
-        event loop nothing per token, which is what lets many of them share one decode forward.
-        `count` sees every event on the worker as the job yields it, however the call ends."""
-        async with aclosing(self.batches(body, bounded=bounded, hold=hold, count=count)) as batches:
+        event loop nothing per token, which is what lets many of them share one decode forward."""
+        async with aclosing(self.batches(body, bounded=bounded, hold=hold)) as batches:
             async for items in batches:
                 for item in items:
                     yield item
 
     async def batches(
-        self, body: Body, *, bounded: bool = True, hold: bool = False, count: Counting = None
+        self, body: Body, *, bounded: bool = True, hold: bool = False
     ) -> AsyncGenerator[list[Any], None]:
         """As `stream`, but every event that has arrived by the caller's turn comes in one list (never
         empty): a caller that answers them with one message costs the event loop one turn for all."""
-        job = self.submit(body, bounded=bounded, hold=hold, count=count)
+        job = self.submit(body, bounded=bounded, hold=hold)
         events = job.events
         try:
             while True:
@@ -434,25 +431,11 @@ class Scheduler:
                     job.answer(error=exc)
             elif type(item) in _REQUESTS:  # by exact type: most items are events, passed on at once
                 job.want = item
-                kind = type(item)
-                if kind in _QUEUED and slot_need(item) is not None:
+                if slot_need(item) is not None:
                     self._wait_for_slots(job)
-                elif kind is Token or kind is Draft:
-                    if item.event is not None:
-                        self._deliver(job, item.event)
-                elif kind is Tokens:
-                    for event in item.events:
-                        self._deliver(job, event)
                 return
             elif item is not None:
-                self._deliver(job, item)
-
-    @staticmethod
-    def _deliver(job: Job, event: Any) -> None:
-        """An event of the job: counted (its `count`), then handed to its caller."""
-        if job.count is not None:
-            job.count(event)
-        job.deliver(event)
+                job.deliver(item)
 
     def _wants(self) -> Wants:
         """What every running job waits on, in one pass over them (the queue waiting for slots is
@@ -547,7 +530,6 @@ class Scheduler:
 
 # What a job may wait on (service/rounds.py, engine/executor/step.py), as exact types.
 _REQUESTS = frozenset({Open, Lend, Spare, Prefill, *DECODE_REQUESTS, Timed, *SESSION_OPS})
-_QUEUED = frozenset({Open, Lend, Spare})  # the requests that may wait for slots (`slot_need`)
 
 
 @dataclass

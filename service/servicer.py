@@ -180,7 +180,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         tokens = await serving.prompt_ids(prompt)
         progress.prompt_tokens += len(tokens)
         body = extension.marked(prefill_body(state, tokens, progress.tally))
-        async with aclosing(serving.scheduler.stream(body, count=progress.count)) as events:
+        async with aclosing(serving.scheduler.stream(progress.counted(body))) as events:
             async for event in events:
                 if isinstance(event, ForwardDone):
                     yield wire.forward_event(state.id, event)
@@ -195,7 +195,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         with serving.sessions.using(state):
             body = decode_body(serving.model, state, sampler, call.stopping, call.speculate)
             progress = serving.progress()
-            async with aclosing(serving.scheduler.batches(body, count=progress.count)) as batches:
+            async with aclosing(serving.scheduler.batches(progress.counted(body))) as batches:
                 async for events in batches:
                     for event in events:
                         progress.see(event)
