@@ -96,6 +96,11 @@ class ServedModel:
         # What a request that names no max_new_tokens gets (0 configured: the limit), never over the limit.
         self.default_new_tokens = min(default_new_tokens or max_new_tokens, max_new_tokens)
 
+    def lone(self) -> bool:
+        """Whether the last decode forward ran one row (read on the worker): a stream decoding alone,
+        whose drafts may get a verification forward of their own (speculation.Speculation)."""
+        return self.engine.last_batch <= 1
+
     def token_text(self, token: int) -> str:
         """One token's own text, special tokens written out ("" without a tokenizer)."""
         return "" if self.tokenizer is None else str(self.tokenizer.decode([token], skip_special=False))
@@ -286,7 +291,15 @@ def decode_steps(
     last = sampler.last
     ahead: list[tuple[int, TokenLogprobs | None]] = []  # chosen, not emitted; `token` fed when any
     speculation = (
-        Speculation([*session.tokens, token], sampler, stopping, drafts, model.eos_ids, model.forward_costs)
+        Speculation(
+            [*session.tokens, token],
+            sampler,
+            stopping,
+            drafts,
+            model.eos_ids,
+            model.forward_costs,
+            model.lone,
+        )
         if drafts
         else None
     )

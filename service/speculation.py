@@ -6,7 +6,7 @@ before each step it runs alone and tells it what came back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine.executor.step import Verified
 from engine.planner.drafts import MAX_K, Acceptance, Costs, Lookup
@@ -29,8 +29,11 @@ class Speculation:
         k: int,
         eos_ids: frozenset[int],
         costs: Costs,
+        lone: Callable[[], bool] = lambda: True,
     ) -> None:
         self.lookup = Lookup(k=k, tokens=list(tokens))
+        self.lone = lone  # whether the stream decodes alone (a draft beside other rows runs plainly)
+        self._behind: list[int] = []  # tokens not in the lookup's index yet (added when it drafts)
         self.acceptance = Acceptance()
         self.costs = costs
         self.sampler = sampler
@@ -42,12 +45,15 @@ class Speculation:
         """Tokens to verify with the next step, `emitted` tokens into the sample (at most `room`,
         those the budget can still emit): the tokens the row's constraint forces next, else a
         prompt-lookup draft as long as it pays."""
-        if room <= 0 or emitted < self.min_tokens:
-            return ()
+        if room <= 0 or emitted < self.min_tokens or not self.lone():
+            return ()  # beside other rows a draft would run as a plain row: no lookup for it
         forced = self.forced(min(room, MAX_K))
         self._forced = bool(forced)
         if forced:
             return forced
+        if self._behind:
+            self.lookup.extend(self._behind)
+            self._behind = []
         draft = self.lookup.propose()[:room]
         return draft[: self.acceptance.length(len(draft), self.costs)]
 
@@ -70,11 +76,12 @@ class Speculation:
         return tuple(forced)
 
     def chose(self, token: int) -> None:
-        """A plain step chose `token`."""
-        self.lookup.extend([token])
+        """A plain step chose `token` (indexed once the stream drafts again: none while it decodes
+        beside other rows)."""
+        self._behind.append(token)
 
     def verified(self, verified: Verified) -> None:
         """A drafted step came back (forced tokens tell nothing of how lookups fare)."""
         if not self._forced:
             self.acceptance.verified(verified.drafted, verified.accepted)
-        self.lookup.extend(verified.tokens)
+        self._behind.extend(verified.tokens)

@@ -139,3 +139,33 @@ def test_samples_of_a_prompt_whose_prefix_is_held_are_the_samples_of_a_full_pref
     second = server.stub.Generate(sampled(tokens, n=3))
     assert first.prefill.shared_rows == 0 < second.prefill.shared_rows
     assert [list(s.token_ids) for s in second.samples] == [list(s.token_ids) for s in first.samples]
+
+
+def test_a_stop_string_spanning_two_tokens_ends_each_sample_where_its_own_text_has_it(
+    server: RunningServer,
+) -> None:
+    def request(stop: list[str]) -> pb.GenerateRequest:
+        return pb.GenerateRequest(
+            prompt=pb.Prompt(text="Once upon a time"),
+            stopping=pb.StoppingOptions(max_new_tokens=24, ignore_eos=True, stop=stop),
+            sampling=pb.SamplingOptions(temperature=1.0, seed=3),
+            n=4,
+        )
+
+    pieces: list[list[str]] = [[] for _ in range(4)]
+    for event in server.stub.GenerateStream(request([])):
+        if event.HasField("token"):
+            pieces[event.token.sample].append(event.token.text)
+    free = [sample.text for sample in server.stub.Generate(request([])).samples]  # tails flushed
+    # A stop made of the end of one of sample 0's tokens and the start of the next: no token holds it.
+    k = next(i for i in range(4, 20) if pieces[0][i].strip() and pieces[0][i + 1].strip())
+    stop = pieces[0][k][-2:] + pieces[0][k + 1][:2]
+    assert not any(stop in piece for piece in pieces[0])
+    stopped = server.stub.Generate(request([stop]))
+    for sample, text in zip(stopped.samples, free, strict=True):
+        at = text.find(stop)
+        assert sample.text == (text[:at] if at >= 0 else text), sample.index
+        expected = pb.FINISH_REASON_STOP if at >= 0 else pb.FINISH_REASON_LENGTH
+        assert sample.finish_reason == expected
+    assert stopped.samples[0].finish_reason == pb.FINISH_REASON_STOP
+    assert server.stats().sessions_open == 0

@@ -13,9 +13,13 @@ from pathlib import Path
 import pytest
 
 from engine.errors import InvalidInput
+from engine.planner.drafts import Costs
+from engine.sampling import Sampler, SamplingParams
 from proto.ladder.v1 import ladder_pb2 as pb
+from service.calls import Stopping
 from service.config import Config
 from service.http.openai import openai_call
+from service.speculation import Speculation
 from tests.support.servers import RunningServer, server_config
 from tests.support.sessions import part, prefill
 
@@ -257,3 +261,25 @@ def test_engine_stats_report_the_gap_that_decides_auto(servers: tuple[RunningSer
     on, off = servers
     assert on.stats().exactness.HasField("verify_gap") and on.stats().exactness.verify_gap < 1e-3
     assert not off.stats().exactness.HasField("verify_gap")  # --speculate off: not probed
+
+
+def test_a_stream_beside_other_rows_looks_nothing_up_and_drafts_as_before_once_alone() -> None:
+    # Beside other decoding rows a draft would run as a plain row: the stream neither proposes nor
+    # indexes the tokens it chose (the worker's per-token cost at 64 rows), and once alone it drafts
+    # exactly what a stream that had indexed every token drafts.
+    lone = [False]
+    stopping = Stopping(max_new_tokens=64)
+
+    def speculation(alone: Callable[[], bool]) -> Speculation:
+        return Speculation([1, 2, 3, 4], Sampler(SamplingParams()), stopping, 4, frozenset(), Costs(), alone)
+
+    busy, always = speculation(lambda: lone[0]), speculation(lambda: True)
+    for token in (1, 2, 3, 4, 5, 6, 1, 2):
+        assert busy.draft(room=8, emitted=1) == ()
+        always.draft(room=8, emitted=1)
+        busy.chose(token)
+        always.chose(token)
+    assert busy.lookup.tokens == [1, 2, 3, 4], "nothing indexed while the stream had company"
+    lone[0] = True
+    assert busy.draft(room=8, emitted=1) == always.draft(room=8, emitted=1) != ()
+    assert busy.lookup.tokens == always.lookup.tokens
