@@ -431,7 +431,7 @@ class Scheduler:
                     job.answer(error=exc)
             elif type(item) in _REQUESTS:  # by exact type: most items are events, passed on at once
                 job.want = item
-                if slot_need(item) is not None:
+                if type(item) in _QUEUED and slot_need(item) is not None:
                     self._wait_for_slots(job)
                 return
             elif item is not None:
@@ -530,6 +530,7 @@ class Scheduler:
 
 # What a job may wait on (service/rounds.py, engine/executor/step.py), as exact types.
 _REQUESTS = frozenset({Open, Lend, Spare, Prefill, *DECODE_REQUESTS, Timed, *SESSION_OPS})
+_QUEUED = frozenset({Open, Lend, Spare})  # the requests that may wait in the queue (`slot_need`)
 
 
 @dataclass
