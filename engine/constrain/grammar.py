@@ -26,7 +26,7 @@ from engine.constrain.gbnf import END, FIELD, FRAME_SHIFT, POSITION, TERMINAL, P
 from engine.constrain.gbnf_rules import MEMBERS
 from engine.constrain.limits import DEFAULT_LIMITS, Limits
 from engine.constrain.pattern import complete
-from engine.constrain.vocabulary import DEAD, Layout, Vocabulary
+from engine.constrain.vocabulary import DEAD, Layout, Vocabulary, walk
 from engine.errors import InvalidInput
 
 __all__ = ["CompiledGrammar", "GrammarRow", "compile_grammar"]
@@ -204,9 +204,11 @@ class CompiledGrammar:
         alive, below = found
         mask = np.zeros(self._vocabulary.size, np.bool_)
         mask[self._layout.order] = alive
-        for i in below:
-            token = int(self._layout.order[i])
-            mask[token] = bool(transitions.after(state, self._vocabulary.pieces[token] or b""))
+        if below:  # walked on the whole state, in one vectorized walk
+            tokens = self._layout.order[below]
+            vocabulary = self._vocabulary
+            ends = transitions.walk(state, vocabulary.matrix[tokens], vocabulary.lengths[tokens])
+            mask[tokens] = ends != DEAD
         mask[list(self._vocabulary.eos_ids)] = () in state
         return np.packbits(mask)
 
@@ -251,6 +253,14 @@ class _Transitions:
                 self._fill(np.array([state_id]), np.array([byte]))
             state_id = int(self._table[state_id, byte])
         return self._states[state_id]
+
+    def walk(
+        self, state: State, matrix: npt.NDArray[np.uint8], lengths: npt.NDArray[np.int32]
+    ) -> npt.NDArray[np.int32]:
+        """Where each of some tokens (`matrix[i]` its bytes, `lengths[i]` how many) leads from
+        `state`: a state id valid until the next call, or DEAD."""
+        self._reset_if_full()
+        return walk(self._intern(state), matrix, lengths, self._next)
 
     def ends(self, state: State) -> npt.NDArray[np.int32]:
         """Where each usable token (in layout order) leads from `state`: a state id, valid until

@@ -57,6 +57,28 @@ class Layout:
         return ends
 
 
+def walk(
+    start: int, matrix: npt.NDArray[np.uint8], lengths: npt.NDArray[np.int32], step: Step
+) -> npt.NDArray[np.int32]:
+    """`Layout.ends` for any tokens, in any order (`matrix[i]`: token i's bytes, `lengths[i]`
+    how many): where each leads from state `start`, DEAD where a byte of it cannot follow."""
+    ends = np.zeros(len(lengths), np.int32)
+    at = np.arange(len(lengths))
+    current = np.full(len(at), start, np.int32)
+    for depth in range(matrix.shape[1]):
+        done = lengths[at] <= depth
+        if done.any():
+            ends[at[done]] = current[done]
+            at, current = at[~done], current[~done]
+        if not len(at):
+            break
+        current = step(current, matrix[at, depth])
+        alive = np.flatnonzero(current != DEAD)
+        at, current = at[alive], current[alive]
+    ends[at] = current
+    return ends
+
+
 class Vocabulary:
     def __init__(self, pieces: Sequence[bytes | None], size: int, eos_ids: Iterable[int]) -> None:
         """`pieces[i]`: token i's bytes, None for a special token; `size`: the logits row width
