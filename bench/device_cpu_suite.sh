@@ -18,7 +18,8 @@ for part in "$@"; do
   echo "$part: rc=$?"; tail -3 "$OUT/pytest-$name.txt"
 done
 python3 -c "
-from engine.executor import Engine, EngineOptions
+from engine.executor import EngineOptions
+from engine.executor.engine import Engine
 e = Engine.load('.pytest_cache/d/ladder-default-model/models/smollm2-135m-instruct-int4-ctx4096',
                 EngineOptions(max_sessions=4, capacity=1024))
 print(e.kernels, e.batch_widths)" 2>&1 | grep -v '^20' | tee "$OUT/kernel_rules.txt"

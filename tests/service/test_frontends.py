@@ -79,6 +79,44 @@ def test_a_frontend_that_exits_flips_health_and_drains_the_server(served_model: 
         running.close()
 
 
+def test_a_frontend_killed_mid_stream_ends_its_streams_unavailable_and_the_others_finish(
+    served_model: Path,
+) -> None:
+    # A stream through each frontend; one frontend is killed while both stream. Its client hears
+    # UNAVAILABLE (its connection is gone); the server drains, and the stream through the other
+    # frontend is served to its end within the drain before the server stops.
+    running = RunningServer(server_config(served_model, frontends=2, drain_seconds=20.0))
+    channels = [own_connection(running.address) for _ in range(CHANNELS)]
+    try:
+        frontends = running.server.frontends
+        assert frontends is not None
+        served_by = {}  # frontend index -> a stub whose connection it serves
+        for channel in channels:
+            stub = ladder_pb2_grpc.LadderStub(channel)
+            before = frontends.relayed()
+            stub.GetModelInfo(pb.GetModelInfoRequest())
+            served_by.setdefault(
+                [a - b for a, b in zip(frontends.relayed(), before, strict=True)].index(1), stub
+            )
+        assert set(served_by) == {0, 1}
+        request = greedy_request(prompt_ids(8, seed=72), 240)
+        doomed, survivor = served_by[0].GenerateStream(request), served_by[1].GenerateStream(request)
+        assert next(doomed).HasField("token") and next(survivor).HasField("token")
+        os.kill(frontends_of(running)[0], signal.SIGKILL)
+        with pytest.raises(grpc.RpcError) as caught:
+            list(doomed)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        events = list(survivor)
+        assert events[-1].done.finish_reason == pb.FINISH_REASON_LENGTH
+        assert sum(e.HasField("token") for e in events) == 240 - 1
+        running.run(asyncio.wait_for(running.server.stopped.wait(), 30))
+        assert "gRPC frontend 0 exited" in str(running.server.fault)
+    finally:
+        for channel in channels:
+            channel.close()
+        running.close()
+
+
 def _zombie(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
@@ -110,7 +148,9 @@ def test_health_watch_through_a_frontend_sees_the_drain(served_model: Path) -> N
         running.close()
 
 
-def test_frontends_exit_when_the_server_process_is_killed(served_model: Path, tmp_path: Path) -> None:
+def test_frontends_end_streams_unavailable_and_exit_when_the_server_process_is_killed(
+    served_model: Path, tmp_path: Path
+) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
     env.update(
@@ -128,11 +168,16 @@ def test_frontends_exit_when_the_server_process_is_killed(served_model: Path, tm
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             health = health_pb2_grpc.HealthStub(channel)
             wait_for(lambda: _serving(health), what="the server serving")
-        lines = log.read_text().splitlines()
-        pids = [json.loads(line)["pid"] for line in lines if "frontend_listening" in line]
-        assert len(pids) == 2
-        process.kill()  # no drain, no word to the frontends: they see their link close
-        process.wait(timeout=10)
+            lines = log.read_text().splitlines()
+            pids = [json.loads(line)["pid"] for line in lines if "frontend_listening" in line]
+            assert len(pids) == 2
+            stream = ladder_pb2_grpc.LadderStub(channel).GenerateStream(greedy_request([5, 6, 7], 250))
+            assert next(stream).HasField("token")  # streaming when the core goes
+            process.kill()  # no drain, no word to the frontends: they see their link close
+            process.wait(timeout=10)
+            with pytest.raises(grpc.RpcError) as caught:
+                list(stream)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         for pid in pids:
             wait_for(lambda pid=pid: not Path(f"/proc/{pid}").exists() or _zombie(pid), what="frontends gone")
     finally:
