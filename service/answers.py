@@ -80,11 +80,13 @@ class Answers:
             job.lent.extend(made)
             job.slots = len(job.lent)
             failed = next((o.error for o in outcomes if o.error is not None and not _no_slot(o.error)), None)
+            if failed is not None:
+                self._fault(failed)
             if made or failed is None:
                 if made or not job.want.wait:
                     job.answer(made)
             else:
-                self.answer(job, Outcome(error=failed))
+                job.answer(error=failed)
 
     def prefills(self, jobs: list[Job], result: StepResult) -> tuple[tuple[int, int], ...]:
         """Answer the prefill jobs; (job, forward width) of each, 0 where none ran."""

@@ -11,7 +11,11 @@ function on the worker, exists for tests and tools).
 Jobs waiting for a KV slot (an `Open` or `Lend`) wait in a queue of their own, in arrival order,
 served from its head (`slot_grants`); a round walks the jobs that can run, not that queue, so a
 thousand requests queued cost a round what the head of the queue costs. A waiting job that is
-cancelled comes back through the inbox and is ended in the next round.
+cancelled comes back through the inbox and is ended in the next round. A Generate's samples
+(`Lend(fan=True)`) start once one slot is free, taking as many as the requests granted beside
+them leave (`grant_sizes`); as they run, the job asks for more (`Spare`: forks of its prompt's
+session, answered in the round with the slots the queue leaves, after giving back the sessions
+of samples that ended), and waits in the queue only when nothing of it runs.
 
 Each round: every job that is not waiting runs up to its next request; then two `Step`s run.
 The first: the session operations asked for (Choose ops in one batched choice) and free slots

@@ -112,3 +112,47 @@ def test_identical_failures_are_logged_at_most_five_a_second_and_the_next_line_c
         ("Generate", "INVALID_ARGUMENT", 7),
     ]
     assert server.calls("Generate", "INVALID_ARGUMENT") == 13  # the metric counts every one
+
+
+def test_a_cancel_racing_a_stop_string_leaves_the_session_usable_wherever_it_lands(
+    server: RunningServer,
+) -> None:
+    # A Decode whose stop string ends it after about six tokens, cancelled after 0, 1, ... 9 of its
+    # events: before the stop, as it lands and after the stream ended. Each time the session is
+    # left open and consistent: rewound to the prompt, it decodes the same text again.
+    prompt = prompt_ids(24, seed=81)
+    session_id = server.stub.Prefill(
+        iter([pb.PrefillRequest(prompt=pb.Prompt(tokens=pb.TokenIds(ids=prompt)), last=True)])
+    )
+    session_id = list(session_id)[-1].done.session_id
+
+    def decode(stop: list[str]) -> Any:
+        return server.stub.Decode(
+            pb.DecodeRequest(
+                session_id=session_id,
+                stopping=pb.StoppingOptions(max_new_tokens=12, ignore_eos=True, stop=stop),
+            ),
+            timeout=30,
+        )
+
+    def rewound() -> None:
+        server.stub.Rewind(pb.RewindRequest(session_id=session_id, length=len(prompt)))
+
+    free = [e for e in decode([]) if e.HasField("done")][0].done.text
+    rewound()
+    stop = next(free[i : i + 2] for i in range(4, len(free) - 1) if free[i : i + 2].strip())
+    for cancel_after in range(10):
+        stream = decode([stop])
+        try:
+            for seen, _ in enumerate(stream, start=1):
+                if seen == cancel_after:
+                    stream.cancel()
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.CANCELLED
+        wait_for(lambda: server.scheduler.depth == 0, what="the Decode's job to end")
+        rewound()
+        again = [e for e in decode([]) if e.HasField("done")][0].done.text
+        assert again == free, cancel_after
+        rewound()
+    server.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
+    assert server.stats().sessions_open == 0
