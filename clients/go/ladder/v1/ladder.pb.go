@@ -953,9 +953,9 @@ type GenerateRequest struct {
 	Stopping *StoppingOptions `protobuf:"bytes,3,opt,name=stopping,proto3" json:"stopping,omitempty"`
 	// Samples to generate from the prompt: one prefill, then n sequences decoded
 	// side by side, each from its own seed (SamplingOptions.seed). 0 or 1 is
-	// one. Each sample holds a KV slot: n counts against the caller's share
-	// (RESOURCE_EXHAUSTED beyond it) and n over the server's sessions is
-	// OUT_OF_RANGE.
+	// one; at most 128 (OUT_OF_RANGE beyond). Each running sample holds a KV
+	// slot: the samples take the free slots the caller's share allows (two at
+	// least: RESOURCE_EXHAUSTED without them), and the rest start as slots free.
 	N uint32 `protobuf:"varint,4,opt,name=n,proto3" json:"n,omitempty"`
 	// Log-probabilities of each generated (and, on request, prompt) token.
 	Logprobs *LogprobOptions `protobuf:"bytes,5,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
