@@ -36,10 +36,17 @@ class Terminal:
 
     def __init__(self, argv: list[str]) -> None:
         self.master, slave = os.openpty()
-        # TERM=dumb: readline draws the line without cursor-motion sequences.
-        self.process = subprocess.Popen(
-            argv, stdin=slave, stdout=slave, stderr=slave, cwd=REPO, env={**os.environ, "TERM": "dumb"}
-        )
+        # A shell starts a foreground program with SIGINT at its default. Tests run as a background
+        # job (`cmd &`, nohup) have it ignored, and an ignored signal stays ignored across exec, so
+        # Ctrl-C would never reach the chat: handled here while it starts, it is reset at exec.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            # TERM=dumb: readline draws the line without cursor-motion sequences.
+            self.process = subprocess.Popen(
+                argv, stdin=slave, stdout=slave, stderr=slave, cwd=REPO, env={**os.environ, "TERM": "dumb"}
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
         os.close(slave)
         self.transcript = ""
 
