@@ -432,7 +432,16 @@ class Engine(SessionRows):
     ) -> list[int]:
         """Choose each session's next token (`picked`: already chosen on the device, the decode
         chain's); tell each sampler its choice and, when it asks, the log-probabilities of it (one
-        batched computation on the backend for all that ask)."""
+        batched computation on the backend for all that ask). More choices than pool rows (n samples'
+        first tokens, one row read for several) go in turns of at most that many: the backend's
+        buffers hold one per row."""
+        most = self.pool.rows
+        if picked is None and len(sessions) > most:
+            return [
+                token
+                for at in range(0, len(sessions), most)
+                for token in self.choose_rows(sessions[at : at + most], samplers[at : at + most])
+            ]
         rows = [s.row for s in sessions]
         tokens = picked
         if tokens is None:
