@@ -43,7 +43,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import structlog
@@ -74,13 +74,11 @@ from service.rounds import (
     Timed,
     ask,
     decode_rows,
-    grant_sizes,
-    opening,
     prefill_plan,
     session_op,
-    slot_grants,
     slot_need,
 )
+from service.slots import granted, slot_work
 
 log = structlog.get_logger("ladder.scheduler")
 T = TypeVar("T")
@@ -288,7 +286,7 @@ class Scheduler:
             if isinstance(want, (Prefill, *DECODE_REQUESTS)):
                 return True
         wants = self._wants()
-        return bool(self._granted(wants, max(self.engine.free_slots, 0)))
+        return bool(granted(self._queued, wants.spares, max(self.engine.free_slots, 0), wants.returning))
 
     def _wait_for_slots(self, job: Job) -> None:
         """A running job that now waits for KV slots: into the queue, in arrival order."""
@@ -340,28 +338,16 @@ class Scheduler:
         wants = self._wants()
         op_jobs = wants.ops
         ops = (*closing, *(op for job in op_jobs if (op := session_op(job.want)) is not None))
-        releases = tuple(Close(session) for job in wants.spares for session in self._released(job))
-        forked = sum(isinstance(op, Fork) for op in ops)
-        freed = sum(isinstance(op, Close) for op in ops) + len(releases) - forked
-        granted = self._grants(wants, max(self.engine.free_slots + freed, 0))
-        open_jobs: list[Job] = []
-        opens: list[Open] = []
-        forking: list[tuple[Job, int]] = []  # Spare's jobs, granted or not (these fork none)
-        for job, size in granted:
-            if (open_ := opening(job.want)) is not None:
-                open_jobs.append(job)
-                opens.append(replace(open_, count=size))
-            else:
-                forking.append((job, size))
-        forking += [(job, 0) for job in wants.spares if all(job is not j for j, _ in forking)]
-        forks = tuple(Fork(job.want.source) for job, n in forking for _ in range(n))
-        first = Step(opens=tuple(opens), ops=(*ops, *releases, *forks))
+        freed = sum(isinstance(op, Close) for op in ops) - sum(isinstance(op, Fork) for op in ops)
+        slots = slot_work(self._queued, wants.spares, self.engine.free_slots + freed, wants.returning)
+        open_jobs, forking = slots.open_jobs, slots.forking
+        first = Step(opens=tuple(slots.opens), ops=(*ops, *slots.releases, *slots.forks))
         choices = 0
         if first or forking:
             result = self._step(first)
             self._ended()
             self._answers.ops(op_jobs, result, len(closing))
-            self._answers.spares(forking, result, len(ops) + len(releases))
+            self._answers.spares(forking, result, len(ops) + len(slots.releases))
             self._answers.opens(open_jobs, result)
             spared = [job for job, _ in forking]
             self._run_again([*open_jobs, *spared])
@@ -459,32 +445,6 @@ class Scheduler:
             elif isinstance(want, Spare):
                 wants.spares.append(job)
         return wants
-
-    def _granted(self, wants: Wants, free: int) -> tuple[int, ...]:
-        """Which of the jobs waiting for slots get them now, of `free` slots (indices: into the queue,
-        then into `wants.spares`, the running jobs' samples asking for more; service.rounds.slot_grants
-        reads the queue from its head and stops where the line holds). A running job's samples come
-        after the queue: a request that has started goes on while new ones take their first slot."""
-        queued = (slot_need(job.want)[0] for job in self._queued)  # type: ignore[index]
-        spares = (1 if job.want.count else 0 for job in wants.spares)
-        return slot_grants(itertools.chain(queued, spares), free, wants.returning)
-
-    def _grants(self, wants: Wants, free: int) -> list[tuple[Job, int]]:
-        """The jobs `_granted` lets start, each with the slots it takes (`grant_sizes`)."""
-        waiting = len(self._queued)
-        granted = self._granted(wants, free)
-        jobs = [self._queued[i] if i < waiting else wants.spares[i - waiting] for i in granted]
-        needs = [slot_need(job.want) or (1, job.want.count) for job in jobs]
-        return list(zip(jobs, grant_sizes(needs, free), strict=True))
-
-    @staticmethod
-    def _released(job: Job) -> tuple[Session, ...]:
-        """The lent sessions a job's `Spare` gives back: no longer the job's (closed in this step)."""
-        released: tuple[Session, ...] = job.want.release
-        for session in released:
-            job.lent.remove(session)
-        job.slots = len(job.lent)
-        return released
 
     def _forward_done(self, kind: str, seconds: float, detail: Callable[[], dict[str, Any]]) -> None:
         if self.on_forward is not None:
