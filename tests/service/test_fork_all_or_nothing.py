@@ -79,6 +79,10 @@ def kill_mid_forks_on_held_loop(server: RunningServer, sources: list[str]) -> No
         time.sleep(0.05)  # time for the calls to arrive; not asserted (it fails safe: no fork to leak)
         client.kill()
         client.wait()
+        # As on the held worker: the transport must see the connection gone before the loop turns,
+        # or a fork answered at once counts as delivered (a fresh-clone CI run, 2026-12-05, with
+        # the C++ and Go clients compiling beside it: one fork of 20 left open).
+        time.sleep(0.2)
 
 
 def spawn_fork_client(server: RunningServer, sources: list[str]) -> subprocess.Popen[str]:
