@@ -69,7 +69,7 @@ def samples_body(
             if wanted > 0 or ended:
                 forks = yield from ask(Spare(holder, max(wanted, 0), tuple(ended)))
                 ended = []
-                if not forks and not live:  # nothing runs: wait for a slot in the queue
+                if not forks and not live and wanted > 0:  # nothing runs: wait for a slot in the queue
                     forks = yield from ask(Spare(holder, wanted, wait=True))
                 for session in forks:
                     start(started, session)
