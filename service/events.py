@@ -70,4 +70,3 @@ class PromptLogprobs:
 class PrefillFinished:
     length: int
     next_token: int
-    next_text: str

@@ -15,6 +15,7 @@ from service.interceptors.call_context import CALLER
 from service.min_tokens import ending_tokens, hold_ends
 from service.progress import Progress
 from service.serving import Serving
+from service.texts import Cuts, TextDoor
 
 
 async def generation(
@@ -31,6 +32,7 @@ async def generation(
     samplers = await prepared(serving, call.samplers(), stopping, call.constraint)
     progress = serving.progress(len(tokens))
     progress.samples = call.n
+    door = text_door(serving, stopping, ends_at_cut=True)
     body = generate_body(
         serving.model,
         tokens,
@@ -41,15 +43,25 @@ async def generation(
         call.prompt_top,
         call.speculate,
         width,
+        door.orders,
     )
+    hold = unary and not door.watching  # a stop string found ends the job early: the events must come
     try:
-        async with aclosing(serving.scheduler.batches(progress.counted(body), hold=unary)) as batches:
-            async for events in batches:
+        async with aclosing(serving.scheduler.batches(progress.counted(body), hold=hold)) as batches:
+            async for raw in batches:
+                events = door.see(raw)
+                if not events:
+                    continue
                 for event in events:
                     progress.see(event)
                 yield events, progress
     finally:
         constraint_time(serving, samplers)
+
+
+def text_door(serving: Serving, stopping: Stopping, *, ends_at_cut: bool) -> TextDoor:
+    """A call's samples from token ids to text, with the stop strings of `stopping`."""
+    return TextDoor(serving.model.tokenizer, stopping, Cuts(serving.scheduler.wake), ends_at_cut=ends_at_cut)
 
 
 async def prepared(

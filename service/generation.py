@@ -38,11 +38,11 @@ from service.events import (
 )
 from service.jobs import Result
 from service.min_tokens import released, structured
-from service.rounds import Draft, Feed, Lend, Timed, Token, ask
+from service.rounds import Draft, Feed, Lend, Timed, Token, Verdict, ask
 from service.samples import first_sampler_order, firsts_by_sample, samples_body
 from service.sessions import SessionState
 from service.speculation import Speculation
-from service.stop_text import StopText
+from service.texts import Cuts
 
 log = structlog.get_logger("ladder.sessions")
 PROMPT_BYTES_PER_TOKEN = 32  # text and chat prompts: UTF-8 bytes allowed per allowed prompt token
@@ -104,6 +104,11 @@ class ServedModel:
     def token_text(self, token: int) -> str:
         """One token's own text, special tokens written out ("" without a tokenizer)."""
         return "" if self.tokenizer is None else str(self.tokenizer.decode([token], skip_special=False))
+
+    def piece(self, token: int) -> str:
+        """One token's text as a generation shows it, special tokens left out ("" without a
+        tokenizer): PrefillDone's preview of the next token."""
+        return "" if self.tokenizer is None else self.tokenizer.decode([token])
 
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes one token stands for (a piece of a multi-byte character as it is; b"" without
@@ -272,6 +277,7 @@ def decode_steps(
     sample: int = 0,
     first: int | None = None,
     drafts: int = 0,
+    cuts: Cuts | None = None,
 ) -> Generator[Any, Any, None]:
     """Emit and feed tokens from the session's next-token logits.
 
@@ -280,12 +286,18 @@ def decode_steps(
     `feed_last` the session keeps every emitted token (so the next Decode continues after it); a
     session left mid-way holds the tokens fed so far and their logits, so it stays usable.
 
+    Tokens go out as ids: their text and the stop strings are the call's (service/texts.py). A
+    stop string it finds is a cut in `cuts` (given when the call looks for stop strings), seen at
+    the next step: the sample ends there. A kept session feeds no token before the call judged the
+    one before it (`Verdict`), and ends holding the tokens up to the cut, as if the stop string had
+    been matched here.
+
     With `drafts` (speculative decoding, `Speculation`), a step may come back with several tokens,
     every one but the last already fed: they are emitted one by one as if each had its own step,
     and a stop among them rewinds a kept session to the tokens emitted.
     """
-    stream = model.tokenizer.stream(skip_special=True) if model.tokenizer is not None else None
-    stop_text = StopText(stopping.stop, stopping.include_stop, armed=stopping.min_new_tokens <= 1)
+    judge = cuts if feed_last else None  # a kept session waits for the call's verdicts
+    start = session.length  # where the first emitted token goes
     reason = Finish.LENGTH
     token = first if first is not None else (yield from ask(Choose(session, sampler)))
     last = sampler.last
@@ -303,14 +315,16 @@ def decode_steps(
         if drafts
         else None
     )
+    emitted = -1
     for index in range(stopping.max_new_tokens):
+        if cuts is not None and sample in cuts.cut:
+            break  # the call found a stop string at an earlier token
         if index + 1 >= stopping.min_new_tokens:  # this token makes min_tokens: it may end the sample
-            stop_text.armed = True
             released(sampler)  # and so may the next choice
-        piece = stop_text.push(stream.push(token)) if stream is not None else ""
-        yield TokenOut(token, piece, index, time.perf_counter(), last, sample)
+        yield TokenOut(token, "", index, time.perf_counter(), last, sample)
+        emitted = index
         held = session.length - len(ahead)  # what the session would hold without speculation
-        stopped = _stop_reason(model, stopping, token, stop_text, sampler, chosen_past=bool(ahead))
+        stopped = _stop_reason(model, stopping, token, sampler, chosen_past=bool(ahead))
         if stopped is not None or held + 1 > model.capacity:
             reason = stopped or Finish.CAPACITY
             break
@@ -319,6 +333,10 @@ def decode_steps(
         if ahead:
             token, last = ahead.pop(0)
             continue
+        if judge is not None:  # the next forward feeds `token`: the one before it must stand
+            yield from _verdict(judge, sample, index - 1)
+            if sample in judge.cut:
+                break
         # The token chosen here is fed next only if another follows it or the session keeps it.
         more = (index + 2 < stopping.max_new_tokens or feed_last) and held + 2 <= model.capacity
         row = DecodeRow(session, token, sampler, more)
@@ -334,29 +352,46 @@ def decode_steps(
             last = sampler.last
             if speculation is not None:
                 speculation.chose(token)
-    tail = "" if stop_text.stopped or stream is None else stop_text.push(stream.flush()) + stop_text.held
+    if judge is not None:
+        yield from _verdict(judge, sample, emitted)
+    cut = cuts.cut.get(sample) if cuts is not None else None
+    if cut is not None:
+        if feed_last:  # hold the tokens up to the cut: the one that completed the stop string fed
+            kept = start + cut + 1 if start + cut + 1 <= model.capacity else start + cut
+            if session.length > kept:
+                yield from ask(Rewind(session, kept))
+            elif session.length < kept:  # `token` completed it and is not fed yet
+                yield from ask(Feed(DecodeRow(session, token)))
+        yield Finished(Finish.STOP, "", session.length, sample)
+        return
     if ahead and feed_last:  # the last token emitted is fed; so are chosen ones past it but the last
         if len(ahead) > 1:
             yield from ask(Rewind(session, session.length - len(ahead) + 1))
     elif feed_last and session.length + 1 <= model.capacity:
         yield from ask(Feed(DecodeRow(session, token)))  # fed, not chosen from: the next Decode chooses
-    yield Finished(reason, tail, session.length, sample)
+    yield Finished(reason, "", session.length, sample)
+
+
+def _verdict(cuts: Cuts, sample: int, index: int) -> Generator[Any, Any, None]:
+    """Wait, when it has not come yet, for the call's verdict on the sample's token `index`."""
+    if index >= 0 and not cuts.decided(sample, index):
+        yield from ask(Verdict(functools.partial(cuts.judged, sample, index)))
 
 
 def _stop_reason(
     model: ServedModel,
     stopping: Stopping,
     token: int,
-    stop_text: StopText,
     sampler: Sampler,
     chosen_past: bool = False,
 ) -> Finish | None:
-    """Why the sample ends at `token`, if it does. `chosen_past`: tokens after it were chosen already
-    (a verified draft), so the constraint's state is theirs: it completes only at the last of them."""
+    """Why the sample ends at `token`, if it does (stop strings are the call's: service/texts.py).
+    `chosen_past`: tokens after it were chosen already (a verified draft), so the constraint's
+    state is theirs: it completes only at the last of them."""
     constraint = structured(sampler)
     if token in model.eos_ids and (constraint is not None or not stopping.ignore_eos):
         return Finish.EOS  # a constraint allows end-of-sequence only where the output is complete
-    if token in stopping.stop_token_ids or stop_text.stopped:
+    if token in stopping.stop_token_ids:
         return Finish.STOP
     if constraint is not None and constraint.done and not chosen_past:
         return Finish.STOP  # complete, and nothing but end-of-sequence may follow: no forward for it
@@ -373,13 +408,15 @@ def generate_body(
     prompt_logprobs: int | None = None,
     speculate: bool = True,
     width: int = 0,
+    cuts: Cuts | None = None,
 ) -> Generator[Any, Any, None]:
     """Generate len(samplers) samples on sessions lent to the job (they return to the pool however
     it ends), holding at most `width` KV slots at once (0: one per sample). The first session
     starts from the longest prefix of the prompt held for `scope` (none when the prompt's
     log-probabilities are asked for) and prefills the rest; every sample's first token is chosen
     with the prefill's last forward; samples that got a slot start from a copy of its KV rows and
-    logits, the rest as slots free (service/samples.py), and all decode in the same forwards."""
+    logits, the rest as slots free (service/samples.py), and all decode in the same forwards.
+    `cuts`: where the call's stop strings end samples (service/texts.py)."""
     n = len(samplers)
     shared = () if prompt_logprobs is not None else tuple(tokens)
     sessions = yield from ask(Lend(Open(shared, scope, min(n, width or n)), fan=n > 1))
@@ -399,10 +436,10 @@ def generate_body(
     if n == 1:
         drafts = model.draft_tokens if speculate else 0
         yield from decode_steps(
-            model, first, samplers[0], stopping, feed_last=False, first=firsts[0], drafts=drafts
+            model, first, samplers[0], stopping, feed_last=False, first=firsts[0], drafts=drafts, cuts=cuts
         )
         return
-    steps = functools.partial(decode_steps, model)  # n > 1 does not draft: the samples batch
+    steps = functools.partial(decode_steps, model, cuts=cuts)  # n > 1 does not draft: the samples batch
     yield from samples_body(
         steps, samplers, firsts_by_sample(firsts, len(sessions), n), sessions, stopping, width or n
     )
@@ -414,7 +451,12 @@ def prefill_body(state: SessionState, tokens: list[int], tally: PrefillTally) ->
 
 
 def decode_body(
-    model: ServedModel, state: SessionState, sampler: Sampler, stopping: Stopping, speculate: bool = True
+    model: ServedModel,
+    state: SessionState,
+    sampler: Sampler,
+    stopping: Stopping,
+    speculate: bool = True,
+    cuts: Cuts | None = None,
 ) -> Generator[Any, Any, None]:
     """Continue a session; checked on the worker, after any earlier job on it has ended."""
     yield Started(time.perf_counter())
@@ -430,7 +472,7 @@ def decode_body(
     start = session.length
     try:
         drafts = model.draft_tokens if speculate else 0
-        yield from decode_steps(model, session, sampler, budget, feed_last=True, drafts=drafts)
+        yield from decode_steps(model, session, sampler, budget, feed_last=True, drafts=drafts, cuts=cuts)
     finally:
         state.generated.extend(range(start, session.length))
 
@@ -443,13 +485,12 @@ def close_body(state: SessionState, reason: str = "") -> Generator[Any, Any, Non
     yield Result(length)
 
 
-def peek_body(model: ServedModel, state: SessionState, sampler: Sampler) -> Generator[Any, Any, None]:
+def peek_body(state: SessionState, sampler: Sampler) -> Generator[Any, Any, None]:
     """The token the sampler picks from the session's logits, not fed: the session is left as it is
-    (PrefillDone's preview of the next token)."""
+    (PrefillDone's preview of the next token; its text is the call's)."""
     session = state.session
     token = yield from ask(Choose(session, sampler))
-    text = model.tokenizer.decode([token]) if model.tokenizer is not None else ""
-    yield Result(PrefillFinished(session.length, token, text))
+    yield Result(PrefillFinished(session.length, token))
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,15 @@ class Spare:
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """Wait until the call has judged the text of a token the job emitted (`judged()`: passed, or
+    cut at a stop string, service/texts.py); None comes back, in the first round after. The call
+    wakes the worker when its verdict lands on a job that waits."""
+
+    judged: Callable[[], bool]
+
+
+@dataclass(frozen=True)
 class Timed:
     """Run the session operation `op`; `(value, seconds the engine spent on it)` comes back."""
 
@@ -131,7 +140,7 @@ def ask(request: Tokens) -> Asked[list[int]]: ...
 @overload
 def ask(request: Draft) -> Asked[Verified]: ...
 @overload
-def ask(request: Feed | Reset) -> Asked[None]: ...
+def ask(request: Feed | Reset | Verdict) -> Asked[None]: ...
 @overload
 def ask(request: Fork) -> Asked[Session]: ...
 @overload

@@ -72,6 +72,7 @@ from service.rounds import (
     Spare,
     StepRecord,
     Timed,
+    Verdict,
     ask,
     decode_rows,
     prefill_plan,
@@ -85,6 +86,7 @@ T = TypeVar("T")
 
 
 _STOP = object()
+_WAKE = object()  # a verdict landed on a job that waits for one (service/texts.py)
 
 
 @dataclass(frozen=True)
@@ -253,6 +255,10 @@ class Scheduler:
     def _cancelled(self, job: Job) -> None:
         self._inbox.put(_Cancelled(job))
 
+    def wake(self) -> None:
+        """Nudge the worker: a job waiting on a `Verdict` may go on (thread-safe)."""
+        self._inbox.put(_WAKE)
+
     # -- the worker thread ---------------------------------------------------------
     def _run(self) -> None:
         while True:
@@ -282,6 +288,8 @@ class Scheduler:
             if job.abort_error is not None or want is None or session_op(want) is not None:
                 return True
             if isinstance(want, Spare):  # answered in the round, slots or none
+                return True
+            if type(want) is Verdict and want.judged():
                 return True
             if isinstance(want, (Prefill, *DECODE_REQUESTS)):
                 return True
@@ -330,6 +338,9 @@ class Scheduler:
                 self._close(job, job.abort_error)
                 closed.append(job.serial)
             elif job.want is None:
+                self._advance(job)
+            elif type(job.want) is Verdict and job.want.judged():
+                job.answer()
                 self._advance(job)
         # What the jobs just yielded (a token chosen last round, a forward's report) goes out now,
         # while this round's forwards run: not one forward late.
@@ -493,7 +504,7 @@ class Scheduler:
 
 
 # What a job may wait on (service/rounds.py, engine/executor/step.py), as exact types.
-_REQUESTS = frozenset({Open, Lend, Spare, Prefill, *DECODE_REQUESTS, Timed, *SESSION_OPS})
+_REQUESTS = frozenset({Open, Lend, Spare, Prefill, *DECODE_REQUESTS, Timed, Verdict, *SESSION_OPS})
 _QUEUED = frozenset({Open, Lend, Spare})  # the requests that may wait in the queue (`slot_need`)
 
 

@@ -31,7 +31,7 @@ from service import wire
 from service.calls import ForkCall, GenerateCall, Prompt, check_response_fits
 from service.errors import Cancelled, TooLarge
 from service.events import ForwardDone, TokenOut
-from service.generating import constraint_time, generation, prepared
+from service.generating import constraint_time, generation, prepared, text_door
 from service.generation import (
     close_body,
     decode_body,
@@ -157,9 +157,9 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                     if part is None:
                         break
                     prompt, last = wire.prefill_part(part)
-                result = await serving.scheduler.result(peek_body(serving.model, state, sampler))
+                result = await serving.scheduler.result(peek_body(state, sampler))
                 progress.close()
-                done = wire.prefill_done(state.id, result, progress)
+                done = wire.prefill_done(state.id, result, serving.model.piece(result.next_token), progress)
                 if not last:
                     # The messages ended, which they also do when the client cancelled or left
                     # mid-prompt: the extension is kept only once "done" went through.
@@ -192,11 +192,13 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         wanted = serving.model.asked_tokens(call.stopping)  # budget() caps it by the room left, later
         check_response_fits(wanted, 1, call.logprobs, 0, serving.config.max_message_bytes)
         [sampler] = await prepared(serving, [call.sampler()], call.stopping, call.constraint)
+        door = text_door(serving, call.stopping, ends_at_cut=False)
         with serving.sessions.using(state):
-            body = decode_body(serving.model, state, sampler, call.stopping, call.speculate)
+            body = decode_body(serving.model, state, sampler, call.stopping, call.speculate, door.orders)
             progress = serving.progress()
             async with aclosing(serving.scheduler.batches(progress.counted(body))) as batches:
-                async for events in batches:
+                async for raw in batches:
+                    events = door.see(raw)
                     for event in events:
                         progress.see(event)
                     for message in self._token_events(events, progress, request.coalesce_tokens):

@@ -350,14 +350,14 @@ def forward_event(session_id: str, event: ForwardDone) -> pb.PrefillEvent:
     )
 
 
-def prefill_done(session_id: str, result: PrefillFinished, progress: Progress) -> pb.PrefillEvent:
+def prefill_done(session_id: str, result: PrefillFinished, text: str, progress: Progress) -> pb.PrefillEvent:
     timing = pb.Timing(queue_ms=progress.queue_ms, total_ms=progress.total_ms)
     return pb.PrefillEvent(
         done=pb.PrefillDone(
             session_id=session_id,
             length=result.length,
             next_token=result.next_token,
-            next_token_text=result.next_text,
+            next_token_text=text,
             summary=summary(progress.tally),
             timing=timing,
         )
