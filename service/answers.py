@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.errors import Exhausted, NoFreeRow, ParkingFull
-from engine.executor.step import Outcome, StepResult
+from engine.executor.step import DecodeRow, Outcome, StepResult
 from service.jobs import Job
-from service.rounds import Lend, Timed, Tokens
+from service.rounds import Lend, Spare, Timed, Tokens
 
 ForwardDone = Callable[[str, float, Callable[[], dict[str, Any]]], None]  # kind, seconds, debug detail
 
@@ -83,7 +83,7 @@ class Answers:
             if failed is not None:
                 self._fault(failed)
             if made or failed is None:
-                if made or not job.want.wait:
+                if made or not (isinstance(job.want, Spare) and job.want.wait):
                     job.answer(made)
             else:
                 job.answer(error=failed)
@@ -100,7 +100,7 @@ class Answers:
         return tuple(ran)
 
     def decode(
-        self, jobs: list[Job], wanted: list[tuple[Any, ...]], result: StepResult
+        self, jobs: list[Job], wanted: list[tuple[DecodeRow, ...]], result: StepResult
     ) -> tuple[tuple[int, int], ...]:
         """Answer the decode jobs (`wanted`: each one's rows, in the step's order); (job, pool row)
         of each row. A job whose row failed gets that row's error."""

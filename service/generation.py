@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,9 @@ from service.events import (
     Started,
     TokenOut,
 )
-from service.jobs import Result
+from service.jobs import Body, Result
 from service.min_tokens import released, structured
-from service.rounds import Draft, Feed, Lend, Timed, Token, Verdict, ask
+from service.rounds import Asked, Draft, Feed, Lend, Timed, Token, Verdict, ask
 from service.samples import first_sampler_order, firsts_by_sample, samples_body
 from service.sessions import SessionState
 from service.speculation import Speculation
@@ -238,7 +238,7 @@ def prefill_steps(
     copies: Sequence[Session] = (),
     samplers: Sequence[Sampler] = (),
     batchable: bool = False,
-) -> Generator[Any, Any, tuple[int, ...]]:
+) -> Asked[tuple[int, ...]]:
     """Append the prompt, one forward per round; the session's next-token logits follow it. An empty
     session first takes the longest prefix of the prompt held for its caller (`share`). With
     `logprob_top`, the prompt's log-probabilities follow the last forward (PromptLogprobs): the
@@ -278,7 +278,7 @@ def decode_steps(
     first: int | None = None,
     drafts: int = 0,
     cuts: Cuts | None = None,
-) -> Generator[Any, Any, None]:
+) -> Body:
     """Emit and feed tokens from the session's next-token logits.
 
     The first token is `first` (chosen with the prefill's last forward) or chosen from the logits
@@ -372,7 +372,7 @@ def decode_steps(
     yield Finished(reason, "", session.length, sample)
 
 
-def _verdict(cuts: Cuts, sample: int, index: int) -> Generator[Any, Any, None]:
+def _verdict(cuts: Cuts, sample: int, index: int) -> Body:
     """Wait, when it has not come yet, for the call's verdict on the sample's token `index`."""
     if index >= 0 and not cuts.decided(sample, index):
         yield from ask(Verdict(functools.partial(cuts.judged, sample, index)))
@@ -409,7 +409,7 @@ def generate_body(
     speculate: bool = True,
     width: int = 0,
     cuts: Cuts | None = None,
-) -> Generator[Any, Any, None]:
+) -> Body:
     """Generate len(samplers) samples on sessions lent to the job (they return to the pool however
     it ends), holding at most `width` KV slots at once (0: one per sample). The first session
     starts from the longest prefix of the prompt held for `scope` (none when the prompt's
@@ -445,7 +445,7 @@ def generate_body(
     )
 
 
-def prefill_body(state: SessionState, tokens: list[int], tally: PrefillTally) -> Generator[Any, Any, None]:
+def prefill_body(state: SessionState, tokens: list[int], tally: PrefillTally) -> Body:
     """Extend a session by one prompt part."""
     yield from prefill_steps(state.session, tokens, tally)
 
@@ -457,7 +457,7 @@ def decode_body(
     stopping: Stopping,
     speculate: bool = True,
     cuts: Cuts | None = None,
-) -> Generator[Any, Any, None]:
+) -> Body:
     """Continue a session; checked on the worker, after any earlier job on it has ended."""
     yield Started(time.perf_counter())
     session = state.session
@@ -477,7 +477,7 @@ def decode_body(
         state.generated.extend(range(start, session.length))
 
 
-def close_body(state: SessionState, reason: str = "") -> Generator[Any, Any, None]:
+def close_body(state: SessionState, reason: str = "") -> Body:
     """Return the session's KV slot; answers the tokens it held (logged with `reason`)."""
     length = yield from ask(Close(state.session))
     if reason:
@@ -485,7 +485,7 @@ def close_body(state: SessionState, reason: str = "") -> Generator[Any, Any, Non
     yield Result(length)
 
 
-def peek_body(state: SessionState, sampler: Sampler) -> Generator[Any, Any, None]:
+def peek_body(state: SessionState, sampler: Sampler) -> Body:
     """The token the sampler picks from the session's logits, not fed: the session is left as it is
     (PrefillDone's preview of the next token; its text is the call's)."""
     session = state.session
@@ -499,12 +499,12 @@ class Forked:
     ms: float  # time the worker spent
 
 
-def fork_body(state: SessionState, length: int | None) -> Generator[Any, Any, None]:
+def fork_body(state: SessionState, length: int | None) -> Body:
     """A new engine session holding a copy of the session's first `length` tokens (None: all)."""
     session, seconds = yield from ask(Timed(Fork(state.session, length)))
     yield Result(Forked(session, seconds * 1e3))
 
 
-def rewind_body(state: SessionState, length: int) -> Generator[Any, Any, None]:
+def rewind_body(state: SessionState, length: int) -> Body:
     """Keep the first `length` tokens; the engine restores the logits of the tokens kept."""
     yield Result((yield from ask(Rewind(state.session, length))))

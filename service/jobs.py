@@ -14,8 +14,8 @@ from typing import Any
 import structlog
 
 from engine.executor import Session
-
-Body = Generator[Any, Any, None]
+from engine.executor.step import Request
+from service.events import Finished, ForwardDone, PromptLogprobs, Started, TokenOut
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,15 @@ class Result:
     value: Any
 
 
-def put_all(items: list[tuple[Job, Any]]) -> None:
+Event = Started | ForwardDone | TokenOut | Finished | PromptLogprobs | Result  # for the job's caller
+Item = Request[object] | Event  # what a job body yields: a request for the worker, or an event
+Body = Generator[Item, object, None]  # a job: what it yields, and the replies sent back into it
+
+
+Delivered = Event | End  # what reaches the job's caller
+
+
+def put_all(items: list[tuple[Job, Delivered]]) -> None:
     for job, item in items:
         job.events.put_nowait(item)
 
@@ -45,21 +53,21 @@ class Job:
         bounded: bool,
         serial: int,
         cancelled: Callable[[Job], None],
-        outbox: Callable[[Job, Any], None],
+        outbox: Callable[[Job, Delivered], None],
         hold: bool = False,
     ) -> None:
         self.body = body
         self.bounded = bounded  # counts toward the queue bound (requests, not internal calls)
         self.hold = hold  # events wait for the end of the job (a unary call needs them only then)
-        self.held: list[Any] = []
+        self.held: list[Event] = []
         self.loop = loop
         self.serial = serial  # arrival order
-        self.events: asyncio.Queue[Any] = asyncio.Queue()
+        self.events: asyncio.Queue[Delivered] = asyncio.Queue()
         self.abort_error: BaseException | None = None
-        self.want: Any = None  # the request it waits on
+        self.want: Request[object] | None = None  # the request it waits on
         self.slots = 0  # KV slots lent to it: back in the pool when it ends (service.rounds.slot_grants)
         self.lent: list[Session] = []  # sessions closed when it ends
-        self.reply: Any = None
+        self.reply: object = None
         self.error: BaseException | None = None  # thrown into the body at its next step
         self.done = False
         self._cancelled = cancelled  # tells the worker (thread-safe)
@@ -72,7 +80,7 @@ class Job:
             self.abort_error = error
             self._cancelled(self)
 
-    def deliver(self, item: Any) -> None:
+    def deliver(self, item: Delivered) -> None:
         if self.hold and not isinstance(item, End):
             self.held.append(item)
             return
@@ -81,5 +89,5 @@ class Job:
         self.held.clear()
         self._outbox(self, item)
 
-    def answer(self, reply: Any = None, error: BaseException | None = None) -> None:
+    def answer(self, reply: object = None, error: BaseException | None = None) -> None:
         self.want, self.reply, self.error = None, reply, error

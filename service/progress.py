@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +29,7 @@ import grpc
 
 from engine.sampling import TokenLogprobs
 from service.events import Finish, Finished, ForwardDone, PrefillTally, PromptLogprobs, Started, TokenOut
+from service.jobs import Body
 from service.metrics import TTFT_METHODS, Metrics
 
 
@@ -96,7 +96,7 @@ class Progress:
         elif isinstance(event, Finished):
             self._finished(event)
 
-    def counted(self, body: Generator[Any, Any, None]) -> Generator[Any, Any, None]:
+    def counted(self, body: Body) -> Body:
         """`body` as a job whose work is counted as the worker yields it: prefill forwards and rows,
         and the tokens of every sample, whether or not the call is still there to see them."""
         try:

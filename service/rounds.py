@@ -6,39 +6,34 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import TypeVar, cast
 
 from engine.executor.session import Session
-from engine.executor.stats import EngineStats
 from engine.executor.step import (
     SESSION_OPS,
-    Choose,
-    Close,
     DecodeRow,
-    Fork,
     Open,
-    Prefill,
-    PrefillProgress,
-    Reset,
-    Rewind,
+    Request,
     SessionOp,
-    Stats,
+    T_co,
     Verified,
 )
+from service.jobs import Item
 
 T = TypeVar("T")
+Want = Request[object] | None  # what a job waits on: the request it yielded last, until answered
 
 
 @dataclass(frozen=True)
-class Call:
+class Call(Request[T_co]):
     """Run `fn` on the worker now, between two steps; its result (or error) goes back to the job.
     For tests and tools only: a job asks the engine for work with the engine's step requests."""
 
-    fn: Callable[[], Any]
+    fn: Callable[[], T_co]
 
 
 @dataclass(frozen=True)
-class Lend:
+class Lend(Request[list[Session]]):
     """Wait, in arrival order, for the free KV slots `open` asks for; the sessions come back and are
     the job's until it ends: the scheduler closes them then, however it ends (a Generate's samples).
     A plain `Open` hands its sessions to the job's caller, who closes them.
@@ -52,7 +47,7 @@ class Lend:
 
 
 @dataclass(frozen=True)
-class Spare:
+class Spare(Request[list[Session]]):
     """Copies of `source` (a prompt's holder: its KV rows and next-token logits, `Fork`) on up to
     `count` free KV slots, lent to the job as `Lend`'s sessions are, after closing the lent
     sessions in `release` (samples that ended): the forks come back, a list.
@@ -69,7 +64,7 @@ class Spare:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(Request[None]):
     """Wait until the call has judged the text of a token the job emitted (`judged()`: passed, or
     cut at a stop string, service/texts.py); None comes back, in the first round after. The call
     wakes the worker when its verdict lands on a job that waits."""
@@ -78,28 +73,28 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class Timed:
+class Timed(Request[tuple[T_co, float]]):
     """Run the session operation `op`; `(value, seconds the engine spent on it)` comes back."""
 
-    op: SessionOp
+    op: Request[T_co]  # one of SESSION_OPS
 
 
 @dataclass(frozen=True)
-class Token:
+class Token(Request[int]):
     """Be one row of the round's decode forward; the chosen token (or None) comes back."""
 
     row: DecodeRow
 
 
 @dataclass(frozen=True)
-class Tokens:
+class Tokens(Request[list[int]]):
     """Be several rows of the round's decode forward (a request's n samples); their tokens come back."""
 
     rows: tuple[DecodeRow, ...]
 
 
 @dataclass(frozen=True)
-class Feed:
+class Feed(Request[None]):
     """Be a feed-only row of the round's decode forward (`row.sampler` None: its token is fed and
     none is chosen); None comes back."""
 
@@ -107,7 +102,7 @@ class Feed:
 
 
 @dataclass(frozen=True)
-class Draft:
+class Draft(Request[Verified]):
     """Be a drafted row of the round (`row.drafts` set): verified in a forward of its own when it
     decodes alone, else a plain row of the decode forward; its `Verified` tokens come back."""
 
@@ -117,7 +112,7 @@ class Draft:
 DECODE_REQUESTS = (Token, Tokens, Feed, Draft)
 
 
-def decode_rows(want: Any) -> tuple[DecodeRow, ...]:
+def decode_rows(want: Want) -> tuple[DecodeRow, ...]:
     """The decode rows a job waits on (none unless it waits on Token, Tokens, Feed or Draft)."""
     if isinstance(want, Token | Feed | Draft):
         return (want.row,)
@@ -126,47 +121,25 @@ def decode_rows(want: Any) -> tuple[DecodeRow, ...]:
 
 # -- asking: what a job body yields, typed by what comes back ---------------------------------------
 
-Asked = Generator[Any, Any, T]  # a job body's part that asks one request and returns its reply
+Asked = Generator[Item, object, T]  # a job body's part that asks one request and returns its reply
 
 
-@overload
-def ask(request: Open | Lend | Spare) -> Asked[list[Session]]: ...
-@overload
-def ask(request: Prefill) -> Asked[PrefillProgress]: ...
-@overload
-def ask(request: Choose | Token) -> Asked[int]: ...
-@overload
-def ask(request: Tokens) -> Asked[list[int]]: ...
-@overload
-def ask(request: Draft) -> Asked[Verified]: ...
-@overload
-def ask(request: Feed | Reset | Verdict) -> Asked[None]: ...
-@overload
-def ask(request: Fork) -> Asked[Session]: ...
-@overload
-def ask(request: Rewind | Close) -> Asked[int]: ...
-@overload
-def ask(request: Timed) -> Asked[tuple[Any, float]]: ...
-@overload
-def ask(request: Stats) -> Asked[EngineStats]: ...
-@overload
-def ask(request: Call) -> Asked[Any]: ...
-def ask(request: Any) -> Asked[Any]:
-    """Ask the scheduler for `request` and return what it answers, typed per request (the
-    engine's step requests document their values: engine/executor/step.py). A job body writes
-    `sessions = yield from ask(Lend(Open(...)))`; mypy then checks every use of a reply."""
+def ask(request: Request[T]) -> Asked[T]:
+    """Ask the scheduler for `request` and return what it answers, typed by the request's class
+    (`Request[T]`: the engine's step requests document their values, engine/executor/step.py). A
+    job body writes `sessions = yield from ask(Lend(Open(...)))`; mypy checks every use of a reply."""
     reply = yield request
-    return reply
+    return cast(T, reply)  # the scheduler answers each request with what its class says
 
 
-def opening(want: Any) -> Open | None:
+def opening(want: Want) -> Open | None:
     """The sessions a job waits for (None unless it waits on Open or Lend)."""
     if isinstance(want, Lend):
         return want.open
     return want if isinstance(want, Open) else None
 
 
-def slot_need(want: Any) -> tuple[int, int] | None:
+def slot_need(want: Want) -> tuple[int, int] | None:
     """The KV slots a job waits for in the queue, as (least, most) it starts with; None when it
     does not wait for slots (a `Spare` without `wait` is answered in the round)."""
     if isinstance(want, Lend):
@@ -178,11 +151,10 @@ def slot_need(want: Any) -> tuple[int, int] | None:
     return None
 
 
-def session_op(want: Any) -> SessionOp | None:
+def session_op(want: Want) -> SessionOp | None:
     """The session operation a job waits on (None unless it waits on one)."""
-    if isinstance(want, Timed):
-        return want.op
-    return want if isinstance(want, SESSION_OPS) else None
+    op = want.op if isinstance(want, Timed) else want
+    return op if isinstance(op, SESSION_OPS) else None
 
 
 @dataclass(frozen=True)

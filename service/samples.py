@@ -12,15 +12,14 @@ than `width` slots (its share). One job: the running samples' rows ride one deco
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from engine.executor import DecodeRow, Session
 from engine.sampling import Sampler
 from service.calls import Stopping
-from service.rounds import Spare, Token, Tokens, ask
+from service.jobs import Body
+from service.rounds import Asked, Spare, Token, Tokens, ask
 
-Body = Generator[Any, Any, None]
 DecodeSteps = Callable[..., Body]  # service.generation.decode_steps, bound to the model
 
 
@@ -61,7 +60,7 @@ def samples_body(
     for i, session in enumerate(running):
         start(i, session)
     started = len(running)
-    replies: dict[int, Any] = {}
+    replies: dict[int, object] = {}
     ended: list[Session] = []  # sessions of samples that ended, given back next round
     try:
         while live or started < n:
@@ -92,7 +91,7 @@ def samples_body(
             body.close()
 
 
-def _until_token(body: Body, reply: Any) -> Generator[Any, Any, DecodeRow | None]:
+def _until_token(body: Body, reply: object) -> Asked[DecodeRow | None]:
     """Advance `body` up to its next decode row (None once it has ended), passing the rest through."""
     while True:
         try:

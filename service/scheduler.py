@@ -44,34 +44,33 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import structlog
 
 from engine.errors import EngineFault
 from engine.executor import Session
 from engine.executor.step import (
-    SESSION_OPS,
     Close,
     Driven,
     Fork,
     Open,
     Outcome,
     Prefill,
+    Request,
     SessionOp,
     Step,
     StepResult,
 )
 from service.answers import Answers
 from service.errors import Cancelled, QueueFull
-from service.jobs import Body, End, Job, Result, put_all
+from service.jobs import Body, Delivered, End, Event, Job, Result, put_all
 from service.rounds import (
     DECODE_REQUESTS,
     Call,
     Lend,
     Spare,
     StepRecord,
-    Timed,
     Verdict,
     ask,
     decode_rows,
@@ -119,7 +118,7 @@ class Scheduler:
         self._serials = itertools.count(1)
         self._rounds = 0
         self._refusal: BaseException | None = None
-        self._posted: dict[asyncio.AbstractEventLoop, list[tuple[Job, Any]]] = {}
+        self._posted: dict[asyncio.AbstractEventLoop, list[tuple[Job, Delivered]]] = {}
         self._closing: list[Session] = []  # sessions of ended jobs, closed in the next step
         self._ending: list[tuple[Job, BaseException | None]] = []  # their jobs, told once closed
         self._answers = Answers(self._fault, self._forward_done)  # a step's outcomes to their jobs
@@ -188,7 +187,7 @@ class Scheduler:
 
     async def batches(
         self, body: Body, *, bounded: bool = True, hold: bool = False
-    ) -> AsyncGenerator[list[Any], None]:
+    ) -> AsyncGenerator[list[Event], None]:
         """As `stream`, but every event that has arrived by the caller's turn comes in one list (never
         empty): a caller that answers them with one message costs the event loop one turn for all."""
         job = self.submit(body, bounded=bounded, hold=hold)
@@ -200,10 +199,10 @@ class Scheduler:
                     items.append(events.get_nowait())
                 end = items[-1]  # End is the last item a job ever delivers
                 if not isinstance(end, End):
-                    yield items
+                    yield cast(list[Event], items)  # an End comes only last
                     continue
                 if len(items) > 1:
-                    yield items[:-1]
+                    yield cast(list[Event], items[:-1])
                 if end.error is not None:
                     raise end.error
                 return
@@ -216,7 +215,7 @@ class Scheduler:
         def body() -> Body:
             yield Result((yield from ask(Call(fn))))
 
-        return await self.result(body())  # type: ignore[no-any-return]
+        return cast(T, await self.result(body()))
 
     async def open_session(self, scope: str = "") -> Any:
         """A new engine session, once a KV slot is free (waiting in the bounded queue meanwhile)."""
@@ -227,13 +226,13 @@ class Scheduler:
 
         return await self.result(body(), bounded=True)
 
-    async def run(self, request: Any) -> Any:
+    async def run(self, request: Request[T]) -> T:
         """What the engine answers one request (a session operation) with."""
 
         def body() -> Body:
             yield Result((yield from ask(request)))
 
-        return await self.result(body())
+        return cast(T, await self.result(body()))
 
     async def result(self, body: Body, *, bounded: bool = False) -> Any:
         """Run `body`, which yields its answer as `Result(value)`, and return that value."""
@@ -267,7 +266,7 @@ class Scheduler:
                 return
             self._round()  # flushes what its jobs yielded before its forwards run
 
-    def _post(self, job: Job, item: Any) -> None:
+    def _post(self, job: Job, item: Delivered) -> None:
         self._posted.setdefault(job.loop, []).append((job, item))
 
     def _flush(self) -> None:
@@ -376,7 +375,7 @@ class Scheduler:
         prefill_jobs = prefill_jobs[: len(spans)]
         wanted = [decode_rows(job.want) for job in decode_jobs]
         second = Step(
-            prefills=tuple((job.want, span) for job, span in zip(prefill_jobs, spans, strict=True)),
+            prefills=tuple((_prefill(job), span) for job, span in zip(prefill_jobs, spans, strict=True)),
             decode=tuple(row for rows in wanted for row in rows),
         )
         if not first and not second and not closed:
@@ -430,7 +429,7 @@ class Scheduler:
                 except Exception as exc:  # noqa: BLE001 — the job decides what a failure means
                     self._fault(exc)
                     job.answer(error=exc)
-            elif type(item) in _REQUESTS:  # by exact type: most items are events, passed on at once
+            elif isinstance(item, Request):  # the rest are events, passed on at once
                 job.want = item
                 if type(item) in _QUEUED and slot_need(item) is not None:
                     self._wait_for_slots(job)
@@ -503,8 +502,12 @@ class Scheduler:
             self._flush()
 
 
-# What a job may wait on (service/rounds.py, engine/executor/step.py), as exact types.
-_REQUESTS = frozenset({Open, Lend, Spare, Prefill, *DECODE_REQUESTS, Timed, Verdict, *SESSION_OPS})
+def _prefill(job: Job) -> Prefill:
+    """The `Prefill` a job waits on (one of `Wants.prefills`)."""
+    assert isinstance(job.want, Prefill)
+    return job.want
+
+
 _QUEUED = frozenset({Open, Lend, Spare})  # the requests that may wait in the queue (`slot_need`)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from engine.executor import Session
 from engine.executor.step import Close, Fork, Open
 from service.jobs import Job
-from service.rounds import grant_sizes, opening, slot_grants, slot_need
+from service.rounds import Spare, grant_sizes, opening, slot_grants, slot_need
 
 
 @dataclass
@@ -34,7 +34,7 @@ def granted(queued: Sequence[Job], spares: Sequence[Job], free: int, returning: 
     `spares` (the running jobs' samples asking for more). A running job's samples come after the
     queue: a request that has started goes on while new ones take their first slot."""
     needs = (slot_need(job.want)[0] for job in queued)  # type: ignore[index]
-    more = (1 if job.want.count else 0 for job in spares)
+    more = (1 if spare(job).count else 0 for job in spares)
     return slot_grants(itertools.chain(needs, more), free, returning)
 
 
@@ -46,7 +46,7 @@ def slot_work(queued: Sequence[Job], spares: Sequence[Job], free: int, returning
         queued[i] if i < len(queued) else spares[i - len(queued)]
         for i in granted(queued, spares, free, returning)
     ]
-    needs = [slot_need(job.want) or (1, job.want.count) for job in jobs]
+    needs = [slot_need(job.want) or (1, spare(job).count) for job in jobs]
     for job, size in zip(jobs, grant_sizes(needs, free), strict=True):
         if (open_ := opening(job.want)) is not None:
             work.open_jobs.append(job)
@@ -54,13 +54,26 @@ def slot_work(queued: Sequence[Job], spares: Sequence[Job], free: int, returning
         else:
             work.forking.append((job, size))
     work.forking += [(job, 0) for job in spares if all(job is not j for j, _ in work.forking)]
-    work.forks = tuple(Fork(job.want.source) for job, count in work.forking for _ in range(count))
+    work.forks = tuple(Fork(_holder(job)) for job, count in work.forking for _ in range(count))
     return work
+
+
+def spare(job: Job) -> Spare:
+    """The `Spare` a running job's samples wait on."""
+    assert isinstance(job.want, Spare)
+    return job.want
+
+
+def _holder(job: Job) -> Session:
+    """The session a `Spare` granted forks copies (one that asks for forks names its holder)."""
+    source = spare(job).source
+    assert source is not None, "a Spare granted forks has a holder to copy"
+    return source
 
 
 def released(job: Job) -> tuple[Session, ...]:
     """The lent sessions a job's `Spare` gives back: no longer the job's (closed in this step)."""
-    sessions: tuple[Session, ...] = job.want.release
+    sessions = spare(job).release
     for session in sessions:
         job.lent.remove(session)
     job.slots = len(job.lent)

@@ -21,17 +21,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from engine.executor.facts import EngineFacts
 from engine.executor.prefill import ForwardReport, PrefillTask
 from engine.executor.session import Session
+from engine.executor.stats import EngineStats
 from engine.planner.drafts import Costs
 from engine.sampling import Sampler, TokenLogprobs
 
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Request(Generic[T_co]):
+    """What a job may ask the worker for, answered with a `T_co`: the type parameter says what
+    comes back, so `ask` (service/rounds.py) returns it typed and mypy checks every use."""
+
+    __slots__ = ()
+
 
 @dataclass(frozen=True)
-class Open:
+class Open(Request[list[Session]]):
     """`count` sessions on free KV slots; the first holds the longest prefix of `prompt` held for
     `scope` (its `length` says how many tokens), the rest start empty. The value: a list of sessions."""
 
@@ -41,7 +51,7 @@ class Open:
 
 
 @dataclass(frozen=True)
-class Prefill:
+class Prefill(Request["PrefillProgress"]):
     """Append `tokens` to `session`, one forward per step. The first step takes the longest held
     prefix first (`share`: an empty session only) and plans the rest; later steps carry the
     `task` the first one returned. After the last forward the session is copied into each of
@@ -79,7 +89,7 @@ class PrefillProgress:
 
 
 @dataclass(frozen=True)
-class Choose:
+class Choose(Request[int]):
     """Choose the next token from the logits `session` holds (no forward). The value: the token."""
 
     session: Session
@@ -87,7 +97,7 @@ class Choose:
 
 
 @dataclass(frozen=True)
-class Fork:
+class Fork(Request[Session]):
     """A new session holding a copy of `source`'s first `length` tokens (None: all). The value:
     the new session."""
 
@@ -96,7 +106,7 @@ class Fork:
 
 
 @dataclass(frozen=True)
-class Rewind:
+class Rewind(Request[int]):
     """Keep the first `length` tokens of `session`; its logits follow. The value: the new length."""
 
     session: Session
@@ -104,7 +114,7 @@ class Rewind:
 
 
 @dataclass(frozen=True)
-class Reset:
+class Reset(Request[None]):
     """Make `session` hold exactly `tokens`, with their logits (an unfinished extension undone)."""
 
     session: Session
@@ -112,7 +122,7 @@ class Reset:
 
 
 @dataclass(frozen=True)
-class Close:
+class Close(Request[int]):
     """Return the session's KV slot (with `keep`, its rows stay as a held prefix). The value: the
     tokens it held."""
 
@@ -121,7 +131,7 @@ class Close:
 
 
 @dataclass(frozen=True)
-class Stats:
+class Stats(Request[EngineStats]):
     """The engine's counters (engine.executor.stats.EngineStats)."""
 
 
