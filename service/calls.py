@@ -92,7 +92,7 @@ def checked_sampling(params: SamplingParams) -> SamplingParams:
     return params
 
 
-def _sampler(params: SamplingParams, logprobs: LogprobRequest | None) -> Sampler:
+def sampler_of(params: SamplingParams, logprobs: LogprobRequest | None) -> Sampler:
     """A sampler that also reports the log-probabilities of its choices when asked."""
     return Sampler(params, None if logprobs is None else logprobs.top)
 
@@ -161,7 +161,7 @@ class GenerateCall:
 
     def samplers(self) -> list[Sampler]:
         """One sampler per sample, seeded seed, seed + 1, ... (SamplingParams.for_sample)."""
-        return [_sampler(self.sampling.for_sample(i), self.logprobs) for i in range(self.n)]
+        return [sampler_of(self.sampling.for_sample(i), self.logprobs) for i in range(self.n)]
 
 
 # The fewest bytes each part of a Completion can take (protobuf's encoding: a field's tag and
@@ -225,7 +225,7 @@ class DecodeCall:
         checked_sampling(self.sampling)
 
     def sampler(self) -> Sampler:
-        return _sampler(self.sampling, self.logprobs)
+        return sampler_of(self.sampling, self.logprobs)
 
 
 @dataclass(frozen=True)

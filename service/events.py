@@ -21,11 +21,19 @@ class Finish(Enum):
 
 @dataclass
 class PrefillTally:
+    """A call's prefill, folded from its events (ForwardDone, Shared) where the call is answered."""
+
     forwards: int = 0
     real_rows: int = 0
     padded_rows: int = 0
     widths: list[int] = field(default_factory=list)
     shared_rows: int = 0  # prompt tokens copied from a held prefix instead of prefilled
+
+    def forward(self, done: ForwardDone) -> None:
+        self.forwards += 1
+        self.real_rows += done.real_rows
+        self.padded_rows += done.width - done.real_rows
+        self.widths.append(done.width)
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,13 @@ class ForwardDone:
     width: int
     past: int
     length: int
+
+
+@dataclass(frozen=True)
+class Shared:
+    """Prompt rows taken from a held prefix instead of prefilled (PrefillTally.shared_rows)."""
+
+    rows: int
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from service.events import (
     Finished,
     ForwardDone,
     PrefillFinished,
-    PrefillTally,
     PromptLogprobs,
+    Shared,
     Started,
     TokenOut,
 )
@@ -232,7 +232,6 @@ class ServedModel:
 def prefill_steps(
     session: Session,
     tokens: Sequence[int],
-    tally: PrefillTally,
     share: bool = True,
     logprob_top: int | None = None,
     copies: Sequence[Session] = (),
@@ -251,14 +250,11 @@ def prefill_steps(
     )
     while True:
         progress = yield from ask(request)
-        tally.shared_rows += progress.shared
+        if progress.shared:
+            yield Shared(progress.shared)
         report = progress.report
         if report is not None:
             forward = report.forward
-            tally.forwards += 1
-            tally.real_rows += forward.rows
-            tally.padded_rows += report.width - forward.rows
-            tally.widths.append(report.width)
             yield ForwardDone(forward.rows, report.width, forward.past, report.length)
         if progress.done:
             break
@@ -403,7 +399,6 @@ def generate_body(
     tokens: list[int],
     samplers: Sequence[Sampler],
     stopping: Stopping,
-    tally: PrefillTally,
     scope: str = "",
     prompt_logprobs: int | None = None,
     speculate: bool = True,
@@ -422,11 +417,11 @@ def generate_body(
     sessions = yield from ask(Lend(Open(shared, scope, min(n, width or n)), fan=n > 1))
     yield Started(time.perf_counter())
     first = sessions[0]
-    tally.shared_rows += first.length
+    if first.length:
+        yield Shared(first.length)
     firsts = yield from prefill_steps(
         first,
         tokens[first.length :],
-        tally,
         share=False,
         logprob_top=prompt_logprobs,
         copies=sessions[1:],
@@ -445,9 +440,9 @@ def generate_body(
     )
 
 
-def prefill_body(state: SessionState, tokens: list[int], tally: PrefillTally) -> Body:
+def prefill_body(state: SessionState, tokens: list[int]) -> Body:
     """Extend a session by one prompt part."""
-    yield from prefill_steps(state.session, tokens, tally)
+    yield from prefill_steps(state.session, tokens)
 
 
 def decode_body(

@@ -15,7 +15,7 @@ import structlog
 
 from engine.executor import Session
 from engine.executor.step import Request
-from service.events import Finished, ForwardDone, PromptLogprobs, Started, TokenOut
+from service.events import Finished, ForwardDone, PromptLogprobs, Shared, Started, TokenOut
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Result:
     value: Any
 
 
-Event = Started | ForwardDone | TokenOut | Finished | PromptLogprobs | Result  # for the job's caller
+Event = Started | ForwardDone | Shared | TokenOut | Finished | PromptLogprobs | Result  # for the job's caller
 Item = Request[object] | Event  # what a job body yields: a request for the worker, or an event
 Body = Generator[Item, object, None]  # a job: what it yields, and the replies sent back into it
 

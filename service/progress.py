@@ -28,7 +28,16 @@ from typing import Any
 import grpc
 
 from engine.sampling import TokenLogprobs
-from service.events import Finish, Finished, ForwardDone, PrefillTally, PromptLogprobs, Started, TokenOut
+from service.events import (
+    Finish,
+    Finished,
+    ForwardDone,
+    PrefillTally,
+    PromptLogprobs,
+    Shared,
+    Started,
+    TokenOut,
+)
 from service.jobs import Body
 from service.metrics import TTFT_METHODS, Metrics
 
@@ -87,6 +96,10 @@ class Progress:
     def see(self, event: Any) -> None:
         if isinstance(event, Started):
             self.started = event.at
+        elif isinstance(event, ForwardDone):
+            self.tally.forward(event)
+        elif isinstance(event, Shared):
+            self.tally.shared_rows += event.rows
         elif isinstance(event, TokenOut) and event.sample:
             self._other_token(event)
         elif isinstance(event, TokenOut):
@@ -97,34 +110,8 @@ class Progress:
             self._finished(event)
 
     def counted(self, body: Body) -> Body:
-        """`body` as a job whose work is counted as the worker yields it: prefill forwards and rows,
-        and the tokens of every sample, whether or not the call is still there to see them."""
-        try:
-            item = next(body)
-            while True:
-                self._count(item)
-                try:
-                    reply = yield item
-                except GeneratorExit:
-                    body.close()
-                    raise
-                except BaseException as exc:  # noqa: BLE001 — handed to the body, as `yield from` does
-                    item = body.throw(exc)
-                else:
-                    item = body.send(reply)
-        except StopIteration:
-            return
-
-    def _count(self, item: Any) -> None:
-        """One event of the job, on the worker thread."""
-        if isinstance(item, TokenOut):
-            self.metrics.generated_tokens.inc()
-            self.totals.generated_tokens += 1
-        elif isinstance(item, ForwardDone):
-            padded = item.width - item.real_rows
-            self.metrics.prefill(1, item.real_rows, padded)
-            self.totals.prompt_tokens += item.real_rows
-            self.totals.padded_rows += padded
+        """`counted(body)` with this call's metrics and totals."""
+        return counted(body, self.metrics, self.totals)
 
     def _finished(self, event: Finished) -> None:
         if event.sample:
@@ -233,3 +220,35 @@ class Progress:
     def inter_token_ms(self) -> list[float]:
         times = self.token_times
         return [(b - a) * 1000.0 for a, b in zip(times, times[1:], strict=False)]
+
+
+def counted(body: Body, metrics: Metrics, totals: Totals) -> Body:
+    """`body` as a job whose work is counted as the worker yields it (the core's counters): prefill
+    forwards and rows, and the tokens of every sample, whether or not the call is still there."""
+    try:
+        item = next(body)
+        while True:
+            _count(item, metrics, totals)
+            try:
+                reply = yield item
+            except GeneratorExit:
+                body.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 — handed to the body, as `yield from` does
+                item = body.throw(exc)
+            else:
+                item = body.send(reply)
+    except StopIteration:
+        return
+
+
+def _count(item: object, metrics: Metrics, totals: Totals) -> None:
+    """One event of the job, on the worker thread."""
+    if isinstance(item, TokenOut):
+        metrics.generated_tokens.inc()
+        totals.generated_tokens += 1
+    elif isinstance(item, ForwardDone):
+        padded = item.width - item.real_rows
+        metrics.prefill(1, item.real_rows, padded)
+        totals.prompt_tokens += item.real_rows
+        totals.padded_rows += padded

@@ -29,12 +29,12 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire
 from service.calls import ForkCall, GenerateCall, Prompt, check_response_fits
+from service.core import Core, DecodeOrder
 from service.errors import Cancelled, TooLarge
 from service.events import ForwardDone, TokenOut
-from service.generating import constraint_time, generation, prepared, text_door
+from service.generating import generation, text_door, watches
 from service.generation import (
     close_body,
-    decode_body,
     fork_body,
     peek_body,
     prefill_body,
@@ -179,40 +179,47 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         serving, state = self.serving, extension.state
         tokens = await serving.prompt_ids(prompt)
         progress.prompt_tokens += len(tokens)
-        body = extension.marked(prefill_body(state, tokens, progress.tally))
+        body = extension.marked(prefill_body(state, tokens))
         async with aclosing(serving.scheduler.stream(progress.counted(body))) as events:
             async for event in events:
+                progress.see(event)
                 if isinstance(event, ForwardDone):
                     yield wire.forward_event(state.id, event)
 
     async def Decode(self, request: pb.DecodeRequest, context: Context) -> AsyncIterator[pb.TokenEvent]:
         call, serving = wire.decode_call(request), self.serving
-        state = note_session(serving.sessions.get(call.session_id, CALLER.get()))
-        done = None
         wanted = serving.model.asked_tokens(call.stopping)  # budget() caps it by the room left, later
         check_response_fits(wanted, 1, call.logprobs, 0, serving.config.max_message_bytes)
-        [sampler] = await prepared(serving, [call.sampler()], call.stopping, call.constraint)
-        door = text_door(serving, call.stopping, ends_at_cut=False)
-        with serving.sessions.using(state):
-            body = decode_body(serving.model, state, sampler, call.stopping, call.speculate, door.orders)
-            progress = serving.progress()
-            async with aclosing(serving.scheduler.batches(progress.counted(body))) as batches:
-                async for raw in batches:
-                    events = door.see(raw)
-                    for event in events:
-                        progress.see(event)
-                    for message in self._token_events(events, progress, request.coalesce_tokens):
-                        yield message
-                    if progress.ended is not None:
-                        done = self._within_limit(
-                            pb.TokenEvent(
-                                done=wire.completion(
-                                    progress, REQUEST_ID.get(), state, serving.model.token_text
-                                )
+        order = DecodeOrder(
+            call.session_id,
+            call.sampling,
+            call.stopping,
+            call.logprobs,
+            call.constraint,
+            call.speculate,
+            CALLER.get(),
+            watches(serving, call.stopping),
+        )
+        core_call = Core(serving).decode(order)
+        door = text_door(serving, call.stopping, core_call, ends_at_cut=False)
+        progress, done = serving.progress(), None
+        async with aclosing(core_call.events) as batches:
+            async for raw in batches:
+                events = door.see(raw)
+                for event in events:
+                    progress.see(event)
+                for message in self._token_events(events, progress, request.coalesce_tokens):
+                    yield message
+                if progress.ended is not None:
+                    done = self._within_limit(
+                        pb.TokenEvent(
+                            done=wire.completion(
+                                progress, REQUEST_ID.get(), call.session_id, serving.model.token_text
                             )
                         )
-        constraint_time(serving, [sampler])
-        # Released before the client hears "done", so its next call on the session is never ABORTED.
+                    )
+        # The core released the session before its events ended, so the client's next call on it,
+        # made once it hears "done", is never ABORTED.
         if done is not None:
             yield done
 

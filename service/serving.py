@@ -171,34 +171,41 @@ class Serving:
         lets callers that auth tells apart share them (a shared prefix's speed is visible to others)."""
         return "" if self.config.prefix_across_callers else caller
 
-    def sample_width(self, n: int) -> int:
-        """The KV slots n samples may hold at once: n when the server and the caller's share have
-        them, else fewer (the samples then start as slots free: service/samples.py), but never
-        fewer than two (the prompt's holder and a sample). Over MAX_SAMPLES is out of range."""
+    def sample_limits(self, n: int) -> None:
+        """Refuse n samples the server can never run: over MAX_SAMPLES, a decoder with recurrent
+        state (n > 1 copies KV rows), fewer than two KV slots (the prompt's holder and a sample)."""
         facts = self.model.facts
         if n > MAX_SAMPLES:
             raise OverLimit(
                 f"n = {n} samples; the limit is {MAX_SAMPLES}", reason="TOO_MANY_SAMPLES", field="n"
             )
         if n == 1:
-            return 1
+            return
         if facts.recurrent:
             raise InvalidInput(
                 "n > 1 copies the prompt's KV rows, and this decoder carries recurrent state that has none",
                 reason="SAMPLES_UNSUPPORTED",
                 field="n",
             )
-        width = min(n, facts.slots)
-        if width < 2:
+        if facts.slots < 2:
             raise OverLimit(
                 f"n = {n} samples need 2 KV slots at once (the prompt's and a sample's); "
                 f"the server has {facts.slots}",
                 reason="TOO_MANY_SAMPLES",
                 field="n",
             )
+
+    def sample_width(self, n: int, caller: str) -> int:
+        """The KV slots n samples of `caller` may hold at once: n when the server and the caller's
+        share have them, else fewer (the samples then start as slots free: service/samples.py), but
+        never fewer than two (the prompt's holder and a sample); `sample_limits` first."""
+        self.sample_limits(n)
+        if n == 1:
+            return 1
+        width = min(n, self.model.facts.slots)
         if self.sessions.parking:  # parked sessions hold no slot the samples need
             return width
-        held, share = self.held(CALLER.get())
+        held, share = self.held(caller)
         if share - held < 2:
             raise CallerQuota(
                 f"n = {n} samples need 2 KV slots at once; beside the {held} sessions this "

@@ -303,7 +303,7 @@ def _read_calls(answer: pb.Completion | pb.Sample, tools: ToolRequest | None) ->
 def completion(
     progress: Progress,
     request_id: str,
-    session: Any | None = None,
+    session_id: str | None = None,
     text_of: Callable[[int], str] = lambda _: "",
     tools: ToolRequest | None = None,
 ) -> pb.Completion:
@@ -330,8 +330,8 @@ def completion(
         done.content = done.samples[0].content
     else:
         _read_calls(done, tools)
-    if session is not None:
-        done.session_id = session.id
+    if session_id is not None:
+        done.session_id = session_id
         done.session_length = progress.finished.session_length if progress.finished else 0
     else:
         done.prefill.CopyFrom(summary(progress.tally))

@@ -34,7 +34,6 @@ from engine.modelgen.synthetic import TINY, build_synthetic
 from engine.runtime.cuda import CudaBackend, host_runtime
 from engine.sampling import Sampler, SamplingParams
 from service.calls import Stopping
-from service.events import PrefillTally
 from service.generation import generate_body
 from service.logs import configure_logging
 from service.scheduler import Scheduler
@@ -91,7 +90,6 @@ def through_scheduler(model: Path, streams: int, new: int, clock: RunClock) -> d
             list(range(1, PROMPT + 1)),
             [Sampler(SamplingParams())],  # type: ignore[arg-type]
             Stopping(new, ignore_eos=True),
-            PrefillTally(),
         )
         async for _ in scheduler.stream(body, hold=True):
             pass

@@ -38,7 +38,7 @@ from engine.executor.step import (
 from engine.planner import Forward
 from engine.sampling import Sampler, SamplingParams
 from service.calls import Stopping
-from service.events import Finished, PrefillTally, TokenOut
+from service.events import Finished, TokenOut
 from service.generation import decode_steps, generate_body, prefill_body
 from service.jobs import Result
 from service.rounds import MAX_PREFILLS_PER_ROUND, Call, Lend, Token
@@ -231,7 +231,7 @@ def scheduler(engine: RecordingEngine) -> Iterator[Scheduler]:
 
 def generate(tokens: int, new: int, n: int = 1) -> Generator[Any, Any, None]:
     samplers = [Sampler(SamplingParams()) for _ in range(n)]
-    return generate_body(model(), list(range(1, tokens + 1)), samplers, Stopping(new), PrefillTally())
+    return generate_body(model(), list(range(1, tokens + 1)), samplers, Stopping(new))
 
 
 def test_a_generate_runs_open_prefill_and_decode_as_steps_and_returns_its_slot(
@@ -412,7 +412,7 @@ def test_a_sessions_prefill_never_shares_a_forward(
 ) -> None:
     """A session's rows must stay a fresh run's (a later append re-runs only what a Decode wrote)."""
     session = engine._new()
-    run(loop, scheduler, prefill_body(SessionState("s", "", session), list(range(1, 9)), PrefillTally()))
+    run(loop, scheduler, prefill_body(SessionState("s", "", session), list(range(1, 9))))
     assert [request.batchable for s in engine.steps for request, _ in s.prefills] == [False]
 
 

@@ -4,7 +4,8 @@ The door turns ids into text with the default model's real tokenizer; the schedu
 the recording engine of test_scheduler_rounds (a token is its session's length), so a test can
 hold the caller back and state what the worker did meanwhile: a Generate's sample runs past a stop
 string and ends at the cut, a kept session (Decode) feeds nothing the caller has not judged and
-ends holding exactly the tokens up to the one that completed the stop string.
+ends holding exactly the tokens up to the one that completed the stop string. A real server
+shows the same: a session a stop string ended goes on as one decoded to that token by length.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ import pytest
 from engine.executor.step import Rewind
 from engine.sampling import Sampler, SamplingParams
 from engine.tokenizer import Tokenizer
+from proto.ladder.v1 import ladder_pb2 as pb
 from service.calls import Stopping
 from service.events import Finish, Finished, TokenOut
 from service.generation import decode_steps
 from service.scheduler import Scheduler
 from service.texts import Cuts, TextDoor
 from tests.service.test_scheduler_rounds import RecordingEngine, model
+from tests.support.servers import RunningServer, server_config
+from tests.support.sessions import part, prefill
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +225,39 @@ def test_a_kept_session_waits_for_its_verdicts_without_holding_other_streams(
         scheduler.stop()
     assert [e.id for e in other_events if isinstance(e, TokenOut)] == list(range(5, 13))  # never held
     assert judged == 8 and kept.length == 5 + 8  # the kept session went on once judged: all 8 fed
+
+
+# -- through a real server: a session a stop string ended is the session decoded to that token ------
+
+
+@pytest.fixture(scope="module")
+def server(default_model: Callable[..., Path]) -> Iterator[RunningServer]:
+    with RunningServer(server_config(default_model("int4"), max_sessions=4, capacity=512)) as running:
+        yield running
+
+
+def _walk(
+    server: RunningServer, ids: list[int], first: pb.StoppingOptions
+) -> tuple[list[int], int, list[int]]:
+    """A session prefilled with `ids`, decoded with `first`, then 12 more tokens: (the first
+    Decode's tokens, the session's length after it, the next Decode's tokens)."""
+    session = prefill(server, part(ids, last=True))[-1].done.session_id
+    try:
+        done = list(server.stub.Decode(pb.DecodeRequest(session_id=session, stopping=first)))[-1].done
+        more = pb.StoppingOptions(max_new_tokens=12, ignore_eos=True)
+        after = list(server.stub.Decode(pb.DecodeRequest(session_id=session, stopping=more)))[-1].done
+        return list(done.token_ids), done.session_length, list(after.token_ids)
+    finally:
+        server.stub.CloseSession(pb.CloseSessionRequest(session_id=session))
+
+
+def test_a_session_a_stop_string_ended_goes_on_as_one_decoded_to_that_token(server: RunningServer) -> None:
+    ids = list(server.stub.Tokenize(pb.TokenizeRequest(text="The three primary colors are")).ids)
+    free = _walk(server, ids, pb.StoppingOptions(max_new_tokens=24, ignore_eos=True))
+    text = server.stub.Detokenize(pb.DetokenizeRequest(ids=free[0])).text
+    stop = text[len(text) // 2 : len(text) // 2 + 3].strip() or text[-3:]
+    stopped = _walk(server, ids, pb.StoppingOptions(max_new_tokens=24, ignore_eos=True, stop=[stop]))
+    assert stopped[0] and len(stopped[0]) < len(free[0])  # the stop string ended it early
+    assert stopped[0] == free[0][: len(stopped[0])]
+    by_length = _walk(server, ids, pb.StoppingOptions(max_new_tokens=len(stopped[0]), ignore_eos=True))
+    assert stopped[1:] == by_length[1:]  # the same length, and the same tokens after it
