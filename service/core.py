@@ -15,17 +15,32 @@ answers them on the server's own event loop, and every test runs this path.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from engine.executor.session import Session
+from engine.executor.stats import EngineStats
+from engine.executor.step import Stats
 from engine.sampling import Sampler, SamplingParams
 from service.calls import ConstraintSpec, LogprobRequest, Stopping, sampler_of
-from service.generation import decode_body, generate_body
+from service.events import PrefillFinished
+from service.generation import (
+    close_body,
+    decode_body,
+    fork_body,
+    generate_body,
+    peek_body,
+    prefill_body,
+    rewind_body,
+)
 from service.jobs import Body, Event
 from service.min_tokens import ending_tokens, hold_ends
-from service.progress import counted
-from service.serving import Serving, note_session
+from service.progress import Totals, counted
+from service.serving import Extension, Serving, note_session
+from service.sessions import ForkOrigin, SessionState
 from service.texts import Cuts
 
 VERSION = 1  # of the orders and events below: a transport's two ends must agree on it
@@ -67,6 +82,62 @@ class DecodeOrder:
     watching: bool = False
 
 
+@dataclass(frozen=True)
+class PrefillOrder:
+    """Open a session ("" session_id) or extend the caller's own, for a Prefill's parts."""
+
+    session_id: str
+    sampling: SamplingParams  # the next token's, which PrefillDone previews
+    caller: str = ""
+
+
+@dataclass(frozen=True)
+class RewindOrder:
+    session_id: str
+    length: int
+    caller: str = ""
+
+
+@dataclass(frozen=True)
+class CloseOrder:
+    session_id: str
+    caller: str = ""
+
+
+@dataclass(frozen=True)
+class ForkOrder:
+    """A new session holding the first `length` tokens (None: all) of the caller's session, named
+    by `fork_id` when given (a retry of a named fork is answered with the fork made first)."""
+
+    session_id: str
+    length: int | None = None
+    fork_id: str = ""
+    caller: str = ""
+
+
+@dataclass(frozen=True)
+class ForkDone:
+    """A fork made (or, `retry`, the one a named fork's first call made). Until the frontend says
+    whether its client took it (`Core.fork_taken`), a retry of the same name waits for that."""
+
+    session_id: str
+    length: int
+    source_session_id: str
+    server_ms: float
+    retry: bool = False
+
+
+@dataclass(frozen=True)
+class StatsDone:
+    """The engine's counters and the worker's queue, for GetEngineStats."""
+
+    stats: EngineStats
+    depth: int
+    waiting: int
+    totals: Totals
+    parking: bool
+
+
 class CoreCall:
     """One order in flight: its events in lists (`events`), and where the frontend's verdicts on
     the tokens' text go (`verdicts`; ignored unless the order was `watching`)."""
@@ -76,11 +147,127 @@ class CoreCall:
         self.verdicts = verdicts
 
 
+class PrefillSession:
+    """A Prefill's session on the core, held for the call (another call on it is ABORTED): prompt
+    parts appended one by one, the next token previewed, and the extension kept only when the
+    frontend says so (`keep`: once "done" went through); else undone when the Prefill ends."""
+
+    def __init__(self, serving: Serving, extension: Extension, sampling: SamplingParams) -> None:
+        self._serving, self._extension, self._sampling = serving, extension, sampling
+        self.kept = False
+
+    @property
+    def session_id(self) -> str:
+        return self._extension.state.id
+
+    def part(self, tokens: list[int]) -> AsyncGenerator[list[Event], None]:
+        """Append one part: its events (ForwardDone per forward, Shared rows)."""
+        serving, extension = self._serving, self._extension
+        body = extension.marked(prefill_body(extension.state, tokens))
+        return serving.scheduler.batches(counted(body, serving.metrics, serving.totals))
+
+    async def peek(self) -> PrefillFinished:
+        """The token the sampling picks next, not fed (PrefillDone's preview)."""
+        result = await self._serving.scheduler.result(
+            peek_body(self._extension.state, Sampler(self._sampling))
+        )
+        assert isinstance(result, PrefillFinished)
+        return result
+
+    def keep(self) -> None:
+        self.kept = True
+
+
 class Core:
     """The in-process core: orders answered with the server's scheduler, sessions and constraints."""
 
     def __init__(self, serving: Serving) -> None:
         self.serving = serving
+        self._forks: dict[str, tuple[SessionState, str]] = {}  # answered, not yet taken or refused
+
+    @contextlib.asynccontextmanager
+    async def prefill(self, order: PrefillOrder) -> AsyncIterator[PrefillSession]:
+        serving = self.serving
+        extension = await serving.extension(order.session_id, order.caller)
+        with serving.sessions.using(extension.state):
+            session = PrefillSession(serving, extension, order.sampling)
+            try:
+                yield session
+            finally:
+                if not session.kept:
+                    serving.undo(extension)
+
+    async def rewind(self, order: RewindOrder) -> int:
+        """Keep the session's first `length` tokens; its new length."""
+        serving = self.serving
+        state = note_session(serving.sessions.get(order.session_id, order.caller))
+        with serving.sessions.using(state):
+            length: int = await serving.scheduler.result(rewind_body(state, order.length))
+        return length
+
+    async def close(self, order: CloseOrder) -> int:
+        """Close the session; the tokens it held."""
+        serving = self.serving
+        state = note_session(serving.sessions.get(order.session_id, order.caller))
+        with serving.sessions.using(state):
+            serving.sessions.remove(state)
+            # Shielded: the slot returns even when the caller leaves before the worker has closed it.
+            closing = asyncio.ensure_future(serving.scheduler.result(close_body(state, "closed")))
+            length: int = await asyncio.shield(closing)
+        return length
+
+    async def fork(self, order: ForkOrder) -> ForkDone:
+        sessions, caller = self.serving.sessions, order.caller
+        named = sessions.fork_session_id(order.fork_id) if order.fork_id else ""
+        if named and (made := sessions.made_fork(named, caller, order.session_id, order.length)) is not None:
+            return _fork_done(note_session(made), order.session_id, 0.0, retry=True)
+        if named:
+            sessions.start_fork(named, caller)
+        try:
+            state, ms = await self._fork(order, named)
+        except BaseException:
+            sessions.end_fork(named, caller)
+            raise
+        self._forks[state.id] = (state, named)
+        return _fork_done(note_session(state), order.session_id, ms)
+
+    def fork_taken(self, done: ForkDone, taken: bool) -> None:
+        """The frontend's word on a fork it answered: taken by its client, or not (closed). A retry
+        of its name may be answered from now on."""
+        state, named = self._forks.pop(done.session_id)
+        if not taken:
+            self.serving.close_soon(state, "fork_not_taken")
+        self.serving.sessions.end_fork(named, state.owner)
+
+    async def _fork(self, order: ForkOrder, session_id: str) -> tuple[SessionState, float]:
+        """A new session of the caller's holding its session's first `order.length` tokens, named
+        `session_id` ("": a random id), and the time the worker spent on it."""
+        serving = self.serving
+        source = serving.sessions.get(order.session_id, order.caller)
+        spent: list[float] = []
+        generated: list[int] = []  # the source's Decode-chosen positions the fork holds
+
+        async def forking(caller: str) -> Session:
+            forked = await serving.scheduler.result(fork_body(source, order.length))
+            spent.append(forked.ms)
+            generated.extend(p for p in source.generated if p < forked.session.length)
+            session: Session = forked.session
+            return session
+
+        with serving.sessions.using(source):
+            state = await serving.claim(forking, session_id)
+        state.generated = generated
+        if session_id:
+            state.fork_of = ForkOrigin(source.id, order.length, state.session.length)
+        return state, spent[0]
+
+    async def stats(self) -> StatsDone:
+        serving = self.serving
+        stats = await serving.scheduler.run(Stats())
+        serving.metrics.engine_stats(stats)
+        scheduler = serving.scheduler
+        parking = serving.model.session_memory > 0
+        return StatsDone(stats, scheduler.depth, scheduler.waiting, serving.totals, parking)
 
     def generate(self, order: GenerateOrder) -> CoreCall:
         cuts = Cuts(self.serving.scheduler.wake)
@@ -152,3 +339,9 @@ class Core:
             tokens = sampler.counts.total()
             if sampler.constraint is not None and tokens:
                 self.serving.metrics.constraint_mask.observe(sampler.constraint_seconds / tokens)
+
+
+def _fork_done(state: SessionState, source_id: str, ms: float, retry: bool = False) -> ForkDone:
+    """A fork's answer; a retry's is its first call's (the length the fork was made with)."""
+    length = state.fork_of.length if state.fork_of is not None else state.session.length
+    return ForkDone(state.id, length, source_id, ms, retry)

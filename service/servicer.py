@@ -15,7 +15,6 @@ the handler is then closed at that yield instead of resuming.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -24,26 +23,26 @@ import grpc
 from google.protobuf.message import Message
 
 from engine.errors import InvalidInput
-from engine.executor.step import Stats
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire
-from service.calls import ForkCall, GenerateCall, Prompt, check_response_fits
-from service.core import Core, DecodeOrder
+from service.calls import GenerateCall, Prompt, check_response_fits
+from service.core import (
+    CloseOrder,
+    Core,
+    DecodeOrder,
+    ForkDone,
+    ForkOrder,
+    PrefillOrder,
+    PrefillSession,
+    RewindOrder,
+)
 from service.errors import Cancelled, TooLarge
 from service.events import ForwardDone, TokenOut
 from service.generating import generation, text_door, watches
-from service.generation import (
-    close_body,
-    fork_body,
-    peek_body,
-    prefill_body,
-    rewind_body,
-)
 from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
 from service.progress import Progress
-from service.serving import Extension, Serving, note_session
-from service.sessions import ForkOrigin, SessionState
+from service.serving import Serving
 from service.tool_calls import ToolRequest, tools_at_fault
 
 # Handlers never read or write messages through the context, so its message types stay open.
@@ -57,10 +56,19 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
     def __init__(self, serving: Callable[[], Serving]) -> None:
         self._serving = serving
+        self._core: Core | None = None
 
     @property
     def serving(self) -> Serving:
         return self._serving()
+
+    @property
+    def core(self) -> Core:
+        """The core the calls' orders go to: one per Serving (it holds the forks not yet taken)."""
+        serving = self._serving()
+        if self._core is None or self._core.serving is not serving:
+            self._core = Core(serving)
+        return self._core
 
     # -- generation ---------------------------------------------------------------
     async def _generate(
@@ -139,52 +147,48 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                 "Prefill needs at least one message with a prompt", reason="PROMPT_REQUIRED", field="prompt"
             )
         call, serving = wire.prefill_call(first), self.serving
-        sampler = call.sampler()
-        extension = await serving.extension(call.session_id)
-        state, progress, kept = extension.state, serving.progress(), False
-        with serving.sessions.using(state):
-            try:
-                prompt: Prompt | None
-                prompt, last = call.prompt, call.last
-                while True:
-                    if prompt is not None:
-                        async with aclosing(self._prefill_part(extension, prompt, progress)) as events:
-                            async for event in events:
-                                yield event
-                    if last:
-                        break
-                    part = await anext(parts, None)  # None also when the client cancelled or left
-                    if part is None:
-                        break
-                    prompt, last = wire.prefill_part(part)
-                result = await serving.scheduler.result(peek_body(state, sampler))
-                progress.close()
-                done = wire.prefill_done(state.id, result, serving.model.piece(result.next_token), progress)
-                if not last:
-                    # The messages ended, which they also do when the client cancelled or left
-                    # mid-prompt: the extension is kept only once "done" went through.
-                    yield done
-                kept = True
-            finally:
-                if not kept:
-                    serving.undo(extension)
+        order = PrefillOrder(call.session_id, call.sampling, CALLER.get())
+        async with self.core.prefill(order) as session:
+            progress = serving.progress()
+            prompt: Prompt | None
+            prompt, last = call.prompt, call.last
+            while True:
+                if prompt is not None:
+                    async with aclosing(self._prefill_part(session, prompt, progress)) as events:
+                        async for event in events:
+                            yield event
+                if last:
+                    break
+                part = await anext(parts, None)  # None also when the client cancelled or left
+                if part is None:
+                    break
+                prompt, last = wire.prefill_part(part)
+            result = await session.peek()
+            progress.close()
+            done = wire.prefill_done(
+                session.session_id, result, serving.model.piece(result.next_token), progress
+            )
+            if not last:
+                # The messages ended, which they also do when the client cancelled or left
+                # mid-prompt: the extension is kept only once "done" went through.
+                yield done
+            session.keep()
         if last:
             # The client said where the prompt ends: kept and released before it hears "done", so
             # it may act on it at once, even cancel this call first.
             yield done
 
     async def _prefill_part(
-        self, extension: Extension, prompt: Prompt, progress: Progress
+        self, session: PrefillSession, prompt: Prompt, progress: Progress
     ) -> AsyncGenerator[pb.PrefillEvent, None]:
-        serving, state = self.serving, extension.state
-        tokens = await serving.prompt_ids(prompt)
+        tokens = await self.serving.prompt_ids(prompt)
         progress.prompt_tokens += len(tokens)
-        body = extension.marked(prefill_body(state, tokens))
-        async with aclosing(serving.scheduler.stream(progress.counted(body))) as events:
-            async for event in events:
-                progress.see(event)
-                if isinstance(event, ForwardDone):
-                    yield wire.forward_event(state.id, event)
+        async with aclosing(session.part(tokens)) as batches:
+            async for events in batches:
+                for event in events:
+                    progress.see(event)
+                    if isinstance(event, ForwardDone):
+                        yield wire.forward_event(session.session_id, event)
 
     async def Decode(self, request: pb.DecodeRequest, context: Context) -> AsyncIterator[pb.TokenEvent]:
         call, serving = wire.decode_call(request), self.serving
@@ -200,7 +204,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             CALLER.get(),
             watches(serving, call.stopping),
         )
-        core_call = Core(serving).decode(order)
+        core_call = self.core.decode(order)
         door = text_door(serving, call.stopping, core_call, ends_at_cut=False)
         progress, done = serving.progress(), None
         async with aclosing(core_call.events) as batches:
@@ -224,85 +228,27 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             yield done
 
     async def Rewind(self, request: pb.RewindRequest, context: Context) -> pb.RewindResponse:
-        serving = self.serving
-        state = note_session(serving.sessions.get(request.session_id, CALLER.get()))
-        with serving.sessions.using(state):
-            length = await serving.scheduler.result(rewind_body(state, request.length))
-        return pb.RewindResponse(session_id=state.id, length=length)
+        length = await self.core.rewind(RewindOrder(request.session_id, request.length, CALLER.get()))
+        return pb.RewindResponse(session_id=request.session_id, length=length)
 
     async def CloseSession(
         self, request: pb.CloseSessionRequest, context: Context
     ) -> pb.CloseSessionResponse:
-        serving = self.serving
-        state = note_session(serving.sessions.get(request.session_id, CALLER.get()))
-        with serving.sessions.using(state):
-            serving.sessions.remove(state)
-            # Shielded: the slot returns even when the caller leaves before the worker has closed it.
-            closing = asyncio.ensure_future(serving.scheduler.result(close_body(state, "closed")))
-            length = await asyncio.shield(closing)
-        return pb.CloseSessionResponse(session_id=state.id, length=length)
+        length = await self.core.close(CloseOrder(request.session_id, CALLER.get()))
+        return pb.CloseSessionResponse(session_id=request.session_id, length=length)
 
     async def ForkSession(self, request: pb.ForkSessionRequest, context: Context) -> pb.ForkSessionResponse:
-        call, sessions, caller = wire.fork_call(request), self.serving.sessions, CALLER.get()
-        named = sessions.fork_session_id(call.fork_id) if call.fork_id else ""
-        if named and (made := sessions.made_fork(named, caller, call.session_id, call.length)) is not None:
-            _note_source(call.session_id)  # a retry whose answer was lost: the fork made then, not another
-            return _fork_answer(note_session(made), call.session_id, 0.0)
-        if named:
-            sessions.start_fork(named, caller)
-        try:
-            state, ms = await self._fork(call, named)
-            await self._fork_taken(state, context, named)
-        except BaseException:
-            sessions.end_fork(named, caller)
-            raise
-        return _fork_answer(note_session(state), call.session_id, ms)
-
-    async def _fork(self, call: ForkCall, session_id: str) -> tuple[SessionState, float]:
-        """A new session of the caller's holding its session's first `call.length` tokens, named
-        `session_id` ("": a random id), and the time the worker spent on it."""
-        serving = self.serving
-        source = serving.sessions.get(call.session_id, CALLER.get())
-        _note_source(source.id)
-        spent: list[float] = []
-        generated: list[int] = []  # the source's Decode-chosen positions the fork holds
-
-        async def forking(caller: str) -> Any:
-            forked = await serving.scheduler.result(fork_body(source, call.length))
-            spent.append(forked.ms)
-            generated.extend(p for p in source.generated if p < forked.session.length)
-            return forked.session
-
-        with serving.sessions.using(source):
-            state = await serving.claim(forking, session_id)
-        state.generated = generated
-        if session_id:
-            state.fork_of = ForkOrigin(source.id, call.length, state.session.length)
-        return state, spent[0]
-
-    async def _fork_taken(self, state: SessionState, context: Context, named: str) -> None:
-        """All or nothing: a fork whose call already ended (deadline, cancel, client gone) is closed.
-        The handler can finish after its deadline without gRPC cancelling it (the event loop was
-        busy), and then nothing marks the call cancelled: writing the headers is the test that is."""
-        serving = self.serving
-        try:
-            await _check_client_stayed(context)
-            remaining = context.time_remaining()
-            # A deadline that passed while the loop was held need not have ended the call yet (the
-            # headers then go out): its client has given up all the same, so nobody takes the fork.
-            if remaining is not None and remaining <= 0:
-                raise Cancelled("the call's deadline passed before its answer")
-        except BaseException:
-            serving.close_soon(state, "fork_not_taken")
-            raise
-
-        def ended(call: Any) -> None:
-            if call.cancelled():
-                serving.close_soon(state, "fork_not_taken")
-            serving.sessions.end_fork(named, state.owner)  # a retry may be answered from now on
-
-        # types-grpcio declares the callback's type as a plain class, not a Protocol: no function fits it.
-        context.add_done_callback(ended)  # type: ignore[arg-type]
+        call, core = wire.fork_call(request), self.core
+        _note_source(call.session_id)
+        done = await core.fork(ForkOrder(call.session_id, call.length, call.fork_id, CALLER.get()))
+        if not done.retry:  # a retry whose answer was lost gets the fork made then, not another
+            await _fork_taken(core, done, context)
+        return pb.ForkSessionResponse(
+            session_id=done.session_id,
+            length=done.length,
+            source_session_id=done.source_session_id,
+            server_ms=done.server_ms,
+        )
 
     # -- tokenizer and introspection ------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: Context) -> pb.TokenizeResponse:
@@ -315,16 +261,8 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         return wire.model_info(self.serving.model, self.serving.config)
 
     async def GetEngineStats(self, request: pb.GetEngineStatsRequest, context: Context) -> pb.EngineStats:
-        serving = self.serving
-        stats = await serving.scheduler.run(Stats())
-        serving.metrics.engine_stats(stats)
-        return wire.engine_stats(
-            stats,
-            serving.scheduler.depth,
-            serving.scheduler.waiting,
-            serving.totals,
-            parking=serving.model.session_memory > 0,
-        )
+        done = await self.core.stats()
+        return wire.engine_stats(done.stats, done.depth, done.waiting, done.totals, parking=done.parking)
 
 
 def _note_source(source_id: str) -> None:
@@ -334,12 +272,26 @@ def _note_source(source_id: str) -> None:
         record.source_session = source_id
 
 
-def _fork_answer(state: SessionState, source_id: str, ms: float) -> pb.ForkSessionResponse:
-    """The answer of a ForkSession; a retry's is its first call's (the length the fork was made with)."""
-    length = state.fork_of.length if state.fork_of is not None else state.session.length
-    return pb.ForkSessionResponse(
-        session_id=state.id, length=length, source_session_id=source_id, server_ms=ms
-    )
+async def _fork_taken(core: Core, done: ForkDone, context: Context) -> None:
+    """All or nothing: a fork whose call already ended (deadline, cancel, client gone) is closed.
+    The handler can finish after its deadline without gRPC cancelling it (the event loop was
+    busy), and then nothing marks the call cancelled: writing the headers is the test that is."""
+    try:
+        await _check_client_stayed(context)
+        remaining = context.time_remaining()
+        # A deadline that passed while the loop was held need not have ended the call yet (the
+        # headers then go out): its client has given up all the same, so nobody takes the fork.
+        if remaining is not None and remaining <= 0:
+            raise Cancelled("the call's deadline passed before its answer")
+    except BaseException:
+        core.fork_taken(done, taken=False)
+        raise
+
+    def ended(call: Any) -> None:
+        core.fork_taken(done, taken=not call.cancelled())
+
+    # types-grpcio declares the callback's type as a plain class, not a Protocol: no function fits it.
+    context.add_done_callback(ended)  # type: ignore[arg-type]
 
 
 async def _check_client_stayed(context: Context) -> None:

@@ -243,11 +243,11 @@ class Serving:
         log.info("session_opened", session=state.id, caller=caller, sessions_open=len(self.sessions))
         return state
 
-    async def extension(self, session_id: str) -> Extension:
+    async def extension(self, session_id: str, caller: str) -> Extension:
         """What a Prefill works on: a new session (no id) or the caller's own."""
         if not session_id:
             return Extension(note_session(await self.open_session()), opened=True)
-        return Extension(note_session(self.sessions.get(session_id, CALLER.get())), opened=False)
+        return Extension(note_session(self.sessions.get(session_id, caller)), opened=False)
 
     def _close_orphan(self, opening: asyncio.Future[Any]) -> None:
         if not opening.cancelled() and opening.exception() is None:
