@@ -78,6 +78,9 @@ class Config:
     # gRPC frontend processes sharing the port (service/relay.py); 0 = in this process, None = auto:
     # 2 on CUDA (+28-42 % saturated throughput on the H200), 0 on CPU.
     frontends: int | None = None
+    # How calls reach the core (service/orders.py): direct, or its orders over a local socket
+    # (service/core_link.py), as the process cut's frontends will send them.
+    core_transport: str = "direct"
     # What gRPC connections may hold (service/ports.py): each process serving the port caps its own.
     grpc_max_connections: int | None = None  # None = auto: half the process's open-file limit
     grpc_max_concurrent_streams: int = 4096  # calls one connection may have open at once

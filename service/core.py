@@ -1,17 +1,6 @@
-"""The core's side of a generation, behind typed orders (issue #42: the cut at the token level).
-
-A frontend (the gRPC servicer and the HTTP app) turns a call into an order: token ids, sampling,
-stopping by ids and budgets, n, log-probabilities, the constraint, the caller. The core checks
-the caller's share of the KV slots, compiles the constraint, runs the job on the engine worker
-and streams its events back: token ids (no text), finish reasons, prefill forwards and rows
-shared (service/events.py). Text, stop strings, protobuf and HTTP are the frontend's: it judges
-each token's text and tells the core (`CoreCall.verdicts`: a stop string found cuts the sample;
-a kept session waits for the verdicts, service/texts.py).
-
-Orders and events are frozen values that pickle as they are, so a transport between processes
-carries them unchanged (`VERSION` is what its two ends agree on); in process, as now, `Core`
-answers them on the server's own event loop, and every test runs this path.
-"""
+"""The core in process: the orders of service/orders.py answered with this process's scheduler,
+sessions and constraints (issue #42). A frontend holds it as a `CoreApi`; a transport between
+processes answers the same orders with one of these on the core's side."""
 
 from __future__ import annotations
 
@@ -19,13 +8,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 
 from engine.executor.session import Session
-from engine.executor.stats import EngineStats
 from engine.executor.step import Stats
 from engine.sampling import Sampler, SamplingParams
-from service.calls import ConstraintSpec, LogprobRequest, Stopping, sampler_of
+from service.calls import ConstraintSpec, Stopping, sampler_of
 from service.events import PrefillFinished
 from service.generation import (
     close_body,
@@ -38,113 +25,21 @@ from service.generation import (
 )
 from service.jobs import Body, Event
 from service.min_tokens import ending_tokens, hold_ends
-from service.progress import Totals, counted
-from service.serving import Extension, Serving, note_session
+from service.orders import (
+    CloseOrder,
+    CoreCall,
+    DecodeOrder,
+    ForkDone,
+    ForkOrder,
+    GenerateOrder,
+    PrefillOrder,
+    RewindOrder,
+    StatsDone,
+)
+from service.progress import counted
+from service.serving import Extension, Serving
 from service.sessions import ForkOrigin, SessionState
 from service.texts import Cuts
-
-VERSION = 1  # of the orders and events below: a transport's two ends must agree on it
-
-
-@dataclass(frozen=True)
-class GenerateOrder:
-    """Generate n samples of a prompt given as token ids. `stopping` is budgeted already (the
-    frontend knows the capacity); its stop strings are the frontend's to find (`watching`)."""
-
-    tokens: tuple[int, ...]
-    sampling: SamplingParams
-    stopping: Stopping
-    n: int = 1
-    logprobs: LogprobRequest | None = None
-    constraint: ConstraintSpec | None = None
-    speculate: bool = True
-    caller: str = ""
-    watching: bool = False  # the frontend looks for stop strings: its verdicts may cut samples
-    unary: bool = False  # the frontend answers once, at the end: events may wait for it
-
-    @property
-    def prompt_top(self) -> int | None:
-        """Alternatives per prompt token when the prompt's log-probabilities are asked for, else None."""
-        return self.logprobs.top if self.logprobs is not None and self.logprobs.prompt else None
-
-
-@dataclass(frozen=True)
-class DecodeOrder:
-    """Continue a session. `stopping` is budgeted on the worker, against the session's length."""
-
-    session_id: str
-    sampling: SamplingParams
-    stopping: Stopping
-    logprobs: LogprobRequest | None = None
-    constraint: ConstraintSpec | None = None
-    speculate: bool = True
-    caller: str = ""
-    watching: bool = False
-
-
-@dataclass(frozen=True)
-class PrefillOrder:
-    """Open a session ("" session_id) or extend the caller's own, for a Prefill's parts."""
-
-    session_id: str
-    sampling: SamplingParams  # the next token's, which PrefillDone previews
-    caller: str = ""
-
-
-@dataclass(frozen=True)
-class RewindOrder:
-    session_id: str
-    length: int
-    caller: str = ""
-
-
-@dataclass(frozen=True)
-class CloseOrder:
-    session_id: str
-    caller: str = ""
-
-
-@dataclass(frozen=True)
-class ForkOrder:
-    """A new session holding the first `length` tokens (None: all) of the caller's session, named
-    by `fork_id` when given (a retry of a named fork is answered with the fork made first)."""
-
-    session_id: str
-    length: int | None = None
-    fork_id: str = ""
-    caller: str = ""
-
-
-@dataclass(frozen=True)
-class ForkDone:
-    """A fork made (or, `retry`, the one a named fork's first call made). Until the frontend says
-    whether its client took it (`Core.fork_taken`), a retry of the same name waits for that."""
-
-    session_id: str
-    length: int
-    source_session_id: str
-    server_ms: float
-    retry: bool = False
-
-
-@dataclass(frozen=True)
-class StatsDone:
-    """The engine's counters and the worker's queue, for GetEngineStats."""
-
-    stats: EngineStats
-    depth: int
-    waiting: int
-    totals: Totals
-    parking: bool
-
-
-class CoreCall:
-    """One order in flight: its events in lists (`events`), and where the frontend's verdicts on
-    the tokens' text go (`verdicts`; ignored unless the order was `watching`)."""
-
-    def __init__(self, events: AsyncGenerator[list[Event], None], verdicts: Cuts) -> None:
-        self.events = events
-        self.verdicts = verdicts
 
 
 class PrefillSession:
@@ -200,7 +95,7 @@ class Core:
     async def rewind(self, order: RewindOrder) -> int:
         """Keep the session's first `length` tokens; its new length."""
         serving = self.serving
-        state = note_session(serving.sessions.get(order.session_id, order.caller))
+        state = serving.sessions.get(order.session_id, order.caller)
         with serving.sessions.using(state):
             length: int = await serving.scheduler.result(rewind_body(state, order.length))
         return length
@@ -208,7 +103,7 @@ class Core:
     async def close(self, order: CloseOrder) -> int:
         """Close the session; the tokens it held."""
         serving = self.serving
-        state = note_session(serving.sessions.get(order.session_id, order.caller))
+        state = serving.sessions.get(order.session_id, order.caller)
         with serving.sessions.using(state):
             serving.sessions.remove(state)
             # Shielded: the slot returns even when the caller leaves before the worker has closed it.
@@ -220,7 +115,7 @@ class Core:
         sessions, caller = self.serving.sessions, order.caller
         named = sessions.fork_session_id(order.fork_id) if order.fork_id else ""
         if named and (made := sessions.made_fork(named, caller, order.session_id, order.length)) is not None:
-            return _fork_done(note_session(made), order.session_id, 0.0, retry=True)
+            return _fork_done(made, order.session_id, 0.0, retry=True)
         if named:
             sessions.start_fork(named, caller)
         try:
@@ -229,7 +124,7 @@ class Core:
             sessions.end_fork(named, caller)
             raise
         self._forks[state.id] = (state, named)
-        return _fork_done(note_session(state), order.session_id, ms)
+        return _fork_done(state, order.session_id, ms)
 
     def fork_taken(self, done: ForkDone, taken: bool) -> None:
         """The frontend's word on a fork it answered: taken by its client, or not (closed). A retry
@@ -255,7 +150,7 @@ class Core:
             return session
 
         with serving.sessions.using(source):
-            state = await serving.claim(forking, session_id)
+            state = await serving.claim(forking, order.caller, session_id)
         state.generated = generated
         if session_id:
             state.fork_of = ForkOrigin(source.id, order.length, state.session.length)
@@ -303,7 +198,7 @@ class Core:
 
     async def _decode(self, order: DecodeOrder, cuts: Cuts | None) -> AsyncGenerator[list[Event], None]:
         serving = self.serving
-        state = note_session(serving.sessions.get(order.session_id, order.caller))
+        state = serving.sessions.get(order.session_id, order.caller)
         sampler = sampler_of(order.sampling, order.logprobs)
         await self._prepare([sampler], order.stopping, order.constraint)
         try:

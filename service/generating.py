@@ -13,8 +13,8 @@ from contextlib import aclosing
 from typing import Any
 
 from service.calls import GenerateCall, Stopping, check_response_fits
-from service.core import Core, CoreCall, GenerateOrder
-from service.interceptors.call_context import CALLER
+from service.interceptors.call_context import CALLER, REQUEST_ID
+from service.orders import CoreCall, GenerateOrder
 from service.progress import Progress
 from service.serving import Serving
 from service.texts import TextDoor
@@ -36,15 +36,16 @@ async def generation(
         tuple(tokens),
         call.sampling,
         stopping,
-        call.n,
-        call.logprobs,
-        call.constraint,
-        call.speculate,
-        CALLER.get(),
-        watching,
-        unary,
+        n=call.n,
+        logprobs=call.logprobs,
+        constraint=call.constraint,
+        speculate=call.speculate,
+        caller=CALLER.get(),
+        request_id=REQUEST_ID.get(),
+        watching=watching,
+        unary=unary,
     )
-    core_call = Core(serving).generate(order)
+    core_call = serving.core.generate(order)
     progress = serving.progress(len(tokens))
     progress.samples = call.n
     door = text_door(serving, stopping, core_call, ends_at_cut=True)

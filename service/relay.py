@@ -36,7 +36,7 @@ import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import grpc
 import structlog
@@ -53,12 +53,21 @@ if TYPE_CHECKING:  # types-grpcio's generics; grpc's classes take no parameters 
     Handler = grpc.RpcMethodHandler[Any, Any]
 
 
+class Codec(Protocol):
+    def dumps(self, value: Any, /) -> bytes: ...
+
+    def loads(self, data: bytes, /) -> Any: ...
+
+
 class Link:
     """One end of the relay socket. `send` queues an item; the items of one event-loop turn leave as
-    one frame. `receive` gives the next frame's items (None once the other end has gone)."""
+    one frame. `receive` gives the next frame's items (None once the other end has gone). Frames
+    are `marshal` dumps (plain values); the core's orders (service/core_link.py) use `pickle`."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, codec: Codec = marshal
+    ) -> None:
+        self.reader, self.writer, self.codec = reader, writer, codec
         self._out: list[Item] = []
         self._loop = asyncio.get_running_loop()
 
@@ -70,13 +79,13 @@ class Link:
     def flush(self) -> None:
         items, self._out = self._out, []
         if items and not self.writer.is_closing():
-            data = marshal.dumps(items)
+            data = self.codec.dumps(items)
             self.writer.writelines((_HEADER.pack(len(data)), data))
 
     async def receive(self) -> list[Item] | None:
         try:
             header = await self.reader.readexactly(_HEADER.size)
-            items: list[Item] = marshal.loads(await self.reader.readexactly(_HEADER.unpack(header)[0]))
+            items: list[Item] = self.codec.loads(await self.reader.readexactly(_HEADER.unpack(header)[0]))
             return items
         except (asyncio.IncompleteReadError, ConnectionError):
             return None

@@ -37,6 +37,8 @@ from engine.errors import ModelUnreadable
 from engine.executor.step import Stats
 from service.config import Config
 from service.constraints import Constraints
+from service.core import Core
+from service.core_link import socket_core
 from service.errors import Draining
 from service.exiting import watchdog
 from service.frontends import Frontends, Methods
@@ -91,6 +93,7 @@ class LadderServer:
         self.port = 0
         self.http = self._http_api() if config.http_port else None
         self._tasks: list[asyncio.Task[Any]] = []
+        self._core_link: list[asyncio.Task[None]] = []  # --core-transport socket: its two ends
         self._http: Any = None
         self.fault: BaseException | None = None
         self.stopped = asyncio.Event()
@@ -213,6 +216,9 @@ class LadderServer:
             self.config.json_schema_strict,
         )
         self.serving = Serving(self.config, model, scheduler, sessions, self.metrics, constraints)
+        self.serving.core = Core(self.serving)
+        if self.config.core_transport == "socket":
+            self.serving.core, self._core_link = await socket_core(self.serving.core)
         engine = model.engine
         self.metrics.watch(
             lambda: scheduler.depth,
@@ -303,6 +309,8 @@ class LadderServer:
         await self._stop_grpc(grace)
         if self.http is not None:
             await self.http.stop()
+        for task in self._core_link:  # after the calls: they reach the core through it
+            task.cancel()
         if self.serving is not None:
             self.serving.scheduler.stop()
             self.serving.constraints.close()

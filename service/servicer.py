@@ -27,22 +27,22 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service import wire
 from service.calls import GenerateCall, Prompt, check_response_fits
-from service.core import (
-    CloseOrder,
-    Core,
-    DecodeOrder,
-    ForkDone,
-    ForkOrder,
-    PrefillOrder,
-    PrefillSession,
-    RewindOrder,
-)
 from service.errors import Cancelled, TooLarge
 from service.events import ForwardDone, TokenOut
 from service.generating import generation, text_door, watches
 from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
+from service.orders import (
+    CloseOrder,
+    CoreApi,
+    DecodeOrder,
+    ForkDone,
+    ForkOrder,
+    PrefillHandle,
+    PrefillOrder,
+    RewindOrder,
+)
 from service.progress import Progress
-from service.serving import Serving
+from service.serving import Serving, note_session
 from service.tool_calls import ToolRequest, tools_at_fault
 
 # Handlers never read or write messages through the context, so its message types stay open.
@@ -56,19 +56,15 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
     def __init__(self, serving: Callable[[], Serving]) -> None:
         self._serving = serving
-        self._core: Core | None = None
 
     @property
     def serving(self) -> Serving:
         return self._serving()
 
     @property
-    def core(self) -> Core:
-        """The core the calls' orders go to: one per Serving (it holds the forks not yet taken)."""
-        serving = self._serving()
-        if self._core is None or self._core.serving is not serving:
-            self._core = Core(serving)
-        return self._core
+    def core(self) -> CoreApi:
+        """Where the calls' orders go (service/orders.py)."""
+        return self._serving().core
 
     # -- generation ---------------------------------------------------------------
     async def _generate(
@@ -147,8 +143,9 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                 "Prefill needs at least one message with a prompt", reason="PROMPT_REQUIRED", field="prompt"
             )
         call, serving = wire.prefill_call(first), self.serving
-        order = PrefillOrder(call.session_id, call.sampling, CALLER.get())
+        order = PrefillOrder(call.session_id, call.sampling, CALLER.get(), REQUEST_ID.get())
         async with self.core.prefill(order) as session:
+            note_session(session.session_id)
             progress = serving.progress()
             prompt: Prompt | None
             prompt, last = call.prompt, call.last
@@ -179,7 +176,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             yield done
 
     async def _prefill_part(
-        self, session: PrefillSession, prompt: Prompt, progress: Progress
+        self, session: PrefillHandle, prompt: Prompt, progress: Progress
     ) -> AsyncGenerator[pb.PrefillEvent, None]:
         tokens = await self.serving.prompt_ids(prompt)
         progress.prompt_tokens += len(tokens)
@@ -194,15 +191,17 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         call, serving = wire.decode_call(request), self.serving
         wanted = serving.model.asked_tokens(call.stopping)  # budget() caps it by the room left, later
         check_response_fits(wanted, 1, call.logprobs, 0, serving.config.max_message_bytes)
+        note_session(call.session_id)
         order = DecodeOrder(
             call.session_id,
             call.sampling,
             call.stopping,
-            call.logprobs,
-            call.constraint,
-            call.speculate,
-            CALLER.get(),
-            watches(serving, call.stopping),
+            logprobs=call.logprobs,
+            constraint=call.constraint,
+            speculate=call.speculate,
+            caller=CALLER.get(),
+            request_id=REQUEST_ID.get(),
+            watching=watches(serving, call.stopping),
         )
         core_call = self.core.decode(order)
         door = text_door(serving, call.stopping, core_call, ends_at_cut=False)
@@ -228,19 +227,24 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             yield done
 
     async def Rewind(self, request: pb.RewindRequest, context: Context) -> pb.RewindResponse:
-        length = await self.core.rewind(RewindOrder(request.session_id, request.length, CALLER.get()))
+        note_session(request.session_id)
+        order = RewindOrder(request.session_id, request.length, CALLER.get(), REQUEST_ID.get())
+        length = await self.core.rewind(order)
         return pb.RewindResponse(session_id=request.session_id, length=length)
 
     async def CloseSession(
         self, request: pb.CloseSessionRequest, context: Context
     ) -> pb.CloseSessionResponse:
-        length = await self.core.close(CloseOrder(request.session_id, CALLER.get()))
+        note_session(request.session_id)
+        length = await self.core.close(CloseOrder(request.session_id, CALLER.get(), REQUEST_ID.get()))
         return pb.CloseSessionResponse(session_id=request.session_id, length=length)
 
     async def ForkSession(self, request: pb.ForkSessionRequest, context: Context) -> pb.ForkSessionResponse:
         call, core = wire.fork_call(request), self.core
         _note_source(call.session_id)
-        done = await core.fork(ForkOrder(call.session_id, call.length, call.fork_id, CALLER.get()))
+        order = ForkOrder(call.session_id, call.length, call.fork_id, CALLER.get(), REQUEST_ID.get())
+        done = await core.fork(order)
+        note_session(done.session_id)
         if not done.retry:  # a retry whose answer was lost gets the fork made then, not another
             await _fork_taken(core, done, context)
         return pb.ForkSessionResponse(
@@ -272,7 +276,7 @@ def _note_source(source_id: str) -> None:
         record.source_session = source_id
 
 
-async def _fork_taken(core: Core, done: ForkDone, context: Context) -> None:
+async def _fork_taken(core: CoreApi, done: ForkDone, context: Context) -> None:
     """All or nothing: a fork whose call already ended (deadline, cancel, client gone) is closed.
     The handler can finish after its deadline without gRPC cancelling it (the event loop was
     busy), and then nothing marks the call cancelled: writing the headers is the test that is."""

@@ -25,9 +25,10 @@ from service.constraints import Constraints
 from service.errors import CallerQuota, Draining, OverLimit
 from service.events import PrefillTally
 from service.generation import ServedModel, close_body
-from service.interceptors.call_context import CALL, CALLER
+from service.interceptors.call_context import CALL
 from service.jobs import Body
 from service.metrics import Metrics
+from service.orders import CoreApi
 from service.progress import Progress, Totals
 from service.rounds import ask
 from service.scheduler import Scheduler
@@ -41,12 +42,11 @@ TOKENIZING = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ladder-tokeni
 MAX_SAMPLES = 128  # samples one request may ask for (OpenAI's limit on n)
 
 
-def note_session(state: SessionState) -> SessionState:
+def note_session(session_id: str) -> None:
     """Name the session in the call's access-log line."""
     record = CALL.get()
     if record is not None:
-        record.session = state.id
-    return state
+        record.session = session_id
 
 
 def caller_share(configured: int, slots: int) -> int:
@@ -109,6 +109,8 @@ class Serving:
     constraints: Constraints
     totals: Totals = field(default_factory=Totals)
     opening: Counter[str] = field(default_factory=Counter)  # sessions each caller waits for
+    # Where the frontends' orders go (service/orders.py): set by the server once this exists.
+    core: CoreApi = field(init=False)
 
     async def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids, tokenized off the event loop (its size was bounded first)."""
@@ -214,13 +216,14 @@ class Serving:
             )
         return min(width, share - held)
 
-    async def open_session(self) -> SessionState:
-        return await self.claim(lambda caller: self.scheduler.open_session(self.scope(caller)))
+    async def open_session(self, caller: str) -> SessionState:
+        return await self.claim(lambda caller: self.scheduler.open_session(self.scope(caller)), caller)
 
-    async def claim(self, opening: Callable[[str], Awaitable[Any]], session_id: str = "") -> SessionState:
-        """A new session for the caller, within its share, from `opening(caller)` (an engine Session),
+    async def claim(
+        self, opening: Callable[[str], Awaitable[Any]], caller: str, session_id: str = ""
+    ) -> SessionState:
+        """A new session for `caller`, within its share, from `opening(caller)` (an engine Session),
         with the id `session_id` (a named fork's), or a random one."""
-        caller = CALLER.get()
         self.check_share(caller)
         self.opening[caller] += 1
         try:
@@ -246,8 +249,8 @@ class Serving:
     async def extension(self, session_id: str, caller: str) -> Extension:
         """What a Prefill works on: a new session (no id) or the caller's own."""
         if not session_id:
-            return Extension(note_session(await self.open_session()), opened=True)
-        return Extension(note_session(self.sessions.get(session_id, caller)), opened=False)
+            return Extension(await self.open_session(caller), opened=True)
+        return Extension(self.sessions.get(session_id, caller), opened=False)
 
     def _close_orphan(self, opening: asyncio.Future[Any]) -> None:
         if not opening.cancelled() and opening.exception() is None:

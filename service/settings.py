@@ -23,6 +23,9 @@ HELP = {
     "frontends": "gRPC frontend processes that share the gRPC port and relay every call to this one, which "
     "keeps the engine (0 = gRPC served in this process; the HTTP API always is; auto: 2 on "
     "CUDA, 0 on CPU)",
+    "core_transport": "how the frontend side reaches the core: direct (in this process) or socket (the "
+    "core's orders over a local socket, as frontend processes of their own will send them; for tests "
+    "of that transport)",
     "grpc_max_connections": "gRPC connections one process serving the port holds at once; past it a new one "
     "is closed as it is accepted (auto: half the process's open-file limit, which "
     "is raised to its hard limit at start)",
@@ -109,6 +112,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
     "tool_call_format": (AUTO, *FORMATS),
     "speculate": ("off", "lookup", "auto"),
+    "core_transport": ("direct", "socket"),
 }
 BOUNDS: dict[str, tuple[float, float | None]] = {
     "port": (0, 65535),

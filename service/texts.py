@@ -22,6 +22,7 @@ from typing import Any
 from engine.tokenizer import Tokenizer
 from service.calls import Stopping
 from service.events import Finish, Finished, TokenOut
+from service.orders import Verdicts
 from service.stop_text import StopText
 
 
@@ -76,7 +77,7 @@ class TextDoor:
     the kept session is after the cut (Decode)."""
 
     def __init__(
-        self, tokenizer: Tokenizer | None, stopping: Stopping, cuts: Cuts, *, ends_at_cut: bool
+        self, tokenizer: Tokenizer | None, stopping: Stopping, cuts: Verdicts, *, ends_at_cut: bool
     ) -> None:
         self.tokenizer = tokenizer
         self.stopping = stopping
@@ -84,11 +85,6 @@ class TextDoor:
         self.ends_at_cut = ends_at_cut
         self.watching = bool(stopping.stop) and tokenizer is not None  # whether any cut can come
         self._samples: dict[int, _SampleText] = {}
-
-    @property
-    def orders(self) -> Cuts | None:
-        """What the job reads the cuts from: None when no stop string can cut (nothing to wait on)."""
-        return self.cuts if self.watching else None
 
     def _sample(self, sample: int) -> _SampleText:
         text = self._samples.get(sample)

@@ -1,4 +1,4 @@
-"""The core's orders and events (service/core.py, service/events.py) as values a process boundary
+"""The core's orders and events (service/orders.py, service/events.py) as values a process boundary
 carries: frozen, and equal to themselves after a pickle round trip, every kind of each. The
 transport of issue #42's process cut sends them as they are; today Core answers them in process,
 which the rest of the suite exercises end to end."""
@@ -11,7 +11,7 @@ import pickle
 import pytest
 
 from engine.sampling import SamplingParams, TokenLogprobs
-from service import core
+from service import orders as core
 from service.calls import ConstraintSpec, LogprobRequest, Stopping
 from service.events import (
     Finish,
@@ -38,10 +38,13 @@ ORDERS = [
         constraint=ConstraintSpec("json_schema", '{"type": "object"}'),
         speculate=False,
         caller="team-a",
+        request_id="r1",
         watching=True,
         unary=True,
     ),
-    core.DecodeOrder("pod-a.s1", SAMPLING, STOPPING, LogprobRequest(top=1), None, True, "team-a", True),
+    core.DecodeOrder(
+        "pod-a.s1", SAMPLING, STOPPING, LogprobRequest(top=1), caller="team-a", request_id="r1", watching=True
+    ),
     core.PrefillOrder("", SAMPLING, "team-a"),
     core.RewindOrder("pod-a.s1", 12, "team-a"),
     core.CloseOrder("pod-a.s1", "team-a"),

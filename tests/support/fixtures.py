@@ -11,14 +11,25 @@ import pytest
 from engine.default_model import prepare
 from engine.modelgen.builder import DecoderSpec
 from engine.modelgen.synthetic import VARIANTS, build_synthetic
-from tests.support import engines
+from tests.support import engines, servers
 from tests.support.models import default_model_cache, model_with_tokenizer
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--core-transport",
+        choices=("direct", "socket"),
+        default="direct",
+        help="how every test server's calls reach its core (Config.core_transport): run the suite both ways",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist each worker's engines and servers take its share of the cores."""
+    """Under pytest-xdist each worker's engines and servers take its share of the cores; every test
+    server reaches its core as --core-transport says."""
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
     engines.INTRA_OP_THREADS = engines.cores_per_worker(os.cpu_count() or 1, workers)
+    servers.CORE_TRANSPORT = config.getoption("--core-transport")
 
 
 @pytest.fixture(scope="session")

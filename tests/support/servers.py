@@ -85,6 +85,9 @@ def _bindable(port: int) -> bool:
     return True
 
 
+CORE_TRANSPORT = "direct"  # every test server's (pytest --core-transport: tests/support/fixtures.py)
+
+
 def server_config(model: object, **changes: Any) -> Config:
     """Loopback, a free port, no metrics endpoint, the pod "pod-a", this worker's share of the cores
     (tests/support/engines.py); `changes` override any field."""
@@ -99,6 +102,7 @@ def server_config(model: object, **changes: Any) -> Config:
         max_new_tokens=256,
         drain_seconds=5.0,
         intra_op_threads=engines.INTRA_OP_THREADS,
+        core_transport=CORE_TRANSPORT,
     )
     return dataclasses.replace(base, **changes)
 
