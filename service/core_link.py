@@ -14,8 +14,8 @@ dataclasses (service/orders.py; `VERSION` is checked in the first frame). An ite
   Prefill's session released).
 
 An error crosses as its class, arguments and attributes (a service error keeps its reason, field
-and metadata, so the status table maps it as if raised here); one that cannot is an
-`Unavailable`-free plain Exception with its text. When the other end goes away, every call in
+and metadata, so the status table maps it as if raised here); one whose parts do not pickle
+crosses as a plain Exception with its text (INTERNAL). When the other end goes away, every call in
 flight fails with `CoreGone` (UNAVAILABLE) and new orders are refused the same way.
 """
 
