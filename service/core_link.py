@@ -276,6 +276,7 @@ class _Served:
     task: asyncio.Task[None] | None = None
     verdicts: Verdicts | None = None
     prefill: PrefillSession | None = None  # a Prefill's, once open
+    left: bool = False  # the frontend left the call (LEAVE): a cancel it asked for
     inbox: asyncio.Queue[tuple[int, Any]] = field(default_factory=asyncio.Queue)
 
 
@@ -293,9 +294,13 @@ class CoreServer:
                 for kind, call, payload in items:
                     self._on(kind, call, payload)
         finally:
-            for served in list(self._calls.values()):
-                if served.task is not None:
-                    served.task.cancel()
+            tasks = [served.task for served in self._calls.values() if served.task is not None]
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                if tasks:  # their failures go out before the link closes
+                    await asyncio.wait(tasks, timeout=1.0)
+            self._link.close()
 
     def _on(self, kind: int, call: int, payload: Any) -> None:
         if kind == HELLO:
@@ -319,6 +324,7 @@ class CoreServer:
             if served_or_none.verdicts is not None:
                 (served_or_none.verdicts.stops if cut else served_or_none.verdicts.passes)(sample, index)
         elif kind == LEAVE:
+            served_or_none.left = True
             if served_or_none.task is not None:
                 served_or_none.task.cancel()
         elif kind == KEEP:  # at once: a LEAVE may follow in the same frame
@@ -345,7 +351,8 @@ class CoreServer:
             else:
                 send((VALUE, call, await getattr(core, method)(order)))
         except asyncio.CancelledError:
-            pass  # the frontend left the call
+            if not served.left:  # the core stopped it (its link is ending): the call fails
+                send((FAILED, call, _pack(CoreGone("the server's core stopped this call; retry"))))
         except Exception as exc:  # noqa: BLE001 — every failure is the frontend's to raise
             send((FAILED, call, _pack(exc)))
         finally:

@@ -1,0 +1,82 @@
+"""The core's socket transport (service/core_link.py) where the suite run with --core-transport socket
+does not look: errors crossing whole, a version the core does not speak, and a link that breaks
+under a running stream (its call and every later one UNAVAILABLE, none left hanging)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from engine.errors import InvalidInput
+from proto.ladder.v1 import ladder_pb2 as pb
+from service.core_link import HELLO, CoreServer, _pack, _unpack, core_link
+from service.errors import WrongPod
+from tests.support.servers import RunningServer, server_config
+
+
+def test_an_error_crosses_with_its_class_message_and_attributes() -> None:
+    wrong = _unpack(_pack(WrongPod("pod-b.s1", "pod-b")))
+    assert isinstance(wrong, WrongPod) and wrong.owner == "pod-b" and "pod-b.s1" in str(wrong)
+    invalid = _unpack(_pack(InvalidInput("top_p is 2", reason="INVALID_SAMPLING", field="sampling.top_p")))
+    assert isinstance(invalid, InvalidInput)
+    assert (str(invalid), invalid.reason, invalid.field) == (
+        "top_p is 2",
+        "INVALID_SAMPLING",
+        "sampling.top_p",
+    )
+
+
+def test_an_error_whose_parts_do_not_pickle_crosses_as_its_text() -> None:
+    error = RuntimeError("held a lock")
+    error.lock = threading.Lock()  # type: ignore[attr-defined]
+    crossed = _unpack(_pack(error))
+    assert type(crossed) is Exception and "RuntimeError: held a lock" in str(crossed)
+
+
+def test_a_core_that_speaks_another_version_closes_the_link() -> None:
+    async def scenario() -> bytes:
+        ours, theirs = socket.socketpair()
+        core_reader, core_writer = await asyncio.open_connection(sock=theirs)
+        reader, writer = await asyncio.open_connection(sock=ours)
+        server = CoreServer(None, core_link(core_reader, core_writer))  # type: ignore[arg-type]
+        serving = asyncio.create_task(server.serve())
+        link = core_link(reader, writer)
+        link.send((HELLO, 0, -1))
+        await asyncio.wait_for(serving, 5)
+        return await asyncio.wait_for(reader.read(), 5)  # the core's end closed: EOF
+
+    assert asyncio.run(scenario()) == b""
+
+
+@pytest.fixture(scope="module")
+def server(default_model: Callable[..., Path]) -> Iterator[RunningServer]:
+    config = server_config(default_model("int4"), max_sessions=4, capacity=512, core_transport="socket")
+    with RunningServer(config) as running:
+        yield running
+
+
+def test_a_broken_core_link_ends_the_running_stream_and_later_calls_unavailable(
+    server: RunningServer,
+) -> None:
+    request = pb.GenerateRequest(
+        prompt=pb.Prompt(text="Once upon a time"),
+        stopping=pb.StoppingOptions(max_new_tokens=200, ignore_eos=True),
+    )
+    stream = server.stub.GenerateStream(request, timeout=30)
+    first = next(stream)
+    assert first.HasField("token")
+    link = server.server._core_link  # the two ends' tasks: cut the core's
+    server.loop.call_soon_threadsafe(link[0].cancel)
+    with pytest.raises(grpc.RpcError) as ended:
+        for _ in stream:
+            pass
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(grpc.RpcError) as later:
+        server.stub.Generate(request, timeout=30)
+    assert later.value.code() == grpc.StatusCode.UNAVAILABLE
