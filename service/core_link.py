@@ -131,10 +131,10 @@ class RemoteCore:
             for queue in self._calls.values():
                 queue.put_nowait((FAILED, gone))
 
-    def _open(self, method: str, order: Any) -> tuple[int, asyncio.Queue[tuple[int, Any]]]:
+    def _open(self, method: str, order: Any, call: int = 0) -> tuple[int, asyncio.Queue[tuple[int, Any]]]:
         if self._gone:
             raise CoreGone("the server's core has gone; retry")
-        call = next(self._serials)
+        call = call or next(self._serials)
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self._calls[call] = queue
         self._link.send((ORDER, call, (method, order)))
@@ -144,11 +144,8 @@ class RemoteCore:
         if self._calls.pop(call, None) is not None and not self._gone:
             self._link.send((LEAVE, call, None))
 
-    async def _stream(
-        self, method: str, order: Any, verdicts: list[Verdicts]
-    ) -> AsyncGenerator[list[Event], None]:
-        call, queue = self._open(method, order)
-        verdicts.append(_RemoteVerdicts(self._link, call))
+    async def _stream(self, method: str, order: Any, call: int) -> AsyncGenerator[list[Event], None]:
+        call, queue = self._open(method, order, call)
         try:
             while True:
                 kind, payload = await queue.get()
@@ -163,9 +160,9 @@ class RemoteCore:
             self._leave(call)
 
     def _call(self, method: str, order: Any) -> CoreCall:
-        verdicts: list[Verdicts] = []
-        events = self._stream(method, order, verdicts)
-        return CoreCall(events, _Deferred(verdicts))
+        """The call's number is its own from now; its order goes at the first event asked for."""
+        call = next(self._serials)
+        return CoreCall(self._stream(method, order, call), _RemoteVerdicts(self._link, call))
 
     def generate(self, order: GenerateOrder) -> CoreCall:
         return self._call("generate", order)
@@ -219,21 +216,6 @@ class RemoteCore:
                 while (await queue.get())[0] not in (END, FAILED):
                     pass
             self._calls.pop(call, None)
-
-
-class _Deferred:
-    """The verdicts of a call whose order has not gone yet (it goes at the first event asked for)."""
-
-    def __init__(self, sink: list[Verdicts]) -> None:
-        self._sink = sink
-
-    def passes(self, sample: int, index: int) -> None:
-        if self._sink:
-            self._sink[0].passes(sample, index)
-
-    def stops(self, sample: int, index: int) -> None:
-        if self._sink:
-            self._sink[0].stops(sample, index)
 
 
 class _RemotePrefill:

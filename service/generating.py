@@ -17,7 +17,7 @@ from service.interceptors.call_context import CALLER, REQUEST_ID
 from service.orders import CoreCall, GenerateOrder
 from service.progress import Progress
 from service.serving import Serving
-from service.texts import TextDoor
+from service.texts import TextDoor, watches
 
 
 async def generation(
@@ -31,7 +31,7 @@ async def generation(
     check_response_fits(
         stopping.max_new_tokens, call.n, call.logprobs, len(tokens), serving.config.max_message_bytes
     )
-    watching = watches(serving, stopping)
+    watching = watches(serving.model.tokenizer, stopping)
     order = GenerateOrder(
         tuple(tokens),
         call.sampling,
@@ -57,11 +57,6 @@ async def generation(
             for event in events:
                 progress.see(event)
             yield events, progress
-
-
-def watches(serving: Serving, stopping: Stopping) -> bool:
-    """Whether the frontend looks for stop strings in the text (so its verdicts may cut samples)."""
-    return bool(stopping.stop) and serving.model.tokenizer is not None
 
 
 def text_door(serving: Serving, stopping: Stopping, core_call: CoreCall, *, ends_at_cut: bool) -> TextDoor:

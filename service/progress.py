@@ -109,10 +109,6 @@ class Progress:
         elif isinstance(event, Finished):
             self._finished(event)
 
-    def counted(self, body: Body) -> Body:
-        """`counted(body)` with this call's metrics and totals."""
-        return counted(body, self.metrics, self.totals)
-
     def _finished(self, event: Finished) -> None:
         if event.sample:
             self.others.setdefault(event.sample, SampleRecord()).finished = event

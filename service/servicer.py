@@ -29,7 +29,7 @@ from service import wire
 from service.calls import GenerateCall, Prompt, check_response_fits
 from service.errors import Cancelled, TooLarge
 from service.events import ForwardDone, TokenOut
-from service.generating import generation, text_door, watches
+from service.generating import generation, text_door
 from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
 from service.orders import (
     CloseOrder,
@@ -43,6 +43,7 @@ from service.orders import (
 )
 from service.progress import Progress
 from service.serving import Serving, note_session
+from service.texts import watches
 from service.tool_calls import ToolRequest, tools_at_fault
 
 # Handlers never read or write messages through the context, so its message types stay open.
@@ -201,7 +202,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             speculate=call.speculate,
             caller=CALLER.get(),
             request_id=REQUEST_ID.get(),
-            watching=watches(serving, call.stopping),
+            watching=watches(serving.model.tokenizer, call.stopping),
         )
         core_call = self.core.decode(order)
         door = text_door(serving, call.stopping, core_call, ends_at_cut=False)

@@ -63,6 +63,11 @@ class Cuts:
             self._wake()
 
 
+def watches(tokenizer: Tokenizer | None, stopping: Stopping) -> bool:
+    """Whether the call looks for stop strings in the text (so its verdicts may cut samples)."""
+    return bool(stopping.stop) and tokenizer is not None
+
+
 @dataclass
 class _SampleText:
     stream: Any  # the tokenizer's incremental decoder, or None without a tokenizer
@@ -83,7 +88,7 @@ class TextDoor:
         self.stopping = stopping
         self.cuts = cuts
         self.ends_at_cut = ends_at_cut
-        self.watching = bool(stopping.stop) and tokenizer is not None  # whether any cut can come
+        self.watching = watches(tokenizer, stopping)  # whether any cut can come
         self._samples: dict[int, _SampleText] = {}
 
     def _sample(self, sample: int) -> _SampleText:
