@@ -4,7 +4,7 @@ A value here refuses, as it is built, whatever no model could serve: too many
 or too long stop strings, a sampling value out of range, more log-probability
 alternatives than are returned, prompt log-probabilities on Decode. What
 depends on the model (token ids in its vocabulary, the server's limits, the
-room left in the KV capacity, a tokenizer) is checked by service.generation.ServedModel
+room left in the KV capacity, a tokenizer) is checked by service.served_model.ServedModel
 when it resolves the prompt and the budget. Nothing here knows protobuf.
 """
 

@@ -15,8 +15,8 @@ import structlog
 from engine.executor.engine import load_engine
 from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see above
 from service.config import Config
-from service.generation import ServedModel
 from service.limits import host_memory_free_bytes
+from service.served_model import ServedModel
 
 log = structlog.get_logger("ladder.server")
 

@@ -2,8 +2,8 @@
 
 Thin by design: each request is converted whole at the door into one typed call
 (service/wire.py, service/calls.py) and checked as it is built; the model's
-limits are checked in service/generation.py, the worker runs the job bodies
-there, what calls share (sessions, a caller's share) lives in service/serving.py,
+limits are checked in service/served_model.py, the core (service/core.py) runs the
+job bodies of service/generation.py, what calls share lives in service/serving.py,
 failures become statuses in the interceptor.
 A Prefill is all or nothing: one that does not finish (an error, cancellation,
 deadline or disconnect) closes the session it opened, or rewinds the session

@@ -24,7 +24,7 @@ from service.config import Config
 from service.constraints import Constraints
 from service.errors import CallerQuota, Draining, OverLimit
 from service.events import PrefillTally
-from service.generation import ServedModel, close_body
+from service.generation import close_body
 from service.interceptors.call_context import CALL
 from service.jobs import Body
 from service.metrics import Metrics
@@ -32,6 +32,7 @@ from service.orders import CoreApi
 from service.progress import Progress, Totals
 from service.rounds import ask
 from service.scheduler import Scheduler
+from service.served_model import ServedModel
 from service.sessions import SessionRegistry, SessionState
 from service.tool_formats import ToolFormat, format_for
 
