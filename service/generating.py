@@ -13,25 +13,25 @@ from contextlib import aclosing
 from typing import Any
 
 from service.calls import GenerateCall, Stopping, check_response_fits
+from service.front import Front
 from service.interceptors.call_context import CALLER, REQUEST_ID
 from service.orders import CoreCall, GenerateOrder
 from service.progress import Progress
-from service.serving import Serving
 from service.texts import TextDoor, watches
 
 
 async def generation(
-    serving: Serving, call: GenerateCall, unary: bool = False
+    front: Front, call: GenerateCall, unary: bool = False
 ) -> AsyncGenerator[tuple[list[Any], Progress], None]:
     """A generate call's events with its Progress. The events come in lists, every one that had
     arrived by the caller's turn (Scheduler.batches), and the Progress has seen them all."""
-    tokens = await serving.prompt_ids(call.prompt)
-    stopping = serving.model.budget(call.stopping, len(tokens))
-    serving.sample_limits(call.n)  # before anything is built per sample
+    tokens = await front.prompt_ids(call.prompt)
+    stopping = front.model.budget(call.stopping, len(tokens))
+    front.sample_limits(call.n)  # before anything is built per sample
     check_response_fits(
-        stopping.max_new_tokens, call.n, call.logprobs, len(tokens), serving.config.max_message_bytes
+        stopping.max_new_tokens, call.n, call.logprobs, len(tokens), front.config.max_message_bytes
     )
-    watching = watches(serving.model.tokenizer, stopping)
+    watching = watches(front.model.tokenizer, stopping)
     order = GenerateOrder(
         tuple(tokens),
         call.sampling,
@@ -45,10 +45,10 @@ async def generation(
         watching=watching,
         unary=unary,
     )
-    core_call = serving.core.generate(order)
-    progress = serving.progress(len(tokens))
+    core_call = front.core.generate(order)
+    progress = front.progress(len(tokens))
     progress.samples = call.n
-    door = text_door(serving, stopping, core_call, ends_at_cut=True)
+    door = text_door(front, stopping, core_call, ends_at_cut=True)
     async with aclosing(core_call.events) as batches:
         async for raw in batches:
             events = door.see(raw)
@@ -59,7 +59,7 @@ async def generation(
             yield events, progress
 
 
-def text_door(serving: Serving, stopping: Stopping, core_call: CoreCall, *, ends_at_cut: bool) -> TextDoor:
+def text_door(front: Front, stopping: Stopping, core_call: CoreCall, *, ends_at_cut: bool) -> TextDoor:
     """A call's samples from token ids to text, with the stop strings of `stopping`, its verdicts
     going to the core call."""
-    return TextDoor(serving.model.tokenizer, stopping, core_call.verdicts, ends_at_cut=ends_at_cut)
+    return TextDoor(front.model.tokenizer, stopping, core_call.verdicts, ends_at_cut=ends_at_cut)

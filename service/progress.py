@@ -69,7 +69,6 @@ class Progress:
     prompt_tokens: int
     tally: PrefillTally
     metrics: Metrics
-    totals: Totals
     started: float | None = None
     token_ids: list[int] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)

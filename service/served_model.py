@@ -1,16 +1,18 @@
-"""The model a server serves (ServedModel): the loaded engine, its tokenizer and the server's
-limits. A call's prompt becomes token ids here (bounded in bytes first, checked against the
-vocabulary and the prompt limit) and its budget is resolved against the limits and the KV
-capacity: one budget for Generate and Decode alike.
+"""The model a server serves: what every call sees of it (ModelView: the engine's facts, its
+tokenizer and the server's limits; a frontend process builds one from a ModelSpec) and the loaded
+engine behind it (ServedModel). A call's prompt becomes token ids here (bounded in bytes first,
+checked against the vocabulary and the prompt limit) and its budget is resolved against the
+limits and the KV capacity: one budget for Generate and Decode alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from engine.errors import InvalidInput, OverCapacity
+from engine.executor.facts import EngineFacts
 from engine.executor.step import Driven
 from engine.tokenizer import Tokenizer
 from service.calls import Prompt, Stopping
@@ -37,12 +39,27 @@ def chat_bytes(prompt: Prompt) -> int:
     return messages + tools
 
 
-class ServedModel:
-    """The loaded engine, its tokenizer (or None) and the server's limits."""
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a frontend process is told of the served model, to build its own `ModelView`: the
+    engine's facts, the directory its tokenizer is read from, and the server's limits."""
+
+    facts: EngineFacts
+    name: str
+    max_prompt_tokens: int
+    max_new_tokens: int
+    default_new_tokens: int
+    api_names: tuple[str, ...]
+
+
+class ModelView:
+    """The served model as a call's side sees it, with no engine: its facts, its tokenizer (or None)
+    and the server's limits. What the servicer and the HTTP app need, in the server's process and in
+    a frontend process alike."""
 
     def __init__(
         self,
-        engine: Driven,
+        facts: EngineFacts,
         tokenizer: Tokenizer | None,
         name: str,
         max_prompt_tokens: int,
@@ -50,27 +67,40 @@ class ServedModel:
         default_new_tokens: int = 0,
         api_names: tuple[str, ...] = (),
     ) -> None:
-        self.engine = engine  # driven only through the scheduler's steps
-        self.facts = engine.facts
+        self.facts = facts
         self.tokenizer = tokenizer
         self.name = name  # the model directory
         # The OpenAI API's id for it first, then the other names a request may use.
         self.api_names = api_names or (Path(name).name, name)
-        self.capacity = self.facts.capacity
-        self.vocab_size = self.facts.vocab_size
-        self.eos_ids = frozenset(self.facts.eos_ids)
+        self.capacity = facts.capacity
+        self.vocab_size = facts.vocab_size
+        self.eos_ids = frozenset(facts.eos_ids)
         self.max_prompt_tokens = max_prompt_tokens or self.capacity
         self.max_new_tokens = max_new_tokens
-        self.session_memory = 0  # bytes parked sessions may hold (0: parking off), set by loading
-        self.draft_tokens = 0  # drafted tokens per verification forward (0: speculation off), set by loading
-        self.forward_costs = engine.costs  # measured as the engine runs: how long a draft may be worth
         # What a request that names no max_new_tokens gets (0 configured: the limit), never over the limit.
         self.default_new_tokens = min(default_new_tokens or max_new_tokens, max_new_tokens)
 
-    def lone(self) -> bool:
-        """Whether the last decode forward ran one row (read on the worker): a stream decoding alone,
-        whose drafts may get a verification forward of their own (speculation.Speculation)."""
-        return self.engine.last_batch <= 1
+    def spec(self) -> ModelSpec:
+        return ModelSpec(
+            self.facts,
+            self.name,
+            self.max_prompt_tokens,
+            self.max_new_tokens,
+            self.default_new_tokens,
+            self.api_names,
+        )
+
+    @classmethod
+    def of(cls, spec: ModelSpec, tokenizer: Tokenizer | None) -> ModelView:
+        return cls(
+            spec.facts,
+            tokenizer,
+            spec.name,
+            spec.max_prompt_tokens,
+            spec.max_new_tokens,
+            spec.default_new_tokens,
+            spec.api_names,
+        )
 
     def token_text(self, token: int) -> str:
         """One token's own text, special tokens written out ("" without a tokenizer)."""
@@ -195,3 +225,30 @@ class ServedModel:
         if stopping.stop:
             self.need_tokenizer("stop sequences")
         return replace(stopping, max_new_tokens=wanted)
+
+
+class ServedModel(ModelView):
+    """The loaded engine with the view of it every call shares (ModelView)."""
+
+    def __init__(
+        self,
+        engine: Driven,
+        tokenizer: Tokenizer | None,
+        name: str,
+        max_prompt_tokens: int,
+        max_new_tokens: int,
+        default_new_tokens: int = 0,
+        api_names: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(
+            engine.facts, tokenizer, name, max_prompt_tokens, max_new_tokens, default_new_tokens, api_names
+        )
+        self.engine = engine  # driven only through the scheduler's steps
+        self.session_memory = 0  # bytes parked sessions may hold (0: parking off), set by loading
+        self.draft_tokens = 0  # drafted tokens per verification forward (0: speculation off), set by loading
+        self.forward_costs = engine.costs  # measured as the engine runs: how long a draft may be worth
+
+    def lone(self) -> bool:
+        """Whether the last decode forward ran one row (read on the worker): a stream decoding alone,
+        whose drafts may get a verification forward of their own (speculation.Speculation)."""
+        return self.engine.last_batch <= 1

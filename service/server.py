@@ -41,6 +41,7 @@ from service.core import Core
 from service.core_link import socket_core
 from service.errors import Draining
 from service.exiting import watchdog
+from service.front import Front
 from service.frontends import Frontends, Methods
 from service.http.app import Door, HttpServer, Routes, application
 from service.interceptors import chain
@@ -51,6 +52,7 @@ from service.limits import raise_file_limit
 from service.loading import load_model  # imports engine.tokenizer on the main thread: see loading.py
 from service.logs import configure_logging
 from service.metrics import Metrics
+from service.orders import CoreApi
 from service.parsing import SERVICE_NAME, add_ladder_service
 from service.ports import (
     GRPC_PORT,
@@ -77,7 +79,8 @@ class LadderServer:
         self.metrics = Metrics()
         self.health = health.aio.HealthServicer()
         self.serving: Serving | None = None  # once the model has loaded
-        self.servicer = LadderServicer(self._serving)
+        self.front: Front | None = None  # the calls' side of it (service/front.py)
+        self.servicer = LadderServicer(self._front)
         self.draining = False
         self.access_log = AccessLog(self.metrics.call_done)
         peer_calls = PeerCallLimit(config.max_calls_per_peer, self._peer_call_refused)
@@ -101,7 +104,7 @@ class LadderServer:
     def _http_api(self) -> HttpServer:
         """The OpenAI-compatible API over the same generation, gate, tokens and access log as gRPC."""
         door = Door(self.access_log, self._gate, Authentication(self.config.auth_tokens))
-        routes = Routes(self._serving, lambda: self.serving is not None and not self.draining)
+        routes = Routes(self._front, lambda: self.serving is not None and not self.draining)
         return HttpServer(application(routes, door, self.config), self.config, self.metrics)
 
     def _peer_call_refused(self) -> None:
@@ -117,6 +120,12 @@ class LadderServer:
         if self.serving is None:
             raise Draining("the server is loading its model; retry shortly", reason="MODEL_LOADING")
         return self.serving
+
+    def _front(self) -> Front:
+        """The calls' side of what `_serving` returns."""
+        self._serving()
+        assert self.front is not None
+        return self.front
 
     async def start(self) -> int:
         address = f"{self.config.host}:{self.config.port}"
@@ -215,10 +224,12 @@ class LadderServer:
             self.config.constraint_compile_seconds,
             self.config.json_schema_strict,
         )
-        self.serving = Serving(self.config, model, scheduler, sessions, self.metrics, constraints)
-        self.serving.core = Core(self.serving)
+        serving = Serving(self.config, model, scheduler, sessions, self.metrics, constraints)
+        core: CoreApi = Core(serving)
         if self.config.core_transport == "socket":
-            self.serving.core, self._core_link = await socket_core(self.serving.core)
+            core, self._core_link = await socket_core(Core(serving))
+        self.front = Front(self.config, model, self.metrics, core)
+        self.serving = serving
         engine = model.engine
         self.metrics.watch(
             lambda: scheduler.depth,

@@ -3,7 +3,7 @@
 Thin by design: each request is converted whole at the door into one typed call
 (service/wire.py, service/calls.py) and checked as it is built; the model's
 limits are checked in service/served_model.py, the core (service/core.py) runs the
-job bodies of service/generation.py, what calls share lives in service/serving.py,
+job bodies of service/generation.py, what calls share lives in service/front.py,
 failures become statuses in the interceptor.
 A Prefill is all or nothing: one that does not finish (an error, cancellation,
 deadline or disconnect) closes the session it opened, or rewinds the session
@@ -29,6 +29,7 @@ from service import wire
 from service.calls import GenerateCall, Prompt, check_response_fits
 from service.errors import Cancelled, TooLarge
 from service.events import ForwardDone, TokenOut
+from service.front import Front, note_session
 from service.generating import generation, text_door
 from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
 from service.orders import (
@@ -42,7 +43,6 @@ from service.orders import (
     RewindOrder,
 )
 from service.progress import Progress
-from service.serving import Serving, note_session
 from service.texts import watches
 from service.tool_calls import ToolRequest, tools_at_fault
 
@@ -52,45 +52,45 @@ M = TypeVar("M", bound=Message)
 
 
 class LadderServicer(ladder_pb2_grpc.LadderServicer):
-    """The Ladder RPCs over what `serving()` returns: the server's Serving once its model has loaded
+    """The Ladder RPCs over what `front()` returns: the server's Front once its model has loaded
     (until then the interceptor's gate refuses every call, so no handler runs without one)."""
 
-    def __init__(self, serving: Callable[[], Serving]) -> None:
-        self._serving = serving
+    def __init__(self, front: Callable[[], Front]) -> None:
+        self._front = front
 
     @property
-    def serving(self) -> Serving:
-        return self._serving()
+    def front(self) -> Front:
+        return self._front()
 
     @property
     def core(self) -> CoreApi:
         """Where the calls' orders go (service/orders.py)."""
-        return self._serving().core
+        return self._front().core
 
     # -- generation ---------------------------------------------------------------
     async def _generate(
         self, call: GenerateCall, tools: ToolRequest | None, unary: bool = False
     ) -> AsyncGenerator[tuple[list[Any], Progress], None]:
         with tools_at_fault(tools, "prompt.chat.tools"):
-            async with aclosing(generation(self.serving, call, unary)) as steps:
+            async with aclosing(generation(self.front, call, unary)) as steps:
                 async for step in steps:
                     yield step
 
     async def Generate(self, request: pb.GenerateRequest, context: Context) -> pb.Completion:
         progress = None
-        call, tools = wire.generate_with_tools(request, self.serving.tool_format())
+        call, tools = wire.generate_with_tools(request, self.front.tool_format())
         async with aclosing(self._generate(call, tools, unary=True)) as steps:
             async for step in steps:
                 progress = step[1]
         assert progress is not None
         return self._within_limit(
-            wire.completion(progress, REQUEST_ID.get(), text_of=self.serving.model.token_text, tools=tools)
+            wire.completion(progress, REQUEST_ID.get(), text_of=self.front.model.token_text, tools=tools)
         )
 
     async def GenerateStream(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.TokenEvent]:
-        call, tools = wire.generate_with_tools(request, self.serving.tool_format())
+        call, tools = wire.generate_with_tools(request, self.front.tool_format())
         async with aclosing(self._generate(call, tools)) as steps:
             async for events, progress in steps:
                 for message in self._token_events(events, progress, request.coalesce_tokens):
@@ -99,7 +99,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                     yield self._within_limit(
                         pb.TokenEvent(
                             done=wire.completion(
-                                progress, REQUEST_ID.get(), text_of=self.serving.model.token_text, tools=tools
+                                progress, REQUEST_ID.get(), text_of=self.front.model.token_text, tools=tools
                             )
                         )
                     )
@@ -108,7 +108,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         """`message`, or TooLarge when it is over the message limit (the request's smallest answer
         fitted, its tokens' text and alternatives did not): the client hears why, the call counts
         as failed, and the work done is counted as for any call (service/progress.py)."""
-        limit = self.serving.config.max_message_bytes
+        limit = self.front.config.max_message_bytes
         size = message.ByteSize()
         if size > limit:
             raise TooLarge(
@@ -122,7 +122,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
     def _token_events(self, events: list[Any], progress: Progress, coalesce: bool) -> list[pb.TokenEvent]:
         """The messages that carry these events' tokens: one each, or all in one (coalesce_tokens)."""
-        text_of = self.serving.model.token_text
+        text_of = self.front.model.token_text
         tokens = [
             wire.token(event, progress.latency_ms(event) if event.sample == 0 else 0.0, text_of)
             for event in events
@@ -143,11 +143,11 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             raise InvalidInput(
                 "Prefill needs at least one message with a prompt", reason="PROMPT_REQUIRED", field="prompt"
             )
-        call, serving = wire.prefill_call(first), self.serving
+        call, front = wire.prefill_call(first), self.front
         order = PrefillOrder(call.session_id, call.sampling, CALLER.get(), REQUEST_ID.get())
         async with self.core.prefill(order) as session:
             note_session(session.session_id)
-            progress = serving.progress()
+            progress = front.progress()
             prompt: Prompt | None
             prompt, last = call.prompt, call.last
             while True:
@@ -164,7 +164,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             result = await session.peek()
             progress.close()
             done = wire.prefill_done(
-                session.session_id, result, serving.model.piece(result.next_token), progress
+                session.session_id, result, front.model.piece(result.next_token), progress
             )
             if not last:
                 # The messages ended, which they also do when the client cancelled or left
@@ -179,7 +179,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     async def _prefill_part(
         self, session: PrefillHandle, prompt: Prompt, progress: Progress
     ) -> AsyncGenerator[pb.PrefillEvent, None]:
-        tokens = await self.serving.prompt_ids(prompt)
+        tokens = await self.front.prompt_ids(prompt)
         progress.prompt_tokens += len(tokens)
         async with aclosing(session.part(tokens)) as batches:
             async for events in batches:
@@ -189,9 +189,9 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                         yield wire.forward_event(session.session_id, event)
 
     async def Decode(self, request: pb.DecodeRequest, context: Context) -> AsyncIterator[pb.TokenEvent]:
-        call, serving = wire.decode_call(request), self.serving
-        wanted = serving.model.asked_tokens(call.stopping)  # budget() caps it by the room left, later
-        check_response_fits(wanted, 1, call.logprobs, 0, serving.config.max_message_bytes)
+        call, front = wire.decode_call(request), self.front
+        wanted = front.model.asked_tokens(call.stopping)  # budget() caps it by the room left, later
+        check_response_fits(wanted, 1, call.logprobs, 0, front.config.max_message_bytes)
         note_session(call.session_id)
         order = DecodeOrder(
             call.session_id,
@@ -202,11 +202,11 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
             speculate=call.speculate,
             caller=CALLER.get(),
             request_id=REQUEST_ID.get(),
-            watching=watches(serving.model.tokenizer, call.stopping),
+            watching=watches(front.model.tokenizer, call.stopping),
         )
         core_call = self.core.decode(order)
-        door = text_door(serving, call.stopping, core_call, ends_at_cut=False)
-        progress, done = serving.progress(), None
+        door = text_door(front, call.stopping, core_call, ends_at_cut=False)
+        progress, done = front.progress(), None
         async with aclosing(core_call.events) as batches:
             async for raw in batches:
                 events = door.see(raw)
@@ -218,7 +218,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
                     done = self._within_limit(
                         pb.TokenEvent(
                             done=wire.completion(
-                                progress, REQUEST_ID.get(), call.session_id, serving.model.token_text
+                                progress, REQUEST_ID.get(), call.session_id, front.model.token_text
                             )
                         )
                     )
@@ -257,13 +257,13 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
     # -- tokenizer and introspection ------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: Context) -> pb.TokenizeResponse:
-        return pb.TokenizeResponse(ids=await self.serving.prompt_ids(wire.tokenize_prompt(request)))
+        return pb.TokenizeResponse(ids=await self.front.prompt_ids(wire.tokenize_prompt(request)))
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context: Context) -> pb.DetokenizeResponse:
-        return pb.DetokenizeResponse(text=self.serving.model.detokenize(list(request.ids), field="ids"))
+        return pb.DetokenizeResponse(text=self.front.model.detokenize(list(request.ids), field="ids"))
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.ModelInfo:
-        return wire.model_info(self.serving.model, self.serving.config)
+        return wire.model_info(self.front.model, self.front.config)
 
     async def GetEngineStats(self, request: pb.GetEngineStatsRequest, context: Context) -> pb.EngineStats:
         done = await self.core.stats()

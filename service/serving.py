@@ -8,46 +8,29 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from engine.errors import Exhausted, InvalidInput, ParkingFull
+from engine.errors import Exhausted, ParkingFull
 from engine.executor.step import Reset, Rewind
-from service.calls import Prompt
 from service.config import Config
 from service.constraints import Constraints
-from service.errors import CallerQuota, Draining, OverLimit
-from service.events import PrefillTally
+from service.errors import CallerQuota, Draining
+from service.front import sample_limits
 from service.generation import close_body
-from service.interceptors.call_context import CALL
 from service.jobs import Body
 from service.metrics import Metrics
-from service.orders import CoreApi
-from service.progress import Progress, Totals
+from service.progress import Totals
 from service.rounds import ask
 from service.scheduler import Scheduler
 from service.served_model import ServedModel
 from service.sessions import SessionRegistry, SessionState
-from service.tool_formats import ToolFormat, format_for
 
 log = structlog.get_logger("ladder.sessions")
-# Tokenization's own threads (one set for the process): nothing else queued on them can make a
-# prompt wait, as structured-output compiles once did on the event loop's executor (issue #39).
-TOKENIZING = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ladder-tokenize")
-MAX_SAMPLES = 128  # samples one request may ask for (OpenAI's limit on n)
-
-
-def note_session(session_id: str) -> None:
-    """Name the session in the call's access-log line."""
-    record = CALL.get()
-    if record is not None:
-        record.session = session_id
 
 
 def caller_share(configured: int, slots: int) -> int:
@@ -110,30 +93,6 @@ class Serving:
     constraints: Constraints
     totals: Totals = field(default_factory=Totals)
     opening: Counter[str] = field(default_factory=Counter)  # sessions each caller waits for
-    # Where the frontends' orders go (service/orders.py): set by the server once this exists.
-    core: CoreApi = field(init=False)
-
-    async def prompt_ids(self, prompt: Prompt) -> list[int]:
-        """The prompt's token ids, tokenized off the event loop (its size was bounded first)."""
-        if prompt.ids is not None:
-            return self.model.prompt_ids(prompt)
-        return await asyncio.get_running_loop().run_in_executor(TOKENIZING, self.model.prompt_ids, prompt)
-
-    def tool_format(self) -> ToolFormat:
-        """How the served model writes tool calls: --tool-call-format, else read from its chat template."""
-        tokenizer = self.model.tokenizer
-        template = tokenizer.chat_template if tokenizer is not None else None
-        return format_for(template.source if template is not None else None, self.config.tool_call_format)
-
-    def progress(self, prompt_tokens: int = 0) -> Progress:
-        """The call's record of its generation, timed from the call's arrival, in its access-log line."""
-        record = CALL.get()
-        arrived = record.arrived if record is not None else time.perf_counter()
-        method = record.method if record is not None else ""
-        progress = Progress(arrived, prompt_tokens, PrefillTally(), self.metrics, self.totals, method=method)
-        if record is not None:
-            record.add_progress(progress)
-        return progress
 
     def held(self, caller: str) -> tuple[int, int]:
         """The sessions `caller` holds or waits for, and how many it may hold: its share of the KV
@@ -174,35 +133,11 @@ class Serving:
         lets callers that auth tells apart share them (a shared prefix's speed is visible to others)."""
         return "" if self.config.prefix_across_callers else caller
 
-    def sample_limits(self, n: int) -> None:
-        """Refuse n samples the server can never run: over MAX_SAMPLES, a decoder with recurrent
-        state (n > 1 copies KV rows), fewer than two KV slots (the prompt's holder and a sample)."""
-        facts = self.model.facts
-        if n > MAX_SAMPLES:
-            raise OverLimit(
-                f"n = {n} samples; the limit is {MAX_SAMPLES}", reason="TOO_MANY_SAMPLES", field="n"
-            )
-        if n == 1:
-            return
-        if facts.recurrent:
-            raise InvalidInput(
-                "n > 1 copies the prompt's KV rows, and this decoder carries recurrent state that has none",
-                reason="SAMPLES_UNSUPPORTED",
-                field="n",
-            )
-        if facts.slots < 2:
-            raise OverLimit(
-                f"n = {n} samples need 2 KV slots at once (the prompt's and a sample's); "
-                f"the server has {facts.slots}",
-                reason="TOO_MANY_SAMPLES",
-                field="n",
-            )
-
     def sample_width(self, n: int, caller: str) -> int:
         """The KV slots n samples of `caller` may hold at once: n when the server and the caller's
         share have them, else fewer (the samples then start as slots free: service/samples.py), but
         never fewer than two (the prompt's holder and a sample); `sample_limits` first."""
-        self.sample_limits(n)
+        sample_limits(self.model.facts, n)
         if n == 1:
             return 1
         width = min(n, self.model.facts.slots)

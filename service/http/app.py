@@ -31,6 +31,7 @@ from aiohttp.typedefs import Handler, Middleware
 from service.calls import GenerateCall
 from service.config import Config
 from service.errors import ModelNotFound, Status, TooLarge, status_for
+from service.front import Front
 from service.generating import generation
 from service.http import answers, completions, openai
 from service.http.connections import Guard, GuardedSite, HttpLimits
@@ -40,7 +41,6 @@ from service.interceptors.auth import Authentication
 from service.interceptors.call_context import CALLER, REQUEST_ID
 from service.metrics import Metrics
 from service.progress import Progress
-from service.serving import Serving
 from service.sockets import listening_socket
 from service.tool_calls import tools_at_fault
 
@@ -225,8 +225,8 @@ async def _failed(door: Door, request: web.Request, name: str, error: Exception)
 class Routes:
     """The handlers, over the same generation as gRPC's (its limits and scheduler)."""
 
-    def __init__(self, serving: Callable[[], Serving], ready: Callable[[], bool]) -> None:
-        self.serving = serving
+    def __init__(self, front: Callable[[], Front], ready: Callable[[], bool]) -> None:
+        self.front = front
         self.ready = ready
         self.created = int(time.time())
 
@@ -237,7 +237,7 @@ class Routes:
         )
 
     def _model(self) -> dict[str, Any]:
-        model = self.serving().model
+        model = self.front().model
         return {
             "id": model.api_names[0],
             "object": "model",
@@ -251,7 +251,7 @@ class Routes:
 
     async def model(self, request: web.Request) -> web.Response:
         found = self._model()
-        if request.match_info["model"] not in self.serving().model.api_names:
+        if request.match_info["model"] not in self.front().model.api_names:
             raise ModelNotFound(
                 f"the model {request.match_info['model']!r} is not served here", field="model"
             )
@@ -259,16 +259,16 @@ class Routes:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize: a prompt's (or chat's, templated) token ids and their count."""
-        serving = self.serving()
-        prompt = openai.tokenize_prompt(openai.read_body(await _body(request)), serving.model.api_names)
-        ids = await serving.prompt_ids(prompt)
-        return web.json_response({"count": len(ids), "max_model_len": serving.model.capacity, "tokens": ids})
+        front = self.front()
+        prompt = openai.tokenize_prompt(openai.read_body(await _body(request)), front.model.api_names)
+        ids = await front.prompt_ids(prompt)
+        return web.json_response({"count": len(ids), "max_model_len": front.model.capacity, "tokens": ids})
 
     async def detokenize(self, request: web.Request) -> web.Response:
         """vLLM's /detokenize: the text of token ids, as Detokenize answers on gRPC."""
-        serving = self.serving()
-        ids = openai.detokenize_ids(openai.read_body(await _body(request)), serving.model.api_names)
-        return web.json_response({"prompt": serving.model.detokenize(ids, field="tokens")})
+        front = self.front()
+        ids = openai.detokenize_ids(openai.read_body(await _body(request)), front.model.api_names)
+        return web.json_response({"prompt": front.model.detokenize(ids, field="tokens")})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
@@ -278,10 +278,10 @@ class Routes:
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = openai.read_body(await _body(request))
-        serving = self.serving()
-        call = openai.openai_call(body, chat, serving.model.api_names, serving.tool_format())
-        echoes = await completions.echoes(serving, call.generates) if call.echo else ()
-        answer = answers.Answer(call, REQUEST_ID.get(), int(time.time()), serving.model, echoes)
+        front = self.front()
+        call = openai.openai_call(body, chat, front.model.api_names, front.tool_format())
+        echoes = await completions.echoes(front, call.generates) if call.echo else ()
+        answer = answers.Answer(call, REQUEST_ID.get(), int(time.time()), front.model, echoes)
         with tools_at_fault(call.tools, "tools"):
             if call.stream:
                 return await self._stream(request, answer)
@@ -291,7 +291,7 @@ class Routes:
     async def _whole(self, call: GenerateCall) -> Progress:
         """One prompt's generation, to its end."""
         progress = None
-        async with aclosing(generation(self.serving(), call, unary=True)) as steps:
+        async with aclosing(generation(self.front(), call, unary=True)) as steps:
             async for _, found in steps:
                 progress = found
         assert progress is not None
@@ -303,7 +303,7 @@ class Routes:
         chunks = answers.Chunks(answer)
         prompts = len(answer.call.generates)
         progresses: dict[int, Progress] = {}
-        generations = [generation(self.serving(), g) for g in answer.call.generates]
+        generations = [generation(self.front(), g) for g in answer.call.generates]
         async with aclosing(completions.merged(generations)) as steps:
             waiting = [step async for step in completions.until_each_began(steps, prompts)]
             response = web.StreamResponse(headers={**SSE_HEADERS, "x-request-id": answer.request_id})

@@ -16,8 +16,8 @@ from typing import Any, Protocol, TypeVar
 from engine.errors import InvalidInput
 from engine.sampling import TokenLogprobs
 from service.calls import GenerateCall, Prompt
+from service.front import Front
 from service.progress import Progress
-from service.serving import Serving
 
 Json = dict[str, Any]
 T = TypeVar("T")
@@ -131,13 +131,13 @@ class Offsets:
         return [self.of(token) for token in ids]
 
 
-async def echoes(serving: Serving, generates: Sequence[GenerateCall]) -> tuple[Echo, ...]:
+async def echoes(front: Front, generates: Sequence[GenerateCall]) -> tuple[Echo, ...]:
     """Each prompt as its choices echo it: text as sent (ids: their text), and its token ids."""
     found = []
     for generate in generates:
         prompt = generate.prompt
-        ids = tuple(await serving.prompt_ids(prompt))
-        text = prompt.text if prompt.text is not None else serving.model.detokenize(list(ids), "prompt")
+        ids = tuple(await front.prompt_ids(prompt))
+        text = prompt.text if prompt.text is not None else front.model.detokenize(list(ids), "prompt")
         found.append(Echo(text, ids))
     return tuple(found)
 

@@ -15,7 +15,7 @@ from clients.python.messages import tokens_of
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.events import PrefillTally, TokenOut
 from service.metrics import Metrics
-from service.progress import Progress, Totals
+from service.progress import Progress
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer
 from tests.support.sessions import part, prefill
@@ -72,7 +72,7 @@ def test_each_coalesced_token_keeps_its_own_latency(server: RunningServer) -> No
 
 
 def test_a_token_seen_with_later_ones_is_timed_from_the_one_before_it() -> None:
-    progress = Progress(10.0, 5, PrefillTally(), Metrics(), Totals())
+    progress = Progress(10.0, 5, PrefillTally(), Metrics())
     progress.samples = 1
     seen = [TokenOut(7, "a", 0, 10.5), TokenOut(8, "b", 1, 10.75), TokenOut(9, "c", 2, 11.0)]
     for event in seen:  # a batch: all seen before any is written
