@@ -75,7 +75,7 @@ class Config:
     http_body_timeout_seconds: float = 60.0  # a request's whole body
     http_idle_timeout_seconds: float = 75.0  # a kept-alive connection with no request this long is closed
     http_cors_origins: tuple[str, ...] = ()  # origins browsers may call from; "*" any; () = CORS off
-    # gRPC frontend processes sharing the port (service/relay.py); 0 = in this process, None = auto:
+    # gRPC frontend processes sharing the port (service/frontend.py); 0 = in this process, None = auto:
     # 2 on CUDA (+28-42 % saturated throughput on the H200), 0 on CPU.
     frontends: int | None = None
     # How calls reach the core (service/orders.py): direct, or its orders over a local socket

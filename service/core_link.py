@@ -1,7 +1,7 @@
 """The core's orders over a socket (issue #42): `RemoteCore`, a frontend's `CoreApi` whose orders
 travel to another end, and `CoreServer`, which answers them there with that process's `Core`.
 
-The wire is the relay's (service/relay.py `Link`: length-prefixed frames, every item of one
+The wire is service/relay.py's `Link` (length-prefixed frames, every item of one
 event-loop turn in one frame) with `pickle` for the values, since orders and events are
 dataclasses (service/orders.py; `VERSION` is checked in the first frame). An item is
 `(kind, call, payload)`, `call` numbering one frontend's orders:
@@ -83,14 +83,9 @@ def _unpack(packed: tuple[type[BaseException], tuple[Any, ...], dict[str, Any]])
     return error
 
 
-class _Codec:
-    dumps = staticmethod(pickle.dumps)
-    loads = staticmethod(pickle.loads)
-
-
 def core_link(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Link:
     """One end of a core link (either side)."""
-    return Link(reader, writer, _Codec())
+    return Link(reader, writer)
 
 
 # -- the frontend's side ----------------------------------------------------------------------

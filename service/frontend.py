@@ -1,11 +1,18 @@
-"""A gRPC frontend process (`--frontends N`, service/relay.py): serves the gRPC port, relays every call.
+"""A gRPC frontend process (`--frontends N`): the whole gRPC side of the server in a process of its own.
 
-Started by the core process with the relay socket's path and its index; told its settings over the
-socket (address, TLS material, message and connection limits, log level, the methods to relay); raises
-its own open-file limit (service/limits.py). It binds the port with SO_REUSEPORT, answers reflection
-itself and relays every other call as raw bytes: no message is parsed here. Signals are the core's to
-act on (it drains, then tells the frontends to stop); when the core's end of the socket closes, calls
-in flight end with UNAVAILABLE and the process exits.
+Started by the server's process with its control socket's path and its index (service/frontends.py),
+it is told the Config and binds the port with SO_REUSEPORT (the kernel spreads connections over the
+frontends). It runs what a gRPC call needs before and after the engine (service/grpc_door.py): grpc.aio
+with its own servicer contexts, the interceptors (access log, drain gate, peer limits, tokens), protobuf,
+the servicer, tokenization, chat templates, detokenization and stop strings. Its Front's core is a
+RemoteCore: the core's orders go over a second socket as token ids (service/core_link.py), and the
+server's process runs only the core's side (sessions, scheduler, engine).
+
+Until the model has loaded every call gets UNAVAILABLE (MODEL_LOADING), as in one process; then the
+server sends the model's facts and limits (MODEL), the frontend reads the tokenizer from the model
+directory itself, connects to the core and turns health SERVING. Signals are the server's to act on
+(it drains every frontend, then tells them to stop); when the server's process goes away, calls in
+flight end UNAVAILABLE (the core has gone) and the process exits.
 """
 
 from __future__ import annotations
@@ -13,195 +20,126 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-import grpc
 import structlog
-from grpc_health.v1 import health
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health_pb2
 
-from proto.ladder.v1 import ladder_pb2
 from service import relay
-from service.interceptors.auth import credentials
+from service.config import Config
+from service.core_link import RemoteCore, core_link
+from service.errors import Draining
+from service.front import Front
+from service.grpc_door import GrpcDoor
+from service.interceptors.access_log import AccessLog
 from service.limits import raise_file_limit
 from service.logs import configure_logging
-from service.ports import ConnectionLimits, server_options
-from service.reflection import enable as documented_reflection
+from service.metrics import Metrics, call_families
+from service.ports import PortInUse
 from service.relay import Link
+from service.served_model import ModelSpec, ModelView, read_tokenizer
 
 log = structlog.get_logger("ladder.frontend")
-GONE_GRACE_S = 0.5  # for calls in flight to send their UNAVAILABLE once the core has gone
-GONE = (relay.END, 0, grpc.StatusCode.UNAVAILABLE.value[0], "the server's core process has gone; retry", ())
+GONE_GRACE_S = 0.5  # for calls in flight to send their UNAVAILABLE once the server has gone
 
 
-class _Call:
-    def __init__(self, call: int) -> None:
-        self.id = call
-        self.answers: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+class Frontend:
+    """One frontend's gRPC door and its part of the control link."""
 
+    def __init__(self, config: Config, control: Link, index: int) -> None:
+        self.config, self.control, self.index = config, control, index
+        self.metrics = Metrics()
+        self.access_log = AccessLog(self.metrics.call_done)
+        self.front: Front | None = None
+        self.draining = False
+        self.door = GrpcDoor(config, self.metrics, self.access_log, self._gate, self._front, share_port=True)
+        self._tasks: set[asyncio.Task[Any]] = set()
 
-class Relay(grpc.GenericRpcHandler):
-    """Every method of `table` relayed over `link`, as raw bytes both ways."""
+    def _gate(self) -> None:
+        if self.draining:
+            raise Draining("the server is draining; retry on another replica")
+        if self.front is None:
+            raise Draining("the server is loading its model; retry shortly", reason="MODEL_LOADING")
 
-    def __init__(self, link: Link, table: Sequence[tuple[str, bool, bool]]) -> None:
-        self.link = link
-        self.calls: dict[int, _Call] = {}
-        self._last = 0
-        self.handlers = {name: self._handler(name, streams, answers) for name, streams, answers in table}
+    def _front(self) -> Front:
+        assert self.front is not None  # the gate let the call in
+        return self.front
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        return self.handlers.get(handler_call_details.method)
-
-    def _handler(self, method: str, streams: bool, answers: bool) -> Any:
-        if streams and answers:
-
-            async def stream_stream(requests: AsyncIterator[bytes], context: Any) -> Any:
-                call = self._open(method, context, None)
-                pump = asyncio.create_task(self._pump(call, requests))
-                try:
-                    async for message in self._answers(call, context):
-                        yield message  # resumed once gRPC has written it: the core may go on
-                        self.link.send((relay.DELIVERED, call.id))
-                finally:
-                    pump.cancel()
-
-            return grpc.stream_stream_rpc_method_handler(stream_stream)
-        if streams:
-            return grpc.stream_unary_rpc_method_handler(self._unary_of(method, streams=True))
-        if answers:
-
-            async def unary_stream(request: bytes, context: Any) -> Any:
-                async for message in self._answers(self._open(method, context, request), context):
-                    yield message
-
-            return grpc.unary_stream_rpc_method_handler(unary_stream)
-        return grpc.unary_unary_rpc_method_handler(self._unary_of(method, streams=False))
-
-    def _unary_of(self, method: str, streams: bool) -> Any:
-        async def unary(request: Any, context: Any) -> bytes | None:
-            call = self._open(method, context, None if streams else request)
-            pump = asyncio.create_task(self._pump(call, request)) if streams else None
-            answer = None
-            try:
-                async for message in self._answers(call, context):
-                    answer = message
-            finally:
-                if pump is not None:
-                    pump.cancel()
-            return answer
-
-        return unary
-
-    def _open(self, method: str, context: Any, request: bytes | None) -> _Call:
-        self._last += 1
-        call = self.calls[self._last] = _Call(self._last)
-        metadata = tuple((key, value) for key, value in context.invocation_metadata() or ())
-        auth = {key: list(values) for key, values in (context.auth_context() or {}).items()}
-        remaining, peer = context.time_remaining(), context.peer() or ""
-        self.link.send((relay.START, call.id, method, metadata, remaining, peer, auth, request))
-        context.add_done_callback(lambda ended: self._done(call, ended))
-        return call
-
-    def _done(self, call: _Call, context: Any) -> None:
-        if self.calls.pop(call.id, None) is not None:
-            self.link.send((relay.DONE, call.id, bool(context.cancelled())))
-
-    async def _pump(self, call: _Call, requests: AsyncIterator[bytes]) -> None:
-        """The client's request stream, message by message, then its end. gRPC ends it alike on
-        half-close, cancel and disconnect; the handler tells them apart as under grpc.aio (headers)."""
-        async for request in requests:
-            self.link.send((relay.MESSAGE, call.id, request))
-        self.link.send((relay.HALF_CLOSE, call.id))
-
-    async def _answers(self, call: _Call, context: Any) -> AsyncIterator[bytes]:
-        """The call's response messages as the core sends them; its headers, trailers and status set."""
+    async def take_model(self, spec: ModelSpec, core_path: str) -> str:
+        """Build the model view (the tokenizer read here), reach the core, turn SERVING; "" or why not."""
         try:
-            while True:
-                item = await call.answers.get()
-                kind = item[0]
-                if kind == relay.MESSAGE:
-                    yield item[2]
-                elif kind == relay.INITIAL:
-                    try:  # fails on a call that has ended: the handler's test of a client that left
-                        await context.send_initial_metadata(item[2])
-                        sent = True
-                    except Exception:  # noqa: BLE001 — any failure to write: the headers did not go out
-                        sent = False
-                    self.link.send((relay.HEADERS, call.id, sent))
-                else:
-                    _, _, code, details, trailing = item
-                    if trailing:
-                        context.set_trailing_metadata(trailing)
-                    if code:
-                        await context.abort(relay.CODES[code], details, trailing)
-                    return
-        except asyncio.CancelledError:
-            if call.id in self.calls:
-                self.link.send((relay.CANCEL, call.id))
-            raise
+            tokenizer = await asyncio.to_thread(read_tokenizer, Path(spec.name))
+            reader, writer = await asyncio.open_unix_connection(core_path)
+        except Exception as exc:  # noqa: BLE001 — told to the server, which stops
+            return f"{type(exc).__name__}: {exc}"
+        remote = RemoteCore(core_link(reader, writer))
+        self._keep(asyncio.create_task(remote.run()))
+        self.front = Front(self.config, ModelView.of(spec, tokenizer), self.metrics, remote)
+        await self.door.set_health(health_pb2.HealthCheckResponse.SERVING)
+        return ""
 
-    async def serve(self, server: grpc.aio.Server) -> None:
-        """Hand the core's items to their calls until it says stop, then stop the server within the
-        grace it gives, still handing items on (what the core's calls send in that time is delivered);
-        when the core goes away, calls in flight end UNAVAILABLE."""
-        stop: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        reading = asyncio.create_task(self._read(stop))
-        await server.stop(await stop)
-        reading.cancel()
+    async def drain(self, grace: float) -> int:
+        self.draining = True
+        return await self.door.drain(grace)
 
-    async def _read(self, stop: asyncio.Future[float]) -> None:
-        while (items := await self.link.receive()) is not None:
-            for item in items:
-                if item[0] == relay.STOP:
-                    if not stop.done():
-                        stop.set_result(float(item[1]))
-                    continue
-                call = self.calls.get(item[1])
-                if call is not None:
-                    call.answers.put_nowait(item)
-        for call in self.calls.values():
-            call.answers.put_nowait(GONE)
-        if not stop.done():
-            stop.set_result(GONE_GRACE_S)
+    def snapshot(self) -> tuple[Any, int]:
+        return call_families(self.metrics.registry), self.access_log.in_flight
+
+    async def serve(self) -> None:
+        """Answer the server's items until it says stop (or goes), then stop the door within the
+        grace it gives: what the calls still there send in that time is delivered."""
+        grace = GONE_GRACE_S
+        while (items := await self.control.receive()) is not None:
+            stop = next((payload for kind, _, payload in items if kind == relay.STOP), None)
+            for kind, serial, payload in items:
+                if kind != relay.STOP:
+                    self._keep(asyncio.create_task(self._answer(kind, serial, payload)))
+            if stop is not None:
+                grace = float(stop)
+                break
+        await self.door.stop(grace)
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _answer(self, kind: int, serial: int, payload: Any) -> None:
+        if kind == relay.MODEL:
+            self.control.send((relay.LOADED, serial, await self.take_model(*payload)))
+        elif kind == relay.DRAIN:
+            self.control.send((relay.DRAINED, serial, await self.drain(float(payload))))
+        elif kind == relay.METRICS:
+            self.control.send((relay.SNAPSHOT, serial, self.snapshot()))
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 async def run(path: str, index: int) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: None)  # the core drains, then says stop
+        loop.add_signal_handler(sig, lambda: None)  # the server drains, then says stop
     reader, writer = await asyncio.open_unix_connection(path)
-    link = Link(reader, writer)
-    link.send((relay.HELLO, index))
-    items = await link.receive()
+    control = Link(reader, writer)
+    control.send((relay.HELLO, 0, index))
+    items = await control.receive()
     if not items or items[0][0] != relay.SETTINGS:
         return 1
-    _, settings, table = items[0]
-    configure_logging(settings["log_level"])
-    raise_file_limit()  # before the options: the connection cap's default is half of it
-    relaying = Relay(link, table)
-    limits = ConnectionLimits(**settings.get("connections", {}))
-    server = grpc.aio.server(options=server_options(settings["max_message_bytes"], limits, share_port=True))
-    server.add_generic_rpc_handlers((relaying,))
-    names = (
-        ladder_pb2.DESCRIPTOR.services_by_name["Ladder"].full_name,
-        health.SERVICE_NAME,
-        reflection.SERVICE_NAME,
-    )
-    documented_reflection(names, server)
-    address = f"{settings['host']}:{settings['port']}"
-    tls = credentials(settings["tls"])
+    _, serial, (config, port) = items[0]
+    configure_logging(config.log_level)
+    raise_file_limit()  # before the door's options: the connection cap's default is half of it
+    frontend = Frontend(config, control, index)
     try:
-        port = server.add_secure_port(address, tls) if tls else server.add_insecure_port(address)
-    except RuntimeError as exc:
-        link.send((relay.READY, 0, str(exc) or "bind failed"))
-        link.close()
+        port = await frontend.door.start(port)
+    except PortInUse as exc:
+        control.send((relay.READY, serial, (0, str(exc))))
+        control.close()
         return 1
-    await server.start()
-    link.send((relay.READY, port, ""))
+    control.send((relay.READY, serial, (port, "")))
     log.info("frontend_listening", index=index, port=port, pid=os.getpid())
-    await relaying.serve(server)
-    link.close()
+    await frontend.serve()
+    control.close()
     return 0
 
 

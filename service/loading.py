@@ -12,11 +12,11 @@ from pathlib import Path
 
 import structlog
 
+import engine.tokenizer  # noqa: F401 — at import, on the main thread: see above
 from engine.executor.engine import load_engine
-from engine.tokenizer import Tokenizer, TokenizerUnreadable  # at import, on the main thread: see above
 from service.config import Config
 from service.limits import host_memory_free_bytes
-from service.served_model import ServedModel
+from service.served_model import ServedModel, read_tokenizer
 
 log = structlog.get_logger("ladder.server")
 
@@ -64,22 +64,3 @@ def session_memory_bytes(config: Config, free_device: int | None) -> tuple[int, 
     if config.session_memory_mb is not None:
         return config.session_memory_mb << 20, device
     return host_memory_free_bytes() // 2 + (device or 0), device
-
-
-def read_tokenizer(path: Path) -> Tokenizer | None:
-    """The model's tokenizer; None (token-id prompts only, said once in the log) when it has
-    none Ladder can read."""
-    if not (path / "tokenizer.json").exists():
-        log.warning("no_tokenizer", model=str(path), serving="token-id prompts only")
-        return None
-    try:
-        return Tokenizer(path)
-    except Exception as exc:  # noqa: BLE001 — whatever its files hold, the model still serves token ids
-        reason = str(exc) if isinstance(exc, TokenizerUnreadable) else f"{type(exc).__name__}: {exc}"
-        log.warning(
-            "tokenizer_unreadable",
-            model=str(path),
-            reason=reason,
-            serving="token-id prompts only: text, chat, Tokenize and Detokenize fail",
-        )
-        return None

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import errno
 import socket
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from service.limits import file_limit
 
@@ -66,7 +66,7 @@ def check_port_free(host: str, port: int, what: str) -> None:
 @dataclass(frozen=True)
 class ConnectionLimits:
     """What one connection, and all of them, may hold on a gRPC port (Config's grpc_* fields); plain
-    values, so the server can tell its frontends (service/frontend.py) over the relay's wire."""
+    values, computed in the process that binds the port (a frontend raises its own file limit first)."""
 
     max_connections: int | None = None  # None: half the open-file limit of the process serving the port
     max_concurrent_streams: int = 4096
@@ -82,10 +82,6 @@ class ConnectionLimits:
             config.grpc_idle_timeout_seconds,
         )
 
-    def settings(self) -> dict[str, Any]:
-        """Its fields as plain values (what a frontend is told)."""
-        return asdict(self)
-
     def connections(self) -> int:
         """The cap on connections open at once: past it gRPC closes a new one as it is accepted."""
         return self.max_connections if self.max_connections is not None else max(64, file_limit() // 2)
@@ -96,7 +92,7 @@ def server_options(
 ) -> list[tuple[str, int]]:
     """A grpc.aio server's options. gRPC's own receive limit sits above ours, so a request up to twice
     the limit gets our answer (parsing.py: INVALID_ARGUMENT, MESSAGE_TOO_LARGE, logged and counted);
-    beyond that gRPC's own. SO_REUSEPORT only where frontends share the port on purpose (relay.py):
+    beyond that gRPC's own. SO_REUSEPORT only where frontends share the port on purpose (frontend.py):
     otherwise a port another server holds fails here instead of being shared. The rest bounds what
     idle, slow or dead connections hold (docs/configuration.md, Connections)."""
     return [

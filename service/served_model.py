@@ -11,13 +11,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from engine.errors import InvalidInput, OverCapacity
 from engine.executor.facts import EngineFacts
 from engine.executor.step import Driven
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import Tokenizer, TokenizerUnreadable
 from service.calls import Prompt, Stopping
 from service.errors import NoTokenizer, OverLimit
 
+log = structlog.get_logger("ladder.server")
 PROMPT_BYTES_PER_TOKEN = 32  # text and chat prompts: UTF-8 bytes allowed per allowed prompt token
 CHAT_MESSAGE_BYTES = 32  # what each chat message counts beyond its role and content (the template's markup)
 
@@ -252,3 +255,22 @@ class ServedModel(ModelView):
         """Whether the last decode forward ran one row (read on the worker): a stream decoding alone,
         whose drafts may get a verification forward of their own (speculation.Speculation)."""
         return self.engine.last_batch <= 1
+
+
+def read_tokenizer(path: Path) -> Tokenizer | None:
+    """The model's tokenizer; None (token-id prompts only, said once in the log) when it has
+    none Ladder can read."""
+    if not (path / "tokenizer.json").exists():
+        log.warning("no_tokenizer", model=str(path), serving="token-id prompts only")
+        return None
+    try:
+        return Tokenizer(path)
+    except Exception as exc:  # noqa: BLE001 — whatever its files hold, the model still serves token ids
+        reason = str(exc) if isinstance(exc, TokenizerUnreadable) else f"{type(exc).__name__}: {exc}"
+        log.warning(
+            "tokenizer_unreadable",
+            model=str(path),
+            reason=reason,
+            serving="token-id prompts only: text, chat, Tokenize and Detokenize fail",
+        )
+        return None

@@ -28,10 +28,8 @@ import time
 import traceback
 from typing import Any
 
-import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health_pb2
 
 from engine.errors import ModelUnreadable
 from engine.executor.step import Stats
@@ -42,55 +40,44 @@ from service.core_link import socket_core
 from service.errors import Draining
 from service.exiting import watchdog
 from service.front import Front
-from service.frontends import Frontends, Methods
+from service.frontends import Frontends
+from service.grpc_door import GrpcDoor
 from service.http.app import Door, HttpServer, Routes, application
-from service.interceptors import chain
 from service.interceptors.access_log import AccessLog
-from service.interceptors.auth import Authentication, server_credentials, tls_material
-from service.interceptors.peer_calls import PeerCallLimit
+from service.interceptors.auth import Authentication
 from service.limits import raise_file_limit
 from service.loading import load_model  # imports engine.tokenizer on the main thread: see loading.py
 from service.logs import configure_logging
 from service.metrics import Metrics
 from service.orders import CoreApi
-from service.parsing import SERVICE_NAME, add_ladder_service
 from service.ports import (
     GRPC_PORT,
     HTTP_PORT,
     METRICS_PORT,
-    ConnectionLimits,
     PortInUse,
     check_port_free,
-    server_options,
 )
-from service.reflection import enable as documented_reflection
 from service.scheduler import Scheduler
-from service.servicer import LadderServicer
 from service.serving import Serving
 from service.sessions import SessionRegistry
 
 log = structlog.get_logger("ladder.server")
-HEALTH_NAMES = ("", SERVICE_NAME)
 
 
 class LadderServer:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.health = health.aio.HealthServicer()
         self.serving: Serving | None = None  # once the model has loaded
         self.front: Front | None = None  # the calls' side of it (service/front.py)
-        self.servicer = LadderServicer(self._front)
         self.draining = False
         self.access_log = AccessLog(self.metrics.call_done)
-        peer_calls = PeerCallLimit(config.max_calls_per_peer, self._peer_call_refused)
-        self.interceptors = chain(self.access_log, self._gate, config.auth_tokens, peer_calls=peer_calls)
-        # gRPC in this process, or in frontend processes that relay every call here (relay.py).
-        options = server_options(config.max_message_bytes, ConnectionLimits.of(config))
+        # gRPC in this process, or in frontend processes (service/frontend.py) whose calls reach the
+        # core here as orders (service/core_link.py).
         self.grpc = (
             None
             if config.frontend_processes
-            else grpc.aio.server(interceptors=self.interceptors, options=options)
+            else GrpcDoor(config, self.metrics, self.access_log, self._gate, self._front)
         )
         self.frontends: Frontends | None = None
         self.port = 0
@@ -106,9 +93,6 @@ class LadderServer:
         door = Door(self.access_log, self._gate, Authentication(self.config.auth_tokens))
         routes = Routes(self._front, lambda: self.serving is not None and not self.draining)
         return HttpServer(application(routes, door, self.config), self.config, self.metrics)
-
-    def _peer_call_refused(self) -> None:
-        self.metrics.connection_refused("grpc", "calls_per_peer")
 
     def _gate(self) -> None:
         if self.draining:
@@ -128,31 +112,12 @@ class LadderServer:
         return self.front
 
     async def start(self) -> int:
-        address = f"{self.config.host}:{self.config.port}"
-        what = GRPC_PORT
-        check_port_free(self.config.host, self.config.port, what)
+        check_port_free(self.config.host, self.config.port, GRPC_PORT)
         check_port_free(self.config.host, self.config.http_port, HTTP_PORT)
-        # The services on this process's gRPC server, or collected for the frontends to relay to.
-        services: Any = self.grpc if self.grpc is not None else Methods()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, services)
-        add_ladder_service(self.servicer, services, self.config.max_message_bytes)
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self.grpc is None:
-            self.port = await self._start_frontends(services)
+        if self.grpc is not None:
+            self.port = await self.grpc.start(self.config.port)
         else:
-            documented_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc)
-            credentials = server_credentials(self.config)
-            try:
-                self.port = (
-                    self.grpc.add_secure_port(address, credentials)
-                    if credentials
-                    else self.grpc.add_insecure_port(address)
-                )
-            except RuntimeError as exc:  # taken between the check and the bind
-                raise PortInUse(
-                    f"{what} {self.config.port} on {self.config.host} could not be bound: {exc}"
-                ) from None
-            await self.grpc.start()
+            self.port = await self._start_frontends()
         if self.http is not None:
             try:
                 await self._start_http(self.http)
@@ -169,18 +134,11 @@ class LadderServer:
         )
         return self.port
 
-    async def _start_frontends(self, methods: Methods) -> int:
-        """The gRPC port served by frontend processes that relay every call here (frontends.py)."""
-        settings = {
-            "host": self.config.host,
-            "tls": tls_material(self.config),
-            "log_level": self.config.log_level,
-            "max_message_bytes": self.config.max_message_bytes,
-            "connections": ConnectionLimits.of(self.config).settings(),
-        }
-        self.frontends = Frontends(
-            self.config.frontend_processes, methods, self.interceptors, settings, self._fault
-        )
+    async def _start_frontends(self) -> int:
+        """The gRPC port served by frontend processes (service/frontends.py); their call metrics are
+        part of this process's /metrics."""
+        self.frontends = Frontends(self.config, self._fault)
+        self.metrics.registry.others = self.frontends.families_now
         try:
             return await self.frontends.start(self.config.port)
         except BaseException:
@@ -230,6 +188,8 @@ class LadderServer:
             core, self._core_link = await socket_core(Core(serving))
         self.front = Front(self.config, model, self.metrics, core)
         self.serving = serving
+        if self.frontends is not None:  # their gRPC calls reach a Core of their own
+            await self.frontends.serve_core(Core(serving), model.spec())
         engine = model.engine
         self.metrics.watch(
             lambda: scheduler.depth,
@@ -250,7 +210,8 @@ class LadderServer:
             # (the tests' servers): their cycles would never be collected.
             gc.collect()
             gc.freeze()
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        if self.grpc is not None:
+            await self.grpc.set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "serving",
             model=model.name,
@@ -259,10 +220,6 @@ class LadderServer:
             slots=model.facts.slots,
             session_memory_mb=model.session_memory >> 20,
         )
-
-    async def _set_health(self, status: Any) -> None:
-        for name in HEALTH_NAMES:
-            await self.health.set(name, status)
 
     def _fault(self, exc: BaseException) -> None:
         """The executor can no longer be trusted: flip health and drain (the pod is then replaced)."""
@@ -290,15 +247,23 @@ class LadderServer:
             await self.stopped.wait()
             return
         self.draining = True
-        await self.health.enter_graceful_shutdown()
         log.info("draining", in_flight=self.access_log.in_flight, grace=grace)
-        deadline = time.monotonic() + grace
-        while self.access_log.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        if self.serving is not None and self.access_log.in_flight:
+        # The gRPC door's drain waits for the HTTP calls too (one access log); frontends drain theirs.
+        doors = [self.grpc.drain(grace) if self.grpc is not None else self._calls_end(grace)]
+        if self.frontends is not None:
+            doors.append(self.frontends.drain(grace))
+        left = sum(await asyncio.gather(*doors))
+        if self.serving is not None and left:
             self.serving.scheduler.abort_all(Draining("the server shut down before the call finished"))
             await asyncio.sleep(0.2)
         await self.stop()
+
+    async def _calls_end(self, grace: float) -> int:
+        """Wait up to `grace` for this process's calls in flight (HTTP's); how many are left."""
+        deadline = time.monotonic() + grace
+        while self.access_log.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return self.access_log.in_flight
 
     def start_metrics(self, port: int) -> None:
         """Serve /metrics over HTTP on `port` (0: not at all) until the server stops."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "service")
-GRPC_LAYER = {"service.server"}  # registers the servicer on the gRPC server
+GRPC_LAYER = {"service.grpc_door"}  # registers the servicer on a grpc.aio server
 
 
 def modules() -> dict[str, Path]:

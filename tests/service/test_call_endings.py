@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +49,21 @@ def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_
             wait_for(lambda: running.calls("GenerateStream", "CANCELLED") == 1)
             wait_for(lambda: running.calls("Generate", "DEADLINE_EXCEEDED") == 1)
             # The call is counted a moment before its log line is written: wait for both lines.
-            wait_for(lambda: len(lines(logs, "rpc_cancelled")) >= 2)
+            # (A frontend process writes its calls' lines to its own log: read here in one process.)
+            if not frontends:
+                wait_for(lambda: len(lines(logs, "rpc_cancelled")) >= 2)
         ended = sorted(
             (e["method"], e["request_id"], e["code"], e["log_level"]) for e in lines(logs, "rpc_cancelled")
         )
-        assert ended == [
-            ("Generate", "unary-1", "DEADLINE_EXCEEDED", "info"),
-            ("GenerateStream", "stream-1", "CANCELLED", "info"),
-        ]
+        assert (
+            ended == []
+            if frontends
+            else ended
+            == [
+                ("Generate", "unary-1", "DEADLINE_EXCEEDED", "info"),
+                ("GenerateStream", "stream-1", "CANCELLED", "info"),
+            ]
+        )
         wait_for(lambda: running.stats().sessions_open == 0)
     finally:
         running.close()
@@ -74,7 +82,7 @@ def test_a_prefill_whose_client_leaves_before_its_first_message_is_cancelled_not
             yield from ()
 
         stream = running.stub.Prefill(parts())
-        wait_for(lambda: running.server.access_log.in_flight == 1)
+        wait_for(lambda: running.in_flight() == 1)
         stream.cancel()
         release.set()
         wait_for(lambda: running.calls("Prefill", "CANCELLED") == 1)
@@ -91,9 +99,17 @@ class Clock:
         return self.now
 
 
+@pytest.fixture(scope="module")
+def one_process(served_model: Path) -> Iterator[RunningServer]:
+    """gRPC served in the server's process, whose log the test reads (a frontend writes its own)."""
+    with RunningServer(server_config(served_model)) as running:
+        yield running
+
+
 def test_identical_failures_are_logged_at_most_five_a_second_and_the_next_line_counts_the_rest(
-    server: RunningServer,
+    one_process: RunningServer,
 ) -> None:
+    server = one_process
     clock = Clock()
     server.server.access_log.failures.clock = clock
     bad = greedy_request([], 2)  # an empty prompt: INVALID_ARGUMENT

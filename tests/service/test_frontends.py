@@ -1,4 +1,4 @@
-"""--frontends: the gRPC port served by frontend processes that relay every call to the server's process.
+"""--frontends: the gRPC port served by frontend processes whose calls reach the server's core as orders.
 
 Every test that uses the service tests' `server` fixture also runs against two frontends
 (tests/service/conftest.py), as do the drain and TLS tests; these are what only frontends have:
@@ -61,7 +61,7 @@ def test_frontends_share_one_port_and_any_continues_a_session_another_opened(ser
             assert continued == list(whole)
             stubs[-1].CloseSession(pb.CloseSessionRequest(session_id=session_id))
             assert running.server.frontends is not None
-            assert all(calls > 0 for calls in running.server.frontends.relayed())
+            assert all(calls > 0 for calls in running.frontend_calls())
         finally:
             for channel in channels:
                 channel.close()
@@ -93,10 +93,10 @@ def test_a_frontend_killed_mid_stream_ends_its_streams_unavailable_and_the_other
         served_by = {}  # frontend index -> a stub whose connection it serves
         for channel in channels:
             stub = ladder_pb2_grpc.LadderStub(channel)
-            before = frontends.relayed()
+            before = running.frontend_calls()
             stub.GetModelInfo(pb.GetModelInfoRequest())
             served_by.setdefault(
-                [a - b for a, b in zip(frontends.relayed(), before, strict=True)].index(1), stub
+                [a - b for a, b in zip(running.frontend_calls(), before, strict=True)].index(1), stub
             )
         assert set(served_by) == {0, 1}
         request = greedy_request(prompt_ids(8, seed=72), 240)

@@ -33,8 +33,9 @@ from service.server import LadderServer, create_server
 from tests.support import engines
 
 T = TypeVar("T")
-# Both ways gRPC is served: in the server's own process, and by two frontend processes relaying every
-# call to it (--frontends, service/relay.py). A test or fixture parametrized by these holds for both.
+# Both ways gRPC is served: in the server's own process, and by two frontend processes whose calls
+# reach its core as orders (--frontends, service/frontend.py). A test or fixture parametrized by
+# these holds for both.
 FRONTENDS = (0, 2)
 FRONTENDS_IDS = ("in-process", "frontends")
 both_ways = pytest.mark.parametrize("frontends", FRONTENDS, ids=FRONTENDS_IDS)
@@ -146,6 +147,23 @@ class RunningServer:
         """How many `method` calls ended with `code` (the ladder_calls_total counter)."""
         labels = {"protocol": "grpc", "method": method, "code": code}
         return self.server.metrics.registry.get_sample_value("ladder_calls_total", labels) or 0.0
+
+    def frontend_calls(self) -> list[int]:
+        """How many calls each frontend process has finished (its ladder_calls_total, all codes)."""
+        frontends = self.server.frontends
+        assert frontends is not None, "the server runs no frontends"
+        return [
+            int(sum(value for name, _, value in samples if name == "ladder_calls_total"))
+            for families, _ in self.run(frontends.snapshots())
+            for family, samples in families
+            if family == "ladder_calls"
+        ]
+
+    def in_flight(self) -> int:
+        """Calls in flight, wherever they are served: this process's and every frontend's."""
+        frontends = self.server.frontends
+        there = sum(n for _, n in self.run(frontends.snapshots())) if frontends is not None else 0
+        return self.server.access_log.in_flight + there
 
     def fault(self, error: BaseException) -> None:
         """Report `error` as the engine worker reports a fault (health flips, the server drains)."""
