@@ -33,6 +33,7 @@ from service.core_link import RemoteCore, core_link
 from service.errors import Draining
 from service.front import Front
 from service.grpc_door import GrpcDoor
+from service.http.app import http_server
 from service.interceptors.access_log import AccessLog
 from service.limits import raise_file_limit
 from service.logs import configure_logging
@@ -55,6 +56,13 @@ class Frontend:
         self.front: Front | None = None
         self.draining = False
         self.door = GrpcDoor(config, self.metrics, self.access_log, self._gate, self._front, share_port=True)
+        self.http = (
+            http_server(
+                config, self.metrics, self.access_log, self._gate, self._front, self._ready, share_port=True
+            )
+            if config.http_port
+            else None
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def _gate(self) -> None:
@@ -62,6 +70,9 @@ class Frontend:
             raise Draining("the server is draining; retry on another replica")
         if self.front is None:
             raise Draining("the server is loading its model; retry shortly", reason="MODEL_LOADING")
+
+    def _ready(self) -> bool:
+        return self.front is not None and not self.draining
 
     def _front(self) -> Front:
         assert self.front is not None  # the gate let the call in
@@ -100,6 +111,8 @@ class Frontend:
                 grace = float(stop)
                 break
         await self.door.stop(grace)
+        if self.http is not None:
+            await self.http.stop()
         for task in list(self._tasks):
             task.cancel()
 
@@ -132,8 +145,11 @@ async def run(path: str, index: int) -> int:
     frontend = Frontend(config, control, index)
     try:
         port = await frontend.door.start(port)
-    except PortInUse as exc:
+        if frontend.http is not None:
+            await frontend.http.start()
+    except (PortInUse, OSError) as exc:
         control.send((relay.READY, serial, (0, str(exc))))
+        await frontend.door.stop(0)
         control.close()
         return 1
     control.send((relay.READY, serial, (port, "")))

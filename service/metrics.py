@@ -71,6 +71,7 @@ CALL_FAMILIES = frozenset(
         "ladder_request_generated_tokens",
         "ladder_finished",
         "ladder_connections_refused",
+        "ladder_connections_timed_out",
     }
 )
 # A family's samples as they cross between processes: (sample name, labels, value) each.

@@ -42,9 +42,8 @@ from service.exiting import watchdog
 from service.front import Front
 from service.frontends import Frontends
 from service.grpc_door import GrpcDoor
-from service.http.app import Door, HttpServer, Routes, application
+from service.http.app import HttpServer, http_server
 from service.interceptors.access_log import AccessLog
-from service.interceptors.auth import Authentication
 from service.limits import raise_file_limit
 from service.loading import load_model  # imports engine.tokenizer on the main thread: see loading.py
 from service.logs import configure_logging
@@ -81,18 +80,20 @@ class LadderServer:
         )
         self.frontends: Frontends | None = None
         self.port = 0
-        self.http = self._http_api() if config.http_port else None
+        # The HTTP API in this process, or in the frontend processes beside their gRPC.
+        self.http = (
+            http_server(config, self.metrics, self.access_log, self._gate, self._front, self._ready)
+            if config.http_port and not config.frontend_processes
+            else None
+        )
         self._tasks: list[asyncio.Task[Any]] = []
         self._core_link: list[asyncio.Task[None]] = []  # --core-transport socket: its two ends
         self._http: Any = None
         self.fault: BaseException | None = None
         self.stopped = asyncio.Event()
 
-    def _http_api(self) -> HttpServer:
-        """The OpenAI-compatible API over the same generation, gate, tokens and access log as gRPC."""
-        door = Door(self.access_log, self._gate, Authentication(self.config.auth_tokens))
-        routes = Routes(self._front, lambda: self.serving is not None and not self.draining)
-        return HttpServer(application(routes, door, self.config), self.config, self.metrics)
+    def _ready(self) -> bool:
+        return self.serving is not None and not self.draining
 
     def _gate(self) -> None:
         if self.draining:

@@ -20,10 +20,9 @@ HELP = {
     "http_idle_timeout_seconds": "a kept-alive HTTP connection with no request this long is closed",
     "http_cors_origins": 'comma-separated origins browsers may call the HTTP API from ("*": any; '
     "empty: CORS off)",
-    "frontends": "gRPC frontend processes that share the gRPC port and serve the gRPC calls (protobuf, "
-    "interceptors, tokens to text), sending the engine's work to this process's core (0 = gRPC "
-    "served in this process; the HTTP API always is; auto: 2 on "
-    "CUDA, 0 on CPU)",
+    "frontends": "frontend processes that share the gRPC and HTTP ports and serve every call (protobuf, "
+    "JSON, interceptors, tokens to text), sending the engine's work to this process's core (0 = "
+    "calls served in this process; auto: 2 on CUDA, 0 on CPU)",
     "core_transport": "how the frontend side reaches the core: direct (in this process) or socket (the "
     "core's orders over a local socket, as frontend processes of their own will send them; for tests "
     "of that transport)",

@@ -12,8 +12,9 @@ import socket
 ANY_HOSTS = ("", "::")  # after the brackets are stripped
 
 
-def listening_socket(host: str, port: int, backlog: int = 128) -> socket.socket:
-    """A socket bound to host:port (0: a free port) and listening; OSError (EADDRINUSE) when held."""
+def listening_socket(host: str, port: int, backlog: int = 128, share_port: bool = False) -> socket.socket:
+    """A socket bound to host:port (0: a free port) and listening; OSError (EADDRINUSE) when held.
+    `share_port`: SO_REUSEPORT, for processes that serve one port together (--frontends)."""
     name = host.strip("[]")
     address: tuple[str, int] | tuple[str, int, int, int] | tuple[int, bytes]
     if name in ANY_HOSTS:
@@ -24,6 +25,8 @@ def listening_socket(host: str, port: int, backlog: int = 128) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if share_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if name in ANY_HOSTS:  # one socket for both: Linux's default, but a sysctl can turn it off
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind(address)

@@ -374,12 +374,29 @@ def ssl_context(config: Config) -> ssl.SSLContext | None:
     return context
 
 
+def http_server(
+    config: Config,
+    metrics: Metrics,
+    access_log: AccessLog,
+    gate: Callable[[], None],
+    front: Callable[[], Front],
+    ready: Callable[[], bool],
+    share_port: bool = False,
+) -> HttpServer:
+    """The OpenAI-compatible API over the same generation, gate, tokens and access log as gRPC's
+    (the server's process, or each frontend process sharing the port)."""
+    door = Door(access_log, gate, Authentication(config.auth_tokens))
+    return HttpServer(application(Routes(front, ready), door, config), config, metrics, share_port)
+
+
 class HttpServer:
     """The HTTP API's listener: started beside gRPC, stopped after it; on `--host '[::]'` it serves
     IPv4 and IPv6 (service/sockets.py), its connections capped and timed (connections.py)."""
 
-    def __init__(self, app: web.Application, config: Config, metrics: Metrics) -> None:
-        self.config = config
+    def __init__(
+        self, app: web.Application, config: Config, metrics: Metrics, share_port: bool = False
+    ) -> None:
+        self.config, self.share_port = config, share_port
         # handler_cancellation: a client that leaves cancels its call (and its job on the worker).
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         limits = HttpLimits(
@@ -397,7 +414,7 @@ class HttpServer:
 
     async def start(self) -> int:
         await self.runner.setup()
-        sock = listening_socket(self.config.host, self.config.http_port)
+        sock = listening_socket(self.config.host, self.config.http_port, share_port=self.share_port)
         try:
             await GuardedSite(self.runner, sock, self.guard, ssl_context(self.config)).start()
         except BaseException:

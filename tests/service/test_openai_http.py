@@ -22,7 +22,7 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from service.calls import ConstraintSpec
 from service.http.openai import constraint
 from tests.support.prompts import greedy_request, prompt_ids
-from tests.support.servers import RunningServer, free_port, server_config
+from tests.support.servers import FRONTENDS, FRONTENDS_IDS, RunningServer, free_port, server_config
 from tests.support.waiting import wait_for
 
 PROMPT = "The quick brown fox"
@@ -65,9 +65,10 @@ def events(body: bytes) -> list[str]:
     return [b.removeprefix("data: ") for b in blocks]
 
 
-@pytest.fixture(scope="module")
-def server(served_model: Path) -> Iterator[RunningServer]:
-    with http_server(served_model) as running:
+@pytest.fixture(scope="module", params=FRONTENDS, ids=FRONTENDS_IDS)
+def server(served_model: Path, request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    """The HTTP API in the server's process, and in two frontend processes sharing its port."""
+    with http_server(served_model, frontends=request.param) as running:
         yield running
 
 
