@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from google.protobuf.internal import api_implementation
 from grpc_health.v1 import health_pb2
 
 from service import relay
@@ -153,7 +154,9 @@ async def run(path: str, index: int) -> int:
         control.close()
         return 1
     control.send((relay.READY, serial, (port, "")))
-    log.info("frontend_listening", index=index, port=port, pid=os.getpid())
+    log.info(
+        "frontend_listening", index=index, port=port, pid=os.getpid(), protobuf=api_implementation.Type()
+    )
     await frontend.serve()
     control.close()
     return 0

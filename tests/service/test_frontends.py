@@ -152,7 +152,13 @@ def test_frontends_end_streams_unavailable_and_exit_when_the_server_process_is_k
     served_model: Path, tmp_path: Path
 ) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
+    # As a deployment starts it: no LADDER_ settings, and no protobuf backend asked for (importing
+    # onnxruntime_extensions in this process asked for the pure-Python one).
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("LADDER_") and k != "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
+    }
     env.update(
         LADDER_HOST="127.0.0.1",
         LADDER_PORT=str(port),
@@ -169,8 +175,11 @@ def test_frontends_end_streams_unavailable_and_exit_when_the_server_process_is_k
             health = health_pb2_grpc.HealthStub(channel)
             wait_for(lambda: _serving(health), what="the server serving")
             lines = log.read_text().splitlines()
-            pids = [json.loads(line)["pid"] for line in lines if "frontend_listening" in line]
+            listening = [json.loads(line) for line in lines if "frontend_listening" in line]
+            pids = [line["pid"] for line in listening]
             assert len(pids) == 2
+            # The server's own protobuf backend, not the pure-Python one an import asks for.
+            assert [line["protobuf"] for line in listening] == ["upb", "upb"]
             stream = ladder_pb2_grpc.LadderStub(channel).GenerateStream(greedy_request([5, 6, 7], 250))
             assert next(stream).HasField("token")  # streaming when the core goes
             process.kill()  # no drain, no word to the frontends: they see their link close
