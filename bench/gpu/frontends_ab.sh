@@ -8,17 +8,27 @@
 # server each run, the client split over PROCS processes. Summaries and server logs land in
 # $OUT/fe-<frontends>-<round>/ and, together, in $OUT/frontends.tgz (the device returns few files);
 # the table of every run prints last (server cores: all its processes; in brackets the engine's).
+# A mode `base:N` runs the server from another tree with --frontends N: BASE_TGZ names a tarball of
+# it carried along (e.g. `git archive 3773811 engine service proto pyproject.toml | gzip >
+# .whl/base.tgz`, the byte relay before the token-level cut), unpacked into /tmp/base:
+#   MODES="base:2 2" BASE_TGZ=.whl/base.tgz bash bench/gpu/frontends_ab.sh
 set -o pipefail
 . bench/gpu/prepare.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/gpu-info.txt"
+if [ -n "${BASE_TGZ:-}" ]; then
+  rm -rf /tmp/base && mkdir -p /tmp/base && tar -xzf "$BASE_TGZ" -C /tmp/base || exit 1
+fi
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  for frontends in ${MODES:-0 2}; do
-    run="fe-$frontends-$round"
+  for mode in ${MODES:-0 2}; do
+    frontends=${mode#base:}
+    root=()
+    [ "$mode" != "$frontends" ] && root=(--server-root /tmp/base)
+    run="fe-${mode/:/-}-$round"
     timeout "${RUN_TIMEOUT:-150}" python3 -m bench.serving --provider cuda --model gpu:16x2048 --precision fp16 \
       --max-sessions "${SLOTS:-128}" --rates "${RATES:-36,96}" --requests "${REQUESTS:-500}" \
-      --client-procs "${PROCS:-4}" --server-args "--frontends $frontends" --out "$OUT/$run" \
+      --client-procs "${PROCS:-4}" --server-args "--frontends $frontends" "${root[@]}" --out "$OUT/$run" \
       --server-log "$OUT/$run.server.log" > "$OUT/$run.log" 2>&1
-    echo "round $round frontends $frontends exit $?"
+    echo "round $round mode $mode exit $?"
   done
 done
 (cd "$OUT" && tar -czf frontends.tgz fe-* gpu-info.txt && rm -rf fe-*)
