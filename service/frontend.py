@@ -88,7 +88,7 @@ class Frontend:
             return f"{type(exc).__name__}: {exc}"
         remote = RemoteCore(core_link(reader, writer))
         self._keep(asyncio.create_task(remote.run()))
-        self.front = Front(self.config, ModelView.of(spec, tokenizer), self.metrics, remote)
+        self.front = Front(self.config, ModelView(spec, tokenizer), self.metrics, remote)
         await self.door.set_health(health_pb2.HealthCheckResponse.SERVING)
         return ""
 

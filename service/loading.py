@@ -16,7 +16,7 @@ import engine.tokenizer  # noqa: F401 — at import, on the main thread: see abo
 from engine.executor.engine import load_engine
 from service.config import Config
 from service.limits import host_memory_free_bytes
-from service.served_model import ServedModel, read_tokenizer
+from service.served_model import ModelSpec, ServedModel, read_tokenizer
 
 log = structlog.get_logger("ladder.server")
 
@@ -35,15 +35,9 @@ def load_model(config: Config) -> ServedModel:
         prepared = engine.warm_up()
         log.info("warmed_up", variants=prepared, seconds=round(time.perf_counter() - started, 3))
     names = (config.served_model_name or path.name, str(path), config.model)
-    model = ServedModel(
-        engine,
-        read_tokenizer(path),
-        str(path),
-        config.max_prompt_tokens,
-        config.max_new_tokens,
-        config.default_max_new_tokens,
-        tuple(dict.fromkeys(name for name in names if name)),
-    )
+    limits = (config.max_prompt_tokens, config.max_new_tokens, config.default_max_new_tokens)
+    api_names = tuple(dict.fromkeys(name for name in names if name))
+    model = ServedModel(engine, read_tokenizer(path), ModelSpec(engine.facts, str(path), *limits, api_names))
     model.draft_tokens = config.speculation(engine.kernels.speculation_exact) if engine.verifies else 0
     log.info("speculation", draft_tokens=model.draft_tokens, verify_gap=engine.kernels.verify_gap)
     model.session_memory, on_device = session_memory_bytes(config, engine.backend.free_device_bytes())

@@ -44,15 +44,15 @@ def chat_bytes(prompt: Prompt) -> int:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What a frontend process is told of the served model, to build its own `ModelView`: the
-    engine's facts, the directory its tokenizer is read from, and the server's limits."""
+    """The served model's facts and the server's limits for it: what a ModelView is built from, in
+    the server's process and in a frontend process (which reads the tokenizer from `name` itself)."""
 
     facts: EngineFacts
-    name: str
-    max_prompt_tokens: int
+    name: str  # the model directory
+    max_prompt_tokens: int  # 0: the capacity
     max_new_tokens: int
-    default_new_tokens: int
-    api_names: tuple[str, ...]
+    default_new_tokens: int = 0  # 0: the limit
+    api_names: tuple[str, ...] = ()  # the OpenAI API's id first; none: the directory's name
 
 
 class ModelView:
@@ -60,50 +60,20 @@ class ModelView:
     and the server's limits. What the servicer and the HTTP app need, in the server's process and in
     a frontend process alike."""
 
-    def __init__(
-        self,
-        facts: EngineFacts,
-        tokenizer: Tokenizer | None,
-        name: str,
-        max_prompt_tokens: int,
-        max_new_tokens: int,
-        default_new_tokens: int = 0,
-        api_names: tuple[str, ...] = (),
-    ) -> None:
-        self.facts = facts
+    def __init__(self, spec: ModelSpec, tokenizer: Tokenizer | None) -> None:
+        self.spec = spec
+        self.facts = facts = spec.facts
         self.tokenizer = tokenizer
-        self.name = name  # the model directory
+        self.name = spec.name
         # The OpenAI API's id for it first, then the other names a request may use.
-        self.api_names = api_names or (Path(name).name, name)
+        self.api_names = spec.api_names or (Path(spec.name).name, spec.name)
         self.capacity = facts.capacity
         self.vocab_size = facts.vocab_size
         self.eos_ids = frozenset(facts.eos_ids)
-        self.max_prompt_tokens = max_prompt_tokens or self.capacity
-        self.max_new_tokens = max_new_tokens
+        self.max_prompt_tokens = spec.max_prompt_tokens or self.capacity
+        self.max_new_tokens = spec.max_new_tokens
         # What a request that names no max_new_tokens gets (0 configured: the limit), never over the limit.
-        self.default_new_tokens = min(default_new_tokens or max_new_tokens, max_new_tokens)
-
-    def spec(self) -> ModelSpec:
-        return ModelSpec(
-            self.facts,
-            self.name,
-            self.max_prompt_tokens,
-            self.max_new_tokens,
-            self.default_new_tokens,
-            self.api_names,
-        )
-
-    @classmethod
-    def of(cls, spec: ModelSpec, tokenizer: Tokenizer | None) -> ModelView:
-        return cls(
-            spec.facts,
-            tokenizer,
-            spec.name,
-            spec.max_prompt_tokens,
-            spec.max_new_tokens,
-            spec.default_new_tokens,
-            spec.api_names,
-        )
+        self.default_new_tokens = min(spec.default_new_tokens or spec.max_new_tokens, spec.max_new_tokens)
 
     def token_text(self, token: int) -> str:
         """One token's own text, special tokens written out ("" without a tokenizer)."""
@@ -233,19 +203,8 @@ class ModelView:
 class ServedModel(ModelView):
     """The loaded engine with the view of it every call shares (ModelView)."""
 
-    def __init__(
-        self,
-        engine: Driven,
-        tokenizer: Tokenizer | None,
-        name: str,
-        max_prompt_tokens: int,
-        max_new_tokens: int,
-        default_new_tokens: int = 0,
-        api_names: tuple[str, ...] = (),
-    ) -> None:
-        super().__init__(
-            engine.facts, tokenizer, name, max_prompt_tokens, max_new_tokens, default_new_tokens, api_names
-        )
+    def __init__(self, engine: Driven, tokenizer: Tokenizer | None, spec: ModelSpec) -> None:
+        super().__init__(spec, tokenizer)
         self.engine = engine  # driven only through the scheduler's steps
         self.session_memory = 0  # bytes parked sessions may hold (0: parking off), set by loading
         self.draft_tokens = 0  # drafted tokens per verification forward (0: speculation off), set by loading

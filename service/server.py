@@ -190,7 +190,7 @@ class LadderServer:
         self.front = Front(self.config, model, self.metrics, core)
         self.serving = serving
         if self.frontends is not None:  # their gRPC calls reach a Core of their own
-            await self.frontends.serve_core(Core(serving), model.spec())
+            await self.frontends.serve_core(Core(serving), model.spec)
         engine = model.engine
         self.metrics.watch(
             lambda: scheduler.depth,

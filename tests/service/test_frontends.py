@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service.ports import PortInUse
+from service.served_model import ModelView
 from service.server import create_server
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, free_port, server_config
@@ -200,3 +202,23 @@ def _serving(health: health_pb2_grpc.HealthStub) -> bool:
     except grpc.RpcError:
         return False
     return bool(status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def test_a_model_view_built_from_the_spec_a_frontend_is_sent_has_the_servers_limits(
+    served_model: Path,
+) -> None:
+    config = server_config(served_model, max_new_tokens=77, default_max_new_tokens=0, max_prompt_tokens=0)
+    with RunningServer(config) as running:
+        assert running.server.serving is not None
+        model = running.server.serving.model
+        view = ModelView(pickle.loads(pickle.dumps(model.spec)), model.tokenizer)
+
+        def limits(m: ModelView) -> tuple[object, ...]:
+            return (m.facts, m.name, m.api_names, m.capacity, m.max_prompt_tokens, m.max_new_tokens)
+
+        assert limits(view) == limits(model)
+        assert (view.max_new_tokens, view.default_new_tokens, view.max_prompt_tokens) == (
+            77,
+            77,
+            model.capacity,
+        )
