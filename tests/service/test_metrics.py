@@ -10,9 +10,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto.ladder.v1 import ladder_pb2 as pb
+from service.metrics import Metrics, call_families
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import FRONTENDS, FRONTENDS_IDS, RunningServer, free_port, server_config
 from tests.support.waiting import wait_for
@@ -251,3 +253,26 @@ def test_the_observability_page_lists_every_metric_the_server_exports_and_no_oth
         if name.startswith("ladder_") and not name.endswith("_created")
     }  # prometheus-client's own
     assert exported == _documented_metrics()
+
+
+def test_a_merged_registry_adds_the_frontends_call_samples_to_its_own_and_nothing_else() -> None:
+    ours, frontend_a, frontend_b = Metrics(), Metrics(), Metrics()
+    ours.call_done("Generate", grpc.StatusCode.OK, 0.004)
+    frontend_a.call_done("Generate", grpc.StatusCode.OK, 0.02)
+    frontend_b.call_done("Generate", grpc.StatusCode.OK, 0.02)
+    frontend_b.call_done("Decode", grpc.StatusCode.CANCELLED, 3.0)
+    frontend_a.generated_tokens.inc(5)  # not a call family: the core counts tokens itself
+    ours.registry.others = lambda: [call_families(frontend_a.registry), call_families(frontend_b.registry)]
+    text = generate_latest(ours.registry).decode()
+    m = Scraped(text)
+    assert m("ladder_calls_total", protocol="grpc", method="Generate", code="OK") == 3
+    assert m("ladder_calls_total", protocol="grpc", method="Decode", code="CANCELLED") == 1
+    assert m("ladder_call_seconds_count", protocol="grpc", method="Generate") == 3
+    assert m("ladder_call_seconds_bucket", protocol="grpc", method="Generate", le="0.005") == 1
+    assert m("ladder_call_seconds_bucket", protocol="grpc", method="Generate", le="0.025") == 3
+    assert m("ladder_call_seconds_sum", protocol="grpc", method="Generate") == pytest.approx(0.044)
+    assert m("ladder_generated_tokens_total") == 0
+    get = ours.registry.get_sample_value
+    assert get("ladder_calls_total", {"protocol": "grpc", "method": "Generate", "code": "OK"}) == 3
+    # What the exposition says parses back whole: one family of each name.
+    assert len(re.findall(r"^# TYPE ladder_call_seconds histogram$", text, re.M)) == 1
