@@ -102,7 +102,7 @@ class Clock:
 @pytest.fixture(scope="module")
 def one_process(served_model: Path) -> Iterator[RunningServer]:
     """gRPC served in the server's process, whose log the test reads (a frontend writes its own)."""
-    with RunningServer(server_config(served_model)) as running:
+    with RunningServer(server_config(served_model, frontends=0)) as running:
         yield running
 
 

@@ -56,7 +56,9 @@ def test_a_core_that_speaks_another_version_closes_the_link() -> None:
 
 @pytest.fixture(scope="module")
 def server(default_model: Callable[..., Path]) -> Iterator[RunningServer]:
-    config = server_config(default_model("int4"), max_sessions=4, capacity=512, core_transport="socket")
+    config = server_config(
+        default_model("int4"), max_sessions=4, capacity=512, core_transport="socket", frontends=0
+    )
     with RunningServer(config) as running:
         yield running
 

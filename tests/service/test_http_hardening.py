@@ -39,6 +39,7 @@ def guarded(served_model: Path) -> Iterator[RunningServer]:
         http_max_connections_per_peer=2,
         http_header_timeout_seconds=0.5,
         http_body_timeout_seconds=0.5,
+        frontends=0,  # the guard's counters are read in this process
     )
     with RunningServer(config) as server:
         yield server

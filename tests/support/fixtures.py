@@ -18,9 +18,10 @@ from tests.support.models import default_model_cache, model_with_tokenizer
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--core-transport",
-        choices=("direct", "socket"),
+        choices=("direct", "socket", "frontends"),
         default="direct",
-        help="how every test server's calls reach its core (Config.core_transport): run the suite both ways",
+        help="how every test server's calls reach its core: direct or socket (Config.core_transport), "
+        "or from a frontend process (--frontends 1) unless the test asks otherwise",
     )
 
 

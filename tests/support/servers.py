@@ -86,7 +86,9 @@ def _bindable(port: int) -> bool:
     return True
 
 
-CORE_TRANSPORT = "direct"  # every test server's (pytest --core-transport: tests/support/fixtures.py)
+# Every test server's (pytest --core-transport: tests/support/fixtures.py): "direct", "socket", or
+# "frontends" (served by one frontend process unless the test names its frontends).
+CORE_TRANSPORT = "direct"
 
 
 def server_config(model: object, **changes: Any) -> Config:
@@ -103,7 +105,8 @@ def server_config(model: object, **changes: Any) -> Config:
         max_new_tokens=256,
         drain_seconds=5.0,
         intra_op_threads=engines.INTRA_OP_THREADS,
-        core_transport=CORE_TRANSPORT,
+        core_transport="direct" if CORE_TRANSPORT == "frontends" else CORE_TRANSPORT,
+        frontends=1 if CORE_TRANSPORT == "frontends" else None,
     )
     return dataclasses.replace(base, **changes)
 
