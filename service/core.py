@@ -13,6 +13,8 @@ from engine.executor.session import Session
 from engine.executor.step import Stats
 from engine.sampling import Sampler, SamplingParams
 from service.calls import ConstraintSpec, Stopping, sampler_of
+from service.counting import counted
+from service.cuts import Cuts
 from service.events import PrefillFinished
 from service.generation import (
     close_body,
@@ -36,10 +38,8 @@ from service.orders import (
     RewindOrder,
     StatsDone,
 )
-from service.progress import counted
 from service.serving import Extension, Serving
 from service.sessions import ForkOrigin, SessionState
-from service.texts import Cuts
 
 
 class PrefillSession:

@@ -14,23 +14,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from engine.errors import InvalidInput
-from engine.executor.facts import EngineFacts
 from service.calls import Prompt
 from service.config import Config
-from service.errors import OverLimit
 from service.events import PrefillTally
 from service.interceptors.call_context import CALL
 from service.metrics import Metrics
 from service.orders import CoreApi
 from service.progress import Progress
 from service.served_model import ModelView
+from service.serving import sample_limits
 from service.tool_formats import ToolFormat, format_for
 
 # Tokenization's own threads (one set for the process): nothing else queued on them can make a
 # prompt wait, as structured-output compiles once did on the event loop's executor (issue #39).
 TOKENIZING = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ladder-tokenize")
-MAX_SAMPLES = 128  # samples one request may ask for (OpenAI's limit on n)
 
 
 def note_session(session_id: str) -> None:
@@ -38,28 +35,6 @@ def note_session(session_id: str) -> None:
     record = CALL.get()
     if record is not None:
         record.session = session_id
-
-
-def sample_limits(facts: EngineFacts, n: int) -> None:
-    """Refuse n samples the server can never run: over MAX_SAMPLES, a decoder with recurrent
-    state (n > 1 copies KV rows), fewer than two KV slots (the prompt's holder and a sample)."""
-    if n > MAX_SAMPLES:
-        raise OverLimit(f"n = {n} samples; the limit is {MAX_SAMPLES}", reason="TOO_MANY_SAMPLES", field="n")
-    if n == 1:
-        return
-    if facts.recurrent:
-        raise InvalidInput(
-            "n > 1 copies the prompt's KV rows, and this decoder carries recurrent state that has none",
-            reason="SAMPLES_UNSUPPORTED",
-            field="n",
-        )
-    if facts.slots < 2:
-        raise OverLimit(
-            f"n = {n} samples need 2 KV slots at once (the prompt's and a sample's); "
-            f"the server has {facts.slots}",
-            reason="TOO_MANY_SAMPLES",
-            field="n",
-        )
 
 
 @dataclass

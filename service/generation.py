@@ -18,6 +18,7 @@ from engine.executor import DecodeRow, Session
 from engine.executor.step import Choose, Close, Fork, Open, Prefill, Rewind
 from engine.sampling import Sampler, TokenLogprobs
 from service.calls import Stopping
+from service.cuts import Cuts
 from service.events import (
     Finish,
     Finished,
@@ -35,7 +36,6 @@ from service.samples import first_sampler_order, firsts_by_sample, samples_body
 from service.served_model import ServedModel
 from service.sessions import SessionState
 from service.speculation import Speculation
-from service.texts import Cuts
 
 log = structlog.get_logger("ladder.sessions")
 

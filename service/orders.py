@@ -22,9 +22,9 @@ from typing import Protocol
 from engine.executor.stats import EngineStats
 from engine.sampling import SamplingParams
 from service.calls import ConstraintSpec, LogprobRequest, Stopping
+from service.counting import Totals
 from service.events import PrefillFinished
 from service.jobs import Event
-from service.progress import Totals
 
 VERSION = 1  # of the orders and events below: a transport's two ends must agree on it
 

@@ -10,12 +10,10 @@ carries the prompt's next token) is ready. Decode continues a session whose
 prompt was prefilled already; its first token is no first token of a prompt,
 so Decode observes no TTFT, only inter-token latency between its tokens.
 
-Work is counted where it is done: `counted(body)` wraps the job, and every
-prefill forward (ForwardDone) and every token of every sample (TokenOut) is
-added to the counters and the engine totals as the worker yields it, however
-the call ends. `end(code)` closes a call that ended before all its samples
-finished: each unfinished sample counts with the reason `cancelled`,
-`deadline_exceeded` or `error`.
+Work itself is counted where it is done, on the core's side (service/counting.py).
+`end(code)` closes a call that ended before all its samples finished: each
+unfinished sample counts with the reason `cancelled`, `deadline_exceeded` or
+`error`.
 """
 
 from __future__ import annotations
@@ -38,15 +36,7 @@ from service.events import (
     Started,
     TokenOut,
 )
-from service.jobs import Body
 from service.metrics import TTFT_METHODS, Metrics
-
-
-@dataclass
-class Totals:
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    padded_rows: int = 0
 
 
 @dataclass
@@ -215,35 +205,3 @@ class Progress:
     def inter_token_ms(self) -> list[float]:
         times = self.token_times
         return [(b - a) * 1000.0 for a, b in zip(times, times[1:], strict=False)]
-
-
-def counted(body: Body, metrics: Metrics, totals: Totals) -> Body:
-    """`body` as a job whose work is counted as the worker yields it (the core's counters): prefill
-    forwards and rows, and the tokens of every sample, whether or not the call is still there."""
-    try:
-        item = next(body)
-        while True:
-            _count(item, metrics, totals)
-            try:
-                reply = yield item
-            except GeneratorExit:
-                body.close()
-                raise
-            except BaseException as exc:  # noqa: BLE001 — handed to the body, as `yield from` does
-                item = body.throw(exc)
-            else:
-                item = body.send(reply)
-    except StopIteration:
-        return
-
-
-def _count(item: object, metrics: Metrics, totals: Totals) -> None:
-    """One event of the job, on the worker thread."""
-    if isinstance(item, TokenOut):
-        metrics.generated_tokens.inc()
-        totals.generated_tokens += 1
-    elif isinstance(item, ForwardDone):
-        padded = item.width - item.real_rows
-        metrics.prefill(1, item.real_rows, padded)
-        totals.prompt_tokens += item.real_rows
-        totals.padded_rows += padded

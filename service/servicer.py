@@ -107,7 +107,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     def _within_limit(self, message: M) -> M:
         """`message`, or TooLarge when it is over the message limit (the request's smallest answer
         fitted, its tokens' text and alternatives did not): the client hears why, the call counts
-        as failed, and the work done is counted as for any call (service/progress.py)."""
+        as failed, and the work done is counted as for any call (service/counting.py)."""
         limit = self.front.config.max_message_bytes
         size = message.ByteSize()
         if size > limit:

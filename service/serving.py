@@ -15,22 +15,45 @@ from typing import Any
 
 import structlog
 
-from engine.errors import Exhausted, ParkingFull
+from engine.errors import Exhausted, InvalidInput, ParkingFull
+from engine.executor.facts import EngineFacts
 from engine.executor.step import Reset, Rewind
 from service.config import Config
 from service.constraints import Constraints
-from service.errors import CallerQuota, Draining
-from service.front import sample_limits
+from service.counting import Totals
+from service.errors import CallerQuota, Draining, OverLimit
 from service.generation import close_body
 from service.jobs import Body
 from service.metrics import Metrics
-from service.progress import Totals
 from service.rounds import ask
 from service.scheduler import Scheduler
 from service.served_model import ServedModel
 from service.sessions import SessionRegistry, SessionState
 
 log = structlog.get_logger("ladder.sessions")
+MAX_SAMPLES = 128  # samples one request may ask for (OpenAI's limit on n)
+
+
+def sample_limits(facts: EngineFacts, n: int) -> None:
+    """Refuse n samples the server can never run: over MAX_SAMPLES, a decoder with recurrent
+    state (n > 1 copies KV rows), fewer than two KV slots (the prompt's holder and a sample)."""
+    if n > MAX_SAMPLES:
+        raise OverLimit(f"n = {n} samples; the limit is {MAX_SAMPLES}", reason="TOO_MANY_SAMPLES", field="n")
+    if n == 1:
+        return
+    if facts.recurrent:
+        raise InvalidInput(
+            "n > 1 copies the prompt's KV rows, and this decoder carries recurrent state that has none",
+            reason="SAMPLES_UNSUPPORTED",
+            field="n",
+        )
+    if facts.slots < 2:
+        raise OverLimit(
+            f"n = {n} samples need 2 KV slots at once (the prompt's and a sample's); "
+            f"the server has {facts.slots}",
+            reason="TOO_MANY_SAMPLES",
+            field="n",
+        )
 
 
 def caller_share(configured: int, slots: int) -> int:

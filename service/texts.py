@@ -3,7 +3,8 @@ gives token ids; text and stop strings are the caller's side).
 
 The worker's jobs yield token ids (`TokenOut.text` and `Finished.tail` empty). `TextDoor` turns
 each sample's ids into text as its events reach the call: incremental detokenization, then the
-stop strings (service/stop_text.py). A stop string found is a cut order to the job (`Cuts`):
+stop strings (service/stop_text.py). A stop string found is a cut order to the job (`Cuts`,
+service/cuts.py):
 the worker may have run a step or more past it, so the tokens after the cut are dropped here and
 the job ends at its next step; usage counts what the client got.
 
@@ -15,7 +16,6 @@ nothing after it. A Generate's samples end at the door as soon as their stop str
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,43 +24,6 @@ from service.calls import Stopping
 from service.events import Finish, Finished, TokenOut
 from service.orders import Verdicts
 from service.stop_text import StopText
-
-
-class Cuts:
-    """The door's verdicts per sample, written on the event loop and read by the worker (each a
-    single dict store or read: atomic under the GIL). `wake` nudges the worker when a job waits
-    on a verdict (`waiting`, set by the worker before it looks again)."""
-
-    def __init__(self, wake: Callable[[], None]) -> None:
-        self.cut: dict[int, int] = {}  # sample -> index of the token that completed a stop string
-        self.passed: dict[int, int] = {}  # sample -> last index the door passed without a stop
-        self.waiting = False
-        self._wake = wake
-
-    def passes(self, sample: int, index: int) -> None:
-        self.passed[sample] = index
-        self._nudge()
-
-    def stops(self, sample: int, index: int) -> None:
-        self.cut[sample] = index
-        self._nudge()
-
-    def decided(self, sample: int, index: int) -> bool:
-        """Whether the door has judged the sample's token `index` (passed it, or cut at or before it)."""
-        return self.passed.get(sample, -1) >= index or sample in self.cut
-
-    def judged(self, sample: int, index: int) -> bool:
-        """`decided`, on the worker: when not yet, the next verdict wakes it (`waiting` is set
-        before the second look, so a verdict landing between the two is not missed)."""
-        if self.decided(sample, index):
-            return True
-        self.waiting = True
-        return self.decided(sample, index)
-
-    def _nudge(self) -> None:
-        if self.waiting:
-            self.waiting = False
-            self._wake()
 
 
 def watches(tokenizer: Tokenizer | None, stopping: Stopping) -> bool:

@@ -24,10 +24,11 @@ from engine.sampling import Sampler, SamplingParams
 from engine.tokenizer import Tokenizer
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.calls import Stopping
+from service.cuts import Cuts
 from service.events import Finish, Finished, TokenOut
 from service.generation import decode_steps
 from service.scheduler import Scheduler
-from service.texts import Cuts, TextDoor
+from service.texts import TextDoor
 from tests.service.test_scheduler_rounds import RecordingEngine, model
 from tests.support.servers import RunningServer, server_config
 from tests.support.sessions import part, prefill
