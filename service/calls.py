@@ -10,13 +10,22 @@ when it resolves the prompt and the budget. Nothing here knows protobuf.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from engine.chat_messages import ChatMessage, FunctionTool
 from engine.errors import InvalidInput
 from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from service.errors import TooLarge
-from service.sessions import MAX_PLAIN_ID, plain_id
+
+MAX_PLAIN_ID = 128  # a request id, a fork_id, a pod's random session id
+ID_CHARACTERS = re.compile(r"[A-Za-z0-9._-]+")  # what ids are made of (session ids too)
+
+
+def plain_id(text: str) -> bool:
+    """Whether `text` may name a request or a fork: 1 to 128 characters of A-Z a-z 0-9 . _ -."""
+    return len(text) <= MAX_PLAIN_ID and ID_CHARACTERS.fullmatch(text) is not None
+
 
 MAX_STOPS = 16  # stop strings per request
 MAX_STOP_CHARS = 512  # characters per stop string

@@ -14,7 +14,6 @@ on the worker.
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -22,17 +21,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.calls import ID_CHARACTERS, MAX_PLAIN_ID
 from service.errors import ForkExists, SessionBusy, SessionNotFound, WrongPod
 
-MAX_PLAIN_ID = 128  # a request id, a fork_id, a pod's random session id
-_SESSION_ID = re.compile(r"[A-Za-z0-9._-]+")
 _TOKEN_BYTES = 16  # 128 random bits, as token_urlsafe characters of A-Z a-z 0-9 _ -
 _FORK_MARK = ".f."  # between the pod and a fork_id
-
-
-def plain_id(text: str) -> bool:
-    """Whether `text` may name a request or a fork: 1 to 128 characters of A-Z a-z 0-9 . _ -."""
-    return len(text) <= MAX_PLAIN_ID and _SESSION_ID.fullmatch(text) is not None
 
 
 MAX_POD_NAME = MAX_PLAIN_ID - 1 - len(secrets.token_urlsafe(_TOKEN_BYTES))
@@ -75,7 +68,7 @@ class SessionState:
 
 class SessionRegistry:
     def __init__(self, pod: str, per_caller: int, parking: bool = False) -> None:
-        if not _SESSION_ID.fullmatch(pod) or "." in pod or len(pod) > MAX_POD_NAME:
+        if not ID_CHARACTERS.fullmatch(pod) or "." in pod or len(pod) > MAX_POD_NAME:
             raise ValueError(
                 f"pod name {pod!r} cannot prefix session ids: use 1 to {MAX_POD_NAME} "
                 "characters of A-Z a-z 0-9 _ -"
@@ -109,7 +102,7 @@ class SessionRegistry:
     def get(self, session_id: str, caller: str) -> SessionState:
         if not session_id:
             raise SessionNotFound("no session id given")
-        if len(session_id) > MAX_SESSION_ID or not _SESSION_ID.fullmatch(session_id):
+        if len(session_id) > MAX_SESSION_ID or not ID_CHARACTERS.fullmatch(session_id):
             raise SessionNotFound(
                 f"malformed session id ({len(session_id)} characters): ids are "
                 f"<pod>.<token>, at most {MAX_SESSION_ID} characters of A-Z a-z 0-9 . _ -"

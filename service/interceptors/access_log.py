@@ -22,10 +22,10 @@ from typing import Any
 import grpc
 import structlog
 
+from service.calls import plain_id
 from service.errors import Status
 from service.interceptors.base import Context, LadderInterceptor, Stream, Unary
 from service.interceptors.call_context import CALL, REQUEST_ID, CallRecord
-from service.sessions import plain_id
 
 log = structlog.get_logger("ladder.rpc")
 FAILURE_LINES_PER_SECOND = 5
