@@ -9,7 +9,7 @@ greedy decode steps in three modes, interleaved `--repeats` times (A B C A B C .
 constrained, half the rows constrained, every row constrained. A constrained row follows a
 10-property JSON Schema and starts it again whenever its output completes, so every token is
 a constrained one. Every state's mask is computed first, as the server does on a thread of its
-own right after compiling (service/constraints.py): the figures are a served schema's steady
+own right after compiling (service/core/constraints.py): the figures are a served schema's steady
 state. The figure is output tokens per second of the decode steps (Engine.step with
 every row in one forward, the path the server takes) and its ratio to the unconstrained mode.
 

@@ -8,7 +8,7 @@ is the worker's when its stack holds `Scheduler._run`. Each worker sample is one
 - engine step: inside `Scheduler._step` (the engine's forwards, choices and session operations);
 - jobs: below the scheduler's last frame, in other project code (a job's generator body:
   tokens to text, stop strings, progress; the metrics a forward reports);
-- scheduler bookkeeping: the rest, the scheduler's own code (service/scheduler.py, rounds.py,
+- scheduler bookkeeping: the rest, the scheduler's own code (service/worker/scheduler.py, rounds.py,
   jobs.py, answers.py) and what it calls outside the project (builtins, dataclass constructors,
   queues): walking jobs, granting slots, handing events out.
 """
@@ -21,7 +21,12 @@ import re
 from collections import Counter
 from pathlib import Path
 
-SCHEDULER_FILES = ("service/scheduler.py", "service/rounds.py", "service/jobs.py", "service/answers.py")
+SCHEDULER_FILES = (
+    "service/worker/scheduler.py",
+    "service/worker/rounds.py",
+    "service/worker/jobs.py",
+    "service/worker/answers.py",
+)
 PROJECT = re.compile(r"\((?:.*/)?(service|engine)/[^ )]+\.py:\d+\)")
 
 

@@ -8,7 +8,7 @@ and checks they are identical. The package is importable as `proto.ladder.v1`.
 Beside the stubs, `<name>_descriptor_set.binpb`: the FileDescriptorSet of each
 .proto with its source info (comments and locations), which the compiled-in
 descriptors lack; server reflection serves it, so `grpcurl describe` shows the
-.proto's documentation (service/reflection.py).
+.proto's documentation (service/grpc/reflection.py).
 """
 
 from __future__ import annotations

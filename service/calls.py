@@ -1,4 +1,4 @@
-"""What a call asks for: typed values built from protobuf at the door (service/wire.py), checked once.
+"""What a call asks for: typed values built from protobuf at the door (service/grpc/wire.py), checked once.
 
 A value here refuses, as it is built, whatever no model could serve: too many
 or too long stop strings, a sampling value out of range, more log-probability
@@ -113,7 +113,7 @@ MAX_CONSTRAINT_BYTES = 64 << 10  # the text of a schema, regex or grammar, or al
 @dataclass(frozen=True)
 class ConstraintSpec:
     """What generated text must match (structured output): a JSON Schema, a regex or a grammar as text,
-    or the choices. Compiled (and cached) by service/constraints.py; checked here only for size."""
+    or the choices. Compiled (and cached) by service/core/constraints.py; checked here only for size."""
 
     kind: str
     text: str = ""

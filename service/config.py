@@ -75,11 +75,11 @@ class Config:
     http_body_timeout_seconds: float = 60.0  # a request's whole body
     http_idle_timeout_seconds: float = 75.0  # a kept-alive connection with no request this long is closed
     http_cors_origins: tuple[str, ...] = ()  # origins browsers may call from; "*" any; () = CORS off
-    # gRPC frontend processes sharing the port (service/frontend.py); 0 = in this process, None = auto:
-    # 2 on CUDA (+28-42 % saturated throughput on the H200), 0 on CPU.
+    # Frontend processes sharing the ports (service/processes/frontend.py); 0 = in this process,
+    # None = auto: 2 on CUDA (+28-42 % saturated throughput on the H200), 0 on CPU.
     frontends: int | None = None
-    # How calls reach the core (service/orders.py): direct, or its orders over a local socket
-    # (service/core_link.py), as the process cut's frontends will send them.
+    # How calls reach the core (service/core/orders.py): direct, or its orders over a local socket
+    # (service/core/core_link.py), as the process cut's frontends will send them.
     core_transport: str = "direct"
     # What gRPC connections may hold (service/ports.py): each process serving the port caps its own.
     grpc_max_connections: int | None = None  # None = auto: half the process's open-file limit
@@ -134,7 +134,7 @@ class Config:
     constraint_cache_mb: int = 256  # compiled structured-output constraints and their masks
     constraint_compile_seconds: float = 2.0  # CPU seconds one constraint's compile may take
     json_schema_strict: bool = False  # read JSON schemas as OpenAI's strict mode does (no undeclared members)
-    tool_call_format: str = "auto"  # the model's tool-call format (service/tool_formats.py)
+    tool_call_format: str = "auto"  # the model's tool-call format (service/front/tool_formats.py)
     # Speculative decoding (issue #44): a stream decoding alone drafts from its own tokens (prompt
     # lookup) and verifies the draft in one forward. auto = on where this machine's kernels compute
     # a verification row as a decode step does (measured at load); never in the deterministic mode.

@@ -1,7 +1,7 @@
 """What a job body yields for its caller: the events of one generation or prefill.
 
-Plain values: the worker yields them, Progress (service/progress.py) folds them
-into a call's record, and service/wire.py writes them as protobuf.
+Plain values: the worker yields them, Progress (service/front/progress.py) folds them
+into a call's record, and service/grpc/wire.py writes them as protobuf.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ docs/observability.md lists them all. Served on config.metrics_port by
 prometheus-client.
 
 What is observed where:
-- per request (service/progress.py, on the event loop): TTFT, inter-token,
+- per request (service/front/progress.py, on the event loop): TTFT, inter-token,
   queue/prefill/decode time, lengths, finish reasons, token counters;
 - per forward (the scheduler, on the worker thread): prefill forward and decode
   step time;
@@ -308,7 +308,7 @@ class Metrics:
             buckets=_STEP_BUCKETS,
             registry=r,
         )
-        # Structured output (service/constraints.py).
+        # Structured output (service/core/constraints.py).
         self.constrained_requests = Counter(
             "ladder_constrained_requests", "Requests with a constraint, by kind", ["kind"], registry=r
         )

@@ -4,9 +4,9 @@ all the streams it fed, not one per message). Frames are `pickle` dumps (orders
 and events are dataclasses): a private format between processes of one installation that trust
 each other, never exposed on a port.
 
-Two kinds of links use it. The core's orders (service/core_link.py). And each frontend process's
-control link (service/frontends.py, service/frontend.py), pickled items `(kind, serial, payload)`,
-a request and its answer sharing the serial:
+Two kinds of links use it. The core's orders (service/core/core_link.py). And each frontend
+process's control link (service/processes/frontends.py, service/processes/frontend.py), pickled
+items `(kind, serial, payload)`, a request and its answer sharing the serial:
 - frontend to server: HELLO (its index, first), then the answers: READY (the port bound, or why
   not), LOADED (the model view is built: "" or why not), DRAINED (calls still in flight when the
   grace ran out), SNAPSHOT (its call metrics and calls in flight);

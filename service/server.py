@@ -34,21 +34,22 @@ from grpc_health.v1 import health_pb2
 from engine.errors import ModelUnreadable
 from engine.executor.step import Stats
 from service.config import Config
-from service.constraints import Constraints
-from service.core import Core
-from service.core_link import socket_core
+from service.core.constraints import Constraints
+from service.core.core import Core
+from service.core.core_link import socket_core
+from service.core.orders import CoreApi
+from service.core.serving import Serving
+from service.core.sessions import SessionRegistry
 from service.errors import Draining
 from service.exiting import watchdog
-from service.front import Front
-from service.frontends import Frontends
-from service.grpc_door import GrpcDoor
+from service.front.front import Front
+from service.grpc.door import GrpcDoor
 from service.http.app import HttpServer, http_server
 from service.interceptors.access_log import AccessLog
 from service.limits import raise_file_limit
 from service.loading import load_model  # imports engine.tokenizer on the main thread: see loading.py
 from service.logs import configure_logging
 from service.metrics import Metrics
-from service.orders import CoreApi
 from service.ports import (
     GRPC_PORT,
     HTTP_PORT,
@@ -56,9 +57,8 @@ from service.ports import (
     PortInUse,
     check_port_free,
 )
-from service.scheduler import Scheduler
-from service.serving import Serving
-from service.sessions import SessionRegistry
+from service.processes.frontends import Frontends
+from service.worker.scheduler import Scheduler
 
 log = structlog.get_logger("ladder.server")
 
@@ -68,11 +68,11 @@ class LadderServer:
         self.config = config
         self.metrics = Metrics()
         self.serving: Serving | None = None  # once the model has loaded
-        self.front: Front | None = None  # the calls' side of it (service/front.py)
+        self.front: Front | None = None  # the calls' side of it (service/front/front.py)
         self.draining = False
         self.access_log = AccessLog(self.metrics.call_done)
-        # gRPC in this process, or in frontend processes (service/frontend.py) whose calls reach the
-        # core here as orders (service/core_link.py).
+        # gRPC in this process, or in frontend processes (service/processes/frontend.py) whose calls reach the
+        # core here as orders (service/core/core_link.py).
         self.grpc = (
             None
             if config.frontend_processes
@@ -136,7 +136,7 @@ class LadderServer:
         return self.port
 
     async def _start_frontends(self) -> int:
-        """The gRPC port served by frontend processes (service/frontends.py); their call metrics are
+        """The gRPC port served by frontend processes (service/processes/frontends.py); their call metrics are
         part of this process's /metrics."""
         self.frontends = Frontends(self.config, self._fault)
         self.metrics.registry.others = self.frontends.families_now

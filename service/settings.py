@@ -3,7 +3,7 @@ choices and its bounds. Pure tables: config.py reads them when it parses, checks
 
 from __future__ import annotations
 
-from service.tool_formats import AUTO, FORMATS
+from service.front.tool_formats import AUTO, FORMATS
 
 HELP = {
     "host": "address to listen on",

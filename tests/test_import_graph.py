@@ -1,6 +1,7 @@
 """The product's import graph, read from the source (every import, those under TYPE_CHECKING too):
-the rooms of engine/ and service/ import each other without a circle, the gRPC servicer stays in the
-gRPC layer, and the `Engine` class stays with what builds it."""
+the modules of engine/ and service/ import each other without a circle, service/'s rooms import
+only the rooms below them, the gRPC servicer stays in the gRPC layer, and the `Engine` class stays
+with what builds it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "service")
-GRPC_LAYER = {"service.grpc_door"}  # registers the servicer on a grpc.aio server
+GRPC_LAYER = {"service.grpc.door"}  # registers the servicer on a grpc.aio server
 
 
 def modules() -> dict[str, Path]:
@@ -95,7 +96,7 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_reader_sees_every_room_and_finds_a_planted_circle() -> None:
     edges, _ = graph()
-    assert {"engine.executor.engine", "service.servicer", "service.http.app"} <= set(edges)
+    assert {"engine.executor.engine", "service.grpc.servicer", "service.http.app"} <= set(edges)
     assert "engine.executor.step" in edges["engine.executor.engine"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -107,7 +108,7 @@ def test_no_import_circle_in_engine_or_service() -> None:
 
 def test_only_the_grpc_layer_imports_the_servicer() -> None:
     _, names = graph()
-    importers = {name for name, found in names.items() if any(m == "service.servicer" for m, _ in found)}
+    importers = {name for name, found in names.items() if any(m == "service.grpc.servicer" for m, _ in found)}
     assert importers <= GRPC_LAYER, importers - GRPC_LAYER
 
 
@@ -122,3 +123,55 @@ def test_no_module_but_its_own_imports_the_engine_class() -> None:
         if ("engine.executor.engine", "Engine") in found or ("engine.executor", "Engine") in found
     }
     assert importers == set(), importers
+
+
+# service/'s rooms, each importing only the rooms listed for it (and the top-level modules, the
+# shared vocabulary: config, errors, calls, events, metrics, the served model, ...): the engine
+# worker at the bottom, then the core, the call side, the protocols, the frontend processes. The
+# worker's job bodies work on a session's state, the one thing of the core's they touch.
+ROOMS_BELOW = {
+    "service.worker": {"service.core.sessions"},
+    "service.core": {"service.worker"},
+    "service.front": {"service.core", "service.interceptors"},
+    "service.grpc": {"service.front", "service.core", "service.interceptors"},
+    "service.http": {"service.front", "service.interceptors"},
+    "service.interceptors": set(),
+    "service.processes": {
+        "service.front",
+        "service.core",
+        "service.grpc",
+        "service.http",
+        "service.interceptors",
+    },
+}
+# Top-level modules that may reach into rooms: the server and its entry assemble them; the settings
+# table lists the tool-call formats a flag may name.
+ASSEMBLERS = {"service.server": set(ROOMS_BELOW), "service.entry": set(ROOMS_BELOW)}
+TOP_EXCEPTIONS = {"service.settings": {"service.front.tool_formats"}}
+
+
+def _room(module: str) -> str | None:
+    return next((room for room in ROOMS_BELOW if module == room or module.startswith(room + ".")), None)
+
+
+def _allowed(importer: str, imported: str) -> bool:
+    room, theirs = _room(importer), _room(imported)
+    if theirs is None or theirs == room:
+        return True  # the top level (or the engine), or within the room
+    if room is None:
+        return importer in ASSEMBLERS or imported in TOP_EXCEPTIONS.get(importer, set())
+    return any(imported == below or imported.startswith(below + ".") for below in ROOMS_BELOW[room])
+
+
+def test_each_room_of_service_imports_only_the_rooms_below_it() -> None:
+    edges, _ = graph()
+    assert set(ROOMS_BELOW) <= set(edges), "every room is a package the reader sees"
+    wrong = sorted(f"{a} -> {b}" for a, found in edges.items() for b in found if not _allowed(a, b))
+    assert wrong == []
+
+
+def test_the_room_rule_finds_a_planted_import_upward() -> None:
+    assert not _allowed("service.worker.scheduler", "service.front.texts")
+    assert not _allowed("service.calls", "service.core.sessions")
+    assert _allowed("service.worker.generation", "service.core.sessions")
+    assert _allowed("service.server", "service.processes.frontends")

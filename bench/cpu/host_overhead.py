@@ -34,9 +34,9 @@ from engine.modelgen.synthetic import TINY, build_synthetic
 from engine.runtime.cuda import CudaBackend, host_runtime
 from engine.sampling import Sampler, SamplingParams
 from service.calls import Stopping
-from service.generation import generate_body
 from service.logs import configure_logging
-from service.scheduler import Scheduler
+from service.worker.generation import generate_body
+from service.worker.scheduler import Scheduler
 
 PROMPT = 20
 

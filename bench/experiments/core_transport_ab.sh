@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the core's socket transport (--core-transport socket, service/core_link.py) costs against
+# What the core's socket transport (--core-transport socket, service/core/core_link.py) costs against
 # the direct core, side by side on one server build: the tiny generated model on CPU, 64 slots,
 # 1,200 requests at 400 req/s (16-token prompts, 200 new tokens: saturated), alternated.
 #

@@ -1,6 +1,6 @@
 """One step of the engine: what a scheduler round asks of it, as one typed value, and what came of it.
 
-The scheduler (service/scheduler.py) gathers its jobs' requests into a `Step` and the engine
+The scheduler (service/worker/scheduler.py) gathers its jobs' requests into a `Step` and the engine
 runs it (`Engine.step`), in this order:
 
 1. `ops`: session operations (close, fork, rewind, reset, stats), in the order given (a slot a
@@ -35,7 +35,7 @@ T_co = TypeVar("T_co", covariant=True)
 
 class Request(Generic[T_co]):
     """What a job may ask the worker for, answered with a `T_co`: the type parameter says what
-    comes back, so `ask` (service/rounds.py) returns it typed and mypy checks every use."""
+    comes back, so `ask` (service/worker/rounds.py) returns it typed and mypy checks every use."""
 
     __slots__ = ()
 

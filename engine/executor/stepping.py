@@ -259,7 +259,7 @@ def _finish(
         if len(request.samplers) < len(sessions):
             raise InvalidInput(f"{len(request.samplers)} samplers for {len(sessions)} sessions")
         # Samplers past the copies choose from the session's own logits: samples that start later,
-        # on copies of it (service/samples.py), with the first tokens they would have had now.
+        # on copies of it (service/worker/samples.py), with the first tokens they would have had now.
         sessions += [request.session] * (len(request.samplers) - len(sessions))
         chosen.add(("prefill", index), sessions, request.samplers)
     return PrefillProgress(task, report, shared)

@@ -2,7 +2,7 @@
 
 A call's results (each prompt's Progress, or its worker events as they come) are written here as
 chat completions or completions objects, their chunks, and tool calls read from a reply (chat with
-tools: service/tool_calls.py). Nothing here touches the network.
+tools: service/front/tool_calls.py). Nothing here touches the network.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 from engine.sampling import TokenLogprobs
 from service.events import Finish, Finished, PromptLogprobs, TokenOut
+from service.front.progress import Progress, SampleRecord
+from service.front.tool_calls import ToolStream, call_id
 from service.http import tools as http_tools
 from service.http.completions import Echo, Offsets, TokenText, entries_of, legacy_logprobs, prompt_entries
 from service.http.openai import OpenAICall
-from service.progress import Progress, SampleRecord
-from service.tool_calls import ToolStream, call_id
 
 Json = dict[str, Any]
 
@@ -226,7 +226,7 @@ class Chunks:
 
 class ToolChunks:
     """The streamed chunks of a chat call read for tool calls: each sample's reply through a ToolStream
-    (service/tool_calls.py), as content and `delta.tool_calls` chunks the SDKs accumulate. The
+    (service/front/tool_calls.py), as content and `delta.tool_calls` chunks the SDKs accumulate. The
     log-probabilities of text held back go out with the next chunk of that sample."""
 
     def __init__(self, answer: Answer) -> None:

@@ -31,8 +31,10 @@ from aiohttp.typedefs import Handler, Middleware
 from service.calls import GenerateCall
 from service.config import Config
 from service.errors import ModelNotFound, Status, TooLarge, status_for
-from service.front import Front
-from service.generating import generation
+from service.front.front import Front
+from service.front.generating import generation
+from service.front.progress import Progress
+from service.front.tool_calls import tools_at_fault
 from service.http import answers, completions, openai
 from service.http.connections import Guard, GuardedSite, HttpLimits
 from service.http.cors import Cors
@@ -40,9 +42,7 @@ from service.interceptors.access_log import AccessLog, start_call
 from service.interceptors.auth import Authentication
 from service.interceptors.call_context import CALLER, REQUEST_ID
 from service.metrics import Metrics
-from service.progress import Progress
 from service.sockets import listening_socket
-from service.tool_calls import tools_at_fault
 
 log = structlog.get_logger("ladder.http")
 COMPLETIONS, CHAT, MODELS = "/v1/completions", "/v1/chat/completions", "/v1/models"

@@ -16,8 +16,8 @@ from typing import Any, Protocol, TypeVar
 from engine.errors import InvalidInput
 from engine.sampling import TokenLogprobs
 from service.calls import GenerateCall, Prompt
-from service.front import Front
-from service.progress import Progress
+from service.front.front import Front
+from service.front.progress import Progress
 
 Json = dict[str, Any]
 T = TypeVar("T")

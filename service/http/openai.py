@@ -21,10 +21,10 @@ from engine.json_depth import MAX_JSON_DEPTH, check_json_depth
 from engine.sampling import SamplingParams
 from service.calls import ConstraintSpec, GenerateCall, LogprobRequest, Prompt, Stopping
 from service.errors import ModelNotFound
+from service.front.tool_calls import ToolRequest, tools_at_fault
+from service.front.tool_formats import DEFAULT, FORMATS, ToolFormat
 from service.http import tools as http_tools
 from service.http.completions import completion_prompts
-from service.tool_calls import ToolRequest, tools_at_fault
-from service.tool_formats import DEFAULT, FORMATS, ToolFormat
 
 Json = dict[str, Any]
 # Accepted for compatibility and refused when they ask for something Ladder does not do.

@@ -1,4 +1,4 @@
-"""OpenAI's tool fields read into a ToolRequest (service/tool_calls.py), and calls written back.
+"""OpenAI's tool fields read into a ToolRequest (service/front/tool_calls.py), and calls written back.
 
 Read here: `tools` (function tools only: name of 1-64 of a-z A-Z 0-9 _ -, unique; description; parameters
 a JSON Schema object; strict), `tool_choice` ("none", "auto", "required" or {"type": "function",
@@ -14,8 +14,8 @@ from typing import Any
 
 from engine.chat_messages import FunctionTool, ToolCall
 from engine.errors import InvalidInput
-from service.tool_calls import AUTO, NAMED, NONE, REQUIRED, TOOL_NAME, Delta, ToolChoice, ToolRequest
-from service.tool_formats import Parsed, ToolFormat
+from service.front.tool_calls import AUTO, NAMED, NONE, REQUIRED, TOOL_NAME, Delta, ToolChoice, ToolRequest
+from service.front.tool_formats import Parsed, ToolFormat
 
 Json = dict[str, Any]
 CHOICES = (NONE, AUTO, REQUIRED)

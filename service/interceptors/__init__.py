@@ -9,7 +9,7 @@
 The access log is outermost so that every call, refused ones too, has a request id, a line and a
 count; the gate comes before the token check, so a draining server says UNAVAILABLE to a caller
 without a token too; the handlers' own refusals (bytes that do not parse, a message over the size
-limit: service/parsing.py) come after both. Health and reflection pass them all untouched.
+limit: service/grpc/parsing.py) come after both. Health and reflection pass them all untouched.
 """
 
 from __future__ import annotations

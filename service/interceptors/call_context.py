@@ -25,7 +25,7 @@ class CallRecord:
     peer: str = ""
     session: str = ""
     source_session: str = ""  # ForkSession: the session forked
-    progress: Any = None  # service.progress.Progress of a generation or prefill
+    progress: Any = None  # service.front.progress.Progress of a generation or prefill
     # The Progress of each further prompt of the call (an HTTP completions request with several).
     more: list[Any] = field(default_factory=list)
 

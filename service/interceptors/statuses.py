@@ -6,7 +6,7 @@ service/errors.py and the call is aborted with that status, its rich details and
 id in the trailers. `on_failure` hears of it first, so the call's access line and metric are
 written before the client can see the status. An error no table entry explains (INTERNAL) is
 logged with its traceback and fails that call alone: only the engine's own faults drain the server
-(the scheduler reports those, service/scheduler.py).
+(the scheduler reports those, service/worker/scheduler.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import pytest
 from clients.python import ChatSession, LadderClient, Stopping, Turn
 from clients.python.chat import ReplyStopped
 from clients.python.terminal import typed_text
-from service.rounds import Call
+from service.worker.rounds import Call
 from tests.support.servers import START_TIMEOUT_S, RunningServer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -284,7 +284,7 @@ def test_a_tokenizer_nothing_reads_is_unreadable_not_a_crash(tmp_path: Path) -> 
 
 def test_an_added_token_not_marked_special_is_text_when_specials_are_skipped(tmp_path: Path) -> None:
     """Qwen's <tool_call> is an added token with "special": false: a reply keeps it, as decode does,
-    so tool calls written with it can be read back (service/tool_formats.py)."""
+    so tool calls written with it can be read back (service/front/tool_formats.py)."""
     write_byte_level_tokenizer(tmp_path, 512)
     doc = json.loads((tmp_path / "tokenizer.json").read_text())
     added = [("<tool_call>", False), ("<|tag|>", True)]

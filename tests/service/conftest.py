@@ -1,6 +1,6 @@
 """One real server per test module for the service tests (tests/support/servers.py), twice: gRPC
 served in the server's own process, and by two frontend processes whose calls reach its core as
-orders (--frontends, service/frontend.py): every test that uses it holds for both."""
+orders (--frontends, service/processes/frontend.py): every test that uses it holds for both."""
 
 from __future__ import annotations
 

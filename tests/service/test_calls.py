@@ -9,7 +9,7 @@ import pytest
 from engine.chat_messages import ChatMessage
 from engine.errors import InvalidInput
 from proto.ladder.v1 import ladder_pb2 as pb
-from service import wire
+from service.grpc import wire
 
 
 def test_a_generate_request_becomes_one_frozen_call_holding_what_was_sent() -> None:

@@ -14,8 +14,8 @@ import pytest
 from clients.python.messages import tokens_of
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.events import PrefillTally, TokenOut
+from service.front.progress import Progress
 from service.metrics import Metrics
-from service.progress import Progress
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer
 from tests.support.sessions import part, prefill

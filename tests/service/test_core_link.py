@@ -1,4 +1,4 @@
-"""The core's socket transport (service/core_link.py) where the suite run with --core-transport socket
+"""The core's socket transport (service/core/core_link.py) where the suite run with --core-transport socket
 does not look: errors crossing whole, a version the core does not speak, and a link that breaks
 under a running stream (its call and every later one UNAVAILABLE, none left hanging)."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from engine.errors import InvalidInput
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.core_link import HELLO, CoreServer, _pack, _unpack, core_link
+from service.core.core_link import HELLO, CoreServer, _pack, _unpack, core_link
 from service.errors import WrongPod
 from tests.support.servers import RunningServer, server_config
 

@@ -1,4 +1,4 @@
-"""The core's orders and events (service/orders.py, service/events.py) as values a process boundary
+"""The core's orders and events (service/core/orders.py, service/events.py) as values a process boundary
 carries: frozen, and equal to themselves after a pickle round trip, every kind of each. The
 transport of issue #42's process cut sends them as they are; today Core answers them in process,
 which the rest of the suite exercises end to end."""
@@ -11,8 +11,8 @@ import pickle
 import pytest
 
 from engine.sampling import SamplingParams, TokenLogprobs
-from service import orders as core
 from service.calls import ConstraintSpec, LogprobRequest, Stopping
+from service.core import orders as core
 from service.events import (
     Finish,
     Finished,

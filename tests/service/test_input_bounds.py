@@ -18,7 +18,7 @@ import pytest
 
 from engine.sampling import Sampler, SamplingParams
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.stop_text import StopText
+from service.front.stop_text import StopText
 from tests.support.prompts import greedy_request
 from tests.support.servers import RunningServer
 

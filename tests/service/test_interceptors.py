@@ -16,9 +16,9 @@ from structlog.testing import capture_logs
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service.errors import Draining, SessionNotFound
+from service.grpc.parsing import add_ladder_service
 from service.interceptors import chain
 from service.interceptors.access_log import AccessLog
-from service.parsing import add_ladder_service
 from tests.support.waiting import wait_for
 
 TOKEN = (("authorization", "Bearer secret"),)

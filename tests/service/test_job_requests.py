@@ -1,4 +1,4 @@
-"""Job bodies ask the scheduler through `service.rounds.ask`, whose overloads type each reply (so
+"""Job bodies ask the scheduler through `service.worker.rounds.ask`, whose overloads type each reply (so
 mypy --strict checks every use of one), never by a bare `yield` of a request."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from service.rounds import Feed, Token, Tokens, ask, decode_rows
+from service.worker.rounds import Feed, Token, Tokens, ask, decode_rows
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
 REQUESTS = (

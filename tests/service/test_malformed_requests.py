@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.sessions import SessionRegistry
+from service.core.sessions import SessionRegistry
 from tests.support.servers import RunningServer, server_config
 
 Code = grpc.StatusCode

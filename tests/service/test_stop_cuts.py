@@ -1,4 +1,4 @@
-"""Text and stop strings at the call's side (service/texts.py), the worker giving token ids.
+"""Text and stop strings at the call's side (service/front/texts.py), the worker giving token ids.
 
 The door turns ids into text with the default model's real tokenizer; the scheduler's side runs on
 the recording engine of test_scheduler_rounds (a token is its session's length), so a test can
@@ -24,11 +24,11 @@ from engine.sampling import Sampler, SamplingParams
 from engine.tokenizer import Tokenizer
 from proto.ladder.v1 import ladder_pb2 as pb
 from service.calls import Stopping
-from service.cuts import Cuts
 from service.events import Finish, Finished, TokenOut
-from service.generation import decode_steps
-from service.scheduler import Scheduler
-from service.texts import TextDoor
+from service.front.texts import TextDoor
+from service.worker.cuts import Cuts
+from service.worker.generation import decode_steps
+from service.worker.scheduler import Scheduler
 from tests.service.test_scheduler_rounds import RecordingEngine, model
 from tests.support.servers import RunningServer, server_config
 from tests.support.sessions import part, prefill

@@ -15,8 +15,8 @@ import pytest
 from engine.chat_messages import ChatMessage, FunctionTool, ToolCall
 from engine.chat_template import CHATML, ChatTemplate
 from engine.chat_tools import DEFAULT_TOOLS_BLOCK
-from service import tool_formats
-from service.tool_calls import (
+from service.front import tool_formats
+from service.front.tool_calls import (
     AUTO,
     NAMED,
     REQUIRED,
@@ -26,7 +26,7 @@ from service.tool_calls import (
     ToolStream,
     required_schema,
 )
-from service.tool_formats import FORMATS, Hermes, Llama3Json, Mistral, Parsed, ParsedCall, format_for
+from service.front.tool_formats import FORMATS, Hermes, Llama3Json, Mistral, Parsed, ParsedCall, format_for
 
 WEATHER = FunctionTool(
     "get_weather",

@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from structlog.testing import capture_logs
 
 from engine.errors import EngineFault
-from service.serving import Serving
+from service.core.serving import Serving
 from tests.support.prompts import greedy_request
 from tests.support.servers import RunningServer, free_port, server_config
 

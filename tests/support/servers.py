@@ -27,14 +27,14 @@ import pytest
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
 from service.config import Config
-from service.rounds import Call, StepRecord
-from service.scheduler import Scheduler
 from service.server import LadderServer, create_server
+from service.worker.rounds import Call, StepRecord
+from service.worker.scheduler import Scheduler
 from tests.support import engines
 
 T = TypeVar("T")
 # Both ways gRPC is served: in the server's own process, and by two frontend processes whose calls
-# reach its core as orders (--frontends, service/frontend.py). A test or fixture parametrized by
+# reach its core as orders (--frontends, service/processes/frontend.py). A test or fixture parametrized by
 # these holds for both.
 FRONTENDS = (0, 2)
 FRONTENDS_IDS = ("in-process", "frontends")

@@ -1,6 +1,6 @@
 """One stream's drafts for speculative decoding (issue #44; engine.planner.drafts holds the pure
 parts, engine.executor.engine.Engine.verify the verification): what to draft before a step, and
-what a verified step teaches the stream. service/generation.py's decode_steps asks for a draft
+what a verified step teaches the stream. service/worker/generation.py's decode_steps asks for a draft
 before each step it runs alone and tells it what came back.
 """
 
@@ -12,7 +12,7 @@ from engine.executor.step import Verified
 from engine.planner.drafts import MAX_K, Acceptance, Costs, Lookup
 from engine.sampling import Sampler
 from service.calls import Stopping
-from service.min_tokens import ending_tokens, structured
+from service.worker.min_tokens import ending_tokens, structured
 
 
 class Speculation:

@@ -3,13 +3,13 @@ gives token ids; text and stop strings are the caller's side).
 
 The worker's jobs yield token ids (`TokenOut.text` and `Finished.tail` empty). `TextDoor` turns
 each sample's ids into text as its events reach the call: incremental detokenization, then the
-stop strings (service/stop_text.py). A stop string found is a cut order to the job (`Cuts`,
-service/cuts.py):
+stop strings (service/front/stop_text.py). A stop string found is a cut order to the job (`Cuts`,
+service/worker/cuts.py):
 the worker may have run a step or more past it, so the tokens after the cut are dropped here and
 the job ends at its next step; usage counts what the client got.
 
 A job whose session is kept (Decode) with stop strings feeds no token before the door has passed
-the one before it (`Verdict`, service/rounds.py), so its session ends as it would had the worker
+the one before it (`Verdict`, service/worker/rounds.py), so its session ends as it would had the worker
 matched the stop string itself: the token that completed it fed, by the same decode forward, and
 nothing after it. A Generate's samples end at the door as soon as their stop string is whole.
 """
@@ -21,9 +21,9 @@ from typing import Any
 
 from engine.tokenizer import Tokenizer
 from service.calls import Stopping
+from service.core.orders import Verdicts
 from service.events import Finish, Finished, TokenOut
-from service.orders import Verdicts
-from service.stop_text import StopText
+from service.front.stop_text import StopText
 
 
 def watches(tokenizer: Tokenizer | None, stopping: Stopping) -> bool:

@@ -1,4 +1,4 @@
-"""What a round is made of, as pure values the scheduler (service/scheduler.py) acts on: what a job
+"""What a round is made of, as pure values the scheduler (service/worker/scheduler.py) acts on: what a job
 asks for beyond the engine's own step requests (engine/executor/step.py), which jobs get free KV
 slots, how many prefill forwards of which span a round runs, and the record of what it ran."""
 
@@ -18,7 +18,7 @@ from engine.executor.step import (
     T_co,
     Verified,
 )
-from service.jobs import Item
+from service.worker.jobs import Item
 
 T = TypeVar("T")
 Want = Request[object] | None  # what a job waits on: the request it yielded last, until answered
@@ -38,7 +38,7 @@ class Lend(Request[list[Session]]):
     the job's until it ends: the scheduler closes them then, however it ends (a Generate's samples).
     A plain `Open` hands its sessions to the job's caller, who closes them.
 
-    `fan`: the samples of one prompt (service/samples.py), which start as slots free: granted as
+    `fan`: the samples of one prompt (service/worker/samples.py), which start as slots free: granted as
     soon as one slot is free, it takes as many of `open.count` as are free once the requests
     granted beside it have theirs (`grant_sizes`); fewer sessions than asked may come back."""
 
@@ -66,7 +66,7 @@ class Spare(Request[list[Session]]):
 @dataclass(frozen=True)
 class Verdict(Request[None]):
     """Wait until the call has judged the text of a token the job emitted (`judged()`: passed, or
-    cut at a stop string, service/texts.py); None comes back, in the first round after. The call
+    cut at a stop string, service/front/texts.py); None comes back, in the first round after. The call
     wakes the worker when its verdict lands on a job that waits."""
 
     judged: Callable[[], bool]

@@ -1,6 +1,6 @@
 """Handing a step's results back to the jobs that asked for them.
 
-The scheduler (service/scheduler.py) runs a round's steps; `Answers` reads each `StepResult` and
+The scheduler (service/worker/scheduler.py) runs a round's steps; `Answers` reads each `StepResult` and
 answers the jobs waiting on its items, in the order they asked: session operations (with the
 engine's seconds for a `Timed` one), opens (a `Lend`'s sessions stay the job's), prefill forwards
 and decode rows. A parked session waiting for a row, or an open that found no slot, is left
@@ -16,8 +16,8 @@ from typing import Any
 
 from engine.errors import Exhausted, NoFreeRow, ParkingFull
 from engine.executor.step import DecodeRow, Outcome, StepResult
-from service.jobs import Job
-from service.rounds import Lend, Spare, Timed, Tokens
+from service.worker.jobs import Job
+from service.worker.rounds import Lend, Spare, Timed, Tokens
 
 ForwardDone = Callable[[str, float, Callable[[], dict[str, Any]]], None]  # kind, seconds, debug detail
 

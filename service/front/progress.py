@@ -10,7 +10,7 @@ carries the prompt's next token) is ready. Decode continues a session whose
 prompt was prefilled already; its first token is no first token of a prompt,
 so Decode observes no TTFT, only inter-token latency between its tokens.
 
-Work itself is counted where it is done, on the core's side (service/counting.py).
+Work itself is counted where it is done, on the core's side (service/core/counting.py).
 `end(code)` closes a call that ended before all its samples finished: each
 unfinished sample counts with the reason `cancelled`, `deadline_exceeded` or
 `error`.

@@ -1,6 +1,6 @@
 """What a call's side of the server holds (Front): the config, the model as calls see it, the metrics
 of calls, and the core its orders go to. The servicer and the HTTP app work on a Front only, so
-they run alike in the server's process and in a frontend process (service/frontend.py): there the
+they run alike in the server's process and in a frontend process (service/processes/frontend.py): there the
 model view is built from what the core said at start-up and the core is reached over a socket.
 
 The rules a call meets before its order leaves: its prompt to token ids off the event loop, how
@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 from service.calls import Prompt
 from service.config import Config
+from service.core.orders import CoreApi
+from service.core.serving import sample_limits
 from service.events import PrefillTally
+from service.front.progress import Progress
+from service.front.tool_formats import ToolFormat, format_for
 from service.interceptors.call_context import CALL
 from service.metrics import Metrics
-from service.orders import CoreApi
-from service.progress import Progress
 from service.served_model import ModelView
-from service.serving import sample_limits
-from service.tool_formats import ToolFormat, format_for
 
 # Tokenization's own threads (one set for the process): nothing else queued on them can make a
 # prompt wait, as structured-output compiles once did on the event loop's executor (issue #39).

@@ -1,9 +1,9 @@
 """A generate call from its typed form to the core's events, whatever the protocol: gRPC's
-Generate and GenerateStream (service/servicer.py) and the OpenAI-compatible API (service/http/)
+Generate and GenerateStream (service/grpc/servicer.py) and the OpenAI-compatible API (service/http/)
 both come through `generation`, so every limit is checked in one place.
 
 The frontend's part is here: the prompt to token ids, the budget, the response's size, the text
-and stop strings of the events (`TextDoor`); the rest is an order to the core (service/core.py).
+and stop strings of the events (`TextDoor`); the rest is an order to the core (service/core/core.py).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from contextlib import aclosing
 from typing import Any
 
 from service.calls import GenerateCall, Stopping, check_response_fits
-from service.front import Front
+from service.core.orders import CoreCall, GenerateOrder
+from service.front.front import Front
+from service.front.progress import Progress
+from service.front.texts import TextDoor, watches
 from service.interceptors.call_context import CALLER, REQUEST_ID
-from service.orders import CoreCall, GenerateOrder
-from service.progress import Progress
-from service.texts import TextDoor, watches
 
 
 async def generation(

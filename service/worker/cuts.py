@@ -1,6 +1,6 @@
-"""A call's cut orders as its job reads them on the worker (`Cuts`): the text's side (service/texts.py)
+"""A call's cut orders as its job reads them on the worker (`Cuts`): the text's side (service/front/texts.py)
 judges each sample's tokens, passing them or cutting at a stop string; the job's body reads the
-verdicts (service/generation.py)."""
+verdicts (service/worker/generation.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ carries an EndsHeld as its constraint (the engine applies a constraint's mask on
 the host or the device), over the request's own constraint when it has one. Once the sample holds
 `min_tokens` tokens, the body puts the request's constraint back (`released`), so the rest of the
 sample runs as it would have without min_tokens (a plain sampler again, chained on the device).
-Stop strings are not looked for before then either (service/stop_text.py, `armed`).
+Stop strings are not looked for before then either (service/front/stop_text.py, `armed`).
 """
 
 from __future__ import annotations

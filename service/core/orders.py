@@ -1,5 +1,5 @@
 """The core's orders and what comes back (issue #42: the cut at the token level): the contract
-between a frontend (the gRPC servicer, the HTTP app) and the core (service/core.py in process;
+between a frontend (the gRPC servicer, the HTTP app) and the core (service/core/core.py in process;
 a transport between processes carries the same values).
 
 A frontend turns a call into an order: token ids, sampling, stopping by ids and budgets, n,
@@ -22,9 +22,9 @@ from typing import Protocol
 from engine.executor.stats import EngineStats
 from engine.sampling import SamplingParams
 from service.calls import ConstraintSpec, LogprobRequest, Stopping
-from service.counting import Totals
+from service.core.counting import Totals
 from service.events import PrefillFinished
-from service.jobs import Event
+from service.worker.jobs import Event
 
 VERSION = 1  # of the orders and events below: a transport's two ends must agree on it
 

@@ -19,16 +19,16 @@ from engine.errors import Exhausted, InvalidInput, ParkingFull
 from engine.executor.facts import EngineFacts
 from engine.executor.step import Reset, Rewind
 from service.config import Config
-from service.constraints import Constraints
-from service.counting import Totals
+from service.core.constraints import Constraints
+from service.core.counting import Totals
+from service.core.sessions import SessionRegistry, SessionState
 from service.errors import CallerQuota, Draining, OverLimit
-from service.generation import close_body
-from service.jobs import Body
 from service.metrics import Metrics
-from service.rounds import ask
-from service.scheduler import Scheduler
 from service.served_model import ServedModel
-from service.sessions import SessionRegistry, SessionState
+from service.worker.generation import close_body
+from service.worker.jobs import Body
+from service.worker.rounds import ask
+from service.worker.scheduler import Scheduler
 
 log = structlog.get_logger("ladder.sessions")
 MAX_SAMPLES = 128  # samples one request may ask for (OpenAI's limit on n)
@@ -158,7 +158,7 @@ class Serving:
 
     def sample_width(self, n: int, caller: str) -> int:
         """The KV slots n samples of `caller` may hold at once: n when the server and the caller's
-        share have them, else fewer (the samples then start as slots free: service/samples.py), but
+        share have them, else fewer (the samples then start as slots free: service/worker/samples.py), but
         never fewer than two (the prompt's holder and a sample); `sample_limits` first."""
         sample_limits(self.model.facts, n)
         if n == 1:

@@ -1,4 +1,4 @@
-"""The core in process: the orders of service/orders.py answered with this process's scheduler,
+"""The core in process: the orders of service/core/orders.py answered with this process's scheduler,
 sessions and constraints (issue #42). A frontend holds it as a `CoreApi`; a transport between
 processes answers the same orders with one of these on the core's side."""
 
@@ -13,21 +13,8 @@ from engine.executor.session import Session
 from engine.executor.step import Stats
 from engine.sampling import Sampler, SamplingParams
 from service.calls import ConstraintSpec, Stopping, sampler_of
-from service.counting import counted
-from service.cuts import Cuts
-from service.events import PrefillFinished
-from service.generation import (
-    close_body,
-    decode_body,
-    fork_body,
-    generate_body,
-    peek_body,
-    prefill_body,
-    rewind_body,
-)
-from service.jobs import Body, Event
-from service.min_tokens import ending_tokens, hold_ends
-from service.orders import (
+from service.core.counting import counted
+from service.core.orders import (
     CloseOrder,
     CoreCall,
     DecodeOrder,
@@ -38,8 +25,21 @@ from service.orders import (
     RewindOrder,
     StatsDone,
 )
-from service.serving import Extension, Serving
-from service.sessions import ForkOrigin, SessionState
+from service.core.serving import Extension, Serving
+from service.core.sessions import ForkOrigin, SessionState
+from service.events import PrefillFinished
+from service.worker.cuts import Cuts
+from service.worker.generation import (
+    close_body,
+    decode_body,
+    fork_body,
+    generate_body,
+    peek_body,
+    prefill_body,
+    rewind_body,
+)
+from service.worker.jobs import Body, Event
+from service.worker.min_tokens import ending_tokens, hold_ends
 
 
 class PrefillSession:

@@ -1,7 +1,7 @@
 """Tool calling on a chat call: what tool_choice constrains, and the calls read back from the reply.
 
 - "none": the reply is text (the tools still reach the template, as vLLM gives them).
-- "auto": the model writes text or calls in its family's format (service/tool_formats.py), read
+- "auto": the model writes text or calls in its family's format (service/front/tool_formats.py), read
   back when it ends; while it streams, text that may begin a call is held back until then.
 - named ({"type": "function", "function": {"name": ...}}): the reply is constrained to that tool's
   parameters schema (the call's arguments), so it is always one well-formed call of that tool.
@@ -26,7 +26,7 @@ from engine.chat_messages import FunctionTool
 from engine.errors import RequestError
 from service.calls import ConstraintSpec
 from service.errors import request_field
-from service.tool_formats import Parsed, ParsedCall, ToolFormat
+from service.front.tool_formats import Parsed, ParsedCall, ToolFormat
 
 NONE, AUTO, REQUIRED, NAMED = "none", "auto", "required", "named"
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name

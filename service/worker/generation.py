@@ -1,6 +1,6 @@
 """The job bodies the engine worker runs for the calls: generators that yield events for the
 caller (service/events.py) and requests for the scheduler (a slot, a prefill chunk, a decode row,
-service/rounds.py). They never see protobuf, never touch tensors and never call the engine
+service/worker/rounds.py). They never see protobuf, never touch tensors and never call the engine
 themselves. The model they serve: service/served_model.py.
 """
 
@@ -18,7 +18,7 @@ from engine.executor import DecodeRow, Session
 from engine.executor.step import Choose, Close, Fork, Open, Prefill, Rewind
 from engine.sampling import Sampler, TokenLogprobs
 from service.calls import Stopping
-from service.cuts import Cuts
+from service.core.sessions import SessionState
 from service.events import (
     Finish,
     Finished,
@@ -29,13 +29,13 @@ from service.events import (
     Started,
     TokenOut,
 )
-from service.jobs import Body, Result
-from service.min_tokens import released, structured
-from service.rounds import Asked, Draft, Feed, Lend, Timed, Token, Verdict, ask
-from service.samples import first_sampler_order, firsts_by_sample, samples_body
 from service.served_model import ServedModel
-from service.sessions import SessionState
-from service.speculation import Speculation
+from service.worker.cuts import Cuts
+from service.worker.jobs import Body, Result
+from service.worker.min_tokens import released, structured
+from service.worker.rounds import Asked, Draft, Feed, Lend, Timed, Token, Verdict, ask
+from service.worker.samples import first_sampler_order, firsts_by_sample, samples_body
+from service.worker.speculation import Speculation
 
 log = structlog.get_logger("ladder.sessions")
 
@@ -96,7 +96,7 @@ def decode_steps(
     `feed_last` the session keeps every emitted token (so the next Decode continues after it); a
     session left mid-way holds the tokens fed so far and their logits, so it stays usable.
 
-    Tokens go out as ids: their text and the stop strings are the call's (service/texts.py). A
+    Tokens go out as ids: their text and the stop strings are the call's (service/front/texts.py). A
     stop string it finds is a cut in `cuts` (given when the call looks for stop strings), seen at
     the next step: the sample ends there. A kept session feeds no token before the call judged the
     one before it (`Verdict`), and ends holding the tokens up to the cut, as if the stop string had
@@ -195,7 +195,7 @@ def _stop_reason(
     sampler: Sampler,
     chosen_past: bool = False,
 ) -> Finish | None:
-    """Why the sample ends at `token`, if it does (stop strings are the call's: service/texts.py).
+    """Why the sample ends at `token`, if it does (stop strings are the call's: service/front/texts.py).
     `chosen_past`: tokens after it were chosen already (a verified draft), so the constraint's
     state is theirs: it completes only at the last of them."""
     constraint = structured(sampler)
@@ -224,8 +224,8 @@ def generate_body(
     starts from the longest prefix of the prompt held for `scope` (none when the prompt's
     log-probabilities are asked for) and prefills the rest; every sample's first token is chosen
     with the prefill's last forward; samples that got a slot start from a copy of its KV rows and
-    logits, the rest as slots free (service/samples.py), and all decode in the same forwards.
-    `cuts`: where the call's stop strings end samples (service/texts.py)."""
+    logits, the rest as slots free (service/worker/samples.py), and all decode in the same forwards.
+    `cuts`: where the call's stop strings end samples (service/front/texts.py)."""
     n = len(samplers)
     shared = () if prompt_logprobs is not None else tuple(tokens)
     sessions = yield from ask(Lend(Open(shared, scope, min(n, width or n)), fan=n > 1))

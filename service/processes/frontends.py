@@ -1,10 +1,10 @@
 """The gRPC frontend processes (`--frontends N`) as the server's process starts, feeds, watches and
 stops them.
 
-`Frontends.start` opens the control socket, starts each frontend (service/frontend.py) and tells it
+`Frontends.start` opens the control socket, starts each frontend (service/processes/frontend.py) and tells it
 the Config and the port; the first binds it, the others share what it bound. Once the model has
 loaded, `serve_core` opens the core socket, where each frontend's RemoteCore is answered by a
-`CoreServer` on this process's Core (service/core_link.py), and tells every frontend the model's
+`CoreServer` on this process's Core (service/core/core_link.py), and tells every frontend the model's
 spec: each reads the tokenizer and turns SERVING. `drain` drains them all, `stop` stops them.
 `families_now` is what the metrics registry asks when scraped: every frontend's call metrics.
 A frontend that exits while the server serves is reported to `on_lost` (the server drains and exits).
@@ -28,8 +28,8 @@ from google.protobuf.internal import api_implementation
 
 from service import relay
 from service.config import Config
-from service.core import Core
-from service.core_link import CoreServer, core_link
+from service.core.core import Core
+from service.core.core_link import CoreServer, core_link
 from service.exiting import EXIT_WITHIN_S
 from service.metrics import Families
 from service.ports import PortInUse
@@ -46,7 +46,10 @@ STOP_AFTER_GRACE_S = EXIT_WITHIN_S - 3.0
 PROTOBUF_BACKEND = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
 # A frontend's interpreter starts from this, with the directory holding the `service` package first
 # on its path (it is not always the working directory) and the socket and its index as arguments.
-_BOOT = "import sys; sys.path.insert(0, {root!r}); from service.frontend import main; main(sys.argv[1:])"
+_BOOT = (
+    "import sys; sys.path.insert(0, {root!r}); "
+    "from service.processes.frontend import main; main(sys.argv[1:])"
+)
 
 
 class FrontendGone(ConnectionError):

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.events import ForwardDone, TokenOut
-from service.jobs import Body
 from service.metrics import Metrics
+from service.worker.jobs import Body
 
 
 @dataclass

@@ -3,7 +3,7 @@ travel to another end, and `CoreServer`, which answers them there with that proc
 
 The wire is service/relay.py's `Link` (length-prefixed frames, every item of one
 event-loop turn in one frame) with `pickle` for the values, since orders and events are
-dataclasses (service/orders.py; `VERSION` is checked in the first frame). An item is
+dataclasses (service/core/orders.py; `VERSION` is checked in the first frame). An item is
 `(kind, call, payload)`, `call` numbering one frontend's orders:
 
 - frontend to core: ORDER (method, order), VERDICT (sample, index, cut), PART (a Prefill's token
@@ -33,11 +33,8 @@ from typing import Any
 
 import structlog
 
-from service.core import Core, PrefillSession
-from service.errors import Draining
-from service.events import PrefillFinished
-from service.jobs import Event
-from service.orders import (
+from service.core.core import Core, PrefillSession
+from service.core.orders import (
     VERSION,
     CloseOrder,
     CoreCall,
@@ -50,7 +47,10 @@ from service.orders import (
     StatsDone,
     Verdicts,
 )
+from service.errors import Draining
+from service.events import PrefillFinished
 from service.relay import Link
+from service.worker.jobs import Event
 
 log = structlog.get_logger("ladder.core_link")
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from engine.executor import DecodeRow, Session
 from engine.sampling import Sampler
 from service.calls import Stopping
-from service.jobs import Body
-from service.rounds import Asked, Spare, Token, Tokens, ask
+from service.worker.jobs import Body
+from service.worker.rounds import Asked, Spare, Token, Tokens, ask
 
-DecodeSteps = Callable[..., Body]  # service.generation.decode_steps, bound to the model
+DecodeSteps = Callable[..., Body]  # service.worker.generation.decode_steps, bound to the model
 
 
 def first_sampler_order(samplers: Sequence[Sampler], sessions: int) -> list[Sampler]:

@@ -1,6 +1,6 @@
 """A job: one request on the engine worker, its generator and the asyncio queue its events go to.
 
-The scheduler (service/scheduler.py) runs jobs; this module is what a job is and how what it
+The scheduler (service/worker/scheduler.py) runs jobs; this module is what a job is and how what it
 yields reaches its caller: events in order, a held unary call's events at its end, and `End` last.
 """
 
@@ -65,7 +65,7 @@ class Job:
         self.events: asyncio.Queue[Delivered] = asyncio.Queue()
         self.abort_error: BaseException | None = None
         self.want: Request[object] | None = None  # the request it waits on
-        self.slots = 0  # KV slots lent to it: back in the pool when it ends (service.rounds.slot_grants)
+        self.slots = 0  # KV slots lent to it: back in the pool when it ends (rounds.slot_grants)
         self.lent: list[Session] = []  # sessions closed when it ends
         self.reply: object = None
         self.error: BaseException | None = None  # thrown into the body at its next step

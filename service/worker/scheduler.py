@@ -26,7 +26,7 @@ batched choice) and one decode forward that advances every job waiting on a toke
 session's length: a Decode's first token and its second come in one round. So a long prompt
 delays running streams by at most one prefill forward per token,
 and sixteen streams cost one forward per token, not sixteen. `steps` keeps a log of what each
-round ran. Each step's outcomes go back to the jobs that asked (service/answers.py). Every
+round ran. Each step's outcomes go back to the jobs that asked (service/worker/answers.py). Every
 forward's duration goes to `on_forward` ("prefill" or "decode", seconds: the metrics) and, at
 debug level, to one log line naming its requests. Sessions lent to a job are closed in the round
 after it ends.
@@ -62,10 +62,10 @@ from engine.executor.step import (
     Step,
     StepResult,
 )
-from service.answers import Answers
 from service.errors import Cancelled, QueueFull
-from service.jobs import Body, Delivered, End, Event, Job, Result, put_all
-from service.rounds import (
+from service.worker.answers import Answers
+from service.worker.jobs import Body, Delivered, End, Event, Job, Result, put_all
+from service.worker.rounds import (
     DECODE_REQUESTS,
     Call,
     Lend,
@@ -78,14 +78,14 @@ from service.rounds import (
     session_op,
     slot_need,
 )
-from service.slots import granted, slot_work
+from service.worker.slots import granted, slot_work
 
 log = structlog.get_logger("ladder.scheduler")
 T = TypeVar("T")
 
 
 _STOP = object()
-_WAKE = object()  # a verdict landed on a job that waits for one (service/texts.py)
+_WAKE = object()  # a verdict landed on a job that waits for one (service/front/texts.py)
 
 
 @dataclass(frozen=True)

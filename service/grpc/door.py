@@ -1,7 +1,7 @@
 """One process's gRPC server (GrpcDoor): Ladder, grpc.health.v1 and reflection on grpc.aio, behind
 the interceptors (service/interceptors/). The server's process runs one when it serves gRPC itself;
-with `--frontends N` each frontend process runs one (service/frontend.py) and the server's process
-none. Either way the handlers are the servicer's, on a Front (service/front.py), and grpc.aio hands
+with `--frontends N` each frontend process runs one (service/processes/frontend.py) and the server's process
+none. Either way the handlers are the servicer's, on a Front (service/front/front.py), and grpc.aio hands
 them its own servicer context: nothing imitates it.
 
 The drain is the door's: new calls are refused (the gate), health says NOT_SERVING, and the calls in
@@ -20,16 +20,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service.config import Config
-from service.front import Front
+from service.front.front import Front
+from service.grpc.parsing import SERVICE_NAME, add_ladder_service
+from service.grpc.reflection import enable as documented_reflection
+from service.grpc.servicer import LadderServicer
 from service.interceptors import chain
 from service.interceptors.access_log import AccessLog
 from service.interceptors.auth import server_credentials
 from service.interceptors.peer_calls import PeerCallLimit
 from service.metrics import Metrics
-from service.parsing import SERVICE_NAME, add_ladder_service
 from service.ports import GRPC_PORT, ConnectionLimits, PortInUse, server_options
-from service.reflection import enable as documented_reflection
-from service.servicer import LadderServicer
 
 HEALTH_NAMES = ("", SERVICE_NAME)
 DRAIN_POLL_S = 0.02

@@ -1,11 +1,11 @@
 """A gRPC frontend process (`--frontends N`): the whole gRPC side of the server in a process of its own.
 
-Started by the server's process with its control socket's path and its index (service/frontends.py),
+Started by the server's process with its control socket's path and its index (service/processes/frontends.py),
 it is told the Config and binds the port with SO_REUSEPORT (the kernel spreads connections over the
-frontends). It runs what a gRPC call needs before and after the engine (service/grpc_door.py): grpc.aio
+frontends). It runs what a gRPC call needs before and after the engine (service/grpc/door.py): grpc.aio
 with its own servicer contexts, the interceptors (access log, drain gate, peer limits, tokens), protobuf,
 the servicer, tokenization, chat templates, detokenization and stop strings. Its Front's core is a
-RemoteCore: the core's orders go over a second socket as token ids (service/core_link.py), and the
+RemoteCore: the core's orders go over a second socket as token ids (service/core/core_link.py), and the
 server's process runs only the core's side (sessions, scheduler, engine).
 
 Until the model has loaded every call gets UNAVAILABLE (MODEL_LOADING), as in one process; then the
@@ -30,10 +30,10 @@ from grpc_health.v1 import health_pb2
 
 from service import relay
 from service.config import Config
-from service.core_link import RemoteCore, core_link
+from service.core.core_link import RemoteCore, core_link
 from service.errors import Draining
-from service.front import Front
-from service.grpc_door import GrpcDoor
+from service.front.front import Front
+from service.grpc.door import GrpcDoor
 from service.http.app import http_server
 from service.interceptors.access_log import AccessLog
 from service.limits import raise_file_limit

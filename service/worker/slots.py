@@ -1,4 +1,4 @@
-"""Who gets KV slots in a round's first step, as pure-ish steps the scheduler (service/scheduler.py)
+"""Who gets KV slots in a round's first step, as pure-ish steps the scheduler (service/worker/scheduler.py)
 runs: the queue's grants, oldest first (`rounds.slot_grants`, `rounds.grant_sizes`), then the
 running samples' `Spare`s (forks of their prompt's session on the slots nobody waiting needs,
 after closing the sessions of samples that ended).
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 
 from engine.executor import Session
 from engine.executor.step import Close, Fork, Open
-from service.jobs import Job
-from service.rounds import Spare, grant_sizes, opening, slot_grants, slot_need
+from service.worker.jobs import Job
+from service.worker.rounds import Spare, grant_sizes, opening, slot_grants, slot_need
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """The typed servicer: protobuf in, plain requests to the engine worker, protobuf out.
 
 Thin by design: each request is converted whole at the door into one typed call
-(service/wire.py, service/calls.py) and checked as it is built; the model's
-limits are checked in service/served_model.py, the core (service/core.py) runs the
-job bodies of service/generation.py, what calls share lives in service/front.py,
+(service/grpc/wire.py, service/calls.py) and checked as it is built; the model's
+limits are checked in service/served_model.py, the core (service/core/core.py) runs the
+job bodies of service/worker/generation.py, what calls share lives in service/front/front.py,
 failures become statuses in the interceptor.
 A Prefill is all or nothing: one that does not finish (an error, cancellation,
 deadline or disconnect) closes the session it opened, or rewinds the session
@@ -25,14 +25,8 @@ from google.protobuf.message import Message
 from engine.errors import InvalidInput
 from proto.ladder.v1 import ladder_pb2 as pb
 from proto.ladder.v1 import ladder_pb2_grpc
-from service import wire
 from service.calls import GenerateCall, Prompt, check_response_fits
-from service.errors import Cancelled, TooLarge
-from service.events import ForwardDone, TokenOut
-from service.front import Front, note_session
-from service.generating import generation, text_door
-from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
-from service.orders import (
+from service.core.orders import (
     CloseOrder,
     CoreApi,
     DecodeOrder,
@@ -42,9 +36,15 @@ from service.orders import (
     PrefillOrder,
     RewindOrder,
 )
-from service.progress import Progress
-from service.texts import watches
-from service.tool_calls import ToolRequest, tools_at_fault
+from service.errors import Cancelled, TooLarge
+from service.events import ForwardDone, TokenOut
+from service.front.front import Front, note_session
+from service.front.generating import generation, text_door
+from service.front.progress import Progress
+from service.front.texts import watches
+from service.front.tool_calls import ToolRequest, tools_at_fault
+from service.grpc import wire
+from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
 
 # Handlers never read or write messages through the context, so its message types stay open.
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -64,7 +64,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
 
     @property
     def core(self) -> CoreApi:
-        """Where the calls' orders go (service/orders.py)."""
+        """Where the calls' orders go (service/core/orders.py)."""
         return self._front().core
 
     # -- generation ---------------------------------------------------------------
@@ -107,7 +107,7 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
     def _within_limit(self, message: M) -> M:
         """`message`, or TooLarge when it is over the message limit (the request's smallest answer
         fitted, its tokens' text and alternatives did not): the client hears why, the call counts
-        as failed, and the work done is counted as for any call (service/counting.py)."""
+        as failed, and the work done is counted as for any call (service/core/counting.py)."""
         limit = self.front.config.max_message_bytes
         size = message.ByteSize()
         if size > limit:

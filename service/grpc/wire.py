@@ -27,8 +27,8 @@ from service.calls import (
     Stopping,
 )
 from service.events import Finish, ForwardDone, PrefillFinished, PrefillTally, TokenOut
-from service.progress import Progress
-from service.tool_calls import (
+from service.front.progress import Progress
+from service.front.tool_calls import (
     AUTO,
     NAMED,
     NONE,
@@ -39,7 +39,7 @@ from service.tool_calls import (
     call_id,
     tools_at_fault,
 )
-from service.tool_formats import ToolFormat
+from service.front.tool_formats import ToolFormat
 
 _FINISH = {
     Finish.LENGTH: pb.FINISH_REASON_LENGTH,
