@@ -38,7 +38,8 @@ from service.http.app import http_server
 from service.interceptors.access_log import AccessLog
 from service.limits import raise_file_limit
 from service.logs import configure_logging
-from service.metrics import Metrics, call_families
+from service.merged_metrics import call_families
+from service.metrics import Metrics
 from service.ports import PortInUse
 from service.relay import Link
 from service.served_model import ModelSpec, ModelView, read_tokenizer

@@ -31,7 +31,7 @@ from service.config import Config
 from service.core.core import Core
 from service.core.core_link import CoreServer, core_link
 from service.exiting import EXIT_WITHIN_S
-from service.metrics import Families
+from service.merged_metrics import Families
 from service.ports import PortInUse
 from service.relay import Link
 from service.served_model import ModelSpec

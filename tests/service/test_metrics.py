@@ -14,7 +14,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.metrics import Metrics, call_families
+from service.merged_metrics import call_families
+from service.metrics import Metrics
 from tests.support.prompts import greedy_request, prompt_ids
 from tests.support.servers import FRONTENDS, FRONTENDS_IDS, RunningServer, free_port, server_config
 from tests.support.waiting import wait_for
