@@ -129,7 +129,7 @@ class Frontends:
         return port
 
     async def _spawn(self, path: str, index: int, port: int, hellos: asyncio.Queue[tuple[int, Link]]) -> int:
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])  # the directory holding the service package
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
