@@ -193,6 +193,18 @@ class Config:
         return bool(self.auth_tokens)
 
 
+PROTOBUF_BACKEND = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
+
+
+def child_environment(protobuf_backend: str) -> dict[str, str]:
+    """The environment a frontend process starts with: this process's, with its own protobuf backend
+    named. Importing onnxruntime_extensions' converter sets PROTOBUF_BACKEND=python in the
+    environment (after this process chose upb), and a frontend, which builds every response
+    message, would otherwise run the pure-Python protobuf: 0.40x served tokens on the CPU proxy
+    (bench/results/token-level-frontends-2026-12-05)."""
+    return {**os.environ, PROTOBUF_BACKEND: protobuf_backend}
+
+
 def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import shutil
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import structlog
 from google.protobuf.internal import api_implementation
 
 from service import relay
-from service.config import Config
+from service.config import Config, child_environment
 from service.core.core import Core
 from service.core.core_link import CoreServer, core_link
 from service.exiting import EXIT_WITHIN_S
@@ -43,7 +42,6 @@ ASK_TIMEOUT_S = 5.0  # a frontend's answer to METRICS
 # serve process's own bound (the watchdog ends it at grace + EXIT_WITHIN_S - its margin).
 STOP_AFTER_GRACE_S = EXIT_WITHIN_S - 3.0
 
-PROTOBUF_BACKEND = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
 # A frontend's interpreter starts from this, with the directory holding the `service` package first
 # on its path (it is not always the working directory) and the socket and its index as arguments.
 _BOOT = (
@@ -137,7 +135,7 @@ class Frontends:
             path,
             str(index),
             stdin=asyncio.subprocess.DEVNULL,
-            env=_frontend_environment(),
+            env=child_environment(api_implementation.Type()),
         )
         self.processes.append(process)
         exited = asyncio.create_task(process.wait())
@@ -241,15 +239,6 @@ class Frontends:
             server.close()
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def _frontend_environment() -> dict[str, str]:
-    """This process's environment, with its own protobuf backend named: importing
-    onnxruntime_extensions' converter sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python in the
-    environment (after this process chose upb), and a frontend, which builds every response
-    message, would otherwise run the pure-Python protobuf: 2.5x slower served tokens on the CPU
-    proxy (bench/results/token-level-frontends-2026-12-05)."""
-    return {**os.environ, PROTOBUF_BACKEND: api_implementation.Type()}
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
