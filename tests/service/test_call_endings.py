@@ -55,15 +55,11 @@ def test_a_call_past_its_deadline_and_a_cancelled_stream_are_counted_and_logged_
         ended = sorted(
             (e["method"], e["request_id"], e["code"], e["log_level"]) for e in lines(logs, "rpc_cancelled")
         )
-        assert (
-            ended == []
-            if frontends
-            else ended
-            == [
-                ("Generate", "unary-1", "DEADLINE_EXCEEDED", "info"),
-                ("GenerateStream", "stream-1", "CANCELLED", "info"),
-            ]
-        )
+        expected = [
+            ("Generate", "unary-1", "DEADLINE_EXCEEDED", "info"),
+            ("GenerateStream", "stream-1", "CANCELLED", "info"),
+        ]
+        assert ended == ([] if frontends else expected)
         wait_for(lambda: running.stats().sessions_open == 0)
     finally:
         running.close()
