@@ -24,7 +24,6 @@ import errno
 import gc
 import signal
 import sys
-import time
 import traceback
 from typing import Any
 
@@ -250,7 +249,7 @@ class LadderServer:
         self.draining = True
         log.info("draining", in_flight=self.access_log.in_flight, grace=grace)
         # The gRPC door's drain waits for the HTTP calls too (one access log); frontends drain theirs.
-        doors = [self.grpc.drain(grace) if self.grpc is not None else self._calls_end(grace)]
+        doors = [self.grpc.drain(grace) if self.grpc is not None else self.access_log.settled(grace)]
         if self.frontends is not None:
             doors.append(self.frontends.drain(grace))
         left = sum(await asyncio.gather(*doors))
@@ -258,13 +257,6 @@ class LadderServer:
             self.serving.scheduler.abort_all(Draining("the server shut down before the call finished"))
             await asyncio.sleep(0.2)
         await self.stop()
-
-    async def _calls_end(self, grace: float) -> int:
-        """Wait up to `grace` for this process's calls in flight (HTTP's); how many are left."""
-        deadline = time.monotonic() + grace
-        while self.access_log.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        return self.access_log.in_flight
 
     def start_metrics(self, port: int) -> None:
         """Serve /metrics over HTTP on `port` (0: not at all) until the server stops."""

@@ -10,8 +10,6 @@ flight get the grace to finish; `drain` says how many had not.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +30,6 @@ from service.metrics import Metrics
 from service.ports import GRPC_PORT, ConnectionLimits, PortInUse, server_options
 
 HEALTH_NAMES = ("", SERVICE_NAME)
-DRAIN_POLL_S = 0.02
 
 
 class GrpcDoor:
@@ -83,10 +80,7 @@ class GrpcDoor:
         """Health NOT_SERVING for good, then wait up to `grace` seconds for the calls in flight (the
         caller's gate refuses new ones already); how many are still in flight."""
         await self.health.enter_graceful_shutdown()
-        deadline = time.monotonic() + grace
-        while self.access_log.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(DRAIN_POLL_S)
-        return self.access_log.in_flight
+        return await self.access_log.settled(grace)
 
     async def stop(self, grace: float) -> None:
         await self.server.stop(grace)

@@ -29,6 +29,7 @@ from service.interceptors.call_context import CALL, REQUEST_ID, CallRecord
 
 log = structlog.get_logger("ladder.rpc")
 FAILURE_LINES_PER_SECOND = 5
+DRAIN_POLL_S = 0.02  # how often a drain looks at the calls in flight
 # A call cancelled this close to its deadline was ended by it (gRPC's deadline timer and the
 # wall clock time_remaining() reads may disagree by a little).
 DEADLINE_SLACK_S = 0.05
@@ -119,6 +120,13 @@ class AccessLog(LadderInterceptor):
         self.on_done = on_done  # (method, code, seconds, protocol): once per call
         self.in_flight = 0  # gRPC and HTTP calls: the drain waits for both
         self.failures = FailureLog()
+
+    async def settled(self, grace: float) -> int:
+        """Wait up to `grace` seconds for the calls in flight to end (a drain's wait); how many have not."""
+        deadline = time.monotonic() + grace
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        return self.in_flight
 
     def failed(self, name: str, status: Status, protocol: str = "grpc") -> None:
         """The call ends with `status`: count it and write its `rpc_failed` line."""
