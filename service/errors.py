@@ -80,6 +80,15 @@ class Draining(ServiceError):
     """The server is shutting down and takes no new work."""
 
 
+def refuse_unless_serving(draining: bool, loaded: bool) -> None:
+    """The gate every call passes (the server's process and each frontend): UNAVAILABLE while the
+    server drains, and while its model has not loaded (MODEL_LOADING)."""
+    if draining:
+        raise Draining("the server is draining; retry on another replica")
+    if not loaded:
+        raise Draining("the server is loading its model; retry shortly", reason="MODEL_LOADING")
+
+
 class NoTokenizer(ServiceError):
     """Text or chat input, or stop sequences, on a model directory without a tokenizer."""
 

@@ -39,7 +39,7 @@ from service.core.core_link import socket_core
 from service.core.orders import CoreApi
 from service.core.serving import Serving
 from service.core.sessions import SessionRegistry
-from service.errors import Draining
+from service.errors import Draining, refuse_unless_serving
 from service.exiting import watchdog
 from service.front.front import Front
 from service.grpc.door import GrpcDoor
@@ -95,14 +95,12 @@ class LadderServer:
         return self.serving is not None and not self.draining
 
     def _gate(self) -> None:
-        if self.draining:
-            raise Draining("the server is draining; retry on another replica")
-        self._serving()
+        refuse_unless_serving(self.draining, self.serving is not None)
 
     def _serving(self) -> Serving:
         """What the servicer's calls share; none before the model has loaded (the gate refuses the call)."""
-        if self.serving is None:
-            raise Draining("the server is loading its model; retry shortly", reason="MODEL_LOADING")
+        refuse_unless_serving(False, self.serving is not None)
+        assert self.serving is not None
         return self.serving
 
     def _front(self) -> Front:

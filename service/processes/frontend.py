@@ -31,7 +31,7 @@ from grpc_health.v1 import health_pb2
 from service import relay
 from service.config import Config
 from service.core.core_link import RemoteCore, core_link
-from service.errors import Draining
+from service.errors import refuse_unless_serving
 from service.front.front import Front
 from service.grpc.door import GrpcDoor
 from service.http.app import http_server
@@ -68,10 +68,7 @@ class Frontend:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def _gate(self) -> None:
-        if self.draining:
-            raise Draining("the server is draining; retry on another replica")
-        if self.front is None:
-            raise Draining("the server is loading its model; retry shortly", reason="MODEL_LOADING")
+        refuse_unless_serving(self.draining, self.front is not None)
 
     def _ready(self) -> bool:
         return self.front is not None and not self.draining
