@@ -311,7 +311,13 @@ async def warm_up(clients: Clients, args: argparse.Namespace, vocab: int) -> Non
 
 
 async def sweep(
-    clients: Clients, args: argparse.Namespace, vocab: int, slo: Slo, address: str, server: int | None
+    clients: Clients,
+    args: argparse.Namespace,
+    vocab: int,
+    slo: Slo,
+    address: str,
+    http_address: str,
+    server: int | None,
 ) -> dict[str, Any]:
     """One open-loop run per rate (and the burst), each with its own requests from the seed; with
     what the server's process and the client's spent of the wall time, and the server's decode steps
@@ -330,7 +336,7 @@ async def sweep(
         offsets = arrivals(n, rate, np.random.default_rng(args.seed + i))
         before, helpers = Usage.now(address, server), 0.0
         if args.client_procs > 1:
-            records, duration, helpers = split_open_loop(args, address, work, offsets)
+            records, duration, helpers = split_open_loop(args, address, http_address, work, offsets)
         else:
             records, duration = await open_loop(clients.of(args.protocol), work, offsets)
         asked = sum(new for _, new in work) / (offsets[-1] - offsets[0]) if offsets[-1] > offsets[0] else None
@@ -387,11 +393,16 @@ class Usage:
 
 # -- the open loop split over processes (one asyncio client's CPU must not be what is measured) ------
 def split_open_loop(
-    args: argparse.Namespace, address: str, work: Sequence[Request], offsets: Sequence[float]
+    args: argparse.Namespace,
+    address: str,
+    http_address: str,
+    work: Sequence[Request],
+    offsets: Sequence[float],
 ) -> tuple[list[Record], float, float]:
-    """The same arrivals, request i sent by process i mod N, all timed on one clock (perf_counter is
-    CLOCK_MONOTONIC, shared by every process on the host): the records back in request order, the
-    wall time, and the CPU seconds the processes spent from the start to their last request's end."""
+    """The same arrivals, request i sent by process i mod N over `args.protocol`, all timed on one
+    clock (perf_counter is CLOCK_MONOTONIC, shared by every process on the host): the records back in
+    request order, the wall time, and the CPU seconds the processes spent from the start to their
+    last request's end."""
     procs = args.client_procs
     start = time.perf_counter() + 3.0  # every helper has its channel up by then
     context = multiprocessing.get_context("spawn")  # grpc's state must not be forked
@@ -400,7 +411,8 @@ def split_open_loop(
             _open_loop_part,
             [
                 (
-                    address,
+                    address if args.protocol == "grpc" else http_address,
+                    args.protocol,
                     list(work[k::procs]),
                     list(offsets[k::procs]),
                     start,
@@ -426,6 +438,7 @@ def interleave(parts: Sequence[Sequence[Record]]) -> list[Record]:
 
 def _open_loop_part(
     address: str,
+    protocol: str,
     work: list[Request],
     offsets: list[float],
     start: float,
@@ -434,12 +447,19 @@ def _open_loop_part(
     top_p: float,
 ) -> tuple[list[dict[str, Any]], float]:
     async def run() -> tuple[list[Record], float]:
-        call = grpc_caller(address, coalesce, temperature, top_p)
-        await call(work[0][0][:4], 1)  # the channel up before the clock starts
-        await asyncio.sleep(max(0.0, start - time.perf_counter()))
-        cpu = cpu_seconds(None)
-        records = (await open_loop(call, work, offsets, start))[0]
-        return records, cpu_seconds(None) - cpu
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600)
+        ) as session:
+            call = (
+                grpc_caller(address, coalesce, temperature, top_p)
+                if protocol == "grpc"
+                else http_caller(session, address, await served_model(session, address))
+            )
+            await call(work[0][0][:4], 1)  # the channel up before the clock starts
+            await asyncio.sleep(max(0.0, start - time.perf_counter()))
+            cpu = cpu_seconds(None)
+            records = (await open_loop(call, work, offsets, start))[0]
+            return records, cpu_seconds(None) - cpu
 
     records, cpu = asyncio.run(run())
     return [asdict(r) for r in records], cpu
@@ -505,7 +525,7 @@ async def measure(
         await warm_up(clients, args, vocab)
         if args.concurrency:
             return {"side_by_side": await side_by_side(clients, args, vocab, slo, server)}
-        loads = await sweep(clients, args, vocab, slo, grpc_address, server)
+        loads = await sweep(clients, args, vocab, slo, grpc_address, http_address, server)
         return {"protocol": args.protocol, "loads": loads}
     finally:
         await clients.session.close()
@@ -586,8 +606,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--server-log", type=Path, default=Path("/tmp/ladder-bench-serving.log"))
     args = parser.parse_args()
     args.rates = [float(r) for r in args.rates.split(",") if r]
-    if args.client_procs > 1 and (args.protocol != "grpc" or args.concurrency):
-        parser.error("--client-procs splits the open loop over gRPC only")
+    if args.client_procs > 1 and args.concurrency:
+        parser.error("--client-procs splits the open loop only")
     cpu = args.provider == "cpu"  # a 2-core decode step of 16 rows is ~50-80 ms: 200/50 fails every request
     args.slo_ttft_ms = args.slo_ttft_ms or (1000.0 if cpu else 200.0)
     args.slo_itl_ms = args.slo_itl_ms or (100.0 if cpu else 50.0)

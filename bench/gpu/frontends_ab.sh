@@ -12,6 +12,8 @@
 # it carried along (e.g. `git archive 3773811 engine service proto pyproject.toml | gzip >
 # .whl/base.tgz`, the byte relay before the token-level cut), unpacked into /tmp/base:
 #   MODES="base:2 2" BASE_TGZ=.whl/base.tgz bash bench/gpu/frontends_ab.sh
+# PROTOCOL=http sends the same sweep as streamed /v1/completions (the client split over PROCS
+# processes either way).
 set -o pipefail
 . bench/gpu/prepare.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/gpu-info.txt"
@@ -23,10 +25,10 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     frontends=${mode#base:}
     root=()
     [ "$mode" != "$frontends" ] && root=(--server-root /tmp/base)
-    run="fe-${mode/:/-}-$round"
+    run="fe-${PROTOCOL:-grpc}-${mode/:/-}-$round"
     timeout "${RUN_TIMEOUT:-150}" python3 -m bench.serving --provider cuda --model gpu:16x2048 --precision fp16 \
       --max-sessions "${SLOTS:-128}" --rates "${RATES:-36,96}" --requests "${REQUESTS:-500}" \
-      --client-procs "${PROCS:-4}" --server-args "--frontends $frontends" "${root[@]}" --out "$OUT/$run" \
+      --client-procs "${PROCS:-4}" --protocol "${PROTOCOL:-grpc}" --server-args "--frontends $frontends" "${root[@]}" --out "$OUT/$run" \
       --server-log "$OUT/$run.server.log" > "$OUT/$run.log" 2>&1
     echo "round $round mode $mode exit $?"
   done
