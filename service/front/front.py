@@ -18,10 +18,10 @@ from service.calls import Prompt
 from service.config import Config
 from service.core.orders import CoreApi
 from service.core.serving import sample_limits
+from service.door.call_context import CALL
 from service.events import PrefillTally
 from service.front.progress import Progress
 from service.front.tool_formats import ToolFormat, format_for
-from service.interceptors.call_context import CALL
 from service.metrics import Metrics
 from service.served_model import ModelView
 

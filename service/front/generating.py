@@ -14,10 +14,10 @@ from typing import Any
 
 from service.calls import GenerateCall, Stopping, check_response_fits
 from service.core.orders import CoreCall, GenerateOrder
+from service.door.call_context import CALLER, REQUEST_ID
 from service.front.front import Front
 from service.front.progress import Progress
 from service.front.texts import TextDoor, watches
-from service.interceptors.call_context import CALLER, REQUEST_ID
 
 
 async def generation(

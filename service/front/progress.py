@@ -2,7 +2,7 @@
 
 The servicer folds every worker event into a Progress and builds its protobuf
 Completion from it at the end; nothing here knows about protobuf. The access
-log line of the call reads it too (service/interceptors/access_log.py).
+log line of the call reads it too (service/door/call_log.py).
 
 Time to first token is the time to the first token *of a prompt*: Generate and
 GenerateStream observe it at their first token, Prefill when PrefillDone (which

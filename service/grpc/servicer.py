@@ -36,6 +36,7 @@ from service.core.orders import (
     PrefillOrder,
     RewindOrder,
 )
+from service.door.call_context import CALL, CALLER, REQUEST_ID
 from service.errors import Cancelled, TooLarge
 from service.events import ForwardDone, TokenOut
 from service.front.front import Front, note_session
@@ -44,7 +45,6 @@ from service.front.progress import Progress
 from service.front.texts import watches
 from service.front.tool_calls import ToolRequest, tools_at_fault
 from service.grpc import wire
-from service.interceptors.call_context import CALL, CALLER, REQUEST_ID
 
 # Handlers never read or write messages through the context, so its message types stay open.
 Context = grpc.aio.ServicerContext[Any, Any]

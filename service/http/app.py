@@ -30,6 +30,9 @@ from aiohttp.typedefs import Handler, Middleware
 
 from service.calls import GenerateCall
 from service.config import Config
+from service.door.call_context import CALLER, REQUEST_ID, start_call
+from service.door.call_log import CallLog
+from service.door.callers import Callers
 from service.errors import ModelNotFound, Status, TooLarge, status_for
 from service.front.front import Front
 from service.front.generating import generation
@@ -38,9 +41,6 @@ from service.front.tool_calls import tools_at_fault
 from service.http import answers, completions, openai
 from service.http.connections import Guard, GuardedSite, HttpLimits
 from service.http.cors import Cors
-from service.interceptors.access_log import AccessLog, start_call
-from service.interceptors.auth import Authentication
-from service.interceptors.call_context import CALLER, REQUEST_ID
 from service.metrics import Metrics
 from service.sockets import listening_socket
 
@@ -64,9 +64,9 @@ STREAM = web.RequestKey("ladder_stream", web.StreamResponse)  # a stream whose h
 class Door:
     """What every HTTP call passes through, shared with gRPC's interceptors."""
 
-    access_log: AccessLog
+    access_log: CallLog
     gate: Callable[[], None]  # raises Draining while loading or draining
-    auth: Authentication
+    callers: Callers
 
 
 def error_body(status: Status, chat: bool) -> dict[str, Any]:
@@ -120,11 +120,8 @@ def make_door(door: Door, cors: Cors) -> Middleware:
             return await handler(request)
         name = MODELS if request.path.startswith(MODELS) else request.path
         request_id = start_call(name, request.remote or "", request.headers.get("x-request-id", ""))
-        door.access_log.in_flight += 1
-        try:
+        with door.access_log.counted():
             return await _answer(door, request, handler, name, request_id)
-        finally:
-            door.access_log.in_flight -= 1
 
     return middleware
 
@@ -135,7 +132,7 @@ async def _answer(
     try:
         door.gate()
         CALLER.set(
-            door.auth.caller({"authorization": request.headers.get("Authorization", "")})
+            door.callers.caller({"authorization": request.headers.get("Authorization", "")})
             or _caller_certificate(request)
         )
         response = await handler(request)
@@ -377,7 +374,7 @@ def ssl_context(config: Config) -> ssl.SSLContext | None:
 def http_server(
     config: Config,
     metrics: Metrics,
-    access_log: AccessLog,
+    access_log: CallLog,
     gate: Callable[[], None],
     front: Callable[[], Front],
     ready: Callable[[], bool],
@@ -385,7 +382,7 @@ def http_server(
 ) -> HttpServer:
     """The OpenAI-compatible API over the same generation, gate, tokens and access log as gRPC's
     (the server's process, or each frontend process sharing the port)."""
-    door = Door(access_log, gate, Authentication(config.auth_tokens))
+    door = Door(access_log, gate, Callers(config.auth_tokens))
     return HttpServer(application(Routes(front, ready), door, config), config, metrics, share_port)
 
 

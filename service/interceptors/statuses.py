@@ -18,9 +18,9 @@ from typing import Any, NoReturn
 import grpc
 import structlog
 
+from service.door.call_context import REQUEST_ID
 from service.errors import Status, status_for
 from service.interceptors.base import Context, LadderInterceptor, Stream, Unary
-from service.interceptors.call_context import REQUEST_ID
 
 log = structlog.get_logger("ladder.rpc")
 

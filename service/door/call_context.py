@@ -1,16 +1,22 @@
-"""What the interceptors tell a handler about the call it serves, through context variables.
+"""What the door tells a handler about the call it serves, through context variables.
 
-`CALLER` is set by the token check (auth.py), `REQUEST_ID` and `CALL` by the access log
-(access_log.py); the handler fills in its `CallRecord` (session, progress) as it goes, and the
-access-log line reports it when the call ends.
+`CALLER` is set by the token check (callers.py), `REQUEST_ID` and `CALL` when the call starts
+(`start_call`, from gRPC's access-log interceptor or the HTTP app's middleware); the handler fills in
+its `CallRecord` (session, progress) as it goes, and the call log's line reports it when the call
+ends (call_log.py).
 """
 
 from __future__ import annotations
 
 import contextvars
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+import structlog
+
+from service.calls import plain_id
 
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("ladder_caller", default="")
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("ladder_request_id", default="")
@@ -74,3 +80,15 @@ class CallRecord:
 
 
 CALL: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("ladder_call", default=None)
+
+
+def start_call(name: str, peer: str, asked: str) -> str:
+    """Start the call's record (gRPC or HTTP) and give it its request id: `asked`, the client's own,
+    when it could name a session, else one of the server's."""
+    CALL.set(CallRecord(name, time.perf_counter(), peer=peer))
+    # An id that could not name a session (too long, odd characters) is never echoed into logs
+    # and trailers: the call gets one of the server's own instead.
+    request_id = asked if asked and plain_id(asked) else uuid.uuid4().hex[:16]
+    REQUEST_ID.set(request_id)
+    structlog.contextvars.bind_contextvars(request_id=request_id, method=name)
+    return request_id
