@@ -125,6 +125,15 @@ def test_no_module_but_its_own_imports_the_engine_class() -> None:
     assert importers == set(), importers
 
 
+def test_the_engine_inherits_from_no_part() -> None:
+    """`Engine` is a composition of parts that own their state (the session table, the prefill
+    runner, the batch decoder): it holds them, so no part's state is the engine's by inheritance
+    and no part can reach the engine's."""
+    from engine.executor.engine import Engine
+
+    assert Engine.__bases__ == (object,)
+
+
 # service/'s rooms, each importing only the rooms listed for it (and the top-level modules, the
 # shared vocabulary: config, errors, calls, events, metrics, the served model, ...): the engine
 # worker at the bottom, then the core, the call side, the protocols, the frontend processes; the door

@@ -12,7 +12,6 @@ Not thread-safe by design: the service runs it on one worker thread.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -23,25 +22,27 @@ import numpy as np
 import structlog
 
 from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity
+from engine.executor.choosing import choose_rows
 from engine.executor.decode import BatchDecoder
 from engine.executor.exactness import KernelRules, assumed
 from engine.executor.facts import EngineFacts
 from engine.executor.invariants import bookkeeping_problems
 from engine.executor.kernels import PROBE_ROWS, measure
-from engine.executor.parking import Parking
 from engine.executor.prefill import (
     ForwardReport,
     check_ids,
 )
+from engine.executor.prefilling import Prefiller
 from engine.executor.prefix import HeldPrefixes
-from engine.executor.rows import SessionRows
+from engine.executor.rows import SessionTable
 from engine.executor.session import Session
+from engine.executor.shape import engine_shape
 from engine.executor.sizing import pool_rows, prompt_sizes, variant_reserve
 from engine.executor.stats import (
-    DecodeStats,
     EngineStats,
     MemoryUse,
     ParkingStats,
+    decode_stats,
     kv_position_bytes,
     kv_slot_bytes,
     model_file_bytes,
@@ -61,7 +62,7 @@ from engine.model import ModelInfo, load_model_info
 from engine.options import EngineOptions
 from engine.runtime.backend import Backend
 from engine.runtime.cpu import CpuBackend, _dtype
-from engine.runtime.variants import VariantCache
+from engine.runtime.variants import Variant, VariantCache, VariantKey
 from engine.sampling import Sampler
 
 __all__ = [
@@ -75,10 +76,7 @@ __all__ = [
     "variant_bytes_estimate",
 ]
 from engine.planner import (
-    Limits,
     batch_widths,
-    chunk_width,
-    ladder_widths,
     prefix_unit,
 )
 from engine.planner.drafts import MAX_K, VERIFY_WIDTHS, Costs, verify_width
@@ -106,33 +104,30 @@ def make_backend(info: ModelInfo, options: EngineOptions) -> Backend[Any]:
     return CpuBackend(info, options)
 
 
-def unbatched_reason(info: ModelInfo) -> str:
-    """Why this model's decode cannot batch sessions ("" when it can)."""
-    if info.recurrent_state:
-        return "the decoder carries recurrent state: each session decodes alone, exact"
-    if info.supplied_ports or info.feed.name != "input_ids":
-        return "the model takes inputs besides token ids: each session decodes alone"
-    return ""
-
-
 def load_engine(path: Path | str, options: EngineOptions | None = None) -> Engine:
     """The engine of the model at `path`, as service/loading.py builds it (the rest of the product
     drives it through engine.executor.step.Driven)."""
     return Engine.load(path, options)
 
 
-class Engine(SessionRows):
+class Engine:
+    """One model on one backend, built of parts that each own their state: the geometry
+    (`shape`, shape.py), the session table (`table`, rows.py), the prefill runner (`prefiller`,
+    prefilling.py) and the batch decoder (`decoder`, decode.py), beside the pool, the variant
+    cache and the held prefixes. The engine holds the parts, hands each what it uses, and
+    carries out a step with them; the parts' operations are its own (plain delegation)."""
+
     def __init__(self, info: ModelInfo, options: EngineOptions, backend: Backend[Any]) -> None:
-        self.info = info
-        self.options = options
-        self.backend = backend
-        self.limits = Limits(capacity=options.capacity or info.max_length, rotary_rows=info.rotary_rows)
-        self.capacity = self.limits.reach
-        self.chunk_size = chunk_width(info.chunk_size, options.chunk_size, self.capacity)
-        self.ladder = ladder_widths(self.chunk_size)
-        self.feed_dtype = _dtype(info.feed.dtype)
-        self.port_dtypes = {p.name: _dtype(p.dtype) for p in info.supplied_ports}
-        self.unbatched_reason = unbatched_reason(info)
+        self.shape = engine_shape(info, options)
+        self.info, self.options, self.backend = info, options, backend
+        self.limits, self.capacity, self.chunk_size = (
+            self.shape.limits,
+            self.shape.capacity,
+            self.shape.chunk_size,
+        )
+        self.ladder, self.padded_ladder = self.shape.ladder, self.shape.padded_ladder
+        self.feed_dtype, self.port_dtypes = self.shape.feed_dtype, self.shape.port_dtypes
+        self.unbatched_reason = self.shape.unbatched_reason
         # Drafted rows verify in forwards of their own (`verify`) when asked (EngineOptions.speculate):
         # never in the deterministic mode (its forwards are a fresh run's), nor on a decoder that
         # decodes each session alone (recurrent state, ports): it cannot rewind a wrong draft.
@@ -155,19 +150,45 @@ class Engine(SessionRows):
         self.staging_bytes = self._staging_row_bytes
         if self.prompt_sizes:
             self.staging_bytes += backend.allocate_prompts(max(self.prompt_sizes), max(self.padded_ladder))
-        self.prompt_forwards = self.prompts_batched = 0
-        self._free = set(range(rows))
-        self._open: dict[int, Session] = {}  # pool row -> the session whose KV it holds
-        self._parking = Parking(self)  # sessions beyond slots: parked off the pool (parking.py)
         # Prefix reuse needs token ids, a ladder and KV a rewind can cut: no ports, no state.
         sharing = bool(options.prefix_sharing and self.chunk_size > 0 and not self.unbatched_reason)
         self.prefixes = HeldPrefixes(
             self.pool, backend, prefix_unit(self.chunk_size), sharing, kv_position_bytes(info)
         )
-        self.eager_forwards = 0
-        self.sessions_padding_off = 0
-        self.decoder = BatchDecoder(self.pool, backend, self._variant, self._open, self.capacity)
-        self.kernels = assumed(backend.rows_follow_width)
+        self.eager_forwards = 0  # forwards run without a prepared variant (`_variant`)
+        open_rows: dict[int, Session] = {}  # pool row -> the session whose KV it holds (the table's)
+        self.decoder = BatchDecoder(self.pool, backend, self._variant, open_rows, self.capacity)
+        self.table = SessionTable(
+            info, backend, self.pool, self.prefixes, self.decoder, open_rows, self.chunk_size
+        )
+        self.prefiller = Prefiller(
+            self.shape,
+            backend,
+            self.pool,
+            self.decoder,
+            self.prefixes,
+            self._variant,
+            self.prompt_sizes,
+            assumed(backend.rows_follow_width),
+            self.table.check_open,
+        )
+        # The parts' operations, the engine's own: their docstrings say what each does.
+        self.close_session = self.table.close_session
+        self.copy_session = self.table.copy_session
+        self.compact = self.table.compact
+        self.park = self.table.park
+        self.begin_step = self.table.begin_step
+        self.end_step = self.table.end_step
+        self.plan = self.prefiller.plan
+        self.start_prefill = self.prefiller.start_prefill
+        self.prefill_step = self.prefiller.prefill_step
+        self.prompt_width = self.prefiller.prompt_width
+        self.prefill_prompts = self.prefiller.prefill_prompts
+        self.warm_prompts = self.prefiller.warm_prompts
+        self.restore = self.prefiller.restore
+        self.rewind = self.prefiller.rewind
+        self.reset_to = self.prefiller.reset_to
+        self.verify_forward = self.prefiller.verify_forward
         self.facts = EngineFacts(
             provider=backend.name,
             capacity=self.capacity,
@@ -227,14 +248,95 @@ class Engine(SessionRows):
     def follow(self, rules: KernelRules) -> None:
         """Take the exactness rules measured on this machine (engine/executor/kernels.py): decode
         forwards no narrower than `least_decode_batch` rows (when the pool has them)."""
-        self.kernels = rules
+        self.prefiller.kernels = rules
         least = rules.least_decode_batch if self.pool.rows >= rules.least_decode_batch else 1
         if not self.unbatched_reason:
             self.batch_widths = tuple(w for w in batch_widths(self.pool.rows) if w >= least)
         self.decoder.least = least
         self.facts = replace(self.facts, batch_widths=self.batch_widths)
 
+    # -- the parts' state, read through the engine ----------------------------------------------
+    @property
+    def kernels(self) -> KernelRules:
+        """The exactness rules this machine's kernels allow (kernels.py; the prefill runner's)."""
+        return self.prefiller.kernels
+
+    @property
+    def fresh_forwards(self) -> bool:
+        return self.prefiller.fresh_forwards
+
+    @property
+    def shared_span(self) -> int:
+        return self.prefiller.shared_span
+
+    @property
+    def sessions_padding_off(self) -> int:
+        return self.prefiller.sessions_padding_off
+
+    @sessions_padding_off.setter
+    def sessions_padding_off(self, count: int) -> None:  # the load-time probe puts it back (kernels.py)
+        self.prefiller.sessions_padding_off = count
+
+    @property
+    def prompt_forwards(self) -> int:
+        return self.prefiller.prompt_forwards
+
+    @property
+    def prompts_batched(self) -> int:
+        return self.prefiller.prompts_batched
+
+    @property
+    def free_slots(self) -> int:
+        return self.table.free_slots
+
+    @property
+    def free_rows(self) -> set[int]:
+        """The pool rows no session holds (a held prefix may sit on one)."""
+        return self.table.free
+
+    @property
+    def rows_held(self) -> int:
+        return self.table.rows_held
+
+    @property
+    def sessions_open(self) -> int:
+        return self.table.sessions_open
+
+    @property
+    def parked_bytes(self) -> int:
+        return self.table.parked_bytes
+
+    # -- sessions: the table's, with what needs the prefill runner ------------------------------
+    def open_session(self, scope: str = "", prompt: Sequence[int] = ()) -> Session:
+        """`SessionTable.open_session`, sharing prefixes as the kernel rules say (`fresh_forwards`)."""
+        return self.table.open_session(scope, prompt, self.fresh_forwards)
+
+    def share_prefix(self, session: Session, prompt: Sequence[int]) -> int:
+        """`SessionTable.share_prefix`, sharing prefixes as the kernel rules say (`fresh_forwards`)."""
+        return self.table.share_prefix(session, prompt, self.fresh_forwards)
+
+    def fork(self, source: Session, length: int | None = None) -> Session:
+        """A new session holding a copy of `source`'s first `length` tokens (default all), in the same
+        scope; its next-token logits are those of the tokens it holds, as after a rewind."""
+        length = source.length if length is None else length
+        session = self.table.fork(source, length)
+        if (
+            length != source.length
+            and length
+            and len(session.tokens) == length
+            and not self.info.supplied_ports
+        ):
+            self.prefiller.restore(session)
+        return session
+
     # -- the pool -----------------------------------------------------------------------
+    def _variant(self, key: VariantKey) -> Variant | None:
+        """The prepared forward of a shape (the decoder's and the prefill runner's), from the cache."""
+        variant = self.variants.get(key, self.backend.prepare)
+        if variant is None:  # a backend that cannot release variants runs uncached shapes eagerly
+            self.eager_forwards += 1
+        return variant
+
     @property
     def _staging_row_bytes(self) -> int:
         return self.backend.staging_rows * self.capacity * kv_position_bytes(self.info)
@@ -287,22 +389,23 @@ class Engine(SessionRows):
         """The sessions of one `Open`: all of them or none (Exhausted)."""
         if request.count > self.free_slots:
             raise Exhausted(f"{request.count} sessions asked for, {self.free_slots} KV slots free")
-        if request.count > len(self._free):
-            self._parking.make_room(request.count)
+        self.table.make_room(request.count)
         first = self.open_session(request.scope, request.prompt)
         return [first, *(self.open_session(request.scope) for _ in range(request.count - 1))]
 
     def check_choose(self, session: Session) -> None:
         """Raise the request error choosing a session's next token would fail with."""
-        self._check_open(session)
+        self.table.check_open(session)
         if not session.has_logits:
             raise OverCapacity("the session has no next-token logits (it is empty)")
 
     def check_invariants(self) -> None:
         """Raise EngineFault when the engine's bookkeeping no longer holds (run after every step;
         what is checked: engine/executor/invariants.py)."""
+        table = self.table
+        in_flight = bool(self.decoder.in_flight)
         problems = bookkeeping_problems(
-            self.pool, self.prefixes.held, bool(self.decoder.in_flight), self._open, self._free, self._parking
+            self.pool, self.prefixes.held, in_flight, table.open, table.free, table.parking
         )
         if problems:
             raise EngineFault("engine bookkeeping broke: " + "; ".join(problems))
@@ -311,7 +414,7 @@ class Engine(SessionRows):
     def check_decode(self, row: DecodeRow) -> None:
         """Raise the request error a decode row would fail with, before it joins a step."""
         session = row.session
-        self._check_open(session)
+        self.table.check_open(session)
         if not self.facts.token_ids_only:
             raise InvalidInput("this model takes inputs besides token ids: decode by appending them")
         if not 0 <= row.token < self.info.vocab_size:  # one comparison per row and step; check_ids words it
@@ -422,7 +525,7 @@ class Engine(SessionRows):
 
     def choose(self, session: Session, sampler: Sampler) -> int:
         """The next token from the session's held logits (no forward)."""
-        self._check_open(session)
+        self.table.check_open(session)
         if not session.has_logits:
             raise OverCapacity("the session has no next-token logits (it is empty)")
         return self.choose_rows([session], [sampler])[0]
@@ -430,44 +533,12 @@ class Engine(SessionRows):
     def choose_rows(
         self, sessions: Sequence[Session], samplers: Sequence[Sampler], picked: list[int] | None = None
     ) -> list[int]:
-        """Choose each session's next token (`picked`: already chosen on the device, the decode
-        chain's); tell each sampler its choice and, when it asks, the log-probabilities of it (one
-        batched computation on the backend for all that ask). More choices than pool rows (n samples'
-        first tokens, one row read for several) go in turns of at most that many: the backend's
-        buffers hold one per row."""
-        most = self.pool.rows
-        if picked is None and len(sessions) > most:
-            return [
-                token
-                for at in range(0, len(sessions), most)
-                for token in self.choose_rows(sessions[at : at + most], samplers[at : at + most])
-            ]
-        rows = [s.row for s in sessions]
-        tokens = picked
-        if tokens is None:
-            tokens = self.backend.choose(rows, samplers, [s.tokens for s in sessions])
-        asking = [i for i, s in enumerate(samplers) if s.top_logprobs is not None]
-        if asking:
-            top = max(samplers[i].top_logprobs or 0 for i in asking)
-            masks = [samplers[i].allowed() for i in asking]  # before `chose` moves the constraint on
-            found = self.backend.logprobs(
-                [rows[i] for i in asking],
-                [tokens[i] for i in asking],
-                top,
-                masks if any(m is not None for m in masks) else (),
-            )
-            for i, logprobs in zip(asking, found, strict=True):
-                kept = logprobs.top[: samplers[i].top_logprobs]
-                if samplers[i].constrained:  # alternatives the constraint rules out are not alternatives
-                    kept = tuple(pair for pair in kept if pair[1] > -math.inf)
-                samplers[i].last = replace(logprobs, top=kept)
-        for sampler, token in zip(samplers, tokens, strict=True):
-            sampler.chose(token)
-        return tokens
+        """Choose each session's next token and tell its sampler (engine/executor/choosing.py)."""
+        return choose_rows(self.backend, self.pool.rows, sessions, samplers, picked)
 
     def logits(self, session: Session) -> np.ndarray:
         """A host copy of the session's next-token logits [vocab]."""
-        self._check_open(session)
+        self.table.check_open(session)
         if not session.has_logits:
             raise OverCapacity("the session has no next-token logits (it is empty)")
         return self.backend.row_logits(session.row)
@@ -506,22 +577,6 @@ class Engine(SessionRows):
 
     # -- stats ------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
-        c = self.decoder.counters
-        decode = DecodeStats(
-            c.steps,
-            c.rows,
-            c.ride_along_rows,
-            tuple(sorted(c.batch_use.items())),
-            c.lookahead_hits,
-            c.lookahead_misses,
-            c.lookahead_launched,
-            c.chained,
-            c.rows_moved,
-            c.verify_forwards,
-            c.drafted,
-            c.accepted,
-            tuple(sorted(c.accepted_use.items())),
-        )
         return EngineStats(
             variants=self.variants.stats(),
             eager_forwards=self.eager_forwards,
@@ -530,7 +585,7 @@ class Engine(SessionRows):
             slots_allocated=self.pool.rows,
             slot_bytes=self.slot_bytes,
             memory=self.memory(),
-            decode=decode,
+            decode=decode_stats(self.decoder.counters),
             batch_widths=self.batch_widths,
             unbatched_reason=self.unbatched_reason,
             prefix=self.prefixes.stats(),
@@ -542,18 +597,18 @@ class Engine(SessionRows):
         )
 
     def parking(self) -> ParkingStats:
-        return self._parking.stats()
+        return self.table.parking.stats()
 
     def limit_parked_on_device(self, nbytes: int | None) -> None:
         """Parked copies kept in device memory up to `nbytes`; past it the sessions idle longest
         spill to host memory (pinned). None: no limit. Only the CUDA backend parks on a device."""
-        self._parking.device_limit = nbytes
+        self.table.parking.device_limit = nbytes
 
     def limit_parked(self, nbytes: int | None) -> None:
         """Parked copies may hold `nbytes` in all (None: no limit): a session that would take them
         past it does not park (ParkingFull: a new session needing its row fails; a parked one coming
         back waits, or fails when every row holds an idle session and waiting would free none)."""
-        self._parking.limit = nbytes
+        self.table.parking.limit = nbytes
 
     def parked_size(self, length: int) -> int:
         """What a session holding `length` tokens holds parked: its KV positions and its logits row."""

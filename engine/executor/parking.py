@@ -7,9 +7,9 @@ it back into any free row. `Parking` holds the parked sessions, the bytes they h
 counts of moves (`ParkingStats`), and picks whom to park: the least recently used parkable
 sessions the running step does not use whose copy fits the memory parked sessions may hold
 (`limit`): parked bytes never exceed it, a swap (park one to unpark another) counting the one
-leaving the park first. The rows stay the engine's: the engine owns one Parking,
-its one caller, and Parking moves sessions between rows with the engine's own row bookkeeping
-(`Engine._take_row`, `Engine._leave_row`).
+leaving the park first. The rows stay the session table's: the table owns one Parking,
+its one caller, and Parking moves sessions between rows with the table's own row bookkeeping
+(`SessionTable.take_row`, `SessionTable.leave_row`).
 """
 
 from __future__ import annotations
@@ -29,25 +29,25 @@ from engine.runtime.pool import KvPool
 
 
 class Rows(Protocol):
-    """The engine's rows as Parking moves sessions between them: its free rows and open sessions by
-    row, and the bookkeeping that takes and leaves a row (engine/executor/rows.py)."""
+    """The session table as Parking moves sessions between its rows: its free rows and open
+    sessions by row, and the bookkeeping that takes and leaves a row (engine/executor/rows.py)."""
 
     info: ModelInfo
     backend: Backend[Any]
     pool: KvPool
     decoder: BatchDecoder
     prefixes: HeldPrefixes
-    _free: set[int]
-    _open: dict[int, Session]
+    free: set[int]
+    open: dict[int, Session]
 
-    def _take_row(self, row: int, session: Session, length: int, indexed: int = 0) -> None: ...
+    def take_row(self, row: int, session: Session, length: int, indexed: int = 0) -> None: ...
 
-    def _leave_row(self, session: Session, keep: bool = False) -> None: ...
+    def leave_row(self, session: Session, keep: bool = False) -> None: ...
 
 
 class Parking:
-    def __init__(self, engine: Rows) -> None:
-        self.engine = engine
+    def __init__(self, table: Rows) -> None:
+        self.table = table
         self.sessions: set[Session] = set()  # open sessions whose KV is off the pool (ParkedRow)
         # Parked since the engine last checked its bookkeeping: a parked session cannot change until
         # its next touch brings it back, so each is checked once, not every step (1,000s may park).
@@ -83,19 +83,19 @@ class Parking:
         the row free; its next `touch` brings it back. The bytes it holds parked."""
         if session.parked is not None:
             return int(session.parked.nbytes)
-        engine = self.engine
-        if engine.info.recurrent_state:
+        table = self.table
+        if table.info.recurrent_state:
             raise InvalidInput("a decoder with recurrent state cannot park a session: its state is not KV")
-        engine.decoder.settle()
+        table.decoder.settle()
         started = time.perf_counter()
-        parked = engine.backend.park_row(session.row, session.length)
+        parked = table.backend.park_row(session.row, session.length)
         if self.limit is not None and self.parked_bytes + int(parked.nbytes) > self.limit:
             raise ParkingFull(
                 f"parked sessions hold {self.parked_bytes} of the {self.limit} bytes they "
                 f"may; parking one more would take {int(parked.nbytes)}"
             )
         session.parked = parked
-        engine._leave_row(session)
+        table.leave_row(session)
         session.row = -1
         self.sessions.add(session)
         self.unchecked.add(session)
@@ -125,12 +125,12 @@ class Parking:
                 break
             assert session.parked is not None
             self.device_bytes -= int(session.parked.nbytes)
-            session.parked = self.engine.backend.spill_row(session.parked)
+            session.parked = self.table.backend.spill_row(session.parked)
             self.spills += 1
 
     def unpark(self, session: Session) -> None:
         """Bring a parked session back into the lowest free row (parking another to make room)."""
-        engine = self.engine
+        table = self.table
         assert session.parked is not None
         nbytes = int(session.parked.nbytes)
         self.parked_bytes -= nbytes  # first: a swap fits the limit whenever its outcome does
@@ -139,7 +139,7 @@ class Parking:
             row = self._free_row()
             parked = session.parked  # read after: making room may have spilled it to host memory
             assert parked is not None
-            engine.backend.unpark_row(row, parked)  # first: if it fails the session is still parked, whole
+            table.backend.unpark_row(row, parked)  # first: if it fails the session is still parked, whole
         except BaseException:
             self.parked_bytes += nbytes
             raise
@@ -147,19 +147,19 @@ class Parking:
         session.parked = None
         self.sessions.discard(session)
         self.unchecked.discard(session)
-        engine._take_row(row, session, session.length)
+        table.take_row(row, session, session.length)
         self._moves["unparks"] += 1
         self._seconds["unpark"] += time.perf_counter() - started
 
     def _free_row(self) -> int:
         """The lowest free row, parking another session to make one (it waits for a row: the
         scheduler retries it), vacated of any prefix it kept."""
-        engine = self.engine
-        if not engine._free:
+        table = self.table
+        if not table.free:
             self.make_room(1, NoFreeRow)
-        engine.decoder.settle()
-        row = min(engine._free)
-        engine.prefixes.vacate(row, engine._free)
+        table.decoder.settle()
+        row = min(table.free)
+        table.prefixes.vacate(row, table.free)
         return row
 
     def drop(self, session: Session) -> None:
@@ -179,15 +179,15 @@ class Parking:
 
     def _idle(self) -> Iterator[Session]:
         """Open sessions nobody is using that the running step does not name (none with recurrent state)."""
-        if not self.engine.info.recurrent_state:
-            yield from (s for s in self.engine._open.values() if s.parkable and s not in self.pinned)
+        if not self.table.info.recurrent_state:
+            yield from (s for s in self.table.open.values() if s.parkable and s not in self.pinned)
 
     def make_room(self, rows: int, error: type[Exhausted] = Exhausted) -> None:
         """Park the least recently used parkable sessions that fit the limit until `rows` rows are
         free; `error` if every row is held by a session in use (a new session fails at once, a parked
         one waits), ParkingFull if the limit stood in the way (a parked one fails too when every row
         holds an idle session: waiting would free none)."""
-        free, full = self.engine._free, None
+        free, full = self.table.free, None
         for session in self.parkable():
             if len(free) >= rows:
                 break
@@ -199,12 +199,12 @@ class Parking:
             if full is not None and (error is not NoFreeRow or self._only_idle_rows()):
                 raise full  # waiting frees nothing: every row holds an idle session too big to park
             raise error(
-                f"all {self.engine.pool.rows} KV slots hold sessions in use ({len(free)} free, {rows} needed)"
+                f"all {self.table.pool.rows} KV slots hold sessions in use ({len(free)} free, {rows} needed)"
             )
 
     def _only_idle_rows(self) -> bool:
         """Whether every row is free or holds a session nobody uses (none will end a call soon)."""
-        return len(self.engine._free) + self.parkable_count() >= self.engine.pool.rows
+        return len(self.table.free) + self.parkable_count() >= self.table.pool.rows
 
     def stats(self) -> ParkingStats:
         return ParkingStats(
@@ -216,5 +216,5 @@ class Parking:
             unpark_seconds=self._seconds["unpark"],
             device_bytes=self.device_bytes,
             spills=self.spills,
-            released_bytes=int(getattr(self.engine.backend, "released_bytes", 0)),
+            released_bytes=int(getattr(self.table.backend, "released_bytes", 0)),
         )

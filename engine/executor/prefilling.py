@@ -1,4 +1,4 @@
-"""Prefill forwards, the engine's half that carries out the planner's prefill plans.
+"""Prefill forwards, the engine's part that carries out the planner's prefill plans.
 
 A prompt appended to a session is checked and planned (`start_prefill`), then
 run one forward at a time (`prefill_step`): widened onto the ladder, run on the
@@ -6,13 +6,14 @@ session's row, checked (the logits-row self-check turns padding off for the
 session for good when the head did not see the last real row), and rewound so
 padded rows are never read. Restores live here too (rewind, `restore`,
 `reset_to`): they re-run rows through the same forwards, as the planner's
-restore rule says. `Engine` inherits this; the attributes below are the engine
-state it reads, set in `Engine.__init__`.
+restore rule says. `Prefiller` is the engine's part that does all this: it
+holds what it is given (`Prefiller.__init__` says what) and the counts of what
+it did, and reaches nothing of the engine else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -32,12 +33,10 @@ from engine.executor.prefill import (
 )
 from engine.executor.prefix import HeldPrefixes
 from engine.executor.session import Session
-from engine.model import ModelInfo
-from engine.options import EngineOptions
+from engine.executor.shape import EngineShape
 from engine.planner import (
     CapacityExceeded,
     Forward,
-    Limits,
     PaddingPolicy,
     PortShape,
     PrefillPlan,
@@ -48,7 +47,7 @@ from engine.planner import (
 from engine.planner.drafts import verify_width
 from engine.runtime.backend import Backend, HeadRows
 from engine.runtime.pool import KvPool
-from engine.runtime.variants import Variant, VariantCache, VariantKey
+from engine.runtime.variants import Variant, VariantKey
 
 log = structlog.get_logger("ladder.engine")
 
@@ -63,48 +62,52 @@ def check_length(session: Session, length: int) -> None:
         )
 
 
-class Prefilling:
-    info: ModelInfo
-    options: EngineOptions
-    backend: Backend[Any]
-    limits: Limits
-    chunk_size: int
-    ladder: tuple[int, ...]
-    feed_dtype: np.dtype
-    port_dtypes: dict[str, np.dtype]
-    unbatched_reason: str
-    variants: VariantCache[Any]
-    pool: KvPool
-    decoder: BatchDecoder
-    eager_forwards: int
-    sessions_padding_off: int
-    prefixes: HeldPrefixes
-    prompt_sizes: tuple[int, ...]  # how many new prompts one prefill forward takes (none: each alone)
-    prompt_forwards: int
-    prompts_batched: int
-    kernels: KernelRules  # the exactness rules this machine's kernels allow (kernels.py)
+class Prefiller:
+    """The prefill runner: it runs a session's prompt forwards, re-runs rows (restore, rewind,
+    `reset_to`) and the verification forward, and counts what it did. It is given the engine's
+    geometry, the backend, the pool, the decoder (a one-row forward is a decode step), the held
+    prefixes (a rewind cuts their index), `variant` (the prepared forward of a shape, or None to run
+    it eagerly), how many new prompts one forward takes (`prompt_sizes`), the kernel rules (which
+    `Engine.follow` replaces after load) and `check_open` (the session table's: a closed session
+    fails, a parked one comes back onto a row)."""
 
-    def _variant(self, key: VariantKey) -> Variant | None:
-        variant = self.variants.get(key, self.backend.prepare)
-        if variant is None:  # a backend that cannot release variants runs uncached shapes eagerly
-            self.eager_forwards += 1
-        return variant
-
-    def _check_open(self, session: Session) -> None:
-        if session.closed:
-            raise InvalidInput("session is closed")
+    def __init__(
+        self,
+        shape: EngineShape,
+        backend: Backend[Any],
+        pool: KvPool,
+        decoder: BatchDecoder,
+        prefixes: HeldPrefixes,
+        variant: Callable[[VariantKey], Variant | None],
+        prompt_sizes: tuple[int, ...],
+        kernels: KernelRules,
+        check_open: Callable[[Session], None],
+    ) -> None:
+        self.shape = shape
+        self.backend = backend
+        self.pool = pool
+        self.decoder = decoder
+        self.prefixes = prefixes
+        self.variant = variant
+        self.prompt_sizes = prompt_sizes  # how many new prompts one prefill forward takes (none: each alone)
+        self.kernels = kernels  # the exactness rules this machine's kernels allow (kernels.py)
+        self.check_open = check_open
+        self.sessions_padding_off = 0  # sessions whose padding the self-check turned off
+        self.prompt_forwards = 0  # forwards that ran several new prompts (`prefill_prompts`)
+        self.prompts_batched = 0  # ... and the prompts they ran
 
     # -- prefill ------------------------------------------------------------------------
     def plan(
         self, session: Session, rows: int, ports: tuple[PortShape, ...] = (), span: int = 0
     ) -> PrefillPlan:
         policy = PaddingPolicy(
-            enabled=self.options.padding,
-            recurrent_state=self.info.recurrent_state,
+            enabled=self.shape.options.padding,
+            recurrent_state=self.shape.info.recurrent_state,
             session_padding_on=session.padding_on,
         )
+        chunk, limits = self.shape.chunk_size, self.shape.limits
         try:
-            return plan_prefill(session.length, rows, self.chunk_size, self.limits, policy, ports, span)
+            return plan_prefill(session.length, rows, chunk, limits, policy, ports, span)
         except CapacityExceeded as exc:
             raise OverCapacity(str(exc)) from exc
 
@@ -120,9 +123,9 @@ class Prefilling:
         """Check and plan a prompt appended to `session`; nothing runs yet. With `logprob_top` each
         forward also computes the log-probabilities of the prompt's tokens after the first (and
         that many alternatives) from its real logits rows: `task.logprobs`."""
-        self._check_open(session)
-        feed, ids = checked_feed(self.info, self.feed_dtype, tokens, embeds)
-        supplied = checked_ports(self.port_dtypes, ports or {})
+        self.check_open(session)
+        feed, ids = checked_feed(self.shape.info, self.shape.feed_dtype, tokens, embeds)
+        supplied = checked_ports(self.shape.port_dtypes, ports or {})
         again = self._again(session, len(ids)) if ids is not None and not supplied else 0
         if again and ids is not None:
             ids = session.tokens[session.length - again :] + ids
@@ -141,19 +144,19 @@ class Prefilling:
     def _again(self, session: Session, rows: int) -> int:
         """How many rows the session holds that an append of `rows` computes again, so that its
         rows come out as a fresh run's (engine.planner.restore); 0 when they cannot be re-run."""
-        if len(session.tokens) != session.length or self.unbatched_reason:
+        if len(session.tokens) != session.length or self.shape.unbatched_reason:
             return 0
-        target = session.length + rows
-        start = recompute_from(session.length, session.fresh, target, self.chunk_size, self.fresh_forwards)
+        target, chunk = session.length + rows, self.shape.chunk_size
+        start = recompute_from(session.length, session.fresh, target, chunk, self.fresh_forwards)
         return session.length - start
 
     def restore(self, session: Session) -> None:
         """Compute the session's next-token logits again, and rows a decode step wrote before them,
         as a fresh run of its tokens would (rewind, a shorter fork)."""
-        if len(session.tokens) != session.length or self.unbatched_reason or not session.length:
+        if len(session.tokens) != session.length or self.shape.unbatched_reason or not session.length:
             return self._restore_exact(session)
         length = session.length
-        start = recompute_from(length, session.fresh, length, self.chunk_size, self.fresh_forwards)
+        start = recompute_from(length, session.fresh, length, self.shape.chunk_size, self.fresh_forwards)
         ids = session.tokens[start:]
         self._truncate(session, start)
         self._run(self.start_prefill(session, ids))
@@ -176,23 +179,18 @@ class Prefilling:
         self.prefixes.index.truncate(session.row, length)
 
     @property
-    def padded_ladder(self) -> tuple[int, ...]:
-        """The widths prefill forwards are padded onto: none when padding is off for the model."""
-        return self.ladder if self.options.padding and not self.info.recurrent_state else ()
-
-    @property
     def fresh_forwards(self) -> bool:
         """Whether re-runs and shared prefixes keep to a fresh run's own forwards (same past, rows
         and width): the deterministic mode, and every mode on a backend whose rows follow the width."""
-        return self.options.deterministic or self.kernels.fresh_forwards
+        return self.shape.options.deterministic or self.kernels.fresh_forwards
 
     @property
     def shared_span(self) -> int:
         """Rows a prefill forward takes while sessions decode: the middle ladder rung (0 = a chunk;
         always a chunk in the deterministic mode, whose prefill forwards are a fresh run's own)."""
-        if self.options.deterministic or not self.ladder:
+        if self.shape.options.deterministic or not self.shape.ladder:
             return 0
-        return self.ladder[len(self.ladder) // 2]
+        return self.shape.ladder[len(self.shape.ladder) // 2]
 
     def prefill_step(self, task: PrefillTask, span: int = 0) -> ForwardReport:
         """Run the task's next forward, of at most `span` real rows when given; the session's
@@ -201,7 +199,7 @@ class Prefilling:
         if span and task.forwards[0].rows > span:
             task.forwards = self._replan(task, span)
         forward = task.forwards.pop(0)
-        self._check_open(task.session)
+        self.check_open(task.session)
         return self._after_forward(
             task, forward, forward.width, self._prefill_forward(task, forward, forward.width)
         )
@@ -224,7 +222,7 @@ class Prefilling:
             or task.logprob_top is not None
             or session.closed
             or not session.padding_on
-            or forward.width not in self.padded_ladder
+            or forward.width not in self.shape.padded_ladder
             or forward.width < 2
         )
         return None if alone else forward.width
@@ -240,7 +238,7 @@ class Prefilling:
         if len(tasks) > size or any(f.width != width or f.past for f in forwards):
             raise ValueError(f"not {size} first chunks of one width: {forwards}")
         for task in tasks:
-            self._check_open(task.session)
+            self.check_open(task.session)
         key = VariantKey(width, prompts=size, reads=size)
         read = np.asarray([f.rows - 1 for f in forwards] + [0] * (size - len(tasks)), np.int64)
         feed = np.concatenate([task.chunk(f, width)[0] for task, f in zip(tasks, forwards, strict=True)])
@@ -248,7 +246,7 @@ class Prefilling:
         for row in rows:
             self.pool.set_mask(row, width)
         try:
-            out = self.backend.run_prompts(self._variant(key), key, rows, feed, read)
+            out = self.backend.run_prompts(self.variant(key), key, rows, feed, read)
         except BaseException:
             for task in tasks:
                 self.pool.set_mask(task.session.row, task.session.length)
@@ -268,7 +266,7 @@ class Prefilling:
         """Run the shape of `size` prompts at `width` once on empty rows (prepared, captured on CUDA)."""
         key = VariantKey(width, prompts=size, reads=size)
         self.backend.run_prompts(
-            self._variant(key), key, [], np.zeros((0, width), self.feed_dtype), np.zeros(size, np.int64)
+            self.variant(key), key, [], np.zeros((0, width), self.shape.feed_dtype), np.zeros(size, np.int64)
         )
 
     def _after_forward(
@@ -315,19 +313,19 @@ class Prefilling:
 
     def _prefill_forward(self, task: PrefillTask, forward: Forward, width: int) -> HeadRows | None:
         session, rows = task.session, forward.rows
-        if width == 1 and not task.streamed and not task.constants and not self.unbatched_reason:
+        if width == 1 and not task.streamed and not task.constants and not self.shape.unbatched_reason:
             # A single row is a decode step of this session alone: no shape of its own.
             assert task.ids is not None
             self.decoder.forward({session.row: task.ids[forward.start]})
             return None
         feed, ports = task.chunk(forward, width)
         # Prompt log-probabilities need every real row's logits: a head that reads chosen rows reads them all.
-        reads = width if task.logprob_top is not None and self.info.logits_rows else 1
+        reads = width if task.logprob_top is not None and self.shape.info.logits_rows else 1
         key = VariantKey(width, tuple(sorted(ports)), reads=reads)
         self.pool.set_mask(session.row, forward.past + width)
         try:
             out = self.backend.run_rows(
-                self._variant(key),
+                self.variant(key),
                 key,
                 session.row,
                 forward.past,
@@ -342,7 +340,7 @@ class Prefilling:
         # Rewind: the padded rows' KV is erased from the logical length.
         self.pool.commit(session, forward.past + rows)
         session.fresh = fresh_after(
-            session.fresh, forward.past, rows, width, self.chunk_size, self.fresh_forwards
+            session.fresh, forward.past, rows, width, self.shape.chunk_size, self.fresh_forwards
         )
         return out
 
@@ -383,7 +381,7 @@ class Prefilling:
         not read every real row back in order (a decoder that returns fewer rows): then no forward
         of this kind can verify a draft, and the engine stops drafting for good."""
         self.decoder.settle()
-        self._check_open(session)
+        self.check_open(session)
         rows, past = len(ids), session.length
         width = verify_width(rows)
         feed = widen(np.asarray([ids], np.int64), rows, width)
@@ -391,7 +389,7 @@ class Prefilling:
         self.pool.set_mask(session.row, past + width)
         try:
             out = self.backend.run_rows(
-                self._variant(key), key, session.row, past, feed, {}, {}, read_index(rows, width)
+                self.variant(key), key, session.row, past, feed, {}, {}, read_index(rows, width)
             )
         finally:
             self.pool.set_mask(session.row, past)  # the rows it keeps are committed by the caller
@@ -401,14 +399,14 @@ class Prefilling:
     # -- rewind ---------------------------------------------------------------------------
     def rewind(self, session: Session, length: int) -> None:
         """Keep the first `length` tokens; the next-token logits are those of the tokens kept."""
-        self._check_open(session)
+        self.check_open(session)
         check_length(session, length)
         if length == session.length:
             return
         self.decoder.settle()
-        if self.info.recurrent_state and length != 0:
+        if self.shape.info.recurrent_state and length != 0:
             raise InvalidInput("a decoder with recurrent state can only rewind to 0")
-        if length == 0 or not session.tokens or self.info.supplied_ports:
+        if length == 0 or not session.tokens or self.shape.info.supplied_ports:
             # Without the token ids and ports of the last kept row nothing can be run again: no logits.
             self._truncate(session, length)
             session.has_logits = False
@@ -421,7 +419,7 @@ class Prefilling:
     def reset_to(self, session: Session, tokens: Sequence[int]) -> None:
         """Make the session hold exactly `tokens`, with their next-token logits (an extension that
         did not finish is undone: rows it cut to compute again are computed again)."""
-        self._check_open(session)
+        self.check_open(session)
         tokens = list(tokens)
         if session.tokens == tokens and session.has_logits:
             return

@@ -1,104 +1,136 @@
-"""The session table, the engine's half that says which session holds which pool row.
+"""The session table, the engine's part that says which session holds which pool row.
 
 A session opens on the lowest free row (from a prefix another row holds when the prompt starts
 with one: prefix.py), closes leaving its row free (still keeping its prefix where it can), is
 forked or copied onto another row, and, when a row is needed and every row is held, an idle one is
-parked off the pool and comes back on its next touch (parking.py). `Engine` inherits this; the
-attributes below are the engine state it reads, set in `Engine.__init__`.
+parked off the pool and comes back on its next touch (parking.py). `SessionTable` is the engine's
+part that holds all this: it holds what it is given (`SessionTable.__init__` says what) and the
+rows, and reaches nothing of the engine else; what needs a forward (a shorter fork's logits
+computed again) the engine does after it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from engine.errors import InvalidInput
+from engine.executor.decode import BatchDecoder
 from engine.executor.parking import Parking
-from engine.executor.prefilling import Prefilling, check_length
-from engine.executor.prefix import Hit
+from engine.executor.prefilling import check_length
+from engine.executor.prefix import HeldPrefixes, Hit
 from engine.executor.session import Session
 from engine.executor.step import Step
+from engine.model import ModelInfo
 from engine.planner import recompute_from
+from engine.runtime.backend import Backend
+from engine.runtime.pool import KvPool
 
 
-class SessionRows(Prefilling):
-    _free: set[int]  # pool rows no session holds
-    _open: dict[int, Session]  # pool row -> the session whose KV it holds
-    _parking: Parking
+def check_not_closed(session: Session) -> None:
+    """A session that is not closed (parked or on a row)."""
+    if session.closed:
+        raise InvalidInput("session is closed")
+
+
+class SessionTable:
+    """Which session holds which pool row: `free`, the rows no session holds; `open`, the open
+    sessions by the row whose KV they hold (the decoder reads the same mapping); and `parking`, the
+    sessions off the pool. It is given the model, the backend, the pool, the held prefixes (a
+    row a session leaves may keep its prefix), the decoder (settled before a row changes hands) and
+    the chunk width (shared prefixes follow a fresh run's forwards, which start at chunk bounds)."""
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        backend: Backend[Any],
+        pool: KvPool,
+        prefixes: HeldPrefixes,
+        decoder: BatchDecoder,
+        open_rows: dict[int, Session],
+        chunk_size: int,
+    ) -> None:
+        self.info = info
+        self.backend = backend
+        self.pool = pool
+        self.prefixes = prefixes
+        self.decoder = decoder
+        self.chunk_size = chunk_size
+        self.free = set(range(pool.rows))  # pool rows no session holds
+        self.open = open_rows  # pool row -> the session whose KV it holds
+        self.parking = Parking(self)  # sessions beyond slots: parked off the pool (parking.py)
 
     @property
     def free_slots(self) -> int:
         """Rows free now, and rows a session nobody is using holds (parked when a row is needed)."""
-        return len(self._free) + self._parking.parkable_count()
-
-    @property
-    def free_rows(self) -> set[int]:
-        """The pool rows no session holds (a held prefix may sit on one)."""
-        return self._free
+        return len(self.free) + self.parking.parkable_count()
 
     @property
     def rows_held(self) -> int:
         """Pool rows sessions hold now, idle ones not yet parked included (an int: safe to read)."""
-        return self.pool.rows - len(self._free)
+        return self.pool.rows - len(self.free)
 
     @property
     def sessions_open(self) -> int:
-        return len(self._open) + len(self._parking.sessions)
+        return len(self.open) + len(self.parking.sessions)
 
     # -- parking: sessions beyond slots (parking.py) --------------------------------------------
     def park(self, session: Session) -> int:
         """Move an open session off its pool row: its KV positions [0, length) and next-token logits
         are copied off the pool, bit for bit, and the row is free. Its next touch brings it back
-        into any free row (`_check_open`). The bytes it holds parked."""
-        self._check_resident_or_parked(session)
-        return self._parking.park(session)
+        into any free row (`check_open`). The bytes it holds parked."""
+        check_not_closed(session)
+        return self.parking.park(session)
 
     @property
     def parked_bytes(self) -> int:
         """What parked sessions hold (an int the worker keeps: safe to read from other threads)."""
-        return self._parking.parked_bytes
+        return self.parking.parked_bytes
+
+    def make_room(self, rows: int) -> None:
+        """Park idle sessions until `rows` rows are free, when fewer are (Exhausted when they cannot)."""
+        if rows > len(self.free):
+            self.parking.make_room(rows)
 
     def begin_step(self, step: Step) -> None:
-        self._parking.begin_step(step.sessions())
+        self.parking.begin_step(step.sessions())
 
     def end_step(self) -> None:
-        self._parking.end_step()
+        self.parking.end_step()
 
-    def _check_resident_or_parked(self, session: Session) -> None:
-        super()._check_open(session)
-
-    def _check_open(self, session: Session) -> None:
+    def check_open(self, session: Session) -> None:
         """An open session, on a pool row: a parked one comes back first (the one way back)."""
-        super()._check_open(session)
-        self._parking.touch(session)
+        check_not_closed(session)
+        self.parking.touch(session)
 
-    def open_session(self, scope: str = "", prompt: Sequence[int] = ()) -> Session:
+    def open_session(self, scope: str, prompt: Sequence[int], fresh_forwards: bool) -> Session:
         """A session on the lowest free pool row (so decode batches stay narrow). When `prompt` starts
         with a prefix held for `scope` (whole units), the session starts holding it: taken as it is
-        when that row keeps it, else copied; `session.length` says how much of the prompt it holds."""
-        if not self._free:
-            self._parking.make_room(1)
+        when that row keeps it, else copied; `session.length` says how much of the prompt it holds.
+        `fresh_forwards`: whether shared prefixes keep to a fresh run's forwards (`_shareable`)."""
+        self.make_room(1)
         self.decoder.settle()
-        hit = self._shareable(self.prefixes.lookup(scope, prompt, self._open, -1), len(prompt))
-        row = min(self._free)
+        hit = self._shareable(self.prefixes.lookup(scope, prompt, self.open, -1), len(prompt), fresh_forwards)
+        row = min(self.free)
         if hit and row in hit.rows:
             return self._start(row, scope, self.prefixes.held[row].tokens, hit.length)
-        self.prefixes.vacate(row, self._free, hit.rows if hit else ())
+        self.prefixes.vacate(row, self.free, hit.rows if hit else ())
         session = self._start(row, scope)
         if hit:
             self._copy_hit(hit, session)
         return session
 
-    def _shareable(self, hit: Hit | None, prompt: int) -> Hit | None:
-        """The part of a held prefix worth copying: with fresh forwards (`fresh_forwards`) only up to
-        where a fresh run of the prompt starts a forward (the rest is computed again anyway)."""
-        if hit is None or not self.fresh_forwards:
+    def _shareable(self, hit: Hit | None, prompt: int, fresh_forwards: bool) -> Hit | None:
+        """The part of a held prefix worth copying: with fresh forwards (`Prefiller.fresh_forwards`)
+        only up to where a fresh run of the prompt starts a forward (the rest is computed again anyway)."""
+        if hit is None or not fresh_forwards:
             return hit
         length = recompute_from(hit.length, hit.length, prompt, self.chunk_size, True)
         return Hit(length, hit.rows) if length else None
 
     def _copy_hit(self, hit: Hit, session: Session) -> None:
         source = hit.rows[0]
-        tokens, fresh = self.prefixes.tokens(source, self._open)
+        tokens, fresh = self.prefixes.tokens(source, self.open)
         self.prefixes.copy(source, session, hit.length, tokens, fresh)
 
     def _start(self, row: int, scope: str, tokens: Sequence[int] = (), length: int = 0) -> Session:
@@ -107,25 +139,25 @@ class SessionRows(Prefilling):
             self.backend.clear_state(row)
         # A held prefix is shared only as far as it was written as a fresh run writes it.
         session = Session(row, 0, list(tokens[:length]), scope=scope, fresh=length)
-        self._take_row(row, session, length, indexed=length)
+        self.take_row(row, session, length, indexed=length)
         return session
 
-    def _take_row(self, row: int, session: Session, length: int, indexed: int = 0) -> None:
+    def take_row(self, row: int, session: Session, length: int, indexed: int = 0) -> None:
         """Row bookkeeping for `session` taking free `row`, where its KV holds `length` positions. The
         prefix index keeps the row's first `indexed` tokens (a held prefix taken as it is), no more."""
-        self._free.discard(row)
+        self.free.discard(row)
         self.prefixes.held.pop(row, None)
         self.prefixes.index.truncate(row, indexed)
         session.row = row
-        self._open[row] = session
+        self.open[row] = session
         self.pool.commit(session, length)
 
-    def _leave_row(self, session: Session, keep: bool = False) -> None:
+    def leave_row(self, session: Session, keep: bool = False) -> None:
         """Row bookkeeping for a session leaving its row: free again and, unless `keep` and the row keeps
         the session's prefix (prefix.py), unindexed, unmasked and handed back (`release_row`)."""
         row = session.row
-        del self._open[row]
-        self._free.add(row)
+        del self.open[row]
+        self.free.add(row)
         if not (keep and self.prefixes.keep(session)):
             self.prefixes.index.drop(row)
             self.pool.set_mask(row, 0)
@@ -143,9 +175,9 @@ class SessionRows(Prefilling):
         targets = sorted(
             (r for r in range(width) if r not in decoding),
             key=lambda r: (
-                r in self._open,
+                r in self.open,
                 r in self.prefixes.held,
-                self._open[r].used if r in self._open else 0,
+                self.open[r].used if r in self.open else 0,
                 r,
             ),
         )
@@ -161,75 +193,71 @@ class SessionRows(Prefilling):
     def _swap_rows(self, session: Session, target: int) -> None:
         """Move `session` onto pool row `target`, KV and next-token logits bit for bit; the session
         holding `target`, if any, takes `session`'s row, and a prefix held on it moves (prefix.py).
-        The rows change hands through the table's own `_leave_row`/`_take_row`."""
-        source, other = session.row, self._open.get(target)
+        The rows change hands through the table's own `leave_row`/`take_row`."""
+        source, other = session.row, self.open.get(target)
         if other is None:
-            self.prefixes.vacate(target, self._free, (source,))
+            self.prefixes.vacate(target, self.free, (source,))
         else:
             saved = self.backend.park_row(target, other.length)
-            self._leave_row(other)
+            self.leave_row(other)
         self.backend.copy_rows(source, target, session.length)
-        self._leave_row(session)
-        self._take_row(target, session, session.length)
+        self.leave_row(session)
+        self.take_row(target, session, session.length)
         if other is not None:
             self.backend.unpark_row(source, saved)
-            self._take_row(source, other, other.length)
+            self.take_row(source, other, other.length)
 
     def close_session(self, session: Session, keep: bool = True) -> None:
         """Return the session's row; with prefix sharing on it keeps the session's KV (prefix.py)."""
         if session.closed:
             return
         if session.parked is not None:  # no row: its parked copy goes
-            self._parking.drop(session)
+            self.parking.drop(session)
             session.closed = True
             return
         self.decoder.settle()
         session.closed = True
-        self._leave_row(session, keep)
+        self.leave_row(session, keep)
 
-    def share_prefix(self, session: Session, prompt: Sequence[int]) -> int:
+    def share_prefix(self, session: Session, prompt: Sequence[int], fresh_forwards: bool) -> int:
         """Start an empty session from the longest prefix of `prompt` another row holds for its scope
         (copied, whole units); the number of leading prompt tokens it now holds."""
-        self._check_open(session)
+        self.check_open(session)
         if session.length:
             return 0
-        hit = self._shareable(
-            self.prefixes.lookup(session.scope, prompt, self._open, session.row), len(prompt)
-        )
+        found = self.prefixes.lookup(session.scope, prompt, self.open, session.row)
+        hit = self._shareable(found, len(prompt), fresh_forwards)
         if hit is None:
             return 0
         self.decoder.settle()
         self._copy_hit(hit, session)
         return hit.length
 
-    def fork(self, source: Session, length: int | None = None) -> Session:
-        """A new session holding a copy of `source`'s first `length` tokens (default all), in the same
-        scope; its next-token logits are those of the tokens it holds, as after a rewind."""
-        self._check_open(source)
+    def fork(self, source: Session, length: int) -> Session:
+        """A new session holding a copy of `source`'s first `length` tokens, in the same scope; with
+        all of them, `source`'s next-token logits too (a shorter fork's the engine computes again:
+        `Engine.fork`)."""
+        self.check_open(source)
         if self.info.recurrent_state:
             raise InvalidInput("a decoder with recurrent state cannot fork: its state has no length to cut")
-        length = source.length if length is None else length
         check_length(source, length)
-        if not self._free:
-            self._parking.make_room(1)
+        self.make_room(1)
         self.decoder.settle()
-        row = min(self._free)
-        self.prefixes.vacate(row, self._free)
+        row = min(self.free)
+        self.prefixes.vacate(row, self.free)
         session = self._start(row, source.scope)
         session.padding_on = source.padding_on
         self.prefixes.copy(source.row, session, length, source.tokens, source.fresh)
         self.prefixes.counts["forks"] += 1
         if length == source.length:
             session.has_logits = source.has_logits
-        elif length and len(session.tokens) == length and not self.info.supplied_ports:
-            self.restore(session)
         return session
 
     def copy_session(self, source: Session, target: Session) -> None:
         """Make the open, empty `target` a copy of `source`: its tokens, KV rows and next-token
         logits, copied on the backend's device; no forward runs (n samples of one prefill)."""
-        self._check_open(source)
-        self._check_open(target)
+        self.check_open(source)
+        self.check_open(target)
         if self.info.recurrent_state:
             raise InvalidInput("a decoder with recurrent state cannot copy a session: its state has no rows")
         self.decoder.settle()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.executor.decode import DecodeCounters
 from engine.executor.exactness import KernelRules
 from engine.model import ModelInfo, decoder_file
 from engine.runtime.cpu import _dtype
@@ -118,3 +119,22 @@ def model_file_bytes(info: ModelInfo) -> int:
     """Weights on disk: the graph file and its external data."""
     graph = decoder_file(info.path, info.config)  # the user's file, not a rewritten copy (info.graph)
     return sum(p.stat().st_size for p in graph.parent.glob(graph.name + "*") if p.is_file())
+
+
+def decode_stats(c: DecodeCounters) -> DecodeStats:
+    """The decoder's counters as the engine's stats report them."""
+    return DecodeStats(
+        c.steps,
+        c.rows,
+        c.ride_along_rows,
+        tuple(sorted(c.batch_use.items())),
+        c.lookahead_hits,
+        c.lookahead_misses,
+        c.lookahead_launched,
+        c.chained,
+        c.rows_moved,
+        c.verify_forwards,
+        c.drafted,
+        c.accepted,
+        tuple(sorted(c.accepted_use.items())),
+    )
