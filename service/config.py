@@ -76,7 +76,7 @@ class Config:
     http_idle_timeout_seconds: float = 75.0  # a kept-alive connection with no request this long is closed
     http_cors_origins: tuple[str, ...] = ()  # origins browsers may call from; "*" any; () = CORS off
     # Frontend processes sharing the ports (service/processes/frontend.py); 0 = in this process,
-    # None = auto: 2 on CUDA (+28-42 % saturated throughput on the H200), 0 on CPU.
+    # None = auto: 2 on CUDA (docs/benchmarks.md: they pay on the H200 and H100), 0 on CPU.
     frontends: int | None = None
     # How calls reach the core (service/core/orders.py): direct, or its orders over a local socket
     # (service/core/core_link.py), as the process cut's frontends will send them.

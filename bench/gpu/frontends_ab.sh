@@ -13,7 +13,10 @@
 # .whl/base.tgz`, the byte relay before the token-level cut), unpacked into /tmp/base:
 #   MODES="base:2 2" BASE_TGZ=.whl/base.tgz bash bench/gpu/frontends_ab.sh
 # PROTOCOL=http sends the same sweep as streamed /v1/completions (the client split over PROCS
-# processes either way).
+# processes either way). PYSPY=1 records the core's process (the engine's, not its frontends) with
+# py-spy over its GIL holder during each run's first rate, into $OUT/<run>/py-spy.txt (carry the
+# py-spy wheel in .whl/small: `pip download --no-deps --only-binary=:all: --platform
+# manylinux2014_x86_64 -d .whl/small py-spy`).
 set -o pipefail
 . bench/gpu/prepare.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/gpu-info.txt"
@@ -26,12 +29,15 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     root=()
     [ "$mode" != "$frontends" ] && root=(--server-root /tmp/base)
     run="fe-${PROTOCOL:-grpc}-${mode/:/-}-$round"
+    attach=()
+    [ "${PYSPY:-0}" = 1 ] && mkdir -p "$OUT/$run" && attach=(--attach "/tmp/site/bin/py-spy record --pid {pid} \
+--duration ${PYSPY_SECONDS:-12} --rate 200 --format raw --gil --nonblocking --output $OUT/$run/py-spy.txt")
     timeout "${RUN_TIMEOUT:-150}" python3 -m bench.serving --provider cuda --model gpu:16x2048 --precision fp16 \
       --max-sessions "${SLOTS:-128}" --rates "${RATES:-36,96}" --requests "${REQUESTS:-500}" \
       --client-procs "${PROCS:-4}" --protocol "${PROTOCOL:-grpc}" --server-args "--frontends $frontends" "${root[@]}" --out "$OUT/$run" \
-      --server-log "$OUT/$run.server.log" > "$OUT/$run.log" 2>&1
+      --server-log "$OUT/$run.server.log" "${attach[@]}" > "$OUT/$run.log" 2>&1
     echo "round $round mode $mode exit $?"
   done
 done
 (cd "$OUT" && tar -czf frontends.tgz fe-* gpu-info.txt && rm -rf fe-*)
-mkdir -p /tmp/fe && tar -xzf "$OUT/frontends.tgz" -C /tmp/fe && python3 -m bench.serving_table /tmp/fe
+rm -rf /tmp/fe && mkdir -p /tmp/fe && tar -xzf "$OUT/frontends.tgz" -C /tmp/fe && python3 -m bench.serving_table /tmp/fe

@@ -12,7 +12,6 @@ Not thread-safe by design: the service runs it on one worker thread.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,16 +20,15 @@ from typing import Any
 import numpy as np
 import structlog
 
-from engine.errors import EngineFault, Exhausted, InvalidInput, OverCapacity
-from engine.executor.choosing import choose_rows
+from engine.errors import EngineFault, Exhausted
 from engine.executor.decode import BatchDecoder
+from engine.executor.decode_runner import DecodeRunner, drafts_verified
 from engine.executor.exactness import KernelRules, assumed
 from engine.executor.facts import EngineFacts
 from engine.executor.invariants import bookkeeping_problems
 from engine.executor.kernels import PROBE_ROWS, measure
 from engine.executor.prefill import (
     ForwardReport,
-    check_ids,
 )
 from engine.executor.prefilling import Prefiller
 from engine.executor.prefix import HeldPrefixes
@@ -53,7 +51,6 @@ from engine.executor.step import (
     Open,
     Step,
     StepResult,
-    Verified,
 )
 from engine.executor.stepping import run_step
 from engine.executor.warmup import warm_up
@@ -63,7 +60,6 @@ from engine.options import EngineOptions
 from engine.runtime.backend import Backend
 from engine.runtime.cpu import CpuBackend, _dtype
 from engine.runtime.variants import Variant, VariantCache, VariantKey
-from engine.sampling import Sampler
 
 __all__ = [
     "DecodeRow",
@@ -79,17 +75,9 @@ from engine.planner import (
     batch_widths,
     prefix_unit,
 )
-from engine.planner.drafts import MAX_K, VERIFY_WIDTHS, Costs, verify_width
+from engine.planner.drafts import VERIFY_WIDTHS, Costs
 
 log = structlog.get_logger("ladder.engine")
-MAX_VERIFY_ROWS = 1  # a drafted row verifies only when it decodes alone: beside other rows its
-# forward would be one more for all of them (a batched verification is not built yet)
-
-
-def _undrafted(row: DecodeRow, token: int | None) -> Verified:
-    """A drafted row that ran as a plain decode row: its one token."""
-    last = row.sampler.last if row.sampler is not None else None
-    return Verified((token,) if token is not None else (), (last,), 0)
 
 
 def make_backend(info: ModelInfo, options: EngineOptions) -> Backend[Any]:
@@ -113,9 +101,10 @@ def load_engine(path: Path | str, options: EngineOptions | None = None) -> Engin
 class Engine:
     """One model on one backend, built of parts that each own their state: the geometry
     (`shape`, shape.py), the session table (`table`, rows.py), the prefill runner (`prefiller`,
-    prefilling.py) and the batch decoder (`decoder`, decode.py), beside the pool, the variant
-    cache and the held prefixes. The engine holds the parts, hands each what it uses, and
-    carries out a step with them; the parts' operations are its own (plain delegation)."""
+    prefilling.py), the batch decoder (`decoder`, decode.py) and the decode runner (`runner`,
+    decode_runner.py), beside the pool, the variant cache and the held prefixes. The engine holds
+    the parts, hands each what it uses, and carries out a step with them; the parts' operations
+    are its own (plain delegation)."""
 
     def __init__(self, info: ModelInfo, options: EngineOptions, backend: Backend[Any]) -> None:
         self.shape = engine_shape(info, options)
@@ -128,11 +117,6 @@ class Engine:
         self.ladder, self.padded_ladder = self.shape.ladder, self.shape.padded_ladder
         self.feed_dtype, self.port_dtypes = self.shape.feed_dtype, self.shape.port_dtypes
         self.unbatched_reason = self.shape.unbatched_reason
-        # Drafted rows verify in forwards of their own (`verify`) when asked (EngineOptions.speculate):
-        # never in the deterministic mode (its forwards are a fresh run's), nor on a decoder that
-        # decodes each session alone (recurrent state, ports): it cannot rewind a wrong draft.
-        self.verifies = options.speculate and not options.deterministic and not self.unbatched_reason
-        self.costs = Costs()  # what a lone stream's step and a verification forward take here
         self.slot_bytes = kv_slot_bytes(info, self.capacity)
         self.weights_bytes = backend.weights_bytes or model_file_bytes(info)
         self._prompts_batchable = not (options.deterministic or not info.logits_rows or self.unbatched_reason)
@@ -140,7 +124,7 @@ class Engine:
         self.batch_widths = () if self.unbatched_reason else batch_widths(rows)
         self.prompt_sizes = self._prompt_sizes(rows)
         prompt_shapes = len(self.padded_ladder) * len(self.prompt_sizes)
-        verify_shapes = len(VERIFY_WIDTHS) if self.verifies else 0
+        verify_shapes = len(VERIFY_WIDTHS) if drafts_verified(self.shape) else 0
         wanted = options.variant_capacity or (
             len(self.ladder) + max(len(self.batch_widths), 1) + prompt_shapes + verify_shapes
         )
@@ -207,6 +191,17 @@ class Engine:
             layers=info.num_layers,
             prompt_batch=max(self.prompt_sizes, default=1),
         )
+        self.runner = DecodeRunner(
+            self.shape, backend, self.decoder, self.table, self.prefiller, self.facts.token_ids_only
+        )
+        self.check_decode = self.runner.check_decode
+        self.decode = self.runner.decode
+        self.decode_checked = self.runner.decode_checked
+        self.verify = self.runner.verify
+        self.choose = self.runner.choose
+        self.choose_rows = self.runner.choose_rows
+        self.check_choose = self.runner.check_choose
+        self.logits = self.runner.logits
 
     @classmethod
     def load(cls, path: Path | str, options: EngineOptions | None = None) -> Engine:
@@ -393,12 +388,6 @@ class Engine:
         first = self.open_session(request.scope, request.prompt)
         return [first, *(self.open_session(request.scope) for _ in range(request.count - 1))]
 
-    def check_choose(self, session: Session) -> None:
-        """Raise the request error choosing a session's next token would fail with."""
-        self.table.check_open(session)
-        if not session.has_logits:
-            raise OverCapacity("the session has no next-token logits (it is empty)")
-
     def check_invariants(self) -> None:
         """Raise EngineFault when the engine's bookkeeping no longer holds (run after every step;
         what is checked: engine/executor/invariants.py)."""
@@ -410,138 +399,21 @@ class Engine:
         if problems:
             raise EngineFault("engine bookkeeping broke: " + "; ".join(problems))
 
-    # -- decode -------------------------------------------------------------------------
-    def check_decode(self, row: DecodeRow) -> None:
-        """Raise the request error a decode row would fail with, before it joins a step."""
-        session = row.session
-        self.table.check_open(session)
-        if not self.facts.token_ids_only:
-            raise InvalidInput("this model takes inputs besides token ids: decode by appending them")
-        if not 0 <= row.token < self.info.vocab_size:  # one comparison per row and step; check_ids words it
-            check_ids([row.token], self.info.vocab_size)
-        if session.length + 1 > self.capacity:
-            raise OverCapacity(f"the session holds {session.length} tokens: its KV capacity is full")
-        if row.drafts:
-            check_ids(row.drafts, self.info.vocab_size)
+    # -- decode: the decode runner's -------------------------------------------------------
+    @property
+    def verifies(self) -> bool:
+        """Whether drafted rows are verified (decode_runner.py)."""
+        return self.runner.verifies
 
-    def decode(self, rows: Sequence[DecodeRow]) -> list[int | None | Verified]:
-        """Feed one token to each session in one forward (one per session when unbatched); choose the
-        next (a drafted row: `Verified`, see `decode_checked`)."""
-        for row in rows:
-            self.check_decode(row)
-        return self.decode_checked(rows)
-
-    def decode_checked(self, rows: Sequence[DecodeRow]) -> list[int | None | Verified]:
-        """`decode` of rows that each passed `check_decode` since their sessions last changed (the
-        scheduler checks a row as its job asks for it, so a bad row fails alone, not its batch).
-        A drafted row's value is `Verified`: verified in a forward of its own when it decodes
-        alone, else run as a plain row beside the others (MAX_VERIFY_ROWS)."""
-        if len({r.session.row for r in rows}) != len(rows):
-            raise InvalidInput("a session appears twice in one decode step")
-        if not any(r.drafts for r in rows):
-            return list(self._decode_plain(rows))
-        if len(rows) <= MAX_VERIFY_ROWS and self.verifies:
-            return [self.verify(rows[0])]
-        plain = self._decode_plain([replace(r, drafts=()) for r in rows])
-        return [_undrafted(r, t) if r.drafts else t for r, t in zip(rows, plain, strict=True)]
-
-    def verify(self, row: DecodeRow) -> Verified:
-        """Feed the row's token and its draft in one forward (`verify_forward`) and choose from each
-        row in turn with the row's sampler, as a decode step would from that row: the draft's next
-        token is kept for as long as the choice equals it (for a sampled row this is sampling
-        itself, so the output's distribution and a seeded row's draws are a plain decode's), and
-        not past a stop id or the token that completes the row's constraint. The session then
-        holds the token and the accepted draft; the rows past them are rewound."""
-        started = time.perf_counter()
-        session, sampler = row.session, row.sampler
-        if sampler is None:
-            raise InvalidInput("a drafted decode row needs a sampler")
-        drafts = row.drafts[: max(0, min(MAX_K, self.capacity - session.length - 1))]
-        out = self.verify_forward(session, [row.token, *drafts]) if drafts else None
-        if out is None:
-            self.verifies = self.verifies and not drafts  # the head cannot read every row back
-            return _undrafted(row, self._decode_plain([replace(row, drafts=())])[0])
-        past, tokens, logprobs = session.length, [], []
-        for i, fed in enumerate((row.token, *drafts)):
-            self.pool.commit(session, past + i + 1)
-            session.tokens.append(fed)
-            self.backend.keep_row(session.row, out.logits, i)
-            session.has_logits = True
-            tokens.append(self.choose_rows([session], [sampler])[0])
-            logprobs.append(sampler.last)
-            ended = tokens[-1] in row.stops or (sampler.constraint is not None and sampler.constraint.done)
-            if ended or i == len(drafts) or tokens[-1] != drafts[i]:
-                break
-        session.stats.decode_steps += 1
-        self.decoder.counters.verified(len(drafts), len(tokens) - 1)
-        self.decoder.counters.last_batch = 1
-        self.costs.saw_verify(verify_width(len(drafts) + 1), time.perf_counter() - started)
-        return Verified(tuple(tokens), tuple(logprobs), len(drafts))
-
-    def _decode_plain(self, rows: Sequence[DecodeRow]) -> list[int | None]:
-        chosen = [r for r in rows if r.sampler is not None]
-
-        samplers: list[Sampler] = [r.sampler for r in chosen]  # type: ignore[misc]
-
-        def choose(picked: list[int] | None = None) -> list[int]:
-            return self.choose_rows([r.session for r in chosen], samplers, picked)
-
-        if self.unbatched_reason:
-            for row in rows:
-                self._decode_alone(row)
-            self.decoder.counters.last_batch = 1
-            tokens = choose()
-        elif rows:
-            ahead = self.options.lookahead and len(chosen) == len(rows) and all(r.more for r in rows)
-            # The deterministic mode runs every decode forward at the widest batch: a row's
-            # numerics then never follow how many other rows decode beside it.
-            least = self.pool.rows if self.options.deterministic else 1
-            chainable = ahead and self.options.decode_chain and all(s.plain for s in samplers)
-            plain = samplers if chainable else None
-            feeds = {r.session.row: r.token for r in rows}
-            width = self.decoder.width(len(rows), least)
-            if max(feeds) >= width:  # a hole below a decoding row: rarely, and never in steady decode
-                self.compact([r.session for r in rows], width)
-                feeds = {r.session.row: r.token for r in rows}
-            started = time.perf_counter()
-            tokens = self.decoder.step(feeds, choose, ahead, least, plain)
-            if len(rows) == 1 and chosen:  # what a lone stream's step costs, against a verification
-                self.costs.saw_step(time.perf_counter() - started)
-        else:
-            tokens = []
-        for row in rows:
-            row.session.stats.decode_steps += 1
-        picked = iter(tokens)
-        return [next(picked) if r.sampler is not None else None for r in rows]
+    @property
+    def costs(self) -> Costs:
+        """What a lone stream's step and a verification forward take here (decode_runner.py)."""
+        return self.runner.costs
 
     @property
     def last_batch(self) -> int:
         """The batch width of the last decode forward."""
         return self.decoder.counters.last_batch
-
-    def _decode_alone(self, row: DecodeRow) -> None:
-        task = self.start_prefill(row.session, [row.token])
-        self.prefill_step(task)
-
-    def choose(self, session: Session, sampler: Sampler) -> int:
-        """The next token from the session's held logits (no forward)."""
-        self.table.check_open(session)
-        if not session.has_logits:
-            raise OverCapacity("the session has no next-token logits (it is empty)")
-        return self.choose_rows([session], [sampler])[0]
-
-    def choose_rows(
-        self, sessions: Sequence[Session], samplers: Sequence[Sampler], picked: list[int] | None = None
-    ) -> list[int]:
-        """Choose each session's next token and tell its sampler (engine/executor/choosing.py)."""
-        return choose_rows(self.backend, self.pool.rows, sessions, samplers, picked)
-
-    def logits(self, session: Session) -> np.ndarray:
-        """A host copy of the session's next-token logits [vocab]."""
-        self.table.check_open(session)
-        if not session.has_logits:
-            raise OverCapacity("the session has no next-token logits (it is empty)")
-        return self.backend.row_logits(session.row)
 
     # -- warm-up --------------------------------------------------------------------------
     def warm_up(self) -> int:

@@ -69,7 +69,9 @@ class Probed(Sessions, Protocol):
 
     sessions_padding_off: int
     eager_forwards: int
-    verifies: bool
+
+    @property
+    def verifies(self) -> bool: ...
 
     def logits(self, session: Session) -> np.ndarray: ...
 

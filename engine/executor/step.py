@@ -248,7 +248,11 @@ class Driven(Protocol):
     builds an engine (service/loading.py) holds the `Engine` class itself."""
 
     facts: EngineFacts
-    costs: Costs  # what a lone stream's step and a verification forward take, as the engine runs
+
+    @property
+    def costs(self) -> Costs:
+        """What a lone stream's step and a verification forward take, as the engine runs."""
+        ...
 
     def step(self, step: Step) -> StepResult: ...
 
