@@ -42,7 +42,10 @@ def core(load: dict[str, Any]) -> str:
 def table(folder: Path) -> str:
     lines = [HEADER, "|" + " --- |" * HEADER.count(" | ") + " --- |"]
     for path in sorted(folder.glob("**/*.json")):
-        found = json.loads(path.read_text())
+        try:
+            found = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            continue  # JSON lines beside the sweeps (worker shares), not a sweep
         if not isinstance(found, dict) or "loads" not in found:
             continue  # not an open-loop sweep
         where = str(path.parent.relative_to(folder))

@@ -38,7 +38,7 @@ from service.worker.generation import (
     prefill_body,
     rewind_body,
 )
-from service.worker.jobs import Body, Event
+from service.worker.jobs import Body, Event, Sink
 from service.worker.min_tokens import ending_tokens, hold_ends
 
 
@@ -164,15 +164,20 @@ class Core:
         parking = serving.model.session_memory > 0
         return StatsDone(stats, scheduler.depth, scheduler.waiting, serving.totals, parking)
 
-    def generate(self, order: GenerateOrder) -> CoreCall:
+    def generate(self, order: GenerateOrder, sink: Sink | None = None) -> CoreCall:
+        """The order's events in lists; with a `sink` (the core's link) they go to it as the worker
+        hands them over, and the call's `events` only end (service/worker/jobs.put_all)."""
         cuts = Cuts(self.serving.scheduler.wake)
-        return CoreCall(self._generate(order, cuts if order.watching else None), cuts)
+        return CoreCall(self._generate(order, cuts if order.watching else None, sink), cuts)
 
-    def decode(self, order: DecodeOrder) -> CoreCall:
+    def decode(self, order: DecodeOrder, sink: Sink | None = None) -> CoreCall:
+        """As `generate`, one Decode's."""
         cuts = Cuts(self.serving.scheduler.wake)
-        return CoreCall(self._decode(order, cuts if order.watching else None), cuts)
+        return CoreCall(self._decode(order, cuts if order.watching else None, sink), cuts)
 
-    async def _generate(self, order: GenerateOrder, cuts: Cuts | None) -> AsyncGenerator[list[Event], None]:
+    async def _generate(
+        self, order: GenerateOrder, cuts: Cuts | None, sink: Sink | None
+    ) -> AsyncGenerator[list[Event], None]:
         serving = self.serving
         width = serving.sample_width(order.n, order.caller)
         samplers = [sampler_of(order.sampling.for_sample(i), order.logprobs) for i in range(order.n)]
@@ -190,13 +195,15 @@ class Core:
         )
         hold = order.unary and cuts is None  # a stop string found ends the job early: events must come
         try:
-            async with aclosing(self._run(body, hold)) as batches:
+            async with aclosing(self._run(body, hold, None if hold else sink)) as batches:
                 async for events in batches:
                     yield events
         finally:
             self._constraint_time(samplers)
 
-    async def _decode(self, order: DecodeOrder, cuts: Cuts | None) -> AsyncGenerator[list[Event], None]:
+    async def _decode(
+        self, order: DecodeOrder, cuts: Cuts | None, sink: Sink | None
+    ) -> AsyncGenerator[list[Event], None]:
         serving = self.serving
         state = serving.sessions.get(order.session_id, order.caller)
         sampler = sampler_of(order.sampling, order.logprobs)
@@ -205,15 +212,15 @@ class Core:
             # Released before the frontend hears the end, so its next call on the session is never ABORTED.
             with serving.sessions.using(state):
                 body = decode_body(serving.model, state, sampler, order.stopping, order.speculate, cuts)
-                async with aclosing(self._run(body, False)) as batches:
+                async with aclosing(self._run(body, False, sink)) as batches:
                     async for events in batches:
                         yield events
         finally:
             self._constraint_time([sampler])
 
-    def _run(self, body: Body, hold: bool) -> AsyncGenerator[list[Event], None]:
+    def _run(self, body: Body, hold: bool, sink: Sink | None = None) -> AsyncGenerator[list[Event], None]:
         serving = self.serving
-        return serving.scheduler.batches(counted(body, serving.metrics, serving.totals), hold=hold)
+        return serving.scheduler.batches(counted(body, serving.metrics, serving.totals), hold=hold, sink=sink)
 
     async def _prepare(
         self, samplers: list[Sampler], stopping: Stopping, constraint: ConstraintSpec | None

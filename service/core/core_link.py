@@ -316,7 +316,15 @@ class CoreServer:
         structlog.contextvars.bind_contextvars(request_id=getattr(order, "request_id", ""))
         try:
             if method in ("generate", "decode"):
-                core_call = core.generate(order) if method == "generate" else core.decode(order)
+
+                def sink(events: list[Event]) -> None:
+                    """The worker's events straight onto the link: no task wakes per call and step
+                    (none once the frontend left or the call ended here)."""
+                    if not served.left and call in self._calls:
+                        send((EVENTS, call, events))
+
+                ordered = core.generate if method == "generate" else core.decode
+                core_call = ordered(order, sink)
                 served.verdicts = core_call.verdicts
                 async with aclosing(core_call.events) as batches:
                     async for events in batches:

@@ -38,9 +38,26 @@ Body = Generator[Item, object, None]  # a job: what it yields, and the replies s
 Delivered = Event | End  # what reaches the job's caller
 
 
+Sink = Callable[[list[Event]], None]  # takes a job's events on its event loop, in order
+
+
 def put_all(items: list[tuple[Job, Delivered]]) -> None:
+    """One round's deliveries on the event loop: into each job's queue, or, for a job with a sink,
+    its events handed to the sink at once in one list (no task wakes for them) and only its End
+    into the queue, after them."""
+    sunk: dict[Job, list[Event]] = {}
     for job, item in items:
-        job.events.put_nowait(item)
+        if job.sink is None:
+            job.events.put_nowait(item)
+        elif not isinstance(item, End):
+            sunk.setdefault(job, []).append(item)
+        else:
+            if job in sunk:
+                job.sink(sunk.pop(job))
+            job.events.put_nowait(item)
+    for job, events in sunk.items():
+        if job.sink is not None:
+            job.sink(events)
 
 
 class Job:
@@ -55,8 +72,10 @@ class Job:
         cancelled: Callable[[Job], None],
         outbox: Callable[[Job, Delivered], None],
         hold: bool = False,
+        sink: Sink | None = None,
     ) -> None:
         self.body = body
+        self.sink = sink  # where its events go on the event loop (None: its queue, as End always)
         self.bounded = bounded  # counts toward the queue bound (requests, not internal calls)
         self.hold = hold  # events wait for the end of the job (a unary call needs them only then)
         self.held: list[Event] = []

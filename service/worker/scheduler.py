@@ -64,7 +64,7 @@ from engine.executor.step import (
 )
 from service.errors import Cancelled, QueueFull
 from service.worker.answers import Answers
-from service.worker.jobs import Body, Delivered, End, Event, Job, Result, put_all
+from service.worker.jobs import Body, Delivered, End, Event, Job, Result, Sink, put_all
 from service.worker.rounds import (
     DECODE_REQUESTS,
     Call,
@@ -136,7 +136,9 @@ class Scheduler:
         return len(self._queued)
 
     # -- the event-loop side ------------------------------------------------------
-    def submit(self, body: Body, *, bounded: bool = True, hold: bool = False) -> Job:
+    def submit(
+        self, body: Body, *, bounded: bool = True, hold: bool = False, sink: Sink | None = None
+    ) -> Job:
         with self._lock:
             if self._refusal is not None:
                 body.close()
@@ -147,7 +149,14 @@ class Scheduler:
             self._depth += bounded
             self.submitted += 1
         job = Job(
-            body, asyncio.get_running_loop(), bounded, next(self._serials), self._cancelled, self._post, hold
+            body,
+            asyncio.get_running_loop(),
+            bounded,
+            next(self._serials),
+            self._cancelled,
+            self._post,
+            hold,
+            sink,
         )
         self._inbox.put(job)
         return job
@@ -186,11 +195,13 @@ class Scheduler:
                     yield item
 
     async def batches(
-        self, body: Body, *, bounded: bool = True, hold: bool = False
+        self, body: Body, *, bounded: bool = True, hold: bool = False, sink: Sink | None = None
     ) -> AsyncGenerator[list[Event], None]:
         """As `stream`, but every event that has arrived by the caller's turn comes in one list (never
-        empty): a caller that answers them with one message costs the event loop one turn for all."""
-        job = self.submit(body, bounded=bounded, hold=hold)
+        empty): a caller that answers them with one message costs the event loop one turn for all.
+        With a `sink` the events go to it as they arrive (jobs.put_all) and none is yielded: the
+        generator only waits for the end."""
+        job = self.submit(body, bounded=bounded, hold=hold, sink=sink)
         events = job.events
         try:
             while True:
