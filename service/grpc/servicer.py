@@ -44,7 +44,7 @@ from service.front.generating import generation, text_door
 from service.front.progress import Progress
 from service.front.texts import watches
 from service.front.tool_calls import ToolRequest, tools_at_fault
-from service.grpc import wire
+from service.grpc import stats_wire, wire
 
 # Handlers never read or write messages through the context, so its message types stay open.
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -263,11 +263,13 @@ class LadderServicer(ladder_pb2_grpc.LadderServicer):
         return pb.DetokenizeResponse(text=self.front.model.detokenize(list(request.ids), field="ids"))
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.ModelInfo:
-        return wire.model_info(self.front.model, self.front.config)
+        return stats_wire.model_info(self.front.model, self.front.config)
 
     async def GetEngineStats(self, request: pb.GetEngineStatsRequest, context: Context) -> pb.EngineStats:
         done = await self.core.stats()
-        return wire.engine_stats(done.stats, done.depth, done.waiting, done.totals, parking=done.parking)
+        return stats_wire.engine_stats(
+            done.stats, done.depth, done.waiting, done.totals, parking=done.parking
+        )
 
 
 def _note_source(source_id: str) -> None:
