@@ -363,6 +363,7 @@ class Usage:
     steps: int
     rows: int
     prepared: int  # shape variants prepared so far (one under load is a stall: graph capture)
+    threads: dict[int, float]  # CPU seconds of each thread of the core's process, by thread id
 
     @staticmethod
     def now(address: str, server: int | None) -> Usage:
@@ -374,6 +375,7 @@ class Usage:
             stats["decode_steps"],
             stats["decode_rows"],
             stats["prepared"],
+            thread_seconds(server) if server else {},
         )
 
     def since(self, before: Usage, wall: float, helpers: float = 0.0) -> dict[str, Any]:
@@ -388,7 +390,21 @@ class Usage:
             "decode_steps_s": steps / wall,
             "rows_per_step": (self.rows - before.rows) / steps if steps else None,
             "variants_prepared": self.prepared - before.prepared,
+            "core_threads": busiest_threads(before.threads, self.threads, wall),
         }
+
+
+def busiest_threads(
+    before: dict[int, float], after: dict[int, float], wall: float, shown: int = 4
+) -> list[Any]:
+    """Where the core's process spends its cores: [thread, cores] for its `shown` busiest threads
+    (the main thread, which runs its event loop, named "main"), then ["rest (k threads)", cores]."""
+    used = sorted(((after[t] - before.get(t, 0.0), t) for t in after), reverse=True)
+    top: list[Any] = [["main" if t == 0 else str(t), round(cpu / wall, 3)] for cpu, t in used[:shown]]
+    if used[shown:]:
+        rest = sum(cpu for cpu, _ in used[shown:]) / wall
+        top.append([f"rest ({len(used) - shown} threads)", round(rest, 3)])
+    return top
 
 
 # -- the open loop split over processes (one asyncio client's CPU must not be what is measured) ------
@@ -474,6 +490,20 @@ def cpu_seconds(pid: int | None, children: bool = True) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return own + sum(cpu_seconds(child, False) for child in child_pids(pid)) if children else own
+
+
+def thread_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each live thread of a process (its own, not its children's); the
+    main thread's id is given as 0."""
+    found = {}
+    for stat in Path(f"/proc/{pid}/task").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        tid = int(stat.parent.name)
+        found[0 if tid == pid else tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return found
 
 
 def child_pids(pid: int) -> list[int]:

@@ -12,6 +12,7 @@
 # it carried along (e.g. `git archive 3773811 engine service proto pyproject.toml | gzip >
 # .whl/base.tgz`, the byte relay before the token-level cut), unpacked into /tmp/base:
 #   MODES="base:2 2" BASE_TGZ=.whl/base.tgz bash bench/gpu/frontends_ab.sh
+# A mode may add server flags after commas: MODES="2 2,--decode-chain=off" (one flag A/B).
 # PROTOCOL=http sends the same sweep as streamed /v1/completions (the client split over PROCS
 # processes either way). PYSPY=1 records the core's process (the engine's, not its frontends) with
 # py-spy over its GIL holder during each run's first rate, into $OUT/<run>/py-spy.txt (carry the
@@ -23,18 +24,26 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee 
 if [ -n "${BASE_TGZ:-}" ]; then
   rm -rf /tmp/base && mkdir -p /tmp/base && tar -xzf "$BASE_TGZ" -C /tmp/base || exit 1
 fi
+declare -A seen
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for mode in ${MODES:-0 2}; do
-    frontends=${mode#base:}
+    # A mode is [base:]N[,--flag=value...]: N frontends, the server's own tree or base's, and
+    # further server flags (e.g. `2,--decode-chain=off`).
+    head=${mode%%,*}
+    extra=""
+    [ "$head" != "$mode" ] && extra=" ${mode#*,}" && extra=${extra//,/ }
+    frontends=${head#base:}
     root=()
-    [ "$mode" != "$frontends" ] && root=(--server-root /tmp/base)
-    run="fe-${PROTOCOL:-grpc}-${mode/:/-}-$round"
+    [ "$head" != "$frontends" ] && root=(--server-root /tmp/base)
+    run="fe-${PROTOCOL:-grpc}-$(echo "$mode" | tr -cs 'a-z0-9' '-' | sed 's/-*$//')-$round"
+    seen[$run]=$(( ${seen[$run]:-0} + 1 ))
+    [ "${seen[$run]}" -gt 1 ] && run="$run-${seen[$run]}"  # the same mode twice in a round
     attach=()
     [ "${PYSPY:-0}" = 1 ] && mkdir -p "$OUT/$run" && attach=(--attach "/tmp/site/bin/py-spy record --pid {pid} \
 --duration ${PYSPY_SECONDS:-12} --rate 200 --format raw --gil --nonblocking --output $OUT/$run/py-spy.txt")
     timeout "${RUN_TIMEOUT:-150}" python3 -m bench.serving --provider cuda --model gpu:16x2048 --precision fp16 \
       --max-sessions "${SLOTS:-128}" --rates "${RATES:-36,96}" --requests "${REQUESTS:-500}" \
-      --client-procs "${PROCS:-4}" --protocol "${PROTOCOL:-grpc}" --server-args "--frontends $frontends" "${root[@]}" --out "$OUT/$run" \
+      --client-procs "${PROCS:-4}" --protocol "${PROTOCOL:-grpc}" --server-args "--frontends $frontends$extra" "${root[@]}" --out "$OUT/$run" \
       --server-log "$OUT/$run.server.log" "${attach[@]}" > "$OUT/$run.log" 2>&1
     echo "round $round mode $mode exit $?"
   done

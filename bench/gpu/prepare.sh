@@ -4,7 +4,8 @@
 # (+ genai) and the service's small wheels into /tmp/site and puts the repo on the path.
 mkdir -p /tmp/ortparts && cp .whl/ortgpu.part.* /tmp/ortparts/ 2>/dev/null
 . .whl/gpu-env.sh || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/small/*.whl || exit 1
+# --upgrade: without it pip leaves /tmp/site/bin as the wheels above made it (no py-spy there).
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/small/*.whl || exit 1
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
 # Fail fast: without the wheel parts onnxruntime-gpu is not installed, and every bench would run on
 # the CPU provider for minutes of device time (2026-12-02: a whole run was lost that way).

@@ -11,6 +11,7 @@ from bench.serving import (
     Record,
     Slo,
     arrivals,
+    busiest_threads,
     interleave,
     lognormal,
     meets,
@@ -97,3 +98,13 @@ def test_records_split_over_processes_come_back_in_request_order() -> None:
     requests = [Record(float(i)) for i in range(7)]
     parts = [requests[k::3] for k in range(3)]  # what process k of 3 sent
     assert interleave(parts) == requests
+
+
+def test_the_core_threads_shown_and_the_rest_add_up_to_the_process_cores() -> None:
+    before = {0: 1.0, 11: 5.0, 12: 0.0, 13: 0.5, 14: 0.1}
+    after = {0: 1.5, 11: 9.0, 12: 0.2, 13: 0.6, 14: 0.1, 15: 0.3}  # 15 started during the run
+    shown = busiest_threads(before, after, wall=2.0, shown=2)
+    assert shown[:2] == [["11", 2.0], ["main", 0.25]]
+    assert shown[2][0] == "rest (4 threads)"
+    spent = sum(after.values()) - sum(before.values())
+    assert sum(cores for _, cores in shown) == pytest.approx(spent / 2.0)
