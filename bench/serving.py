@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -244,6 +245,8 @@ def summarize(records: Sequence[Record], duration: float, slo: Slo) -> dict[str,
     return {
         "requests": len(records),
         "errors": len(records) - len(served),
+        # What each unserved request got: a status, or "no tokens" (ended before its first token).
+        "error_kinds": dict(Counter(r.error or "no tokens" for r in records if r.error or not r.times)),
         "duration_s": duration,
         "request_s": len(served) / duration,
         "output_tok_s": sum(len(r.times) for r in served) / duration,

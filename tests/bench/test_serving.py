@@ -43,6 +43,13 @@ def test_goodput_counts_only_requests_within_both_slos() -> None:
     assert found["errors"] == 1
 
 
+def test_unserved_requests_are_counted_by_what_they_got() -> None:
+    records = [record(0.05, 0.01, 3), record(0.05, 0.01, 0), record(0.05, 0.01, 2, error="UNAVAILABLE")]
+    found = summarize(records, duration=1.0, slo=SLO)
+    assert found["errors"] == 2
+    assert found["error_kinds"] == {"no tokens": 1, "UNAVAILABLE": 1}
+
+
 def test_a_failed_request_adds_no_tokens_and_no_latency() -> None:
     served = [record(0.05, 0.01, 10)]
     alone, with_failure = (summarize(r, 1.0, SLO) for r in (served, served + [record(9.0, 9.0, 3, "X")]))
