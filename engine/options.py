@@ -25,6 +25,9 @@ class EngineOptions:
     # With lookahead: a greedy step's tokens chosen on the device, the next forward queued behind
     # them with no host round trip (CUDA; engine/executor/decode.py's chain).
     decode_chain: bool = True
+    # How the host waits for the device (CUDA): "spin" busy-polls, "block" sleeps until the device
+    # signals (the context's blocking-sync schedule and blocking events: engine/runtime/cuda_runtime.py).
+    cuda_wait: str = "spin"
     prefix_sharing: bool = True  # a prompt starting with a held prefix (ladder steps) copies it
     # Each row's numerics depend on the request alone: decode forwards at one batch width, prefill
     # forwards a fresh run's own, prefixes shared only where a fresh run's forwards start.

@@ -101,6 +101,7 @@ class Config:
     warm_up: bool = True  # prepare every planned shape (graph captures on CUDA) before serving
     lookahead: bool = True  # CUDA: launch the next decode forward before its tokens are read
     decode_chain: bool = True  # CUDA, with lookahead: greedy steps chosen and relaunched on the device
+    cuda_wait: str = "spin"  # CUDA: how the host waits for the device: spin | block (the thread sleeps)
     memory_budget_mb: int = 0  # weights + KV + variants; the pool holds as many KV slots as fit
     max_queue: int = 64  # requests the engine worker holds at once
     session_idle_seconds: float = 300.0
@@ -155,6 +156,7 @@ class Config:
             memory_budget_bytes=self.memory_budget_mb << 20,
             lookahead=self.lookahead,
             decode_chain=self.decode_chain,
+            cuda_wait=self.cuda_wait,
             prefix_sharing=self.prefix_sharing,
             graph_read_only=self.model_read_only,
             deterministic=self.deterministic,

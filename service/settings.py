@@ -55,6 +55,9 @@ HELP = {
     "(off: run-to-run identical tokens on CUDA, see architecture-cuda.md)",
     "decode_chain": "CUDA, with lookahead: a greedy decode step's tokens are chosen on the device, which "
     "launches the next forward behind them without the host (off: the host chooses first)",
+    "cuda_wait": "CUDA: how the host waits for the device's work, onnxruntime's graph replays included "
+    "(each waits for its forward): spin (a core busy-polls the whole wait) or block (the thread "
+    "sleeps until the device signals; see architecture-cuda.md)",
     "variant_capacity": "shapes the variant cache holds (0 = the ladder widths + the decode batch widths)",
     "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
     "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",
@@ -112,6 +115,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
     "tool_call_format": (AUTO, *FORMATS),
     "speculate": ("off", "lookup", "auto"),
+    "cuda_wait": ("spin", "block"),
     "core_transport": ("direct", "socket"),
 }
 BOUNDS: dict[str, tuple[float, float | None]] = {

@@ -13,6 +13,7 @@ is how CI tests it.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ class Placement:
     providers: list[Any]
     graphs: bool
     stream: Any = None
+    blocking: bool = False  # the host sleeps while it waits for the device (EngineOptions.cuda_wait)
 
     def ptr(self, array: Any) -> int:
         return int(array.ctypes.data) if isinstance(array, np.ndarray) else int(array.data.ptr)
@@ -118,6 +120,13 @@ class Placement:
     def free_bytes(self) -> int:
         return int(self.xp.cuda.runtime.memGetInfo()[0]) if self.device == "cuda" else 0
 
+    def mark(self) -> Any:
+        """An event behind the work queued so far on the backend's stream; its `synchronize()`
+        sleeps until the device reaches it when `blocking`, else busy-polls."""
+        event = self.xp.cuda.Event(block=self.blocking, disable_timing=True)
+        event.record(self.stream)
+        return event
+
     def wait_queue(self) -> None:
         """Finish what cupy queued on the backend's stream (before onnxruntime reads it)."""
         if self.stream is not None:
@@ -145,6 +154,9 @@ def cuda_runtime(options: EngineOptions, *, graphs: bool = True) -> Placement:
     """cupy on a stream of its own that onnxruntime's CUDA provider also runs on; raises CudaUnavailable."""
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise CudaUnavailable("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
+    # Before the context is made current: onnxruntime's graph replays end in a stream wait of
+    # their own, which under the default schedule spins a core for the whole forward.
+    blocking = options.cuda_wait == "block" and block_on_waits(options.device_id)
     try:
         import cupy as cp
 
@@ -165,7 +177,28 @@ def cuda_runtime(options: EngineOptions, *, graphs: bool = True) -> Placement:
         [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"],
         graphs,
         stream,
+        blocking=blocking,
     )
+
+
+_CU_CTX_SCHED_BLOCKING_SYNC = 0x04
+
+
+def block_on_waits(device_id: int) -> bool:
+    """Make every host wait on the device's primary context sleep until the device signals
+    (CU_CTX_SCHED_BLOCKING_SYNC) instead of spinning: stream and device waits, onnxruntime's own
+    included (a graph replay waits for its forward: onnxruntime's cuda_graph.cc, 1.31). Set through
+    the driver API (cupy has no setDeviceFlags); False, and waits keep spinning, where the driver
+    refuses or is absent."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    device = ctypes.c_int()
+    if driver.cuInit(0) != 0 or driver.cuDeviceGet(ctypes.byref(device), device_id) != 0:
+        return False
+    set_flags = getattr(driver, "cuDevicePrimaryCtxSetFlags_v2", None) or driver.cuDevicePrimaryCtxSetFlags
+    return bool(set_flags(device, _CU_CTX_SCHED_BLOCKING_SYNC) == 0)
 
 
 def host_runtime() -> Placement:

@@ -174,9 +174,7 @@ class GreedyRows:
         self.slots[:n] = -1
         self.grow[:n] = grow
         self._launch(store, n, 0, chain=(next_ids, mask, positions))
-        event = self.rt.xp.cuda.Event(block=False, disable_timing=True)
-        event.record(self.rt.stream)
-        return event
+        return self.rt.mark()
 
     def chosen(self, n: int, event: Any) -> list[int]:
         """The tokens of the chain `event` marks, once the device has chosen them."""

@@ -203,9 +203,7 @@ class SampledRows:
                     *tail,
                 ),
             )
-            event = self.rt.xp.cuda.Event(block=False, disable_timing=True)
-            event.record(self.rt.stream)
-        return event
+            return self.rt.mark()
 
     def chosen(self, n: int, event: Any) -> list[int]:
         """The tokens of the launch `event` marks, once the device has chosen them."""

@@ -54,6 +54,13 @@ def test_the_cuda_backend_is_selected_on_a_gpu(model_dir: Path) -> None:
     assert engine_on(model_dir, "cuda").backend.name == "cuda"
 
 
+def test_a_host_that_sleeps_on_the_device_gets_the_tokens_of_one_that_spins(model_dir: Path) -> None:
+    expected = [generate(engine_on(model_dir, "cuda"), n) for n in LENGTHS[:3]]
+    blocking = engine_on(model_dir, "cuda", cuda_wait="block")
+    assert blocking.backend.rt.blocking  # type: ignore[attr-defined]
+    assert [generate(blocking, n) for n in LENGTHS[:3]] == expected
+
+
 def test_graph_replays_give_the_greedy_tokens_of_eager_runs(model_dir: Path) -> None:
     graphs, eager = engine_on(model_dir, "cuda"), engine_on(model_dir, "cuda", graphs=False)
     for _ in range(2):  # the second pass replays every captured graph
