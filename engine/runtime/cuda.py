@@ -103,6 +103,7 @@ class CudaBackend(DeviceLogits):
         self.staging_rows = 1  # the Staging row prefill variants bind (engine/runtime/staging.py)
         self.store: Any = None
         self.gathered: Any = None
+        self.indexes = {}
         self._graph_ids = itertools.count(1)
         self._run_options: dict[tuple[int, bool], Any] = {}
         self.queued = False  # cupy work is queued that the next forward must wait for

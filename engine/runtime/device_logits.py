@@ -28,6 +28,8 @@ from engine.sampling import (
     token_logprobs,
 )
 
+_INDEXES_HELD = 256  # row sets whose device index is kept (a few KB each at most)
+
 
 class DeviceLogits:
     rt: Placement
@@ -38,6 +40,7 @@ class DeviceLogits:
     sampled: SampledRows | None  # None on numpy: sampled rows draw on the host
     masks: MaskTable
     queued: bool  # device work is queued that the next forward must wait for
+    indexes: dict[tuple[int, ...], Any]  # device indexes of row sets that are not one run (`_index`)
 
     def keep_row(self, row: int, logits: Any, index: int) -> None:
         with self.rt.enter():
@@ -45,8 +48,10 @@ class DeviceLogits:
         self.queued = True
 
     def keep_batch(self, rows: Sequence[int], logits: Any) -> None:
+        """store[r] = logits[r, 0] for each row r (any order: the chain passes its rows in the step's
+        order, and sorted, a compact batch is one slice copy: no index, no gather)."""
         with self.rt.enter():
-            index = self._index(rows)
+            index = self._index(sorted(rows))
             source = logits[index, 0] if isinstance(index, slice) else self._gather(logits[:, 0], index)
             self.store[index] = source
         self.queued = True
@@ -57,10 +62,20 @@ class DeviceLogits:
         return out
 
     def _index(self, rows: Sequence[int]) -> Any:
-        """Rows as a slice when they run in order without gaps (no index upload, no gather)."""
+        """Rows as a slice when they run in order without gaps (no index upload, no gather), else
+        as an index on the device, uploaded once per set of rows: a decode batch keeps its rows for
+        many steps, and an upload (cupy's asarray) was a fifth of the core's interpreter on the
+        H100 (bench/results/token-level-sink-h100-2026-12-05). An index is never written once made,
+        so one a queued kernel still reads may be handed out again."""
         if rows and list(rows) == list(range(rows[0], rows[0] + len(rows))):
             return slice(rows[0], rows[0] + len(rows))
-        return self.xp.asarray(np.asarray(rows, np.int64))
+        key = tuple(rows)
+        index = self.indexes.get(key)
+        if index is None:
+            if len(self.indexes) >= _INDEXES_HELD:
+                self.indexes.clear()  # rows churn: start over rather than track use
+            index = self.indexes[key] = self.xp.asarray(np.asarray(rows, np.int64))
+        return index
 
     def choose(
         self, rows: Sequence[int], samplers: Sequence[Sampler], histories: Sequence[Sequence[int]]

@@ -257,6 +257,32 @@ def test_rows_with_a_hole_decoded_in_any_order_match_the_cpu_backend(model_dir: 
     assert run(device_engine(model_dir)) == run(cpu_engine(model_dir))
 
 
+def test_a_compact_batch_in_any_order_keeps_its_logits_without_an_index(model_dir: Path) -> None:
+    engine = device_engine(model_dir)
+    sessions = [engine.open_session() for _ in range(3)]
+    for s, n in zip(sessions, (12, 50, 31), strict=True):
+        engine.append(s, prompt_ids(n, n))
+    kept = sessions[::-1]  # the step's order is not the rows' order
+    outs = [[engine.choose(s, GREEDY)] for s in kept]
+    for _ in range(6):
+        chosen = engine.decode([DecodeRow(s, o[-1], GREEDY) for s, o in zip(kept, outs, strict=True)])
+        for out, token in zip(outs, chosen, strict=True):
+            out.append(token)  # type: ignore[arg-type]
+    assert engine.backend.indexes == {}  # type: ignore[attr-defined]
+
+
+def test_rows_with_a_hole_keep_their_logits_and_upload_their_index_once(model_dir: Path) -> None:
+    backend = device_engine(model_dir).backend
+    rows, vocab = backend.store.shape  # type: ignore[attr-defined]
+    before = backend.store.copy()  # type: ignore[attr-defined]
+    for step in range(3):
+        logits = np.random.default_rng(step).standard_normal((rows, 1, vocab)).astype(before.dtype)
+        backend.keep_batch([2, 0], logits)  # type: ignore[attr-defined]
+        kept = backend.store  # type: ignore[attr-defined]
+        assert (kept[[0, 2]] == logits[[0, 2], 0]).all() and (kept[1] == before[1]).all()
+    assert list(backend.indexes) == [(0, 2)]  # type: ignore[attr-defined]
+
+
 def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_dir: Path) -> None:
     """A launched step holds the other rows' lengths from before: a prefill in between is not undone."""
 
