@@ -28,6 +28,10 @@ class EngineOptions:
     # How the host waits for the device (CUDA): "spin" busy-polls, "block" sleeps until the device
     # signals (the context's blocking-sync schedule and blocking events: engine/runtime/cuda_runtime.py).
     cuda_wait: str = "spin"
+    # CUDA: captured forwards (and forwards launched without waiting) run on a thread of their own.
+    # onnxruntime's graph replay waits for its forward before it returns, so on the worker's thread
+    # the step's host work and its forward take turns; on the runner's they overlap.
+    replay_thread: bool = False
     prefix_sharing: bool = True  # a prompt starting with a held prefix (ladder steps) copies it
     # Each row's numerics depend on the request alone: decode forwards at one batch width, prefill
     # forwards a fresh run's own, prefixes shared only where a fresh run's forwards start.

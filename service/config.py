@@ -102,6 +102,7 @@ class Config:
     lookahead: bool = True  # CUDA: launch the next decode forward before its tokens are read
     decode_chain: bool = True  # CUDA, with lookahead: greedy steps chosen and relaunched on the device
     cuda_wait: str = "spin"  # CUDA: how the host waits for the device: spin | block (the thread sleeps)
+    replay_thread: bool = False  # CUDA: graph replays on a thread of their own (host work overlaps them)
     memory_budget_mb: int = 0  # weights + KV + variants; the pool holds as many KV slots as fit
     max_queue: int = 64  # requests the engine worker holds at once
     session_idle_seconds: float = 300.0
@@ -157,6 +158,7 @@ class Config:
             lookahead=self.lookahead,
             decode_chain=self.decode_chain,
             cuda_wait=self.cuda_wait,
+            replay_thread=self.replay_thread,
             prefix_sharing=self.prefix_sharing,
             graph_read_only=self.model_read_only,
             deterministic=self.deterministic,

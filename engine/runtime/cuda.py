@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +110,13 @@ class CudaBackend(DeviceLogits):
         self.queued = False  # cupy work is queued that the next forward must wait for
         self.in_flight = False  # a forward was launched without waiting
         self.captures = 0
+        # With `replay_thread`: the thread every captured forward (capture and replays: onnxruntime
+        # keeps a CUDA EP's graphs per thread) and every forward launched without waiting runs on,
+        # and the launch it may still be running (`_launched` waits for it).
+        self._runner = (
+            ThreadPoolExecutor(1, thread_name_prefix="ladder-forwards") if options.replay_thread else None
+        )
+        self._launch: Future[None] | None = None
         self.profile = False  # when set, the wall time spent inside onnxruntime's run is summed
         self.run_ms = 0.0
         self.profiled_forwards = 0
@@ -373,6 +381,7 @@ class CudaBackend(DeviceLogits):
         sampled = not all(s.params.greedy for s in samplers)
         if sampled and self.sampled is None:
             return None  # host_runtime: sampled rows draw on the host
+        self._launched()  # the forward in flight is on the stream before its logits are read
         self.keep_batch(rows, logits)
         self.in_flight = True  # from here the device holds work a failure must wait for
         with self.rt.enter():
@@ -392,7 +401,7 @@ class CudaBackend(DeviceLogits):
             staged = self.staging.row  # one lookup, not a call per row: this is every decode step
             if staged in rows:
                 self.staging.written(int(grow[list(rows).index(staged)]))
-            self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id, False))
+            self._forward(variant, wait=False)
         self.queued = False  # what was queued runs before the forward: it is on the same stream
         if sampled:
             assert self.sampled is not None
@@ -402,7 +411,31 @@ class CudaBackend(DeviceLogits):
     def settle(self) -> None:
         if self.in_flight:
             self.in_flight = False
-            self.rt.wait_device()  # onnxruntime's own stream included
+            try:
+                self._launched()  # raises what the launch raised, once
+            finally:
+                self.rt.wait_device()  # onnxruntime's own stream included
+
+    def _forward(self, variant: DeviceVariant, wait: bool) -> None:
+        """One forward through onnxruntime. On the runner thread (`replay_thread`) when it is a
+        captured graph's or is not waited for; returns once it ran when `wait`, else at once."""
+        options = self._options(variant.graph_id, wait)
+        if self._runner is None or (wait and variant.graph_id == EAGER):
+            self.session.run_with_iobinding(variant.binding, options)
+            return
+        self._launched()
+        launch = self._runner.submit(self.session.run_with_iobinding, variant.binding, options)
+        if wait:
+            launch.result()
+        else:
+            self._launch = launch
+
+    def _launched(self) -> None:
+        """Wait until the forward handed to the runner without waiting has run (a graph replay
+        returns once its forward is done), raising its error."""
+        launch, self._launch = self._launch, None
+        if launch is not None:
+            launch.result()
 
     def _constant(self, variant: DeviceVariant, name: str, array: np.ndarray) -> None:
         buffer = variant.inputs.get(name)
@@ -432,7 +465,7 @@ class CudaBackend(DeviceLogits):
             self.rt.wait_queue()  # staging copies and logits stores go first
             self.queued = False
         start = time.perf_counter()
-        self.session.run_with_iobinding(variant.binding, self._options(variant.graph_id, wait))
+        self._forward(variant, wait)
         self.in_flight = not wait
         if self.profile and wait:
             self.run_ms += (time.perf_counter() - start) * 1e3

@@ -8,6 +8,7 @@ the array module and the provider differ.
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -195,8 +196,13 @@ def test_lookahead_gives_the_tokens_of_step_by_step_decode_and_hits_a_stable_bat
     assert decode.lookahead_hits >= 10 and decode.lookahead_misses >= 3
 
 
-def test_a_stable_greedy_batch_chains_its_forwards_and_keeps_the_tokens(model_dir: Path) -> None:
-    device = device_engine(model_dir)
+@pytest.mark.parametrize(
+    "replay_thread", [False, True], ids=["forwards on the worker", "forwards on a runner"]
+)
+def test_a_stable_greedy_batch_chains_its_forwards_and_keeps_the_tokens(
+    model_dir: Path, replay_thread: bool
+) -> None:
+    device = device_engine(model_dir, replay_thread=replay_thread)
     assert scenario(device) == scenario(cpu_engine(model_dir))
     decode = device.stats().decode
     assert 8 <= decode.chained <= decode.lookahead_hits  # rows leaving, joining, rewinding break a chain
@@ -310,6 +316,27 @@ def test_a_session_prefilled_while_a_lookahead_is_in_flight_keeps_its_kv(model_d
         return outs
 
     assert run(device_engine(model_dir)) == run(cpu_engine(model_dir))
+    assert run(device_engine(model_dir, replay_thread=True)) == run(cpu_engine(model_dir))
+
+
+def test_a_forward_launched_on_the_runner_has_run_before_anything_reads_or_reuses_it(model_dir: Path) -> None:
+    """With `replay_thread`, a step launched ahead runs on the runner while the worker goes on; the
+    next step, a prefill, a close and stats each find it run (and the runner's thread is the one
+    every forward launched ahead ran on)."""
+    device = device_engine(model_dir, replay_thread=True)
+    threads = set()
+    run = device.backend.session.run_with_iobinding  # type: ignore[attr-defined]
+
+    def recorded(*args: object) -> None:
+        threads.add(threading.current_thread().name)
+        run(*args)
+
+    device.backend.session.run_with_iobinding = recorded  # type: ignore[attr-defined]
+    assert scenario(device) == scenario(cpu_engine(model_dir))
+    assert any(name.startswith("ladder-forwards") for name in threads)
+    device.decoder.settle()
+    assert device.backend._launch is None  # type: ignore[attr-defined]
+    device.check_invariants()
 
 
 def test_a_kv_copy_in_wide_words_moves_exactly_the_positions_asked_and_nothing_else() -> None:

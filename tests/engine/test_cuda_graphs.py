@@ -95,7 +95,12 @@ def test_sessions_decoded_together_in_one_graph_give_their_tokens_alone(model_di
     assert engine.stats().decode.chained >= 12  # the device chose and launched ahead (decode.py's chain)
 
 
-def test_chained_decode_gives_step_by_step_tokens_as_rows_leave_and_join(model_dir: Path) -> None:
+@pytest.mark.parametrize(
+    "replay_thread", [False, True], ids=["forwards on the worker", "forwards on a runner"]
+)
+def test_chained_decode_gives_step_by_step_tokens_as_rows_leave_and_join(
+    model_dir: Path, replay_thread: bool
+) -> None:
     def run(engine: Engine) -> list[list[int]]:
         sessions = [engine.open_session() for _ in LENGTHS]
         for session, n in zip(sessions, LENGTHS, strict=True):
@@ -116,7 +121,7 @@ def test_chained_decode_gives_step_by_step_tokens_as_rows_leave_and_join(model_d
                 outs[i].append(token)  # type: ignore[arg-type]
         return outs
 
-    chained = engine_on(model_dir, "cuda")
+    chained = engine_on(model_dir, "cuda", replay_thread=replay_thread)
     assert run(chained) == run(engine_on(model_dir, "cuda", lookahead=False))
     assert chained.stats().decode.chained >= 20
 
