@@ -420,10 +420,10 @@ class CudaBackend(DeviceLogits):
         """One forward through onnxruntime. On the runner thread (`replay_thread`) when it is a
         captured graph's or is not waited for; returns once it ran when `wait`, else at once."""
         options = self._options(variant.graph_id, wait)
+        self._launched()  # one forward at a time, in the order asked
         if self._runner is None or (wait and variant.graph_id == EAGER):
             self.session.run_with_iobinding(variant.binding, options)
             return
-        self._launched()
         launch = self._runner.submit(self.session.run_with_iobinding, variant.binding, options)
         if wait:
             launch.result()
