@@ -24,7 +24,7 @@ from bench.gpu.run import build
 from bench.served import vocab_of
 from engine.executor import DecodeRow, EngineOptions
 from engine.executor.engine import Engine
-from engine.runtime.cuda import EAGER
+from engine.runtime.forwards import EAGER
 from engine.runtime.variants import VariantKey
 from engine.sampling import Sampler, SamplingParams
 
@@ -34,7 +34,7 @@ def probe(engine: Engine, rows: int, graph: bool, trials: int, vocab: int) -> di
     cp, stream = backend.xp, backend.rt.stream
     key = VariantKey(1, (), rows)
     variant = engine.decoder.variant(key) if graph else backend._variant(key, EAGER)
-    options = backend._options(variant.graph_id, False)
+    options = backend.forwards.options(variant.graph_id, False)
     feed = variant.inputs[engine.info.feed.name]
     rng = np.random.default_rng(1)
     enclosed, agree, launch = [], 0, []
@@ -57,7 +57,7 @@ def probe(engine: Engine, rows: int, graph: bool, trials: int, vocab: int) -> di
     backend.rt.wait_device()
     t0 = time.perf_counter()
     for _ in range(trials):
-        backend.session.run_with_iobinding(variant.binding, backend._options(variant.graph_id, True))
+        backend.session.run_with_iobinding(variant.binding, backend.forwards.options(variant.graph_id, True))
     waited = (time.perf_counter() - t0) / trials * 1e3
     return {
         "graph": graph,

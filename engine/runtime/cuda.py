@@ -28,7 +28,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +41,7 @@ from engine.runtime.backend import HeadRows, ParkedRow
 from engine.runtime.cpu import _dtype, inference_session, resolve_dims
 from engine.runtime.cuda_runtime import CudaUnavailable, Placement, cuda_runtime, host_runtime
 from engine.runtime.device_logits import DeviceLogits
+from engine.runtime.forwards import EAGER, Forwards
 from engine.runtime.greedy import GreedyRows
 from engine.runtime.masks import MASKS_HELD, MaskTable
 from engine.runtime.pool import KvPool
@@ -52,7 +52,6 @@ from engine.sampling import Sampler
 
 log = structlog.get_logger("ladder.engine")
 
-EAGER = -1  # onnxruntime's gpu_graph_id for "run without capture or replay"
 __all__ = ["CudaBackend", "CudaUnavailable", "Placement", "cuda_runtime", "host_runtime"]
 
 
@@ -106,17 +105,10 @@ class CudaBackend(DeviceLogits):
         self.gathered: Any = None
         self.indexes = {}
         self._graph_ids = itertools.count(1)
-        self._run_options: dict[tuple[int, bool], Any] = {}
         self.queued = False  # cupy work is queued that the next forward must wait for
         self.in_flight = False  # a forward was launched without waiting
         self.captures = 0
-        # With `replay_thread`: the thread every captured forward (capture and replays: onnxruntime
-        # keeps a CUDA EP's graphs per thread) and every forward launched without waiting runs on,
-        # and the launch it may still be running (`_launched` waits for it).
-        self._runner = (
-            ThreadPoolExecutor(1, thread_name_prefix="ladder-forwards") if options.replay_thread else None
-        )
-        self._launch: Future[None] | None = None
+        self.forwards = Forwards(self.session, self.rt.graphs, options.replay_thread)
         self.profile = False  # when set, the wall time spent inside onnxruntime's run is summed
         self.run_ms = 0.0
         self.profiled_forwards = 0
@@ -381,7 +373,7 @@ class CudaBackend(DeviceLogits):
         sampled = not all(s.params.greedy for s in samplers)
         if sampled and self.sampled is None:
             return None  # host_runtime: sampled rows draw on the host
-        self._launched()  # the forward in flight is on the stream before its logits are read
+        self.forwards.launched()  # the forward in flight is on the stream before its logits are read
         self.keep_batch(rows, logits)
         self.in_flight = True  # from here the device holds work a failure must wait for
         with self.rt.enter():
@@ -401,7 +393,7 @@ class CudaBackend(DeviceLogits):
             staged = self.staging.row  # one lookup, not a call per row: this is every decode step
             if staged in rows:
                 self.staging.written(int(grow[list(rows).index(staged)]))
-            self._forward(variant, wait=False)
+            self.forwards.run(variant.binding, variant.graph_id, wait=False)
         self.queued = False  # what was queued runs before the forward: it is on the same stream
         if sampled:
             assert self.sampled is not None
@@ -412,30 +404,9 @@ class CudaBackend(DeviceLogits):
         if self.in_flight:
             self.in_flight = False
             try:
-                self._launched()  # raises what the launch raised, once
+                self.forwards.launched()  # raises what the launch raised, once
             finally:
                 self.rt.wait_device()  # onnxruntime's own stream included
-
-    def _forward(self, variant: DeviceVariant, wait: bool) -> None:
-        """One forward through onnxruntime. On the runner thread (`replay_thread`) when it is a
-        captured graph's or is not waited for; returns once it ran when `wait`, else at once."""
-        options = self._options(variant.graph_id, wait)
-        self._launched()  # one forward at a time, in the order asked
-        if self._runner is None or (wait and variant.graph_id == EAGER):
-            self.session.run_with_iobinding(variant.binding, options)
-            return
-        launch = self._runner.submit(self.session.run_with_iobinding, variant.binding, options)
-        if wait:
-            launch.result()
-        else:
-            self._launch = launch
-
-    def _launched(self) -> None:
-        """Wait until the forward handed to the runner without waiting has run (a graph replay
-        returns once its forward is done), raising its error."""
-        launch, self._launch = self._launch, None
-        if launch is not None:
-            launch.result()
 
     def _constant(self, variant: DeviceVariant, name: str, array: np.ndarray) -> None:
         buffer = variant.inputs.get(name)
@@ -444,16 +415,6 @@ class CudaBackend(DeviceLogits):
             buffer = variant.inputs[name] = self.rt.host_zeros(array.shape, array.dtype)
             self._bind(variant.binding.bind_input, name, buffer)
         self.rt.upload(buffer, array)
-
-    def _options(self, graph_id: int, wait: bool) -> Any:
-        options = self._run_options.get((graph_id, wait))
-        if options is None:
-            options = self._run_options[(graph_id, wait)] = ort.RunOptions()
-            if self.rt.graphs:
-                options.add_run_config_entry("gpu_graph_id", str(graph_id))
-            if not wait:
-                options.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        return options
 
     def _execute(self, variant: DeviceVariant, wait: bool = True) -> None:
         """Run the forward once cupy's queue is done; with `wait`, return when it has finished."""
@@ -465,7 +426,7 @@ class CudaBackend(DeviceLogits):
             self.rt.wait_queue()  # staging copies and logits stores go first
             self.queued = False
         start = time.perf_counter()
-        self._forward(variant, wait)
+        self.forwards.run(variant.binding, variant.graph_id, wait)
         self.in_flight = not wait
         if self.profile and wait:
             self.run_ms += (time.perf_counter() - start) * 1e3

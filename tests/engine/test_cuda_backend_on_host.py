@@ -335,7 +335,7 @@ def test_a_forward_launched_on_the_runner_has_run_before_anything_reads_or_reuse
     assert scenario(device) == scenario(cpu_engine(model_dir))
     assert any(name.startswith("ladder-forwards") for name in threads)
     device.decoder.settle()
-    assert device.backend._launch is None  # type: ignore[attr-defined]
+    assert not device.backend.forwards.pending  # type: ignore[attr-defined]
     device.check_invariants()
 
 
