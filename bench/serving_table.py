@@ -14,7 +14,7 @@ from typing import Any
 HEADER = (
     "| run | rate | asked tok/s | output tok/s while arriving | all | TTFT p50 / p99 ms | "
     "inter-token p50 / p99 ms | "
-    "client / server (core) cores | decode steps/s | rows/step |"
+    "client / server (core: busiest thread) cores | decode steps/s | rows/step |"
 )
 
 
@@ -34,9 +34,13 @@ def row(run: str, load: dict[str, Any]) -> str:
 
 
 def core(load: dict[str, Any]) -> str:
-    """The cores of the engine's process in brackets, where the server ran gRPC frontends besides it."""
+    """The cores of the engine's process in brackets, where the server ran gRPC frontends besides it,
+    and, where the sweep recorded its threads, the busiest thread's share after a colon."""
     cores, whole = load.get("core_cores"), load.get("server_cores")
-    return f" ({cores:.2f})" if cores is not None and whole is not None and whole - cores > 0.02 else ""
+    if cores is None or whole is None or whole - cores <= 0.02:
+        return ""
+    threads = load.get("core_threads") or []
+    return f" ({cores:.2f}: {threads[0][1]:.2f})" if threads else f" ({cores:.2f})"
 
 
 def table(folder: Path) -> str:
