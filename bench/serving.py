@@ -52,6 +52,7 @@ class Record:
     start: float
     times: list[float] = field(default_factory=list)
     error: str = ""
+    detail: str = ""  # what the failure said, when, and after how many tokens
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ def grpc_caller(address: str, coalesce: bool = False, temperature: float = 0.0, 
                 record.times.extend(now for _ in tokens_of(event))
         except grpc.aio.AioRpcError as exc:
             record.error = exc.code().name
+            elapsed = 1e3 * (time.perf_counter() - record.start)
+            record.detail = f"{exc.details()!r} after {elapsed:.1f} ms and {len(record.times)} tokens"
         return record
 
     return call
@@ -247,6 +250,7 @@ def summarize(records: Sequence[Record], duration: float, slo: Slo) -> dict[str,
         "errors": len(records) - len(served),
         # What each unserved request got: a status, or "no tokens" (ended before its first token).
         "error_kinds": dict(Counter(r.error or "no tokens" for r in records if r.error or not r.times)),
+        "error_examples": [f"{r.error}: {r.detail}" for r in records if r.error][:3],
         "duration_s": duration,
         "request_s": len(served) / duration,
         "output_tok_s": sum(len(r.times) for r in served) / duration,
@@ -442,7 +446,7 @@ def split_open_loop(
                 for k in range(procs)
             ],
         )
-    records = interleave([[Record(r["start"], r["times"], r["error"]) for r in part] for part, _ in parts])
+    records = interleave([[Record(**r) for r in part] for part, _ in parts])
     wall = max((max(r.times, default=r.start) for r in records), default=start) - start
     return records, wall, sum(cpu for _, cpu in parts)
 

@@ -44,10 +44,13 @@ def test_goodput_counts_only_requests_within_both_slos() -> None:
 
 
 def test_unserved_requests_are_counted_by_what_they_got() -> None:
-    records = [record(0.05, 0.01, 3), record(0.05, 0.01, 0), record(0.05, 0.01, 2, error="UNAVAILABLE")]
+    failed = record(0.05, 0.01, 2, error="UNAVAILABLE")
+    failed.detail = "'closed' after 70.0 ms and 2 tokens"
+    records = [record(0.05, 0.01, 3), record(0.05, 0.01, 0), failed]
     found = summarize(records, duration=1.0, slo=SLO)
     assert found["errors"] == 2
     assert found["error_kinds"] == {"no tokens": 1, "UNAVAILABLE": 1}
+    assert found["error_examples"] == ["UNAVAILABLE: 'closed' after 70.0 ms and 2 tokens"]
 
 
 def test_a_failed_request_adds_no_tokens_and_no_latency() -> None:
