@@ -57,10 +57,10 @@ HELP = {
     "launches the next forward behind them without the host (off: the host chooses first)",
     "cuda_wait": "CUDA: how the host waits for the device's work, onnxruntime's graph replays included "
     "(each waits for its forward): spin (a core busy-polls the whole wait) or block (the thread "
-    "sleeps until the device signals; see architecture-cuda.md)",
+    "sleeps until the device signals: fewer cores, 8-13 % fewer tokens; see architecture-cuda.md)",
     "replay_thread": "CUDA: captured forwards run on a thread of their own, so a step's host work "
     "(its tokens handed out, the next round's bookkeeping) overlaps its forward, which onnxruntime's "
-    "graph replay otherwise waits for on the worker (see architecture-cuda.md)",
+    "graph replay otherwise waits for on the worker; measured slower, see architecture-cuda.md)",
     "variant_capacity": "shapes the variant cache holds (0 = the ladder widths + the decode batch widths)",
     "max_sessions": "KV slots: sessions held at once, and the widest decode batch",
     "max_queue": "requests the engine worker holds, running or waiting for a slot (more: RESOURCE_EXHAUSTED)",
