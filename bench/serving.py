@@ -124,7 +124,10 @@ def grpc_caller(address: str, coalesce: bool = False, temperature: float = 0.0, 
         except grpc.aio.AioRpcError as exc:
             record.error = exc.code().name
             elapsed = 1e3 * (time.perf_counter() - record.start)
-            record.detail = f"{exc.details()!r} after {elapsed:.1f} ms and {len(record.times)} tokens"
+            record.detail = (
+                f"{exc.details()!r} after {elapsed:.1f} ms and {len(record.times)} tokens"
+                f" ({exc.debug_error_string()})"
+            )
         return record
 
     return call
