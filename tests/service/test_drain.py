@@ -42,8 +42,9 @@ def test_drain_flips_health_refuses_new_calls_and_lets_a_call_in_flight_finish(
     assert next(stream).HasField("forward")  # the Prefill call is in flight, its prompt unfinished
     drained = threading.Thread(target=lambda: running.run(running.server.drain(grace=10.0)))
     drained.start()
-    wait_for(lambda: running.server.draining)
-    assert health_of(running.channel) == NOT_SERVING
+    # With frontends the server tells them to drain after it starts draining itself: a few
+    # milliseconds later each flips its health and gates new calls (the channel reaches one).
+    wait_for(lambda: running.server.draining and health_of(running.channel) == NOT_SERVING, what="health")
     with pytest.raises(grpc.RpcError) as caught:
         running.stub.Generate(greedy_request([5, 6], 2))
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
