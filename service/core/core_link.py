@@ -120,6 +120,10 @@ class RemoteCore:
                     queue = self._calls.get(call)
                     if queue is not None:
                         queue.put_nowait((kind, payload))
+                    elif kind == VALUE and isinstance(payload, ForkDone) and not payload.retry:
+                        # Made after the call was left (its deadline passed, its client went): the
+                        # core ran the fork before it read the LEAVE. Nobody took it: closed.
+                        self.fork_taken(payload, taken=False)
         finally:
             self._gone = True
             gone = _pack(CoreGone("the server's core has gone; retry"))

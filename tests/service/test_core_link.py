@@ -15,7 +15,19 @@ import pytest
 
 from engine.errors import InvalidInput
 from proto.ladder.v1 import ladder_pb2 as pb
-from service.core.core_link import HELLO, CoreServer, _pack, _unpack, core_link
+from service.core.core_link import (
+    HELLO,
+    LEAVE,
+    ORDER,
+    TAKEN,
+    VALUE,
+    CoreServer,
+    RemoteCore,
+    _pack,
+    _unpack,
+    core_link,
+)
+from service.core.orders import ForkDone, ForkOrder
 from service.errors import WrongPod
 from tests.support.servers import RunningServer, server_config
 
@@ -52,6 +64,38 @@ def test_a_core_that_speaks_another_version_closes_the_link() -> None:
         return await asyncio.wait_for(reader.read(), 5)  # the core's end closed: EOF
 
     assert asyncio.run(scenario()) == b""
+
+
+def test_a_fork_answered_after_its_call_was_left_is_told_not_taken() -> None:
+    """The core may run a fork before it reads the frontend's LEAVE (the call's deadline passed
+    meanwhile, the core's loop busy): its answer then arrives for no call, and the frontend tells
+    the core nobody took it, so the fork is closed instead of staying open for good."""
+    done = ForkDone("s1.f", 3, "s1", 1.0)
+
+    async def scenario() -> list[object]:
+        ours, theirs = socket.socketpair()
+        core_reader, core_writer = await asyncio.open_connection(sock=theirs)
+        reader, writer = await asyncio.open_connection(sock=ours)
+        remote = RemoteCore(core_link(reader, writer))
+        answers = asyncio.create_task(remote.run())
+        core = core_link(core_reader, core_writer)
+        asking = asyncio.create_task(remote.fork(ForkOrder("s1", 0, "", "", "")))
+        seen: list[tuple[int, int, object]] = []
+
+        async def until(kind: int) -> int:
+            while not any(item[0] == kind for item in seen):
+                seen.extend(await asyncio.wait_for(core.receive(), 5) or [])
+            return next(call for what, call, _ in seen if what == kind)
+
+        call = await until(ORDER)
+        asking.cancel()  # the call ends before its answer: the frontend leaves it
+        await until(LEAVE)
+        core.send((VALUE, call, done))  # the fork the core made meanwhile
+        await until(TAKEN)
+        answers.cancel()
+        return [payload for what, _, payload in seen if what == TAKEN]
+
+    assert asyncio.run(scenario()) == [(done, False)]
 
 
 @pytest.fixture(scope="module")
