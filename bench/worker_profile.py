@@ -11,6 +11,11 @@ is the worker's when its stack holds `Scheduler._run`. Each worker sample is one
 - scheduler bookkeeping: the rest, the scheduler's own code (service/worker/scheduler.py, rounds.py,
   jobs.py, answers.py) and what it calls outside the project (builtins, dataclass constructors,
   queues): walking jobs, granting slots, handing events out.
+
+`rootless_samples` counts stacks that do not start at a thread's entry: py-spy `--nonblocking`
+reads a resumed generator's frames without their caller (a job body, then counted for no thread,
+which inflated the bookkeeping share to 16-19 % where the whole stacks give 11-13 %), so profile
+without it (bench/scheduler/profile_ab.sh).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ SCHEDULER_FILES = (
     "service/worker/jobs.py",
     "service/worker/answers.py",
 )
+ROOTS = ("<module> ", "_run_module_as_main ", "Thread._bootstrap ")  # where a whole stack starts
 PROJECT = re.compile(r"\((?:.*/)?(service|engine)/[^ )]+\.py:\d+\)")
 
 
@@ -45,11 +51,13 @@ def kind(frames: list[str]) -> str | None:
 def shares(path: Path) -> dict[str, object]:
     counts: Counter[str] = Counter()
     top: Counter[str] = Counter()
+    rootless = 0
     for line in path.read_text().splitlines():
         stack, _, number = line.rpartition(" ")
         if not stack:
             continue
         frames = stack.split(";")
+        rootless += 0 if frames[0].startswith(ROOTS) else int(number)
         share = kind(frames)
         if share is None:
             continue
@@ -62,6 +70,7 @@ def shares(path: Path) -> dict[str, object]:
         "worker_samples": worker,
         **{k: {"samples": v, "share": round(v / worker, 3)} for k, v in sorted(counts.items())},
         "bookkeeping_leaves": top.most_common(8),
+        "rootless_samples": rootless,
     }
 
 

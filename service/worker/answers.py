@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.errors import Exhausted, NoFreeRow, ParkingFull
-from engine.executor.step import DecodeRow, Outcome, StepResult
+from engine.executor.step import Outcome, StepResult
 from service.worker.jobs import Job
-from service.worker.rounds import Lend, Spare, Timed, Tokens
+from service.worker.rounds import Lend, Spare, Timed, Token, Tokens, decode_rows
 
 ForwardDone = Callable[[str, float, Callable[[], dict[str, Any]]], None]  # kind, seconds, debug detail
 
@@ -99,29 +99,33 @@ class Answers:
             ran.append((job.serial, report.width if report is not None else 0))
         return tuple(ran)
 
-    def decode(
-        self, jobs: list[Job], wanted: list[tuple[DecodeRow, ...]], result: StepResult
-    ) -> tuple[tuple[int, int], ...]:
-        """Answer the decode jobs (`wanted`: each one's rows, in the step's order); (job, pool row)
-        of each row. A job whose row failed gets that row's error."""
+    def decode(self, jobs: list[Job], result: StepResult) -> tuple[tuple[int, int], ...]:
+        """Answer the decode jobs, whose rows the step ran in their order (`decode_rows` of each
+        one's request); (job, pool row) of each row. A job whose row failed gets that row's error."""
         outcomes = result.decode
         record: list[tuple[int, int]] = []
         at = 0
-        for job, rows in zip(jobs, wanted, strict=True):
-            if len(rows) == 1 and not isinstance(job.want, Tokens):  # one row: its token or its error
-                self.answer(job, outcomes[at])
+        for job in jobs:
+            want = job.want
+            if type(want) is Token:  # one row: its token or its error
+                outcome = outcomes[at]
                 at += 1
-                record.append((job.serial, rows[0].session.row))
+                record.append((job.serial, want.row.session.row))
+                if outcome.error is None:
+                    job.answer(outcome.value)
+                else:
+                    self.answer(job, outcome)
                 continue
+            rows = decode_rows(want)
             mine = outcomes[at : at + len(rows)]
             at += len(rows)
+            record.extend((job.serial, r.session.row) for r in rows)
             error = next((o.error for o in mine if o.error is not None), None)
             if error is not None:
                 self.answer(job, Outcome(error=error))
             else:
                 tokens = [o.value for o in mine]
-                job.answer(tokens if isinstance(job.want, Tokens) else tokens[0])
-            record.extend((job.serial, r.session.row) for r in rows)
+                job.answer(tokens if isinstance(want, Tokens) else tokens[0])
         if result.batch:
             self._forward_done(
                 "decode",

@@ -100,13 +100,15 @@ class Job:
             self._cancelled(self)
 
     def deliver(self, item: Delivered) -> None:
-        if self.hold and not isinstance(item, End):
+        if not self.hold:
+            self._outbox(self, item)
+        elif not isinstance(item, End):
             self.held.append(item)
-            return
-        for held in self.held:
-            self._outbox(self, held)
-        self.held.clear()
-        self._outbox(self, item)
+        else:
+            for held in self.held:
+                self._outbox(self, held)
+            self.held.clear()
+            self._outbox(self, item)
 
     def answer(self, reply: object = None, error: BaseException | None = None) -> None:
         self.want, self.reply, self.error = None, reply, error

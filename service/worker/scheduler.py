@@ -52,6 +52,7 @@ from engine.errors import EngineFault
 from engine.executor import Session
 from engine.executor.step import (
     Close,
+    DecodeRow,
     Driven,
     Fork,
     Open,
@@ -71,6 +72,7 @@ from service.worker.rounds import (
     Lend,
     Spare,
     StepRecord,
+    Token,
     Verdict,
     ask,
     decode_rows,
@@ -278,7 +280,10 @@ class Scheduler:
             self._round()  # flushes what its jobs yielded before its forwards run
 
     def _post(self, job: Job, item: Delivered) -> None:
-        self._posted.setdefault(job.loop, []).append((job, item))
+        posted = self._posted.get(job.loop)
+        if posted is None:
+            posted = self._posted[job.loop] = []
+        posted.append((job, item))
 
     def _flush(self) -> None:
         """Hand the round's events to their event loops: one wake-up per loop, not one per token."""
@@ -384,16 +389,15 @@ class Scheduler:
             len(prefill_jobs), bool(decode_jobs), self.engine.shared_span, self.engine.facts.prompt_batch
         )
         prefill_jobs = prefill_jobs[: len(spans)]
-        wanted = [decode_rows(job.want) for job in decode_jobs]
         second = Step(
             prefills=tuple((_prefill(job), span) for job, span in zip(prefill_jobs, spans, strict=True)),
-            decode=tuple(row for rows in wanted for row in rows),
+            decode=tuple(wants.rows),
         )
         if not first and not second and not closed:
             return
         result = self._step(second)
         prefill = self._answers.prefills(prefill_jobs, result)
-        decode = self._answers.decode(decode_jobs, wanted, result)
+        decode = self._answers.decode(decode_jobs, result)
         self._rounds += 1
         self.steps.append(
             StepRecord(
@@ -434,37 +438,44 @@ class Scheduler:
                 self._fault(exc)
                 self._finish(job, exc)
                 return
-            if isinstance(item, Call):
+            if not isinstance(item, Request):  # an event, passed on at once
+                if item is not None:
+                    job.deliver(item)
+            elif isinstance(item, Call):
                 try:
                     job.answer(item.fn())
                 except Exception as exc:  # noqa: BLE001 — the job decides what a failure means
                     self._fault(exc)
                     job.answer(error=exc)
-            elif isinstance(item, Request):  # the rest are events, passed on at once
+            else:
                 job.want = item
                 if type(item) in _QUEUED and slot_need(item) is not None:
                     self._wait_for_slots(job)
                 return
-            elif item is not None:
-                job.deliver(item)
 
     def _wants(self) -> Wants:
         """What every running job waits on, in one pass over them (the queue waiting for slots is
-        not walked: `_granted` reads its head)."""
+        not walked: `_granted` reads its head), and the decode forward's rows in their order."""
         wants = Wants()
+        decodes, rows, returning = wants.decodes, wants.rows, 0
         for job in self._running:  # in arrival order
-            wants.returning += job.slots
+            returning += job.slots
             want = job.want
             if want is None:
                 continue
-            if isinstance(want, DECODE_REQUESTS):
-                wants.decodes.append(job)
+            if type(want) is Token:  # most jobs, most rounds: one row each
+                decodes.append(job)
+                rows.append(want.row)
+            elif isinstance(want, DECODE_REQUESTS):
+                decodes.append(job)
+                rows.extend(decode_rows(want))
             elif isinstance(want, Prefill):
                 wants.prefills.append(job)
             elif session_op(want) is not None:
                 wants.ops.append(job)
             elif isinstance(want, Spare):
                 wants.spares.append(job)
+        wants.returning = returning
         return wants
 
     def _forward_done(self, kind: str, seconds: float, detail: Callable[[], dict[str, Any]]) -> None:
@@ -531,4 +542,5 @@ class Wants:
     prefills: list[Job] = field(default_factory=list)
     decodes: list[Job] = field(default_factory=list)
     spares: list[Job] = field(default_factory=list)  # running jobs whose samples ask for slots
+    rows: list[DecodeRow] = field(default_factory=list)  # the decode jobs' rows, in their order
     returning: int = 0
