@@ -16,7 +16,8 @@
 # PROTOCOL=http sends the same sweep as streamed /v1/completions (the client split over PROCS
 # processes either way). PYSPY=1 records the core's process (the engine's, not its frontends) with
 # py-spy over its GIL holder during each run's first rate, into $OUT/<run>/py-spy.txt (carry the
-# py-spy wheel in .whl/small: `pip download --no-deps --only-binary=:all: --platform
+# py-spy wheel in .whl/small (py-spy pauses the process per sample: --nonblocking loses generator
+# callers, bench/worker_profile.py): `pip download --no-deps --only-binary=:all: --platform
 # manylinux2014_x86_64 -d .whl/small py-spy`).
 set -o pipefail
 . bench/gpu/prepare.sh || exit 1
@@ -40,7 +41,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     [ "${seen[$run]}" -gt 1 ] && run="$run-${seen[$run]}"  # the same mode twice in a round
     attach=()
     [ "${PYSPY:-0}" = 1 ] && mkdir -p "$OUT/$run" && attach=(--attach "/tmp/site/bin/py-spy record --pid {pid} \
---duration ${PYSPY_SECONDS:-12} --rate 200 --format raw --gil --nonblocking --output $OUT/$run/py-spy.txt")
+--duration ${PYSPY_SECONDS:-12} --rate 200 --format raw --gil --output $OUT/$run/py-spy.txt")
     timeout "${RUN_TIMEOUT:-150}" python3 -m bench.serving --provider cuda --model gpu:16x2048 --precision fp16 \
       --max-sessions "${SLOTS:-128}" --rates "${RATES:-36,96}" --requests "${REQUESTS:-500}" \
       --client-procs "${PROCS:-4}" --protocol "${PROTOCOL:-grpc}" --server-args "--frontends $frontends$extra" "${root[@]}" --out "$OUT/$run" \

@@ -14,7 +14,7 @@ run() {
     --max-sessions "${SLOTS:-128}" "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1
   echo "$name exit $?"
 }
-spy="/tmp/pyspy/bin/py-spy record --pid {pid} --nonblocking -r 250 -d 20 -f raw"
+spy="/tmp/pyspy/bin/py-spy record --pid {pid} -r 250 -d 20 -f raw"  # whole stacks: see bench/worker_profile.py
 [ -n "${SKIP_SWEEP:-}" ] || {
   run procs1 --rates 48 --requests 300 --client-procs 1
   run procs4 --rates 48,64,96,128 --requests 400 --client-procs 4
