@@ -26,7 +26,8 @@ class EngineOptions:
     # them with no host round trip (CUDA; engine/executor/decode.py's chain).
     decode_chain: bool = True
     # How the host waits for the device (CUDA): "spin" busy-polls, "block" sleeps until the device
-    # signals (the context's blocking-sync schedule and blocking events: engine/runtime/cuda_runtime.py).
+    # signals (the context's blocking-sync schedule and blocking events: engine/runtime/cuda_runtime.py),
+    # "replay" sleeps through captured forwards' replays alone and spins in the short waits.
     cuda_wait: str = "spin"
     # CUDA: captured forwards (and forwards launched without waiting) run on a thread of their own.
     # onnxruntime's graph replay waits for its forward before it returns, so on the worker's thread

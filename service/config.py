@@ -101,7 +101,7 @@ class Config:
     warm_up: bool = True  # prepare every planned shape (graph captures on CUDA) before serving
     lookahead: bool = True  # CUDA: launch the next decode forward before its tokens are read
     decode_chain: bool = True  # CUDA, with lookahead: greedy steps chosen and relaunched on the device
-    cuda_wait: str = "spin"  # CUDA: how the host waits for the device: spin | block (the thread sleeps)
+    cuda_wait: str = "spin"  # CUDA: how the host waits for the device: spin | block | replay
     replay_thread: bool = False  # CUDA: graph replays on a thread of their own (host work overlaps them)
     memory_budget_mb: int = 0  # weights + KV + variants; the pool holds as many KV slots as fit
     max_queue: int = 64  # requests the engine worker holds at once

@@ -56,8 +56,10 @@ HELP = {
     "decode_chain": "CUDA, with lookahead: a greedy decode step's tokens are chosen on the device, which "
     "launches the next forward behind them without the host (off: the host chooses first)",
     "cuda_wait": "CUDA: how the host waits for the device's work, onnxruntime's graph replays included "
-    "(each waits for its forward): spin (a core busy-polls the whole wait) or block (the thread "
-    "sleeps until the device signals: fewer cores, 8-13 % fewer tokens; see architecture-cuda.md)",
+    "(each waits for its forward): spin (a core busy-polls the whole wait), block (the thread "
+    "sleeps until the device signals: fewer cores, 8-13 % fewer tokens; see architecture-cuda.md) "
+    "or replay (sleeps through graph replays alone, spins in the short waits; CUDA 12.1+ drivers; "
+    "not yet measured)",
     "replay_thread": "CUDA: captured forwards run on a thread of their own, so a step's host work "
     "(its tokens handed out, the next round's bookkeeping) overlaps its forward, which onnxruntime's "
     "graph replay otherwise waits for on the worker; measured slower, see architecture-cuda.md)",
@@ -118,7 +120,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
     "tool_call_format": (AUTO, *FORMATS),
     "speculate": ("off", "lookup", "auto"),
-    "cuda_wait": ("spin", "block"),
+    "cuda_wait": ("spin", "block", "replay"),
     "core_transport": ("direct", "socket"),
 }
 BOUNDS: dict[str, tuple[float, float | None]] = {

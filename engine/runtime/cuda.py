@@ -108,7 +108,7 @@ class CudaBackend(DeviceLogits):
         self.queued = False  # cupy work is queued that the next forward must wait for
         self.in_flight = False  # a forward was launched without waiting
         self.captures = 0
-        self.forwards = Forwards(self.session, self.rt.graphs, options.replay_thread)
+        self.forwards = Forwards(self.session, self.rt.graphs, options.replay_thread, self.rt.replay_wait)
         self.profile = False  # when set, the wall time spent inside onnxruntime's run is summed
         self.run_ms = 0.0
         self.profiled_forwards = 0
@@ -118,6 +118,8 @@ class CudaBackend(DeviceLogits):
                 "cuda_backend",
                 device=name.decode() if isinstance(name, bytes) else name,
                 graphs=self.rt.graphs,
+                # how the host waits as taken: "spin" where the driver refused block or replay
+                cuda_wait="block" if self.rt.blocking else "replay" if self.rt.replay_wait else "spin",
                 weights_bytes=self.weights_bytes,
             )
 

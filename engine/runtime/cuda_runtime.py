@@ -38,6 +38,7 @@ class Placement:
     graphs: bool
     stream: Any = None
     blocking: bool = False  # the host sleeps while it waits for the device (EngineOptions.cuda_wait)
+    replay_wait: ReplayWait | None = None  # "replay": the host sleeps in captured forwards alone
 
     def ptr(self, array: Any) -> int:
         return int(array.ctypes.data) if isinstance(array, np.ndarray) else int(array.data.ptr)
@@ -164,6 +165,7 @@ def cuda_runtime(options: EngineOptions, *, graphs: bool = True) -> Placement:
         stream = cp.cuda.Stream(non_blocking=True)
     except Exception as exc:  # ImportError, or a CUDA runtime error when there is no device
         raise CudaUnavailable(f"cupy cannot use CUDA device {options.device_id}: {exc}") from exc
+    replay_wait = ReplayWait.current() if options.cuda_wait == "replay" else None
     cuda = {
         "device_id": str(options.device_id),
         "enable_cuda_graph": "1" if graphs else "0",
@@ -178,6 +180,7 @@ def cuda_runtime(options: EngineOptions, *, graphs: bool = True) -> Placement:
         graphs,
         stream,
         blocking=blocking,
+        replay_wait=replay_wait,
     )
 
 
@@ -199,6 +202,59 @@ def block_on_waits(device_id: int) -> bool:
         return False
     set_flags = getattr(driver, "cuDevicePrimaryCtxSetFlags_v2", None) or driver.cuDevicePrimaryCtxSetFlags
     return bool(set_flags(device, _CU_CTX_SCHED_BLOCKING_SYNC) == 0)
+
+
+_CU_CTX_SCHED_MASK = 0x07
+
+
+class ReplayWait:
+    """Switch the device's context between sleeping and spinning waits at run time (the driver's
+    `cuCtxSetFlags`, CUDA 12.1+): `sleep()` before a captured forward, whose replay ends in
+    onnxruntime's own wait for the whole forward, `spin()` after it, so the short waits of a step
+    (its token copy, cupy's queue) keep spinning. The schedule is the context's, so it holds for
+    every thread while set; forwards run one at a time (engine/runtime/forwards.py)."""
+
+    def __init__(self, driver: Any, context: ctypes.c_void_p, flags: int) -> None:
+        self._context = context
+        self._set_current = driver.cuCtxSetCurrent
+        self._set_flags = driver.cuCtxSetFlags
+        self._sleeping = (flags & ~_CU_CTX_SCHED_MASK) | _CU_CTX_SCHED_BLOCKING_SYNC
+        self._spinning = flags  # as the context was made: the default schedule spins on a host
+        # with more cores than contexts
+
+    @classmethod
+    def current(cls) -> ReplayWait | None:
+        """The schedule switch of the calling thread's current context; None where the driver has
+        no cuCtxSetFlags (before CUDA 12.1) or refuses: waits then keep spinning."""
+        try:
+            driver = ctypes.CDLL("libcuda.so.1")
+            get_current, get_flags = driver.cuCtxGetCurrent, driver.cuCtxGetFlags
+            driver.cuCtxSetFlags.argtypes = [ctypes.c_uint]
+            driver.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+        except (OSError, AttributeError):
+            return None
+        context, flags = ctypes.c_void_p(), ctypes.c_uint()
+        if get_current(ctypes.byref(context)) != 0 or not context.value:
+            return None
+        if get_flags(ctypes.byref(flags)) != 0:
+            return None
+        wait = cls(driver, context, int(flags.value))
+        if not wait.sleep():
+            return None
+        wait.spin()
+        return wait
+
+    def sleep(self) -> bool:
+        """Waits on the device sleep from now on (True where the driver took it)."""
+        return self._switch(self._sleeping)
+
+    def spin(self) -> bool:
+        """Waits spin again, as the context was made."""
+        return self._switch(self._spinning)
+
+    def _switch(self, flags: int) -> bool:
+        # The context is made current first: a thread that has not called CUDA yet has none.
+        return bool(self._set_current(self._context) == 0 and self._set_flags(flags) == 0)
 
 
 def host_runtime() -> Placement:

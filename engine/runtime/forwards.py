@@ -6,6 +6,8 @@ the engine worker's thread a captured forward and the step's host work take turn
 thread) and every forward launched without waiting runs on one thread of its own,
 `ladder-forwards`, and the worker goes on; `launched()` waits until the one handed over has run.
 Forwards run one at a time, in the order asked (docs/architecture-cuda.md, How the host waits).
+With a `ReplayWait` (`--cuda-wait replay`) the host sleeps through each captured forward's wait
+and spins in every other.
 """
 
 from __future__ import annotations
@@ -15,13 +17,18 @@ from typing import Any
 
 import onnxruntime as ort
 
+from engine.runtime.cuda_runtime import ReplayWait
+
 EAGER = -1  # onnxruntime's gpu_graph_id for "run without capture or replay"
 
 
 class Forwards:
-    def __init__(self, session: Any, graphs: bool, replay_thread: bool) -> None:
+    def __init__(
+        self, session: Any, graphs: bool, replay_thread: bool, replay_wait: ReplayWait | None = None
+    ) -> None:
         self.session = session
         self.graphs = graphs
+        self.replay_wait = replay_wait
         self._options: dict[tuple[int, bool], Any] = {}
         self._runner = ThreadPoolExecutor(1, thread_name_prefix="ladder-forwards") if replay_thread else None
         self._launch: Future[None] | None = None
@@ -43,14 +50,25 @@ class Forwards:
         or is not waited for; returns once it ran when `wait`, else at once."""
         options = self.options(graph_id, wait)
         self.launched()  # one forward at a time, in the order asked
+        forward = self._slept if self.replay_wait is not None and self.graphs and graph_id != EAGER else None
+        run = forward or self.session.run_with_iobinding
         if self._runner is None or (wait and graph_id == EAGER):
-            self.session.run_with_iobinding(binding, options)
+            run(binding, options)
             return
-        launch = self._runner.submit(self.session.run_with_iobinding, binding, options)
+        launch = self._runner.submit(run, binding, options)
         if wait:
             launch.result()
         else:
             self._launch = launch
+
+    def _slept(self, binding: Any, options: Any) -> None:
+        """A captured forward with the host asleep in its replay's wait (`replay_wait`)."""
+        assert self.replay_wait is not None
+        self.replay_wait.sleep()
+        try:
+            self.session.run_with_iobinding(binding, options)
+        finally:
+            self.replay_wait.spin()
 
     def launched(self) -> None:
         """Wait until the forward handed to the runner without waiting has run, raising its error

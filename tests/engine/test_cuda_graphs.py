@@ -61,6 +61,13 @@ def test_a_host_that_sleeps_on_the_device_gets_the_tokens_of_one_that_spins(mode
     assert [generate(blocking, n) for n in LENGTHS[:3]] == expected
 
 
+def test_a_host_that_sleeps_only_in_replays_gets_the_tokens_of_one_that_spins(model_dir: Path) -> None:
+    expected = [generate(engine_on(model_dir, "cuda"), n) for n in LENGTHS[:3]]
+    replay = engine_on(model_dir, "cuda", cuda_wait="replay")
+    assert replay.backend.rt.replay_wait is not None  # type: ignore[attr-defined]  # a CUDA 12.1+ driver
+    assert [generate(replay, n) for n in LENGTHS[:3]] == expected
+
+
 def test_graph_replays_give_the_greedy_tokens_of_eager_runs(model_dir: Path) -> None:
     graphs, eager = engine_on(model_dir, "cuda"), engine_on(model_dir, "cuda", graphs=False)
     for _ in range(2):  # the second pass replays every captured graph
