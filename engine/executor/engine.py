@@ -12,7 +12,7 @@ Not thread-safe by design: the service runs it on one worker thread.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -373,6 +373,10 @@ class Engine:
         )
 
     # -- the step: the one way a scheduler drives the engine ---------------------------------
+    def before_forward(self, hook: Callable[[], None] | None) -> None:
+        """Call `hook` just before each forward enters onnxruntime (Driven.before_forward)."""
+        self.backend.before_forward = hook
+
     def step(self, step: Step) -> StepResult:
         """Run one round's work (engine/executor/stepping.py runs it, step.py says in what order);
         every item's outcome comes back, each item failing alone; the bookkeeping is checked after."""

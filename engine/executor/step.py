@@ -19,7 +19,7 @@ step, except a fault of the forward every decode row rides in, which fails them 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -255,6 +255,11 @@ class Driven(Protocol):
         ...
 
     def step(self, step: Step) -> StepResult: ...
+
+    def before_forward(self, hook: Callable[[], None] | None) -> None:
+        """Call `hook` (on the stepping thread) just before each forward enters onnxruntime, which
+        runs without the interpreter: work handed to other threads there overlaps the forward."""
+        ...
 
     @property
     def free_slots(self) -> int: ...

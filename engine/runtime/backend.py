@@ -8,7 +8,7 @@ The engine owns every decision: which rows, which widths, lengths and masks.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -82,6 +82,9 @@ class Backend(Protocol[VariantT]):
     # KV rows at full capacity the backend allocates beside the pool (CUDA: the staging row prefill
     # variants bind); the memory budget counts them.
     staging_rows: int
+    # Called just before each forward enters onnxruntime, which runs without the interpreter (the
+    # scheduler wakes its event loops there: engine.executor.step.Driven.before_forward).
+    before_forward: Callable[[], None] | None
 
     def allocate(self, rows: int, capacity: int) -> KvPool:
         """The KV pool and the logits store, once, before any forward."""

@@ -8,7 +8,7 @@ decode variant binds the first B rows of the pool once, for good.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +103,7 @@ class CpuBackend:
         # stopped, ~6 ms, and a greedy step is as fast (bench/results/sampled-cpu-2026-12-03c).
         so.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = inference_session(info, so, ["CPUExecutionProvider"])
+        self.before_forward: Callable[[], None] | None = None
         self.pool: KvPool | None = None
         self.store = np.zeros((0, info.vocab_size), np.float32)
         self.states: list[RowState] = []
@@ -300,6 +301,8 @@ class CpuBackend:
 
     def _run(self, variant: CpuVariant, state: RowState | None) -> np.ndarray:
         assert variant.binding is not None
+        if self.before_forward is not None:
+            self.before_forward()
         self.session.run_with_iobinding(variant.binding)
         if state is not None:
             state.current, state.spare = state.spare, state.current

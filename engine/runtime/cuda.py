@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +109,7 @@ class CudaBackend(DeviceLogits):
         self.in_flight = False  # a forward was launched without waiting
         self.captures = 0
         self.forwards = Forwards(self.session, self.rt.graphs, options.replay_thread, self.rt.replay_wait)
+        self.before_forward: Callable[[], None] | None = None
         self.profile = False  # when set, the wall time spent inside onnxruntime's run is summed
         self.run_ms = 0.0
         self.profiled_forwards = 0
@@ -395,7 +396,7 @@ class CudaBackend(DeviceLogits):
             staged = self.staging.row  # one lookup, not a call per row: this is every decode step
             if staged in rows:
                 self.staging.written(int(grow[list(rows).index(staged)]))
-            self.forwards.run(variant.binding, variant.graph_id, wait=False)
+            self._run(variant, wait=False)
         self.queued = False  # what was queued runs before the forward: it is on the same stream
         if sampled:
             assert self.sampled is not None
@@ -418,6 +419,11 @@ class CudaBackend(DeviceLogits):
             self._bind(variant.binding.bind_input, name, buffer)
         self.rt.upload(buffer, array)
 
+    def _run(self, variant: DeviceVariant, wait: bool) -> None:
+        if self.before_forward is not None:
+            self.before_forward()
+        self.forwards.run(variant.binding, variant.graph_id, wait)
+
     def _execute(self, variant: DeviceVariant, wait: bool = True) -> None:
         """Run the forward once cupy's queue is done; with `wait`, return when it has finished."""
         capturing = variant.graph_id != EAGER and not variant.captured
@@ -428,7 +434,7 @@ class CudaBackend(DeviceLogits):
             self.rt.wait_queue()  # staging copies and logits stores go first
             self.queued = False
         start = time.perf_counter()
-        self.forwards.run(variant.binding, variant.graph_id, wait)
+        self._run(variant, wait)
         self.in_flight = not wait
         if self.profile and wait:
             self.run_ms += (time.perf_counter() - start) * 1e3

@@ -124,6 +124,8 @@ class Scheduler:
         self._closing: list[Session] = []  # sessions of ended jobs, closed in the next step
         self._ending: list[tuple[Job, BaseException | None]] = []  # their jobs, told once closed
         self._answers = Answers(self._fault, self._forward_done)  # a step's outcomes to their jobs
+        self._held_back = False  # events wait for the round's first forward (`_flush_at_forward`)
+        engine.before_forward(self._release)
         self._thread = threading.Thread(target=self._run, name="ladder-engine", daemon=True)
         self._thread.start()
 
@@ -277,13 +279,30 @@ class Scheduler:
             if not self._admit(block=not self._busy()):
                 self._flush()  # the ends of the jobs the stop closed
                 return
-            self._round()  # flushes what its jobs yielded before its forwards run
+            self._round()  # hands out what its jobs yielded as its first forward starts
+            self._release()  # or now, where it ran none
 
     def _post(self, job: Job, item: Delivered) -> None:
         posted = self._posted.get(job.loop)
         if posted is None:
             posted = self._posted[job.loop] = []
         posted.append((job, item))
+
+    def _flush_at_forward(self) -> None:
+        """Hand the round's events out once the engine's next forward starts (`_release`).
+
+        Waking an event loop lets its thread take the interpreter: done while the worker still has
+        Python to run (the step's own work before its forward), the worker waits for the loop's
+        turn, up to the 5 ms switch interval. A forward runs without the interpreter, so the
+        loop's turn then costs the worker nothing."""
+        self._held_back = True
+
+    def _release(self) -> None:
+        """The engine is about to run a forward (its hook, on the worker), or the round is over:
+        hand out what `_flush_at_forward` held back."""
+        if self._held_back:
+            self._held_back = False
+            self._flush()
 
     def _flush(self) -> None:
         """Hand the round's events to their event loops: one wake-up per loop, not one per token."""
@@ -357,9 +376,10 @@ class Scheduler:
             elif type(job.want) is Verdict and job.want.judged():
                 job.answer()
                 self._advance(job)
-        # What the jobs just yielded (a token chosen last round, a forward's report) goes out now,
-        # while this round's forwards run: not one forward late.
-        self._flush()
+        # What the jobs just yielded (a token chosen last round, a forward's report) goes out as
+        # this round's first forward starts: not one forward late, and not while the worker needs
+        # the interpreter for the step's own work.
+        self._flush_at_forward()
         closing = self._take_closing()
         wants = self._wants()
         op_jobs = wants.ops
@@ -381,7 +401,7 @@ class Scheduler:
             for job in (*op_jobs, *open_jobs, *spared):
                 if job.want is None and not job.done:
                     self._advance(job)
-            self._flush()
+            self._flush_at_forward()
             wants = self._wants()  # the jobs the first step answered have moved on
         prefill_jobs = wants.prefills
         decode_jobs = wants.decodes

@@ -77,6 +77,10 @@ class RecordingEngine:
         self.fail_rows = fail_rows
         self.lock = threading.Lock()
         self.on_step: Callable[[Step], None] | None = None  # runs on the worker before each step
+        self.before: Callable[[], None] | None = None  # the scheduler's hook, run before a "forward"
+
+    def before_forward(self, hook: Callable[[], None] | None) -> None:
+        self.before = hook
 
     @property
     def free_slots(self) -> int:
@@ -91,6 +95,8 @@ class RecordingEngine:
         return session
 
     def step(self, step: Step) -> StepResult:
+        if self.before is not None and (step.prefills or step.decode):  # as a forward starts
+            self.before()
         if self.on_step is not None:
             self.on_step(step)
         with self.lock:
@@ -288,6 +294,33 @@ def test_a_decodes_chosen_first_token_joins_the_decode_forward_of_the_same_round
         scheduler.stop()
     [round_] = [r for r in scheduler.steps if r.ops]
     assert round_.ops == 1 and len(round_.decode) == 1  # the choice and the forward: one round
+
+
+def test_a_rounds_tokens_reach_their_caller_while_its_forward_runs(loop: asyncio.AbstractEventLoop) -> None:
+    """The token a stream yielded is handed to the event loop as the round's decode forward starts
+    (the engine's before-forward hook), not after it: the forward here waits until the caller has
+    it, and would wait in vain were it handed out only once the round ends."""
+    engine = RecordingEngine(slots=1)
+    session = engine._new()
+    session.length, session.has_logits = 5, True
+    received, waited = threading.Event(), []
+    engine.on_step = lambda step: waited.append(received.wait(5)) if step.decode else None
+    scheduler = Scheduler(engine, max_queue=64)  # type: ignore[arg-type]
+
+    async def stream() -> list[int]:
+        ids = []
+        body = decode_steps(model(), session, Sampler(SamplingParams()), Stopping(3), feed_last=False)
+        async for events in scheduler.batches(body):
+            ids += [e.id for e in events if isinstance(e, TokenOut)]
+            received.set()
+        return ids
+
+    try:
+        ids = loop.run_until_complete(stream())
+    finally:
+        scheduler.stop()
+    assert ids == [5, 6, 7]
+    assert waited == [True, True]  # each decode forward found the token before it in the caller's hands
 
 
 def test_a_session_opened_in_a_round_prefills_in_that_round(
