@@ -14,7 +14,9 @@ facts decide the rules, and both are measured on the loaded model, bit for bit:
 A third is measured for speculative decoding (issue #44): how far a row of a verification forward
 (a token and its draft, several query rows) lies from the same row run as a decode step. Where it
 is 0, speculation's greedy output is a plain decode's token for token; int4 models on x86 CPUs
-take another kernel for a one-row forward, and part by up to ~1.5 nats (`speculation_exact`).
+part by up to ~2 nats (`speculation_exact`): attention rounds a row a few 1e-8 apart beside a
+draft's rows, and int8 activations turn that into whole quantization steps
+(bench/results/verify-gap-origin-2026-12-05).
 """
 
 from __future__ import annotations
