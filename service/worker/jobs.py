@@ -1,7 +1,8 @@
 """A job: one request on the engine worker, its generator and the asyncio queue its events go to.
 
 The scheduler (service/worker/scheduler.py) runs jobs; this module is what a job is and how what it
-yields reaches its caller: events in order, a held unary call's events at its end, and `End` last.
+yields reaches its caller: events in order, a held unary call's events at its end, and `End` last,
+a round's events handed to each event loop in one wake-up (`Outbox`).
 """
 
 from __future__ import annotations
@@ -112,3 +113,44 @@ class Job:
 
     def answer(self, reply: object = None, error: BaseException | None = None) -> None:
         self.want, self.reply, self.error = None, reply, error
+
+
+class Outbox:
+    """A round's events on the worker, on their way to their jobs' event loops: one wake-up per loop
+    and round (`put_all` there), not one per token.
+
+    A wake-up lets the event loop's thread take the interpreter. Issued while the worker still has
+    Python to run (the round's first step, the step's own work before its forward), the worker then
+    waits for the loop's turn, up to the 5 ms switch interval; a forward runs without the
+    interpreter, so the loop's turn then costs the worker nothing. So the round's events are held
+    back (`at_forward`) until the engine starts a forward (its before-forward hook calls
+    `release`) or the round ends."""
+
+    def __init__(self) -> None:
+        self._posted: dict[asyncio.AbstractEventLoop, list[tuple[Job, Delivered]]] = {}
+        self._held_back = False
+
+    def post(self, job: Job, item: Delivered) -> None:
+        posted = self._posted.get(job.loop)
+        if posted is None:
+            posted = self._posted[job.loop] = []
+        posted.append((job, item))
+
+    def at_forward(self) -> None:
+        """Hand what is posted out once the engine's next forward starts, or the round ends."""
+        self._held_back = True
+
+    def release(self) -> None:
+        """A forward is about to start, or the round is over: hand out what `at_forward` held."""
+        if self._held_back:
+            self._held_back = False
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand what is posted to its event loops now."""
+        posted, self._posted = self._posted, {}
+        for loop, items in posted.items():
+            try:
+                loop.call_soon_threadsafe(put_all, items)
+            except RuntimeError:  # the event loop is gone: nobody is listening any more
+                pass

@@ -65,7 +65,7 @@ from engine.executor.step import (
 )
 from service.errors import Cancelled, QueueFull
 from service.worker.answers import Answers
-from service.worker.jobs import Body, Delivered, End, Event, Job, Result, Sink, put_all
+from service.worker.jobs import Body, End, Event, Job, Outbox, Result, Sink
 from service.worker.rounds import (
     DECODE_REQUESTS,
     Call,
@@ -120,12 +120,11 @@ class Scheduler:
         self._serials = itertools.count(1)
         self._rounds = 0
         self._refusal: BaseException | None = None
-        self._posted: dict[asyncio.AbstractEventLoop, list[tuple[Job, Delivered]]] = {}
         self._closing: list[Session] = []  # sessions of ended jobs, closed in the next step
         self._ending: list[tuple[Job, BaseException | None]] = []  # their jobs, told once closed
         self._answers = Answers(self._fault, self._forward_done)  # a step's outcomes to their jobs
-        self._held_back = False  # events wait for the round's first forward (`_flush_at_forward`)
-        engine.before_forward(self._release)
+        self._outbox = Outbox()  # the jobs' events on their way to the event loops
+        engine.before_forward(self._outbox.release)
         self._thread = threading.Thread(target=self._run, name="ladder-engine", daemon=True)
         self._thread.start()
 
@@ -158,7 +157,7 @@ class Scheduler:
             bounded,
             next(self._serials),
             self._cancelled,
-            self._post,
+            self._outbox.post,
             hold,
             sink,
         )
@@ -277,41 +276,10 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             if not self._admit(block=not self._busy()):
-                self._flush()  # the ends of the jobs the stop closed
+                self._outbox.flush()  # the ends of the jobs the stop closed
                 return
             self._round()  # hands out what its jobs yielded as its first forward starts
-            self._release()  # or now, where it ran none
-
-    def _post(self, job: Job, item: Delivered) -> None:
-        posted = self._posted.get(job.loop)
-        if posted is None:
-            posted = self._posted[job.loop] = []
-        posted.append((job, item))
-
-    def _flush_at_forward(self) -> None:
-        """Hand the round's events out once the engine's next forward starts (`_release`).
-
-        Waking an event loop lets its thread take the interpreter: done while the worker still has
-        Python to run (the step's own work before its forward), the worker waits for the loop's
-        turn, up to the 5 ms switch interval. A forward runs without the interpreter, so the
-        loop's turn then costs the worker nothing."""
-        self._held_back = True
-
-    def _release(self) -> None:
-        """The engine is about to run a forward (its hook, on the worker), or the round is over:
-        hand out what `_flush_at_forward` held back."""
-        if self._held_back:
-            self._held_back = False
-            self._flush()
-
-    def _flush(self) -> None:
-        """Hand the round's events to their event loops: one wake-up per loop, not one per token."""
-        posted, self._posted = self._posted, {}
-        for loop, items in posted.items():
-            try:
-                loop.call_soon_threadsafe(put_all, items)
-            except RuntimeError:  # the event loop is gone: nobody is listening any more
-                pass
+            self._outbox.release()  # or now, where it ran none
 
     def _busy(self) -> bool:
         """Whether a round has anything to do without new input."""
@@ -379,7 +347,7 @@ class Scheduler:
         # What the jobs just yielded (a token chosen last round, a forward's report) goes out as
         # this round's first forward starts: not one forward late, and not while the worker needs
         # the interpreter for the step's own work.
-        self._flush_at_forward()
+        self._outbox.at_forward()
         closing = self._take_closing()
         wants = self._wants()
         op_jobs = wants.ops
@@ -401,7 +369,7 @@ class Scheduler:
             for job in (*op_jobs, *open_jobs, *spared):
                 if job.want is None and not job.done:
                     self._advance(job)
-            self._flush_at_forward()
+            self._outbox.at_forward()
             wants = self._wants()  # the jobs the first step answered have moved on
         prefill_jobs = wants.prefills
         decode_jobs = wants.decodes
@@ -541,7 +509,7 @@ class Scheduler:
         for job, error in ending:
             job.deliver(End(error))
         if ending:
-            self._flush()
+            self._outbox.flush()
 
 
 def _prefill(job: Job) -> Prefill:
