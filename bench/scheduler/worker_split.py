@@ -47,17 +47,15 @@ class Clocked:
         self._body, self._spent = body, spent
 
     def send(self, value: Any) -> Any:
-        start = time.thread_time()
-        try:
-            return self._body.send(value)
-        finally:
-            self._spent[0] += time.thread_time() - start
-            self._spent[1] += 1
+        return self._clocked(self._body.send, value)
 
     def throw(self, error: BaseException) -> Any:
+        return self._clocked(self._body.throw, error)
+
+    def _clocked(self, call: Any, argument: Any) -> Any:
         start = time.thread_time()
         try:
-            return self._body.throw(error)
+            return call(argument)
         finally:
             self._spent[0] += time.thread_time() - start
             self._spent[1] += 1
