@@ -119,8 +119,7 @@ class CudaBackend(DeviceLogits):
                 "cuda_backend",
                 device=name.decode() if isinstance(name, bytes) else name,
                 graphs=self.rt.graphs,
-                # how the host waits as taken: "spin" where the driver refused block or replay
-                cuda_wait="block" if self.rt.blocking else "replay" if self.rt.replay_wait else "spin",
+                cuda_wait=self.rt.waits,
                 weights_bytes=self.weights_bytes,
             )
 

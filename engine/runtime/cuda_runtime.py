@@ -40,6 +40,11 @@ class Placement:
     blocking: bool = False  # the host sleeps while it waits for the device (EngineOptions.cuda_wait)
     replay_wait: ReplayWait | None = None  # "replay": the host sleeps in captured forwards alone
 
+    @property
+    def waits(self) -> str:
+        """How the host waits for the device, as taken ("spin" where the driver refused the rest)."""
+        return "block" if self.blocking else "replay" if self.replay_wait is not None else "spin"
+
     def ptr(self, array: Any) -> int:
         return int(array.ctypes.data) if isinstance(array, np.ndarray) else int(array.data.ptr)
 
@@ -193,15 +198,22 @@ def block_on_waits(device_id: int) -> bool:
     included (a graph replay waits for its forward: onnxruntime's cuda_graph.cc, 1.31). Set through
     the driver API (cupy has no setDeviceFlags); False, and waits keep spinning, where the driver
     refuses or is absent."""
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:
+    driver = _driver()
+    if driver is None:
         return False
     device = ctypes.c_int()
     if driver.cuInit(0) != 0 or driver.cuDeviceGet(ctypes.byref(device), device_id) != 0:
         return False
     set_flags = getattr(driver, "cuDevicePrimaryCtxSetFlags_v2", None) or driver.cuDevicePrimaryCtxSetFlags
     return bool(set_flags(device, _CU_CTX_SCHED_BLOCKING_SYNC) == 0)
+
+
+def _driver() -> Any:
+    """The CUDA driver library (None where it is absent)."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
 
 
 _CU_CTX_SCHED_MASK = 0x07
@@ -226,12 +238,12 @@ class ReplayWait:
     def current(cls) -> ReplayWait | None:
         """The schedule switch of the calling thread's current context; None where the driver has
         no cuCtxSetFlags (before CUDA 12.1) or refuses: waits then keep spinning."""
+        driver = _driver()
         try:
-            driver = ctypes.CDLL("libcuda.so.1")
             get_current, get_flags = driver.cuCtxGetCurrent, driver.cuCtxGetFlags
             driver.cuCtxSetFlags.argtypes = [ctypes.c_uint]
             driver.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
-        except (OSError, AttributeError):
+        except AttributeError:  # no driver, or one before CUDA 12.1
             return None
         context, flags = ctypes.c_void_p(), ctypes.c_uint()
         if get_current(ctypes.byref(context)) != 0 or not context.value:

@@ -50,8 +50,8 @@ class Forwards:
         or is not waited for; returns once it ran when `wait`, else at once."""
         options = self.options(graph_id, wait)
         self.launched()  # one forward at a time, in the order asked
-        forward = self._slept if self.replay_wait is not None and self.graphs and graph_id != EAGER else None
-        run = forward or self.session.run_with_iobinding
+        captured = self.graphs and graph_id != EAGER
+        run = self._slept if captured and self.replay_wait is not None else self.session.run_with_iobinding
         if self._runner is None or (wait and graph_id == EAGER):
             run(binding, options)
             return
