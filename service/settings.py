@@ -59,7 +59,7 @@ HELP = {
     "(each waits for its forward): spin (a core busy-polls the whole wait), block (the thread "
     "sleeps until the device signals: fewer cores, 8-13 % fewer tokens; see architecture-cuda.md) "
     "or replay (sleeps through graph replays alone, spins in the short waits; CUDA 12.1+ drivers; "
-    "not yet measured)",
+    "on an H100 no more tokens than block, more cores)",
     "replay_thread": "CUDA: captured forwards run on a thread of their own, so a step's host work "
     "(its tokens handed out, the next round's bookkeeping) overlaps its forward, which onnxruntime's "
     "graph replay otherwise waits for on the worker; measured slower, see architecture-cuda.md)",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The batching device command: on the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts,
-#   bash bench/gpu/batching.sh     (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+# The batching device command: on the GPU host, once every ortgpu.part but the last is in /tmp/ortparts,
+#   bash bench/gpu/batching.sh     (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                   .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small, .bench-baseline)
 # installs onnxruntime-gpu, runs the GPU tests, then bench/batching.py on the 16x2048 fp16 decoder
 # (the previous release's service side by side when .bench-baseline holds its engine/ service/ proto/).

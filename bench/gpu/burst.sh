@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The burst device command (issue 28): on the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts,
-#   bash bench/gpu/burst.sh   (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+# The burst device command (issue 28): on the GPU host, once every ortgpu.part but the last is in /tmp/ortparts,
+#   bash bench/gpu/burst.sh   (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                              .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small)
 # the GPU tests of prompts sharing a prefill forward, one forward of B prompts timed (B = 1..16),
 # then 64 simultaneous 512-token prompts on the 16x2048 fp16 decoder, served with --prefill-batch 1,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The decode chain on and off side by side, open loop (issue 28): on the GPU host, once
-# ortgpu.part.00-03 are in /tmp/ortparts,
-#   bash bench/gpu/chain_ab.sh   (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+# every ortgpu.part but the last is in /tmp/ortparts,
+#   bash bench/gpu/chain_ab.sh   (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                 .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small)
 # ROUNDS times, the same Poisson sweep on the 16x2048 fp16 decoder with --decode-chain true and false
 # in turn (the same requests: one seed), each server started fresh, the client split over PROCS

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # coalesce_tokens off and on side by side, open loop (issue 28): on the GPU host, once
-# ortgpu.part.00-03 are in /tmp/ortparts,
-#   bash bench/gpu/coalesce_ab.sh   (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+# every ortgpu.part but the last is in /tmp/ortparts,
+#   bash bench/gpu/coalesce_ab.sh   (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                    .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small)
 # ROUNDS times, the same Poisson sweep (one seed: the same requests) on the 16x2048 fp16 decoder,
 # the client asking for one token per message (off, at RATES_OFF) and for coalesced messages (on,

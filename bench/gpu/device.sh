@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one device command: on the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts,
-#   bash bench/gpu/device.sh        (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+# The one device command: on the GPU host, once every ortgpu.part but the last is in /tmp/ortparts,
+#   bash bench/gpu/device.sh        (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                    .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small)
 # installs onnxruntime-gpu + onnxruntime-genai-cuda, runs the GPU tests and the benchmark;
 # everything lands under $OUT.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Is a request's greedy output independent of the load? On the GPU host, once ortgpu.part.00-03 are in
+# Is a request's greedy output independent of the load? On the GPU host, once every ortgpu.part but the last is in
 # /tmp/ortparts:
-#   bash bench/gpu/exactness.sh     (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+#   bash bench/gpu/exactness.sh     (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                    .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small)
 # installs onnxruntime-gpu, then bench/gpu/exactness.py on the 16x2048 fp16 decoder (and its int4 copy):
 # --deterministic false and true side by side. summary.json and raw.json land under $OUT.

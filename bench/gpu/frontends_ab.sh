@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gRPC in the engine's process against gRPC frontend processes (--frontends, issue 28), side by side,
-# open loop: on the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts,
-#   bash bench/gpu/frontends_ab.sh   (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+# open loop: on the GPU host, once every ortgpu.part but the last is in /tmp/ortparts,
+#   bash bench/gpu/frontends_ab.sh   (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                     .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small)
 # ROUNDS times, for each FRONTENDS value in MODES (0: gRPC in the engine's process), the same Poisson
 # sweep (one seed: the same requests) at RATES on the 16x2048 fp16 decoder with SLOTS slots, a fresh

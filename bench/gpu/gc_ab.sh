@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A server change side by side with the tree before it, open loop near saturation (issue 28; first for
-# gc.freeze() at start-up). On the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts, with the
+# gc.freeze() at start-up). On the GPU host, once every ortgpu.part but the last is in /tmp/ortparts, with the
 # baseline's tree in .whl/base (here: rm -rf .whl/base && mkdir -p .whl/base &&
 # git archive <rev> service engine proto clients | tar -x -C .whl/base):
 #   bash bench/gpu/gc_ab.sh   (carry: as chain_ab.sh, plus .whl/base)

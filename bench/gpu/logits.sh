@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Logits only for the rows that are read, on the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts:
-#   bash bench/gpu/logits.sh     (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+# Logits only for the rows that are read, on the GPU host, once every ortgpu.part but the last is in /tmp/ortparts:
+#   bash bench/gpu/logits.sh     (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                 .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small, .bench-baseline)
 # installs onnxruntime-gpu, runs the GPU tests, then bench/gpu/logits.py on the 16x2048 fp16 decoder
 # (vocab 32000): device memory per prefill variant (captured graphs included) and prefill time per

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Open loop on the 16x2048 fp16 decoder past saturation, and where the server's time goes (issue 28):
-# on the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts,
+# on the GPU host, once every ortgpu.part but the last is in /tmp/ortparts,
 #   bash bench/gpu/open_loop.sh   (carry: as chain_ab.sh, plus .whl/pyspy with py-spy's wheel)
 # 1. rate 48 with the client in one process, then rates 64,96,128 with it split over 4 (client_cores
 #    says whether one process was the limit); 2. rate 64 with py-spy attached to the server

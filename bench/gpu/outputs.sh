@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The outputs device command (issue 15): on the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts,
-#   bash bench/gpu/outputs.sh     (carry: .whl/ortgpu.part.04, .whl/gpu-env.sh, .whl/ortgpu.sha256,
+# The outputs device command (issue 15): on the GPU host, once every ortgpu.part but the last is in /tmp/ortparts,
+#   bash bench/gpu/outputs.sh     (carry: the last .whl/ortgpu.part.NN, .whl/gpu-env.sh, .whl/ortgpu.sha256,
 #                                  .whl/ortgpu.name, .whl/small)
 # installs onnxruntime-gpu, then runs the device tests of log-probabilities (computed on the device,
 # only top-N values to the host), presence/frequency penalties on the device, copied sessions (n

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The prefix-reuse device command: on the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts,
-#   bash bench/gpu/prefix.sh     (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+# The prefix-reuse device command: on the GPU host, once every ortgpu.part but the last is in /tmp/ortparts,
+#   bash bench/gpu/prefix.sh     (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                 .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small)
 # installs onnxruntime-gpu, runs the GPU prefix tests, then bench/prefix.py on the 16x2048 fp16 decoder:
 # a 2,000-token shared system prompt + 100-token turns with prefix sharing on and off, the 10th chat turn

@@ -10,4 +10,4 @@ export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
 # Fail fast: without the wheel parts onnxruntime-gpu is not installed, and every bench would run on
 # the CPU provider for minutes of device time (2026-12-02: a whole run was lost that way).
 python3 -c 'import onnxruntime as o, sys; sys.exit("CUDAExecutionProvider" not in o.get_available_providers())' \
-  || { echo "prepare.sh: onnxruntime has no CUDA provider (are ortgpu.part.00-03 in /tmp/ortparts?)"; exit 1; }
+  || { echo "prepare.sh: onnxruntime has no CUDA provider (is every ortgpu.part but the last in /tmp/ortparts?)"; exit 1; }

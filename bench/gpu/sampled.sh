@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Sampled against greedy decoding on the H200 (issue 40): on the GPU host, once ortgpu.part.00-03 are
+# Sampled against greedy decoding on the H200 (issue 40): on the GPU host, once every ortgpu.part but the last is
 # in /tmp/ortparts,
-#   bash bench/gpu/sampled.sh   (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+#   bash bench/gpu/sampled.sh   (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small)
 # 1. the gpu tests of the sampling kernel and the engine's sampled decode (TESTS to change them);
 # 2. unless SKIP_CLOSED: closed loop through the service, greedy and temperature 0.8 + top_p 0.95 (seeded) rounds

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The scheduler before and after the slot queue (issue 42), side by side, open loop: on the GPU host,
-# once ortgpu.part.00-03 are in /tmp/ortparts,
-#   bash bench/gpu/scheduler_ab.sh   (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+# once every ortgpu.part but the last is in /tmp/ortparts,
+#   bash bench/gpu/scheduler_ab.sh   (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                     .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small, .bench-baseline)
 # .bench-baseline holds the baseline's engine/ service/ proto/ (`git archive <rev> engine service
 # proto | tar -x -C .bench-baseline`). ROUNDS times, the baseline then this tree, the same Poisson

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SmolLM2-135M-Instruct on the GPU: the GGUF converted on the device (fp16, the CUDA default), then
 # Ladder and onnxruntime-genai-cuda on that same directory, and the real server answering through
-# the client. On the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts and both GGUF parts in
+# the client. On the GPU host, once every ortgpu.part but the last is in /tmp/ortparts and both GGUF parts in
 # /tmp/parts (`../shared/tools/split-for-device.sh` made them under .whl/parts/; one call each:
 #   mkdir -p /tmp/parts && cp .whl/parts/SmolLM2-135M-Instruct.Q4_1.gguf.part.NN /tmp/parts/):
-#   bash bench/gpu/smollm2.sh   (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+#   bash bench/gpu/smollm2.sh   (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small (with the gguf
 #                                wheel), .whl/parts/SmolLM2-135M-Instruct.Q4_1.gguf.sha256)
 # Everything lands under $OUT: smollm2-results.{json,md}, serve-check.json, logs.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The structured-output device command: on the GPU host, once ortgpu.part.00-03 are in /tmp/ortparts,
-#   bash bench/gpu/structured.sh   (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+# The structured-output device command: on the GPU host, once every ortgpu.part but the last is in /tmp/ortparts,
+#   bash bench/gpu/structured.sh   (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                                   .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small)
 # installs onnxruntime-gpu, runs every GPU test, then bench/structured.py on the 16x2048 fp16 decoder
 # at 16 and 64 streams (none, half and all rows constrained, side by side).

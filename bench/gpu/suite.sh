@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test, then the CPU suite's engine tests on the device host's processor (a Xeon with
 # AVX-512/AMX, where onnxruntime picks other kernels than on an AVX2-only machine): on the GPU host,
-# once ortgpu.part.00-03 are in /tmp/ortparts,
-#   bash bench/gpu/suite.sh    (carry: .whl/ortgpu.part.04, the genai wheel, .whl/gpu-env.sh,
+# once every ortgpu.part but the last is in /tmp/ortparts,
+#   bash bench/gpu/suite.sh    (carry: the last .whl/ortgpu.part.NN, the genai wheel, .whl/gpu-env.sh,
 #                               .whl/ortgpu.sha256, .whl/ortgpu.name, .whl/small)
 # Logs in $OUT/gpu-tests.log and $OUT/cpu-engine-tests.log. The host has no network: tests that
 # need the default model's wheel from PyPI are deselected (-m "not network").
