@@ -253,6 +253,41 @@ def soak(address: str, args: argparse.Namespace, vocab: int, pid: int) -> dict[s
     }
 
 
+def decode_buffers(cp: Any, info: Any, rows: int, capacity: int, past: int) -> dict[str, Any]:
+    """A B-row decode step's device buffers: its KV blocks (past and present share them), masks of a
+    different length in every row, one token id a row, and its logits."""
+    mask = cp.zeros((rows, capacity), cp.int64)
+    for row in range(rows):
+        mask[row, : past + row % 7 + 1] = 1
+    return {
+        "kv": [
+            cp.zeros((rows, info.num_kv_heads, capacity, info.head_size), cp.float16)
+            for _ in range(2 * info.num_layers)
+        ],
+        "mask": mask,
+        "ids": cp.full((rows, 1), 5, cp.int64),
+        "logits": cp.zeros((rows, 1, info.vocab_size), cp.float16),
+    }
+
+
+def bind_decode_step(session: Any, info: Any, buffers: dict[str, Any]) -> Any:
+    """An IOBinding of `decode_buffers` (each KV block bound as its layer's past and present)."""
+    binding = session.io_binding()
+
+    def bind(fn: Any, name: str, array: Any) -> None:
+        fn(name, "cuda", 0, array.dtype, list(array.shape), array.data.ptr)
+
+    bind(binding.bind_input, info.feed.name, buffers["ids"])
+    bind(binding.bind_input, info.mask, buffers["mask"])
+    bind(binding.bind_output, "logits", buffers["logits"])
+    layers = zip(info.kv_inputs, info.kv_outputs, strict=True)
+    names = [n for pair in layers for n in zip(*pair, strict=True)]
+    for (name_in, name_out), array in zip(names, buffers["kv"], strict=True):
+        bind(binding.bind_input, name_in, array)
+        bind(binding.bind_output, name_out, array)
+    return binding
+
+
 def raw_replay(model_dir: Path, batches: list[int], capacity: int, past: int) -> dict[str, Any]:
     """onnxruntime alone: one decode step of B rows as a captured CUDA graph, KV shared past/present."""
     import cupy as cp
@@ -266,28 +301,8 @@ def raw_replay(model_dir: Path, batches: list[int], capacity: int, past: int) ->
     )
     out = {}
     for graph_id, b in enumerate(batches, start=1):
-        kv = [
-            cp.zeros((b, info.num_kv_heads, capacity, info.head_size), cp.float16)
-            for _ in range(2 * info.num_layers)
-        ]
-        mask = cp.zeros((b, capacity), cp.int64)
-        for row in range(b):
-            mask[row, : past + row % 7 + 1] = 1  # a different length in every row
-        ids = cp.full((b, 1), 5, cp.int64)
-        logits = cp.zeros((b, 1, info.vocab_size), cp.float16)
-        binding = session.io_binding()
-
-        def bind(fn: Any, name: str, array: Any) -> None:
-            fn(name, "cuda", 0, array.dtype, list(array.shape), array.data.ptr)
-
-        bind(binding.bind_input, info.feed.name, ids)
-        bind(binding.bind_input, info.mask, mask)
-        bind(binding.bind_output, "logits", logits)
-        layers = zip(info.kv_inputs, info.kv_outputs, strict=True)
-        names = [n for pair in layers for n in zip(*pair, strict=True)]
-        for (name_in, name_out), array in zip(names, kv, strict=True):
-            bind(binding.bind_input, name_in, array)
-            bind(binding.bind_output, name_out, array)
+        buffers = decode_buffers(cp, info, b, capacity, past)  # held while bound: the binding keeps addresses
+        binding = bind_decode_step(session, info, buffers)
         options = ort.RunOptions()
         options.add_run_config_entry("gpu_graph_id", str(graph_id))
         for _ in range(5):

@@ -34,24 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.batching import bind_decode_step, decode_buffers
 from bench.gpu.run import build
-
-
-def bind_step(session: Any, info: Any, buffers: dict[str, Any]) -> Any:
-    binding = session.io_binding()
-
-    def bind(fn: Any, name: str, array: Any) -> None:
-        fn(name, "cuda", 0, array.dtype, list(array.shape), array.data.ptr)
-
-    bind(binding.bind_input, info.feed.name, buffers["ids"])
-    bind(binding.bind_input, info.mask, buffers["mask"])
-    bind(binding.bind_output, "logits", buffers["logits"])
-    layers = zip(info.kv_inputs, info.kv_outputs, strict=True)
-    names = [n for pair in layers for n in zip(*pair, strict=True)]
-    for (name_in, name_out), array in zip(names, buffers["kv"], strict=True):
-        bind(binding.bind_input, name_in, array)
-        bind(binding.bind_output, name_out, array)
-    return binding
 
 
 def timed_steps(cp: Any, stream: Any, step: Any, steps: int) -> dict[str, float]:
@@ -84,15 +68,10 @@ def probe(path: Path, rows: int, capacity: int, past: int, steps: int, margin_us
     stream = cp.cuda.Stream(non_blocking=True)
     out: dict[str, Any] = {"rows": rows, "capacity": capacity, "past": past, "steps": steps}
     with stream:
-        kv = [
-            cp.zeros((rows, info.num_kv_heads, capacity, info.head_size), cp.float16)
-            for _ in range(2 * info.num_layers)
-        ]
-        mask = cp.zeros((rows, capacity), cp.int64)
-        for row in range(rows):
-            mask[row, : past + row % 7 + 1] = 1  # a different length in every row
-        ids = cp.full((rows, 1), 5, cp.int64)
-        logits = {way: cp.zeros((rows, 1, info.vocab_size), cp.float16) for way in ("ort", "own")}
+        ort_buffers = decode_buffers(cp, info, rows, capacity, past)
+        # The eager run's binding: the same inputs and KV, its own logits.
+        own_buffers = {**ort_buffers, "logits": cp.zeros_like(ort_buffers["logits"])}
+        logits = {"ort": ort_buffers["logits"], "own": own_buffers["logits"]}
         stream.synchronize()
 
         def session(graphs: bool) -> Any:
@@ -106,7 +85,7 @@ def probe(path: Path, rows: int, capacity: int, past: int, steps: int, margin_us
         # onnxruntime's own graph: the step writes the same KV position each time (the masks do
         # not move), so every step gives the same logits.
         replayed = session(True)
-        ort_binding = bind_step(replayed, info, {"ids": ids, "mask": mask, "logits": logits["ort"], "kv": kv})
+        ort_binding = bind_decode_step(replayed, info, ort_buffers)
         ort_options = ort.RunOptions()
         ort_options.add_run_config_entry("gpu_graph_id", "1")
         for _ in range(5):
@@ -137,7 +116,7 @@ def probe(path: Path, rows: int, capacity: int, past: int, steps: int, margin_us
 
         # The eager run, captured by us.
         eager = session(False)
-        own_binding = bind_step(eager, info, {"ids": ids, "mask": mask, "logits": logits["own"], "kv": kv})
+        own_binding = bind_decode_step(eager, info, own_buffers)
         no_sync = ort.RunOptions()
         no_sync.add_run_config_entry("disable_synchronize_execution_providers", "1")
         for _ in range(5):
