@@ -12,8 +12,11 @@ One B-row decode step (KV shared past/present, as bench/batching.py's raw replay
 same buffers, STEPS steps after a warm-up:
 - ort-replay: onnxruntime's own captured graph (`gpu_graph_id`), its replay waiting inside, under
   the context's schedule as made (spin): the server's path today;
-- ort-block: the same, with the context set to BLOCKING_SYNC around each replay
+- ort-toggled: the same, with the context set to BLOCKING_SYNC around each replay
   (engine/runtime/cuda_runtime.py's `ReplayWait`, i.e. `--cuda-wait replay`);
+- ort-blocking: the same, the context BLOCKING_SYNC throughout (set once), so the replay's wait
+  sleeps while the step's own event (made without `block=True`) still spins: what `replay` would
+  cost without its two driver calls a forward;
 - own-spin: the eager run captured once (cupy `Stream.begin_capture`/`end_capture`), then each step
   `Graph.launch` and the stream waited for, spinning;
 - own-sleep: the same launch, then `time.sleep` for the last steps' median forward less MARGIN,
@@ -110,9 +113,14 @@ def probe(path: Path, rows: int, capacity: int, past: int, steps: int, margin_us
                 end.record(stream)
                 end.synchronize()
 
-            out["ort-block"] = timed_steps(cp, stream, ort_block, steps)
+            out["ort-toggled"] = timed_steps(cp, stream, ort_block, steps)
+            wait.sleep()
+            try:
+                out["ort-blocking"] = timed_steps(cp, stream, ort_step, steps)
+            finally:
+                wait.spin()
         else:
-            out["ort-block"] = {"error": "the driver has no cuCtxSetFlags"}
+            out["ort-toggled"] = out["ort-blocking"] = {"error": "the driver has no cuCtxSetFlags"}
 
         # The eager run, captured by us.
         eager = session(False)
