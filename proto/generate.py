@@ -9,6 +9,11 @@ Beside the stubs, `<name>_descriptor_set.binpb`: the FileDescriptorSet of each
 .proto with its source info (comments and locations), which the compiled-in
 descriptors lack; server reflection serves it, so `grpcurl describe` shows the
 .proto's documentation (service/grpc/reflection.py).
+
+The grpc stubs carry the grpcio they need (`GRPC_GENERATED_VERSION`), which grpcio-tools stamps
+with its own version; a patch release changes nothing else in them. The stamp is written as
+pyproject.toml's grpcio floor, so the stubs are the same whichever patch of the pinned minor made
+them (CI installs the newest) and ask for no newer grpcio than the project declares.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import re
 import shutil
 import sys
+import tomllib
 from pathlib import Path
 
 from grpc_tools import protoc
@@ -24,6 +30,7 @@ ROOT = Path(__file__).resolve().parent
 PROTOS = ("ladder/v1/ladder.proto",)
 # protoc writes absolute imports ("from ladder.v1 import ladder_pb2"); the package lives under proto/.
 _ABSOLUTE_IMPORT = re.compile(r"^from ladder\.v1 import (\w+_pb2)", re.MULTILINE)
+_GENERATED_VERSION = re.compile(r"^GRPC_GENERATED_VERSION = '([0-9.]+)'$", re.MULTILINE)
 
 
 def generate(out_dir: Path = ROOT) -> list[Path]:
@@ -60,9 +67,31 @@ def generate(out_dir: Path = ROOT) -> list[Path]:
         stem = out_dir / proto.removesuffix(".proto")
         for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi"):
             path = stem.with_name(stem.name + suffix)
-            path.write_text(_ABSOLUTE_IMPORT.sub(r"from proto.ladder.v1 import \1", path.read_text()))
+            text = _ABSOLUTE_IMPORT.sub(r"from proto.ladder.v1 import \1", path.read_text())
+            path.write_text(_GENERATED_VERSION.sub(_stamp_floor, text))
             written.append(path)
     return written
+
+
+def grpcio_floor() -> str:
+    """The lowest grpcio pyproject.toml allows (`grpcio>=X.Y.Z`)."""
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["project"]
+    for requirement in project["dependencies"]:
+        name, _, bounds = requirement.partition(">=")
+        if name.strip() == "grpcio":
+            return bounds.split(",")[0].strip()
+    raise RuntimeError("pyproject.toml declares no grpcio>= floor")
+
+
+def _stamp_floor(match: re.Match[str]) -> str:
+    """GRPC_GENERATED_VERSION as the grpcio floor, when the generating grpcio-tools is a patch of it."""
+    floor, generated = grpcio_floor(), match.group(1)
+    if generated.split(".")[:2] != floor.split(".")[:2]:
+        raise RuntimeError(
+            f"grpcio-tools {generated} generated the stubs, grpcio's floor is {floor}: regenerate with "
+            f"grpcio-tools {'.'.join(floor.split('.')[:2])}.*, or raise both bounds in pyproject.toml"
+        )
+    return f"GRPC_GENERATED_VERSION = '{floor}'"
 
 
 def _mypy_grpc_plugin() -> Path:

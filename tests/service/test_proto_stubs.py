@@ -15,6 +15,12 @@ def test_regenerating_the_stubs_from_the_proto_gives_identical_files(tmp_path: P
         assert committed.read_bytes() == fresh.read_bytes(), f"{committed} is stale"
 
 
+def test_the_stubs_ask_for_the_grpcio_the_project_declares() -> None:
+    from proto.ladder.v1 import ladder_pb2_grpc
+
+    assert ladder_pb2_grpc.GRPC_GENERATED_VERSION == generate.grpcio_floor()
+
+
 def test_the_generated_grpc_module_imports_from_the_proto_package() -> None:
     from proto.ladder.v1 import ladder_pb2, ladder_pb2_grpc
 
