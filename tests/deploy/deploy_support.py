@@ -46,6 +46,9 @@ COSMETIC_PIP_OPTIONS = {"--progress-bar", "--root-user-action"}
 # Editable or not, the same distribution with the same dependencies is installed;
 # an image installs it non-editable so its venv does not depend on a source tree.
 EDITABLE = {"-e", "--editable"}
+# Options whose value is a file, not a requirement: kept as one option, `--constraint=FILE` (a constraint
+# file pins versions; what is installed stays the requirements').
+VALUED_PIP_OPTIONS = {"-c": "--constraint", "--constraint": "--constraint"}
 OPERATORS = {"&&", "||", ";", "|", "&"}
 
 SHELL_FENCES = {"", "sh", "bash", "shell", "console", "zsh"}
@@ -138,9 +141,15 @@ def _classify(args: list[str]) -> PipInstall:
     requirements: list[str] = []
     options: list[str] = []
     skip_next = False
+    valued: str | None = None
     for arg in args:
         if skip_next:
             skip_next = False
+        elif valued is not None:
+            options.append(f"{valued}={arg}")
+            valued = None
+        elif arg in VALUED_PIP_OPTIONS:
+            valued = VALUED_PIP_OPTIONS[arg]
         elif arg in COSMETIC_PIP_FLAGS or arg.split("=")[0] in COSMETIC_PIP_OPTIONS:
             skip_next = arg in COSMETIC_PIP_OPTIONS
         elif arg in EDITABLE:

@@ -289,8 +289,10 @@ def test_the_readme_is_read_in_order_from_its_shell_blocks_and_the_scripts_they_
         PipInstall((".",)),
         PipInstall((".[cuda]",)),
     ]
-    # scripts/test installs the dev extra: followed into, but never the serving install.
-    assert PipInstall((".[dev]",)) in readme_pip_installs(readme)[3:]
+    # scripts/test installs the dev extra (at its constraints' versions): followed into, but never the
+    # serving install.
+    dev = PipInstall((".[dev]",), ("--constraint=scripts/constraints.txt",))
+    assert dev in readme_pip_installs(readme)[3:]
     assert readme_serving_install(readme) == PipInstall((".",))
 
 
@@ -298,6 +300,9 @@ def test_pip_commands_compare_by_what_they_install_not_how_they_are_spelled():
     quiet = "python -m pip install --no-cache-dir -q --progress-bar off '.[cuda]'"
     assert pip_installs(quiet) == [PipInstall((".[cuda]",))]
     assert pip_installs("$ .venv/bin/pip install \\\n  -e '.[dev,cuda]'") == [PipInstall((".[cuda,dev]",))]
+    constrained = [PipInstall((".[dev]",), ("--constraint=c.txt",))]
+    assert pip_installs("pip install -c c.txt -e '.[dev]'") == constrained
+    assert pip_installs("pip install --constraint c.txt '.[dev]'") == constrained
     assert pip_installs("cd x && pip3 install . # CPU") == [PipInstall((".",))]
     assert pip_installs("uv pip install --pre .") == [PipInstall((".",), ("--pre",))]
     assert pip_installs('if ! run pip install -e . >"$LOG" 2>&1; then') == [PipInstall((".",))]
