@@ -77,23 +77,26 @@ def probe(path: Path, rows: int, capacity: int, past: int, steps: int, margin_us
         logits = {"ort": ort_buffers["logits"], "own": own_buffers["logits"]}
         stream.synchronize()
 
-        def session(graphs: bool) -> Any:
+        def warmed(graphs: bool, buffers: dict[str, Any], entry: tuple[str, str]) -> tuple[Any, Any, Any]:
+            """A session (onnxruntime's graphs or eager), its binding of `buffers` and its run
+            options (`entry`), run five times."""
             cuda = {
                 "enable_cuda_graph": "1" if graphs else "0",
                 "user_compute_stream": str(stream.ptr),
                 "arena_extend_strategy": "kSameAsRequested",
             }
-            return ort.InferenceSession(str(info.graph), providers=[("CUDAExecutionProvider", cuda)])
+            made = ort.InferenceSession(str(info.graph), providers=[("CUDAExecutionProvider", cuda)])
+            binding = bind_decode_step(made, info, buffers)
+            options = ort.RunOptions()
+            options.add_run_config_entry(*entry)
+            for _ in range(5):
+                made.run_with_iobinding(binding, options)
+            stream.synchronize()
+            return made, binding, options
 
         # onnxruntime's own graph: the step writes the same KV position each time (the masks do
         # not move), so every step gives the same logits.
-        replayed = session(True)
-        ort_binding = bind_decode_step(replayed, info, ort_buffers)
-        ort_options = ort.RunOptions()
-        ort_options.add_run_config_entry("gpu_graph_id", "1")
-        for _ in range(5):
-            replayed.run_with_iobinding(ort_binding, ort_options)
-        stream.synchronize()
+        replayed, ort_binding, ort_options = warmed(True, ort_buffers, ("gpu_graph_id", "1"))
 
         def ort_step(end: Any) -> None:
             replayed.run_with_iobinding(ort_binding, ort_options)
@@ -123,13 +126,9 @@ def probe(path: Path, rows: int, capacity: int, past: int, steps: int, margin_us
             out["ort-toggled"] = out["ort-blocking"] = {"error": "the driver has no cuCtxSetFlags"}
 
         # The eager run, captured by us.
-        eager = session(False)
-        own_binding = bind_decode_step(eager, info, own_buffers)
-        no_sync = ort.RunOptions()
-        no_sync.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        for _ in range(5):
-            eager.run_with_iobinding(own_binding, no_sync)
-        stream.synchronize()
+        eager, own_binding, no_sync = warmed(
+            False, own_buffers, ("disable_synchronize_execution_providers", "1")
+        )
         out["eager_equal"] = bool(cp.array_equal(logits["ort"], logits["own"]))
         logits["own"].fill(0)
         stream.synchronize()
