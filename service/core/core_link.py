@@ -120,10 +120,8 @@ class RemoteCore:
                     queue = self._calls.get(call)
                     if queue is not None:
                         queue.put_nowait((kind, payload))
-                    elif kind == VALUE and isinstance(payload, ForkDone) and not payload.retry:
-                        # Made after the call was left (its deadline passed, its client went): the
-                        # core ran the fork before it read the LEAVE. Nobody took it: closed.
-                        self.fork_taken(payload, taken=False)
+                    else:  # made after the call was left: the core ran it before it read the LEAVE
+                        self._unread(kind, payload)
         finally:
             self._gone = True
             gone = _pack(CoreGone("the server's core has gone; retry"))
@@ -140,8 +138,21 @@ class RemoteCore:
         return call, queue
 
     def _leave(self, call: int) -> None:
-        if self._calls.pop(call, None) is not None and not self._gone:
+        queue = self._calls.pop(call, None)
+        if queue is None:
+            return
+        if not self._gone:
             self._link.send((LEAVE, call, None))
+        # What came as the call was left (its deadline passed just as the core answered: the answer
+        # queued, the task cancelled before it read it) is as unread as what comes after.
+        while not queue.empty():
+            self._unread(*queue.get_nowait())
+
+    def _unread(self, kind: int, payload: Any) -> None:
+        """An answer no call reads (its deadline passed, its client went): a fork in it was taken by
+        nobody, and is closed."""
+        if kind == VALUE and isinstance(payload, ForkDone) and not payload.retry:
+            self.fork_taken(payload, taken=False)
 
     async def _stream(self, method: str, order: Any, call: int) -> AsyncGenerator[list[Event], None]:
         call, queue = self._open(method, order, call)
@@ -292,6 +303,9 @@ class CoreServer:
         if kind == ORDER:
             served = self._calls[call] = _Served()
             served.task = asyncio.create_task(self._run(call, served, *payload))
+            # A call left before its task first ran (ORDER and LEAVE read together) never enters
+            # _run, whose `finally` forgets it: forgotten here, or every such call stays for good.
+            served.task.add_done_callback(lambda _: self._calls.pop(call, None))
             return
         if kind == TAKEN:
             done, taken = payload

@@ -98,6 +98,68 @@ def test_a_fork_answered_after_its_call_was_left_is_told_not_taken() -> None:
     assert asyncio.run(scenario()) == [(done, False)]
 
 
+def test_a_fork_answered_as_its_call_is_left_is_told_not_taken() -> None:
+    """The answer may come in the very turn the call ends (its deadline passes as the core answers):
+    queued, with the call cancelled before it reads it. Nobody took that fork either: the frontend
+    says so, as for an answer that comes after it left (a fresh-clone CI run, 2026-12-06: one such
+    fork stayed open and the untaken-forks test timed out)."""
+    done = ForkDone("s1.f", 3, "s1", 1.0)
+
+    async def scenario() -> list[object]:
+        ours, theirs = socket.socketpair()
+        core_reader, core_writer = await asyncio.open_connection(sock=theirs)
+        reader, writer = await asyncio.open_connection(sock=ours)
+        remote = RemoteCore(core_link(reader, writer))
+        answers = asyncio.create_task(remote.run())
+        core = core_link(core_reader, core_writer)
+        asking = asyncio.create_task(remote.fork(ForkOrder("s1", 0, "", "", "")))
+        seen: list[tuple[int, int, object]] = []
+
+        async def until(kind: int) -> int:
+            while not any(item[0] == kind for item in seen):
+                seen.extend(await asyncio.wait_for(core.receive(), 5) or [])
+            return next(call for what, call, _ in seen if what == kind)
+
+        call = await until(ORDER)
+        queue = remote._calls[call]
+        queued = queue.put_nowait
+
+        def answered_as_cancelled(item: tuple[int, object]) -> None:
+            queued(item)  # type: ignore[arg-type]
+            asking.cancel()  # before the call's task runs again to read it
+
+        queue.put_nowait = answered_as_cancelled  # type: ignore[method-assign]
+        core.send((VALUE, call, done))
+        await until(TAKEN)
+        assert asking.cancelled()
+        answers.cancel()
+        return [payload for what, _, payload in seen if what == TAKEN]
+
+    assert asyncio.run(scenario()) == [(done, False)]
+
+
+def test_a_call_left_before_the_core_started_it_is_forgotten() -> None:
+    """ORDER and LEAVE read in one frame (the core's loop was busy while the call's deadline
+    passed): the call's task is cancelled before it first runs, and the core keeps nothing of it."""
+
+    async def scenario() -> int:
+        ours, theirs = socket.socketpair()
+        core_reader, core_writer = await asyncio.open_connection(sock=theirs)
+        reader, writer = await asyncio.open_connection(sock=ours)
+        server = CoreServer(None, core_link(core_reader, core_writer))  # type: ignore[arg-type]
+        serving = asyncio.create_task(server.serve())
+        link = core_link(reader, writer)
+        link.send((ORDER, 1, ("fork", ForkOrder("s1", 0, "", "", ""))))
+        link.send((LEAVE, 1, None))
+        for _ in range(100):
+            await asyncio.sleep(0)
+        left = len(server._calls)
+        serving.cancel()
+        return left
+
+    assert asyncio.run(scenario()) == 0
+
+
 @pytest.fixture(scope="module")
 def server(default_model: Callable[..., Path]) -> Iterator[RunningServer]:
     config = server_config(
