@@ -1,11 +1,12 @@
 """What a round is made of, as pure values the scheduler (service/worker/scheduler.py) acts on: what a job
 asks for beyond the engine's own step requests (engine/executor/step.py), which jobs get free KV
-slots, how many prefill forwards of which span a round runs, and the record of what it ran."""
+slots, what the running jobs wait on (`wants_of`), how many prefill forwards of which span a round
+runs, and the record of what it ran."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
 from engine.executor.session import Session
@@ -13,12 +14,13 @@ from engine.executor.step import (
     SESSION_OPS,
     DecodeRow,
     Open,
+    Prefill,
     Request,
     SessionOp,
     T_co,
     Verified,
 )
-from service.worker.jobs import Item
+from service.worker.jobs import Item, Job
 
 T = TypeVar("T")
 Want = Request[object] | None  # what a job waits on: the request it yielded last, until answered
@@ -232,3 +234,42 @@ def slot_grants(needs: Iterable[int], free: int, returning: int) -> tuple[int, .
         elif need <= free + returning:
             break
     return tuple(granted)
+
+
+@dataclass
+class Wants:
+    """The running jobs waiting on each kind of request, each list in arrival order, and the KV
+    slots they will give back when they end."""
+
+    ops: list[Job] = field(default_factory=list)
+    prefills: list[Job] = field(default_factory=list)
+    decodes: list[Job] = field(default_factory=list)
+    spares: list[Job] = field(default_factory=list)  # running jobs whose samples ask for slots
+    rows: list[DecodeRow] = field(default_factory=list)  # the decode jobs' rows, in their order
+    returning: int = 0
+
+
+def wants_of(running: Iterable[Job]) -> Wants:
+    """What every running job waits on, in one pass over them (the queue waiting for slots is not
+    walked: `granted` reads its head), and the decode forward's rows in their order."""
+    wants = Wants()
+    decodes, rows, returning = wants.decodes, wants.rows, 0
+    for job in running:  # in arrival order
+        returning += job.slots
+        want = job.want
+        if want is None:
+            continue
+        if type(want) is Token:  # most jobs, most rounds: one row each
+            decodes.append(job)
+            rows.append(want.row)
+        elif isinstance(want, DECODE_REQUESTS):
+            decodes.append(job)
+            rows.extend(decode_rows(want))
+        elif isinstance(want, Prefill):
+            wants.prefills.append(job)
+        elif session_op(want) is not None:
+            wants.ops.append(job)
+        elif isinstance(want, Spare):
+            wants.spares.append(job)
+    wants.returning = returning
+    return wants

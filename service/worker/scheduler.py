@@ -41,10 +41,9 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
-from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -52,7 +51,6 @@ from engine.errors import EngineFault
 from engine.executor import Session
 from engine.executor.step import (
     Close,
-    DecodeRow,
     Driven,
     Fork,
     Open,
@@ -65,25 +63,23 @@ from engine.executor.step import (
 )
 from service.errors import Cancelled, QueueFull
 from service.worker.answers import Answers
-from service.worker.jobs import Body, End, Event, Job, Outbox, Result, Sink
+from service.worker.job_calls import JobCalls
+from service.worker.jobs import Body, End, Job, Outbox, Sink
 from service.worker.rounds import (
     DECODE_REQUESTS,
     Call,
     Lend,
     Spare,
     StepRecord,
-    Token,
     Verdict,
-    ask,
-    decode_rows,
     prefill_plan,
     session_op,
     slot_need,
+    wants_of,
 )
 from service.worker.slots import granted, slot_work
 
 log = structlog.get_logger("ladder.scheduler")
-T = TypeVar("T")
 
 
 _STOP = object()
@@ -97,7 +93,10 @@ class _Cancelled:
     job: Job
 
 
-class Scheduler:
+class Scheduler(JobCalls):
+    """The worker: `submit` (from any event loop) queues a job, the thread runs the rounds; the
+    awaitable calls on top of `submit` are JobCalls' (service/worker/job_calls.py)."""
+
     def __init__(
         self,
         engine: Driven,
@@ -185,76 +184,6 @@ class Scheduler:
             f"the engine worker already holds {self._depth} requests", reason="QUEUE_FULL", metadata=metadata
         )
 
-    async def stream(
-        self, body: Body, *, bounded: bool = True, hold: bool = False
-    ) -> AsyncGenerator[Any, None]:
-        """Run `body` on the worker and yield its events; leaving early cancels the job.
-
-        With `hold` the events arrive together when the job ends: a unary call then costs the
-        event loop nothing per token, which is what lets many of them share one decode forward."""
-        async with aclosing(self.batches(body, bounded=bounded, hold=hold)) as batches:
-            async for items in batches:
-                for item in items:
-                    yield item
-
-    async def batches(
-        self, body: Body, *, bounded: bool = True, hold: bool = False, sink: Sink | None = None
-    ) -> AsyncGenerator[list[Event], None]:
-        """As `stream`, but every event that has arrived by the caller's turn comes in one list (never
-        empty): a caller that answers them with one message costs the event loop one turn for all.
-        With a `sink` the events go to it as they arrive (jobs.put_all) and none is yielded: the
-        generator only waits for the end."""
-        job = self.submit(body, bounded=bounded, hold=hold, sink=sink)
-        events = job.events
-        try:
-            while True:
-                items = [await events.get()]
-                while not events.empty():
-                    items.append(events.get_nowait())
-                end = items[-1]  # End is the last item a job ever delivers
-                if not isinstance(end, End):
-                    yield cast(list[Event], items)  # an End comes only last
-                    continue
-                if len(items) > 1:
-                    yield cast(list[Event], items[:-1])
-                if end.error is not None:
-                    raise end.error
-                return
-        finally:
-            job.cancel(Cancelled("the call ended before its job"))
-
-    async def call(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on the worker (between two steps) and return its result: for tests and tools."""
-
-        def body() -> Body:
-            yield Result((yield from ask(Call(fn))))
-
-        return cast(T, await self.result(body()))
-
-    async def open_session(self, scope: str = "") -> Any:
-        """A new engine session, once a KV slot is free (waiting in the bounded queue meanwhile)."""
-
-        def body() -> Body:
-            sessions = yield from ask(Open(scope=scope))
-            yield Result(sessions[0])
-
-        return await self.result(body(), bounded=True)
-
-    async def run(self, request: Request[T]) -> T:
-        """What the engine answers one request (a session operation) with."""
-
-        def body() -> Body:
-            yield Result((yield from ask(request)))
-
-        return cast(T, await self.result(body()))
-
-    async def result(self, body: Body, *, bounded: bool = False) -> Any:
-        """Run `body`, which yields its answer as `Result(value)`, and return that value."""
-        async for item in self.stream(body, bounded=bounded):
-            if isinstance(item, Result):
-                return item.value
-        raise AssertionError("a call job always yields its result")
-
     def abort_all(self, error: BaseException) -> None:
         """End every job before its next step with `error`, and refuse new ones (drain deadline)."""
         self._refusal = error
@@ -295,7 +224,7 @@ class Scheduler:
                 return True
             if isinstance(want, (Prefill, *DECODE_REQUESTS)):
                 return True
-        wants = self._wants()
+        wants = wants_of(self._running)
         return bool(granted(self._queued, wants.spares, max(self.engine.free_slots, 0), wants.returning))
 
     def _wait_for_slots(self, job: Job) -> None:
@@ -349,7 +278,7 @@ class Scheduler:
         # the interpreter for the step's own work.
         self._outbox.at_forward()
         closing = self._take_closing()
-        wants = self._wants()
+        wants = wants_of(self._running)
         op_jobs = wants.ops
         ops = (*closing, *(op for job in op_jobs if (op := session_op(job.want)) is not None))
         freed = sum(isinstance(op, Close) for op in ops) - sum(isinstance(op, Fork) for op in ops)
@@ -370,7 +299,7 @@ class Scheduler:
                 if job.want is None and not job.done:
                     self._advance(job)
             self._outbox.at_forward()
-            wants = self._wants()  # the jobs the first step answered have moved on
+            wants = wants_of(self._running)  # the jobs the first step answered have moved on
         prefill_jobs = wants.prefills
         decode_jobs = wants.decodes
         spans = prefill_plan(
@@ -441,31 +370,6 @@ class Scheduler:
                     self._wait_for_slots(job)
                 return
 
-    def _wants(self) -> Wants:
-        """What every running job waits on, in one pass over them (the queue waiting for slots is
-        not walked: `_granted` reads its head), and the decode forward's rows in their order."""
-        wants = Wants()
-        decodes, rows, returning = wants.decodes, wants.rows, 0
-        for job in self._running:  # in arrival order
-            returning += job.slots
-            want = job.want
-            if want is None:
-                continue
-            if type(want) is Token:  # most jobs, most rounds: one row each
-                decodes.append(job)
-                rows.append(want.row)
-            elif isinstance(want, DECODE_REQUESTS):
-                decodes.append(job)
-                rows.extend(decode_rows(want))
-            elif isinstance(want, Prefill):
-                wants.prefills.append(job)
-            elif session_op(want) is not None:
-                wants.ops.append(job)
-            elif isinstance(want, Spare):
-                wants.spares.append(job)
-        wants.returning = returning
-        return wants
-
     def _forward_done(self, kind: str, seconds: float, detail: Callable[[], dict[str, Any]]) -> None:
         if self.on_forward is not None:
             self.on_forward(kind, seconds)
@@ -519,16 +423,3 @@ def _prefill(job: Job) -> Prefill:
 
 
 _QUEUED = frozenset({Open, Lend, Spare})  # the requests that may wait in the queue (`slot_need`)
-
-
-@dataclass
-class Wants:
-    """The running jobs waiting on each kind of request, each list in arrival order, and the KV
-    slots they will give back when they end."""
-
-    ops: list[Job] = field(default_factory=list)
-    prefills: list[Job] = field(default_factory=list)
-    decodes: list[Job] = field(default_factory=list)
-    spares: list[Job] = field(default_factory=list)  # running jobs whose samples ask for slots
-    rows: list[DecodeRow] = field(default_factory=list)  # the decode jobs' rows, in their order
-    returning: int = 0
