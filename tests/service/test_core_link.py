@@ -29,6 +29,7 @@ from service.core.core_link import (
 )
 from service.core.orders import ForkDone, ForkOrder
 from service.errors import WrongPod
+from service.relay import Link
 from tests.support.servers import RunningServer, server_config
 
 
@@ -51,17 +52,47 @@ def test_an_error_whose_parts_do_not_pickle_crosses_as_its_text() -> None:
     assert type(crossed) is Exception and "RuntimeError: held a lock" in str(crossed)
 
 
+async def linked() -> tuple[Link, Link]:
+    """The two ends of a core link over a socket pair: the frontend's, the core's."""
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    core_reader, core_writer = await asyncio.open_connection(sock=theirs)
+    return core_link(reader, writer), core_link(core_reader, core_writer)
+
+
+class PlayedCore:
+    """A frontend's RemoteCore whose core the test plays by hand: `until` reads what the frontend
+    sends, `link.send` answers it."""
+
+    def __init__(self, remote: RemoteCore, link: Link) -> None:
+        self.remote, self.link = remote, link
+        self.answers = asyncio.create_task(remote.run())
+        self.seen: list[tuple[int, int, object]] = []
+
+    @classmethod
+    async def start(cls) -> PlayedCore:
+        frontend, core = await linked()
+        return cls(RemoteCore(frontend), core)
+
+    async def until(self, kind: int) -> int:
+        """Read until the frontend has sent an item of `kind`; its call."""
+        while not any(item[0] == kind for item in self.seen):
+            self.seen.extend(await asyncio.wait_for(self.link.receive(), 5) or [])
+        return next(call for what, call, _ in self.seen if what == kind)
+
+    def sent(self, kind: int) -> list[object]:
+        self.answers.cancel()
+        return [payload for what, _, payload in self.seen if what == kind]
+
+
 def test_a_core_that_speaks_another_version_closes_the_link() -> None:
     async def scenario() -> bytes:
-        ours, theirs = socket.socketpair()
-        core_reader, core_writer = await asyncio.open_connection(sock=theirs)
-        reader, writer = await asyncio.open_connection(sock=ours)
-        server = CoreServer(None, core_link(core_reader, core_writer))  # type: ignore[arg-type]
+        frontend, core = await linked()
+        server = CoreServer(None, core)  # type: ignore[arg-type]
         serving = asyncio.create_task(server.serve())
-        link = core_link(reader, writer)
-        link.send((HELLO, 0, -1))
+        frontend.send((HELLO, 0, -1))
         await asyncio.wait_for(serving, 5)
-        return await asyncio.wait_for(reader.read(), 5)  # the core's end closed: EOF
+        return await asyncio.wait_for(frontend.reader.read(), 5)  # the core's end closed: EOF
 
     assert asyncio.run(scenario()) == b""
 
@@ -73,27 +104,14 @@ def test_a_fork_answered_after_its_call_was_left_is_told_not_taken() -> None:
     done = ForkDone("s1.f", 3, "s1", 1.0)
 
     async def scenario() -> list[object]:
-        ours, theirs = socket.socketpair()
-        core_reader, core_writer = await asyncio.open_connection(sock=theirs)
-        reader, writer = await asyncio.open_connection(sock=ours)
-        remote = RemoteCore(core_link(reader, writer))
-        answers = asyncio.create_task(remote.run())
-        core = core_link(core_reader, core_writer)
-        asking = asyncio.create_task(remote.fork(ForkOrder("s1", 0, "", "", "")))
-        seen: list[tuple[int, int, object]] = []
-
-        async def until(kind: int) -> int:
-            while not any(item[0] == kind for item in seen):
-                seen.extend(await asyncio.wait_for(core.receive(), 5) or [])
-            return next(call for what, call, _ in seen if what == kind)
-
-        call = await until(ORDER)
+        core = await PlayedCore.start()
+        asking = asyncio.create_task(core.remote.fork(ForkOrder("s1", 0, "", "", "")))
+        call = await core.until(ORDER)
         asking.cancel()  # the call ends before its answer: the frontend leaves it
-        await until(LEAVE)
-        core.send((VALUE, call, done))  # the fork the core made meanwhile
-        await until(TAKEN)
-        answers.cancel()
-        return [payload for what, _, payload in seen if what == TAKEN]
+        await core.until(LEAVE)
+        core.link.send((VALUE, call, done))  # the fork the core made meanwhile
+        await core.until(TAKEN)
+        return core.sent(TAKEN)
 
     assert asyncio.run(scenario()) == [(done, False)]
 
@@ -106,22 +124,10 @@ def test_a_fork_answered_as_its_call_is_left_is_told_not_taken() -> None:
     done = ForkDone("s1.f", 3, "s1", 1.0)
 
     async def scenario() -> list[object]:
-        ours, theirs = socket.socketpair()
-        core_reader, core_writer = await asyncio.open_connection(sock=theirs)
-        reader, writer = await asyncio.open_connection(sock=ours)
-        remote = RemoteCore(core_link(reader, writer))
-        answers = asyncio.create_task(remote.run())
-        core = core_link(core_reader, core_writer)
-        asking = asyncio.create_task(remote.fork(ForkOrder("s1", 0, "", "", "")))
-        seen: list[tuple[int, int, object]] = []
-
-        async def until(kind: int) -> int:
-            while not any(item[0] == kind for item in seen):
-                seen.extend(await asyncio.wait_for(core.receive(), 5) or [])
-            return next(call for what, call, _ in seen if what == kind)
-
-        call = await until(ORDER)
-        queue = remote._calls[call]
+        core = await PlayedCore.start()
+        asking = asyncio.create_task(core.remote.fork(ForkOrder("s1", 0, "", "", "")))
+        call = await core.until(ORDER)
+        queue = core.remote._calls[call]
         queued = queue.put_nowait
 
         def answered_as_cancelled(item: tuple[int, object]) -> None:
@@ -129,11 +135,10 @@ def test_a_fork_answered_as_its_call_is_left_is_told_not_taken() -> None:
             asking.cancel()  # before the call's task runs again to read it
 
         queue.put_nowait = answered_as_cancelled  # type: ignore[method-assign]
-        core.send((VALUE, call, done))
-        await until(TAKEN)
+        core.link.send((VALUE, call, done))
+        await core.until(TAKEN)
         assert asking.cancelled()
-        answers.cancel()
-        return [payload for what, _, payload in seen if what == TAKEN]
+        return core.sent(TAKEN)
 
     assert asyncio.run(scenario()) == [(done, False)]
 
@@ -143,14 +148,11 @@ def test_a_call_left_before_the_core_started_it_is_forgotten() -> None:
     passed): the call's task is cancelled before it first runs, and the core keeps nothing of it."""
 
     async def scenario() -> int:
-        ours, theirs = socket.socketpair()
-        core_reader, core_writer = await asyncio.open_connection(sock=theirs)
-        reader, writer = await asyncio.open_connection(sock=ours)
-        server = CoreServer(None, core_link(core_reader, core_writer))  # type: ignore[arg-type]
+        frontend, core = await linked()
+        server = CoreServer(None, core)  # type: ignore[arg-type]
         serving = asyncio.create_task(server.serve())
-        link = core_link(reader, writer)
-        link.send((ORDER, 1, ("fork", ForkOrder("s1", 0, "", "", ""))))
-        link.send((LEAVE, 1, None))
+        frontend.send((ORDER, 1, ("fork", ForkOrder("s1", 0, "", "", ""))))
+        frontend.send((LEAVE, 1, None))
         for _ in range(100):
             await asyncio.sleep(0)
         left = len(server._calls)
