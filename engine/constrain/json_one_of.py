@@ -11,6 +11,7 @@ from engine.constrain import json_keywords as kw
 from engine.constrain import machines as mx
 from engine.constrain import nfa
 from engine.constrain.budget import OverBudget, Steps
+from engine.constrain.json_disjoint import disjoint
 from engine.constrain.json_keywords import ASSERTIONS, OPEN
 from engine.constrain.json_parts import Combining
 from engine.constrain.pattern import NOTHING, Alt, Node, Ref, alt
@@ -30,7 +31,7 @@ class OneOf:
 
     def exactly_one(self, members: list[Any], parts: list[Node]) -> list[Node]:
         """oneOf's alternatives as exactly one member: each alternative's values less the other
-        alternatives' values of the same JSON type (where kw.disjoint cannot tell the members
+        alternatives' values of the same JSON type (where disjoint cannot tell the members
         apart), as automata within ONE_OF_STATES states and ONE_OF_STEPS in all; parts holding
         an open value or recursion, and past those bounds: as they are (anyOf's reading: a value
         two members meet is admitted). No value only one member meets is lost; a value two meet
@@ -50,7 +51,7 @@ class OneOf:
             others = [
                 pair
                 for j in range(len(members))
-                if j != i and not kw.disjoint(views[i], views[j])
+                if j != i and not disjoint(views[i], views[j])
                 for pair in split[j]
             ]
             kept: list[Node] = []
@@ -84,7 +85,7 @@ class OneOf:
         self, member: Any, others: list[Any], plain: Any, beside: dict[str, Any], pointer: str
     ) -> Node | None:
         """A oneOf member and none of the others: each other member it may overlap (neither
-        kw.disjoint nor _apart_by_values tells them apart) that requires a name the member does not
+        disjoint nor _apart_by_values tells them apart) that requires a name the member does not
         is ruled out by leaving one such name out (`not` of required lists: a part of "not that
         member", never more); nothing where another member is `required` names alone that every
         value of this one holds. None where no other member needs ruling out or it cannot be
@@ -98,7 +99,7 @@ class OneOf:
             names = theirs.get("required") if isinstance(theirs, dict) else None
             if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
                 continue
-            if kw.disjoint(_requiring(mine, given), _requiring(theirs, given)):
+            if disjoint(_requiring(mine, given), _requiring(theirs, given)):
                 continue
             if self._apart_by_values(mine, theirs, given, pointer):
                 continue

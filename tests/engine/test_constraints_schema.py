@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from engine.constrain import Limits, Vocabulary, compile_constraint
-from engine.constrain import json_keywords as kw
 from engine.constrain.grammar import CompiledGrammar
+from engine.constrain.json_disjoint import disjoint
 from engine.errors import InvalidInput
 from engine.tokenizer import Tokenizer
 from tests.engine.test_constraints import VOCAB, accepts, random_walk
@@ -1449,16 +1449,16 @@ def test_properties_beside_an_any_of_and_a_member_s_come_in_any_order() -> None:
 
 
 def test_one_of_members_apart_by_type_values_or_a_discriminator_need_nothing_more() -> None:
-    assert kw.disjoint({"type": "string"}, {"type": ["object", "null"]})
-    assert not kw.disjoint({"type": "integer"}, {"type": "number"})
-    assert kw.disjoint({"enum": ["a", 1]}, {"const": "b"}) and not kw.disjoint({"enum": [1]}, {"const": 1.0})
+    assert disjoint({"type": "string"}, {"type": ["object", "null"]})
+    assert not disjoint({"type": "integer"}, {"type": "number"})
+    assert disjoint({"enum": ["a", 1]}, {"const": "b"}) and not disjoint({"enum": [1]}, {"const": 1.0})
     tagged = [{"properties": {"kind": {"const": k}}, "required": ["kind"]} for k in ("a", "b")]
-    assert kw.disjoint(*tagged)
-    assert not kw.disjoint({"properties": {"kind": {"const": "a"}}}, {"properties": {"kind": {"const": "b"}}})
+    assert disjoint(*tagged)
+    assert not disjoint({"properties": {"kind": {"const": "a"}}}, {"properties": {"kind": {"const": "b"}}})
     one, more = {"type": "array", "minItems": 1, "maxItems": 1}, {"type": "array", "minItems": 2}
-    assert kw.disjoint(one, more) and kw.disjoint(one, {"minItems": 2})
-    assert not kw.disjoint({"maxItems": 1}, {"minItems": 2})  # a string meets both
-    assert kw.disjoint({"type": "string", "maxLength": 3}, {"minLength": 4, "type": "string"})
+    assert disjoint(one, more) and disjoint(one, {"minItems": 2})
+    assert not disjoint({"maxItems": 1}, {"minItems": 2})  # a string meets both
+    assert disjoint({"type": "string", "maxLength": 3}, {"minLength": 4, "type": "string"})
 
 
 @pytest.mark.parametrize(
