@@ -98,17 +98,12 @@ def test_the_cuda_lock_is_the_cpu_lock_plus_what_the_cuda_extra_needs() -> None:
 
 def test_the_test_command_pins_every_dependency_and_dev_tool_at_a_version_pyproject_allows() -> None:
     """scripts/test installs with `-c scripts/constraints.txt`: a requirement missing there would float."""
-    pins = {
-        requirement_name(name): version
-        for name, version in re.findall(
-            r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$", (REPO / "scripts/constraints.txt").read_text(), re.M
-        )
-    }
+    pins = read_lock(REPO / "scripts/constraints.txt")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     for requirement in map(Requirement, project["dependencies"] + project["optional-dependencies"]["dev"]):
-        version = pins.get(requirement_name(requirement.name))
-        assert version is not None, f"{requirement} is not in scripts/constraints.txt (scripts/constraints)"
-        assert requirement.specifier.contains(version, prereleases=True), (requirement, version)
+        pin = pins.get(requirement_name(requirement.name))
+        assert pin is not None, f"{requirement} is not in scripts/constraints.txt (scripts/constraints)"
+        assert requirement.specifier.contains(pin.version, prereleases=True), (requirement, pin.version)
     assert "-c scripts/constraints.txt" in (REPO / "scripts/test").read_text()
 
 
